@@ -1,0 +1,121 @@
+#include "data/safetensors.h"
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+
+#include "kernels/check.h"
+
+namespace zgpt {
+
+namespace {
+
+size_t dtype_bytes(const std::string& d) {
+    if (d == "F64" || d == "I64" || d == "U64") return 8;
+    if (d == "F32" || d == "I32" || d == "U32") return 4;
+    if (d == "F16" || d == "BF16" || d == "I16" || d == "U16") return 2;
+    if (d == "I8" || d == "U8" || d == "BOOL") return 1;
+    return 0;
+}
+
+double half_to_double(uint16_t h) {
+    const int sign = h >> 15, exp = (h >> 10) & 0x1F, mant = h & 0x3FF;
+    double v = exp == 0    ? std::ldexp(mant, -24)
+               : exp == 31 ? (mant ? NAN : INFINITY)
+                           : std::ldexp(mant + 1024, exp - 25);
+    return sign ? -v : v;
+}
+
+}  // namespace
+
+SafeTensors SafeTensors::load(const std::string& path) {
+    SafeTensors st;
+    st.path_ = path;
+    std::ifstream f(path, std::ios::binary);
+    ZG_CHECK(f.good(), "cannot open " + path);
+    uint64_t header_len = 0;
+    f.read(reinterpret_cast<char*>(&header_len), 8);
+    ZG_CHECK(f.gcount() == 8, path + ": truncated (no header length)");
+    ZG_CHECK(header_len < (1ull << 27), path + ": implausible header length");
+    std::string header(header_len, '\0');
+    f.read(header.data(), std::streamsize(header_len));
+    ZG_CHECK(uint64_t(f.gcount()) == header_len, path + ": truncated header");
+    st.data_.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    nlohmann::json h;
+    try {
+        h = nlohmann::json::parse(header);
+    } catch (const std::exception& e) {
+        throw Error(path + ": header is not valid JSON: " + e.what());
+    }
+    for (auto it = h.begin(); it != h.end(); ++it) {
+        if (it.key() == "__metadata__") {
+            st.metadata_ = it.value();
+            continue;
+        }
+        TensorInfo t;
+        t.dtype = it.value().at("dtype").get<std::string>();
+        t.shape = it.value().at("shape").get<std::vector<int64_t>>();
+        const auto off = it.value().at("data_offsets").get<std::vector<uint64_t>>();
+        ZG_CHECK(off.size() == 2 && off[0] <= off[1] && off[1] <= st.data_.size(),
+                 path + ": tensor " + it.key() + " lies outside the file (truncated?)");
+        t.begin = off[0];
+        t.end = off[1];
+        t.numel = 1;
+        for (int64_t d : t.shape) t.numel *= d;
+        const size_t eb = dtype_bytes(t.dtype);
+        ZG_CHECK(eb > 0, path + ": tensor " + it.key() + " has unknown dtype " + t.dtype);
+        ZG_CHECK(t.end - t.begin == size_t(t.numel) * eb,
+                 path + ": tensor " + it.key() + " byte size does not match its shape");
+        st.tensors_[it.key()] = t;
+    }
+    return st;
+}
+
+const TensorInfo& SafeTensors::info(const std::string& name) const {
+    auto it = tensors_.find(name);
+    ZG_CHECK(it != tensors_.end(), path_ + ": no tensor named " + name);
+    return it->second;
+}
+
+std::vector<std::string> SafeTensors::names() const {
+    std::vector<std::string> n;
+    for (const auto& [k, v] : tensors_) n.push_back(k);
+    return n;
+}
+
+std::vector<double> SafeTensors::as_double(const std::string& name) const {
+    const TensorInfo& t = info(name);
+    const unsigned char* p = data_.data() + t.begin;
+    std::vector<double> out(t.numel);
+    for (int64_t i = 0; i < t.numel; i++) {
+        if (t.dtype == "F64") {
+            double v;
+            std::memcpy(&v, p + 8 * i, 8);
+            out[i] = v;
+        } else if (t.dtype == "F32") {
+            float v;
+            std::memcpy(&v, p + 4 * i, 4);
+            out[i] = v;
+        } else if (t.dtype == "BF16") {
+            uint32_t bits = uint32_t(p[2 * i] | (p[2 * i + 1] << 8)) << 16;
+            float v;
+            std::memcpy(&v, &bits, 4);
+            out[i] = v;
+        } else if (t.dtype == "F16") {
+            out[i] = half_to_double(uint16_t(p[2 * i] | (p[2 * i + 1] << 8)));
+        } else if (t.dtype == "I64") {
+            int64_t v;
+            std::memcpy(&v, p + 8 * i, 8);
+            out[i] = double(v);
+        } else if (t.dtype == "I32") {
+            int32_t v;
+            std::memcpy(&v, p + 4 * i, 4);
+            out[i] = v;
+        } else {
+            throw Error(path_ + ": cannot convert dtype " + t.dtype + " of " + name);
+        }
+    }
+    return out;
+}
+
+}  // namespace zgpt

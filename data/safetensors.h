@@ -1,0 +1,39 @@
+// A small safetensors reader: 8-byte little-endian header length, a JSON header, raw tensors.
+// Used by the oracle tests and by checkpoint import.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace zgpt {
+
+struct TensorInfo {
+    std::string dtype;  // F64, F32, F16, BF16, I64, I32, ...
+    std::vector<int64_t> shape;
+    int64_t numel = 0;
+    size_t begin = 0, end = 0;  // byte range within the data section
+};
+
+class SafeTensors {
+public:
+    // Throws naming the file if it is truncated or its header is malformed.
+    static SafeTensors load(const std::string& path);
+
+    bool has(const std::string& name) const { return tensors_.count(name) > 0; }
+    const TensorInfo& info(const std::string& name) const;
+    std::vector<std::string> names() const;
+    const nlohmann::json& metadata() const { return metadata_; }
+
+    // Converts F64/F32/BF16/F16/I64/I32 to double.
+    std::vector<double> as_double(const std::string& name) const;
+
+private:
+    std::string path_;
+    std::vector<unsigned char> data_;
+    std::map<std::string, TensorInfo> tensors_;
+    nlohmann::json metadata_;
+};
+
+}  // namespace zgpt

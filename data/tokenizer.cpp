@@ -1,0 +1,154 @@
+#include "data/tokenizer.h"
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "kernels/check.h"
+
+namespace zgpt {
+
+std::vector<uint32_t> utf8_decode(std::string_view s) {
+    std::vector<uint32_t> out;
+    out.reserve(s.size());
+    const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+    const size_t n = s.size();
+    for (size_t i = 0; i < n;) {
+        const unsigned c = p[i];
+        int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        uint32_t cp = len == 1 ? c : len == 2 ? c & 0x1F : len == 3 ? c & 0x0F : c & 0x07;
+        bool ok = len > 0 && i + len <= n;
+        for (int k = 1; ok && k < len; k++) {
+            ok = (p[i + k] >> 6) == 2;
+            cp = (cp << 6) | (p[i + k] & 0x3F);
+        }
+        static constexpr uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
+        ok = ok && cp >= kMin[len] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
+        if (!ok)
+            throw Error("invalid UTF-8 at byte offset " + std::to_string(i) +
+                        " (use --tokenizer byte for arbitrary bytes)");
+        out.push_back(cp);
+        i += len;
+    }
+    return out;
+}
+
+void utf8_append(std::string& out, uint32_t cp) {
+    if (cp < 0x80) {
+        out += char(cp);
+    } else if (cp < 0x800) {
+        out += char(0xC0 | (cp >> 6));
+        out += char(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+        out += char(0xE0 | (cp >> 12));
+        out += char(0x80 | ((cp >> 6) & 0x3F));
+        out += char(0x80 | (cp & 0x3F));
+    } else {
+        out += char(0xF0 | (cp >> 18));
+        out += char(0x80 | ((cp >> 12) & 0x3F));
+        out += char(0x80 | ((cp >> 6) & 0x3F));
+        out += char(0x80 | (cp & 0x3F));
+    }
+}
+
+Tokenizer Tokenizer::byte_level() {
+    Tokenizer t;
+    t.type_ = "byte";
+    return t;
+}
+
+static void index_chars(std::vector<uint32_t>& chars, std::vector<int32_t>& id_of) {
+    id_of.assign(chars.empty() ? 0 : chars.back() + 1, -1);
+    for (size_t i = 0; i < chars.size(); i++) id_of[chars[i]] = int32_t(i);
+}
+
+Tokenizer Tokenizer::char_level_from_text(std::string_view text) {
+    Tokenizer t;
+    t.type_ = "char";
+    std::vector<bool> seen(0x110000, false);
+    for (uint32_t cp : utf8_decode(text)) seen[cp] = true;
+    for (uint32_t cp = 0; cp < seen.size(); cp++)
+        if (seen[cp]) t.chars_.push_back(cp);
+    index_chars(t.chars_, t.id_of_char_);
+    return t;
+}
+
+int64_t Tokenizer::vocab_size() const { return type_ == "byte" ? 256 : int64_t(chars_.size()); }
+
+std::vector<uint32_t> Tokenizer::encode(std::string_view text) const {
+    if (type_ == "byte") {
+        const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+        return std::vector<uint32_t>(p, p + text.size());
+    }
+    std::vector<uint32_t> ids = utf8_decode(text);
+    for (size_t i = 0; i < ids.size(); i++) {
+        const uint32_t cp = ids[i];
+        const int32_t id = cp < id_of_char_.size() ? id_of_char_[cp] : -1;
+        if (id < 0) {
+            std::string ch;
+            utf8_append(ch, cp);
+            throw Error("character '" + ch + "' (U+" + std::to_string(cp) +
+                        ") is not in the char vocabulary");
+        }
+        ids[i] = uint32_t(id);
+    }
+    return ids;
+}
+
+std::string Tokenizer::decode(const std::vector<uint32_t>& ids) const {
+    std::string out;
+    for (uint32_t id : ids) {
+        ZG_CHECK(id < uint64_t(vocab_size()), "token id " + std::to_string(id) + " out of range");
+        if (type_ == "byte")
+            out += char(id);
+        else
+            utf8_append(out, chars_[id]);
+    }
+    return out;
+}
+
+void Tokenizer::save(const std::string& path) const {
+    nlohmann::json j;
+    j["type"] = type_;
+    j["vocab_size"] = vocab_size();
+    if (type_ == "char") {
+        std::vector<std::string> chars;
+        for (uint32_t cp : chars_) {
+            std::string s;
+            utf8_append(s, cp);
+            chars.push_back(s);
+        }
+        j["chars"] = chars;
+    }
+    std::ofstream f(path);
+    ZG_CHECK(f.good(), "cannot write " + path);
+    f << j.dump(1) << "\n";
+    ZG_CHECK(f.good(), "failed writing " + path);
+}
+
+Tokenizer Tokenizer::load(const std::string& path) {
+    std::ifstream f(path);
+    ZG_CHECK(f.good(), "cannot read tokenizer file " + path);
+    nlohmann::json j;
+    try {
+        j = nlohmann::json::parse(f);
+    } catch (const std::exception& e) {
+        throw Error(path + ": not valid JSON: " + e.what());
+    }
+    Tokenizer t;
+    t.type_ = j.value("type", "");
+    if (t.type_ == "char") {
+        for (const auto& s : j.at("chars")) {
+            const auto cps = utf8_decode(s.get<std::string>());
+            ZG_CHECK(cps.size() == 1, path + ": each entry of chars must be one character");
+            t.chars_.push_back(cps[0]);
+        }
+        ZG_CHECK(std::is_sorted(t.chars_.begin(), t.chars_.end()), path + ": chars must be sorted");
+        index_chars(t.chars_, t.id_of_char_);
+    } else {
+        ZG_CHECK(t.type_ == "byte", path + ": unknown tokenizer type '" + t.type_ + "'");
+    }
+    return t;
+}
+
+}  // namespace zgpt

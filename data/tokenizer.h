@@ -1,0 +1,34 @@
+// Simple tokenizers for text -> shards: `char` (vocabulary = the text's distinct Unicode
+// characters, sorted, like nanoGPT's shakespeare_char) and `byte` (256 ids). A tokenizer is saved
+// as tokenizer.json beside the shards; the trainer reads vocab_size from it.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace zgpt {
+
+class Tokenizer {
+public:
+    static Tokenizer byte_level();
+    static Tokenizer char_level_from_text(std::string_view utf8_text);
+    static Tokenizer load(const std::string& json_path);
+    void save(const std::string& json_path) const;
+
+    const std::string& type() const { return type_; }
+    int64_t vocab_size() const;
+    std::vector<uint32_t> encode(std::string_view text) const;
+    std::string decode(const std::vector<uint32_t>& ids) const;
+
+private:
+    std::string type_;                 // "byte" or "char"
+    std::vector<uint32_t> chars_;      // char: id -> code point
+    std::vector<int32_t> id_of_char_;  // char: code point -> id, -1 if absent
+};
+
+// Decodes UTF-8; throws naming the byte offset of an invalid sequence.
+std::vector<uint32_t> utf8_decode(std::string_view s);
+void utf8_append(std::string& out, uint32_t code_point);
+
+}  // namespace zgpt

@@ -1,0 +1,19 @@
+// AdamW (decoupled weight decay, bias-corrected moments), as PyTorch's torch.optim.AdamW.
+#pragma once
+#include <cstdint>
+
+namespace zgpt::cpu {
+
+struct AdamWStep {
+    double lr = 1e-3;
+    double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+    double weight_decay = 0.0;  // applied as p -= lr * wd * p (decoupled)
+    int64_t t = 1;              // 1-based step count, for bias correction
+    double grad_scale = 1.0;    // multiplies the gradient first (global-norm clipping)
+};
+
+// One update of n parameters with their moments m and v.
+template <typename T>
+void adamw_update(T* params, const T* grads, T* m, T* v, int64_t n, const AdamWStep& s);
+
+}  // namespace zgpt::cpu

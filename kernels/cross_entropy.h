@@ -1,0 +1,99 @@
+// The loss head: vocab-parallel cross-entropy with z-loss and label smoothing. CPU reference.
+//
+// Per row i with target y, over the global vocabulary of size V:
+//   lse  = m + log d                    (m: max logit, d: sum exp(x - m); online softmax)
+//   ce   = (1 - eps) (lse - x_y) + eps (lse - sum(x) / V)      (PyTorch's label smoothing)
+//   z    = z_loss_weight * lse^2
+//   loss = ce + z
+//   dloss/dx_j = softmax_j (1 + 2 z_loss_weight lse) - (1 - eps) [j == y] - eps / V
+// Rows whose target is ignore_index contribute nothing and get a zero gradient.
+//
+// A row may be split into vocabulary shards [v0, v0 + V_local). Each shard computes RowStats; stats
+// merge exactly (like online-softmax blocks), then every shard writes its own dlogits from the
+// merged lse. One shard covering [0, V) is the unsharded case.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace zgpt {
+
+enum class Reduction { mean, sum, none };
+Reduction parse_reduction(const std::string& s);  // "mean" | "sum" | "none"
+const char* reduction_name(Reduction r);
+
+struct CrossEntropyOptions {
+    int64_t ignore_index = -100;
+    double label_smoothing = 0.0;  // in [0, 1)
+    double z_loss_weight = 0.0;    // >= 0 and finite
+    Reduction reduction = Reduction::mean;
+};
+
+// Throws zgpt::Error naming the bad option (z < 0, NaN or inf; label_smoothing outside [0, 1)).
+void validate(const CrossEntropyOptions& opts);
+
+// Online-softmax statistics of one row over one shard (double: the reference is the oracle).
+struct RowStats {
+    double max = -__builtin_inf();  // max logit
+    double sum_exp = 0.0;           // sum of exp(x - max)
+    double target_logit = 0.0;      // x_y if this shard owns y, else 0 (merge adds)
+    double sum_logits = 0.0;        // for label smoothing
+};
+
+// Exact merge of two shards' statistics of the same row.
+RowStats merge(const RowStats& a, const RowStats& b);
+
+// Gradient of the final loss w.r.t. the reduced loss: one scalar (mean, sum) or one value per row
+// (none).
+struct GradOutput {
+    const double* values = nullptr;
+    bool per_row = false;
+};
+
+// Per-row outputs (length N each); a null pointer means "not wanted".
+struct CrossEntropyRows {
+    double* loss = nullptr;
+    double* ce = nullptr;
+    double* z_loss = nullptr;
+    double* lse = nullptr;
+};
+
+// Sums over non-ignored rows, and the loss reduced as asked (for none: the sum of rows).
+struct CrossEntropySummary {
+    double loss = 0.0;
+    double sum_loss = 0.0, sum_ce = 0.0, sum_z_loss = 0.0, sum_lse = 0.0;
+    int64_t n_valid = 0;
+    double max_logit = -__builtin_inf();  // over all rows (read before dlogits overwrite logits)
+};
+
+namespace cpu {
+
+// Statistics of rows [0, N) over the shard's V_local columns. Row i starts at logits + i * ld.
+template <typename T>
+void ce_shard_stats(RowStats* stats, const T* logits, int64_t ld, const int32_t* targets, int64_t N,
+                    int64_t V_local, int64_t v0, int64_t ignore_index);
+
+// acc[i] = merge(acc[i], shard[i])
+void ce_merge_stats(RowStats* acc, const RowStats* shard, int64_t N);
+
+// From merged statistics: per-row outputs, the summary, and each row's gradient factor
+// (grad_output, divided by the number of valid rows for mean; 0 on ignored rows). lse_out (N) is
+// required: the backward pass needs it.
+CrossEntropySummary ce_finalize(const RowStats* stats, const int32_t* targets, int64_t N,
+                                int64_t V, const CrossEntropyOptions& opts, GradOutput grad_output,
+                                CrossEntropyRows rows, double* lse_out, double* row_grad);
+
+// dlogits of one shard; dlogits may equal logits (gradient written in place).
+template <typename T>
+void ce_shard_backward(T* dlogits, const T* logits, int64_t ld, const int32_t* targets,
+                       const double* lse, const double* row_grad, int64_t N, int64_t V_local,
+                       int64_t v0, int64_t V, const CrossEntropyOptions& opts);
+
+// The whole head on unsharded rows (columns [0, V) of a row of stride ld): loss, per-row outputs,
+// and, when compute_grad, dlogits written in place over the logits.
+template <typename T>
+CrossEntropySummary cross_entropy(T* logits, int64_t ld, const int32_t* targets, int64_t N,
+                                  int64_t V, const CrossEntropyOptions& opts, GradOutput grad_output,
+                                  CrossEntropyRows rows, bool compute_grad);
+
+}  // namespace cpu
+}  // namespace zgpt

@@ -1,0 +1,23 @@
+// Residual add: out = a + b. CPU reference.
+#pragma once
+#include <cstdint>
+
+namespace zgpt::cpu {
+
+template <typename T>
+void residual_forward(T* out, const T* a, const T* b, int64_t n);
+
+// Adds dout into both da and db.
+template <typename T>
+void residual_backward(T* da, T* db, const T* dout, int64_t n);
+
+}  // namespace zgpt::cpu
+
+// CUDA launchers (defined in residual.cu; CUDA builds only). stream is a cudaStream_t.
+struct CUstream_st;
+namespace zgpt::cuda {
+
+// out = a + b on device pointers, n elements (64-bit indexing).
+void residual_forward(float* out, const float* a, const float* b, int64_t n, CUstream_st* stream);
+
+}  // namespace zgpt::cuda

@@ -1,0 +1,239 @@
+#include "model/gpt.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/attention.h"
+#include "kernels/check.h"
+#include "kernels/encoder.h"
+#include "kernels/gelu.h"
+#include "kernels/layernorm.h"
+#include "kernels/matmul.h"
+#include "kernels/residual.h"
+#include "kernels/rng.h"
+
+namespace zgpt {
+
+namespace {
+
+// Copies a [rows, width] block between row strides (q or k columns in and out of qkv).
+template <typename T>
+void copy_block(T* dst, int64_t dst_ld, const T* src, int64_t src_ld, int64_t rows, int64_t width) {
+#pragma omp parallel for
+    for (int64_t r = 0; r < rows; r++) std::copy_n(src + r * src_ld, width, dst + r * dst_ld);
+}
+
+template <typename T>
+void fill_zero(std::vector<T>& v) {
+    std::fill(v.begin(), v.end(), T(0));
+}
+
+}  // namespace
+
+template <typename T>
+GPT<T>::GPT(const ModelConfig& config)
+    : cfg_(config), layout_(make_gpt_layout(config)), Vp_(padded_vocab_size(config.vocab_size)) {
+    params.assign(layout_.table.total(), T(0));
+    grads.assign(layout_.table.total(), T(0));
+}
+
+template <typename T>
+void GPT<T>::init_weights(uint64_t seed) {
+    Rng rng(seed);
+    const double residual_std = cfg_.init_std / std::sqrt(2.0 * cfg_.n_layer);
+    for (const ParamSpec& s : layout_.table.specs()) {
+        T* p = params.data() + s.offset;
+        for (int64_t i = 0; i < s.numel; i++) {
+            switch (s.init) {
+                case Init::normal: p[i] = T(cfg_.init_std * rng.normal()); break;
+                case Init::residual_normal: p[i] = T(residual_std * rng.normal()); break;
+                case Init::zeros: p[i] = T(0); break;
+                case Init::ones: p[i] = T(1); break;
+            }
+        }
+    }
+    // Padded vocabulary rows never see a token; keep them at zero so their logits are inert.
+    for (int idx : {layout_.wte, layout_.lm_head}) {
+        T* w = param(idx);
+        std::fill(w + int64_t(cfg_.vocab_size) * cfg_.n_embd, w + Vp_ * cfg_.n_embd, T(0));
+    }
+}
+
+template <typename T>
+void GPT<T>::zero_grad() {
+    fill_zero(grads);
+}
+
+template <typename T>
+void GPT<T>::ensure_activations(int64_t B, int64_t Tn) {
+    if (B == B_ && Tn == T_) return;
+    B_ = B;
+    T_ = Tn;
+    const int64_t BT = B * Tn, C = cfg_.n_embd, NH = cfg_.n_head, L = cfg_.n_layer;
+    residual_.assign(L + 1, std::vector<T>(BT * C));
+    blocks_.assign(L, BlockActs{});
+    for (BlockActs& a : blocks_) {
+        a.ln1.resize(BT * C);
+        a.ln1_mean.resize(BT);
+        a.ln1_rstd.resize(BT);
+        if (cfg_.qk_norm) {
+            a.qkv_raw.resize(BT * 3 * C);
+            for (auto* v : {&a.q_in, &a.k_in}) v->resize(BT * C);
+            for (auto* v : {&a.q_mean, &a.q_rstd, &a.k_mean, &a.k_rstd}) v->resize(BT * NH);
+        }
+        a.qkv.resize(BT * 3 * C);
+        a.att.resize(B * NH * Tn * Tn);
+        a.atty.resize(BT * C);
+        a.res_attn.resize(BT * C);
+        a.ln2.resize(BT * C);
+        a.ln2_mean.resize(BT);
+        a.ln2_rstd.resize(BT);
+        a.fch.resize(BT * 4 * C);
+        a.fch_gelu.resize(BT * 4 * C);
+    }
+    lnf_.resize(BT * C);
+    lnf_mean_.resize(BT);
+    lnf_rstd_.resize(BT);
+    logits_.resize(BT * Vp_);
+    for (auto* v : {&dres_, &dtmp_c_, &dq_, &dk_}) v->resize(BT * C);
+    for (auto* v : {&dqkv_, &dqkv_raw_}) v->resize(BT * 3 * C);
+    for (auto* v : {&dfch_, &dgelu_}) v->resize(BT * 4 * C);
+}
+
+template <typename T>
+void GPT<T>::forward(const int32_t* tokens, int64_t B, int64_t Tn) {
+    ZG_CHECK(B > 0 && Tn > 0 && Tn <= cfg_.block_size,
+             "sequence length " + std::to_string(Tn) + " must be in [1, block_size=" +
+                 std::to_string(cfg_.block_size) + "]");
+    for (int64_t i = 0; i < B * Tn; i++)
+        ZG_CHECK(tokens[i] >= 0 && tokens[i] < cfg_.vocab_size,
+                 "token id " + std::to_string(tokens[i]) + " outside the vocabulary");
+    ensure_activations(B, Tn);
+    tokens_.assign(tokens, tokens + B * Tn);
+    const int64_t BT = B * Tn, C = cfg_.n_embd, NH = cfg_.n_head, hs = C / NH;
+    const double eps = cfg_.ln_eps;
+    cpu::encoder_forward(residual_[0].data(), tokens, maybe(layout_.wte), maybe(layout_.wpe), B, Tn,
+                         C);
+    std::vector<T> scratch(BT * C);
+    for (int l = 0; l < cfg_.n_layer; l++) {
+        const BlockParams& p = layout_.blocks[l];
+        BlockActs& a = blocks_[l];
+        const T* x = residual_[l].data();
+        cpu::layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, maybe(p.ln1_w),
+                               maybe(p.ln1_b), BT, C, eps);
+        if (cfg_.qk_norm) {
+            cpu::matmul_forward(a.qkv_raw.data(), a.ln1.data(), maybe(p.qkv_w), maybe(p.qkv_b), BT, C,
+                                3 * C);
+            a.qkv = a.qkv_raw;
+            // q and k of each token are NH contiguous rows of hs: normalise each row.
+            copy_block(a.q_in.data(), C, a.qkv_raw.data(), 3 * C, BT, C);
+            copy_block(a.k_in.data(), C, a.qkv_raw.data() + C, 3 * C, BT, C);
+            cpu::layernorm_forward(scratch.data(), a.q_mean.data(), a.q_rstd.data(), a.q_in.data(),
+                                   maybe(p.q_norm_w), maybe(p.q_norm_b), BT * NH, hs, eps);
+            copy_block(a.qkv.data(), 3 * C, scratch.data(), C, BT, C);
+            cpu::layernorm_forward(scratch.data(), a.k_mean.data(), a.k_rstd.data(), a.k_in.data(),
+                                   maybe(p.k_norm_w), maybe(p.k_norm_b), BT * NH, hs, eps);
+            copy_block(a.qkv.data() + C, 3 * C, scratch.data(), C, BT, C);
+        } else {
+            cpu::matmul_forward(a.qkv.data(), a.ln1.data(), maybe(p.qkv_w), maybe(p.qkv_b), BT, C,
+                                3 * C);
+        }
+        cpu::attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), B, Tn, C, NH);
+        cpu::matmul_forward(scratch.data(), a.atty.data(), maybe(p.proj_w), maybe(p.proj_b), BT, C, C);
+        cpu::residual_forward(a.res_attn.data(), x, scratch.data(), BT * C);
+        cpu::layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res_attn.data(),
+                               maybe(p.ln2_w), maybe(p.ln2_b), BT, C, eps);
+        cpu::matmul_forward(a.fch.data(), a.ln2.data(), maybe(p.fc_w), maybe(p.fc_b), BT, C, 4 * C);
+        cpu::gelu_forward(a.fch_gelu.data(), a.fch.data(), BT * 4 * C);
+        cpu::matmul_forward(scratch.data(), a.fch_gelu.data(), maybe(p.fcproj_w), maybe(p.fcproj_b),
+                            BT, 4 * C, C);
+        cpu::residual_forward(residual_[l + 1].data(), a.res_attn.data(), scratch.data(), BT * C);
+    }
+    cpu::layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(),
+                           residual_[cfg_.n_layer].data(), maybe(layout_.lnf_w),
+                           maybe(layout_.lnf_b), BT, C, eps);
+    cpu::matmul_forward(logits_.data(), lnf_.data(), maybe(layout_.lm_head), (const T*)nullptr, BT,
+                        C, Vp_);
+}
+
+template <typename T>
+CrossEntropySummary GPT<T>::loss(const int32_t* targets, const CrossEntropyOptions& opts,
+                                 GradOutput grad_output, bool compute_grad, CrossEntropyRows rows) {
+    ZG_CHECK(B_ > 0, "loss() needs a forward() first");
+    const int64_t BT = B_ * T_;
+    CrossEntropySummary s = cpu::cross_entropy(logits_.data(), Vp_, targets, BT, cfg_.vocab_size,
+                                               opts, grad_output, rows, compute_grad);
+    if (compute_grad) {  // padded vocabulary columns are masked: no gradient flows through them
+        for (int64_t i = 0; i < BT; i++)
+            std::fill(logits_.data() + i * Vp_ + cfg_.vocab_size, logits_.data() + (i + 1) * Vp_, T(0));
+    }
+    return s;
+}
+
+template <typename T>
+void GPT<T>::backward() {
+    const int64_t B = B_, Tn = T_, BT = B * Tn, C = cfg_.n_embd, NH = cfg_.n_head, hs = C / NH;
+    ZG_CHECK(BT > 0, "backward() needs forward() and loss() first");
+    // lm head (logits_ holds dlogits now)
+    fill_zero(dtmp_c_);
+    cpu::matmul_backward(dtmp_c_.data(), maybe_grad(layout_.lm_head), (T*)nullptr, logits_.data(),
+                         lnf_.data(), maybe(layout_.lm_head), BT, C, Vp_);
+    fill_zero(dres_);
+    cpu::layernorm_backward(dres_.data(), maybe_grad(layout_.lnf_w), maybe_grad(layout_.lnf_b),
+                            dtmp_c_.data(), residual_[cfg_.n_layer].data(), maybe(layout_.lnf_w),
+                            lnf_mean_.data(), lnf_rstd_.data(), BT, C);
+    // dres_ is the gradient of the residual stream; each block adds its branch's input gradient.
+    for (int l = cfg_.n_layer - 1; l >= 0; l--) {
+        const BlockParams& p = layout_.blocks[l];
+        BlockActs& a = blocks_[l];
+        // MLP branch: residual_[l+1] = res_attn + fcproj(gelu(fc(ln2(res_attn))))
+        fill_zero(dgelu_);
+        cpu::matmul_backward(dgelu_.data(), maybe_grad(p.fcproj_w), maybe_grad(p.fcproj_b),
+                             dres_.data(), a.fch_gelu.data(), maybe(p.fcproj_w), BT, 4 * C, C);
+        fill_zero(dfch_);
+        cpu::gelu_backward(dfch_.data(), a.fch.data(), dgelu_.data(), BT * 4 * C);
+        fill_zero(dtmp_c_);
+        cpu::matmul_backward(dtmp_c_.data(), maybe_grad(p.fc_w), maybe_grad(p.fc_b), dfch_.data(),
+                             a.ln2.data(), maybe(p.fc_w), BT, C, 4 * C);
+        cpu::layernorm_backward(dres_.data(), maybe_grad(p.ln2_w), maybe_grad(p.ln2_b),
+                                dtmp_c_.data(), a.res_attn.data(), maybe(p.ln2_w),
+                                a.ln2_mean.data(), a.ln2_rstd.data(), BT, C);
+        // attention branch: res_attn = x + proj(attn(qkv(ln1(x))))
+        fill_zero(dtmp_c_);
+        cpu::matmul_backward(dtmp_c_.data(), maybe_grad(p.proj_w), maybe_grad(p.proj_b),
+                             dres_.data(), a.atty.data(), maybe(p.proj_w), BT, C, C);
+        fill_zero(dqkv_);
+        cpu::attention_backward(dqkv_.data(), dtmp_c_.data(), a.qkv.data(), a.att.data(), B, Tn, C,
+                                NH);
+        T* dqkv_in = dqkv_.data();
+        if (cfg_.qk_norm) {
+            dqkv_raw_ = dqkv_;  // v passes through unchanged; q and k are replaced below
+            copy_block(dtmp_c_.data(), C, dqkv_.data(), 3 * C, BT, C);
+            fill_zero(dq_);
+            cpu::layernorm_backward(dq_.data(), maybe_grad(p.q_norm_w), maybe_grad(p.q_norm_b),
+                                    dtmp_c_.data(), a.q_in.data(), maybe(p.q_norm_w),
+                                    a.q_mean.data(), a.q_rstd.data(), BT * NH, hs);
+            copy_block(dqkv_raw_.data(), 3 * C, dq_.data(), C, BT, C);
+            copy_block(dtmp_c_.data(), C, dqkv_.data() + C, 3 * C, BT, C);
+            fill_zero(dk_);
+            cpu::layernorm_backward(dk_.data(), maybe_grad(p.k_norm_w), maybe_grad(p.k_norm_b),
+                                    dtmp_c_.data(), a.k_in.data(), maybe(p.k_norm_w),
+                                    a.k_mean.data(), a.k_rstd.data(), BT * NH, hs);
+            copy_block(dqkv_raw_.data() + C, 3 * C, dk_.data(), C, BT, C);
+            dqkv_in = dqkv_raw_.data();
+        }
+        fill_zero(dtmp_c_);
+        cpu::matmul_backward(dtmp_c_.data(), maybe_grad(p.qkv_w), maybe_grad(p.qkv_b), dqkv_in,
+                             a.ln1.data(), maybe(p.qkv_w), BT, C, 3 * C);
+        cpu::layernorm_backward(dres_.data(), maybe_grad(p.ln1_w), maybe_grad(p.ln1_b),
+                                dtmp_c_.data(), residual_[l].data(), maybe(p.ln1_w),
+                                a.ln1_mean.data(), a.ln1_rstd.data(), BT, C);
+    }
+    cpu::encoder_backward(maybe_grad(layout_.wte), maybe_grad(layout_.wpe), dres_.data(),
+                          tokens_.data(), B, Tn, C);
+}
+
+template class GPT<float>;
+template class GPT<double>;
+
+}  // namespace zgpt

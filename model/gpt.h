@@ -1,0 +1,75 @@
+// GPT-2 style model on the CPU reference ops: forward to logits, the loss head, backward.
+// T is float for training and double for gradient checks.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cross_entropy.h"
+#include "model/gpt_config.h"
+#include "model/parameters.h"
+
+namespace zgpt {
+
+template <typename T>
+class GPT {
+public:
+    explicit GPT(const ModelConfig& config);
+
+    const ModelConfig& config() const { return cfg_; }
+    const GptLayout& layout() const { return layout_; }
+    int64_t padded_vocab() const { return Vp_; }
+    int64_t num_parameters() const { return layout_.table.total(); }
+
+    T* param(int idx) { return params.data() + layout_.table[idx].offset; }
+    T* grad(int idx) { return grads.data() + layout_.table[idx].offset; }
+
+    // GPT-2 initialisation: N(0, init_std), residual projections N(0, init_std / sqrt(2 n_layer)),
+    // LayerNorm weight 1, biases 0, padded vocabulary rows 0.
+    void init_weights(uint64_t seed);
+
+    // Forward B x Tn tokens (Tn <= block_size) to logits [B * Tn, padded_vocab].
+    void forward(const int32_t* tokens, int64_t B, int64_t Tn);
+
+    // The loss head on the last forward's logits (only the first vocab_size columns count).
+    // With compute_grad, dlogits replace the logits in place, ready for backward().
+    CrossEntropySummary loss(const int32_t* targets, const CrossEntropyOptions& opts,
+                             GradOutput grad_output, bool compute_grad,
+                             CrossEntropyRows rows = {});
+
+    // Backward from dlogits; adds into grads.
+    void backward();
+
+    void zero_grad();
+    const T* logits() const { return logits_.data(); }
+
+    std::vector<T> params, grads;
+
+private:
+    struct BlockActs {
+        std::vector<T> ln1, ln1_mean, ln1_rstd;
+        std::vector<T> qkv_raw;                     // qkv matmul output (qk_norm only)
+        std::vector<T> q_in, q_mean, q_rstd, k_in, k_mean, k_rstd;  // qk_norm only
+        std::vector<T> qkv;                         // attention input
+        std::vector<T> att, atty, res_attn;         // probabilities, output, residual after attn
+        std::vector<T> ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
+    };
+    void ensure_activations(int64_t B, int64_t Tn);
+    const T* maybe(int idx) const { return idx < 0 ? nullptr : params.data() + layout_.table[idx].offset; }
+    T* maybe_grad(int idx) { return idx < 0 ? nullptr : grads.data() + layout_.table[idx].offset; }
+
+    ModelConfig cfg_;
+    GptLayout layout_;
+    int64_t Vp_;
+    int64_t B_ = 0, T_ = 0;
+    std::vector<int32_t> tokens_;
+    std::vector<std::vector<T>> residual_;  // residual_[l]: input of block l; [L]: final
+    std::vector<BlockActs> blocks_;
+    std::vector<T> lnf_, lnf_mean_, lnf_rstd_, logits_;
+    // backward scratch, shared by all blocks
+    std::vector<T> dres_, dtmp_c_, dqkv_, dqkv_raw_, dfch_, dgelu_, dq_, dk_;
+};
+
+extern template class GPT<float>;
+extern template class GPT<double>;
+
+}  // namespace zgpt

@@ -1,0 +1,26 @@
+// Shape and options of a GPT model.
+#pragma once
+#include <cstdint>
+
+namespace zgpt {
+
+struct ModelConfig {
+    int n_layer = 12;
+    int n_head = 12;
+    int n_embd = 768;
+    int block_size = 1024;  // maximum context
+    int vocab_size = 0;     // 0: taken from the data's tokenizer.json
+    bool tie_embeddings = true;
+    bool bias = true;      // biases in linear layers and LayerNorms
+    bool qk_norm = false;  // LayerNorm on each head's q and k
+    double init_std = 0.02;
+    double ln_eps = 1e-5;
+};
+
+// The vocabulary rounded up to a multiple of 128 (padded logits are masked out of the loss).
+int64_t padded_vocab_size(int64_t vocab_size);
+
+// Throws zgpt::Error on an inconsistent shape (n_embd % n_head, sizes <= 0).
+void validate(const ModelConfig& c);
+
+}  // namespace zgpt

@@ -1,0 +1,58 @@
+// The parameter table: one description of every tensor. It yields the arena size, each tensor's
+// offset and shape, its name (Hugging Face GPT-2 names; our matrices are [out, in]), its
+// initialisation and whether weight decay applies. Checkpoints, export and the optimizer all walk
+// this one table.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/gpt_config.h"
+
+namespace zgpt {
+
+enum class Init { normal, residual_normal, zeros, ones };
+
+struct ParamSpec {
+    std::string name;
+    std::vector<int64_t> shape;
+    int64_t offset = 0;
+    int64_t numel = 0;
+    Init init = Init::zeros;
+    bool decay = false;  // weight decay on matrices only
+};
+
+class ParameterTable {
+public:
+    int add(const std::string& name, std::vector<int64_t> shape, Init init);
+    const std::vector<ParamSpec>& specs() const { return specs_; }
+    const ParamSpec& operator[](int i) const { return specs_.at(i); }
+    int find(const std::string& name) const;  // -1 when absent
+    int64_t total() const { return total_; }
+
+private:
+    std::vector<ParamSpec> specs_;
+    int64_t total_ = 0;
+};
+
+// Indices into the table of one transformer block's tensors; -1 where the config has none.
+struct BlockParams {
+    int ln1_w = -1, ln1_b = -1;
+    int qkv_w = -1, qkv_b = -1;
+    int q_norm_w = -1, q_norm_b = -1, k_norm_w = -1, k_norm_b = -1;
+    int proj_w = -1, proj_b = -1;
+    int ln2_w = -1, ln2_b = -1;
+    int fc_w = -1, fc_b = -1;
+    int fcproj_w = -1, fcproj_b = -1;
+};
+
+struct GptLayout {
+    ParameterTable table;
+    int wte = -1, wpe = -1, lnf_w = -1, lnf_b = -1;
+    int lm_head = -1;  // == wte when embeddings are tied
+    std::vector<BlockParams> blocks;
+};
+
+GptLayout make_gpt_layout(const ModelConfig& c);
+
+}  // namespace zgpt

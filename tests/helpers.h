@@ -1,0 +1,59 @@
+// Shared test helpers: NaN-safe closeness, random inputs, finite differences, whole-binary skips.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kernels/rng.h"
+
+namespace zgpt::test {
+
+// A test binary that cannot run here registers why (e.g. no GPU); main() then exits 77 (skipped).
+void skip_binary(const std::string& reason);
+std::string skip_reason();
+
+// Fails on NaN: true only when |a - b| <= atol + rtol |b|.
+inline bool close(double a, double b, double rtol, double atol) {
+    return std::fabs(a - b) <= atol + rtol * std::fabs(b);
+}
+
+struct MaxError {
+    double abs = 0, rel = 0;
+    int64_t worst = -1;
+    bool ok = true;
+};
+// Compares a to the reference b element-wise; records the largest errors and whether all passed.
+template <typename A, typename B>
+MaxError compare(const A* a, const B* b, int64_t n, double rtol, double atol) {
+    MaxError e;
+    for (int64_t i = 0; i < n; i++) {
+        const double x = double(a[i]), y = double(b[i]);
+        const double d = std::fabs(x - y);
+        if (!close(x, y, rtol, atol)) {
+            if (e.ok || d > e.abs) e.worst = i;
+            e.ok = false;
+        }
+        if (!(d <= e.abs)) e.abs = d;  // NaN sticks
+        const double r = d / std::max(std::fabs(y), 1e-30);
+        if (!(r <= e.rel)) e.rel = r;
+    }
+    return e;
+}
+
+template <typename T>
+std::vector<T> random_vector(Rng& rng, int64_t n, double scale = 1.0) {
+    std::vector<T> v(n);
+    for (auto& x : v) x = T(scale * rng.normal());
+    return v;
+}
+
+// Central-difference gradient of f at x (x is perturbed and restored in place).
+std::vector<double> numeric_gradient(const std::function<double()>& f, std::vector<double>& x,
+                                     double h = 1e-6);
+
+// Directory of the shared oracle files: $ZGPT_ORACLES, else <source>/../shared/data/oracles.
+std::string oracle_dir();
+
+}  // namespace zgpt::test

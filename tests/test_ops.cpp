@@ -1,0 +1,159 @@
+// Finite-difference gradient checks, in double, of every CPU op family on odd sizes.
+// Each op's scalar test loss is sum(out * R) for a fixed random R, so dL/dout = R.
+#include <doctest/doctest.h>
+
+#include "kernels/attention.h"
+#include "kernels/encoder.h"
+#include "kernels/gelu.h"
+#include "kernels/layernorm.h"
+#include "kernels/matmul.h"
+#include "kernels/residual.h"
+#include "tests/helpers.h"
+
+using namespace zgpt;
+using namespace zgpt::test;
+using Vec = std::vector<double>;
+
+namespace {
+
+double dot(const Vec& a, const Vec& b) {
+    double s = 0;
+    for (size_t i = 0; i < a.size(); i++) s += a[i] * b[i];
+    return s;
+}
+
+// Checks the analytic gradient `analytic` of input `x` against central differences of `loss`.
+void check_grad(const char* what, const std::function<double()>& loss, Vec& x, const Vec& analytic) {
+    const Vec numeric = numeric_gradient(loss, x);
+    const MaxError e = compare(analytic.data(), numeric.data(), int64_t(x.size()), 1e-6, 1e-8);
+    INFO(what << ": max abs err " << e.abs << ", max rel err " << e.rel << " at " << e.worst);
+    CHECK(e.ok);
+}
+
+}  // namespace
+
+TEST_CASE("encoder: forward values and finite-difference gradient") {
+    const int64_t B = 2, T = 5, C = 7, V = 11;
+    Rng rng(1);
+    Vec wte = random_vector<double>(rng, V * C), wpe = random_vector<double>(rng, T * C);
+    std::vector<int32_t> tok = {3, 0, 10, 3, 7, 1, 1, 9, 2, 3};
+    Vec R = random_vector<double>(rng, B * T * C), out(B * T * C);
+    cpu::encoder_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
+    CHECK(out[1 * C + 2] == wte[0 * C + 2] + wpe[1 * C + 2]);
+    auto loss = [&] {
+        cpu::encoder_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
+        return dot(out, R);
+    };
+    Vec dwte(V * C, 0), dwpe(T * C, 0);
+    cpu::encoder_backward(dwte.data(), dwpe.data(), R.data(), tok.data(), B, T, C);
+    check_grad("dwte", loss, wte, dwte);
+    check_grad("dwpe", loss, wpe, dwpe);
+}
+
+TEST_CASE("layernorm: finite-difference gradient, with and without bias") {
+    const int64_t N = 5, C = 13;
+    for (bool with_bias : {true, false}) {
+        CAPTURE(with_bias);
+        Rng rng(2);
+        Vec x = random_vector<double>(rng, N * C, 2.0), w = random_vector<double>(rng, C),
+            b = random_vector<double>(rng, C), R = random_vector<double>(rng, N * C);
+        Vec out(N * C), mean(N), rstd(N);
+        const double* bias = with_bias ? b.data() : nullptr;
+        auto loss = [&] {
+            cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), bias, N,
+                                   C);
+            return dot(out, R);
+        };
+        loss();
+        Vec dx(N * C, 0), dw(C, 0), db(C, 0);
+        cpu::layernorm_backward(dx.data(), dw.data(), with_bias ? db.data() : nullptr, R.data(),
+                                x.data(), w.data(), mean.data(), rstd.data(), N, C);
+        check_grad("dx", loss, x, dx);
+        check_grad("dweight", loss, w, dw);
+        if (with_bias) check_grad("dbias", loss, b, db);
+    }
+}
+
+TEST_CASE("matmul: values against a naive triple loop, and finite-difference gradient") {
+    const int64_t N = 7, C = 9, OC = 5;  // N not a multiple of the 4-row tile
+    for (bool with_bias : {true, false}) {
+        CAPTURE(with_bias);
+        Rng rng(3);
+        Vec x = random_vector<double>(rng, N * C), w = random_vector<double>(rng, OC * C),
+            b = random_vector<double>(rng, OC), R = random_vector<double>(rng, N * OC), out(N * OC);
+        const double* bias = with_bias ? b.data() : nullptr;
+        cpu::matmul_forward(out.data(), x.data(), w.data(), bias, N, C, OC);
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t o = 0; o < OC; o++) {
+                double s = with_bias ? b[o] : 0;
+                for (int64_t c = 0; c < C; c++) s += x[n * C + c] * w[o * C + c];
+                CHECK(close(out[n * OC + o], s, 1e-12, 1e-12));
+            }
+        auto loss = [&] {
+            cpu::matmul_forward(out.data(), x.data(), w.data(), bias, N, C, OC);
+            return dot(out, R);
+        };
+        Vec dx(N * C, 0), dw(OC * C, 0), db(OC, 0);
+        cpu::matmul_backward(dx.data(), dw.data(), with_bias ? db.data() : nullptr, R.data(),
+                             x.data(), w.data(), N, C, OC);
+        check_grad("dinp", loss, x, dx);
+        check_grad("dweight", loss, w, dw);
+        if (with_bias) check_grad("dbias", loss, b, db);
+    }
+}
+
+TEST_CASE("attention: causality and finite-difference gradient") {
+    const int64_t B = 2, T = 5, C = 12, NH = 3;
+    Rng rng(4);
+    Vec qkv = random_vector<double>(rng, B * T * 3 * C), R = random_vector<double>(rng, B * T * C);
+    Vec out(B * T * C), att(B * NH * T * T);
+    auto loss = [&] {
+        cpu::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+        return dot(out, R);
+    };
+    loss();
+    // The first position attends only to itself: its output is its own v.
+    for (int64_t i = 0; i < C; i++) CHECK(close(out[i], qkv[2 * C + i], 1e-12, 1e-12));
+    // Changing the last token's k/v must not change earlier outputs.
+    Vec before = out;
+    qkv[(T - 1) * 3 * C + C] += 1.0;
+    qkv[(T - 1) * 3 * C + 2 * C] += 1.0;
+    loss();
+    for (int64_t t = 0; t < T - 1; t++)
+        for (int64_t i = 0; i < C; i++) CHECK(out[t * C + i] == before[t * C + i]);
+    Vec dqkv(B * T * 3 * C, 0);
+    loss();
+    cpu::attention_backward(dqkv.data(), R.data(), qkv.data(), att.data(), B, T, C, NH);
+    check_grad("dqkv", loss, qkv, dqkv);
+}
+
+TEST_CASE("gelu (tanh form): known values and finite-difference gradient") {
+    Vec x = {-3.0, -1.0, -0.1, 0.0, 0.5, 1.0, 2.5}, out(x.size());
+    cpu::gelu_forward(out.data(), x.data(), int64_t(x.size()));
+    CHECK(out[3] == 0.0);
+    CHECK(close(out[5], 0.8411919906082768, 1e-12, 0));  // 0.5 (1 + tanh(sqrt(2/pi) 1.044715))
+    Rng rng(5);
+    Vec R = random_vector<double>(rng, int64_t(x.size()));
+    auto loss = [&] {
+        cpu::gelu_forward(out.data(), x.data(), int64_t(x.size()));
+        return dot(out, R);
+    };
+    Vec dx(x.size(), 0);
+    cpu::gelu_backward(dx.data(), x.data(), R.data(), int64_t(x.size()));
+    check_grad("dx", loss, x, dx);
+}
+
+TEST_CASE("residual: forward and finite-difference gradient") {
+    Rng rng(6);
+    const int64_t n = 11;
+    Vec a = random_vector<double>(rng, n), b = random_vector<double>(rng, n),
+        R = random_vector<double>(rng, n), out(n);
+    auto loss = [&] {
+        cpu::residual_forward(out.data(), a.data(), b.data(), n);
+        return dot(out, R);
+    };
+    Vec da(n, 0), db(n, 0);
+    cpu::residual_backward(da.data(), db.data(), R.data(), n);
+    check_grad("da", loss, a, da);
+    check_grad("db", loss, b, db);
+}

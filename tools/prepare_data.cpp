@@ -1,0 +1,74 @@
+// prepare_data: text file -> train/val token shards + tokenizer.json.
+//   prepare_data --input kjv.txt --out data/shards/kjv --tokenizer char --val-fraction 0.1
+// The last val-fraction of the text (by tokens) is held out for validation, as nanoGPT does.
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "data/shard.h"
+#include "data/tokenizer.h"
+#include "kernels/check.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+void write_split(const std::vector<uint32_t>& ids, size_t begin, size_t end, const fs::path& dir,
+                 const std::string& split, int64_t shard_tokens) {
+    int index = 0;
+    for (size_t s = begin; s < end; s += size_t(shard_tokens), index++) {
+        const size_t e = std::min(end, s + size_t(shard_tokens));
+        char name[64];
+        std::snprintf(name, sizeof name, "%s_%06d.bin", split.c_str(), index);
+        zgpt::write_shard((dir / name).string(), std::vector<uint32_t>(ids.begin() + s, ids.begin() + e));
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"Turn a text file into train/val token shards (llm.c .bin layout)."};
+    std::string input, out, tokenizer = "char";
+    double val_fraction = 0.1;
+    int64_t shard_tokens = 100'000'000;
+    app.add_option("-i,--input", input, "UTF-8 text file")->required()->check(CLI::ExistingFile);
+    app.add_option("-o,--out", out, "output directory")->required();
+    app.add_option("-t,--tokenizer", tokenizer, "char | byte")
+        ->check(CLI::IsMember({"char", "byte"}))
+        ->capture_default_str();
+    app.add_option("--val-fraction", val_fraction, "share of the text held out for validation")
+        ->check(CLI::Range(0.0, 0.5))
+        ->capture_default_str();
+    app.add_option("--shard-tokens", shard_tokens, "tokens per shard file")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    CLI11_PARSE(app, argc, argv);
+    try {
+        const auto t0 = std::chrono::steady_clock::now();
+        std::ifstream f(input, std::ios::binary);
+        std::stringstream ss;
+        ss << f.rdbuf();
+        const std::string text = ss.str();
+        ZG_CHECK(!text.empty(), input + " is empty");
+        const zgpt::Tokenizer tok = tokenizer == "byte" ? zgpt::Tokenizer::byte_level()
+                                                        : zgpt::Tokenizer::char_level_from_text(text);
+        const std::vector<uint32_t> ids = tok.encode(text);
+        const size_t n_val = size_t(double(ids.size()) * val_fraction);
+        const size_t n_train = ids.size() - n_val;
+        fs::create_directories(out);
+        write_split(ids, 0, n_train, out, "train", shard_tokens);
+        if (n_val > 0) write_split(ids, n_train, ids.size(), out, "val", shard_tokens);
+        tok.save((fs::path(out) / "tokenizer.json").string());
+        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        std::printf("%s: %zu bytes -> %zu tokens (%s, vocab %lld): %zu train, %zu val, in %.2f s -> %s\n",
+                    input.c_str(), text.size(), ids.size(), tok.type().c_str(),
+                    (long long)tok.vocab_size(), n_train, n_val, secs, out.c_str());
+    } catch (const zgpt::Error& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return 1;
+    }
+    return 0;
+}

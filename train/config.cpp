@@ -1,0 +1,272 @@
+#include "train/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <map>
+#include <sstream>
+
+#include "kernels/check.h"
+
+namespace zgpt {
+
+std::vector<ConfigField> config_fields(Config& c) {
+    using F = ConfigField;
+    const double inf = 1e300;
+    std::vector<F> f;
+    auto add = [&](F x) { f.push_back(std::move(x)); };
+    ModelConfig& m = c.model;
+    add({"model", "n_layer", "transformer blocks", &m.n_layer, 1, 1024});
+    add({"model", "n_head", "attention heads", &m.n_head, 1, 1024});
+    add({"model", "n_embd", "channels", &m.n_embd, 1, 65536});
+    add({"model", "block_size", "maximum context length", &m.block_size, 1, 1 << 20});
+    add({"model", "vocab_size", "vocabulary; 0: read from tokenizer.json beside the train shards",
+         &m.vocab_size, 0, 1 << 30});
+    add({"model", "tie_embeddings", "share wte with the LM head", &m.tie_embeddings});
+    add({"model", "bias", "biases in linear layers and LayerNorms", &m.bias});
+    add({"model", "qk_norm", "LayerNorm on each head's q and k", &m.qk_norm});
+    add({"model", "init_std", "std of the normal initialisation", &m.init_std, 0, 10, true});
+    add({"model", "ln_eps", "LayerNorm epsilon", &m.ln_eps, 0, 1, true});
+    DataConfig& d = c.data;
+    add({"data", "train", "glob of training token shards (.bin)", &d.train});
+    add({"data", "val", "glob of validation shards; empty: no validation", &d.val});
+    add({"data", "shuffle", "shuffle windows each epoch (seeded)", &d.shuffle});
+    TrainConfig& t = c.train;
+    add({"train", "batch_size", "sequences per micro-batch", &t.batch_size, 1, 1 << 20});
+    add({"train", "seq_len", "tokens per sequence; 0: model.block_size", &t.seq_len, 0, 1 << 20});
+    add({"train", "grad_accum", "micro-batches per optimizer step", &t.grad_accum, 1, 1 << 20});
+    add({"train", "max_steps", "optimizer steps", &t.max_steps, 1, 1e15});
+    add({"train", "eval_every", "validation every N steps (and at 0 and the end); 0: end only",
+         &t.eval_every, 0, 1e15});
+    add({"train", "eval_batches", "validation batches per evaluation", &t.eval_batches, 1, 1 << 20});
+    add({"train", "log_every", "progress line every N steps when not on a terminal", &t.log_every,
+         1, 1e15});
+    add({"train", "seed", "seed for initialisation and data order", &t.seed, 0, 9.2e18});
+    add({"train", "out_dir", "directory that holds run directories", &t.out_dir});
+    add({"train", "run_name", "run directory name; empty: <config>-<date>-<time>", &t.run_name});
+    add({"train", "device", "where to train", &t.device, 0, 0, false, false, {"auto", "cpu", "cuda"}});
+    add({"train", "threads", "CPU threads; 0: all cores", &t.threads, 0, 4096});
+    OptimConfig& o = c.optim;
+    add({"optim", "lr", "peak learning rate", &o.lr, 0, 100, true});
+    add({"optim", "min_lr", "learning rate at the end of the decay", &o.min_lr, 0, 100});
+    add({"optim", "warmup_steps", "linear warmup steps", &o.warmup_steps, 0, 1e15});
+    add({"optim", "decay", "schedule after warmup", &o.decay, 0, 0, false, false,
+         {"cosine", "linear", "constant"}});
+    add({"optim", "decay_steps", "step where the decay reaches min_lr; 0: train.max_steps",
+         &o.decay_steps, 0, 1e15});
+    add({"optim", "beta1", "AdamW beta1", &o.beta1, 0, 1, false, true});
+    add({"optim", "beta2", "AdamW beta2", &o.beta2, 0, 1, false, true});
+    add({"optim", "eps", "AdamW epsilon", &o.eps, 0, 1, true});
+    add({"optim", "weight_decay", "decoupled weight decay (matrices only)", &o.weight_decay, 0, 10});
+    add({"optim", "grad_clip", "global grad-norm clip; 0: off", &o.grad_clip, 0, inf});
+    LossConfig& l = c.loss;
+    add({"loss", "z_loss_weight", "z-loss weight: adds w * lse^2 per token", &l.z_loss_weight, 0,
+         1e6});
+    add({"loss", "label_smoothing", "label smoothing eps", &l.label_smoothing, 0, 1, false, true});
+    add({"loss", "ignore_index", "target id that is ignored", &l.ignore_index, -(1 << 30), 1 << 30});
+    return f;
+}
+
+namespace {
+
+std::string where(const std::string& file, const YAML::Node& n) {
+    return file + ":" + std::to_string(n.Mark().line + 1);
+}
+
+std::string describe(const YAML::Node& n) {
+    if (n.IsScalar()) return "'" + n.Scalar() + "'";
+    if (n.IsSequence()) return "a list";
+    if (n.IsMap()) return "a mapping";
+    return "nothing";
+}
+
+std::string range_text(const ConfigField& f) {
+    std::ostringstream s;
+    s << (f.lo_open ? "(" : "[") << f.lo << ", " << f.hi << (f.hi_open ? ")" : "]");
+    return s.str();
+}
+
+// Sets one field from a YAML node; `ctx` is "file:line" or "--set ...".
+void set_field(const ConfigField& f, const YAML::Node& n, const std::string& ctx) {
+    const std::string at = ctx + ": " + f.path() + ": ";
+    auto check_range = [&](double v) {
+        const bool ok = std::isfinite(v) && (f.lo_open ? v > f.lo : v >= f.lo) &&
+                        (f.hi_open ? v < f.hi : v <= f.hi);
+        if (!ok) throw Error(at + "value " + n.Scalar() + " is out of range " + range_text(f));
+    };
+    std::visit(
+        [&](auto* p) {
+            using P = std::remove_pointer_t<decltype(p)>;
+            if constexpr (std::is_same_v<P, std::string>) {
+                if (n.IsNull()) {
+                    *p = "";
+                    return;
+                }
+                if (!n.IsScalar()) throw Error(at + "expected a string, got " + describe(n));
+                if (!f.choices.empty()) {
+                    bool ok = false;
+                    std::string all;
+                    for (const auto& c : f.choices) {
+                        ok = ok || c == n.Scalar();
+                        all += (all.empty() ? "" : ", ") + c;
+                    }
+                    if (!ok) throw Error(at + "'" + n.Scalar() + "' is not one of: " + all);
+                }
+                *p = n.Scalar();
+            } else {
+                const char* kind = std::is_same_v<P, bool>     ? "true or false"
+                                   : std::is_same_v<P, double> ? "a number"
+                                                               : "an integer";
+                P v{};
+                if (!n.IsScalar() || !YAML::convert<P>::decode(n, v))
+                    throw Error(at + "expected " + kind + ", got " + describe(n));
+                if constexpr (!std::is_same_v<P, bool>) check_range(double(v));
+                *p = v;
+            }
+        },
+        f.value);
+}
+
+ConfigField* find_field(std::vector<ConfigField>& fields, const std::string& section,
+                        const std::string& key) {
+    for (auto& f : fields)
+        if (f.section == section && f.key == key) return &f;
+    return nullptr;
+}
+
+std::string known_keys(const std::vector<ConfigField>& fields, const std::string& section) {
+    std::string s;
+    for (const auto& f : fields)
+        if (section.empty() ? s.find(f.section) == std::string::npos : f.section == section)
+            s += (s.empty() ? "" : ", ") + (section.empty() ? f.section : f.key);
+    return s;
+}
+
+// key path -> "file:line" of where it was set, for cross-field error messages
+using Origins = std::map<std::string, std::string>;
+
+void check_cross(const Config& c, const Origins& origins) {
+    auto at = [&](const std::string& key) {
+        auto it = origins.find(key);
+        return (it == origins.end() ? std::string("(default)") : it->second) + ": " + key + ": ";
+    };
+    if (c.model.n_embd % c.model.n_head != 0)
+        throw Error(at("model.n_embd") + std::to_string(c.model.n_embd) +
+                    " is not divisible by model.n_head = " + std::to_string(c.model.n_head));
+    if (c.train.seq_len > c.model.block_size)
+        throw Error(at("train.seq_len") + std::to_string(c.train.seq_len) +
+                    " exceeds model.block_size = " + std::to_string(c.model.block_size));
+    if (c.optim.min_lr > c.optim.lr)
+        throw Error(at("optim.min_lr") + "must not exceed optim.lr");
+    if (c.data.train.empty())
+        throw Error(at("data.train") + "must name the training shards (a glob of .bin files)");
+}
+
+}  // namespace
+
+void validate(const Config& c) { check_cross(c, {}); }
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+    Config c;
+    std::vector<ConfigField> fields = config_fields(c);
+    Origins origins;
+    YAML::Node root;
+    try {
+        root = YAML::LoadFile(path);
+    } catch (const YAML::BadFile&) {
+        throw Error("cannot read config file " + path);
+    } catch (const YAML::Exception& e) {
+        throw Error(path + ":" + std::to_string(e.mark.line + 1) + ": YAML syntax error: " + e.msg);
+    }
+    if (!root.IsNull() && !root.IsMap())
+        throw Error(where(path, root) + ": the config must be a mapping of sections");
+    if (root.IsMap()) {
+        for (const auto& sec : root) {
+            const std::string sname = sec.first.as<std::string>();
+            if (known_keys(fields, sname).empty())
+                throw Error(where(path, sec.first) + ": unknown section '" + sname +
+                            "' (known: " + known_keys(fields, "") + ")");
+            if (sec.second.IsNull()) continue;
+            if (!sec.second.IsMap())
+                throw Error(where(path, sec.second) + ": " + sname + ": expected a mapping of keys");
+            for (const auto& kv : sec.second) {
+                const std::string key = kv.first.as<std::string>();
+                ConfigField* f = find_field(fields, sname, key);
+                if (!f)
+                    throw Error(where(path, kv.first) + ": unknown key " + sname + "." + key +
+                                " (known in " + sname + ": " + known_keys(fields, sname) + ")");
+                set_field(*f, kv.second, where(path, kv.second));
+                origins[f->path()] = where(path, kv.second);
+            }
+        }
+    }
+    for (const std::string& o : overrides) {
+        const auto eq = o.find('='), dot = o.find('.');
+        if (eq == std::string::npos || dot == std::string::npos || dot > eq)
+            throw Error("--set " + o + ": expected section.key=value");
+        const std::string sname = o.substr(0, dot), key = o.substr(dot + 1, eq - dot - 1);
+        ConfigField* f = find_field(fields, sname, key);
+        if (!f) throw Error("--set " + o + ": unknown key " + sname + "." + key);
+        YAML::Node n;
+        try {
+            n = YAML::Load(o.substr(eq + 1));
+        } catch (const YAML::Exception& e) {
+            throw Error("--set " + o + ": cannot parse the value: " + e.msg);
+        }
+        set_field(*f, n, "--set " + o);
+        origins[f->path()] = "--set " + o;
+    }
+    check_cross(c, origins);
+    return c;
+}
+
+std::string config_to_yaml(const Config& c0) {
+    Config c = c0;
+    YAML::Emitter e;
+    e << YAML::BeginMap;
+    std::string section;
+    for (const ConfigField& f : config_fields(c)) {
+        if (f.section != section) {
+            if (!section.empty()) e << YAML::EndMap;
+            section = f.section;
+            e << YAML::Key << section << YAML::Value << YAML::BeginMap;
+        }
+        e << YAML::Key << f.key << YAML::Value;
+        std::visit([&](auto* p) { e << *p; }, f.value);
+    }
+    e << YAML::EndMap << YAML::EndMap;
+    return std::string(e.c_str()) + "\n";
+}
+
+std::string config_reference() {
+    Config c;
+    std::ostringstream s;
+    std::string section;
+    for (const ConfigField& f : config_fields(c)) {
+        if (f.section != section) s << "\n" << (section = f.section) << ":\n";
+        std::ostringstream def;
+        std::visit(
+            [&](auto* p) {
+                using P = std::remove_pointer_t<decltype(p)>;
+                if constexpr (std::is_same_v<P, bool>)
+                    def << (*p ? "true" : "false");
+                else if constexpr (std::is_same_v<P, std::string>)
+                    def << '"' << *p << '"';
+                else
+                    def << *p;
+            },
+            f.value);
+        std::string line = "  " + f.key + ": " + def.str();
+        line.resize(std::max<size_t>(line.size() + 1, 34), ' ');
+        s << line << "# " << f.help;
+        if (!f.choices.empty()) {
+            s << " (";
+            for (size_t i = 0; i < f.choices.size(); i++) s << (i ? "|" : "") << f.choices[i];
+            s << ")";
+        }
+        s << "\n";
+    }
+    return s.str();
+}
+
+}  // namespace zgpt

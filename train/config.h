@@ -1,0 +1,82 @@
+// Run configuration: YAML sections mapped onto structs whose defaults live here, in code.
+// Config files hold only overrides. One field table (config_fields) drives parsing, `--set`
+// overrides, range checks, `train --help` and the resolved config saved with each run.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "model/gpt_config.h"
+
+namespace zgpt {
+
+struct DataConfig {
+    std::string train;  // glob of training shards, e.g. data/shards/kjv/train_*.bin
+    std::string val;    // glob of validation shards; empty: no validation
+    bool shuffle = true;
+};
+
+struct TrainConfig {
+    int batch_size = 8;  // sequences per micro-batch
+    int seq_len = 0;     // 0: model.block_size
+    int grad_accum = 1;  // micro-batches per optimizer step
+    int64_t max_steps = 1000;
+    int64_t eval_every = 250;  // 0: only at the end
+    int eval_batches = 20;
+    int64_t log_every = 10;
+    int64_t seed = 1337;
+    std::string out_dir = "runs";
+    std::string run_name;        // empty: <config name>-<date>-<time>
+    std::string device = "auto"; // auto | cpu | cuda
+    int threads = 0;             // CPU threads; 0: all cores
+};
+
+struct OptimConfig {
+    double lr = 6e-4;
+    double min_lr = 6e-5;
+    int64_t warmup_steps = 0;
+    std::string decay = "cosine";  // cosine | linear | constant
+    int64_t decay_steps = 0;       // 0: train.max_steps
+    double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+    double weight_decay = 0.1;  // decoupled, on matrices only
+    double grad_clip = 1.0;     // global norm; 0: off
+};
+
+struct LossConfig {
+    double z_loss_weight = 0.0;
+    double label_smoothing = 0.0;
+    int ignore_index = -100;
+};
+
+struct Config {
+    ModelConfig model;
+    DataConfig data;
+    TrainConfig train;
+    OptimConfig optim;
+    LossConfig loss;
+};
+
+// One entry of the field table.
+struct ConfigField {
+    std::string section, key, help;
+    std::variant<int*, int64_t*, double*, bool*, std::string*> value;
+    double lo = -1e300, hi = 1e300;  // allowed numeric range
+    bool lo_open = false, hi_open = false;
+    std::vector<std::string> choices;  // allowed strings; empty: any
+    std::string path() const { return section + "." + key; }
+};
+
+std::vector<ConfigField> config_fields(Config& c);
+
+// Loads a YAML file (may be empty: defaults), applies `section.key=value` overrides, then checks
+// every value. Errors throw zgpt::Error naming the key path and file:line (or the override).
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// Cross-field checks (also run by load_config).
+void validate(const Config& c);
+
+std::string config_to_yaml(const Config& c);
+std::string config_reference();  // every key with its default and meaning, for --help and docs
+
+}  // namespace zgpt

@@ -1,0 +1,30 @@
+// The one-line progress display: step, loss, tokens/s and ETA. On a terminal it redraws one line;
+// otherwise (logs, CI) it prints a line every log_every steps.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace zgpt {
+
+struct ProgressInfo {
+    int64_t step = 0, max_steps = 0;
+    double loss = 0, ce = 0, z_loss = 0, lr = 0, grad_norm = 0, tok_per_s = 0, elapsed_s = 0;
+};
+
+std::string format_duration(double seconds);  // "3m12s"
+std::string format_progress(const ProgressInfo& p);
+
+class Progress {
+public:
+    explicit Progress(int64_t log_every);
+    void update(const ProgressInfo& p);
+    void message(const std::string& line);  // a line of its own (validation, notices)
+    void finish();
+
+private:
+    int64_t log_every_;
+    bool tty_;
+    bool pending_ = false;  // a redrawn line is on screen without its newline
+};
+
+}  // namespace zgpt

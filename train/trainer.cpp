@@ -1,0 +1,229 @@
+#include "train/trainer.h"
+
+#include <omp.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "data/loader.h"
+#include "data/tokenizer.h"
+#include "kernels/check.h"
+#include "kernels/global_norm.h"
+#include "model/gpt.h"
+#include "train/device.h"
+#include "train/lr_schedule.h"
+#include "train/metrics.h"
+#include "train/optimizer.h"
+#include "train/progress.h"
+#include "train/run_dir.h"
+
+namespace zgpt {
+
+namespace {
+
+volatile std::sig_atomic_t g_stop = 0;
+void on_signal(int) { g_stop = 1; }
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+struct Batch {
+    std::vector<int32_t> inputs, targets;
+};
+
+CrossEntropyOptions loss_options(const LossConfig& l, Reduction r) {
+    CrossEntropyOptions o;
+    o.ignore_index = l.ignore_index;
+    o.label_smoothing = l.label_smoothing;
+    o.z_loss_weight = l.z_loss_weight;
+    o.reduction = r;
+    return o;
+}
+
+struct EvalResult {
+    double loss = 0, ce = 0;
+};
+
+// Mean loss and CE over eval_batches validation batches, always the same ones (the loader restarts).
+EvalResult evaluate(GPT<float>& model, DataLoader& val, const Config& c, int64_t T) {
+    const int64_t B = c.train.batch_size;
+    Batch b{std::vector<int32_t>(B * T), std::vector<int32_t>(B * T)};
+    val.reset();
+    const CrossEntropyOptions opts = loss_options(c.loss, Reduction::sum);
+    const double one = 1.0;
+    double loss = 0, ce = 0;
+    int64_t n = 0;
+    for (int i = 0; i < c.train.eval_batches; i++) {
+        val.next_batch(b.inputs.data(), b.targets.data());
+        model.forward(b.inputs.data(), B, T);
+        const CrossEntropySummary s = model.loss(b.targets.data(), opts, {&one, false}, false);
+        loss += s.sum_loss;
+        ce += s.sum_ce;
+        n += s.n_valid;
+    }
+    return {n ? loss / double(n) : 0.0, n ? ce / double(n) : 0.0};
+}
+
+}  // namespace
+
+void resolve_vocab_size(Config& c) {
+    if (c.model.vocab_size > 0) return;
+    const auto dir = std::filesystem::path(c.data.train).parent_path();
+    const std::string tok = (dir / "tokenizer.json").string();
+    if (!std::filesystem::exists(tok))
+        throw Error("model.vocab_size is 0 (auto) but there is no " + tok +
+                    " beside data.train; set model.vocab_size");
+    c.model.vocab_size = int(Tokenizer::load(tok).vocab_size());
+}
+
+TrainResult train(Config cfg, const std::string& config_path, const std::string& command_line) {
+    resolve_vocab_size(cfg);
+    validate(cfg.model);
+    if (cfg.train.threads > 0) omp_set_num_threads(cfg.train.threads);
+    const DeviceChoice device = choose_device(cfg.train.device);
+    const int64_t B = cfg.train.batch_size;
+    const int64_t T = cfg.train.seq_len > 0 ? cfg.train.seq_len : cfg.model.block_size;
+    const int64_t max_steps = cfg.train.max_steps;
+
+    LoaderOptions lo;
+    lo.batch_size = B;
+    lo.seq_len = T;
+    lo.shuffle = cfg.data.shuffle;
+    lo.seed = uint64_t(cfg.train.seed);
+    lo.vocab_size = cfg.model.vocab_size;
+    DataLoader train_loader(cfg.data.train, lo);
+    std::unique_ptr<DataLoader> val_loader;
+    if (!cfg.data.val.empty()) {
+        LoaderOptions vo = lo;
+        vo.shuffle = true;  // a fixed random sample of the validation set, the same at every eval
+        vo.seed = 0x5EEDull;
+        val_loader = std::make_unique<DataLoader>(cfg.data.val, vo);
+    }
+
+    TrainResult result;
+    result.run_dir = make_run_dir(cfg.train, config_path);
+    const std::string yaml = config_to_yaml(cfg);
+    write_text_file(result.run_dir + "/config.yaml", yaml);
+    write_text_file(result.run_dir + "/provenance.json",
+                    provenance(device, command_line).dump(2) + "\n");
+    MetricsWriter metrics(result.run_dir + "/metrics.jsonl");
+
+    GPT<float> model(cfg.model);
+    model.init_weights(uint64_t(cfg.train.seed));
+    AdamW optimizer(model.layout().table, cfg.optim);
+
+    std::printf("resolved config:\n%s", yaml.c_str());
+    std::printf("%s\n", device.reason.c_str());
+    std::printf("model: %.3fM parameters (vocab %d padded to %lld), %d threads\n",
+                double(model.num_parameters()) / 1e6, cfg.model.vocab_size,
+                (long long)model.padded_vocab(), omp_get_max_threads());
+    std::printf("data: %lld train tokens in %zu shard(s), %lld batches of %lldx%lld per epoch\n",
+                (long long)train_loader.num_tokens(), train_loader.num_shards(),
+                (long long)train_loader.batches_per_epoch(), (long long)B, (long long)T);
+    std::printf("run directory: %s\n", result.run_dir.c_str());
+    std::fflush(stdout);
+
+    Progress progress(cfg.train.log_every);
+    auto run_eval = [&](int64_t step, nlohmann::json& rec) {
+        if (!val_loader) return;
+        const EvalResult e = evaluate(model, *val_loader, cfg, T);
+        rec["val_loss"] = e.loss;
+        rec["val_ce"] = e.ce;
+        result.val_loss = e.loss;
+        result.val_ce = e.ce;
+        char line[128];
+        std::snprintf(line, sizeof line, "step %lld: val loss %.4f (ce %.4f)", (long long)step,
+                      e.loss, e.ce);
+        progress.message(line);
+    };
+    {
+        nlohmann::json rec{{"step", 0}, {"tokens", 0}};
+        run_eval(0, rec);
+        if (val_loader) metrics.write(rec);
+    }
+
+    std::signal(SIGINT, on_signal);
+    std::signal(SIGTERM, on_signal);
+    const CrossEntropyOptions train_opts = loss_options(cfg.loss, Reduction::sum);
+    std::vector<Batch> micro(cfg.train.grad_accum,
+                             Batch{std::vector<int32_t>(B * T), std::vector<int32_t>(B * T)});
+    const auto t_start = Clock::now();
+    int64_t tokens = 0;
+    for (int64_t step = 1; step <= max_steps && !g_stop; step++) {
+        const auto t0 = Clock::now();
+        const double lr = learning_rate(cfg.optim, step - 1, max_steps);
+        // Normalise once by the valid tokens of the whole step, not per micro-batch.
+        int64_t n_valid = 0;
+        for (Batch& b : micro) {
+            train_loader.next_batch(b.inputs.data(), b.targets.data());
+            for (int32_t y : b.targets) n_valid += y != cfg.loss.ignore_index;
+        }
+        const double grad_out = n_valid ? 1.0 / double(n_valid) : 0.0;
+        model.zero_grad();
+        CrossEntropySummary sum;
+        for (Batch& b : micro) {
+            model.forward(b.inputs.data(), B, T);
+            const CrossEntropySummary s = model.loss(b.targets.data(), train_opts, {&grad_out, false}, true);
+            model.backward();
+            sum.sum_loss += s.sum_loss;
+            sum.sum_ce += s.sum_ce;
+            sum.sum_z_loss += s.sum_z_loss;
+            sum.sum_lse += s.sum_lse;
+            sum.n_valid += s.n_valid;
+            sum.max_logit = std::max(sum.max_logit, s.max_logit);
+        }
+        const double norm = global_grad_norm(model.grads.data(), model.num_parameters());
+        optimizer.step(model.params.data(), model.grads.data(), lr,
+                       cpu::clip_scale(norm, cfg.optim.grad_clip));
+        const double dt = seconds_since(t0);
+        tokens += B * T * cfg.train.grad_accum;
+        const double inv = sum.n_valid ? 1.0 / double(sum.n_valid) : 0.0;
+        result.train_loss = sum.sum_loss * inv;
+        result.steps = step;
+
+        nlohmann::json rec{{"step", step},
+                           {"loss", sum.sum_loss * inv},
+                           {"ce", sum.sum_ce * inv},
+                           {"z_loss", sum.sum_z_loss * inv},
+                           {"lse_mean", sum.sum_lse * inv},
+                           {"max_logit", sum.max_logit},
+                           {"grad_norm", norm},
+                           {"lr", lr},
+                           {"tokens", tokens},
+                           {"step_ms", dt * 1e3},
+                           {"tok_per_s", double(B * T * cfg.train.grad_accum) / dt},
+                           {"mfu", nullptr}};  // no peak FLOP/s is known for a CPU
+        progress.update({step, max_steps, sum.sum_loss * inv, sum.sum_ce * inv,
+                         sum.sum_z_loss * inv, lr, norm, double(tokens) / seconds_since(t_start),
+                         seconds_since(t_start)});
+        const bool last = step == max_steps || g_stop;
+        if (last || (cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0)) run_eval(step, rec);
+        metrics.write(rec);
+    }
+    progress.finish();
+    std::signal(SIGINT, SIG_DFL);
+    std::signal(SIGTERM, SIG_DFL);
+    result.seconds = seconds_since(t_start);
+    nlohmann::json summary{{"steps", result.steps},
+                           {"train_loss", result.train_loss},
+                           {"seconds", result.seconds},
+                           {"tokens", tokens},
+                           {"stopped_early", bool(g_stop)}};
+    if (val_loader) {
+        summary["val_loss"] = result.val_loss;
+        summary["val_ce"] = result.val_ce;
+    }
+    write_text_file(result.run_dir + "/summary.json", summary.dump(2) + "\n");
+    std::printf("done: %lld steps in %s, train loss %.4f%s; run directory %s\n",
+                (long long)result.steps, format_duration(result.seconds).c_str(), result.train_loss,
+                val_loader ? (", val loss " + std::to_string(result.val_loss)).c_str() : "",
+                result.run_dir.c_str());
+    return result;
+}
+
+}  // namespace zgpt
