@@ -39,7 +39,8 @@ void DataLoader::build_epoch(int64_t epoch) {
             windows_.push_back({int32_t(s), start});
     }
     if (opts_.shuffle) {
-        for (size_t i = windows_.size(); i > 1; i--) std::swap(windows_[i - 1], windows_[rng.below(i)]);
+        for (size_t i = windows_.size(); i > 1; i--)
+            std::swap(windows_[i - 1], windows_[rng.below(i)]);
     }
     built_epoch_ = epoch;
 }

@@ -29,7 +29,7 @@ struct LoaderPosition {
 };
 
 class DataLoader {
-public:
+  public:
     DataLoader(const std::string& pattern, const LoaderOptions& opts);
 
     // Fills B x T inputs and targets.
@@ -42,7 +42,7 @@ public:
     int64_t num_tokens() const { return n_tokens_; }
     size_t num_shards() const { return shards_.size(); }
 
-private:
+  private:
     struct Window {
         int32_t shard;
         int64_t start;

@@ -17,7 +17,7 @@ struct TensorInfo {
 };
 
 class SafeTensors {
-public:
+  public:
     // Throws naming the file if it is truncated or its header is malformed.
     static SafeTensors load(const std::string& path);
 
@@ -29,7 +29,7 @@ public:
     // Converts F64/F32/BF16/F16/I64/I32 to double.
     std::vector<double> as_double(const std::string& name) const;
 
-private:
+  private:
     std::string path_;
     std::vector<unsigned char> data_;
     std::map<std::string, TensorInfo> tensors_;

@@ -19,7 +19,7 @@ void write_shard(const std::string& path, const std::vector<uint32_t>& tokens);
 // A read-only, memory-mapped shard. Construction checks magic, version and size and throws
 // zgpt::Error naming the file otherwise.
 class TokenShard {
-public:
+  public:
     explicit TokenShard(const std::string& path);
     ~TokenShard();
     TokenShard(TokenShard&& o) noexcept;
@@ -37,7 +37,7 @@ public:
     // Throws naming the file and position of the first token id >= vocab_size.
     void check_vocab(int64_t vocab_size) const;
 
-private:
+  private:
     std::string path_;
     void* map_ = nullptr;
     size_t map_bytes_ = 0;

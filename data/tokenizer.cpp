@@ -73,7 +73,9 @@ Tokenizer Tokenizer::char_level_from_text(std::string_view text) {
     return t;
 }
 
-int64_t Tokenizer::vocab_size() const { return type_ == "byte" ? 256 : int64_t(chars_.size()); }
+int64_t Tokenizer::vocab_size() const {
+    return type_ == "byte" ? 256 : int64_t(chars_.size());
+}
 
 std::vector<uint32_t> Tokenizer::encode(std::string_view text) const {
     if (type_ == "byte") {

@@ -10,7 +10,7 @@
 namespace zgpt {
 
 class Tokenizer {
-public:
+  public:
     static Tokenizer byte_level();
     static Tokenizer char_level_from_text(std::string_view utf8_text);
     static Tokenizer load(const std::string& json_path);
@@ -21,7 +21,7 @@ public:
     std::vector<uint32_t> encode(std::string_view text) const;
     std::string decode(const std::vector<uint32_t>& ids) const;
 
-private:
+  private:
     std::string type_;                 // "byte" or "char"
     std::vector<uint32_t> chars_;      // char: id -> code point
     std::vector<int32_t> id_of_char_;  // char: code point -> id, -1 if absent

@@ -3,7 +3,8 @@
 namespace zgpt {
 
 void fail_check(const char* expr, const char* file, int line, const std::string& msg) {
-    throw Error(msg + " [check `" + expr + "` failed at " + file + ":" + std::to_string(line) + "]");
+    throw Error(msg + " [check `" + expr + "` failed at " + file + ":" + std::to_string(line) +
+                "]");
 }
 
 }  // namespace zgpt

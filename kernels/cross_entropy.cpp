@@ -16,9 +16,12 @@ Reduction parse_reduction(const std::string& s) {
 
 const char* reduction_name(Reduction r) {
     switch (r) {
-        case Reduction::mean: return "mean";
-        case Reduction::sum: return "sum";
-        case Reduction::none: return "none";
+        case Reduction::mean:
+            return "mean";
+        case Reduction::sum:
+            return "sum";
+        case Reduction::none:
+            return "none";
     }
     return "?";
 }
@@ -75,8 +78,8 @@ void ce_merge_stats(RowStats* acc, const RowStats* shard, int64_t N) {
     for (int64_t i = 0; i < N; i++) acc[i] = merge(acc[i], shard[i]);
 }
 
-CrossEntropySummary ce_finalize(const RowStats* stats, const int32_t* targets, int64_t N,
-                                int64_t V, const CrossEntropyOptions& opts, GradOutput grad_output,
+CrossEntropySummary ce_finalize(const RowStats* stats, const int32_t* targets, int64_t N, int64_t V,
+                                const CrossEntropyOptions& opts, GradOutput grad_output,
                                 CrossEntropyRows rows, double* lse_out, double* row_grad) {
     validate(opts);
     ZG_CHECK(grad_output.values != nullptr, "grad_output is required");
@@ -92,9 +95,10 @@ CrossEntropySummary ce_finalize(const RowStats* stats, const int32_t* targets, i
         if (st.max > s.max_logit) s.max_logit = st.max;
         const int64_t y = targets[i];
         const bool valid = y != opts.ignore_index;
-        if (valid) ZG_CHECK(y >= 0 && y < V, "target " + std::to_string(y) + " of row " +
-                                                 std::to_string(i) + " is outside [0, " +
-                                                 std::to_string(V) + ")");
+        if (valid)
+            ZG_CHECK(y >= 0 && y < V, "target " + std::to_string(y) + " of row " +
+                                          std::to_string(i) + " is outside [0, " +
+                                          std::to_string(V) + ")");
         double ce = 0.0, zl = 0.0;
         if (valid) {
             ce = lse - st.target_logit;
@@ -149,26 +153,28 @@ void ce_shard_backward(T* dlogits, const T* logits, int64_t ld, const int32_t* t
 
 template <typename T>
 CrossEntropySummary cross_entropy(T* logits, int64_t ld, const int32_t* targets, int64_t N,
-                                  int64_t V, const CrossEntropyOptions& opts, GradOutput grad_output,
-                                  CrossEntropyRows rows, bool compute_grad) {
+                                  int64_t V, const CrossEntropyOptions& opts,
+                                  GradOutput grad_output, CrossEntropyRows rows,
+                                  bool compute_grad) {
     std::vector<RowStats> stats(N);
     std::vector<double> lse(N), row_grad(N);
     ce_shard_stats(stats.data(), logits, ld, targets, N, V, 0, opts.ignore_index);
     CrossEntropySummary s = ce_finalize(stats.data(), targets, N, V, opts, grad_output, rows,
                                         lse.data(), row_grad.data());
     if (compute_grad)
-        ce_shard_backward(logits, logits, ld, targets, lse.data(), row_grad.data(), N, V, 0, V, opts);
+        ce_shard_backward(logits, logits, ld, targets, lse.data(), row_grad.data(), N, V, 0, V,
+                          opts);
     return s;
 }
 
-#define ZG_INSTANTIATE(T)                                                                          \
-    template void ce_shard_stats<T>(RowStats*, const T*, int64_t, const int32_t*, int64_t, int64_t, \
-                                    int64_t, int64_t);                                             \
-    template void ce_shard_backward<T>(T*, const T*, int64_t, const int32_t*, const double*,       \
-                                       const double*, int64_t, int64_t, int64_t, int64_t,          \
-                                       const CrossEntropyOptions&);                                \
-    template CrossEntropySummary cross_entropy<T>(T*, int64_t, const int32_t*, int64_t, int64_t,   \
-                                                  const CrossEntropyOptions&, GradOutput,          \
+#define ZG_INSTANTIATE(T)                                                                        \
+    template void ce_shard_stats<T>(RowStats*, const T*, int64_t, const int32_t*, int64_t,       \
+                                    int64_t, int64_t, int64_t);                                  \
+    template void ce_shard_backward<T>(T*, const T*, int64_t, const int32_t*, const double*,     \
+                                       const double*, int64_t, int64_t, int64_t, int64_t,        \
+                                       const CrossEntropyOptions&);                              \
+    template CrossEntropySummary cross_entropy<T>(T*, int64_t, const int32_t*, int64_t, int64_t, \
+                                                  const CrossEntropyOptions&, GradOutput,        \
                                                   CrossEntropyRows, bool);
 ZG_INSTANTIATE(float)
 ZG_INSTANTIATE(double)

@@ -78,8 +78,8 @@ void ce_merge_stats(RowStats* acc, const RowStats* shard, int64_t N);
 // From merged statistics: per-row outputs, the summary, and each row's gradient factor
 // (grad_output, divided by the number of valid rows for mean; 0 on ignored rows). lse_out (N) is
 // required: the backward pass needs it.
-CrossEntropySummary ce_finalize(const RowStats* stats, const int32_t* targets, int64_t N,
-                                int64_t V, const CrossEntropyOptions& opts, GradOutput grad_output,
+CrossEntropySummary ce_finalize(const RowStats* stats, const int32_t* targets, int64_t N, int64_t V,
+                                const CrossEntropyOptions& opts, GradOutput grad_output,
                                 CrossEntropyRows rows, double* lse_out, double* row_grad);
 
 // dlogits of one shard; dlogits may equal logits (gradient written in place).
@@ -92,8 +92,8 @@ void ce_shard_backward(T* dlogits, const T* logits, int64_t ld, const int32_t* t
 // and, when compute_grad, dlogits written in place over the logits.
 template <typename T>
 CrossEntropySummary cross_entropy(T* logits, int64_t ld, const int32_t* targets, int64_t N,
-                                  int64_t V, const CrossEntropyOptions& opts, GradOutput grad_output,
-                                  CrossEntropyRows rows, bool compute_grad);
+                                  int64_t V, const CrossEntropyOptions& opts,
+                                  GradOutput grad_output, CrossEntropyRows rows, bool compute_grad);
 
 }  // namespace cpu
 }  // namespace zgpt

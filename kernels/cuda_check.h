@@ -6,10 +6,10 @@
 
 #include "kernels/check.h"
 
-#define ZG_CUDA_CHECK(expr)                                                                   \
-    do {                                                                                      \
-        const cudaError_t zg_err_ = (expr);                                                   \
-        if (zg_err_ != cudaSuccess)                                                           \
-            ::zgpt::fail_check(#expr, __FILE__, __LINE__,                                     \
-                               std::string("CUDA error: ") + cudaGetErrorString(zg_err_));    \
+#define ZG_CUDA_CHECK(expr)                                                                \
+    do {                                                                                   \
+        const cudaError_t zg_err_ = (expr);                                                \
+        if (zg_err_ != cudaSuccess)                                                        \
+            ::zgpt::fail_check(#expr, __FILE__, __LINE__,                                  \
+                               std::string("CUDA error: ") + cudaGetErrorString(zg_err_)); \
     } while (0)

@@ -6,9 +6,9 @@
 namespace zgpt::cuda {
 
 struct DeviceInfo {
-    int count = 0;       // usable devices
-    std::string error;   // why count is 0, when it is
-    std::string name;    // device 0
+    int count = 0;      // usable devices
+    std::string error;  // why count is 0, when it is
+    std::string name;   // device 0
     int sm_count = 0;
     int driver_version = 0, runtime_version = 0;
     double memory_gb = 0;

@@ -3,8 +3,8 @@
 namespace zgpt::cpu {
 
 template <typename T>
-void encoder_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t B, int64_t Tn,
-                     int64_t C) {
+void encoder_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t B,
+                     int64_t Tn, int64_t C) {
 #pragma omp parallel for
     for (int64_t bt = 0; bt < B * Tn; bt++) {
         const T* e = wte + int64_t(tokens[bt]) * C;
@@ -32,10 +32,10 @@ void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, in
 
 template void encoder_forward<float>(float*, const int32_t*, const float*, const float*, int64_t,
                                      int64_t, int64_t);
-template void encoder_forward<double>(double*, const int32_t*, const double*, const double*, int64_t,
+template void encoder_forward<double>(double*, const int32_t*, const double*, const double*,
+                                      int64_t, int64_t, int64_t);
+template void encoder_backward<float>(float*, float*, const float*, const int32_t*, int64_t,
                                       int64_t, int64_t);
-template void encoder_backward<float>(float*, float*, const float*, const int32_t*, int64_t, int64_t,
-                                      int64_t);
 template void encoder_backward<double>(double*, double*, const double*, const int32_t*, int64_t,
                                        int64_t, int64_t);
 

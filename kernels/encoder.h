@@ -6,8 +6,8 @@ namespace zgpt::cpu {
 
 // out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
 template <typename T>
-void encoder_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t B, int64_t Tn,
-                     int64_t C);
+void encoder_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t B,
+                     int64_t Tn, int64_t C);
 
 // Adds into dwte and dwpe.
 template <typename T>

@@ -22,7 +22,8 @@ void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int64_
                 for (int64_t c = 0; c < C; c++) s += x[c] * w[c];
                 acc[r] = s;
             }
-            for (int64_t r = 0; r < rows; r++) out[(n0 + r) * OC + o] = acc[r] + (bias ? bias[o] : T(0));
+            for (int64_t r = 0; r < rows; r++)
+                out[(n0 + r) * OC + o] = acc[r] + (bias ? bias[o] : T(0));
         }
     }
 }

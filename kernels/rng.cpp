@@ -11,7 +11,9 @@ uint64_t Rng::next_u64() {
     return z ^ (z >> 31);
 }
 
-double Rng::uniform() { return double(next_u64() >> 11) * 0x1.0p-53; }
+double Rng::uniform() {
+    return double(next_u64() >> 11) * 0x1.0p-53;
+}
 
 double Rng::normal() {
     // Box-Muller; one value per call keeps the state a single integer (easy to checkpoint).
@@ -20,6 +22,8 @@ double Rng::normal() {
     return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
 }
 
-uint64_t Rng::below(uint64_t n) { return n ? next_u64() % n : 0; }
+uint64_t Rng::below(uint64_t n) {
+    return n ? next_u64() % n : 0;
+}
 
 }  // namespace zgpt

@@ -6,16 +6,16 @@
 namespace zgpt {
 
 class Rng {
-public:
+  public:
     explicit Rng(uint64_t seed = 0) : state_(seed) {}
     uint64_t next_u64();
-    double uniform();  // in [0, 1)
-    double normal();   // standard normal
+    double uniform();            // in [0, 1)
+    double normal();             // standard normal
     uint64_t below(uint64_t n);  // uniform integer in [0, n)
     uint64_t state() const { return state_; }
     void set_state(uint64_t s) { state_ = s; }
 
-private:
+  private:
     uint64_t state_;
 };
 

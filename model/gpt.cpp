@@ -45,10 +45,18 @@ void GPT<T>::init_weights(uint64_t seed) {
         T* p = params.data() + s.offset;
         for (int64_t i = 0; i < s.numel; i++) {
             switch (s.init) {
-                case Init::normal: p[i] = T(cfg_.init_std * rng.normal()); break;
-                case Init::residual_normal: p[i] = T(residual_std * rng.normal()); break;
-                case Init::zeros: p[i] = T(0); break;
-                case Init::ones: p[i] = T(1); break;
+                case Init::normal:
+                    p[i] = T(cfg_.init_std * rng.normal());
+                    break;
+                case Init::residual_normal:
+                    p[i] = T(residual_std * rng.normal());
+                    break;
+                case Init::zeros:
+                    p[i] = T(0);
+                    break;
+                case Init::ones:
+                    p[i] = T(1);
+                    break;
             }
         }
     }
@@ -103,8 +111,8 @@ void GPT<T>::ensure_activations(int64_t B, int64_t Tn) {
 template <typename T>
 void GPT<T>::forward(const int32_t* tokens, int64_t B, int64_t Tn) {
     ZG_CHECK(B > 0 && Tn > 0 && Tn <= cfg_.block_size,
-             "sequence length " + std::to_string(Tn) + " must be in [1, block_size=" +
-                 std::to_string(cfg_.block_size) + "]");
+             "sequence length " + std::to_string(Tn) +
+                 " must be in [1, block_size=" + std::to_string(cfg_.block_size) + "]");
     for (int64_t i = 0; i < B * Tn; i++)
         ZG_CHECK(tokens[i] >= 0 && tokens[i] < cfg_.vocab_size,
                  "token id " + std::to_string(tokens[i]) + " outside the vocabulary");
@@ -119,11 +127,11 @@ void GPT<T>::forward(const int32_t* tokens, int64_t B, int64_t Tn) {
         const BlockParams& p = layout_.blocks[l];
         BlockActs& a = blocks_[l];
         const T* x = residual_[l].data();
-        cpu::layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, maybe(p.ln1_w),
-                               maybe(p.ln1_b), BT, C, eps);
+        cpu::layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x,
+                               maybe(p.ln1_w), maybe(p.ln1_b), BT, C, eps);
         if (cfg_.qk_norm) {
-            cpu::matmul_forward(a.qkv_raw.data(), a.ln1.data(), maybe(p.qkv_w), maybe(p.qkv_b), BT, C,
-                                3 * C);
+            cpu::matmul_forward(a.qkv_raw.data(), a.ln1.data(), maybe(p.qkv_w), maybe(p.qkv_b), BT,
+                                C, 3 * C);
             a.qkv = a.qkv_raw;
             // q and k of each token are NH contiguous rows of hs: normalise each row.
             copy_block(a.q_in.data(), C, a.qkv_raw.data(), 3 * C, BT, C);
@@ -139,10 +147,11 @@ void GPT<T>::forward(const int32_t* tokens, int64_t B, int64_t Tn) {
                                 3 * C);
         }
         cpu::attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), B, Tn, C, NH);
-        cpu::matmul_forward(scratch.data(), a.atty.data(), maybe(p.proj_w), maybe(p.proj_b), BT, C, C);
+        cpu::matmul_forward(scratch.data(), a.atty.data(), maybe(p.proj_w), maybe(p.proj_b), BT, C,
+                            C);
         cpu::residual_forward(a.res_attn.data(), x, scratch.data(), BT * C);
-        cpu::layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res_attn.data(),
-                               maybe(p.ln2_w), maybe(p.ln2_b), BT, C, eps);
+        cpu::layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(),
+                               a.res_attn.data(), maybe(p.ln2_w), maybe(p.ln2_b), BT, C, eps);
         cpu::matmul_forward(a.fch.data(), a.ln2.data(), maybe(p.fc_w), maybe(p.fc_b), BT, C, 4 * C);
         cpu::gelu_forward(a.fch_gelu.data(), a.fch.data(), BT * 4 * C);
         cpu::matmul_forward(scratch.data(), a.fch_gelu.data(), maybe(p.fcproj_w), maybe(p.fcproj_b),
@@ -165,7 +174,8 @@ CrossEntropySummary GPT<T>::loss(const int32_t* targets, const CrossEntropyOptio
                                                opts, grad_output, rows, compute_grad);
     if (compute_grad) {  // padded vocabulary columns are masked: no gradient flows through them
         for (int64_t i = 0; i < BT; i++)
-            std::fill(logits_.data() + i * Vp_ + cfg_.vocab_size, logits_.data() + (i + 1) * Vp_, T(0));
+            std::fill(logits_.data() + i * Vp_ + cfg_.vocab_size, logits_.data() + (i + 1) * Vp_,
+                      T(0));
     }
     return s;
 }

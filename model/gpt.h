@@ -12,7 +12,7 @@ namespace zgpt {
 
 template <typename T>
 class GPT {
-public:
+  public:
     explicit GPT(const ModelConfig& config);
 
     const ModelConfig& config() const { return cfg_; }
@@ -33,8 +33,7 @@ public:
     // The loss head on the last forward's logits (only the first vocab_size columns count).
     // With compute_grad, dlogits replace the logits in place, ready for backward().
     CrossEntropySummary loss(const int32_t* targets, const CrossEntropyOptions& opts,
-                             GradOutput grad_output, bool compute_grad,
-                             CrossEntropyRows rows = {});
+                             GradOutput grad_output, bool compute_grad, CrossEntropyRows rows = {});
 
     // Backward from dlogits; adds into grads.
     void backward();
@@ -44,17 +43,19 @@ public:
 
     std::vector<T> params, grads;
 
-private:
+  private:
     struct BlockActs {
         std::vector<T> ln1, ln1_mean, ln1_rstd;
-        std::vector<T> qkv_raw;                     // qkv matmul output (qk_norm only)
+        std::vector<T> qkv_raw;  // qkv matmul output (qk_norm only)
         std::vector<T> q_in, q_mean, q_rstd, k_in, k_mean, k_rstd;  // qk_norm only
-        std::vector<T> qkv;                         // attention input
-        std::vector<T> att, atty, res_attn;         // probabilities, output, residual after attn
+        std::vector<T> qkv;                                         // attention input
+        std::vector<T> att, atty, res_attn;  // probabilities, output, residual after attn
         std::vector<T> ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
     };
     void ensure_activations(int64_t B, int64_t Tn);
-    const T* maybe(int idx) const { return idx < 0 ? nullptr : params.data() + layout_.table[idx].offset; }
+    const T* maybe(int idx) const {
+        return idx < 0 ? nullptr : params.data() + layout_.table[idx].offset;
+    }
     T* maybe_grad(int idx) { return idx < 0 ? nullptr : grads.data() + layout_.table[idx].offset; }
 
     ModelConfig cfg_;

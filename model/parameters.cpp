@@ -6,7 +6,9 @@
 
 namespace zgpt {
 
-int64_t padded_vocab_size(int64_t v) { return (v + 127) / 128 * 128; }
+int64_t padded_vocab_size(int64_t v) {
+    return (v + 127) / 128 * 128;
+}
 
 void validate(const ModelConfig& c) {
     ZG_CHECK(c.n_layer > 0 && c.n_head > 0 && c.n_embd > 0 && c.block_size > 0,

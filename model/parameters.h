@@ -23,14 +23,14 @@ struct ParamSpec {
 };
 
 class ParameterTable {
-public:
+  public:
     int add(const std::string& name, std::vector<int64_t> shape, Init init);
     const std::vector<ParamSpec>& specs() const { return specs_; }
     const ParamSpec& operator[](int i) const { return specs_.at(i); }
     int find(const std::string& name) const;  // -1 when absent
     int64_t total() const { return total_; }
 
-private:
+  private:
     std::vector<ParamSpec> specs_;
     int64_t total_ = 0;
 };

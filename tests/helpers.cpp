@@ -14,7 +14,9 @@ std::string& reason_storage() {
 void skip_binary(const std::string& reason) {
     if (reason_storage().empty()) reason_storage() = reason;
 }
-std::string skip_reason() { return reason_storage(); }
+std::string skip_reason() {
+    return reason_storage();
+}
 
 std::vector<double> numeric_gradient(const std::function<double()>& f, std::vector<double>& x,
                                      double h) {

@@ -1,1 +1,168 @@
+// The whole GPT: finite-difference gradient in double for each option combination on odd sizes,
+// padded-vocabulary masking, parameter table, and overfitting one batch in float.
 #include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "kernels/check.h"
+#include "model/gpt.h"
+#include "tests/helpers.h"
+#include "train/config.h"
+#include "train/optimizer.h"
+
+using namespace zgpt;
+using namespace zgpt::test;
+
+namespace {
+
+ModelConfig tiny(bool tie, bool bias, bool qk_norm) {
+    ModelConfig c;
+    c.n_layer = 2;
+    c.n_head = 3;
+    c.n_embd = 12;
+    c.block_size = 7;
+    c.vocab_size = 19;  // padded to 128
+    c.tie_embeddings = tie;
+    c.bias = bias;
+    c.qk_norm = qk_norm;
+    c.init_std = 0.3;  // larger than GPT-2's so every path carries signal in a 2-layer toy
+    return c;
+}
+
+}  // namespace
+
+TEST_CASE("parameter table: GPT-2 names, sizes, decay on matrices, tied head") {
+    GptLayout g = make_gpt_layout(tiny(true, true, false));
+    CHECK(g.lm_head == g.wte);
+    CHECK(g.table[g.wte].shape == std::vector<int64_t>{128, 12});
+    CHECK(g.table[g.wte].decay);
+    CHECK_FALSE(g.table[g.blocks[0].ln1_w].decay);
+    CHECK(g.table.find("transformer.h.1.mlp.c_proj.weight") == g.blocks[1].fcproj_w);
+    int64_t sum = 0;
+    for (const auto& s : g.table.specs()) sum += s.numel;
+    CHECK(sum == g.table.total());
+    GptLayout u = make_gpt_layout(tiny(false, false, true));
+    CHECK(u.lm_head != u.wte);
+    CHECK(u.table.find("transformer.h.0.attn.c_attn.bias") == -1);
+    CHECK(u.table.find("transformer.h.0.attn.q_norm.weight") >= 0);
+    ModelConfig bad = tiny(true, true, false);
+    bad.n_head = 5;
+    CHECK_THROWS_AS(make_gpt_layout(bad), Error);
+}
+
+TEST_CASE("GPT-2 initialisation: std 0.02 and 0.02 / sqrt(2 n_layer) on residual projections") {
+    ModelConfig c = tiny(true, true, false);
+    c.init_std = 0.02;
+    c.n_embd = 48;
+    c.n_head = 4;
+    GPT<float> m(c);
+    m.init_weights(5);
+    auto stdev = [&](int idx) {
+        const ParamSpec& s = m.layout().table[idx];
+        double ss = 0;
+        for (int64_t i = 0; i < s.numel; i++)
+            ss += double(m.params[s.offset + i]) * m.params[s.offset + i];
+        return std::sqrt(ss / double(s.numel));
+    };
+    CHECK(close(stdev(m.layout().blocks[0].fc_w), 0.02, 0.05, 0));
+    CHECK(close(stdev(m.layout().blocks[0].fcproj_w), 0.02 / 2.0, 0.05, 0));
+    CHECK(m.params[m.layout().table[m.layout().blocks[0].ln1_w].offset] == 1.0f);
+    // padded vocabulary rows are zero
+    const int64_t padded =
+        m.layout().table[m.layout().wte].offset + int64_t(c.vocab_size) * c.n_embd;
+    CHECK(m.params[padded] == 0.0f);
+}
+
+TEST_CASE("whole-model finite-difference gradient in double, every option combination") {
+    const int64_t B = 2, T = 5;  // T < block_size
+    std::vector<int32_t> tok = {1, 18, 3, 3, 7, 0, 12, 5, 9, 2};
+    std::vector<int32_t> tgt = {18, 3, -100, 7, 0, 12, 5, 9, 2, 11};
+    CrossEntropyOptions o;
+    o.z_loss_weight = 1e-2;  // large enough that the z-loss gradient is checked too
+    o.label_smoothing = 0.05;
+    for (bool tie : {true, false})
+        for (bool bias : {true, false})
+            for (bool qk : {false, true}) {
+                CAPTURE(tie);
+                CAPTURE(bias);
+                CAPTURE(qk);
+                GPT<double> m(tiny(tie, bias, qk));
+                m.init_weights(42);
+                Rng rng(7);  // perturb LayerNorm weights and biases away from 1 / 0
+                for (const ParamSpec& s : m.layout().table.specs())
+                    if (s.shape.size() == 1)
+                        for (int64_t i = 0; i < s.numel; i++)
+                            m.params[s.offset + i] += 0.3 * rng.normal();
+                const double one = 1.0;
+                m.zero_grad();
+                m.forward(tok.data(), B, T);
+                m.loss(tgt.data(), o, {&one, false}, true);
+                m.backward();
+                // Check a sample of parameters of every tensor (all of the small ones).
+                int checked = 0;
+                for (const ParamSpec& s : m.layout().table.specs()) {
+                    const int64_t step = std::max<int64_t>(1, s.numel / 12);
+                    for (int64_t i = 0; i < s.numel; i += step) {
+                        const int64_t k = s.offset + i;
+                        const double old = m.params[k], h = 1e-5;
+                        auto f = [&](double v) {
+                            m.params[k] = v;
+                            m.forward(tok.data(), B, T);
+                            return m.loss(tgt.data(), o, {&one, false}, false).loss;
+                        };
+                        const double num = (f(old + h) - f(old - h)) / (2 * h);
+                        m.params[k] = old;
+                        INFO(s.name << "[" << i << "]: analytic " << m.grads[k] << " numeric "
+                                    << num);
+                        CHECK(close(m.grads[k], num, 1e-5, 1e-8));
+                        checked++;
+                    }
+                }
+                CHECK(checked > 100);
+            }
+}
+
+TEST_CASE("padded vocabulary columns never receive probability or gradient") {
+    GPT<float> m(tiny(true, true, false));
+    m.init_weights(1);
+    // Make padded rows non-zero: their logits must still be masked out of the loss.
+    float* wte = m.param(m.layout().wte);
+    for (int64_t i = 19 * 12; i < 128 * 12; i++) wte[i] = 5.0f;
+    std::vector<int32_t> tok = {1, 2, 3}, tgt = {2, 3, 4};
+    const double one = 1.0;
+    m.forward(tok.data(), 1, 3);
+    const auto s = m.loss(tgt.data(), CrossEntropyOptions{}, {&one, false}, true);
+    CHECK(s.loss < 10.0);  // with padded columns counted the loss would jump by their large mass
+    for (int64_t i = 0; i < 3; i++)
+        for (int64_t j = 19; j < 128; j++) CHECK(m.logits()[i * 128 + j] == 0.0f);
+}
+
+TEST_CASE("a tiny model overfits one batch (loss < 0.05)") {
+    ModelConfig c = tiny(true, true, false);
+    c.n_embd = 32;
+    c.n_head = 4;
+    c.block_size = 16;
+    c.vocab_size = 23;
+    c.init_std = 0.02;
+    GPT<float> m(c);
+    m.init_weights(3);
+    OptimConfig oc;
+    oc.weight_decay = 0.0;
+    AdamW opt(m.layout().table, oc);
+    const int64_t B = 2, T = 16;
+    Rng rng(9);
+    std::vector<int32_t> tok(B * T), tgt(B * T);
+    for (auto& x : tok) x = int32_t(rng.below(23));
+    for (auto& x : tgt) x = int32_t(rng.below(23));
+    const double one = 1.0;
+    double loss = 1e9;
+    for (int step = 0; step < 300 && loss >= 0.05; step++) {
+        m.zero_grad();
+        m.forward(tok.data(), B, T);
+        loss = m.loss(tgt.data(), CrossEntropyOptions{}, {&one, false}, true).loss;
+        m.backward();
+        opt.step(m.params.data(), m.grads.data(), 3e-3, 1.0);
+    }
+    INFO("final loss " << loss);
+    CHECK(loss < 0.05);
+}

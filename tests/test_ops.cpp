@@ -23,7 +23,8 @@ double dot(const Vec& a, const Vec& b) {
 }
 
 // Checks the analytic gradient `analytic` of input `x` against central differences of `loss`.
-void check_grad(const char* what, const std::function<double()>& loss, Vec& x, const Vec& analytic) {
+void check_grad(const char* what, const std::function<double()>& loss, Vec& x,
+                const Vec& analytic) {
     const Vec numeric = numeric_gradient(loss, x);
     const MaxError e = compare(analytic.data(), numeric.data(), int64_t(x.size()), 1e-6, 1e-8);
     INFO(what << ": max abs err " << e.abs << ", max rel err " << e.rel << " at " << e.worst);
@@ -60,8 +61,8 @@ TEST_CASE("layernorm: finite-difference gradient, with and without bias") {
         Vec out(N * C), mean(N), rstd(N);
         const double* bias = with_bias ? b.data() : nullptr;
         auto loss = [&] {
-            cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), bias, N,
-                                   C);
+            cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), bias,
+                                   N, C);
             return dot(out, R);
         };
         loss();

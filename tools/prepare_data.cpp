@@ -23,7 +23,8 @@ void write_split(const std::vector<uint32_t>& ids, size_t begin, size_t end, con
         const size_t e = std::min(end, s + size_t(shard_tokens));
         char name[64];
         std::snprintf(name, sizeof name, "%s_%06d.bin", split.c_str(), index);
-        zgpt::write_shard((dir / name).string(), std::vector<uint32_t>(ids.begin() + s, ids.begin() + e));
+        zgpt::write_shard((dir / name).string(),
+                          std::vector<uint32_t>(ids.begin() + s, ids.begin() + e));
     }
 }
 
@@ -53,8 +54,9 @@ int main(int argc, char** argv) {
         ss << f.rdbuf();
         const std::string text = ss.str();
         ZG_CHECK(!text.empty(), input + " is empty");
-        const zgpt::Tokenizer tok = tokenizer == "byte" ? zgpt::Tokenizer::byte_level()
-                                                        : zgpt::Tokenizer::char_level_from_text(text);
+        const zgpt::Tokenizer tok = tokenizer == "byte"
+                                        ? zgpt::Tokenizer::byte_level()
+                                        : zgpt::Tokenizer::char_level_from_text(text);
         const std::vector<uint32_t> ids = tok.encode(text);
         const size_t n_val = size_t(double(ids.size()) * val_fraction);
         const size_t n_train = ids.size() - n_val;
@@ -62,10 +64,12 @@ int main(int argc, char** argv) {
         write_split(ids, 0, n_train, out, "train", shard_tokens);
         if (n_val > 0) write_split(ids, n_train, ids.size(), out, "val", shard_tokens);
         tok.save((fs::path(out) / "tokenizer.json").string());
-        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        std::printf("%s: %zu bytes -> %zu tokens (%s, vocab %lld): %zu train, %zu val, in %.2f s -> %s\n",
-                    input.c_str(), text.size(), ids.size(), tok.type().c_str(),
-                    (long long)tok.vocab_size(), n_train, n_val, secs, out.c_str());
+        const double secs =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        std::printf(
+            "%s: %zu bytes -> %zu tokens (%s, vocab %lld): %zu train, %zu val, in %.2f s -> %s\n",
+            input.c_str(), text.size(), ids.size(), tok.type().c_str(), (long long)tok.vocab_size(),
+            n_train, n_val, secs, out.c_str());
     } catch (const zgpt::Error& e) {
         std::fprintf(stderr, "error: %s\n", e.what());
         return 1;

@@ -38,32 +38,50 @@ std::vector<ConfigField> config_fields(Config& c) {
     add({"train", "max_steps", "optimizer steps", &t.max_steps, 1, 1e15});
     add({"train", "eval_every", "validation every N steps (and at 0 and the end); 0: end only",
          &t.eval_every, 0, 1e15});
-    add({"train", "eval_batches", "validation batches per evaluation", &t.eval_batches, 1, 1 << 20});
+    add({"train", "eval_batches", "validation batches per evaluation", &t.eval_batches, 1,
+         1 << 20});
     add({"train", "log_every", "progress line every N steps when not on a terminal", &t.log_every,
          1, 1e15});
     add({"train", "seed", "seed for initialisation and data order", &t.seed, 0, 9.2e18});
     add({"train", "out_dir", "directory that holds run directories", &t.out_dir});
     add({"train", "run_name", "run directory name; empty: <config>-<date>-<time>", &t.run_name});
-    add({"train", "device", "where to train", &t.device, 0, 0, false, false, {"auto", "cpu", "cuda"}});
+    add({"train",
+         "device",
+         "where to train",
+         &t.device,
+         0,
+         0,
+         false,
+         false,
+         {"auto", "cpu", "cuda"}});
     add({"train", "threads", "CPU threads; 0: all cores", &t.threads, 0, 4096});
     OptimConfig& o = c.optim;
     add({"optim", "lr", "peak learning rate", &o.lr, 0, 100, true});
     add({"optim", "min_lr", "learning rate at the end of the decay", &o.min_lr, 0, 100});
     add({"optim", "warmup_steps", "linear warmup steps", &o.warmup_steps, 0, 1e15});
-    add({"optim", "decay", "schedule after warmup", &o.decay, 0, 0, false, false,
+    add({"optim",
+         "decay",
+         "schedule after warmup",
+         &o.decay,
+         0,
+         0,
+         false,
+         false,
          {"cosine", "linear", "constant"}});
     add({"optim", "decay_steps", "step where the decay reaches min_lr; 0: train.max_steps",
          &o.decay_steps, 0, 1e15});
     add({"optim", "beta1", "AdamW beta1", &o.beta1, 0, 1, false, true});
     add({"optim", "beta2", "AdamW beta2", &o.beta2, 0, 1, false, true});
     add({"optim", "eps", "AdamW epsilon", &o.eps, 0, 1, true});
-    add({"optim", "weight_decay", "decoupled weight decay (matrices only)", &o.weight_decay, 0, 10});
+    add({"optim", "weight_decay", "decoupled weight decay (matrices only)", &o.weight_decay, 0,
+         10});
     add({"optim", "grad_clip", "global grad-norm clip; 0: off", &o.grad_clip, 0, inf});
     LossConfig& l = c.loss;
     add({"loss", "z_loss_weight", "z-loss weight: adds w * lse^2 per token", &l.z_loss_weight, 0,
          1e6});
     add({"loss", "label_smoothing", "label smoothing eps", &l.label_smoothing, 0, 1, false, true});
-    add({"loss", "ignore_index", "target id that is ignored", &l.ignore_index, -(1 << 30), 1 << 30});
+    add({"loss", "ignore_index", "target id that is ignored", &l.ignore_index, -(1 << 30),
+         1 << 30});
     return f;
 }
 
@@ -156,15 +174,16 @@ void check_cross(const Config& c, const Origins& origins) {
     if (c.train.seq_len > c.model.block_size)
         throw Error(at("train.seq_len") + std::to_string(c.train.seq_len) +
                     " exceeds model.block_size = " + std::to_string(c.model.block_size));
-    if (c.optim.min_lr > c.optim.lr)
-        throw Error(at("optim.min_lr") + "must not exceed optim.lr");
+    if (c.optim.min_lr > c.optim.lr) throw Error(at("optim.min_lr") + "must not exceed optim.lr");
     if (c.data.train.empty())
         throw Error(at("data.train") + "must name the training shards (a glob of .bin files)");
 }
 
 }  // namespace
 
-void validate(const Config& c) { check_cross(c, {}); }
+void validate(const Config& c) {
+    check_cross(c, {});
+}
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
     Config c;
@@ -188,7 +207,8 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
                             "' (known: " + known_keys(fields, "") + ")");
             if (sec.second.IsNull()) continue;
             if (!sec.second.IsMap())
-                throw Error(where(path, sec.second) + ": " + sname + ": expected a mapping of keys");
+                throw Error(where(path, sec.second) + ": " + sname +
+                            ": expected a mapping of keys");
             for (const auto& kv : sec.second) {
                 const std::string key = kv.first.as<std::string>();
                 ConfigField* f = find_field(fields, sname, key);

@@ -27,9 +27,9 @@ struct TrainConfig {
     int64_t log_every = 10;
     int64_t seed = 1337;
     std::string out_dir = "runs";
-    std::string run_name;        // empty: <config name>-<date>-<time>
-    std::string device = "auto"; // auto | cpu | cuda
-    int threads = 0;             // CPU threads; 0: all cores
+    std::string run_name;         // empty: <config name>-<date>-<time>
+    std::string device = "auto";  // auto | cpu | cuda
+    int threads = 0;              // CPU threads; 0: all cores
 };
 
 struct OptimConfig {

@@ -23,8 +23,8 @@ DeviceChoice choose_device(const std::string& requested) {
 #endif
     // The CUDA training backend is not built yet: a GPU is detected and reported, never used.
     if (requested == "cuda")
-        throw Error("train.device=cuda: the CUDA trainer is not available in this build yet (" + gpu +
-                    "); use train.device=cpu or auto");
+        throw Error("train.device=cuda: the CUDA trainer is not available in this build yet (" +
+                    gpu + "); use train.device=cpu or auto");
     if (requested == "cpu")
         c.reason = "training on the CPU (train.device=cpu)";
     else if (has_gpu)

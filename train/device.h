@@ -5,8 +5,8 @@
 namespace zgpt {
 
 struct DeviceChoice {
-    std::string device;  // "cpu" (the CUDA trainer arrives with its own issue)
-    std::string reason;  // one line for the log
+    std::string device;                     // "cpu" (the CUDA trainer arrives with its own issue)
+    std::string reason;                     // one line for the log
     std::string gpu_name, driver, runtime;  // provenance; empty when unknown
 };
 

@@ -7,14 +7,14 @@
 namespace zgpt {
 
 class MetricsWriter {
-public:
+  public:
     explicit MetricsWriter(const std::string& path);
     ~MetricsWriter();
     MetricsWriter(const MetricsWriter&) = delete;
     MetricsWriter& operator=(const MetricsWriter&) = delete;
     void write(const nlohmann::json& record);
 
-private:
+  private:
     std::string path_;
     FILE* f_ = nullptr;
 };

@@ -10,14 +10,14 @@
 namespace zgpt {
 
 class AdamW {
-public:
+  public:
     AdamW(const ParameterTable& table, const OptimConfig& cfg);
     void step(float* params, const float* grads, double lr, double grad_scale);
     int64_t steps_taken() const { return t_; }
     std::vector<float>& m() { return m_; }
     std::vector<float>& v() { return v_; }
 
-private:
+  private:
     const ParameterTable& table_;
     OptimConfig cfg_;
     std::vector<float> m_, v_;

@@ -11,7 +11,8 @@ std::string format_duration(double s) {
     const int64_t t = int64_t(s + 0.5);
     char buf[32];
     if (t >= 3600)
-        std::snprintf(buf, sizeof buf, "%lldh%02lldm", (long long)(t / 3600), (long long)(t % 3600 / 60));
+        std::snprintf(buf, sizeof buf, "%lldh%02lldm", (long long)(t / 3600),
+                      (long long)(t % 3600 / 60));
     else if (t >= 60)
         std::snprintf(buf, sizeof buf, "%lldm%02llds", (long long)(t / 60), (long long)(t % 60));
     else
@@ -20,7 +21,8 @@ std::string format_duration(double s) {
 }
 
 std::string format_progress(const ProgressInfo& p) {
-    const double eta = p.step > 0 ? p.elapsed_s / double(p.step) * double(p.max_steps - p.step) : -1;
+    const double eta =
+        p.step > 0 ? p.elapsed_s / double(p.step) * double(p.max_steps - p.step) : -1;
     char buf[256];
     std::snprintf(buf, sizeof buf,
                   "step %lld/%lld | loss %.4f (ce %.4f z %.2e) | lr %.2e | |g| %.3f | %.0f tok/s | "

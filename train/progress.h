@@ -15,13 +15,13 @@ std::string format_duration(double seconds);  // "3m12s"
 std::string format_progress(const ProgressInfo& p);
 
 class Progress {
-public:
+  public:
     explicit Progress(int64_t log_every);
     void update(const ProgressInfo& p);
     void message(const std::string& line);  // a line of its own (validation, notices)
     void finish();
 
-private:
+  private:
     int64_t log_every_;
     bool tty_;
     bool pending_ = false;  // a redrawn line is on screen without its newline

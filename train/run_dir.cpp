@@ -56,7 +56,8 @@ nlohmann::json provenance(const DeviceChoice& device, const std::string& command
     const std::string src = ZGPT_SOURCE_DIR;
     nlohmann::json j;
     j["git_commit"] = run_command("git -C '" + src + "' rev-parse HEAD 2>/dev/null");
-    j["git_dirty"] = !run_command("git -C '" + src + "' status --porcelain -uno 2>/dev/null").empty();
+    j["git_dirty"] =
+        !run_command("git -C '" + src + "' status --porcelain -uno 2>/dev/null").empty();
     j["source_dir"] = src;
     j["command"] = command_line;
     char host[256] = {};

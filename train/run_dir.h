@@ -8,7 +8,8 @@
 
 namespace zgpt {
 
-// Creates out_dir/run_name (run_name defaults to <config stem>-<YYYYmmdd-HHMMSS>); returns the path.
+// Creates out_dir/run_name (run_name defaults to <config stem>-<YYYYmmdd-HHMMSS>); returns the
+// path.
 std::string make_run_dir(const TrainConfig& t, const std::string& config_path);
 
 void write_text_file(const std::string& path, const std::string& text);  // atomic (tmp + rename)

@@ -25,7 +25,9 @@ namespace zgpt {
 namespace {
 
 volatile std::sig_atomic_t g_stop = 0;
-void on_signal(int) { g_stop = 1; }
+void on_signal(int) {
+    g_stop = 1;
+}
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) {
@@ -49,7 +51,8 @@ struct EvalResult {
     double loss = 0, ce = 0;
 };
 
-// Mean loss and CE over eval_batches validation batches, always the same ones (the loader restarts).
+// Mean loss and CE over eval_batches validation batches, always the same ones (the loader
+// restarts).
 EvalResult evaluate(GPT<float>& model, DataLoader& val, const Config& c, int64_t T) {
     const int64_t B = c.train.batch_size;
     Batch b{std::vector<int32_t>(B * T), std::vector<int32_t>(B * T)};
@@ -168,7 +171,8 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
         CrossEntropySummary sum;
         for (Batch& b : micro) {
             model.forward(b.inputs.data(), B, T);
-            const CrossEntropySummary s = model.loss(b.targets.data(), train_opts, {&grad_out, false}, true);
+            const CrossEntropySummary s =
+                model.loss(b.targets.data(), train_opts, {&grad_out, false}, true);
             model.backward();
             sum.sum_loss += s.sum_loss;
             sum.sum_ce += s.sum_ce;
@@ -202,7 +206,8 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
                          sum.sum_z_loss * inv, lr, norm, double(tokens) / seconds_since(t_start),
                          seconds_since(t_start)});
         const bool last = step == max_steps || g_stop;
-        if (last || (cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0)) run_eval(step, rec);
+        if (last || (cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0))
+            run_eval(step, rec);
         metrics.write(rec);
     }
     progress.finish();

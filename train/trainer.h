@@ -9,7 +9,7 @@ namespace zgpt {
 struct TrainResult {
     std::string run_dir;
     int64_t steps = 0;
-    double train_loss = 0;       // last step's loss
+    double train_loss = 0;              // last step's loss
     double val_loss = -1, val_ce = -1;  // last evaluation; -1 when there was none
     double seconds = 0;
 };

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The README's main job: install dependencies, build, fetch the King James Bible from the Debian
+# package bible-kjv, make character-level shards, and train configs/kjv-char.yaml (a few minutes on
+# a 2-core CPU). Extra arguments go to train, e.g. --set train.max_steps=200.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash tools/install_deps.sh
+if ! command -v bible >/dev/null; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq bible-kjv >/dev/null
+fi
+bash tools/build.sh
+mkdir -p data/shards
+if [ ! -f data/shards/kjv_char/tokenizer.json ]; then
+  bible -f "Gen1:1-Rev22:21" > data/shards/kjv.txt
+  build/prepare_data --input data/shards/kjv.txt --out data/shards/kjv_char --tokenizer char
+fi
+exec build/train -c configs/kjv-char.yaml "$@"
