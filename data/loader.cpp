@@ -1,7 +1,8 @@
 #include "data/loader.h"
 
+#include <algorithm>
+
 #include "kernels/check.h"
-#include "kernels/rng.h"
 
 namespace zgpt {
 
@@ -13,11 +14,13 @@ DataLoader::DataLoader(const std::string& pattern, const LoaderOptions& opts) : 
         shards_.emplace_back(p);
         if (opts.vocab_size > 0) shards_.back().check_vocab(opts.vocab_size);
         n_tokens_ += shards_.back().size();
+        n_starts_ += std::max<int64_t>(0, shards_.back().size() - opts.seq_len);
     }
-    // Windows at phase 0 are the fewest an epoch can have; use that count for every epoch.
+    // Every epoch uses the window count of the worst phase (T - 1), so all epochs have the same
+    // number of batches; windows beyond it (a shuffled few) wait for another epoch.
     int64_t windows = 0;
     for (const TokenShard& s : shards_)
-        windows += s.size() > opts.seq_len ? (s.size() - 1) / opts.seq_len : 0;
+        windows += s.size() >= 2 * opts.seq_len ? (s.size() - opts.seq_len) / opts.seq_len : 0;
     const int64_t per_batch = opts.batch_size * opts.world_size;
     batches_per_epoch_ = windows / per_batch;
     ZG_CHECK(batches_per_epoch_ > 0,
@@ -33,8 +36,7 @@ void DataLoader::build_epoch(int64_t epoch) {
     for (size_t s = 0; s < shards_.size(); s++) {
         const int64_t n = shards_[s].size();
         if (n <= T) continue;
-        const int64_t max_phase = (n - 1) % T;  // keeps the window count equal to phase 0's
-        const int64_t phase = opts_.shuffle ? int64_t(rng.below(uint64_t(max_phase + 1))) : 0;
+        const int64_t phase = opts_.shuffle ? int64_t(rng.below(uint64_t(T))) : 0;
         for (int64_t start = phase; start + T + 1 <= n; start += T)
             windows_.push_back({int32_t(s), start});
     }
@@ -51,13 +53,28 @@ void DataLoader::set_position(const LoaderPosition& p) {
     pos_ = p;
 }
 
+DataLoader::Window DataLoader::random_window(Rng& rng) const {
+    // A uniform start over all valid offsets of all shards (T + 1 tokens must fit).
+    const int64_t T = opts_.seq_len;
+    int64_t k = int64_t(rng.below(uint64_t(n_starts_)));
+    for (size_t s = 0; s < shards_.size(); s++) {
+        const int64_t starts = std::max<int64_t>(0, shards_[s].size() - T);
+        if (k < starts) return {int32_t(s), k};
+        k -= starts;
+    }
+    throw Error("loader: random window out of range");  // unreachable: k < n_starts_
+}
+
 void DataLoader::next_batch(int32_t* inputs, int32_t* targets) {
     if (pos_.batch >= batches_per_epoch_) pos_ = {pos_.epoch + 1, 0};
-    if (built_epoch_ != pos_.epoch) build_epoch(pos_.epoch);
+    const bool random = opts_.sampling == Sampling::random;
+    if (!random && built_epoch_ != pos_.epoch) build_epoch(pos_.epoch);
     const int64_t B = opts_.batch_size, T = opts_.seq_len;
     const int64_t first = (pos_.batch * opts_.world_size + opts_.rank) * B;
+    Rng rng(opts_.seed ^ (0xD1B54A32D192ED03ull * uint64_t(pos_.epoch * batches_per_epoch_ + pos_.batch + 1)) ^
+            (uint64_t(opts_.rank) << 48));
     for (int64_t b = 0; b < B; b++) {
-        const Window& w = windows_[first + b];
+        const Window w = random ? random_window(rng) : windows_[first + b];
         const TokenShard& s = shards_[w.shard];
         for (int64_t t = 0; t < T; t++) {
             inputs[b * T + t] = int32_t(s[w.start + t]);

@@ -5,19 +5,27 @@
 // otherwise), and orders all windows randomly (shuffle) or in file order. Batch k of rank r takes
 // windows [(k * world + r) * B, ... + B): ranks read disjoint windows. Everything is a function of
 // (seed, epoch, batch), so a position is two integers and resuming is exact.
+//
+// Sampling::random is nanoGPT's sampler instead: every window starts at a uniformly random token
+// offset, drawn with replacement from a stream seeded by (seed, batch, rank). Ranks draw
+// independently (not disjoint); it is there to compare with nanoGPT on equal terms.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "data/shard.h"
+#include "kernels/rng.h"
 
 namespace zgpt {
+
+enum class Sampling { epochs, random };
 
 struct LoaderOptions {
     int64_t batch_size = 1;  // B
     int64_t seq_len = 1;     // T
-    bool shuffle = true;
+    bool shuffle = true;  // epochs: shuffled windows (else file order)
+    Sampling sampling = Sampling::epochs;
     uint64_t seed = 0;
     int rank = 0, world_size = 1;
     int64_t vocab_size = 0;  // > 0: every token is checked at load
@@ -48,10 +56,12 @@ class DataLoader {
         int64_t start;
     };
     void build_epoch(int64_t epoch);
+    Window random_window(Rng& rng) const;
 
     LoaderOptions opts_;
     std::vector<TokenShard> shards_;
     int64_t n_tokens_ = 0;
+    int64_t n_starts_ = 0;  // valid window starts (random sampling)
     int64_t batches_per_epoch_ = 0;
     LoaderPosition pos_;
     int64_t built_epoch_ = -1;

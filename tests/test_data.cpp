@@ -205,3 +205,31 @@ TEST_CASE("safetensors reader: values and a truncated file") {
     CHECK_THROWS_WITH_AS(SafeTensors::load((d / "a.safetensors").string()),
                          doctest::Contains("lies outside the file"), Error);
 }
+
+TEST_CASE("loader, random sampling (nanoGPT's): valid windows, repeatable, resumable") {
+    const fs::path d = make_shards();
+    LoaderOptions o;
+    o.batch_size = 4;
+    o.seq_len = 16;
+    o.seed = 5;
+    o.sampling = Sampling::random;
+    DataLoader a((d / "train_*.bin").string(), o), b((d / "train_*.bin").string(), o);
+    std::vector<int32_t> in(64), tg(64);
+    std::set<int32_t> starts;
+    for (int k = 0; k < 50; k++) {
+        a.next_batch(in.data(), tg.data());
+        for (int i = 0; i < 64; i++) {
+            CHECK(tg[i] == in[i] + 1);  // consecutive tokens: never across a shard boundary
+            if (i % 16 == 0) starts.insert(in[i]);
+        }
+    }
+    CHECK(starts.size() > 150);  // offsets are not aligned to a grid of T
+    CHECK(take(b, 4, 16, 50) == [&] {
+        a.reset();
+        return take(a, 4, 16, 50);
+    }());
+    const LoaderPosition p = a.position();
+    const auto expected = take(a, 4, 16, 10);
+    b.set_position(p);
+    CHECK(take(b, 4, 16, 10) == expected);
+}

@@ -97,6 +97,7 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
     lo.batch_size = B;
     lo.seq_len = T;
     lo.shuffle = cfg.data.shuffle;
+    lo.sampling = cfg.data.sampling == "random" ? Sampling::random : Sampling::epochs;
     lo.seed = uint64_t(cfg.train.seed);
     lo.vocab_size = cfg.model.vocab_size;
     DataLoader train_loader(cfg.data.train, lo);
@@ -104,6 +105,7 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
     if (!cfg.data.val.empty()) {
         LoaderOptions vo = lo;
         vo.shuffle = true;  // a fixed random sample of the validation set, the same at every eval
+        vo.sampling = Sampling::epochs;
         vo.seed = 0x5EEDull;
         val_loader = std::make_unique<DataLoader>(cfg.data.val, vo);
     }
