@@ -14,6 +14,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace zgpt {
 
@@ -97,3 +98,80 @@ CrossEntropySummary cross_entropy(T* logits, int64_t ld, const int32_t* targets,
 
 }  // namespace cpu
 }  // namespace zgpt
+
+// ---------------------------------------------------------------------------------------------
+// CUDA loss head (kernels/cross_entropy.cu; CUDA builds only). All pointers are device pointers,
+// nothing is read on the host, and every launch is stream-ordered: the head can be captured in a
+// CUDA graph. Indexing is 64-bit. Results are deterministic (no atomics).
+struct CUstream_st;
+namespace zgpt::cuda {
+
+enum class LogitsType { f32, bf16 };
+
+// Per-row statistics of one shard. sum_excl excludes the target column (its exp(x_y - max) is
+// added back when the row is finalised): 1 - p_y = sum_excl / d stays exact when p_y -> 1.
+struct RowStatsF {
+    float max;
+    float sum_excl;
+    float target_logit;  // 0 in shards that do not own the target
+    float sum_logits;
+};
+
+// What the finalise step leaves for the backward pass of each shard.
+struct RowGradParams {
+    float max, log_d;  // p_j = exp((x_j - max) - log_d)
+    float coef;        // g (1 + 2 z lse); 0 on ignored rows
+    float d_target;    // the target column's dlogit, computed without cancellation
+    float smooth;      // g eps / V, subtracted from every column
+};
+
+// Reduced results, left on the device.
+struct LossSummaryF {
+    float loss;  // reduced per the reduction (mean over valid rows, sum, or sum of rows for none)
+    float sum_loss, sum_ce, sum_z_loss, sum_lse, max_logit;
+    int n_valid;
+};
+
+struct CrossEntropyArgs {
+    const void* logits = nullptr;  // [N, ld], columns [0, V_local) are this shard
+    LogitsType type = LogitsType::bf16;
+    int64_t ld = 0, N = 0, V_local = 0, v0 = 0, V = 0;  // V: the global vocabulary
+    const int32_t* targets = nullptr;
+    const float* grad_output = nullptr;  // scalar, or per row when reduction is none
+    void* dlogits = nullptr;             // may equal logits (in place)
+    float* loss_rows = nullptr;          // N each; optional
+    float* ce_rows = nullptr;
+    float* z_rows = nullptr;
+    float* lse_rows = nullptr;
+    LossSummaryF* summary = nullptr;  // required
+};
+
+// A registered implementation of the whole head on rows that hold the full vocabulary on this
+// device (v0 == 0, V_local == V). The bench tool, the tests and the trainer iterate this table.
+struct CrossEntropyVariant {
+    const char* name;
+    const char* description;
+    size_t (*workspace_bytes)(int64_t N, int64_t V_local, LogitsType type);
+    void (*run)(const CrossEntropyArgs& a, const CrossEntropyOptions& o, void* workspace,
+                CUstream_st* stream);
+};
+const std::vector<CrossEntropyVariant>& cross_entropy_variants();
+const CrossEntropyVariant& find_cross_entropy_variant(const std::string& name);
+
+// The vocab-parallel building blocks (a shard is [v0, v0 + V_local) of each row):
+// stats of one shard -> merge across shards (NCCL across GPUs, this kernel on one) -> finalise
+// -> backward of each shard -> reduce.
+void ce_count_valid(int* n_valid, const int32_t* targets, int64_t N, int64_t ignore_index,
+                    CUstream_st* s);
+void ce_shard_stats(RowStatsF* stats, const CrossEntropyArgs& a, const CrossEntropyOptions& o,
+                    CUstream_st* s);
+void ce_merge_stats(RowStatsF* acc, const RowStatsF* shard, int64_t N, CUstream_st* s);
+void ce_finalize(RowGradParams* params, const RowStatsF* stats, const int* n_valid,
+                 const CrossEntropyArgs& a, const CrossEntropyOptions& o, CUstream_st* s);
+void ce_shard_backward(const CrossEntropyArgs& a, const RowGradParams* params,
+                       const CrossEntropyOptions& o, CUstream_st* s);
+// Needs a.loss_rows, ce_rows, z_rows, lse_rows; writes a.summary.
+void ce_reduce(const CrossEntropyArgs& a, const RowStatsF* stats, const int* n_valid,
+               const CrossEntropyOptions& o, CUstream_st* s);
+
+}  // namespace zgpt::cuda

@@ -1,20 +1,224 @@
 // CUDA kernels against the CPU reference. Skipped, with the reason, where no GPU is usable.
+//
+// Tolerances, argued from the arithmetic:
+// - fp32 logits: the GPU works in fp32 (the reference in fp64). lse carries a relative error of a
+//   few fp32 ulps of a ~V-term sum, so p_j = exp(x_j - max - log d) is within ~1e-6 relative;
+//   we allow 1e-5 relative, and an absolute 1e-6 of the largest gradient (cancellation in
+//   p (1 + 2 z lse) - eps / V).
+// - bf16 logits: the reference reads the same bf16 values, so the loss is held to fp32 precision;
+//   dlogits are rounded once to bf16: half an ulp is 2^-9 relative, so 2^-8 + 1e-5 relative.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
 
+#include <cstring>
+#include <filesystem>
+
+#include "data/safetensors.h"
+#include "kernels/cross_entropy.h"
 #include "kernels/cuda_device.h"
 #include "kernels/residual.h"
 #include "tests/helpers.h"
 
 using namespace zgpt;
 using namespace zgpt::test;
+using cuda::LogitsType;
 
 namespace {
+
 const bool kHaveGpu = [] {
     const cuda::DeviceInfo d = cuda::query_devices();
     if (d.count == 0) skip_binary("no usable CUDA device: " + d.error);
     return d.count > 0;
 }();
+
+#define CUDA_OK(x) REQUIRE((x) == cudaSuccess)
+
+// A device buffer that frees itself.
+struct Dev {
+    void* p = nullptr;
+    size_t bytes = 0;
+    explicit Dev(size_t b) : bytes(b) { CUDA_OK(cudaMalloc(&p, std::max<size_t>(b, 16))); }
+    ~Dev() { cudaFree(p); }
+    Dev(const Dev&) = delete;
+    Dev& operator=(const Dev&) = delete;
+    template <typename T>
+    T* as() const {
+        return static_cast<T*>(p);
+    }
+};
+
+float bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+// Host logits stored as the device type; returns the values the device will actually see.
+std::vector<float> to_device_values(const std::vector<float>& x, LogitsType t) {
+    if (t == LogitsType::f32) return x;
+    std::vector<float> r(x.size());
+    for (size_t i = 0; i < x.size(); i++) r[i] = bf16_round(x[i]);
+    return r;
+}
+
+void upload(void* dst, const std::vector<float>& x, LogitsType t) {
+    if (t == LogitsType::f32) {
+        CUDA_OK(cudaMemcpy(dst, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+    } else {
+        std::vector<__nv_bfloat16> b(x.size());
+        for (size_t i = 0; i < x.size(); i++) b[i] = __float2bfloat16_rn(x[i]);
+        CUDA_OK(cudaMemcpy(dst, b.data(), b.size() * 2, cudaMemcpyHostToDevice));
+    }
+}
+
+std::vector<float> download(const void* src, size_t n, LogitsType t) {
+    std::vector<float> r(n);
+    if (t == LogitsType::f32) {
+        CUDA_OK(cudaMemcpy(r.data(), src, n * 4, cudaMemcpyDeviceToHost));
+    } else {
+        std::vector<__nv_bfloat16> b(n);
+        CUDA_OK(cudaMemcpy(b.data(), src, n * 2, cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < n; i++) r[i] = __bfloat162float(b[i]);
+    }
+    return r;
+}
+
+struct Case {
+    int64_t N = 5, V = 100;
+    LogitsType type = LogitsType::f32;
+    CrossEntropyOptions opts;
+    std::vector<float> logits;  // N x V, host
+    std::vector<int32_t> targets;
+    std::vector<float> grad_output = {1.0f};
+    bool in_place = true;
+};
+
+struct Result {
+    std::vector<float> dlogits, loss, ce, z, lse;
+    cuda::LossSummaryF summary;
+};
+
+struct Reference {
+    std::vector<double> dlogits, loss, ce, z, lse;
+    CrossEntropySummary summary;
+};
+
+Reference reference(const Case& c) {
+    Reference r;
+    const std::vector<float> seen = to_device_values(c.logits, c.type);
+    r.dlogits.assign(seen.begin(), seen.end());
+    r.loss.resize(c.N);
+    r.ce.resize(c.N);
+    r.z.resize(c.N);
+    r.lse.resize(c.N);
+    std::vector<double> g(c.grad_output.begin(), c.grad_output.end());
+    r.summary = cpu::cross_entropy(r.dlogits.data(), c.V, c.targets.data(), c.N, c.V, c.opts,
+                                   {g.data(), c.opts.reduction == Reduction::none},
+                                   {r.loss.data(), r.ce.data(), r.z.data(), r.lse.data()}, true);
+    return r;
+}
+
+Result run_variant(const cuda::CrossEntropyVariant& v, const Case& c) {
+    const size_t es = c.type == LogitsType::f32 ? 4 : 2, n = size_t(c.N) * c.V;
+    Dev logits(n * es), dl(c.in_place ? 0 : n * es), targets(c.N * 4), go(c.grad_output.size() * 4);
+    Dev rows(4 * c.N * 4), summary(sizeof(cuda::LossSummaryF));
+    Dev ws(v.workspace_bytes(c.N, c.V, c.type));
+    upload(logits.p, c.logits, c.type);
+    CUDA_OK(cudaMemcpy(targets.p, c.targets.data(), c.N * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(go.p, c.grad_output.data(), c.grad_output.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(rows.p, 0xFF, rows.bytes));  // poison: every output must be written
+    if (!c.in_place) CUDA_OK(cudaMemset(dl.p, 0xFF, dl.bytes));
+    cuda::CrossEntropyArgs a;
+    a.logits = logits.p;
+    a.type = c.type;
+    a.ld = c.V;
+    a.N = c.N;
+    a.V_local = c.V;
+    a.V = c.V;
+    a.targets = targets.as<int32_t>();
+    a.grad_output = go.as<float>();
+    a.dlogits = c.in_place ? logits.p : dl.p;
+    a.loss_rows = rows.as<float>();
+    a.ce_rows = rows.as<float>() + c.N;
+    a.z_rows = rows.as<float>() + 2 * c.N;
+    a.lse_rows = rows.as<float>() + 3 * c.N;
+    a.summary = summary.as<cuda::LossSummaryF>();
+    v.run(a, c.opts, ws.p, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaGetLastError());
+    Result r;
+    r.dlogits = download(a.dlogits, n, c.type);
+    std::vector<float> all(4 * c.N);
+    CUDA_OK(cudaMemcpy(all.data(), rows.p, all.size() * 4, cudaMemcpyDeviceToHost));
+    r.loss.assign(all.begin(), all.begin() + c.N);
+    r.ce.assign(all.begin() + c.N, all.begin() + 2 * c.N);
+    r.z.assign(all.begin() + 2 * c.N, all.begin() + 3 * c.N);
+    r.lse.assign(all.begin() + 3 * c.N, all.end());
+    CUDA_OK(cudaMemcpy(&r.summary, summary.p, sizeof r.summary, cudaMemcpyDeviceToHost));
+    return r;
+}
+
+double max_abs(const std::vector<double>& v) {
+    double m = 0;
+    for (double x : v) m = std::max(m, std::fabs(x));
+    return m;
+}
+
+void check_result(const Result& got, const Reference& want, const Case& c) {
+    const double loss_rtol = 2e-5;
+    const double d_rtol = c.type == LogitsType::f32 ? 1e-5 : 1.0 / 256 + 1e-5;
+    for (int64_t i = 0; i < c.N; i++) {
+        CAPTURE(i);
+        const bool valid = c.targets[i] != c.opts.ignore_index;
+        CHECK(close(got.loss[i], want.loss[i], loss_rtol, 1e-6));
+        CHECK(close(got.ce[i], want.ce[i], loss_rtol, 1e-6));
+        CHECK(close(got.z[i], want.z[i], loss_rtol, 1e-9));
+        if (valid) CHECK(close(got.lse[i], want.lse[i], 1e-6, 1e-5));
+    }
+    CHECK(got.summary.n_valid == want.summary.n_valid);
+    CHECK(close(got.summary.loss, want.summary.loss, loss_rtol, 1e-6));
+    CHECK(close(got.summary.sum_z_loss, want.summary.sum_z_loss, loss_rtol, 1e-9));
+    const MaxError e = compare(got.dlogits.data(), want.dlogits.data(), int64_t(want.dlogits.size()),
+                               d_rtol, 1e-6 * max_abs(want.dlogits) + 1e-30);
+    INFO("dlogits: max abs err " << e.abs << ", max rel err " << e.rel << " at " << e.worst);
+    CHECK(e.ok);
+}
+
+// Random logits with hard rows mixed in: peaked (p -> 1), large magnitude, -inf entries.
+Case make_case(uint64_t seed, int64_t N, int64_t V, LogitsType t, double z, double eps, Reduction r,
+               int ignored) {
+    Case c;
+    c.N = N;
+    c.V = V;
+    c.type = t;
+    c.opts.z_loss_weight = z;
+    c.opts.label_smoothing = eps;
+    c.opts.reduction = r;
+    Rng rng(seed);
+    c.logits.resize(N * V);
+    c.targets.resize(N);
+    for (int64_t i = 0; i < N; i++) {
+        const int64_t y = int64_t(rng.below(uint64_t(V)));
+        c.targets[i] = int32_t(y);
+        const int kind = int(i % 4);
+        for (int64_t j = 0; j < V; j++) {
+            float x = float(2.0 * rng.normal());
+            if (kind == 1) x = float(100.0 * (2 * rng.uniform() - 1));  // |logit| ~ 100
+            if (kind == 3 && j % 5 == 1) x = -INFINITY;
+            c.logits[i * V + j] = x;
+        }
+        if (kind == 2) c.logits[i * V + y] = 40.0f;  // peaked on the target: 1 - p ~ V e^-40
+        if (kind == 3) c.logits[i * V + y] = float(rng.normal());  // target itself finite
+    }
+    for (int k = 0; k < ignored && k < N; k++) c.targets[(k * 7) % N] = int32_t(c.opts.ignore_index);
+    if (r == Reduction::none) {
+        c.grad_output.resize(N);
+        for (auto& g : c.grad_output) g = float(rng.normal());
+    } else {
+        c.grad_output = {0.37f};
+    }
+    return c;
+}
+
+const char* type_name(LogitsType t) { return t == LogitsType::f32 ? "f32" : "bf16"; }
+
 }  // namespace
 
 TEST_CASE("residual_forward (CUDA) equals the CPU reference on odd sizes") {
@@ -24,17 +228,222 @@ TEST_CASE("residual_forward (CUDA) equals the CPU reference on odd sizes") {
         const auto a = random_vector<float>(rng, n), b = random_vector<float>(rng, n);
         std::vector<float> want(n), got(n);
         cpu::residual_forward(want.data(), a.data(), b.data(), n);
-        float *da, *db, *dout;
-        REQUIRE(cudaMalloc(&da, n * 4) == cudaSuccess);
-        REQUIRE(cudaMalloc(&db, n * 4) == cudaSuccess);
-        REQUIRE(cudaMalloc(&dout, n * 4) == cudaSuccess);
-        cudaMemcpy(da, a.data(), n * 4, cudaMemcpyHostToDevice);
-        cudaMemcpy(db, b.data(), n * 4, cudaMemcpyHostToDevice);
-        cuda::residual_forward(dout, da, db, n, nullptr);
-        REQUIRE(cudaMemcpy(got.data(), dout, n * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+        Dev da(n * 4), db(n * 4), dout(n * 4);
+        CUDA_OK(cudaMemcpy(da.p, a.data(), n * 4, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemcpy(db.p, b.data(), n * 4, cudaMemcpyHostToDevice));
+        cuda::residual_forward(dout.as<float>(), da.as<float>(), db.as<float>(), n, nullptr);
+        CUDA_OK(cudaMemcpy(got.data(), dout.p, n * 4, cudaMemcpyDeviceToHost));
         CHECK(got == want);  // one float add: exact
-        cudaFree(da);
-        cudaFree(db);
-        cudaFree(dout);
     }
+}
+
+TEST_CASE("every cross_entropy variant equals the CPU reference: sizes, types, options") {
+    // V below, at and above block and vector sizes, not multiples of them, and the real vocabularies
+    const std::vector<int64_t> vocab = {1, 7, 64, 127, 128, 129, 513, 4097, 50257, 50304, 128256, 256000};
+    uint64_t seed = 100;
+    for (const auto& v : cuda::cross_entropy_variants()) {
+        for (LogitsType t : {LogitsType::f32, LogitsType::bf16}) {
+            for (int64_t V : vocab) {
+                const int64_t N = V >= 100000 ? 6 : 13;
+                const Reduction r = seed % 3 == 0 ? Reduction::mean : seed % 3 == 1 ? Reduction::sum : Reduction::none;
+                const uint64_t s = seed++;
+                Case c = make_case(s, N, V, t, 1e-4, V > 1 ? 0.1 : 0.0, r, int(s % 3));
+                c.in_place = seed % 2 == 0;
+                CAPTURE(v.name);
+                CAPTURE(type_name(t));
+                CAPTURE(V);
+                CAPTURE(reduction_name(r));
+                CAPTURE(c.in_place);
+                check_result(run_variant(v, c), reference(c), c);
+            }
+        }
+    }
+}
+
+TEST_CASE("ignore_index none / some / all, z = 0 and label smoothing with z-loss, every reduction") {
+    uint64_t seed = 500;
+    for (const auto& v : cuda::cross_entropy_variants())
+        for (int ignored : {0, 3, 1000})
+            for (Reduction r : {Reduction::mean, Reduction::sum, Reduction::none})
+                for (double z : {0.0, 1e-3})
+                    for (double eps : {0.0, 0.2}) {
+                        Case c = make_case(seed++, 9, 1031, LogitsType::f32, z, eps, r, ignored);
+                        CAPTURE(v.name);
+                        CAPTURE(ignored);
+                        CAPTURE(reduction_name(r));
+                        CAPTURE(z);
+                        CAPTURE(eps);
+                        const Result got = run_variant(v, c);
+                        check_result(got, reference(c), c);
+                        if (ignored >= 9) {
+                            CHECK(got.summary.loss == 0.0f);
+                            for (float d : got.dlogits) CHECK(d == 0.0f);
+                        }
+                        if (z == 0.0)
+                            for (float zr : got.z) CHECK(zr == 0.0f);
+                    }
+}
+
+TEST_CASE("bf16 dlogits at p -> 1 are within bf16 rounding of the fp64 answer") {
+    for (const auto& v : cuda::cross_entropy_variants()) {
+        CAPTURE(v.name);
+        Case c = make_case(900, 4, 50304, LogitsType::bf16, 1e-4, 0.0, Reduction::mean, 0);
+        for (int64_t i = 0; i < c.N; i++) {
+            for (int64_t j = 0; j < c.V; j++) c.logits[i * c.V + j] = -8.0f + 0.001f * float(j % 7);
+            c.logits[i * c.V + c.targets[i]] = 10.0f + float(i);  // 1 - p from 1.6e-4 down to 8e-6
+        }
+        const Reference want = reference(c);
+        const Result got = run_variant(v, c);
+        for (int64_t i = 0; i < c.N; i++) {
+            const int64_t k = i * c.V + c.targets[i];
+            CAPTURE(i);
+            CHECK(want.dlogits[k] < 0);
+            CHECK(close(got.dlogits[k], want.dlogits[k], 1.0 / 256, 0));
+        }
+    }
+}
+
+TEST_CASE("shards on one GPU, merged, equal the whole row (loss and dlogits)") {
+    const int64_t N = 7, V = 50257;
+    for (LogitsType t : {LogitsType::f32, LogitsType::bf16}) {
+        CAPTURE(type_name(t));
+        Case c = make_case(77, N, V, t, 1e-4, 0.1, Reduction::mean, 2);
+        const Reference want = reference(c);
+        const size_t es = t == LogitsType::f32 ? 4 : 2;
+        Dev logits(N * V * es), targets(N * 4), go(4), rows(4 * N * 4), summary(sizeof(cuda::LossSummaryF));
+        Dev acc(N * sizeof(cuda::RowStatsF)), part(N * sizeof(cuda::RowStatsF)),
+            params(N * sizeof(cuda::RowGradParams)), nvalid(4);
+        upload(logits.p, c.logits, t);
+        CUDA_OK(cudaMemcpy(targets.p, c.targets.data(), N * 4, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemcpy(go.p, c.grad_output.data(), 4, cudaMemcpyHostToDevice));
+        const std::vector<int64_t> cuts = {0, 1, 4000, 4001, 25000, 50000, 50257};  // 6 uneven shards
+        cuda::CrossEntropyArgs a;
+        a.type = t;
+        a.ld = V;
+        a.N = N;
+        a.V = V;
+        a.targets = targets.as<int32_t>();
+        a.grad_output = go.as<float>();
+        a.loss_rows = rows.as<float>();
+        a.ce_rows = rows.as<float>() + N;
+        a.z_rows = rows.as<float>() + 2 * N;
+        a.lse_rows = rows.as<float>() + 3 * N;
+        a.summary = summary.as<cuda::LossSummaryF>();
+        auto shard = [&](size_t k) {
+            cuda::CrossEntropyArgs s = a;
+            s.logits = static_cast<const char*>(logits.p) + cuts[k] * es;
+            s.dlogits = const_cast<void*>(s.logits);
+            s.v0 = cuts[k];
+            s.V_local = cuts[k + 1] - cuts[k];
+            return s;
+        };
+        cuda::ce_count_valid(nvalid.as<int>(), a.targets, N, c.opts.ignore_index, nullptr);
+        for (size_t k = 0; k + 1 < cuts.size(); k++) {
+            cuda::ce_shard_stats(k == 0 ? acc.as<cuda::RowStatsF>() : part.as<cuda::RowStatsF>(),
+                                 shard(k), c.opts, nullptr);
+            if (k > 0) cuda::ce_merge_stats(acc.as<cuda::RowStatsF>(), part.as<cuda::RowStatsF>(), N, nullptr);
+        }
+        cuda::ce_finalize(params.as<cuda::RowGradParams>(), acc.as<cuda::RowStatsF>(), nvalid.as<int>(), a,
+                          c.opts, nullptr);
+        for (size_t k = 0; k + 1 < cuts.size(); k++)
+            cuda::ce_shard_backward(shard(k), params.as<cuda::RowGradParams>(), c.opts, nullptr);
+        cuda::ce_reduce(a, acc.as<cuda::RowStatsF>(), nvalid.as<int>(), c.opts, nullptr);
+        CUDA_OK(cudaDeviceSynchronize());
+        Result got;
+        got.dlogits = download(logits.p, N * V, t);
+        std::vector<float> all(4 * N);
+        CUDA_OK(cudaMemcpy(all.data(), rows.p, all.size() * 4, cudaMemcpyDeviceToHost));
+        got.loss.assign(all.begin(), all.begin() + N);
+        got.ce.assign(all.begin() + N, all.begin() + 2 * N);
+        got.z.assign(all.begin() + 2 * N, all.begin() + 3 * N);
+        got.lse.assign(all.begin() + 3 * N, all.end());
+        CUDA_OK(cudaMemcpy(&got.summary, summary.p, sizeof got.summary, cudaMemcpyDeviceToHost));
+        check_result(got, want, c);
+    }
+}
+
+TEST_CASE("BT x V above 2^31 elements: 64-bit indexing (rows beyond 2^31 checked)") {
+    const int64_t V = 128256, N = 16900;  // 2.167e9 elements, 4.3 GB of bf16
+    REQUIRE(N * V > (int64_t(1) << 31));
+    size_t free_b = 0, total_b = 0;
+    CUDA_OK(cudaMemGetInfo(&free_b, &total_b));
+    if (free_b < size_t(N) * V * 2 * 3) {
+        MESSAGE("not enough GPU memory for the 2^31 case: " << free_b << " bytes free");
+        return;
+    }
+    Case c;
+    c.N = N;
+    c.V = V;
+    c.type = LogitsType::bf16;
+    c.opts.z_loss_weight = 1e-4;
+    c.logits.resize(size_t(N) * V);
+    c.targets.resize(N);
+    Rng rng(31);
+    for (auto& x : c.logits) x = float(int64_t(rng.next_u64() % 4001) - 2000) / 500.0f;  // [-4, 4]
+    for (auto& y : c.targets) y = int32_t(rng.below(V));
+    for (const char* name : {"online", "fast"}) {
+        CAPTURE(name);
+        const Result got = run_variant(cuda::find_cross_entropy_variant(name), c);
+        // the reference on the first rows and on every row that starts past 2^31 elements
+        for (int64_t i : std::vector<int64_t>{0, 1, (int64_t(1) << 31) / V + 1, N - 2, N - 1}) {
+            CAPTURE(i);
+            Case one;
+            one.N = 1;
+            one.V = V;
+            one.type = c.type;
+            one.opts = c.opts;
+            one.opts.reduction = Reduction::sum;
+            one.logits.assign(c.logits.begin() + i * V, c.logits.begin() + (i + 1) * V);
+            one.targets = {c.targets[i]};
+            one.grad_output = {1.0f / float(N)};  // what mean over N valid rows gives each row
+            const Reference want = reference(one);
+            CHECK(close(got.loss[i], want.loss[0], 2e-5, 1e-6));
+            std::vector<float> d(got.dlogits.begin() + i * V, got.dlogits.begin() + (i + 1) * V);
+            const MaxError e = compare(d.data(), want.dlogits.data(), V, 1.0 / 256 + 1e-5,
+                                       1e-6 * max_abs(want.dlogits));
+            INFO("row dlogits max abs err " << e.abs);
+            CHECK(e.ok);
+        }
+        CHECK(got.summary.n_valid == N);
+    }
+}
+
+TEST_CASE("every variant reproduces the PyTorch float64 oracle (ce_cases.safetensors)") {
+    const std::string path = oracle_dir() + "/ce_cases.safetensors";
+    if (!std::filesystem::exists(path)) {
+        MESSAGE("oracle not found at " << path << " (set ZGPT_ORACLES)");
+        return;
+    }
+    const SafeTensors st = SafeTensors::load(path);
+    const auto cases = nlohmann::json::parse(st.metadata().at("cases").get<std::string>());
+    for (const auto& v : cuda::cross_entropy_variants())
+        for (auto it = cases.begin(); it != cases.end(); ++it) {
+            const std::string name = it.key();
+            const auto& m = it.value();
+            CAPTURE(v.name);
+            CAPTURE(name);
+            Case c;
+            c.N = m.at("N");
+            c.V = m.at("V");
+            c.opts.z_loss_weight = m.at("z_loss_weight");
+            c.opts.label_smoothing = m.at("label_smoothing");
+            c.opts.ignore_index = m.at("ignore_index");
+            c.opts.reduction = parse_reduction(m.at("reduction"));
+            const auto x = st.as_double(name + ".logits");
+            c.logits.assign(x.begin(), x.end());
+            const auto t = st.as_double(name + ".targets");
+            c.targets.assign(t.begin(), t.end());
+            const auto g = st.as_double(name + ".grad_output");
+            c.grad_output.assign(g.begin(), g.end());
+            const Result got = run_variant(v, c);
+            const auto want_rows = st.as_double(name + ".loss_rows");
+            const auto want_d = st.as_double(name + ".dlogits");
+            for (int64_t i = 0; i < c.N; i++) CHECK(close(got.loss[i], want_rows[i], 1e-6, 1e-7));
+            if (c.opts.reduction != Reduction::none)
+                CHECK(close(got.summary.loss, st.as_double(name + ".loss")[0], 1e-6, 1e-7));
+            const MaxError e = compare(got.dlogits.data(), want_d.data(), int64_t(want_d.size()), 1e-6,
+                                       1e-6 * max_abs(want_d) + 1e-30);
+            INFO("dlogits max abs err " << e.abs << " rel " << e.rel << " at " << e.worst);
+            CHECK(e.ok);
+        }
 }

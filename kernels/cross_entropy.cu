@@ -1,0 +1,713 @@
+// CUDA loss head: cross-entropy + z-loss + label smoothing, vocab-shard aware.
+// The math is kernels/cross_entropy.h's; docs/loss_head.md explains the variants.
+//
+//   naive  textbook: row max, row sum, fp32 softmax materialised, loss, gradient (5 kernels)
+//   online two passes over the logits in one kernel pair (Liger / TransformerEngine): stats, then
+//          re-read and write dlogits
+//   fast   one read and one write: a thread-block cluster holds the row in shared memory
+//          (distributed across the cluster's CTAs), merges statistics through DSMEM and writes
+//          dlogits from shared memory
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cross_entropy.h"
+#include "kernels/cuda_check.h"
+
+namespace cg = cooperative_groups;
+
+namespace zgpt::cuda {
+
+namespace {
+
+constexpr float kNegInf = -INFINITY;
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) {
+    return x;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x);
+}
+
+// Online (max, sum) pair; merge is exact up to rounding and order-independent in exact arithmetic.
+struct MaxSum {
+    float m, s;
+};
+__device__ __forceinline__ MaxSum merge_ms(MaxSum a, MaxSum b) {
+    const float m = fmaxf(a.m, b.m);
+    if (m == kNegInf) return {kNegInf, 0.0f};
+    return {m, a.s * __expf(a.m - m) + b.s * __expf(b.m - m)};
+}
+
+__device__ __forceinline__ RowStatsF merge_stats(const RowStatsF& a, const RowStatsF& b) {
+    const MaxSum ms = merge_ms({a.max, a.sum_excl}, {b.max, b.sum_excl});
+    return {ms.m, ms.s, a.target_logit + b.target_logit, a.sum_logits + b.sum_logits};
+}
+
+// Block-wide reduction of RowStatsF (every thread gets the result). Fixed tree: deterministic.
+__device__ RowStatsF block_reduce_stats(RowStatsF v) {
+    __shared__ RowStatsF warp_vals[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int off = 16; off > 0; off >>= 1) {
+        RowStatsF o;
+        o.max = __shfl_xor_sync(0xffffffffu, v.max, off);
+        o.sum_excl = __shfl_xor_sync(0xffffffffu, v.sum_excl, off);
+        o.target_logit = __shfl_xor_sync(0xffffffffu, v.target_logit, off);
+        o.sum_logits = __shfl_xor_sync(0xffffffffu, v.sum_logits, off);
+        v = merge_stats(v, o);
+    }
+    __syncthreads();  // warp_vals may still be read by a previous call
+    if (lane == 0) warp_vals[warp] = v;
+    __syncthreads();
+    const int nwarps = (blockDim.x + 31) >> 5;
+    RowStatsF r = warp_vals[0];
+    for (int w = 1; w < nwarps; w++) r = merge_stats(r, warp_vals[w]);
+    return r;
+}
+
+__device__ __forceinline__ void stats_add(RowStatsF& st, float x, bool is_target) {
+    st.sum_logits += x;
+    if (is_target) {
+        st.target_logit = x;
+        // the target's own exp is not summed, but it may still set the max
+        if (x > st.max) {
+            st.sum_excl *= __expf(st.max - x);
+            st.max = x;
+        }
+        return;
+    }
+    if (x > st.max) {
+        st.sum_excl = st.sum_excl * __expf(st.max - x) + 1.0f;
+        st.max = x;
+    } else if (x != kNegInf) {
+        st.sum_excl += __expf(x - st.max);
+    }
+}
+
+__device__ __forceinline__ RowStatsF empty_stats() { return {kNegInf, 0.0f, 0.0f, 0.0f}; }
+
+// ---------------------------------------------------------------- shared per-row arithmetic
+
+struct RowResult {
+    RowGradParams p;
+    float loss, ce, z, lse;
+};
+
+// From merged statistics of a whole row: the row's outputs and its gradient parameters.
+__device__ RowResult finalize_row(const RowStatsF& st, int32_t y, bool valid, float g, int64_t V,
+                                  float eps, float zw) {
+    RowResult r;
+    const float e_y = valid ? __expf(st.target_logit - st.max) : 0.0f;
+    const float d = st.sum_excl + e_y;
+    const float log_d = logf(d);
+    const float lse = st.max + log_d;
+    r.lse = lse;
+    r.p.max = st.max;
+    r.p.log_d = log_d;
+    if (!valid) {
+        r.loss = r.ce = r.z = 0.0f;
+        r.p.coef = r.p.d_target = r.p.smooth = 0.0f;
+        return r;
+    }
+    // lse - x_y = log(1 + sum_excl / e_y): accurate when the row is peaked on its target
+    const float gap = st.max - st.target_logit;
+    float ce = gap < 60.0f ? log1pf(st.sum_excl * __expf(gap)) : gap + log_d;
+    if (eps != 0.0f) ce = (1.0f - eps) * ce + eps * (lse - st.sum_logits / float(V));
+    r.ce = ce;
+    r.z = zw * lse * lse;
+    r.loss = ce + r.z;
+    const float zscale = 1.0f + 2.0f * zw * lse;
+    r.p.coef = g * zscale;
+    r.p.smooth = g * eps / float(V);
+    // d_y = p_y (1 + 2 z lse) - (1 - eps) - eps/V, with p_y - 1 = -sum_excl / d
+    const float p_y = e_y / d;
+    r.p.d_target = g * ((p_y * (zscale - 1.0f) - st.sum_excl / d) + eps - eps / float(V));
+    return r;
+}
+
+__device__ __forceinline__ float row_grad_scale(const float* grad_output, bool per_row, int64_t row,
+                                                Reduction red, int n_valid) {
+    const float g = grad_output[per_row ? row : 0];
+    if (red == Reduction::mean) return n_valid > 0 ? g / float(n_valid) : 0.0f;
+    return g;
+}
+
+__device__ __forceinline__ float grad_of(float x, const RowGradParams& p) {
+    return p.coef * __expf((x - p.max) - p.log_d) - p.smooth;
+}
+
+// ---------------------------------------------------------------- small kernels
+
+__global__ void count_valid_kernel(int* n_valid, const int32_t* targets, int64_t N,
+                                   int64_t ignore_index) {
+    __shared__ int partial[32];
+    int c = 0;
+    for (int64_t i = threadIdx.x; i < N; i += blockDim.x) c += targets[i] != ignore_index;
+    for (int off = 16; off > 0; off >>= 1) c += __shfl_xor_sync(0xffffffffu, c, off);
+    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = c;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int t = 0;
+        for (int w = 0; w < int(blockDim.x + 31) / 32; w++) t += partial[w];
+        *n_valid = t;
+    }
+}
+
+__global__ void merge_stats_kernel(RowStatsF* acc, const RowStatsF* shard, int64_t N) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < N) acc[i] = merge_stats(acc[i], shard[i]);
+}
+
+struct FinalizeArgs {
+    const RowStatsF* stats;
+    const int32_t* targets;
+    const int* n_valid;
+    const float* grad_output;
+    bool per_row;
+    int64_t N, V, ignore_index;
+    float eps, zw;
+    Reduction red;
+    RowGradParams* params;
+    float *loss_rows, *ce_rows, *z_rows, *lse_rows;
+};
+
+__global__ void finalize_kernel(FinalizeArgs f) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= f.N) return;
+    const int32_t y = f.targets[i];
+    const bool valid = y != f.ignore_index;
+    const float g = row_grad_scale(f.grad_output, f.per_row, i, f.red, *f.n_valid);
+    const RowResult r = finalize_row(f.stats[i], y, valid, g, f.V, f.eps, f.zw);
+    f.params[i] = r.p;
+    if (f.loss_rows) f.loss_rows[i] = r.loss;
+    if (f.ce_rows) f.ce_rows[i] = r.ce;
+    if (f.z_rows) f.z_rows[i] = r.z;
+    if (f.lse_rows) f.lse_rows[i] = r.lse;
+}
+
+// One block, fixed order, double accumulation: a deterministic summary.
+__global__ void reduce_kernel(LossSummaryF* out, const float* loss_rows, const float* ce_rows,
+                              const float* z_rows, const float* lse_rows, const RowStatsF* stats,
+                              const int32_t* targets, int64_t N, int64_t ignore_index,
+                              const int* n_valid, Reduction red) {
+    __shared__ double part[5][32];
+    __shared__ float part_max[32];
+    double a[4] = {0, 0, 0, 0};
+    float mx = kNegInf;
+    for (int64_t i = threadIdx.x; i < N; i += blockDim.x) {
+        if (targets[i] != ignore_index) {
+            a[0] += loss_rows[i];
+            a[1] += ce_rows[i];
+            a[2] += z_rows[i];
+            a[3] += lse_rows[i];
+        }
+        mx = fmaxf(mx, stats[i].max);
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+        for (int k = 0; k < 4; k++) a[k] += __shfl_xor_sync(0xffffffffu, a[k], off);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) {
+        for (int k = 0; k < 4; k++) part[k][warp] = a[k];
+        part_max[warp] = mx;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double t[4] = {0, 0, 0, 0};
+        float m = kNegInf;
+        for (int w = 0; w < int(blockDim.x + 31) / 32; w++) {
+            for (int k = 0; k < 4; k++) t[k] += part[k][w];
+            m = fmaxf(m, part_max[w]);
+        }
+        const int n = *n_valid;
+        LossSummaryF s;
+        s.sum_loss = float(t[0]);
+        s.sum_ce = float(t[1]);
+        s.sum_z_loss = float(t[2]);
+        s.sum_lse = float(t[3]);
+        s.max_logit = m;
+        s.n_valid = n;
+        s.loss = red == Reduction::mean ? (n > 0 ? float(t[0] / n) : 0.0f) : float(t[0]);
+        *out = s;
+    }
+}
+
+// ---------------------------------------------------------------- online: stats, then backward
+
+template <typename T>
+__global__ void shard_stats_kernel(RowStatsF* stats, const T* logits, int64_t ld,
+                                   const int32_t* targets, int64_t V_local, int64_t v0,
+                                   int64_t ignore_index) {
+    const int64_t row = blockIdx.x;
+    const T* x = logits + row * ld;
+    const int64_t y = targets[row];
+    const int64_t y_local = (y != ignore_index && y >= v0 && y < v0 + V_local) ? y - v0 : -1;
+    RowStatsF st = empty_stats();
+    for (int64_t j = threadIdx.x; j < V_local; j += blockDim.x) stats_add(st, to_float(x[j]), j == y_local);
+    st = block_reduce_stats(st);
+    if (threadIdx.x == 0) stats[row] = st;
+}
+
+template <typename T>
+__global__ void shard_backward_kernel(T* dlogits, const T* logits, int64_t ld,
+                                      const int32_t* targets, const RowGradParams* params,
+                                      int64_t V_local, int64_t v0, int64_t ignore_index) {
+    const int64_t row = blockIdx.x;
+    const T* x = logits + row * ld;
+    T* dx = dlogits + row * ld;
+    const int64_t y = targets[row];
+    const RowGradParams p = params[row];
+    if (y == ignore_index) {
+        for (int64_t j = threadIdx.x; j < V_local; j += blockDim.x) dx[j] = from_float<T>(0.0f);
+        return;
+    }
+    const int64_t y_local = y - v0;
+    for (int64_t j = threadIdx.x; j < V_local; j += blockDim.x)
+        dx[j] = from_float<T>(j == y_local ? p.d_target : grad_of(to_float(x[j]), p));
+}
+
+// ---------------------------------------------------------------- naive: the textbook pipeline
+
+template <typename T>
+__global__ void naive_row_max_kernel(float* row_max, const T* logits, int64_t ld, int64_t V) {
+    __shared__ float red[32];
+    const T* x = logits + int64_t(blockIdx.x) * ld;
+    float m = kNegInf;
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, to_float(x[j]));
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < int(blockDim.x) / 32; w++) m = fmaxf(m, red[w]);
+        row_max[blockIdx.x] = fmaxf(m, red[0]);
+    }
+}
+
+// probs = exp(x - max) (unnormalised, fp32, materialised); stats from them
+template <typename T>
+__global__ void naive_exp_kernel(float* probs, RowStatsF* stats, const float* row_max,
+                                 const T* logits, int64_t ld, const int32_t* targets, int64_t V,
+                                 int64_t ignore_index) {
+    const int64_t row = blockIdx.x;
+    const T* x = logits + row * ld;
+    float* p = probs + row * V;
+    const float m = row_max[row];
+    const int64_t y = targets[row];
+    RowStatsF st = {m, 0.0f, 0.0f, 0.0f};
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+        const float v = to_float(x[j]);
+        const float e = v == kNegInf ? 0.0f : __expf(v - m);
+        p[j] = e;
+        st.sum_logits += v;
+        if (j == y && y != ignore_index)
+            st.target_logit = v;
+        else
+            st.sum_excl += e;
+    }
+    st = block_reduce_stats(st);  // all partial maxima equal m: a plain sum
+    if (threadIdx.x == 0) stats[row] = st;
+}
+
+template <typename T>
+__global__ void naive_grad_kernel(T* dlogits, const float* probs, int64_t ld,
+                                  const int32_t* targets, const RowGradParams* params, int64_t V,
+                                  int64_t ignore_index) {
+    const int64_t row = blockIdx.x;
+    const float* p = probs + row * V;
+    T* dx = dlogits + row * ld;
+    const int64_t y = targets[row];
+    const RowGradParams g = params[row];
+    const float inv_d = __expf(-g.log_d);
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+        float d = 0.0f;
+        if (y != ignore_index) d = j == y ? g.d_target : g.coef * p[j] * inv_d - g.smooth;
+        dx[j] = from_float<T>(d);
+    }
+}
+
+// ---------------------------------------------------------------- fast: one read, one write
+
+constexpr int kFastThreads = 512;
+constexpr int kMaxCluster = 8;
+
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::);
+}
+
+struct FastArgs {
+    const void* logits;
+    void* dlogits;
+    int64_t ld, V;
+    int64_t slice;  // columns per CTA (a multiple of the vector width when vec)
+    const int32_t* targets;
+    const int* n_valid;
+    const float* grad_output;
+    bool per_row;
+    int64_t ignore_index;
+    float eps, zw;
+    Reduction red;
+    float *loss_rows, *ce_rows, *z_rows, *lse_rows;
+    RowStatsF* stats;  // the merged stats, for the summary's max logit
+};
+
+// One cluster per row; CTA c of the cluster owns columns [c * slice, min((c + 1) * slice, V)).
+template <typename T, bool kVec>
+__global__ void __launch_bounds__(kFastThreads) fast_kernel(FastArgs a) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* xs = reinterpret_cast<T*>(smem_raw);
+    __shared__ RowStatsF cta_stats;
+    cg::cluster_group cluster = cg::this_cluster();
+    const int rank = int(cluster.block_rank());
+    const int csize = int(cluster.num_blocks());
+    const int64_t row = int64_t(blockIdx.x) / csize;
+    const int64_t c0 = int64_t(rank) * a.slice;
+    const int64_t rest = a.V - c0;
+    const int64_t n = rest <= 0 ? 0 : (rest < a.slice ? rest : a.slice);
+    const T* x = static_cast<const T*>(a.logits) + row * a.ld + c0;
+    const int64_t y = a.targets[row];
+    const bool valid = y != a.ignore_index;
+    const int64_t y_local = valid ? y - c0 : -1;
+
+    // 1. the slice -> shared memory, 16 bytes at a time, all copies in flight at once
+    constexpr int kPer = 16 / sizeof(T);
+    if constexpr (kVec) {
+        const int64_t nv = n / kPer;
+        for (int64_t v = threadIdx.x; v < nv; v += blockDim.x) cp_async_16(xs + v * kPer, x + v * kPer);
+        for (int64_t j = nv * kPer + threadIdx.x; j < n; j += blockDim.x) xs[j] = x[j];
+        cp_async_wait_all();
+    } else {
+        for (int64_t j = threadIdx.x; j < n; j += blockDim.x) xs[j] = x[j];
+    }
+    __syncthreads();
+
+    // 2. statistics of the slice
+    RowStatsF st = empty_stats();
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) stats_add(st, to_float(xs[j]), j == y_local);
+    st = block_reduce_stats(st);
+    if (threadIdx.x == 0) cta_stats = st;
+
+    // 3. merge across the cluster through distributed shared memory, in rank order (every CTA
+    //    computes the identical result)
+    cluster.sync();
+    RowStatsF all = *cluster.map_shared_rank(&cta_stats, 0);
+    for (int r = 1; r < csize; r++) all = merge_stats(all, *cluster.map_shared_rank(&cta_stats, r));
+    cluster.sync();  // no CTA may leave while another still reads its shared memory
+
+    const float g = row_grad_scale(a.grad_output, a.per_row, row, a.red, *a.n_valid);
+    const RowResult r = finalize_row(all, int32_t(y), valid, g, a.V, a.eps, a.zw);
+    if (rank == 0 && threadIdx.x == 0) {
+        if (a.loss_rows) a.loss_rows[row] = r.loss;
+        if (a.ce_rows) a.ce_rows[row] = r.ce;
+        if (a.z_rows) a.z_rows[row] = r.z;
+        if (a.lse_rows) a.lse_rows[row] = r.lse;
+        a.stats[row] = all;
+    }
+
+    // 4. dlogits from shared memory
+    T* dx = static_cast<T*>(a.dlogits) + row * a.ld + c0;
+    if (kVec) {
+        const int64_t nv = n / kPer;
+        for (int64_t v = threadIdx.x; v < nv; v += blockDim.x) {
+            alignas(16) T out[kPer];
+#pragma unroll
+            for (int k = 0; k < kPer; k++) {
+                const int64_t j = v * kPer + k;
+                float d = 0.0f;
+                if (valid) d = j == y_local ? r.p.d_target : grad_of(to_float(xs[j]), r.p);
+                out[k] = from_float<T>(d);
+            }
+            *reinterpret_cast<int4*>(dx + v * kPer) = *reinterpret_cast<const int4*>(out);
+        }
+        for (int64_t j = nv * kPer + threadIdx.x; j < n; j += blockDim.x) {
+            float d = 0.0f;
+            if (valid) d = j == y_local ? r.p.d_target : grad_of(to_float(xs[j]), r.p);
+            dx[j] = from_float<T>(d);
+        }
+    } else {
+        for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+            float d = 0.0f;
+            if (valid) d = j == y_local ? r.p.d_target : grad_of(to_float(xs[j]), r.p);
+            dx[j] = from_float<T>(d);
+        }
+    }
+}
+
+// ---------------------------------------------------------------- host side
+
+size_t type_size(LogitsType t) { return t == LogitsType::bf16 ? 2 : 4; }
+
+int num_threads_for(int64_t V) { return V >= 4096 ? 512 : V >= 512 ? 256 : 64; }
+
+void check_args(const CrossEntropyArgs& a, const CrossEntropyOptions& o, bool full_row) {
+    validate(o);
+    ZG_CHECK(a.logits && a.targets && a.grad_output, "cross_entropy: logits, targets and grad_output are required");
+    ZG_CHECK(a.N > 0 && a.V_local > 0 && a.ld >= a.V_local && a.V >= a.v0 + a.V_local && a.v0 >= 0,
+             "cross_entropy: inconsistent sizes");
+    ZG_CHECK(a.N <= INT32_MAX, "cross_entropy: N must fit a grid dimension");
+    if (full_row) ZG_CHECK(a.v0 == 0 && a.V_local == a.V, "this variant needs whole rows (v0 = 0, V_local = V); use the shard API");
+}
+
+template <typename F>
+void dispatch(LogitsType t, F&& f) {
+    if (t == LogitsType::bf16)
+        f(__nv_bfloat16{});
+    else
+        f(float{});
+}
+
+// Workspace layout shared by the variants: what the caller did not provide lives here.
+struct Workspace {
+    int* n_valid;
+    RowStatsF* stats;
+    RowGradParams* params;
+    float *loss, *ce, *z, *lse;
+    float* row_max;  // naive
+    float* probs;    // naive
+};
+
+size_t align256(size_t b) { return (b + 255) / 256 * 256; }
+
+size_t base_workspace_bytes(int64_t N) {
+    return align256(sizeof(int)) + align256(N * sizeof(RowStatsF)) +
+           align256(N * sizeof(RowGradParams)) + 5 * align256(N * sizeof(float));
+}
+
+Workspace carve(void* w, int64_t N, int64_t V, bool naive) {
+    auto* p = static_cast<unsigned char*>(w);
+    auto take = [&](size_t bytes) {
+        void* r = p;
+        p += align256(bytes);
+        return r;
+    };
+    Workspace ws;
+    ws.n_valid = static_cast<int*>(take(sizeof(int)));
+    ws.stats = static_cast<RowStatsF*>(take(N * sizeof(RowStatsF)));
+    ws.params = static_cast<RowGradParams*>(take(N * sizeof(RowGradParams)));
+    ws.loss = static_cast<float*>(take(N * sizeof(float)));
+    ws.ce = static_cast<float*>(take(N * sizeof(float)));
+    ws.z = static_cast<float*>(take(N * sizeof(float)));
+    ws.lse = static_cast<float*>(take(N * sizeof(float)));
+    ws.row_max = static_cast<float*>(take(N * sizeof(float)));
+    ws.probs = naive ? static_cast<float*>(take(size_t(N) * V * sizeof(float))) : nullptr;
+    return ws;
+}
+
+// The args with row outputs pointing into the workspace where the caller gave none.
+CrossEntropyArgs with_rows(CrossEntropyArgs a, const Workspace& ws) {
+    if (!a.loss_rows) a.loss_rows = ws.loss;
+    if (!a.ce_rows) a.ce_rows = ws.ce;
+    if (!a.z_rows) a.z_rows = ws.z;
+    if (!a.lse_rows) a.lse_rows = ws.lse;
+    if (!a.dlogits) a.dlogits = const_cast<void*>(a.logits);
+    return a;
+}
+
+size_t ws_online(int64_t N, int64_t, LogitsType) { return base_workspace_bytes(N); }
+size_t ws_naive(int64_t N, int64_t V, LogitsType) {
+    return base_workspace_bytes(N) + align256(size_t(N) * V * sizeof(float));
+}
+
+void run_online(const CrossEntropyArgs& a0, const CrossEntropyOptions& o, void* w, CUstream_st* s) {
+    check_args(a0, o, true);
+    const Workspace ws = carve(w, a0.N, a0.V, false);
+    const CrossEntropyArgs a = with_rows(a0, ws);
+    ce_count_valid(ws.n_valid, a.targets, a.N, o.ignore_index, s);
+    ce_shard_stats(ws.stats, a, o, s);
+    ce_finalize(ws.params, ws.stats, ws.n_valid, a, o, s);
+    ce_shard_backward(a, ws.params, o, s);
+    ce_reduce(a, ws.stats, ws.n_valid, o, s);
+}
+
+void run_naive(const CrossEntropyArgs& a0, const CrossEntropyOptions& o, void* w, CUstream_st* s) {
+    check_args(a0, o, true);
+    const Workspace ws = carve(w, a0.N, a0.V, true);
+    const CrossEntropyArgs a = with_rows(a0, ws);
+    ce_count_valid(ws.n_valid, a.targets, a.N, o.ignore_index, s);
+    const int threads = num_threads_for(a.V);
+    dispatch(a.type, [&](auto tag) {
+        using T = decltype(tag);
+        const T* x = static_cast<const T*>(a.logits);
+        naive_row_max_kernel<T><<<unsigned(a.N), threads, 0, s>>>(ws.row_max, x, a.ld, a.V);
+        naive_exp_kernel<T><<<unsigned(a.N), threads, 0, s>>>(ws.probs, ws.stats, ws.row_max, x,
+                                                              a.ld, a.targets, a.V, o.ignore_index);
+        ZG_CUDA_CHECK(cudaGetLastError());
+        ce_finalize(ws.params, ws.stats, ws.n_valid, a, o, s);
+        naive_grad_kernel<T><<<unsigned(a.N), threads, 0, s>>>(static_cast<T*>(a.dlogits), ws.probs,
+                                                               a.ld, a.targets, ws.params, a.V,
+                                                               o.ignore_index);
+    });
+    ZG_CUDA_CHECK(cudaGetLastError());
+    ce_reduce(a, ws.stats, ws.n_valid, o, s);
+}
+
+// Columns per CTA for the fast kernel: the fewest CTAs (<= 8) whose slices fit the shared-memory
+// budget; two CTAs of up to ~100 KB fit one SM, so loading one overlaps writing another.
+struct FastPlan {
+    int cluster = 0;  // 0: the row does not fit (use online)
+    int64_t slice = 0;
+    size_t smem = 0;
+    bool vec = false;
+};
+
+FastPlan plan_fast(const CrossEntropyArgs& a) {
+    static int max_smem = [] {
+        int dev = 0, v = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+        return v;
+    }();
+    const size_t es = type_size(a.type);
+    const size_t static_smem = 1024;  // reduction scratch and cluster stats
+    FastPlan p;
+    p.vec = (reinterpret_cast<uintptr_t>(a.logits) % 16 == 0) &&
+            (reinterpret_cast<uintptr_t>(a.dlogits ? a.dlogits : a.logits) % 16 == 0) &&
+            (a.ld * es) % 16 == 0;
+    const int64_t per = 16 / int64_t(es);
+    for (size_t budget : {size_t(100) << 10, size_t(max_smem) - static_smem}) {
+        for (int c = 1; c <= kMaxCluster; c++) {
+            int64_t slice = (a.V + c - 1) / c;
+            slice = (slice + per - 1) / per * per;
+            if (size_t(slice) * es <= budget) {
+                p.cluster = c;
+                p.slice = slice;
+                p.smem = size_t(slice) * es;
+                return p;
+            }
+        }
+    }
+    return FastPlan{};
+}
+
+void run_fast(const CrossEntropyArgs& a0, const CrossEntropyOptions& o, void* w, CUstream_st* s) {
+    check_args(a0, o, true);
+    const Workspace ws = carve(w, a0.N, a0.V, false);
+    const CrossEntropyArgs a = with_rows(a0, ws);
+    const FastPlan plan = plan_fast(a);
+    if (plan.cluster == 0) {  // rows too long for the cluster's shared memory
+        run_online(a0, o, w, s);
+        return;
+    }
+    ce_count_valid(ws.n_valid, a.targets, a.N, o.ignore_index, s);
+    FastArgs f{a.logits, a.dlogits, a.ld, a.V, plan.slice, a.targets, ws.n_valid, a.grad_output,
+               o.reduction == Reduction::none, o.ignore_index, float(o.label_smoothing),
+               float(o.z_loss_weight), o.reduction, a.loss_rows, a.ce_rows, a.z_rows, a.lse_rows,
+               ws.stats};
+    dispatch(a.type, [&](auto tag) {
+        using T = decltype(tag);
+        auto launch = [&](auto kernel) {
+            ZG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               int(plan.smem)));
+            cudaLaunchConfig_t cfg{};
+            cfg.gridDim = dim3(unsigned(a.N * plan.cluster));
+            cfg.blockDim = dim3(kFastThreads);
+            cfg.dynamicSmemBytes = plan.smem;
+            cfg.stream = s;
+            cudaLaunchAttribute attr[1];
+            attr[0].id = cudaLaunchAttributeClusterDimension;
+            attr[0].val.clusterDim.x = unsigned(plan.cluster);
+            attr[0].val.clusterDim.y = 1;
+            attr[0].val.clusterDim.z = 1;
+            cfg.attrs = attr;
+            cfg.numAttrs = 1;
+            ZG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, f));
+        };
+        if (plan.vec)
+            launch(fast_kernel<T, true>);
+        else
+            launch(fast_kernel<T, false>);
+    });
+    ce_reduce(a, ws.stats, ws.n_valid, o, s);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- public building blocks
+
+void ce_count_valid(int* n_valid, const int32_t* targets, int64_t N, int64_t ignore_index,
+                    CUstream_st* s) {
+    count_valid_kernel<<<1, 1024, 0, s>>>(n_valid, targets, N, ignore_index);
+    ZG_CUDA_CHECK(cudaGetLastError());
+}
+
+void ce_shard_stats(RowStatsF* stats, const CrossEntropyArgs& a, const CrossEntropyOptions& o,
+                    CUstream_st* s) {
+    check_args(a, o, false);
+    dispatch(a.type, [&](auto tag) {
+        using T = decltype(tag);
+        shard_stats_kernel<T><<<unsigned(a.N), num_threads_for(a.V_local), 0, s>>>(
+            stats, static_cast<const T*>(a.logits), a.ld, a.targets, a.V_local, a.v0, o.ignore_index);
+    });
+    ZG_CUDA_CHECK(cudaGetLastError());
+}
+
+void ce_merge_stats(RowStatsF* acc, const RowStatsF* shard, int64_t N, CUstream_st* s) {
+    merge_stats_kernel<<<unsigned((N + 255) / 256), 256, 0, s>>>(acc, shard, N);
+    ZG_CUDA_CHECK(cudaGetLastError());
+}
+
+void ce_finalize(RowGradParams* params, const RowStatsF* stats, const int* n_valid,
+                 const CrossEntropyArgs& a, const CrossEntropyOptions& o, CUstream_st* s) {
+    validate(o);
+    FinalizeArgs f{stats, a.targets, n_valid, a.grad_output, o.reduction == Reduction::none, a.N,
+                   a.V, o.ignore_index, float(o.label_smoothing), float(o.z_loss_weight),
+                   o.reduction, params, a.loss_rows, a.ce_rows, a.z_rows, a.lse_rows};
+    finalize_kernel<<<unsigned((a.N + 255) / 256), 256, 0, s>>>(f);
+    ZG_CUDA_CHECK(cudaGetLastError());
+}
+
+void ce_shard_backward(const CrossEntropyArgs& a, const RowGradParams* params,
+                       const CrossEntropyOptions& o, CUstream_st* s) {
+    dispatch(a.type, [&](auto tag) {
+        using T = decltype(tag);
+        T* d = static_cast<T*>(a.dlogits ? a.dlogits : const_cast<void*>(a.logits));
+        shard_backward_kernel<T><<<unsigned(a.N), num_threads_for(a.V_local), 0, s>>>(
+            d, static_cast<const T*>(a.logits), a.ld, a.targets, params, a.V_local, a.v0,
+            o.ignore_index);
+    });
+    ZG_CUDA_CHECK(cudaGetLastError());
+}
+
+void ce_reduce(const CrossEntropyArgs& a, const RowStatsF* stats, const int* n_valid,
+               const CrossEntropyOptions& o, CUstream_st* s) {
+    ZG_CHECK(a.summary && a.loss_rows && a.ce_rows && a.z_rows && a.lse_rows,
+             "ce_reduce needs the per-row outputs and a summary");
+    reduce_kernel<<<1, 1024, 0, s>>>(a.summary, a.loss_rows, a.ce_rows, a.z_rows, a.lse_rows, stats,
+                                     a.targets, a.N, o.ignore_index, n_valid, o.reduction);
+    ZG_CUDA_CHECK(cudaGetLastError());
+}
+
+const std::vector<CrossEntropyVariant>& cross_entropy_variants() {
+    static const std::vector<CrossEntropyVariant> v = {
+        {"naive", "textbook: row max, fp32 softmax materialised, loss, gradient (5 kernels)",
+         ws_naive, run_naive},
+        {"online", "two passes: online-softmax stats, then re-read and write dlogits", ws_online,
+         run_online},
+        {"fast", "one read, one write: the row held in a cluster's shared memory (DSMEM merge)",
+         ws_online, run_fast},
+    };
+    return v;
+}
+
+const CrossEntropyVariant& find_cross_entropy_variant(const std::string& name) {
+    std::string known;
+    for (const CrossEntropyVariant& v : cross_entropy_variants()) {
+        if (name == v.name) return v;
+        known += (known.empty() ? "" : ", ") + std::string(v.name);
+    }
+    throw Error("unknown cross_entropy variant '" + name + "' (known: " + known + ")");
+}
+
+}  // namespace zgpt::cuda

@@ -1,0 +1,189 @@
+// bench_ce: times every registered CUDA cross_entropy variant (forward + backward, bf16 logits,
+// z = 1e-4, mean, dlogits in place) at the benchmark shapes, against the floor of one read of the
+// logits and one write of dlogits at the copy bandwidth measured on this GPU in the same run.
+//
+//   bench_ce [--out results.json] [--variants naive,online,fast] [--iters 20]
+//
+// Each timed iteration starts from a fresh copy of the logits (copied outside the timed events),
+// so in-place variants never run on their own gradients. The median of the iterations is reported.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "kernels/cross_entropy.h"
+#include "kernels/cuda_device.h"
+
+namespace {
+
+#define CK(x)                                                                             \
+    do {                                                                                  \
+        cudaError_t e_ = (x);                                                             \
+        if (e_ != cudaSuccess) {                                                          \
+            std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x,             \
+                         cudaGetErrorString(e_));                                         \
+            std::exit(1);                                                                 \
+        }                                                                                 \
+    } while (0)
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+// Device-to-device copy bandwidth (bytes read + written per second) on a 4 GiB buffer.
+double copy_bandwidth() {
+    const size_t bytes = size_t(4) << 30;
+    void *a, *b;
+    CK(cudaMalloc(&a, bytes));
+    CK(cudaMalloc(&b, bytes));
+    CK(cudaMemset(a, 1, bytes));
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    std::vector<double> ms;
+    for (int i = 0; i < 12; i++) {
+        cudaEventRecord(e0);
+        CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
+        cudaEventRecord(e1);
+        cudaEventSynchronize(e1);
+        float t;
+        cudaEventElapsedTime(&t, e0, e1);
+        if (i >= 2) ms.push_back(t);
+    }
+    cudaFree(a);
+    cudaFree(b);
+    return 2.0 * double(bytes) / (median(ms) * 1e-3);
+}
+
+// Fills bf16 logits with a triangular distribution on (-3.4, 3.4) (sum of two hashed uniforms:
+// cheap, never zero) and uploads them.
+void fill_logits(__nv_bfloat16* d, size_t n, uint64_t seed) {
+    std::vector<__nv_bfloat16> h(std::min<size_t>(n, size_t(1) << 26));
+    for (size_t i = 0; i < h.size(); i++) {
+        uint64_t z = (seed + i) * 0x9E3779B97F4A7C15ull;
+        z = (z ^ (z >> 31)) * 0xBF58476D1CE4E5B9ull;
+        const double u1 = double((z >> 11) & ((1ull << 26) - 1)) / double(1ull << 26);
+        const double u2 = double(z >> 37) / double(1ull << 27);
+        h[i] = __float2bfloat16_rn(float(3.4 * (u1 + u2 - 1.0)));
+    }
+    for (size_t off = 0; off < n; off += h.size())
+        CK(cudaMemcpy(d + off, h.data(), std::min(h.size(), n - off) * 2, cudaMemcpyHostToDevice));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"Time the registered CUDA cross-entropy variants against the memory floor."};
+    std::string out, only;
+    int iters = 20;
+    app.add_option("--out", out, "write the results as JSON here");
+    app.add_option("--variants", only, "comma-separated variant names (default: all)");
+    app.add_option("--iters", iters, "timed iterations per variant")->capture_default_str();
+    CLI11_PARSE(app, argc, argv);
+
+    const zgpt::cuda::DeviceInfo dev = zgpt::cuda::query_devices();
+    if (dev.count == 0) {
+        std::fprintf(stderr, "no CUDA device: %s\n", dev.error.c_str());
+        return 1;
+    }
+    const double bw = copy_bandwidth();
+    std::printf("device %s, %d SMs, copy %.2f TB/s (read + write)\n", dev.name.c_str(), dev.sm_count,
+                bw / 1e12);
+    nlohmann::json results = nlohmann::json::array();
+    struct Shape {
+        int64_t N, V;
+    };
+    for (Shape sh : {Shape{32768, 128256}, Shape{8192, 50304}}) {
+        const size_t n = size_t(sh.N) * sh.V;
+        __nv_bfloat16 *pristine, *logits;
+        int32_t* targets;
+        float *go, *rows;
+        zgpt::cuda::LossSummaryF* summary;
+        CK(cudaMalloc(&pristine, n * 2));
+        CK(cudaMalloc(&logits, n * 2));
+        CK(cudaMalloc(&targets, sh.N * 4));
+        CK(cudaMalloc(&go, 4));
+        CK(cudaMalloc(&rows, 4 * sh.N * 4));
+        CK(cudaMalloc(&summary, sizeof(zgpt::cuda::LossSummaryF)));
+        fill_logits(pristine, n, 7);
+        std::vector<int32_t> ht(sh.N);
+        for (int64_t i = 0; i < sh.N; i++) ht[i] = int32_t((i * 2654435761ull) % uint64_t(sh.V));
+        CK(cudaMemcpy(targets, ht.data(), sh.N * 4, cudaMemcpyHostToDevice));
+        const float one = 1.0f;
+        CK(cudaMemcpy(go, &one, 4, cudaMemcpyHostToDevice));
+        const double floor_ms = 2.0 * double(n) * 2 / bw * 1e3;
+        zgpt::CrossEntropyOptions o;
+        o.z_loss_weight = 1e-4;
+        for (const auto& v : zgpt::cuda::cross_entropy_variants()) {
+            if (!only.empty() && ("," + only + ",").find("," + std::string(v.name) + ",") == std::string::npos)
+                continue;
+            const size_t ws_bytes = v.workspace_bytes(sh.N, sh.V, zgpt::cuda::LogitsType::bf16);
+            void* ws = nullptr;
+            if (cudaMalloc(&ws, ws_bytes) != cudaSuccess) {
+                cudaGetLastError();
+                std::printf("%-8s N=%lld V=%lld: workspace of %.2f GB does not fit\n", v.name,
+                            (long long)sh.N, (long long)sh.V, ws_bytes / 1e9);
+                results.push_back({{"variant", v.name}, {"N", sh.N}, {"V", sh.V}, {"note", "OOM"}});
+                continue;
+            }
+            zgpt::cuda::CrossEntropyArgs a;
+            a.logits = logits;
+            a.dlogits = logits;
+            a.type = zgpt::cuda::LogitsType::bf16;
+            a.ld = a.V_local = a.V = sh.V;
+            a.N = sh.N;
+            a.targets = targets;
+            a.grad_output = go;
+            a.loss_rows = rows;
+            a.ce_rows = rows + sh.N;
+            a.z_rows = rows + 2 * sh.N;
+            a.lse_rows = rows + 3 * sh.N;
+            a.summary = summary;
+            cudaEvent_t e0, e1;
+            cudaEventCreate(&e0);
+            cudaEventCreate(&e1);
+            std::vector<double> ms;
+            for (int it = 0; it < iters + 3; it++) {
+                CK(cudaMemcpy(logits, pristine, n * 2, cudaMemcpyDeviceToDevice));
+                cudaEventRecord(e0);
+                v.run(a, o, ws, nullptr);
+                cudaEventRecord(e1);
+                CK(cudaEventSynchronize(e1));
+                CK(cudaGetLastError());
+                float t;
+                cudaEventElapsedTime(&t, e0, e1);
+                if (it >= 3) ms.push_back(t);
+            }
+            zgpt::cuda::LossSummaryF s;
+            CK(cudaMemcpy(&s, summary, sizeof s, cudaMemcpyDeviceToHost));
+            const double med = median(ms);
+            const double gbps = 2.0 * double(n) * 2 / (med * 1e-3) / 1e9;
+            std::printf("%-8s N=%-6lld V=%-7lld %8.3f ms  %7.0f GB/s  %5.2fx floor (%.3f ms)  extra %.3f GB  loss %.5f\n",
+                        v.name, (long long)sh.N, (long long)sh.V, med, gbps, med / floor_ms, floor_ms,
+                        ws_bytes / 1e9, s.loss);
+            std::fflush(stdout);
+            results.push_back({{"variant", v.name}, {"N", sh.N}, {"V", sh.V}, {"ms", med},
+                               {"ms_min", *std::min_element(ms.begin(), ms.end())},
+                               {"GBps", gbps}, {"floor_ms", floor_ms}, {"x_floor", med / floor_ms},
+                               {"extra_GB", ws_bytes / 1e9}, {"loss", s.loss}, {"iters", iters}});
+            cudaFree(ws);
+        }
+        cudaFree(pristine);
+        cudaFree(logits);
+        cudaFree(targets);
+        cudaFree(go);
+        cudaFree(rows);
+        cudaFree(summary);
+    }
+    nlohmann::json doc{{"device", dev.name}, {"sm_count", dev.sm_count},
+                       {"driver", dev.driver_version}, {"runtime", dev.runtime_version},
+                       {"copy_TBps", bw / 1e12}, {"results", results}};
+    if (!out.empty()) std::ofstream(out) << doc.dump(2) << "\n";
+    return 0;
+}

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# On a GPU machine: build for Hopper, run every test (the GPU ones included), the loss-head
+# benchmark and the PyTorch/Liger anchors, writing logs and JSON into the folder given (default
+# $OUT). Start it as ../shared/GPU.md says:
+#   source .gpu-deps/env.sh && bash tools/gpu_check.sh "$OUT"
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-${OUT:-/tmp/gpu_check}}
+mkdir -p "$out"
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  nvcc --version | tail -2
+  git rev-parse HEAD 2>/dev/null || echo "(no git)"
+} > "$out/machine.txt" 2>&1
+cat "$out/machine.txt"
+# the oracle files: ../shared beside the checkout, or a copy in .gpu-deps/oracles (never committed)
+if [ -z "${ZGPT_ORACLES:-}" ] && [ ! -d ../shared/data/oracles ] && [ -d .gpu-deps/oracles ]; then
+  export ZGPT_ORACLES=$PWD/.gpu-deps/oracles
+fi
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+  > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
+cmake --build build-gpu -j16 > "$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -30; exit 1; }
+echo "built"
+ctest --test-dir build-gpu --output-on-failure -j4 > "$out/ctest.log" 2>&1; echo "ctest exit $?"
+grep -E "tests passed|tests failed|Passed|Failed|Skipped" "$out/ctest.log" | tail -14
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  build-gpu/bench_ce --out "$out/bench_ce.json" 2>&1 | tee "$out/bench_ce.log"
+  if [ -f .gpu-deps/ce_anchors.py ] && [ "${SKIP_ANCHORS:-0}" != 1 ]; then
+    OUT="$out" python3 .gpu-deps/ce_anchors.py > "$out/anchors.log" 2>&1
+    tail -12 "$out/anchors.log"
+  fi
+fi
