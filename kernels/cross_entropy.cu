@@ -4,14 +4,15 @@
 //   naive  textbook: row max, row sum, fp32 softmax materialised, loss, gradient (5 kernels)
 //   online two passes over the logits in one kernel pair (Liger / TransformerEngine): stats, then
 //          re-read and write dlogits
-//   fast   one read and one write: a thread-block cluster holds the row in shared memory
-//          (distributed across the cluster's CTAs), merges statistics through DSMEM and writes
-//          dlogits from shared memory
+//   fast   one read and one write: persistent thread-block clusters hold each row in shared
+//          memory (split across the cluster's CTAs), merge statistics through DSMEM and write
+//          dlogits from shared memory while the next row streams in
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "kernels/cross_entropy.h"
 #include "kernels/cuda_check.h"
@@ -24,8 +25,12 @@ namespace {
 
 constexpr float kNegInf = -INFINITY;
 
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(float x) {
+    return x;
+}
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) {
+    return __bfloat162float(x);
+}
 template <typename T>
 __device__ __forceinline__ T from_float(float x);
 template <>
@@ -35,6 +40,27 @@ __device__ __forceinline__ float from_float<float>(float x) {
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
     return __float2bfloat16_rn(x);
+}
+
+// 16-byte chunks: 8 bf16 or 4 fp32 values, loaded and stored with one instruction.
+template <typename T>
+constexpr int kChunk = 16 / int(sizeof(T));
+
+template <typename T>
+__device__ __forceinline__ void load_chunk(const T* p, float (&v)[kChunk<T>]) {
+    const int4 raw = *reinterpret_cast<const int4*>(p);
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int k = 0; k < kChunk<T>; k++) v[k] = to_float(e[k]);
+}
+
+template <typename T>
+__device__ __forceinline__ void store_chunk(T* p, const float (&v)[kChunk<T>]) {
+    int4 raw;
+    T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+    for (int k = 0; k < kChunk<T>; k++) e[k] = from_float<T>(v[k]);
+    *reinterpret_cast<int4*>(p) = raw;
 }
 
 // Online (max, sum) pair; merge is exact up to rounding and order-independent in exact arithmetic.
@@ -92,7 +118,32 @@ __device__ __forceinline__ void stats_add(RowStatsF& st, float x, bool is_target
     }
 }
 
-__device__ __forceinline__ RowStatsF empty_stats() { return {kNegInf, 0.0f, 0.0f, 0.0f}; }
+__device__ __forceinline__ RowStatsF empty_stats() {
+    return {kNegInf, 0.0f, 0.0f, 0.0f};
+}
+
+// Adds K values whose first column is j0; one rescale per chunk instead of one per value.
+template <int K>
+__device__ __forceinline__ void stats_add_chunk(RowStatsF& st, const float (&v)[K], int64_t j0,
+                                                int64_t y_local) {
+    float cm = v[0];
+#pragma unroll
+    for (int k = 1; k < K; k++) cm = fmaxf(cm, v[k]);
+    if (cm > st.max) {
+        st.sum_excl *= __expf(st.max - cm);
+        st.max = cm;
+    }
+    if (st.max == kNegInf) return;   // every value so far is -inf
+    const int64_t t = y_local - j0;  // the target's index in this chunk, if it is here
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        st.sum_logits += v[k];
+        if (k == t)
+            st.target_logit = v[k];
+        else
+            st.sum_excl += __expf(v[k] - st.max);
+    }
+}
 
 // ---------------------------------------------------------------- shared per-row arithmetic
 
@@ -124,12 +175,13 @@ __device__ RowResult finalize_row(const RowStatsF& st, int32_t y, bool valid, fl
     r.ce = ce;
     r.z = zw * lse * lse;
     r.loss = ce + r.z;
-    const float zscale = 1.0f + 2.0f * zw * lse;
-    r.p.coef = g * zscale;
+    const float two_z_lse = 2.0f * zw * lse;
+    r.p.coef = g * (1.0f + two_z_lse);
     r.p.smooth = g * eps / float(V);
-    // d_y = p_y (1 + 2 z lse) - (1 - eps) - eps/V, with p_y - 1 = -sum_excl / d
+    // d_y = p_y (1 + 2 z lse) - (1 - eps) - eps/V, written with p_y - 1 = -sum_excl / d and the
+    // z term kept apart, so nothing cancels when p_y -> 1 or when 2 z lse is tiny
     const float p_y = e_y / d;
-    r.p.d_target = g * ((p_y * (zscale - 1.0f) - st.sum_excl / d) + eps - eps / float(V));
+    r.p.d_target = g * ((p_y * two_z_lse - st.sum_excl / d) + eps - eps / float(V));
     return r;
 }
 
@@ -142,6 +194,14 @@ __device__ __forceinline__ float row_grad_scale(const float* grad_output, bool p
 
 __device__ __forceinline__ float grad_of(float x, const RowGradParams& p) {
     return p.coef * __expf((x - p.max) - p.log_d) - p.smooth;
+}
+
+template <int K>
+__device__ __forceinline__ void grad_chunk(float (&v)[K], int64_t j0, int64_t y_local, bool valid,
+                                           const RowGradParams& p) {
+#pragma unroll
+    for (int k = 0; k < K; k++)
+        v[k] = !valid ? 0.0f : (j0 + k == y_local ? p.d_target : grad_of(v[k], p));
 }
 
 // ---------------------------------------------------------------- small kernels
@@ -243,36 +303,52 @@ __global__ void reduce_kernel(LossSummaryF* out, const float* loss_rows, const f
 
 // ---------------------------------------------------------------- online: stats, then backward
 
-template <typename T>
+// kVec: rows start 16-byte aligned, so whole chunks are read with one instruction; the tail
+// (V_local not a multiple of the chunk) is read one value at a time.
+template <typename T, bool kVec>
 __global__ void shard_stats_kernel(RowStatsF* stats, const T* logits, int64_t ld,
                                    const int32_t* targets, int64_t V_local, int64_t v0,
                                    int64_t ignore_index) {
+    constexpr int K = kChunk<T>;
     const int64_t row = blockIdx.x;
     const T* x = logits + row * ld;
     const int64_t y = targets[row];
     const int64_t y_local = (y != ignore_index && y >= v0 && y < v0 + V_local) ? y - v0 : -1;
     RowStatsF st = empty_stats();
-    for (int64_t j = threadIdx.x; j < V_local; j += blockDim.x) stats_add(st, to_float(x[j]), j == y_local);
+    const int64_t nv = kVec ? V_local / K : 0;
+    for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
+        float v[K];
+        load_chunk(x + c * K, v);
+        stats_add_chunk(st, v, c * K, y_local);
+    }
+    for (int64_t j = nv * K + threadIdx.x; j < V_local; j += blockDim.x)
+        stats_add(st, to_float(x[j]), j == y_local);
     st = block_reduce_stats(st);
     if (threadIdx.x == 0) stats[row] = st;
 }
 
-template <typename T>
+template <typename T, bool kVec>
 __global__ void shard_backward_kernel(T* dlogits, const T* logits, int64_t ld,
                                       const int32_t* targets, const RowGradParams* params,
                                       int64_t V_local, int64_t v0, int64_t ignore_index) {
+    constexpr int K = kChunk<T>;
     const int64_t row = blockIdx.x;
     const T* x = logits + row * ld;
     T* dx = dlogits + row * ld;
     const int64_t y = targets[row];
+    const bool valid = y != ignore_index;
+    const int64_t y_local = valid ? y - v0 : -1;
     const RowGradParams p = params[row];
-    if (y == ignore_index) {
-        for (int64_t j = threadIdx.x; j < V_local; j += blockDim.x) dx[j] = from_float<T>(0.0f);
-        return;
+    const int64_t nv = kVec ? V_local / K : 0;
+    for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
+        float v[K];
+        load_chunk(x + c * K, v);
+        grad_chunk(v, c * K, y_local, valid, p);
+        store_chunk(dx + c * K, v);
     }
-    const int64_t y_local = y - v0;
-    for (int64_t j = threadIdx.x; j < V_local; j += blockDim.x)
-        dx[j] = from_float<T>(j == y_local ? p.d_target : grad_of(to_float(x[j]), p));
+    for (int64_t j = nv * K + threadIdx.x; j < V_local; j += blockDim.x)
+        dx[j] =
+            from_float<T>(!valid ? 0.0f : (j == y_local ? p.d_target : grad_of(to_float(x[j]), p)));
 }
 
 // ---------------------------------------------------------------- naive: the textbook pipeline
@@ -343,14 +419,11 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
     const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
 }
-__device__ __forceinline__ void cp_async_wait_all() {
-    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::);
-}
 
 struct FastArgs {
     const void* logits;
     void* dlogits;
-    int64_t ld, V;
+    int64_t ld, V, N;
     int64_t slice;  // columns per CTA (a multiple of the vector width when vec)
     const int32_t* targets;
     const int* n_valid;
@@ -363,101 +436,160 @@ struct FastArgs {
     RowStatsF* stats;  // the merged stats, for the summary's max logit
 };
 
-// One cluster per row; CTA c of the cluster owns columns [c * slice, min((c + 1) * slice, V)).
-template <typename T, bool kVec>
-__global__ void __launch_bounds__(kFastThreads) fast_kernel(FastArgs a) {
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+__device__ __forceinline__ void cp_async_wait_one_pending() {
+    asm volatile("cp.async.wait_group 1;\n" ::);
+}
+
+// Statistics of one chunk without the per-value target test when the target is elsewhere.
+template <int K>
+__device__ __forceinline__ void stats_chunk_fast(RowStatsF& st, const float (&v)[K], int64_t j0,
+                                                 int64_t y_local, bool smooth) {
+    const int64_t t = y_local - j0;
+    if (t >= 0 && t < K) {
+        stats_add_chunk(st, v, j0, y_local);
+        return;
+    }
+    float cm = v[0];
+#pragma unroll
+    for (int k = 1; k < K; k++) cm = fmaxf(cm, v[k]);
+    if (cm > st.max) {
+        st.sum_excl *= __expf(st.max - cm);
+        st.max = cm;
+    }
+    if (st.max == kNegInf) return;
+    float acc = 0.0f, sx = 0.0f;
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        acc += __expf(v[k] - st.max);
+        sx += v[k];
+    }
+    st.sum_excl += acc;
+    if (smooth) st.sum_logits += sx;
+}
+
+// One persistent cluster per group of rows; CTA `rank` of a cluster owns the columns
+// [rank * slice, min((rank + 1) * slice, V)) of every row the cluster takes. Two shared-memory
+// buffers: while row i is reduced and its dlogits written, row i + 1 streams in (cp.async).
+// Every thread only ever touches the 16-byte chunks c = threadIdx.x + k * blockDim.x, in every
+// phase, so the data needs no block barrier: its own cp.async results are visible to a thread
+// after its own wait_group. The per-row statistics are exchanged through distributed shared
+// memory, double-buffered by row parity so one cluster barrier per row suffices.
+template <typename T>
+__global__ void __launch_bounds__(kFastThreads, 1) fast_kernel(FastArgs a) {
+    constexpr int K = kChunk<T>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    T* xs = reinterpret_cast<T*>(smem_raw);
-    __shared__ RowStatsF cta_stats;
+    T* const buf0 = reinterpret_cast<T*>(smem_raw);
+    T* const buf1 = buf0 + a.slice;
+    __shared__ RowStatsF cta_stats[2];
     cg::cluster_group cluster = cg::this_cluster();
     const int rank = int(cluster.block_rank());
     const int csize = int(cluster.num_blocks());
-    const int64_t row = int64_t(blockIdx.x) / csize;
+    const int64_t first_row = int64_t(blockIdx.x) / csize;
+    const int64_t row_step = int64_t(gridDim.x) / csize;
     const int64_t c0 = int64_t(rank) * a.slice;
     const int64_t rest = a.V - c0;
     const int64_t n = rest <= 0 ? 0 : (rest < a.slice ? rest : a.slice);
-    const T* x = static_cast<const T*>(a.logits) + row * a.ld + c0;
-    const int64_t y = a.targets[row];
-    const bool valid = y != a.ignore_index;
-    const int64_t y_local = valid ? y - c0 : -1;
+    const int64_t nv = n / K;  // whole chunks; the last CTA may have a tail of < K values
+    const T* const logits = static_cast<const T*>(a.logits) + c0;
+    T* const dlogits = static_cast<T*>(a.dlogits) + c0;
+    const bool smooth = a.eps != 0.0f;
 
-    // 1. the slice -> shared memory, 16 bytes at a time, all copies in flight at once
-    constexpr int kPer = 16 / sizeof(T);
-    if constexpr (kVec) {
-        const int64_t nv = n / kPer;
-        for (int64_t v = threadIdx.x; v < nv; v += blockDim.x) cp_async_16(xs + v * kPer, x + v * kPer);
-        for (int64_t j = nv * kPer + threadIdx.x; j < n; j += blockDim.x) xs[j] = x[j];
-        cp_async_wait_all();
-    } else {
-        for (int64_t j = threadIdx.x; j < n; j += blockDim.x) xs[j] = x[j];
-    }
-    __syncthreads();
+    auto issue = [&](int64_t row, T* buf) {
+        if (row < a.N) {
+            const T* x = logits + row * a.ld;
+            for (int64_t c = threadIdx.x; c < nv; c += blockDim.x)
+                cp_async_16(buf + c * K, x + c * K);
+        }
+        cp_async_commit();  // an empty group past the last row keeps the group count uniform
+    };
 
-    // 2. statistics of the slice
-    RowStatsF st = empty_stats();
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) stats_add(st, to_float(xs[j]), j == y_local);
-    st = block_reduce_stats(st);
-    if (threadIdx.x == 0) cta_stats = st;
+    issue(first_row, buf0);
+    int it = 0;
+    for (int64_t row = first_row; row < a.N; row += row_step, it++) {
+        T* const buf = (it & 1) ? buf1 : buf0;
+        issue(row + row_step, (it & 1) ? buf0 : buf1);
+        cp_async_wait_one_pending();  // this row's chunks have landed
 
-    // 3. merge across the cluster through distributed shared memory, in rank order (every CTA
-    //    computes the identical result)
-    cluster.sync();
-    RowStatsF all = *cluster.map_shared_rank(&cta_stats, 0);
-    for (int r = 1; r < csize; r++) all = merge_stats(all, *cluster.map_shared_rank(&cta_stats, r));
-    cluster.sync();  // no CTA may leave while another still reads its shared memory
+        const int64_t y = a.targets[row];
+        const bool valid = y != a.ignore_index;
+        const int64_t y_local = valid ? y - c0 : -1;
+        const T* x = logits + row * a.ld;
+        RowStatsF st = empty_stats();
+        for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
+            float v[K];
+            load_chunk(buf + c * K, v);
+            stats_chunk_fast(st, v, c * K, y_local, smooth);
+        }
+        for (int64_t j = nv * K + threadIdx.x; j < n; j += blockDim.x)
+            stats_add(st, to_float(x[j]), j == y_local);
+        st = block_reduce_stats(st);
+        if (threadIdx.x == 0) cta_stats[it & 1] = st;
+        cluster.sync();
+        RowStatsF all = *cluster.map_shared_rank(&cta_stats[it & 1], 0);
+        for (int r = 1; r < csize; r++)
+            all = merge_stats(all, *cluster.map_shared_rank(&cta_stats[it & 1], r));
 
-    const float g = row_grad_scale(a.grad_output, a.per_row, row, a.red, *a.n_valid);
-    const RowResult r = finalize_row(all, int32_t(y), valid, g, a.V, a.eps, a.zw);
-    if (rank == 0 && threadIdx.x == 0) {
-        if (a.loss_rows) a.loss_rows[row] = r.loss;
-        if (a.ce_rows) a.ce_rows[row] = r.ce;
-        if (a.z_rows) a.z_rows[row] = r.z;
-        if (a.lse_rows) a.lse_rows[row] = r.lse;
-        a.stats[row] = all;
-    }
-
-    // 4. dlogits from shared memory
-    T* dx = static_cast<T*>(a.dlogits) + row * a.ld + c0;
-    if (kVec) {
-        const int64_t nv = n / kPer;
-        for (int64_t v = threadIdx.x; v < nv; v += blockDim.x) {
-            alignas(16) T out[kPer];
+        const float g = row_grad_scale(a.grad_output, a.per_row, row, a.red, *a.n_valid);
+        const RowResult res = finalize_row(all, int32_t(y), valid, g, a.V, a.eps, a.zw);
+        if (rank == 0 && threadIdx.x == 0) {
+            if (a.loss_rows) a.loss_rows[row] = res.loss;
+            if (a.ce_rows) a.ce_rows[row] = res.ce;
+            if (a.z_rows) a.z_rows[row] = res.z;
+            if (a.lse_rows) a.lse_rows[row] = res.lse;
+            a.stats[row] = all;
+        }
+        T* dx = dlogits + row * a.ld;
+        for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
+            float v[K];
+            load_chunk(buf + c * K, v);
+            const int64_t t = y_local - c * K;
+            if (!valid) {
 #pragma unroll
-            for (int k = 0; k < kPer; k++) {
-                const int64_t j = v * kPer + k;
-                float d = 0.0f;
-                if (valid) d = j == y_local ? r.p.d_target : grad_of(to_float(xs[j]), r.p);
-                out[k] = from_float<T>(d);
+                for (int k = 0; k < K; k++) v[k] = 0.0f;
+            } else if (t >= 0 && t < K) {
+                grad_chunk(v, c * K, y_local, true, res.p);
+            } else {
+#pragma unroll
+                for (int k = 0; k < K; k++) v[k] = grad_of(v[k], res.p);
             }
-            *reinterpret_cast<int4*>(dx + v * kPer) = *reinterpret_cast<const int4*>(out);
+            store_chunk(dx + c * K, v);
         }
-        for (int64_t j = nv * kPer + threadIdx.x; j < n; j += blockDim.x) {
-            float d = 0.0f;
-            if (valid) d = j == y_local ? r.p.d_target : grad_of(to_float(xs[j]), r.p);
-            dx[j] = from_float<T>(d);
-        }
-    } else {
-        for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-            float d = 0.0f;
-            if (valid) d = j == y_local ? r.p.d_target : grad_of(to_float(xs[j]), r.p);
-            dx[j] = from_float<T>(d);
-        }
+        for (int64_t j = nv * K + threadIdx.x; j < n; j += blockDim.x)
+            dx[j] = from_float<T>(
+                !valid ? 0.0f : (j == y_local ? res.p.d_target : grad_of(to_float(x[j]), res.p)));
     }
+    cluster.sync();  // no CTA may leave while another may still read its shared memory
 }
 
 // ---------------------------------------------------------------- host side
 
-size_t type_size(LogitsType t) { return t == LogitsType::bf16 ? 2 : 4; }
+size_t type_size(LogitsType t) {
+    return t == LogitsType::bf16 ? 2 : 4;
+}
 
-int num_threads_for(int64_t V) { return V >= 4096 ? 512 : V >= 512 ? 256 : 64; }
+// Whole 16-byte chunks are possible when every row of both buffers starts 16-byte aligned.
+bool rows_aligned(const void* a, const void* b, int64_t ld, LogitsType t) {
+    return reinterpret_cast<uintptr_t>(a) % 16 == 0 && reinterpret_cast<uintptr_t>(b) % 16 == 0 &&
+           (ld * int64_t(type_size(t))) % 16 == 0;
+}
+
+int num_threads_for(int64_t V) {
+    return V >= 4096 ? 512 : V >= 512 ? 256 : 64;
+}
 
 void check_args(const CrossEntropyArgs& a, const CrossEntropyOptions& o, bool full_row) {
     validate(o);
-    ZG_CHECK(a.logits && a.targets && a.grad_output, "cross_entropy: logits, targets and grad_output are required");
+    ZG_CHECK(a.logits && a.targets && a.grad_output,
+             "cross_entropy: logits, targets and grad_output are required");
     ZG_CHECK(a.N > 0 && a.V_local > 0 && a.ld >= a.V_local && a.V >= a.v0 + a.V_local && a.v0 >= 0,
              "cross_entropy: inconsistent sizes");
     ZG_CHECK(a.N <= INT32_MAX, "cross_entropy: N must fit a grid dimension");
-    if (full_row) ZG_CHECK(a.v0 == 0 && a.V_local == a.V, "this variant needs whole rows (v0 = 0, V_local = V); use the shard API");
+    if (full_row)
+        ZG_CHECK(a.v0 == 0 && a.V_local == a.V,
+                 "this variant needs whole rows (v0 = 0, V_local = V); use the shard API");
 }
 
 template <typename F>
@@ -478,7 +610,9 @@ struct Workspace {
     float* probs;    // naive
 };
 
-size_t align256(size_t b) { return (b + 255) / 256 * 256; }
+size_t align256(size_t b) {
+    return (b + 255) / 256 * 256;
+}
 
 size_t base_workspace_bytes(int64_t N) {
     return align256(sizeof(int)) + align256(N * sizeof(RowStatsF)) +
@@ -515,7 +649,9 @@ CrossEntropyArgs with_rows(CrossEntropyArgs a, const Workspace& ws) {
     return a;
 }
 
-size_t ws_online(int64_t N, int64_t, LogitsType) { return base_workspace_bytes(N); }
+size_t ws_online(int64_t N, int64_t, LogitsType) {
+    return base_workspace_bytes(N);
+}
 size_t ws_naive(int64_t N, int64_t V, LogitsType) {
     return base_workspace_bytes(N) + align256(size_t(N) * V * sizeof(float));
 }
@@ -545,50 +681,43 @@ void run_naive(const CrossEntropyArgs& a0, const CrossEntropyOptions& o, void* w
                                                               a.ld, a.targets, a.V, o.ignore_index);
         ZG_CUDA_CHECK(cudaGetLastError());
         ce_finalize(ws.params, ws.stats, ws.n_valid, a, o, s);
-        naive_grad_kernel<T><<<unsigned(a.N), threads, 0, s>>>(static_cast<T*>(a.dlogits), ws.probs,
-                                                               a.ld, a.targets, ws.params, a.V,
-                                                               o.ignore_index);
+        naive_grad_kernel<T><<<unsigned(a.N), threads, 0, s>>>(
+            static_cast<T*>(a.dlogits), ws.probs, a.ld, a.targets, ws.params, a.V, o.ignore_index);
     });
     ZG_CUDA_CHECK(cudaGetLastError());
     ce_reduce(a, ws.stats, ws.n_valid, o, s);
 }
 
-// Columns per CTA for the fast kernel: the fewest CTAs (<= 8) whose slices fit the shared-memory
-// budget; two CTAs of up to ~100 KB fit one SM, so loading one overlaps writing another.
+// The fast kernel's shape: the fewest CTAs per cluster (<= 8) whose two row buffers fit the
+// shared-memory budget; as many persistent clusters are launched as fit on the GPU at once.
 struct FastPlan {
-    int cluster = 0;  // 0: the row does not fit (use online)
+    int cluster = 0;  // 0: not possible (unaligned rows or rows too long): use online
     int64_t slice = 0;
     size_t smem = 0;
-    bool vec = false;
 };
 
 FastPlan plan_fast(const CrossEntropyArgs& a) {
-    static int max_smem = [] {
+    static const int max_smem = [] {
         int dev = 0, v = 0;
         cudaGetDevice(&dev);
         cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
         return v;
     }();
+    if (!rows_aligned(a.logits, a.dlogits ? a.dlogits : a.logits, a.ld, a.type)) return {};
     const size_t es = type_size(a.type);
-    const size_t static_smem = 1024;  // reduction scratch and cluster stats
-    FastPlan p;
-    p.vec = (reinterpret_cast<uintptr_t>(a.logits) % 16 == 0) &&
-            (reinterpret_cast<uintptr_t>(a.dlogits ? a.dlogits : a.logits) % 16 == 0) &&
-            (a.ld * es) % 16 == 0;
+    const size_t limit = size_t(max_smem) - 1024;  // static shared memory: reductions, stats
+    // ZGPT_CE_FAST_SMEM_KB overrides the budget for both buffers (a knob for bench_ce sweeps).
+    size_t budget = size_t(200) << 10;
+    if (const char* e = std::getenv("ZGPT_CE_FAST_SMEM_KB"); e && std::atoi(e) > 0)
+        budget = size_t(std::atoi(e)) << 10;
+    budget = std::min(budget, limit);
     const int64_t per = 16 / int64_t(es);
-    for (size_t budget : {size_t(100) << 10, size_t(max_smem) - static_smem}) {
-        for (int c = 1; c <= kMaxCluster; c++) {
-            int64_t slice = (a.V + c - 1) / c;
-            slice = (slice + per - 1) / per * per;
-            if (size_t(slice) * es <= budget) {
-                p.cluster = c;
-                p.slice = slice;
-                p.smem = size_t(slice) * es;
-                return p;
-            }
-        }
+    for (int c = 1; c <= kMaxCluster; c++) {
+        int64_t slice = (a.V + c - 1) / c;
+        slice = (slice + per - 1) / per * per;
+        if (2 * size_t(slice) * es <= budget) return {c, slice, 2 * size_t(slice) * es};
     }
-    return FastPlan{};
+    return {};
 }
 
 void run_fast(const CrossEntropyArgs& a0, const CrossEntropyOptions& o, void* w, CUstream_st* s) {
@@ -601,33 +730,47 @@ void run_fast(const CrossEntropyArgs& a0, const CrossEntropyOptions& o, void* w,
         return;
     }
     ce_count_valid(ws.n_valid, a.targets, a.N, o.ignore_index, s);
-    FastArgs f{a.logits, a.dlogits, a.ld, a.V, plan.slice, a.targets, ws.n_valid, a.grad_output,
-               o.reduction == Reduction::none, o.ignore_index, float(o.label_smoothing),
-               float(o.z_loss_weight), o.reduction, a.loss_rows, a.ce_rows, a.z_rows, a.lse_rows,
+    FastArgs f{a.logits,
+               a.dlogits,
+               a.ld,
+               a.V,
+               a.N,
+               plan.slice,
+               a.targets,
+               ws.n_valid,
+               a.grad_output,
+               o.reduction == Reduction::none,
+               o.ignore_index,
+               float(o.label_smoothing),
+               float(o.z_loss_weight),
+               o.reduction,
+               a.loss_rows,
+               a.ce_rows,
+               a.z_rows,
+               a.lse_rows,
                ws.stats};
     dispatch(a.type, [&](auto tag) {
         using T = decltype(tag);
-        auto launch = [&](auto kernel) {
-            ZG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               int(plan.smem)));
-            cudaLaunchConfig_t cfg{};
-            cfg.gridDim = dim3(unsigned(a.N * plan.cluster));
-            cfg.blockDim = dim3(kFastThreads);
-            cfg.dynamicSmemBytes = plan.smem;
-            cfg.stream = s;
-            cudaLaunchAttribute attr[1];
-            attr[0].id = cudaLaunchAttributeClusterDimension;
-            attr[0].val.clusterDim.x = unsigned(plan.cluster);
-            attr[0].val.clusterDim.y = 1;
-            attr[0].val.clusterDim.z = 1;
-            cfg.attrs = attr;
-            cfg.numAttrs = 1;
-            ZG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, f));
-        };
-        if (plan.vec)
-            launch(fast_kernel<T, true>);
-        else
-            launch(fast_kernel<T, false>);
+        auto kernel = fast_kernel<T>;
+        ZG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           int(plan.smem)));
+        cudaLaunchConfig_t cfg{};
+        cfg.blockDim = dim3(kFastThreads);
+        cfg.dynamicSmemBytes = plan.smem;
+        cfg.stream = s;
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = unsigned(plan.cluster);
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        cfg.gridDim = dim3(unsigned(plan.cluster));
+        int clusters = 0;
+        ZG_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
+        clusters = int(std::min<int64_t>(std::max(clusters, 1), a.N));
+        cfg.gridDim = dim3(unsigned(clusters * plan.cluster));
+        ZG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, f));
     });
     ce_reduce(a, ws.stats, ws.n_valid, o, s);
 }
@@ -645,10 +788,13 @@ void ce_count_valid(int* n_valid, const int32_t* targets, int64_t N, int64_t ign
 void ce_shard_stats(RowStatsF* stats, const CrossEntropyArgs& a, const CrossEntropyOptions& o,
                     CUstream_st* s) {
     check_args(a, o, false);
+    const bool vec = rows_aligned(a.logits, a.logits, a.ld, a.type);
     dispatch(a.type, [&](auto tag) {
         using T = decltype(tag);
-        shard_stats_kernel<T><<<unsigned(a.N), num_threads_for(a.V_local), 0, s>>>(
-            stats, static_cast<const T*>(a.logits), a.ld, a.targets, a.V_local, a.v0, o.ignore_index);
+        auto kernel = vec ? shard_stats_kernel<T, true> : shard_stats_kernel<T, false>;
+        kernel<<<unsigned(a.N), num_threads_for(a.V_local), 0, s>>>(
+            stats, static_cast<const T*>(a.logits), a.ld, a.targets, a.V_local, a.v0,
+            o.ignore_index);
     });
     ZG_CUDA_CHECK(cudaGetLastError());
 }
@@ -661,21 +807,36 @@ void ce_merge_stats(RowStatsF* acc, const RowStatsF* shard, int64_t N, CUstream_
 void ce_finalize(RowGradParams* params, const RowStatsF* stats, const int* n_valid,
                  const CrossEntropyArgs& a, const CrossEntropyOptions& o, CUstream_st* s) {
     validate(o);
-    FinalizeArgs f{stats, a.targets, n_valid, a.grad_output, o.reduction == Reduction::none, a.N,
-                   a.V, o.ignore_index, float(o.label_smoothing), float(o.z_loss_weight),
-                   o.reduction, params, a.loss_rows, a.ce_rows, a.z_rows, a.lse_rows};
+    FinalizeArgs f{stats,
+                   a.targets,
+                   n_valid,
+                   a.grad_output,
+                   o.reduction == Reduction::none,
+                   a.N,
+                   a.V,
+                   o.ignore_index,
+                   float(o.label_smoothing),
+                   float(o.z_loss_weight),
+                   o.reduction,
+                   params,
+                   a.loss_rows,
+                   a.ce_rows,
+                   a.z_rows,
+                   a.lse_rows};
     finalize_kernel<<<unsigned((a.N + 255) / 256), 256, 0, s>>>(f);
     ZG_CUDA_CHECK(cudaGetLastError());
 }
 
 void ce_shard_backward(const CrossEntropyArgs& a, const RowGradParams* params,
                        const CrossEntropyOptions& o, CUstream_st* s) {
+    const void* out = a.dlogits ? a.dlogits : a.logits;
+    const bool vec = rows_aligned(a.logits, out, a.ld, a.type);
     dispatch(a.type, [&](auto tag) {
         using T = decltype(tag);
-        T* d = static_cast<T*>(a.dlogits ? a.dlogits : const_cast<void*>(a.logits));
-        shard_backward_kernel<T><<<unsigned(a.N), num_threads_for(a.V_local), 0, s>>>(
-            d, static_cast<const T*>(a.logits), a.ld, a.targets, params, a.V_local, a.v0,
-            o.ignore_index);
+        auto kernel = vec ? shard_backward_kernel<T, true> : shard_backward_kernel<T, false>;
+        kernel<<<unsigned(a.N), num_threads_for(a.V_local), 0, s>>>(
+            static_cast<T*>(const_cast<void*>(out)), static_cast<const T*>(a.logits), a.ld,
+            a.targets, params, a.V_local, a.v0, o.ignore_index);
     });
     ZG_CUDA_CHECK(cudaGetLastError());
 }
@@ -695,7 +856,8 @@ const std::vector<CrossEntropyVariant>& cross_entropy_variants() {
          ws_naive, run_naive},
         {"online", "two passes: online-softmax stats, then re-read and write dlogits", ws_online,
          run_online},
-        {"fast", "one read, one write: the row held in a cluster's shared memory (DSMEM merge)",
+        {"fast",
+         "one read, one write: persistent clusters hold rows in shared memory, double-buffered",
          ws_online, run_fast},
     };
     return v;

@@ -21,14 +21,14 @@
 
 namespace {
 
-#define CK(x)                                                                             \
-    do {                                                                                  \
-        cudaError_t e_ = (x);                                                             \
-        if (e_ != cudaSuccess) {                                                          \
-            std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x,             \
-                         cudaGetErrorString(e_));                                         \
-            std::exit(1);                                                                 \
-        }                                                                                 \
+#define CK(x)                                                               \
+    do {                                                                    \
+        cudaError_t e_ = (x);                                               \
+        if (e_ != cudaSuccess) {                                            \
+            std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, \
+                         cudaGetErrorString(e_));                           \
+            std::exit(1);                                                   \
+        }                                                                   \
     } while (0)
 
 double median(std::vector<double> v) {
@@ -93,8 +93,8 @@ int main(int argc, char** argv) {
         return 1;
     }
     const double bw = copy_bandwidth();
-    std::printf("device %s, %d SMs, copy %.2f TB/s (read + write)\n", dev.name.c_str(), dev.sm_count,
-                bw / 1e12);
+    std::printf("device %s, %d SMs, copy %.2f TB/s (read + write)\n", dev.name.c_str(),
+                dev.sm_count, bw / 1e12);
     nlohmann::json results = nlohmann::json::array();
     struct Shape {
         int64_t N, V;
@@ -121,7 +121,8 @@ int main(int argc, char** argv) {
         zgpt::CrossEntropyOptions o;
         o.z_loss_weight = 1e-4;
         for (const auto& v : zgpt::cuda::cross_entropy_variants()) {
-            if (!only.empty() && ("," + only + ",").find("," + std::string(v.name) + ",") == std::string::npos)
+            if (!only.empty() &&
+                ("," + only + ",").find("," + std::string(v.name) + ",") == std::string::npos)
                 continue;
             const size_t ws_bytes = v.workspace_bytes(sh.N, sh.V, zgpt::cuda::LogitsType::bf16);
             void* ws = nullptr;
@@ -164,14 +165,23 @@ int main(int argc, char** argv) {
             CK(cudaMemcpy(&s, summary, sizeof s, cudaMemcpyDeviceToHost));
             const double med = median(ms);
             const double gbps = 2.0 * double(n) * 2 / (med * 1e-3) / 1e9;
-            std::printf("%-8s N=%-6lld V=%-7lld %8.3f ms  %7.0f GB/s  %5.2fx floor (%.3f ms)  extra %.3f GB  loss %.5f\n",
-                        v.name, (long long)sh.N, (long long)sh.V, med, gbps, med / floor_ms, floor_ms,
-                        ws_bytes / 1e9, s.loss);
+            std::printf(
+                "%-8s N=%-6lld V=%-7lld %8.3f ms  %7.0f GB/s  %5.2fx floor (%.3f ms)  extra %.3f "
+                "GB  loss %.5f\n",
+                v.name, (long long)sh.N, (long long)sh.V, med, gbps, med / floor_ms, floor_ms,
+                ws_bytes / 1e9, s.loss);
             std::fflush(stdout);
-            results.push_back({{"variant", v.name}, {"N", sh.N}, {"V", sh.V}, {"ms", med},
+            results.push_back({{"variant", v.name},
+                               {"N", sh.N},
+                               {"V", sh.V},
+                               {"ms", med},
                                {"ms_min", *std::min_element(ms.begin(), ms.end())},
-                               {"GBps", gbps}, {"floor_ms", floor_ms}, {"x_floor", med / floor_ms},
-                               {"extra_GB", ws_bytes / 1e9}, {"loss", s.loss}, {"iters", iters}});
+                               {"GBps", gbps},
+                               {"floor_ms", floor_ms},
+                               {"x_floor", med / floor_ms},
+                               {"extra_GB", ws_bytes / 1e9},
+                               {"loss", s.loss},
+                               {"iters", iters}});
             cudaFree(ws);
         }
         cudaFree(pristine);
@@ -181,9 +191,9 @@ int main(int argc, char** argv) {
         cudaFree(rows);
         cudaFree(summary);
     }
-    nlohmann::json doc{{"device", dev.name}, {"sm_count", dev.sm_count},
+    nlohmann::json doc{{"device", dev.name},           {"sm_count", dev.sm_count},
                        {"driver", dev.driver_version}, {"runtime", dev.runtime_version},
-                       {"copy_TBps", bw / 1e12}, {"results", results}};
+                       {"copy_TBps", bw / 1e12},       {"results", results}};
     if (!out.empty()) std::ofstream(out) << doc.dump(2) << "\n";
     return 0;
 }
