@@ -63,6 +63,20 @@ __device__ __forceinline__ void store_chunk(T* p, const float (&v)[kChunk<T>]) {
     *reinterpret_cast<int4*>(p) = raw;
 }
 
+constexpr float kLog2e = 1.4426950408889634f;
+
+// 2^x on the special-function unit, flushing subnormal results to zero: a probability below
+// 1.2e-38 contributes nothing a float sum can hold. The non-ftz form costs extra instructions
+// around every MUFU op for denormal scaling.
+__device__ __forceinline__ float exp2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ float exp_ftz(float x) {
+    return exp2_ftz(x * kLog2e);
+}
+
 // Online (max, sum) pair; merge is exact up to rounding and order-independent in exact arithmetic.
 struct MaxSum {
     float m, s;
@@ -105,16 +119,16 @@ __device__ __forceinline__ void stats_add(RowStatsF& st, float x, bool is_target
         st.target_logit = x;
         // the target's own exp is not summed, but it may still set the max
         if (x > st.max) {
-            st.sum_excl *= __expf(st.max - x);
+            st.sum_excl *= exp_ftz(st.max - x);
             st.max = x;
         }
         return;
     }
     if (x > st.max) {
-        st.sum_excl = st.sum_excl * __expf(st.max - x) + 1.0f;
+        st.sum_excl = st.sum_excl * exp_ftz(st.max - x) + 1.0f;
         st.max = x;
     } else if (x != kNegInf) {
-        st.sum_excl += __expf(x - st.max);
+        st.sum_excl += exp_ftz(x - st.max);
     }
 }
 
@@ -141,7 +155,7 @@ __device__ __forceinline__ void stats_add_chunk(RowStatsF& st, const float (&v)[
         if (k == t)
             st.target_logit = v[k];
         else
-            st.sum_excl += __expf(v[k] - st.max);
+            st.sum_excl += exp_ftz(v[k] - st.max);
     }
 }
 
@@ -162,7 +176,7 @@ __device__ RowResult finalize_row(const RowStatsF& st, int32_t y, bool valid, fl
     const float lse = st.max + log_d;
     r.lse = lse;
     r.p.max = st.max;
-    r.p.log_d = log_d;
+    r.p.log2_d = log2f(d);
     if (!valid) {
         r.loss = r.ce = r.z = 0.0f;
         r.p.coef = r.p.d_target = r.p.smooth = 0.0f;
@@ -192,8 +206,10 @@ __device__ __forceinline__ float row_grad_scale(const float* grad_output, bool p
     return g;
 }
 
+// p_j = 2^((x_j - max) log2 e - log2 d): the subtraction first (exact-ish, keeps the argument's
+// error proportional to |x_j - lse|), then one FFMA into the special-function unit.
 __device__ __forceinline__ float grad_of(float x, const RowGradParams& p) {
-    return p.coef * __expf((x - p.max) - p.log_d) - p.smooth;
+    return p.coef * exp2_ftz(fmaf(x - p.max, kLog2e, -p.log2_d)) - p.smooth;
 }
 
 template <int K>
@@ -402,7 +418,7 @@ __global__ void naive_grad_kernel(T* dlogits, const float* probs, int64_t ld,
     T* dx = dlogits + row * ld;
     const int64_t y = targets[row];
     const RowGradParams g = params[row];
-    const float inv_d = __expf(-g.log_d);
+    const float inv_d = exp2f(-g.log2_d);
     for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
         float d = 0.0f;
         if (y != ignore_index) d = j == y ? g.d_target : g.coef * p[j] * inv_d - g.smooth;
@@ -456,14 +472,14 @@ __device__ __forceinline__ void stats_chunk_fast(RowStatsF& st, const float (&v)
 #pragma unroll
     for (int k = 1; k < K; k++) cm = fmaxf(cm, v[k]);
     if (cm > st.max) {
-        st.sum_excl *= __expf(st.max - cm);
+        st.sum_excl *= exp_ftz(st.max - cm);
         st.max = cm;
     }
     if (st.max == kNegInf) return;
     float acc = 0.0f, sx = 0.0f;
 #pragma unroll
     for (int k = 0; k < K; k++) {
-        acc += __expf(v[k] - st.max);
+        acc += exp_ftz(v[k] - st.max);
         sx += v[k];
     }
     st.sum_excl += acc;
@@ -477,8 +493,8 @@ __device__ __forceinline__ void stats_chunk_fast(RowStatsF& st, const float (&v)
 // phase, so the data needs no block barrier: its own cp.async results are visible to a thread
 // after its own wait_group. The per-row statistics are exchanged through distributed shared
 // memory, double-buffered by row parity so one cluster barrier per row suffices.
-template <typename T>
-__global__ void __launch_bounds__(kFastThreads, 1) fast_kernel(FastArgs a) {
+template <typename T, int kThreads>
+__global__ void __launch_bounds__(kThreads, 1) fast_kernel(FastArgs a) {
     constexpr int K = kChunk<T>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* const buf0 = reinterpret_cast<T*>(smem_raw);
@@ -518,6 +534,7 @@ __global__ void __launch_bounds__(kFastThreads, 1) fast_kernel(FastArgs a) {
         const int64_t y_local = valid ? y - c0 : -1;
         const T* x = logits + row * a.ld;
         RowStatsF st = empty_stats();
+#pragma unroll 4
         for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
             float v[K];
             load_chunk(buf + c * K, v);
@@ -542,6 +559,7 @@ __global__ void __launch_bounds__(kFastThreads, 1) fast_kernel(FastArgs a) {
             a.stats[row] = all;
         }
         T* dx = dlogits + row * a.ld;
+#pragma unroll 4
         for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
             float v[K];
             load_chunk(buf + c * K, v);
@@ -562,6 +580,59 @@ __global__ void __launch_bounds__(kFastThreads, 1) fast_kernel(FastArgs a) {
                 !valid ? 0.0f : (j == y_local ? res.p.d_target : grad_of(to_float(x[j]), res.p)));
     }
     cluster.sync();  // no CTA may leave while another may still read its shared memory
+}
+
+// One CTA per row, both passes in one kernel: the second read of the row comes back from L2
+// when few enough rows are in flight (rows x CTAs resident per SM x SMs well under the L2 size).
+template <typename T, int kThreads>
+__global__ void __launch_bounds__(kThreads) fused_two_pass_kernel(FastArgs a) {
+    constexpr int K = kChunk<T>;
+    const int64_t row = blockIdx.x;
+    const T* x = static_cast<const T*>(a.logits) + row * a.ld;
+    T* dx = static_cast<T*>(a.dlogits) + row * a.ld;
+    const int64_t y = a.targets[row];
+    const bool valid = y != a.ignore_index;
+    const int64_t y_local = valid ? y : -1;
+    const bool smooth = a.eps != 0.0f;
+    const int nv = int(a.V / K);
+    RowStatsF st = empty_stats();
+#pragma unroll 4
+    for (int c = threadIdx.x; c < nv; c += kThreads) {
+        float v[K];
+        load_chunk(x + int64_t(c) * K, v);
+        stats_chunk_fast(st, v, int64_t(c) * K, y_local, smooth);
+    }
+    for (int64_t j = int64_t(nv) * K + threadIdx.x; j < a.V; j += kThreads)
+        stats_add(st, to_float(x[j]), j == y_local);
+    st = block_reduce_stats(st);
+    const float g = row_grad_scale(a.grad_output, a.per_row, row, a.red, *a.n_valid);
+    const RowResult res = finalize_row(st, int32_t(y), valid, g, a.V, a.eps, a.zw);
+    if (threadIdx.x == 0) {
+        if (a.loss_rows) a.loss_rows[row] = res.loss;
+        if (a.ce_rows) a.ce_rows[row] = res.ce;
+        if (a.z_rows) a.z_rows[row] = res.z;
+        if (a.lse_rows) a.lse_rows[row] = res.lse;
+        a.stats[row] = st;
+    }
+#pragma unroll 4
+    for (int c = threadIdx.x; c < nv; c += kThreads) {
+        float v[K];
+        load_chunk(x + int64_t(c) * K, v);
+        const int64_t t = y_local - int64_t(c) * K;
+        if (!valid) {
+#pragma unroll
+            for (int k = 0; k < K; k++) v[k] = 0.0f;
+        } else if (t >= 0 && t < K) {
+            grad_chunk(v, int64_t(c) * K, y_local, true, res.p);
+        } else {
+#pragma unroll
+            for (int k = 0; k < K; k++) v[k] = grad_of(v[k], res.p);
+        }
+        store_chunk(dx + int64_t(c) * K, v);
+    }
+    for (int64_t j = int64_t(nv) * K + threadIdx.x; j < a.V; j += kThreads)
+        dx[j] = from_float<T>(
+            !valid ? 0.0f : (j == y_local ? res.p.d_target : grad_of(to_float(x[j]), res.p)));
 }
 
 // ---------------------------------------------------------------- host side
@@ -725,11 +796,13 @@ void run_fast(const CrossEntropyArgs& a0, const CrossEntropyOptions& o, void* w,
     const Workspace ws = carve(w, a0.N, a0.V, false);
     const CrossEntropyArgs a = with_rows(a0, ws);
     const FastPlan plan = plan_fast(a);
-    if (plan.cluster == 0) {  // rows too long for the cluster's shared memory
+    if (plan.cluster == 0) {  // rows unaligned or too long for the cluster's shared memory
         run_online(a0, o, w, s);
         return;
     }
     ce_count_valid(ws.n_valid, a.targets, a.N, o.ignore_index, s);
+    const char* mode = std::getenv("ZGPT_CE_FAST_MODE");  // l2: the fused two-pass kernel
+    const bool l2 = mode && std::string(mode).rfind("l2", 0) == 0;
     FastArgs f{a.logits,
                a.dlogits,
                a.ld,
@@ -749,13 +822,34 @@ void run_fast(const CrossEntropyArgs& a0, const CrossEntropyOptions& o, void* w,
                a.z_rows,
                a.lse_rows,
                ws.stats};
+    if (l2) {
+        // l2<k>: at most k CTAs per SM (a shared-memory request caps residency), 1024 threads
+        const int per_sm = std::max(1, std::atoi(mode + 2));
+        int max_smem = 0, dev = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+        const size_t smem = size_t(max_smem) / per_sm - 2048;
+        dispatch(a.type, [&](auto tag) {
+            using T = decltype(tag);
+            auto kernel = fused_two_pass_kernel<T, 1024>;
+            ZG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               int(smem)));
+            kernel<<<unsigned(a.N), 1024, smem, s>>>(f);
+        });
+        ZG_CUDA_CHECK(cudaGetLastError());
+        ce_reduce(a, ws.stats, ws.n_valid, o, s);
+        return;
+    }
     dispatch(a.type, [&](auto tag) {
         using T = decltype(tag);
-        auto kernel = fast_kernel<T>;
+        // ZGPT_CE_FAST_THREADS=1024 selects the 1024-thread build (a knob for bench_ce sweeps)
+        const char* e = std::getenv("ZGPT_CE_FAST_THREADS");
+        const int threads = e && std::atoi(e) == 1024 ? 1024 : kFastThreads;
+        auto kernel = threads == 1024 ? fast_kernel<T, 1024> : fast_kernel<T, kFastThreads>;
         ZG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            int(plan.smem)));
         cudaLaunchConfig_t cfg{};
-        cfg.blockDim = dim3(kFastThreads);
+        cfg.blockDim = dim3(unsigned(threads));
         cfg.dynamicSmemBytes = plan.smem;
         cfg.stream = s;
         cudaLaunchAttribute attr[1];
