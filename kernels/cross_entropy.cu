@@ -159,6 +159,33 @@ __device__ __forceinline__ void stats_add_chunk(RowStatsF& st, const float (&v)[
     }
 }
 
+// Statistics of one chunk without the per-value target test when the target is elsewhere.
+template <int K>
+__device__ __forceinline__ void stats_chunk_fast(RowStatsF& st, const float (&v)[K], int64_t j0,
+                                                 int64_t y_local, bool smooth) {
+    const int64_t t = y_local - j0;
+    if (t >= 0 && t < K) {
+        stats_add_chunk(st, v, j0, y_local);
+        return;
+    }
+    float cm = v[0];
+#pragma unroll
+    for (int k = 1; k < K; k++) cm = fmaxf(cm, v[k]);
+    if (cm > st.max) {
+        st.sum_excl *= exp_ftz(st.max - cm);
+        st.max = cm;
+    }
+    if (st.max == kNegInf) return;
+    float acc = 0.0f, sx = 0.0f;
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        acc += exp_ftz(v[k] - st.max);
+        sx += v[k];
+    }
+    st.sum_excl += acc;
+    if (smooth) st.sum_logits += sx;
+}
+
 // ---------------------------------------------------------------- shared per-row arithmetic
 
 struct RowResult {
@@ -324,23 +351,40 @@ __global__ void reduce_kernel(LossSummaryF* out, const float* loss_rows, const f
 template <typename T, bool kVec>
 __global__ void shard_stats_kernel(RowStatsF* stats, const T* logits, int64_t ld,
                                    const int32_t* targets, int64_t V_local, int64_t v0,
-                                   int64_t ignore_index) {
+                                   int64_t ignore_index, bool smooth) {
     constexpr int K = kChunk<T>;
     const int64_t row = blockIdx.x;
     const T* x = logits + row * ld;
     const int64_t y = targets[row];
     const int64_t y_local = (y != ignore_index && y >= v0 && y < v0 + V_local) ? y - v0 : -1;
     RowStatsF st = empty_stats();
-    const int64_t nv = kVec ? V_local / K : 0;
-    for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
+    const int nv = kVec ? int(V_local / K) : 0;  // a row shard is < 2^31 columns
+#pragma unroll 2
+    for (int c = threadIdx.x; c < nv; c += blockDim.x) {
         float v[K];
-        load_chunk(x + c * K, v);
-        stats_add_chunk(st, v, c * K, y_local);
+        load_chunk(x + int64_t(c) * K, v);
+        stats_chunk_fast(st, v, int64_t(c) * K, y_local, smooth);
     }
-    for (int64_t j = nv * K + threadIdx.x; j < V_local; j += blockDim.x)
+    for (int64_t j = int64_t(nv) * K + threadIdx.x; j < V_local; j += blockDim.x)
         stats_add(st, to_float(x[j]), j == y_local);
     st = block_reduce_stats(st);
     if (threadIdx.x == 0) stats[row] = st;
+}
+
+// dlogits of one 16-byte chunk; the per-value target test only in the chunk that holds it
+template <int K>
+__device__ __forceinline__ void grad_chunk_fast(float (&v)[K], int64_t j0, int64_t y_local,
+                                                bool valid, const RowGradParams& p) {
+    const int64_t t = y_local - j0;
+    if (!valid) {
+#pragma unroll
+        for (int k = 0; k < K; k++) v[k] = 0.0f;
+    } else if (t >= 0 && t < K) {
+        grad_chunk(v, j0, y_local, true, p);
+    } else {
+#pragma unroll
+        for (int k = 0; k < K; k++) v[k] = grad_of(v[k], p);
+    }
 }
 
 template <typename T, bool kVec>
@@ -355,14 +399,15 @@ __global__ void shard_backward_kernel(T* dlogits, const T* logits, int64_t ld,
     const bool valid = y != ignore_index;
     const int64_t y_local = valid ? y - v0 : -1;
     const RowGradParams p = params[row];
-    const int64_t nv = kVec ? V_local / K : 0;
-    for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
+    const int nv = kVec ? int(V_local / K) : 0;
+#pragma unroll 2
+    for (int c = threadIdx.x; c < nv; c += blockDim.x) {
         float v[K];
-        load_chunk(x + c * K, v);
-        grad_chunk(v, c * K, y_local, valid, p);
-        store_chunk(dx + c * K, v);
+        load_chunk(x + int64_t(c) * K, v);
+        grad_chunk_fast(v, int64_t(c) * K, y_local, valid, p);
+        store_chunk(dx + int64_t(c) * K, v);
     }
-    for (int64_t j = nv * K + threadIdx.x; j < V_local; j += blockDim.x)
+    for (int64_t j = int64_t(nv) * K + threadIdx.x; j < V_local; j += blockDim.x)
         dx[j] =
             from_float<T>(!valid ? 0.0f : (j == y_local ? p.d_target : grad_of(to_float(x[j]), p)));
 }
@@ -457,33 +502,6 @@ __device__ __forceinline__ void cp_async_commit() {
 }
 __device__ __forceinline__ void cp_async_wait_one_pending() {
     asm volatile("cp.async.wait_group 1;\n" ::);
-}
-
-// Statistics of one chunk without the per-value target test when the target is elsewhere.
-template <int K>
-__device__ __forceinline__ void stats_chunk_fast(RowStatsF& st, const float (&v)[K], int64_t j0,
-                                                 int64_t y_local, bool smooth) {
-    const int64_t t = y_local - j0;
-    if (t >= 0 && t < K) {
-        stats_add_chunk(st, v, j0, y_local);
-        return;
-    }
-    float cm = v[0];
-#pragma unroll
-    for (int k = 1; k < K; k++) cm = fmaxf(cm, v[k]);
-    if (cm > st.max) {
-        st.sum_excl *= exp_ftz(st.max - cm);
-        st.max = cm;
-    }
-    if (st.max == kNegInf) return;
-    float acc = 0.0f, sx = 0.0f;
-#pragma unroll
-    for (int k = 0; k < K; k++) {
-        acc += exp_ftz(v[k] - st.max);
-        sx += v[k];
-    }
-    st.sum_excl += acc;
-    if (smooth) st.sum_logits += sx;
 }
 
 // One persistent cluster per group of rows; CTA `rank` of a cluster owns the columns
@@ -888,7 +906,7 @@ void ce_shard_stats(RowStatsF* stats, const CrossEntropyArgs& a, const CrossEntr
         auto kernel = vec ? shard_stats_kernel<T, true> : shard_stats_kernel<T, false>;
         kernel<<<unsigned(a.N), num_threads_for(a.V_local), 0, s>>>(
             stats, static_cast<const T*>(a.logits), a.ld, a.targets, a.V_local, a.v0,
-            o.ignore_index);
+            o.ignore_index, o.label_smoothing != 0.0);
     });
     ZG_CUDA_CHECK(cudaGetLastError());
 }
