@@ -92,25 +92,27 @@ __device__ __forceinline__ RowStatsF merge_stats(const RowStatsF& a, const RowSt
     return {ms.m, ms.s, a.target_logit + b.target_logit, a.sum_logits + b.sum_logits};
 }
 
-// Block-wide reduction of RowStatsF (every thread gets the result). Fixed tree: deterministic.
+__device__ __forceinline__ RowStatsF shfl_xor_stats(const RowStatsF& v, int off) {
+    return {__shfl_xor_sync(0xffffffffu, v.max, off), __shfl_xor_sync(0xffffffffu, v.sum_excl, off),
+            __shfl_xor_sync(0xffffffffu, v.target_logit, off),
+            __shfl_xor_sync(0xffffffffu, v.sum_logits, off)};
+}
+
+// Block-wide reduction of RowStatsF; the result is valid in thread 0 only (the per-row epilogue
+// runs there once instead of in every thread). Fixed tree: deterministic.
 __device__ RowStatsF block_reduce_stats(RowStatsF v) {
     __shared__ RowStatsF warp_vals[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int off = 16; off > 0; off >>= 1) {
-        RowStatsF o;
-        o.max = __shfl_xor_sync(0xffffffffu, v.max, off);
-        o.sum_excl = __shfl_xor_sync(0xffffffffu, v.sum_excl, off);
-        o.target_logit = __shfl_xor_sync(0xffffffffu, v.target_logit, off);
-        o.sum_logits = __shfl_xor_sync(0xffffffffu, v.sum_logits, off);
-        v = merge_stats(v, o);
-    }
+    for (int off = 16; off > 0; off >>= 1) v = merge_stats(v, shfl_xor_stats(v, off));
     __syncthreads();  // warp_vals may still be read by a previous call
     if (lane == 0) warp_vals[warp] = v;
     __syncthreads();
-    const int nwarps = (blockDim.x + 31) >> 5;
-    RowStatsF r = warp_vals[0];
-    for (int w = 1; w < nwarps; w++) r = merge_stats(r, warp_vals[w]);
-    return r;
+    if (warp == 0) {
+        const int nwarps = int(blockDim.x + 31) >> 5;
+        v = lane < nwarps ? warp_vals[lane] : RowStatsF{-INFINITY, 0.0f, 0.0f, 0.0f};
+        for (int off = 16; off > 0; off >>= 1) v = merge_stats(v, shfl_xor_stats(v, off));
+    }
+    return v;
 }
 
 __device__ __forceinline__ void stats_add(RowStatsF& st, float x, bool is_target) {
@@ -518,6 +520,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_kernel(FastArgs a) {
     T* const buf0 = reinterpret_cast<T*>(smem_raw);
     T* const buf1 = buf0 + a.slice;
     __shared__ RowStatsF cta_stats[2];
+    __shared__ RowGradParams row_params;
     cg::cluster_group cluster = cg::this_cluster();
     const int rank = int(cluster.block_rank());
     const int csize = int(cluster.num_blocks());
@@ -526,7 +529,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_kernel(FastArgs a) {
     const int64_t c0 = int64_t(rank) * a.slice;
     const int64_t rest = a.V - c0;
     const int64_t n = rest <= 0 ? 0 : (rest < a.slice ? rest : a.slice);
-    const int64_t nv = n / K;  // whole chunks; the last CTA may have a tail of < K values
+    const int nv = int(n / K);  // whole chunks; the last CTA may have a tail of < K values
     const T* const logits = static_cast<const T*>(a.logits) + c0;
     T* const dlogits = static_cast<T*>(a.dlogits) + c0;
     const bool smooth = a.eps != 0.0f;
@@ -551,51 +554,85 @@ __global__ void __launch_bounds__(kThreads, 1) fast_kernel(FastArgs a) {
         const bool valid = y != a.ignore_index;
         const int64_t y_local = valid ? y - c0 : -1;
         const T* x = logits + row * a.ld;
-        RowStatsF st = empty_stats();
-#pragma unroll 4
-        for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
+        // The row is on chip, so its statistics take two cheap passes over shared memory instead
+        // of one online pass: a max, then branch-free sums against it. No serial dependence
+        // between chunks (the online max would rescale per chunk), independent accumulators.
+        float m0 = kNegInf, m1 = kNegInf;
+#pragma unroll 2
+        for (int c = threadIdx.x; c < nv; c += kThreads) {
             float v[K];
             load_chunk(buf + c * K, v);
-            stats_chunk_fast(st, v, c * K, y_local, smooth);
+#pragma unroll
+            for (int k = 0; k < K; k += 2) {
+                m0 = fmaxf(m0, v[k]);
+                m1 = fmaxf(m1, v[k + 1]);
+            }
         }
-        for (int64_t j = nv * K + threadIdx.x; j < n; j += blockDim.x)
+        RowStatsF st = {fmaxf(m0, m1), 0.0f, 0.0f, 0.0f};
+        if (st.max != kNegInf) {
+            float s0 = 0.0f, s1 = 0.0f, sx = 0.0f;
+#pragma unroll 2
+            for (int c = threadIdx.x; c < nv; c += kThreads) {
+                float v[K];
+                load_chunk(buf + c * K, v);
+                const int64_t t = y_local - int64_t(c) * K;
+                if (t >= 0 && t < K) {  // the target's chunk: exclude it from the sum
+#pragma unroll
+                    for (int k = 0; k < K; k++) {
+                        if (k == t)
+                            st.target_logit = v[k];
+                        else
+                            s0 += exp_ftz(v[k] - st.max);
+                    }
+                } else {
+#pragma unroll
+                    for (int k = 0; k < K; k += 2) {
+                        s0 += exp_ftz(v[k] - st.max);
+                        s1 += exp_ftz(v[k + 1] - st.max);
+                    }
+                }
+                if (smooth) {
+#pragma unroll
+                    for (int k = 0; k < K; k++) sx += v[k];
+                }
+            }
+            st.sum_excl = s0 + s1;
+            st.sum_logits = sx;
+        }
+        for (int64_t j = int64_t(nv) * K + threadIdx.x; j < n; j += kThreads)
             stats_add(st, to_float(x[j]), j == y_local);
         st = block_reduce_stats(st);
         if (threadIdx.x == 0) cta_stats[it & 1] = st;
         cluster.sync();
-        RowStatsF all = *cluster.map_shared_rank(&cta_stats[it & 1], 0);
-        for (int r = 1; r < csize; r++)
-            all = merge_stats(all, *cluster.map_shared_rank(&cta_stats[it & 1], r));
-
-        const float g = row_grad_scale(a.grad_output, a.per_row, row, a.red, *a.n_valid);
-        const RowResult res = finalize_row(all, int32_t(y), valid, g, a.V, a.eps, a.zw);
-        if (rank == 0 && threadIdx.x == 0) {
-            if (a.loss_rows) a.loss_rows[row] = res.loss;
-            if (a.ce_rows) a.ce_rows[row] = res.ce;
-            if (a.z_rows) a.z_rows[row] = res.z;
-            if (a.lse_rows) a.lse_rows[row] = res.lse;
-            a.stats[row] = all;
+        // the row's epilogue, once per CTA: merge the cluster's statistics, finalise, broadcast
+        if (threadIdx.x == 0) {
+            RowStatsF all = *cluster.map_shared_rank(&cta_stats[it & 1], 0);
+            for (int r = 1; r < csize; r++)
+                all = merge_stats(all, *cluster.map_shared_rank(&cta_stats[it & 1], r));
+            const float g = row_grad_scale(a.grad_output, a.per_row, row, a.red, *a.n_valid);
+            const RowResult res = finalize_row(all, int32_t(y), valid, g, a.V, a.eps, a.zw);
+            row_params = res.p;
+            if (rank == 0) {
+                if (a.loss_rows) a.loss_rows[row] = res.loss;
+                if (a.ce_rows) a.ce_rows[row] = res.ce;
+                if (a.z_rows) a.z_rows[row] = res.z;
+                if (a.lse_rows) a.lse_rows[row] = res.lse;
+                a.stats[row] = all;
+            }
         }
+        __syncthreads();
+        const RowGradParams params = row_params;
         T* dx = dlogits + row * a.ld;
-#pragma unroll 4
-        for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
+#pragma unroll 2
+        for (int c = threadIdx.x; c < nv; c += kThreads) {
             float v[K];
             load_chunk(buf + c * K, v);
-            const int64_t t = y_local - c * K;
-            if (!valid) {
-#pragma unroll
-                for (int k = 0; k < K; k++) v[k] = 0.0f;
-            } else if (t >= 0 && t < K) {
-                grad_chunk(v, c * K, y_local, true, res.p);
-            } else {
-#pragma unroll
-                for (int k = 0; k < K; k++) v[k] = grad_of(v[k], res.p);
-            }
-            store_chunk(dx + c * K, v);
+            grad_chunk_fast(v, int64_t(c) * K, y_local, valid, params);
+            store_chunk(dx + int64_t(c) * K, v);
         }
-        for (int64_t j = nv * K + threadIdx.x; j < n; j += blockDim.x)
+        for (int64_t j = int64_t(nv) * K + threadIdx.x; j < n; j += kThreads)
             dx[j] = from_float<T>(
-                !valid ? 0.0f : (j == y_local ? res.p.d_target : grad_of(to_float(x[j]), res.p)));
+                !valid ? 0.0f : (j == y_local ? params.d_target : grad_of(to_float(x[j]), params)));
     }
     cluster.sync();  // no CTA may leave while another may still read its shared memory
 }
@@ -622,16 +659,20 @@ __global__ void __launch_bounds__(kThreads) fused_two_pass_kernel(FastArgs a) {
     }
     for (int64_t j = int64_t(nv) * K + threadIdx.x; j < a.V; j += kThreads)
         stats_add(st, to_float(x[j]), j == y_local);
+    __shared__ RowGradParams row_params;
     st = block_reduce_stats(st);
-    const float g = row_grad_scale(a.grad_output, a.per_row, row, a.red, *a.n_valid);
-    const RowResult res = finalize_row(st, int32_t(y), valid, g, a.V, a.eps, a.zw);
     if (threadIdx.x == 0) {
+        const float g = row_grad_scale(a.grad_output, a.per_row, row, a.red, *a.n_valid);
+        const RowResult res = finalize_row(st, int32_t(y), valid, g, a.V, a.eps, a.zw);
+        row_params = res.p;
         if (a.loss_rows) a.loss_rows[row] = res.loss;
         if (a.ce_rows) a.ce_rows[row] = res.ce;
         if (a.z_rows) a.z_rows[row] = res.z;
         if (a.lse_rows) a.lse_rows[row] = res.lse;
         a.stats[row] = st;
     }
+    __syncthreads();
+    const RowGradParams params = row_params;
 #pragma unroll 4
     for (int c = threadIdx.x; c < nv; c += kThreads) {
         float v[K];
@@ -641,16 +682,16 @@ __global__ void __launch_bounds__(kThreads) fused_two_pass_kernel(FastArgs a) {
 #pragma unroll
             for (int k = 0; k < K; k++) v[k] = 0.0f;
         } else if (t >= 0 && t < K) {
-            grad_chunk(v, int64_t(c) * K, y_local, true, res.p);
+            grad_chunk(v, int64_t(c) * K, y_local, true, params);
         } else {
 #pragma unroll
-            for (int k = 0; k < K; k++) v[k] = grad_of(v[k], res.p);
+            for (int k = 0; k < K; k++) v[k] = grad_of(v[k], params);
         }
         store_chunk(dx + int64_t(c) * K, v);
     }
     for (int64_t j = int64_t(nv) * K + threadIdx.x; j < a.V; j += kThreads)
         dx[j] = from_float<T>(
-            !valid ? 0.0f : (j == y_local ? res.p.d_target : grad_of(to_float(x[j]), res.p)));
+            !valid ? 0.0f : (j == y_local ? params.d_target : grad_of(to_float(x[j]), params)));
 }
 
 // ---------------------------------------------------------------- host side
