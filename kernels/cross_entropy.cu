@@ -901,10 +901,13 @@ void run_fast(const CrossEntropyArgs& a0, const CrossEntropyOptions& o, void* w,
     }
     dispatch(a.type, [&](auto tag) {
         using T = decltype(tag);
-        // ZGPT_CE_FAST_THREADS=1024 selects the 1024-thread build (a knob for bench_ce sweeps)
+        // ZGPT_CE_FAST_THREADS=256|1024 selects another block size (a knob for bench_ce sweeps)
         const char* e = std::getenv("ZGPT_CE_FAST_THREADS");
-        const int threads = e && std::atoi(e) == 1024 ? 1024 : kFastThreads;
-        auto kernel = threads == 1024 ? fast_kernel<T, 1024> : fast_kernel<T, kFastThreads>;
+        const int threads =
+            e && (std::atoi(e) == 1024 || std::atoi(e) == 256) ? std::atoi(e) : kFastThreads;
+        auto kernel = threads == 1024  ? fast_kernel<T, 1024>
+                      : threads == 256 ? fast_kernel<T, 256>
+                                       : fast_kernel<T, kFastThreads>;
         ZG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            int(plan.smem)));
         cudaLaunchConfig_t cfg{};
