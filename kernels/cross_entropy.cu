@@ -837,7 +837,9 @@ FastPlan plan_fast(const CrossEntropyArgs& a) {
     const size_t es = type_size(a.type);
     const size_t limit = size_t(max_smem) - 1024;  // static shared memory: reductions, stats
     // ZGPT_CE_FAST_SMEM_KB overrides the budget for both buffers (a knob for bench_ce sweeps).
-    size_t budget = size_t(200) << 10;
+    // 120 KB: two CTAs per SM (measured best on H100 over 56..140 KB x 256/512 threads; see
+    // docs/cross_entropy.md)
+    size_t budget = size_t(120) << 10;
     if (const char* e = std::getenv("ZGPT_CE_FAST_SMEM_KB"); e && std::atoi(e) > 0)
         budget = size_t(std::atoi(e)) << 10;
     budget = std::min(budget, limit);
