@@ -2,7 +2,8 @@
 # On a GPU machine: build for Hopper, run every test (the GPU ones included), the loss-head
 # benchmark and the PyTorch/Liger anchors, writing logs and JSON into the folder given (default
 # $OUT). Start it as ../shared/GPU.md says:
-#   source .gpu-deps/env.sh && bash tools/gpu_check.sh "$OUT"
+#   source .gpu-deps/env.sh && ZGPT_COMMIT=<hash> bash tools/gpu_check.sh "$OUT"
+# (the device copy of the tree has no .git, so the commit is passed in)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-/tmp/gpu_check}}
@@ -10,7 +11,7 @@ mkdir -p "$out"
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   nvcc --version | tail -2
-  git rev-parse HEAD 2>/dev/null || echo "(no git)"
+  echo "commit ${ZGPT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
 } > "$out/machine.txt" 2>&1
 cat "$out/machine.txt"
 # the oracle files: ../shared beside the checkout, or a copy in .gpu-deps/oracles (never committed)
