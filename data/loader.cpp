@@ -71,7 +71,8 @@ void DataLoader::next_batch(int32_t* inputs, int32_t* targets) {
     if (!random && built_epoch_ != pos_.epoch) build_epoch(pos_.epoch);
     const int64_t B = opts_.batch_size, T = opts_.seq_len;
     const int64_t first = (pos_.batch * opts_.world_size + opts_.rank) * B;
-    Rng rng(opts_.seed ^ (0xD1B54A32D192ED03ull * uint64_t(pos_.epoch * batches_per_epoch_ + pos_.batch + 1)) ^
+    Rng rng(opts_.seed ^
+            (0xD1B54A32D192ED03ull * uint64_t(pos_.epoch * batches_per_epoch_ + pos_.batch + 1)) ^
             (uint64_t(opts_.rank) << 48));
     for (int64_t b = 0; b < B; b++) {
         const Window w = random ? random_window(rng) : windows_[first + b];

@@ -24,7 +24,7 @@ enum class Sampling { epochs, random };
 struct LoaderOptions {
     int64_t batch_size = 1;  // B
     int64_t seq_len = 1;     // T
-    bool shuffle = true;  // epochs: shuffled windows (else file order)
+    bool shuffle = true;     // epochs: shuffled windows (else file order)
     Sampling sampling = Sampling::epochs;
     uint64_t seed = 0;
     int rank = 0, world_size = 1;

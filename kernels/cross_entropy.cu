@@ -506,6 +506,16 @@ __device__ __forceinline__ void cp_async_wait_one_pending() {
     asm volatile("cp.async.wait_group 1;\n" ::);
 }
 
+// The per-row outputs of the fused kernels (written once per row).
+__device__ __forceinline__ void write_row_outputs(const FastArgs& a, int64_t row,
+                                                  const RowResult& r, const RowStatsF& st) {
+    if (a.loss_rows) a.loss_rows[row] = r.loss;
+    if (a.ce_rows) a.ce_rows[row] = r.ce;
+    if (a.z_rows) a.z_rows[row] = r.z;
+    if (a.lse_rows) a.lse_rows[row] = r.lse;
+    a.stats[row] = st;
+}
+
 // One persistent cluster per group of rows; CTA `rank` of a cluster owns the columns
 // [rank * slice, min((rank + 1) * slice, V)) of every row the cluster takes. Two shared-memory
 // buffers: while row i is reduced and its dlogits written, row i + 1 streams in (cp.async).
@@ -612,13 +622,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_kernel(FastArgs a) {
             const float g = row_grad_scale(a.grad_output, a.per_row, row, a.red, *a.n_valid);
             const RowResult res = finalize_row(all, int32_t(y), valid, g, a.V, a.eps, a.zw);
             row_params = res.p;
-            if (rank == 0) {
-                if (a.loss_rows) a.loss_rows[row] = res.loss;
-                if (a.ce_rows) a.ce_rows[row] = res.ce;
-                if (a.z_rows) a.z_rows[row] = res.z;
-                if (a.lse_rows) a.lse_rows[row] = res.lse;
-                a.stats[row] = all;
-            }
+            if (rank == 0) write_row_outputs(a, row, res, all);
         }
         __syncthreads();
         const RowGradParams params = row_params;
@@ -665,11 +669,7 @@ __global__ void __launch_bounds__(kThreads) fused_two_pass_kernel(FastArgs a) {
         const float g = row_grad_scale(a.grad_output, a.per_row, row, a.red, *a.n_valid);
         const RowResult res = finalize_row(st, int32_t(y), valid, g, a.V, a.eps, a.zw);
         row_params = res.p;
-        if (a.loss_rows) a.loss_rows[row] = res.loss;
-        if (a.ce_rows) a.ce_rows[row] = res.ce;
-        if (a.z_rows) a.z_rows[row] = res.z;
-        if (a.lse_rows) a.lse_rows[row] = res.lse;
-        a.stats[row] = st;
+        write_row_outputs(a, row, res, st);
     }
     __syncthreads();
     const RowGradParams params = row_params;
@@ -677,16 +677,7 @@ __global__ void __launch_bounds__(kThreads) fused_two_pass_kernel(FastArgs a) {
     for (int c = threadIdx.x; c < nv; c += kThreads) {
         float v[K];
         load_chunk(x + int64_t(c) * K, v);
-        const int64_t t = y_local - int64_t(c) * K;
-        if (!valid) {
-#pragma unroll
-            for (int k = 0; k < K; k++) v[k] = 0.0f;
-        } else if (t >= 0 && t < K) {
-            grad_chunk(v, int64_t(c) * K, y_local, true, params);
-        } else {
-#pragma unroll
-            for (int k = 0; k < K; k++) v[k] = grad_of(v[k], params);
-        }
+        grad_chunk_fast(v, int64_t(c) * K, y_local, valid, params);
         store_chunk(dx + int64_t(c) * K, v);
     }
     for (int64_t j = int64_t(nv) * K + threadIdx.x; j < a.V; j += kThreads)

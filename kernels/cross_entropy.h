@@ -120,9 +120,9 @@ struct RowStatsF {
 // What the finalise step leaves for the backward pass of each shard.
 struct RowGradParams {
     float max, log2_d;  // p_j = 2^((x_j - max) log2(e) - log2_d)
-    float coef;        // g (1 + 2 z lse); 0 on ignored rows
-    float d_target;    // the target column's dlogit, computed without cancellation
-    float smooth;      // g eps / V, subtracted from every column
+    float coef;         // g (1 + 2 z lse); 0 on ignored rows
+    float d_target;     // the target column's dlogit, computed without cancellation
+    float smooth;       // g eps / V, subtracted from every column
 };
 
 // Reduced results, left on the device.

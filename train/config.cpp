@@ -31,8 +31,15 @@ std::vector<ConfigField> config_fields(Config& c) {
     add({"data", "train", "glob of training token shards (.bin)", &d.train});
     add({"data", "val", "glob of validation shards; empty: no validation", &d.val});
     add({"data", "shuffle", "shuffle windows each epoch (seeded)", &d.shuffle});
-    add({"data", "sampling", "epochs: each window once per epoch; random: nanoGPT's random offsets",
-         &d.sampling, 0, 0, false, false, {"epochs", "random"}});
+    add({"data",
+         "sampling",
+         "epochs: each window once per epoch; random: nanoGPT's random offsets",
+         &d.sampling,
+         0,
+         0,
+         false,
+         false,
+         {"epochs", "random"}});
     TrainConfig& t = c.train;
     add({"train", "batch_size", "sequences per micro-batch", &t.batch_size, 1, 1 << 20});
     add({"train", "seq_len", "tokens per sequence; 0: model.block_size", &t.seq_len, 0, 1 << 20});

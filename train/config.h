@@ -15,7 +15,8 @@ struct DataConfig {
     std::string train;  // glob of training shards, e.g. data/shards/kjv/train_*.bin
     std::string val;    // glob of validation shards; empty: no validation
     bool shuffle = true;
-    std::string sampling = "epochs";  // epochs | random (nanoGPT's: random offsets, with replacement)
+    std::string sampling =
+        "epochs";  // epochs | random (nanoGPT's: random offsets, with replacement)
 };
 
 struct TrainConfig {
