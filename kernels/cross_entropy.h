@@ -175,3 +175,36 @@ void ce_reduce(const CrossEntropyArgs& a, const RowStatsF* stats, const int* n_v
                const CrossEntropyOptions& o, CUstream_st* s);
 
 }  // namespace zgpt::cuda
+
+// ---------------------------------------------------------------------------------------------
+// The fused linear + cross-entropy head (kernels/linear_cross_entropy.cu; CUDA builds only):
+// from hidden states and the LM-head weight; the full logits never exist. Whole rows on this
+// device (v0 = 0, V_local = V): the vocab-parallel path composes the shard API above.
+namespace zgpt::cuda {
+
+struct LinearCrossEntropyArgs {
+    const void* hidden = nullptr;  // [N, C] bf16
+    const void* weight = nullptr;  // [V, C] bf16
+    int64_t N = 0, C = 0, V = 0;
+    const int32_t* targets = nullptr;
+    const float* grad_output = nullptr;  // scalar, or per row when reduction is none
+    void* dhidden = nullptr;             // [N, C] bf16, written
+    void* dweight = nullptr;             // [V, C] bf16, written (fp32 accumulation inside the GEMM)
+    float* loss_rows = nullptr;          // N each; optional
+    float* ce_rows = nullptr;
+    float* z_rows = nullptr;
+    float* lse_rows = nullptr;
+    LossSummaryF* summary = nullptr;  // required
+    int64_t vocab_chunk = 0;          // vocabulary columns per chunk; 0: from a memory budget
+};
+
+struct LinearCrossEntropyVariant {
+    const char* name;
+    const char* description;
+    size_t (*workspace_bytes)(int64_t N, int64_t C, int64_t V, int64_t vocab_chunk);
+    void (*run)(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, void* workspace,
+                CUstream_st* stream);
+};
+const std::vector<LinearCrossEntropyVariant>& linear_cross_entropy_variants();
+
+}  // namespace zgpt::cuda

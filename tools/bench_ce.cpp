@@ -18,6 +18,7 @@
 
 #include "kernels/cross_entropy.h"
 #include "kernels/cuda_device.h"
+#include "kernels/matmul.h"
 
 namespace {
 
@@ -61,16 +62,36 @@ double copy_bandwidth() {
     return 2.0 * double(bytes) / (median(ms) * 1e-3);
 }
 
-// Fills bf16 logits with a triangular distribution on (-3.4, 3.4) (sum of two hashed uniforms:
-// cheap, never zero) and uploads them.
-void fill_logits(__nv_bfloat16* d, size_t n, uint64_t seed) {
+// Median milliseconds of fn() over iters runs (after 3 warm-ups), timed with device events.
+template <typename F>
+double time_ms(F&& fn, int iters) {
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    std::vector<double> ms;
+    for (int it = 0; it < iters + 3; it++) {
+        cudaEventRecord(e0);
+        fn();
+        cudaEventRecord(e1);
+        CK(cudaEventSynchronize(e1));
+        CK(cudaGetLastError());
+        float t;
+        cudaEventElapsedTime(&t, e0, e1);
+        if (it >= 3) ms.push_back(t);
+    }
+    return median(ms);
+}
+
+// Fills bf16 values with a triangular distribution on (-half_width, half_width), std
+// half_width / sqrt(6) (sum of two hashed uniforms: cheap, never zero) and uploads them.
+void fill_logits(__nv_bfloat16* d, size_t n, uint64_t seed, double half_width = 3.4) {
     std::vector<__nv_bfloat16> h(std::min<size_t>(n, size_t(1) << 26));
     for (size_t i = 0; i < h.size(); i++) {
         uint64_t z = (seed + i) * 0x9E3779B97F4A7C15ull;
         z = (z ^ (z >> 31)) * 0xBF58476D1CE4E5B9ull;
         const double u1 = double((z >> 11) & ((1ull << 26) - 1)) / double(1ull << 26);
         const double u2 = double(z >> 37) / double(1ull << 27);
-        h[i] = __float2bfloat16_rn(float(3.4 * (u1 + u2 - 1.0)));
+        h[i] = __float2bfloat16_rn(float(half_width * (u1 + u2 - 1.0)));
     }
     for (size_t off = 0; off < n; off += h.size())
         CK(cudaMemcpy(d + off, h.data(), std::min(h.size(), n - off) * 2, cudaMemcpyHostToDevice));
@@ -83,7 +104,8 @@ int main(int argc, char** argv) {
     std::string out, only;
     int iters = 20;
     app.add_option("--out", out, "write the results as JSON here");
-    app.add_option("--variants", only, "comma-separated variant names (default: all)");
+    app.add_option("--variants", only,
+                   "comma-separated variant names, fused_linear included (default: all)");
     app.add_option("--iters", iters, "timed iterations per variant")->capture_default_str();
     CLI11_PARSE(app, argc, argv);
 
@@ -190,6 +212,91 @@ int main(int argc, char** argv) {
         cudaFree(go);
         cudaFree(rows);
         cudaFree(summary);
+    }
+    // fused linear + CE from hidden states: floor = 3 GEMMs of 2 N C V FLOPs at the bf16 matmul
+    // rate measured here through the same cuBLASLt wrapper (8192^3)
+    if (only.empty() || only.find("fused_linear") != std::string::npos) {
+        const int64_t S = 8192;
+        void* m;
+        CK(cudaMalloc(&m, size_t(S) * S * 2 * 3));
+        fill_logits(static_cast<__nv_bfloat16*>(m), size_t(S) * S * 2, 11);
+        auto* a = static_cast<__nv_bfloat16*>(m);
+        const double mm_ms = time_ms(
+            [&] {
+                zgpt::cuda::gemm_bf16(a + 2 * S * S, zgpt::cuda::MatType::bf16, a, false, a + S * S,
+                                      false, S, S, S, 1.0f, 0.0f, nullptr);
+            },
+            iters);
+        cudaFree(m);
+        const double flops = 2.0 * S * S * S / (mm_ms * 1e-3);
+        std::printf("bf16 matmul 8192^3 through cuBLASLt: %.1f TFLOP/s\n", flops / 1e12);
+        const auto& v = zgpt::cuda::linear_cross_entropy_variants().at(0);
+        for (Shape sh : {Shape{32768, 128256}, Shape{8192, 50304}}) {
+            const int64_t N = sh.N, V = sh.V, C = 768;
+            void *h, *w, *dh, *dw, *ws;
+            int32_t* targets;
+            float *go, *rows;
+            zgpt::cuda::LossSummaryF* summary;
+            CK(cudaMalloc(&h, N * C * 2));
+            CK(cudaMalloc(&w, V * C * 2));
+            CK(cudaMalloc(&targets, N * 4));
+            CK(cudaMalloc(&go, 4));
+            CK(cudaMalloc(&rows, N * 4));
+            CK(cudaMalloc(&summary, sizeof(zgpt::cuda::LossSummaryF)));
+            fill_logits(static_cast<__nv_bfloat16*>(h), N * C, 3, 1.22);  // std 0.5, as the anchors
+            fill_logits(static_cast<__nv_bfloat16*>(w), V * C, 5, 0.049);  // std 0.02
+            std::vector<int32_t> ht(N);
+            for (int64_t i = 0; i < N; i++) ht[i] = int32_t((i * 2654435761ull) % uint64_t(V));
+            CK(cudaMemcpy(targets, ht.data(), N * 4, cudaMemcpyHostToDevice));
+            const float one = 1.0f;
+            CK(cudaMemcpy(go, &one, 4, cudaMemcpyHostToDevice));
+            const size_t ws_bytes = v.workspace_bytes(N, C, V, 0);
+            CK(cudaMalloc(&dh, N * C * 2));
+            CK(cudaMalloc(&dw, V * C * 2));
+            CK(cudaMalloc(&ws, ws_bytes));
+            zgpt::cuda::LinearCrossEntropyArgs la;
+            la.hidden = h;
+            la.weight = w;
+            la.N = N;
+            la.C = C;
+            la.V = V;
+            la.targets = targets;
+            la.grad_output = go;
+            la.dhidden = dh;
+            la.dweight = dw;
+            la.loss_rows = rows;
+            la.summary = summary;
+            zgpt::CrossEntropyOptions o;
+            o.z_loss_weight = 1e-4;
+            const double ms = time_ms([&] { v.run(la, o, ws, nullptr); }, std::max(3, iters / 2));
+            zgpt::cuda::LossSummaryF s;
+            CK(cudaMemcpy(&s, summary, sizeof s, cudaMemcpyDeviceToHost));
+            const double floor_ms = 3.0 * 2.0 * N * C * V / flops * 1e3;
+            // everything the head allocates beyond its inputs: workspace, the two gradients,
+            // cuBLASLt's
+            const double extra =
+                double(ws_bytes + N * C * 2 + V * C * 2 + zgpt::cuda::gemm_workspace_bytes()) / 1e9;
+            std::printf(
+                "%-12s N=%-6lld V=%-7lld C=768 %8.3f ms  %6.0f TFLOP/s (4 GEMMs)  %5.2fx floor "
+                "(%.3f ms, 3 GEMMs)  extra %.3f GB  loss %.5f\n",
+                v.name, (long long)N, (long long)V, ms, 4.0 * 2 * N * C * V / (ms * 1e-3) / 1e12,
+                ms / floor_ms, floor_ms, extra, s.loss);
+            results.push_back({{"variant", v.name},
+                               {"N", N},
+                               {"V", V},
+                               {"C", C},
+                               {"ms", ms},
+                               {"floor_ms", floor_ms},
+                               {"x_floor", ms / floor_ms},
+                               {"extra_GB", extra},
+                               {"matmul_TFLOPs", flops / 1e12},
+                               {"loss", s.loss}});
+            for (void* p : {h, w, dh, dw, ws}) cudaFree(p);
+            cudaFree(targets);
+            cudaFree(go);
+            cudaFree(rows);
+            cudaFree(summary);
+        }
     }
     nlohmann::json doc{{"device", dev.name},           {"sm_count", dev.sm_count},
                        {"driver", dev.driver_version}, {"runtime", dev.runtime_version},
