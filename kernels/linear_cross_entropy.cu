@@ -14,6 +14,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "kernels/cross_entropy.h"
 #include "kernels/cuda_check.h"
@@ -31,7 +32,10 @@ size_t align256(size_t b) {
 
 int64_t chunk_columns(int64_t N, int64_t V, int64_t requested) {
     if (requested > 0) return std::min(requested, V);
-    int64_t vc = int64_t(kChunkBudget / (2 * size_t(N))) / 128 * 128;
+    size_t budget = kChunkBudget;  // ZGPT_CE_LINEAR_CHUNK_MB overrides it (a knob for sweeps)
+    if (const char* e = std::getenv("ZGPT_CE_LINEAR_CHUNK_MB"); e && std::atoi(e) > 0)
+        budget = size_t(std::atoi(e)) << 20;
+    int64_t vc = int64_t(budget / (2 * size_t(N))) / 128 * 128;
     return std::clamp<int64_t>(vc, 128, (V + 127) / 128 * 128);
 }
 
