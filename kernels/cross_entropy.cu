@@ -414,6 +414,67 @@ __global__ void shard_backward_kernel(T* dlogits, const T* logits, int64_t ld,
             from_float<T>(!valid ? 0.0f : (j == y_local ? p.d_target : grad_of(to_float(x[j]), p)));
 }
 
+// Narrow shards (a fused-linear vocabulary chunk, a small vocabulary): one warp per row, eight
+// rows per block, so a 3 KB row does not occupy a whole block.
+constexpr int kNarrowMax = 8192;  // V_local up to this uses the warp-per-row kernels
+constexpr int kRowsPerBlock = 8;
+
+__device__ __forceinline__ RowStatsF warp_reduce_stats(RowStatsF v) {
+    for (int off = 16; off > 0; off >>= 1) v = merge_stats(v, shfl_xor_stats(v, off));
+    return v;
+}
+
+template <typename T, bool kVec>
+__global__ void __launch_bounds__(32 * kRowsPerBlock)
+    narrow_stats_kernel(RowStatsF* stats, const T* logits, int64_t ld, const int32_t* targets,
+                        int64_t N, int64_t V_local, int64_t v0, int64_t ignore_index, bool smooth) {
+    constexpr int K = kChunk<T>;
+    const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (row >= N) return;  // whole warps leave together
+    const T* x = logits + row * ld;
+    const int64_t y = targets[row];
+    const int64_t y_local = (y != ignore_index && y >= v0 && y < v0 + V_local) ? y - v0 : -1;
+    RowStatsF st = empty_stats();
+    const int nv = kVec ? int(V_local / K) : 0;
+    for (int c = lane; c < nv; c += 32) {
+        float v[K];
+        load_chunk(x + int64_t(c) * K, v);
+        stats_chunk_fast(st, v, int64_t(c) * K, y_local, smooth);
+    }
+    for (int64_t j = int64_t(nv) * K + lane; j < V_local; j += 32)
+        stats_add(st, to_float(x[j]), j == y_local);
+    st = warp_reduce_stats(st);
+    if (lane == 0) stats[row] = st;
+}
+
+template <typename T, bool kVec>
+__global__ void __launch_bounds__(32 * kRowsPerBlock)
+    narrow_backward_kernel(T* dlogits, const T* logits, int64_t ld, const int32_t* targets,
+                           const RowGradParams* params, int64_t N, int64_t V_local, int64_t v0,
+                           int64_t ignore_index) {
+    constexpr int K = kChunk<T>;
+    const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (row >= N) return;
+    const T* x = logits + row * ld;
+    T* dx = dlogits + row * ld;
+    const int64_t y = targets[row];
+    const bool valid = y != ignore_index;
+    const int64_t y_local = valid ? y - v0 : -1;
+    const RowGradParams p = params[row];
+    const int nv = kVec ? int(V_local / K) : 0;
+    for (int c = lane; c < nv; c += 32) {
+        float v[K];
+        load_chunk(x + int64_t(c) * K, v);
+        grad_chunk_fast(v, int64_t(c) * K, y_local, valid, p);
+        store_chunk(dx + int64_t(c) * K, v);
+    }
+    for (int64_t j = int64_t(nv) * K + lane; j < V_local; j += 32)
+        dx[j] =
+            from_float<T>(!valid ? 0.0f : (j == y_local ? p.d_target : grad_of(to_float(x[j]), p)));
+}
+
 // ---------------------------------------------------------------- naive: the textbook pipeline
 
 template <typename T>
@@ -940,6 +1001,13 @@ void ce_shard_stats(RowStatsF* stats, const CrossEntropyArgs& a, const CrossEntr
     const bool vec = rows_aligned(a.logits, a.logits, a.ld, a.type);
     dispatch(a.type, [&](auto tag) {
         using T = decltype(tag);
+        if (a.V_local <= kNarrowMax) {
+            auto kernel = vec ? narrow_stats_kernel<T, true> : narrow_stats_kernel<T, false>;
+            kernel<<<unsigned((a.N + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, 0,
+                     s>>>(stats, static_cast<const T*>(a.logits), a.ld, a.targets, a.N, a.V_local,
+                          a.v0, o.ignore_index, o.label_smoothing != 0.0);
+            return;
+        }
         auto kernel = vec ? shard_stats_kernel<T, true> : shard_stats_kernel<T, false>;
         kernel<<<unsigned(a.N), num_threads_for(a.V_local), 0, s>>>(
             stats, static_cast<const T*>(a.logits), a.ld, a.targets, a.V_local, a.v0,
@@ -982,6 +1050,13 @@ void ce_shard_backward(const CrossEntropyArgs& a, const RowGradParams* params,
     const bool vec = rows_aligned(a.logits, out, a.ld, a.type);
     dispatch(a.type, [&](auto tag) {
         using T = decltype(tag);
+        if (a.V_local <= kNarrowMax) {
+            auto kernel = vec ? narrow_backward_kernel<T, true> : narrow_backward_kernel<T, false>;
+            kernel<<<unsigned((a.N + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, 0,
+                     s>>>(static_cast<T*>(const_cast<void*>(out)), static_cast<const T*>(a.logits),
+                          a.ld, a.targets, params, a.N, a.V_local, a.v0, o.ignore_index);
+            return;
+        }
         auto kernel = vec ? shard_backward_kernel<T, true> : shard_backward_kernel<T, false>;
         kernel<<<unsigned(a.N), num_threads_for(a.V_local), 0, s>>>(
             static_cast<T*>(const_cast<void*>(out)), static_cast<const T*>(a.logits), a.ld,
