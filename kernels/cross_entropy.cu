@@ -350,29 +350,6 @@ __global__ void reduce_kernel(LossSummaryF* out, const float* loss_rows, const f
 
 // kVec: rows start 16-byte aligned, so whole chunks are read with one instruction; the tail
 // (V_local not a multiple of the chunk) is read one value at a time.
-template <typename T, bool kVec>
-__global__ void shard_stats_kernel(RowStatsF* stats, const T* logits, int64_t ld,
-                                   const int32_t* targets, int64_t V_local, int64_t v0,
-                                   int64_t ignore_index, bool smooth) {
-    constexpr int K = kChunk<T>;
-    const int64_t row = blockIdx.x;
-    const T* x = logits + row * ld;
-    const int64_t y = targets[row];
-    const int64_t y_local = (y != ignore_index && y >= v0 && y < v0 + V_local) ? y - v0 : -1;
-    RowStatsF st = empty_stats();
-    const int nv = kVec ? int(V_local / K) : 0;  // a row shard is < 2^31 columns
-#pragma unroll 2
-    for (int c = threadIdx.x; c < nv; c += blockDim.x) {
-        float v[K];
-        load_chunk(x + int64_t(c) * K, v);
-        stats_chunk_fast(st, v, int64_t(c) * K, y_local, smooth);
-    }
-    for (int64_t j = int64_t(nv) * K + threadIdx.x; j < V_local; j += blockDim.x)
-        stats_add(st, to_float(x[j]), j == y_local);
-    st = block_reduce_stats(st);
-    if (threadIdx.x == 0) stats[row] = st;
-}
-
 // dlogits of one 16-byte chunk; the per-value target test only in the chunk that holds it
 template <int K>
 __device__ __forceinline__ void grad_chunk_fast(float (&v)[K], int64_t j0, int64_t y_local,
@@ -389,29 +366,65 @@ __device__ __forceinline__ void grad_chunk_fast(float (&v)[K], int64_t j0, int64
     }
 }
 
+// The per-row bodies shared by the block-per-row and the warp-per-row kernels: this thread takes
+// chunks first, first + step, ... of the row (then the same for the tail values).
 template <typename T, bool kVec>
-__global__ void shard_backward_kernel(T* dlogits, const T* logits, int64_t ld,
-                                      const int32_t* targets, const RowGradParams* params,
-                                      int64_t V_local, int64_t v0, int64_t ignore_index) {
+__device__ __forceinline__ RowStatsF row_stats_part(const T* x, int64_t V_local, int64_t y_local,
+                                                    bool smooth, int first, int step) {
     constexpr int K = kChunk<T>;
-    const int64_t row = blockIdx.x;
-    const T* x = logits + row * ld;
-    T* dx = dlogits + row * ld;
-    const int64_t y = targets[row];
-    const bool valid = y != ignore_index;
-    const int64_t y_local = valid ? y - v0 : -1;
-    const RowGradParams p = params[row];
+    RowStatsF st = empty_stats();
+    const int nv = kVec ? int(V_local / K) : 0;  // a row shard is < 2^31 columns
+#pragma unroll 2
+    for (int c = first; c < nv; c += step) {
+        float v[K];
+        load_chunk(x + int64_t(c) * K, v);
+        stats_chunk_fast(st, v, int64_t(c) * K, y_local, smooth);
+    }
+    for (int64_t j = int64_t(nv) * K + first; j < V_local; j += step)
+        stats_add(st, to_float(x[j]), j == y_local);
+    return st;
+}
+
+template <typename T, bool kVec>
+__device__ __forceinline__ void row_backward_part(T* dx, const T* x, int64_t V_local,
+                                                  int64_t y_local, bool valid,
+                                                  const RowGradParams& p, int first, int step) {
+    constexpr int K = kChunk<T>;
     const int nv = kVec ? int(V_local / K) : 0;
 #pragma unroll 2
-    for (int c = threadIdx.x; c < nv; c += blockDim.x) {
+    for (int c = first; c < nv; c += step) {
         float v[K];
         load_chunk(x + int64_t(c) * K, v);
         grad_chunk_fast(v, int64_t(c) * K, y_local, valid, p);
         store_chunk(dx + int64_t(c) * K, v);
     }
-    for (int64_t j = int64_t(nv) * K + threadIdx.x; j < V_local; j += blockDim.x)
+    for (int64_t j = int64_t(nv) * K + first; j < V_local; j += step)
         dx[j] =
             from_float<T>(!valid ? 0.0f : (j == y_local ? p.d_target : grad_of(to_float(x[j]), p)));
+}
+
+template <typename T, bool kVec>
+__global__ void shard_stats_kernel(RowStatsF* stats, const T* logits, int64_t ld,
+                                   const int32_t* targets, int64_t V_local, int64_t v0,
+                                   int64_t ignore_index, bool smooth) {
+    const int64_t row = blockIdx.x;
+    const int64_t y = targets[row];
+    const int64_t y_local = (y != ignore_index && y >= v0 && y < v0 + V_local) ? y - v0 : -1;
+    RowStatsF st = row_stats_part<T, kVec>(logits + row * ld, V_local, y_local, smooth,
+                                           int(threadIdx.x), int(blockDim.x));
+    st = block_reduce_stats(st);
+    if (threadIdx.x == 0) stats[row] = st;
+}
+
+template <typename T, bool kVec>
+__global__ void shard_backward_kernel(T* dlogits, const T* logits, int64_t ld,
+                                      const int32_t* targets, const RowGradParams* params,
+                                      int64_t V_local, int64_t v0, int64_t ignore_index) {
+    const int64_t row = blockIdx.x;
+    const int64_t y = targets[row];
+    const bool valid = y != ignore_index;
+    row_backward_part<T, kVec>(dlogits + row * ld, logits + row * ld, V_local, valid ? y - v0 : -1,
+                               valid, params[row], int(threadIdx.x), int(blockDim.x));
 }
 
 // Narrow shards (a fused-linear vocabulary chunk, a small vocabulary): one warp per row, eight
@@ -428,22 +441,12 @@ template <typename T, bool kVec>
 __global__ void __launch_bounds__(32 * kRowsPerBlock)
     narrow_stats_kernel(RowStatsF* stats, const T* logits, int64_t ld, const int32_t* targets,
                         int64_t N, int64_t V_local, int64_t v0, int64_t ignore_index, bool smooth) {
-    constexpr int K = kChunk<T>;
     const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (row >= N) return;  // whole warps leave together
-    const T* x = logits + row * ld;
     const int64_t y = targets[row];
     const int64_t y_local = (y != ignore_index && y >= v0 && y < v0 + V_local) ? y - v0 : -1;
-    RowStatsF st = empty_stats();
-    const int nv = kVec ? int(V_local / K) : 0;
-    for (int c = lane; c < nv; c += 32) {
-        float v[K];
-        load_chunk(x + int64_t(c) * K, v);
-        stats_chunk_fast(st, v, int64_t(c) * K, y_local, smooth);
-    }
-    for (int64_t j = int64_t(nv) * K + lane; j < V_local; j += 32)
-        stats_add(st, to_float(x[j]), j == y_local);
+    RowStatsF st = row_stats_part<T, kVec>(logits + row * ld, V_local, y_local, smooth, lane, 32);
     st = warp_reduce_stats(st);
     if (lane == 0) stats[row] = st;
 }
@@ -453,26 +456,13 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock)
     narrow_backward_kernel(T* dlogits, const T* logits, int64_t ld, const int32_t* targets,
                            const RowGradParams* params, int64_t N, int64_t V_local, int64_t v0,
                            int64_t ignore_index) {
-    constexpr int K = kChunk<T>;
     const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (row >= N) return;
-    const T* x = logits + row * ld;
-    T* dx = dlogits + row * ld;
     const int64_t y = targets[row];
     const bool valid = y != ignore_index;
-    const int64_t y_local = valid ? y - v0 : -1;
-    const RowGradParams p = params[row];
-    const int nv = kVec ? int(V_local / K) : 0;
-    for (int c = lane; c < nv; c += 32) {
-        float v[K];
-        load_chunk(x + int64_t(c) * K, v);
-        grad_chunk_fast(v, int64_t(c) * K, y_local, valid, p);
-        store_chunk(dx + int64_t(c) * K, v);
-    }
-    for (int64_t j = int64_t(nv) * K + lane; j < V_local; j += 32)
-        dx[j] =
-            from_float<T>(!valid ? 0.0f : (j == y_local ? p.d_target : grad_of(to_float(x[j]), p)));
+    row_backward_part<T, kVec>(dlogits + row * ld, logits + row * ld, V_local, valid ? y - v0 : -1,
+                               valid, params[row], lane, 32);
 }
 
 // ---------------------------------------------------------------- naive: the textbook pipeline

@@ -62,14 +62,17 @@ double copy_bandwidth() {
     return 2.0 * double(bytes) / (median(ms) * 1e-3);
 }
 
-// Median milliseconds of fn() over iters runs (after 3 warm-ups), timed with device events.
-template <typename F>
-double time_ms(F&& fn, int iters) {
+// Median milliseconds of fn() over iters runs (after 3 warm-ups), timed with device events;
+// before() runs ahead of each, outside the events (e.g. restoring inputs that fn overwrites).
+template <typename F, typename B = void (*)()>
+double time_ms(
+    F&& fn, int iters, B before = [] {}) {
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
     std::vector<double> ms;
     for (int it = 0; it < iters + 3; it++) {
+        before();
         cudaEventRecord(e0);
         fn();
         cudaEventRecord(e1);
@@ -168,24 +171,11 @@ int main(int argc, char** argv) {
             a.z_rows = rows + 2 * sh.N;
             a.lse_rows = rows + 3 * sh.N;
             a.summary = summary;
-            cudaEvent_t e0, e1;
-            cudaEventCreate(&e0);
-            cudaEventCreate(&e1);
-            std::vector<double> ms;
-            for (int it = 0; it < iters + 3; it++) {
-                CK(cudaMemcpy(logits, pristine, n * 2, cudaMemcpyDeviceToDevice));
-                cudaEventRecord(e0);
-                v.run(a, o, ws, nullptr);
-                cudaEventRecord(e1);
-                CK(cudaEventSynchronize(e1));
-                CK(cudaGetLastError());
-                float t;
-                cudaEventElapsedTime(&t, e0, e1);
-                if (it >= 3) ms.push_back(t);
-            }
+            const double med =
+                time_ms([&] { v.run(a, o, ws, nullptr); }, iters,
+                        [&] { CK(cudaMemcpy(logits, pristine, n * 2, cudaMemcpyDeviceToDevice)); });
             zgpt::cuda::LossSummaryF s;
             CK(cudaMemcpy(&s, summary, sizeof s, cudaMemcpyDeviceToHost));
-            const double med = median(ms);
             const double gbps = 2.0 * double(n) * 2 / (med * 1e-3) / 1e9;
             std::printf(
                 "%-8s N=%-6lld V=%-7lld %8.3f ms  %7.0f GB/s  %5.2fx floor (%.3f ms)  extra %.3f "
@@ -197,7 +187,6 @@ int main(int argc, char** argv) {
                                {"N", sh.N},
                                {"V", sh.V},
                                {"ms", med},
-                               {"ms_min", *std::min_element(ms.begin(), ms.end())},
                                {"GBps", gbps},
                                {"floor_ms", floor_ms},
                                {"x_floor", med / floor_ms},
