@@ -6,8 +6,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 using nlohmann::json;
 namespace fs = std::filesystem;
@@ -39,6 +44,13 @@ std::vector<json> read_metrics(const fs::path& p) {
     std::vector<json> out;
     std::ifstream f(p);
     for (std::string line; std::getline(f, line);) out.push_back(json::parse(line));
+    return out;
+}
+
+std::vector<std::string> list_dir_names(const fs::path& d) {
+    std::vector<std::string> out;
+    if (fs::is_directory(d))
+        for (const auto& e : fs::directory_iterator(d)) out.push_back(e.path().filename().string());
     return out;
 }
 
@@ -141,4 +153,152 @@ TEST_CASE("train --help lists options and config keys; a bad config fails with a
     Output e = run(bin("ZGPT_TRAIN_BIN") + " -c " + (dir / "bad.yaml").string());
     CHECK(e.code == 1);
     CHECK(e.text.find("bad.yaml:4: optim.lr: expected a number, got 'fast'") != std::string::npos);
+}
+
+// ---------------------------------------------------------------- checkpoints, resume, kills
+
+namespace {
+
+// Starts `cmd` (stdout and stderr to log) and returns its pid; the shell execs the command, so
+// the pid is the trainer's own.
+pid_t spawn(const std::string& cmd, const fs::path& log) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+        const std::string full = "exec " + cmd + " > '" + log.string() + "' 2>&1";
+        execl("/bin/sh", "sh", "-c", full.c_str(), (char*)nullptr);
+        _exit(127);
+    }
+    return pid;
+}
+
+size_t count_lines(const fs::path& p) {
+    std::ifstream f(p);
+    size_t n = 0;
+    for (std::string l; std::getline(f, l);) n++;
+    return n;
+}
+
+std::map<int64_t, double> losses(const fs::path& metrics) {
+    std::map<int64_t, double> m;
+    for (const json& r : read_metrics(metrics))
+        if (r.contains("loss")) m[r["step"]] = r["loss"];
+    return m;
+}
+
+struct ResumeFixture {
+    fs::path dir = fs::temp_directory_path() / "zgpt_test_resume";
+    std::string train = bin("ZGPT_TRAIN_BIN");
+    ResumeFixture() {
+        fs::remove_all(dir);
+        const fs::path corpus = make_corpus(dir);
+        REQUIRE(run(bin("ZGPT_PREPARE_BIN") + " --input " + corpus.string() + " --out " +
+                    (dir / "shards").string())
+                    .code == 0);
+        // decay_steps fixed, so the schedule does not depend on max_steps (stop at 10, go to 20)
+        std::ofstream(dir / "c.yaml")
+            << "model: {n_layer: 2, n_head: 2, n_embd: 32, block_size: 32}\n"
+            << "data: {train: " << (dir / "shards/train_*.bin").string()
+            << ", val: " << (dir / "shards/val_*.bin").string() << "}\n"
+            << "train: {batch_size: 4, max_steps: 40, eval_every: 10, eval_batches: 2, "
+               "checkpoint_every: 5, threads: 1, out_dir: "
+            << (dir / "runs").string() << "}\n"
+            << "optim: {lr: 1.0e-2, warmup_steps: 2, decay_steps: 40}\n"
+            << "loss: {z_loss_weight: 1.0e-4}\n";
+    }
+    std::string start(const std::string& name, const std::string& extra = "") const {
+        return train + " -c " + (dir / "c.yaml").string() + " --set train.run_name=" + name + " " +
+               extra;
+    }
+    std::string resume(const std::string& name, const std::string& extra = "") const {
+        return train + " --resume " + (dir / "runs" / name).string() + " " + extra;
+    }
+    fs::path run_dir(const std::string& name) const { return dir / "runs" / name; }
+};
+
+}  // namespace
+
+TEST_CASE("exact resume: 10 steps, stop, resume to 20 gives bit-identical losses for 11-20") {
+    ResumeFixture f;
+    REQUIRE(run(f.start("straight", "--set train.max_steps=20")).code == 0);
+    REQUIRE(run(f.start("split", "--set train.max_steps=10")).code == 0);
+    Output r = run(f.resume("split", "--set train.max_steps=20"));
+    INFO(r.text);
+    REQUIRE(r.code == 0);
+    CHECK(r.text.find("resumed from") != std::string::npos);
+    const auto a = losses(f.run_dir("straight") / "metrics.jsonl"),
+               b = losses(f.run_dir("split") / "metrics.jsonl");
+    REQUIRE(b.size() == 20);
+    for (int64_t s = 1; s <= 20; s++) CHECK(a.at(s) == b.at(s));
+}
+
+TEST_CASE(
+    "SIGKILL during a step, then during a checkpoint write: resume loses at most checkpoint_every "
+    "steps") {
+    ResumeFixture f;
+    REQUIRE(run(f.start("straight")).code == 0);
+    const auto want = losses(f.run_dir("straight") / "metrics.jsonl");
+    // killed mid-run
+    const pid_t pid = spawn(f.start("killed"), f.dir / "killed.log");
+    const fs::path metrics = f.run_dir("killed") / "metrics.jsonl";
+    for (int i = 0; i < 20000 && count_lines(metrics) < 13; i++) usleep(1000);
+    kill(pid, SIGKILL);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(WIFSIGNALED(status));
+    Output r = run(f.resume("killed"));
+    INFO(r.text);
+    REQUIRE(r.code == 0);
+    const auto pos = r.text.find("at step ");
+    REQUIRE(pos != std::string::npos);
+    const int64_t resumed = std::stoll(r.text.substr(pos + 8));
+    CHECK(resumed >= 5);  // at most checkpoint_every (5) steps were lost
+    const auto got = losses(metrics);
+    REQUIRE(got.size() == 40);
+    for (int64_t s = 1; s <= 40; s++) CHECK(got.at(s) == want.at(s));
+
+    // killed half-way through writing the step-10 checkpoint: the half file is never loaded
+    Output k = run("ZGPT_TEST_KILL_IN_CHECKPOINT_AT_STEP=10 " + f.start("torn"));
+    CHECK(k.code != 0);
+    CHECK(fs::exists(f.run_dir("torn") / "checkpoints/ckpt_10.bin.tmp"));
+    CHECK_FALSE(fs::exists(f.run_dir("torn") / "checkpoints/ckpt_10.bin"));
+    Output r2 = run(f.resume("torn"));
+    INFO(r2.text);
+    REQUIRE(r2.code == 0);
+    CHECK(r2.text.find("ckpt_5.bin at step 5") != std::string::npos);
+    const auto got2 = losses(f.run_dir("torn") / "metrics.jsonl");
+    for (int64_t s = 1; s <= 40; s++) CHECK(got2.at(s) == want.at(s));
+}
+
+TEST_CASE(
+    "a corrupt newest checkpoint is refused with a reason and resume falls back; SIGTERM "
+    "checkpoints") {
+    ResumeFixture f;
+    REQUIRE(run(f.start("a", "--set train.max_steps=15")).code == 0);
+    const fs::path newest = f.run_dir("a") / "checkpoints/ckpt_15.bin";
+    REQUIRE(fs::exists(newest));
+    {
+        std::fstream c(newest, std::ios::in | std::ios::out | std::ios::binary);
+        c.seekp(300);
+        c.put(0x7f);
+    }
+    Output r = run(f.resume("a", "--set train.max_steps=20"));
+    INFO(r.text);
+    REQUIRE(r.code == 0);
+    CHECK(r.text.find("warning: checkpoint") != std::string::npos);
+    CHECK(r.text.find("checksum mismatch") != std::string::npos);
+    CHECK(r.text.find("ckpt_10.bin at step 10") != std::string::npos);
+
+    // SIGTERM: the trainer finishes its step, writes a final checkpoint and exits cleanly
+    const pid_t pid =
+        spawn(f.start("term", "--set train.checkpoint_every=0 --set train.max_steps=100000"),
+              f.dir / "term.log");
+    const fs::path metrics = f.run_dir("term") / "metrics.jsonl";
+    for (int i = 0; i < 20000 && count_lines(metrics) < 8; i++) usleep(1000);
+    kill(pid, SIGTERM);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    const auto ckpts = list_dir_names(f.run_dir("term") / "checkpoints");
+    CHECK(ckpts.size() == 1);
 }

@@ -64,6 +64,18 @@ std::vector<ConfigField> config_fields(Config& c) {
          false,
          {"auto", "cpu", "cuda"}});
     add({"train", "threads", "CPU threads; 0: all cores", &t.threads, 0, 4096});
+    add({"train", "checkpoint_every", "checkpoint every N steps (and at the end); 0: end only",
+         &t.checkpoint_every, 0, 1e15});
+    add({"train", "keep_checkpoints", "newest checkpoints kept", &t.keep_checkpoints, 1, 1 << 20});
+    add({"train",
+         "resume",
+         "auto: continue from the run directory's newest valid checkpoint",
+         &t.resume,
+         0,
+         0,
+         false,
+         false,
+         {"", "auto"}});
     OptimConfig& o = c.optim;
     add({"optim", "lr", "peak learning rate", &o.lr, 0, 100, true});
     add({"optim", "min_lr", "learning rate at the end of the decay", &o.min_lr, 0, 100});

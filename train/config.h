@@ -29,9 +29,12 @@ struct TrainConfig {
     int64_t log_every = 10;
     int64_t seed = 1337;
     std::string out_dir = "runs";
-    std::string run_name;         // empty: <config name>-<date>-<time>
-    std::string device = "auto";  // auto | cpu | cuda
-    int threads = 0;              // CPU threads; 0: all cores
+    std::string run_name;            // empty: <config name>-<date>-<time>
+    std::string device = "auto";     // auto | cpu | cuda
+    int threads = 0;                 // CPU threads; 0: all cores
+    int64_t checkpoint_every = 500;  // 0: only at the end (and on SIGINT/SIGTERM)
+    int keep_checkpoints = 3;
+    std::string resume;  // "" | "auto": continue from the newest valid checkpoint of the run dir
 };
 
 struct OptimConfig {

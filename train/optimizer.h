@@ -14,6 +14,7 @@ class AdamW {
     AdamW(const ParameterTable& table, const OptimConfig& cfg);
     void step(float* params, const float* grads, double lr, double grad_scale);
     int64_t steps_taken() const { return t_; }
+    void set_steps_taken(int64_t t) { t_ = t; }  // when resuming
     std::vector<float>& m() { return m_; }
     std::vector<float>& v() { return v_; }
 

@@ -22,7 +22,7 @@ std::string format_duration(double s) {
 
 std::string format_progress(const ProgressInfo& p) {
     const double eta =
-        p.step > 0 ? p.elapsed_s / double(p.step) * double(p.max_steps - p.step) : -1;
+        p.steps_done > 0 ? p.elapsed_s / double(p.steps_done) * double(p.max_steps - p.step) : -1;
     char buf[256];
     std::snprintf(buf, sizeof buf,
                   "step %lld/%lld | loss %.4f (ce %.4f z %.2e) | lr %.2e | |g| %.3f | %.0f tok/s | "

@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "data/loader.h"
@@ -13,6 +14,7 @@
 #include "kernels/check.h"
 #include "kernels/global_norm.h"
 #include "model/gpt.h"
+#include "train/checkpoint.h"
 #include "train/device.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
@@ -72,6 +74,20 @@ EvalResult evaluate(GPT<float>& model, DataLoader& val, const Config& c, int64_t
     return {n ? loss / double(n) : 0.0, n ? ce / double(n) : 0.0};
 }
 
+// Keeps the metrics lines of steps <= step (a resumed run re-does the steps after its checkpoint).
+void truncate_metrics(const std::string& path, int64_t step) {
+    std::ifstream in(path);
+    std::string kept, line;
+    while (std::getline(in, line)) {
+        if (line.empty()) continue;
+        try {
+            if (nlohmann::json::parse(line).value("step", int64_t(0)) <= step) kept += line + "\n";
+        } catch (const std::exception&) {  // a line cut short by a crash: drop it
+        }
+    }
+    write_text_file(path, kept);
+}
+
 }  // namespace
 
 void resolve_vocab_size(Config& c) {
@@ -113,14 +129,47 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
     TrainResult result;
     result.run_dir = make_run_dir(cfg.train, config_path);
     const std::string yaml = config_to_yaml(cfg);
-    write_text_file(result.run_dir + "/config.yaml", yaml);
-    write_text_file(result.run_dir + "/provenance.json",
-                    provenance(device, command_line).dump(2) + "\n");
-    MetricsWriter metrics(result.run_dir + "/metrics.jsonl");
+    const std::string ckpt_dir = result.run_dir + "/checkpoints";
 
     GPT<float> model(cfg.model);
     model.init_weights(uint64_t(cfg.train.seed));
     AdamW optimizer(model.layout().table, cfg.optim);
+    int64_t start_step = 0, tokens = 0;
+    std::string resumed_from;
+    if (cfg.train.resume == "auto") {
+        std::vector<std::string> refused;
+        CheckpointState st;
+        resumed_from = latest_valid_checkpoint(ckpt_dir, model.layout().table, &refused, &st);
+        for (const std::string& r : refused) std::printf("warning: %s\n", r.c_str());
+        if (!resumed_from.empty()) {
+            model.params = std::move(st.params);
+            optimizer.m() = std::move(st.m);
+            optimizer.v() = std::move(st.v);
+            optimizer.set_steps_taken(st.adam_steps);
+            train_loader.set_position(st.loader);
+            start_step = st.step;
+            tokens = st.tokens;
+            truncate_metrics(result.run_dir + "/metrics.jsonl", start_step);
+        }
+    }
+    write_text_file(result.run_dir + "/config.yaml", yaml);
+    const std::string prov_name = start_step
+                                      ? "/provenance-resume-" + std::to_string(start_step) + ".json"
+                                      : "/provenance.json";
+    write_text_file(result.run_dir + prov_name, provenance(device, command_line).dump(2) + "\n");
+    MetricsWriter metrics(result.run_dir + "/metrics.jsonl");
+    auto checkpoint = [&](int64_t step) {
+        CheckpointState st;
+        st.step = step;
+        st.tokens = tokens;
+        st.loader = train_loader.position();
+        st.adam_steps = optimizer.steps_taken();
+        st.config_yaml = yaml;
+        st.params = model.params;
+        st.m = optimizer.m();
+        st.v = optimizer.v();
+        save_checkpoint(ckpt_dir, model.layout().table, st, cfg.train.keep_checkpoints);
+    };
 
     std::printf("resolved config:\n%s", yaml.c_str());
     std::printf("%s\n", device.reason.c_str());
@@ -131,6 +180,10 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
                 (long long)train_loader.num_tokens(), train_loader.num_shards(),
                 (long long)train_loader.batches_per_epoch(), (long long)B, (long long)T);
     std::printf("run directory: %s\n", result.run_dir.c_str());
+    if (!resumed_from.empty())
+        std::printf("resumed from %s at step %lld\n", resumed_from.c_str(), (long long)start_step);
+    else if (cfg.train.resume == "auto")
+        std::printf("no valid checkpoint in %s: starting from step 0\n", ckpt_dir.c_str());
     std::fflush(stdout);
 
     Progress progress(cfg.train.log_every);
@@ -146,7 +199,7 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
                       e.loss, e.ce);
         progress.message(line);
     };
-    {
+    if (start_step == 0) {
         nlohmann::json rec{{"step", 0}, {"tokens", 0}};
         run_eval(0, rec);
         if (val_loader) metrics.write(rec);
@@ -158,8 +211,8 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
     std::vector<Batch> micro(cfg.train.grad_accum,
                              Batch{std::vector<int32_t>(B * T), std::vector<int32_t>(B * T)});
     const auto t_start = Clock::now();
-    int64_t tokens = 0;
-    for (int64_t step = 1; step <= max_steps && !g_stop; step++) {
+    const int64_t tokens_at_start = tokens;
+    for (int64_t step = start_step + 1; step <= max_steps && !g_stop; step++) {
         const auto t0 = Clock::now();
         const double lr = learning_rate(cfg.optim, step - 1, max_steps);
         // Normalise once by the valid tokens of the whole step, not per micro-batch.
@@ -204,13 +257,16 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
                            {"step_ms", dt * 1e3},
                            {"tok_per_s", double(B * T * cfg.train.grad_accum) / dt},
                            {"mfu", nullptr}};  // no peak FLOP/s is known for a CPU
-        progress.update({step, max_steps, sum.sum_loss * inv, sum.sum_ce * inv,
-                         sum.sum_z_loss * inv, lr, norm, double(tokens) / seconds_since(t_start),
+        progress.update({step, max_steps, step - start_step, sum.sum_loss * inv, sum.sum_ce * inv,
+                         sum.sum_z_loss * inv, lr, norm,
+                         double(tokens - tokens_at_start) / seconds_since(t_start),
                          seconds_since(t_start)});
         const bool last = step == max_steps || g_stop;
         if (last || (cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0))
             run_eval(step, rec);
         metrics.write(rec);
+        if (last || (cfg.train.checkpoint_every > 0 && step % cfg.train.checkpoint_every == 0))
+            checkpoint(step);
     }
     progress.finish();
     std::signal(SIGINT, SIG_DFL);

@@ -1,0 +1,122 @@
+// Checkpoint files: exact round trip, and every way a file can be wrong is refused with its reason.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "kernels/check.h"
+#include "model/parameters.h"
+#include "tests/helpers.h"
+#include "train/checkpoint.h"
+
+using namespace zgpt;
+namespace fs = std::filesystem;
+
+namespace {
+
+ModelConfig small(int n_embd = 16) {
+    ModelConfig c;
+    c.n_layer = 1;
+    c.n_head = 2;
+    c.n_embd = n_embd;
+    c.block_size = 8;
+    c.vocab_size = 11;
+    return c;
+}
+
+CheckpointState state_for(const ParameterTable& t, int64_t step) {
+    Rng rng{uint64_t(step)};
+    CheckpointState s;
+    s.step = step;
+    s.tokens = step * 100;
+    s.loader = {2, 7};
+    s.adam_steps = step;
+    s.config_yaml = "train:\n  seed: 1\n";
+    s.params = test::random_vector<float>(rng, t.total());
+    s.m = test::random_vector<float>(rng, t.total());
+    s.v = test::random_vector<float>(rng, t.total());
+    return s;
+}
+
+fs::path fresh_dir(const std::string& name) {
+    const fs::path d = fs::temp_directory_path() / ("zgpt_ckpt_" + name);
+    fs::remove_all(d);
+    return d;
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint round trip is exact; only the newest K are kept") {
+    const GptLayout g = make_gpt_layout(small());
+    const fs::path d = fresh_dir("roundtrip");
+    for (int64_t step : {5, 10, 15, 20})
+        save_checkpoint(d.string(), g.table, state_for(g.table, step), 3);
+    const auto all = list_checkpoints(d.string());
+    REQUIRE(all.size() == 3);
+    CHECK(fs::path(all[0]).filename() == "ckpt_20.bin");
+    CHECK(fs::path(all[2]).filename() == "ckpt_10.bin");
+    const CheckpointState want = state_for(g.table, 20), got = load_checkpoint(all[0], g.table);
+    CHECK(got.step == 20);
+    CHECK(got.tokens == 2000);
+    CHECK(got.loader.epoch == 2);
+    CHECK(got.loader.batch == 7);
+    CHECK(got.adam_steps == 20);
+    CHECK(got.config_yaml == want.config_yaml);
+    CHECK(got.params == want.params);  // bit for bit
+    CHECK(got.m == want.m);
+    CHECK(got.v == want.v);
+}
+
+TEST_CASE("truncated, corrupt, other-version and other-shape checkpoints are refused") {
+    const GptLayout g = make_gpt_layout(small());
+    const fs::path d = fresh_dir("bad");
+    const std::string p5 = save_checkpoint(d.string(), g.table, state_for(g.table, 5), 5);
+    const std::string p10 = save_checkpoint(d.string(), g.table, state_for(g.table, 10), 5);
+    const std::string copy = (d / "copy.bin").string();
+    auto reset = [&] { fs::copy_file(p10, copy, fs::copy_options::overwrite_existing); };
+    auto patch = [&](size_t offset, char value) {
+        std::fstream f(copy, std::ios::in | std::ios::out | std::ios::binary);
+        f.seekp(std::streamoff(offset));
+        f.put(value);
+    };
+    reset();
+    fs::resize_file(copy, fs::file_size(copy) - 100);
+    CHECK_THROWS_WITH_AS(load_checkpoint(copy, g.table),
+                         doctest::Contains("copy.bin refused: size"), Error);
+    reset();
+    patch(fs::file_size(copy) / 2, 0x55);
+    CHECK_THROWS_WITH_AS(load_checkpoint(copy, g.table), doctest::Contains("checksum mismatch"),
+                         Error);
+    reset();
+    patch(8, 9);  // format version 9
+    CHECK_THROWS_WITH_AS(load_checkpoint(copy, g.table), doctest::Contains("format version 9"),
+                         Error);
+    reset();
+    patch(0, 'X');
+    CHECK_THROWS_WITH_AS(load_checkpoint(copy, g.table), doctest::Contains("not a zgpt checkpoint"),
+                         Error);
+    // another model: same parameter count, other shapes (n_head does not change the table; a
+    // wider model changes sizes)
+    const GptLayout other = make_gpt_layout(small(24));
+    CHECK_THROWS_WITH_AS(load_checkpoint(p10, other.table), doctest::Contains("refused"), Error);
+    ModelConfig untied = small();
+    untied.tie_embeddings = false;
+    CHECK_THROWS_AS(load_checkpoint(p10, make_gpt_layout(untied).table), Error);
+
+    // the newest file corrupt: latest_valid_checkpoint falls back to the previous one and says why
+    {
+        std::fstream f(p10, std::ios::in | std::ios::out | std::ios::binary);
+        f.seekp(200);
+        f.put(0x11);
+    }
+    fs::remove(copy);
+    std::vector<std::string> refused;
+    CheckpointState s;
+    CHECK(latest_valid_checkpoint(d.string(), g.table, &refused, &s) == p5);
+    CHECK(s.step == 5);
+    REQUIRE(refused.size() == 1);
+    CHECK(refused[0].find("ckpt_10.bin refused: checksum mismatch") != std::string::npos);
+    // a temporary file of an interrupted write is never a candidate
+    std::ofstream(d / "ckpt_99.bin.tmp") << "half";
+    CHECK(list_checkpoints(d.string()).size() == 2);
+}

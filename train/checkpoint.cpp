@@ -1,0 +1,201 @@
+#include "train/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "kernels/check.h"
+
+namespace zgpt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr char kMagic[8] = {'Z', 'G', 'P', 'T', 'C', 'K', 'P', 'T'};
+
+uint64_t fnv1a(const unsigned char* p, size_t n, uint64_t h = 0xcbf29ce484222325ull) {
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+nlohmann::json table_json(const ParameterTable& t) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const ParamSpec& s : t.specs()) a.push_back({{"name", s.name}, {"shape", s.shape}});
+    return a;
+}
+
+void append(std::vector<unsigned char>& buf, const void* p, size_t n) {
+    const auto* b = static_cast<const unsigned char*>(p);
+    buf.insert(buf.end(), b, b + n);
+}
+
+int64_t step_of(const fs::path& p) {  // ckpt_<step>.bin
+    const std::string s = p.filename().string();
+    if (s.rfind("ckpt_", 0) != 0 || p.extension() != ".bin") return -1;
+    try {
+        return std::stoll(s.substr(5, s.size() - 9));
+    } catch (...) {
+        return -1;
+    }
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& dir, const ParameterTable& table,
+                            const CheckpointState& s, int keep) {
+    const size_t n = size_t(table.total());
+    ZG_CHECK(s.params.size() == n && s.m.size() == n && s.v.size() == n,
+             "save_checkpoint: state does not match the parameter table");
+    nlohmann::json h{{"format_version", kCheckpointVersion},
+                     {"step", s.step},
+                     {"tokens", s.tokens},
+                     {"loader", {{"epoch", s.loader.epoch}, {"batch", s.loader.batch}}},
+                     {"adam_steps", s.adam_steps},
+                     {"config", s.config_yaml},
+                     {"total", table.total()},
+                     {"tensors", table_json(table)}};
+    const std::string header = h.dump();
+    std::vector<unsigned char> buf;
+    buf.reserve(32 + header.size() + 12 * n + 8);
+    const uint32_t version = kCheckpointVersion, zero = 0;
+    const uint64_t hlen = header.size();
+    append(buf, kMagic, 8);
+    append(buf, &version, 4);
+    append(buf, &zero, 4);
+    append(buf, &hlen, 8);
+    append(buf, header.data(), header.size());
+    append(buf, s.params.data(), 4 * n);
+    append(buf, s.m.data(), 4 * n);
+    append(buf, s.v.data(), 4 * n);
+    const uint64_t sum = fnv1a(buf.data(), buf.size());
+    append(buf, &sum, 8);
+
+    fs::create_directories(dir);
+    const fs::path final_path = fs::path(dir) / ("ckpt_" + std::to_string(s.step) + ".bin");
+    const std::string tmp = final_path.string() + ".tmp";
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ZG_CHECK(fd >= 0, "cannot write checkpoint " + tmp + ": " + std::strerror(errno));
+    // Test hook: die half-way through this write (the kill-during-checkpoint test).
+    const char* crash = std::getenv("ZGPT_TEST_KILL_IN_CHECKPOINT_AT_STEP");
+    const bool die = crash && std::atoll(crash) == s.step;
+    size_t done = 0;
+    const size_t target = die ? buf.size() / 2 : buf.size();
+    while (done < target) {
+        const ssize_t w = ::write(fd, buf.data() + done, target - done);
+        if (w <= 0) {
+            ::close(fd);
+            throw Error("failed writing checkpoint " + tmp + ": " + std::strerror(errno));
+        }
+        done += size_t(w);
+    }
+    if (die) {
+        ::fsync(fd);
+        std::raise(SIGKILL);
+    }
+    const bool ok = ::fsync(fd) == 0;
+    ::close(fd);
+    ZG_CHECK(ok, "fsync failed for checkpoint " + tmp);
+    fs::rename(tmp, final_path);
+    if (const int dfd = ::open(dir.c_str(), O_RDONLY); dfd >= 0) {  // make the rename durable
+        ::fsync(dfd);
+        ::close(dfd);
+    }
+    const std::vector<std::string> all = list_checkpoints(dir);
+    for (size_t i = size_t(std::max(keep, 1)); i < all.size(); i++) fs::remove(all[i]);
+    return final_path.string();
+}
+
+CheckpointState load_checkpoint(const std::string& path, const ParameterTable& table) {
+    std::ifstream f(path, std::ios::binary);
+    ZG_CHECK(f.good(), "cannot read checkpoint " + path);
+    std::vector<unsigned char> buf((std::istreambuf_iterator<char>(f)),
+                                   std::istreambuf_iterator<char>());
+    auto fail = [&](const std::string& why) {
+        throw Error("checkpoint " + path + " refused: " + why);
+    };
+    if (buf.size() < 32 || std::memcmp(buf.data(), kMagic, 8) != 0) fail("not a zgpt checkpoint");
+    uint32_t version;
+    uint64_t hlen;
+    std::memcpy(&version, buf.data() + 8, 4);
+    std::memcpy(&hlen, buf.data() + 16, 8);
+    if (version != kCheckpointVersion)
+        fail("format version " + std::to_string(version) + ", this build reads version " +
+             std::to_string(kCheckpointVersion));
+    const size_t n = size_t(table.total());
+    const size_t expect = 24 + hlen + 12 * n + 8;
+    if (hlen > buf.size() || buf.size() != expect)
+        fail("size " + std::to_string(buf.size()) + " bytes, expected " + std::to_string(expect) +
+             " (truncated, or a model of another size)");
+    uint64_t sum;
+    std::memcpy(&sum, buf.data() + buf.size() - 8, 8);
+    if (fnv1a(buf.data(), buf.size() - 8) != sum) fail("checksum mismatch (corrupt file)");
+    nlohmann::json h;
+    try {
+        h = nlohmann::json::parse(buf.begin() + 24, buf.begin() + 24 + std::ptrdiff_t(hlen));
+    } catch (const std::exception& e) {
+        fail(std::string("unreadable header: ") + e.what());
+    }
+    const nlohmann::json want = table_json(table);
+    if (h.at("tensors") != want) {
+        const auto& got = h.at("tensors");
+        for (size_t i = 0; i < std::max(got.size(), want.size()); i++) {
+            if (i >= got.size() || i >= want.size() || got[i] != want[i])
+                fail("another model shape: the checkpoint has " +
+                     (i < got.size() ? got[i].dump() : std::string("no tensor")) +
+                     " where the model has " +
+                     (i < want.size() ? want[i].dump() : std::string("no tensor")));
+        }
+    }
+    CheckpointState s;
+    s.step = h.at("step");
+    s.tokens = h.at("tokens");
+    s.loader.epoch = h.at("loader").at("epoch");
+    s.loader.batch = h.at("loader").at("batch");
+    s.adam_steps = h.at("adam_steps");
+    s.config_yaml = h.at("config");
+    const unsigned char* body = buf.data() + 24 + hlen;
+    for (auto* v : {&s.params, &s.m, &s.v}) {
+        v->resize(n);
+        std::memcpy(v->data(), body, 4 * n);
+        body += 4 * n;
+    }
+    return s;
+}
+
+std::vector<std::string> list_checkpoints(const std::string& dir) {
+    std::vector<std::pair<int64_t, std::string>> found;
+    if (fs::is_directory(dir))
+        for (const auto& e : fs::directory_iterator(dir))
+            if (const int64_t st = step_of(e.path()); st >= 0)
+                found.emplace_back(st, e.path().string());
+    std::sort(found.begin(), found.end(), [](auto& a, auto& b) { return a.first > b.first; });
+    std::vector<std::string> out;
+    for (auto& [st, p] : found) out.push_back(p);
+    return out;
+}
+
+std::string latest_valid_checkpoint(const std::string& dir, const ParameterTable& table,
+                                    std::vector<std::string>* refused, CheckpointState* state) {
+    for (const std::string& p : list_checkpoints(dir)) {
+        try {
+            CheckpointState s = load_checkpoint(p, table);
+            if (state) *state = std::move(s);
+            return p;
+        } catch (const Error& e) {
+            if (refused) refused->push_back(e.what());
+        }
+    }
+    return "";
+}
+
+}  // namespace zgpt

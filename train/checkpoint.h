@@ -1,0 +1,44 @@
+// Checkpoints: the fp32 weights, AdamW moments and step, the data-loader position and the resolved
+// config, in one file written atomically (temporary file, fsync, rename, fsync of the directory)
+// and closed by a checksum. A file that is truncated, corrupt, of another format version or of
+// another model shape is refused with a message naming the file and the reason.
+//
+// Layout (little-endian): "ZGPTCKPT", u32 format version, u32 0, u64 header length, a JSON header
+// (step, tokens, loader position, AdamW step, config, tensor table), the params, m and v as fp32
+// (the table's total each), then a u64 FNV-1a checksum of everything before it.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "data/loader.h"
+#include "model/parameters.h"
+
+namespace zgpt {
+
+constexpr uint32_t kCheckpointVersion = 1;
+
+struct CheckpointState {
+    int64_t step = 0;    // optimizer steps completed
+    int64_t tokens = 0;  // training tokens consumed
+    LoaderPosition loader;
+    int64_t adam_steps = 0;
+    std::string config_yaml;
+    std::vector<float> params, m, v;
+};
+
+// Writes dir/ckpt_<step>.bin and keeps the newest `keep` checkpoints; returns the path.
+std::string save_checkpoint(const std::string& dir, const ParameterTable& table,
+                            const CheckpointState& s, int keep);
+
+CheckpointState load_checkpoint(const std::string& path, const ParameterTable& table);
+
+// Checkpoint files in dir, newest step first (temporary files of interrupted writes are ignored).
+std::vector<std::string> list_checkpoints(const std::string& dir);
+
+// The newest checkpoint in dir that loads (its contents in *state); each refused one is reported
+// in `refused` with its reason. Empty path when there is none.
+std::string latest_valid_checkpoint(const std::string& dir, const ParameterTable& table,
+                                    std::vector<std::string>* refused, CheckpointState* state);
+
+}  // namespace zgpt
