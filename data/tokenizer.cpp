@@ -1,9 +1,11 @@
 #include "data/tokenizer.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "data/gpt2_bpe.h"
 #include "kernels/check.h"
 
 namespace zgpt {
@@ -57,6 +59,18 @@ Tokenizer Tokenizer::byte_level() {
     return t;
 }
 
+Tokenizer Tokenizer::gpt2(const std::string& dir) {
+    Tokenizer t;
+    t.type_ = "gpt2";
+    t.bpe_dir_ = dir;
+    t.bpe_ = Gpt2Bpe::load(dir + "/encoder.json", dir + "/vocab.bpe");
+    return t;
+}
+
+int64_t Tokenizer::document_separator() const {
+    return bpe_ ? int64_t(bpe_->end_of_text()) : -1;
+}
+
 static void index_chars(std::vector<uint32_t>& chars, std::vector<int32_t>& id_of) {
     id_of.assign(chars.empty() ? 0 : chars.back() + 1, -1);
     for (size_t i = 0; i < chars.size(); i++) id_of[chars[i]] = int32_t(i);
@@ -74,10 +88,12 @@ Tokenizer Tokenizer::char_level_from_text(std::string_view text) {
 }
 
 int64_t Tokenizer::vocab_size() const {
+    if (bpe_) return bpe_->vocab_size();
     return type_ == "byte" ? 256 : int64_t(chars_.size());
 }
 
 std::vector<uint32_t> Tokenizer::encode(std::string_view text) const {
+    if (bpe_) return bpe_->encode_parallel(text);
     if (type_ == "byte") {
         const auto* p = reinterpret_cast<const unsigned char*>(text.data());
         return std::vector<uint32_t>(p, p + text.size());
@@ -98,6 +114,7 @@ std::vector<uint32_t> Tokenizer::encode(std::string_view text) const {
 }
 
 std::string Tokenizer::decode(const std::vector<uint32_t>& ids) const {
+    if (bpe_) return bpe_->decode(ids);
     std::string out;
     for (uint32_t id : ids) {
         ZG_CHECK(id < uint64_t(vocab_size()), "token id " + std::to_string(id) + " out of range");
@@ -113,6 +130,16 @@ void Tokenizer::save(const std::string& path) const {
     nlohmann::json j;
     j["type"] = type_;
     j["vocab_size"] = vocab_size();
+    if (type_ == "gpt2") {
+        namespace fs = std::filesystem;
+        const fs::path to = fs::path(path).parent_path();
+        for (const char* f : {"encoder.json", "vocab.bpe"})
+            if (!fs::exists(to / f) || !fs::equivalent(fs::path(bpe_dir_) / f, to / f))
+                fs::copy_file(fs::path(bpe_dir_) / f, to / f, fs::copy_options::overwrite_existing);
+        j["encoder"] = "encoder.json";
+        j["merges"] = "vocab.bpe";
+        j["document_separator"] = "<|endoftext|>";
+    }
     if (type_ == "char") {
         std::vector<std::string> chars;
         for (uint32_t cp : chars_) {
@@ -147,6 +174,8 @@ Tokenizer Tokenizer::load(const std::string& path) {
         }
         ZG_CHECK(std::is_sorted(t.chars_.begin(), t.chars_.end()), path + ": chars must be sorted");
         index_chars(t.chars_, t.id_of_char_);
+    } else if (t.type_ == "gpt2") {
+        return gpt2(std::filesystem::path(path).parent_path().string());
     } else {
         ZG_CHECK(t.type_ == "byte", path + ": unknown tokenizer type '" + t.type_ + "'");
     }

@@ -1,6 +1,8 @@
-// prepare_data: text file -> train/val token shards + tokenizer.json.
+// prepare_data: text file(s) -> train/val token shards + tokenizer.json.
 //   prepare_data --input kjv.txt --out data/shards/kjv --tokenizer char --val-fraction 0.1
-// The last val-fraction of the text (by tokens) is held out for validation, as nanoGPT does.
+//   prepare_data --input a.txt --input b.txt --out data/shards/gpt2 --tokenizer gpt2 --gpt2-dir DIR
+// The last val-fraction of the tokens is held out for validation, as nanoGPT does. With gpt2,
+// each input file is one document and starts with <|endoftext|>.
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -32,14 +34,20 @@ void write_split(const std::vector<uint32_t>& ids, size_t begin, size_t end, con
 
 int main(int argc, char** argv) {
     CLI::App app{"Turn a text file into train/val token shards (llm.c .bin layout)."};
-    std::string input, out, tokenizer = "char";
+    std::vector<std::string> inputs;
+    std::string out, tokenizer = "char", gpt2_dir;
     double val_fraction = 0.1;
     int64_t shard_tokens = 100'000'000;
-    app.add_option("-i,--input", input, "UTF-8 text file")->required()->check(CLI::ExistingFile);
+    app.add_option("-i,--input", inputs, "text file (repeatable: one document each)")
+        ->required()
+        ->check(CLI::ExistingFile);
     app.add_option("-o,--out", out, "output directory")->required();
-    app.add_option("-t,--tokenizer", tokenizer, "char | byte")
-        ->check(CLI::IsMember({"char", "byte"}))
+    app.add_option("-t,--tokenizer", tokenizer, "char | byte | gpt2")
+        ->check(CLI::IsMember({"char", "byte", "gpt2"}))
         ->capture_default_str();
+    app.add_option("--gpt2-dir", gpt2_dir,
+                   "directory with OpenAI's encoder.json and vocab.bpe (gpt2)")
+        ->check(CLI::ExistingDirectory);
     app.add_option("--val-fraction", val_fraction, "share of the text held out for validation")
         ->check(CLI::Range(0.0, 0.5))
         ->capture_default_str();
@@ -49,15 +57,30 @@ int main(int argc, char** argv) {
     CLI11_PARSE(app, argc, argv);
     try {
         const auto t0 = std::chrono::steady_clock::now();
-        std::ifstream f(input, std::ios::binary);
-        std::stringstream ss;
-        ss << f.rdbuf();
-        const std::string text = ss.str();
-        ZG_CHECK(!text.empty(), input + " is empty");
-        const zgpt::Tokenizer tok = tokenizer == "byte"
-                                        ? zgpt::Tokenizer::byte_level()
-                                        : zgpt::Tokenizer::char_level_from_text(text);
-        const std::vector<uint32_t> ids = tok.encode(text);
+        std::vector<std::string> texts;
+        size_t bytes = 0;
+        for (const std::string& input : inputs) {
+            std::ifstream f(input, std::ios::binary);
+            std::stringstream ss;
+            ss << f.rdbuf();
+            texts.push_back(ss.str());
+            ZG_CHECK(!texts.back().empty(), input + " is empty");
+            bytes += texts.back().size();
+        }
+        ZG_CHECK(tokenizer != "gpt2" || !gpt2_dir.empty(), "--tokenizer gpt2 needs --gpt2-dir");
+        zgpt::Tokenizer tok = tokenizer == "byte"   ? zgpt::Tokenizer::byte_level()
+                              : tokenizer == "gpt2" ? zgpt::Tokenizer::gpt2(gpt2_dir)
+                                                    : zgpt::Tokenizer::char_level_from_text([&] {
+                                                          std::string all;
+                                                          for (const auto& t : texts) all += t;
+                                                          return all;
+                                                      }());
+        std::vector<uint32_t> ids;
+        for (const std::string& text : texts) {
+            if (tok.document_separator() >= 0) ids.push_back(uint32_t(tok.document_separator()));
+            const std::vector<uint32_t> doc = tok.encode(text);
+            ids.insert(ids.end(), doc.begin(), doc.end());
+        }
         const size_t n_val = size_t(double(ids.size()) * val_fraction);
         const size_t n_train = ids.size() - n_val;
         fs::create_directories(out);
@@ -67,8 +90,10 @@ int main(int argc, char** argv) {
         const double secs =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         std::printf(
-            "%s: %zu bytes -> %zu tokens (%s, vocab %lld): %zu train, %zu val, in %.2f s -> %s\n",
-            input.c_str(), text.size(), ids.size(), tok.type().c_str(), (long long)tok.vocab_size(),
+            "%zu file(s), %zu bytes -> %zu tokens (%s, vocab %lld): %zu train, %zu val, in %.2f s "
+            "-> "
+            "%s\n",
+            inputs.size(), bytes, ids.size(), tok.type().c_str(), (long long)tok.vocab_size(),
             n_train, n_val, secs, out.c_str());
     } catch (const zgpt::Error& e) {
         std::fprintf(stderr, "error: %s\n", e.what());
