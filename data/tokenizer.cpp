@@ -71,6 +71,15 @@ int64_t Tokenizer::document_separator() const {
     return bpe_ ? int64_t(bpe_->end_of_text()) : -1;
 }
 
+std::vector<uint32_t> Tokenizer::default_prompt() const {
+    if (document_separator() >= 0) return {uint32_t(document_separator())};
+    try {
+        return encode("\n");
+    } catch (const Error&) {  // no newline in a char vocabulary
+        return {0};
+    }
+}
+
 static void index_chars(std::vector<uint32_t>& chars, std::vector<int32_t>& id_of) {
     id_of.assign(chars.empty() ? 0 : chars.back() + 1, -1);
     for (size_t i = 0; i < chars.size(); i++) id_of[chars[i]] = int32_t(i);

@@ -27,6 +27,8 @@ class Tokenizer {
     std::vector<uint32_t> encode(std::string_view text) const;
     // gpt2: the id of <|endoftext|>, which starts each document; -1 for the others
     int64_t document_separator() const;
+    // What generation starts from when no prompt is given: <|endoftext|>, else a newline, else 0.
+    std::vector<uint32_t> default_prompt() const;
     std::string decode(const std::vector<uint32_t>& ids) const;
 
   private:

@@ -6,6 +6,7 @@
 
 #include "kernels/check.h"
 #include "model/gpt.h"
+#include "model/sample.h"
 #include "tests/helpers.h"
 #include "train/config.h"
 #include "train/optimizer.h"
@@ -165,4 +166,56 @@ TEST_CASE("a tiny model overfits one batch (loss < 0.05)") {
     }
     INFO("final loss " << loss);
     CHECK(loss < 0.05);
+}
+
+TEST_CASE("sampling: top-k = 1 and temperature 0 are greedy; top-k restricts; a seed repeats") {
+    const std::vector<float> logits = {0.1f, 2.0f, -1.0f, 1.9f, 0.5f, 2.0f, -3.0f};
+    Rng rng(1);
+    SampleOptions o;
+    o.top_k = 1;
+    CHECK(sample_token(logits.data(), 7, o, rng) == 1);  // the first of the tied maxima
+    o.top_k = 0;
+    o.temperature = 0.0;
+    CHECK(sample_token(logits.data(), 7, o, rng) == 1);
+    o.temperature = 1.0;
+    o.top_k = 3;  // {1, 5, 3}
+    std::vector<int> counts(7, 0);
+    for (int i = 0; i < 3000; i++) counts[sample_token(logits.data(), 7, o, rng)]++;
+    CHECK(counts[0] + counts[2] + counts[4] + counts[6] == 0);
+    CHECK(counts[1] > 800);
+    CHECK(counts[3] > 700);
+    CHECK(counts[5] > 800);
+    // whole vocabulary: the frequencies follow the softmax (loose: 3000 draws)
+    o.top_k = 0;
+    std::fill(counts.begin(), counts.end(), 0);
+    for (int i = 0; i < 3000; i++) counts[sample_token(logits.data(), 7, o, rng)]++;
+    double z = 0;
+    for (float x : logits) z += std::exp(double(x));
+    CHECK(close(counts[1] / 3000.0, std::exp(2.0) / z, 0.15, 0.0));
+    CHECK(counts[6] < 20);
+
+    ModelConfig c = tiny(true, true, false);
+    c.init_std = 0.5;
+    GPT<float> m(c);
+    m.init_weights(3);
+    SampleOptions so;
+    so.max_new_tokens = 12;  // runs past block_size = 7: the window slides
+    so.temperature = 0.9;
+    so.top_k = 5;
+    Rng a(42), b(42), d(43);
+    const auto x = generate(m, {1, 2}, so, a), y = generate(m, {1, 2}, so, b),
+               w = generate(m, {1, 2}, so, d);
+    CHECK(x.size() == 14);
+    CHECK(x == y);
+    CHECK(x != w);
+    // greedy generation picks the argmax of the logits at every step
+    so.top_k = 1;
+    Rng g(0);
+    const auto greedy = generate(m, {4}, so, g);
+    for (size_t t = 1; t < greedy.size(); t++) {
+        const int64_t T = std::min<int64_t>(int64_t(t), c.block_size);
+        m.forward(greedy.data() + t - T, 1, T);
+        const float* row = m.logits() + (T - 1) * m.padded_vocab();
+        CHECK(greedy[t] == int32_t(std::max_element(row, row + c.vocab_size) - row));
+    }
 }

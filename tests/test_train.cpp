@@ -78,6 +78,8 @@ train:
   eval_batches: 4
   log_every: 20
   threads: 2
+  sample_every: 30
+  sample_tokens: 20
 optim:
   lr: 1.0e-2
   min_lr: 1.0e-3
@@ -113,6 +115,7 @@ TEST_CASE("prepare_data + train: run directory, metrics, falling loss, repeatabl
     REQUIRE(a.code == 0);
     CHECK(a.text.find("training on the CPU") != std::string::npos);
     CHECK(a.text.find("step 60/60 | loss") != std::string::npos);
+    CHECK(a.text.find("sample at step 30:") != std::string::npos);
     const fs::path run_a = dir / "runs/a";
     for (const char* f : {"config.yaml", "metrics.jsonl", "provenance.json", "summary.json"})
         CHECK(fs::exists(run_a / f));
@@ -134,6 +137,18 @@ TEST_CASE("prepare_data + train: run directory, metrics, falling loss, repeatabl
     const json prov = json::parse(std::ifstream(run_a / "provenance.json"));
     CHECK(prov.contains("git_commit"));
     CHECK(prov["device"] == "cpu");
+
+    // tools/sample: the run's newest checkpoint, repeatable for a seed
+    auto sample = [&](const std::string& extra) {
+        return run(bin("ZGPT_SAMPLE_BIN") + " --run " + run_a.string() +
+                   " --prompt 'the cat' -n 30 " + extra);
+    };
+    Output s1 = sample("-s 7 -t 0.8 -k 10"), s2 = sample("-s 7 -t 0.8 -k 10"), g = sample("-k 1");
+    INFO(s1.text);
+    REQUIRE(s1.code == 0);
+    CHECK(s1.text == s2.text);
+    CHECK(s1.text.find("ckpt_60.bin (step 60)") != std::string::npos);
+    CHECK(g.text.find("the cat") != std::string::npos);
 
     Output b = train("b");
     REQUIRE(b.code == 0);

@@ -172,6 +172,27 @@ CheckpointState load_checkpoint(const std::string& path, const ParameterTable& t
     return s;
 }
 
+CheckpointHeader read_checkpoint_header(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    ZG_CHECK(f.good(), "cannot read checkpoint " + path);
+    char fixed[24] = {};
+    f.read(fixed, 24);
+    ZG_CHECK(f.gcount() == 24 && std::memcmp(fixed, kMagic, 8) == 0,
+             "checkpoint " + path + " refused: not a zgpt checkpoint");
+    uint64_t hlen = 0;
+    std::memcpy(&hlen, fixed + 16, 8);
+    ZG_CHECK(hlen < (uint64_t(1) << 30), "checkpoint " + path + " refused: implausible header");
+    std::string header(hlen, '\0');
+    f.read(header.data(), std::streamsize(hlen));
+    ZG_CHECK(uint64_t(f.gcount()) == hlen, "checkpoint " + path + " refused: truncated header");
+    try {
+        const nlohmann::json h = nlohmann::json::parse(header);
+        return {h.at("step").get<int64_t>(), h.at("config").get<std::string>()};
+    } catch (const nlohmann::json::exception& e) {
+        throw Error("checkpoint " + path + " refused: unreadable header: " + e.what());
+    }
+}
+
 std::vector<std::string> list_checkpoints(const std::string& dir) {
     std::vector<std::pair<int64_t, std::string>> found;
     if (fs::is_directory(dir))

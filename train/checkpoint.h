@@ -33,6 +33,14 @@ std::string save_checkpoint(const std::string& dir, const ParameterTable& table,
 
 CheckpointState load_checkpoint(const std::string& path, const ParameterTable& table);
 
+// The step and config of a checkpoint, from its header alone (to build the model that then loads
+// it); no checksum is verified here.
+struct CheckpointHeader {
+    int64_t step = 0;
+    std::string config_yaml;
+};
+CheckpointHeader read_checkpoint_header(const std::string& path);
+
 // Checkpoint files in dir, newest step first (temporary files of interrupted writes are ignored).
 std::vector<std::string> list_checkpoints(const std::string& dir);
 

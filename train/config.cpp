@@ -67,6 +67,10 @@ std::vector<ConfigField> config_fields(Config& c) {
     add({"train", "checkpoint_every", "checkpoint every N steps (and at the end); 0: end only",
          &t.checkpoint_every, 0, 1e15});
     add({"train", "keep_checkpoints", "newest checkpoints kept", &t.keep_checkpoints, 1, 1 << 20});
+    add({"train", "sample_every",
+         "print a sample (temperature 0.8, top-k 40) every N steps; 0: never", &t.sample_every, 0,
+         1e15});
+    add({"train", "sample_tokens", "tokens per printed sample", &t.sample_tokens, 1, 1e6});
     add({"train",
          "resume",
          "auto: continue from the run directory's newest valid checkpoint",
@@ -206,18 +210,14 @@ void validate(const Config& c) {
     check_cross(c, {});
 }
 
-Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+namespace {
+
+// The config in `root` (from `path`, used in messages), then the overrides, then the checks.
+Config config_from_yaml(const YAML::Node& root, const std::string& path,
+                        const std::vector<std::string>& overrides) {
     Config c;
     std::vector<ConfigField> fields = config_fields(c);
     Origins origins;
-    YAML::Node root;
-    try {
-        root = YAML::LoadFile(path);
-    } catch (const YAML::BadFile&) {
-        throw Error("cannot read config file " + path);
-    } catch (const YAML::Exception& e) {
-        throw Error(path + ":" + std::to_string(e.mark.line + 1) + ": YAML syntax error: " + e.msg);
-    }
     if (!root.IsNull() && !root.IsMap())
         throw Error(where(path, root) + ": the config must be a mapping of sections");
     if (root.IsMap()) {
@@ -259,6 +259,31 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     }
     check_cross(c, origins);
     return c;
+}
+
+}  // namespace
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+    YAML::Node root;
+    try {
+        root = YAML::LoadFile(path);
+    } catch (const YAML::BadFile&) {
+        throw Error("cannot read config file " + path);
+    } catch (const YAML::Exception& e) {
+        throw Error(path + ":" + std::to_string(e.mark.line + 1) + ": YAML syntax error: " + e.msg);
+    }
+    return config_from_yaml(root, path, overrides);
+}
+
+Config load_config_text(const std::string& yaml, const std::string& origin) {
+    YAML::Node root;
+    try {
+        root = YAML::Load(yaml);
+    } catch (const YAML::Exception& e) {
+        throw Error(origin + ":" + std::to_string(e.mark.line + 1) +
+                    ": YAML syntax error: " + e.msg);
+    }
+    return config_from_yaml(root, origin, {});
 }
 
 std::string config_to_yaml(const Config& c0) {

@@ -35,6 +35,8 @@ struct TrainConfig {
     int64_t checkpoint_every = 500;  // 0: only at the end (and on SIGINT/SIGTERM)
     int keep_checkpoints = 3;
     std::string resume;  // "" | "auto": continue from the newest valid checkpoint of the run dir
+    int64_t sample_every = 0;   // print a generated sample every N steps; 0: never
+    int64_t sample_tokens = 200;
 };
 
 struct OptimConfig {
@@ -77,6 +79,9 @@ std::vector<ConfigField> config_fields(Config& c);
 // Loads a YAML file (may be empty: defaults), applies `section.key=value` overrides, then checks
 // every value. Errors throw zgpt::Error naming the key path and file:line (or the override).
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// The same from YAML text (a checkpoint's saved config); `origin` names it in messages.
+Config load_config_text(const std::string& yaml, const std::string& origin);
 
 // Cross-field checks (also run by load_config).
 void validate(const Config& c);

@@ -14,6 +14,7 @@
 #include "kernels/check.h"
 #include "kernels/global_norm.h"
 #include "model/gpt.h"
+#include "model/sample.h"
 #include "train/checkpoint.h"
 #include "train/device.h"
 #include "train/lr_schedule.h"
@@ -187,6 +188,25 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
     std::fflush(stdout);
 
     Progress progress(cfg.train.log_every);
+    // A sample from the current weights, seeded by the step (the training stream is untouched).
+    std::unique_ptr<Tokenizer> tokenizer;
+    auto print_sample = [&](int64_t step) {
+        if (!tokenizer) {
+            const auto dir = std::filesystem::path(cfg.data.train).parent_path();
+            tokenizer =
+                std::make_unique<Tokenizer>(Tokenizer::load((dir / "tokenizer.json").string()));
+        }
+        SampleOptions so;
+        so.max_new_tokens = cfg.train.sample_tokens;
+        so.temperature = 0.8;
+        so.top_k = 40;
+        so.stop_token = tokenizer->document_separator();
+        Rng rng(uint64_t(cfg.train.seed) ^ uint64_t(step));
+        const std::vector<uint32_t> p = tokenizer->default_prompt();
+        const auto out = generate(model, std::vector<int32_t>(p.begin(), p.end()), so, rng);
+        progress.message("sample at step " + std::to_string(step) + ":\n" +
+                         tokenizer->decode(std::vector<uint32_t>(out.begin(), out.end())));
+    };
     auto run_eval = [&](int64_t step, nlohmann::json& rec) {
         if (!val_loader) return;
         const EvalResult e = evaluate(model, *val_loader, cfg, T);
@@ -267,6 +287,7 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
         metrics.write(rec);
         if (last || (cfg.train.checkpoint_every > 0 && step % cfg.train.checkpoint_every == 0))
             checkpoint(step);
+        if (cfg.train.sample_every > 0 && step % cfg.train.sample_every == 0) print_sample(step);
     }
     progress.finish();
     std::signal(SIGINT, SIG_DFL);

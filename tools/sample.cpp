@@ -1,0 +1,74 @@
+// sample: generates text from a trained checkpoint.
+//   sample --run runs/kjv-char-... --prompt "And God said" --tokens 200 --temperature 0.8 --top-k
+//   40
+// The model shape comes from the config saved in the checkpoint, the tokenizer from tokenizer.json
+// beside the run's training shards (or --tokenizer).
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+
+#include "data/tokenizer.h"
+#include "kernels/check.h"
+#include "model/sample.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
+
+int main(int argc, char** argv) {
+    CLI::App app{"Generate text from a trained checkpoint."};
+    std::string run_dir, checkpoint, tokenizer_path, prompt;
+    zgpt::SampleOptions o;
+    uint64_t seed = 1337;
+    app.add_option("--run", run_dir, "run directory: its newest valid checkpoint is used")
+        ->check(CLI::ExistingDirectory);
+    app.add_option("--checkpoint", checkpoint, "a checkpoint file instead of --run")
+        ->check(CLI::ExistingFile);
+    app.add_option("--tokenizer", tokenizer_path, "tokenizer.json (default: beside data.train)");
+    app.add_option("-p,--prompt", prompt, "text to continue (default: a newline / <|endoftext|>)");
+    app.add_option("-n,--tokens", o.max_new_tokens, "tokens to generate")->capture_default_str();
+    app.add_option("-t,--temperature", o.temperature, "0: greedy")->capture_default_str();
+    app.add_option("-k,--top-k", o.top_k, "sample among the k most likely (0: all; 1: greedy)")
+        ->capture_default_str();
+    app.add_option("-s,--seed", seed, "seed of the sampler")->capture_default_str();
+    CLI11_PARSE(app, argc, argv);
+    try {
+        ZG_CHECK(run_dir.empty() != checkpoint.empty(),
+                 "give exactly one of --run or --checkpoint");
+        // The model's shape comes from the config saved in the checkpoint.
+        std::string dir = run_dir.empty() ? std::filesystem::path(checkpoint).parent_path().string()
+                                          : run_dir + "/checkpoints";
+        if (checkpoint.empty()) {
+            const auto all = zgpt::list_checkpoints(dir);
+            ZG_CHECK(!all.empty(), "no checkpoint in " + dir);
+            checkpoint = all.front();
+        }
+        const zgpt::CheckpointHeader head = zgpt::read_checkpoint_header(checkpoint);
+        zgpt::Config cfg = zgpt::load_config_text(head.config_yaml, checkpoint);
+        zgpt::GPT<float> model(cfg.model);
+        zgpt::CheckpointState st;
+        if (run_dir.empty()) {
+            st = zgpt::load_checkpoint(checkpoint, model.layout().table);
+        } else {  // the newest that loads (an older one if the newest is damaged)
+            std::vector<std::string> refused;
+            checkpoint = zgpt::latest_valid_checkpoint(dir, model.layout().table, &refused, &st);
+            for (const auto& r : refused) std::fprintf(stderr, "warning: %s\n", r.c_str());
+            ZG_CHECK(!checkpoint.empty(), "no valid checkpoint in " + dir);
+        }
+        model.params = std::move(st.params);
+        if (tokenizer_path.empty())
+            tokenizer_path =
+                (std::filesystem::path(cfg.data.train).parent_path() / "tokenizer.json").string();
+        const zgpt::Tokenizer tok = zgpt::Tokenizer::load(tokenizer_path);
+        const std::vector<uint32_t> p = prompt.empty() ? tok.default_prompt() : tok.encode(prompt);
+        zgpt::Rng rng(seed);
+        o.stop_token = tok.document_separator();
+        const std::vector<int32_t> out =
+            zgpt::generate(model, std::vector<int32_t>(p.begin(), p.end()), o, rng);
+        std::fprintf(stderr, "%s (step %lld), seed %llu:\n", checkpoint.c_str(), (long long)st.step,
+                     (unsigned long long)seed);
+        std::printf("%s\n", tok.decode(std::vector<uint32_t>(out.begin(), out.end())).c_str());
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return 1;
+    }
+    return 0;
+}
