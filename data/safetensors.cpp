@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "kernels/check.h"
@@ -27,6 +28,44 @@ double half_to_double(uint16_t h) {
 }
 
 }  // namespace
+
+void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                       const nlohmann::json& metadata) {
+    nlohmann::json h = nlohmann::json::object();
+    if (!metadata.empty()) {
+        nlohmann::json m = nlohmann::json::object();  // safetensors metadata is string -> string
+        for (auto it = metadata.begin(); it != metadata.end(); ++it)
+            m[it.key()] =
+                it.value().is_string() ? it.value().get<std::string>() : it.value().dump();
+        h["__metadata__"] = m;
+    }
+    uint64_t offset = 0;
+    for (const TensorToWrite& t : tensors) {
+        int64_t n = 1;
+        for (int64_t d : t.shape) n *= d;
+        h[t.name] = {{"dtype", "F32"},
+                     {"shape", t.shape},
+                     {"data_offsets", {offset, offset + 4 * uint64_t(n)}}};
+        offset += 4 * uint64_t(n);
+    }
+    std::string header = h.dump();
+    header.append((8 - header.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+    const std::string tmp = path + ".tmp";
+    {
+        std::ofstream f(tmp, std::ios::binary);
+        ZG_CHECK(f.good(), "cannot write " + tmp);
+        const uint64_t len = header.size();
+        f.write(reinterpret_cast<const char*>(&len), 8);
+        f.write(header.data(), std::streamsize(header.size()));
+        for (const TensorToWrite& t : tensors) {
+            int64_t n = 1;
+            for (int64_t d : t.shape) n *= d;
+            f.write(reinterpret_cast<const char*>(t.data), std::streamsize(4 * n));
+        }
+        ZG_CHECK(f.good(), "failed writing " + tmp);
+    }
+    std::filesystem::rename(tmp, path);
+}
 
 SafeTensors SafeTensors::load(const std::string& path) {
     SafeTensors st;

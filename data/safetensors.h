@@ -16,6 +16,17 @@ struct TensorInfo {
     size_t begin = 0, end = 0;  // byte range within the data section
 };
 
+// One tensor to write: fp32 data laid out row-major in `shape`.
+struct TensorToWrite {
+    std::string name;
+    std::vector<int64_t> shape;
+    const float* data;
+};
+
+// Writes a safetensors file (F32 tensors, the header padded to 8 bytes) atomically.
+void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                       const nlohmann::json& metadata = nlohmann::json::object());
+
 class SafeTensors {
   public:
     // Throws naming the file if it is truncated or its header is malformed.

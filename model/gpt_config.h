@@ -1,6 +1,7 @@
 // Shape and options of a GPT model.
 #pragma once
 #include <cstdint>
+#include <string>
 
 namespace zgpt {
 
@@ -15,6 +16,7 @@ struct ModelConfig {
     bool qk_norm = false;  // LayerNorm on each head's q and k
     double init_std = 0.02;
     double ln_eps = 1e-5;
+    std::string init_from;  // a Hugging Face GPT-2 model.safetensors to start from; "": random init
 };
 
 // The vocabulary rounded up to a multiple of 128 (padded logits are masked out of the loss).

@@ -23,7 +23,8 @@ int32_t sample_token(const float* logits, int64_t V, const SampleOptions& o, Rng
     const double m = logits[idx[0]];
     std::vector<double> p(k);
     double sum = 0.0;
-    for (int64_t i = 0; i < k; i++) sum += p[i] = std::exp((double(logits[idx[i]]) - m) / o.temperature);
+    for (int64_t i = 0; i < k; i++)
+        sum += p[i] = std::exp((double(logits[idx[i]]) - m) / o.temperature);
     double u = rng.uniform() * sum;
     for (int64_t i = 0; i < k; i++) {
         u -= p[i];

@@ -8,6 +8,7 @@
 #include "data/safetensors.h"
 #include "kernels/cross_entropy.h"
 #include "model/gpt.h"
+#include "model/hf_gpt2.h"
 #include "tests/helpers.h"
 
 using namespace zgpt;
@@ -106,24 +107,12 @@ TEST_CASE("tiny GPT-2 reproduces gpt2_tiny.safetensors: logits, loss and every g
     o.z_loss_weight = cfg.at("z_loss_weight");
     o.ignore_index = cfg.at("ignore_index");
 
-    // Hugging Face's Conv1D weights are [in, out]; ours are [out, in]. wte has V rows, ours Vp.
+    // Hugging Face's Conv1D weights are [in, out]; ours are [out, in] (the parameters are loaded by
+    // model/hf_gpt2's importer; the gradients are compared here in HF's layout).
     auto is_conv1d = [](const std::string& n) {
         return n.find(".c_attn.weight") != std::string::npos ||
                n.find(".c_proj.weight") != std::string::npos ||
                n.find(".c_fc.weight") != std::string::npos;
-    };
-    auto load = [&](auto& model) {
-        for (const ParamSpec& s : model.layout().table.specs()) {
-            const std::vector<double> w = st.as_double("param." + s.name);
-            auto* p = model.params.data() + s.offset;
-            const std::vector<int64_t> hf = st.info("param." + s.name).shape;
-            if (is_conv1d(s.name)) {
-                for (int64_t i = 0; i < hf[0]; i++)
-                    for (int64_t j = 0; j < hf[1]; j++) p[j * hf[0] + i] = w[i * hf[1] + j];
-            } else {
-                for (size_t i = 0; i < w.size(); i++) p[i] = w[i];  // wte: the first V rows
-            }
-        }
     };
     // Our gradient in Hugging Face's layout, for comparison.
     auto grad_as_hf = [&](auto& model, const ParamSpec& s) {
@@ -141,7 +130,7 @@ TEST_CASE("tiny GPT-2 reproduces gpt2_tiny.safetensors: logits, loss and every g
         return g;
     };
     auto run = [&](auto& model, double rtol, double atol_scale) {
-        load(model);
+        import_hf_gpt2(model, oracle_dir() + "/gpt2_tiny.safetensors", "param.");
         model.zero_grad();
         model.forward(ids.data(), B, T);
         std::vector<double> logits(B * T * V);

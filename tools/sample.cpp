@@ -33,27 +33,10 @@ int main(int argc, char** argv) {
     try {
         ZG_CHECK(run_dir.empty() != checkpoint.empty(),
                  "give exactly one of --run or --checkpoint");
-        // The model's shape comes from the config saved in the checkpoint.
-        std::string dir = run_dir.empty() ? std::filesystem::path(checkpoint).parent_path().string()
-                                          : run_dir + "/checkpoints";
-        if (checkpoint.empty()) {
-            const auto all = zgpt::list_checkpoints(dir);
-            ZG_CHECK(!all.empty(), "no checkpoint in " + dir);
-            checkpoint = all.front();
-        }
-        const zgpt::CheckpointHeader head = zgpt::read_checkpoint_header(checkpoint);
-        zgpt::Config cfg = zgpt::load_config_text(head.config_yaml, checkpoint);
+        zgpt::RunCheckpoint ckpt = zgpt::load_run_checkpoint(run_dir, checkpoint);
+        const zgpt::Config& cfg = ckpt.config;
         zgpt::GPT<float> model(cfg.model);
-        zgpt::CheckpointState st;
-        if (run_dir.empty()) {
-            st = zgpt::load_checkpoint(checkpoint, model.layout().table);
-        } else {  // the newest that loads (an older one if the newest is damaged)
-            std::vector<std::string> refused;
-            checkpoint = zgpt::latest_valid_checkpoint(dir, model.layout().table, &refused, &st);
-            for (const auto& r : refused) std::fprintf(stderr, "warning: %s\n", r.c_str());
-            ZG_CHECK(!checkpoint.empty(), "no valid checkpoint in " + dir);
-        }
-        model.params = std::move(st.params);
+        model.params = std::move(ckpt.state.params);
         if (tokenizer_path.empty())
             tokenizer_path =
                 (std::filesystem::path(cfg.data.train).parent_path() / "tokenizer.json").string();
@@ -63,8 +46,8 @@ int main(int argc, char** argv) {
         o.stop_token = tok.document_separator();
         const std::vector<int32_t> out =
             zgpt::generate(model, std::vector<int32_t>(p.begin(), p.end()), o, rng);
-        std::fprintf(stderr, "%s (step %lld), seed %llu:\n", checkpoint.c_str(), (long long)st.step,
-                     (unsigned long long)seed);
+        std::fprintf(stderr, "%s (step %lld), seed %llu:\n", ckpt.path.c_str(),
+                     (long long)ckpt.state.step, (unsigned long long)seed);
         std::printf("%s\n", tok.decode(std::vector<uint32_t>(out.begin(), out.end())).c_str());
     } catch (const std::exception& e) {
         std::fprintf(stderr, "error: %s\n", e.what());

@@ -219,4 +219,30 @@ std::string latest_valid_checkpoint(const std::string& dir, const ParameterTable
     return "";
 }
 
+RunCheckpoint load_run_checkpoint(const std::string& run_dir, const std::string& checkpoint_file) {
+    ZG_CHECK(run_dir.empty() != checkpoint_file.empty(),
+             "give a run directory or a checkpoint file");
+    const std::string dir = run_dir.empty() ? fs::path(checkpoint_file).parent_path().string()
+                                            : run_dir + "/checkpoints";
+    RunCheckpoint r;
+    r.path = checkpoint_file;
+    if (r.path.empty()) {
+        const auto all = list_checkpoints(dir);
+        ZG_CHECK(!all.empty(), "no checkpoint in " + dir);
+        r.path = all.front();
+    }
+    // the model's shape comes from the config inside the checkpoint
+    r.config = load_config_text(read_checkpoint_header(r.path).config_yaml, r.path);
+    const GptLayout layout = make_gpt_layout(r.config.model);
+    if (!checkpoint_file.empty()) {
+        r.state = load_checkpoint(r.path, layout.table);
+    } else {  // the newest that loads (an older one if the newest is damaged)
+        std::vector<std::string> refused;
+        r.path = latest_valid_checkpoint(dir, layout.table, &refused, &r.state);
+        for (const auto& why : refused) std::fprintf(stderr, "warning: %s\n", why.c_str());
+        ZG_CHECK(!r.path.empty(), "no valid checkpoint in " + dir);
+    }
+    return r;
+}
+
 }  // namespace zgpt

@@ -13,6 +13,7 @@
 
 #include "data/loader.h"
 #include "model/parameters.h"
+#include "train/config.h"
 
 namespace zgpt {
 
@@ -48,5 +49,14 @@ std::vector<std::string> list_checkpoints(const std::string& dir);
 // in `refused` with its reason. Empty path when there is none.
 std::string latest_valid_checkpoint(const std::string& dir, const ParameterTable& table,
                                     std::vector<std::string>* refused, CheckpointState* state);
+
+// A run's newest valid checkpoint (or the given file), with the config saved inside it: what the
+// tools (sample, export_hf) start from.
+struct RunCheckpoint {
+    Config config;
+    CheckpointState state;
+    std::string path;
+};
+RunCheckpoint load_run_checkpoint(const std::string& run_dir, const std::string& checkpoint_file);
 
 }  // namespace zgpt

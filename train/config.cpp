@@ -27,6 +27,8 @@ std::vector<ConfigField> config_fields(Config& c) {
     add({"model", "qk_norm", "LayerNorm on each head's q and k", &m.qk_norm});
     add({"model", "init_std", "std of the normal initialisation", &m.init_std, 0, 10, true});
     add({"model", "ln_eps", "LayerNorm epsilon", &m.ln_eps, 0, 1, true});
+    add({"model", "init_from", "start from a Hugging Face GPT-2 model.safetensors (export_hf's)",
+         &m.init_from});
     DataConfig& d = c.data;
     add({"data", "train", "glob of training token shards (.bin)", &d.train});
     add({"data", "val", "glob of validation shards; empty: no validation", &d.val});

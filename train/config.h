@@ -35,7 +35,7 @@ struct TrainConfig {
     int64_t checkpoint_every = 500;  // 0: only at the end (and on SIGINT/SIGTERM)
     int keep_checkpoints = 3;
     std::string resume;  // "" | "auto": continue from the newest valid checkpoint of the run dir
-    int64_t sample_every = 0;   // print a generated sample every N steps; 0: never
+    int64_t sample_every = 0;  // print a generated sample every N steps; 0: never
     int64_t sample_tokens = 200;
 };
 

@@ -14,6 +14,7 @@
 #include "kernels/check.h"
 #include "kernels/global_norm.h"
 #include "model/gpt.h"
+#include "model/hf_gpt2.h"
 #include "model/sample.h"
 #include "train/checkpoint.h"
 #include "train/device.h"
@@ -134,6 +135,7 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
 
     GPT<float> model(cfg.model);
     model.init_weights(uint64_t(cfg.train.seed));
+    if (!cfg.model.init_from.empty()) import_hf_gpt2(model, cfg.model.init_from);
     AdamW optimizer(model.layout().table, cfg.optim);
     int64_t start_step = 0, tokens = 0;
     std::string resumed_from;

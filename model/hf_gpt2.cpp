@@ -1,0 +1,119 @@
+#include "model/hf_gpt2.h"
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "data/safetensors.h"
+#include "kernels/check.h"
+
+namespace zgpt {
+
+namespace {
+
+bool is_conv1d(const std::string& name) {
+    for (const char* s :
+         {".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight"})
+        if (name.size() > std::string(s).size() &&
+            name.rfind(s) == name.size() - std::string(s).size())
+            return true;
+    return false;
+}
+
+// Our tensor's shape in Hugging Face's layout.
+std::vector<int64_t> hf_shape(const ParamSpec& s, int64_t vocab) {
+    if (is_conv1d(s.name)) return {s.shape[1], s.shape[0]};
+    if (s.name == "transformer.wte.weight") return {vocab, s.shape[1]};
+    return s.shape;
+}
+
+}  // namespace
+
+void check_hf_compatible(const ModelConfig& c) {
+    ZG_CHECK(c.tie_embeddings, "Hugging Face GPT-2 export needs model.tie_embeddings: true");
+    ZG_CHECK(c.bias, "Hugging Face GPT-2 export needs model.bias: true");
+    ZG_CHECK(!c.qk_norm, "Hugging Face GPT-2 has no qk_norm (model.qk_norm must be false)");
+}
+
+void export_hf_gpt2(GPT<float>& model, const std::string& dir) {
+    const ModelConfig& c = model.config();
+    check_hf_compatible(c);
+    std::vector<std::vector<float>> storage;
+    std::vector<TensorToWrite> tensors;
+    for (const ParamSpec& s : model.layout().table.specs()) {
+        const std::vector<int64_t> shape = hf_shape(s, c.vocab_size);
+        const float* p = model.params.data() + s.offset;
+        if (is_conv1d(s.name)) {
+            std::vector<float> t(size_t(s.numel));
+            for (int64_t o = 0; o < s.shape[0]; o++)
+                for (int64_t i = 0; i < s.shape[1]; i++)
+                    t[i * s.shape[0] + o] = p[o * s.shape[1] + i];
+            storage.push_back(std::move(t));
+            p = storage.back().data();
+        }
+        tensors.push_back({s.name, shape, p});  // wte: its first vocab_size rows
+    }
+    std::filesystem::create_directories(dir);
+    write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
+    const nlohmann::json cfg{{"architectures", {"GPT2LMHeadModel"}},
+                             {"model_type", "gpt2"},
+                             {"vocab_size", c.vocab_size},
+                             {"n_positions", c.block_size},
+                             {"n_ctx", c.block_size},
+                             {"n_embd", c.n_embd},
+                             {"n_layer", c.n_layer},
+                             {"n_head", c.n_head},
+                             {"n_inner", nullptr},
+                             {"activation_function", "gelu_new"},
+                             {"layer_norm_epsilon", c.ln_eps},
+                             {"initializer_range", c.init_std},
+                             {"resid_pdrop", 0.0},
+                             {"embd_pdrop", 0.0},
+                             {"attn_pdrop", 0.0},
+                             {"tie_word_embeddings", true},
+                             {"torch_dtype", "float32"}};
+    std::ofstream(dir + "/config.json") << cfg.dump(2) << "\n";
+}
+
+template <typename T>
+void import_hf_gpt2(GPT<T>& model, const std::string& path, const std::string& prefix) {
+    const ModelConfig& c = model.config();
+    check_hf_compatible(c);
+    const SafeTensors st = SafeTensors::load(path);
+    for (const ParamSpec& s : model.layout().table.specs()) {
+        const std::string key = prefix + s.name;
+        ZG_CHECK(st.has(key), path + ": no tensor " + key);
+        const std::vector<int64_t> want = hf_shape(s, c.vocab_size);
+        ZG_CHECK(st.info(key).shape == want,
+                 path + ": " + key + " has another shape than the model's");
+        const std::vector<double> w = st.as_double(key);
+        T* p = model.params.data() + s.offset;
+        std::fill(p, p + s.numel, T(0));  // wte's padded rows stay zero
+        if (is_conv1d(s.name)) {
+            for (int64_t i = 0; i < want[0]; i++)
+                for (int64_t o = 0; o < want[1]; o++) p[o * want[0] + i] = T(w[i * want[1] + o]);
+        } else {
+            for (size_t i = 0; i < w.size(); i++) p[i] = T(w[i]);
+        }
+    }
+}
+
+ModelConfig read_hf_config(const std::string& path) {
+    std::ifstream f(path);
+    ZG_CHECK(f.good(), "cannot read " + path);
+    const nlohmann::json j = nlohmann::json::parse(f);
+    ModelConfig c;
+    c.vocab_size = j.at("vocab_size");
+    c.block_size = j.at("n_positions");
+    c.n_embd = j.at("n_embd");
+    c.n_layer = j.at("n_layer");
+    c.n_head = j.at("n_head");
+    c.ln_eps = j.value("layer_norm_epsilon", 1e-5);
+    c.tie_embeddings = j.value("tie_word_embeddings", true);
+    return c;
+}
+
+template void import_hf_gpt2<float>(GPT<float>&, const std::string&, const std::string&);
+template void import_hf_gpt2<double>(GPT<double>&, const std::string&, const std::string&);
+
+}  // namespace zgpt

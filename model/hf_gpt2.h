@@ -1,0 +1,26 @@
+// Hugging Face GPT-2 checkpoints (safetensors + config.json) in and out, for the GPT-2-compatible
+// options: tied embeddings, biases, no qk_norm. Hugging Face's names are ours; its Conv1D weights
+// are [in, out] where ours are [out, in], and its wte has vocab_size rows where ours is padded.
+#pragma once
+#include <string>
+
+#include "model/gpt.h"
+
+namespace zgpt {
+
+// Throws naming the option when the model is not GPT-2-compatible.
+void check_hf_compatible(const ModelConfig& c);
+
+// Writes dir/model.safetensors and dir/config.json (GPT2LMHeadModel).
+void export_hf_gpt2(GPT<float>& model, const std::string& dir);
+
+// Loads a Hugging Face GPT-2 safetensors file into the model's parameters (keys "param.<name>"
+// in the oracle files are found too, via prefix); shapes must match the model's config.
+template <typename T>
+void import_hf_gpt2(GPT<T>& model, const std::string& safetensors_path,
+                    const std::string& prefix = "");
+
+// The model config described by a Hugging Face config.json.
+ModelConfig read_hf_config(const std::string& config_json);
+
+}  // namespace zgpt
