@@ -6,6 +6,8 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "data/tokenizer.h"
 #include "kernels/check.h"
@@ -15,7 +17,7 @@
 
 int main(int argc, char** argv) {
     CLI::App app{"Generate text from a trained checkpoint."};
-    std::string run_dir, checkpoint, tokenizer_path, prompt;
+    std::string run_dir, checkpoint, tokenizer_path, prompt, logits_out;
     zgpt::SampleOptions o;
     uint64_t seed = 1337;
     app.add_option("--run", run_dir, "run directory: its newest valid checkpoint is used")
@@ -29,6 +31,9 @@ int main(int argc, char** argv) {
     app.add_option("-k,--top-k", o.top_k, "sample among the k most likely (0: all; 1: greedy)")
         ->capture_default_str();
     app.add_option("-s,--seed", seed, "seed of the sampler")->capture_default_str();
+    app.add_option("--logits-out", logits_out,
+                   "also write the prompt ids and the next-token logits after it as JSON (for "
+                   "comparisons with other implementations, e.g. tools/hf_check.py)");
     CLI11_PARSE(app, argc, argv);
     try {
         ZG_CHECK(run_dir.empty() != checkpoint.empty(),
@@ -42,6 +47,15 @@ int main(int argc, char** argv) {
                 (std::filesystem::path(cfg.data.train).parent_path() / "tokenizer.json").string();
         const zgpt::Tokenizer tok = zgpt::Tokenizer::load(tokenizer_path);
         const std::vector<uint32_t> p = prompt.empty() ? tok.default_prompt() : tok.encode(prompt);
+        if (!logits_out.empty()) {
+            std::vector<int32_t> ids(p.begin(), p.end());
+            model.forward(ids.data(), 1, int64_t(ids.size()));
+            const float* last = model.logits() + (ids.size() - 1) * model.padded_vocab();
+            const nlohmann::json j{
+                {"prompt_ids", ids},
+                {"logits", std::vector<float>(last, last + cfg.model.vocab_size)}};
+            std::ofstream(logits_out) << j.dump() << "\n";
+        }
         zgpt::Rng rng(seed);
         o.stop_token = tok.document_separator();
         const std::vector<int32_t> out =
