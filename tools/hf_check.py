@@ -29,7 +29,11 @@ def main():
     print(f"next-token logits: max |HF - zgpt| / max |zgpt| = {err:.2e}")
     chars = json.load(open(args.tokenizer))["chars"]
     text = open(args.greedy, encoding="utf-8").read().rstrip("\n")
-    n_new = len(text) - sum(len(chars[i]) for i in ours["prompt_ids"])
+    n_prompt = len(ours["prompt_ids"])
+    # within the context length (our sampler slides its window past it; HF's GPT-2 cannot)
+    n_new = min(len(text) - sum(len(chars[i]) for i in ours["prompt_ids"]),
+                model.config.n_positions - n_prompt)
+    text = text[: sum(len(chars[i]) for i in ours["prompt_ids"]) + n_new]  # char vocab: 1 char each
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=n_new, do_sample=False, pad_token_id=0)[0].tolist()
     hf_text = "".join(chars[i] for i in out)
