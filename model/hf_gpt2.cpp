@@ -55,23 +55,27 @@ void export_hf_gpt2(GPT<float>& model, const std::string& dir) {
     }
     std::filesystem::create_directories(dir);
     write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
-    const nlohmann::json cfg{{"architectures", {"GPT2LMHeadModel"}},
-                             {"model_type", "gpt2"},
-                             {"vocab_size", c.vocab_size},
-                             {"n_positions", c.block_size},
-                             {"n_ctx", c.block_size},
-                             {"n_embd", c.n_embd},
-                             {"n_layer", c.n_layer},
-                             {"n_head", c.n_head},
-                             {"n_inner", nullptr},
-                             {"activation_function", "gelu_new"},
-                             {"layer_norm_epsilon", c.ln_eps},
-                             {"initializer_range", c.init_std},
-                             {"resid_pdrop", 0.0},
-                             {"embd_pdrop", 0.0},
-                             {"attn_pdrop", 0.0},
-                             {"tie_word_embeddings", true},
-                             {"torch_dtype", "float32"}};
+    const nlohmann::json cfg{
+        {"architectures", {"GPT2LMHeadModel"}},
+        {"model_type", "gpt2"},
+        {"vocab_size", c.vocab_size},
+        {"n_positions", c.block_size},
+        {"n_ctx", c.block_size},
+        {"n_embd", c.n_embd},
+        {"n_layer", c.n_layer},
+        {"n_head", c.n_head},
+        {"n_inner", nullptr},
+        {"activation_function", "gelu_new"},
+        {"layer_norm_epsilon", c.ln_eps},
+        {"initializer_range", c.init_std},
+        {"resid_pdrop", 0.0},
+        {"embd_pdrop", 0.0},
+        {"attn_pdrop", 0.0},
+        {"tie_word_embeddings", true},
+        // <|endoftext|> only exists in a GPT-2 vocabulary
+        {"bos_token_id", c.vocab_size == 50257 ? nlohmann::json(50256) : nlohmann::json()},
+        {"eos_token_id", c.vocab_size == 50257 ? nlohmann::json(50256) : nlohmann::json()},
+        {"torch_dtype", "float32"}};
     std::ofstream(dir + "/config.json") << cfg.dump(2) << "\n";
 }
 
