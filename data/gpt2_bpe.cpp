@@ -21,9 +21,9 @@ namespace {
 constexpr const char* kPattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
-// GPT-2 stores each byte as a printable code point: the printable Latin-1 bytes as themselves,
-// the other 68 bytes as 256, 257, ... in byte order.
-std::vector<uint32_t> byte_to_code_point() {
+}  // namespace
+
+std::vector<uint32_t> gpt2_byte_to_code_point() {
     std::vector<uint32_t> cp(256, 0);
     std::vector<bool> printable(256, false);
     for (int b = '!'; b <= '~'; b++) printable[b] = true;
@@ -33,6 +33,8 @@ std::vector<uint32_t> byte_to_code_point() {
     for (int b = 0; b < 256; b++) cp[b] = printable[b] ? uint32_t(b) : next++;
     return cp;
 }
+
+namespace {
 
 std::string read_file(const std::string& path) {
     std::ifstream f(path, std::ios::binary);
@@ -68,12 +70,46 @@ size_t utf8_length(const unsigned char* p, size_t n) {
 
 }  // namespace
 
-struct Gpt2Bpe::Regex {
+struct Gpt2PreTokenizer::Regex {
     pcre2_code* code = nullptr;
     ~Regex() {
         if (code) pcre2_code_free(code);
     }
 };
+
+Gpt2PreTokenizer::Gpt2PreTokenizer() : regex_(std::make_unique<Regex>()) {
+    int err = 0;
+    PCRE2_SIZE off = 0;
+    regex_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kPattern), PCRE2_ZERO_TERMINATED,
+                                 PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK, &err, &off, nullptr);
+    ZG_CHECK(regex_->code, "cannot compile the GPT-2 pre-tokenizer regex");
+    pcre2_jit_compile(regex_->code, PCRE2_JIT_COMPLETE);  // falls back to the interpreter
+}
+
+Gpt2PreTokenizer::~Gpt2PreTokenizer() = default;
+
+void* Gpt2PreTokenizer::new_match_data() const {
+    return pcre2_match_data_create_from_pattern(regex_->code, nullptr);
+}
+
+void Gpt2PreTokenizer::free_match_data(void* md) {
+    pcre2_match_data_free(static_cast<pcre2_match_data*>(md));
+}
+
+size_t Gpt2PreTokenizer::valid_utf8_length(const unsigned char* p, size_t n) {
+    return utf8_length(p, n);
+}
+
+size_t Gpt2PreTokenizer::next_piece(const unsigned char* p, size_t pos, size_t run_end,
+                                    size_t subject_end, void* md) const {
+    auto* m = static_cast<pcre2_match_data*>(md);
+    const int rc = pcre2_match(regex_->code, p, subject_end, pos, PCRE2_NO_UTF_CHECK, m, nullptr);
+    ZG_CHECK(rc > 0, "GPT-2 pre-tokenizer failed to match");
+    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(m);
+    ZG_CHECK(ov[0] == pos && ov[1] <= run_end,
+             "GPT-2 pre-tokenizer: a piece crossed a split point");
+    return ov[1];
+}
 
 Gpt2Bpe::~Gpt2Bpe() = default;
 
@@ -81,7 +117,7 @@ std::shared_ptr<const Gpt2Bpe> Gpt2Bpe::load(const std::string& encoder_json,
                                              const std::string& vocab_bpe) {
     std::shared_ptr<Gpt2Bpe> t(new Gpt2Bpe());
     // code point -> byte, to turn GPT-2's printable token strings back into raw bytes
-    const std::vector<uint32_t> cp_of = byte_to_code_point();
+    const std::vector<uint32_t> cp_of = gpt2_byte_to_code_point();
     std::unordered_map<uint32_t, unsigned char> byte_of;
     for (int b = 0; b < 256; b++) byte_of[cp_of[b]] = (unsigned char)b;
     auto to_bytes = [&](const std::string& s, const std::string& file) {
@@ -129,14 +165,6 @@ std::shared_ptr<const Gpt2Bpe> Gpt2Bpe::load(const std::string& encoder_json,
                           to_bytes(line.substr(sp + 1), vocab_bpe))] = rank++;
     }
     ZG_CHECK(rank > 0, vocab_bpe + ": no merges");
-    int err = 0;
-    PCRE2_SIZE off = 0;
-    t->regex_ = std::make_unique<Regex>();
-    t->regex_->code =
-        pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kPattern), PCRE2_ZERO_TERMINATED,
-                      PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK, &err, &off, nullptr);
-    ZG_CHECK(t->regex_->code, "cannot compile the GPT-2 pre-tokenizer regex");
-    pcre2_jit_compile(t->regex_->code, PCRE2_JIT_COMPLETE);  // falls back to the interpreter
     return t;
 }
 
@@ -191,35 +219,12 @@ void Gpt2Bpe::encode_piece(std::string_view piece, std::vector<uint32_t>& out,
 void Gpt2Bpe::encode_into(std::string_view text, size_t begin, size_t end,
                           std::vector<uint32_t>& out,
                           std::unordered_map<std::string, std::vector<uint32_t>>& cache) const {
-    pcre2_match_data* md = pcre2_match_data_create_from_pattern(regex_->code, nullptr);
-    const auto* p = reinterpret_cast<const unsigned char*>(text.data());
-    size_t i = begin;
-    while (i < end) {
-        // the valid UTF-8 run starting at i, within [begin, end)
-        size_t j = i;
-        while (j < end) {
-            const size_t len = utf8_length(p + j, text.size() - j);
-            if (len == 0) break;
-            j += len;
-        }
-        // The regex also sees the character after `end` when the run reaches it, so that the
-        // whitespace lookahead (?!\S) decides as it would on the whole text.
-        size_t subject = j;
-        if (j == end && end < text.size()) subject += utf8_length(p + end, text.size() - end);
-        PCRE2_SIZE pos = i;
-        while (pos < j) {
-            const int rc =
-                pcre2_match(regex_->code, p, subject, pos, PCRE2_NO_UTF_CHECK, md, nullptr);
-            ZG_CHECK(rc > 0, "GPT-2 pre-tokenizer failed to match");
-            const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
-            ZG_CHECK(ov[1] <= j, "GPT-2 pre-tokenizer: a piece crossed a split point");
-            encode_piece(text.substr(ov[0], ov[1] - ov[0]), out, cache);
-            pos = ov[1];
-        }
-        if (j < end) out.push_back(byte_id_[p[j]]);  // an invalid byte: its own token
-        i = j < end ? j + 1 : j;
-    }
-    pcre2_match_data_free(md);
+    pre_.split(text, begin, end, [&](std::string_view piece, bool invalid_byte) {
+        if (invalid_byte)
+            out.push_back(byte_id_[(unsigned char)piece[0]]);  // its own byte token
+        else
+            encode_piece(piece, out, cache);
+    });
 }
 
 std::vector<uint32_t> Gpt2Bpe::encode(std::string_view text) const {

@@ -14,6 +14,57 @@
 
 namespace zgpt {
 
+// GPT-2's pre-tokenizer: splits text into the pieces BPE works on. Invalid UTF-8 bytes come out
+// as pieces of one byte each (flagged), never through the regex.
+class Gpt2PreTokenizer {
+  public:
+    Gpt2PreTokenizer();
+    ~Gpt2PreTokenizer();
+    Gpt2PreTokenizer(const Gpt2PreTokenizer&) = delete;
+    Gpt2PreTokenizer& operator=(const Gpt2PreTokenizer&) = delete;
+    // Calls f(piece, is_invalid_byte) for the pieces of text[begin, end), as part of the whole
+    // text (lookaheads see past `end`).
+    template <typename F>
+    void split(std::string_view text, size_t begin, size_t end, F&& f) const;
+
+    struct Regex;  // PCRE2 pattern (private; defined in the .cpp)
+    // Next piece from pos within a valid UTF-8 run ending at run_end (subject_end >= run_end):
+    // returns the end of the piece.
+    size_t next_piece(const unsigned char* p, size_t pos, size_t run_end, size_t subject_end,
+                      void* match_data) const;
+    void* new_match_data() const;
+    static void free_match_data(void* md);
+    static size_t valid_utf8_length(const unsigned char* p, size_t n);  // 0 when invalid
+
+  private:
+    std::unique_ptr<Regex> regex_;
+};
+
+template <typename F>
+void Gpt2PreTokenizer::split(std::string_view text, size_t begin, size_t end, F&& f) const {
+    void* md = new_match_data();
+    const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+    size_t i = begin;
+    while (i < end) {
+        size_t j = i;  // the valid UTF-8 run starting at i, within [begin, end)
+        while (j < end) {
+            const size_t len = valid_utf8_length(p + j, text.size() - j);
+            if (len == 0) break;
+            j += len;
+        }
+        size_t subject = j;  // let the whitespace lookahead see the character after `end`
+        if (j == end && end < text.size()) subject += valid_utf8_length(p + end, text.size() - end);
+        for (size_t pos = i; pos < j;) {
+            const size_t e = next_piece(p, pos, j, subject, md);
+            f(text.substr(pos, e - pos), false);
+            pos = e;
+        }
+        if (j < end) f(text.substr(j, 1), true);  // an invalid byte
+        i = j < end ? j + 1 : j;
+    }
+    free_match_data(md);
+}
+
 class Gpt2Bpe {
   public:
     // Throws zgpt::Error naming the file when a file is missing or malformed.
@@ -46,7 +97,11 @@ class Gpt2Bpe {
     std::unordered_map<std::string, int> rank_;        // merge pair key -> rank
     uint32_t byte_id_[256] = {};                       // the single-byte tokens
     uint32_t eot_ = 0;
-    std::unique_ptr<Regex> regex_;
+    Gpt2PreTokenizer pre_;
 };
+
+// GPT-2 stores each byte as a printable code point (the printable Latin-1 bytes as themselves,
+// the other 68 as 256, 257, ...): the alphabet of encoder.json and vocab.bpe.
+std::vector<uint32_t> gpt2_byte_to_code_point();
 
 }  // namespace zgpt
