@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # On a GPU machine: build for Hopper, run every test (the GPU ones included), the loss-head
 # benchmark and the PyTorch/Liger anchors, writing logs and JSON into the folder given (default
-# $OUT). Start it as ../shared/GPU.md says:
+# $OUT). Prepare .gpu-deps once on the development machine:
+#   ../shared/gpu/fetch-deps.sh && bash tools/gpu_extra_deps.sh
+# then carry .gpu-deps and start it as ../shared/GPU.md says:
 #   source .gpu-deps/env.sh && ZGPT_COMMIT=<hash> bash tools/gpu_check.sh "$OUT"
-# (the device copy of the tree has no .git, so the commit is passed in)
+# (the device copy of the tree has no .git, so the commit is passed in). Set SKIP_BENCH=1 or
+# SKIP_ANCHORS=1 to leave out the benchmarks.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-/tmp/gpu_check}}
