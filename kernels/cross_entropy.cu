@@ -138,38 +138,10 @@ __device__ __forceinline__ RowStatsF empty_stats() {
     return {kNegInf, 0.0f, 0.0f, 0.0f};
 }
 
-// Adds K values whose first column is j0; one rescale per chunk instead of one per value.
+// Raises the running max to the chunk's (rescaling the sum once per chunk, not per value);
+// false when every value so far is -inf.
 template <int K>
-__device__ __forceinline__ void stats_add_chunk(RowStatsF& st, const float (&v)[K], int64_t j0,
-                                                int64_t y_local) {
-    float cm = v[0];
-#pragma unroll
-    for (int k = 1; k < K; k++) cm = fmaxf(cm, v[k]);
-    if (cm > st.max) {
-        st.sum_excl *= __expf(st.max - cm);
-        st.max = cm;
-    }
-    if (st.max == kNegInf) return;   // every value so far is -inf
-    const int64_t t = y_local - j0;  // the target's index in this chunk, if it is here
-#pragma unroll
-    for (int k = 0; k < K; k++) {
-        st.sum_logits += v[k];
-        if (k == t)
-            st.target_logit = v[k];
-        else
-            st.sum_excl += exp_ftz(v[k] - st.max);
-    }
-}
-
-// Statistics of one chunk without the per-value target test when the target is elsewhere.
-template <int K>
-__device__ __forceinline__ void stats_chunk_fast(RowStatsF& st, const float (&v)[K], int64_t j0,
-                                                 int64_t y_local, bool smooth) {
-    const int64_t t = y_local - j0;
-    if (t >= 0 && t < K) {
-        stats_add_chunk(st, v, j0, y_local);
-        return;
-    }
+__device__ __forceinline__ bool rescale_to_chunk_max(RowStatsF& st, const float (&v)[K]) {
     float cm = v[0];
 #pragma unroll
     for (int k = 1; k < K; k++) cm = fmaxf(cm, v[k]);
@@ -177,7 +149,27 @@ __device__ __forceinline__ void stats_chunk_fast(RowStatsF& st, const float (&v)
         st.sum_excl *= exp_ftz(st.max - cm);
         st.max = cm;
     }
-    if (st.max == kNegInf) return;
+    return st.max != kNegInf;
+}
+
+// Adds K values whose first column is j0 to the statistics; the per-value target test only in the
+// chunk that holds the target.
+template <int K>
+__device__ __forceinline__ void stats_chunk_fast(RowStatsF& st, const float (&v)[K], int64_t j0,
+                                                 int64_t y_local, bool smooth) {
+    if (!rescale_to_chunk_max(st, v)) return;
+    const int64_t t = y_local - j0;  // the target's index in this chunk, if it is here
+    if (t >= 0 && t < K) {
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            st.sum_logits += v[k];
+            if (k == t)
+                st.target_logit = v[k];
+            else
+                st.sum_excl += exp_ftz(v[k] - st.max);
+        }
+        return;
+    }
     float acc = 0.0f, sx = 0.0f;
 #pragma unroll
     for (int k = 0; k < K; k++) {
