@@ -6,8 +6,18 @@ pkgs=(build-essential cmake libyaml-cpp-dev doctest-dev nlohmann-json3-dev libcl
       libomp-dev)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
-[ ${#missing[@]} -eq 0 ] && exit 0
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-echo "installing: ${missing[*]}"
-$SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+# matplotlib for tools/plot_runs.py (optional: its test says so and skips when it is missing):
+# Debian's package for Debian's python3, pip for another python3 on PATH.
+if ! python3 -c 'import matplotlib' 2>/dev/null; then
+  if [ "$(command -v python3)" = /usr/bin/python3 ]; then
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-matplotlib >/dev/null || true
+  else
+    python3 -m pip install -q matplotlib >/dev/null 2>&1 || true
+  fi
+fi

@@ -3,6 +3,8 @@
 #include <yaml-cpp/yaml.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <sstream>
 
@@ -288,6 +290,16 @@ Config load_config_text(const std::string& yaml, const std::string& origin) {
     return config_from_yaml(root, origin, {});
 }
 
+// The shortest decimal that reads back as exactly x.
+static std::string shortest(double x) {
+    char buf[40];
+    for (int digits = 1; digits <= 17; digits++) {
+        std::snprintf(buf, sizeof buf, "%.*g", digits, x);
+        if (std::strtod(buf, nullptr) == x) break;
+    }
+    return buf;
+}
+
 std::string config_to_yaml(const Config& c0) {
     Config c = c0;
     YAML::Emitter e;
@@ -300,7 +312,15 @@ std::string config_to_yaml(const Config& c0) {
             e << YAML::Key << section << YAML::Value << YAML::BeginMap;
         }
         e << YAML::Key << f.key << YAML::Value;
-        std::visit([&](auto* p) { e << *p; }, f.value);
+        std::visit(
+            [&](auto* p) {
+                using P = std::remove_pointer_t<decltype(p)>;
+                if constexpr (std::is_same_v<P, double>)
+                    e << shortest(*p);  // 0.003, not 0.0030000000000000001
+                else
+                    e << *p;
+            },
+            f.value);
     }
     e << YAML::EndMap << YAML::EndMap;
     return std::string(e.c_str()) + "\n";

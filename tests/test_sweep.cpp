@@ -1,0 +1,113 @@
+// The experiment tools in CI: a tiny z-loss comparison (2 LRs x 2 z weights on Tiny Shakespeare)
+// through tools/sweep and tools/plot_runs.py. The tools run, finished runs are skipped, an
+// interrupted run resumes, and the figures exist with the expected number of curves. Not a claim
+// about the science.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tests/helpers.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kText =
+    std::string(ZGPT_SOURCE_DIR) + "/../shared/data/tinyshakespeare/input.txt";
+const bool kHaveText = [] {
+    if (!fs::exists(kText)) zgpt::test::skip_binary("Tiny Shakespeare not found at " + kText);
+    return true;
+}();
+
+struct Output {
+    int code;
+    std::string text;
+};
+
+Output run(const std::string& cmd) {
+    Output o{0, ""};
+    FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+    char buf[4096];
+    while (size_t n = fread(buf, 1, sizeof buf, p)) o.text.append(buf, n);
+    const int st = pclose(p);
+    o.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return o;
+}
+
+std::string env(const char* v) {
+    const char* s = std::getenv(v);
+    REQUIRE_MESSAGE(s, v << " must be set (ctest sets it)");
+    return s;
+}
+
+}  // namespace
+
+TEST_CASE("z-loss sweep on Tiny Shakespeare: sweep, skip, resume, plots, CSV") {
+    const fs::path dir = fs::temp_directory_path() / "zgpt_test_sweep";
+    fs::remove_all(dir);
+    REQUIRE(
+        run(env("ZGPT_PREPARE_BIN") + " --input " + kText + " --out " + (dir / "shards").string())
+            .code == 0);
+    std::ofstream(dir / "base.yaml")
+        << "model: {n_layer: 2, n_head: 2, n_embd: 32, block_size: 32}\n"
+        << "data: {train: " << (dir / "shards/train_*.bin").string()
+        << ", val: " << (dir / "shards/val_*.bin").string() << "}\n"
+        << "train: {batch_size: 4, max_steps: 40, eval_every: 20, "
+           "eval_batches: 2, checkpoint_every: 10, threads: 1}\n"
+        << "optim: {warmup_steps: 4, weight_decay: 0.0}\n";
+    std::ofstream(dir / "sweep.yaml")
+        << "base: " << (dir / "base.yaml").string() << "\n"
+        << "out_dir: " << (dir / "runs").string() << "\n"
+        << "grid:\n  optim.lr: [3.0e-3, 3.0e-2]\n  loss.z_loss_weight: [0, 1.0e-4]\n";
+    const std::string sweep = env("ZGPT_SWEEP_BIN") + " " + (dir / "sweep.yaml").string();
+    Output first = run(sweep);
+    INFO(first.text);
+    REQUIRE(first.code == 0);
+    CHECK(first.text.find("4 runs, 0 failed") != std::string::npos);
+    const auto manifest = nlohmann::json::parse(std::ifstream(dir / "runs/sweep.json"));
+    REQUIRE(manifest["runs"].size() == 4);
+    for (const auto& r : manifest["runs"])
+        CHECK(fs::exists(dir / "runs" / r["name"].get<std::string>() / "summary.json"));
+    // a second call skips what finished; a run that lost its summary (interrupted) resumes
+    const fs::path interrupted = dir / "runs" / manifest["runs"][1]["name"].get<std::string>();
+    fs::remove(interrupted / "summary.json");
+    Output again = run(sweep);
+    INFO(again.text);
+    CHECK(again.text.find("done, skipped") != std::string::npos);
+    CHECK(again.text.find(": resuming") != std::string::npos);
+    CHECK(fs::exists(interrupted / "summary.json"));
+
+    const std::string plot = "python3 " + std::string(ZGPT_SOURCE_DIR) +
+                             "/tools/plot_runs.py --sweep " + (dir / "runs").string();
+    Output csv = run(plot + " --format csv");
+    if (csv.code != 0 && csv.text.find("ModuleNotFoundError") != std::string::npos) {
+        MESSAGE(
+            "plot_runs.py needs Python 3 with matplotlib, not found here: the plot checks are "
+            "skipped");
+        return;
+    }
+    INFO(csv.text);
+    REQUIRE(csv.code == 0);
+    CHECK(std::count(csv.text.begin(), csv.text.end(), '\n') >=
+          5);  // header + 4 runs (+ sensitivity)
+    CHECK(csv.text.find("# LR sensitivity (z_loss_weight=0)") != std::string::npos);
+    Output fig = run(plot + " --out " + (dir / "figs").string());
+    INFO(fig.text);
+    if (fig.code != 0 && fig.text.find("ModuleNotFoundError") != std::string::npos) {
+        MESSAGE("matplotlib is not installed: the figure checks are skipped");
+        return;
+    }
+    REQUIRE(fig.code == 0);
+    for (const char* f : {"curves.png", "curves.svg", "lr_sensitivity.png", "lr_sensitivity.svg"})
+        CHECK(fs::file_size(dir / "figs" / f) > 1000);
+    const auto plots = nlohmann::json::parse(std::ifstream(dir / "figs/plots.json"));
+    CHECK(plots["curves.loss"] == 4);
+    CHECK(plots["curves.val_loss"] == 4);
+    CHECK(plots["curves.lse_mean"] == 4);
+    CHECK(plots["lr_sensitivity"] == 2);  // one line per z weight
+}

@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""Plots and tables from runs' metrics.jsonl.
+
+    plot_runs.py --sweep runs/zloss-sweep --out docs/experiments/zloss     # a sweep's runs
+    plot_runs.py runs/a runs/b --out figs                                   # any runs
+    plot_runs.py --sweep runs/zloss-sweep --format csv                      # a table on stdout
+
+Figures (PNG and SVG): curves.* overlays train loss, validation loss, CE, z-loss, mean lse, max
+logit, grad norm and LR against the step, one line per run, labelled by what differs between the
+runs. When the runs differ in optim.lr, lr_sensitivity.* plots the final validation CE against the
+LR, one line per z-loss weight, with the LR-sensitivity of Wortsman et al. (2023): the mean over
+LRs of min(loss(lr), loss at init) - best loss. plots.json records each figure's curves.
+"""
+import argparse
+import csv
+import json
+import math
+import pathlib
+import sys
+
+PANELS = [("loss", "train loss"), ("val_loss", "validation loss"), ("ce", "train CE"),
+          ("z_loss", "z-loss"), ("lse_mean", "mean lse"), ("max_logit", "max logit"),
+          ("grad_norm", "grad norm"), ("lr", "learning rate")]
+
+
+def read_config(run):
+    """The run's resolved config.yaml flattened to {'section.key': value-string}."""
+    flat, section = {}, None
+    for line in (run / "config.yaml").read_text().splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        if not line.startswith(" "):
+            section = line.rstrip(":").strip()
+        else:
+            key, _, value = line.strip().partition(":")
+            flat[f"{section}.{key}"] = value.strip().strip('"')
+    return flat
+
+
+def load_runs(args):
+    dirs = [pathlib.Path(d) for d in args.runs]
+    if args.sweep:
+        sweep = pathlib.Path(args.sweep)
+        manifest = json.loads((sweep / "sweep.json").read_text())
+        dirs += [sweep / r["name"] for r in manifest["runs"]]
+    runs = []
+    for d in dirs:
+        metrics = d / "metrics.jsonl"
+        if not metrics.exists():
+            print(f"skipping {d}: no metrics.jsonl", file=sys.stderr)
+            continue
+        rows = [json.loads(l) for l in metrics.read_text().splitlines() if l.strip()]
+        runs.append({"dir": d, "config": read_config(d), "rows": rows})
+    if not runs:
+        sys.exit("no runs with metrics.jsonl")
+    # label each run by the config keys whose values differ between the runs
+    keys = sorted({k for r in runs for k in r["config"]})
+    differing = [k for k in keys if len({r["config"].get(k) for r in runs}) > 1
+                 and k not in ("train.run_name", "train.out_dir", "train.resume")]
+    for r in runs:
+        r["label"] = ", ".join(f"{k.split('.')[-1]}={r['config'].get(k)}" for k in differing) or r["dir"].name
+    return runs, differing
+
+
+def series(run, field):
+    pts = [(r["step"], r[field]) for r in run["rows"] if field in r and r[field] is not None]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def final(run, field):
+    xs, ys = series(run, field)
+    return ys[-1] if ys else float("nan")
+
+
+def lr_sensitivity(runs):
+    """{z weight: (LR-sensitivity, [(lr, final val CE)])} when the runs span several LRs."""
+    groups = {}
+    for r in runs:
+        lr = float(r["config"].get("optim.lr", "nan"))
+        z = r["config"].get("loss.z_loss_weight", "0")
+        at_init = next((row["val_ce"] for row in r["rows"] if row.get("step") == 0 and "val_ce" in row), None)
+        groups.setdefault(z, []).append((lr, final(r, "val_ce"), at_init))
+    out = {}
+    for z, pts in groups.items():
+        pts.sort()
+        if len(pts) < 2:
+            continue
+        finite = [v for _, v, _ in pts if math.isfinite(v)]
+        best = min(finite) if finite else float("nan")
+        init = max((i for _, _, i in pts if i is not None), default=float("inf"))
+        terms = [min(v if math.isfinite(v) else init, init) - best for _, v, _ in pts]
+        out[z] = (sum(terms) / len(terms), [(lr, v) for lr, v, _ in pts])
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="*", help="run directories")
+    ap.add_argument("--sweep", help="a sweep's out_dir (its sweep.json lists the runs)")
+    ap.add_argument("--out", help="directory for the figures")
+    ap.add_argument("--format", default="png,svg", help="png,svg (figures) or csv (a table on stdout)")
+    args = ap.parse_args()
+    runs, differing = load_runs(args)
+    sens = lr_sensitivity(runs) if "optim.lr" in differing else {}
+
+    if args.format == "csv":
+        w = csv.writer(sys.stdout)
+        w.writerow(["run"] + differing + ["steps", "final_loss", "final_val_loss", "final_val_ce",
+                                          "min_val_ce", "final_lse_mean", "final_max_logit"])
+        for r in runs:
+            val_ce = series(r, "val_ce")[1]
+            w.writerow([r["dir"].name] + [r["config"].get(k) for k in differing] +
+                       [series(r, "loss")[0][-1] if series(r, "loss")[0] else 0, final(r, "loss"),
+                        final(r, "val_loss"), final(r, "val_ce"), min(val_ce) if val_ce else "",
+                        final(r, "lse_mean"), final(r, "max_logit")])
+        for z, (s, _) in sens.items():
+            print(f"# LR sensitivity (z_loss_weight={z}): {s:.4f}")
+        return
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = pathlib.Path(args.out or ".")
+    out.mkdir(parents=True, exist_ok=True)
+    formats = [f for f in args.format.split(",") if f]
+    manifest = {}
+    fig, axes = plt.subplots(2, 4, figsize=(18, 8))
+    for ax, (field, title) in zip(axes.flat, PANELS):
+        n = 0
+        for r in runs:
+            xs, ys = series(r, field)
+            if xs:
+                ax.plot(xs, ys, label=r["label"], marker="o" if field == "val_loss" else None, ms=3)
+                n += 1
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        if field in ("z_loss", "max_logit", "lr", "grad_norm") and n:
+            ax.set_yscale("log")
+        manifest[f"curves.{field}"] = n
+    axes.flat[0].legend(fontsize=7)
+    fig.tight_layout()
+    for f in formats:
+        fig.savefig(out / f"curves.{f}")
+    plt.close(fig)
+    if sens:
+        fig, ax = plt.subplots(figsize=(6, 4.5))
+        for z, (s, pts) in sorted(sens.items()):
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"z={z}: LR sensitivity {s:.3f}")
+        ax.set_xscale("log")
+        ax.set_xlabel("learning rate")
+        ax.set_ylabel("final validation CE")
+        ax.legend()
+        fig.tight_layout()
+        for f in formats:
+            fig.savefig(out / f"lr_sensitivity.{f}")
+        plt.close(fig)
+        manifest["lr_sensitivity"] = len(sens)
+        manifest["lr_sensitivity_values"] = {z: s for z, (s, _) in sens.items()}
+    (out / "plots.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    print(f"wrote {', '.join(sorted({str(p.name) for p in out.iterdir()}))} to {out}")
+
+
+if __name__ == "__main__":
+    main()

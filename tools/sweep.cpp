@@ -1,0 +1,172 @@
+// sweep: trains every combination of a grid of config overrides, one run directory each.
+//
+//   # sweeps/zloss.yaml
+//   base: configs/shakespeare-char-cpu.yaml
+//   out_dir: runs/zloss-sweep
+//   set: [train.max_steps=500]               # applied to every run
+//   grid:
+//     optim.lr: [1.0e-3, 3.0e-3, 1.0e-2]
+//     loss.z_loss_weight: [0, 1.0e-4]
+//
+//   sweep sweeps/zloss.yaml [--dry-run]
+//
+// Runs go one after another. A run whose summary.json says it finished is skipped; one with
+// checkpoints continues from them (train --resume), so an interrupted sweep resumes. sweep.json in
+// out_dir lists every run and its overrides (the plot tool labels curves with them).
+#include <yaml-cpp/yaml.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "kernels/check.h"
+#include "train/checkpoint.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Axis {
+    std::string key;
+    std::vector<std::string> values;  // YAML scalars as written
+};
+
+std::string shell_quote(const std::string& s) {
+    std::string q = "'";
+    for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return q + "'";
+}
+
+// "optim.lr=0.001,loss.z_loss_weight=0" -> "lr=0.001_z_loss_weight=0" (a file name)
+std::string run_name(const std::vector<std::pair<std::string, std::string>>& combo) {
+    std::string n;
+    for (const auto& [k, v] : combo) {
+        n += (n.empty() ? "" : "_") + k.substr(k.find('.') + 1) + "=" + v;
+    }
+    for (char& c : n)
+        if (!(std::isalnum((unsigned char)c) || c == '=' || c == '.' || c == '_' || c == '-'))
+            c = '-';
+    return n.empty() ? "base" : n;
+}
+
+bool finished(const fs::path& run) {
+    std::ifstream f(run / "summary.json");
+    if (!f.good()) return false;
+    try {
+        const auto s = nlohmann::json::parse(f);
+        return !s.value("stopped_early", true);
+    } catch (...) {
+        return false;
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"Train every combination of a grid of config overrides (sweep YAML)."};
+    std::string sweep_file, train_bin;
+    bool dry = false;
+    app.add_option("sweep", sweep_file, "sweep YAML (base, out_dir, grid, set)")
+        ->required()
+        ->check(CLI::ExistingFile);
+    app.add_option("--train", train_bin, "the train binary (default: beside this one)");
+    app.add_flag("--dry-run", dry, "print the runs and exit");
+    CLI11_PARSE(app, argc, argv);
+    try {
+        if (train_bin.empty()) train_bin = (fs::path(argv[0]).parent_path() / "train").string();
+        YAML::Node root;
+        try {
+            root = YAML::LoadFile(sweep_file);
+        } catch (const YAML::Exception& e) {
+            throw zgpt::Error(sweep_file + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);
+        }
+        for (const auto& kv : root) {
+            const std::string k = kv.first.as<std::string>();
+            ZG_CHECK(k == "base" || k == "out_dir" || k == "grid" || k == "set",
+                     sweep_file + ":" + std::to_string(kv.first.Mark().line + 1) +
+                         ": unknown key '" + k + "' (known: base, out_dir, grid, set)");
+        }
+        ZG_CHECK(root["base"] && root["out_dir"], sweep_file + ": needs base and out_dir");
+        const std::string base = root["base"].as<std::string>();
+        const fs::path out_dir = root["out_dir"].as<std::string>();
+        std::vector<std::string> fixed;
+        if (root["set"])
+            for (const auto& s : root["set"]) fixed.push_back(s.as<std::string>());
+        std::vector<Axis> axes;
+        if (root["grid"])
+            for (const auto& kv : root["grid"]) {
+                Axis a{kv.first.as<std::string>(), {}};
+                ZG_CHECK(kv.second.IsSequence() && kv.second.size() > 0,
+                         sweep_file + ":" + std::to_string(kv.second.Mark().line + 1) + ": grid." +
+                             a.key + " must be a non-empty list");
+                for (const auto& v : kv.second) a.values.push_back(v.Scalar());
+                axes.push_back(a);
+            }
+        // every combination, the last axis varying fastest; each is checked as a config up front
+        std::vector<std::vector<std::pair<std::string, std::string>>> combos = {{}};
+        for (const Axis& a : axes) {
+            std::vector<std::vector<std::pair<std::string, std::string>>> next;
+            for (const auto& c : combos)
+                for (const std::string& v : a.values) {
+                    auto d = c;
+                    d.emplace_back(a.key, v);
+                    next.push_back(d);
+                }
+            combos.swap(next);
+        }
+        fs::create_directories(out_dir);
+        nlohmann::json manifest{
+            {"sweep", sweep_file}, {"base", base}, {"runs", nlohmann::json::array()}};
+        for (const auto& c : combos) {
+            std::vector<std::string> sets = fixed;
+            nlohmann::json over = nlohmann::json::object();
+            for (const auto& [k, v] : c) {
+                sets.push_back(k + "=" + v);
+                over[k] = v;
+            }
+            zgpt::load_config(base, sets);  // a bad combination fails before anything runs
+            manifest["runs"].push_back({{"name", run_name(c)}, {"overrides", over}});
+        }
+        std::ofstream(out_dir / "sweep.json") << manifest.dump(2) << "\n";
+        int failures = 0;
+        for (size_t i = 0; i < combos.size(); i++) {
+            const std::string name = run_name(combos[i]);
+            const fs::path run = out_dir / name;
+            std::string cmd;
+            std::vector<std::string> sets = fixed;
+            for (const auto& [k, v] : combos[i]) sets.push_back(k + "=" + v);
+            const char* state;
+            if (finished(run)) {
+                state = "done, skipped";
+            } else if (!zgpt::list_checkpoints((run / "checkpoints").string()).empty()) {
+                state = "resuming";
+                cmd = shell_quote(train_bin) + " --resume " + shell_quote(run.string());
+            } else {
+                state = "starting";
+                cmd = shell_quote(train_bin) + " -c " + shell_quote(base) + " --set " +
+                      shell_quote("train.out_dir=" + out_dir.string()) + " --set " +
+                      shell_quote("train.run_name=" + name);
+            }
+            if (!cmd.empty())
+                for (const std::string& s : sets) cmd += " --set " + shell_quote(s);
+            std::printf("[%zu/%zu] %s: %s\n", i + 1, combos.size(), name.c_str(), state);
+            std::fflush(stdout);
+            if (cmd.empty() || dry) continue;
+            const std::string log = (out_dir / (name + ".log")).string();
+            const int rc = std::system((cmd + " > " + shell_quote(log) + " 2>&1").c_str());
+            if (rc != 0) {
+                failures++;
+                std::printf("  failed (exit %d): see %s\n", rc, log.c_str());
+            }
+        }
+        std::printf("%zu runs, %d failed; %s\n", combos.size(), failures,
+                    (out_dir / "sweep.json").string().c_str());
+        return failures ? 1 : 0;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return 1;
+    }
+}
