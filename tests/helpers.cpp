@@ -1,6 +1,10 @@
 #include "tests/helpers.h"
 
+#include <sys/wait.h>
+
+#include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 
 namespace zgpt::test {
 
@@ -31,6 +35,25 @@ std::vector<double> numeric_gradient(const std::function<double()>& f, std::vect
         g[i] = (fp - fm) / (2 * h);
     }
     return g;
+}
+
+CommandOutput run_command(const std::string& cmd) {
+    CommandOutput o;
+    FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+    if (!p) throw std::runtime_error("cannot run: " + cmd);
+    char buf[4096];
+    while (size_t n = fread(buf, 1, sizeof buf, p)) o.text.append(buf, n);
+    const int st = pclose(p);
+    o.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return o;
+}
+
+std::string built_binary(const char* env_var) {
+    const char* v = std::getenv(env_var);
+    if (!v || !*v)
+        throw std::runtime_error(std::string(env_var) +
+                                 " must point at the built binary (ctest sets it)");
+    return v;
 }
 
 std::string oracle_dir() {

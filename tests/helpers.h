@@ -56,4 +56,14 @@ std::vector<double> numeric_gradient(const std::function<double()>& f, std::vect
 // Directory of the shared oracle files: $ZGPT_ORACLES, else <source>/../shared/data/oracles.
 std::string oracle_dir();
 
+// A shell command's exit code and its stdout + stderr.
+struct CommandOutput {
+    int code = 0;
+    std::string text;
+};
+CommandOutput run_command(const std::string& cmd);
+
+// The path of a built binary from the environment variable ctest sets; throws when it is unset.
+std::string built_binary(const char* env_var);
+
 }  // namespace zgpt::test

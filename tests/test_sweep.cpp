@@ -14,6 +14,7 @@
 #include "tests/helpers.h"
 
 namespace fs = std::filesystem;
+using namespace zgpt::test;
 
 namespace {
 
@@ -24,35 +25,14 @@ const bool kHaveText = [] {
     return true;
 }();
 
-struct Output {
-    int code;
-    std::string text;
-};
-
-Output run(const std::string& cmd) {
-    Output o{0, ""};
-    FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-    char buf[4096];
-    while (size_t n = fread(buf, 1, sizeof buf, p)) o.text.append(buf, n);
-    const int st = pclose(p);
-    o.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    return o;
-}
-
-std::string env(const char* v) {
-    const char* s = std::getenv(v);
-    REQUIRE_MESSAGE(s, v << " must be set (ctest sets it)");
-    return s;
-}
-
 }  // namespace
 
 TEST_CASE("z-loss sweep on Tiny Shakespeare: sweep, skip, resume, plots, CSV") {
     const fs::path dir = fs::temp_directory_path() / "zgpt_test_sweep";
     fs::remove_all(dir);
-    REQUIRE(
-        run(env("ZGPT_PREPARE_BIN") + " --input " + kText + " --out " + (dir / "shards").string())
-            .code == 0);
+    REQUIRE(run_command(built_binary("ZGPT_PREPARE_BIN") + " --input " + kText + " --out " +
+                        (dir / "shards").string())
+                .code == 0);
     std::ofstream(dir / "base.yaml")
         << "model: {n_layer: 2, n_head: 2, n_embd: 32, block_size: 32}\n"
         << "data: {train: " << (dir / "shards/train_*.bin").string()
@@ -64,8 +44,8 @@ TEST_CASE("z-loss sweep on Tiny Shakespeare: sweep, skip, resume, plots, CSV") {
         << "base: " << (dir / "base.yaml").string() << "\n"
         << "out_dir: " << (dir / "runs").string() << "\n"
         << "grid:\n  optim.lr: [3.0e-3, 3.0e-2]\n  loss.z_loss_weight: [0, 1.0e-4]\n";
-    const std::string sweep = env("ZGPT_SWEEP_BIN") + " " + (dir / "sweep.yaml").string();
-    Output first = run(sweep);
+    const std::string sweep = built_binary("ZGPT_SWEEP_BIN") + " " + (dir / "sweep.yaml").string();
+    CommandOutput first = run_command(sweep);
     INFO(first.text);
     REQUIRE(first.code == 0);
     CHECK(first.text.find("4 runs, 0 failed") != std::string::npos);
@@ -76,7 +56,7 @@ TEST_CASE("z-loss sweep on Tiny Shakespeare: sweep, skip, resume, plots, CSV") {
     // a second call skips what finished; a run that lost its summary (interrupted) resumes
     const fs::path interrupted = dir / "runs" / manifest["runs"][1]["name"].get<std::string>();
     fs::remove(interrupted / "summary.json");
-    Output again = run(sweep);
+    CommandOutput again = run_command(sweep);
     INFO(again.text);
     CHECK(again.text.find("done, skipped") != std::string::npos);
     CHECK(again.text.find(": resuming") != std::string::npos);
@@ -84,7 +64,7 @@ TEST_CASE("z-loss sweep on Tiny Shakespeare: sweep, skip, resume, plots, CSV") {
 
     const std::string plot = "python3 " + std::string(ZGPT_SOURCE_DIR) +
                              "/tools/plot_runs.py --sweep " + (dir / "runs").string();
-    Output csv = run(plot + " --format csv");
+    CommandOutput csv = run_command(plot + " --format csv");
     if (csv.code != 0 && csv.text.find("ModuleNotFoundError") != std::string::npos) {
         MESSAGE(
             "plot_runs.py needs Python 3 with matplotlib, not found here: the plot checks are "
@@ -96,7 +76,7 @@ TEST_CASE("z-loss sweep on Tiny Shakespeare: sweep, skip, resume, plots, CSV") {
     CHECK(std::count(csv.text.begin(), csv.text.end(), '\n') >=
           5);  // header + 4 runs (+ sensitivity)
     CHECK(csv.text.find("# LR sensitivity (z_loss_weight=0)") != std::string::npos);
-    Output fig = run(plot + " --out " + (dir / "figs").string());
+    CommandOutput fig = run_command(plot + " --out " + (dir / "figs").string());
     INFO(fig.text);
     if (fig.code != 0 && fig.text.find("ModuleNotFoundError") != std::string::npos) {
         MESSAGE("matplotlib is not installed: the figure checks are skipped");

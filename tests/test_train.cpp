@@ -14,31 +14,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "tests/helpers.h"
+
 using nlohmann::json;
 namespace fs = std::filesystem;
+using namespace zgpt::test;
 
 namespace {
-
-struct Output {
-    int code;
-    std::string text;
-};
-
-Output run(const std::string& cmd) {
-    Output o{0, ""};
-    FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-    char buf[4096];
-    while (size_t n = fread(buf, 1, sizeof buf, p)) o.text.append(buf, n);
-    const int st = pclose(p);
-    o.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    return o;
-}
-
-std::string bin(const char* var) {
-    const char* v = std::getenv(var);
-    REQUIRE_MESSAGE(v, var << " must point at the built binary (ctest sets it)");
-    return v;
-}
 
 std::vector<json> read_metrics(const fs::path& p) {
     std::vector<json> out;
@@ -94,8 +76,9 @@ TEST_CASE("prepare_data + train: run directory, metrics, falling loss, repeatabl
     const fs::path dir = fs::temp_directory_path() / "zgpt_test_train";
     fs::remove_all(dir);
     const fs::path corpus = make_corpus(dir);
-    Output prep = run(bin("ZGPT_PREPARE_BIN") + " --input " + corpus.string() + " --out " +
-                      (dir / "shards").string() + " --tokenizer char");
+    CommandOutput prep =
+        run_command(built_binary("ZGPT_PREPARE_BIN") + " --input " + corpus.string() + " --out " +
+                    (dir / "shards").string() + " --tokenizer char");
     INFO(prep.text);
     REQUIRE(prep.code == 0);
     CHECK(fs::exists(dir / "shards/train_000000.bin"));
@@ -106,11 +89,11 @@ TEST_CASE("prepare_data + train: run directory, metrics, falling loss, repeatabl
         << kConfig << "data:\n  train: " << (dir / "shards").string()
         << "/train_*.bin\n  val: " << (dir / "shards").string() << "/val_*.bin\n";
     auto train = [&](const std::string& name) {
-        return run(bin("ZGPT_TRAIN_BIN") + " -c " + (dir / "tiny.yaml").string() +
-                   " --set train.out_dir=" + (dir / "runs").string() +
-                   " --set train.run_name=" + name);
+        return run_command(built_binary("ZGPT_TRAIN_BIN") + " -c " + (dir / "tiny.yaml").string() +
+                           " --set train.out_dir=" + (dir / "runs").string() +
+                           " --set train.run_name=" + name);
     };
-    Output a = train("a");
+    CommandOutput a = train("a");
     INFO(a.text);
     REQUIRE(a.code == 0);
     CHECK(a.text.find("training on the CPU") != std::string::npos);
@@ -140,24 +123,25 @@ TEST_CASE("prepare_data + train: run directory, metrics, falling loss, repeatabl
 
     // tools/sample: the run's newest checkpoint, repeatable for a seed
     auto sample = [&](const std::string& extra) {
-        return run(bin("ZGPT_SAMPLE_BIN") + " --run " + run_a.string() +
-                   " --prompt 'the cat' -n 30 " + extra);
+        return run_command(built_binary("ZGPT_SAMPLE_BIN") + " --run " + run_a.string() +
+                           " --prompt 'the cat' -n 30 " + extra);
     };
-    Output s1 = sample("-s 7 -t 0.8 -k 10"), s2 = sample("-s 7 -t 0.8 -k 10"), g = sample("-k 1");
+    CommandOutput s1 = sample("-s 7 -t 0.8 -k 10"), s2 = sample("-s 7 -t 0.8 -k 10"),
+                  g = sample("-k 1");
     INFO(s1.text);
     REQUIRE(s1.code == 0);
     CHECK(s1.text == s2.text);
     CHECK(s1.text.find("ckpt_60.bin (step 60)") != std::string::npos);
     CHECK(g.text.find("the cat") != std::string::npos);
 
-    Output b = train("b");
+    CommandOutput b = train("b");
     REQUIRE(b.code == 0);
     const auto mb = read_metrics(dir / "runs/b/metrics.jsonl");
     for (size_t i = 1; i < m.size(); i++) CHECK(m[i]["loss"] == mb[i]["loss"]);  // bit-identical
 }
 
 TEST_CASE("train --help lists options and config keys; a bad config fails with a clear message") {
-    Output h = run(bin("ZGPT_TRAIN_BIN") + " --help");
+    CommandOutput h = run_command(built_binary("ZGPT_TRAIN_BIN") + " --help");
     CHECK(h.code == 0);
     for (const char* s :
          {"--config", "--set", "z_loss_weight", "label_smoothing", "qk_norm", "grad_clip"})
@@ -165,7 +149,8 @@ TEST_CASE("train --help lists options and config keys; a bad config fails with a
     const fs::path dir = fs::temp_directory_path() / "zgpt_test_train_bad";
     fs::create_directories(dir);
     std::ofstream(dir / "bad.yaml") << "data:\n  train: x.bin\noptim:\n  lr: fast\n";
-    Output e = run(bin("ZGPT_TRAIN_BIN") + " -c " + (dir / "bad.yaml").string());
+    CommandOutput e =
+        run_command(built_binary("ZGPT_TRAIN_BIN") + " -c " + (dir / "bad.yaml").string());
     CHECK(e.code == 1);
     CHECK(e.text.find("bad.yaml:4: optim.lr: expected a number, got 'fast'") != std::string::npos);
 }
@@ -202,12 +187,12 @@ std::map<int64_t, double> losses(const fs::path& metrics) {
 
 struct ResumeFixture {
     fs::path dir = fs::temp_directory_path() / "zgpt_test_resume";
-    std::string train = bin("ZGPT_TRAIN_BIN");
+    std::string train = built_binary("ZGPT_TRAIN_BIN");
     ResumeFixture() {
         fs::remove_all(dir);
         const fs::path corpus = make_corpus(dir);
-        REQUIRE(run(bin("ZGPT_PREPARE_BIN") + " --input " + corpus.string() + " --out " +
-                    (dir / "shards").string())
+        REQUIRE(run_command(built_binary("ZGPT_PREPARE_BIN") + " --input " + corpus.string() +
+                            " --out " + (dir / "shards").string())
                     .code == 0);
         // decay_steps fixed, so the schedule does not depend on max_steps (stop at 10, go to 20)
         std::ofstream(dir / "c.yaml")
@@ -234,9 +219,9 @@ struct ResumeFixture {
 
 TEST_CASE("exact resume: 10 steps, stop, resume to 20 gives bit-identical losses for 11-20") {
     ResumeFixture f;
-    REQUIRE(run(f.start("straight", "--set train.max_steps=20")).code == 0);
-    REQUIRE(run(f.start("split", "--set train.max_steps=10")).code == 0);
-    Output r = run(f.resume("split", "--set train.max_steps=20"));
+    REQUIRE(run_command(f.start("straight", "--set train.max_steps=20")).code == 0);
+    REQUIRE(run_command(f.start("split", "--set train.max_steps=10")).code == 0);
+    CommandOutput r = run_command(f.resume("split", "--set train.max_steps=20"));
     INFO(r.text);
     REQUIRE(r.code == 0);
     CHECK(r.text.find("resumed from") != std::string::npos);
@@ -250,7 +235,7 @@ TEST_CASE(
     "SIGKILL during a step, then during a checkpoint write: resume loses at most checkpoint_every "
     "steps") {
     ResumeFixture f;
-    REQUIRE(run(f.start("straight")).code == 0);
+    REQUIRE(run_command(f.start("straight")).code == 0);
     const auto want = losses(f.run_dir("straight") / "metrics.jsonl");
     // killed mid-run
     const pid_t pid = spawn(f.start("killed"), f.dir / "killed.log");
@@ -260,7 +245,7 @@ TEST_CASE(
     int status = 0;
     waitpid(pid, &status, 0);
     CHECK(WIFSIGNALED(status));
-    Output r = run(f.resume("killed"));
+    CommandOutput r = run_command(f.resume("killed"));
     INFO(r.text);
     REQUIRE(r.code == 0);
     const auto pos = r.text.find("at step ");
@@ -272,11 +257,11 @@ TEST_CASE(
     for (int64_t s = 1; s <= 40; s++) CHECK(got.at(s) == want.at(s));
 
     // killed half-way through writing the step-10 checkpoint: the half file is never loaded
-    Output k = run("ZGPT_TEST_KILL_IN_CHECKPOINT_AT_STEP=10 " + f.start("torn"));
+    CommandOutput k = run_command("ZGPT_TEST_KILL_IN_CHECKPOINT_AT_STEP=10 " + f.start("torn"));
     CHECK(k.code != 0);
     CHECK(fs::exists(f.run_dir("torn") / "checkpoints/ckpt_10.bin.tmp"));
     CHECK_FALSE(fs::exists(f.run_dir("torn") / "checkpoints/ckpt_10.bin"));
-    Output r2 = run(f.resume("torn"));
+    CommandOutput r2 = run_command(f.resume("torn"));
     INFO(r2.text);
     REQUIRE(r2.code == 0);
     CHECK(r2.text.find("ckpt_5.bin at step 5") != std::string::npos);
@@ -288,7 +273,7 @@ TEST_CASE(
     "a corrupt newest checkpoint is refused with a reason and resume falls back; SIGTERM "
     "checkpoints") {
     ResumeFixture f;
-    REQUIRE(run(f.start("a", "--set train.max_steps=15")).code == 0);
+    REQUIRE(run_command(f.start("a", "--set train.max_steps=15")).code == 0);
     const fs::path newest = f.run_dir("a") / "checkpoints/ckpt_15.bin";
     REQUIRE(fs::exists(newest));
     {
@@ -296,7 +281,7 @@ TEST_CASE(
         c.seekp(300);
         c.put(0x7f);
     }
-    Output r = run(f.resume("a", "--set train.max_steps=20"));
+    CommandOutput r = run_command(f.resume("a", "--set train.max_steps=20"));
     INFO(r.text);
     REQUIRE(r.code == 0);
     CHECK(r.text.find("warning: checkpoint") != std::string::npos);
