@@ -1,5 +1,6 @@
 #include "model/hf_gpt2.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -20,14 +21,27 @@ bool is_conv1d(const std::string& name) {
     return false;
 }
 
-// Our tensor's shape in Hugging Face's layout.
+}  // namespace
+
 std::vector<int64_t> hf_shape(const ParamSpec& s, int64_t vocab) {
     if (is_conv1d(s.name)) return {s.shape[1], s.shape[0]};
     if (s.name == "transformer.wte.weight") return {vocab, s.shape[1]};
     return s.shape;
 }
 
-}  // namespace
+template <typename T>
+std::vector<T> to_hf_layout(const ParamSpec& s, const T* p, int64_t vocab) {
+    int64_t n = 1;
+    for (int64_t d : hf_shape(s, vocab)) n *= d;
+    std::vector<T> t(static_cast<size_t>(n));
+    if (is_conv1d(s.name)) {
+        for (int64_t o = 0; o < s.shape[0]; o++)
+            for (int64_t i = 0; i < s.shape[1]; i++) t[i * s.shape[0] + o] = p[o * s.shape[1] + i];
+    } else {
+        std::copy(p, p + n, t.begin());  // wte: its first vocab_size rows
+    }
+    return t;
+}
 
 void check_hf_compatible(const ModelConfig& c) {
     ZG_CHECK(c.tie_embeddings, "Hugging Face GPT-2 export needs model.tie_embeddings: true");
@@ -41,17 +55,8 @@ void export_hf_gpt2(GPT<float>& model, const std::string& dir) {
     std::vector<std::vector<float>> storage;
     std::vector<TensorToWrite> tensors;
     for (const ParamSpec& s : model.layout().table.specs()) {
-        const std::vector<int64_t> shape = hf_shape(s, c.vocab_size);
-        const float* p = model.params.data() + s.offset;
-        if (is_conv1d(s.name)) {
-            std::vector<float> t(size_t(s.numel));
-            for (int64_t o = 0; o < s.shape[0]; o++)
-                for (int64_t i = 0; i < s.shape[1]; i++)
-                    t[i * s.shape[0] + o] = p[o * s.shape[1] + i];
-            storage.push_back(std::move(t));
-            p = storage.back().data();
-        }
-        tensors.push_back({s.name, shape, p});  // wte: its first vocab_size rows
+        storage.push_back(to_hf_layout(s, model.params.data() + s.offset, int64_t(c.vocab_size)));
+        tensors.push_back({s.name, hf_shape(s, c.vocab_size), storage.back().data()});
     }
     std::filesystem::create_directories(dir);
     write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
@@ -117,6 +122,8 @@ ModelConfig read_hf_config(const std::string& path) {
     return c;
 }
 
+template std::vector<float> to_hf_layout<float>(const ParamSpec&, const float*, int64_t);
+template std::vector<double> to_hf_layout<double>(const ParamSpec&, const double*, int64_t);
 template void import_hf_gpt2<float>(GPT<float>&, const std::string&, const std::string&);
 template void import_hf_gpt2<double>(GPT<double>&, const std::string&, const std::string&);
 

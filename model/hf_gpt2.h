@@ -3,6 +3,7 @@
 // are [in, out] where ours are [out, in], and its wte has vocab_size rows where ours is padded.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "model/gpt.h"
 
@@ -10,6 +11,13 @@ namespace zgpt {
 
 // Throws naming the option when the model is not GPT-2-compatible.
 void check_hf_compatible(const ModelConfig& c);
+
+// One of our tensors in Hugging Face's layout and shape: Conv1D weights transposed to [in, out],
+// wte cut to its first vocab_size rows. (The import inverts it; the oracle test compares
+// gradients in this layout.)
+std::vector<int64_t> hf_shape(const ParamSpec& s, int64_t vocab_size);
+template <typename T>
+std::vector<T> to_hf_layout(const ParamSpec& s, const T* data, int64_t vocab_size);
 
 // Writes dir/model.safetensors and dir/config.json (GPT2LMHeadModel).
 void export_hf_gpt2(GPT<float>& model, const std::string& dir);

@@ -107,27 +107,11 @@ TEST_CASE("tiny GPT-2 reproduces gpt2_tiny.safetensors: logits, loss and every g
     o.z_loss_weight = cfg.at("z_loss_weight");
     o.ignore_index = cfg.at("ignore_index");
 
-    // Hugging Face's Conv1D weights are [in, out]; ours are [out, in] (the parameters are loaded by
-    // model/hf_gpt2's importer; the gradients are compared here in HF's layout).
-    auto is_conv1d = [](const std::string& n) {
-        return n.find(".c_attn.weight") != std::string::npos ||
-               n.find(".c_proj.weight") != std::string::npos ||
-               n.find(".c_fc.weight") != std::string::npos;
-    };
-    // Our gradient in Hugging Face's layout, for comparison.
+    // The parameters are loaded by model/hf_gpt2's importer; our gradients are compared in
+    // Hugging Face's layout (Conv1D weights [in, out], wte unpadded).
     auto grad_as_hf = [&](auto& model, const ParamSpec& s) {
-        const std::vector<int64_t> hf = st.info("grad." + s.name).shape;
-        int64_t n = 1;
-        for (int64_t d : hf) n *= d;
-        std::vector<double> g(n);
-        const auto* p = model.grads.data() + s.offset;
-        if (is_conv1d(s.name)) {
-            for (int64_t i = 0; i < hf[0]; i++)
-                for (int64_t j = 0; j < hf[1]; j++) g[i * hf[1] + j] = p[j * hf[0] + i];
-        } else {
-            for (int64_t i = 0; i < n; i++) g[i] = p[i];
-        }
-        return g;
+        const auto g = to_hf_layout(s, model.grads.data() + s.offset, int64_t(mc.vocab_size));
+        return std::vector<double>(g.begin(), g.end());
     };
     auto run = [&](auto& model, double rtol, double atol_scale) {
         import_hf_gpt2(model, oracle_dir() + "/gpt2_tiny.safetensors", "param.");
