@@ -16,6 +16,7 @@
 
 #include "kernels/cross_entropy.h"
 #include "kernels/cuda_check.h"
+#include "kernels/workspace.h"
 
 namespace cg = cooperative_groups;
 
@@ -774,33 +775,24 @@ struct Workspace {
     float* probs;    // naive
 };
 
-size_t align256(size_t b) {
-    return (b + 255) / 256 * 256;
-}
-
-size_t base_workspace_bytes(int64_t N) {
-    return align256(sizeof(int)) + align256(N * sizeof(RowStatsF)) +
-           align256(N * sizeof(RowGradParams)) + 5 * align256(N * sizeof(float));
+// The layout of every variant's workspace; on a measuring layout (null base) it gives the size.
+Workspace carve(WorkspaceLayout& l, int64_t N, int64_t V, bool naive) {
+    Workspace ws;
+    ws.n_valid = l.take<int>(1);
+    ws.stats = l.take<RowStatsF>(N);
+    ws.params = l.take<RowGradParams>(N);
+    ws.loss = l.take<float>(N);
+    ws.ce = l.take<float>(N);
+    ws.z = l.take<float>(N);
+    ws.lse = l.take<float>(N);
+    ws.row_max = l.take<float>(N);
+    ws.probs = naive ? l.take<float>(size_t(N) * V) : nullptr;
+    return ws;
 }
 
 Workspace carve(void* w, int64_t N, int64_t V, bool naive) {
-    auto* p = static_cast<unsigned char*>(w);
-    auto take = [&](size_t bytes) {
-        void* r = p;
-        p += align256(bytes);
-        return r;
-    };
-    Workspace ws;
-    ws.n_valid = static_cast<int*>(take(sizeof(int)));
-    ws.stats = static_cast<RowStatsF*>(take(N * sizeof(RowStatsF)));
-    ws.params = static_cast<RowGradParams*>(take(N * sizeof(RowGradParams)));
-    ws.loss = static_cast<float*>(take(N * sizeof(float)));
-    ws.ce = static_cast<float*>(take(N * sizeof(float)));
-    ws.z = static_cast<float*>(take(N * sizeof(float)));
-    ws.lse = static_cast<float*>(take(N * sizeof(float)));
-    ws.row_max = static_cast<float*>(take(N * sizeof(float)));
-    ws.probs = naive ? static_cast<float*>(take(size_t(N) * V * sizeof(float))) : nullptr;
-    return ws;
+    WorkspaceLayout l(w);
+    return carve(l, N, V, naive);
 }
 
 // The args with row outputs pointing into the workspace where the caller gave none.
@@ -813,11 +805,16 @@ CrossEntropyArgs with_rows(CrossEntropyArgs a, const Workspace& ws) {
     return a;
 }
 
-size_t ws_online(int64_t N, int64_t, LogitsType) {
-    return base_workspace_bytes(N);
+size_t workspace_size(int64_t N, int64_t V, bool naive) {
+    WorkspaceLayout l(nullptr);
+    carve(l, N, V, naive);
+    return l.bytes();
+}
+size_t ws_online(int64_t N, int64_t V, LogitsType) {
+    return workspace_size(N, V, false);
 }
 size_t ws_naive(int64_t N, int64_t V, LogitsType) {
-    return base_workspace_bytes(N) + align256(size_t(N) * V * sizeof(float));
+    return workspace_size(N, V, true);
 }
 
 void run_online(const CrossEntropyArgs& a0, const CrossEntropyOptions& o, void* w, CUstream_st* s) {

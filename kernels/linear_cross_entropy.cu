@@ -19,16 +19,13 @@
 #include "kernels/cross_entropy.h"
 #include "kernels/cuda_check.h"
 #include "kernels/matmul.h"
+#include "kernels/workspace.h"
 
 namespace zgpt::cuda {
 
 namespace {
 
 constexpr size_t kChunkBudget = size_t(96) << 20;  // bytes of bf16 logits per chunk
-
-size_t align256(size_t b) {
-    return (b + 255) / 256 * 256;
-}
 
 int64_t chunk_columns(int64_t N, int64_t V, int64_t requested) {
     if (requested > 0) return std::min(requested, V);
@@ -48,32 +45,25 @@ struct Workspace {
     __nv_bfloat16* chunk;  // [N, Vc]
 };
 
-size_t workspace_bytes(int64_t N, int64_t C, int64_t V, int64_t vocab_chunk) {
-    const int64_t vc = chunk_columns(N, V, vocab_chunk);
-    return align256(sizeof(int)) + 2 * align256(N * sizeof(RowStatsF)) +
-           align256(N * sizeof(RowGradParams)) + 4 * align256(N * sizeof(float)) +
-           align256(size_t(N) * C * 4) + align256(size_t(N) * vc * 2);
+Workspace carve(WorkspaceLayout& l, int64_t N, int64_t C, int64_t vc) {
+    Workspace ws;
+    ws.n_valid = l.take<int>(1);
+    ws.stats = l.take<RowStatsF>(N);
+    ws.part = l.take<RowStatsF>(N);
+    ws.params = l.take<RowGradParams>(N);
+    ws.loss = l.take<float>(N);
+    ws.ce = l.take<float>(N);
+    ws.z = l.take<float>(N);
+    ws.lse = l.take<float>(N);
+    ws.dh_acc = l.take<float>(size_t(N) * C);
+    ws.chunk = l.take<__nv_bfloat16>(size_t(N) * vc);
+    return ws;
 }
 
-Workspace carve(void* w, int64_t N, int64_t C, int64_t vc) {
-    auto* p = static_cast<unsigned char*>(w);
-    auto take = [&](size_t bytes) {
-        void* r = p;
-        p += align256(bytes);
-        return r;
-    };
-    Workspace ws;
-    ws.n_valid = static_cast<int*>(take(sizeof(int)));
-    ws.stats = static_cast<RowStatsF*>(take(N * sizeof(RowStatsF)));
-    ws.part = static_cast<RowStatsF*>(take(N * sizeof(RowStatsF)));
-    ws.params = static_cast<RowGradParams*>(take(N * sizeof(RowGradParams)));
-    ws.loss = static_cast<float*>(take(N * sizeof(float)));
-    ws.ce = static_cast<float*>(take(N * sizeof(float)));
-    ws.z = static_cast<float*>(take(N * sizeof(float)));
-    ws.lse = static_cast<float*>(take(N * sizeof(float)));
-    ws.dh_acc = static_cast<float*>(take(size_t(N) * C * 4));
-    ws.chunk = static_cast<__nv_bfloat16*>(take(size_t(N) * vc * 2));
-    return ws;
+size_t workspace_bytes(int64_t N, int64_t C, int64_t V, int64_t vocab_chunk) {
+    WorkspaceLayout l(nullptr);
+    carve(l, N, C, chunk_columns(N, V, vocab_chunk));
+    return l.bytes();
 }
 
 __global__ void to_bf16_kernel(__nv_bfloat16* out, const float* in, int64_t n) {
@@ -91,7 +81,8 @@ void run_fused_linear(const LinearCrossEntropyArgs& a, const CrossEntropyOptions
         "required");
     ZG_CHECK(a.N > 0 && a.C > 0 && a.V > 0 && a.N <= INT32_MAX, "fused_linear: bad sizes");
     const int64_t N = a.N, C = a.C, V = a.V, vc_max = chunk_columns(N, V, a.vocab_chunk);
-    const Workspace ws = carve(w, N, C, vc_max);
+    WorkspaceLayout layout(w);
+    const Workspace ws = carve(layout, N, C, vc_max);
     const auto* h = static_cast<const __nv_bfloat16*>(a.hidden);
     const auto* W = static_cast<const __nv_bfloat16*>(a.weight);
     auto* dW = static_cast<__nv_bfloat16*>(a.dweight);
