@@ -17,3 +17,13 @@ template <typename T>
 void adamw_update(T* params, const T* grads, T* m, T* v, int64_t n, const AdamWStep& s);
 
 }  // namespace zgpt::cpu
+
+// CUDA launcher (kernels/adamw.cu; CUDA builds only): the same update, fused over a contiguous
+// range of the fp32 master arena, optionally writing the bf16 working copy of the parameters.
+struct CUstream_st;
+namespace zgpt::cuda {
+
+void adamw_update(float* params, void* params_bf16, const float* grads, float* m, float* v,
+                  int64_t n, const cpu::AdamWStep& s, CUstream_st* stream);
+
+}  // namespace zgpt::cuda

@@ -15,3 +15,33 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, int6
                         int64_t C, int64_t NH);
 
 }  // namespace zgpt::cpu
+
+// CUDA causal attention (kernels/attention.cu; CUDA builds only), registered variants:
+//   flash  online softmax over key tiles; the T x T scores never exist; saves lse [B, NH, T]
+//   naive  scores and probabilities materialised ([B, NH, T, T] fp32 saved for backward)
+// qkv [B, T, 3C], out [B, T, C], dqkv written (not added). Backward sums in a fixed order.
+#include <string>
+#include <vector>
+
+#include "kernels/dtype.h"
+struct CUstream_st;
+namespace zgpt::cuda {
+
+struct AttentionShape {
+    int64_t B = 0, Tn = 0, C = 0, NH = 0;
+};
+
+struct AttentionVariant {
+    const char* name;
+    const char* description;
+    size_t (*saved_bytes)(const AttentionShape&);    // kept from forward to backward
+    size_t (*scratch_bytes)(const AttentionShape&);  // backward temporaries
+    void (*forward)(void* out, void* saved, const void* qkv, const AttentionShape&, DType,
+                    CUstream_st*);
+    void (*backward)(void* dqkv, const void* dout, const void* qkv, const void* out, void* saved,
+                     void* scratch, const AttentionShape&, DType, CUstream_st*);
+};
+const std::vector<AttentionVariant>& attention_variants();
+const AttentionVariant& find_attention_variant(const std::string& name);
+
+}  // namespace zgpt::cuda

@@ -188,9 +188,11 @@ struct LinearCrossEntropyArgs {
     int64_t N = 0, C = 0, V = 0;
     const int32_t* targets = nullptr;
     const float* grad_output = nullptr;  // scalar, or per row when reduction is none
-    void* dhidden = nullptr;             // [N, C] bf16, written
-    void* dweight = nullptr;             // [V, C] bf16, written (fp32 accumulation inside the GEMM)
-    float* loss_rows = nullptr;          // N each; optional
+    // Gradients; all null: loss only (evaluation), the second pass is skipped.
+    void* dhidden = nullptr;       // [N, C] bf16, written
+    void* dweight = nullptr;       // [V, C] bf16, written (fp32 accumulation inside the GEMM)
+    float* dweight_acc = nullptr;  // or [V, C] fp32, added into (a trainer's gradient arena)
+    float* loss_rows = nullptr;    // N each; optional
     float* ce_rows = nullptr;
     float* z_rows = nullptr;
     float* lse_rows = nullptr;

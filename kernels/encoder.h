@@ -1,6 +1,7 @@
 // Token + position embedding. CPU reference (fp32 in training, double in gradient checks).
 #pragma once
 #include <cstdint>
+#include <vector>
 
 namespace zgpt::cpu {
 
@@ -15,3 +16,28 @@ void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, in
                       int64_t C);
 
 }  // namespace zgpt::cpu
+
+// CUDA launchers (kernels/encoder.cu; CUDA builds only). Device pointers; `t` is the storage type
+// of out/dout, wte and wpe; the weight gradients are fp32.
+#include "kernels/dtype.h"
+struct CUstream_st;
+namespace zgpt::cuda {
+
+void encoder_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe, int64_t B,
+                     int64_t Tn, int64_t C, DType t, CUstream_st* s);
+
+// The positions of each distinct token of a batch, grouped by token (in position order), so the
+// wte gradient is summed by one thread per (token, channel) in a fixed order: no atomics.
+struct TokenBuckets {
+    std::vector<int32_t> token;   // distinct tokens
+    std::vector<int32_t> offset;  // token[i]'s positions are position[offset[i] .. offset[i+1])
+    std::vector<int32_t> position;
+};
+TokenBuckets bucket_tokens(const int32_t* tokens, int64_t n);
+
+// Adds into dwte and dwpe. d_token/d_offset/d_position are device copies of the buckets.
+void encoder_backward(float* dwte, float* dwpe, const void* dout, const int32_t* d_token,
+                      const int32_t* d_offset, const int32_t* d_position, int64_t n_distinct,
+                      int64_t B, int64_t Tn, int64_t C, DType t, CUstream_st* s);
+
+}  // namespace zgpt::cuda

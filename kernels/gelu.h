@@ -12,3 +12,15 @@ template <typename T>
 void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n);
 
 }  // namespace zgpt::cpu
+
+// CUDA launchers (kernels/gelu.cu; CUDA builds only).
+#include "kernels/dtype.h"
+struct CUstream_st;
+namespace zgpt::cuda {
+
+void gelu_forward(void* out, const void* inp, int64_t n, DType t, CUstream_st* s);
+// dinp = dout * gelu'(inp) (written, not added); dinp may alias dout.
+void gelu_backward(void* dinp, const void* inp, const void* dout, int64_t n, DType t,
+                   CUstream_st* s);
+
+}  // namespace zgpt::cuda

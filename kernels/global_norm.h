@@ -1,5 +1,6 @@
 // Sum of squares of a gradient buffer (fp64 accumulation), for global-norm clipping.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 namespace zgpt::cpu {
@@ -12,3 +13,13 @@ double sum_of_squares(const T* x, int64_t n);
 double clip_scale(double norm, double max_norm);
 
 }  // namespace zgpt::cpu
+
+// CUDA launcher (kernels/global_norm.cu; CUDA builds only): the sum of squares into *out (device,
+// fp64), block partials then one block over them, in a fixed order: deterministic.
+struct CUstream_st;
+namespace zgpt::cuda {
+
+size_t sum_of_squares_scratch_bytes();
+void sum_of_squares(double* out, const float* x, int64_t n, void* scratch, CUstream_st* s);
+
+}  // namespace zgpt::cuda

@@ -16,3 +16,35 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
                         const T* mean, const T* rstd, int64_t N, int64_t C);
 
 }  // namespace zgpt::cpu
+
+// CUDA launchers (kernels/layernorm.cu; CUDA builds only). Statistics are fp32; the weight
+// gradients are fp32 and added into, summed in a fixed order (no atomics).
+#include "kernels/dtype.h"
+struct CUstream_st;
+namespace zgpt::cuda {
+
+// Where the rows of a LayerNorm live: row r starts at (r / group) * ld + (r % group) * C. Plain
+// rows are {1, C}; the heads of q inside qkv [BT, 3C] are {NH, 3C} (qk_norm).
+struct RowMap {
+    int64_t group = 1, ld = 0;
+};
+
+void layernorm_forward(void* out, RowMap out_map, float* mean, float* rstd, const void* inp,
+                       RowMap in_map, const void* weight, const void* bias, int64_t N, int64_t C,
+                       double eps, DType t, CUstream_st* s);
+
+// res = a + b (rounded to t), out = LayerNorm(res): the residual add fused into the norm.
+void residual_layernorm_forward(void* res, void* out, float* mean, float* rstd, const void* a,
+                                const void* b, const void* weight, const void* bias, int64_t N,
+                                int64_t C, double eps, DType t, CUstream_st* s);
+
+size_t layernorm_backward_scratch_bytes(int64_t N, int64_t C);
+
+// dinp = (accumulate ? dinp : 0) + dLN/dinp; dweight, dbias (may be null) added into. dinp may
+// alias dout (each row is read whole before it is written).
+void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dweight, float* dbias,
+                        const void* dout, RowMap dout_map, const void* inp, RowMap in_map,
+                        const void* weight, const float* mean, const float* rstd, int64_t N,
+                        int64_t C, void* scratch, DType t, CUstream_st* s);
+
+}  // namespace zgpt::cuda

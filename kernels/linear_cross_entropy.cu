@@ -75,10 +75,11 @@ __global__ void to_bf16_kernel(__nv_bfloat16* out, const float* in, int64_t n) {
 void run_fused_linear(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, void* w,
                       CUstream_st* s) {
     validate(o);
-    ZG_CHECK(
-        a.hidden && a.weight && a.targets && a.grad_output && a.dhidden && a.dweight && a.summary,
-        "fused_linear: hidden, weight, targets, grad_output, dhidden, dweight and summary are "
-        "required");
+    ZG_CHECK(a.hidden && a.weight && a.targets && a.grad_output && a.summary,
+             "fused_linear: hidden, weight, targets, grad_output and summary are required");
+    const bool grads = a.dhidden || a.dweight || a.dweight_acc;
+    ZG_CHECK(!grads || (a.dhidden && (a.dweight || a.dweight_acc)),
+             "fused_linear: gradients need dhidden and one of dweight / dweight_acc");
     ZG_CHECK(a.N > 0 && a.C > 0 && a.V > 0 && a.N <= INT32_MAX, "fused_linear: bad sizes");
     const int64_t N = a.N, C = a.C, V = a.V, vc_max = chunk_columns(N, V, a.vocab_chunk);
     WorkspaceLayout layout(w);
@@ -117,17 +118,24 @@ void run_fused_linear(const LinearCrossEntropyArgs& a, const CrossEntropyOptions
         if (v > 0) ce_merge_stats(ws.stats, ws.part, N, s);
     }
     ce_finalize(ws.params, ws.stats, ws.n_valid, ce, o, s);
-    for (int64_t v = 0; v < V; v += vc_max) {  // pass 2: gradients
+    for (int64_t v = 0; grads && v < V; v += vc_max) {  // pass 2: gradients
         const int64_t vc = std::min(vc_max, V - v);
         const CrossEntropyArgs c = chunk_view(v, vc);
         gemm_bf16(ws.chunk, MatType::bf16, h, false, W + v * C, true, N, vc, C, 1.0f, 0.0f, s);
         ce_shard_backward(c, ws.params, o, s);
         gemm_bf16(ws.dh_acc, MatType::f32, ws.chunk, false, W + v * C, false, N, C, vc, 1.0f,
                   v == 0 ? 0.0f : 1.0f, s);
-        gemm_bf16(dW + v * C, MatType::bf16, ws.chunk, true, h, false, vc, C, N, 1.0f, 0.0f, s);
+        if (a.dweight_acc)
+            gemm_bf16(a.dweight_acc + v * C, MatType::f32, ws.chunk, true, h, false, vc, C, N, 1.0f,
+                      1.0f, s);
+        else
+            gemm_bf16(dW + v * C, MatType::bf16, ws.chunk, true, h, false, vc, C, N, 1.0f, 0.0f, s);
     }
-    to_bf16_kernel<<<1024, 256, 0, s>>>(static_cast<__nv_bfloat16*>(a.dhidden), ws.dh_acc, N * C);
-    ZG_CUDA_CHECK(cudaGetLastError());
+    if (grads) {
+        to_bf16_kernel<<<1024, 256, 0, s>>>(static_cast<__nv_bfloat16*>(a.dhidden), ws.dh_acc,
+                                            N * C);
+        ZG_CUDA_CHECK(cudaGetLastError());
+    }
     ce_reduce(ce, ws.stats, ws.n_valid, o, s);
 }
 

@@ -3,7 +3,7 @@
 #include <map>
 #include <tuple>
 
-#include "kernels/cuda_check.h"
+#include "kernels/cuda_common.cuh"
 #include "kernels/matmul.h"
 
 namespace zgpt::cuda {
@@ -20,11 +20,12 @@ constexpr size_t kWorkspaceBytes = size_t(32) << 20;
                                std::string("cuBLASLt error ") + std::to_string(int(st_))); \
     } while (0)
 
+using AlgoKey = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, int, uint32_t>;
+
 struct Context {
     cublasLtHandle_t handle = nullptr;
     void* workspace = nullptr;
-    // (m, n, k, transa, transb, d_type) -> algorithm
-    std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, int>, cublasLtMatmulAlgo_t> algos;
+    std::map<AlgoKey, cublasLtMatmulAlgo_t> algos;
     Context() {
         ZG_CUBLAS_CHECK(cublasLtCreate(&handle));
         ZG_CUDA_CHECK(cudaMalloc(&workspace, kWorkspaceBytes));
@@ -36,38 +37,91 @@ Context& context() {
     return c;
 }
 
+// The largest power of two (up to 256) dividing the address: cuBLASLt picks vectorised kernels
+// only when told the operands allow them.
+uint32_t alignment(const void* p) {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    uint32_t r = 256;
+    while (r > 1 && a % r) r /= 2;
+    return r;
+}
+
+cudaDataType_t cuda_type(DType t) {
+    return t == DType::f32 ? CUDA_R_32F : CUDA_R_16BF;
+}
+
 }  // namespace
 
 size_t gemm_workspace_bytes() {
     return kWorkspaceBytes;
 }
 
-void gemm_bf16(void* D, MatType d_type, const void* A, bool trans_a, const void* B, bool trans_b,
-               int64_t M, int64_t N, int64_t K, float alpha, float beta, CUstream_st* stream) {
-    ZG_CHECK(M > 0 && N > 0 && K > 0, "gemm_bf16: sizes must be positive");
+void gemm(const Gemm& g, CUstream_st* stream) {
+    ZG_CHECK(g.M > 0 && g.N > 0 && g.K > 0, "gemm: sizes must be positive");
+    ZG_CHECK(g.epilogue == Epilogue::none || g.epilogue == Epilogue::gelu_aux || g.bias,
+             "gemm: this epilogue needs a bias");
+    ZG_CHECK(g.epilogue == Epilogue::none || g.epilogue == Epilogue::bias || g.aux,
+             "gemm: a GELU epilogue needs the aux buffer");
     Context& ctx = context();
     // Row-major D[M,N] = op(A) op(B) is column-major D^T[N,M] = op(B)^T op(A)^T: cuBLASLt's A is
     // our B and its B is our A, with m = N, n = M.
-    const cublasOperation_t ta = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const cublasOperation_t tb = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const uint64_t m = uint64_t(N), n = uint64_t(M), k = uint64_t(K);
+    const cublasOperation_t ta = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t tb = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const uint64_t m = uint64_t(g.N), n = uint64_t(g.M), k = uint64_t(g.K);
     cublasLtMatmulDesc_t op;
     ZG_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     ZG_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
     ZG_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
+    switch (g.epilogue) {
+        case Epilogue::none:
+            break;
+        case Epilogue::bias:
+            epi = CUBLASLT_EPILOGUE_BIAS;
+            break;
+        case Epilogue::gelu_aux_bias:
+            epi = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+            break;
+        case Epilogue::gelu_aux:
+            epi = CUBLASLT_EPILOGUE_GELU_AUX;
+            break;
+    }
+    const cudaDataType_t dt = cuda_type(g.d_type), abt = cuda_type(g.ab_type);
+    if (epi != CUBLASLT_EPILOGUE_DEFAULT) {
+        ZG_CUBLAS_CHECK(
+            cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+        if (g.bias) {
+            ZG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                           &g.bias, sizeof g.bias));
+            ZG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                           &dt, sizeof dt));
+        }
+        if (g.aux) {
+            const int64_t ld_aux = g.N;
+            ZG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+                op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux, sizeof g.aux));
+            ZG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                           &ld_aux, sizeof ld_aux));
+            ZG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+                op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &dt, sizeof dt));
+        }
+    }
     cublasLtMatrixLayout_t la, lb, ld;
     // column-major stored shapes: A (m x k or k x m), B (k x n or n x k), D (m x n)
-    ZG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, ta == CUBLAS_OP_N ? m : k,
-                                               ta == CUBLAS_OP_N ? k : m,
-                                               ta == CUBLAS_OP_N ? m : k));
-    ZG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, tb == CUBLAS_OP_N ? k : n,
-                                               tb == CUBLAS_OP_N ? n : k,
-                                               tb == CUBLAS_OP_N ? k : n));
-    const cudaDataType_t dt = d_type == MatType::bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    ZG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(
+        &la, abt, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m, ta == CUBLAS_OP_N ? m : k));
+    ZG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(
+        &lb, abt, tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k, tb == CUBLAS_OP_N ? k : n));
     ZG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, dt, m, n, m));
-    const auto key = std::make_tuple(M, N, K, trans_a, trans_b, int(d_type));
+    const uint32_t al_a = alignment(g.B), al_b = alignment(g.A), al_d = alignment(g.D),
+                   al_aux = g.aux ? alignment(g.aux) : 256,
+                   al_bias = g.bias ? alignment(g.bias) : 256;
+    const uint32_t al_key = (al_a << 24) ^ (al_b << 16) ^ (al_d << 8) ^ (std::min(al_aux, al_bias));
+    const AlgoKey key{
+        g.M,   g.N, g.K, g.trans_a, g.trans_b, int(g.d_type), int(g.ab_type), int(g.epilogue),
+        al_key};
     auto it = ctx.algos.find(key);
     if (it == ctx.algos.end()) {
         cublasLtMatmulPreference_t pref;
@@ -75,20 +129,111 @@ void gemm_bf16(void* D, MatType d_type, const void* A, bool trans_a, const void*
         ZG_CUBLAS_CHECK(
             cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                  &kWorkspaceBytes, sizeof kWorkspaceBytes));
+        const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_a},
+            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_b},
+            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_d},
+            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_d}};
+        for (const auto& [attr, v] : aligns)
+            ZG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &v, sizeof v));
         cublasLtMatmulHeuristicResult_t h{};
         int found = 0;
         ZG_CUBLAS_CHECK(
             cublasLtMatmulAlgoGetHeuristic(ctx.handle, op, la, lb, ld, ld, pref, 1, &h, &found));
         cublasLtMatmulPreferenceDestroy(pref);
-        ZG_CHECK(found > 0, "cuBLASLt found no algorithm for this matmul");
+        ZG_CHECK(found > 0, "cuBLASLt found no algorithm for a " + std::to_string(g.M) + "x" +
+                                std::to_string(g.N) + "x" + std::to_string(g.K) + " matmul");
         it = ctx.algos.emplace(key, h.algo).first;
     }
-    ZG_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, op, &alpha, B, la, A, lb, &beta, D, ld, D, ld,
-                                   &it->second, ctx.workspace, kWorkspaceBytes, stream));
+    ZG_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, op, &g.alpha, g.B, la, g.A, lb, &g.beta, g.D, ld,
+                                   g.D, ld, &it->second, ctx.workspace, kWorkspaceBytes, stream));
     cublasLtMatrixLayoutDestroy(la);
     cublasLtMatrixLayoutDestroy(lb);
     cublasLtMatrixLayoutDestroy(ld);
     cublasLtMatmulDescDestroy(op);
+}
+
+void gemm_bf16(void* D, MatType d_type, const void* A, bool trans_a, const void* B, bool trans_b,
+               int64_t M, int64_t N, int64_t K, float alpha, float beta, CUstream_st* stream) {
+    Gemm g;
+    g.D = D;
+    g.d_type = d_type;
+    g.A = A;
+    g.trans_a = trans_a;
+    g.B = B;
+    g.trans_b = trans_b;
+    g.M = M;
+    g.N = N;
+    g.K = K;
+    g.alpha = alpha;
+    g.beta = beta;
+    gemm(g, stream);
+}
+
+namespace {
+
+constexpr int kBiasCols = 32, kBiasRowThreads = 8, kBiasRowChunks = 32;
+
+// Block (32 columns x 8 row lanes) over one row chunk: a fixed reduction order.
+template <typename T>
+__global__ void bias_partial_kernel(float* part, const T* dout, int64_t N, int64_t OC) {
+    __shared__ float shm[kBiasRowThreads][kBiasCols];
+    const int64_t c = int64_t(blockIdx.x) * kBiasCols + threadIdx.x;
+    const int64_t rows = (N + gridDim.y - 1) / gridDim.y;
+    const int64_t r0 = blockIdx.y * rows, r1 = std::min<int64_t>(N, r0 + rows);
+    float acc = 0;
+    if (c < OC)
+        for (int64_t r = r0 + threadIdx.y; r < r1; r += kBiasRowThreads)
+            acc += to_f(dout[r * OC + c]);
+    shm[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < OC) {
+        float s = 0;
+        for (int k = 0; k < kBiasRowThreads; k++) s += shm[k][threadIdx.x];
+        part[blockIdx.y * OC + c] = s;
+    }
+}
+
+__global__ void bias_sum_kernel(float* dbias, const float* part, int chunks, int64_t OC) {
+    const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (c >= OC) return;
+    float s = 0;
+    for (int k = 0; k < chunks; k++) s += part[k * OC + c];
+    dbias[c] += s;
+}
+
+template <typename T>
+__global__ void add_bias_kernel(T* out, const T* bias, int64_t N, int64_t OC) {
+    const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < N * OC; i += stride)
+        out[i] = from_f<T>(to_f(out[i]) + to_f(bias[i % OC]));
+}
+
+}  // namespace
+
+void add_bias(void* out, const void* bias, int64_t N, int64_t OC, DType t, CUstream_st* stream) {
+    ZG_DISPATCH(t, T,
+                add_bias_kernel<T><<<grid_for(N * OC, 256, 1 << 20), 256, 0, stream>>>(
+                    static_cast<T*>(out), static_cast<const T*>(bias), N, OC));
+    ZG_LAUNCH_CHECK();
+}
+
+size_t bias_backward_scratch_bytes(int64_t /*N*/, int64_t OC) {
+    return size_t(kBiasRowChunks) * OC * sizeof(float);
+}
+
+void bias_backward(float* dbias, const void* dout, int64_t N, int64_t OC, DType t, void* scratch,
+                   CUstream_st* stream) {
+    ZG_CHECK(N > 0 && OC > 0 && dbias && scratch, "bias_backward: bad arguments");
+    auto* part = static_cast<float*>(scratch);
+    const dim3 grid(unsigned((OC + kBiasCols - 1) / kBiasCols), kBiasRowChunks);
+    const dim3 block(kBiasCols, kBiasRowThreads);
+    ZG_DISPATCH(t, T,
+                bias_partial_kernel<T>
+                <<<grid, block, 0, stream>>>(part, static_cast<const T*>(dout), N, OC));
+    ZG_LAUNCH_CHECK();
+    bias_sum_kernel<<<grid_for(OC, 256), 256, 0, stream>>>(dbias, part, kBiasRowChunks, OC);
+    ZG_LAUNCH_CHECK();
 }
 
 }  // namespace zgpt::cuda

@@ -18,19 +18,53 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
 }  // namespace zgpt::cpu
 
 // CUDA matmul through cuBLASLt (kernels/matmul.cu; CUDA builds only). Row-major operands,
-// bf16 inputs, fp32 accumulation:
-//   D[M, N] = alpha * op(A) @ op(B) + beta * D
+// fp32 accumulation:
+//   D[M, N] = epilogue(alpha * op(A) @ op(B) + beta * D)
 // with A stored [M, K] (or [K, M] when trans_a) and B stored [K, N] (or [N, K] when trans_b).
-// D is bf16 or fp32. One handle and workspace per thread; heuristics cached per shape.
+// A and B are both bf16 or both fp32 (fp32 runs without TF32, for parity checks); D is bf16 or
+// fp32. One handle and workspace per thread; algorithms cached per shape, type, epilogue and
+// pointer alignment.
+#include "kernels/dtype.h"
 struct CUstream_st;
 namespace zgpt::cuda {
 
-enum class MatType { bf16, f32 };
+using MatType = DType;
+
+enum class Epilogue {
+    none,
+    bias,           // + bias[N] (type of D)
+    gelu_aux_bias,  // GELU(x + bias); x + bias stored to aux [M, N] (type of D) for backward
+    gelu_aux,       // GELU(x); x stored to aux
+};
+
+struct Gemm {
+    void* D = nullptr;
+    DType d_type = DType::bf16;
+    const void* A = nullptr;
+    bool trans_a = false;
+    const void* B = nullptr;
+    bool trans_b = false;
+    DType ab_type = DType::bf16;
+    int64_t M = 0, N = 0, K = 0;
+    float alpha = 1, beta = 0;
+    Epilogue epilogue = Epilogue::none;
+    const void* bias = nullptr;
+    void* aux = nullptr;
+};
+void gemm(const Gemm& g, CUstream_st* stream);
 
 void gemm_bf16(void* D, MatType d_type, const void* A, bool trans_a, const void* B, bool trans_b,
                int64_t M, int64_t N, int64_t K, float alpha, float beta, CUstream_st* stream);
 
 // Bytes of the persistent cuBLASLt workspace (counted as extra memory by the benchmarks).
 size_t gemm_workspace_bytes();
+
+// out[N, OC] += bias[OC] (both type t): the bias as its own pass (the `separate` matmul variant).
+void add_bias(void* out, const void* bias, int64_t N, int64_t OC, DType t, CUstream_st* stream);
+
+// dbias[OC] += column sums of dout [N, OC] (type t), in a fixed order (no atomics).
+size_t bias_backward_scratch_bytes(int64_t N, int64_t OC);
+void bias_backward(float* dbias, const void* dout, int64_t N, int64_t OC, DType t, void* scratch,
+                   CUstream_st* stream);
 
 }  // namespace zgpt::cuda

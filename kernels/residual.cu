@@ -1,4 +1,4 @@
-#include "kernels/cuda_check.h"
+#include "kernels/cuda_common.cuh"
 #include "kernels/residual.h"
 
 namespace zgpt::cuda {
@@ -11,7 +11,24 @@ __global__ void residual_forward_kernel(float* out, const float* a, const float*
         out[i] = a[i] + b[i];
 }
 
+template <typename T>
+__global__ void residual_kernel(T* out, const T* a, const T* b, int64_t n) {
+    const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+        out[i] = from_f<T>(to_f(a[i]) + to_f(b[i]));
+}
+
 }  // namespace
+
+void residual_forward(void* out, const void* a, const void* b, int64_t n, DType t,
+                      CUstream_st* stream) {
+    ZG_CHECK(n >= 0, "residual_forward: n must be >= 0");
+    if (n == 0) return;
+    ZG_DISPATCH(t, T,
+                residual_kernel<T><<<grid_for(n, 256, 1 << 20), 256, 0, stream>>>(
+                    static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), n));
+    ZG_LAUNCH_CHECK();
+}
 
 void residual_forward(float* out, const float* a, const float* b, int64_t n, CUstream_st* stream) {
     ZG_CHECK(n >= 0, "residual_forward: n must be >= 0");

@@ -14,10 +14,14 @@ void residual_backward(T* da, T* db, const T* dout, int64_t n);
 }  // namespace zgpt::cpu
 
 // CUDA launchers (defined in residual.cu; CUDA builds only). stream is a cudaStream_t.
+#include "kernels/dtype.h"
 struct CUstream_st;
 namespace zgpt::cuda {
 
 // out = a + b on device pointers, n elements (64-bit indexing).
 void residual_forward(float* out, const float* a, const float* b, int64_t n, CUstream_st* stream);
+// The same in storage type t (fp32 arithmetic, one rounding).
+void residual_forward(void* out, const void* a, const void* b, int64_t n, DType t,
+                      CUstream_st* stream);
 
 }  // namespace zgpt::cuda

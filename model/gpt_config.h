@@ -19,6 +19,15 @@ struct ModelConfig {
     std::string init_from;  // a Hugging Face GPT-2 model.safetensors to start from; "": random init
 };
 
+// The kernel variant chosen for each op family on the GPU (the config's `kernels:` section; the
+// CPU backend has one reference implementation of each and records the choice only).
+struct KernelChoice {
+    std::string attention = "flash";           // flash | naive
+    std::string cross_entropy = "fast";        // naive | online | fast | fused_linear
+    std::string layernorm = "fused_residual";  // fused_residual | separate
+    std::string matmul = "fused_epilogue";     // fused_epilogue | separate (bias, GELU passes)
+};
+
 // The vocabulary rounded up to a multiple of 128 (padded logits are masked out of the loss).
 int64_t padded_vocab_size(int64_t vocab_size);
 

@@ -75,4 +75,10 @@ GptLayout make_gpt_layout(const ModelConfig& c) {
     return g;
 }
 
+double training_flops_per_token(const ModelConfig& c, int64_t Tn) {
+    const GptLayout l = make_gpt_layout(c);
+    const double n = double(l.table.total()) - double(l.table[l.wpe].numel);
+    return 6.0 * n + 12.0 * c.n_layer * double(c.n_embd) * double(Tn);
+}
+
 }  // namespace zgpt

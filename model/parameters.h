@@ -55,4 +55,8 @@ struct GptLayout {
 
 GptLayout make_gpt_layout(const ModelConfig& c);
 
+// Model FLOPs per token of one training step (forward + backward) at sequence length Tn, as
+// nanoGPT and llm.c count them for MFU: 6 N (N without the position table) + 12 L C Tn.
+double training_flops_per_token(const ModelConfig& c, int64_t Tn);
+
 }  // namespace zgpt

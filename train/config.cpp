@@ -84,6 +84,17 @@ std::vector<ConfigField> config_fields(Config& c) {
          false,
          false,
          {"", "auto"}});
+    add({"train",
+         "precision",
+         "GPU arithmetic: bf16 weights/activations with fp32 master weights, or fp32 throughout",
+         &t.precision,
+         0,
+         0,
+         false,
+         false,
+         {"bf16", "fp32"}});
+    add({"train", "recompute_gelu", "GPU: recompute GELU in backward (saves 4 x B x T x C)",
+         &t.recompute_gelu});
     OptimConfig& o = c.optim;
     add({"optim", "lr", "peak learning rate", &o.lr, 0, 100, true});
     add({"optim", "min_lr", "learning rate at the end of the decay", &o.min_lr, 0, 100});
@@ -111,6 +122,43 @@ std::vector<ConfigField> config_fields(Config& c) {
     add({"loss", "label_smoothing", "label smoothing eps", &l.label_smoothing, 0, 1, false, true});
     add({"loss", "ignore_index", "target id that is ignored", &l.ignore_index, -(1 << 30),
          1 << 30});
+    KernelChoice& k = c.kernels;
+    add({"kernels",
+         "attention",
+         "causal attention variant (GPU)",
+         &k.attention,
+         0,
+         0,
+         false,
+         false,
+         {"flash", "naive"}});
+    add({"kernels",
+         "cross_entropy",
+         "loss-head variant (GPU)",
+         &k.cross_entropy,
+         0,
+         0,
+         false,
+         false,
+         {"naive", "online", "fast", "fused_linear"}});
+    add({"kernels",
+         "layernorm",
+         "LayerNorm with the residual add fused, or separate (GPU)",
+         &k.layernorm,
+         0,
+         0,
+         false,
+         false,
+         {"fused_residual", "separate"}});
+    add({"kernels",
+         "matmul",
+         "bias and GELU in the cuBLASLt epilogue, or separate passes (GPU)",
+         &k.matmul,
+         0,
+         0,
+         false,
+         false,
+         {"fused_epilogue", "separate"}});
     return f;
 }
 
@@ -206,6 +254,9 @@ void check_cross(const Config& c, const Origins& origins) {
     if (c.optim.min_lr > c.optim.lr) throw Error(at("optim.min_lr") + "must not exceed optim.lr");
     if (c.data.train.empty())
         throw Error(at("data.train") + "must name the training shards (a glob of .bin files)");
+    if (c.kernels.cross_entropy == "fused_linear" && c.train.precision == "fp32")
+        throw Error(at("kernels.cross_entropy") +
+                    "fused_linear runs in bf16 only; set train.precision=bf16 or another head");
 }
 
 }  // namespace

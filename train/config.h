@@ -37,6 +37,8 @@ struct TrainConfig {
     std::string resume;  // "" | "auto": continue from the newest valid checkpoint of the run dir
     int64_t sample_every = 0;  // print a generated sample every N steps; 0: never
     int64_t sample_tokens = 200;
+    std::string precision = "bf16";  // bf16 | fp32 (GPU; the CPU always trains in fp32)
+    bool recompute_gelu = false;     // GPU: recompute GELU in backward instead of storing it
 };
 
 struct OptimConfig {
@@ -62,6 +64,7 @@ struct Config {
     TrainConfig train;
     OptimConfig optim;
     LossConfig loss;
+    KernelChoice kernels;
 };
 
 // One entry of the field table.

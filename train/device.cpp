@@ -19,19 +19,35 @@ DeviceChoice choose_device(const std::string& requested) {
     const std::string gpu = has_gpu ? "CUDA device " + d.name : "no CUDA device (" + d.error + ")";
 #else
     const bool has_gpu = false;
-    const std::string gpu = "built without CUDA";
+    const std::string gpu = "this build has no CUDA backend (nvcc was not found)";
 #endif
-    // The CUDA training backend is not built yet: a GPU is detected and reported, never used.
-    if (requested == "cuda")
-        throw Error("train.device=cuda: the CUDA trainer is not available in this build yet (" +
-                    gpu + "); use train.device=cpu or auto");
-    if (requested == "cpu")
+    if (requested == "cpu") {
         c.reason = "training on the CPU (train.device=cpu)";
-    else if (has_gpu)
-        c.reason = gpu + " found, but the CUDA trainer is not available yet: training on the CPU";
-    else
+    } else if (has_gpu) {
+        c.device = "cuda";
+        c.reason = "training on " + gpu;
+    } else if (requested == "cuda") {
+        throw Error("train.device=cuda but " + gpu + "; use train.device=auto or cpu");
+    } else {
         c.reason = gpu + ": training on the CPU";
+    }
     return c;
+}
+
+double peak_flops(const std::string& name, bool bf16) {
+    struct Row {
+        const char* match;
+        double bf16, fp32;  // dense TFLOP/s from the vendor's data sheets
+    };
+    // Order matters: the first substring that matches wins (PCIe before the SXM default).
+    static const Row rows[] = {
+        {"H100 PCIe", 756.0, 51.2}, {"H100 NVL", 835.0, 60.0}, {"H100", 989.4, 66.9},
+        {"H200", 989.4, 66.9},      {"H800", 989.4, 66.9},     {"A100", 312.0, 19.5},
+        {"L40S", 362.0, 91.6},      {"A10G", 70.0, 31.2},      {"RTX 4090", 165.2, 82.6},
+    };
+    for (const Row& r : rows)
+        if (name.find(r.match) != std::string::npos) return (bf16 ? r.bf16 : r.fp32) * 1e12;
+    return 0.0;
 }
 
 }  // namespace zgpt

@@ -23,12 +23,14 @@ std::string format_duration(double s) {
 std::string format_progress(const ProgressInfo& p) {
     const double eta =
         p.steps_done > 0 ? p.elapsed_s / double(p.steps_done) * double(p.max_steps - p.step) : -1;
-    char buf[256];
+    char mfu[32] = "";
+    if (p.mfu >= 0) std::snprintf(mfu, sizeof mfu, " | mfu %.1f%%", 100.0 * p.mfu);
+    char buf[288];
     std::snprintf(buf, sizeof buf,
-                  "step %lld/%lld | loss %.4f (ce %.4f z %.2e) | lr %.2e | |g| %.3f | %.0f tok/s | "
-                  "eta %s",
+                  "step %lld/%lld | loss %.4f (ce %.4f z %.2e) | lr %.2e | |g| %.3f | %.0f tok/s%s "
+                  "| eta %s",
                   (long long)p.step, (long long)p.max_steps, p.loss, p.ce, p.z_loss, p.lr,
-                  p.grad_norm, p.tok_per_s, format_duration(eta).c_str());
+                  p.grad_norm, p.tok_per_s, mfu, format_duration(eta).c_str());
     return buf;
 }
 

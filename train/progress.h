@@ -10,6 +10,7 @@ struct ProgressInfo {
     int64_t step = 0, max_steps = 0;
     int64_t steps_done = 0;  // in this process (a resumed run starts past 0): paces the ETA
     double loss = 0, ce = 0, z_loss = 0, lr = 0, grad_norm = 0, tok_per_s = 0, elapsed_s = 0;
+    double mfu = -1;  // < 0: unknown (not shown)
 };
 
 std::string format_duration(double seconds);  // "3m12s"

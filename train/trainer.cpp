@@ -13,9 +13,9 @@
 #include "data/tokenizer.h"
 #include "kernels/check.h"
 #include "kernels/global_norm.h"
-#include "model/gpt.h"
-#include "model/hf_gpt2.h"
+#include "model/parameters.h"
 #include "model/sample.h"
+#include "train/backend.h"
 #include "train/checkpoint.h"
 #include "train/device.h"
 #include "train/lr_schedule.h"
@@ -57,18 +57,16 @@ struct EvalResult {
 
 // Mean loss and CE over eval_batches validation batches, always the same ones (the loader
 // restarts).
-EvalResult evaluate(GPT<float>& model, DataLoader& val, const Config& c, int64_t T) {
+EvalResult evaluate(Backend& model, DataLoader& val, const Config& c, int64_t T) {
     const int64_t B = c.train.batch_size;
     Batch b{std::vector<int32_t>(B * T), std::vector<int32_t>(B * T)};
     val.reset();
     const CrossEntropyOptions opts = loss_options(c.loss, Reduction::sum);
-    const double one = 1.0;
     double loss = 0, ce = 0;
     int64_t n = 0;
     for (int i = 0; i < c.train.eval_batches; i++) {
         val.next_batch(b.inputs.data(), b.targets.data());
-        model.forward(b.inputs.data(), B, T);
-        const CrossEntropySummary s = model.loss(b.targets.data(), opts, {&one, false}, false);
+        const CrossEntropySummary s = model.evaluate(b.inputs.data(), b.targets.data(), B, T, opts);
         loss += s.sum_loss;
         ce += s.sum_ce;
         n += s.n_valid;
@@ -133,10 +131,8 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
     const std::string yaml = config_to_yaml(cfg);
     const std::string ckpt_dir = result.run_dir + "/checkpoints";
 
-    GPT<float> model(cfg.model);
-    model.init_weights(uint64_t(cfg.train.seed));
-    if (!cfg.model.init_from.empty()) import_hf_gpt2(model, cfg.model.init_from);
-    AdamW optimizer(model.layout().table, cfg.optim);
+    std::unique_ptr<Backend> backend = make_backend(device.device, cfg);
+    Backend& model = *backend;
     int64_t start_step = 0, tokens = 0;
     std::string resumed_from;
     if (cfg.train.resume == "auto") {
@@ -145,10 +141,8 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
         resumed_from = latest_valid_checkpoint(ckpt_dir, model.layout().table, &refused, &st);
         for (const std::string& r : refused) std::printf("warning: %s\n", r.c_str());
         if (!resumed_from.empty()) {
-            model.params = std::move(st.params);
-            optimizer.m() = std::move(st.m);
-            optimizer.v() = std::move(st.v);
-            optimizer.set_steps_taken(st.adam_steps);
+            model.set_params(st.params);
+            model.set_adam(st.m, st.v, st.adam_steps);
             train_loader.set_position(st.loader);
             start_step = st.step;
             tokens = st.tokens;
@@ -166,19 +160,19 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
         st.step = step;
         st.tokens = tokens;
         st.loader = train_loader.position();
-        st.adam_steps = optimizer.steps_taken();
+        st.adam_steps = model.adam_steps();
         st.config_yaml = yaml;
-        st.params = model.params;
-        st.m = optimizer.m();
-        st.v = optimizer.v();
+        st.params = model.params();
+        st.m = model.adam_m();
+        st.v = model.adam_v();
         save_checkpoint(ckpt_dir, model.layout().table, st, cfg.train.keep_checkpoints);
     };
 
     std::printf("resolved config:\n%s", yaml.c_str());
     std::printf("%s\n", device.reason.c_str());
-    std::printf("model: %.3fM parameters (vocab %d padded to %lld), %d threads\n",
+    std::printf("model: %.3fM parameters (vocab %d padded to %lld); %s\n",
                 double(model.num_parameters()) / 1e6, cfg.model.vocab_size,
-                (long long)model.padded_vocab(), omp_get_max_threads());
+                (long long)model.padded_vocab(), model.describe().c_str());
     std::printf("data: %lld train tokens in %zu shard(s), %lld batches of %lldx%lld per epoch\n",
                 (long long)train_loader.num_tokens(), train_loader.num_shards(),
                 (long long)train_loader.batches_per_epoch(), (long long)B, (long long)T);
@@ -205,7 +199,7 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
         so.stop_token = tokenizer->document_separator();
         Rng rng(uint64_t(cfg.train.seed) ^ uint64_t(step));
         const std::vector<uint32_t> p = tokenizer->default_prompt();
-        const auto out = generate(model, std::vector<int32_t>(p.begin(), p.end()), so, rng);
+        const auto out = model.generate(std::vector<int32_t>(p.begin(), p.end()), so, rng);
         progress.message("sample at step " + std::to_string(step) + ":\n" +
                          tokenizer->decode(std::vector<uint32_t>(out.begin(), out.end())));
     };
@@ -232,6 +226,16 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
     const CrossEntropyOptions train_opts = loss_options(cfg.loss, Reduction::sum);
     std::vector<Batch> micro(cfg.train.grad_accum,
                              Batch{std::vector<int32_t>(B * T), std::vector<int32_t>(B * T)});
+    const double peak =
+        device.device == "cuda" ? peak_flops(device.gpu_name, cfg.train.precision == "bf16") : 0.0;
+    const double flops_per_token = training_flops_per_token(cfg.model, T);
+    const nlohmann::json kernels_json =
+        device.device == "cuda" ? nlohmann::json{{"attention", cfg.kernels.attention},
+                                                 {"cross_entropy", cfg.kernels.cross_entropy},
+                                                 {"layernorm", cfg.kernels.layernorm},
+                                                 {"matmul", cfg.kernels.matmul},
+                                                 {"precision", cfg.train.precision}}
+                                : nlohmann::json{{"cpu", "reference"}};
     const auto t_start = Clock::now();
     const int64_t tokens_at_start = tokens;
     for (int64_t step = start_step + 1; step <= max_steps && !g_stop; step++) {
@@ -247,10 +251,8 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
         model.zero_grad();
         CrossEntropySummary sum;
         for (Batch& b : micro) {
-            model.forward(b.inputs.data(), B, T);
-            const CrossEntropySummary s =
-                model.loss(b.targets.data(), train_opts, {&grad_out, false}, true);
-            model.backward();
+            const CrossEntropySummary s = model.train_micro_batch(b.inputs.data(), b.targets.data(),
+                                                                  B, T, train_opts, grad_out);
             sum.sum_loss += s.sum_loss;
             sum.sum_ce += s.sum_ce;
             sum.sum_z_loss += s.sum_z_loss;
@@ -258,9 +260,8 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
             sum.n_valid += s.n_valid;
             sum.max_logit = std::max(sum.max_logit, s.max_logit);
         }
-        const double norm = global_grad_norm(model.grads.data(), model.num_parameters());
-        optimizer.step(model.params.data(), model.grads.data(), lr,
-                       cpu::clip_scale(norm, cfg.optim.grad_clip));
+        const double norm = model.grad_norm();
+        model.optimizer_step(lr, cpu::clip_scale(norm, cfg.optim.grad_clip));
         const double dt = seconds_since(t0);
         tokens += B * T * cfg.train.grad_accum;
         const double inv = sum.n_valid ? 1.0 / double(sum.n_valid) : 0.0;
@@ -278,11 +279,16 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
                            {"tokens", tokens},
                            {"step_ms", dt * 1e3},
                            {"tok_per_s", double(B * T * cfg.train.grad_accum) / dt},
-                           {"mfu", nullptr}};  // no peak FLOP/s is known for a CPU
+                           {"mfu", nullptr}};
+        // MFU on a GPU with a known peak; the CPU has none (no peak FLOP/s for an arbitrary CPU).
+        if (peak > 0)
+            rec["mfu"] = flops_per_token * double(B * T * cfg.train.grad_accum) / dt / peak;
+        if (model.device_memory_bytes() > 0) rec["peak_mem_gb"] = model.device_memory_bytes() / 1e9;
+        rec["kernels"] = kernels_json;
+        const double tok_s = double(tokens - tokens_at_start) / seconds_since(t_start);
         progress.update({step, max_steps, step - start_step, sum.sum_loss * inv, sum.sum_ce * inv,
-                         sum.sum_z_loss * inv, lr, norm,
-                         double(tokens - tokens_at_start) / seconds_since(t_start),
-                         seconds_since(t_start)});
+                         sum.sum_z_loss * inv, lr, norm, tok_s, seconds_since(t_start),
+                         peak > 0 ? flops_per_token * tok_s / peak : -1.0});
         const bool last = step == max_steps || g_stop;
         if (last || (cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0))
             run_eval(step, rec);

@@ -1,0 +1,470 @@
+// Causal attention on the GPU.
+//
+// flash: one thread per query row, key/value tiles staged in shared memory and read by the whole
+// block (broadcast); online softmax with one rescale per tile. Backward recomputes the
+// probabilities from the saved lse: one kernel per key tile for dK/dV and one per query tile for
+// dQ, so every output has exactly one writer (deterministic, no atomics). fp32 arithmetic for
+// both storage types. A tensor-core version is the next step for speed.
+//
+// naive: the textbook form with the [T, T] probabilities in memory, for ablation.
+#include <cmath>
+
+#include "kernels/attention.h"
+#include "kernels/cuda_common.cuh"
+
+namespace zgpt::cuda {
+
+namespace {
+
+constexpr int kBQ = 64, kBK = 32;
+
+struct Geo {  // strides of one head inside qkv / out
+    int64_t Tn, C, NH, hs;
+    float scale;
+};
+
+Geo geometry(const AttentionShape& s) {
+    const int64_t hs = s.C / s.NH;
+    return {s.Tn, s.C, s.NH, hs, float(1.0 / std::sqrt(double(hs)))};
+}
+
+template <typename T>
+__device__ __forceinline__ const T* q_row(const T* qkv, const Geo& g, int64_t b, int64_t h,
+                                          int64_t t) {
+    return qkv + (b * g.Tn + t) * 3 * g.C + h * g.hs;
+}
+
+// ---------------------------------------------------------------- flash forward
+template <typename T, int HS>
+__global__ void flash_forward_kernel(T* out, float* lse, const T* qkv, Geo g) {
+    __shared__ float Ks[kBK][HS], Vs[kBK][HS];
+    const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
+    const int64_t q0 = int64_t(blockIdx.x) * kBQ, i = q0 + threadIdx.x;
+    const int hs = int(g.hs);
+    float q[HS], o[HS];
+    const bool active = i < g.Tn;
+#pragma unroll
+    for (int d = 0; d < HS; d++) {
+        q[d] = active && d < hs ? to_f(q_row(qkv, g, b, h, i)[d]) : 0.0f;
+        o[d] = 0;
+    }
+    float m = -INFINITY, l = 0;
+    const int64_t kend = min(g.Tn, q0 + kBQ);
+    for (int64_t k0 = 0; k0 < kend; k0 += kBK) {
+        __syncthreads();
+        for (int e = threadIdx.x; e < kBK * HS; e += blockDim.x) {
+            const int j = e / HS, d = e % HS;
+            const bool in = k0 + j < g.Tn && d < hs;
+            const T* kr = q_row(qkv, g, b, h, k0 + j) + g.C;
+            Ks[j][d] = in ? to_f(kr[d]) : 0.0f;
+            Vs[j][d] = in ? to_f(kr[g.C + d]) : 0.0f;
+        }
+        __syncthreads();
+        if (!active || k0 > i) continue;
+        float s[kBK];
+        float mt = m;
+#pragma unroll
+        for (int j = 0; j < kBK; j++) {
+            float acc = 0;
+#pragma unroll
+            for (int d = 0; d < HS; d++) acc += q[d] * Ks[j][d];
+            s[j] = k0 + j <= i ? acc * g.scale : -INFINITY;
+            mt = fmaxf(mt, s[j]);
+        }
+        const float corr = __expf(m - mt);
+        l *= corr;
+#pragma unroll
+        for (int d = 0; d < HS; d++) o[d] *= corr;
+#pragma unroll
+        for (int j = 0; j < kBK; j++) {
+            const float p = __expf(s[j] - mt);
+            l += p;
+#pragma unroll
+            for (int d = 0; d < HS; d++) o[d] += p * Vs[j][d];
+        }
+        m = mt;
+    }
+    if (!active) return;
+    T* y = out + (b * g.Tn + i) * g.C + h * g.hs;
+    const float inv = 1.0f / l;
+#pragma unroll
+    for (int d = 0; d < HS; d++)
+        if (d < hs) y[d] = from_f<T>(o[d] * inv);
+    lse[bh * g.Tn + i] = m + logf(l);
+}
+
+// ---------------------------------------------------------------- flash backward
+// Dsum[b, h, t] = sum_d dout * out: the softmax-backward term of each row.
+template <typename T>
+__global__ void row_dot_kernel(float* dsum, const T* dout, const T* out, int64_t B, Geo g) {
+    const int64_t n = B * g.NH * g.Tn;
+    for (int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; r < n;
+         r += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t t = r % g.Tn, bh = r / g.Tn, b = bh / g.NH, h = bh % g.NH;
+        const int64_t off = (b * g.Tn + t) * g.C + h * g.hs;
+        float acc = 0;
+        for (int64_t d = 0; d < g.hs; d++) acc += to_f(dout[off + d]) * to_f(out[off + d]);
+        dsum[r] = acc;
+    }
+}
+
+constexpr int kBQ2 = 16;
+
+// One thread per key row j: dK_j and dV_j summed over the query tiles in order.
+template <typename T, int HS>
+__global__ void flash_dkdv_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse,
+                                  const float* dsum, Geo g) {
+    __shared__ float Qs[kBQ2][HS], dOs[kBQ2][HS], Ls[kBQ2], Ds[kBQ2];
+    const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
+    const int64_t k0 = int64_t(blockIdx.x) * kBQ, j = k0 + threadIdx.x;
+    const int hs = int(g.hs);
+    const bool active = j < g.Tn;
+    float k[HS], v[HS], dk[HS], dv[HS];
+#pragma unroll
+    for (int d = 0; d < HS; d++) {
+        const T* kr = q_row(qkv, g, b, h, active ? j : 0) + g.C;
+        k[d] = active && d < hs ? to_f(kr[d]) : 0.0f;
+        v[d] = active && d < hs ? to_f(kr[g.C + d]) : 0.0f;
+        dk[d] = dv[d] = 0;
+    }
+    for (int64_t i0 = k0; i0 < g.Tn; i0 += kBQ2) {
+        __syncthreads();
+        for (int e = threadIdx.x; e < kBQ2 * HS; e += blockDim.x) {
+            const int r = e / HS, d = e % HS;
+            const bool in = i0 + r < g.Tn && d < hs;
+            Qs[r][d] = in ? to_f(q_row(qkv, g, b, h, i0 + r)[d]) : 0.0f;
+            dOs[r][d] = in ? to_f(dout[(b * g.Tn + i0 + r) * g.C + h * g.hs + d]) : 0.0f;
+        }
+        for (int r = threadIdx.x; r < kBQ2; r += blockDim.x) {
+            const bool in = i0 + r < g.Tn;
+            Ls[r] = in ? lse[bh * g.Tn + i0 + r] : 0.0f;
+            Ds[r] = in ? dsum[bh * g.Tn + i0 + r] : 0.0f;
+        }
+        __syncthreads();
+        if (!active) continue;
+        for (int r = 0; r < kBQ2; r++) {
+            const int64_t i = i0 + r;
+            if (i < j || i >= g.Tn) continue;
+            float s = 0, dp = 0;
+#pragma unroll
+            for (int d = 0; d < HS; d++) {
+                s += Qs[r][d] * k[d];
+                dp += dOs[r][d] * v[d];
+            }
+            const float p = __expf(s * g.scale - Ls[r]);
+            const float ds = p * (dp - Ds[r]) * g.scale;
+#pragma unroll
+            for (int d = 0; d < HS; d++) {
+                dv[d] += p * dOs[r][d];
+                dk[d] += ds * Qs[r][d];
+            }
+        }
+    }
+    if (!active) return;
+    T* dkr = dqkv + (b * g.Tn + j) * 3 * g.C + g.C + h * g.hs;
+#pragma unroll
+    for (int d = 0; d < HS; d++)
+        if (d < hs) {
+            dkr[d] = from_f<T>(dk[d]);
+            dkr[g.C + d] = from_f<T>(dv[d]);
+        }
+}
+
+// One thread per query row i: dQ_i summed over the key tiles in order.
+template <typename T, int HS>
+__global__ void flash_dq_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse,
+                                const float* dsum, Geo g) {
+    __shared__ float Ks[kBK][HS], Vs[kBK][HS];
+    const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
+    const int64_t q0 = int64_t(blockIdx.x) * kBQ, i = q0 + threadIdx.x;
+    const int hs = int(g.hs);
+    const bool active = i < g.Tn;
+    float q[HS], dy[HS], dq[HS];
+#pragma unroll
+    for (int d = 0; d < HS; d++) {
+        q[d] = active && d < hs ? to_f(q_row(qkv, g, b, h, i)[d]) : 0.0f;
+        dy[d] = active && d < hs ? to_f(dout[(b * g.Tn + i) * g.C + h * g.hs + d]) : 0.0f;
+        dq[d] = 0;
+    }
+    const float L = active ? lse[bh * g.Tn + i] : 0.0f, D = active ? dsum[bh * g.Tn + i] : 0.0f;
+    const int64_t kend = min(g.Tn, q0 + kBQ);
+    for (int64_t k0 = 0; k0 < kend; k0 += kBK) {
+        __syncthreads();
+        for (int e = threadIdx.x; e < kBK * HS; e += blockDim.x) {
+            const int jj = e / HS, d = e % HS;
+            const bool in = k0 + jj < g.Tn && d < hs;
+            const T* kr = q_row(qkv, g, b, h, k0 + jj) + g.C;
+            Ks[jj][d] = in ? to_f(kr[d]) : 0.0f;
+            Vs[jj][d] = in ? to_f(kr[g.C + d]) : 0.0f;
+        }
+        __syncthreads();
+        if (!active) continue;
+        for (int jj = 0; jj < kBK; jj++) {
+            if (k0 + jj > i) break;
+            float s = 0, dp = 0;
+#pragma unroll
+            for (int d = 0; d < HS; d++) {
+                s += q[d] * Ks[jj][d];
+                dp += dy[d] * Vs[jj][d];
+            }
+            const float p = __expf(s * g.scale - L);
+            const float ds = p * (dp - D) * g.scale;
+#pragma unroll
+            for (int d = 0; d < HS; d++) dq[d] += ds * Ks[jj][d];
+        }
+    }
+    if (!active) return;
+    T* dqr = dqkv + (b * g.Tn + i) * 3 * g.C + h * g.hs;
+#pragma unroll
+    for (int d = 0; d < HS; d++)
+        if (d < hs) dqr[d] = from_f<T>(dq[d]);
+}
+
+template <typename F>
+void with_head_size(int64_t hs, F&& f) {
+    ZG_CHECK(hs >= 1 && hs <= 128,
+             "attention: head size " + std::to_string(hs) + " is outside [1, 128]");
+    if (hs <= 16)
+        f(std::integral_constant<int, 16>{});
+    else if (hs <= 32)
+        f(std::integral_constant<int, 32>{});
+    else if (hs <= 64)
+        f(std::integral_constant<int, 64>{});
+    else
+        f(std::integral_constant<int, 128>{});
+}
+
+void check_shape(const AttentionShape& s) {
+    ZG_CHECK(s.B > 0 && s.Tn > 0 && s.C > 0 && s.NH > 0 && s.C % s.NH == 0, "attention: bad shape");
+    ZG_CHECK(s.B * s.NH <= 65535, "attention: B * n_head must be <= 65535");
+}
+
+size_t flash_saved_bytes(const AttentionShape& s) {
+    return size_t(s.B * s.NH * s.Tn) * sizeof(float);
+}
+size_t flash_scratch_bytes(const AttentionShape& s) {
+    return size_t(s.B * s.NH * s.Tn) * sizeof(float);
+}
+
+void flash_forward(void* out, void* saved, const void* qkv, const AttentionShape& s, DType t,
+                   CUstream_st* st) {
+    check_shape(s);
+    const Geo g = geometry(s);
+    const dim3 grid(unsigned((s.Tn + kBQ - 1) / kBQ), unsigned(s.B * s.NH));
+    with_head_size(g.hs, [&](auto HS) {
+        ZG_DISPATCH(t, T,
+                    flash_forward_kernel<T, HS.value>
+                    <<<grid, kBQ, 0, st>>>(static_cast<T*>(out), static_cast<float*>(saved),
+                                           static_cast<const T*>(qkv), g));
+    });
+    ZG_LAUNCH_CHECK();
+}
+
+void flash_backward(void* dqkv, const void* dout, const void* qkv, const void* out, void* saved,
+                    void* scratch, const AttentionShape& s, DType t, CUstream_st* st) {
+    check_shape(s);
+    const Geo g = geometry(s);
+    auto* dsum = static_cast<float*>(scratch);
+    const auto* lse = static_cast<const float*>(saved);
+    const dim3 grid(unsigned((s.Tn + kBQ - 1) / kBQ), unsigned(s.B * s.NH));
+    with_head_size(g.hs, [&](auto HS) {
+        ZG_DISPATCH(t, T, {
+            const auto* dy = static_cast<const T*>(dout);
+            const auto* x = static_cast<const T*>(qkv);
+            auto* dx = static_cast<T*>(dqkv);
+            row_dot_kernel<T><<<grid_for(s.B * s.NH * s.Tn, 256), 256, 0, st>>>(
+                dsum, dy, static_cast<const T*>(out), s.B, g);
+            flash_dkdv_kernel<T, HS.value><<<grid, kBQ, 0, st>>>(dx, dy, x, lse, dsum, g);
+            flash_dq_kernel<T, HS.value><<<grid, kBQ, 0, st>>>(dx, dy, x, lse, dsum, g);
+        });
+    });
+    ZG_LAUNCH_CHECK();
+}
+
+// ---------------------------------------------------------------- naive
+// One block per query row: scores into shared memory, softmax, probabilities saved, then out.
+template <typename T>
+__global__ void naive_forward_kernel(T* out, float* att, const T* qkv, Geo g) {
+    extern __shared__ float row[];
+    __shared__ float red[32];
+    const int64_t r = blockIdx.x, t = r % g.Tn, bh = r / g.Tn, b = bh / g.NH, h = bh % g.NH;
+    const T* q = q_row(qkv, g, b, h, t);
+    float mx = -INFINITY;
+    for (int64_t t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) {
+        const T* k = q_row(qkv, g, b, h, t2) + g.C;
+        float acc = 0;
+        for (int64_t d = 0; d < g.hs; d++) acc += to_f(q[d]) * to_f(k[d]);
+        row[t2] = acc * g.scale;
+        mx = fmaxf(mx, row[t2]);
+    }
+    // block max, then block sum (fixed tree: warp shuffles, then warp 0 over the warp results)
+    mx = warp_max(mx);
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = mx;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : -INFINITY;
+        v = warp_max(v);
+        if (threadIdx.x == 0) red[0] = v;
+    }
+    __syncthreads();
+    mx = red[0];
+    __syncthreads();
+    float sum = 0;
+    for (int64_t t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) {
+        row[t2] = __expf(row[t2] - mx);
+        sum += row[t2];
+    }
+    sum = warp_sum(sum);
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = sum;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.0f;
+        v = warp_sum(v);
+        if (threadIdx.x == 0) red[0] = v;
+    }
+    __syncthreads();
+    const float inv = 1.0f / red[0];
+    float* a = att + r * g.Tn;
+    for (int64_t t2 = threadIdx.x; t2 < g.Tn; t2 += blockDim.x) {
+        const float p = t2 <= t ? row[t2] * inv : 0.0f;
+        if (t2 <= t) row[t2] = p;
+        a[t2] = p;
+    }
+    __syncthreads();
+    T* y = out + (b * g.Tn + t) * g.C + h * g.hs;
+    for (int64_t d = threadIdx.x; d < g.hs; d += blockDim.x) {
+        float acc = 0;
+        for (int64_t t2 = 0; t2 <= t; t2++)
+            acc += row[t2] * to_f(q_row(qkv, g, b, h, t2)[2 * g.C + d]);
+        y[d] = from_f<T>(acc);
+    }
+}
+
+// One block per key row t2: dV[t2] = sum_{t >= t2} att[t, t2] dout[t].
+template <typename T>
+__global__ void naive_dv_kernel(T* dqkv, const T* dout, const float* att, Geo g) {
+    const int64_t r = blockIdx.x, t2 = r % g.Tn, bh = r / g.Tn, b = bh / g.NH, h = bh % g.NH;
+    for (int64_t d = threadIdx.x; d < g.hs; d += blockDim.x) {
+        float acc = 0;
+        for (int64_t t = t2; t < g.Tn; t++)
+            acc +=
+                att[(bh * g.Tn + t) * g.Tn + t2] * to_f(dout[(b * g.Tn + t) * g.C + h * g.hs + d]);
+        dqkv[(b * g.Tn + t2) * 3 * g.C + 2 * g.C + h * g.hs + d] = from_f<T>(acc);
+    }
+}
+
+// One block per query row: dS = P (dP - sum P dP) scale, written over the probabilities; dQ.
+template <typename T>
+__global__ void naive_ds_dq_kernel(T* dqkv, const T* dout, const T* qkv, float* att, Geo g) {
+    extern __shared__ float dp[];
+    __shared__ float red[32];
+    const int64_t r = blockIdx.x, t = r % g.Tn, bh = r / g.Tn, b = bh / g.NH, h = bh % g.NH;
+    const T* dy = dout + (b * g.Tn + t) * g.C + h * g.hs;
+    float* a = att + r * g.Tn;
+    float dot = 0;
+    for (int64_t t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) {
+        const T* v = q_row(qkv, g, b, h, t2) + 2 * g.C;
+        float acc = 0;
+        for (int64_t d = 0; d < g.hs; d++) acc += to_f(dy[d]) * to_f(v[d]);
+        dp[t2] = acc;
+        dot += acc * a[t2];
+    }
+    dot = warp_sum(dot);
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = dot;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.0f;
+        v = warp_sum(v);
+        if (threadIdx.x == 0) red[0] = v;
+    }
+    __syncthreads();
+    dot = red[0];
+    for (int64_t t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) {
+        const float ds = a[t2] * (dp[t2] - dot) * g.scale;
+        dp[t2] = ds;
+        a[t2] = ds;
+    }
+    __syncthreads();
+    for (int64_t d = threadIdx.x; d < g.hs; d += blockDim.x) {
+        float acc = 0;
+        for (int64_t t2 = 0; t2 <= t; t2++) acc += dp[t2] * to_f(q_row(qkv, g, b, h, t2)[g.C + d]);
+        dqkv[(b * g.Tn + t) * 3 * g.C + h * g.hs + d] = from_f<T>(acc);
+    }
+}
+
+// One block per key row t2: dK[t2] = sum_{t >= t2} dS[t, t2] q[t].
+template <typename T>
+__global__ void naive_dk_kernel(T* dqkv, const T* qkv, const float* ds, Geo g) {
+    const int64_t r = blockIdx.x, t2 = r % g.Tn, bh = r / g.Tn, b = bh / g.NH, h = bh % g.NH;
+    for (int64_t d = threadIdx.x; d < g.hs; d += blockDim.x) {
+        float acc = 0;
+        for (int64_t t = t2; t < g.Tn; t++)
+            acc += ds[(bh * g.Tn + t) * g.Tn + t2] * to_f(q_row(qkv, g, b, h, t)[d]);
+        dqkv[(b * g.Tn + t2) * 3 * g.C + g.C + h * g.hs + d] = from_f<T>(acc);
+    }
+}
+
+size_t naive_saved_bytes(const AttentionShape& s) {
+    return size_t(s.B * s.NH * s.Tn) * size_t(s.Tn) * sizeof(float);
+}
+size_t naive_scratch_bytes(const AttentionShape&) {
+    return 0;
+}
+
+void naive_smem_check(const AttentionShape& s) {
+    ZG_CHECK(s.Tn * 4 <= 48 * 1024, "naive attention: sequence length over 12288");
+}
+
+void naive_forward(void* out, void* saved, const void* qkv, const AttentionShape& s, DType t,
+                   CUstream_st* st) {
+    check_shape(s);
+    naive_smem_check(s);
+    const Geo g = geometry(s);
+    const int64_t rows = s.B * s.NH * s.Tn;
+    ZG_DISPATCH(
+        t, T,
+        naive_forward_kernel<T><<<unsigned(rows), 128, s.Tn * 4, st>>>(
+            static_cast<T*>(out), static_cast<float*>(saved), static_cast<const T*>(qkv), g));
+    ZG_LAUNCH_CHECK();
+}
+
+void naive_backward(void* dqkv, const void* dout, const void* qkv, const void*, void* saved, void*,
+                    const AttentionShape& s, DType t, CUstream_st* st) {
+    check_shape(s);
+    naive_smem_check(s);
+    const Geo g = geometry(s);
+    const int64_t rows = s.B * s.NH * s.Tn;
+    auto* att = static_cast<float*>(saved);
+    ZG_DISPATCH(t, T, {
+        auto* dx = static_cast<T*>(dqkv);
+        const auto* dy = static_cast<const T*>(dout);
+        const auto* x = static_cast<const T*>(qkv);
+        naive_dv_kernel<T><<<unsigned(rows), 64, 0, st>>>(dx, dy, att, g);
+        naive_ds_dq_kernel<T><<<unsigned(rows), 128, s.Tn * 4, st>>>(dx, dy, x, att, g);
+        naive_dk_kernel<T><<<unsigned(rows), 64, 0, st>>>(dx, x, att, g);
+    });
+    ZG_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+const std::vector<AttentionVariant>& attention_variants() {
+    static const std::vector<AttentionVariant> v = {
+        {"flash", "online softmax over key tiles; lse saved, scores never stored",
+         flash_saved_bytes, flash_scratch_bytes, flash_forward, flash_backward},
+        {"naive", "T x T probabilities materialised (fp32) and saved for backward",
+         naive_saved_bytes, naive_scratch_bytes, naive_forward, naive_backward},
+    };
+    return v;
+}
+
+const AttentionVariant& find_attention_variant(const std::string& name) {
+    std::string known;
+    for (const AttentionVariant& a : attention_variants()) {
+        if (name == a.name) return a;
+        known += std::string(known.empty() ? "" : ", ") + a.name;
+    }
+    throw Error("unknown attention variant '" + name + "' (known: " + known + ")");
+}
+
+}  // namespace zgpt::cuda

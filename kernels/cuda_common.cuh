@@ -1,0 +1,61 @@
+// Device helpers shared by the CUDA op files: fp32 <-> storage-type conversion, warp reductions,
+// grid sizing, and dispatch from a runtime DType to a template argument.
+#pragma once
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cuda_check.h"
+#include "kernels/dtype.h"
+
+namespace zgpt::cuda {
+
+using bf16 = __nv_bfloat16;
+
+__device__ __forceinline__ float to_f(float x) {
+    return x;
+}
+__device__ __forceinline__ float to_f(bf16 x) {
+    return __bfloat162float(x);
+}
+template <typename T>
+__device__ __forceinline__ T from_f(float x);
+template <>
+__device__ __forceinline__ float from_f<float>(float x) {
+    return x;
+}
+template <>
+__device__ __forceinline__ bf16 from_f<bf16>(float x) {
+    return __float2bfloat16_rn(x);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Blocks for a grid-stride loop over n items.
+inline int grid_for(int64_t n, int threads, int64_t max_blocks = 65535) {
+    return int(std::clamp<int64_t>((n + threads - 1) / threads, 1, max_blocks));
+}
+
+}  // namespace zgpt::cuda
+
+// Runs the statement with T bound to the C++ type of `dtype`.
+#define ZG_DISPATCH(dtype, T, ...)           \
+    do {                                     \
+        if ((dtype) == ::zgpt::DType::f32) { \
+            using T = float;                 \
+            __VA_ARGS__;                     \
+        } else {                             \
+            using T = ::zgpt::cuda::bf16;    \
+            __VA_ARGS__;                     \
+        }                                    \
+    } while (0)
+
+#define ZG_LAUNCH_CHECK() ZG_CUDA_CHECK(cudaGetLastError())

@@ -1,0 +1,636 @@
+#include "model/gpt_cuda.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/adamw.h"
+#include "kernels/attention.h"
+#include "kernels/cuda_check.h"
+#include "kernels/encoder.h"
+#include "kernels/gelu.h"
+#include "kernels/global_norm.h"
+#include "kernels/layernorm.h"
+#include "kernels/matmul.h"
+#include "kernels/residual.h"
+
+namespace zgpt {
+
+namespace {
+
+// One device allocation, freed with its owner.
+class DeviceBuffer {
+  public:
+    DeviceBuffer() = default;
+    explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
+        if (bytes) ZG_CUDA_CHECK(cudaMalloc(&p_, bytes));
+        if (bytes) ZG_CUDA_CHECK(cudaMemset(p_, 0, bytes));
+    }
+    ~DeviceBuffer() {
+        if (p_) cudaFree(p_);
+    }
+    DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), bytes_(o.bytes_) {
+        o.p_ = nullptr;
+        o.bytes_ = 0;
+    }
+    DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+        std::swap(p_, o.p_);
+        std::swap(bytes_, o.bytes_);
+        return *this;
+    }
+    void* get() const { return p_; }
+    template <typename T>
+    T* as() const {
+        return static_cast<T*>(p_);
+    }
+    size_t bytes() const { return bytes_; }
+
+  private:
+    void* p_ = nullptr;
+    size_t bytes_ = 0;
+};
+
+const char* const kLayernormVariants[] = {"fused_residual", "separate"};
+const char* const kMatmulVariants[] = {"fused_epilogue", "separate"};
+
+template <size_t N>
+void check_choice(const std::string& family, const std::string& name,
+                  const char* const (&known)[N]) {
+    std::string list;
+    for (const char* k : known) {
+        if (name == k) return;
+        list += std::string(list.empty() ? "" : ", ") + k;
+    }
+    throw Error("kernels." + family + ": unknown variant '" + name + "' (known: " + list + ")");
+}
+
+}  // namespace
+
+void validate_kernels(const KernelChoice& k, DType precision) {
+    try {
+        cuda::find_attention_variant(k.attention);
+    } catch (const Error& e) {
+        throw Error(std::string("kernels.attention: ") + e.what());
+    }
+    bool found = k.cross_entropy == "fused_linear";
+    std::string list = "fused_linear";
+    for (const auto& v : cuda::cross_entropy_variants()) {
+        found |= k.cross_entropy == v.name;
+        list += std::string(", ") + v.name;
+    }
+    if (!found)
+        throw Error("kernels.cross_entropy: unknown variant '" + k.cross_entropy +
+                    "' (known: " + list + ")");
+    check_choice("layernorm", k.layernorm, kLayernormVariants);
+    check_choice("matmul", k.matmul, kMatmulVariants);
+    if (k.cross_entropy == "fused_linear" && precision != DType::bf16)
+        throw Error("kernels.cross_entropy: fused_linear runs in bf16 only (train.precision=fp32)");
+}
+
+struct GptCuda::Impl {
+    ModelConfig cfg;
+    CudaModelOptions opt;
+    GptLayout layout;
+    int64_t Vp;
+    DType t;  // storage type of weights in matmuls and of activations
+    size_t es;
+    cudaStream_t stream = nullptr;
+    const cuda::AttentionVariant* attention = nullptr;
+    const cuda::CrossEntropyVariant* ce = nullptr;  // null with fused_linear
+    const cuda::LinearCrossEntropyVariant* linear_ce = nullptr;
+
+    DeviceBuffer params, grads, params16;  // fp32 arenas; bf16 copy (bf16 precision only)
+    DeviceBuffer norm_scratch, norm_out;
+
+    // activations, per (B, T)
+    int64_t B = 0, Tn = 0;
+    struct Layer {
+        DeviceBuffer ln1, ln1_mean, ln1_rstd, qkv_raw, q_mean, q_rstd, k_mean, k_rstd, qkv;
+        DeviceBuffer att_saved, atty, res_attn, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
+    };
+    std::vector<DeviceBuffer> residual;  // [L + 1]
+    std::vector<Layer> layers;
+    DeviceBuffer lnf, lnf_mean, lnf_rstd, logits;
+    DeviceBuffer tokens, targets, grad_out, summary;
+    DeviceBuffer bucket_token, bucket_offset, bucket_position;
+    int64_t n_distinct = 0;
+    DeviceBuffer branch_out;  // projection outputs before the residual add
+    DeviceBuffer dres, dtmp, dqkv, dfch, gelu_tmp, att_scratch, ln_scratch, bias_scratch;
+    DeviceBuffer ce_workspace;
+    bool have_logits = false;
+
+    Impl(const ModelConfig& c, const CudaModelOptions& o)
+        : cfg(c),
+          opt(o),
+          layout(make_gpt_layout(c)),
+          Vp(padded_vocab_size(c.vocab_size)),
+          t(o.precision),
+          es(dtype_bytes(o.precision)) {
+        validate(cfg);
+        validate_kernels(opt.kernels, t);
+        attention = &cuda::find_attention_variant(opt.kernels.attention);
+        if (opt.kernels.cross_entropy == "fused_linear")
+            linear_ce = &cuda::linear_cross_entropy_variants().at(0);
+        else
+            ce = &cuda::find_cross_entropy_variant(opt.kernels.cross_entropy);
+        ZG_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+        const size_t n = size_t(layout.table.total());
+        params = DeviceBuffer(n * 4);
+        grads = DeviceBuffer(n * 4);
+        if (t == DType::bf16) params16 = DeviceBuffer(n * 2);
+        norm_scratch = DeviceBuffer(cuda::sum_of_squares_scratch_bytes());
+        norm_out = DeviceBuffer(sizeof(double));
+        grad_out = DeviceBuffer(sizeof(float));
+        summary = DeviceBuffer(sizeof(cuda::LossSummaryF));
+    }
+    ~Impl() {
+        if (stream) cudaStreamDestroy(stream);
+    }
+
+    // Weights as the matmuls and norms read them (bf16 copy or the fp32 master).
+    const void* w(int idx) const {
+        if (idx < 0) return nullptr;
+        const int64_t off = layout.table[idx].offset;
+        return t == DType::bf16 ? static_cast<const void*>(params16.as<bf16_t>() + off)
+                                : static_cast<const void*>(params.as<float>() + off);
+    }
+    float* g(int idx) const {
+        return idx < 0 ? nullptr : grads.as<float>() + layout.table[idx].offset;
+    }
+    using bf16_t = __nv_bfloat16;
+
+    DeviceBuffer act(int64_t elems) const { return DeviceBuffer(size_t(elems) * es); }
+    DeviceBuffer f32(int64_t elems) const { return DeviceBuffer(size_t(elems) * 4); }
+
+    void ensure(int64_t b, int64_t tn) {
+        if (b == B && tn == Tn) return;
+        B = b;
+        Tn = tn;
+        const int64_t BT = B * Tn, C = cfg.n_embd, NH = cfg.n_head, L = cfg.n_layer;
+        const cuda::AttentionShape shape{B, Tn, C, NH};
+        residual.clear();
+        layers.clear();
+        for (int64_t l = 0; l <= L; l++) residual.push_back(act(BT * C));
+        for (int64_t l = 0; l < L; l++) {
+            Layer a;
+            a.ln1 = act(BT * C);
+            a.ln1_mean = f32(BT);
+            a.ln1_rstd = f32(BT);
+            if (cfg.qk_norm) {
+                a.qkv_raw = act(BT * 3 * C);
+                a.q_mean = f32(BT * NH);
+                a.q_rstd = f32(BT * NH);
+                a.k_mean = f32(BT * NH);
+                a.k_rstd = f32(BT * NH);
+            }
+            a.qkv = act(BT * 3 * C);
+            a.att_saved = DeviceBuffer(attention->saved_bytes(shape));
+            a.atty = act(BT * C);
+            a.res_attn = act(BT * C);
+            a.ln2 = act(BT * C);
+            a.ln2_mean = f32(BT);
+            a.ln2_rstd = f32(BT);
+            a.fch = act(BT * 4 * C);
+            if (!opt.recompute_gelu) a.fch_gelu = act(BT * 4 * C);
+            layers.push_back(std::move(a));
+        }
+        lnf = act(BT * C);
+        lnf_mean = f32(BT);
+        lnf_rstd = f32(BT);
+        logits = linear_ce ? DeviceBuffer() : act(BT * Vp);
+        tokens = DeviceBuffer(BT * 4);
+        targets = DeviceBuffer(BT * 4);
+        bucket_token = DeviceBuffer(BT * 4);
+        bucket_offset = DeviceBuffer((BT + 1) * 4);
+        bucket_position = DeviceBuffer(BT * 4);
+        branch_out = act(BT * C);
+        dres = act(BT * C);
+        dtmp = act(BT * C);
+        dqkv = act(BT * 3 * C);
+        dfch = act(BT * 4 * C);
+        if (opt.recompute_gelu) gelu_tmp = act(BT * 4 * C);
+        att_scratch = DeviceBuffer(attention->scratch_bytes(shape));
+        ln_scratch =
+            DeviceBuffer(std::max(cuda::layernorm_backward_scratch_bytes(BT, C),
+                                  cuda::layernorm_backward_scratch_bytes(BT * NH, C / NH)));
+        bias_scratch = DeviceBuffer(cuda::bias_backward_scratch_bytes(BT, 4 * C));
+        const size_t ws = linear_ce ? linear_ce->workspace_bytes(BT, C, cfg.vocab_size, 0)
+                                    : ce->workspace_bytes(BT, Vp,
+                                                          t == DType::bf16 ? cuda::LogitsType::bf16
+                                                                           : cuda::LogitsType::f32);
+        ce_workspace = DeviceBuffer(ws);
+    }
+
+    // D[M, N] = A[M, K] @ W[N, K]^T (+ bias), the forward of a linear layer.
+    void linear_forward(void* out, const void* inp, int w_idx, int b_idx, int64_t M, int64_t K,
+                        int64_t N) {
+        cuda::Gemm gm;
+        gm.D = out;
+        gm.d_type = t;
+        gm.ab_type = t;
+        gm.A = inp;
+        gm.B = w(w_idx);
+        gm.trans_b = true;
+        gm.M = M;
+        gm.N = N;
+        gm.K = K;
+        const bool fused = opt.kernels.matmul == "fused_epilogue";
+        if (b_idx >= 0 && fused) {
+            gm.epilogue = cuda::Epilogue::bias;
+            gm.bias = w(b_idx);
+        }
+        cuda::gemm(gm, stream);
+        if (b_idx >= 0 && !fused) cuda::add_bias(out, w(b_idx), M, N, t, stream);
+    }
+
+    // fch = ln2 W_fc^T + b (pre-activation) and gelu = GELU(fch).
+    void fc_gelu_forward(void* fch, void* gelu, const void* inp, int w_idx, int b_idx, int64_t M,
+                         int64_t K, int64_t N) {
+        if (opt.kernels.matmul == "fused_epilogue") {
+            cuda::Gemm gm;
+            gm.D = gelu;
+            gm.d_type = t;
+            gm.ab_type = t;
+            gm.A = inp;
+            gm.B = w(w_idx);
+            gm.trans_b = true;
+            gm.M = M;
+            gm.N = N;
+            gm.K = K;
+            gm.epilogue = b_idx >= 0 ? cuda::Epilogue::gelu_aux_bias : cuda::Epilogue::gelu_aux;
+            gm.bias = w(b_idx);
+            gm.aux = fch;
+            cuda::gemm(gm, stream);
+        } else {
+            linear_forward(fch, inp, w_idx, b_idx, M, K, N);
+            cuda::gelu_forward(gelu, fch, M * N, t, stream);
+        }
+    }
+
+    // dinp = dout @ W (written); dW += dout^T @ inp; db += column sums of dout.
+    void linear_backward(void* dinp, const void* dout, const void* inp, int w_idx, int b_idx,
+                         int64_t M, int64_t K, int64_t N) {
+        if (dinp) {
+            cuda::Gemm gm;
+            gm.D = dinp;
+            gm.d_type = t;
+            gm.ab_type = t;
+            gm.A = dout;
+            gm.B = w(w_idx);
+            gm.M = M;
+            gm.N = K;
+            gm.K = N;
+            cuda::gemm(gm, stream);
+        }
+        cuda::Gemm gw;
+        gw.D = g(w_idx);
+        gw.d_type = DType::f32;
+        gw.ab_type = t;
+        gw.A = dout;
+        gw.trans_a = true;
+        gw.B = inp;
+        gw.M = N;
+        gw.N = K;
+        gw.K = M;
+        gw.beta = 1.0f;
+        cuda::gemm(gw, stream);
+        if (b_idx >= 0) cuda::bias_backward(g(b_idx), dout, M, N, t, bias_scratch.get(), stream);
+    }
+
+    // res_out = a + b; norm_out = LayerNorm(res_out): fused or as two passes.
+    void add_norm(void* res_out, void* norm_out, float* mean, float* rstd, const void* a,
+                  const void* b, int w_idx, int b_idx, int64_t N, int64_t C) {
+        if (opt.kernels.layernorm == "fused_residual") {
+            cuda::residual_layernorm_forward(res_out, norm_out, mean, rstd, a, b, w(w_idx),
+                                             w(b_idx), N, C, cfg.ln_eps, t, stream);
+        } else {
+            cuda::residual_forward(res_out, a, b, N * C, t, stream);
+            cuda::layernorm_forward(norm_out, {1, C}, mean, rstd, res_out, {1, C}, w(w_idx),
+                                    w(b_idx), N, C, cfg.ln_eps, t, stream);
+        }
+    }
+
+    void forward(const int32_t* host_tokens, int64_t b, int64_t tn) {
+        ZG_CHECK(b > 0 && tn > 0 && tn <= cfg.block_size,
+                 "sequence length " + std::to_string(tn) +
+                     " must be in [1, block_size=" + std::to_string(cfg.block_size) + "]");
+        for (int64_t i = 0; i < b * tn; i++)
+            ZG_CHECK(host_tokens[i] >= 0 && host_tokens[i] < cfg.vocab_size,
+                     "token id " + std::to_string(host_tokens[i]) + " outside the vocabulary");
+        ensure(b, tn);
+        const int64_t BT = B * Tn, C = cfg.n_embd, NH = cfg.n_head, hs = C / NH, L = cfg.n_layer;
+        ZG_CUDA_CHECK(
+            cudaMemcpyAsync(tokens.get(), host_tokens, BT * 4, cudaMemcpyHostToDevice, stream));
+        const cuda::TokenBuckets bk = cuda::bucket_tokens(host_tokens, BT);
+        n_distinct = int64_t(bk.token.size());
+        ZG_CUDA_CHECK(cudaMemcpyAsync(bucket_token.get(), bk.token.data(), bk.token.size() * 4,
+                                      cudaMemcpyHostToDevice, stream));
+        ZG_CUDA_CHECK(cudaMemcpyAsync(bucket_offset.get(), bk.offset.data(), bk.offset.size() * 4,
+                                      cudaMemcpyHostToDevice, stream));
+        ZG_CUDA_CHECK(cudaMemcpyAsync(bucket_position.get(), bk.position.data(),
+                                      bk.position.size() * 4, cudaMemcpyHostToDevice, stream));
+        cuda::encoder_forward(residual[0].get(), tokens.as<int32_t>(), w(layout.wte), w(layout.wpe),
+                              B, Tn, C, t, stream);
+        const cuda::AttentionShape shape{B, Tn, C, NH};
+        cuda::layernorm_forward(layers[0].ln1.get(), {1, C}, layers[0].ln1_mean.as<float>(),
+                                layers[0].ln1_rstd.as<float>(), residual[0].get(), {1, C},
+                                w(layout.blocks[0].ln1_w), w(layout.blocks[0].ln1_b), BT, C,
+                                cfg.ln_eps, t, stream);
+        for (int64_t l = 0; l < L; l++) {
+            const BlockParams& p = layout.blocks[l];
+            Layer& a = layers[l];
+            if (cfg.qk_norm) {
+                linear_forward(a.qkv_raw.get(), a.ln1.get(), p.qkv_w, p.qkv_b, BT, C, 3 * C);
+                const cuda::RowMap heads{NH, 3 * C};
+                const char* raw = a.qkv_raw.as<char>();
+                char* qkv = a.qkv.as<char>();
+                cuda::layernorm_forward(qkv, heads, a.q_mean.as<float>(), a.q_rstd.as<float>(), raw,
+                                        heads, w(p.q_norm_w), w(p.q_norm_b), BT * NH, hs,
+                                        cfg.ln_eps, t, stream);
+                cuda::layernorm_forward(qkv + C * es, heads, a.k_mean.as<float>(),
+                                        a.k_rstd.as<float>(), raw + C * es, heads, w(p.k_norm_w),
+                                        w(p.k_norm_b), BT * NH, hs, cfg.ln_eps, t, stream);
+                ZG_CUDA_CHECK(cudaMemcpy2DAsync(qkv + 2 * C * es, 3 * C * es, raw + 2 * C * es,
+                                                3 * C * es, C * es, BT, cudaMemcpyDeviceToDevice,
+                                                stream));
+            } else {
+                linear_forward(a.qkv.get(), a.ln1.get(), p.qkv_w, p.qkv_b, BT, C, 3 * C);
+            }
+            attention->forward(a.atty.get(), a.att_saved.get(), a.qkv.get(), shape, t, stream);
+            linear_forward(branch_out.get(), a.atty.get(), p.proj_w, p.proj_b, BT, C, C);
+            add_norm(a.res_attn.get(), a.ln2.get(), a.ln2_mean.as<float>(), a.ln2_rstd.as<float>(),
+                     residual[l].get(), branch_out.get(), p.ln2_w, p.ln2_b, BT, C);
+            void* gelu = opt.recompute_gelu ? gelu_tmp.get() : a.fch_gelu.get();
+            fc_gelu_forward(a.fch.get(), gelu, a.ln2.get(), p.fc_w, p.fc_b, BT, C, 4 * C);
+            linear_forward(branch_out.get(), gelu, p.fcproj_w, p.fcproj_b, BT, 4 * C, C);
+            const bool last = l == L - 1;
+            add_norm(residual[l + 1].get(), last ? lnf.get() : layers[l + 1].ln1.get(),
+                     last ? lnf_mean.as<float>() : layers[l + 1].ln1_mean.as<float>(),
+                     last ? lnf_rstd.as<float>() : layers[l + 1].ln1_rstd.as<float>(),
+                     a.res_attn.get(), branch_out.get(),
+                     last ? layout.lnf_w : layout.blocks[l + 1].ln1_w,
+                     last ? layout.lnf_b : layout.blocks[l + 1].ln1_b, BT, C);
+        }
+        if (!linear_ce) linear_forward(logits.get(), lnf.get(), layout.lm_head, -1, BT, C, Vp);
+        have_logits = true;
+    }
+
+    CrossEntropySummary loss(const int32_t* host_targets, const CrossEntropyOptions& o,
+                             double grad_output, bool compute_grad) {
+        ZG_CHECK(have_logits, "loss() needs a forward() first");
+        validate(o);
+        const int64_t BT = B * Tn, C = cfg.n_embd;
+        ZG_CUDA_CHECK(
+            cudaMemcpyAsync(targets.get(), host_targets, BT * 4, cudaMemcpyHostToDevice, stream));
+        const float go = float(grad_output);
+        ZG_CUDA_CHECK(cudaMemcpyAsync(grad_out.get(), &go, 4, cudaMemcpyHostToDevice, stream));
+        auto* sum = summary.as<cuda::LossSummaryF>();
+        if (linear_ce) {
+            cuda::LinearCrossEntropyArgs a;
+            a.hidden = lnf.get();
+            a.weight = w(layout.lm_head);
+            a.N = BT;
+            a.C = C;
+            a.V = cfg.vocab_size;
+            a.targets = targets.as<int32_t>();
+            a.grad_output = grad_out.as<float>();
+            a.summary = sum;
+            if (compute_grad) {
+                a.dhidden = dtmp.get();
+                a.dweight_acc = g(layout.lm_head);
+            }
+            linear_ce->run(a, o, ce_workspace.get(), stream);
+        } else {
+            cuda::CrossEntropyArgs a;
+            a.logits = logits.get();
+            a.type = t == DType::bf16 ? cuda::LogitsType::bf16 : cuda::LogitsType::f32;
+            a.ld = Vp;
+            a.N = BT;
+            a.V_local = a.V = cfg.vocab_size;
+            a.targets = targets.as<int32_t>();
+            a.grad_output = grad_out.as<float>();
+            a.dlogits = logits.get();
+            a.summary = sum;
+            ce->run(a, o, ce_workspace.get(), stream);
+            if (Vp > cfg.vocab_size)  // padded columns carry no gradient
+                ZG_CUDA_CHECK(cudaMemset2DAsync(logits.as<char>() + cfg.vocab_size * es, Vp * es, 0,
+                                                (Vp - cfg.vocab_size) * es, BT, stream));
+        }
+        cuda::LossSummaryF f;
+        ZG_CUDA_CHECK(cudaMemcpyAsync(&f, sum, sizeof f, cudaMemcpyDeviceToHost, stream));
+        ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
+        have_logits = compute_grad ? have_logits : false;
+        CrossEntropySummary s;
+        s.loss = f.loss;
+        s.sum_loss = f.sum_loss;
+        s.sum_ce = f.sum_ce;
+        s.sum_z_loss = f.sum_z_loss;
+        s.sum_lse = f.sum_lse;
+        s.n_valid = f.n_valid;
+        s.max_logit = f.max_logit;
+        grads_ready = compute_grad;
+        return s;
+    }
+    bool grads_ready = false;
+
+    void backward() {
+        ZG_CHECK(grads_ready, "backward() needs forward() and loss(..., compute_grad=true) first");
+        grads_ready = false;
+        const int64_t BT = B * Tn, C = cfg.n_embd, NH = cfg.n_head, hs = C / NH, L = cfg.n_layer;
+        const cuda::AttentionShape shape{B, Tn, C, NH};
+        // head: dtmp = dlnf
+        if (!linear_ce)
+            linear_backward(dtmp.get(), logits.get(), lnf.get(), layout.lm_head, -1, BT, C, Vp);
+        cuda::layernorm_backward(dres.get(), {1, C}, false, g(layout.lnf_w), g(layout.lnf_b),
+                                 dtmp.get(), {1, C}, residual[L].get(), {1, C}, w(layout.lnf_w),
+                                 lnf_mean.as<float>(), lnf_rstd.as<float>(), BT, C,
+                                 ln_scratch.get(), t, stream);
+        for (int64_t l = L - 1; l >= 0; l--) {
+            const BlockParams& p = layout.blocks[l];
+            Layer& a = layers[l];
+            // MLP branch
+            void* gelu = a.fch_gelu.get();
+            if (opt.recompute_gelu) {
+                gelu = gelu_tmp.get();
+                cuda::gelu_forward(gelu, a.fch.get(), BT * 4 * C, t, stream);
+            }
+            linear_backward(dfch.get(), dres.get(), gelu, p.fcproj_w, p.fcproj_b, BT, 4 * C, C);
+            cuda::gelu_backward(dfch.get(), a.fch.get(), dfch.get(), BT * 4 * C, t, stream);
+            linear_backward(dtmp.get(), dfch.get(), a.ln2.get(), p.fc_w, p.fc_b, BT, C, 4 * C);
+            cuda::layernorm_backward(dres.get(), {1, C}, true, g(p.ln2_w), g(p.ln2_b), dtmp.get(),
+                                     {1, C}, a.res_attn.get(), {1, C}, w(p.ln2_w),
+                                     a.ln2_mean.as<float>(), a.ln2_rstd.as<float>(), BT, C,
+                                     ln_scratch.get(), t, stream);
+            // attention branch
+            linear_backward(dtmp.get(), dres.get(), a.atty.get(), p.proj_w, p.proj_b, BT, C, C);
+            attention->backward(dqkv.get(), dtmp.get(), a.qkv.get(), a.atty.get(),
+                                a.att_saved.get(), att_scratch.get(), shape, t, stream);
+            if (cfg.qk_norm) {  // in place: dqkv's q and k parts become the pre-norm gradients
+                const cuda::RowMap heads{NH, 3 * C};
+                char* d = dqkv.as<char>();
+                const char* raw = a.qkv_raw.as<char>();
+                cuda::layernorm_backward(d, heads, false, g(p.q_norm_w), g(p.q_norm_b), d, heads,
+                                         raw, heads, w(p.q_norm_w), a.q_mean.as<float>(),
+                                         a.q_rstd.as<float>(), BT * NH, hs, ln_scratch.get(), t,
+                                         stream);
+                cuda::layernorm_backward(d + C * es, heads, false, g(p.k_norm_w), g(p.k_norm_b),
+                                         d + C * es, heads, raw + C * es, heads, w(p.k_norm_w),
+                                         a.k_mean.as<float>(), a.k_rstd.as<float>(), BT * NH, hs,
+                                         ln_scratch.get(), t, stream);
+            }
+            linear_backward(dtmp.get(), dqkv.get(), a.ln1.get(), p.qkv_w, p.qkv_b, BT, C, 3 * C);
+            cuda::layernorm_backward(dres.get(), {1, C}, true, g(p.ln1_w), g(p.ln1_b), dtmp.get(),
+                                     {1, C}, residual[l].get(), {1, C}, w(p.ln1_w),
+                                     a.ln1_mean.as<float>(), a.ln1_rstd.as<float>(), BT, C,
+                                     ln_scratch.get(), t, stream);
+        }
+        cuda::encoder_backward(g(layout.wte), g(layout.wpe), dres.get(), bucket_token.as<int32_t>(),
+                               bucket_offset.as<int32_t>(), bucket_position.as<int32_t>(),
+                               n_distinct, B, Tn, C, t, stream);
+    }
+
+    void refresh_bf16() {
+        if (t != DType::bf16) return;
+        // the AdamW kernel with lr 0 and no moments would be obscure; a plain conversion pass
+        const int64_t n = layout.table.total();
+        std::vector<float> host(n);
+        ZG_CUDA_CHECK(cudaMemcpy(host.data(), params.get(), n * 4, cudaMemcpyDeviceToHost));
+        std::vector<bf16_t> h16(n);
+        for (int64_t i = 0; i < n; i++) h16[i] = __float2bfloat16_rn(host[i]);
+        ZG_CUDA_CHECK(cudaMemcpy(params16.get(), h16.data(), n * 2, cudaMemcpyHostToDevice));
+    }
+
+    size_t allocated() const {
+        size_t s = params.bytes() + grads.bytes() + params16.bytes() + norm_scratch.bytes() +
+                   norm_out.bytes() + grad_out.bytes() + summary.bytes();
+        for (const DeviceBuffer& r : residual) s += r.bytes();
+        for (const Layer& a : layers)
+            for (const DeviceBuffer* b :
+                 {&a.ln1, &a.ln1_mean, &a.ln1_rstd, &a.qkv_raw, &a.q_mean, &a.q_rstd, &a.k_mean,
+                  &a.k_rstd, &a.qkv, &a.att_saved, &a.atty, &a.res_attn, &a.ln2, &a.ln2_mean,
+                  &a.ln2_rstd, &a.fch, &a.fch_gelu})
+                s += b->bytes();
+        for (const DeviceBuffer* b :
+             {&lnf, &lnf_mean, &lnf_rstd, &logits, &tokens, &targets, &bucket_token, &bucket_offset,
+              &bucket_position, &branch_out, &dres, &dtmp, &dqkv, &dfch, &gelu_tmp, &att_scratch,
+              &ln_scratch, &bias_scratch, &ce_workspace})
+            s += b->bytes();
+        return s + cuda::gemm_workspace_bytes();
+    }
+};
+
+GptCuda::GptCuda(const ModelConfig& config, const CudaModelOptions& options)
+    : impl_(std::make_unique<Impl>(config, options)) {}
+GptCuda::~GptCuda() = default;
+
+const ModelConfig& GptCuda::config() const {
+    return impl_->cfg;
+}
+const GptLayout& GptCuda::layout() const {
+    return impl_->layout;
+}
+const CudaModelOptions& GptCuda::options() const {
+    return impl_->opt;
+}
+int64_t GptCuda::padded_vocab() const {
+    return impl_->Vp;
+}
+int64_t GptCuda::num_parameters() const {
+    return impl_->layout.table.total();
+}
+
+void GptCuda::set_params(const float* host) {
+    ZG_CUDA_CHECK(
+        cudaMemcpy(impl_->params.get(), host, num_parameters() * 4, cudaMemcpyHostToDevice));
+    impl_->refresh_bf16();
+}
+void GptCuda::get_params(float* host) const {
+    ZG_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+    ZG_CUDA_CHECK(
+        cudaMemcpy(host, impl_->params.get(), num_parameters() * 4, cudaMemcpyDeviceToHost));
+}
+void GptCuda::get_grads(float* host) const {
+    ZG_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+    ZG_CUDA_CHECK(
+        cudaMemcpy(host, impl_->grads.get(), num_parameters() * 4, cudaMemcpyDeviceToHost));
+}
+
+void GptCuda::forward(const int32_t* tokens, int64_t B, int64_t Tn) {
+    impl_->forward(tokens, B, Tn);
+}
+CrossEntropySummary GptCuda::loss(const int32_t* targets, const CrossEntropyOptions& opts,
+                                  double grad_output, bool compute_grad) {
+    return impl_->loss(targets, opts, grad_output, compute_grad);
+}
+void GptCuda::backward() {
+    impl_->backward();
+}
+void GptCuda::zero_grad() {
+    ZG_CUDA_CHECK(cudaMemsetAsync(impl_->grads.get(), 0, num_parameters() * 4, impl_->stream));
+}
+double GptCuda::grad_norm() {
+    cuda::sum_of_squares(impl_->norm_out.as<double>(), impl_->grads.as<float>(), num_parameters(),
+                         impl_->norm_scratch.get(), impl_->stream);
+    double s = 0;
+    ZG_CUDA_CHECK(cudaMemcpyAsync(&s, impl_->norm_out.get(), sizeof s, cudaMemcpyDeviceToHost,
+                                  impl_->stream));
+    ZG_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+    return std::sqrt(s);
+}
+
+void GptCuda::adamw_step(double lr, double beta1, double beta2, double eps, double weight_decay,
+                         int64_t t, double grad_scale, float* m, float* v) {
+    Impl& im = *impl_;
+    cpu::AdamWStep s;
+    s.lr = lr;
+    s.beta1 = beta1;
+    s.beta2 = beta2;
+    s.eps = eps;
+    s.t = t;
+    s.grad_scale = grad_scale;
+    // Runs of consecutive tensors with the same decay flag: one launch each.
+    const auto& specs = im.layout.table.specs();
+    for (size_t i = 0; i < specs.size();) {
+        size_t j = i;
+        int64_t n = 0;
+        while (j < specs.size() && specs[j].decay == specs[i].decay) n += specs[j++].numel;
+        s.weight_decay = specs[i].decay ? weight_decay : 0.0;
+        const int64_t off = specs[i].offset;
+        void* p16 = im.t == DType::bf16 ? static_cast<void*>(im.params16.as<Impl::bf16_t>() + off)
+                                        : nullptr;
+        cuda::adamw_update(im.params.as<float>() + off, p16, im.grads.as<float>() + off, m + off,
+                           v + off, n, s, im.stream);
+        i = j;
+    }
+}
+
+std::vector<float> GptCuda::logits() const {
+    const Impl& im = *impl_;
+    ZG_CHECK(!im.linear_ce, "logits(): the fused_linear head never materialises logits");
+    ZG_CHECK(im.B > 0, "logits(): no forward yet");
+    const int64_t n = im.B * im.Tn * im.Vp;
+    ZG_CUDA_CHECK(cudaStreamSynchronize(im.stream));
+    std::vector<float> r(n);
+    if (im.t == DType::f32) {
+        ZG_CUDA_CHECK(cudaMemcpy(r.data(), im.logits.get(), n * 4, cudaMemcpyDeviceToHost));
+    } else {
+        std::vector<Impl::bf16_t> h(n);
+        ZG_CUDA_CHECK(cudaMemcpy(h.data(), im.logits.get(), n * 2, cudaMemcpyDeviceToHost));
+        for (int64_t i = 0; i < n; i++) r[i] = __bfloat162float(h[i]);
+    }
+    return r;
+}
+
+float* GptCuda::params_device() {
+    return impl_->params.as<float>();
+}
+float* GptCuda::grads_device() {
+    return impl_->grads.as<float>();
+}
+size_t GptCuda::allocated_bytes() const {
+    return impl_->allocated();
+}
+
+}  // namespace zgpt

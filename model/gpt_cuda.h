@@ -1,0 +1,74 @@
+// The GPT of model/gpt.h on one GPU: the same parameter table, forward, loss head and backward,
+// built from the registered CUDA kernels (kernels/*.cu). Plain C++ header; the implementation
+// is model/gpt_cuda.cu and exists only in CUDA builds.
+//
+// Memory: fp32 master weights and fp32 gradients in one arena each (the table's offsets), a bf16
+// working copy of the weights in bf16 precision, activations allocated once per (B, T). Every
+// kernel is atomic-free and sums in a fixed order, so two runs are bit-identical.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/cross_entropy.h"
+#include "kernels/dtype.h"
+#include "model/gpt_config.h"
+#include "model/parameters.h"
+
+namespace zgpt {
+
+// Throws zgpt::Error naming the family and the known variants when a name is unknown, or when
+// a choice cannot run at this precision (fused_linear needs bf16).
+void validate_kernels(const KernelChoice& k, DType precision);
+
+struct CudaModelOptions {
+    DType precision = DType::bf16;
+    KernelChoice kernels;
+    bool recompute_gelu = false;  // keep only the pre-GELU activation; recompute GELU in backward
+};
+
+class GptCuda {
+  public:
+    GptCuda(const ModelConfig& config, const CudaModelOptions& options);
+    ~GptCuda();
+    GptCuda(const GptCuda&) = delete;
+    GptCuda& operator=(const GptCuda&) = delete;
+
+    const ModelConfig& config() const;
+    const GptLayout& layout() const;
+    const CudaModelOptions& options() const;
+    int64_t padded_vocab() const;
+    int64_t num_parameters() const;
+
+    // Host <-> device copies of whole fp32 arenas (table order); set_params refreshes bf16 copy.
+    void set_params(const float* host);
+    void get_params(float* host) const;
+    void get_grads(float* host) const;
+
+    // Forward B x Tn host tokens; logits stay on the device (not with fused_linear).
+    void forward(const int32_t* tokens, int64_t B, int64_t Tn);
+    // The loss head on the last forward. grad_output multiplies each row's gradient (1 / tokens
+    // of the step). With compute_grad, dlogits replace the logits, ready for backward().
+    CrossEntropySummary loss(const int32_t* targets, const CrossEntropyOptions& opts,
+                             double grad_output, bool compute_grad);
+    void backward();  // adds into the gradient arena
+    void zero_grad();
+    double grad_norm();  // global L2 norm of the gradient arena
+    // AdamW over the arena (decay where the table says), fp32 master weights, bf16 copy updated.
+    void adamw_step(double lr, double beta1, double beta2, double eps, double weight_decay,
+                    int64_t t, double grad_scale, float* m, float* v);
+
+    std::vector<float> logits() const;  // [B * Tn, padded_vocab] of the last forward
+    // Device pointers (tests, the optimizer): fp32 master weights and gradients.
+    float* params_device();
+    float* grads_device();
+
+    size_t allocated_bytes() const;  // everything this model holds on the device now
+
+  private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zgpt

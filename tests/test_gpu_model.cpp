@@ -1,0 +1,697 @@
+// The CUDA trainer's ops and model against the CPU reference (and the float64 oracle). Skipped,
+// with the reason, where no GPU is usable.
+//
+// Tolerances:
+// - fp32: the GPU and the CPU reference (run in double) differ only by fp32 rounding of sums of
+//   up to a few thousand terms: 1e-5 relative, plus 1e-5 of the tensor's largest magnitude for
+//   elements produced by cancellation (LayerNorm and softmax backward, gradients).
+// - bf16: every input is rounded to bf16 before the reference sees it, so the reference and the
+//   GPU read the same values; the GPU computes in fp32 and rounds each output once: half a bf16
+//   ulp is 2^-9 relative, so 2^-8 relative plus 2^-8 of the largest magnitude (cancellation).
+// - Whole-model bf16 losses: each layer stores ~10 bf16 activations, each rounding 2^-9; over a
+//   few layers their independent errors add to ~1e-2 relative: the 2e-2 holds with
+//   margin and is not widened.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <map>
+
+#include "data/safetensors.h"
+#include "kernels/adamw.h"
+#include "kernels/attention.h"
+#include "kernels/check.h"
+#include "kernels/cuda_device.h"
+#include "kernels/encoder.h"
+#include "kernels/gelu.h"
+#include "kernels/global_norm.h"
+#include "kernels/layernorm.h"
+#include "kernels/matmul.h"
+#include "model/gpt.h"
+#include "model/gpt_cuda.h"
+#include "model/hf_gpt2.h"
+#include "tests/helpers.h"
+#include "train/backend.h"
+
+using namespace zgpt;
+using namespace zgpt::test;
+
+namespace {
+
+const bool kHaveGpu = [] {
+    const cuda::DeviceInfo d = cuda::query_devices();
+    if (d.count == 0) skip_binary("no usable CUDA device: " + d.error);
+    return d.count > 0;
+}();
+
+#define CUDA_OK(x) REQUIRE((x) == cudaSuccess)
+
+double as_stored(double x, DType t) {
+    return t == DType::f32 ? double(float(x))
+                           : double(__bfloat162float(__float2bfloat16_rn(float(x))));
+}
+
+// A device tensor of type t, filled from doubles (rounded to t) and read back as doubles.
+struct DevT {
+    DType t;
+    int64_t n;
+    void* p = nullptr;
+    DevT(DType type, int64_t count) : t(type), n(count) {
+        CUDA_OK(cudaMalloc(&p, std::max<size_t>(size_t(n) * dtype_bytes(t), 16)));
+        CUDA_OK(cudaMemset(p, 0, std::max<size_t>(size_t(n) * dtype_bytes(t), 16)));
+    }
+    DevT(DType type, const std::vector<double>& v) : DevT(type, int64_t(v.size())) { set(v); }
+    ~DevT() { cudaFree(p); }
+    DevT(const DevT&) = delete;
+    void set(const std::vector<double>& v) {
+        REQUIRE(int64_t(v.size()) == n);
+        if (t == DType::f32) {
+            std::vector<float> h(v.begin(), v.end());
+            CUDA_OK(cudaMemcpy(p, h.data(), n * 4, cudaMemcpyHostToDevice));
+        } else {
+            std::vector<__nv_bfloat16> h(n);
+            for (int64_t i = 0; i < n; i++) h[i] = __float2bfloat16_rn(float(v[i]));
+            CUDA_OK(cudaMemcpy(p, h.data(), n * 2, cudaMemcpyHostToDevice));
+        }
+    }
+    std::vector<double> get() const {
+        CUDA_OK(cudaDeviceSynchronize());
+        std::vector<double> r(n);
+        if (t == DType::f32) {
+            std::vector<float> h(n);
+            CUDA_OK(cudaMemcpy(h.data(), p, n * 4, cudaMemcpyDeviceToHost));
+            for (int64_t i = 0; i < n; i++) r[i] = h[i];
+        } else {
+            std::vector<__nv_bfloat16> h(n);
+            CUDA_OK(cudaMemcpy(h.data(), p, n * 2, cudaMemcpyDeviceToHost));
+            for (int64_t i = 0; i < n; i++) r[i] = __bfloat162float(h[i]);
+        }
+        return r;
+    }
+    float* f() const { return static_cast<float*>(p); }
+};
+
+// Random values, as the device will store them (so the reference reads the same inputs).
+std::vector<double> rnd(Rng& rng, int64_t n, DType t, double scale = 1.0) {
+    std::vector<double> v(n);
+    for (double& x : v) x = as_stored(scale * rng.normal(), t);
+    return v;
+}
+
+double max_abs(const std::vector<double>& v) {
+    double m = 0;
+    for (double x : v) m = std::max(m, std::fabs(x));
+    return m;
+}
+
+double rtol_of(DType t) {
+    return t == DType::f32 ? 1e-5 : 1.0 / 256;
+}
+
+void check_close(const char* what, const std::vector<double>& got, const std::vector<double>& want,
+                 DType t, double atol_scale = -1) {
+    REQUIRE(got.size() == want.size());
+    const double r = rtol_of(t);
+    const double atol = (atol_scale < 0 ? r : atol_scale) * max_abs(want);
+    const MaxError e = compare(got.data(), want.data(), int64_t(got.size()), r, atol);
+    INFO(what << " (" << dtype_name(t) << "): max abs err " << e.abs << ", max rel err " << e.rel
+              << ", worst index " << e.worst << " of " << got.size());
+    CHECK(e.ok);
+}
+
+const DType kTypes[] = {DType::f32, DType::bf16};
+
+}  // namespace
+
+TEST_CASE("encoder forward and backward (wte rows summed per token, in order)") {
+    Rng rng(1);
+    const int64_t B = 3, T = 7, C = 37, V = 11;
+    std::vector<int32_t> tok(B * T);
+    for (auto& x : tok) x = int32_t(rng.next_u64() % 5);  // repeated tokens
+    tok[4] = 10;
+    for (DType t : kTypes) {
+        CAPTURE(dtype_name(t));
+        const auto wte = rnd(rng, V * C, t), wpe = rnd(rng, T * C, t),
+                   dout = rnd(rng, B * T * C, t);
+        std::vector<double> out(B * T * C), dwte(V * C, 0.5), dwpe(T * C, 0.25);
+        DevT d_wte(t, wte), d_wpe(t, wpe), d_out(t, B * T * C), d_dout(t, dout);
+        DevT g_wte(DType::f32, dwte), g_wpe(DType::f32, dwpe);
+        int32_t* d_tok;
+        CUDA_OK(cudaMalloc(&d_tok, tok.size() * 4));
+        CUDA_OK(cudaMemcpy(d_tok, tok.data(), tok.size() * 4, cudaMemcpyHostToDevice));
+        cuda::encoder_forward(d_out.p, d_tok, d_wte.p, d_wpe.p, B, T, C, t, nullptr);
+        cpu::encoder_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
+        check_close("out", d_out.get(), out, t);
+        const cuda::TokenBuckets bk = cuda::bucket_tokens(tok.data(), B * T);
+        int32_t *bt, *bo, *bp;
+        CUDA_OK(cudaMalloc(&bt, bk.token.size() * 4));
+        CUDA_OK(cudaMalloc(&bo, bk.offset.size() * 4));
+        CUDA_OK(cudaMalloc(&bp, bk.position.size() * 4));
+        CUDA_OK(cudaMemcpy(bt, bk.token.data(), bk.token.size() * 4, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemcpy(bo, bk.offset.data(), bk.offset.size() * 4, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemcpy(bp, bk.position.data(), bk.position.size() * 4, cudaMemcpyHostToDevice));
+        cuda::encoder_backward(g_wte.f(), g_wpe.f(), d_dout.p, bt, bo, bp, int64_t(bk.token.size()),
+                               B, T, C, t, nullptr);
+        cpu::encoder_backward(dwte.data(), dwpe.data(), dout.data(), tok.data(), B, T, C);
+        check_close("dwte", g_wte.get(), dwte, DType::f32);
+        check_close("dwpe", g_wpe.get(), dwpe, DType::f32);
+        for (void* p : {(void*)d_tok, (void*)bt, (void*)bo, (void*)bp}) cudaFree(p);
+    }
+}
+
+TEST_CASE("layernorm: plain, residual-fused and head-strided rows; backward with weight grads") {
+    Rng rng(2);
+    for (DType t : kTypes) {
+        for (int64_t C : {1, 7, 64, 769}) {
+            const int64_t N = 37;
+            CAPTURE(dtype_name(t));
+            CAPTURE(C);
+            const auto a = rnd(rng, N * C, t, 2.0), b = rnd(rng, N * C, t), w = rnd(rng, C, t),
+                       bias = rnd(rng, C, t), dout = rnd(rng, N * C, t);
+            // reference: res = a + b (rounded as the GPU stores it), then LayerNorm
+            std::vector<double> res(N * C);
+            for (int64_t i = 0; i < N * C; i++) res[i] = as_stored(a[i] + b[i], t);
+            std::vector<double> out(N * C), mean(N), rstd(N);
+            cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), res.data(), w.data(),
+                                   bias.data(), N, C, 1e-5);
+            DevT da(t, a), db(t, b), dw(t, w), dbias(t, bias), dres(t, N * C), dout_(t, N * C);
+            DevT dmean(DType::f32, N), drstd(DType::f32, N);
+            cuda::residual_layernorm_forward(dres.p, dout_.p, dmean.f(), drstd.f(), da.p, db.p,
+                                             dw.p, dbias.p, N, C, 1e-5, t, nullptr);
+            check_close("res", dres.get(), res, t);
+            check_close("out (fused)", dout_.get(), out, t);
+            DevT dres_in(t, res), dout2(t, N * C);
+            cuda::layernorm_forward(dout2.p, {1, C}, dmean.f(), drstd.f(), dres_in.p, {1, C}, dw.p,
+                                    dbias.p, N, C, 1e-5, t, nullptr);
+            check_close("out", dout2.get(), out, t);
+            check_close("mean", dmean.get(), mean, DType::f32);
+            check_close("rstd", drstd.get(), rstd, DType::f32, 1e-5);
+            // backward, accumulating into dinp
+            std::vector<double> dinp(N * C, 0.0), gw(C, 0.0), gb(C, 0.0);
+            std::vector<double> dinp0 = rnd(rng, N * C, t);
+            dinp = dinp0;
+            cpu::layernorm_backward(dinp.data(), gw.data(), gb.data(), dout.data(), res.data(),
+                                    w.data(), mean.data(), rstd.data(), N, C);
+            DevT d_dinp(t, dinp0), d_dout(t, dout), d_gw(DType::f32, C), d_gb(DType::f32, C);
+            DevT scratch(DType::f32, int64_t(cuda::layernorm_backward_scratch_bytes(N, C) / 4));
+            cuda::layernorm_backward(d_dinp.p, {1, C}, true, d_gw.f(), d_gb.f(), d_dout.p, {1, C},
+                                     dres_in.p, {1, C}, dw.p, dmean.f(), drstd.f(), N, C, scratch.p,
+                                     t, nullptr);
+            check_close("dinp", d_dinp.get(), dinp, t);
+            check_close("dweight", d_gw.get(), gw, DType::f32, 1e-4);
+            check_close("dbias", d_gb.get(), gb, DType::f32, 1e-4);
+        }
+        // heads inside qkv: rows of hs at (r / NH) * 3C + (r % NH) * hs, backward in place
+        const int64_t BT = 9, NH = 3, hs = 5, C = NH * hs;
+        const auto qkv = rnd(rng, BT * 3 * C, t), w = rnd(rng, hs, t), dq = rnd(rng, BT * 3 * C, t);
+        std::vector<double> q(BT * C), qo(BT * C), mean(BT * NH), rstd(BT * NH), dqv(BT * C);
+        for (int64_t r = 0; r < BT; r++)
+            for (int64_t c = 0; c < C; c++) {
+                q[r * C + c] = qkv[r * 3 * C + c];
+                dqv[r * C + c] = dq[r * 3 * C + c];
+            }
+        cpu::layernorm_forward(qo.data(), mean.data(), rstd.data(), q.data(), w.data(),
+                               (const double*)nullptr, BT * NH, hs, 1e-5);
+        DevT d_qkv(t, qkv), d_out(t, BT * 3 * C), d_w(t, w), dm(DType::f32, BT * NH),
+            dr(DType::f32, BT * NH);
+        const cuda::RowMap heads{NH, 3 * C};
+        cuda::layernorm_forward(d_out.p, heads, dm.f(), dr.f(), d_qkv.p, heads, d_w.p, nullptr,
+                                BT * NH, hs, 1e-5, t, nullptr);
+        const auto got = d_out.get();
+        std::vector<double> got_q(BT * C);
+        for (int64_t r = 0; r < BT; r++)
+            for (int64_t c = 0; c < C; c++) got_q[r * C + c] = got[r * 3 * C + c];
+        check_close("q heads", got_q, qo, t);
+        std::vector<double> dqi(BT * C, 0.0), gw(hs, 0.0);
+        cpu::layernorm_backward(dqi.data(), gw.data(), (double*)nullptr, dqv.data(), q.data(),
+                                w.data(), mean.data(), rstd.data(), BT * NH, hs);
+        DevT d_dq(t, dq), d_gw(DType::f32, hs);
+        DevT scratch(DType::f32, int64_t(cuda::layernorm_backward_scratch_bytes(BT * NH, hs) / 4));
+        cuda::layernorm_backward(d_dq.p, heads, false, d_gw.f(), nullptr, d_dq.p, heads, d_qkv.p,
+                                 heads, d_w.p, dm.f(), dr.f(), BT * NH, hs, scratch.p, t, nullptr);
+        const auto gotd = d_dq.get();
+        std::vector<double> got_dq(BT * C);
+        bool rest_untouched = true;
+        for (int64_t r = 0; r < BT; r++) {
+            for (int64_t c = 0; c < C; c++) got_dq[r * C + c] = gotd[r * 3 * C + c];
+            for (int64_t c = C; c < 3 * C; c++)
+                rest_untouched &= gotd[r * 3 * C + c] == dq[r * 3 * C + c];
+        }
+        check_close("dq heads (in place)", got_dq, dqi, t);
+        check_close("dq_norm weight", d_gw.get(), gw, DType::f32, 1e-4);
+        CHECK(rest_untouched);
+    }
+}
+
+TEST_CASE("GELU forward and backward") {
+    Rng rng(3);
+    for (DType t : kTypes) {
+        const int64_t n = 10007;
+        const auto x = rnd(rng, n, t, 3.0), dy = rnd(rng, n, t);
+        std::vector<double> y(n), dx(n, 0.0);
+        cpu::gelu_forward(y.data(), x.data(), n);
+        cpu::gelu_backward(dx.data(), x.data(), dy.data(), n);
+        DevT dX(t, x), dY(t, n), dDY(t, dy), dDX(t, n);
+        cuda::gelu_forward(dY.p, dX.p, n, t, nullptr);
+        cuda::gelu_backward(dDX.p, dX.p, dDY.p, n, t, nullptr);
+        check_close("gelu", dY.get(), y, t);
+        check_close("dgelu", dDX.get(), dx, t);
+    }
+}
+
+TEST_CASE("matmul through cuBLASLt: bias and GELU epilogues, weight and bias gradients") {
+    Rng rng(4);
+    for (DType t : kTypes) {
+        for (auto [N, C, OC] :
+             {std::tuple<int64_t, int64_t, int64_t>{13, 24, 40}, {64, 64, 256}, {33, 7, 5}}) {
+            CAPTURE(dtype_name(t));
+            CAPTURE(N);
+            CAPTURE(C);
+            const auto x = rnd(rng, N * C, t), w = rnd(rng, OC * C, t, 0.3), b = rnd(rng, OC, t),
+                       dy = rnd(rng, N * OC, t);
+            std::vector<double> y(N * OC), g(N * OC);
+            cpu::matmul_forward(y.data(), x.data(), w.data(), b.data(), N, C, OC);
+            cpu::gelu_forward(g.data(), y.data(), N * OC);
+            DevT dx(t, x), dw(t, w), db(t, b), dY(t, N * OC), dAux(t, N * OC), dG(t, N * OC);
+            cuda::Gemm gm;
+            gm.D = dY.p;
+            gm.d_type = gm.ab_type = t;
+            gm.A = dx.p;
+            gm.B = dw.p;
+            gm.trans_b = true;
+            gm.M = N;
+            gm.N = OC;
+            gm.K = C;
+            gm.epilogue = cuda::Epilogue::bias;
+            gm.bias = db.p;
+            cuda::gemm(gm, nullptr);
+            check_close("x W^T + b", dY.get(), y, t);
+            gm.D = dG.p;
+            gm.epilogue = cuda::Epilogue::gelu_aux_bias;
+            gm.aux = dAux.p;
+            cuda::gemm(gm, nullptr);
+            check_close("aux (pre-GELU)", dAux.get(), y, t);
+            // GELU of the fp32 pre-activation: the reference's gelu(y) within one rounding
+            check_close("GELU(x W^T + b)", dG.get(), g, t, t == DType::f32 ? 1e-5 : 1.0 / 128);
+            // backward: dx = dy W, dW += dy^T x, db += colsum dy
+            std::vector<double> gx(N * C, 0.0), gW(OC * C, 1.0), gb(OC, 1.0);
+            cpu::matmul_backward(gx.data(), gW.data(), gb.data(), dy.data(), x.data(), w.data(), N,
+                                 C, OC);
+            DevT d_dy(t, dy), d_gx(t, N * C), d_gW(DType::f32, std::vector<double>(OC * C, 1.0)),
+                d_gb(DType::f32, std::vector<double>(OC, 1.0));
+            cuda::Gemm gd;
+            gd.D = d_gx.p;
+            gd.d_type = gd.ab_type = t;
+            gd.A = d_dy.p;
+            gd.B = dw.p;
+            gd.M = N;
+            gd.N = C;
+            gd.K = OC;
+            cuda::gemm(gd, nullptr);
+            cuda::Gemm gw2;
+            gw2.D = d_gW.p;
+            gw2.d_type = DType::f32;
+            gw2.ab_type = t;
+            gw2.A = d_dy.p;
+            gw2.trans_a = true;
+            gw2.B = dx.p;
+            gw2.M = OC;
+            gw2.N = C;
+            gw2.K = N;
+            gw2.beta = 1.0f;
+            cuda::gemm(gw2, nullptr);
+            DevT scratch(DType::f32, int64_t(cuda::bias_backward_scratch_bytes(N, OC) / 4));
+            cuda::bias_backward(d_gb.f(), d_dy.p, N, OC, t, scratch.p, nullptr);
+            check_close("dx", d_gx.get(), gx, t);
+            check_close("dW (+= into fp32)", d_gW.get(), gW, DType::f32);
+            check_close("db", d_gb.get(), gb, DType::f32);
+        }
+    }
+}
+
+TEST_CASE("attention variants: forward and backward against the CPU reference") {
+    Rng rng(5);
+    struct Shape {
+        int64_t B, T, C, NH;
+    };
+    for (const cuda::AttentionVariant& v : cuda::attention_variants()) {
+        for (DType t : kTypes) {
+            for (Shape s : {Shape{2, 7, 12, 3}, Shape{1, 65, 64, 1}, Shape{2, 130, 128, 2},
+                            Shape{1, 33, 256, 2}}) {
+                CAPTURE(v.name);
+                CAPTURE(dtype_name(t));
+                CAPTURE(s.T);
+                CAPTURE(s.C / s.NH);
+                const int64_t BT = s.B * s.T;
+                const auto qkv = rnd(rng, BT * 3 * s.C, t), dout = rnd(rng, BT * s.C, t);
+                std::vector<double> out(BT * s.C), att(s.B * s.NH * s.T * s.T),
+                    dqkv(BT * 3 * s.C, 0.0);
+                cpu::attention_forward(out.data(), att.data(), qkv.data(), s.B, s.T, s.C, s.NH);
+                cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), s.B, s.T,
+                                        s.C, s.NH);
+                const cuda::AttentionShape sh{s.B, s.T, s.C, s.NH};
+                DevT d_qkv(t, qkv), d_out(t, BT * s.C), d_dout(t, dout), d_dqkv(t, BT * 3 * s.C);
+                DevT saved(DType::f32, int64_t(v.saved_bytes(sh) / 4) + 1),
+                    scratch(DType::f32, int64_t(v.scratch_bytes(sh) / 4) + 1);
+                v.forward(d_out.p, saved.p, d_qkv.p, sh, t, nullptr);
+                check_close("out", d_out.get(), out, t);
+                // the GPU's backward reads the output it produced (its rounding, as in training)
+                v.backward(d_dqkv.p, d_dout.p, d_qkv.p, d_out.p, saved.p, scratch.p, sh, t,
+                           nullptr);
+                check_close("dqkv", d_dqkv.get(), dqkv, t, t == DType::f32 ? 1e-5 : 1.0 / 128);
+            }
+        }
+    }
+    CHECK_THROWS_WITH_AS(cuda::find_attention_variant("cudnn"),
+                         doctest::Contains("known: flash, naive"), zgpt::Error);
+}
+
+TEST_CASE("AdamW and the global norm on the GPU equal the CPU reference") {
+    Rng rng(6);
+    const int64_t n = 100003;
+    std::vector<float> p(n), g(n), m(n), v(n);
+    for (int64_t i = 0; i < n; i++) {
+        p[i] = float(rng.normal());
+        g[i] = float(rng.normal() * 0.01);
+        m[i] = float(rng.normal() * 0.01);
+        v[i] = float(std::fabs(rng.normal()) * 1e-4);
+    }
+    cpu::AdamWStep s;
+    s.lr = 3e-3;
+    s.beta1 = 0.9;
+    s.beta2 = 0.95;
+    s.weight_decay = 0.1;
+    s.t = 7;
+    s.grad_scale = 0.5;
+    std::vector<double> pd(p.begin(), p.end()), gd(g.begin(), g.end()), md(m.begin(), m.end()),
+        vd(v.begin(), v.end());
+    DevT dp(DType::f32, pd), dg(DType::f32, gd), dm(DType::f32, md), dv(DType::f32, vd),
+        p16(DType::bf16, n);
+    cuda::adamw_update(dp.f(), p16.p, dg.f(), dm.f(), dv.f(), n, s, nullptr);
+    cpu::adamw_update(p.data(), g.data(), m.data(), v.data(), n, s);
+    const auto gp = dp.get(), gm = dm.get(), gv = dv.get(), g16 = p16.get();
+    int64_t exact = 0;
+    bool bf16_ok = true;
+    for (int64_t i = 0; i < n; i++) {
+        exact += gp[i] == double(p[i]) && gm[i] == double(m[i]) && gv[i] == double(v[i]);
+        bf16_ok &= g16[i] == as_stored(gp[i], DType::bf16);
+    }
+    CHECK(exact >= n - n / 1000);  // double math on both sides: equal up to rare last-bit ties
+    check_close("params", gp, std::vector<double>(p.begin(), p.end()), DType::f32);
+    CHECK(bf16_ok);
+    DevT out(DType::f32, 2), scratch(DType::f32, int64_t(cuda::sum_of_squares_scratch_bytes() / 4));
+    double* d_sum;
+    CUDA_OK(cudaMalloc(&d_sum, 8));
+    cuda::sum_of_squares(d_sum, dg.f(), n, scratch.p, nullptr);
+    double got = 0;
+    CUDA_OK(cudaMemcpy(&got, d_sum, 8, cudaMemcpyDeviceToHost));
+    cudaFree(d_sum);
+    CHECK(close(got, cpu::sum_of_squares(g.data(), n), 1e-12, 0));
+}
+
+namespace {
+
+ModelConfig tiny_config(bool tie, bool bias, bool qk) {
+    ModelConfig c;
+    c.n_layer = 2;
+    c.n_head = 3;
+    c.n_embd = 24;
+    c.block_size = 16;
+    c.vocab_size = 61;  // padded to 128
+    c.tie_embeddings = tie;
+    c.bias = bias;
+    c.qk_norm = qk;
+    return c;
+}
+
+std::vector<int32_t> random_tokens(Rng& rng, int64_t n, int64_t V) {
+    std::vector<int32_t> t(n);
+    for (auto& x : t) x = int32_t(rng.next_u64() % uint64_t(V));
+    return t;
+}
+
+// Compares the GPU model after forward + loss + backward with GPT<double> on the same weights.
+void compare_model(const ModelConfig& mc, const CudaModelOptions& o, double rtol) {
+    Rng rng(7);
+    const int64_t B = 2, T = 11;
+    GPT<double> ref(mc);
+    ref.init_weights(11);
+    Rng wr(12);  // non-trivial LayerNorm weights and biases
+    for (const ParamSpec& s : ref.layout().table.specs())
+        if (s.init == Init::ones || s.init == Init::zeros)
+            for (int64_t i = 0; i < s.numel; i++)
+                ref.params[s.offset + i] += (s.init == Init::ones ? 0.1 : 0.05) * wr.normal();
+    for (int idx : {ref.layout().wte, ref.layout().lm_head})  // padded rows stay zero
+        for (int64_t i = int64_t(mc.vocab_size) * mc.n_embd; i < ref.padded_vocab() * mc.n_embd;
+             i++)
+            ref.param(idx)[i] = 0;
+    std::vector<float> pf(ref.params.begin(), ref.params.end());
+    for (size_t i = 0; i < pf.size(); i++)  // both sides read the stored weights
+        ref.params[i] = as_stored(pf[i], o.precision);
+    const auto tokens = random_tokens(rng, B * T, mc.vocab_size);
+    auto targets = random_tokens(rng, B * T, mc.vocab_size);
+    targets[3] = -100;
+    CrossEntropyOptions ce;
+    ce.z_loss_weight = 1e-2;
+    ce.reduction = Reduction::sum;
+    const double go = 1.0 / 21;
+    ref.zero_grad();
+    ref.forward(tokens.data(), B, T);
+    std::vector<double> want_logits(ref.logits(), ref.logits() + B * T * ref.padded_vocab());
+    const CrossEntropySummary want = ref.loss(targets.data(), ce, {&go, false}, true);
+    ref.backward();
+
+    GptCuda m(mc, o);
+    m.set_params(pf.data());
+    m.zero_grad();
+    m.forward(tokens.data(), B, T);
+    if (o.kernels.cross_entropy != "fused_linear") {
+        const std::vector<float> lg = m.logits();
+        check_close("logits", std::vector<double>(lg.begin(), lg.end()), want_logits, o.precision,
+                    rtol);
+    }
+    const CrossEntropySummary got = m.loss(targets.data(), ce, go, true);
+    m.backward();
+    CHECK(got.n_valid == want.n_valid);
+    CHECK(close(got.sum_loss, want.sum_loss, rtol, 0));
+    CHECK(close(got.sum_z_loss, want.sum_z_loss, rtol, 0));
+    std::vector<float> g(m.num_parameters());
+    m.get_grads(g.data());
+    for (const ParamSpec& s : m.layout().table.specs()) {
+        CAPTURE(s.name);
+        const std::vector<double> gg(g.begin() + s.offset, g.begin() + s.offset + s.numel);
+        const std::vector<double> wg(ref.grads.begin() + s.offset,
+                                     ref.grads.begin() + s.offset + s.numel);
+        const MaxError e = compare(gg.data(), wg.data(), s.numel, rtol, rtol * max_abs(wg));
+        INFO("grad: max abs err " << e.abs << ", max rel " << e.rel << ", worst " << e.worst);
+        CHECK(e.ok);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("whole model on the GPU (fp32) equals GPT<double>: logits, loss, every gradient") {
+    for (bool tie : {true, false})
+        for (bool bias : {true, false})
+            for (bool qk : {false, true}) {
+                CAPTURE(tie);
+                CAPTURE(bias);
+                CAPTURE(qk);
+                CudaModelOptions o;
+                o.precision = DType::f32;
+                o.kernels.cross_entropy = "online";
+                compare_model(tiny_config(tie, bias, qk), o, 1e-5);
+            }
+}
+
+TEST_CASE("whole model in bf16: loss within 2e-2 and gradients within bf16 accumulation") {
+    CudaModelOptions o;
+    o.precision = DType::bf16;
+    // bf16 activations through 2 layers: 5% of each tensor's largest gradient (argued above)
+    compare_model(tiny_config(false, true, true), o, 5e-2);
+    o.kernels.cross_entropy = "fused_linear";
+    compare_model(tiny_config(true, true, false), o, 5e-2);
+}
+
+TEST_CASE("the GPU model reproduces gpt2_tiny.safetensors in fp32 (about 1e-5 relative)") {
+    const std::string path = oracle_dir() + "/gpt2_tiny.safetensors";
+    if (!std::filesystem::exists(path)) {
+        MESSAGE("skipped: " << path << " not found (set ZGPT_ORACLES)");
+        return;
+    }
+    const SafeTensors st = SafeTensors::load(path);
+    const auto cfg = nlohmann::json::parse(st.metadata().at("config").get<std::string>());
+    ModelConfig mc;
+    mc.n_layer = cfg.at("n_layer");
+    mc.n_head = cfg.at("n_head");
+    mc.n_embd = cfg.at("n_embd");
+    mc.block_size = cfg.at("block_size");
+    mc.vocab_size = cfg.at("vocab_size");
+    mc.tie_embeddings = cfg.at("tie_embeddings");
+    mc.bias = cfg.at("bias");
+    mc.ln_eps = cfg.at("layer_norm_eps");
+    const std::vector<int64_t> shape = st.info("input_ids").shape;
+    const int64_t B = shape[0], T = shape[1], V = mc.vocab_size;
+    const auto ids_d = st.as_double("input_ids"), tg_d = st.as_double("targets");
+    const std::vector<int32_t> ids(ids_d.begin(), ids_d.end()), targets(tg_d.begin(), tg_d.end());
+    CrossEntropyOptions o;
+    o.z_loss_weight = cfg.at("z_loss_weight");
+    o.ignore_index = cfg.at("ignore_index");
+    o.reduction = Reduction::mean;
+    GPT<float> host(mc);
+    import_hf_gpt2(host, path, "param.");
+    for (const char* head : {"online", "fast"}) {
+        CAPTURE(head);
+        CudaModelOptions opt;
+        opt.precision = DType::f32;
+        opt.kernels.cross_entropy = head;
+        GptCuda m(mc, opt);
+        m.set_params(host.params.data());
+        m.zero_grad();
+        m.forward(ids.data(), B, T);
+        const std::vector<float> lg = m.logits();
+        std::vector<double> logits(B * T * V);
+        for (int64_t i = 0; i < B * T; i++)
+            for (int64_t j = 0; j < V; j++) logits[i * V + j] = lg[i * m.padded_vocab() + j];
+        const auto want_logits = st.as_double("logits");
+        check_close("logits", logits, want_logits, DType::f32, 1e-5);
+        const CrossEntropySummary s = m.loss(targets.data(), o, 1.0, true);
+        m.backward();
+        CHECK(close(s.loss, st.as_double("loss")[0], 1e-5, 0));
+        CHECK(close(s.sum_ce / double(s.n_valid), st.as_double("ce")[0], 1e-5, 0));
+        std::vector<float> g(m.num_parameters());
+        m.get_grads(g.data());
+        for (const ParamSpec& sp : m.layout().table.specs()) {
+            CAPTURE(sp.name);
+            const auto hf = to_hf_layout(sp, g.data() + sp.offset, int64_t(V));
+            const auto want = st.as_double("grad." + sp.name);
+            check_close("grad", std::vector<double>(hf.begin(), hf.end()), want, DType::f32, 1e-5);
+        }
+    }
+}
+
+namespace {
+
+// Steps of training through the trainer's Backend on a fixed stream of random batches.
+Config train_config(const std::string& precision) {
+    Config c;
+    c.model = tiny_config(false, true, true);
+    c.model.block_size = 32;
+    c.train.batch_size = 4;
+    c.train.seed = 5;
+    c.train.precision = precision;
+    c.optim.lr = 3e-3;
+    c.optim.weight_decay = 0.1;
+    c.loss.z_loss_weight = 1e-4;
+    return c;
+}
+
+std::vector<double> train_steps(Backend& b, const Config& c, int64_t from, int64_t to) {
+    const int64_t B = c.train.batch_size, T = 32;
+    std::vector<double> losses;
+    CrossEntropyOptions o;
+    o.z_loss_weight = c.loss.z_loss_weight;
+    o.reduction = Reduction::sum;
+    for (int64_t step = from; step < to; step++) {
+        Rng rng(1000 + uint64_t(step));  // the batch depends on the step only
+        std::vector<int32_t> x(B * T + 1);
+        for (auto& v : x) v = int32_t(rng.next_u64() % 7 * 3 % uint64_t(c.model.vocab_size));
+        std::vector<int32_t> in(x.begin(), x.end() - 1), tg(x.begin() + 1, x.end());
+        b.zero_grad();
+        const CrossEntropySummary s =
+            b.train_micro_batch(in.data(), tg.data(), B, T, o, 1.0 / double(B * T));
+        const double norm = b.grad_norm();
+        b.optimizer_step(c.optim.lr, cpu::clip_scale(norm, 1.0));
+        losses.push_back(s.sum_loss / double(s.n_valid));
+    }
+    return losses;
+}
+
+}  // namespace
+
+TEST_CASE("20 training steps: GPU fp32 tracks the CPU to 1e-4, bf16 to 2e-2") {
+    Config c = train_config("fp32");
+    const auto cpu_b = make_backend("cpu", c);
+    const auto want = train_steps(*cpu_b, c, 0, 20);
+    CHECK(want.back() < want.front() - 0.5);  // it learns
+    for (const char* prec : {"fp32", "bf16"}) {
+        CAPTURE(prec);
+        c.train.precision = prec;
+        const auto gpu = make_backend("cuda", c);
+        const auto got = train_steps(*gpu, c, 0, 20);
+        const double tol = std::string(prec) == "fp32" ? 1e-4 : 2e-2;
+        for (size_t i = 0; i < want.size(); i++) {
+            CAPTURE(i);
+            CHECK(close(got[i], want[i], tol, 0));
+        }
+    }
+}
+
+TEST_CASE("every kernel-variant combination trains; losses agree within bf16 noise") {
+    Config c = train_config("bf16");
+    const auto ref_b = make_backend("cuda", c);
+    const auto ref = train_steps(*ref_b, c, 0, 20);
+    int combos = 0;
+    for (const char* att : {"flash", "naive"})
+        for (const char* ce : {"naive", "online", "fast", "fused_linear"})
+            for (const char* ln : {"fused_residual", "separate"})
+                for (const char* mm : {"fused_epilogue", "separate"})
+                    for (bool recompute : {false, true}) {
+                        c.kernels = {att, ce, ln, mm};
+                        c.train.recompute_gelu = recompute;
+                        CAPTURE(att);
+                        CAPTURE(ce);
+                        CAPTURE(ln);
+                        CAPTURE(mm);
+                        CAPTURE(recompute);
+                        const auto b = make_backend("cuda", c);
+                        const auto got = train_steps(*b, c, 0, 20);
+                        for (size_t i = 0; i < ref.size(); i++)
+                            CHECK(close(got[i], ref[i], 2e-2, 0));
+                        combos++;
+                    }
+    CHECK(combos == 64);
+}
+
+TEST_CASE("deterministic: two GPU runs are bit-identical and resume is bit-exact") {
+    for (const char* prec : {"bf16", "fp32"}) {
+        CAPTURE(prec);
+        Config c = train_config(prec);
+        const auto a = make_backend("cuda", c);
+        const auto b = make_backend("cuda", c);
+        const auto la = train_steps(*a, c, 0, 20), lb = train_steps(*b, c, 0, 20);
+        CHECK(la == lb);
+        CHECK(a->params() == b->params());
+        // resume: 10 steps, state out to the host (as a checkpoint holds it), a fresh backend
+        const auto r1 = make_backend("cuda", c);
+        auto first = train_steps(*r1, c, 0, 10);
+        const auto p = r1->params(), m = r1->adam_m(), v = r1->adam_v();
+        const int64_t steps = r1->adam_steps();
+        const auto r2 = make_backend("cuda", c);
+        r2->set_params(p);
+        r2->set_adam(m, v, steps);
+        const auto second = train_steps(*r2, c, 10, 20);
+        first.insert(first.end(), second.begin(), second.end());
+        CHECK(first == la);
+        CHECK(r2->params() == a->params());
+    }
+}
+
+TEST_CASE("kernel choices are validated with the known names") {
+    KernelChoice k;
+    k.attention = "cudnn";
+    CHECK_THROWS_WITH_AS(validate_kernels(k, DType::bf16), doctest::Contains("flash, naive"),
+                         zgpt::Error);
+    k = {};
+    k.cross_entropy = "liger";
+    CHECK_THROWS_WITH_AS(validate_kernels(k, DType::bf16), doctest::Contains("fused_linear"),
+                         zgpt::Error);
+    k = {};
+    k.cross_entropy = "fused_linear";
+    CHECK_THROWS_WITH_AS(validate_kernels(k, DType::f32), doctest::Contains("bf16 only"),
+                         zgpt::Error);
+    k = {};
+    k.layernorm = "apex";
+    CHECK_THROWS_AS(validate_kernels(k, DType::bf16), zgpt::Error);
+}

@@ -1,0 +1,132 @@
+// The GPU backend: model/gpt_cuda.h plus AdamW state (fp32 m and v) on the device.
+#include <cuda_runtime.h>
+
+#include "kernels/cuda_check.h"
+#include "model/gpt.h"
+#include "model/gpt_cuda.h"
+#include "train/backend.h"
+#include "train/backend_init.h"
+
+namespace zgpt {
+
+namespace {
+
+class DeviceFloats {
+  public:
+    explicit DeviceFloats(int64_t n) : n_(n) {
+        ZG_CUDA_CHECK(cudaMalloc(&p_, size_t(n) * 4));
+        ZG_CUDA_CHECK(cudaMemset(p_, 0, size_t(n) * 4));
+    }
+    ~DeviceFloats() { cudaFree(p_); }
+    DeviceFloats(const DeviceFloats&) = delete;
+    DeviceFloats& operator=(const DeviceFloats&) = delete;
+    float* get() const { return p_; }
+    std::vector<float> download() const {
+        std::vector<float> h(n_);
+        ZG_CUDA_CHECK(cudaDeviceSynchronize());
+        ZG_CUDA_CHECK(cudaMemcpy(h.data(), p_, size_t(n_) * 4, cudaMemcpyDeviceToHost));
+        return h;
+    }
+    void upload(const std::vector<float>& h) {
+        ZG_CHECK(int64_t(h.size()) == n_, "optimizer state has the wrong size");
+        ZG_CUDA_CHECK(cudaMemcpy(p_, h.data(), size_t(n_) * 4, cudaMemcpyHostToDevice));
+    }
+
+  private:
+    float* p_ = nullptr;
+    int64_t n_;
+};
+
+CudaModelOptions model_options(const Config& cfg) {
+    CudaModelOptions o;
+    o.precision = cfg.train.precision == "fp32" ? DType::f32 : DType::bf16;
+    o.kernels = cfg.kernels;
+    o.recompute_gelu = cfg.train.recompute_gelu;
+    return o;
+}
+
+class CudaBackend final : public Backend {
+  public:
+    explicit CudaBackend(const Config& cfg)
+        : cfg_(cfg),
+          model_(cfg.model, model_options(cfg)),
+          m_(model_.num_parameters()),
+          v_(model_.num_parameters()) {
+        model_.set_params(initial_params(cfg).data());
+    }
+    std::string name() const override { return "cuda"; }
+    const GptLayout& layout() const override { return model_.layout(); }
+    int64_t num_parameters() const override { return model_.num_parameters(); }
+    int64_t padded_vocab() const override { return model_.padded_vocab(); }
+
+    CrossEntropySummary train_micro_batch(const int32_t* inputs, const int32_t* targets, int64_t B,
+                                          int64_t T, const CrossEntropyOptions& opts,
+                                          double grad_output) override {
+        model_.forward(inputs, B, T);
+        const CrossEntropySummary s = model_.loss(targets, opts, grad_output, true);
+        model_.backward();
+        return s;
+    }
+    CrossEntropySummary evaluate(const int32_t* inputs, const int32_t* targets, int64_t B,
+                                 int64_t T, const CrossEntropyOptions& opts) override {
+        model_.forward(inputs, B, T);
+        return model_.loss(targets, opts, 1.0, false);
+    }
+    void zero_grad() override { model_.zero_grad(); }
+    double grad_norm() override { return model_.grad_norm(); }
+    void optimizer_step(double lr, double grad_scale) override {
+        steps_++;
+        const OptimConfig& o = cfg_.optim;
+        model_.adamw_step(lr, o.beta1, o.beta2, o.eps, o.weight_decay, steps_, grad_scale, m_.get(),
+                          v_.get());
+    }
+    std::vector<float> params() const override {
+        std::vector<float> p(model_.num_parameters());
+        model_.get_params(p.data());
+        return p;
+    }
+    void set_params(const std::vector<float>& p) override {
+        ZG_CHECK(int64_t(p.size()) == model_.num_parameters(), "parameters have the wrong size");
+        model_.set_params(p.data());
+    }
+    std::vector<float> adam_m() const override { return m_.download(); }
+    std::vector<float> adam_v() const override { return v_.download(); }
+    void set_adam(const std::vector<float>& m, const std::vector<float>& v,
+                  int64_t steps) override {
+        m_.upload(m);
+        v_.upload(v);
+        steps_ = steps;
+    }
+    int64_t adam_steps() const override { return steps_; }
+    // Sampling runs the CPU reference on a copy of the weights (rare, and no KV cache either way).
+    std::vector<int32_t> generate(const std::vector<int32_t>& prompt, const SampleOptions& so,
+                                  Rng& rng) override {
+        GPT<float> cpu(cfg_.model);
+        cpu.params = params();
+        return zgpt::generate(cpu, prompt, so, rng);
+    }
+    double device_memory_bytes() const override {
+        return double(model_.allocated_bytes()) + 2.0 * 4.0 * double(model_.num_parameters());
+    }
+    std::string describe() const override {
+        const KernelChoice& k = cfg_.kernels;
+        return std::string("CUDA, ") + cfg_.train.precision +
+               ", kernels: attention=" + k.attention + " cross_entropy=" + k.cross_entropy +
+               " layernorm=" + k.layernorm + " matmul=" + k.matmul +
+               (cfg_.train.recompute_gelu ? ", GELU recomputed" : "");
+    }
+
+  private:
+    Config cfg_;
+    GptCuda model_;
+    DeviceFloats m_, v_;
+    int64_t steps_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(const Config& cfg) {
+    return std::make_unique<CudaBackend>(cfg);
+}
+
+}  // namespace zgpt
