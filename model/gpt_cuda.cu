@@ -120,6 +120,11 @@ struct GptCuda::Impl {
     DeviceBuffer dres, dtmp, dqkv, dfch, gelu_tmp, att_scratch, ln_scratch, bias_scratch;
     DeviceBuffer ce_workspace;
     bool have_logits = false;
+    bool profiling = false;
+    cudaEvent_t ev[6] = {};  // head: forward matmul, cross-entropy, backward matmuls
+    void mark(int i) {
+        if (profiling) ZG_CUDA_CHECK(cudaEventRecord(ev[i], stream));
+    }
 
     Impl(const ModelConfig& c, const CudaModelOptions& o)
         : cfg(c),
@@ -146,6 +151,8 @@ struct GptCuda::Impl {
         summary = DeviceBuffer(sizeof(cuda::LossSummaryF));
     }
     ~Impl() {
+        for (cudaEvent_t e : ev)
+            if (e) cudaEventDestroy(e);
         if (stream) cudaStreamDestroy(stream);
     }
 
@@ -373,7 +380,9 @@ struct GptCuda::Impl {
                      last ? layout.lnf_w : layout.blocks[l + 1].ln1_w,
                      last ? layout.lnf_b : layout.blocks[l + 1].ln1_b, BT, C);
         }
+        mark(0);
         if (!linear_ce) linear_forward(logits.get(), lnf.get(), layout.lm_head, -1, BT, C, Vp);
+        mark(1);
         have_logits = true;
     }
 
@@ -387,6 +396,7 @@ struct GptCuda::Impl {
         const float go = float(grad_output);
         ZG_CUDA_CHECK(cudaMemcpyAsync(grad_out.get(), &go, 4, cudaMemcpyHostToDevice, stream));
         auto* sum = summary.as<cuda::LossSummaryF>();
+        mark(2);
         if (linear_ce) {
             cuda::LinearCrossEntropyArgs a;
             a.hidden = lnf.get();
@@ -418,6 +428,7 @@ struct GptCuda::Impl {
                 ZG_CUDA_CHECK(cudaMemset2DAsync(logits.as<char>() + cfg.vocab_size * es, Vp * es, 0,
                                                 (Vp - cfg.vocab_size) * es, BT, stream));
         }
+        mark(3);
         cuda::LossSummaryF f;
         ZG_CUDA_CHECK(cudaMemcpyAsync(&f, sum, sizeof f, cudaMemcpyDeviceToHost, stream));
         ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -441,8 +452,10 @@ struct GptCuda::Impl {
         const int64_t BT = B * Tn, C = cfg.n_embd, NH = cfg.n_head, hs = C / NH, L = cfg.n_layer;
         const cuda::AttentionShape shape{B, Tn, C, NH};
         // head: dtmp = dlnf
+        mark(4);
         if (!linear_ce)
             linear_backward(dtmp.get(), logits.get(), lnf.get(), layout.lm_head, -1, BT, C, Vp);
+        mark(5);
         cuda::layernorm_backward(dres.get(), {1, C}, false, g(layout.lnf_w), g(layout.lnf_b),
                                  dtmp.get(), {1, C}, residual[L].get(), {1, C}, w(layout.lnf_w),
                                  lnf_mean.as<float>(), lnf_rstd.as<float>(), BT, C,
@@ -631,6 +644,21 @@ float* GptCuda::grads_device() {
 }
 size_t GptCuda::allocated_bytes() const {
     return impl_->allocated();
+}
+
+void GptCuda::set_profiling(bool on) {
+    for (cudaEvent_t& e : impl_->ev)
+        if (!e) ZG_CUDA_CHECK(cudaEventCreate(&e));
+    impl_->profiling = on;
+}
+
+double GptCuda::head_ms() const {
+    ZG_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+    float a = 0, b = 0, c = 0;
+    ZG_CUDA_CHECK(cudaEventElapsedTime(&a, impl_->ev[0], impl_->ev[1]));
+    ZG_CUDA_CHECK(cudaEventElapsedTime(&b, impl_->ev[2], impl_->ev[3]));
+    ZG_CUDA_CHECK(cudaEventElapsedTime(&c, impl_->ev[4], impl_->ev[5]));
+    return double(a) + b + c;
 }
 
 }  // namespace zgpt

@@ -66,6 +66,11 @@ class GptCuda {
 
     size_t allocated_bytes() const;  // everything this model holds on the device now
 
+    // With profiling on, the loss head (LM-head matmuls + cross-entropy, forward and backward)
+    // is bracketed by CUDA events; head_ms() is its time in the last step (after a sync).
+    void set_profiling(bool on);
+    double head_ms() const;
+
   private:
     struct Impl;
     std::unique_ptr<Impl> impl_;

@@ -1,0 +1,153 @@
+// Times training steps of the CUDA trainer on random tokens: tokens/s, MFU, device memory and the
+// loss head's share of the step (CUDA events around the LM-head matmuls and the cross-entropy).
+//
+//   bench_train -c configs/gpt2-124m.yaml [--set kernels.cross_entropy=fused_linear]
+//               [--steps 40] [--from 10] [--out result.json]
+//
+// A step is what the trainer does: zero_grad, forward + loss + backward per micro-batch, the
+// global grad norm, clipping and AdamW, then a device sync. Steps --from..--steps are averaged.
+#include <cuda_runtime.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "kernels/cuda_check.h"
+#include "kernels/cuda_device.h"
+#include "kernels/global_norm.h"
+#include "model/gpt_cuda.h"
+#include "train/backend_init.h"
+#include "train/config.h"
+#include "train/device.h"
+
+using namespace zgpt;
+
+int main(int argc, char** argv) {
+    CLI::App app{"time CUDA training steps on random tokens"};
+    std::string config_path, out;
+    std::vector<std::string> overrides;
+    int steps = 40, from = 10;
+    app.add_option("-c,--config", config_path, "run config (YAML)")->required();
+    app.add_option("--set", overrides, "section.key=value overrides");
+    app.add_option("--steps", steps, "steps to run");
+    app.add_option("--from", from, "first step that is timed (earlier ones warm up)");
+    app.add_option("--out", out, "write the result as JSON here");
+    CLI11_PARSE(app, argc, argv);
+    try {
+        const Config cfg = load_config(config_path, overrides);
+        ZG_CHECK(cfg.model.vocab_size > 0, "bench_train needs model.vocab_size set");
+        ZG_CHECK(from >= 1 && from <= steps, "--from must be in [1, --steps]");
+        const cuda::DeviceInfo dev = cuda::query_devices();
+        ZG_CHECK(dev.count > 0, "no CUDA device: " + dev.error);
+        CudaModelOptions mo;
+        mo.precision = cfg.train.precision == "fp32" ? DType::f32 : DType::bf16;
+        mo.kernels = cfg.kernels;
+        mo.recompute_gelu = cfg.train.recompute_gelu;
+        GptCuda model(cfg.model, mo);
+        model.set_params(initial_params(cfg).data());
+        model.set_profiling(true);
+        const int64_t n = model.num_parameters();
+        float *m = nullptr, *v = nullptr;
+        ZG_CUDA_CHECK(cudaMalloc(&m, n * 4));
+        ZG_CUDA_CHECK(cudaMalloc(&v, n * 4));
+        ZG_CUDA_CHECK(cudaMemset(m, 0, n * 4));
+        ZG_CUDA_CHECK(cudaMemset(v, 0, n * 4));
+        const int64_t B = cfg.train.batch_size;
+        const int64_t T = cfg.train.seq_len > 0 ? cfg.train.seq_len : cfg.model.block_size;
+        const int64_t tokens_per_step = B * T * cfg.train.grad_accum;
+        CrossEntropyOptions o;
+        o.z_loss_weight = cfg.loss.z_loss_weight;
+        o.reduction = Reduction::sum;
+        Rng rng(uint64_t(cfg.train.seed));
+        std::vector<int32_t> x(B * T + 1);
+        std::vector<double> step_ms, head_ms;
+        double loss = 0;
+        for (int step = 1; step <= steps; step++) {
+            ZG_CUDA_CHECK(cudaDeviceSynchronize());
+            const auto t0 = std::chrono::steady_clock::now();
+            model.zero_grad();
+            double head = 0;
+            for (int a = 0; a < cfg.train.grad_accum; a++) {
+                for (auto& t : x) t = int32_t(rng.below(uint64_t(cfg.model.vocab_size)));
+                model.forward(x.data(), B, T);
+                const CrossEntropySummary s =
+                    model.loss(x.data() + 1, o, 1.0 / double(tokens_per_step), true);
+                model.backward();
+                head += model.head_ms();
+                loss = s.sum_loss / double(s.n_valid);
+            }
+            const double norm = model.grad_norm();
+            model.adamw_step(cfg.optim.lr, cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps,
+                             cfg.optim.weight_decay, step, cpu::clip_scale(norm, cfg.optim.grad_clip),
+                             m, v);
+            ZG_CUDA_CHECK(cudaDeviceSynchronize());
+            const double ms =
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                    .count();
+            if (step >= from) {
+                step_ms.push_back(ms);
+                head_ms.push_back(head);
+            }
+            std::printf("step %d: %.2f ms, loss %.4f, head %.2f ms\n", step, ms, loss, head);
+        }
+        auto mean = [](const std::vector<double>& a) {
+            double s = 0;
+            for (double x2 : a) s += x2;
+            return s / double(a.size());
+        };
+        const double ms = mean(step_ms), hms = mean(head_ms);
+        const double tok_s = double(tokens_per_step) / (ms / 1e3);
+        const double peak = peak_flops(dev.name, mo.precision == DType::bf16);
+        const double mfu = peak > 0 ? training_flops_per_token(cfg.model, T) * tok_s / peak : 0;
+        size_t free_b = 0, total_b = 0;
+        ZG_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+        const double model_gb = (double(model.allocated_bytes()) + 8.0 * double(n)) / 1e9;
+        const double head_mem_gb =
+            (cfg.kernels.cross_entropy == "fused_linear"
+                 ? 0.0
+                 : double(B * T) * double(model.padded_vocab()) * dtype_bytes(mo.precision)) /
+            1e9;
+        std::printf(
+            "%s | %s | B=%lld T=%lld V=%d | step %.2f ms | %.0f tok/s | MFU %.1f%% | head %.2f ms "
+            "(%.1f%%) | memory %.2f GB (device used %.2f GB; logits %.2f GB)\n",
+            dev.name.c_str(), cfg.kernels.cross_entropy.c_str(), (long long)B, (long long)T,
+            cfg.model.vocab_size, ms, tok_s, 100 * mfu, hms, 100 * hms / ms, model_gb,
+            double(total_b - free_b) / 1e9, head_mem_gb);
+        if (!out.empty()) {
+            nlohmann::json j{{"gpu", dev.name},
+                             {"config", config_path},
+                             {"overrides", overrides},
+                             {"batch", B},
+                             {"seq_len", T},
+                             {"vocab_size", cfg.model.vocab_size},
+                             {"precision", cfg.train.precision},
+                             {"kernels",
+                              {{"attention", cfg.kernels.attention},
+                               {"cross_entropy", cfg.kernels.cross_entropy},
+                               {"layernorm", cfg.kernels.layernorm},
+                               {"matmul", cfg.kernels.matmul}}},
+                             {"recompute_gelu", cfg.train.recompute_gelu},
+                             {"steps_timed", step_ms.size()},
+                             {"step_ms", ms},
+                             {"step_ms_min", *std::min_element(step_ms.begin(), step_ms.end())},
+                             {"tok_per_s", tok_s},
+                             {"mfu", mfu},
+                             {"head_ms", hms},
+                             {"head_share", hms / ms},
+                             {"model_memory_gb", model_gb},
+                             {"device_used_gb", double(total_b - free_b) / 1e9},
+                             {"logits_gb", head_mem_gb},
+                             {"final_loss", loss}};
+            std::ofstream(out) << j.dump(2) << "\n";
+        }
+        cudaFree(m);
+        cudaFree(v);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "bench_train: %s\n", e.what());
+        return 1;
+    }
+    return 0;
+}
