@@ -4,7 +4,7 @@
 // block (broadcast); online softmax with one rescale per tile. Backward recomputes the
 // probabilities from the saved lse: one kernel per key tile for dK/dV and one per query tile for
 // dQ, so every output has exactly one writer (deterministic, no atomics). fp32 arithmetic for
-// both storage types. A tensor-core version is the next step for speed.
+// both storage types. bf16 with head size 64 runs the tensor-core kernels of namespace tc.
 //
 // naive: the textbook form with the [T, T] probabilities in memory, for ablation.
 #include <cmath>
@@ -220,6 +220,336 @@ __global__ void flash_dq_kernel(T* dqkv, const T* dout, const T* qkv, const floa
         if (d < hs) dqr[d] = from_f<T>(dq[d]);
 }
 
+// ---------------------------------------------------------------- flash on tensor cores (bf16)
+// FlashAttention-2's schedule with mma.sync m16n8k16 (bf16 in, fp32 accumulate): 4 warps per
+// block, 16 query (or key) rows per warp, 64-wide tiles staged in shared memory (rows padded by
+// 8 elements against bank conflicts). The S accumulator's register layout is exactly the A
+// operand layout of the next product, so P (and dS) never leave registers. Backward: one kernel
+// per key tile for dK/dV and one per query tile for dQ: every output has one writer.
+namespace tc {
+
+constexpr int kTile = 64, kThreads = 128;
+
+__device__ __forceinline__ uint32_t ld32(const bf16* p) {
+    return *reinterpret_cast<const uint32_t*>(p);
+}
+__device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// A fragment (16 x 16) of a row-major matrix at (r0, k0), row stride ld.
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16* m, int ld, int r0, int k0) {
+    const int g = (threadIdx.x % 32) >> 2, t = threadIdx.x & 3;
+    a[0] = ld32(m + (r0 + g) * ld + k0 + 2 * t);
+    a[1] = ld32(m + (r0 + g + 8) * ld + k0 + 2 * t);
+    a[2] = ld32(m + (r0 + g) * ld + k0 + 8 + 2 * t);
+    a[3] = ld32(m + (r0 + g + 8) * ld + k0 + 8 + 2 * t);
+}
+// B fragment (16 x 8) from a matrix stored [n][k] (row stride ld) at (k0, n0).
+__device__ __forceinline__ void load_b(uint32_t& b0, uint32_t& b1, const bf16* m, int ld, int n0,
+                                       int k0) {
+    const int g = (threadIdx.x % 32) >> 2, t = threadIdx.x & 3;
+    b0 = ld32(m + (n0 + g) * ld + k0 + 2 * t);
+    b1 = ld32(m + (n0 + g) * ld + k0 + 8 + 2 * t);
+}
+// An accumulator pair of n-tiles (2kk, 2kk+1) as the A fragment of the next product.
+__device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&lo)[4],
+                                         const float (&hi)[4]) {
+    a[0] = pack(lo[0], lo[1]);
+    a[1] = pack(lo[2], lo[3]);
+    a[2] = pack(hi[0], hi[1]);
+    a[3] = pack(hi[2], hi[3]);
+}
+
+// Stages rows [r0, r0 + 64) of one head's slice (rows of `stride` elements from base) into smem
+// row-major (ld D + 8) and, when `transposed` is given, as [d][row] (ld 64 + 8).
+template <int D>
+__device__ void stage(bf16* rows, bf16* transposed, const bf16* base, int64_t stride, int64_t r0,
+                      int64_t Tn) {
+    constexpr int LD = D + 8, LDT = kTile + 8, CH = D / 8;
+    for (int c = threadIdx.x; c < kTile * CH; c += kThreads) {
+        const int r = c / CH, col = (c % CH) * 8;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (r0 + r < Tn) v = *reinterpret_cast<const uint4*>(base + (r0 + r) * stride + col);
+        if (rows) *reinterpret_cast<uint4*>(rows + r * LD + col) = v;
+        if (transposed) {
+            const bf16* e = reinterpret_cast<const bf16*>(&v);
+#pragma unroll
+            for (int j = 0; j < 8; j++) transposed[(col + j) * LDT + r] = e[j];
+        }
+    }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    forward_kernel(bf16* out, float* lse, const bf16* qkv, Geo g) {
+    constexpr int LD = D + 8, LDT = kTile + 8;
+    __shared__ __align__(16) bf16 Qs[kTile * LD], Ks[kTile * LD], Vt[D * LDT];
+    const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
+    const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kTile;  // heaviest tiles first
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane >> 2, tq = lane & 3;
+    const int64_t stride = 3 * g.C;
+    const bf16* qbase = qkv + b * g.Tn * stride + h * g.hs;
+    stage<D>(Qs, nullptr, qbase, stride, q0, g.Tn);
+    __syncthreads();
+    uint32_t qa[D / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) load_a(qa[kk], Qs, LD, warp * 16, kk * 16);
+    float o[D / 8][4] = {};
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
+    const int64_t row[2] = {q0 + warp * 16 + gq, q0 + warp * 16 + gq + 8};
+    for (int64_t k0 = 0; k0 <= q0 && k0 < g.Tn; k0 += kTile) {
+        __syncthreads();
+        stage<D>(Ks, nullptr, qbase + g.C, stride, k0, g.Tn);
+        stage<D>(nullptr, Vt, qbase + 2 * g.C, stride, k0, g.Tn);
+        __syncthreads();
+        float s[kTile / 8][4] = {};
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++)
+#pragma unroll
+            for (int n = 0; n < kTile / 8; n++) {
+                uint32_t b0, b1;
+                load_b(b0, b1, Ks, LD, n * 8, kk * 16);
+                mma(s[n], qa[kk], b0, b1);
+            }
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int n = 0; n < kTile / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int64_t key = k0 + n * 8 + 2 * tq + (e & 1);
+                const float v = key <= row[e >> 1] ? s[n][e] * g.scale : -INFINITY;
+                s[n][e] = v;
+                mx[e >> 1] = fmaxf(mx[e >> 1], v);
+            }
+        float corr[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            const float mn = fmaxf(m[r], mx[r]);
+            corr[r] = __expf(m[r] - mn);
+            m[r] = mn;
+            l[r] *= corr[r];
+        }
+#pragma unroll
+        for (int n = 0; n < kTile / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float p = __expf(s[n][e] - m[e >> 1]);
+                s[n][e] = p;
+                l[e >> 1] += p;
+            }
+#pragma unroll
+        for (int n = 0; n < D / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) o[n][e] *= corr[e >> 1];
+#pragma unroll
+        for (int kk = 0; kk < kTile / 16; kk++) {
+            uint32_t pa[4];
+            acc_to_a(pa, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+            for (int n = 0; n < D / 8; n++) {
+                uint32_t b0, b1;
+                load_b(b0, b1, Vt, LDT, n * 8, kk * 16);
+                mma(o[n], pa, b0, b1);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (row[r] >= g.Tn) continue;
+        const float inv = 1.0f / l[r];
+        bf16* y = out + (b * g.Tn + row[r]) * g.C + h * g.hs;
+#pragma unroll
+        for (int n = 0; n < D / 8; n++)
+            *reinterpret_cast<uint32_t*>(y + n * 8 + 2 * tq) =
+                pack(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+        if (tq == 0) lse[bh * g.Tn + row[r]] = m[r] + logf(l[r]);
+    }
+}
+
+// A fragments of 16 rows (r0..) of one head's slice straight from global memory.
+template <int D>
+__device__ void load_a_global(uint32_t (&a)[D / 16][4], const bf16* base, int64_t stride,
+                              int64_t r0, int64_t Tn) {
+    const int gq = (threadIdx.x % 32) >> 2, tq = threadIdx.x & 3;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int64_t r = r0 + gq + (j & 1) * 8;
+            const int col = kk * 16 + (j >> 1) * 8 + 2 * tq;
+            a[kk][j] = r < Tn ? ld32(base + r * stride + col) : 0u;
+        }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    dkdv_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* dsum,
+                Geo g) {
+    constexpr int LD = D + 8, LDT = kTile + 8;
+    __shared__ __align__(16) bf16 Qs[kTile * LD], Qt[D * LDT], dOs[kTile * LD], dOt[D * LDT];
+    __shared__ float Ls[kTile], Ds[kTile];
+    const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
+    const int64_t k0 = int64_t(blockIdx.x) * kTile;  // early keys see the most queries: first
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane >> 2, tq = lane & 3;
+    const int64_t stride = 3 * g.C;
+    const bf16* qbase = qkv + b * g.Tn * stride + h * g.hs;
+    const bf16* obase = dout + b * g.Tn * g.C + h * g.hs;
+    uint32_t ka[D / 16][4], va[D / 16][4];
+    load_a_global<D>(ka, qbase + g.C, stride, k0 + warp * 16, g.Tn);
+    load_a_global<D>(va, qbase + 2 * g.C, stride, k0 + warp * 16, g.Tn);
+    float dk[D / 8][4] = {}, dv[D / 8][4] = {};
+    const int64_t key[2] = {k0 + warp * 16 + gq, k0 + warp * 16 + gq + 8};
+    for (int64_t i0 = k0; i0 < g.Tn; i0 += kTile) {
+        __syncthreads();
+        stage<D>(Qs, Qt, qbase, stride, i0, g.Tn);
+        stage<D>(dOs, dOt, obase, g.C, i0, g.Tn);
+        for (int r = threadIdx.x; r < kTile; r += kThreads) {
+            const bool in = i0 + r < g.Tn;
+            Ls[r] = in ? lse[bh * g.Tn + i0 + r] : INFINITY;  // rows past the end: P = 0
+            Ds[r] = in ? dsum[bh * g.Tn + i0 + r] : 0.0f;
+        }
+        __syncthreads();
+        float p[kTile / 8][4] = {}, dp[kTile / 8][4] = {};
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++)
+#pragma unroll
+            for (int n = 0; n < kTile / 8; n++) {
+                uint32_t b0, b1;
+                load_b(b0, b1, Qs, LD, n * 8, kk * 16);
+                mma(p[n], ka[kk], b0, b1);
+                load_b(b0, b1, dOs, LD, n * 8, kk * 16);
+                mma(dp[n], va[kk], b0, b1);
+            }
+#pragma unroll
+        for (int n = 0; n < kTile / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int c = n * 8 + 2 * tq + (e & 1);
+                const float pv = i0 + c >= key[e >> 1] ? __expf(p[n][e] * g.scale - Ls[c]) : 0.0f;
+                p[n][e] = pv;
+                dp[n][e] = pv * (dp[n][e] - Ds[c]);  // dS^T (unscaled)
+            }
+#pragma unroll
+        for (int kk = 0; kk < kTile / 16; kk++) {
+            uint32_t pa[4], sa[4];
+            acc_to_a(pa, p[2 * kk], p[2 * kk + 1]);
+            acc_to_a(sa, dp[2 * kk], dp[2 * kk + 1]);
+#pragma unroll
+            for (int n = 0; n < D / 8; n++) {
+                uint32_t b0, b1;
+                load_b(b0, b1, dOt, LDT, n * 8, kk * 16);
+                mma(dv[n], pa, b0, b1);
+                load_b(b0, b1, Qt, LDT, n * 8, kk * 16);
+                mma(dk[n], sa, b0, b1);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (key[r] >= g.Tn) continue;
+        bf16* dkr = dqkv + (b * g.Tn + key[r]) * stride + g.C + h * g.hs;
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) {
+            *reinterpret_cast<uint32_t*>(dkr + n * 8 + 2 * tq) =
+                pack(dk[n][2 * r] * g.scale, dk[n][2 * r + 1] * g.scale);
+            *reinterpret_cast<uint32_t*>(dkr + g.C + n * 8 + 2 * tq) =
+                pack(dv[n][2 * r], dv[n][2 * r + 1]);
+        }
+    }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads) dq_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv,
+                                                      const float* lse, const float* dsum, Geo g) {
+    constexpr int LD = D + 8, LDT = kTile + 8;
+    __shared__ __align__(16) bf16 Ks[kTile * LD], Kt[D * LDT], Vs[kTile * LD];
+    const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
+    const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kTile;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane >> 2, tq = lane & 3;
+    const int64_t stride = 3 * g.C;
+    const bf16* qbase = qkv + b * g.Tn * stride + h * g.hs;
+    const bf16* obase = dout + b * g.Tn * g.C + h * g.hs;
+    uint32_t qa[D / 16][4], oa[D / 16][4];
+    load_a_global<D>(qa, qbase, stride, q0 + warp * 16, g.Tn);
+    load_a_global<D>(oa, obase, g.C, q0 + warp * 16, g.Tn);
+    const int64_t row[2] = {q0 + warp * 16 + gq, q0 + warp * 16 + gq + 8};
+    float L[2], Dr[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        L[r] = row[r] < g.Tn ? lse[bh * g.Tn + row[r]] : INFINITY;
+        Dr[r] = row[r] < g.Tn ? dsum[bh * g.Tn + row[r]] : 0.0f;
+    }
+    float dq[D / 8][4] = {};
+    for (int64_t k0 = 0; k0 <= q0 && k0 < g.Tn; k0 += kTile) {
+        __syncthreads();
+        stage<D>(Ks, Kt, qbase + g.C, stride, k0, g.Tn);
+        stage<D>(Vs, nullptr, qbase + 2 * g.C, stride, k0, g.Tn);
+        __syncthreads();
+        float s[kTile / 8][4] = {}, dp[kTile / 8][4] = {};
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++)
+#pragma unroll
+            for (int n = 0; n < kTile / 8; n++) {
+                uint32_t b0, b1;
+                load_b(b0, b1, Ks, LD, n * 8, kk * 16);
+                mma(s[n], qa[kk], b0, b1);
+                load_b(b0, b1, Vs, LD, n * 8, kk * 16);
+                mma(dp[n], oa[kk], b0, b1);
+            }
+#pragma unroll
+        for (int n = 0; n < kTile / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int64_t key = k0 + n * 8 + 2 * tq + (e & 1);
+                const float pv = key <= row[e >> 1] ? __expf(s[n][e] * g.scale - L[e >> 1]) : 0.0f;
+                s[n][e] = pv * (dp[n][e] - Dr[e >> 1]);  // dS (unscaled)
+            }
+#pragma unroll
+        for (int kk = 0; kk < kTile / 16; kk++) {
+            uint32_t sa[4];
+            acc_to_a(sa, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+            for (int n = 0; n < D / 8; n++) {
+                uint32_t b0, b1;
+                load_b(b0, b1, Kt, LDT, n * 8, kk * 16);
+                mma(dq[n], sa, b0, b1);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (row[r] >= g.Tn) continue;
+        bf16* dqr = dqkv + (b * g.Tn + row[r]) * stride + h * g.hs;
+#pragma unroll
+        for (int n = 0; n < D / 8; n++)
+            *reinterpret_cast<uint32_t*>(dqr + n * 8 + 2 * tq) =
+                pack(dq[n][2 * r] * g.scale, dq[n][2 * r + 1] * g.scale);
+    }
+}
+
+// The tensor-core path covers bf16 with head size 64 and 16-byte aligned rows.
+bool usable(const AttentionShape& s, DType t) {
+    return t == DType::bf16 && s.C / s.NH == 64 && s.C % 8 == 0;
+}
+
+}  // namespace tc
+
 template <typename F>
 void with_head_size(int64_t hs, F&& f) {
     ZG_CHECK(hs >= 1 && hs <= 128,
@@ -251,6 +581,12 @@ void flash_forward(void* out, void* saved, const void* qkv, const AttentionShape
     check_shape(s);
     const Geo g = geometry(s);
     const dim3 grid(unsigned((s.Tn + kBQ - 1) / kBQ), unsigned(s.B * s.NH));
+    if (tc::usable(s, t)) {
+        tc::forward_kernel<64><<<grid, tc::kThreads, 0, st>>>(
+            static_cast<bf16*>(out), static_cast<float*>(saved), static_cast<const bf16*>(qkv), g);
+        ZG_LAUNCH_CHECK();
+        return;
+    }
     with_head_size(g.hs, [&](auto HS) {
         ZG_DISPATCH(t, T,
                     flash_forward_kernel<T, HS.value>
@@ -267,6 +603,17 @@ void flash_backward(void* dqkv, const void* dout, const void* qkv, const void* o
     auto* dsum = static_cast<float*>(scratch);
     const auto* lse = static_cast<const float*>(saved);
     const dim3 grid(unsigned((s.Tn + kBQ - 1) / kBQ), unsigned(s.B * s.NH));
+    if (tc::usable(s, t)) {
+        const auto* dy = static_cast<const bf16*>(dout);
+        const auto* x = static_cast<const bf16*>(qkv);
+        auto* dx = static_cast<bf16*>(dqkv);
+        row_dot_kernel<bf16><<<grid_for(s.B * s.NH * s.Tn, 256), 256, 0, st>>>(
+            dsum, dy, static_cast<const bf16*>(out), s.B, g);
+        tc::dkdv_kernel<64><<<grid, tc::kThreads, 0, st>>>(dx, dy, x, lse, dsum, g);
+        tc::dq_kernel<64><<<grid, tc::kThreads, 0, st>>>(dx, dy, x, lse, dsum, g);
+        ZG_LAUNCH_CHECK();
+        return;
+    }
     with_head_size(g.hs, [&](auto HS) {
         ZG_DISPATCH(t, T, {
             const auto* dy = static_cast<const T*>(dout);
