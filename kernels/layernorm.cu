@@ -135,6 +135,111 @@ __global__ void sum_partials_kernel(float* dw, float* db, const float* part_w, c
     }
 }
 
+// The bf16 fast path for plain rows with C a multiple of 256 (GPT widths): each lane owns 8
+// adjacent columns per 256 (16-byte loads) and keeps its weight-gradient sums in registers; the
+// block's warps add theirs into shared memory one warp after another (a fixed order).
+constexpr int kVecWarps = 8, kVecBlocks = 528;
+
+template <int NV>
+__global__ void __launch_bounds__(256)
+    layernorm_backward_vec_kernel(bf16* dinp, bool accumulate, float* part_w, float* part_b,
+                                  const bf16* dout, const bf16* inp, const bf16* w,
+                                  const float* mean, const float* rstd, int64_t N) {
+    constexpr int C = NV * 256;
+    __shared__ float bw[C], bb[C];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float aw[NV][8] = {}, ab[NV][8] = {}, wv[NV][8];
+    auto load8 = [&](const bf16* p, float(&v)[8]) {
+        const uint4 u = *reinterpret_cast<const uint4*>(p);
+        const bf16* e = reinterpret_cast<const bf16*>(&u);
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = __bfloat162float(e[k]);
+    };
+#pragma unroll
+    for (int j = 0; j < NV; j++) load8(w + j * 256 + lane * 8, wv[j]);
+    for (int64_t r = int64_t(blockIdx.x) * kVecWarps + warp; r < N;
+         r += int64_t(gridDim.x) * kVecWarps) {
+        float dy[NV][8], xh[NV][8];
+        const float m = mean[r], rs = rstd[r];
+        float s1 = 0, s2 = 0;
+#pragma unroll
+        for (int j = 0; j < NV; j++) {
+            load8(dout + r * C + j * 256 + lane * 8, dy[j]);
+            load8(inp + r * C + j * 256 + lane * 8, xh[j]);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                xh[j][k] = (xh[j][k] - m) * rs;
+                const float gw = dy[j][k] * wv[j][k];
+                s1 += gw;
+                s2 += gw * xh[j][k];
+                aw[j][k] += dy[j][k] * xh[j][k];
+                ab[j][k] += dy[j][k];
+            }
+        }
+        s1 = warp_sum(s1) / float(C);
+        s2 = warp_sum(s2) / float(C);
+#pragma unroll
+        for (int j = 0; j < NV; j++) {
+            bf16* dx = dinp + r * C + j * 256 + lane * 8;
+            float old[8] = {};
+            if (accumulate) load8(dx, old);
+            uint4 u;
+            bf16* e = reinterpret_cast<bf16*>(&u);
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                e[k] =
+                    __float2bfloat16_rn(old[k] + rs * (dy[j][k] * wv[j][k] - s1 - xh[j][k] * s2));
+            *reinterpret_cast<uint4*>(dx) = u;
+        }
+    }
+    for (int c = threadIdx.x; c < C; c += blockDim.x) bw[c] = bb[c] = 0;
+    __syncthreads();
+    for (int k = 0; k < kVecWarps; k++) {
+        if (warp == k)
+#pragma unroll
+            for (int j = 0; j < NV; j++)
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    bw[j * 256 + lane * 8 + e] += aw[j][e];
+                    bb[j * 256 + lane * 8 + e] += ab[j][e];
+                }
+        __syncthreads();
+    }
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        part_w[int64_t(blockIdx.x) * C + c] = bw[c];
+        part_b[int64_t(blockIdx.x) * C + c] = bb[c];
+    }
+}
+
+template <typename F>
+bool with_vec_width(int64_t C, F&& f) {
+    switch (C) {
+        case 256:
+            f(std::integral_constant<int, 1>{});
+            return true;
+        case 512:
+            f(std::integral_constant<int, 2>{});
+            return true;
+        case 768:
+            f(std::integral_constant<int, 3>{});
+            return true;
+        case 1024:
+            f(std::integral_constant<int, 4>{});
+            return true;
+        case 1280:
+            f(std::integral_constant<int, 5>{});
+            return true;
+        case 1536:
+            f(std::integral_constant<int, 6>{});
+            return true;
+        case 2048:
+            f(std::integral_constant<int, 8>{});
+            return true;
+        default:
+            return false;
+    }
+}
+
 RowMap plain(RowMap m, int64_t C) {
     if (m.ld == 0) m.ld = m.group * C;
     return m;
@@ -169,7 +274,7 @@ void residual_layernorm_forward(void* res, void* out, float* mean, float* rstd, 
 }
 
 size_t layernorm_backward_scratch_bytes(int64_t N, int64_t C) {
-    return size_t(2) * backward_blocks(N) * C * sizeof(float);
+    return size_t(2) * std::max(backward_blocks(N), kVecBlocks) * C * sizeof(float);
 }
 
 void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dweight, float* dbias,
@@ -177,6 +282,27 @@ void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dwe
                         const void* weight, const float* mean, const float* rstd, int64_t N,
                         int64_t C, void* scratch, DType t, CUstream_st* s) {
     ZG_CHECK(N > 0 && C > 0 && weight && dweight && scratch, "layernorm_backward: bad arguments");
+    dinp_map = plain(dinp_map, C);
+    dout_map = plain(dout_map, C);
+    in_map = plain(in_map, C);
+    const bool rows_plain = dinp_map.group == 1 && dout_map.group == 1 && in_map.group == 1 &&
+                            dinp_map.ld == C && dout_map.ld == C && in_map.ld == C;
+    if (t == DType::bf16 && rows_plain) {
+        float* pw = static_cast<float*>(scratch);
+        float* pb = pw + size_t(kVecBlocks) * C;
+        const bool done = with_vec_width(C, [&](auto NV) {
+            layernorm_backward_vec_kernel<NV.value><<<kVecBlocks, 32 * kVecWarps, 0, s>>>(
+                static_cast<bf16*>(dinp), accumulate, pw, pb, static_cast<const bf16*>(dout),
+                static_cast<const bf16*>(inp), static_cast<const bf16*>(weight), mean, rstd, N);
+        });
+        if (done) {
+            ZG_LAUNCH_CHECK();
+            sum_partials_kernel<<<grid_for(C, 256), 256, 0, s>>>(dweight, dbias, pw, pb, kVecBlocks,
+                                                                 C);
+            ZG_LAUNCH_CHECK();
+            return;
+        }
+    }
     const int blocks = backward_blocks(N);
     const size_t smem = size_t(2) * kWarps * C * sizeof(float);
     ZG_CHECK(smem <= 200 * 1024, "layernorm_backward: C too large for the shared-memory sums");

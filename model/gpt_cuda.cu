@@ -52,6 +52,34 @@ class DeviceBuffer {
     size_t bytes_ = 0;
 };
 
+// Page-locked host memory: copies from it are truly asynchronous (a copy from pageable memory
+// waits for the stream first). Each buffer is rewritten only after a sync that follows its copy.
+template <typename T>
+class PinnedBuffer {
+  public:
+    PinnedBuffer() = default;
+    explicit PinnedBuffer(size_t n) : n_(n) {
+        if (n) ZG_CUDA_CHECK(cudaMallocHost(&p_, n * sizeof(T)));
+    }
+    ~PinnedBuffer() {
+        if (p_) cudaFreeHost(p_);
+    }
+    PinnedBuffer(PinnedBuffer&& o) noexcept : p_(o.p_), n_(o.n_) {
+        o.p_ = nullptr;
+        o.n_ = 0;
+    }
+    PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
+        std::swap(p_, o.p_);
+        std::swap(n_, o.n_);
+        return *this;
+    }
+    T* get() const { return p_; }
+
+  private:
+    T* p_ = nullptr;
+    size_t n_ = 0;
+};
+
 const char* const kLayernormVariants[] = {"fused_residual", "separate"};
 const char* const kMatmulVariants[] = {"fused_epilogue", "separate"};
 
@@ -116,6 +144,10 @@ struct GptCuda::Impl {
     DeviceBuffer tokens, targets, grad_out, summary;
     DeviceBuffer bucket_token, bucket_offset, bucket_position;
     int64_t n_distinct = 0;
+    PinnedBuffer<int32_t> h_tokens, h_targets, h_bucket;  // h_bucket: token, offset, position
+    PinnedBuffer<float> h_grad_out;
+    PinnedBuffer<cuda::LossSummaryF> h_summary;
+    std::vector<int32_t> last_tokens;
     DeviceBuffer branch_out;  // projection outputs before the residual add
     DeviceBuffer dres, dtmp, dqkv, dfch, gelu_tmp, att_scratch, ln_scratch, bias_scratch;
     DeviceBuffer ce_workspace;
@@ -124,6 +156,21 @@ struct GptCuda::Impl {
     cudaEvent_t ev[6] = {};  // head: forward matmul, cross-entropy, backward matmuls
     void mark(int i) {
         if (profiling) ZG_CUDA_CHECK(cudaEventRecord(ev[i], stream));
+    }
+    // Per-op timing (profile_ops): an event after each op; the time since the previous event
+    // belongs to the op named. A null name starts a phase (host gaps are not attributed).
+    bool profile_ops = false;
+    std::vector<cudaEvent_t> pool;
+    std::vector<std::pair<const char*, cudaEvent_t>> ticks;
+    void tick(const char* name) {
+        if (!profile_ops) return;
+        if (ticks.size() == pool.size()) {
+            pool.emplace_back();
+            ZG_CUDA_CHECK(cudaEventCreate(&pool.back()));
+        }
+        cudaEvent_t e = pool[ticks.size()];
+        ZG_CUDA_CHECK(cudaEventRecord(e, stream));
+        ticks.emplace_back(name, e);
     }
 
     Impl(const ModelConfig& c, const CudaModelOptions& o)
@@ -151,6 +198,7 @@ struct GptCuda::Impl {
         summary = DeviceBuffer(sizeof(cuda::LossSummaryF));
     }
     ~Impl() {
+        for (cudaEvent_t e : pool) cudaEventDestroy(e);
         for (cudaEvent_t e : ev)
             if (e) cudaEventDestroy(e);
         if (stream) cudaStreamDestroy(stream);
@@ -212,6 +260,11 @@ struct GptCuda::Impl {
         bucket_token = DeviceBuffer(BT * 4);
         bucket_offset = DeviceBuffer((BT + 1) * 4);
         bucket_position = DeviceBuffer(BT * 4);
+        h_tokens = PinnedBuffer<int32_t>(BT);
+        h_targets = PinnedBuffer<int32_t>(BT);
+        h_bucket = PinnedBuffer<int32_t>(3 * BT + 1);
+        h_grad_out = PinnedBuffer<float>(1);
+        h_summary = PinnedBuffer<cuda::LossSummaryF>(1);
         branch_out = act(BT * C);
         dres = act(BT * C);
         dtmp = act(BT * C);
@@ -290,6 +343,7 @@ struct GptCuda::Impl {
             gm.N = K;
             gm.K = N;
             cuda::gemm(gm, stream);
+            tick("matmul bwd dinp");
         }
         cuda::Gemm gw;
         gw.D = g(w_idx);
@@ -303,7 +357,11 @@ struct GptCuda::Impl {
         gw.K = M;
         gw.beta = 1.0f;
         cuda::gemm(gw, stream);
-        if (b_idx >= 0) cuda::bias_backward(g(b_idx), dout, M, N, t, bias_scratch.get(), stream);
+        tick("matmul bwd dW");
+        if (b_idx >= 0) {
+            cuda::bias_backward(g(b_idx), dout, M, N, t, bias_scratch.get(), stream);
+            tick("bias bwd");
+        }
     }
 
     // res_out = a + b; norm_out = LayerNorm(res_out): fused or as two passes.
@@ -327,24 +385,21 @@ struct GptCuda::Impl {
             ZG_CHECK(host_tokens[i] >= 0 && host_tokens[i] < cfg.vocab_size,
                      "token id " + std::to_string(host_tokens[i]) + " outside the vocabulary");
         ensure(b, tn);
+        tick(nullptr);
         const int64_t BT = B * Tn, C = cfg.n_embd, NH = cfg.n_head, hs = C / NH, L = cfg.n_layer;
+        std::memcpy(h_tokens.get(), host_tokens, BT * 4);
         ZG_CUDA_CHECK(
-            cudaMemcpyAsync(tokens.get(), host_tokens, BT * 4, cudaMemcpyHostToDevice, stream));
-        const cuda::TokenBuckets bk = cuda::bucket_tokens(host_tokens, BT);
-        n_distinct = int64_t(bk.token.size());
-        ZG_CUDA_CHECK(cudaMemcpyAsync(bucket_token.get(), bk.token.data(), bk.token.size() * 4,
-                                      cudaMemcpyHostToDevice, stream));
-        ZG_CUDA_CHECK(cudaMemcpyAsync(bucket_offset.get(), bk.offset.data(), bk.offset.size() * 4,
-                                      cudaMemcpyHostToDevice, stream));
-        ZG_CUDA_CHECK(cudaMemcpyAsync(bucket_position.get(), bk.position.data(),
-                                      bk.position.size() * 4, cudaMemcpyHostToDevice, stream));
+            cudaMemcpyAsync(tokens.get(), h_tokens.get(), BT * 4, cudaMemcpyHostToDevice, stream));
+        last_tokens.assign(host_tokens, host_tokens + BT);
         cuda::encoder_forward(residual[0].get(), tokens.as<int32_t>(), w(layout.wte), w(layout.wpe),
                               B, Tn, C, t, stream);
+        tick("encoder fwd");
         const cuda::AttentionShape shape{B, Tn, C, NH};
         cuda::layernorm_forward(layers[0].ln1.get(), {1, C}, layers[0].ln1_mean.as<float>(),
                                 layers[0].ln1_rstd.as<float>(), residual[0].get(), {1, C},
                                 w(layout.blocks[0].ln1_w), w(layout.blocks[0].ln1_b), BT, C,
                                 cfg.ln_eps, t, stream);
+        tick("layernorm fwd");
         for (int64_t l = 0; l < L; l++) {
             const BlockParams& p = layout.blocks[l];
             Layer& a = layers[l];
@@ -365,13 +420,19 @@ struct GptCuda::Impl {
             } else {
                 linear_forward(a.qkv.get(), a.ln1.get(), p.qkv_w, p.qkv_b, BT, C, 3 * C);
             }
+            tick("matmul fwd (qkv, qk_norm)");
             attention->forward(a.atty.get(), a.att_saved.get(), a.qkv.get(), shape, t, stream);
+            tick("attention fwd");
             linear_forward(branch_out.get(), a.atty.get(), p.proj_w, p.proj_b, BT, C, C);
+            tick("matmul fwd");
             add_norm(a.res_attn.get(), a.ln2.get(), a.ln2_mean.as<float>(), a.ln2_rstd.as<float>(),
                      residual[l].get(), branch_out.get(), p.ln2_w, p.ln2_b, BT, C);
+            tick("residual + layernorm fwd");
             void* gelu = opt.recompute_gelu ? gelu_tmp.get() : a.fch_gelu.get();
             fc_gelu_forward(a.fch.get(), gelu, a.ln2.get(), p.fc_w, p.fc_b, BT, C, 4 * C);
+            tick("matmul fwd (fc + GELU)");
             linear_forward(branch_out.get(), gelu, p.fcproj_w, p.fcproj_b, BT, 4 * C, C);
+            tick("matmul fwd");
             const bool last = l == L - 1;
             add_norm(residual[l + 1].get(), last ? lnf.get() : layers[l + 1].ln1.get(),
                      last ? lnf_mean.as<float>() : layers[l + 1].ln1_mean.as<float>(),
@@ -379,11 +440,31 @@ struct GptCuda::Impl {
                      a.res_attn.get(), branch_out.get(),
                      last ? layout.lnf_w : layout.blocks[l + 1].ln1_w,
                      last ? layout.lnf_b : layout.blocks[l + 1].ln1_b, BT, C);
+            tick("residual + layernorm fwd");
         }
         mark(0);
         if (!linear_ce) linear_forward(logits.get(), lnf.get(), layout.lm_head, -1, BT, C, Vp);
         mark(1);
+        tick("head matmul fwd");
+        upload_buckets();  // host work while the GPU runs the forward pass
         have_logits = true;
+    }
+
+    // The wte-gradient buckets of the last forward's tokens (sorted on the host).
+    void upload_buckets() {
+        const int64_t BT = B * Tn;
+        const cuda::TokenBuckets bk = cuda::bucket_tokens(last_tokens.data(), BT);
+        n_distinct = int64_t(bk.token.size());
+        int32_t* h = h_bucket.get();
+        std::copy(bk.token.begin(), bk.token.end(), h);
+        std::copy(bk.offset.begin(), bk.offset.end(), h + BT);
+        std::copy(bk.position.begin(), bk.position.end(), h + 2 * BT + 1);
+        ZG_CUDA_CHECK(
+            cudaMemcpyAsync(bucket_token.get(), h, n_distinct * 4, cudaMemcpyHostToDevice, stream));
+        ZG_CUDA_CHECK(cudaMemcpyAsync(bucket_offset.get(), h + BT, (n_distinct + 1) * 4,
+                                      cudaMemcpyHostToDevice, stream));
+        ZG_CUDA_CHECK(cudaMemcpyAsync(bucket_position.get(), h + 2 * BT + 1, BT * 4,
+                                      cudaMemcpyHostToDevice, stream));
     }
 
     CrossEntropySummary loss(const int32_t* host_targets, const CrossEntropyOptions& o,
@@ -391,11 +472,14 @@ struct GptCuda::Impl {
         ZG_CHECK(have_logits, "loss() needs a forward() first");
         validate(o);
         const int64_t BT = B * Tn, C = cfg.n_embd;
+        std::memcpy(h_targets.get(), host_targets, BT * 4);
+        ZG_CUDA_CHECK(cudaMemcpyAsync(targets.get(), h_targets.get(), BT * 4,
+                                      cudaMemcpyHostToDevice, stream));
+        *h_grad_out.get() = float(grad_output);
         ZG_CUDA_CHECK(
-            cudaMemcpyAsync(targets.get(), host_targets, BT * 4, cudaMemcpyHostToDevice, stream));
-        const float go = float(grad_output);
-        ZG_CUDA_CHECK(cudaMemcpyAsync(grad_out.get(), &go, 4, cudaMemcpyHostToDevice, stream));
+            cudaMemcpyAsync(grad_out.get(), h_grad_out.get(), 4, cudaMemcpyHostToDevice, stream));
         auto* sum = summary.as<cuda::LossSummaryF>();
+        tick(nullptr);
         mark(2);
         if (linear_ce) {
             cuda::LinearCrossEntropyArgs a;
@@ -429,9 +513,11 @@ struct GptCuda::Impl {
                                                 (Vp - cfg.vocab_size) * es, BT, stream));
         }
         mark(3);
-        cuda::LossSummaryF f;
-        ZG_CUDA_CHECK(cudaMemcpyAsync(&f, sum, sizeof f, cudaMemcpyDeviceToHost, stream));
+        tick(linear_ce ? "head (fused_linear)" : "cross-entropy");
+        ZG_CUDA_CHECK(cudaMemcpyAsync(h_summary.get(), sum, sizeof(cuda::LossSummaryF),
+                                      cudaMemcpyDeviceToHost, stream));
         ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
+        const cuda::LossSummaryF f = *h_summary.get();
         have_logits = compute_grad ? have_logits : false;
         CrossEntropySummary s;
         s.loss = f.loss;
@@ -452,14 +538,17 @@ struct GptCuda::Impl {
         const int64_t BT = B * Tn, C = cfg.n_embd, NH = cfg.n_head, hs = C / NH, L = cfg.n_layer;
         const cuda::AttentionShape shape{B, Tn, C, NH};
         // head: dtmp = dlnf
+        tick(nullptr);
         mark(4);
         if (!linear_ce)
             linear_backward(dtmp.get(), logits.get(), lnf.get(), layout.lm_head, -1, BT, C, Vp);
         mark(5);
+        tick("head matmul bwd");
         cuda::layernorm_backward(dres.get(), {1, C}, false, g(layout.lnf_w), g(layout.lnf_b),
                                  dtmp.get(), {1, C}, residual[L].get(), {1, C}, w(layout.lnf_w),
                                  lnf_mean.as<float>(), lnf_rstd.as<float>(), BT, C,
                                  ln_scratch.get(), t, stream);
+        tick("layernorm bwd");
         for (int64_t l = L - 1; l >= 0; l--) {
             const BlockParams& p = layout.blocks[l];
             Layer& a = layers[l];
@@ -468,18 +557,22 @@ struct GptCuda::Impl {
             if (opt.recompute_gelu) {
                 gelu = gelu_tmp.get();
                 cuda::gelu_forward(gelu, a.fch.get(), BT * 4 * C, t, stream);
+                tick("GELU recompute");
             }
             linear_backward(dfch.get(), dres.get(), gelu, p.fcproj_w, p.fcproj_b, BT, 4 * C, C);
             cuda::gelu_backward(dfch.get(), a.fch.get(), dfch.get(), BT * 4 * C, t, stream);
+            tick("GELU bwd");
             linear_backward(dtmp.get(), dfch.get(), a.ln2.get(), p.fc_w, p.fc_b, BT, C, 4 * C);
             cuda::layernorm_backward(dres.get(), {1, C}, true, g(p.ln2_w), g(p.ln2_b), dtmp.get(),
                                      {1, C}, a.res_attn.get(), {1, C}, w(p.ln2_w),
                                      a.ln2_mean.as<float>(), a.ln2_rstd.as<float>(), BT, C,
                                      ln_scratch.get(), t, stream);
+            tick("layernorm bwd");
             // attention branch
             linear_backward(dtmp.get(), dres.get(), a.atty.get(), p.proj_w, p.proj_b, BT, C, C);
             attention->backward(dqkv.get(), dtmp.get(), a.qkv.get(), a.atty.get(),
                                 a.att_saved.get(), att_scratch.get(), shape, t, stream);
+            tick("attention bwd");
             if (cfg.qk_norm) {  // in place: dqkv's q and k parts become the pre-norm gradients
                 const cuda::RowMap heads{NH, 3 * C};
                 char* d = dqkv.as<char>();
@@ -493,15 +586,18 @@ struct GptCuda::Impl {
                                          a.k_mean.as<float>(), a.k_rstd.as<float>(), BT * NH, hs,
                                          ln_scratch.get(), t, stream);
             }
+            if (cfg.qk_norm) tick("qk_norm bwd");
             linear_backward(dtmp.get(), dqkv.get(), a.ln1.get(), p.qkv_w, p.qkv_b, BT, C, 3 * C);
             cuda::layernorm_backward(dres.get(), {1, C}, true, g(p.ln1_w), g(p.ln1_b), dtmp.get(),
                                      {1, C}, residual[l].get(), {1, C}, w(p.ln1_w),
                                      a.ln1_mean.as<float>(), a.ln1_rstd.as<float>(), BT, C,
                                      ln_scratch.get(), t, stream);
+            tick("layernorm bwd");
         }
         cuda::encoder_backward(g(layout.wte), g(layout.wpe), dres.get(), bucket_token.as<int32_t>(),
                                bucket_offset.as<int32_t>(), bucket_position.as<int32_t>(),
                                n_distinct, B, Tn, C, t, stream);
+        tick("encoder bwd");
     }
 
     void refresh_bf16() {
@@ -650,6 +746,30 @@ void GptCuda::set_profiling(bool on) {
     for (cudaEvent_t& e : impl_->ev)
         if (!e) ZG_CUDA_CHECK(cudaEventCreate(&e));
     impl_->profiling = on;
+}
+
+void GptCuda::set_op_profiling(bool on) {
+    impl_->profile_ops = on;
+    impl_->ticks.clear();
+}
+
+std::vector<std::pair<std::string, double>> GptCuda::take_op_times() {
+    Impl& im = *impl_;
+    ZG_CUDA_CHECK(cudaStreamSynchronize(im.stream));
+    std::vector<std::pair<std::string, double>> r;
+    for (size_t i = 1; i < im.ticks.size(); i++) {
+        if (!im.ticks[i].first) continue;
+        float ms = 0;
+        ZG_CUDA_CHECK(cudaEventElapsedTime(&ms, im.ticks[i - 1].second, im.ticks[i].second));
+        auto it = std::find_if(r.begin(), r.end(),
+                               [&](const auto& x) { return x.first == im.ticks[i].first; });
+        if (it == r.end())
+            r.emplace_back(im.ticks[i].first, ms);
+        else
+            it->second += ms;
+    }
+    im.ticks.clear();
+    return r;
 }
 
 double GptCuda::head_ms() const {

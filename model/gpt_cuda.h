@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cross_entropy.h"
@@ -70,6 +71,9 @@ class GptCuda {
     // is bracketed by CUDA events; head_ms() is its time in the last step (after a sync).
     void set_profiling(bool on);
     double head_ms() const;
+    // Per-op-family GPU times (ms) since set_op_profiling(true) or the last take (bench_train).
+    void set_op_profiling(bool on);
+    std::vector<std::pair<std::string, double>> take_op_times();
 
   private:
     struct Impl;

@@ -163,7 +163,7 @@ TEST_CASE("encoder forward and backward (wte rows summed per token, in order)") 
 TEST_CASE("layernorm: plain, residual-fused and head-strided rows; backward with weight grads") {
     Rng rng(2);
     for (DType t : kTypes) {
-        for (int64_t C : {1, 7, 64, 769}) {
+        for (int64_t C : {1, 7, 64, 256, 768, 769}) {
             const int64_t N = 37;
             CAPTURE(dtype_name(t));
             CAPTURE(C);
@@ -247,16 +247,17 @@ TEST_CASE("layernorm: plain, residual-fused and head-strided rows; backward with
 TEST_CASE("GELU forward and backward") {
     Rng rng(3);
     for (DType t : kTypes) {
-        const int64_t n = 10007;
-        const auto x = rnd(rng, n, t, 3.0), dy = rnd(rng, n, t);
-        std::vector<double> y(n), dx(n, 0.0);
-        cpu::gelu_forward(y.data(), x.data(), n);
-        cpu::gelu_backward(dx.data(), x.data(), dy.data(), n);
-        DevT dX(t, x), dY(t, n), dDY(t, dy), dDX(t, n);
-        cuda::gelu_forward(dY.p, dX.p, n, t, nullptr);
-        cuda::gelu_backward(dDX.p, dX.p, dDY.p, n, t, nullptr);
-        check_close("gelu", dY.get(), y, t);
-        check_close("dgelu", dDX.get(), dx, t);
+        for (int64_t n : {int64_t(10007), int64_t(8192)}) {
+            const auto x = rnd(rng, n, t, 3.0), dy = rnd(rng, n, t);
+            std::vector<double> y(n), dx(n, 0.0);
+            cpu::gelu_forward(y.data(), x.data(), n);
+            cpu::gelu_backward(dx.data(), x.data(), dy.data(), n);
+            DevT dX(t, x), dY(t, n), dDY(t, dy), dDX(t, n);
+            cuda::gelu_forward(dY.p, dX.p, n, t, nullptr);
+            cuda::gelu_backward(dDX.p, dX.p, dDY.p, n, t, nullptr);
+            check_close("gelu", dY.get(), y, t);
+            check_close("dgelu", dDX.get(), dx, t);
+        }
     }
 }
 

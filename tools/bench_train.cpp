@@ -35,6 +35,8 @@ int main(int argc, char** argv) {
     app.add_option("--steps", steps, "steps to run");
     app.add_option("--from", from, "first step that is timed (earlier ones warm up)");
     app.add_option("--out", out, "write the result as JSON here");
+    bool ops = false;
+    app.add_flag("--ops", ops, "time each op family (an event after every op) in one extra step");
     CLI11_PARSE(app, argc, argv);
     try {
         const Config cfg = load_config(config_path, overrides);
@@ -65,7 +67,10 @@ int main(int argc, char** argv) {
         std::vector<int32_t> x(B * T + 1);
         std::vector<double> step_ms, head_ms;
         double loss = 0;
-        for (int step = 1; step <= steps; step++) {
+        nlohmann::json op_table = nlohmann::json::array();
+        for (int step = 1; step <= steps + (ops ? 1 : 0); step++) {
+            const bool op_step = step > steps;  // one extra step, not in the averages
+            model.set_op_profiling(op_step);
             ZG_CUDA_CHECK(cudaDeviceSynchronize());
             const auto t0 = std::chrono::steady_clock::now();
             model.zero_grad();
@@ -81,12 +86,26 @@ int main(int argc, char** argv) {
             }
             const double norm = model.grad_norm();
             model.adamw_step(cfg.optim.lr, cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps,
-                             cfg.optim.weight_decay, step, cpu::clip_scale(norm, cfg.optim.grad_clip),
-                             m, v);
+                             cfg.optim.weight_decay, step,
+                             cpu::clip_scale(norm, cfg.optim.grad_clip), m, v);
             ZG_CUDA_CHECK(cudaDeviceSynchronize());
             const double ms =
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
                     .count();
+            if (op_step) {
+                auto t2 = model.take_op_times();
+                std::sort(t2.begin(), t2.end(),
+                          [](const auto& a2, const auto& b2) { return a2.second > b2.second; });
+                double total = 0;
+                for (const auto& [name, v2] : t2) total += v2;
+                std::printf("per-op GPU time in one step (%.2f ms of ops, %.2f ms wall):\n", total,
+                            ms);
+                for (const auto& [name, v2] : t2) {
+                    std::printf("  %-28s %8.2f ms %5.1f%%\n", name.c_str(), v2, 100 * v2 / total);
+                    op_table.push_back({{"op", name}, {"ms", v2}});
+                }
+                continue;
+            }
             if (step >= from) {
                 step_ms.push_back(ms);
                 head_ms.push_back(head);
@@ -140,7 +159,8 @@ int main(int argc, char** argv) {
                              {"model_memory_gb", model_gb},
                              {"device_used_gb", double(total_b - free_b) / 1e9},
                              {"logits_gb", head_mem_gb},
-                             {"final_loss", loss}};
+                             {"final_loss", loss},
+                             {"ops", op_table}};
             std::ofstream(out) << j.dump(2) << "\n";
         }
         cudaFree(m);
