@@ -245,20 +245,36 @@ __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint3
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+// Fragments come from shared memory through ldmatrix (each lane names one 16-byte row).
+__device__ __forceinline__ uint32_t smem_addr(const bf16* p) {
+    return uint32_t(__cvta_generic_to_shared(p));
+}
 // A fragment (16 x 16) of a row-major matrix at (r0, k0), row stride ld.
 __device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16* m, int ld, int r0, int k0) {
-    const int g = (threadIdx.x % 32) >> 2, t = threadIdx.x & 3;
-    a[0] = ld32(m + (r0 + g) * ld + k0 + 2 * t);
-    a[1] = ld32(m + (r0 + g + 8) * ld + k0 + 2 * t);
-    a[2] = ld32(m + (r0 + g) * ld + k0 + 8 + 2 * t);
-    a[3] = ld32(m + (r0 + g + 8) * ld + k0 + 8 + 2 * t);
+    const int l = threadIdx.x % 32;
+    const uint32_t p = smem_addr(m + (r0 + (l % 8) + ((l / 8) % 2) * 8) * ld + k0 + (l / 16) * 8);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+                 : "r"(p));
 }
-// B fragment (16 x 8) from a matrix stored [n][k] (row stride ld) at (k0, n0).
+// B fragment (16 x 8) at (k0, n0) from a matrix stored [n][k] (row stride ld).
 __device__ __forceinline__ void load_b(uint32_t& b0, uint32_t& b1, const bf16* m, int ld, int n0,
                                        int k0) {
-    const int g = (threadIdx.x % 32) >> 2, t = threadIdx.x & 3;
-    b0 = ld32(m + (n0 + g) * ld + k0 + 2 * t);
-    b1 = ld32(m + (n0 + g) * ld + k0 + 8 + 2 * t);
+    const int l = threadIdx.x % 16;
+    const uint32_t p = smem_addr(m + (n0 + l % 8) * ld + k0 + (l / 8) * 8);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(b0), "=r"(b1)
+                 : "r"(p));
+}
+// B fragment (16 x 8) at (k0, n0) from a matrix stored [k][n] (row stride ld): ldmatrix.trans,
+// so V, Q, dO and K serve as right operands without a transposed copy.
+__device__ __forceinline__ void load_bt(uint32_t& b0, uint32_t& b1, const bf16* m, int ld, int k0,
+                                        int n0) {
+    const int l = threadIdx.x % 16;
+    const uint32_t p = smem_addr(m + (k0 + l) * ld + n0);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(b0), "=r"(b1)
+                 : "r"(p));
 }
 // An accumulator pair of n-tiles (2kk, 2kk+1) as the A fragment of the next product.
 __device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&lo)[4],
@@ -291,8 +307,8 @@ __device__ void stage(bf16* rows, bf16* transposed, const bf16* base, int64_t st
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     forward_kernel(bf16* out, float* lse, const bf16* qkv, Geo g) {
-    constexpr int LD = D + 8, LDT = kTile + 8;
-    __shared__ __align__(16) bf16 Qs[kTile * LD], Ks[kTile * LD], Vt[D * LDT];
+    constexpr int LD = D + 8;
+    __shared__ __align__(16) bf16 Qs[kTile * LD], Ks[kTile * LD], Vs[kTile * LD];
     const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
     const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kTile;  // heaviest tiles first
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane >> 2, tq = lane & 3;
@@ -309,7 +325,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t k0 = 0; k0 <= q0 && k0 < g.Tn; k0 += kTile) {
         __syncthreads();
         stage<D>(Ks, nullptr, qbase + g.C, stride, k0, g.Tn);
-        stage<D>(nullptr, Vt, qbase + 2 * g.C, stride, k0, g.Tn);
+        stage<D>(Vs, nullptr, qbase + 2 * g.C, stride, k0, g.Tn);
         __syncthreads();
         float s[kTile / 8][4] = {};
 #pragma unroll
@@ -359,7 +375,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
             for (int n = 0; n < D / 8; n++) {
                 uint32_t b0, b1;
-                load_b(b0, b1, Vt, LDT, n * 8, kk * 16);
+                load_bt(b0, b1, Vs, LD, kk * 16, n * 8);
                 mma(o[n], pa, b0, b1);
             }
         }
@@ -401,8 +417,8 @@ template <int D>
 __global__ void __launch_bounds__(kThreads)
     dkdv_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* dsum,
                 Geo g) {
-    constexpr int LD = D + 8, LDT = kTile + 8;
-    __shared__ __align__(16) bf16 Qs[kTile * LD], Qt[D * LDT], dOs[kTile * LD], dOt[D * LDT];
+    constexpr int LD = D + 8;
+    __shared__ __align__(16) bf16 Qs[kTile * LD], dOs[kTile * LD];
     __shared__ float Ls[kTile], Ds[kTile];
     const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
     const int64_t k0 = int64_t(blockIdx.x) * kTile;  // early keys see the most queries: first
@@ -417,8 +433,8 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t key[2] = {k0 + warp * 16 + gq, k0 + warp * 16 + gq + 8};
     for (int64_t i0 = k0; i0 < g.Tn; i0 += kTile) {
         __syncthreads();
-        stage<D>(Qs, Qt, qbase, stride, i0, g.Tn);
-        stage<D>(dOs, dOt, obase, g.C, i0, g.Tn);
+        stage<D>(Qs, nullptr, qbase, stride, i0, g.Tn);
+        stage<D>(dOs, nullptr, obase, g.C, i0, g.Tn);
         for (int r = threadIdx.x; r < kTile; r += kThreads) {
             const bool in = i0 + r < g.Tn;
             Ls[r] = in ? lse[bh * g.Tn + i0 + r] : INFINITY;  // rows past the end: P = 0
@@ -453,9 +469,9 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
             for (int n = 0; n < D / 8; n++) {
                 uint32_t b0, b1;
-                load_b(b0, b1, dOt, LDT, n * 8, kk * 16);
+                load_bt(b0, b1, dOs, LD, kk * 16, n * 8);
                 mma(dv[n], pa, b0, b1);
-                load_b(b0, b1, Qt, LDT, n * 8, kk * 16);
+                load_bt(b0, b1, Qs, LD, kk * 16, n * 8);
                 mma(dk[n], sa, b0, b1);
             }
         }
@@ -477,8 +493,8 @@ __global__ void __launch_bounds__(kThreads)
 template <int D>
 __global__ void __launch_bounds__(kThreads) dq_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv,
                                                       const float* lse, const float* dsum, Geo g) {
-    constexpr int LD = D + 8, LDT = kTile + 8;
-    __shared__ __align__(16) bf16 Ks[kTile * LD], Kt[D * LDT], Vs[kTile * LD];
+    constexpr int LD = D + 8;
+    __shared__ __align__(16) bf16 Ks[kTile * LD], Vs[kTile * LD];
     const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
     const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kTile;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane >> 2, tq = lane & 3;
@@ -498,7 +514,7 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(bf16* dqkv, const bf16* do
     float dq[D / 8][4] = {};
     for (int64_t k0 = 0; k0 <= q0 && k0 < g.Tn; k0 += kTile) {
         __syncthreads();
-        stage<D>(Ks, Kt, qbase + g.C, stride, k0, g.Tn);
+        stage<D>(Ks, nullptr, qbase + g.C, stride, k0, g.Tn);
         stage<D>(Vs, nullptr, qbase + 2 * g.C, stride, k0, g.Tn);
         __syncthreads();
         float s[kTile / 8][4] = {}, dp[kTile / 8][4] = {};
@@ -527,7 +543,7 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(bf16* dqkv, const bf16* do
 #pragma unroll
             for (int n = 0; n < D / 8; n++) {
                 uint32_t b0, b1;
-                load_b(b0, b1, Kt, LDT, n * 8, kk * 16);
+                load_bt(b0, b1, Ks, LD, kk * 16, n * 8);
                 mma(dq[n], sa, b0, b1);
             }
         }
