@@ -57,11 +57,18 @@ size_t gemm_workspace_bytes() {
 }
 
 void gemm(const Gemm& g, CUstream_st* stream) {
+    ZG_CHECK(try_gemm(g, stream), "cuBLASLt found no algorithm for a " + std::to_string(g.M) + "x" +
+                                      std::to_string(g.N) + "x" + std::to_string(g.K) + " matmul");
+}
+
+bool try_gemm(const Gemm& g, CUstream_st* stream) {
     ZG_CHECK(g.M > 0 && g.N > 0 && g.K > 0, "gemm: sizes must be positive");
-    ZG_CHECK(g.epilogue == Epilogue::none || g.epilogue == Epilogue::gelu_aux || g.bias,
-             "gemm: this epilogue needs a bias");
-    ZG_CHECK(g.epilogue == Epilogue::none || g.epilogue == Epilogue::bias || g.aux,
-             "gemm: a GELU epilogue needs the aux buffer");
+    const bool needs_bias = g.epilogue == Epilogue::bias || g.epilogue == Epilogue::gelu_aux_bias ||
+                            g.epilogue == Epilogue::bias_grad;
+    const bool needs_aux = g.epilogue == Epilogue::gelu_aux ||
+                           g.epilogue == Epilogue::gelu_aux_bias || g.epilogue == Epilogue::dgelu;
+    ZG_CHECK(!needs_bias || g.bias, "gemm: this epilogue needs a bias");
+    ZG_CHECK(!needs_aux || g.aux, "gemm: a GELU epilogue needs the aux buffer");
     Context& ctx = context();
     // Row-major D[M,N] = op(A) op(B) is column-major D^T[N,M] = op(B)^T op(A)^T: cuBLASLt's A is
     // our B and its B is our A, with m = N, n = M.
@@ -86,6 +93,12 @@ void gemm(const Gemm& g, CUstream_st* stream) {
             break;
         case Epilogue::gelu_aux:
             epi = CUBLASLT_EPILOGUE_GELU_AUX;
+            break;
+        case Epilogue::dgelu:
+            epi = CUBLASLT_EPILOGUE_DGELU;
+            break;
+        case Epilogue::bias_grad:  // cuBLASLt's B is our A (see the swap below)
+            epi = CUBLASLT_EPILOGUE_BGRADB;
             break;
     }
     const cudaDataType_t dt = cuda_type(g.d_type), abt = cuda_type(g.ab_type);
@@ -141,8 +154,13 @@ void gemm(const Gemm& g, CUstream_st* stream) {
         ZG_CUBLAS_CHECK(
             cublasLtMatmulAlgoGetHeuristic(ctx.handle, op, la, lb, ld, ld, pref, 1, &h, &found));
         cublasLtMatmulPreferenceDestroy(pref);
-        ZG_CHECK(found > 0, "cuBLASLt found no algorithm for a " + std::to_string(g.M) + "x" +
-                                std::to_string(g.N) + "x" + std::to_string(g.K) + " matmul");
+        if (found == 0) {
+            cublasLtMatrixLayoutDestroy(la);
+            cublasLtMatrixLayoutDestroy(lb);
+            cublasLtMatrixLayoutDestroy(ld);
+            cublasLtMatmulDescDestroy(op);
+            return false;
+        }
         it = ctx.algos.emplace(key, h.algo).first;
     }
     ZG_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, op, &g.alpha, g.B, la, g.A, lb, &g.beta, g.D, ld,
@@ -151,6 +169,7 @@ void gemm(const Gemm& g, CUstream_st* stream) {
     cublasLtMatrixLayoutDestroy(lb);
     cublasLtMatrixLayoutDestroy(ld);
     cublasLtMatmulDescDestroy(op);
+    return true;
 }
 
 void gemm_bf16(void* D, MatType d_type, const void* A, bool trans_a, const void* B, bool trans_b,

@@ -35,6 +35,8 @@ enum class Epilogue {
     bias,           // + bias[N] (type of D)
     gelu_aux_bias,  // GELU(x + bias); x + bias stored to aux [M, N] (type of D) for backward
     gelu_aux,       // GELU(x); x stored to aux
+    dgelu,          // x * GELU'(aux): aux [M, N] holds the pre-activation (backward of GELU)
+    bias_grad,      // bias[M] = sum over k of op(A)[m, k], written (type of D); the GEMM as usual
 };
 
 struct Gemm {
@@ -52,6 +54,9 @@ struct Gemm {
     void* aux = nullptr;
 };
 void gemm(const Gemm& g, CUstream_st* stream);
+// The same, but false (nothing launched) when cuBLASLt has no algorithm for this epilogue and
+// these types, so the caller can fall back to separate kernels.
+bool try_gemm(const Gemm& g, CUstream_st* stream);
 
 void gemm_bf16(void* D, MatType d_type, const void* A, bool trans_a, const void* B, bool trans_b,
                int64_t M, int64_t N, int64_t K, float alpha, float beta, CUstream_st* stream);

@@ -330,8 +330,13 @@ struct GptCuda::Impl {
     }
 
     // dinp = dout @ W (written); dW += dout^T @ inp; db += column sums of dout.
-    void linear_backward(void* dinp, const void* dout, const void* inp, int w_idx, int b_idx,
-                         int64_t M, int64_t K, int64_t N) {
+    // With gelu_pre (the pre-activation of a GELU that fed this layer), dinp is multiplied by
+    // GELU' in the GEMM epilogue when the fused variant runs and cuBLASLt supports it; returns
+    // whether it was (else the caller runs gelu_backward).
+    bool linear_backward(void* dinp, const void* dout, const void* inp, int w_idx, int b_idx,
+                         int64_t M, int64_t K, int64_t N, const void* gelu_pre = nullptr) {
+        const bool fused = opt.kernels.matmul == "fused_epilogue";
+        bool gelu_done = false;
         if (dinp) {
             cuda::Gemm gm;
             gm.D = dinp;
@@ -342,7 +347,14 @@ struct GptCuda::Impl {
             gm.M = M;
             gm.N = K;
             gm.K = N;
-            cuda::gemm(gm, stream);
+            if (gelu_pre && fused) {
+                gm.epilogue = cuda::Epilogue::dgelu;
+                gm.aux = const_cast<void*>(gelu_pre);
+                gelu_done = cuda::try_gemm(gm, stream);
+                gm.epilogue = cuda::Epilogue::none;
+                gm.aux = nullptr;
+            }
+            if (!gelu_done) cuda::gemm(gm, stream);
             tick("matmul bwd dinp");
         }
         cuda::Gemm gw;
@@ -356,12 +368,24 @@ struct GptCuda::Impl {
         gw.N = K;
         gw.K = M;
         gw.beta = 1.0f;
-        cuda::gemm(gw, stream);
+        bool bias_done = false;
+        if (b_idx >= 0 && fused) {  // column sums of dout from the epilogue, then added
+            gw.epilogue = cuda::Epilogue::bias_grad;
+            gw.bias = bias_scratch.get();
+            bias_done = cuda::try_gemm(gw, stream);
+            gw.epilogue = cuda::Epilogue::none;
+            gw.bias = nullptr;
+        }
+        if (!bias_done) cuda::gemm(gw, stream);
         tick("matmul bwd dW");
-        if (b_idx >= 0) {
+        if (bias_done) {
+            cuda::residual_forward(g(b_idx), g(b_idx), bias_scratch.as<float>(), N, stream);
+            tick("bias bwd");
+        } else if (b_idx >= 0) {
             cuda::bias_backward(g(b_idx), dout, M, N, t, bias_scratch.get(), stream);
             tick("bias bwd");
         }
+        return gelu_done;
     }
 
     // res_out = a + b; norm_out = LayerNorm(res_out): fused or as two passes.
@@ -559,9 +583,11 @@ struct GptCuda::Impl {
                 cuda::gelu_forward(gelu, a.fch.get(), BT * 4 * C, t, stream);
                 tick("GELU recompute");
             }
-            linear_backward(dfch.get(), dres.get(), gelu, p.fcproj_w, p.fcproj_b, BT, 4 * C, C);
-            cuda::gelu_backward(dfch.get(), a.fch.get(), dfch.get(), BT * 4 * C, t, stream);
-            tick("GELU bwd");
+            if (!linear_backward(dfch.get(), dres.get(), gelu, p.fcproj_w, p.fcproj_b, BT, 4 * C, C,
+                                 a.fch.get())) {
+                cuda::gelu_backward(dfch.get(), a.fch.get(), dfch.get(), BT * 4 * C, t, stream);
+                tick("GELU bwd");
+            }
             linear_backward(dtmp.get(), dfch.get(), a.ln2.get(), p.fc_w, p.fc_b, BT, C, 4 * C);
             cuda::layernorm_backward(dres.get(), {1, C}, true, g(p.ln2_w), g(p.ln2_b), dtmp.get(),
                                      {1, C}, a.res_attn.get(), {1, C}, w(p.ln2_w),

@@ -327,6 +327,28 @@ TEST_CASE("matmul through cuBLASLt: bias and GELU epilogues, weight and bias gra
             check_close("dx", d_gx.get(), gx, t);
             check_close("dW (+= into fp32)", d_gW.get(), gW, DType::f32);
             check_close("db", d_gb.get(), gb, DType::f32);
+            // the fused backward epilogues: dx * GELU'(pre-activation) and the bias gradient
+            // (taken when cuBLASLt offers them for these types; the trainer falls back otherwise)
+            std::vector<double> gxg(N * C, 0.0), colsum(OC, 0.0);
+            cpu::gelu_backward(gxg.data(), x.data(), gx.data(), N * C);
+            for (int64_t i = 0; i < N * OC; i++) colsum[i % OC] += dy[i];
+            DevT d_gxg(t, N * C), d_gW3(DType::f32, OC * C), d_bg(DType::f32, OC);
+            gd.D = d_gxg.p;
+            gd.epilogue = cuda::Epilogue::dgelu;
+            gd.aux = dx.p;
+            if (cuda::try_gemm(gd, nullptr))
+                check_close("dgelu epilogue", d_gxg.get(), gxg, t,
+                            t == DType::f32 ? 1e-5 : 1.0 / 128);
+            else
+                MESSAGE("cuBLASLt offers no DGELU epilogue for " << dtype_name(t));
+            gw2.D = d_gW3.p;
+            gw2.beta = 0.0f;
+            gw2.epilogue = cuda::Epilogue::bias_grad;
+            gw2.bias = d_bg.p;
+            if (cuda::try_gemm(gw2, nullptr))
+                check_close("bias_grad epilogue", d_bg.get(), colsum, DType::f32);
+            else
+                MESSAGE("cuBLASLt offers no BGRADB epilogue for " << dtype_name(t));
         }
     }
 }
