@@ -109,6 +109,7 @@ CrossEntropySummary ce_finalize(const RowStats* stats, const int32_t* targets, i
             s.sum_z_loss += zl;
             s.sum_loss += ce + zl;
             s.sum_lse += lse;
+            s.sum_lse_sq += lse * lse;
             s.n_valid++;
         }
         if (rows.loss) rows.loss[i] = ce + zl;

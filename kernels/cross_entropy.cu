@@ -296,9 +296,9 @@ __global__ void reduce_kernel(LossSummaryF* out, const float* loss_rows, const f
                               const float* z_rows, const float* lse_rows, const RowStatsF* stats,
                               const int32_t* targets, int64_t N, int64_t ignore_index,
                               const int* n_valid, Reduction red) {
-    __shared__ double part[5][32];
+    __shared__ double part[5][32];  // loss, ce, z, lse, lse^2
     __shared__ float part_max[32];
-    double a[4] = {0, 0, 0, 0};
+    double a[5] = {0, 0, 0, 0, 0};
     float mx = kNegInf;
     for (int64_t i = threadIdx.x; i < N; i += blockDim.x) {
         if (targets[i] != ignore_index) {
@@ -306,24 +306,25 @@ __global__ void reduce_kernel(LossSummaryF* out, const float* loss_rows, const f
             a[1] += ce_rows[i];
             a[2] += z_rows[i];
             a[3] += lse_rows[i];
+            a[4] += double(lse_rows[i]) * lse_rows[i];
         }
         mx = fmaxf(mx, stats[i].max);
     }
     for (int off = 16; off > 0; off >>= 1) {
-        for (int k = 0; k < 4; k++) a[k] += __shfl_xor_sync(0xffffffffu, a[k], off);
+        for (int k = 0; k < 5; k++) a[k] += __shfl_xor_sync(0xffffffffu, a[k], off);
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
     }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane == 0) {
-        for (int k = 0; k < 4; k++) part[k][warp] = a[k];
+        for (int k = 0; k < 5; k++) part[k][warp] = a[k];
         part_max[warp] = mx;
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        double t[4] = {0, 0, 0, 0};
+        double t[5] = {0, 0, 0, 0, 0};
         float m = kNegInf;
         for (int w = 0; w < int(blockDim.x + 31) / 32; w++) {
-            for (int k = 0; k < 4; k++) t[k] += part[k][w];
+            for (int k = 0; k < 5; k++) t[k] += part[k][w];
             m = fmaxf(m, part_max[w]);
         }
         const int n = *n_valid;
@@ -332,6 +333,7 @@ __global__ void reduce_kernel(LossSummaryF* out, const float* loss_rows, const f
         s.sum_ce = float(t[1]);
         s.sum_z_loss = float(t[2]);
         s.sum_lse = float(t[3]);
+        s.sum_lse_sq = float(t[4]);
         s.max_logit = m;
         s.n_valid = n;
         s.loss = red == Reduction::mean ? (n > 0 ? float(t[0] / n) : 0.0f) : float(t[0]);

@@ -62,6 +62,7 @@ struct CrossEntropyRows {
 struct CrossEntropySummary {
     double loss = 0.0;
     double sum_loss = 0.0, sum_ce = 0.0, sum_z_loss = 0.0, sum_lse = 0.0;
+    double sum_lse_sq = 0.0;  // sum of lse^2 (log^2 Z), whatever the z-loss weight
     int64_t n_valid = 0;
     double max_logit = -__builtin_inf();  // over all rows (read before dlogits overwrite logits)
 };
@@ -128,7 +129,7 @@ struct RowGradParams {
 // Reduced results, left on the device.
 struct LossSummaryF {
     float loss;  // reduced per the reduction (mean over valid rows, sum, or sum of rows for none)
-    float sum_loss, sum_ce, sum_z_loss, sum_lse, max_logit;
+    float sum_loss, sum_ce, sum_z_loss, sum_lse, sum_lse_sq, max_logit;
     int n_valid;
 };
 

@@ -549,6 +549,7 @@ struct GptCuda::Impl {
         s.sum_ce = f.sum_ce;
         s.sum_z_loss = f.sum_z_loss;
         s.sum_lse = f.sum_lse;
+        s.sum_lse_sq = f.sum_lse_sq;
         s.n_valid = f.n_valid;
         s.max_logit = f.max_logit;
         grads_ready = compute_grad;

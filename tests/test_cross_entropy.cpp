@@ -82,6 +82,10 @@ TEST_CASE("z = 0 is plain cross-entropy, bit for bit") {
     for (double g : {1.0, 0.37}) {
         HeadOut h = run_head(logits, t, V, opts(0, 0), {g});
         CHECK(h.s.sum_z_loss == 0.0);
+        double lse_sq = 0;  // log^2 Z is reported even when it is not penalised
+        for (int64_t i = 0; i < N; i++) lse_sq += h.lse[i] * h.lse[i];
+        CHECK(h.s.sum_lse_sq == doctest::Approx(lse_sq).epsilon(1e-12));
+        CHECK(h.s.sum_lse_sq > 0.0);
         for (int64_t i = 0; i < N; i++) {
             CHECK(h.z[i] == 0.0);
             CHECK(h.loss[i] == h.ce[i]);

@@ -201,6 +201,7 @@ void check_result(const Result& got, const Reference& want, const Case& c) {
     CHECK(got.summary.n_valid == want.summary.n_valid);
     CHECK(close(got.summary.loss, want.summary.loss, loss_rtol, 1e-6));
     CHECK(close(got.summary.sum_z_loss, want.summary.sum_z_loss, loss_rtol, 1e-9));
+    CHECK(close(got.summary.sum_lse_sq, want.summary.sum_lse_sq, loss_rtol, 1e-9));
     MaxError e;
     if (c.type == LogitsType::f32) {
         e = compare_dlogits(got.dlogits, want.dlogits, c.logits, want.lse, c.V, 1e-5);

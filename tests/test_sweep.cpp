@@ -89,5 +89,6 @@ TEST_CASE("z-loss sweep on Tiny Shakespeare: sweep, skip, resume, plots, CSV") {
     CHECK(plots["curves.loss"] == 4);
     CHECK(plots["curves.val_loss"] == 4);
     CHECK(plots["curves.lse_mean"] == 4);
+    CHECK(plots["curves.lse_sq_mean"] == 4);
     CHECK(plots["lr_sensitivity"] == 2);  // one line per z weight
 }

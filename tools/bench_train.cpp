@@ -22,6 +22,7 @@
 #include "train/backend_init.h"
 #include "train/config.h"
 #include "train/device.h"
+#include "train/trainer.h"
 
 using namespace zgpt;
 
@@ -39,8 +40,8 @@ int main(int argc, char** argv) {
     app.add_flag("--ops", ops, "time each op family (an event after every op) in one extra step");
     CLI11_PARSE(app, argc, argv);
     try {
-        const Config cfg = load_config(config_path, overrides);
-        ZG_CHECK(cfg.model.vocab_size > 0, "bench_train needs model.vocab_size set");
+        Config cfg = load_config(config_path, overrides);
+        resolve_vocab_size(cfg);  // 0: from tokenizer.json beside data.train, as train does
         ZG_CHECK(from >= 1 && from <= steps, "--from must be in [1, --steps]");
         const cuda::DeviceInfo dev = cuda::query_devices();
         ZG_CHECK(dev.count > 0, "no CUDA device: " + dev.error);

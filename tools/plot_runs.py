@@ -5,11 +5,12 @@
     plot_runs.py runs/a runs/b --out figs                                   # any runs
     plot_runs.py --sweep runs/zloss-sweep --format csv                      # a table on stdout
 
-Figures (PNG and SVG): curves.* overlays train loss, validation loss, CE, z-loss, mean lse, max
-logit, grad norm and LR against the step, one line per run, labelled by what differs between the
+Figures (PNG and SVG): curves.* overlays train loss, validation loss, CE, z-loss, mean lse, mean
+lse^2, max logit, grad norm and LR against the step (or --x tokens), one line per run, labelled by what differs between the
 runs. When the runs differ in optim.lr, lr_sensitivity.* plots the final validation CE against the
 LR, one line per z-loss weight, with the LR-sensitivity of Wortsman et al. (2023): the mean over
-LRs of min(loss(lr), loss at init) - best loss. plots.json records each figure's curves.
+LRs of min(loss(lr), loss at init) - best loss; a run that diverged (summary.json) counts as
+its loss at init. plots.json records each figure's curves.
 """
 import argparse
 import csv
@@ -19,8 +20,8 @@ import pathlib
 import sys
 
 PANELS = [("loss", "train loss"), ("val_loss", "validation loss"), ("ce", "train CE"),
-          ("z_loss", "z-loss"), ("lse_mean", "mean lse"), ("max_logit", "max logit"),
-          ("grad_norm", "grad norm"), ("lr", "learning rate")]
+          ("z_loss", "z-loss"), ("lse_mean", "mean lse"), ("lse_sq_mean", "mean lse^2 (log^2 Z)"),
+          ("max_logit", "max logit"), ("grad_norm", "grad norm"), ("lr", "learning rate")]
 
 
 def read_config(run):
@@ -50,7 +51,9 @@ def load_runs(args):
             print(f"skipping {d}: no metrics.jsonl", file=sys.stderr)
             continue
         rows = [json.loads(l) for l in metrics.read_text().splitlines() if l.strip()]
-        runs.append({"dir": d, "config": read_config(d), "rows": rows})
+        summary = d / "summary.json"
+        diverged = summary.exists() and json.loads(summary.read_text()).get("diverged", False)
+        runs.append({"dir": d, "config": read_config(d), "rows": rows, "diverged": diverged})
     if not runs:
         sys.exit("no runs with metrics.jsonl")
     # label each run by the config keys whose values differ between the runs
@@ -62,8 +65,8 @@ def load_runs(args):
     return runs, differing
 
 
-def series(run, field):
-    pts = [(r["step"], r[field]) for r in run["rows"] if field in r and r[field] is not None]
+def series(run, field, x="step"):
+    pts = [(r[x], r[field]) for r in run["rows"] if field in r and r[field] is not None]
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
@@ -79,7 +82,8 @@ def lr_sensitivity(runs):
         lr = float(r["config"].get("optim.lr", "nan"))
         z = r["config"].get("loss.z_loss_weight", "0")
         at_init = next((row["val_ce"] for row in r["rows"] if row.get("step") == 0 and "val_ce" in row), None)
-        groups.setdefault(z, []).append((lr, final(r, "val_ce"), at_init))
+        last = float("inf") if r["diverged"] else final(r, "val_ce")
+        groups.setdefault(z, []).append((lr, last, at_init))
     out = {}
     for z, pts in groups.items():
         pts.sort()
@@ -99,20 +103,23 @@ def main():
     ap.add_argument("--sweep", help="a sweep's out_dir (its sweep.json lists the runs)")
     ap.add_argument("--out", help="directory for the figures")
     ap.add_argument("--format", default="png,svg", help="png,svg (figures) or csv (a table on stdout)")
+    ap.add_argument("--x", default="step", choices=["step", "tokens"], help="the curves' x axis")
     args = ap.parse_args()
     runs, differing = load_runs(args)
     sens = lr_sensitivity(runs) if "optim.lr" in differing else {}
 
     if args.format == "csv":
         w = csv.writer(sys.stdout)
-        w.writerow(["run"] + differing + ["steps", "final_loss", "final_val_loss", "final_val_ce",
-                                          "min_val_ce", "final_lse_mean", "final_max_logit"])
+        w.writerow(["run"] + differing + ["steps", "diverged", "final_loss", "final_val_loss",
+                                          "final_val_ce", "min_val_ce", "final_lse_mean",
+                                          "final_lse_sq_mean", "final_max_logit"])
         for r in runs:
             val_ce = series(r, "val_ce")[1]
             w.writerow([r["dir"].name] + [r["config"].get(k) for k in differing] +
-                       [series(r, "loss")[0][-1] if series(r, "loss")[0] else 0, final(r, "loss"),
-                        final(r, "val_loss"), final(r, "val_ce"), min(val_ce) if val_ce else "",
-                        final(r, "lse_mean"), final(r, "max_logit")])
+                       [series(r, "loss")[0][-1] if series(r, "loss")[0] else 0, r["diverged"],
+                        final(r, "loss"), final(r, "val_loss"), final(r, "val_ce"),
+                        min(val_ce) if val_ce else "", final(r, "lse_mean"),
+                        final(r, "lse_sq_mean"), final(r, "max_logit")])
         for z, (s, _) in sens.items():
             print(f"# LR sensitivity (z_loss_weight={z}): {s:.4f}")
         return
@@ -125,17 +132,17 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     formats = [f for f in args.format.split(",") if f]
     manifest = {}
-    fig, axes = plt.subplots(2, 4, figsize=(18, 8))
+    fig, axes = plt.subplots(3, 3, figsize=(16, 12))
     for ax, (field, title) in zip(axes.flat, PANELS):
         n = 0
         for r in runs:
-            xs, ys = series(r, field)
+            xs, ys = series(r, field, args.x)
             if xs:
                 ax.plot(xs, ys, label=r["label"], marker="o" if field == "val_loss" else None, ms=3)
                 n += 1
         ax.set_title(title)
-        ax.set_xlabel("step")
-        if field in ("z_loss", "max_logit", "lr", "grad_norm") and n:
+        ax.set_xlabel(args.x)
+        if field in ("z_loss", "lse_sq_mean", "max_logit", "lr", "grad_norm") and n:
             ax.set_yscale("log")
         manifest[f"curves.{field}"] = n
     axes.flat[0].legend(fontsize=7)

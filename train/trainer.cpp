@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -257,6 +258,7 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
             sum.sum_ce += s.sum_ce;
             sum.sum_z_loss += s.sum_z_loss;
             sum.sum_lse += s.sum_lse;
+            sum.sum_lse_sq += s.sum_lse_sq;
             sum.n_valid += s.n_valid;
             sum.max_logit = std::max(sum.max_logit, s.max_logit);
         }
@@ -273,6 +275,7 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
                            {"ce", sum.sum_ce * inv},
                            {"z_loss", sum.sum_z_loss * inv},
                            {"lse_mean", sum.sum_lse * inv},
+                           {"lse_sq_mean", sum.sum_lse_sq * inv},
                            {"max_logit", sum.max_logit},
                            {"grad_norm", norm},
                            {"lr", lr},
@@ -289,6 +292,15 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
         progress.update({step, max_steps, step - start_step, sum.sum_loss * inv, sum.sum_ce * inv,
                          sum.sum_z_loss * inv, lr, norm, tok_s, seconds_since(t_start),
                          peak > 0 ? flops_per_token * tok_s / peak : -1.0});
+        // A non-finite loss cannot recover (AdamW would spread NaN into every weight): stop, keep
+        // the last good checkpoint, and say so in the summary so a sweep counts the run as done.
+        if (!std::isfinite(result.train_loss) || !std::isfinite(norm)) {
+            result.diverged = true;
+            metrics.write(rec);
+            progress.message("step " + std::to_string(step) +
+                             ": the loss or gradient norm is not finite; stopping (diverged)");
+            break;
+        }
         const bool last = step == max_steps || g_stop;
         if (last || (cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0))
             run_eval(step, rec);
@@ -301,11 +313,9 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
     std::signal(SIGINT, SIG_DFL);
     std::signal(SIGTERM, SIG_DFL);
     result.seconds = seconds_since(t_start);
-    nlohmann::json summary{{"steps", result.steps},
-                           {"train_loss", result.train_loss},
-                           {"seconds", result.seconds},
-                           {"tokens", tokens},
-                           {"stopped_early", bool(g_stop)}};
+    nlohmann::json summary{{"steps", result.steps},         {"train_loss", result.train_loss},
+                           {"seconds", result.seconds},     {"tokens", tokens},
+                           {"stopped_early", bool(g_stop)}, {"diverged", result.diverged}};
     if (val_loader) {
         summary["val_loss"] = result.val_loss;
         summary["val_ce"] = result.val_ce;

@@ -12,6 +12,7 @@ struct TrainResult {
     double train_loss = 0;              // last step's loss
     double val_loss = -1, val_ce = -1;  // last evaluation; -1 when there was none
     double seconds = 0;
+    bool diverged = false;  // stopped at a non-finite loss or gradient norm
 };
 
 // Fills model.vocab_size from tokenizer.json beside the training shards when it is 0.
