@@ -25,6 +25,7 @@ if [ -z "$gpt2" ]; then
 fi
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 for t in kjv gcide pydoc; do gzip -dc "$texts/$t.txt.gz" > "$tmp/$t.txt"; done
-[ -x build/prepare_data ] || bash tools/build.sh
-build/prepare_data --input "$tmp/kjv.txt" --input "$tmp/gcide.txt" --input "$tmp/pydoc.txt" \
+bin=${ZGPT_BIN:-build}   # where prepare_data is (a GPU machine's build-gpu, say)
+[ -x "$bin/prepare_data" ] || bash tools/build.sh
+"$bin/prepare_data" --input "$tmp/kjv.txt" --input "$tmp/gcide.txt" --input "$tmp/pydoc.txt" \
   --out data/shards/zloss_gpt2 --tokenizer gpt2 --gpt2-dir "$gpt2"
