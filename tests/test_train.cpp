@@ -96,7 +96,9 @@ TEST_CASE("prepare_data + train: run directory, metrics, falling loss, repeatabl
     CommandOutput a = train("a");
     INFO(a.text);
     REQUIRE(a.code == 0);
-    CHECK(a.text.find("training on the CPU") != std::string::npos);
+    // device auto: the GPU where there is one, otherwise the CPU with a line saying so
+    const bool on_gpu = a.text.find("training on CUDA device") != std::string::npos;
+    CHECK((on_gpu || a.text.find("training on the CPU") != std::string::npos));
     CHECK(a.text.find("step 60/60 | loss") != std::string::npos);
     CHECK(a.text.find("sample at step 30:") != std::string::npos);
     const fs::path run_a = dir / "runs/a";
@@ -119,7 +121,7 @@ TEST_CASE("prepare_data + train: run directory, metrics, falling loss, repeatabl
     CHECK(double(m[60]["val_loss"]) < double(m[0]["val_loss"]) - 1.0);
     const json prov = json::parse(std::ifstream(run_a / "provenance.json"));
     CHECK(prov.contains("git_commit"));
-    CHECK(prov["device"] == "cpu");
+    CHECK(prov["device"] == (on_gpu ? "cuda" : "cpu"));
 
     // tools/sample: the run's newest checkpoint, repeatable for a seed
     auto sample = [&](const std::string& extra) {
