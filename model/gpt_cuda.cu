@@ -334,7 +334,8 @@ struct GptCuda::Impl {
     // GELU' in the GEMM epilogue when the fused variant runs and cuBLASLt supports it; returns
     // whether it was (else the caller runs gelu_backward).
     bool linear_backward(void* dinp, const void* dout, const void* inp, int w_idx, int b_idx,
-                         int64_t M, int64_t K, int64_t N, const void* gelu_pre = nullptr) {
+                         int64_t M, int64_t K, int64_t N, const void* gelu_pre = nullptr,
+                         bool head = false) {
         const bool fused = opt.kernels.matmul == "fused_epilogue";
         bool gelu_done = false;
         if (dinp) {
@@ -355,7 +356,7 @@ struct GptCuda::Impl {
                 gm.aux = nullptr;
             }
             if (!gelu_done) cuda::gemm(gm, stream);
-            tick("matmul bwd dinp");
+            tick(head ? "head matmul bwd dinp" : "matmul bwd dinp");
         }
         cuda::Gemm gw;
         gw.D = g(w_idx);
@@ -377,7 +378,7 @@ struct GptCuda::Impl {
             gw.bias = nullptr;
         }
         if (!bias_done) cuda::gemm(gw, stream);
-        tick("matmul bwd dW");
+        tick(head ? "head matmul bwd dW" : "matmul bwd dW");
         if (bias_done) {
             cuda::residual_forward(g(b_idx), g(b_idx), bias_scratch.as<float>(), N, stream);
             tick("bias bwd");
@@ -566,9 +567,9 @@ struct GptCuda::Impl {
         tick(nullptr);
         mark(4);
         if (!linear_ce)
-            linear_backward(dtmp.get(), logits.get(), lnf.get(), layout.lm_head, -1, BT, C, Vp);
+            linear_backward(dtmp.get(), logits.get(), lnf.get(), layout.lm_head, -1, BT, C, Vp,
+                            nullptr, true);
         mark(5);
-        tick("head matmul bwd");
         cuda::layernorm_backward(dres.get(), {1, C}, false, g(layout.lnf_w), g(layout.lnf_b),
                                  dtmp.get(), {1, C}, residual[L].get(), {1, C}, w(layout.lnf_w),
                                  lnf_mean.as<float>(), lnf_rstd.as<float>(), BT, C,

@@ -122,6 +122,9 @@ def main():
     if args.steps < 2:
         sys.exit("ablate: --steps must be at least 2")
     train_bin, bench_bin = str(pathlib.Path(args.bin) / "train"), str(pathlib.Path(args.bin) / "bench_train")
+    for b in (train_bin, bench_bin):
+        if not pathlib.Path(b).is_file():
+            sys.exit(f"ablate: {b} not found; build first (bash tools/build.sh) or pass --bin DIR")
     families = registered_variants(train_bin)
     for f in args.family:
         if f not in families:
