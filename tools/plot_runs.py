@@ -62,6 +62,18 @@ def load_runs(args):
                  and k not in ("train.run_name", "train.out_dir", "train.resume")]
     for r in runs:
         r["label"] = ", ".join(f"{k.split('.')[-1]}={r['config'].get(k)}" for k in differing) or r["dir"].name
+    # colour by the key with the most values, line style by the rest, so a grid stays readable
+    main_key = max(differing, key=lambda k: len({r["config"].get(k) for r in runs}), default=None)
+    colours, styles = {}, {}
+    for r in runs:
+        c = r["config"].get(main_key) if main_key else r["label"]
+        rest = tuple(r["config"].get(k) for k in differing if k != main_key)
+        r["colour"] = colours.setdefault(c, len(colours))
+        r["style"] = ["-", "--", ":", "-."][styles.setdefault(rest, len(styles)) % 4]
+    n_colours = len(colours)
+    for r in runs:
+        r["colour"] = (f"C{r['colour']}" if n_colours <= 10
+                       else __import__("matplotlib").cm.viridis(r["colour"] / (n_colours - 1)))
     return runs, differing
 
 
@@ -138,7 +150,8 @@ def main():
         for r in runs:
             xs, ys = series(r, field, args.x)
             if xs:
-                ax.plot(xs, ys, label=r["label"], marker="o" if field == "val_loss" else None, ms=3)
+                ax.plot(xs, ys, label=r["label"], color=r["colour"], linestyle=r["style"],
+                        marker="o" if field == "val_loss" else None, ms=3, lw=1)
                 n += 1
         ax.set_title(title)
         ax.set_xlabel(args.x)
