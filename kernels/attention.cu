@@ -304,11 +304,34 @@ __device__ void stage(bf16* rows, bf16* transposed, const bf16* base, int64_t st
     }
 }
 
+// The same rows copied with cp.async (16 bytes each, rows past Tn zero-filled), so the next tile
+// streams in while the current one is computed: the kernels below double-buffer K/V (forward,
+// dQ) and Q/dO (dK/dV). Call commit() after issuing a tile's copies and wait_prev() before using
+// the tile issued one commit earlier.
+template <int D>
+__device__ void stage_async(bf16* rows, const bf16* base, int64_t stride, int64_t r0, int64_t Tn) {
+    constexpr int LD = D + 8, CH = D / 8;
+    for (int c = threadIdx.x; c < kTile * CH; c += kThreads) {
+        const int r = c / CH, col = (c % CH) * 8;
+        const bool in = r0 + r < Tn;
+        const bf16* src = in ? base + (r0 + r) * stride + col : base;
+        asm volatile(
+            "cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(rows + r * LD + col)),
+            "l"(src), "r"(in ? 16 : 0));
+    }
+}
+__device__ __forceinline__ void commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+__device__ __forceinline__ void wait_prev() {
+    asm volatile("cp.async.wait_group 1;\n" ::);
+}
+
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     forward_kernel(bf16* out, float* lse, const bf16* qkv, Geo g) {
     constexpr int LD = D + 8;
-    __shared__ __align__(16) bf16 Qs[kTile * LD], Ks[kTile * LD], Vs[kTile * LD];
+    __shared__ __align__(16) bf16 Qs[kTile * LD], Ks[2][kTile * LD], Vs[2][kTile * LD];
     const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
     const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kTile;  // heaviest tiles first
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane >> 2, tq = lane & 3;
@@ -322,18 +345,28 @@ __global__ void __launch_bounds__(kThreads)
     float o[D / 8][4] = {};
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
     const int64_t row[2] = {q0 + warp * 16 + gq, q0 + warp * 16 + gq + 8};
-    for (int64_t k0 = 0; k0 <= q0 && k0 < g.Tn; k0 += kTile) {
+    const int64_t tiles = q0 / kTile + 1;  // key tiles 0..q0 (q0 < Tn)
+    stage_async<D>(Ks[0], qbase + g.C, stride, 0, g.Tn);
+    stage_async<D>(Vs[0], qbase + 2 * g.C, stride, 0, g.Tn);
+    commit();
+    for (int64_t t = 0; t < tiles; t++) {
+        const int64_t k0 = t * kTile;
+        if (t + 1 < tiles) {
+            stage_async<D>(Ks[(t + 1) & 1], qbase + g.C, stride, k0 + kTile, g.Tn);
+            stage_async<D>(Vs[(t + 1) & 1], qbase + 2 * g.C, stride, k0 + kTile, g.Tn);
+        }
+        commit();
+        wait_prev();
         __syncthreads();
-        stage<D>(Ks, nullptr, qbase + g.C, stride, k0, g.Tn);
-        stage<D>(Vs, nullptr, qbase + 2 * g.C, stride, k0, g.Tn);
-        __syncthreads();
+        const bf16* Kt = Ks[t & 1];
+        const bf16* Vt = Vs[t & 1];
         float s[kTile / 8][4] = {};
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++)
 #pragma unroll
             for (int n = 0; n < kTile / 8; n++) {
                 uint32_t b0, b1;
-                load_b(b0, b1, Ks, LD, n * 8, kk * 16);
+                load_b(b0, b1, Kt, LD, n * 8, kk * 16);
                 mma(s[n], qa[kk], b0, b1);
             }
         float mx[2] = {-INFINITY, -INFINITY};
@@ -375,10 +408,11 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
             for (int n = 0; n < D / 8; n++) {
                 uint32_t b0, b1;
-                load_bt(b0, b1, Vs, LD, kk * 16, n * 8);
+                load_bt(b0, b1, Vt, LD, kk * 16, n * 8);
                 mma(o[n], pa, b0, b1);
             }
         }
+        __syncthreads();  // this buffer is refilled two tiles on
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -418,8 +452,8 @@ __global__ void __launch_bounds__(kThreads)
     dkdv_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* dsum,
                 Geo g) {
     constexpr int LD = D + 8;
-    __shared__ __align__(16) bf16 Qs[kTile * LD], dOs[kTile * LD];
-    __shared__ float Ls[kTile], Ds[kTile];
+    __shared__ __align__(16) bf16 Qs[2][kTile * LD], dOs[2][kTile * LD];
+    __shared__ float Ls[2][kTile], Ds[2][kTile];
     const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
     const int64_t k0 = int64_t(blockIdx.x) * kTile;  // early keys see the most queries: first
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane >> 2, tq = lane & 3;
@@ -431,25 +465,37 @@ __global__ void __launch_bounds__(kThreads)
     load_a_global<D>(va, qbase + 2 * g.C, stride, k0 + warp * 16, g.Tn);
     float dk[D / 8][4] = {}, dv[D / 8][4] = {};
     const int64_t key[2] = {k0 + warp * 16 + gq, k0 + warp * 16 + gq + 8};
-    for (int64_t i0 = k0; i0 < g.Tn; i0 += kTile) {
-        __syncthreads();
-        stage<D>(Qs, nullptr, qbase, stride, i0, g.Tn);
-        stage<D>(dOs, nullptr, obase, g.C, i0, g.Tn);
+    auto issue = [&](int64_t i0, int buf) {
+        stage_async<D>(Qs[buf], qbase, stride, i0, g.Tn);
+        stage_async<D>(dOs[buf], obase, g.C, i0, g.Tn);
         for (int r = threadIdx.x; r < kTile; r += kThreads) {
             const bool in = i0 + r < g.Tn;
-            Ls[r] = in ? lse[bh * g.Tn + i0 + r] : INFINITY;  // rows past the end: P = 0
-            Ds[r] = in ? dsum[bh * g.Tn + i0 + r] : 0.0f;
+            Ls[buf][r] = in ? lse[bh * g.Tn + i0 + r] : INFINITY;  // rows past the end: P = 0
+            Ds[buf][r] = in ? dsum[bh * g.Tn + i0 + r] : 0.0f;
         }
+        commit();
+    };
+    issue(k0, 0);
+    for (int64_t i0 = k0, t = 0; i0 < g.Tn; i0 += kTile, t++) {
+        if (i0 + kTile < g.Tn)
+            issue(i0 + kTile, (t + 1) & 1);
+        else
+            commit();  // an empty group keeps wait_prev() counting right
+        wait_prev();
         __syncthreads();
+        const bf16* Qt = Qs[t & 1];
+        const bf16* dOt = dOs[t & 1];
+        const float* Lt = Ls[t & 1];
+        const float* Dt = Ds[t & 1];
         float p[kTile / 8][4] = {}, dp[kTile / 8][4] = {};
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++)
 #pragma unroll
             for (int n = 0; n < kTile / 8; n++) {
                 uint32_t b0, b1;
-                load_b(b0, b1, Qs, LD, n * 8, kk * 16);
+                load_b(b0, b1, Qt, LD, n * 8, kk * 16);
                 mma(p[n], ka[kk], b0, b1);
-                load_b(b0, b1, dOs, LD, n * 8, kk * 16);
+                load_b(b0, b1, dOt, LD, n * 8, kk * 16);
                 mma(dp[n], va[kk], b0, b1);
             }
 #pragma unroll
@@ -457,9 +503,9 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int c = n * 8 + 2 * tq + (e & 1);
-                const float pv = i0 + c >= key[e >> 1] ? __expf(p[n][e] * g.scale - Ls[c]) : 0.0f;
+                const float pv = i0 + c >= key[e >> 1] ? __expf(p[n][e] * g.scale - Lt[c]) : 0.0f;
                 p[n][e] = pv;
-                dp[n][e] = pv * (dp[n][e] - Ds[c]);  // dS^T (unscaled)
+                dp[n][e] = pv * (dp[n][e] - Dt[c]);  // dS^T (unscaled)
             }
 #pragma unroll
         for (int kk = 0; kk < kTile / 16; kk++) {
@@ -469,12 +515,13 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
             for (int n = 0; n < D / 8; n++) {
                 uint32_t b0, b1;
-                load_bt(b0, b1, dOs, LD, kk * 16, n * 8);
+                load_bt(b0, b1, dOt, LD, kk * 16, n * 8);
                 mma(dv[n], pa, b0, b1);
-                load_bt(b0, b1, Qs, LD, kk * 16, n * 8);
+                load_bt(b0, b1, Qt, LD, kk * 16, n * 8);
                 mma(dk[n], sa, b0, b1);
             }
         }
+        __syncthreads();  // this buffer is refilled two tiles on
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -494,7 +541,7 @@ template <int D>
 __global__ void __launch_bounds__(kThreads) dq_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv,
                                                       const float* lse, const float* dsum, Geo g) {
     constexpr int LD = D + 8;
-    __shared__ __align__(16) bf16 Ks[kTile * LD], Vs[kTile * LD];
+    __shared__ __align__(16) bf16 Ks[2][kTile * LD], Vs[2][kTile * LD];
     const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
     const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kTile;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane >> 2, tq = lane & 3;
@@ -512,20 +559,30 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(bf16* dqkv, const bf16* do
         Dr[r] = row[r] < g.Tn ? dsum[bh * g.Tn + row[r]] : 0.0f;
     }
     float dq[D / 8][4] = {};
-    for (int64_t k0 = 0; k0 <= q0 && k0 < g.Tn; k0 += kTile) {
+    const int64_t tiles = q0 / kTile + 1;
+    stage_async<D>(Ks[0], qbase + g.C, stride, 0, g.Tn);
+    stage_async<D>(Vs[0], qbase + 2 * g.C, stride, 0, g.Tn);
+    commit();
+    for (int64_t t = 0; t < tiles; t++) {
+        const int64_t k0 = t * kTile;
+        if (t + 1 < tiles) {
+            stage_async<D>(Ks[(t + 1) & 1], qbase + g.C, stride, k0 + kTile, g.Tn);
+            stage_async<D>(Vs[(t + 1) & 1], qbase + 2 * g.C, stride, k0 + kTile, g.Tn);
+        }
+        commit();
+        wait_prev();
         __syncthreads();
-        stage<D>(Ks, nullptr, qbase + g.C, stride, k0, g.Tn);
-        stage<D>(Vs, nullptr, qbase + 2 * g.C, stride, k0, g.Tn);
-        __syncthreads();
+        const bf16* Kt = Ks[t & 1];
+        const bf16* Vt = Vs[t & 1];
         float s[kTile / 8][4] = {}, dp[kTile / 8][4] = {};
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++)
 #pragma unroll
             for (int n = 0; n < kTile / 8; n++) {
                 uint32_t b0, b1;
-                load_b(b0, b1, Ks, LD, n * 8, kk * 16);
+                load_b(b0, b1, Kt, LD, n * 8, kk * 16);
                 mma(s[n], qa[kk], b0, b1);
-                load_b(b0, b1, Vs, LD, n * 8, kk * 16);
+                load_b(b0, b1, Vt, LD, n * 8, kk * 16);
                 mma(dp[n], oa[kk], b0, b1);
             }
 #pragma unroll
@@ -543,10 +600,11 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(bf16* dqkv, const bf16* do
 #pragma unroll
             for (int n = 0; n < D / 8; n++) {
                 uint32_t b0, b1;
-                load_bt(b0, b1, Ks, LD, kk * 16, n * 8);
+                load_bt(b0, b1, Kt, LD, kk * 16, n * 8);
                 mma(dq[n], sa, b0, b1);
             }
         }
+        __syncthreads();  // this buffer is refilled two tiles on
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
