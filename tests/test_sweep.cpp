@@ -62,6 +62,30 @@ TEST_CASE("z-loss sweep on Tiny Shakespeare: sweep, skip, resume, plots, CSV") {
     CHECK(again.text.find(": resuming") != std::string::npos);
     CHECK(fs::exists(interrupted / "summary.json"));
 
+    // --gpus: two runs at a time (here on the CPU, CUDA_VISIBLE_DEVICES unused), the same results
+    std::ofstream(dir / "sweep2.yaml")
+        << "base: " << (dir / "base.yaml").string() << "\n"
+        << "out_dir: " << (dir / "runs2").string() << "\n"
+        << "grid:\n  optim.lr: [3.0e-3, 3.0e-2]\n  loss.z_loss_weight: [0, 1.0e-4]\n";
+    CommandOutput par = run_command(built_binary("ZGPT_SWEEP_BIN") + " " +
+                                    (dir / "sweep2.yaml").string() + " --gpus 0,1");
+    INFO(par.text);
+    REQUIRE(par.code == 0);
+    CHECK(par.text.find("4 runs, 0 failed") != std::string::npos);
+    CHECK(par.text.find("on GPU 1") != std::string::npos);
+    for (const auto& r : manifest["runs"]) {
+        const std::string name = r["name"].get<std::string>();
+        auto last_loss = [&](const fs::path& run) {
+            std::ifstream f(run / "metrics.jsonl");
+            std::string line, last;
+            while (std::getline(f, line))
+                if (!line.empty()) last = line;
+            return nlohmann::json::parse(last)["loss"].get<double>();
+        };
+        CAPTURE(name);
+        CHECK(last_loss(dir / "runs2" / name) == last_loss(dir / "runs" / name));
+    }
+
     const std::string plot = "python3 " + std::string(ZGPT_SOURCE_DIR) +
                              "/tools/plot_runs.py --sweep " + (dir / "runs").string();
     CommandOutput csv = run_command(plot + " --format csv");

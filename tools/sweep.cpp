@@ -8,19 +8,25 @@
 //     optim.lr: [1.0e-3, 3.0e-3, 1.0e-2]
 //     loss.z_loss_weight: [0, 1.0e-4]
 //
-//   sweep sweeps/zloss.yaml [--dry-run]
+//   sweep sweeps/zloss.yaml [--dry-run] [--gpus 0,1,2,3]
 //
-// Runs go one after another. A run whose summary.json says it finished is skipped; one with
+// Runs go one after another, or with --gpus several at once: one run per listed GPU at a time,
+// each started with CUDA_VISIBLE_DEVICES set to its GPU. A run whose summary.json says it
+// finished is skipped; one with
 // checkpoints continues from them (train --resume), so an interrupted sweep resumes. sweep.json in
 // out_dir lists every run and its overrides (the plot tool labels curves with them).
 #include <yaml-cpp/yaml.h>
 
 #include <CLI/CLI.hpp>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
 
 #include "kernels/check.h"
 #include "train/checkpoint.h"
@@ -74,6 +80,10 @@ int main(int argc, char** argv) {
         ->check(CLI::ExistingFile);
     app.add_option("--train", train_bin, "the train binary (default: beside this one)");
     app.add_flag("--dry-run", dry, "print the runs and exit");
+    std::string gpus;
+    app.add_option("--gpus", gpus,
+                   "comma-separated GPU ids: run up to one run per GPU at once (default: one "
+                   "run at a time, all GPUs visible)");
     CLI11_PARSE(app, argc, argv);
     try {
         if (train_bin.empty()) train_bin = (fs::path(argv[0]).parent_path() / "train").string();
@@ -131,38 +141,65 @@ int main(int argc, char** argv) {
             manifest["runs"].push_back({{"name", run_name(c)}, {"overrides", over}});
         }
         std::ofstream(out_dir / "sweep.json") << manifest.dump(2) << "\n";
-        int failures = 0;
-        for (size_t i = 0; i < combos.size(); i++) {
-            const std::string name = run_name(combos[i]);
-            const fs::path run = out_dir / name;
-            std::string cmd;
-            std::vector<std::string> sets = fixed;
-            for (const auto& [k, v] : combos[i]) sets.push_back(k + "=" + v);
-            const char* state;
-            if (finished(run)) {
-                state = "done, skipped";
-            } else if (!zgpt::list_checkpoints((run / "checkpoints").string()).empty()) {
-                state = "resuming";
-                cmd = shell_quote(train_bin) + " --resume " + shell_quote(run.string());
-            } else {
-                state = "starting";
-                cmd = shell_quote(train_bin) + " -c " + shell_quote(base) + " --set " +
-                      shell_quote("train.out_dir=" + out_dir.string()) + " --set " +
-                      shell_quote("train.run_name=" + name);
-            }
-            if (!cmd.empty())
-                for (const std::string& s : sets) cmd += " --set " + shell_quote(s);
-            std::printf("[%zu/%zu] %s: %s\n", i + 1, combos.size(), name.c_str(), state);
-            std::fflush(stdout);
-            if (cmd.empty() || dry) continue;
-            const std::string log = (out_dir / (name + ".log")).string();
-            const int rc = std::system((cmd + " > " + shell_quote(log) + " 2>&1").c_str());
-            if (rc != 0) {
-                failures++;
-                std::printf("  failed (exit %d): see %s\n", rc, log.c_str());
+        std::vector<std::string> devices;  // empty: sequential, environment untouched
+        {
+            std::stringstream ss(gpus);
+            for (std::string id; std::getline(ss, id, ',');) {
+                ZG_CHECK(!id.empty() && id.find_first_not_of("0123456789") == std::string::npos,
+                         "--gpus '" + gpus + "': expected comma-separated GPU ids such as 0,1");
+                devices.push_back(id);
             }
         }
-        std::printf("%zu runs, %d failed; %s\n", combos.size(), failures,
+        std::atomic<int> failures{0};
+        std::atomic<size_t> next{0};
+        std::mutex print;
+        auto worker = [&](const std::string& device) {
+            for (size_t i; (i = next++) < combos.size();) {
+                const std::string name = run_name(combos[i]);
+                const fs::path run = out_dir / name;
+                std::string cmd;
+                std::vector<std::string> sets = fixed;
+                for (const auto& [k, v] : combos[i]) sets.push_back(k + "=" + v);
+                const char* state;
+                if (finished(run)) {
+                    state = "done, skipped";
+                } else if (!zgpt::list_checkpoints((run / "checkpoints").string()).empty()) {
+                    state = "resuming";
+                    cmd = shell_quote(train_bin) + " --resume " + shell_quote(run.string());
+                } else {
+                    state = "starting";
+                    cmd = shell_quote(train_bin) + " -c " + shell_quote(base) + " --set " +
+                          shell_quote("train.out_dir=" + out_dir.string()) + " --set " +
+                          shell_quote("train.run_name=" + name);
+                }
+                if (!cmd.empty())
+                    for (const std::string& s : sets) cmd += " --set " + shell_quote(s);
+                {
+                    std::lock_guard<std::mutex> lock(print);
+                    std::printf(
+                        "[%zu/%zu] %s: %s%s\n", i + 1, combos.size(), name.c_str(), state,
+                        device.empty() || cmd.empty() || dry ? "" : (" on GPU " + device).c_str());
+                    std::fflush(stdout);
+                }
+                if (cmd.empty() || dry) continue;
+                if (!device.empty()) cmd = "CUDA_VISIBLE_DEVICES=" + device + " " + cmd;
+                const std::string log = (out_dir / (name + ".log")).string();
+                const int rc = std::system((cmd + " > " + shell_quote(log) + " 2>&1").c_str());
+                if (rc != 0) {
+                    failures++;
+                    std::lock_guard<std::mutex> lock(print);
+                    std::printf("  %s failed (exit %d): see %s\n", name.c_str(), rc, log.c_str());
+                }
+            }
+        };
+        if (devices.empty()) {
+            worker("");
+        } else {
+            std::vector<std::thread> pool;
+            for (const std::string& d : devices) pool.emplace_back(worker, d);
+            for (std::thread& t : pool) t.join();
+        }
+        std::printf("%zu runs, %d failed; %s\n", combos.size(), failures.load(),
                     (out_dir / "sweep.json").string().c_str());
         return failures ? 1 : 0;
     } catch (const std::exception& e) {
