@@ -122,6 +122,7 @@ TEST_CASE("prepare_data + train: run directory, metrics, falling loss, repeatabl
     const json prov = json::parse(std::ifstream(run_a / "provenance.json"));
     CHECK(prov.contains("git_commit"));
     CHECK(prov["device"] == (on_gpu ? "cuda" : "cpu"));
+    CHECK(prov["kernels"] == m[5]["kernels"]);  // the variants used, in both places
 
     // tools/sample: the run's newest checkpoint, repeatable for a seed
     auto sample = [&](const std::string& extra) {

@@ -6,6 +6,7 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -55,7 +56,12 @@ static std::string run_command(const std::string& cmd) {
 nlohmann::json provenance(const DeviceChoice& device, const std::string& command_line) {
     const std::string src = ZGPT_SOURCE_DIR;
     nlohmann::json j;
-    j["git_commit"] = run_command("git -C '" + src + "' rev-parse HEAD 2>/dev/null");
+    // ZGPT_COMMIT names the commit where the tree has no (current) .git, e.g. a copy sent to a
+    // GPU machine.
+    const char* commit = std::getenv("ZGPT_COMMIT");
+    j["git_commit"] = commit && *commit
+                          ? std::string(commit)
+                          : run_command("git -C '" + src + "' rev-parse HEAD 2>/dev/null");
     j["git_dirty"] =
         !run_command("git -C '" + src + "' status --porcelain -uno 2>/dev/null").empty();
     j["source_dir"] = src;

@@ -75,6 +75,14 @@ EvalResult evaluate(Backend& model, DataLoader& val, const Config& c, int64_t T)
     return {n ? loss / double(n) : 0.0, n ? ce / double(n) : 0.0};
 }
 
+// The kernel variants a run uses, for its metrics and provenance.
+nlohmann::json kernels_json(const Config& c, const DeviceChoice& device) {
+    if (device.device != "cuda") return {{"cpu", "reference"}};
+    return {{"attention", c.kernels.attention}, {"cross_entropy", c.kernels.cross_entropy},
+            {"layernorm", c.kernels.layernorm}, {"matmul", c.kernels.matmul},
+            {"precision", c.train.precision},   {"recompute_gelu", c.train.recompute_gelu}};
+}
+
 // Keeps the metrics lines of steps <= step (a resumed run re-does the steps after its checkpoint).
 void truncate_metrics(const std::string& path, int64_t step) {
     std::ifstream in(path);
@@ -154,7 +162,9 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
     const std::string prov_name = start_step
                                       ? "/provenance-resume-" + std::to_string(start_step) + ".json"
                                       : "/provenance.json";
-    write_text_file(result.run_dir + prov_name, provenance(device, command_line).dump(2) + "\n");
+    nlohmann::json prov = provenance(device, command_line);
+    prov["kernels"] = kernels_json(cfg, device);
+    write_text_file(result.run_dir + prov_name, prov.dump(2) + "\n");
     MetricsWriter metrics(result.run_dir + "/metrics.jsonl");
     auto checkpoint = [&](int64_t step) {
         CheckpointState st;
@@ -230,13 +240,7 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
     const double peak =
         device.device == "cuda" ? peak_flops(device.gpu_name, cfg.train.precision == "bf16") : 0.0;
     const double flops_per_token = training_flops_per_token(cfg.model, T);
-    const nlohmann::json kernels_json =
-        device.device == "cuda" ? nlohmann::json{{"attention", cfg.kernels.attention},
-                                                 {"cross_entropy", cfg.kernels.cross_entropy},
-                                                 {"layernorm", cfg.kernels.layernorm},
-                                                 {"matmul", cfg.kernels.matmul},
-                                                 {"precision", cfg.train.precision}}
-                                : nlohmann::json{{"cpu", "reference"}};
+    const nlohmann::json kernels = kernels_json(cfg, device);
     const auto t_start = Clock::now();
     const int64_t tokens_at_start = tokens;
     for (int64_t step = start_step + 1; step <= max_steps && !g_stop; step++) {
@@ -287,7 +291,7 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
         if (peak > 0)
             rec["mfu"] = flops_per_token * double(B * T * cfg.train.grad_accum) / dt / peak;
         if (model.device_memory_bytes() > 0) rec["peak_mem_gb"] = model.device_memory_bytes() / 1e9;
-        rec["kernels"] = kernels_json;
+        rec["kernels"] = kernels;
         const double tok_s = double(tokens - tokens_at_start) / seconds_since(t_start);
         progress.update({step, max_steps, step - start_step, sum.sum_loss * inv, sum.sum_ce * inv,
                          sum.sum_z_loss * inv, lr, norm, tok_s, seconds_since(t_start),
