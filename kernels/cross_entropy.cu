@@ -16,6 +16,7 @@
 
 #include "kernels/cross_entropy.h"
 #include "kernels/cuda_check.h"
+#include "kernels/cuda_common.cuh"
 #include "kernels/workspace.h"
 
 namespace cg = cooperative_groups;
@@ -26,23 +27,6 @@ namespace {
 
 constexpr float kNegInf = -INFINITY;
 
-__device__ __forceinline__ float to_float(float x) {
-    return x;
-}
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) {
-    return __bfloat162float(x);
-}
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) {
-    return x;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-    return __float2bfloat16_rn(x);
-}
-
 // 16-byte chunks: 8 bf16 or 4 fp32 values, loaded and stored with one instruction.
 template <typename T>
 constexpr int kChunk = 16 / int(sizeof(T));
@@ -52,7 +36,7 @@ __device__ __forceinline__ void load_chunk(const T* p, float (&v)[kChunk<T>]) {
     const int4 raw = *reinterpret_cast<const int4*>(p);
     const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
-    for (int k = 0; k < kChunk<T>; k++) v[k] = to_float(e[k]);
+    for (int k = 0; k < kChunk<T>; k++) v[k] = to_f(e[k]);
 }
 
 template <typename T>
@@ -60,7 +44,7 @@ __device__ __forceinline__ void store_chunk(T* p, const float (&v)[kChunk<T>]) {
     int4 raw;
     T* e = reinterpret_cast<T*>(&raw);
 #pragma unroll
-    for (int k = 0; k < kChunk<T>; k++) e[k] = from_float<T>(v[k]);
+    for (int k = 0; k < kChunk<T>; k++) e[k] = from_f<T>(v[k]);
     *reinterpret_cast<int4*>(p) = raw;
 }
 
@@ -376,7 +360,7 @@ __device__ __forceinline__ RowStatsF row_stats_part(const T* x, int64_t V_local,
         stats_chunk_fast(st, v, int64_t(c) * K, y_local, smooth);
     }
     for (int64_t j = int64_t(nv) * K + first; j < V_local; j += step)
-        stats_add(st, to_float(x[j]), j == y_local);
+        stats_add(st, to_f(x[j]), j == y_local);
     return st;
 }
 
@@ -394,8 +378,7 @@ __device__ __forceinline__ void row_backward_part(T* dx, const T* x, int64_t V_l
         store_chunk(dx + int64_t(c) * K, v);
     }
     for (int64_t j = int64_t(nv) * K + first; j < V_local; j += step)
-        dx[j] =
-            from_float<T>(!valid ? 0.0f : (j == y_local ? p.d_target : grad_of(to_float(x[j]), p)));
+        dx[j] = from_f<T>(!valid ? 0.0f : (j == y_local ? p.d_target : grad_of(to_f(x[j]), p)));
 }
 
 template <typename T, bool kVec>
@@ -467,7 +450,7 @@ __global__ void naive_row_max_kernel(float* row_max, const T* logits, int64_t ld
     __shared__ float red[32];
     const T* x = logits + int64_t(blockIdx.x) * ld;
     float m = kNegInf;
-    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, to_float(x[j]));
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, to_f(x[j]));
     for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
     __syncthreads();
@@ -489,7 +472,7 @@ __global__ void naive_exp_kernel(float* probs, RowStatsF* stats, const float* ro
     const int64_t y = targets[row];
     RowStatsF st = {m, 0.0f, 0.0f, 0.0f};
     for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-        const float v = to_float(x[j]);
+        const float v = to_f(x[j]);
         const float e = v == kNegInf ? 0.0f : __expf(v - m);
         p[j] = e;
         st.sum_logits += v;
@@ -515,7 +498,7 @@ __global__ void naive_grad_kernel(T* dlogits, const float* probs, int64_t ld,
     for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
         float d = 0.0f;
         if (y != ignore_index) d = j == y ? g.d_target : g.coef * p[j] * inv_d - g.smooth;
-        dx[j] = from_float<T>(d);
+        dx[j] = from_f<T>(d);
     }
 }
 
@@ -656,7 +639,7 @@ __global__ void __launch_bounds__(kThreads, 1) fast_kernel(FastArgs a) {
             st.sum_logits = sx;
         }
         for (int64_t j = int64_t(nv) * K + threadIdx.x; j < n; j += kThreads)
-            stats_add(st, to_float(x[j]), j == y_local);
+            stats_add(st, to_f(x[j]), j == y_local);
         st = block_reduce_stats(st);
         if (threadIdx.x == 0) cta_stats[it & 1] = st;
         cluster.sync();
@@ -681,8 +664,8 @@ __global__ void __launch_bounds__(kThreads, 1) fast_kernel(FastArgs a) {
             store_chunk(dx + int64_t(c) * K, v);
         }
         for (int64_t j = int64_t(nv) * K + threadIdx.x; j < n; j += kThreads)
-            dx[j] = from_float<T>(
-                !valid ? 0.0f : (j == y_local ? params.d_target : grad_of(to_float(x[j]), params)));
+            dx[j] = from_f<T>(
+                !valid ? 0.0f : (j == y_local ? params.d_target : grad_of(to_f(x[j]), params)));
     }
     cluster.sync();  // no CTA may leave while another may still read its shared memory
 }
@@ -708,7 +691,7 @@ __global__ void __launch_bounds__(kThreads) fused_two_pass_kernel(FastArgs a) {
         stats_chunk_fast(st, v, int64_t(c) * K, y_local, smooth);
     }
     for (int64_t j = int64_t(nv) * K + threadIdx.x; j < a.V; j += kThreads)
-        stats_add(st, to_float(x[j]), j == y_local);
+        stats_add(st, to_f(x[j]), j == y_local);
     __shared__ RowGradParams row_params;
     st = block_reduce_stats(st);
     if (threadIdx.x == 0) {
@@ -727,8 +710,8 @@ __global__ void __launch_bounds__(kThreads) fused_two_pass_kernel(FastArgs a) {
         store_chunk(dx + int64_t(c) * K, v);
     }
     for (int64_t j = int64_t(nv) * K + threadIdx.x; j < a.V; j += kThreads)
-        dx[j] = from_float<T>(
-            !valid ? 0.0f : (j == y_local ? params.d_target : grad_of(to_float(x[j]), params)));
+        dx[j] = from_f<T>(!valid ? 0.0f
+                                 : (j == y_local ? params.d_target : grad_of(to_f(x[j]), params)));
 }
 
 // ---------------------------------------------------------------- host side
