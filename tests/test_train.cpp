@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -14,7 +15,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "model/parameters.h"
 #include "tests/helpers.h"
+#include "train/checkpoint.h"
 
 using nlohmann::json;
 namespace fs = std::filesystem;
@@ -232,6 +235,32 @@ TEST_CASE("exact resume: 10 steps, stop, resume to 20 gives bit-identical losses
                b = losses(f.run_dir("split") / "metrics.jsonl");
     REQUIRE(b.size() == 20);
     for (int64_t s = 1; s <= 20; s++) CHECK(a.at(s) == b.at(s));
+}
+
+TEST_CASE("a non-finite loss stops the run: diverged in the summary, exit 0, no NaN checkpoint") {
+    ResumeFixture f;
+    REQUIRE(run_command(f.start("nan", "--set train.max_steps=5")).code == 0);
+    // poison the weights of its last checkpoint (a valid file, checksum and all), then resume
+    zgpt::RunCheckpoint ck = zgpt::load_run_checkpoint(f.run_dir("nan").string(), "");
+    REQUIRE(ck.state.step == 5);
+    for (float& p : ck.state.params) p = std::numeric_limits<float>::quiet_NaN();
+    zgpt::save_checkpoint((f.run_dir("nan") / "checkpoints").string(),
+                          zgpt::make_gpt_layout(ck.config.model).table, ck.state, 3);
+    CommandOutput r = run_command(f.resume("nan", "--set train.max_steps=20"));
+    INFO(r.text);
+    CHECK(r.code == 0);
+    CHECK(r.text.find("not finite; stopping (diverged)") != std::string::npos);
+    const json summary = json::parse(std::ifstream(f.run_dir("nan") / "summary.json"));
+    CHECK(summary["diverged"] == true);
+    CHECK(summary["stopped_early"] == false);
+    CHECK(summary["steps"] == 6);
+    const auto m = read_metrics(f.run_dir("nan") / "metrics.jsonl");
+    CHECK(m.back()["step"] == 6);
+    CHECK(m.back()["loss"].is_null());  // JSON has no NaN: written as null
+    // no checkpoint was written from the NaN weights
+    CHECK(zgpt::list_checkpoints((f.run_dir("nan") / "checkpoints").string())
+              .front()
+              .find("ckpt_5.bin") != std::string::npos);
 }
 
 TEST_CASE(
