@@ -60,7 +60,7 @@ std::vector<ConfigField> config_fields(Config& c) {
     add({"train", "run_name", "run directory name; empty: <config>-<date>-<time>", &t.run_name});
     add({"train",
          "device",
-         "where to train",
+         "where to train: auto = the GPU when there is one, else the CPU (the log says why)",
          &t.device,
          0,
          0,
