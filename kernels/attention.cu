@@ -286,21 +286,15 @@ __device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&lo)[4],
 }
 
 // Stages rows [r0, r0 + 64) of one head's slice (rows of `stride` elements from base) into smem
-// row-major (ld D + 8) and, when `transposed` is given, as [d][row] (ld 64 + 8).
+// row-major (ld D + 8); rows past Tn are zero.
 template <int D>
-__device__ void stage(bf16* rows, bf16* transposed, const bf16* base, int64_t stride, int64_t r0,
-                      int64_t Tn) {
-    constexpr int LD = D + 8, LDT = kTile + 8, CH = D / 8;
+__device__ void stage(bf16* rows, const bf16* base, int64_t stride, int64_t r0, int64_t Tn) {
+    constexpr int LD = D + 8, CH = D / 8;
     for (int c = threadIdx.x; c < kTile * CH; c += kThreads) {
         const int r = c / CH, col = (c % CH) * 8;
         uint4 v = make_uint4(0, 0, 0, 0);
         if (r0 + r < Tn) v = *reinterpret_cast<const uint4*>(base + (r0 + r) * stride + col);
         if (rows) *reinterpret_cast<uint4*>(rows + r * LD + col) = v;
-        if (transposed) {
-            const bf16* e = reinterpret_cast<const bf16*>(&v);
-#pragma unroll
-            for (int j = 0; j < 8; j++) transposed[(col + j) * LDT + r] = e[j];
-        }
     }
 }
 
@@ -326,6 +320,14 @@ __device__ __forceinline__ void commit() {
 __device__ __forceinline__ void wait_prev() {
     asm volatile("cp.async.wait_group 1;\n" ::);
 }
+// The K and V tiles of keys [k0, k0 + 64) of one head (qkv rows from qbase, the head's q) into
+// one buffer pair, as one cp.async group: what the forward and dQ kernels stream.
+template <int D>
+__device__ void stage_kv_async(bf16* Ks, bf16* Vs, const bf16* qbase, int64_t stride, int64_t k0,
+                               Geo g) {
+    stage_async<D>(Ks, qbase + g.C, stride, k0, g.Tn);
+    stage_async<D>(Vs, qbase + 2 * g.C, stride, k0, g.Tn);
+}
 
 template <int D>
 __global__ void __launch_bounds__(kThreads)
@@ -337,7 +339,7 @@ __global__ void __launch_bounds__(kThreads)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane >> 2, tq = lane & 3;
     const int64_t stride = 3 * g.C;
     const bf16* qbase = qkv + b * g.Tn * stride + h * g.hs;
-    stage<D>(Qs, nullptr, qbase, stride, q0, g.Tn);
+    stage<D>(Qs, qbase, stride, q0, g.Tn);
     __syncthreads();
     uint32_t qa[D / 16][4];
 #pragma unroll
@@ -346,15 +348,12 @@ __global__ void __launch_bounds__(kThreads)
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
     const int64_t row[2] = {q0 + warp * 16 + gq, q0 + warp * 16 + gq + 8};
     const int64_t tiles = q0 / kTile + 1;  // key tiles 0..q0 (q0 < Tn)
-    stage_async<D>(Ks[0], qbase + g.C, stride, 0, g.Tn);
-    stage_async<D>(Vs[0], qbase + 2 * g.C, stride, 0, g.Tn);
+    stage_kv_async<D>(Ks[0], Vs[0], qbase, stride, 0, g);
     commit();
     for (int64_t t = 0; t < tiles; t++) {
         const int64_t k0 = t * kTile;
-        if (t + 1 < tiles) {
-            stage_async<D>(Ks[(t + 1) & 1], qbase + g.C, stride, k0 + kTile, g.Tn);
-            stage_async<D>(Vs[(t + 1) & 1], qbase + 2 * g.C, stride, k0 + kTile, g.Tn);
-        }
+        if (t + 1 < tiles)
+            stage_kv_async<D>(Ks[(t + 1) & 1], Vs[(t + 1) & 1], qbase, stride, k0 + kTile, g);
         commit();
         wait_prev();
         __syncthreads();
@@ -560,15 +559,12 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(bf16* dqkv, const bf16* do
     }
     float dq[D / 8][4] = {};
     const int64_t tiles = q0 / kTile + 1;
-    stage_async<D>(Ks[0], qbase + g.C, stride, 0, g.Tn);
-    stage_async<D>(Vs[0], qbase + 2 * g.C, stride, 0, g.Tn);
+    stage_kv_async<D>(Ks[0], Vs[0], qbase, stride, 0, g);
     commit();
     for (int64_t t = 0; t < tiles; t++) {
         const int64_t k0 = t * kTile;
-        if (t + 1 < tiles) {
-            stage_async<D>(Ks[(t + 1) & 1], qbase + g.C, stride, k0 + kTile, g.Tn);
-            stage_async<D>(Vs[(t + 1) & 1], qbase + 2 * g.C, stride, k0 + kTile, g.Tn);
-        }
+        if (t + 1 < tiles)
+            stage_kv_async<D>(Ks[(t + 1) & 1], Vs[(t + 1) & 1], qbase, stride, k0 + kTile, g);
         commit();
         wait_prev();
         __syncthreads();
