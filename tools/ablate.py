@@ -25,7 +25,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from plot_runs import read_config  # noqa: E402  (the same flat reader of a run's config.yaml)
+from plot_runs import flat_config  # noqa: E402  (the same flat reader of a resolved config)
 
 KEY_RE = re.compile(r'^\s+(\w+): "?([\w.-]*)"?\s+#.*\((\w+(?:\|\w+)+)\)\s*$')
 
@@ -51,14 +51,8 @@ def resolved_kernels(train_bin, config, sets):
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"ablate: {' '.join(cmd)} failed:\n{out.stderr}")
-    kernels, on = {}, False
-    for line in out.stdout.splitlines():
-        if not line.startswith(" "):
-            on = line.startswith("kernels:")
-        elif on:
-            k, _, v = line.strip().partition(":")
-            kernels[k] = v.strip().strip('"')
-    return kernels
+    return {k.split(".", 1)[1]: v for k, v in flat_config(out.stdout).items()
+            if k.startswith("kernels.")}
 
 
 def parse_combo(text, families):

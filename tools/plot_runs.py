@@ -24,10 +24,10 @@ PANELS = [("loss", "train loss"), ("val_loss", "validation loss"), ("ce", "train
           ("max_logit", "max logit"), ("grad_norm", "grad norm"), ("lr", "learning rate")]
 
 
-def read_config(run):
-    """The run's resolved config.yaml flattened to {'section.key': value-string}."""
+def flat_config(text):
+    """A resolved config (config.yaml, or `train --print-config`) as {'section.key': value-string}."""
     flat, section = {}, None
-    for line in (run / "config.yaml").read_text().splitlines():
+    for line in text.splitlines():
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         if not line.startswith(" "):
@@ -36,6 +36,10 @@ def read_config(run):
             key, _, value = line.strip().partition(":")
             flat[f"{section}.{key}"] = value.strip().strip('"')
     return flat
+
+
+def read_config(run):
+    return flat_config((run / "config.yaml").read_text())
 
 
 def load_runs(args):
@@ -62,7 +66,11 @@ def load_runs(args):
                  and k not in ("train.run_name", "train.out_dir", "train.resume")]
     for r in runs:
         r["label"] = ", ".join(f"{k.split('.')[-1]}={r['config'].get(k)}" for k in differing) or r["dir"].name
-    # colour by the key with the most values, line style by the rest, so a grid stays readable
+    return runs, differing
+
+
+def assign_styles(runs, differing, cm):
+    """Colour by the key with the most values, line style by the rest, so a grid stays readable."""
     main_key = max(differing, key=lambda k: len({r["config"].get(k) for r in runs}), default=None)
     colours, styles = {}, {}
     for r in runs:
@@ -72,9 +80,7 @@ def load_runs(args):
         r["style"] = ["-", "--", ":", "-."][styles.setdefault(rest, len(styles)) % 4]
     n_colours = len(colours)
     for r in runs:
-        r["colour"] = (f"C{r['colour']}" if n_colours <= 10
-                       else __import__("matplotlib").cm.viridis(r["colour"] / (n_colours - 1)))
-    return runs, differing
+        r["colour"] = f"C{r['colour']}" if n_colours <= 10 else cm.viridis(r["colour"] / (n_colours - 1))
 
 
 def series(run, field, x="step"):
@@ -139,6 +145,7 @@ def main():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    assign_styles(runs, differing, matplotlib.cm)
 
     out = pathlib.Path(args.out or ".")
     out.mkdir(parents=True, exist_ok=True)
