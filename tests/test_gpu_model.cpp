@@ -361,7 +361,8 @@ TEST_CASE("attention variants: forward and backward against the CPU reference") 
     for (const cuda::AttentionVariant& v : cuda::attention_variants()) {
         for (DType t : kTypes) {
             for (Shape s : {Shape{2, 7, 12, 3}, Shape{1, 65, 64, 1}, Shape{2, 130, 128, 2},
-                            Shape{1, 33, 256, 2}, Shape{2, 256, 128, 2}}) {
+                            Shape{1, 33, 256, 2}, Shape{2, 256, 128, 2}, Shape{1, 200, 64, 1},
+                            Shape{1, 1024, 128, 2}}) {
                 CAPTURE(v.name);
                 CAPTURE(dtype_name(t));
                 CAPTURE(s.T);

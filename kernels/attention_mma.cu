@@ -1,0 +1,541 @@
+// Causal attention on tensor cores: bf16, head size 64, fp32 accumulation.
+//
+// FlashAttention-2's schedule with mma.sync m16n8k16: 4 warps per block, 64-wide key (or query)
+// tiles staged in shared memory with cp.async, double-buffered (rows padded by 8 elements against
+// bank conflicts), fragments read with ldmatrix. The S accumulator's register layout is exactly
+// the A operand layout of the next product, so P (and dS) never leave registers. Backward: one
+// kernel per key tile for dK/dV and one per query tile for dQ, so every output has one writer
+// (deterministic, no atomics).
+//
+// What keeps the instruction count down (these kernels are issue-bound, not tensor-bound):
+// - only tiles that straddle the diagonal are masked; the others take a compare-free path;
+// - exponentials are ex2 of one FFMA: scores are scaled into log2 units (scale * log2 e) and the
+//   row statistics are kept in those units;
+// - each ldmatrix.x4 fetches the B fragments of two n-tiles;
+// - the forward gives each warp MT m-tiles (16 rows each), so every K/V fragment read from shared
+//   memory feeds MT products.
+#include "kernels/attention_mma.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "kernels/attention_geo.cuh"
+#include "kernels/cuda_common.cuh"
+
+namespace zgpt::cuda::attention_mma {
+
+namespace {
+
+using Geo = AttentionGeo;
+constexpr int kD = 64, kLD = kD + 8;  // head size; padded shared-memory row
+constexpr int kTile = 64, kWarps = 4, kThreads = 32 * kWarps;
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+
+__device__ __forceinline__ uint32_t ld32(const bf16* p) {
+    return *reinterpret_cast<const uint32_t*>(p);
+}
+__device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+}
+// 2^x; ex2(-inf) = 0, which is how masked scores vanish.
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t smem_addr(const bf16* p) {
+    return uint32_t(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+// A fragment (16 x 16) of a row-major matrix at (r0, k0), row stride kLD.
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16* m, int r0, int k0) {
+    const int l = threadIdx.x % 32;
+    ldmatrix_x4(a, m + (r0 + l % 8 + (l / 8) % 2 * 8) * kLD + k0 + l / 16 * 8);
+}
+// B fragments (16 x 8) of the n-tiles n0 and n0 + 8 at k0, from a matrix stored [n][k]:
+// b[0], b[1] for n0 and b[2], b[3] for n0 + 8.
+__device__ __forceinline__ void load_b2(uint32_t (&b)[4], const bf16* m, int n0, int k0) {
+    const int l = threadIdx.x % 32;
+    ldmatrix_x4(b, m + (n0 + l % 8 + l / 16 * 8) * kLD + k0 + (l / 8) % 2 * 8);
+}
+// The same from a matrix stored [k][n] (ldmatrix.trans), so V, Q, dO and K serve as right
+// operands without a transposed copy.
+__device__ __forceinline__ void load_bt2(uint32_t (&b)[4], const bf16* m, int k0, int n0) {
+    const int l = threadIdx.x % 32;
+    ldmatrix_x4_trans(b, m + (k0 + l % 16) * kLD + n0 + l / 16 * 8);
+}
+// An accumulator pair of n-tiles (2kk, 2kk+1) as the A fragment of the next product.
+__device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&lo)[4],
+                                         const float (&hi)[4]) {
+    a[0] = pack(lo[0], lo[1]);
+    a[1] = pack(lo[2], lo[3]);
+    a[2] = pack(hi[0], hi[1]);
+    a[3] = pack(hi[2], hi[3]);
+}
+
+// Rows [r0, r0 + 64) of one head's slice (rows of `stride` elements from base) into shared memory
+// with cp.async, 16 bytes per copy; rows past Tn are zero-filled. Call commit() after a tile's
+// copies and wait_prev() before using the tile issued one commit earlier.
+__device__ void stage_async(bf16* rows, const bf16* base, int64_t stride, int64_t r0, int64_t Tn) {
+    constexpr int CH = kD / 8;
+    for (int c = threadIdx.x; c < kTile * CH; c += kThreads) {
+        const int r = c / CH, col = c % CH * 8;
+        const bool in = r0 + r < Tn;
+        const bf16* src = in ? base + (r0 + r) * stride + col : base;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                         smem_addr(rows + r * kLD + col)),
+                     "l"(src), "r"(in ? 16 : 0));
+    }
+}
+__device__ __forceinline__ void commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+__device__ __forceinline__ void wait_prev() {
+    asm volatile("cp.async.wait_group 1;\n" ::);
+}
+__device__ __forceinline__ void wait_all() {
+    asm volatile("cp.async.wait_group 0;\n" ::);
+}
+// The K and V tiles of keys [k0, k0 + 64) of one head (qkv rows from qbase, the head's q).
+__device__ void stage_kv_async(bf16* Ks, bf16* Vs, const bf16* qbase, int64_t k0, const Geo& g) {
+    stage_async(Ks, qbase + g.C, 3 * g.C, k0, g.Tn);
+    stage_async(Vs, qbase + 2 * g.C, 3 * g.C, k0, g.Tn);
+}
+
+// A fragments of 16 rows (r0..) of one head's slice straight from global memory.
+__device__ void load_a_global(uint32_t (&a)[kD / 16][4], const bf16* base, int64_t stride,
+                              int64_t r0, int64_t Tn) {
+    const int gq = threadIdx.x % 32 / 4, tq = threadIdx.x % 4;
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; kk++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int64_t r = r0 + gq + (j & 1) * 8;
+            const int col = kk * 16 + (j >> 1) * 8 + 2 * tq;
+            a[kk][j] = r < Tn ? ld32(base + r * stride + col) : 0u;
+        }
+}
+
+// ---------------------------------------------------------------- forward
+// A block covers 64 * MT query rows (16 * MT per warp) and walks the key tiles up to its last row.
+template <int MT>
+__global__ void __launch_bounds__(kThreads)
+    forward_kernel(bf16* out, float* lse, const bf16* qkv, Geo g) {
+    constexpr int WR = 16 * MT, BQ = kWarps * WR;
+    // buf[0..1]: K and V of even key tiles, buf[2..3] of odd ones. Q (BQ <= 128 rows) is staged
+    // in buf[2..3] first and moved to registers before the first odd tile is issued.
+    __shared__ __align__(16) bf16 buf[4][kTile * kLD];
+    const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
+    const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * BQ;  // heaviest blocks first
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
+    const bf16* qbase = qkv + b * g.Tn * 3 * g.C + h * g.hs;
+    const int64_t key_tiles = (g.Tn + kTile - 1) / kTile;
+    const int64_t tiles = (q0 + BQ) / kTile < key_tiles ? (q0 + BQ) / kTile : key_tiles;
+
+    stage_kv_async(buf[0], buf[1], qbase, 0, g);
+    commit();
+    for (int r = 0; r < BQ; r += kTile) stage_async(buf[2] + r * kLD, qbase, 3 * g.C, q0 + r, g.Tn);
+    commit();
+    wait_all();
+    __syncthreads();
+    uint32_t qa[MT][kD / 16][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int kk = 0; kk < kD / 16; kk++)
+            load_a(qa[mt][kk], buf[2], warp * WR + mt * 16, kk * 16);
+    __syncthreads();  // buf[2..3] now takes key tile 1
+
+    const float sl2 = g.scale * kLog2e;
+    float o[MT][kD / 8][4] = {};
+    float m[MT][2], l[MT][2];  // running max and sum per row, in log2 units of the scaled scores
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+        for (int r = 0; r < 2; r++) m[mt][r] = -INFINITY, l[mt][r] = 0;
+
+    for (int64_t t = 0; t < tiles; t++) {
+        if (t + 1 < tiles) {
+            bf16* next = buf[2 * ((t + 1) & 1)];
+            stage_kv_async(next, next + kTile * kLD, qbase, (t + 1) * kTile, g);
+        }
+        commit();
+        wait_prev();
+        __syncthreads();
+        const bf16* Kt = buf[2 * (t & 1)];
+        const bf16* Vt = buf[2 * (t & 1) + 1];
+        // The tile's first key relative to this warp's first row. Keys run rel..rel+63 and rows
+        // 0..WR-1: the warp skips a tile whose keys all follow its rows and masks one that
+        // straddles.
+        const int rel = int(t * kTile - q0) - warp * WR;
+        if (rel < WR) {
+            float s[MT][kTile / 8][4] = {};
+#pragma unroll
+            for (int kk = 0; kk < kD / 16; kk++)
+#pragma unroll
+                for (int n = 0; n < kTile / 8; n += 2) {
+                    uint32_t kb[4];
+                    load_b2(kb, Kt, n * 8, kk * 16);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        mma(s[mt][n], qa[mt][kk], kb[0], kb[1]);
+                        mma(s[mt][n + 1], qa[mt][kk], kb[2], kb[3]);
+                    }
+                }
+            if (rel + kTile - 1 > 0) {
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int n = 0; n < kTile / 8; n++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            if (rel + n * 8 + 2 * tq + (e & 1) > mt * 16 + gq + (e >> 1) * 8)
+                                s[mt][n][e] = -INFINITY;
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+                for (int n = 0; n < kTile / 8; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) mx[e >> 1] = fmaxf(mx[e >> 1], s[mt][n][e]);
+                float corr[2];
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+                    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+                    // Key 0 is in tile 0 and precedes every row, so m is finite from then on.
+                    const float mn = fmaxf(m[mt][r], mx[r] * sl2);
+                    corr[r] = ex2(m[mt][r] - mn);
+                    m[mt][r] = mn;
+                    l[mt][r] *= corr[r];
+                }
+#pragma unroll
+                for (int n = 0; n < kTile / 8; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const float p = ex2(fmaf(s[mt][n][e], sl2, -m[mt][e >> 1]));
+                        s[mt][n][e] = p;
+                        l[mt][e >> 1] += p;
+                    }
+#pragma unroll
+                for (int n = 0; n < kD / 8; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) o[mt][n][e] *= corr[e >> 1];
+            }
+#pragma unroll
+            for (int kk = 0; kk < kTile / 16; kk++) {
+                uint32_t pa[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) acc_to_a(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
+#pragma unroll
+                for (int n = 0; n < kD / 8; n += 2) {
+                    uint32_t vb[4];
+                    load_bt2(vb, Vt, kk * 16, n * 8);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        mma(o[mt][n], pa[mt], vb[0], vb[1]);
+                        mma(o[mt][n + 1], pa[mt], vb[2], vb[3]);
+                    }
+                }
+            }
+        }
+        __syncthreads();  // this buffer is refilled two tiles on
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float sum = l[mt][r];
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            const int64_t row = q0 + warp * WR + mt * 16 + gq + r * 8;
+            if (row >= g.Tn) continue;
+            const float inv = 1.0f / sum;
+            bf16* y = out + (b * g.Tn + row) * g.C + h * g.hs;
+#pragma unroll
+            for (int n = 0; n < kD / 8; n++)
+                *reinterpret_cast<uint32_t*>(y + n * 8 + 2 * tq) =
+                    pack(o[mt][n][2 * r] * inv, o[mt][n][2 * r + 1] * inv);
+            if (tq == 0) lse[bh * g.Tn + row] = (m[mt][r] + __log2f(sum)) * kLn2;
+        }
+}
+
+// ---------------------------------------------------------------- backward
+// Dsum = sum_d dout * out per row: 8 lanes per row, 16-byte loads.
+__global__ void row_dot_kernel(float* dsum, const bf16* dout, const bf16* out, int64_t B, Geo g) {
+    const int64_t n = B * g.NH * g.Tn;
+    const int64_t r = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 8;
+    const int part = threadIdx.x % 8;
+    float acc = 0;
+    if (r < n) {
+        const int64_t t = r % g.Tn, bh = r / g.Tn, b = bh / g.NH, h = bh % g.NH;
+        const int64_t off = (b * g.Tn + t) * g.C + h * kD + part * 8;
+        const uint4 x = *reinterpret_cast<const uint4*>(dout + off);
+        const uint4 y = *reinterpret_cast<const uint4*>(out + off);
+        const bf16* xe = reinterpret_cast<const bf16*>(&x);
+        const bf16* ye = reinterpret_cast<const bf16*>(&y);
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc += __bfloat162float(xe[j]) * __bfloat162float(ye[j]);
+    }
+    acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+    acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+    acc += __shfl_xor_sync(0xffffffffu, acc, 4);
+    if (r < n && part == 0) dsum[r] = acc;
+}
+
+// One block per key tile: dK and dV of its 64 keys summed over the query tiles in order.
+__global__ void __launch_bounds__(kThreads)
+    dkdv_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* dsum,
+                Geo g) {
+    __shared__ __align__(16) bf16 Qs[2][kTile * kLD], dOs[2][kTile * kLD];
+    __shared__ __align__(16) float Ls[2][kTile], Ds[2][kTile];
+    const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
+    const int64_t k0 = int64_t(blockIdx.x) * kTile;  // early keys see the most queries: first
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
+    const int64_t stride = 3 * g.C;
+    const bf16* qbase = qkv + b * g.Tn * stride + h * g.hs;
+    const bf16* obase = dout + b * g.Tn * g.C + h * g.hs;
+    const float sl2 = g.scale * kLog2e;
+    uint32_t ka[kD / 16][4], va[kD / 16][4];
+    load_a_global(ka, qbase + g.C, stride, k0 + warp * 16, g.Tn);
+    load_a_global(va, qbase + 2 * g.C, stride, k0 + warp * 16, g.Tn);
+    float dk[kD / 8][4] = {}, dv[kD / 8][4] = {};
+    auto issue = [&](int64_t i0, int buf) {
+        stage_async(Qs[buf], qbase, stride, i0, g.Tn);
+        stage_async(dOs[buf], obase, g.C, i0, g.Tn);
+        for (int r = threadIdx.x; r < kTile; r += kThreads) {
+            const bool in = i0 + r < g.Tn;
+            Ls[buf][r] = in ? lse[bh * g.Tn + i0 + r] * kLog2e : INFINITY;  // past the end: P = 0
+            Ds[buf][r] = in ? dsum[bh * g.Tn + i0 + r] : 0.0f;
+        }
+        commit();
+    };
+    issue(k0, 0);
+    for (int64_t i0 = k0, t = 0; i0 < g.Tn; i0 += kTile, t++) {
+        if (i0 + kTile < g.Tn)
+            issue(i0 + kTile, (t + 1) & 1);
+        else
+            commit();  // an empty group keeps wait_prev() counting right
+        wait_prev();
+        __syncthreads();
+        const bf16* Qt = Qs[t & 1];
+        const bf16* dOt = dOs[t & 1];
+        const float* Lt = Ls[t & 1];
+        const float* Dt = Ds[t & 1];
+        float p[kTile / 8][4] = {}, dp[kTile / 8][4] = {};  // S^T and dP^T: keys x queries
+#pragma unroll
+        for (int kk = 0; kk < kD / 16; kk++)
+#pragma unroll
+            for (int n = 0; n < kTile / 8; n += 2) {
+                uint32_t qb[4], ob[4];
+                load_b2(qb, Qt, n * 8, kk * 16);
+                mma(p[n], ka[kk], qb[0], qb[1]);
+                mma(p[n + 1], ka[kk], qb[2], qb[3]);
+                load_b2(ob, dOt, n * 8, kk * 16);
+                mma(dp[n], va[kk], ob[0], ob[1]);
+                mma(dp[n + 1], va[kk], ob[2], ob[3]);
+            }
+#pragma unroll
+        for (int n = 0; n < kTile / 8; n++) {
+            const float2 L = *reinterpret_cast<const float2*>(Lt + n * 8 + 2 * tq);
+#pragma unroll
+            for (int e = 0; e < 4; e++) p[n][e] = ex2(fmaf(p[n][e], sl2, -(e & 1 ? L.y : L.x)));
+        }
+        if (i0 == k0) {  // the diagonal tile: query i0 + c sees key k0 + row only if c >= row
+#pragma unroll
+            for (int n = 0; n < kTile / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (n * 8 + 2 * tq + (e & 1) < warp * 16 + gq + (e >> 1) * 8) p[n][e] = 0;
+        }
+#pragma unroll
+        for (int n = 0; n < kTile / 8; n++) {
+            const float2 Dv = *reinterpret_cast<const float2*>(Dt + n * 8 + 2 * tq);
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                dp[n][e] = p[n][e] * (dp[n][e] - (e & 1 ? Dv.y : Dv.x));  // dS^T (unscaled)
+        }
+#pragma unroll
+        for (int kk = 0; kk < kTile / 16; kk++) {
+            uint32_t pa[4], sa[4];
+            acc_to_a(pa, p[2 * kk], p[2 * kk + 1]);
+            acc_to_a(sa, dp[2 * kk], dp[2 * kk + 1]);
+#pragma unroll
+            for (int n = 0; n < kD / 8; n += 2) {
+                uint32_t ob[4], qb[4];
+                load_bt2(ob, dOt, kk * 16, n * 8);
+                mma(dv[n], pa, ob[0], ob[1]);
+                mma(dv[n + 1], pa, ob[2], ob[3]);
+                load_bt2(qb, Qt, kk * 16, n * 8);
+                mma(dk[n], sa, qb[0], qb[1]);
+                mma(dk[n + 1], sa, qb[2], qb[3]);
+            }
+        }
+        __syncthreads();  // this buffer is refilled two tiles on
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int64_t key = k0 + warp * 16 + gq + r * 8;
+        if (key >= g.Tn) continue;
+        bf16* dkr = dqkv + (b * g.Tn + key) * stride + g.C + h * g.hs;
+#pragma unroll
+        for (int n = 0; n < kD / 8; n++) {
+            *reinterpret_cast<uint32_t*>(dkr + n * 8 + 2 * tq) =
+                pack(dk[n][2 * r] * g.scale, dk[n][2 * r + 1] * g.scale);
+            *reinterpret_cast<uint32_t*>(dkr + g.C + n * 8 + 2 * tq) =
+                pack(dv[n][2 * r], dv[n][2 * r + 1]);
+        }
+    }
+}
+
+// One block per query tile: dQ of its 64 rows summed over the key tiles in order.
+__global__ void __launch_bounds__(kThreads) dq_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv,
+                                                      const float* lse, const float* dsum, Geo g) {
+    __shared__ __align__(16) bf16 Ks[2][kTile * kLD], Vs[2][kTile * kLD];
+    const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
+    const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kTile;  // heaviest blocks first
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
+    const int64_t stride = 3 * g.C;
+    const bf16* qbase = qkv + b * g.Tn * stride + h * g.hs;
+    const bf16* obase = dout + b * g.Tn * g.C + h * g.hs;
+    const float sl2 = g.scale * kLog2e;
+    uint32_t qa[kD / 16][4], oa[kD / 16][4];
+    load_a_global(qa, qbase, stride, q0 + warp * 16, g.Tn);
+    load_a_global(oa, obase, g.C, q0 + warp * 16, g.Tn);
+    float L[2], Dr[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int64_t row = q0 + warp * 16 + gq + r * 8;
+        L[r] = row < g.Tn ? lse[bh * g.Tn + row] * kLog2e : INFINITY;
+        Dr[r] = row < g.Tn ? dsum[bh * g.Tn + row] : 0.0f;
+    }
+    float dq[kD / 8][4] = {};
+    const int64_t tiles = q0 / kTile + 1;  // key tiles 0..q0 (q0 < Tn)
+    stage_kv_async(Ks[0], Vs[0], qbase, 0, g);
+    commit();
+    for (int64_t t = 0; t < tiles; t++) {
+        if (t + 1 < tiles)
+            stage_kv_async(Ks[(t + 1) & 1], Vs[(t + 1) & 1], qbase, (t + 1) * kTile, g);
+        commit();
+        wait_prev();
+        __syncthreads();
+        const bf16* Kt = Ks[t & 1];
+        const bf16* Vt = Vs[t & 1];
+        float s[kTile / 8][4] = {}, dp[kTile / 8][4] = {};
+#pragma unroll
+        for (int kk = 0; kk < kD / 16; kk++)
+#pragma unroll
+            for (int n = 0; n < kTile / 8; n += 2) {
+                uint32_t kb[4], vb[4];
+                load_b2(kb, Kt, n * 8, kk * 16);
+                mma(s[n], qa[kk], kb[0], kb[1]);
+                mma(s[n + 1], qa[kk], kb[2], kb[3]);
+                load_b2(vb, Vt, n * 8, kk * 16);
+                mma(dp[n], oa[kk], vb[0], vb[1]);
+                mma(dp[n + 1], oa[kk], vb[2], vb[3]);
+            }
+#pragma unroll
+        for (int n = 0; n < kTile / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[n][e] = ex2(fmaf(s[n][e], sl2, -L[e >> 1]));
+        if (t + 1 == tiles) {  // the diagonal tile: key c is seen by row r only if c <= r
+#pragma unroll
+            for (int n = 0; n < kTile / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (n * 8 + 2 * tq + (e & 1) > warp * 16 + gq + (e >> 1) * 8) s[n][e] = 0;
+        }
+#pragma unroll
+        for (int n = 0; n < kTile / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                s[n][e] = s[n][e] * (dp[n][e] - Dr[e >> 1]);  // dS (unscaled)
+#pragma unroll
+        for (int kk = 0; kk < kTile / 16; kk++) {
+            uint32_t sa[4];
+            acc_to_a(sa, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+            for (int n = 0; n < kD / 8; n += 2) {
+                uint32_t kb[4];
+                load_bt2(kb, Kt, kk * 16, n * 8);
+                mma(dq[n], sa, kb[0], kb[1]);
+                mma(dq[n + 1], sa, kb[2], kb[3]);
+            }
+        }
+        __syncthreads();  // this buffer is refilled two tiles on
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int64_t row = q0 + warp * 16 + gq + r * 8;
+        if (row >= g.Tn) continue;
+        bf16* dqr = dqkv + (b * g.Tn + row) * stride + h * g.hs;
+#pragma unroll
+        for (int n = 0; n < kD / 8; n++)
+            *reinterpret_cast<uint32_t*>(dqr + n * 8 + 2 * tq) =
+                pack(dq[n][2 * r] * g.scale, dq[n][2 * r + 1] * g.scale);
+    }
+}
+
+// Query rows per warp in the forward (in m-tiles of 16): 2 by default; ZGPT_ATTN_FWD_MT=1 exists
+// for measuring the difference.
+int forward_m_tiles() {
+    static const int mt = [] {
+        const char* e = std::getenv("ZGPT_ATTN_FWD_MT");
+        return e && std::string(e) == "1" ? 1 : 2;
+    }();
+    return mt;
+}
+
+}  // namespace
+
+bool usable(const AttentionShape& s, DType t) {
+    return t == DType::bf16 && s.C / s.NH == kD && s.C % 8 == 0;
+}
+
+void forward(void* out, float* lse, const void* qkv, const AttentionShape& s, CUstream_st* st) {
+    const Geo g = attention_geometry(s);
+    auto* y = static_cast<bf16*>(out);
+    const auto* x = static_cast<const bf16*>(qkv);
+    const int mt = forward_m_tiles();
+    const int64_t rows = kWarps * 16 * mt;
+    const dim3 grid(unsigned((s.Tn + rows - 1) / rows), unsigned(s.B * s.NH));
+    if (mt == 1)
+        forward_kernel<1><<<grid, kThreads, 0, st>>>(y, lse, x, g);
+    else
+        forward_kernel<2><<<grid, kThreads, 0, st>>>(y, lse, x, g);
+    ZG_LAUNCH_CHECK();
+}
+
+void backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
+              float* dsum, const AttentionShape& s, CUstream_st* st) {
+    const Geo g = attention_geometry(s);
+    const auto* dy = static_cast<const bf16*>(dout);
+    const auto* x = static_cast<const bf16*>(qkv);
+    auto* dx = static_cast<bf16*>(dqkv);
+    const dim3 grid(unsigned((s.Tn + kTile - 1) / kTile), unsigned(s.B * s.NH));
+    row_dot_kernel<<<unsigned((s.B * s.NH * s.Tn * 8 + 255) / 256), 256, 0, st>>>(
+        dsum, dy, static_cast<const bf16*>(out), s.B, g);
+    dkdv_kernel<<<grid, kThreads, 0, st>>>(dx, dy, x, lse, dsum, g);
+    dq_kernel<<<grid, kThreads, 0, st>>>(dx, dy, x, lse, dsum, g);
+    ZG_LAUNCH_CHECK();
+}
+
+}  // namespace zgpt::cuda::attention_mma
