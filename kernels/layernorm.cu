@@ -135,61 +135,150 @@ __global__ void sum_partials_kernel(float* dw, float* db, const float* part_w, c
     }
 }
 
-// The bf16 fast path for plain rows with C a multiple of 256 (GPT widths): each lane owns 8
-// adjacent columns per 256 (16-byte loads) and keeps its weight-gradient sums in registers; the
-// block's warps add theirs into shared memory one warp after another (a fixed order).
-constexpr int kVecWarps = 8, kVecBlocks = 528;
+// The bf16 fast paths for plain rows with C a multiple of 256 (GPT widths): one warp per row,
+// each lane owns 8 adjacent columns per 256 (16-byte loads and stores) and keeps them in registers.
+constexpr int kVecWarps = 4, kVecMaxBlocks = 1056;
 
+__device__ __forceinline__ void unpack8(const uint4& u, float (&v)[8]) {
+    const bf16* e = reinterpret_cast<const bf16*>(&u);
+#pragma unroll
+    for (int k = 0; k < 8; k++) v[k] = __bfloat162float(e[k]);
+}
+__device__ __forceinline__ uint4 pack8(const float (&v)[8]) {
+    uint4 u;
+    bf16* e = reinterpret_cast<bf16*>(&u);
+#pragma unroll
+    for (int k = 0; k < 8; k++) e[k] = __float2bfloat16_rn(v[k]);
+    return u;
+}
+__device__ __forceinline__ uint4 ld16(const bf16* p) {
+    return *reinterpret_cast<const uint4*>(p);
+}
+
+// Forward, optionally with the residual add fused (res = a + b rounded to bf16 as stored, then the
+// statistics of the stored values, as the scalar kernels compute them). Two-pass variance from
+// registers.
+template <int NV, bool RESIDUAL>
+__global__ void __launch_bounds__(32 * kVecWarps)
+    layernorm_forward_vec_kernel(bf16* res, bf16* out, float* mean, float* rstd, const bf16* a,
+                                 const bf16* bb, const bf16* w, const bf16* b, int64_t N,
+                                 float eps) {
+    constexpr int C = NV * 256;
+    const int64_t r = int64_t(blockIdx.x) * kVecWarps + threadIdx.x / 32;
+    if (r >= N) return;
+    const int lane = threadIdx.x % 32;
+    float x[NV][8];
+    uint4 ua[NV], ub[NV];
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+        ua[j] = ld16(a + r * C + j * 256 + lane * 8);
+        if (RESIDUAL) ub[j] = ld16(bb + r * C + j * 256 + lane * 8);
+    }
+    float sum = 0;
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+        unpack8(ua[j], x[j]);
+        if (RESIDUAL) {
+            float y[8];
+            unpack8(ub[j], y);
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                x[j][k] = __bfloat162float(__float2bfloat16_rn(x[j][k] + y[k]));
+            *reinterpret_cast<uint4*>(res + r * C + j * 256 + lane * 8) = pack8(x[j]);
+        }
+#pragma unroll
+        for (int k = 0; k < 8; k++) sum += x[j][k];
+    }
+    const float m = warp_sum(sum) / float(C);
+    float var = 0;
+#pragma unroll
+    for (int j = 0; j < NV; j++)
+#pragma unroll
+        for (int k = 0; k < 8; k++) var += (x[j][k] - m) * (x[j][k] - m);
+    const float rs = rsqrtf(warp_sum(var) / float(C) + eps);
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+        float wv[8], bv[8] = {};
+        unpack8(ld16(w + j * 256 + lane * 8), wv);
+        if (b) unpack8(ld16(b + j * 256 + lane * 8), bv);
+#pragma unroll
+        for (int k = 0; k < 8; k++) x[j][k] = (x[j][k] - m) * rs * wv[k] + bv[k];
+        *reinterpret_cast<uint4*>(out + r * C + j * 256 + lane * 8) = pack8(x[j]);
+    }
+    if (lane == 0) {
+        mean[r] = m;
+        rstd[r] = rs;
+    }
+}
+
+// Backward: a persistent grid; each warp owns rows r, r + stride, ... and loads the next row's
+// dout and input while it works on this one (the kernel is memory-bound, so bytes in flight are
+// what counts). Weight-gradient sums stay in registers; the block's warps add theirs into shared
+// memory one warp after another (a fixed order).
 template <int NV>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(32 * kVecWarps)
     layernorm_backward_vec_kernel(bf16* dinp, bool accumulate, float* part_w, float* part_b,
                                   const bf16* dout, const bf16* inp, const bf16* w,
                                   const float* mean, const float* rstd, int64_t N) {
     constexpr int C = NV * 256;
     __shared__ float bw[C], bb[C];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    float aw[NV][8] = {}, ab[NV][8] = {}, wv[NV][8];
-    auto load8 = [&](const bf16* p, float(&v)[8]) {
-        const uint4 u = *reinterpret_cast<const uint4*>(p);
-        const bf16* e = reinterpret_cast<const bf16*>(&u);
+    const int64_t stride = int64_t(gridDim.x) * kVecWarps;
+    float aw[NV][8] = {}, ab[NV][8] = {};
+    uint4 wraw[NV], dyv[NV], xv[NV];
 #pragma unroll
-        for (int k = 0; k < 8; k++) v[k] = __bfloat162float(e[k]);
-    };
-#pragma unroll
-    for (int j = 0; j < NV; j++) load8(w + j * 256 + lane * 8, wv[j]);
-    for (int64_t r = int64_t(blockIdx.x) * kVecWarps + warp; r < N;
-         r += int64_t(gridDim.x) * kVecWarps) {
-        float dy[NV][8], xh[NV][8];
-        const float m = mean[r], rs = rstd[r];
-        float s1 = 0, s2 = 0;
+    for (int j = 0; j < NV; j++) wraw[j] = ld16(w + j * 256 + lane * 8);
+    int64_t r = int64_t(blockIdx.x) * kVecWarps + warp;
+    if (r < N)
 #pragma unroll
         for (int j = 0; j < NV; j++) {
-            load8(dout + r * C + j * 256 + lane * 8, dy[j]);
-            load8(inp + r * C + j * 256 + lane * 8, xh[j]);
+            dyv[j] = ld16(dout + r * C + j * 256 + lane * 8);
+            xv[j] = ld16(inp + r * C + j * 256 + lane * 8);
+        }
+    for (; r < N; r += stride) {
+        const int64_t rn = r + stride;
+        uint4 old[NV], ndy[NV], nx[NV];
+#pragma unroll
+        for (int j = 0; j < NV; j++) {
+            if (accumulate) old[j] = ld16(dinp + r * C + j * 256 + lane * 8);
+            if (rn < N) {
+                ndy[j] = ld16(dout + rn * C + j * 256 + lane * 8);
+                nx[j] = ld16(inp + rn * C + j * 256 + lane * 8);
+            }
+        }
+        const float m = mean[r], rs = rstd[r];
+        float s1 = 0, s2 = 0;  // sums of dy*w and of dy*w*xhat
+#pragma unroll
+        for (int j = 0; j < NV; j++) {
+            float dy[8], xh[8], wv[8];
+            unpack8(dyv[j], dy);
+            unpack8(xv[j], xh);
+            unpack8(wraw[j], wv);
 #pragma unroll
             for (int k = 0; k < 8; k++) {
-                xh[j][k] = (xh[j][k] - m) * rs;
-                const float gw = dy[j][k] * wv[j][k];
+                xh[k] = (xh[k] - m) * rs;
+                const float gw = dy[k] * wv[k];
                 s1 += gw;
-                s2 += gw * xh[j][k];
-                aw[j][k] += dy[j][k] * xh[j][k];
-                ab[j][k] += dy[j][k];
+                s2 += gw * xh[k];
+                aw[j][k] += dy[k] * xh[k];
+                ab[j][k] += dy[k];
             }
         }
         s1 = warp_sum(s1) / float(C);
         s2 = warp_sum(s2) / float(C);
 #pragma unroll
         for (int j = 0; j < NV; j++) {
-            bf16* dx = dinp + r * C + j * 256 + lane * 8;
-            float old[8] = {};
-            if (accumulate) load8(dx, old);
-            uint4 u;
-            bf16* e = reinterpret_cast<bf16*>(&u);
+            float dy[8], xh[8], wv[8], d[8], o[8] = {};
+            unpack8(dyv[j], dy);
+            unpack8(xv[j], xh);
+            unpack8(wraw[j], wv);
+            if (accumulate) unpack8(old[j], o);
 #pragma unroll
             for (int k = 0; k < 8; k++)
-                e[k] =
-                    __float2bfloat16_rn(old[k] + rs * (dy[j][k] * wv[j][k] - s1 - xh[j][k] * s2));
-            *reinterpret_cast<uint4*>(dx) = u;
+                d[k] = o[k] + rs * (dy[k] * wv[k] - s1 - (xh[k] - m) * rs * s2);
+            *reinterpret_cast<uint4*>(dinp + r * C + j * 256 + lane * 8) = pack8(d);
+            dyv[j] = ndy[j];
+            xv[j] = nx[j];
         }
     }
     for (int c = threadIdx.x; c < C; c += blockDim.x) bw[c] = bb[c] = 0;
@@ -245,12 +334,49 @@ RowMap plain(RowMap m, int64_t C) {
     return m;
 }
 
+bool aligned16(std::initializer_list<const void*> ps) {
+    for (const void* p : ps)
+        if (reinterpret_cast<uintptr_t>(p) % 16) return false;
+    return true;
+}
+
+// Enough blocks of the backward fast path to fill every SM once (a persistent grid).
+template <int NV>
+int vec_backward_blocks() {
+    static const int blocks = [] {
+        int dev = 0, sms = 0, per_sm = 0;
+        ZG_CUDA_CHECK(cudaGetDevice(&dev));
+        ZG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        ZG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &per_sm, layernorm_backward_vec_kernel<NV>, 32 * kVecWarps, 0));
+        return std::clamp(sms * per_sm, 1, kVecMaxBlocks);
+    }();
+    return blocks;
+}
+
 }  // namespace
 
 void layernorm_forward(void* out, RowMap out_map, float* mean, float* rstd, const void* inp,
                        RowMap in_map, const void* weight, const void* bias, int64_t N, int64_t C,
                        double eps, DType t, CUstream_st* s) {
     ZG_CHECK(N > 0 && C > 0 && weight, "layernorm_forward: sizes must be positive, weight set");
+    out_map = plain(out_map, C);
+    in_map = plain(in_map, C);
+    const bool rows_plain =
+        out_map.group == 1 && in_map.group == 1 && out_map.ld == C && in_map.ld == C;
+    if (t == DType::bf16 && rows_plain && aligned16({out, inp, weight, bias})) {
+        const bool done = with_vec_width(C, [&](auto NV) {
+            layernorm_forward_vec_kernel<NV.value, false>
+                <<<unsigned((N + kVecWarps - 1) / kVecWarps), 32 * kVecWarps, 0, s>>>(
+                    nullptr, static_cast<bf16*>(out), mean, rstd, static_cast<const bf16*>(inp),
+                    nullptr, static_cast<const bf16*>(weight), static_cast<const bf16*>(bias), N,
+                    float(eps));
+        });
+        if (done) {
+            ZG_LAUNCH_CHECK();
+            return;
+        }
+    }
     const int blocks = int((N + kWarps - 1) / kWarps);
     ZG_DISPATCH(t, T,
                 layernorm_forward_kernel<T><<<blocks, 32 * kWarps, 0, s>>>(
@@ -264,6 +390,20 @@ void residual_layernorm_forward(void* res, void* out, float* mean, float* rstd, 
                                 const void* b, const void* weight, const void* bias, int64_t N,
                                 int64_t C, double eps, DType t, CUstream_st* s) {
     ZG_CHECK(N > 0 && C > 0 && weight, "residual_layernorm_forward: bad arguments");
+    if (t == DType::bf16 && aligned16({res, out, a, b, weight, bias})) {
+        const bool done = with_vec_width(C, [&](auto NV) {
+            layernorm_forward_vec_kernel<NV.value, true>
+                <<<unsigned((N + kVecWarps - 1) / kVecWarps), 32 * kVecWarps, 0, s>>>(
+                    static_cast<bf16*>(res), static_cast<bf16*>(out), mean, rstd,
+                    static_cast<const bf16*>(a), static_cast<const bf16*>(b),
+                    static_cast<const bf16*>(weight), static_cast<const bf16*>(bias), N,
+                    float(eps));
+        });
+        if (done) {
+            ZG_LAUNCH_CHECK();
+            return;
+        }
+    }
     const int blocks = int((N + kWarps - 1) / kWarps);
     ZG_DISPATCH(t, T,
                 residual_layernorm_forward_kernel<T><<<blocks, 32 * kWarps, 0, s>>>(
@@ -274,7 +414,7 @@ void residual_layernorm_forward(void* res, void* out, float* mean, float* rstd, 
 }
 
 size_t layernorm_backward_scratch_bytes(int64_t N, int64_t C) {
-    return size_t(2) * std::max(backward_blocks(N), kVecBlocks) * C * sizeof(float);
+    return size_t(2) * std::max(backward_blocks(N), kVecMaxBlocks) * C * sizeof(float);
 }
 
 void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dweight, float* dbias,
@@ -287,18 +427,19 @@ void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dwe
     in_map = plain(in_map, C);
     const bool rows_plain = dinp_map.group == 1 && dout_map.group == 1 && in_map.group == 1 &&
                             dinp_map.ld == C && dout_map.ld == C && in_map.ld == C;
-    if (t == DType::bf16 && rows_plain) {
+    if (t == DType::bf16 && rows_plain && aligned16({dinp, dout, inp, weight})) {
         float* pw = static_cast<float*>(scratch);
-        float* pb = pw + size_t(kVecBlocks) * C;
+        float* pb = pw + size_t(kVecMaxBlocks) * C;
+        int blocks = 0;
         const bool done = with_vec_width(C, [&](auto NV) {
-            layernorm_backward_vec_kernel<NV.value><<<kVecBlocks, 32 * kVecWarps, 0, s>>>(
+            blocks = vec_backward_blocks<NV.value>();
+            layernorm_backward_vec_kernel<NV.value><<<blocks, 32 * kVecWarps, 0, s>>>(
                 static_cast<bf16*>(dinp), accumulate, pw, pb, static_cast<const bf16*>(dout),
                 static_cast<const bf16*>(inp), static_cast<const bf16*>(weight), mean, rstd, N);
         });
         if (done) {
             ZG_LAUNCH_CHECK();
-            sum_partials_kernel<<<grid_for(C, 256), 256, 0, s>>>(dweight, dbias, pw, pb, kVecBlocks,
-                                                                 C);
+            sum_partials_kernel<<<grid_for(C, 256), 256, 0, s>>>(dweight, dbias, pw, pb, blocks, C);
             ZG_LAUNCH_CHECK();
             return;
         }
