@@ -1,8 +1,6 @@
 #include <cublasLt.h>
 
 #include <map>
-#include <sstream>
-#include <string>
 #include <tuple>
 
 #include "kernels/cuda_common.cuh"
@@ -27,7 +25,6 @@ using AlgoKey = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, int,
 struct Context {
     cublasLtHandle_t handle = nullptr;
     void* workspace = nullptr;
-    bool autotune = false;
     std::map<AlgoKey, cublasLtMatmulAlgo_t> algos;
     Context() {
         ZG_CUBLAS_CHECK(cublasLtCreate(&handle));
@@ -51,71 +48,6 @@ uint32_t alignment(const void* p) {
 
 cudaDataType_t cuda_type(DType t) {
     return t == DType::f32 ? CUDA_R_32F : CUDA_R_16BF;
-}
-
-constexpr int kTuneCandidates = 8;
-
-bool overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
-    const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
-    return a && b && x < y + b_bytes && y < x + a_bytes;
-}
-
-// Times each candidate (one warm-up, then the best of three) and returns the fastest one's index.
-// Overwriting outputs (D, a GELU's aux, a bias gradient) are written for real, which the call that
-// follows repeats; an accumulating GEMM (beta != 0) writes into a copy of D instead. A GEMM whose D
-// overlaps an input is not timed (repeating it would change the input).
-int fastest(Context& ctx, const Gemm& g, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la,
-            cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t ld,
-            const cublasLtMatmulHeuristicResult_t* hs, int n, cudaStream_t stream) {
-    const size_t es = g.ab_type == DType::f32 ? 4 : 2, ds = g.d_type == DType::f32 ? 4 : 2;
-    const size_t d_bytes = size_t(g.M) * g.N * ds;
-    if (overlap(g.D, d_bytes, g.A, size_t(g.M) * g.K * es) ||
-        overlap(g.D, d_bytes, g.B, size_t(g.K) * g.N * es) ||
-        (g.epilogue == Epilogue::dgelu && overlap(g.D, d_bytes, g.aux, d_bytes)))
-        return 0;
-    void* d = g.D;
-    void* copy = nullptr;
-    if (g.beta != 0) {
-        ZG_CUDA_CHECK(cudaMalloc(&copy, d_bytes));
-        ZG_CUDA_CHECK(cudaMemcpyAsync(copy, g.D, d_bytes, cudaMemcpyDeviceToDevice, stream));
-        d = copy;
-    }
-    cudaEvent_t e0, e1;
-    ZG_CUDA_CHECK(cudaEventCreate(&e0));
-    ZG_CUDA_CHECK(cudaEventCreate(&e1));
-    int best = 0;
-    float best_ms = 0;
-    for (int i = 0; i < n; i++) {
-        float ms = -1;
-        for (int rep = 0; rep < 4; rep++) {
-            ZG_CUDA_CHECK(cudaEventRecord(e0, stream));
-            const cublasStatus_t st =
-                cublasLtMatmul(ctx.handle, op, &g.alpha, g.B, la, g.A, lb, &g.beta, d, ld, d, ld,
-                               &hs[i].algo, ctx.workspace, kWorkspaceBytes, stream);
-            ZG_CUDA_CHECK(cudaEventRecord(e1, stream));
-            ZG_CUDA_CHECK(cudaEventSynchronize(e1));
-            if (st != CUBLAS_STATUS_SUCCESS) break;
-            float t = 0;
-            ZG_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
-            if (rep > 0 && (ms < 0 || t < ms)) ms = t;
-        }
-        if (ms >= 0 && (i == 0 || ms < best_ms)) best = i, best_ms = ms;
-    }
-    ZG_CUDA_CHECK(cudaEventDestroy(e0));
-    ZG_CUDA_CHECK(cudaEventDestroy(e1));
-    if (copy) ZG_CUDA_CHECK(cudaFree(copy));
-    return best;
-}
-
-// The first line of a saved algorithm table: algorithms are only valid for the cuBLASLt version and
-// GPU that chose them.
-std::string table_header() {
-    int dev = 0;
-    cudaDeviceProp p{};
-    ZG_CUDA_CHECK(cudaGetDevice(&dev));
-    ZG_CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
-    return "zgpt gemm algorithms v1 | cublasLt " + std::to_string(cublasLtGetVersion()) + " | " +
-           p.name + " sm_" + std::to_string(p.major) + std::to_string(p.minor);
 }
 
 }  // namespace
@@ -217,10 +149,10 @@ bool try_gemm(const Gemm& g, CUstream_st* stream) {
             {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_d}};
         for (const auto& [attr, v] : aligns)
             ZG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &v, sizeof v));
-        cublasLtMatmulHeuristicResult_t hs[kTuneCandidates]{};
+        cublasLtMatmulHeuristicResult_t h{};
         int found = 0;
-        ZG_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(
-            ctx.handle, op, la, lb, ld, ld, pref, ctx.autotune ? kTuneCandidates : 1, hs, &found));
+        ZG_CUBLAS_CHECK(
+            cublasLtMatmulAlgoGetHeuristic(ctx.handle, op, la, lb, ld, ld, pref, 1, &h, &found));
         cublasLtMatmulPreferenceDestroy(pref);
         if (found == 0) {
             cublasLtMatrixLayoutDestroy(la);
@@ -229,8 +161,7 @@ bool try_gemm(const Gemm& g, CUstream_st* stream) {
             cublasLtMatmulDescDestroy(op);
             return false;
         }
-        const int pick = found > 1 ? fastest(ctx, g, op, la, lb, ld, hs, found, stream) : 0;
-        it = ctx.algos.emplace(key, hs[pick].algo).first;
+        it = ctx.algos.emplace(key, h.algo).first;
     }
     ZG_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, op, &g.alpha, g.B, la, g.A, lb, &g.beta, g.D, ld,
                                    g.D, ld, &it->second, ctx.workspace, kWorkspaceBytes, stream));
@@ -238,49 +169,6 @@ bool try_gemm(const Gemm& g, CUstream_st* stream) {
     cublasLtMatrixLayoutDestroy(lb);
     cublasLtMatrixLayoutDestroy(ld);
     cublasLtMatmulDescDestroy(op);
-    return true;
-}
-
-void set_gemm_autotune(bool on) {
-    context().autotune = on;
-}
-
-void clear_gemm_algorithms() {
-    context().algos.clear();
-}
-
-std::string gemm_algorithm_table() {
-    std::ostringstream o;
-    o << table_header() << "\n";
-    for (const auto& [k, algo] : context().algos) {
-        const auto& [M, N, K, ta, tb, dt, abt, epi, al] = k;
-        o << M << ' ' << N << ' ' << K << ' ' << ta << ' ' << tb << ' ' << dt << ' ' << abt << ' '
-          << epi << ' ' << al;
-        for (uint64_t w : algo.data) o << ' ' << w;
-        o << "\n";
-    }
-    return o.str();
-}
-
-bool set_gemm_algorithm_table(const std::string& text) {
-    std::istringstream in(text);
-    std::string line;
-    if (!std::getline(in, line) || line != table_header()) return false;
-    std::map<AlgoKey, cublasLtMatmulAlgo_t> algos;
-    while (std::getline(in, line)) {
-        if (line.empty()) continue;
-        std::istringstream l(line);
-        int64_t M, N, K;
-        bool ta, tb;
-        int dt, abt, epi;
-        uint32_t al;
-        cublasLtMatmulAlgo_t algo{};
-        l >> M >> N >> K >> ta >> tb >> dt >> abt >> epi >> al;
-        for (uint64_t& w : algo.data) l >> w;
-        ZG_CHECK(!l.fail(), "gemm algorithm table: unreadable line: " + line);
-        algos[AlgoKey{M, N, K, ta, tb, dt, abt, epi, al}] = algo;
-    }
-    context().algos = std::move(algos);
     return true;
 }
 

@@ -24,8 +24,6 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
 // A and B are both bf16 or both fp32 (fp32 runs without TF32, for parity checks); D is bf16 or
 // fp32. One handle and workspace per thread; algorithms cached per shape, type, epilogue and
 // pointer alignment.
-#include <string>
-
 #include "kernels/dtype.h"
 struct CUstream_st;
 namespace zgpt::cuda {
@@ -62,18 +60,6 @@ bool try_gemm(const Gemm& g, CUstream_st* stream);
 
 void gemm_bf16(void* D, MatType d_type, const void* A, bool trans_a, const void* B, bool trans_b,
                int64_t M, int64_t N, int64_t K, float alpha, float beta, CUstream_st* stream);
-
-// Algorithm choice. Off (the default): cuBLASLt's first heuristic pick, the same in every process.
-// On: the first time a shape is seen, its top 8 heuristic candidates are timed and the fastest is
-// kept. That is faster (GPT-2 124M: about 4% a step on an H100) but may differ between processes;
-// the table of choices can be saved and restored so that a resumed run makes the same ones.
-void set_gemm_autotune(bool on);
-void clear_gemm_algorithms();  // forget every cached choice (this thread)
-// The cached choices as text (first line: the cuBLASLt version and GPU they are valid for).
-std::string gemm_algorithm_table();
-// Replaces the cache with a saved table; false (cache untouched) when it was made for another GPU
-// or cuBLASLt version.
-bool set_gemm_algorithm_table(const std::string& text);
 
 // Bytes of the persistent cuBLASLt workspace (counted as extra memory by the benchmarks).
 size_t gemm_workspace_bytes();

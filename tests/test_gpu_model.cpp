@@ -15,7 +15,6 @@
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
 
-#include <algorithm>
 #include <filesystem>
 #include <map>
 
@@ -266,101 +265,94 @@ TEST_CASE("GELU forward and backward") {
 
 TEST_CASE("matmul through cuBLASLt: bias and GELU epilogues, weight and bias gradients") {
     Rng rng(4);
-    // autotuned: the candidates are timed on the real outputs (or a copy of an accumulated one)
-    for (bool tune : {false, true})
-        for (DType t : kTypes) {
-            CAPTURE(tune);
-            cuda::set_gemm_autotune(tune);
-            cuda::clear_gemm_algorithms();
-            for (auto [N, C, OC] :
-                 {std::tuple<int64_t, int64_t, int64_t>{13, 24, 40}, {64, 64, 256}, {33, 7, 5}}) {
-                CAPTURE(dtype_name(t));
-                CAPTURE(N);
-                CAPTURE(C);
-                const auto x = rnd(rng, N * C, t), w = rnd(rng, OC * C, t, 0.3),
-                           b = rnd(rng, OC, t), dy = rnd(rng, N * OC, t);
-                std::vector<double> y(N * OC), g(N * OC);
-                cpu::matmul_forward(y.data(), x.data(), w.data(), b.data(), N, C, OC);
-                cpu::gelu_forward(g.data(), y.data(), N * OC);
-                DevT dx(t, x), dw(t, w), db(t, b), dY(t, N * OC), dAux(t, N * OC), dG(t, N * OC);
-                cuda::Gemm gm;
-                gm.D = dY.p;
-                gm.d_type = gm.ab_type = t;
-                gm.A = dx.p;
-                gm.B = dw.p;
-                gm.trans_b = true;
-                gm.M = N;
-                gm.N = OC;
-                gm.K = C;
-                gm.epilogue = cuda::Epilogue::bias;
-                gm.bias = db.p;
-                cuda::gemm(gm, nullptr);
-                check_close("x W^T + b", dY.get(), y, t);
-                gm.D = dG.p;
-                gm.epilogue = cuda::Epilogue::gelu_aux_bias;
-                gm.aux = dAux.p;
-                cuda::gemm(gm, nullptr);
-                check_close("aux (pre-GELU)", dAux.get(), y, t);
-                // GELU of the fp32 pre-activation: the reference's gelu(y) within one rounding
-                check_close("GELU(x W^T + b)", dG.get(), g, t, t == DType::f32 ? 1e-5 : 1.0 / 128);
-                // backward: dx = dy W, dW += dy^T x, db += colsum dy
-                std::vector<double> gx(N * C, 0.0), gW(OC * C, 1.0), gb(OC, 1.0);
-                cpu::matmul_backward(gx.data(), gW.data(), gb.data(), dy.data(), x.data(), w.data(),
-                                     N, C, OC);
-                DevT d_dy(t, dy), d_gx(t, N * C),
-                    d_gW(DType::f32, std::vector<double>(OC * C, 1.0)),
-                    d_gb(DType::f32, std::vector<double>(OC, 1.0));
-                cuda::Gemm gd;
-                gd.D = d_gx.p;
-                gd.d_type = gd.ab_type = t;
-                gd.A = d_dy.p;
-                gd.B = dw.p;
-                gd.M = N;
-                gd.N = C;
-                gd.K = OC;
-                cuda::gemm(gd, nullptr);
-                cuda::Gemm gw2;
-                gw2.D = d_gW.p;
-                gw2.d_type = DType::f32;
-                gw2.ab_type = t;
-                gw2.A = d_dy.p;
-                gw2.trans_a = true;
-                gw2.B = dx.p;
-                gw2.M = OC;
-                gw2.N = C;
-                gw2.K = N;
-                gw2.beta = 1.0f;
-                cuda::gemm(gw2, nullptr);
-                DevT scratch(DType::f32, int64_t(cuda::bias_backward_scratch_bytes(N, OC) / 4));
-                cuda::bias_backward(d_gb.f(), d_dy.p, N, OC, t, scratch.p, nullptr);
-                check_close("dx", d_gx.get(), gx, t);
-                check_close("dW (+= into fp32)", d_gW.get(), gW, DType::f32);
-                check_close("db", d_gb.get(), gb, DType::f32);
-                // the fused backward epilogues: dx * GELU'(pre-activation) and the bias gradient
-                // (taken when cuBLASLt offers them for these types; the trainer falls back
-                // otherwise)
-                std::vector<double> gxg(N * C, 0.0), colsum(OC, 0.0);
-                cpu::gelu_backward(gxg.data(), x.data(), gx.data(), N * C);
-                for (int64_t i = 0; i < N * OC; i++) colsum[i % OC] += dy[i];
-                DevT d_gxg(t, N * C), d_gW3(DType::f32, OC * C), d_bg(DType::f32, OC);
-                gd.D = d_gxg.p;
-                gd.epilogue = cuda::Epilogue::dgelu;
-                gd.aux = dx.p;
-                if (cuda::try_gemm(gd, nullptr))
-                    check_close("dgelu epilogue", d_gxg.get(), gxg, t,
-                                t == DType::f32 ? 1e-5 : 1.0 / 128);
-                else
-                    MESSAGE("cuBLASLt offers no DGELU epilogue for " << dtype_name(t));
-                gw2.D = d_gW3.p;
-                gw2.beta = 0.0f;
-                gw2.epilogue = cuda::Epilogue::bias_grad;
-                gw2.bias = d_bg.p;
-                if (cuda::try_gemm(gw2, nullptr))
-                    check_close("bias_grad epilogue", d_bg.get(), colsum, DType::f32);
-                else
-                    MESSAGE("cuBLASLt offers no BGRADB epilogue for " << dtype_name(t));
-            }
+    for (DType t : kTypes) {
+        for (auto [N, C, OC] :
+             {std::tuple<int64_t, int64_t, int64_t>{13, 24, 40}, {64, 64, 256}, {33, 7, 5}}) {
+            CAPTURE(dtype_name(t));
+            CAPTURE(N);
+            CAPTURE(C);
+            const auto x = rnd(rng, N * C, t), w = rnd(rng, OC * C, t, 0.3), b = rnd(rng, OC, t),
+                       dy = rnd(rng, N * OC, t);
+            std::vector<double> y(N * OC), g(N * OC);
+            cpu::matmul_forward(y.data(), x.data(), w.data(), b.data(), N, C, OC);
+            cpu::gelu_forward(g.data(), y.data(), N * OC);
+            DevT dx(t, x), dw(t, w), db(t, b), dY(t, N * OC), dAux(t, N * OC), dG(t, N * OC);
+            cuda::Gemm gm;
+            gm.D = dY.p;
+            gm.d_type = gm.ab_type = t;
+            gm.A = dx.p;
+            gm.B = dw.p;
+            gm.trans_b = true;
+            gm.M = N;
+            gm.N = OC;
+            gm.K = C;
+            gm.epilogue = cuda::Epilogue::bias;
+            gm.bias = db.p;
+            cuda::gemm(gm, nullptr);
+            check_close("x W^T + b", dY.get(), y, t);
+            gm.D = dG.p;
+            gm.epilogue = cuda::Epilogue::gelu_aux_bias;
+            gm.aux = dAux.p;
+            cuda::gemm(gm, nullptr);
+            check_close("aux (pre-GELU)", dAux.get(), y, t);
+            // GELU of the fp32 pre-activation: the reference's gelu(y) within one rounding
+            check_close("GELU(x W^T + b)", dG.get(), g, t, t == DType::f32 ? 1e-5 : 1.0 / 128);
+            // backward: dx = dy W, dW += dy^T x, db += colsum dy
+            std::vector<double> gx(N * C, 0.0), gW(OC * C, 1.0), gb(OC, 1.0);
+            cpu::matmul_backward(gx.data(), gW.data(), gb.data(), dy.data(), x.data(), w.data(), N,
+                                 C, OC);
+            DevT d_dy(t, dy), d_gx(t, N * C), d_gW(DType::f32, std::vector<double>(OC * C, 1.0)),
+                d_gb(DType::f32, std::vector<double>(OC, 1.0));
+            cuda::Gemm gd;
+            gd.D = d_gx.p;
+            gd.d_type = gd.ab_type = t;
+            gd.A = d_dy.p;
+            gd.B = dw.p;
+            gd.M = N;
+            gd.N = C;
+            gd.K = OC;
+            cuda::gemm(gd, nullptr);
+            cuda::Gemm gw2;
+            gw2.D = d_gW.p;
+            gw2.d_type = DType::f32;
+            gw2.ab_type = t;
+            gw2.A = d_dy.p;
+            gw2.trans_a = true;
+            gw2.B = dx.p;
+            gw2.M = OC;
+            gw2.N = C;
+            gw2.K = N;
+            gw2.beta = 1.0f;
+            cuda::gemm(gw2, nullptr);
+            DevT scratch(DType::f32, int64_t(cuda::bias_backward_scratch_bytes(N, OC) / 4));
+            cuda::bias_backward(d_gb.f(), d_dy.p, N, OC, t, scratch.p, nullptr);
+            check_close("dx", d_gx.get(), gx, t);
+            check_close("dW (+= into fp32)", d_gW.get(), gW, DType::f32);
+            check_close("db", d_gb.get(), gb, DType::f32);
+            // the fused backward epilogues: dx * GELU'(pre-activation) and the bias gradient
+            // (taken when cuBLASLt offers them for these types; the trainer falls back otherwise)
+            std::vector<double> gxg(N * C, 0.0), colsum(OC, 0.0);
+            cpu::gelu_backward(gxg.data(), x.data(), gx.data(), N * C);
+            for (int64_t i = 0; i < N * OC; i++) colsum[i % OC] += dy[i];
+            DevT d_gxg(t, N * C), d_gW3(DType::f32, OC * C), d_bg(DType::f32, OC);
+            gd.D = d_gxg.p;
+            gd.epilogue = cuda::Epilogue::dgelu;
+            gd.aux = dx.p;
+            if (cuda::try_gemm(gd, nullptr))
+                check_close("dgelu epilogue", d_gxg.get(), gxg, t,
+                            t == DType::f32 ? 1e-5 : 1.0 / 128);
+            else
+                MESSAGE("cuBLASLt offers no DGELU epilogue for " << dtype_name(t));
+            gw2.D = d_gW3.p;
+            gw2.beta = 0.0f;
+            gw2.epilogue = cuda::Epilogue::bias_grad;
+            gw2.bias = d_bg.p;
+            if (cuda::try_gemm(gw2, nullptr))
+                check_close("bias_grad epilogue", d_bg.get(), colsum, DType::f32);
+            else
+                MESSAGE("cuBLASLt offers no BGRADB epilogue for " << dtype_name(t));
         }
+    }
 }
 
 TEST_CASE("attention variants: forward and backward against the CPU reference") {
@@ -699,8 +691,6 @@ TEST_CASE("deterministic: two GPU runs are bit-identical and resume is bit-exact
     for (const char* prec : {"bf16", "fp32"}) {
         CAPTURE(prec);
         Config c = train_config(prec);
-        c.train.deterministic = true;
-        cuda::clear_gemm_algorithms();
         const auto a = make_backend("cuda", c);
         const auto b = make_backend("cuda", c);
         const auto la = train_steps(*a, c, 0, 20), lb = train_steps(*b, c, 0, 20);
@@ -719,39 +709,6 @@ TEST_CASE("deterministic: two GPU runs are bit-identical and resume is bit-exact
         CHECK(first == la);
         CHECK(r2->params() == a->params());
     }
-}
-
-TEST_CASE("autotuned matmuls: the saved algorithm table makes a resumed run bit-exact") {
-    Config c = train_config("bf16");
-    c.train.deterministic = false;
-    cuda::clear_gemm_algorithms();
-    const auto a = make_backend("cuda", c);
-    const auto whole = train_steps(*a, c, 0, 20);
-    const std::string table = a->tuning();
-    CHECK(table.find("zgpt gemm algorithms v1") == 0);
-    CHECK(std::count(table.begin(), table.end(), '\n') > 5);  // the model's matmul shapes
-    // a new process: nothing cached; the run directory's table restores every choice
-    const auto r1 = make_backend("cuda", c);
-    cuda::clear_gemm_algorithms();
-    CHECK(r1->set_tuning(table));
-    CHECK(cuda::gemm_algorithm_table() == table);
-    auto first = train_steps(*r1, c, 0, 10);
-    const auto r2 = make_backend("cuda", c);
-    cuda::clear_gemm_algorithms();
-    CHECK(r2->set_tuning(r1->tuning()));
-    r2->set_params(r1->params());
-    r2->set_adam(r1->adam_m(), r1->adam_v(), r1->adam_steps());
-    const auto second = train_steps(*r2, c, 10, 20);
-    first.insert(first.end(), second.begin(), second.end());
-    CHECK(first == whole);
-    // a table from another GPU or cuBLASLt version is refused and the cache is kept
-    std::string other = table;
-    other.replace(0, table.find('\n'), "zgpt gemm algorithms v1 | cublasLt 1 | another GPU sm_00");
-    CHECK_FALSE(r2->set_tuning(other));
-    CHECK(cuda::gemm_algorithm_table() == table);
-    // a deterministic run keeps nothing
-    c.train.deterministic = true;
-    CHECK(make_backend("cuda", c)->tuning().empty());
 }
 
 TEST_CASE("kernel choices are validated with the known names") {

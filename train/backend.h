@@ -47,12 +47,7 @@ class Backend {
     virtual std::vector<int32_t> generate(const std::vector<int32_t>& prompt,
                                           const SampleOptions& opts, Rng& rng) = 0;
     virtual double device_memory_bytes() const { return 0; }  // 0: not tracked (CPU)
-    // Choices made by timing at run time (the CUDA backend's autotuned matmul algorithms), kept in
-    // the run directory so that a resumed run makes the same ones. Empty: nothing to keep.
-    virtual std::string tuning() const { return {}; }
-    // False when the saved choices do not apply here (another GPU or library version).
-    virtual bool set_tuning(const std::string&) { return false; }
-    virtual std::string describe() const = 0;  // one line for the log
+    virtual std::string describe() const = 0;                 // one line for the log
 };
 
 // device: "cpu" or "cuda" (from choose_device). Initialises the weights from train.seed and

@@ -2,7 +2,6 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda_check.h"
-#include "kernels/matmul.h"
 #include "model/gpt.h"
 #include "model/gpt_cuda.h"
 #include "train/backend.h"
@@ -54,7 +53,6 @@ class CudaBackend final : public Backend {
           m_(model_.num_parameters()),
           v_(model_.num_parameters()) {
         model_.set_params(initial_params(cfg).data());
-        cuda::set_gemm_autotune(!cfg.train.deterministic);
     }
     std::string name() const override { return "cuda"; }
     const GptLayout& layout() const override { return model_.layout(); }
@@ -110,19 +108,12 @@ class CudaBackend final : public Backend {
     double device_memory_bytes() const override {
         return double(model_.allocated_bytes()) + 2.0 * 4.0 * double(model_.num_parameters());
     }
-    std::string tuning() const override {
-        return cfg_.train.deterministic ? std::string() : cuda::gemm_algorithm_table();
-    }
-    bool set_tuning(const std::string& table) override {
-        return !cfg_.train.deterministic && cuda::set_gemm_algorithm_table(table);
-    }
     std::string describe() const override {
         const KernelChoice& k = cfg_.kernels;
         return std::string("CUDA, ") + cfg_.train.precision +
                ", kernels: attention=" + k.attention + " cross_entropy=" + k.cross_entropy +
                " layernorm=" + k.layernorm + " matmul=" + k.matmul +
-               (cfg_.train.recompute_gelu ? ", GELU recomputed" : "") +
-               (cfg_.train.deterministic ? ", fixed matmul algorithms" : ", autotuned matmuls");
+               (cfg_.train.recompute_gelu ? ", GELU recomputed" : "");
     }
 
   private:

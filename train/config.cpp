@@ -95,10 +95,6 @@ std::vector<ConfigField> config_fields(Config& c) {
          {"bf16", "fp32"}});
     add({"train", "recompute_gelu", "GPU: recompute GELU in backward (saves 4 x B x T x C)",
          &t.recompute_gelu});
-    add({"train", "deterministic",
-         "GPU: fixed matmul algorithms, so separate runs are bit-identical (false: autotuned, "
-         "faster)",
-         &t.deterministic});
     OptimConfig& o = c.optim;
     add({"optim", "lr", "peak learning rate", &o.lr, 0, 100, true});
     add({"optim", "min_lr", "learning rate at the end of the decay", &o.min_lr, 0, 100});

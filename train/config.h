@@ -39,10 +39,6 @@ struct TrainConfig {
     int64_t sample_tokens = 200;
     std::string precision = "bf16";  // bf16 | fp32 (GPU; the CPU always trains in fp32)
     bool recompute_gelu = false;     // GPU: recompute GELU in backward instead of storing it
-    // GPU: true keeps cuBLASLt's first heuristic algorithm per matmul (separate runs
-    // bit-identical); false times the top candidates once per shape and keeps the fastest (faster;
-    // a resumed run reuses the choices saved in the run directory, so resume stays bit-exact).
-    bool deterministic = false;
 };
 
 struct OptimConfig {

@@ -78,10 +78,9 @@ EvalResult evaluate(Backend& model, DataLoader& val, const Config& c, int64_t T)
 // The kernel variants a run uses, for its metrics and provenance.
 nlohmann::json kernels_json(const Config& c, const DeviceChoice& device) {
     if (device.device != "cuda") return {{"cpu", "reference"}};
-    return {{"attention", c.kernels.attention},      {"cross_entropy", c.kernels.cross_entropy},
-            {"layernorm", c.kernels.layernorm},      {"matmul", c.kernels.matmul},
-            {"precision", c.train.precision},        {"recompute_gelu", c.train.recompute_gelu},
-            {"deterministic", c.train.deterministic}};
+    return {{"attention", c.kernels.attention}, {"cross_entropy", c.kernels.cross_entropy},
+            {"layernorm", c.kernels.layernorm}, {"matmul", c.kernels.matmul},
+            {"precision", c.train.precision},   {"recompute_gelu", c.train.recompute_gelu}};
 }
 
 // Keeps the metrics lines of steps <= step (a resumed run re-does the steps after its checkpoint).
@@ -159,19 +158,6 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
             truncate_metrics(result.run_dir + "/metrics.jsonl", start_step);
         }
     }
-    // Matmul algorithms autotuned earlier in this run directory: the same choices again, so a
-    // resumed run is bit-exact.
-    const std::string tuning_path = result.run_dir + "/gemm_algorithms.txt";
-    std::string tuning_note;
-    if (std::filesystem::exists(tuning_path)) {
-        std::ifstream in(tuning_path, std::ios::binary);
-        const std::string table((std::istreambuf_iterator<char>(in)), {});
-        tuning_note = model.set_tuning(table)
-                          ? "matmul algorithms: reusing " + tuning_path
-                          : "matmul algorithms: " + tuning_path +
-                                " is for another GPU or library (or the run is deterministic): "
-                                "choosing afresh";
-    }
     write_text_file(result.run_dir + "/config.yaml", yaml);
     const std::string prov_name = start_step
                                       ? "/provenance-resume-" + std::to_string(start_step) + ".json"
@@ -191,7 +177,6 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
         st.m = model.adam_m();
         st.v = model.adam_v();
         save_checkpoint(ckpt_dir, model.layout().table, st, cfg.train.keep_checkpoints);
-        if (const std::string t = model.tuning(); !t.empty()) write_text_file(tuning_path, t);
     };
 
     std::printf("resolved config:\n%s", yaml.c_str());
@@ -207,7 +192,6 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
         std::printf("resumed from %s at step %lld\n", resumed_from.c_str(), (long long)start_step);
     else if (cfg.train.resume == "auto")
         std::printf("no valid checkpoint in %s: starting from step 0\n", ckpt_dir.c_str());
-    if (!tuning_note.empty()) std::printf("%s\n", tuning_note.c_str());
     std::fflush(stdout);
 
     Progress progress(cfg.train.log_every);
