@@ -22,10 +22,6 @@ constexpr int kBQ = 64, kBK = 32;
 
 using Geo = AttentionGeo;
 
-Geo geometry(const AttentionShape& s) {
-    return attention_geometry(s);
-}
-
 template <typename T>
 __device__ __forceinline__ const T* q_row(const T* qkv, const Geo& g, int64_t b, int64_t h,
                                           int64_t t) {
@@ -247,7 +243,7 @@ size_t flash_scratch_bytes(const AttentionShape& s) {
 void flash_forward(void* out, void* saved, const void* qkv, const AttentionShape& s, DType t,
                    CUstream_st* st) {
     check_shape(s);
-    const Geo g = geometry(s);
+    const Geo g = attention_geometry(s);
     const dim3 grid(unsigned((s.Tn + kBQ - 1) / kBQ), unsigned(s.B * s.NH));
     if (attention_mma::usable(s, t)) {
         attention_mma::forward(out, static_cast<float*>(saved), qkv, s, st);
@@ -265,7 +261,7 @@ void flash_forward(void* out, void* saved, const void* qkv, const AttentionShape
 void flash_backward(void* dqkv, const void* dout, const void* qkv, const void* out, void* saved,
                     void* scratch, const AttentionShape& s, DType t, CUstream_st* st) {
     check_shape(s);
-    const Geo g = geometry(s);
+    const Geo g = attention_geometry(s);
     auto* dsum = static_cast<float*>(scratch);
     const auto* lse = static_cast<const float*>(saved);
     const dim3 grid(unsigned((s.Tn + kBQ - 1) / kBQ), unsigned(s.B * s.NH));
@@ -425,7 +421,7 @@ void naive_forward(void* out, void* saved, const void* qkv, const AttentionShape
                    CUstream_st* st) {
     check_shape(s);
     naive_smem_check(s);
-    const Geo g = geometry(s);
+    const Geo g = attention_geometry(s);
     const int64_t rows = s.B * s.NH * s.Tn;
     ZG_DISPATCH(
         t, T,
@@ -438,7 +434,7 @@ void naive_backward(void* dqkv, const void* dout, const void* qkv, const void*, 
                     const AttentionShape& s, DType t, CUstream_st* st) {
     check_shape(s);
     naive_smem_check(s);
-    const Geo g = geometry(s);
+    const Geo g = attention_geometry(s);
     const int64_t rows = s.B * s.NH * s.Tn;
     auto* att = static_cast<float*>(saved);
     ZG_DISPATCH(t, T, {

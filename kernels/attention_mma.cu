@@ -120,6 +120,33 @@ __device__ void stage_kv_async(bf16* Ks, bf16* Vs, const bf16* qbase, int64_t k0
     stage_async(Vs, qbase + 2 * g.C, 3 * g.C, k0, g.Tn);
 }
 
+// The backward kernels' two tile products (one warp, 16 rows). scores_tile: c (16 x 64) += A B^T,
+// A's 16 x 64 fragments in registers, B a 64 x 64 tile stored [n][k] in shared memory.
+// accumulate_tile: c (16 x 64) += A B over the 16 columns k0.., B a tile stored [k][n].
+// (The forward shares each B fragment between its m-tiles, so it keeps its own loops.)
+__device__ __forceinline__ void scores_tile(float (&c)[kTile / 8][4],
+                                            const uint32_t (&a)[kD / 16][4], const bf16* B) {
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; kk++)
+#pragma unroll
+        for (int n = 0; n < kTile / 8; n += 2) {
+            uint32_t b[4];
+            load_b2(b, B, n * 8, kk * 16);
+            mma(c[n], a[kk], b[0], b[1]);
+            mma(c[n + 1], a[kk], b[2], b[3]);
+        }
+}
+__device__ __forceinline__ void accumulate_tile(float (&c)[kD / 8][4], const uint32_t (&a)[4],
+                                                const bf16* B, int k0) {
+#pragma unroll
+    for (int n = 0; n < kD / 8; n += 2) {
+        uint32_t b[4];
+        load_bt2(b, B, k0, n * 8);
+        mma(c[n], a, b[0], b[1]);
+        mma(c[n + 1], a, b[2], b[3]);
+    }
+}
+
 // A fragments of 16 rows (r0..) of one head's slice straight from global memory.
 __device__ void load_a_global(uint32_t (&a)[kD / 16][4], const bf16* base, int64_t stride,
                               int64_t r0, int64_t Tn) {
@@ -341,18 +368,8 @@ __global__ void __launch_bounds__(kThreads)
         const float* Lt = Ls[t & 1];
         const float* Dt = Ds[t & 1];
         float p[kTile / 8][4] = {}, dp[kTile / 8][4] = {};  // S^T and dP^T: keys x queries
-#pragma unroll
-        for (int kk = 0; kk < kD / 16; kk++)
-#pragma unroll
-            for (int n = 0; n < kTile / 8; n += 2) {
-                uint32_t qb[4], ob[4];
-                load_b2(qb, Qt, n * 8, kk * 16);
-                mma(p[n], ka[kk], qb[0], qb[1]);
-                mma(p[n + 1], ka[kk], qb[2], qb[3]);
-                load_b2(ob, dOt, n * 8, kk * 16);
-                mma(dp[n], va[kk], ob[0], ob[1]);
-                mma(dp[n + 1], va[kk], ob[2], ob[3]);
-            }
+        scores_tile(p, ka, Qt);
+        scores_tile(dp, va, dOt);
 #pragma unroll
         for (int n = 0; n < kTile / 8; n++) {
             const float2 L = *reinterpret_cast<const float2*>(Lt + n * 8 + 2 * tq);
@@ -378,16 +395,8 @@ __global__ void __launch_bounds__(kThreads)
             uint32_t pa[4], sa[4];
             acc_to_a(pa, p[2 * kk], p[2 * kk + 1]);
             acc_to_a(sa, dp[2 * kk], dp[2 * kk + 1]);
-#pragma unroll
-            for (int n = 0; n < kD / 8; n += 2) {
-                uint32_t ob[4], qb[4];
-                load_bt2(ob, dOt, kk * 16, n * 8);
-                mma(dv[n], pa, ob[0], ob[1]);
-                mma(dv[n + 1], pa, ob[2], ob[3]);
-                load_bt2(qb, Qt, kk * 16, n * 8);
-                mma(dk[n], sa, qb[0], qb[1]);
-                mma(dk[n + 1], sa, qb[2], qb[3]);
-            }
+            accumulate_tile(dv, pa, dOt, kk * 16);
+            accumulate_tile(dk, sa, Qt, kk * 16);
         }
         __syncthreads();  // this buffer is refilled two tiles on
     }
@@ -440,18 +449,8 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(bf16* dqkv, const bf16* do
         const bf16* Kt = Ks[t & 1];
         const bf16* Vt = Vs[t & 1];
         float s[kTile / 8][4] = {}, dp[kTile / 8][4] = {};
-#pragma unroll
-        for (int kk = 0; kk < kD / 16; kk++)
-#pragma unroll
-            for (int n = 0; n < kTile / 8; n += 2) {
-                uint32_t kb[4], vb[4];
-                load_b2(kb, Kt, n * 8, kk * 16);
-                mma(s[n], qa[kk], kb[0], kb[1]);
-                mma(s[n + 1], qa[kk], kb[2], kb[3]);
-                load_b2(vb, Vt, n * 8, kk * 16);
-                mma(dp[n], oa[kk], vb[0], vb[1]);
-                mma(dp[n + 1], oa[kk], vb[2], vb[3]);
-            }
+        scores_tile(s, qa, Kt);
+        scores_tile(dp, oa, Vt);
 #pragma unroll
         for (int n = 0; n < kTile / 8; n++)
 #pragma unroll
@@ -472,13 +471,7 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(bf16* dqkv, const bf16* do
         for (int kk = 0; kk < kTile / 16; kk++) {
             uint32_t sa[4];
             acc_to_a(sa, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-            for (int n = 0; n < kD / 8; n += 2) {
-                uint32_t kb[4];
-                load_bt2(kb, Kt, kk * 16, n * 8);
-                mma(dq[n], sa, kb[0], kb[1]);
-                mma(dq[n + 1], sa, kb[2], kb[3]);
-            }
+            accumulate_tile(dq, sa, Kt, kk * 16);
         }
         __syncthreads();  // this buffer is refilled two tiles on
     }
