@@ -9,10 +9,12 @@
 //          dlogits from shared memory while the next row streams in
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <type_traits>
 
 #include "kernels/cross_entropy.h"
 #include "kernels/cuda_check.h"
@@ -42,9 +44,16 @@ __device__ __forceinline__ void load_chunk(const T* p, float (&v)[kChunk<T>]) {
 template <typename T>
 __device__ __forceinline__ void store_chunk(T* p, const float (&v)[kChunk<T>]) {
     int4 raw;
-    T* e = reinterpret_cast<T*>(&raw);
+    if constexpr (std::is_same_v<T, bf16>) {  // one cvt.rn.bf16x2 per pair, same rounding
+        __nv_bfloat162* e = reinterpret_cast<__nv_bfloat162*>(&raw);
 #pragma unroll
-    for (int k = 0; k < kChunk<T>; k++) e[k] = from_f<T>(v[k]);
+        for (int k = 0; k < kChunk<T> / 2; k++)
+            e[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+    } else {
+        T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+        for (int k = 0; k < kChunk<T>; k++) e[k] = from_f<T>(v[k]);
+    }
     *reinterpret_cast<int4*>(p) = raw;
 }
 
@@ -506,17 +515,74 @@ __global__ void naive_grad_kernel(T* dlogits, const float* probs, int64_t ld,
 
 constexpr int kFastThreads = 512;
 constexpr int kMaxCluster = 8;
+constexpr int kMaxStages = 8;
+constexpr int kMinStages = 3;
 
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+// sm_90 primitives of the fast kernel: bulk (TMA) copies completing on an mbarrier, and the
+// cluster barrier split into its arrive and wait halves.
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
+__device__ __forceinline__ void mbar_init(uint64_t* bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// Arms `bar` for `bytes` and starts one bulk copy global -> shared that completes it.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes,
+                                          uint64_t* bar) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
+                 "r"(bytes)
+                 : "memory");
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+        "[%3];\n" ::"r"(smem_addr(dst)),
+        "l"(src), "r"(bytes), "r"(smem_addr(bar))
+        : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
+    asm volatile(
+        "{\n.reg .pred done;\nWAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT;\n}\n" ::"r"(smem_addr(bar)),
+        "r"(parity)
+        : "memory");
+}
+__device__ __forceinline__ void cluster_arrive() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// Running max of 16-byte chunks: packed bf16x2 max (exact, 4 instructions per 8 values) or fp32.
+template <typename T>
+struct ChunkMax;
+template <>
+struct ChunkMax<bf16> {
+    __nv_bfloat162 m = __float2bfloat162_rn(-INFINITY);
+    __device__ __forceinline__ void add(const int4& raw) {
+        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+        m = __hmax2(m, __hmax2(__hmax2(h[0], h[1]), __hmax2(h[2], h[3])));
+    }
+    __device__ __forceinline__ float value() const {
+        return fmaxf(__low2float(m), __high2float(m));
+    }
+};
+template <>
+struct ChunkMax<float> {
+    float m0 = -INFINITY, m1 = -INFINITY;
+    __device__ __forceinline__ void add(const int4& raw) {
+        m0 = fmaxf(m0, fmaxf(__int_as_float(raw.x), __int_as_float(raw.y)));
+        m1 = fmaxf(m1, fmaxf(__int_as_float(raw.z), __int_as_float(raw.w)));
+    }
+    __device__ __forceinline__ float value() const { return fmaxf(m0, m1); }
+};
 
 struct FastArgs {
     const void* logits;
     void* dlogits;
     int64_t ld, V, N;
-    int64_t slice;  // columns per CTA (a multiple of the vector width when vec)
+    int64_t slice;  // columns per CTA (a multiple of the 16-byte chunk)
+    int stages;     // row buffers per CTA
     const int32_t* targets;
     const int* n_valid;
     const float* grad_output;
@@ -528,14 +594,7 @@ struct FastArgs {
     RowStatsF* stats;  // the merged stats, for the summary's max logit
 };
 
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-__device__ __forceinline__ void cp_async_wait_one_pending() {
-    asm volatile("cp.async.wait_group 1;\n" ::);
-}
-
-// The per-row outputs of the fused kernels (written once per row).
+// The per-row outputs of the fused kernel (written once per row).
 __device__ __forceinline__ void write_row_outputs(const FastArgs& a, int64_t row,
                                                   const RowResult& r, const RowStatsF& st) {
     if (a.loss_rows) a.loss_rows[row] = r.loss;
@@ -545,21 +604,160 @@ __device__ __forceinline__ void write_row_outputs(const FastArgs& a, int64_t row
     a.stats[row] = st;
 }
 
-// One persistent cluster per group of rows; CTA `rank` of a cluster owns the columns
-// [rank * slice, min((rank + 1) * slice, V)) of every row the cluster takes. Two shared-memory
-// buffers: while row i is reduced and its dlogits written, row i + 1 streams in (cp.async).
-// Every thread only ever touches the 16-byte chunks c = threadIdx.x + k * blockDim.x, in every
-// phase, so the data needs no block barrier: its own cp.async results are visible to a thread
-// after its own wait_group. The per-row statistics are exchanged through distributed shared
-// memory, double-buffered by row parity so one cluster barrier per row suffices.
+// The fast kernel keeps each value's exponential, computed once in the statistics pass, in place
+// of the value in shared memory, so the gradient pass needs no second exp (halving the
+// special-function-unit work, its bottleneck) and no subtraction. A bf16 row stores the
+// exponentials as fp16, scaled by 2^14 so that they stay normal down to 2^-38 of the thread's
+// max: the fp16 rounding (2^-11 relative) plus the output's bf16 rounding (2^-9) stay under the
+// tests' one-bf16-ulp bound. An fp32 row stores them as fp32.
+template <typename T>
+struct ExpStore;
+template <>
+struct ExpStore<bf16> {
+    static constexpr float kLog2Scale = 14.0f;
+    // 8 exponentials into the 16 bytes the 8 bf16 values came from
+    __device__ __forceinline__ static void put(bf16* p, const float (&e)[8]) {
+        int4 raw;
+        __half2* h = reinterpret_cast<__half2*>(&raw);
+#pragma unroll
+        for (int k = 0; k < 4; k++) h[k] = __floats2half2_rn(e[2 * k], e[2 * k + 1]);
+        *reinterpret_cast<int4*>(p) = raw;
+    }
+    __device__ __forceinline__ static void get(const bf16* p, float (&e)[8]) {
+        const int4 raw = *reinterpret_cast<const int4*>(p);
+        const __half2* h = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float2 f = __half22float2(h[k]);
+            e[2 * k] = f.x;
+            e[2 * k + 1] = f.y;
+        }
+    }
+};
+template <>
+struct ExpStore<float> {
+    static constexpr float kLog2Scale = 0.0f;
+    __device__ __forceinline__ static void put(float* p, const float (&e)[4]) {
+        *reinterpret_cast<float4*>(p) = make_float4(e[0], e[1], e[2], e[3]);
+    }
+    __device__ __forceinline__ static void get(const float* p, float (&e)[4]) {
+        const float4 v = *reinterpret_cast<const float4*>(p);
+        e[0] = v.x, e[1] = v.y, e[2] = v.z, e[3] = v.w;
+    }
+};
+
+// This thread's statistics of a CTA's slice held in shared memory (`nv` whole chunks) plus the
+// slice's tail of < one chunk, read from global memory (`x`). Two cheap passes over shared memory:
+// a packed max, then branch-free sums against it (no serial rescaling chain); the second pass
+// leaves each value's scaled exponential 2^((x - exp_max) log2 e + kLog2Scale) in its place.
 template <typename T, int kThreads>
-__global__ void __launch_bounds__(kThreads, 1) fast_kernel(FastArgs a) {
+__device__ __forceinline__ RowStatsF slice_stats(T* buf, const T* x, int nv, int n, int y_local,
+                                                 bool smooth, float& exp_max) {
     constexpr int K = kChunk<T>;
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    T* const buf0 = reinterpret_cast<T*>(smem_raw);
-    T* const buf1 = buf0 + a.slice;
+    constexpr float kScale = ExpStore<T>::kLog2Scale;
+    ChunkMax<T> cmax;
+#pragma unroll 4
+    for (int c = threadIdx.x; c < nv; c += kThreads)
+        cmax.add(*reinterpret_cast<const int4*>(buf + c * K));
+    RowStatsF st = {cmax.value(), 0.0f, 0.0f, 0.0f};
+    if (st.max != kNegInf) {
+        const int target_chunk = y_local >= 0 ? y_local / K : -1;
+        float s0 = 0.0f, s1 = 0.0f, sx = 0.0f;
+#pragma unroll 4
+        for (int c = threadIdx.x; c < nv; c += kThreads) {
+            float v[K], e[K];
+            load_chunk(buf + c * K, v);
+#pragma unroll
+            for (int k = 0; k < K; k++) e[k] = exp2_ftz(fmaf(v[k] - st.max, kLog2e, kScale));
+            if (c == target_chunk) {  // exclude the target from the sum
+#pragma unroll
+                for (int k = 0; k < K; k++) {
+                    if (c * K + k == y_local)
+                        st.target_logit = v[k];
+                    else
+                        s0 += e[k];
+                }
+            } else {
+#pragma unroll
+                for (int k = 0; k < K; k += 2) {
+                    s0 += e[k];
+                    s1 += e[k + 1];
+                }
+            }
+            if (smooth) {
+#pragma unroll
+                for (int k = 0; k < K; k++) sx += v[k];
+            }
+            ExpStore<T>::put(buf + c * K, e);
+        }
+        st.sum_excl = (s0 + s1) * exp2_ftz(-kScale);  // an exact power of two
+        st.sum_logits = sx;
+    }
+    exp_max = st.max;  // the tail below may raise st.max; the stored exponentials keep this one
+    for (int j = nv * K + int(threadIdx.x); j < n; j += kThreads)
+        stats_add(st, to_f(x[j]), j == y_local);
+    return st;
+}
+
+// dlogits of a CTA's slice from the exponentials slice_stats left in shared memory (`thread_max`:
+// the max they are relative to), and of the tail from global memory.
+template <typename T, int kThreads>
+__device__ __forceinline__ void slice_grad(T* dx, const T* buf, const T* x, int nv, int n,
+                                           float thread_max, int y_local, bool valid,
+                                           const RowGradParams& p) {
+    constexpr int K = kChunk<T>;
+    constexpr float kScale = ExpStore<T>::kLog2Scale;
+    const int target_chunk = y_local >= 0 ? y_local / K : -1;
+    // p_j = e_j 2^((thread_max - max) log2 e - log2 d - kScale); 0 where the thread saw only -inf
+    const float f = thread_max == kNegInf
+                        ? 0.0f
+                        : p.coef * exp2_ftz(fmaf(thread_max - p.max, kLog2e, -p.log2_d - kScale));
+#pragma unroll 4
+    for (int c = threadIdx.x; c < nv; c += kThreads) {
+        float v[K];
+        if (!valid) {
+#pragma unroll
+            for (int k = 0; k < K; k++) v[k] = 0.0f;
+        } else {
+            if (thread_max == kNegInf) {
+#pragma unroll
+                for (int k = 0; k < K; k++) v[k] = 0.0f;
+            } else {
+                ExpStore<T>::get(buf + c * K, v);
+            }
+#pragma unroll
+            for (int k = 0; k < K; k++) v[k] = fmaf(v[k], f, -p.smooth);
+            if (c == target_chunk) {
+#pragma unroll
+                for (int k = 0; k < K; k++)
+                    if (c * K + k == y_local) v[k] = p.d_target;
+            }
+        }
+        store_chunk(dx + int64_t(c) * K, v);
+    }
+    for (int j = nv * K + int(threadIdx.x); j < n; j += kThreads)
+        dx[j] = from_f<T>(!valid ? 0.0f : (j == y_local ? p.d_target : grad_of(to_f(x[j]), p)));
+}
+
+// Persistent clusters; CTA `rank` of a cluster owns the columns [rank * slice, (rank + 1) * slice)
+// of every row its cluster takes, and keeps `stages` of them in a ring of shared-memory buffers
+// that thread 0 fills with one bulk copy (TMA) per row, so several rows stream in while one is
+// worked on. Per row i, each CTA:
+//   1. waits for its slice of row i, reduces its statistics, publishes them, arrives on the
+//      cluster barrier (release);
+//   2. while the other CTAs catch up, writes dlogits of row i - 1 from its buffer, then refills
+//      that buffer with row i - 1 + stages;
+//   3. waits on the cluster barrier (acquire); warp 0 merges the cluster's statistics over DSMEM
+//      and finalises the row into shared memory for the next iteration's step 2.
+// One cluster barrier per row, and its latency is hidden behind step 2. The statistics slots are
+// double-buffered by row parity: slot i & 1 is rewritten only after every CTA passed barrier i + 1.
+template <typename T, int kThreads>
+__global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1) fast_kernel(FastArgs a) {
+    constexpr int K = kChunk<T>;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    __shared__ uint64_t full[kMaxStages];
     __shared__ RowStatsF cta_stats[2];
-    __shared__ RowGradParams row_params;
+    __shared__ RowGradParams row_params[2];
     cg::cluster_group cluster = cg::this_cluster();
     const int rank = int(cluster.block_rank());
     const int csize = int(cluster.num_blocks());
@@ -567,151 +765,84 @@ __global__ void __launch_bounds__(kThreads, 1) fast_kernel(FastArgs a) {
     const int64_t row_step = int64_t(gridDim.x) / csize;
     const int64_t c0 = int64_t(rank) * a.slice;
     const int64_t rest = a.V - c0;
-    const int64_t n = rest <= 0 ? 0 : (rest < a.slice ? rest : a.slice);
-    const int nv = int(n / K);  // whole chunks; the last CTA may have a tail of < K values
+    const int n = int(rest <= 0 ? 0 : (rest < a.slice ? rest : a.slice));
+    const int nv = n / K;  // whole chunks; the last CTA may have a tail of < K values
+    const unsigned bytes = unsigned(nv) * 16u;
     const T* const logits = static_cast<const T*>(a.logits) + c0;
     T* const dlogits = static_cast<T*>(a.dlogits) + c0;
     const bool smooth = a.eps != 0.0f;
-
-    auto issue = [&](int64_t row, T* buf) {
-        if (row < a.N) {
-            const T* x = logits + row * a.ld;
-            for (int64_t c = threadIdx.x; c < nv; c += blockDim.x)
-                cp_async_16(buf + c * K, x + c * K);
-        }
-        cp_async_commit();  // an empty group past the last row keeps the group count uniform
+    const int S = a.stages;
+    auto buffer = [&](int64_t it) { return reinterpret_cast<T*>(smem_raw) + (it % S) * a.slice; };
+    auto load = [&](int64_t it) {  // thread 0 only
+        const int64_t row = first_row + it * row_step;
+        if (row < a.N && bytes > 0)
+            bulk_load(buffer(it), logits + row * a.ld, bytes, &full[it % S]);
     };
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < S; s++) mbar_init(&full[s]);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        for (int s = 0; s < S; s++) load(s);
+    }
+    cluster.sync();  // barriers initialised, and every CTA runs before any DSMEM access
 
-    issue(first_row, buf0);
-    int it = 0;
+    // per-row scalars are read before the previous row's dlogits stores are queued, not after
+    const int n_valid = *a.n_valid;
+    int prev_y_local = -1;
+    bool prev_valid = false;
+    float prev_max = kNegInf;
+    int64_t it = 0;
     for (int64_t row = first_row; row < a.N; row += row_step, it++) {
-        T* const buf = (it & 1) ? buf1 : buf0;
-        issue(row + row_step, (it & 1) ? buf0 : buf1);
-        cp_async_wait_one_pending();  // this row's chunks have landed
-
-        const int64_t y = a.targets[row];
+        const int32_t y = a.targets[row];
+        const float g = a.grad_output[a.per_row ? row : 0];
+        if (bytes > 0) mbar_wait(&full[it % S], unsigned(it / S) & 1u);
         const bool valid = y != a.ignore_index;
-        const int64_t y_local = valid ? y - c0 : -1;
-        const T* x = logits + row * a.ld;
-        // The row is on chip, so its statistics take two cheap passes over shared memory instead
-        // of one online pass: a max, then branch-free sums against it. No serial dependence
-        // between chunks (the online max would rescale per chunk), independent accumulators.
-        float m0 = kNegInf, m1 = kNegInf;
-#pragma unroll 2
-        for (int c = threadIdx.x; c < nv; c += kThreads) {
-            float v[K];
-            load_chunk(buf + c * K, v);
-#pragma unroll
-            for (int k = 0; k < K; k += 2) {
-                m0 = fmaxf(m0, v[k]);
-                m1 = fmaxf(m1, v[k + 1]);
-            }
-        }
-        RowStatsF st = {fmaxf(m0, m1), 0.0f, 0.0f, 0.0f};
-        if (st.max != kNegInf) {
-            float s0 = 0.0f, s1 = 0.0f, sx = 0.0f;
-#pragma unroll 2
-            for (int c = threadIdx.x; c < nv; c += kThreads) {
-                float v[K];
-                load_chunk(buf + c * K, v);
-                const int64_t t = y_local - int64_t(c) * K;
-                if (t >= 0 && t < K) {  // the target's chunk: exclude it from the sum
-#pragma unroll
-                    for (int k = 0; k < K; k++) {
-                        if (k == t)
-                            st.target_logit = v[k];
-                        else
-                            s0 += exp_ftz(v[k] - st.max);
-                    }
-                } else {
-#pragma unroll
-                    for (int k = 0; k < K; k += 2) {
-                        s0 += exp_ftz(v[k] - st.max);
-                        s1 += exp_ftz(v[k + 1] - st.max);
-                    }
-                }
-                if (smooth) {
-#pragma unroll
-                    for (int k = 0; k < K; k++) sx += v[k];
-                }
-            }
-            st.sum_excl = s0 + s1;
-            st.sum_logits = sx;
-        }
-        for (int64_t j = int64_t(nv) * K + threadIdx.x; j < n; j += kThreads)
-            stats_add(st, to_f(x[j]), j == y_local);
-        st = block_reduce_stats(st);
+        const int y_local = valid && y >= c0 && y < c0 + n ? int(y - c0) : -1;
+        float thread_max;
+        RowStatsF st = slice_stats<T, kThreads>(buffer(it), logits + row * a.ld, nv, n, y_local,
+                                                smooth, thread_max);
+        st = block_reduce_stats(st);  // its barriers also publish row_params of row i - 1
         if (threadIdx.x == 0) cta_stats[it & 1] = st;
-        cluster.sync();
-        // the row's epilogue, once per CTA: merge the cluster's statistics, finalise, broadcast
-        if (threadIdx.x == 0) {
-            RowStatsF all = *cluster.map_shared_rank(&cta_stats[it & 1], 0);
-            for (int r = 1; r < csize; r++)
-                all = merge_stats(all, *cluster.map_shared_rank(&cta_stats[it & 1], r));
-            const float g = row_grad_scale(a.grad_output, a.per_row, row, a.red, *a.n_valid);
-            const RowResult res = finalize_row(all, int32_t(y), valid, g, a.V, a.eps, a.zw);
-            row_params = res.p;
-            if (rank == 0) write_row_outputs(a, row, res, all);
+        cluster_arrive();
+        if (it > 0) {
+            const int64_t prev = row - row_step;
+            slice_grad<T, kThreads>(dlogits + prev * a.ld, buffer(it - 1), logits + prev * a.ld, nv,
+                                    n, prev_max, prev_y_local, prev_valid,
+                                    row_params[(it - 1) & 1]);
         }
+        // every thread's exponentials written into buffer(it - 1) are ordered before the bulk
+        // copy that refills it (generic- and async-proxy writes are otherwise unordered), and every
+        // thread is done reading it and row_params[(it - 1) & 1]
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();
-        const RowGradParams params = row_params;
-        T* dx = dlogits + row * a.ld;
-#pragma unroll 2
-        for (int c = threadIdx.x; c < nv; c += kThreads) {
-            float v[K];
-            load_chunk(buf + c * K, v);
-            grad_chunk_fast(v, int64_t(c) * K, y_local, valid, params);
-            store_chunk(dx + int64_t(c) * K, v);
+        if (threadIdx.x == 0 && it > 0) load(it - 1 + S);
+        prev_y_local = y_local;
+        prev_valid = valid;
+        prev_max = thread_max;
+        cluster_wait();
+        if (threadIdx.x < 32) {
+            // lane l reads CTA l % 8's statistics; the xor tree within each group of 8 lanes is
+            // commutative at every step, so every lane (and every CTA) gets bit-identical results
+            const int r = int(threadIdx.x) % kMaxCluster;
+            RowStatsF all =
+                r < csize ? *cluster.map_shared_rank(&cta_stats[it & 1], r) : empty_stats();
+            for (int off = kMaxCluster / 2; off > 0; off >>= 1)
+                all = merge_stats(all, shfl_xor_stats(all, off));
+            const float scale =
+                a.red != Reduction::mean ? g : (n_valid > 0 ? g / float(n_valid) : 0.0f);
+            const RowResult res = finalize_row(all, y, valid, scale, a.V, a.eps, a.zw);
+            if (threadIdx.x == 0) {
+                row_params[it & 1] = res.p;
+                if (rank == 0) write_row_outputs(a, row, res, all);
+            }
         }
-        for (int64_t j = int64_t(nv) * K + threadIdx.x; j < n; j += kThreads)
-            dx[j] = from_f<T>(
-                !valid ? 0.0f : (j == y_local ? params.d_target : grad_of(to_f(x[j]), params)));
+    }
+    if (it > 0) {
+        __syncthreads();  // row_params of the last row
+        const int64_t last = first_row + (it - 1) * row_step;
+        slice_grad<T, kThreads>(dlogits + last * a.ld, buffer(it - 1), logits + last * a.ld, nv, n,
+                                prev_max, prev_y_local, prev_valid, row_params[(it - 1) & 1]);
     }
     cluster.sync();  // no CTA may leave while another may still read its shared memory
-}
-
-// One CTA per row, both passes in one kernel: the second read of the row comes back from L2
-// when few enough rows are in flight (rows x CTAs resident per SM x SMs well under the L2 size).
-template <typename T, int kThreads>
-__global__ void __launch_bounds__(kThreads) fused_two_pass_kernel(FastArgs a) {
-    constexpr int K = kChunk<T>;
-    const int64_t row = blockIdx.x;
-    const T* x = static_cast<const T*>(a.logits) + row * a.ld;
-    T* dx = static_cast<T*>(a.dlogits) + row * a.ld;
-    const int64_t y = a.targets[row];
-    const bool valid = y != a.ignore_index;
-    const int64_t y_local = valid ? y : -1;
-    const bool smooth = a.eps != 0.0f;
-    const int nv = int(a.V / K);
-    RowStatsF st = empty_stats();
-#pragma unroll 4
-    for (int c = threadIdx.x; c < nv; c += kThreads) {
-        float v[K];
-        load_chunk(x + int64_t(c) * K, v);
-        stats_chunk_fast(st, v, int64_t(c) * K, y_local, smooth);
-    }
-    for (int64_t j = int64_t(nv) * K + threadIdx.x; j < a.V; j += kThreads)
-        stats_add(st, to_f(x[j]), j == y_local);
-    __shared__ RowGradParams row_params;
-    st = block_reduce_stats(st);
-    if (threadIdx.x == 0) {
-        const float g = row_grad_scale(a.grad_output, a.per_row, row, a.red, *a.n_valid);
-        const RowResult res = finalize_row(st, int32_t(y), valid, g, a.V, a.eps, a.zw);
-        row_params = res.p;
-        write_row_outputs(a, row, res, st);
-    }
-    __syncthreads();
-    const RowGradParams params = row_params;
-#pragma unroll 4
-    for (int c = threadIdx.x; c < nv; c += kThreads) {
-        float v[K];
-        load_chunk(x + int64_t(c) * K, v);
-        grad_chunk_fast(v, int64_t(c) * K, y_local, valid, params);
-        store_chunk(dx + int64_t(c) * K, v);
-    }
-    for (int64_t j = int64_t(nv) * K + threadIdx.x; j < a.V; j += kThreads)
-        dx[j] = from_f<T>(!valid ? 0.0f
-                                 : (j == y_local ? params.d_target : grad_of(to_f(x[j]), params)));
 }
 
 // ---------------------------------------------------------------- host side
@@ -834,13 +965,22 @@ void run_naive(const CrossEntropyArgs& a0, const CrossEntropyOptions& o, void* w
     ce_reduce(a, ws.stats, ws.n_valid, o, s);
 }
 
-// The fast kernel's shape: the fewest CTAs per cluster (<= 8) whose two row buffers fit the
-// shared-memory budget; as many persistent clusters are launched as fit on the GPU at once.
+// The fast kernel's shape. Each CTA keeps `stages` slices of rows in shared memory; the plan
+// takes the fewest CTAs per cluster (<= 8) whose slices fit the wanted number of stages in the
+// budget (else 2), so that rows stream in while one is worked on. As many persistent clusters are
+// launched as fit on the GPU at once.
 struct FastPlan {
     int cluster = 0;  // 0: not possible (unaligned rows or rows too long): use online
+    int threads = kFastThreads;
+    int stages = 0;
     int64_t slice = 0;
     size_t smem = 0;
 };
+
+int env_int(const char* name) {
+    const char* e = std::getenv(name);
+    return e ? std::atoi(e) : 0;
+}
 
 FastPlan plan_fast(const CrossEntropyArgs& a) {
     static const int max_smem = [] {
@@ -851,19 +991,32 @@ FastPlan plan_fast(const CrossEntropyArgs& a) {
     }();
     if (!rows_aligned(a.logits, a.dlogits ? a.dlogits : a.logits, a.ld, a.type)) return {};
     const size_t es = type_size(a.type);
-    const size_t limit = size_t(max_smem) - 1024;  // static shared memory: reductions, stats
-    // ZGPT_CE_FAST_SMEM_KB overrides the budget for both buffers (a knob for bench_ce sweeps).
-    // 120 KB: two CTAs per SM (measured best on H100 over 56..140 KB x 256/512 threads; see
-    // docs/cross_entropy.md)
-    size_t budget = size_t(120) << 10;
-    if (const char* e = std::getenv("ZGPT_CE_FAST_SMEM_KB"); e && std::atoi(e) > 0)
-        budget = size_t(std::atoi(e)) << 10;
-    budget = std::min(budget, limit);
+    // Measured on an H100 (docs/cross_entropy.md): rows of up to 128 KB run best as two 256-thread
+    // CTAs per SM with two stages each; longer rows as one 512-thread CTA per SM holding three.
+    // Static shared memory (barriers, statistics, reductions) takes < 1 KB.
+    const bool short_rows = size_t(a.V) * es <= (size_t(128) << 10);
+    int threads = short_rows ? 256 : kFastThreads;
+    size_t budget = short_rows ? size_t(110) << 10 : size_t(max_smem) - 1024;
+    int want = short_rows ? 2 : kMinStages;
+    // knobs for bench_ce sweeps: ZGPT_CE_FAST_THREADS (256 | 512 | 1024), ZGPT_CE_FAST_SMEM_KB
+    // (the buffers' budget per CTA), ZGPT_CE_FAST_MIN_STAGES (the stages the cluster size is
+    // chosen for), ZGPT_CE_FAST_CLUSTER (a fixed cluster size)
+    if (const int t = env_int("ZGPT_CE_FAST_THREADS"); t == 256 || t == 512 || t == 1024)
+        threads = t;
+    if (const int kb = env_int("ZGPT_CE_FAST_SMEM_KB"); kb > 0) budget = size_t(kb) << 10;
+    budget = std::min(budget, size_t(max_smem) - 1024);
+    if (const int m = env_int("ZGPT_CE_FAST_MIN_STAGES"); m > 0) want = m;
+    const int forced = std::clamp(env_int("ZGPT_CE_FAST_CLUSTER"), 0, kMaxCluster);
     const int64_t per = 16 / int64_t(es);
-    for (int c = 1; c <= kMaxCluster; c++) {
-        int64_t slice = (a.V + c - 1) / c;
-        slice = (slice + per - 1) / per * per;
-        if (2 * size_t(slice) * es <= budget) return {c, slice, 2 * size_t(slice) * es};
+    for (const int min_stages : {want, 2}) {
+        for (int c = forced ? forced : 1; c <= (forced ? forced : kMaxCluster); c++) {
+            int64_t slice = (a.V + c - 1) / c;
+            slice = (slice + per - 1) / per * per;
+            const int64_t stages =
+                std::min<int64_t>(kMaxStages, int64_t(budget) / (slice * int64_t(es)));
+            if (stages >= min_stages)
+                return {c, threads, int(stages), slice, size_t(stages) * size_t(slice) * es};
+        }
     }
     return {};
 }
@@ -878,14 +1031,13 @@ void run_fast(const CrossEntropyArgs& a0, const CrossEntropyOptions& o, void* w,
         return;
     }
     ce_count_valid(ws.n_valid, a.targets, a.N, o.ignore_index, s);
-    const char* mode = std::getenv("ZGPT_CE_FAST_MODE");  // l2: the fused two-pass kernel
-    const bool l2 = mode && std::string(mode).rfind("l2", 0) == 0;
     FastArgs f{a.logits,
                a.dlogits,
                a.ld,
                a.V,
                a.N,
                plan.slice,
+               plan.stages,
                a.targets,
                ws.n_valid,
                a.grad_output,
@@ -899,33 +1051,12 @@ void run_fast(const CrossEntropyArgs& a0, const CrossEntropyOptions& o, void* w,
                a.z_rows,
                a.lse_rows,
                ws.stats};
-    if (l2) {
-        // l2<k>: at most k CTAs per SM (a shared-memory request caps residency), 1024 threads
-        const int per_sm = std::max(1, std::atoi(mode + 2));
-        int max_smem = 0, dev = 0;
-        cudaGetDevice(&dev);
-        cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
-        const size_t smem = size_t(max_smem) / per_sm - 2048;
-        dispatch(a.type, [&](auto tag) {
-            using T = decltype(tag);
-            auto kernel = fused_two_pass_kernel<T, 1024>;
-            ZG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               int(smem)));
-            kernel<<<unsigned(a.N), 1024, smem, s>>>(f);
-        });
-        ZG_CUDA_CHECK(cudaGetLastError());
-        ce_reduce(a, ws.stats, ws.n_valid, o, s);
-        return;
-    }
     dispatch(a.type, [&](auto tag) {
         using T = decltype(tag);
-        // ZGPT_CE_FAST_THREADS=256|1024 selects another block size (a knob for bench_ce sweeps)
-        const char* e = std::getenv("ZGPT_CE_FAST_THREADS");
-        const int threads =
-            e && (std::atoi(e) == 1024 || std::atoi(e) == 256) ? std::atoi(e) : kFastThreads;
+        const int threads = plan.threads;
         auto kernel = threads == 1024  ? fast_kernel<T, 1024>
                       : threads == 256 ? fast_kernel<T, 256>
-                                       : fast_kernel<T, kFastThreads>;
+                                       : fast_kernel<T, 512>;
         ZG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            int(plan.smem)));
         cudaLaunchConfig_t cfg{};

@@ -13,6 +13,8 @@
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
@@ -92,11 +94,13 @@ struct Case {
     std::vector<int32_t> targets;
     std::vector<float> grad_output = {1.0f};
     bool in_place = true;
+    int64_t ld = 0;  // row stride on the GPU; 0: V. Padding columns hold NaN and must stay so.
 };
 
 struct Result {
     std::vector<float> dlogits, loss, ce, z, lse;
     cuda::LossSummaryF summary;
+    bool padding_written = false;
 };
 
 struct Reference {
@@ -119,21 +123,31 @@ Reference reference(const Case& c) {
     return r;
 }
 
+// Rows of V values at stride ld >= V, the padding filled with `pad`.
+std::vector<float> pad_rows(const std::vector<float>& x, int64_t N, int64_t V, int64_t ld,
+                            float pad) {
+    std::vector<float> r(size_t(N) * ld, pad);
+    for (int64_t i = 0; i < N; i++)
+        std::copy(x.begin() + i * V, x.begin() + (i + 1) * V, r.begin() + i * ld);
+    return r;
+}
+
 Result run_variant(const cuda::CrossEntropyVariant& v, const Case& c) {
-    const size_t es = c.type == LogitsType::f32 ? 4 : 2, n = size_t(c.N) * c.V;
+    const int64_t ld = c.ld ? c.ld : c.V;
+    const size_t es = c.type == LogitsType::f32 ? 4 : 2, n = size_t(c.N) * ld;
     Dev logits(n * es), dl(c.in_place ? 0 : n * es), targets(c.N * 4), go(c.grad_output.size() * 4);
     Dev rows(4 * c.N * 4), summary(sizeof(cuda::LossSummaryF));
     Dev ws(v.workspace_bytes(c.N, c.V, c.type));
-    upload(logits.p, c.logits, c.type);
+    upload(logits.p, pad_rows(c.logits, c.N, c.V, ld, NAN), c.type);
     CUDA_OK(cudaMemcpy(targets.p, c.targets.data(), c.N * 4, cudaMemcpyHostToDevice));
     CUDA_OK(
         cudaMemcpy(go.p, c.grad_output.data(), c.grad_output.size() * 4, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemset(rows.p, 0xFF, rows.bytes));  // poison: every output must be written
-    if (!c.in_place) CUDA_OK(cudaMemset(dl.p, 0xFF, dl.bytes));
+    if (!c.in_place) upload(dl.p, pad_rows(c.logits, c.N, c.V, ld, NAN), c.type);
     cuda::CrossEntropyArgs a;
     a.logits = logits.p;
     a.type = c.type;
-    a.ld = c.V;
+    a.ld = ld;
     a.N = c.N;
     a.V_local = c.V;
     a.V = c.V;
@@ -149,7 +163,15 @@ Result run_variant(const cuda::CrossEntropyVariant& v, const Case& c) {
     CUDA_OK(cudaDeviceSynchronize());
     CUDA_OK(cudaGetLastError());
     Result r;
-    r.dlogits = download(a.dlogits, n, c.type);
+    const std::vector<float> out = download(a.dlogits, n, c.type);
+    r.dlogits.resize(size_t(c.N) * c.V);
+    for (int64_t i = 0; i < c.N; i++) {
+        std::copy(out.begin() + i * ld, out.begin() + i * ld + c.V, r.dlogits.begin() + i * c.V);
+        for (int64_t j = c.V; j < ld; j++)  // nothing is written past V
+            if (!std::isnan(out[i * ld + j])) {
+                r.padding_written = true;
+            }
+    }
     std::vector<float> all(4 * c.N);
     CUDA_OK(cudaMemcpy(all.data(), rows.p, all.size() * 4, cudaMemcpyDeviceToHost));
     r.loss.assign(all.begin(), all.begin() + c.N);
@@ -302,6 +324,39 @@ TEST_CASE("every cross_entropy variant equals the CPU reference: sizes, types, o
             }
         }
     }
+}
+
+TEST_CASE(
+    "fast: many rows per cluster through the buffer ring, padded rows with a tail, "
+    "every cluster size") {
+    // ZGPT_CE_FAST_CLUSTER forces the cluster size (0: the planner's choice). Rows per cluster
+    // exceed the ring's stages, so buffers are refilled; ld > V leaves the last CTA a tail of
+    // fewer than 8 columns past its bulk copy, and NaN padding that must be neither read nor
+    // written.
+    struct Shape {
+        int64_t N, V, ld;
+        LogitsType t;
+    };
+    const std::vector<Shape> shapes = {{600, 50257, 50264, LogitsType::bf16},
+                                       {300, 4099, 4100, LogitsType::f32},
+                                       {2000, 1000, 1000, LogitsType::bf16}};
+    uint64_t seed = 900;
+    for (int cluster : {0, 1, 2, 3, 5, 8}) {
+        CAPTURE(cluster);
+        setenv("ZGPT_CE_FAST_CLUSTER", std::to_string(cluster).c_str(), 1);
+        for (const Shape& sh : shapes) {
+            CAPTURE(sh.V);
+            const uint64_t s = seed++;
+            Case c = make_case(s, sh.N, sh.V, sh.t, 1e-4, s % 2 ? 0.1 : 0.0, Reduction::mean,
+                               int(s % 3));
+            c.ld = sh.ld;
+            c.in_place = s % 4 < 2;
+            const Result got = run_variant(cuda::find_cross_entropy_variant("fast"), c);
+            check_result(got, reference(c), c);
+            CHECK_FALSE(got.padding_written);
+        }
+    }
+    unsetenv("ZGPT_CE_FAST_CLUSTER");
 }
 
 TEST_CASE(

@@ -2,7 +2,7 @@
 // z = 1e-4, mean, dlogits in place) at the benchmark shapes, against the floor of one read of the
 // logits and one write of dlogits at the copy bandwidth measured on this GPU in the same run.
 //
-//   bench_ce [--out results.json] [--variants naive,online,fast] [--iters 20]
+//   bench_ce [--out results.json] [--variants naive,online,fast] [--iters 20] [--shapes NxV,...]
 //
 // Each timed iteration starts from a fresh copy of the logits (copied outside the timed events),
 // so in-place variants never run on their own gradients. The median of the iterations is reported.
@@ -104,12 +104,14 @@ void fill_logits(__nv_bfloat16* d, size_t n, uint64_t seed, double half_width = 
 
 int main(int argc, char** argv) {
     CLI::App app{"Time the registered CUDA cross-entropy variants against the memory floor."};
-    std::string out, only;
+    std::string out, only, shapes_arg;
     int iters = 20;
     app.add_option("--out", out, "write the results as JSON here");
     app.add_option("--variants", only,
                    "comma-separated variant names, fused_linear included (default: all)");
     app.add_option("--iters", iters, "timed iterations per variant")->capture_default_str();
+    app.add_option("--shapes", shapes_arg,
+                   "CE shapes as NxV,NxV (default: 32768x128256,8192x50304)");
     CLI11_PARSE(app, argc, argv);
 
     const zgpt::cuda::DeviceInfo dev = zgpt::cuda::query_devices();
@@ -124,7 +126,20 @@ int main(int argc, char** argv) {
     struct Shape {
         int64_t N, V;
     };
-    for (Shape sh : {Shape{32768, 128256}, Shape{8192, 50304}}) {
+    std::vector<Shape> ce_shapes = {{32768, 128256}, {8192, 50304}};
+    if (!shapes_arg.empty()) {  // "NxV,NxV,..."
+        ce_shapes.clear();
+        std::stringstream ss(shapes_arg);
+        for (std::string item; std::getline(ss, item, ',');) {
+            const size_t x = item.find('x');
+            if (x == std::string::npos) {
+                std::fprintf(stderr, "--shapes: expected NxV, got '%s'\n", item.c_str());
+                return 2;
+            }
+            ce_shapes.push_back({std::stoll(item.substr(0, x)), std::stoll(item.substr(x + 1))});
+        }
+    }
+    for (Shape sh : ce_shapes) {
         const size_t n = size_t(sh.N) * sh.V;
         __nv_bfloat16 *pristine, *logits;
         int32_t* targets;
