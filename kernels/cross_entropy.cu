@@ -9,7 +9,6 @@
 //          dlogits from shared memory while the next row streams in
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
-#include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cmath>
@@ -604,57 +603,13 @@ __device__ __forceinline__ void write_row_outputs(const FastArgs& a, int64_t row
     a.stats[row] = st;
 }
 
-// The fast kernel keeps each value's exponential, computed once in the statistics pass, in place
-// of the value in shared memory, so the gradient pass needs no second exp (halving the
-// special-function-unit work, its bottleneck) and no subtraction. A bf16 row stores the
-// exponentials as fp16, scaled by 2^14 so that they stay normal down to 2^-38 of the thread's
-// max: the fp16 rounding (2^-11 relative) plus the output's bf16 rounding (2^-9) stay under the
-// tests' one-bf16-ulp bound. An fp32 row stores them as fp32.
-template <typename T>
-struct ExpStore;
-template <>
-struct ExpStore<bf16> {
-    static constexpr float kLog2Scale = 14.0f;
-    // 8 exponentials into the 16 bytes the 8 bf16 values came from
-    __device__ __forceinline__ static void put(bf16* p, const float (&e)[8]) {
-        int4 raw;
-        __half2* h = reinterpret_cast<__half2*>(&raw);
-#pragma unroll
-        for (int k = 0; k < 4; k++) h[k] = __floats2half2_rn(e[2 * k], e[2 * k + 1]);
-        *reinterpret_cast<int4*>(p) = raw;
-    }
-    __device__ __forceinline__ static void get(const bf16* p, float (&e)[8]) {
-        const int4 raw = *reinterpret_cast<const int4*>(p);
-        const __half2* h = reinterpret_cast<const __half2*>(&raw);
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const float2 f = __half22float2(h[k]);
-            e[2 * k] = f.x;
-            e[2 * k + 1] = f.y;
-        }
-    }
-};
-template <>
-struct ExpStore<float> {
-    static constexpr float kLog2Scale = 0.0f;
-    __device__ __forceinline__ static void put(float* p, const float (&e)[4]) {
-        *reinterpret_cast<float4*>(p) = make_float4(e[0], e[1], e[2], e[3]);
-    }
-    __device__ __forceinline__ static void get(const float* p, float (&e)[4]) {
-        const float4 v = *reinterpret_cast<const float4*>(p);
-        e[0] = v.x, e[1] = v.y, e[2] = v.z, e[3] = v.w;
-    }
-};
-
 // This thread's statistics of a CTA's slice held in shared memory (`nv` whole chunks) plus the
 // slice's tail of < one chunk, read from global memory (`x`). Two cheap passes over shared memory:
-// a packed max, then branch-free sums against it (no serial rescaling chain); the second pass
-// leaves each value's scaled exponential 2^((x - exp_max) log2 e + kLog2Scale) in its place.
+// a packed max, then branch-free sums against it (no serial rescaling chain).
 template <typename T, int kThreads>
-__device__ __forceinline__ RowStatsF slice_stats(T* buf, const T* x, int nv, int n, int y_local,
-                                                 bool smooth, float& exp_max) {
+__device__ __forceinline__ RowStatsF slice_stats(const T* buf, const T* x, int nv, int n,
+                                                 int y_local, bool smooth) {
     constexpr int K = kChunk<T>;
-    constexpr float kScale = ExpStore<T>::kLog2Scale;
     ChunkMax<T> cmax;
 #pragma unroll 4
     for (int c = threadIdx.x; c < nv; c += kThreads)
@@ -665,73 +620,54 @@ __device__ __forceinline__ RowStatsF slice_stats(T* buf, const T* x, int nv, int
         float s0 = 0.0f, s1 = 0.0f, sx = 0.0f;
 #pragma unroll 4
         for (int c = threadIdx.x; c < nv; c += kThreads) {
-            float v[K], e[K];
+            float v[K];
             load_chunk(buf + c * K, v);
-#pragma unroll
-            for (int k = 0; k < K; k++) e[k] = exp2_ftz(fmaf(v[k] - st.max, kLog2e, kScale));
             if (c == target_chunk) {  // exclude the target from the sum
 #pragma unroll
                 for (int k = 0; k < K; k++) {
                     if (c * K + k == y_local)
                         st.target_logit = v[k];
                     else
-                        s0 += e[k];
+                        s0 += exp_ftz(v[k] - st.max);
                 }
             } else {
 #pragma unroll
                 for (int k = 0; k < K; k += 2) {
-                    s0 += e[k];
-                    s1 += e[k + 1];
+                    s0 += exp_ftz(v[k] - st.max);
+                    s1 += exp_ftz(v[k + 1] - st.max);
                 }
             }
             if (smooth) {
 #pragma unroll
                 for (int k = 0; k < K; k++) sx += v[k];
             }
-            ExpStore<T>::put(buf + c * K, e);
         }
-        st.sum_excl = (s0 + s1) * exp2_ftz(-kScale);  // an exact power of two
+        st.sum_excl = s0 + s1;
         st.sum_logits = sx;
     }
-    exp_max = st.max;  // the tail below may raise st.max; the stored exponentials keep this one
     for (int j = nv * K + int(threadIdx.x); j < n; j += kThreads)
         stats_add(st, to_f(x[j]), j == y_local);
     return st;
 }
 
-// dlogits of a CTA's slice from the exponentials slice_stats left in shared memory (`thread_max`:
-// the max they are relative to), and of the tail from global memory.
+// dlogits of a CTA's slice from its shared-memory copy (and the tail from global memory).
 template <typename T, int kThreads>
 __device__ __forceinline__ void slice_grad(T* dx, const T* buf, const T* x, int nv, int n,
-                                           float thread_max, int y_local, bool valid,
-                                           const RowGradParams& p) {
+                                           int y_local, bool valid, const RowGradParams& p) {
     constexpr int K = kChunk<T>;
-    constexpr float kScale = ExpStore<T>::kLog2Scale;
     const int target_chunk = y_local >= 0 ? y_local / K : -1;
-    // p_j = e_j 2^((thread_max - max) log2 e - log2 d - kScale); 0 where the thread saw only -inf
-    const float f = thread_max == kNegInf
-                        ? 0.0f
-                        : p.coef * exp2_ftz(fmaf(thread_max - p.max, kLog2e, -p.log2_d - kScale));
 #pragma unroll 4
     for (int c = threadIdx.x; c < nv; c += kThreads) {
         float v[K];
+        load_chunk(buf + c * K, v);
         if (!valid) {
 #pragma unroll
             for (int k = 0; k < K; k++) v[k] = 0.0f;
+        } else if (c == target_chunk) {
+            grad_chunk(v, int64_t(c) * K, y_local, true, p);
         } else {
-            if (thread_max == kNegInf) {
 #pragma unroll
-                for (int k = 0; k < K; k++) v[k] = 0.0f;
-            } else {
-                ExpStore<T>::get(buf + c * K, v);
-            }
-#pragma unroll
-            for (int k = 0; k < K; k++) v[k] = fmaf(v[k], f, -p.smooth);
-            if (c == target_chunk) {
-#pragma unroll
-                for (int k = 0; k < K; k++)
-                    if (c * K + k == y_local) v[k] = p.d_target;
-            }
+            for (int k = 0; k < K; k++) v[k] = grad_of(v[k], p);
         }
         store_chunk(dx + int64_t(c) * K, v);
     }
@@ -789,7 +725,6 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1) fast_kernel
     const int n_valid = *a.n_valid;
     int prev_y_local = -1;
     bool prev_valid = false;
-    float prev_max = kNegInf;
     int64_t it = 0;
     for (int64_t row = first_row; row < a.N; row += row_step, it++) {
         const int32_t y = a.targets[row];
@@ -797,27 +732,24 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1) fast_kernel
         if (bytes > 0) mbar_wait(&full[it % S], unsigned(it / S) & 1u);
         const bool valid = y != a.ignore_index;
         const int y_local = valid && y >= c0 && y < c0 + n ? int(y - c0) : -1;
-        float thread_max;
-        RowStatsF st = slice_stats<T, kThreads>(buffer(it), logits + row * a.ld, nv, n, y_local,
-                                                smooth, thread_max);
+        RowStatsF st =
+            slice_stats<T, kThreads>(buffer(it), logits + row * a.ld, nv, n, y_local, smooth);
         st = block_reduce_stats(st);  // its barriers also publish row_params of row i - 1
         if (threadIdx.x == 0) cta_stats[it & 1] = st;
         cluster_arrive();
         if (it > 0) {
             const int64_t prev = row - row_step;
             slice_grad<T, kThreads>(dlogits + prev * a.ld, buffer(it - 1), logits + prev * a.ld, nv,
-                                    n, prev_max, prev_y_local, prev_valid,
-                                    row_params[(it - 1) & 1]);
+                                    n, prev_y_local, prev_valid, row_params[(it - 1) & 1]);
         }
-        // every thread's exponentials written into buffer(it - 1) are ordered before the bulk
-        // copy that refills it (generic- and async-proxy writes are otherwise unordered), and every
-        // thread is done reading it and row_params[(it - 1) & 1]
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncthreads();
-        if (threadIdx.x == 0 && it > 0) load(it - 1 + S);
+        __syncthreads();  // every thread is done with buffer(it - 1) and row_params[(it - 1) & 1]
+        if (threadIdx.x == 0 && it > 0) {
+            // the generic-proxy reads of the buffer before the async-proxy (TMA) write into it
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            load(it - 1 + S);
+        }
         prev_y_local = y_local;
         prev_valid = valid;
-        prev_max = thread_max;
         cluster_wait();
         if (threadIdx.x < 32) {
             // lane l reads CTA l % 8's statistics; the xor tree within each group of 8 lanes is
@@ -840,7 +772,7 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1) fast_kernel
         __syncthreads();  // row_params of the last row
         const int64_t last = first_row + (it - 1) * row_step;
         slice_grad<T, kThreads>(dlogits + last * a.ld, buffer(it - 1), logits + last * a.ld, nv, n,
-                                prev_max, prev_y_local, prev_valid, row_params[(it - 1) & 1]);
+                                prev_y_local, prev_valid, row_params[(it - 1) & 1]);
     }
     cluster.sync();  // no CTA may leave while another may still read its shared memory
 }

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <sstream>
 
 #include "data/safetensors.h"
 #include "kernels/cross_entropy.h"
@@ -232,6 +233,14 @@ void check_result(const Result& got, const Reference& want, const Case& c) {
                     1.0 / 256 + 1e-5, 1e-6 * max_abs(want.dlogits) + 1e-30);
     }
     INFO("dlogits: max abs err " << e.abs << ", max rel err " << e.rel << " at " << e.worst);
+    std::ostringstream worst;  // the worst element, with its row's context
+    if (!e.ok) {
+        const int64_t i = e.worst / c.V, j = e.worst % c.V;
+        worst << "row " << i << " col " << j << " target " << c.targets[i] << ": got "
+              << got.dlogits[e.worst] << " want " << want.dlogits[e.worst] << " logit "
+              << c.logits[e.worst] << " lse " << want.lse[i];
+    }
+    INFO(worst.str());
     CHECK(e.ok);
 }
 
