@@ -91,6 +91,17 @@ __device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&lo)[4],
     a[3] = pack(hi[2], hi[3]);
 }
 
+// Row gq + 8 r of a warp's 16 x kD accumulator, times `scale`, as bf16 at `dst` (this lane's two
+// columns of each n-tile).
+__device__ __forceinline__ void store_acc_row(bf16* dst, const float (&acc)[kD / 8][4], int r,
+                                              float scale) {
+    const int tq = threadIdx.x % 4;
+#pragma unroll
+    for (int n = 0; n < kD / 8; n++)
+        *reinterpret_cast<uint32_t*>(dst + n * 8 + 2 * tq) =
+            pack(acc[n][2 * r] * scale, acc[n][2 * r + 1] * scale);
+}
+
 // Rows [r0, r0 + 64) of one head's slice (rows of `stride` elements from base) into shared memory
 // with cp.async, 16 bytes per copy; rows past Tn are zero-filled. Call commit() after a tile's
 // copies and wait_prev() before using the tile issued one commit earlier.
@@ -295,12 +306,7 @@ __global__ void __launch_bounds__(kThreads)
             sum += __shfl_xor_sync(0xffffffffu, sum, 2);
             const int64_t row = q0 + warp * WR + mt * 16 + gq + r * 8;
             if (row >= g.Tn) continue;
-            const float inv = 1.0f / sum;
-            bf16* y = out + (b * g.Tn + row) * g.C + h * g.hs;
-#pragma unroll
-            for (int n = 0; n < kD / 8; n++)
-                *reinterpret_cast<uint32_t*>(y + n * 8 + 2 * tq) =
-                    pack(o[mt][n][2 * r] * inv, o[mt][n][2 * r + 1] * inv);
+            store_acc_row(out + (b * g.Tn + row) * g.C + h * g.hs, o[mt], r, 1.0f / sum);
             if (tq == 0) lse[bh * g.Tn + row] = (m[mt][r] + __log2f(sum)) * kLn2;
         }
 }
@@ -405,13 +411,8 @@ __global__ void __launch_bounds__(kThreads)
         const int64_t key = k0 + warp * 16 + gq + r * 8;
         if (key >= g.Tn) continue;
         bf16* dkr = dqkv + (b * g.Tn + key) * stride + g.C + h * g.hs;
-#pragma unroll
-        for (int n = 0; n < kD / 8; n++) {
-            *reinterpret_cast<uint32_t*>(dkr + n * 8 + 2 * tq) =
-                pack(dk[n][2 * r] * g.scale, dk[n][2 * r + 1] * g.scale);
-            *reinterpret_cast<uint32_t*>(dkr + g.C + n * 8 + 2 * tq) =
-                pack(dv[n][2 * r], dv[n][2 * r + 1]);
-        }
+        store_acc_row(dkr, dk, r, g.scale);
+        store_acc_row(dkr + g.C, dv, r, 1.0f);
     }
 }
 
@@ -479,11 +480,7 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(bf16* dqkv, const bf16* do
     for (int r = 0; r < 2; r++) {
         const int64_t row = q0 + warp * 16 + gq + r * 8;
         if (row >= g.Tn) continue;
-        bf16* dqr = dqkv + (b * g.Tn + row) * stride + h * g.hs;
-#pragma unroll
-        for (int n = 0; n < kD / 8; n++)
-            *reinterpret_cast<uint32_t*>(dqr + n * 8 + 2 * tq) =
-                pack(dq[n][2 * r] * g.scale, dq[n][2 * r + 1] * g.scale);
+        store_acc_row(dqkv + (b * g.Tn + row) * stride + h * g.hs, dq, r, g.scale);
     }
 }
 

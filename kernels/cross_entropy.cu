@@ -213,11 +213,14 @@ __device__ RowResult finalize_row(const RowStatsF& st, int32_t y, bool valid, fl
     return r;
 }
 
-__device__ __forceinline__ float row_grad_scale(const float* grad_output, bool per_row, int64_t row,
-                                                Reduction red, int n_valid) {
-    const float g = grad_output[per_row ? row : 0];
+// The loss gradient a row's dlogits are scaled by: grad_output, over the valid rows for mean.
+__device__ __forceinline__ float grad_scale(float g, Reduction red, int n_valid) {
     if (red == Reduction::mean) return n_valid > 0 ? g / float(n_valid) : 0.0f;
     return g;
+}
+__device__ __forceinline__ float row_grad_scale(const float* grad_output, bool per_row, int64_t row,
+                                                Reduction red, int n_valid) {
+    return grad_scale(grad_output[per_row ? row : 0], red, n_valid);
 }
 
 // p_j = 2^((x_j - max) log2 e - log2 d): the subtraction first (exact-ish, keeps the argument's
@@ -226,12 +229,10 @@ __device__ __forceinline__ float grad_of(float x, const RowGradParams& p) {
     return p.coef * exp2_ftz(fmaf(x - p.max, kLog2e, -p.log2_d)) - p.smooth;
 }
 
-template <int K>
-__device__ __forceinline__ void grad_chunk(float (&v)[K], int64_t j0, int64_t y_local, bool valid,
-                                           const RowGradParams& p) {
-#pragma unroll
-    for (int k = 0; k < K; k++)
-        v[k] = !valid ? 0.0f : (j0 + k == y_local ? p.d_target : grad_of(v[k], p));
+// One value's dlogit: 0 on ignored rows, the precomputed d_target at the target.
+__device__ __forceinline__ float grad_value(float x, bool is_target, bool valid,
+                                            const RowGradParams& p) {
+    return !valid ? 0.0f : (is_target ? p.d_target : grad_of(x, p));
 }
 
 // ---------------------------------------------------------------- small kernels
@@ -337,16 +338,17 @@ __global__ void reduce_kernel(LossSummaryF* out, const float* loss_rows, const f
 
 // kVec: rows start 16-byte aligned, so whole chunks are read with one instruction; the tail
 // (V_local not a multiple of the chunk) is read one value at a time.
-// dlogits of one 16-byte chunk; the per-value target test only in the chunk that holds it
+// dlogits of one 16-byte chunk whose target index is t (outside [0, K): not in this chunk); the
+// per-value target test only in the chunk that holds it
 template <int K>
-__device__ __forceinline__ void grad_chunk_fast(float (&v)[K], int64_t j0, int64_t y_local,
-                                                bool valid, const RowGradParams& p) {
-    const int64_t t = y_local - j0;
+__device__ __forceinline__ void grad_chunk_fast(float (&v)[K], int t, bool valid,
+                                                const RowGradParams& p) {
     if (!valid) {
 #pragma unroll
         for (int k = 0; k < K; k++) v[k] = 0.0f;
     } else if (t >= 0 && t < K) {
-        grad_chunk(v, j0, y_local, true, p);
+#pragma unroll
+        for (int k = 0; k < K; k++) v[k] = k == t ? p.d_target : grad_of(v[k], p);
     } else {
 #pragma unroll
         for (int k = 0; k < K; k++) v[k] = grad_of(v[k], p);
@@ -382,11 +384,12 @@ __device__ __forceinline__ void row_backward_part(T* dx, const T* x, int64_t V_l
     for (int c = first; c < nv; c += step) {
         float v[K];
         load_chunk(x + int64_t(c) * K, v);
-        grad_chunk_fast(v, int64_t(c) * K, y_local, valid, p);
+        const int64_t t = y_local - int64_t(c) * K;  // 64-bit: shard offsets can be large
+        grad_chunk_fast(v, t >= 0 && t < K ? int(t) : -1, valid, p);
         store_chunk(dx + int64_t(c) * K, v);
     }
     for (int64_t j = int64_t(nv) * K + first; j < V_local; j += step)
-        dx[j] = from_f<T>(!valid ? 0.0f : (j == y_local ? p.d_target : grad_of(to_f(x[j]), p)));
+        dx[j] = from_f<T>(grad_value(to_f(x[j]), j == y_local, valid, p));
 }
 
 template <typename T, bool kVec>
@@ -655,24 +658,15 @@ template <typename T, int kThreads>
 __device__ __forceinline__ void slice_grad(T* dx, const T* buf, const T* x, int nv, int n,
                                            int y_local, bool valid, const RowGradParams& p) {
     constexpr int K = kChunk<T>;
-    const int target_chunk = y_local >= 0 ? y_local / K : -1;
 #pragma unroll 4
     for (int c = threadIdx.x; c < nv; c += kThreads) {
         float v[K];
         load_chunk(buf + c * K, v);
-        if (!valid) {
-#pragma unroll
-            for (int k = 0; k < K; k++) v[k] = 0.0f;
-        } else if (c == target_chunk) {
-            grad_chunk(v, int64_t(c) * K, y_local, true, p);
-        } else {
-#pragma unroll
-            for (int k = 0; k < K; k++) v[k] = grad_of(v[k], p);
-        }
+        grad_chunk_fast(v, y_local < 0 ? -1 : y_local - c * K, valid, p);
         store_chunk(dx + int64_t(c) * K, v);
     }
     for (int j = nv * K + int(threadIdx.x); j < n; j += kThreads)
-        dx[j] = from_f<T>(!valid ? 0.0f : (j == y_local ? p.d_target : grad_of(to_f(x[j]), p)));
+        dx[j] = from_f<T>(grad_value(to_f(x[j]), j == y_local, valid, p));
 }
 
 // Persistent clusters; CTA `rank` of a cluster owns the columns [rank * slice, (rank + 1) * slice)
@@ -759,9 +753,8 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1) fast_kernel
                 r < csize ? *cluster.map_shared_rank(&cta_stats[it & 1], r) : empty_stats();
             for (int off = kMaxCluster / 2; off > 0; off >>= 1)
                 all = merge_stats(all, shfl_xor_stats(all, off));
-            const float scale =
-                a.red != Reduction::mean ? g : (n_valid > 0 ? g / float(n_valid) : 0.0f);
-            const RowResult res = finalize_row(all, y, valid, scale, a.V, a.eps, a.zw);
+            const RowResult res =
+                finalize_row(all, y, valid, grad_scale(g, a.red, n_valid), a.V, a.eps, a.zw);
             if (threadIdx.x == 0) {
                 row_params[it & 1] = res.p;
                 if (rank == 0) write_row_outputs(a, row, res, all);
