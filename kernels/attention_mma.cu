@@ -1,11 +1,12 @@
 // Causal attention on tensor cores: bf16, head size 64, fp32 accumulation.
 //
-// FlashAttention-2's schedule with mma.sync m16n8k16: 4 warps per block, 64-wide key (or query)
-// tiles staged in shared memory with cp.async, double-buffered (rows padded by 8 elements against
-// bank conflicts), fragments read with ldmatrix. The S accumulator's register layout is exactly
-// the A operand layout of the next product, so P (and dS) never leave registers. Backward: one
-// kernel per key tile for dK/dV and one per query tile for dQ, so every output has one writer
-// (deterministic, no atomics).
+// FlashAttention-2's schedule with mma.sync m16n8k16: 4 warps per block, key (or query) tiles of
+// 64 rows (forward) or 32 (backward) staged in shared memory with cp.async, double-buffered (rows
+// padded by 8 elements against bank conflicts), fragments read with ldmatrix. The S accumulator's
+// register layout is exactly the A operand layout of the next product, so P (and dS) never leave
+// registers. Backward: a kernel over key blocks for dK/dV and one over query blocks for dQ, so
+// every output has one writer (deterministic, no atomics); each warp there owns two m-tiles of 16
+// rows.
 //
 // What keeps the instruction count down (these kernels are issue-bound, not tensor-bound):
 // - only tiles that straddle the diagonal are masked; the others take a compare-free path;
@@ -31,9 +32,6 @@ constexpr int kD = 64, kLD = kD + 8;  // head size; padded shared-memory row
 constexpr int kTile = 64, kWarps = 4, kThreads = 32 * kWarps;
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
-__device__ __forceinline__ uint32_t ld32(const bf16* p) {
-    return *reinterpret_cast<const uint32_t*>(p);
-}
 __device__ __forceinline__ uint32_t pack(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<const uint32_t*>(&v);
@@ -105,9 +103,10 @@ __device__ __forceinline__ void store_acc_row(bf16* dst, const float (&acc)[kD /
 // Rows [r0, r0 + 64) of one head's slice (rows of `stride` elements from base) into shared memory
 // with cp.async, 16 bytes per copy; rows past Tn are zero-filled. Call commit() after a tile's
 // copies and wait_prev() before using the tile issued one commit earlier.
+template <int ROWS = kTile>
 __device__ void stage_async(bf16* rows, const bf16* base, int64_t stride, int64_t r0, int64_t Tn) {
     constexpr int CH = kD / 8;
-    for (int c = threadIdx.x; c < kTile * CH; c += kThreads) {
+    for (int c = threadIdx.x; c < ROWS * CH; c += kThreads) {
         const int r = c / CH, col = c % CH * 8;
         const bool in = r0 + r < Tn;
         const bf16* src = in ? base + (r0 + r) * stride + col : base;
@@ -129,47 +128,6 @@ __device__ __forceinline__ void wait_all() {
 __device__ void stage_kv_async(bf16* Ks, bf16* Vs, const bf16* qbase, int64_t k0, const Geo& g) {
     stage_async(Ks, qbase + g.C, 3 * g.C, k0, g.Tn);
     stage_async(Vs, qbase + 2 * g.C, 3 * g.C, k0, g.Tn);
-}
-
-// The backward kernels' two tile products (one warp, 16 rows). scores_tile: c (16 x 64) += A B^T,
-// A's 16 x 64 fragments in registers, B a 64 x 64 tile stored [n][k] in shared memory.
-// accumulate_tile: c (16 x 64) += A B over the 16 columns k0.., B a tile stored [k][n].
-// (The forward shares each B fragment between its m-tiles, so it keeps its own loops.)
-__device__ __forceinline__ void scores_tile(float (&c)[kTile / 8][4],
-                                            const uint32_t (&a)[kD / 16][4], const bf16* B) {
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; kk++)
-#pragma unroll
-        for (int n = 0; n < kTile / 8; n += 2) {
-            uint32_t b[4];
-            load_b2(b, B, n * 8, kk * 16);
-            mma(c[n], a[kk], b[0], b[1]);
-            mma(c[n + 1], a[kk], b[2], b[3]);
-        }
-}
-__device__ __forceinline__ void accumulate_tile(float (&c)[kD / 8][4], const uint32_t (&a)[4],
-                                                const bf16* B, int k0) {
-#pragma unroll
-    for (int n = 0; n < kD / 8; n += 2) {
-        uint32_t b[4];
-        load_bt2(b, B, k0, n * 8);
-        mma(c[n], a, b[0], b[1]);
-        mma(c[n + 1], a, b[2], b[3]);
-    }
-}
-
-// A fragments of 16 rows (r0..) of one head's slice straight from global memory.
-__device__ void load_a_global(uint32_t (&a)[kD / 16][4], const bf16* base, int64_t stride,
-                              int64_t r0, int64_t Tn) {
-    const int gq = threadIdx.x % 32 / 4, tq = threadIdx.x % 4;
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; kk++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int64_t r = r0 + gq + (j & 1) * 8;
-            const int col = kk * 16 + (j >> 1) * 8 + 2 * tq;
-            a[kk][j] = r < Tn ? ld32(base + r * stride + col) : 0u;
-        }
 }
 
 // ---------------------------------------------------------------- forward
@@ -334,154 +292,274 @@ __global__ void row_dot_kernel(float* dsum, const bf16* dout, const bf16* out, i
     if (r < n && part == 0) dsum[r] = acc;
 }
 
-// One block per key tile: dK and dV of its 64 keys summed over the query tiles in order.
+// One block per 128 keys: dK and dV summed over the query tiles in order. Each warp owns 32 keys
+// (two m-tiles), so every Q / dO fragment read from shared memory feeds two products: half the
+// shared-memory reads per mma of 16-key warps (measured: the step 126.8-127.3 against 128.5-129.0
+// ms). Query tiles have 32 rows so that S and dP of 32 keys fit in registers beside the dK and dV
+// accumulators; K and V fragments are read from shared memory.
+constexpr int kWarpKeys = 32, kWideKeys = kWarps * kWarpKeys, kWideQ = 32;
+constexpr int kWideSmemBytes =
+    (2 * kWideKeys + 4 * kWideQ) * kLD * int(sizeof(bf16)) + 4 * kWideQ * int(sizeof(float));
+
 __global__ void __launch_bounds__(kThreads)
     dkdv_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* dsum,
                 Geo g) {
-    __shared__ __align__(16) bf16 Qs[2][kTile * kLD], dOs[2][kTile * kLD];
-    __shared__ __align__(16) float Ls[2][kTile], Ds[2][kTile];
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16* Ks = reinterpret_cast<bf16*>(smem);  // [kWideKeys][kLD]
+    bf16* Vs = Ks + kWideKeys * kLD;
+    bf16* Qs = Vs + kWideKeys * kLD;  // [2][kWideQ][kLD]
+    bf16* dOs = Qs + 2 * kWideQ * kLD;
+    float* Ls = reinterpret_cast<float*>(dOs + 2 * kWideQ * kLD);  // [2][kWideQ]
+    float* Ds = Ls + 2 * kWideQ;
     const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
-    const int64_t k0 = int64_t(blockIdx.x) * kTile;  // early keys see the most queries: first
+    const int64_t k0 = int64_t(blockIdx.x) * kWideKeys;  // early keys see the most queries: first
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
     const int64_t stride = 3 * g.C;
     const bf16* qbase = qkv + b * g.Tn * stride + h * g.hs;
     const bf16* obase = dout + b * g.Tn * g.C + h * g.hs;
     const float sl2 = g.scale * kLog2e;
-    uint32_t ka[kD / 16][4], va[kD / 16][4];
-    load_a_global(ka, qbase + g.C, stride, k0 + warp * 16, g.Tn);
-    load_a_global(va, qbase + 2 * g.C, stride, k0 + warp * 16, g.Tn);
-    float dk[kD / 8][4] = {}, dv[kD / 8][4] = {};
+    const int64_t wk0 = k0 + warp * kWarpKeys;  // this warp's first key
+    float dk[2][kD / 8][4] = {}, dv[2][kD / 8][4] = {};
     auto issue = [&](int64_t i0, int buf) {
-        stage_async(Qs[buf], qbase, stride, i0, g.Tn);
-        stage_async(dOs[buf], obase, g.C, i0, g.Tn);
-        for (int r = threadIdx.x; r < kTile; r += kThreads) {
+        stage_async<kWideQ>(Qs + buf * kWideQ * kLD, qbase, stride, i0, g.Tn);
+        stage_async<kWideQ>(dOs + buf * kWideQ * kLD, obase, g.C, i0, g.Tn);
+        for (int r = threadIdx.x; r < kWideQ; r += kThreads) {
             const bool in = i0 + r < g.Tn;
-            Ls[buf][r] = in ? lse[bh * g.Tn + i0 + r] * kLog2e : INFINITY;  // past the end: P = 0
-            Ds[buf][r] = in ? dsum[bh * g.Tn + i0 + r] : 0.0f;
+            Ls[buf * kWideQ + r] = in ? lse[bh * g.Tn + i0 + r] * kLog2e : INFINITY;  // P = 0
+            Ds[buf * kWideQ + r] = in ? dsum[bh * g.Tn + i0 + r] : 0.0f;
         }
         commit();
     };
+    stage_async<kWideKeys>(Ks, qbase + g.C, stride, k0, g.Tn);  // committed with the first tile
+    stage_async<kWideKeys>(Vs, qbase + 2 * g.C, stride, k0, g.Tn);
     issue(k0, 0);
-    for (int64_t i0 = k0, t = 0; i0 < g.Tn; i0 += kTile, t++) {
-        if (i0 + kTile < g.Tn)
-            issue(i0 + kTile, (t + 1) & 1);
+    for (int64_t i0 = k0, t = 0; i0 < g.Tn; i0 += kWideQ, t++) {
+        if (i0 + kWideQ < g.Tn)
+            issue(i0 + kWideQ, (t + 1) & 1);
         else
             commit();  // an empty group keeps wait_prev() counting right
         wait_prev();
         __syncthreads();
-        const bf16* Qt = Qs[t & 1];
-        const bf16* dOt = dOs[t & 1];
-        const float* Lt = Ls[t & 1];
-        const float* Dt = Ds[t & 1];
-        float p[kTile / 8][4] = {}, dp[kTile / 8][4] = {};  // S^T and dP^T: keys x queries
-        scores_tile(p, ka, Qt);
-        scores_tile(dp, va, dOt);
+        // The tile's first query relative to this warp's first key; query q sees key k if q >= k.
+        const int rel = int(i0 - wk0);
+        if (rel > -kWideQ) {  // the tile's last query sees at least this warp's first key
+            const bf16* Qt = Qs + (t & 1) * kWideQ * kLD;
+            const bf16* dOt = dOs + (t & 1) * kWideQ * kLD;
+            const float* Lt = Ls + (t & 1) * kWideQ;
+            const float* Dt = Ds + (t & 1) * kWideQ;
+            float p[2][kWideQ / 8][4] = {}, dp[2][kWideQ / 8][4] = {};  // S^T, dP^T: keys x queries
 #pragma unroll
-        for (int n = 0; n < kTile / 8; n++) {
-            const float2 L = *reinterpret_cast<const float2*>(Lt + n * 8 + 2 * tq);
+            for (int kk = 0; kk < kD / 16; kk++) {
+                uint32_t ka[2][4], va[2][4];
 #pragma unroll
-            for (int e = 0; e < 4; e++) p[n][e] = ex2(fmaf(p[n][e], sl2, -(e & 1 ? L.y : L.x)));
-        }
-        if (i0 == k0) {  // the diagonal tile: query i0 + c sees key k0 + row only if c >= row
+                for (int mt = 0; mt < 2; mt++) {
+                    load_a(ka[mt], Ks, warp * kWarpKeys + mt * 16, kk * 16);
+                    load_a(va[mt], Vs, warp * kWarpKeys + mt * 16, kk * 16);
+                }
 #pragma unroll
-            for (int n = 0; n < kTile / 8; n++)
+                for (int n = 0; n < kWideQ / 8; n += 2) {
+                    uint32_t qb[4], ob[4];
+                    load_b2(qb, Qt, n * 8, kk * 16);
+                    load_b2(ob, dOt, n * 8, kk * 16);
 #pragma unroll
-                for (int e = 0; e < 4; e++)
-                    if (n * 8 + 2 * tq + (e & 1) < warp * 16 + gq + (e >> 1) * 8) p[n][e] = 0;
-        }
+                    for (int mt = 0; mt < 2; mt++) {
+                        mma(p[mt][n], ka[mt], qb[0], qb[1]);
+                        mma(p[mt][n + 1], ka[mt], qb[2], qb[3]);
+                        mma(dp[mt][n], va[mt], ob[0], ob[1]);
+                        mma(dp[mt][n + 1], va[mt], ob[2], ob[3]);
+                    }
+                }
+            }
 #pragma unroll
-        for (int n = 0; n < kTile / 8; n++) {
-            const float2 Dv = *reinterpret_cast<const float2*>(Dt + n * 8 + 2 * tq);
+            for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                dp[n][e] = p[n][e] * (dp[n][e] - (e & 1 ? Dv.y : Dv.x));  // dS^T (unscaled)
-        }
+                for (int n = 0; n < kWideQ / 8; n++) {
+                    const float2 L = *reinterpret_cast<const float2*>(Lt + n * 8 + 2 * tq);
 #pragma unroll
-        for (int kk = 0; kk < kTile / 16; kk++) {
-            uint32_t pa[4], sa[4];
-            acc_to_a(pa, p[2 * kk], p[2 * kk + 1]);
-            acc_to_a(sa, dp[2 * kk], dp[2 * kk + 1]);
-            accumulate_tile(dv, pa, dOt, kk * 16);
-            accumulate_tile(dk, sa, Qt, kk * 16);
+                    for (int e = 0; e < 4; e++)
+                        p[mt][n][e] = ex2(fmaf(p[mt][n][e], sl2, -(e & 1 ? L.y : L.x)));
+                }
+            if (rel < kWarpKeys) {  // the tile straddles this warp's diagonal
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                    for (int n = 0; n < kWideQ / 8; n++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            if (rel + n * 8 + 2 * tq + (e & 1) < mt * 16 + gq + (e >> 1) * 8)
+                                p[mt][n][e] = 0;
+            }
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int n = 0; n < kWideQ / 8; n++) {
+                    const float2 Dv = *reinterpret_cast<const float2*>(Dt + n * 8 + 2 * tq);
+#pragma unroll
+                    for (int e = 0; e < 4; e++)  // dS^T (unscaled)
+                        dp[mt][n][e] = p[mt][n][e] * (dp[mt][n][e] - (e & 1 ? Dv.y : Dv.x));
+                }
+#pragma unroll
+            for (int kk = 0; kk < kWideQ / 16; kk++) {
+                uint32_t pa[2][4], sa[2][4];
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    acc_to_a(pa[mt], p[mt][2 * kk], p[mt][2 * kk + 1]);
+                    acc_to_a(sa[mt], dp[mt][2 * kk], dp[mt][2 * kk + 1]);
+                }
+#pragma unroll
+                for (int n = 0; n < kD / 8; n += 2) {
+                    uint32_t ob[4], qb[4];
+                    load_bt2(ob, dOt, kk * 16, n * 8);
+                    load_bt2(qb, Qt, kk * 16, n * 8);
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++) {
+                        mma(dv[mt][n], pa[mt], ob[0], ob[1]);
+                        mma(dv[mt][n + 1], pa[mt], ob[2], ob[3]);
+                        mma(dk[mt][n], sa[mt], qb[0], qb[1]);
+                        mma(dk[mt][n + 1], sa[mt], qb[2], qb[3]);
+                    }
+                }
+            }
         }
         __syncthreads();  // this buffer is refilled two tiles on
     }
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int64_t key = k0 + warp * 16 + gq + r * 8;
-        if (key >= g.Tn) continue;
-        bf16* dkr = dqkv + (b * g.Tn + key) * stride + g.C + h * g.hs;
-        store_acc_row(dkr, dk, r, g.scale);
-        store_acc_row(dkr + g.C, dv, r, 1.0f);
-    }
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int64_t key = wk0 + mt * 16 + gq + r * 8;
+            if (key >= g.Tn) continue;
+            bf16* dkr = dqkv + (b * g.Tn + key) * stride + g.C + h * g.hs;
+            store_acc_row(dkr, dk[mt], r, g.scale);
+            store_acc_row(dkr + g.C, dv[mt], r, 1.0f);
+        }
 }
 
-// One block per query tile: dQ of its 64 rows summed over the key tiles in order.
-__global__ void __launch_bounds__(kThreads) dq_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv,
-                                                      const float* lse, const float* dsum, Geo g) {
-    __shared__ __align__(16) bf16 Ks[2][kTile * kLD], Vs[2][kTile * kLD];
+// One block per 128 query rows: dQ summed over the key tiles (32 rows each) in order. Each warp
+// owns 32 rows (two m-tiles), so every K / V fragment read from shared memory feeds two products.
+// Q and dO stay in shared memory, which keeps the kernel at 168 registers: three blocks per SM.
+constexpr int kWideRows = kWarps * 32, kWideK = 32;
+constexpr int kWideDqSmemBytes = (2 * kWideRows + 4 * kWideK) * kLD * int(sizeof(bf16));
+
+__global__ void __launch_bounds__(kThreads, 3)
+    dq_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* dsum,
+              Geo g) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16* Qs = reinterpret_cast<bf16*>(smem);  // [kWideRows][kLD]
+    bf16* dOs = Qs + kWideRows * kLD;
+    bf16* Ks = dOs + kWideRows * kLD;  // [2][kWideK][kLD]
+    bf16* Vs = Ks + 2 * kWideK * kLD;
     const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
-    const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kTile;  // heaviest blocks first
+    const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kWideRows;  // heaviest blocks first
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
     const int64_t stride = 3 * g.C;
     const bf16* qbase = qkv + b * g.Tn * stride + h * g.hs;
     const bf16* obase = dout + b * g.Tn * g.C + h * g.hs;
     const float sl2 = g.scale * kLog2e;
-    uint32_t qa[kD / 16][4], oa[kD / 16][4];
-    load_a_global(qa, qbase, stride, q0 + warp * 16, g.Tn);
-    load_a_global(oa, obase, g.C, q0 + warp * 16, g.Tn);
-    float L[2], Dr[2];
+    const int64_t wq0 = q0 + warp * 32;  // this warp's first row
+    float L[2][2], Dr[2][2];
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int64_t row = q0 + warp * 16 + gq + r * 8;
-        L[r] = row < g.Tn ? lse[bh * g.Tn + row] * kLog2e : INFINITY;
-        Dr[r] = row < g.Tn ? dsum[bh * g.Tn + row] : 0.0f;
-    }
-    float dq[kD / 8][4] = {};
-    const int64_t tiles = q0 / kTile + 1;  // key tiles 0..q0 (q0 < Tn)
-    stage_kv_async(Ks[0], Vs[0], qbase, 0, g);
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int64_t row = wq0 + mt * 16 + gq + r * 8;
+            L[mt][r] = row < g.Tn ? lse[bh * g.Tn + row] * kLog2e : INFINITY;
+            Dr[mt][r] = row < g.Tn ? dsum[bh * g.Tn + row] : 0.0f;
+        }
+    float dq[2][kD / 8][4] = {};
+    const int64_t last = std::min<int64_t>(q0 + kWideRows, g.Tn);  // keys [0, last) are seen
+    const int64_t tiles = (last + kWideK - 1) / kWideK;
+    auto stage_kv = [&](int64_t t) {
+        stage_async<kWideK>(Ks + (t & 1) * kWideK * kLD, qbase + g.C, stride, t * kWideK, g.Tn);
+        stage_async<kWideK>(Vs + (t & 1) * kWideK * kLD, qbase + 2 * g.C, stride, t * kWideK, g.Tn);
+    };
+    stage_async<kWideRows>(Qs, qbase, stride, q0, g.Tn);  // committed with the first tile
+    stage_async<kWideRows>(dOs, obase, g.C, q0, g.Tn);
+    stage_kv(0);
     commit();
     for (int64_t t = 0; t < tiles; t++) {
-        if (t + 1 < tiles)
-            stage_kv_async(Ks[(t + 1) & 1], Vs[(t + 1) & 1], qbase, (t + 1) * kTile, g);
+        if (t + 1 < tiles) stage_kv(t + 1);
         commit();
         wait_prev();
         __syncthreads();
-        const bf16* Kt = Ks[t & 1];
-        const bf16* Vt = Vs[t & 1];
-        float s[kTile / 8][4] = {}, dp[kTile / 8][4] = {};
-        scores_tile(s, qa, Kt);
-        scores_tile(dp, oa, Vt);
+        const int rel = int(t * kWideK - wq0);  // the tile's first key relative to the warp's row 0
+        if (rel < 32) {  // some key of the tile is seen by some row of this warp
+            const bf16* Kt = Ks + (t & 1) * kWideK * kLD;
+            const bf16* Vt = Vs + (t & 1) * kWideK * kLD;
+            float sc[2][kWideK / 8][4] = {}, dp[2][kWideK / 8][4] = {};
 #pragma unroll
-        for (int n = 0; n < kTile / 8; n++)
+            for (int kk = 0; kk < kD / 16; kk++) {
+                uint32_t qa[2][4], oa[2][4];
 #pragma unroll
-            for (int e = 0; e < 4; e++) s[n][e] = ex2(fmaf(s[n][e], sl2, -L[e >> 1]));
-        if (t + 1 == tiles) {  // the diagonal tile: key c is seen by row r only if c <= r
+                for (int mt = 0; mt < 2; mt++) {
+                    load_a(qa[mt], Qs, warp * 32 + mt * 16, kk * 16);
+                    load_a(oa[mt], dOs, warp * 32 + mt * 16, kk * 16);
+                }
 #pragma unroll
-            for (int n = 0; n < kTile / 8; n++)
+                for (int n = 0; n < kWideK / 8; n += 2) {
+                    uint32_t kb[4], vb[4];
+                    load_b2(kb, Kt, n * 8, kk * 16);
+                    load_b2(vb, Vt, n * 8, kk * 16);
 #pragma unroll
-                for (int e = 0; e < 4; e++)
-                    if (n * 8 + 2 * tq + (e & 1) > warp * 16 + gq + (e >> 1) * 8) s[n][e] = 0;
-        }
+                    for (int mt = 0; mt < 2; mt++) {
+                        mma(sc[mt][n], qa[mt], kb[0], kb[1]);
+                        mma(sc[mt][n + 1], qa[mt], kb[2], kb[3]);
+                        mma(dp[mt][n], oa[mt], vb[0], vb[1]);
+                        mma(dp[mt][n + 1], oa[mt], vb[2], vb[3]);
+                    }
+                }
+            }
 #pragma unroll
-        for (int n = 0; n < kTile / 8; n++)
+            for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                s[n][e] = s[n][e] * (dp[n][e] - Dr[e >> 1]);  // dS (unscaled)
+                for (int n = 0; n < kWideK / 8; n++)
 #pragma unroll
-        for (int kk = 0; kk < kTile / 16; kk++) {
-            uint32_t sa[4];
-            acc_to_a(sa, s[2 * kk], s[2 * kk + 1]);
-            accumulate_tile(dq, sa, Kt, kk * 16);
+                    for (int e = 0; e < 4; e++)
+                        sc[mt][n][e] = ex2(fmaf(sc[mt][n][e], sl2, -L[mt][e >> 1]));
+            if (rel > -kWideK) {  // the diagonal tile: key c is seen by row r only if c <= r
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                    for (int n = 0; n < kWideK / 8; n++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            if (rel + n * 8 + 2 * tq + (e & 1) > mt * 16 + gq + (e >> 1) * 8)
+                                sc[mt][n][e] = 0;
+            }
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int n = 0; n < kWideK / 8; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)  // dS (unscaled)
+                        sc[mt][n][e] = sc[mt][n][e] * (dp[mt][n][e] - Dr[mt][e >> 1]);
+#pragma unroll
+            for (int kk = 0; kk < kWideK / 16; kk++) {
+                uint32_t sa[2][4];
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) acc_to_a(sa[mt], sc[mt][2 * kk], sc[mt][2 * kk + 1]);
+#pragma unroll
+                for (int n = 0; n < kD / 8; n += 2) {
+                    uint32_t kb[4];
+                    load_bt2(kb, Kt, kk * 16, n * 8);
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++) {
+                        mma(dq[mt][n], sa[mt], kb[0], kb[1]);
+                        mma(dq[mt][n + 1], sa[mt], kb[2], kb[3]);
+                    }
+                }
+            }
         }
         __syncthreads();  // this buffer is refilled two tiles on
     }
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int64_t row = q0 + warp * 16 + gq + r * 8;
-        if (row >= g.Tn) continue;
-        store_acc_row(dqkv + (b * g.Tn + row) * stride + h * g.hs, dq, r, g.scale);
-    }
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int64_t row = wq0 + mt * 16 + gq + r * 8;
+            if (row >= g.Tn) continue;
+            store_acc_row(dqkv + (b * g.Tn + row) * stride + h * g.hs, dq[mt], r, g.scale);
+        }
 }
 
 // Query rows per warp in the forward (in m-tiles of 16): 2 by default; ZGPT_ATTN_FWD_MT=1 exists
@@ -523,8 +601,18 @@ void backward(void* dqkv, const void* dout, const void* qkv, const void* out, co
     const dim3 grid(unsigned((s.Tn + kTile - 1) / kTile), unsigned(s.B * s.NH));
     row_dot_kernel<<<unsigned((s.B * s.NH * s.Tn * 8 + 255) / 256), 256, 0, st>>>(
         dsum, dy, static_cast<const bf16*>(out), s.B, g);
-    dkdv_kernel<<<grid, kThreads, 0, st>>>(dx, dy, x, lse, dsum, g);
-    dq_kernel<<<grid, kThreads, 0, st>>>(dx, dy, x, lse, dsum, g);
+    static const bool smem_set = [] {  // both take more than the default 48 KB
+        ZG_CUDA_CHECK(cudaFuncSetAttribute(dkdv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           kWideSmemBytes));
+        ZG_CUDA_CHECK(cudaFuncSetAttribute(dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           kWideDqSmemBytes));
+        return true;
+    }();
+    (void)smem_set;
+    dkdv_kernel<<<dim3(unsigned((s.Tn + kWideKeys - 1) / kWideKeys), unsigned(s.B * s.NH)),
+                  kThreads, kWideSmemBytes, st>>>(dx, dy, x, lse, dsum, g);
+    dq_kernel<<<dim3(unsigned((s.Tn + kWideRows - 1) / kWideRows), unsigned(s.B * s.NH)), kThreads,
+                kWideDqSmemBytes, st>>>(dx, dy, x, lse, dsum, g);
     ZG_LAUNCH_CHECK();
 }
 
