@@ -124,10 +124,11 @@ __device__ __forceinline__ void wait_prev() {
 __device__ __forceinline__ void wait_all() {
     asm volatile("cp.async.wait_group 0;\n" ::);
 }
-// The K and V tiles of keys [k0, k0 + 64) of one head (qkv rows from qbase, the head's q).
+// The K and V tiles of keys [k0, k0 + ROWS) of one head (qkv rows from qbase, the head's q).
+template <int ROWS = kTile>
 __device__ void stage_kv_async(bf16* Ks, bf16* Vs, const bf16* qbase, int64_t k0, const Geo& g) {
-    stage_async(Ks, qbase + g.C, 3 * g.C, k0, g.Tn);
-    stage_async(Vs, qbase + 2 * g.C, 3 * g.C, k0, g.Tn);
+    stage_async<ROWS>(Ks, qbase + g.C, 3 * g.C, k0, g.Tn);
+    stage_async<ROWS>(Vs, qbase + 2 * g.C, 3 * g.C, k0, g.Tn);
 }
 
 // ---------------------------------------------------------------- forward
@@ -292,98 +293,112 @@ __global__ void row_dot_kernel(float* dsum, const bf16* dout, const bf16* out, i
     if (r < n && part == 0) dsum[r] = acc;
 }
 
+// The backward kernels own kBwdRows rows per block (keys for dK/dV, queries for dQ), kWarpRows
+// (two m-tiles) per warp, and walk the other side in tiles of kBwdTile rows.
+constexpr int kWarpRows = 32, kBwdRows = kWarps * kWarpRows, kBwdTile = 32;
+
+// S and dP of a tile, as both backward kernels compute them, for a warp's two m-tiles (rows
+// r0.. and r0 + 16..): s[mt] (16 x kBwdTile) += As Bs^T and dp[mt] += Ad Bd^T, the A rows in
+// shared memory, each B a kBwdTile x 64 tile stored [n][k]. Each B fragment read feeds both
+// m-tiles; the two products are interleaved, which is the order the register allocation of
+// dkdv_kernel (247 registers, no spills) was measured with.
+__device__ __forceinline__ void scores_tiles2(float (&s)[2][kBwdTile / 8][4], const bf16* As,
+                                              const bf16* Bs, float (&dp)[2][kBwdTile / 8][4],
+                                              const bf16* Ad, const bf16* Bd, int r0) {
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; kk++) {
+        uint32_t as[2][4], ad[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) {
+            load_a(as[mt], As, r0 + mt * 16, kk * 16);
+            load_a(ad[mt], Ad, r0 + mt * 16, kk * 16);
+        }
+#pragma unroll
+        for (int n = 0; n < kBwdTile / 8; n += 2) {
+            uint32_t bs[4], bd[4];
+            load_b2(bs, Bs, n * 8, kk * 16);
+            load_b2(bd, Bd, n * 8, kk * 16);
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                mma(s[mt][n], as[mt], bs[0], bs[1]);
+                mma(s[mt][n + 1], as[mt], bs[2], bs[3]);
+                mma(dp[mt][n], ad[mt], bd[0], bd[1]);
+                mma(dp[mt][n + 1], ad[mt], bd[2], bd[3]);
+            }
+        }
+    }
+}
+
 // One block per 128 keys: dK and dV summed over the query tiles in order. Each warp owns 32 keys
 // (two m-tiles), so every Q / dO fragment read from shared memory feeds two products: half the
 // shared-memory reads per mma of 16-key warps (measured: the step 126.8-127.3 against 128.5-129.0
 // ms). Query tiles have 32 rows so that S and dP of 32 keys fit in registers beside the dK and dV
 // accumulators; K and V fragments are read from shared memory.
-constexpr int kWarpKeys = 32, kWideKeys = kWarps * kWarpKeys, kWideQ = 32;
-constexpr int kWideSmemBytes =
-    (2 * kWideKeys + 4 * kWideQ) * kLD * int(sizeof(bf16)) + 4 * kWideQ * int(sizeof(float));
+constexpr int kDkdvSmemBytes =
+    (2 * kBwdRows + 4 * kBwdTile) * kLD * int(sizeof(bf16)) + 4 * kBwdTile * int(sizeof(float));
 
 __global__ void __launch_bounds__(kThreads)
     dkdv_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* dsum,
                 Geo g) {
     extern __shared__ __align__(16) unsigned char smem[];
-    bf16* Ks = reinterpret_cast<bf16*>(smem);  // [kWideKeys][kLD]
-    bf16* Vs = Ks + kWideKeys * kLD;
-    bf16* Qs = Vs + kWideKeys * kLD;  // [2][kWideQ][kLD]
-    bf16* dOs = Qs + 2 * kWideQ * kLD;
-    float* Ls = reinterpret_cast<float*>(dOs + 2 * kWideQ * kLD);  // [2][kWideQ]
-    float* Ds = Ls + 2 * kWideQ;
+    bf16* Ks = reinterpret_cast<bf16*>(smem);  // [kBwdRows][kLD]
+    bf16* Vs = Ks + kBwdRows * kLD;
+    bf16* Qs = Vs + kBwdRows * kLD;  // [2][kBwdTile][kLD]
+    bf16* dOs = Qs + 2 * kBwdTile * kLD;
+    float* Ls = reinterpret_cast<float*>(dOs + 2 * kBwdTile * kLD);  // [2][kBwdTile]
+    float* Ds = Ls + 2 * kBwdTile;
     const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
-    const int64_t k0 = int64_t(blockIdx.x) * kWideKeys;  // early keys see the most queries: first
+    const int64_t k0 = int64_t(blockIdx.x) * kBwdRows;  // early keys see the most queries: first
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
     const int64_t stride = 3 * g.C;
     const bf16* qbase = qkv + b * g.Tn * stride + h * g.hs;
     const bf16* obase = dout + b * g.Tn * g.C + h * g.hs;
     const float sl2 = g.scale * kLog2e;
-    const int64_t wk0 = k0 + warp * kWarpKeys;  // this warp's first key
+    const int64_t wk0 = k0 + warp * kWarpRows;  // this warp's first key
     float dk[2][kD / 8][4] = {}, dv[2][kD / 8][4] = {};
     auto issue = [&](int64_t i0, int buf) {
-        stage_async<kWideQ>(Qs + buf * kWideQ * kLD, qbase, stride, i0, g.Tn);
-        stage_async<kWideQ>(dOs + buf * kWideQ * kLD, obase, g.C, i0, g.Tn);
-        for (int r = threadIdx.x; r < kWideQ; r += kThreads) {
+        stage_async<kBwdTile>(Qs + buf * kBwdTile * kLD, qbase, stride, i0, g.Tn);
+        stage_async<kBwdTile>(dOs + buf * kBwdTile * kLD, obase, g.C, i0, g.Tn);
+        for (int r = threadIdx.x; r < kBwdTile; r += kThreads) {
             const bool in = i0 + r < g.Tn;
-            Ls[buf * kWideQ + r] = in ? lse[bh * g.Tn + i0 + r] * kLog2e : INFINITY;  // P = 0
-            Ds[buf * kWideQ + r] = in ? dsum[bh * g.Tn + i0 + r] : 0.0f;
+            Ls[buf * kBwdTile + r] = in ? lse[bh * g.Tn + i0 + r] * kLog2e : INFINITY;  // P = 0
+            Ds[buf * kBwdTile + r] = in ? dsum[bh * g.Tn + i0 + r] : 0.0f;
         }
         commit();
     };
-    stage_async<kWideKeys>(Ks, qbase + g.C, stride, k0, g.Tn);  // committed with the first tile
-    stage_async<kWideKeys>(Vs, qbase + 2 * g.C, stride, k0, g.Tn);
+    stage_kv_async<kBwdRows>(Ks, Vs, qbase, k0, g);  // committed with the first tile
     issue(k0, 0);
-    for (int64_t i0 = k0, t = 0; i0 < g.Tn; i0 += kWideQ, t++) {
-        if (i0 + kWideQ < g.Tn)
-            issue(i0 + kWideQ, (t + 1) & 1);
+    for (int64_t i0 = k0, t = 0; i0 < g.Tn; i0 += kBwdTile, t++) {
+        if (i0 + kBwdTile < g.Tn)
+            issue(i0 + kBwdTile, (t + 1) & 1);
         else
             commit();  // an empty group keeps wait_prev() counting right
         wait_prev();
         __syncthreads();
         // The tile's first query relative to this warp's first key; query q sees key k if q >= k.
         const int rel = int(i0 - wk0);
-        if (rel > -kWideQ) {  // the tile's last query sees at least this warp's first key
-            const bf16* Qt = Qs + (t & 1) * kWideQ * kLD;
-            const bf16* dOt = dOs + (t & 1) * kWideQ * kLD;
-            const float* Lt = Ls + (t & 1) * kWideQ;
-            const float* Dt = Ds + (t & 1) * kWideQ;
-            float p[2][kWideQ / 8][4] = {}, dp[2][kWideQ / 8][4] = {};  // S^T, dP^T: keys x queries
-#pragma unroll
-            for (int kk = 0; kk < kD / 16; kk++) {
-                uint32_t ka[2][4], va[2][4];
-#pragma unroll
-                for (int mt = 0; mt < 2; mt++) {
-                    load_a(ka[mt], Ks, warp * kWarpKeys + mt * 16, kk * 16);
-                    load_a(va[mt], Vs, warp * kWarpKeys + mt * 16, kk * 16);
-                }
-#pragma unroll
-                for (int n = 0; n < kWideQ / 8; n += 2) {
-                    uint32_t qb[4], ob[4];
-                    load_b2(qb, Qt, n * 8, kk * 16);
-                    load_b2(ob, dOt, n * 8, kk * 16);
-#pragma unroll
-                    for (int mt = 0; mt < 2; mt++) {
-                        mma(p[mt][n], ka[mt], qb[0], qb[1]);
-                        mma(p[mt][n + 1], ka[mt], qb[2], qb[3]);
-                        mma(dp[mt][n], va[mt], ob[0], ob[1]);
-                        mma(dp[mt][n + 1], va[mt], ob[2], ob[3]);
-                    }
-                }
-            }
+        if (rel > -kBwdTile) {  // the tile's last query sees at least this warp's first key
+            const bf16* Qt = Qs + (t & 1) * kBwdTile * kLD;
+            const bf16* dOt = dOs + (t & 1) * kBwdTile * kLD;
+            const float* Lt = Ls + (t & 1) * kBwdTile;
+            const float* Dt = Ds + (t & 1) * kBwdTile;
+            // S^T and dP^T: keys x queries
+            float p[2][kBwdTile / 8][4] = {}, dp[2][kBwdTile / 8][4] = {};
+            scores_tiles2(p, Ks, Qt, dp, Vs, dOt, warp * kWarpRows);
 #pragma unroll
             for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-                for (int n = 0; n < kWideQ / 8; n++) {
+                for (int n = 0; n < kBwdTile / 8; n++) {
                     const float2 L = *reinterpret_cast<const float2*>(Lt + n * 8 + 2 * tq);
 #pragma unroll
                     for (int e = 0; e < 4; e++)
                         p[mt][n][e] = ex2(fmaf(p[mt][n][e], sl2, -(e & 1 ? L.y : L.x)));
                 }
-            if (rel < kWarpKeys) {  // the tile straddles this warp's diagonal
+            if (rel < kWarpRows) {  // the tile straddles this warp's diagonal
 #pragma unroll
                 for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-                    for (int n = 0; n < kWideQ / 8; n++)
+                    for (int n = 0; n < kBwdTile / 8; n++)
 #pragma unroll
                         for (int e = 0; e < 4; e++)
                             if (rel + n * 8 + 2 * tq + (e & 1) < mt * 16 + gq + (e >> 1) * 8)
@@ -392,20 +407,22 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
             for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-                for (int n = 0; n < kWideQ / 8; n++) {
+                for (int n = 0; n < kBwdTile / 8; n++) {
                     const float2 Dv = *reinterpret_cast<const float2*>(Dt + n * 8 + 2 * tq);
 #pragma unroll
                     for (int e = 0; e < 4; e++)  // dS^T (unscaled)
                         dp[mt][n][e] = p[mt][n][e] * (dp[mt][n][e] - (e & 1 ? Dv.y : Dv.x));
                 }
 #pragma unroll
-            for (int kk = 0; kk < kWideQ / 16; kk++) {
+            for (int kk = 0; kk < kBwdTile / 16; kk++) {
                 uint32_t pa[2][4], sa[2][4];
 #pragma unroll
                 for (int mt = 0; mt < 2; mt++) {
                     acc_to_a(pa[mt], p[mt][2 * kk], p[mt][2 * kk + 1]);
                     acc_to_a(sa[mt], dp[mt][2 * kk], dp[mt][2 * kk + 1]);
                 }
+                // dV and dK interleaved: as two separate loops the kernel needs 254 registers
+                // instead of 247 and the step was 0.6 ms slower (H100, same call)
 #pragma unroll
                 for (int n = 0; n < kD / 8; n += 2) {
                     uint32_t ob[4], qb[4];
@@ -438,25 +455,24 @@ __global__ void __launch_bounds__(kThreads)
 // One block per 128 query rows: dQ summed over the key tiles (32 rows each) in order. Each warp
 // owns 32 rows (two m-tiles), so every K / V fragment read from shared memory feeds two products.
 // Q and dO stay in shared memory, which keeps the kernel at 168 registers: three blocks per SM.
-constexpr int kWideRows = kWarps * 32, kWideK = 32;
-constexpr int kWideDqSmemBytes = (2 * kWideRows + 4 * kWideK) * kLD * int(sizeof(bf16));
+constexpr int kDqSmemBytes = (2 * kBwdRows + 4 * kBwdTile) * kLD * int(sizeof(bf16));
 
 __global__ void __launch_bounds__(kThreads, 3)
     dq_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* dsum,
               Geo g) {
     extern __shared__ __align__(16) unsigned char smem[];
-    bf16* Qs = reinterpret_cast<bf16*>(smem);  // [kWideRows][kLD]
-    bf16* dOs = Qs + kWideRows * kLD;
-    bf16* Ks = dOs + kWideRows * kLD;  // [2][kWideK][kLD]
-    bf16* Vs = Ks + 2 * kWideK * kLD;
+    bf16* Qs = reinterpret_cast<bf16*>(smem);  // [kBwdRows][kLD]
+    bf16* dOs = Qs + kBwdRows * kLD;
+    bf16* Ks = dOs + kBwdRows * kLD;  // [2][kBwdTile][kLD]
+    bf16* Vs = Ks + 2 * kBwdTile * kLD;
     const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
-    const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kWideRows;  // heaviest blocks first
+    const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kBwdRows;  // heaviest blocks first
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
     const int64_t stride = 3 * g.C;
     const bf16* qbase = qkv + b * g.Tn * stride + h * g.hs;
     const bf16* obase = dout + b * g.Tn * g.C + h * g.hs;
     const float sl2 = g.scale * kLog2e;
-    const int64_t wq0 = q0 + warp * 32;  // this warp's first row
+    const int64_t wq0 = q0 + warp * kWarpRows;  // this warp's first row
     float L[2][2], Dr[2][2];
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
@@ -467,14 +483,14 @@ __global__ void __launch_bounds__(kThreads, 3)
             Dr[mt][r] = row < g.Tn ? dsum[bh * g.Tn + row] : 0.0f;
         }
     float dq[2][kD / 8][4] = {};
-    const int64_t last = std::min<int64_t>(q0 + kWideRows, g.Tn);  // keys [0, last) are seen
-    const int64_t tiles = (last + kWideK - 1) / kWideK;
+    const int64_t last = std::min<int64_t>(q0 + kBwdRows, g.Tn);  // keys [0, last) are seen
+    const int64_t tiles = (last + kBwdTile - 1) / kBwdTile;
     auto stage_kv = [&](int64_t t) {
-        stage_async<kWideK>(Ks + (t & 1) * kWideK * kLD, qbase + g.C, stride, t * kWideK, g.Tn);
-        stage_async<kWideK>(Vs + (t & 1) * kWideK * kLD, qbase + 2 * g.C, stride, t * kWideK, g.Tn);
+        stage_kv_async<kBwdTile>(Ks + (t & 1) * kBwdTile * kLD, Vs + (t & 1) * kBwdTile * kLD,
+                                 qbase, t * kBwdTile, g);
     };
-    stage_async<kWideRows>(Qs, qbase, stride, q0, g.Tn);  // committed with the first tile
-    stage_async<kWideRows>(dOs, obase, g.C, q0, g.Tn);
+    stage_async<kBwdRows>(Qs, qbase, stride, q0, g.Tn);  // committed with the first tile
+    stage_async<kBwdRows>(dOs, obase, g.C, q0, g.Tn);
     stage_kv(0);
     commit();
     for (int64_t t = 0; t < tiles; t++) {
@@ -482,45 +498,25 @@ __global__ void __launch_bounds__(kThreads, 3)
         commit();
         wait_prev();
         __syncthreads();
-        const int rel = int(t * kWideK - wq0);  // the tile's first key relative to the warp's row 0
-        if (rel < 32) {  // some key of the tile is seen by some row of this warp
-            const bf16* Kt = Ks + (t & 1) * kWideK * kLD;
-            const bf16* Vt = Vs + (t & 1) * kWideK * kLD;
-            float sc[2][kWideK / 8][4] = {}, dp[2][kWideK / 8][4] = {};
-#pragma unroll
-            for (int kk = 0; kk < kD / 16; kk++) {
-                uint32_t qa[2][4], oa[2][4];
-#pragma unroll
-                for (int mt = 0; mt < 2; mt++) {
-                    load_a(qa[mt], Qs, warp * 32 + mt * 16, kk * 16);
-                    load_a(oa[mt], dOs, warp * 32 + mt * 16, kk * 16);
-                }
-#pragma unroll
-                for (int n = 0; n < kWideK / 8; n += 2) {
-                    uint32_t kb[4], vb[4];
-                    load_b2(kb, Kt, n * 8, kk * 16);
-                    load_b2(vb, Vt, n * 8, kk * 16);
-#pragma unroll
-                    for (int mt = 0; mt < 2; mt++) {
-                        mma(sc[mt][n], qa[mt], kb[0], kb[1]);
-                        mma(sc[mt][n + 1], qa[mt], kb[2], kb[3]);
-                        mma(dp[mt][n], oa[mt], vb[0], vb[1]);
-                        mma(dp[mt][n + 1], oa[mt], vb[2], vb[3]);
-                    }
-                }
-            }
+        // The tile's first key relative to this warp's first row; row r sees key c if c <= r.
+        const int rel = int(t * kBwdTile - wq0);
+        if (rel < kWarpRows) {  // some key of the tile is seen by some row of this warp
+            const bf16* Kt = Ks + (t & 1) * kBwdTile * kLD;
+            const bf16* Vt = Vs + (t & 1) * kBwdTile * kLD;
+            float sc[2][kBwdTile / 8][4] = {}, dp[2][kBwdTile / 8][4] = {};
+            scores_tiles2(sc, Qs, Kt, dp, dOs, Vt, warp * kWarpRows);
 #pragma unroll
             for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-                for (int n = 0; n < kWideK / 8; n++)
+                for (int n = 0; n < kBwdTile / 8; n++)
 #pragma unroll
                     for (int e = 0; e < 4; e++)
                         sc[mt][n][e] = ex2(fmaf(sc[mt][n][e], sl2, -L[mt][e >> 1]));
-            if (rel > -kWideK) {  // the diagonal tile: key c is seen by row r only if c <= r
+            if (rel > -kBwdTile) {  // the diagonal tile: key c is seen by row r only if c <= r
 #pragma unroll
                 for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-                    for (int n = 0; n < kWideK / 8; n++)
+                    for (int n = 0; n < kBwdTile / 8; n++)
 #pragma unroll
                         for (int e = 0; e < 4; e++)
                             if (rel + n * 8 + 2 * tq + (e & 1) > mt * 16 + gq + (e >> 1) * 8)
@@ -529,12 +525,12 @@ __global__ void __launch_bounds__(kThreads, 3)
 #pragma unroll
             for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-                for (int n = 0; n < kWideK / 8; n++)
+                for (int n = 0; n < kBwdTile / 8; n++)
 #pragma unroll
                     for (int e = 0; e < 4; e++)  // dS (unscaled)
                         sc[mt][n][e] = sc[mt][n][e] * (dp[mt][n][e] - Dr[mt][e >> 1]);
 #pragma unroll
-            for (int kk = 0; kk < kWideK / 16; kk++) {
+            for (int kk = 0; kk < kBwdTile / 16; kk++) {
                 uint32_t sa[2][4];
 #pragma unroll
                 for (int mt = 0; mt < 2; mt++) acc_to_a(sa[mt], sc[mt][2 * kk], sc[mt][2 * kk + 1]);
@@ -598,21 +594,20 @@ void backward(void* dqkv, const void* dout, const void* qkv, const void* out, co
     const auto* dy = static_cast<const bf16*>(dout);
     const auto* x = static_cast<const bf16*>(qkv);
     auto* dx = static_cast<bf16*>(dqkv);
-    const dim3 grid(unsigned((s.Tn + kTile - 1) / kTile), unsigned(s.B * s.NH));
     row_dot_kernel<<<unsigned((s.B * s.NH * s.Tn * 8 + 255) / 256), 256, 0, st>>>(
         dsum, dy, static_cast<const bf16*>(out), s.B, g);
     static const bool smem_set = [] {  // both take more than the default 48 KB
         ZG_CUDA_CHECK(cudaFuncSetAttribute(dkdv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           kWideSmemBytes));
+                                           kDkdvSmemBytes));
         ZG_CUDA_CHECK(cudaFuncSetAttribute(dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           kWideDqSmemBytes));
+                                           kDqSmemBytes));
         return true;
     }();
     (void)smem_set;
-    dkdv_kernel<<<dim3(unsigned((s.Tn + kWideKeys - 1) / kWideKeys), unsigned(s.B * s.NH)),
-                  kThreads, kWideSmemBytes, st>>>(dx, dy, x, lse, dsum, g);
-    dq_kernel<<<dim3(unsigned((s.Tn + kWideRows - 1) / kWideRows), unsigned(s.B * s.NH)), kThreads,
-                kWideDqSmemBytes, st>>>(dx, dy, x, lse, dsum, g);
+    dkdv_kernel<<<dim3(unsigned((s.Tn + kBwdRows - 1) / kBwdRows), unsigned(s.B * s.NH)), kThreads,
+                  kDkdvSmemBytes, st>>>(dx, dy, x, lse, dsum, g);
+    dq_kernel<<<dim3(unsigned((s.Tn + kBwdRows - 1) / kBwdRows), unsigned(s.B * s.NH)), kThreads,
+                kDqSmemBytes, st>>>(dx, dy, x, lse, dsum, g);
     ZG_LAUNCH_CHECK();
 }
 
