@@ -85,25 +85,43 @@ __device__ __forceinline__ RowStatsF merge_stats(const RowStatsF& a, const RowSt
     return {ms.m, ms.s, a.target_logit + b.target_logit, a.sum_logits + b.sum_logits};
 }
 
-__device__ __forceinline__ RowStatsF shfl_xor_stats(const RowStatsF& v, int off) {
-    return {__shfl_xor_sync(0xffffffffu, v.max, off), __shfl_xor_sync(0xffffffffu, v.sum_excl, off),
-            __shfl_xor_sync(0xffffffffu, v.target_logit, off),
-            __shfl_xor_sync(0xffffffffu, v.sum_logits, off)};
+__device__ __forceinline__ RowStatsF empty_stats() {
+    return {kNegInf, 0.0f, 0.0f, 0.0f};
+}
+
+// Merges the statistics of the lanes in each group of `width` (a power of two <= 32), the result
+// in every lane of the group: the group's max first (an fmax tree), then each lane rescales its sum
+// once and the sums go through a plain tree. A tree of merge_stats would put two exponentials on
+// every level of the latency chain; in the fast kernel this reduction is on each row's critical
+// path (on the H100 the switch took 5% off the large shape). Fixed trees, every step commutative:
+// every lane gets the same bits.
+template <int width = 32>
+__device__ __forceinline__ RowStatsF warp_merge_stats(const RowStatsF& v) {
+    float m = v.max;
+    for (int off = width / 2; off > 0; off >>= 1)
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    float r[3] = {v.max == kNegInf ? 0.0f : v.sum_excl * exp_ftz(v.max - m), v.target_logit,
+                  v.sum_logits};
+    for (int off = width / 2; off > 0; off >>= 1) {
+#pragma unroll
+        for (int k = 0; k < 3; k++) r[k] += __shfl_xor_sync(0xffffffffu, r[k], off);
+    }
+    return {m, r[0], r[1], r[2]};
 }
 
 // Block-wide reduction of RowStatsF; the result is valid in thread 0 only (the per-row epilogue
-// runs there once instead of in every thread). Fixed tree: deterministic.
+// runs there once instead of in every thread). Fixed trees: deterministic. A block that calls it
+// more than once needs a __syncthreads between the calls (warp 0 reads warp_vals after the
+// barrier inside).
 __device__ RowStatsF block_reduce_stats(RowStatsF v) {
     __shared__ RowStatsF warp_vals[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int off = 16; off > 0; off >>= 1) v = merge_stats(v, shfl_xor_stats(v, off));
-    __syncthreads();  // warp_vals may still be read by a previous call
+    v = warp_merge_stats(v);
     if (lane == 0) warp_vals[warp] = v;
     __syncthreads();
     if (warp == 0) {
         const int nwarps = int(blockDim.x + 31) >> 5;
-        v = lane < nwarps ? warp_vals[lane] : RowStatsF{-INFINITY, 0.0f, 0.0f, 0.0f};
-        for (int off = 16; off > 0; off >>= 1) v = merge_stats(v, shfl_xor_stats(v, off));
+        v = warp_merge_stats(lane < nwarps ? warp_vals[lane] : empty_stats());
     }
     return v;
 }
@@ -125,10 +143,6 @@ __device__ __forceinline__ void stats_add(RowStatsF& st, float x, bool is_target
     } else if (x != kNegInf) {
         st.sum_excl += exp_ftz(x - st.max);
     }
-}
-
-__device__ __forceinline__ RowStatsF empty_stats() {
-    return {kNegInf, 0.0f, 0.0f, 0.0f};
 }
 
 // Raises the running max to the chunk's (rescaling the sum once per chunk, not per value);
@@ -421,11 +435,6 @@ __global__ void shard_backward_kernel(T* dlogits, const T* logits, int64_t ld,
 constexpr int kNarrowMax = 8192;  // V_local up to this uses the warp-per-row kernels
 constexpr int kRowsPerBlock = 8;
 
-__device__ __forceinline__ RowStatsF warp_reduce_stats(RowStatsF v) {
-    for (int off = 16; off > 0; off >>= 1) v = merge_stats(v, shfl_xor_stats(v, off));
-    return v;
-}
-
 template <typename T, bool kVec>
 __global__ void __launch_bounds__(32 * kRowsPerBlock)
     narrow_stats_kernel(RowStatsF* stats, const T* logits, int64_t ld, const int32_t* targets,
@@ -436,7 +445,7 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock)
     const int64_t y = targets[row];
     const int64_t y_local = (y != ignore_index && y >= v0 && y < v0 + V_local) ? y - v0 : -1;
     RowStatsF st = row_stats_part<T, kVec>(logits + row * ld, V_local, y_local, smooth, lane, 32);
-    st = warp_reduce_stats(st);
+    st = warp_merge_stats(st);
     if (lane == 0) stats[row] = st;
 }
 
@@ -728,7 +737,9 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1) fast_kernel
         const int y_local = valid && y >= c0 && y < c0 + n ? int(y - c0) : -1;
         RowStatsF st =
             slice_stats<T, kThreads>(buffer(it), logits + row * a.ld, nv, n, y_local, smooth);
-        st = block_reduce_stats(st);  // its barriers also publish row_params of row i - 1
+        // its barrier publishes row_params of row i - 1; the one after the dlogits pass separates
+        // the calls
+        st = block_reduce_stats(st);
         if (threadIdx.x == 0) cta_stats[it & 1] = st;
         cluster_arrive();
         if (it > 0) {
@@ -746,13 +757,11 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1) fast_kernel
         prev_valid = valid;
         cluster_wait();
         if (threadIdx.x < 32) {
-            // lane l reads CTA l % 8's statistics; the xor tree within each group of 8 lanes is
+            // lane l reads CTA l % 8's statistics; the trees within each group of 8 lanes are
             // commutative at every step, so every lane (and every CTA) gets bit-identical results
             const int r = int(threadIdx.x) % kMaxCluster;
-            RowStatsF all =
-                r < csize ? *cluster.map_shared_rank(&cta_stats[it & 1], r) : empty_stats();
-            for (int off = kMaxCluster / 2; off > 0; off >>= 1)
-                all = merge_stats(all, shfl_xor_stats(all, off));
+            const RowStatsF all = warp_merge_stats<kMaxCluster>(
+                r < csize ? *cluster.map_shared_rank(&cta_stats[it & 1], r) : empty_stats());
             const RowResult res =
                 finalize_row(all, y, valid, grad_scale(g, a.red, n_valid), a.V, a.eps, a.zw);
             if (threadIdx.x == 0) {
