@@ -35,9 +35,20 @@ constexpr int kChunk = 16 / int(sizeof(T));
 template <typename T>
 __device__ __forceinline__ void load_chunk(const T* p, float (&v)[kChunk<T>]) {
     const int4 raw = *reinterpret_cast<const int4*>(p);
-    const T* e = reinterpret_cast<const T*>(&raw);
+    if constexpr (std::is_same_v<T, bf16>) {
+        // a bf16 is the high half of its float: one shift or one mask per value (the per-value
+        // conversion compiles to a byte permute plus a multiply for every high half)
+        const unsigned w[4] = {unsigned(raw.x), unsigned(raw.y), unsigned(raw.z), unsigned(raw.w)};
 #pragma unroll
-    for (int k = 0; k < kChunk<T>; k++) v[k] = to_f(e[k]);
+        for (int k = 0; k < 4; k++) {
+            v[2 * k] = __uint_as_float(w[k] << 16);
+            v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+        }
+    } else {
+        const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+        for (int k = 0; k < kChunk<T>; k++) v[k] = to_f(e[k]);
+    }
 }
 
 template <typename T>
