@@ -1,5 +1,6 @@
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <map>
 #include <tuple>
 
@@ -24,11 +25,15 @@ using AlgoKey = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, int,
 
 struct Context {
     cublasLtHandle_t handle = nullptr;
-    void* workspace = nullptr;
+    // One workspace per stream: GEMMs on two streams may run at once (the model overlaps the
+    // weight gradients with the input gradients), and a shared workspace would be a race.
+    std::map<CUstream_st*, void*> workspaces;
     std::map<AlgoKey, cublasLtMatmulAlgo_t> algos;
-    Context() {
-        ZG_CUBLAS_CHECK(cublasLtCreate(&handle));
-        ZG_CUDA_CHECK(cudaMalloc(&workspace, kWorkspaceBytes));
+    Context() { ZG_CUBLAS_CHECK(cublasLtCreate(&handle)); }
+    void* workspace(CUstream_st* stream) {
+        void*& w = workspaces[stream];
+        if (!w) ZG_CUDA_CHECK(cudaMalloc(&w, kWorkspaceBytes));
+        return w;
     }
 };
 
@@ -53,7 +58,7 @@ cudaDataType_t cuda_type(DType t) {
 }  // namespace
 
 size_t gemm_workspace_bytes() {
-    return kWorkspaceBytes;
+    return kWorkspaceBytes * std::max<size_t>(1, context().workspaces.size());
 }
 
 void gemm(const Gemm& g, CUstream_st* stream) {
@@ -102,6 +107,7 @@ bool try_gemm(const Gemm& g, CUstream_st* stream) {
             break;
     }
     const cudaDataType_t dt = cuda_type(g.d_type), abt = cuda_type(g.ab_type);
+
     if (epi != CUBLASLT_EPILOGUE_DEFAULT) {
         ZG_CUBLAS_CHECK(
             cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
@@ -164,7 +170,8 @@ bool try_gemm(const Gemm& g, CUstream_st* stream) {
         it = ctx.algos.emplace(key, h.algo).first;
     }
     ZG_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, op, &g.alpha, g.B, la, g.A, lb, &g.beta, g.D, ld,
-                                   g.D, ld, &it->second, ctx.workspace, kWorkspaceBytes, stream));
+                                   g.D, ld, &it->second, ctx.workspace(stream), kWorkspaceBytes,
+                                   stream));
     cublasLtMatrixLayoutDestroy(la);
     cublasLtMatrixLayoutDestroy(lb);
     cublasLtMatrixLayoutDestroy(ld);
@@ -213,6 +220,46 @@ __global__ void bias_partial_kernel(float* part, const T* dout, int64_t N, int64
     }
 }
 
+// bf16 rows with OC a multiple of 8: a lane owns 8 adjacent columns (one 16-byte load per row), a
+// warp 256; the block's 8 row lanes are summed in shared memory in a fixed order. Many row chunks,
+// so that enough loads are in flight to reach the HBM rate.
+constexpr int kVecBiasChunks = 128;
+__global__ void bias_partial_vec_kernel(float* part, const bf16* dout, int64_t N, int64_t OC) {
+    __shared__ float shm[kBiasRowThreads][kBiasCols * 8];
+    const int64_t c = (int64_t(blockIdx.x) * kBiasCols + threadIdx.x) * 8;
+    const int64_t rows = (N + gridDim.y - 1) / gridDim.y;
+    const int64_t r0 = blockIdx.y * rows, r1 = std::min<int64_t>(N, r0 + rows);
+    float acc[8] = {};
+    if (c < OC) {
+        int64_t r = r0 + threadIdx.y;
+        for (; r + kBiasRowThreads < r1; r += 2 * kBiasRowThreads) {  // two loads in flight
+            const uint4 u0 = *reinterpret_cast<const uint4*>(dout + r * OC + c);
+            const uint4 u1 = *reinterpret_cast<const uint4*>(dout + (r + kBiasRowThreads) * OC + c);
+            const bf16* e0 = reinterpret_cast<const bf16*>(&u0);
+            const bf16* e1 = reinterpret_cast<const bf16*>(&u1);
+#pragma unroll
+            for (int k = 0; k < 8; k++) acc[k] += __bfloat162float(e0[k]) + __bfloat162float(e1[k]);
+        }
+        if (r < r1) {
+            const uint4 u0 = *reinterpret_cast<const uint4*>(dout + r * OC + c);
+            const bf16* e0 = reinterpret_cast<const bf16*>(&u0);
+#pragma unroll
+            for (int k = 0; k < 8; k++) acc[k] += __bfloat162float(e0[k]);
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < 8; k++) shm[threadIdx.y][threadIdx.x * 8 + k] = acc[k];
+    __syncthreads();
+    for (int i = threadIdx.y * kBiasCols + threadIdx.x; i < kBiasCols * 8;
+         i += kBiasCols * kBiasRowThreads) {
+        const int64_t col = int64_t(blockIdx.x) * kBiasCols * 8 + i;
+        if (col >= OC) continue;
+        float s = 0;
+        for (int k = 0; k < kBiasRowThreads; k++) s += shm[k][i];
+        part[blockIdx.y * OC + col] = s;
+    }
+}
+
 __global__ void bias_sum_kernel(float* dbias, const float* part, int chunks, int64_t OC) {
     const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (c >= OC) return;
@@ -238,13 +285,22 @@ void add_bias(void* out, const void* bias, int64_t N, int64_t OC, DType t, CUstr
 }
 
 size_t bias_backward_scratch_bytes(int64_t /*N*/, int64_t OC) {
-    return size_t(kBiasRowChunks) * OC * sizeof(float);
+    return size_t(std::max(kBiasRowChunks, kVecBiasChunks)) * OC * sizeof(float);
 }
 
 void bias_backward(float* dbias, const void* dout, int64_t N, int64_t OC, DType t, void* scratch,
                    CUstream_st* stream) {
     ZG_CHECK(N > 0 && OC > 0 && dbias && scratch, "bias_backward: bad arguments");
     auto* part = static_cast<float*>(scratch);
+    if (t == DType::bf16 && OC % 8 == 0 && reinterpret_cast<uintptr_t>(dout) % 16 == 0) {
+        const dim3 grid(unsigned((OC / 8 + kBiasCols - 1) / kBiasCols), kVecBiasChunks);
+        bias_partial_vec_kernel<<<grid, dim3(kBiasCols, kBiasRowThreads), 0, stream>>>(
+            part, static_cast<const bf16*>(dout), N, OC);
+        ZG_LAUNCH_CHECK();
+        bias_sum_kernel<<<grid_for(OC, 256), 256, 0, stream>>>(dbias, part, kVecBiasChunks, OC);
+        ZG_LAUNCH_CHECK();
+        return;
+    }
     const dim3 grid(unsigned((OC + kBiasCols - 1) / kBiasCols), kBiasRowChunks);
     const dim3 block(kBiasCols, kBiasRowThreads);
     ZG_DISPATCH(t, T,
