@@ -22,8 +22,8 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
 //   D[M, N] = epilogue(alpha * op(A) @ op(B) + beta * D)
 // with A stored [M, K] (or [K, M] when trans_a) and B stored [K, N] (or [N, K] when trans_b).
 // A and B are both bf16 or both fp32 (fp32 runs without TF32, for parity checks); D is bf16 or
-// fp32. One handle and workspace per thread; algorithms cached per shape, type, epilogue and
-// pointer alignment.
+// fp32. One handle per thread and one workspace per stream (GEMMs on two streams may run at
+// once); algorithms cached per shape, type, epilogue and pointer alignment.
 #include "kernels/dtype.h"
 struct CUstream_st;
 namespace zgpt::cuda {
@@ -61,7 +61,8 @@ bool try_gemm(const Gemm& g, CUstream_st* stream);
 void gemm_bf16(void* D, MatType d_type, const void* A, bool trans_a, const void* B, bool trans_b,
                int64_t M, int64_t N, int64_t K, float alpha, float beta, CUstream_st* stream);
 
-// Bytes of the persistent cuBLASLt workspace (counted as extra memory by the benchmarks).
+// Bytes of this thread's persistent cuBLASLt workspaces, one per stream used so far (at least
+// one; counted as extra memory by the benchmarks).
 size_t gemm_workspace_bytes();
 
 // out[N, OC] += bias[OC] (both type t): the bias as its own pass (the `separate` matmul variant).
