@@ -30,6 +30,23 @@ __device__ __forceinline__ bf16 from_f<bf16>(float x) {
     return __float2bfloat16_rn(x);
 }
 
+// 8 bf16 values in one 16-byte word: the vectorised paths' loads, stores and conversions.
+__device__ __forceinline__ void unpack8(const uint4& u, float (&v)[8]) {
+    const bf16* e = reinterpret_cast<const bf16*>(&u);
+#pragma unroll
+    for (int k = 0; k < 8; k++) v[k] = __bfloat162float(e[k]);
+}
+__device__ __forceinline__ uint4 pack8(const float (&v)[8]) {
+    uint4 u;
+    bf16* e = reinterpret_cast<bf16*>(&u);
+#pragma unroll
+    for (int k = 0; k < 8; k++) e[k] = __float2bfloat16_rn(v[k]);
+    return u;
+}
+__device__ __forceinline__ uint4 ld16(const bf16* p) {
+    return *reinterpret_cast<const uint4*>(p);
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;

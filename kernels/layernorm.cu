@@ -139,22 +139,6 @@ __global__ void sum_partials_kernel(float* dw, float* db, const float* part_w, c
 // each lane owns 8 adjacent columns per 256 (16-byte loads and stores) and keeps them in registers.
 constexpr int kVecWarps = 4, kVecMaxBlocks = 1056;
 
-__device__ __forceinline__ void unpack8(const uint4& u, float (&v)[8]) {
-    const bf16* e = reinterpret_cast<const bf16*>(&u);
-#pragma unroll
-    for (int k = 0; k < 8; k++) v[k] = __bfloat162float(e[k]);
-}
-__device__ __forceinline__ uint4 pack8(const float (&v)[8]) {
-    uint4 u;
-    bf16* e = reinterpret_cast<bf16*>(&u);
-#pragma unroll
-    for (int k = 0; k < 8; k++) e[k] = __float2bfloat16_rn(v[k]);
-    return u;
-}
-__device__ __forceinline__ uint4 ld16(const bf16* p) {
-    return *reinterpret_cast<const uint4*>(p);
-}
-
 // Forward, optionally with the residual add fused (res = a + b rounded to bf16 as stored, then the
 // statistics of the stored values, as the scalar kernels compute them). Two-pass variance from
 // registers.

@@ -107,7 +107,6 @@ bool try_gemm(const Gemm& g, CUstream_st* stream) {
             break;
     }
     const cudaDataType_t dt = cuda_type(g.d_type), abt = cuda_type(g.ab_type);
-
     if (epi != CUBLASLT_EPILOGUE_DEFAULT) {
         ZG_CUBLAS_CHECK(
             cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
@@ -233,18 +232,19 @@ __global__ void bias_partial_vec_kernel(float* part, const bf16* dout, int64_t N
     if (c < OC) {
         int64_t r = r0 + threadIdx.y;
         for (; r + kBiasRowThreads < r1; r += 2 * kBiasRowThreads) {  // two loads in flight
-            const uint4 u0 = *reinterpret_cast<const uint4*>(dout + r * OC + c);
-            const uint4 u1 = *reinterpret_cast<const uint4*>(dout + (r + kBiasRowThreads) * OC + c);
-            const bf16* e0 = reinterpret_cast<const bf16*>(&u0);
-            const bf16* e1 = reinterpret_cast<const bf16*>(&u1);
+            const uint4 u0 = ld16(dout + r * OC + c),
+                        u1 = ld16(dout + (r + kBiasRowThreads) * OC + c);
+            float v0[8], v1[8];
+            unpack8(u0, v0);
+            unpack8(u1, v1);
 #pragma unroll
-            for (int k = 0; k < 8; k++) acc[k] += __bfloat162float(e0[k]) + __bfloat162float(e1[k]);
+            for (int k = 0; k < 8; k++) acc[k] += v0[k] + v1[k];
         }
         if (r < r1) {
-            const uint4 u0 = *reinterpret_cast<const uint4*>(dout + r * OC + c);
-            const bf16* e0 = reinterpret_cast<const bf16*>(&u0);
+            float v[8];
+            unpack8(ld16(dout + r * OC + c), v);
 #pragma unroll
-            for (int k = 0; k < 8; k++) acc[k] += __bfloat162float(e0[k]);
+            for (int k = 0; k < 8; k++) acc[k] += v[k];
         }
     }
 #pragma unroll

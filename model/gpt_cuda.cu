@@ -357,10 +357,10 @@ struct GptCuda::Impl {
         }
     }
 
-    // dinp = dout @ W (written); dW += dout^T @ inp; db += column sums of dout (b_idx -1: none,
-    // or the caller has them from elsewhere). With gelu_pre (the pre-activation of a GELU that fed
-    // this layer), dinp is multiplied by GELU' in the GEMM epilogue when the fused variant runs
-    // and cuBLASLt supports it; returns whether it was (else the caller runs gelu_backward).
+    // dinp = dout @ W (written); dW += dout^T @ inp; db += column sums of dout (b_idx -1: no
+    // bias). With gelu_pre (the pre-activation of a GELU that fed this layer), dinp is multiplied
+    // by GELU' in the GEMM epilogue when the fused variant runs and cuBLASLt supports it; returns
+    // whether it was (else the caller runs gelu_backward).
     bool linear_backward(void* dinp, const void* dout, const void* inp, int w_idx, int b_idx,
                          int64_t M, int64_t K, int64_t N, const void* gelu_pre = nullptr,
                          bool head = false) {
