@@ -81,6 +81,11 @@ class PinnedBuffer {
     size_t n_ = 0;
 };
 
+// The pipelined loss head's row chunks (fewer when the batch is small). Chunking needs a
+// per-row gradient that does not depend on the other rows, so `mean` runs in one piece.
+constexpr int kMaxHeadChunks = 8;
+constexpr int64_t kMinChunkRows = 1024;
+
 const char* const kLayernormVariants[] = {"fused_residual", "separate"};
 const char* const kMatmulVariants[] = {"fused_epilogue", "separate"};
 
@@ -131,6 +136,13 @@ struct GptCuda::Impl {
     // they leave SMs idle. A buffer they read is rewritten only after they are done with it.
     cudaStream_t wstream = nullptr;
     cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
+    // The loss head in row chunks: the cross-entropy of chunk c (memory-bound) runs on its own
+    // stream beside the logits GEMM of chunk c + 1 and the input-gradient GEMM of chunk c - 1
+    // (tensor-bound). Per chunk: an event after its logits GEMM and one after its cross-entropy.
+    cudaStream_t cestream = nullptr;
+    std::vector<cudaEvent_t> chunk_ev;
+    bool head_pending = false;    // forward() left the logits GEMM to loss() or logits()
+    bool head_dinp_done = false;  // loss() already wrote dlnf (the pipelined head)
     std::map<const void*, cudaEvent_t> read_done;  // last weight-gradient read of each buffer
     const cuda::AttentionVariant* attention = nullptr;
     const cuda::CrossEntropyVariant* ce = nullptr;  // null with fused_linear
@@ -189,6 +201,8 @@ struct GptCuda::Impl {
           es(dtype_bytes(o.precision)) {
         validate(cfg);
         validate_kernels(opt.kernels, t);
+        ZG_CHECK(opt.head_chunks >= 1 && opt.head_chunks <= kMaxHeadChunks,
+                 "head_chunks must be in [1, " + std::to_string(kMaxHeadChunks) + "]");
         attention = &cuda::find_attention_variant(opt.kernels.attention);
         if (opt.kernels.cross_entropy == "fused_linear")
             linear_ce = &cuda::linear_cross_entropy_variants().at(0);
@@ -196,6 +210,11 @@ struct GptCuda::Impl {
             ce = &cuda::find_cross_entropy_variant(opt.kernels.cross_entropy);
         ZG_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
         ZG_CUDA_CHECK(cudaStreamCreateWithFlags(&wstream, cudaStreamNonBlocking));
+        ZG_CUDA_CHECK(cudaStreamCreateWithFlags(&cestream, cudaStreamNonBlocking));
+        for (int i = 0; i < 2 * kMaxHeadChunks; i++) {
+            chunk_ev.emplace_back();
+            ZG_CUDA_CHECK(cudaEventCreateWithFlags(&chunk_ev.back(), cudaEventDisableTiming));
+        }
         ZG_CUDA_CHECK(cudaEventCreateWithFlags(&fork_ev, cudaEventDisableTiming));
         ZG_CUDA_CHECK(cudaEventCreateWithFlags(&join_ev, cudaEventDisableTiming));
         const size_t n = size_t(layout.table.total());
@@ -205,7 +224,7 @@ struct GptCuda::Impl {
         norm_scratch = DeviceBuffer(cuda::sum_of_squares_scratch_bytes());
         norm_out = DeviceBuffer(sizeof(double));
         grad_out = DeviceBuffer(sizeof(float));
-        summary = DeviceBuffer(sizeof(cuda::LossSummaryF));
+        summary = DeviceBuffer(kMaxHeadChunks * sizeof(cuda::LossSummaryF));
     }
     ~Impl() {
         for (cudaEvent_t e : pool) cudaEventDestroy(e);
@@ -214,6 +233,8 @@ struct GptCuda::Impl {
         for (auto& [buf, e] : read_done) cudaEventDestroy(e);
         if (fork_ev) cudaEventDestroy(fork_ev);
         if (join_ev) cudaEventDestroy(join_ev);
+        for (cudaEvent_t e : chunk_ev) cudaEventDestroy(e);
+        if (cestream) cudaStreamDestroy(cestream);
         if (wstream) cudaStreamDestroy(wstream);
         if (stream) cudaStreamDestroy(stream);
     }
@@ -292,7 +313,7 @@ struct GptCuda::Impl {
         h_targets = PinnedBuffer<int32_t>(BT);
         h_bucket = PinnedBuffer<int32_t>(3 * BT + 1);
         h_grad_out = PinnedBuffer<float>(1);
-        h_summary = PinnedBuffer<cuda::LossSummaryF>(1);
+        h_summary = PinnedBuffer<cuda::LossSummaryF>(kMaxHeadChunks);
         branch_out = act(BT * C);
         dres = act(BT * C);
         dtmp = act(BT * C);
@@ -366,7 +387,8 @@ struct GptCuda::Impl {
                          bool head = false) {
         const bool fused = opt.kernels.matmul == "fused_epilogue";
         bool gelu_done = false;
-        // the head's dW stays on the main stream so that the head's events bracket it
+        // the head's dW stays on the main stream: on the weight-gradient stream it measured no
+        // better (H100, same call: 123.57 against 123.54 ms)
         const bool side = overlapping() && !head;
         if (dinp) {
             cuda::Gemm gm;
@@ -501,10 +523,8 @@ struct GptCuda::Impl {
                      last ? layout.lnf_b : layout.blocks[l + 1].ln1_b, BT, C);
             tick("residual + layernorm fwd");
         }
-        mark(0);
-        if (!linear_ce) linear_forward(logits.get(), lnf.get(), layout.lm_head, -1, BT, C, Vp);
-        mark(1);
-        tick("head matmul fwd");
+        head_pending = !linear_ce;  // loss() runs the logits GEMM, chunked with the cross-entropy
+        head_dinp_done = false;
         upload_buckets();  // host work while the GPU runs the forward pass
         have_logits = true;
     }
@@ -538,9 +558,12 @@ struct GptCuda::Impl {
         ZG_CUDA_CHECK(
             cudaMemcpyAsync(grad_out.get(), h_grad_out.get(), 4, cudaMemcpyHostToDevice, stream));
         auto* sum = summary.as<cuda::LossSummaryF>();
+        const int64_t chunks = head_chunks(o);
         tick(nullptr);
-        mark(2);
         if (linear_ce) {
+            mark(0);  // no logits GEMM: the head is one fused pass in [ev2, ev3]
+            mark(1);
+            mark(2);
             cuda::LinearCrossEntropyArgs a;
             a.hidden = lnf.get();
             a.weight = w(layout.lm_head);
@@ -555,28 +578,44 @@ struct GptCuda::Impl {
                 a.dweight_acc = g(layout.lm_head);
             }
             linear_ce->run(a, o, ce_workspace.get(), stream);
+            mark(3);
+            tick("head (fused_linear)");
+        } else if (chunks == 1) {
+            mark(0);
+            if (head_pending) head_logits(0, BT);
+            mark(1);
+            tick("head matmul fwd");
+            mark(2);
+            head_cross_entropy(0, BT, o, sum, stream);
+            mark(3);
+            tick("cross-entropy");
         } else {
-            cuda::CrossEntropyArgs a;
-            a.logits = logits.get();
-            a.type = t == DType::bf16 ? cuda::LogitsType::bf16 : cuda::LogitsType::f32;
-            a.ld = Vp;
-            a.N = BT;
-            a.V_local = a.V = cfg.vocab_size;
-            a.targets = targets.as<int32_t>();
-            a.grad_output = grad_out.as<float>();
-            a.dlogits = logits.get();
-            a.summary = sum;
-            ce->run(a, o, ce_workspace.get(), stream);
-            if (Vp > cfg.vocab_size)  // padded columns carry no gradient
-                ZG_CUDA_CHECK(cudaMemset2DAsync(logits.as<char>() + cfg.vocab_size * es, Vp * es, 0,
-                                                (Vp - cfg.vocab_size) * es, BT, stream));
+            // chunk c's cross-entropy on cestream after its logits; dlnf of chunk c on the main
+            // stream after its cross-entropy
+            mark(0);
+            const int64_t rows = (BT + chunks - 1) / chunks;
+            for (int64_t c = 0; c < chunks; c++) {
+                const int64_t r0 = c * rows, n = std::min(rows, BT - r0);
+                head_logits(r0, n);
+                ZG_CUDA_CHECK(cudaEventRecord(chunk_ev[2 * c], stream));
+                ZG_CUDA_CHECK(cudaStreamWaitEvent(cestream, chunk_ev[2 * c]));
+                head_cross_entropy(r0, n, o, sum + c, cestream);
+                ZG_CUDA_CHECK(cudaEventRecord(chunk_ev[2 * c + 1], cestream));
+            }
+            for (int64_t c = 0; c < chunks; c++) {
+                const int64_t r0 = c * rows, n = std::min(rows, BT - r0);
+                ZG_CUDA_CHECK(cudaStreamWaitEvent(stream, chunk_ev[2 * c + 1]));
+                if (compute_grad) head_input_grad(r0, n);
+            }
+            head_dinp_done = compute_grad;
+            mark(1);
+            mark(2);  // the cross-entropy is inside [ev0, ev1]
+            mark(3);
         }
-        mark(3);
-        tick(linear_ce ? "head (fused_linear)" : "cross-entropy");
-        ZG_CUDA_CHECK(cudaMemcpyAsync(h_summary.get(), sum, sizeof(cuda::LossSummaryF),
+        ZG_CUDA_CHECK(cudaMemcpyAsync(h_summary.get(), sum, chunks * sizeof(cuda::LossSummaryF),
                                       cudaMemcpyDeviceToHost, stream));
         ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
-        const cuda::LossSummaryF f = *h_summary.get();
+        const cuda::LossSummaryF f = combine_summaries(h_summary.get(), chunks);
         have_logits = compute_grad ? have_logits : false;
         CrossEntropySummary s;
         s.loss = f.loss;
@@ -592,6 +631,69 @@ struct GptCuda::Impl {
     }
     bool grads_ready = false;
 
+    int64_t head_chunks(const CrossEntropyOptions& o) const {
+        if (linear_ce || !overlapping() || o.reduction != Reduction::sum) return 1;
+        return std::max<int64_t>(1, std::min<int64_t>(opt.head_chunks, B * Tn / kMinChunkRows));
+    }
+    // logits of rows [r0, r0 + n) (the forward's head GEMM, or a chunk of it)
+    void head_logits(int64_t r0, int64_t n) {
+        head_pending = false;
+        linear_forward(logits.as<char>() + r0 * Vp * es, lnf.as<char>() + r0 * cfg.n_embd * es,
+                       layout.lm_head, -1, n, cfg.n_embd, Vp);
+    }
+    // The cross-entropy of rows [r0, r0 + n): loss summary, dlogits in place.
+    void head_cross_entropy(int64_t r0, int64_t n, const CrossEntropyOptions& o,
+                            cuda::LossSummaryF* sum, cudaStream_t st) {
+        cuda::CrossEntropyArgs a;
+        a.logits = logits.as<char>() + r0 * Vp * es;
+        a.type = t == DType::bf16 ? cuda::LogitsType::bf16 : cuda::LogitsType::f32;
+        a.ld = Vp;
+        a.N = n;
+        a.V_local = a.V = cfg.vocab_size;
+        a.targets = targets.as<int32_t>() + r0;
+        a.grad_output = grad_out.as<float>();
+        a.dlogits = const_cast<void*>(a.logits);
+        a.summary = sum;
+        ce->run(a, o, ce_workspace.get(), st);
+        if (Vp > cfg.vocab_size)  // padded columns carry no gradient
+            ZG_CUDA_CHECK(cudaMemset2DAsync(static_cast<char*>(a.dlogits) + cfg.vocab_size * es,
+                                            Vp * es, 0, (Vp - cfg.vocab_size) * es, n, st));
+    }
+    // dlnf of rows [r0, r0 + n) = dlogits @ W_head
+    void head_input_grad(int64_t r0, int64_t n) {
+        cuda::Gemm gm;
+        gm.D = dtmp.as<char>() + r0 * cfg.n_embd * es;
+        gm.d_type = t;
+        gm.ab_type = t;
+        gm.A = logits.as<char>() + r0 * Vp * es;
+        gm.B = w(layout.lm_head);
+        gm.M = n;
+        gm.N = cfg.n_embd;
+        gm.K = Vp;
+        cuda::gemm(gm, stream);
+    }
+    // The chunks' summaries as one (sum reduction: every field adds, except the maximum).
+    static cuda::LossSummaryF combine_summaries(const cuda::LossSummaryF* s, int64_t n) {
+        if (n == 1) return s[0];
+        double acc[6] = {};
+        cuda::LossSummaryF f = s[0];
+        f.n_valid = 0;
+        for (int64_t i = 0; i < n; i++) {
+            const float v[6] = {s[i].loss,       s[i].sum_loss, s[i].sum_ce,
+                                s[i].sum_z_loss, s[i].sum_lse,  s[i].sum_lse_sq};
+            for (int k = 0; k < 6; k++) acc[k] += v[k];
+            f.max_logit = std::max(f.max_logit, s[i].max_logit);
+            f.n_valid += s[i].n_valid;
+        }
+        f.loss = float(acc[0]);
+        f.sum_loss = float(acc[1]);
+        f.sum_ce = float(acc[2]);
+        f.sum_z_loss = float(acc[3]);
+        f.sum_lse = float(acc[4]);
+        f.sum_lse_sq = float(acc[5]);
+        return f;
+    }
+
     void backward() {
         ZG_CHECK(grads_ready, "backward() needs forward() and loss(..., compute_grad=true) first");
         grads_ready = false;
@@ -601,8 +703,8 @@ struct GptCuda::Impl {
         tick(nullptr);
         mark(4);
         if (!linear_ce)
-            linear_backward(dtmp.get(), logits.get(), lnf.get(), layout.lm_head, -1, BT, C, Vp,
-                            nullptr, true);
+            linear_backward(head_dinp_done ? nullptr : dtmp.get(), logits.get(), lnf.get(),
+                            layout.lm_head, -1, BT, C, Vp, nullptr, true);
         mark(5);
         before_write(dres.get());
         cuda::layernorm_backward(dres.get(), {1, C}, false, g(layout.lnf_w), g(layout.lnf_b),
@@ -791,6 +893,7 @@ std::vector<float> GptCuda::logits() const {
     const Impl& im = *impl_;
     ZG_CHECK(!im.linear_ce, "logits(): the fused_linear head never materialises logits");
     ZG_CHECK(im.B > 0, "logits(): no forward yet");
+    if (im.head_pending) impl_->head_logits(0, im.B * im.Tn);
     const int64_t n = im.B * im.Tn * im.Vp;
     ZG_CUDA_CHECK(cudaStreamSynchronize(im.stream));
     std::vector<float> r(n);

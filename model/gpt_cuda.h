@@ -27,6 +27,9 @@ struct CudaModelOptions {
     DType precision = DType::bf16;
     KernelChoice kernels;
     bool recompute_gelu = false;  // keep only the pre-GELU activation; recompute GELU in backward
+    // Row chunks of the loss head (logits GEMM, cross-entropy, dlnf GEMM), pipelined over two
+    // streams; 1 runs it in one piece. At most 8, and chunks of at least 1024 rows.
+    int head_chunks = 4;
 };
 
 class GptCuda {
@@ -47,10 +50,13 @@ class GptCuda {
     void get_params(float* host) const;
     void get_grads(float* host) const;
 
-    // Forward B x Tn host tokens; logits stay on the device (not with fused_linear).
+    // Forward B x Tn host tokens up to the final LayerNorm; the LM-head GEMM is left to loss()
+    // (or logits()), which runs it in row chunks beside the cross-entropy.
     void forward(const int32_t* tokens, int64_t B, int64_t Tn);
     // The loss head on the last forward. grad_output multiplies each row's gradient (1 / tokens
-    // of the step). With compute_grad, dlogits replace the logits, ready for backward().
+    // of the step). With compute_grad, dlogits replace the logits, ready for backward(). With
+    // the sum reduction and head_chunks > 1 the head is pipelined in row chunks: logits GEMM,
+    // cross-entropy (on a second stream) and, with compute_grad, the dlnf GEMM of each chunk.
     CrossEntropySummary loss(const int32_t* targets, const CrossEntropyOptions& opts,
                              double grad_output, bool compute_grad);
     void backward();  // adds into the gradient arena
@@ -60,7 +66,8 @@ class GptCuda {
     void adamw_step(double lr, double beta1, double beta2, double eps, double weight_decay,
                     int64_t t, double grad_scale, float* m, float* v);
 
-    std::vector<float> logits() const;  // [B * Tn, padded_vocab] of the last forward
+    std::vector<float> logits()
+        const;  // [B * Tn, padded_vocab] of the last forward (not fused_linear)
     // Device pointers (tests, the optimizer): fp32 master weights and gradients.
     float* params_device();
     float* grads_device();
@@ -68,7 +75,9 @@ class GptCuda {
     size_t allocated_bytes() const;  // everything this model holds on the device now
 
     // With profiling on, the loss head (LM-head matmuls + cross-entropy, forward and backward)
-    // is bracketed by CUDA events; head_ms() is its time in the last step (after a sync).
+    // is bracketed by CUDA events; head_ms() is its time in the last step (after a sync). When
+    // pipelined, that is the main stream's time from the first logits GEMM to the last dlnf
+    // GEMM (the cross-entropy overlaps it), plus the head's dW GEMM.
     void set_profiling(bool on);
     double head_ms() const;
     // Per-op-family GPU times (ms) since set_op_profiling(true) or the last take (bench_train).

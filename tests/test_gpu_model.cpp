@@ -462,9 +462,9 @@ std::vector<int32_t> random_tokens(Rng& rng, int64_t n, int64_t V) {
 }
 
 // Compares the GPU model after forward + loss + backward with GPT<double> on the same weights.
-void compare_model(const ModelConfig& mc, const CudaModelOptions& o, double rtol) {
+void compare_model(const ModelConfig& mc, const CudaModelOptions& o, double rtol, int64_t B = 2,
+                   int64_t T = 11) {
     Rng rng(7);
-    const int64_t B = 2, T = 11;
     GPT<double> ref(mc);
     ref.init_weights(11);
     Rng wr(12);  // non-trivial LayerNorm weights and biases
@@ -549,6 +549,18 @@ TEST_CASE("whole model in bf16: loss within 2e-2 and gradients within bf16 accum
     compare_model(tiny_config(false, true, true), o, 5e-2);
     o.kernels.cross_entropy = "fused_linear";
     compare_model(tiny_config(true, true, false), o, 5e-2);
+}
+
+TEST_CASE("the pipelined loss head (row chunks over two streams) equals GPT<double>") {
+    // 257 x 13 = 3341 rows: 3 chunks of at least 1024 rows (1114, 1114, 1113), so chunk edges
+    // fall inside sequences; targets[3] is ignored in the first chunk only.
+    for (DType t : {DType::f32, DType::bf16}) {
+        CAPTURE(int(t));
+        CudaModelOptions o;
+        o.precision = t;
+        o.head_chunks = 4;
+        compare_model(tiny_config(false, true, false), o, t == DType::f32 ? 1e-5 : 5e-2, 257, 13);
+    }
 }
 
 TEST_CASE("the GPU model reproduces gpt2_tiny.safetensors in fp32 (about 1e-5 relative)") {

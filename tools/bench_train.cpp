@@ -37,6 +37,9 @@ int main(int argc, char** argv) {
     app.add_option("--from", from, "first step that is timed (earlier ones warm up)");
     app.add_option("--out", out, "write the result as JSON here");
     bool ops = false;
+    int head_chunks = CudaModelOptions{}.head_chunks;
+    app.add_option("--head-chunks", head_chunks,
+                   "row chunks of the pipelined loss head (1: in one piece)");
     app.add_flag("--ops", ops, "time each op family (an event after every op) in one extra step");
     CLI11_PARSE(app, argc, argv);
     try {
@@ -49,6 +52,7 @@ int main(int argc, char** argv) {
         mo.precision = cfg.train.precision == "fp32" ? DType::f32 : DType::bf16;
         mo.kernels = cfg.kernels;
         mo.recompute_gelu = cfg.train.recompute_gelu;
+        mo.head_chunks = head_chunks;
         GptCuda model(cfg.model, mo);
         model.set_params(initial_params(cfg).data());
         model.set_profiling(true);
@@ -150,6 +154,7 @@ int main(int argc, char** argv) {
                                {"layernorm", cfg.kernels.layernorm},
                                {"matmul", cfg.kernels.matmul}}},
                              {"recompute_gelu", cfg.train.recompute_gelu},
+                             {"head_chunks", head_chunks},
                              {"steps_timed", step_ms.size()},
                              {"step_ms", ms},
                              {"step_ms_min", *std::min_element(step_ms.begin(), step_ms.end())},
