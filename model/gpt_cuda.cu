@@ -378,6 +378,21 @@ struct GptCuda::Impl {
         }
     }
 
+    // dinp[M, K] = dout[M, N] @ W[N, K], the input gradient of a linear layer (no epilogue).
+    cuda::Gemm input_grad_gemm(void* dinp, const void* dout, int w_idx, int64_t M, int64_t K,
+                               int64_t N) const {
+        cuda::Gemm gm;
+        gm.D = dinp;
+        gm.d_type = t;
+        gm.ab_type = t;
+        gm.A = dout;
+        gm.B = w(w_idx);
+        gm.M = M;
+        gm.N = K;
+        gm.K = N;
+        return gm;
+    }
+
     // dinp = dout @ W (written); dW += dout^T @ inp; db += column sums of dout (b_idx -1: no
     // bias). With gelu_pre (the pre-activation of a GELU that fed this layer), dinp is multiplied
     // by GELU' in the GEMM epilogue when the fused variant runs and cuBLASLt supports it; returns
@@ -391,15 +406,7 @@ struct GptCuda::Impl {
         // better (H100, same call: 123.57 against 123.54 ms)
         const bool side = overlapping() && !head;
         if (dinp) {
-            cuda::Gemm gm;
-            gm.D = dinp;
-            gm.d_type = t;
-            gm.ab_type = t;
-            gm.A = dout;
-            gm.B = w(w_idx);
-            gm.M = M;
-            gm.N = K;
-            gm.K = N;
+            cuda::Gemm gm = input_grad_gemm(dinp, dout, w_idx, M, K, N);
             if (gelu_pre && fused) {
                 gm.epilogue = cuda::Epilogue::dgelu;
                 gm.aux = const_cast<void*>(gelu_pre);
@@ -661,16 +668,10 @@ struct GptCuda::Impl {
     }
     // dlnf of rows [r0, r0 + n) = dlogits @ W_head
     void head_input_grad(int64_t r0, int64_t n) {
-        cuda::Gemm gm;
-        gm.D = dtmp.as<char>() + r0 * cfg.n_embd * es;
-        gm.d_type = t;
-        gm.ab_type = t;
-        gm.A = logits.as<char>() + r0 * Vp * es;
-        gm.B = w(layout.lm_head);
-        gm.M = n;
-        gm.N = cfg.n_embd;
-        gm.K = Vp;
-        cuda::gemm(gm, stream);
+        cuda::gemm(
+            input_grad_gemm(dtmp.as<char>() + r0 * cfg.n_embd * es,
+                            logits.as<char>() + r0 * Vp * es, layout.lm_head, n, cfg.n_embd, Vp),
+            stream);
     }
     // The chunks' summaries as one (sum reduction: every field adds, except the maximum).
     static cuda::LossSummaryF combine_summaries(const cuda::LossSummaryF* s, int64_t n) {

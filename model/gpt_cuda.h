@@ -66,8 +66,8 @@ class GptCuda {
     void adamw_step(double lr, double beta1, double beta2, double eps, double weight_decay,
                     int64_t t, double grad_scale, float* m, float* v);
 
-    std::vector<float> logits()
-        const;  // [B * Tn, padded_vocab] of the last forward (not fused_linear)
+    // [B * Tn, padded_vocab] of the last forward (not with fused_linear)
+    std::vector<float> logits() const;
     // Device pointers (tests, the optimizer): fp32 master weights and gradients.
     float* params_device();
     float* grads_device();

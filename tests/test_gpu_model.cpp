@@ -555,7 +555,7 @@ TEST_CASE("the pipelined loss head (row chunks over two streams) equals GPT<doub
     // 257 x 13 = 3341 rows: 3 chunks of at least 1024 rows (1114, 1114, 1113), so chunk edges
     // fall inside sequences; targets[3] is ignored in the first chunk only.
     for (DType t : {DType::f32, DType::bf16}) {
-        CAPTURE(int(t));
+        CAPTURE(dtype_name(t));
         CudaModelOptions o;
         o.precision = t;
         o.head_chunks = 4;
