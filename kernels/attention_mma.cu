@@ -115,6 +115,15 @@ __device__ void stage_async(bf16* rows, const bf16* base, int64_t stride, int64_
                      "l"(src), "r"(in ? 16 : 0));
     }
 }
+// n floats from src into shared memory, 4 bytes per copy, zero past `valid`; copied by the
+// block's first n threads, so no thread waits on the loads (they join the current commit group).
+__device__ __forceinline__ void stage_floats_async(float* dst, const float* src, int n, int valid) {
+    const int i = threadIdx.x;
+    if (i < n)
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(
+                         uint32_t(__cvta_generic_to_shared(dst + i))),
+                     "l"(i < valid ? src + i : src), "r"(i < valid ? 4 : 0));
+}
 __device__ __forceinline__ void commit() {
     asm volatile("cp.async.commit_group;\n" ::);
 }
@@ -271,28 +280,6 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ---------------------------------------------------------------- backward
-// Dsum = sum_d dout * out per row: 8 lanes per row, 16-byte loads.
-__global__ void row_dot_kernel(float* dsum, const bf16* dout, const bf16* out, int64_t B, Geo g) {
-    const int64_t n = B * g.NH * g.Tn;
-    const int64_t r = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 8;
-    const int part = threadIdx.x % 8;
-    float acc = 0;
-    if (r < n) {
-        const int64_t t = r % g.Tn, bh = r / g.Tn, b = bh / g.NH, h = bh % g.NH;
-        const int64_t off = (b * g.Tn + t) * g.C + h * kD + part * 8;
-        const uint4 x = *reinterpret_cast<const uint4*>(dout + off);
-        const uint4 y = *reinterpret_cast<const uint4*>(out + off);
-        const bf16* xe = reinterpret_cast<const bf16*>(&x);
-        const bf16* ye = reinterpret_cast<const bf16*>(&y);
-#pragma unroll
-        for (int j = 0; j < 8; j++) acc += __bfloat162float(xe[j]) * __bfloat162float(ye[j]);
-    }
-    acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-    acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-    acc += __shfl_xor_sync(0xffffffffu, acc, 4);
-    if (r < n && part == 0) dsum[r] = acc;
-}
-
 // The backward kernels own kBwdRows rows per block (keys for dK/dV, queries for dQ), kWarpRows
 // (two m-tiles) per warp, and walk the other side in tiles of kBwdTile rows.
 constexpr int kWarpRows = 32, kBwdRows = kWarps * kWarpRows, kBwdTile = 32;
@@ -359,11 +346,11 @@ __global__ void __launch_bounds__(kThreads)
     auto issue = [&](int64_t i0, int buf) {
         stage_async<kBwdTile>(Qs + buf * kBwdTile * kLD, qbase, stride, i0, g.Tn);
         stage_async<kBwdTile>(dOs + buf * kBwdTile * kLD, obase, g.C, i0, g.Tn);
-        for (int r = threadIdx.x; r < kBwdTile; r += kThreads) {
-            const bool in = i0 + r < g.Tn;
-            Ls[buf * kBwdTile + r] = in ? lse[bh * g.Tn + i0 + r] * kLog2e : INFINITY;  // P = 0
-            Ds[buf * kBwdTile + r] = in ? dsum[bh * g.Tn + i0 + r] : 0.0f;
-        }
+        // Plain loads here stalled warp 0, and with it the block's next barrier, on every tile.
+        // Queries past Tn get L = D = 0: their Q and dO rows are zero, so P dO and dS Q vanish.
+        const int valid = int(std::min<int64_t>(kBwdTile, g.Tn - i0));
+        stage_floats_async(Ls + buf * kBwdTile, lse + bh * g.Tn + i0, kBwdTile, valid);
+        stage_floats_async(Ds + buf * kBwdTile, dsum + bh * g.Tn + i0, kBwdTile, valid);
         commit();
     };
     stage_kv_async<kBwdRows>(Ks, Vs, qbase, k0, g);  // committed with the first tile
@@ -390,9 +377,10 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
                 for (int n = 0; n < kBwdTile / 8; n++) {
                     const float2 L = *reinterpret_cast<const float2*>(Lt + n * 8 + 2 * tq);
+                    const float l2[2] = {L.x * kLog2e, L.y * kLog2e};
 #pragma unroll
                     for (int e = 0; e < 4; e++)
-                        p[mt][n][e] = ex2(fmaf(p[mt][n][e], sl2, -(e & 1 ? L.y : L.x)));
+                        p[mt][n][e] = ex2(fmaf(p[mt][n][e], sl2, -l2[e & 1]));
                 }
             if (rel < kWarpRows) {  // the tile straddles this warp's diagonal
 #pragma unroll
@@ -455,16 +443,21 @@ __global__ void __launch_bounds__(kThreads)
 // One block per 128 query rows: dQ summed over the key tiles (32 rows each) in order. Each warp
 // owns 32 rows (two m-tiles), so every K / V fragment read from shared memory feeds two products.
 // Q and dO stay in shared memory, which keeps the kernel at 168 registers: three blocks per SM.
-constexpr int kDqSmemBytes = (2 * kBwdRows + 4 * kBwdTile) * kLD * int(sizeof(bf16));
+// It runs before the dK/dV kernel and also writes Dsum = rowsum(dO * O) of its rows, which both
+// need: dO is already in shared memory here, so a separate pass would read it twice.
+constexpr int kDqSmemBytes =
+    (2 * kBwdRows + 4 * kBwdTile) * kLD * int(sizeof(bf16)) + kBwdRows * int(sizeof(float));
+static_assert(kThreads == kBwdRows, "one thread per query row computes its Dsum");
 
 __global__ void __launch_bounds__(kThreads, 3)
-    dq_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* dsum,
-              Geo g) {
+    dq_kernel(bf16* dqkv, float* dsum, const bf16* dout, const bf16* out, const bf16* qkv,
+              const float* lse, Geo g) {
     extern __shared__ __align__(16) unsigned char smem[];
     bf16* Qs = reinterpret_cast<bf16*>(smem);  // [kBwdRows][kLD]
     bf16* dOs = Qs + kBwdRows * kLD;
     bf16* Ks = dOs + kBwdRows * kLD;  // [2][kBwdTile][kLD]
     bf16* Vs = Ks + 2 * kBwdTile * kLD;
+    float* Dsm = reinterpret_cast<float*>(Vs + 2 * kBwdTile * kLD);  // [kBwdRows]
     const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
     const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kBwdRows;  // heaviest blocks first
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
@@ -473,15 +466,6 @@ __global__ void __launch_bounds__(kThreads, 3)
     const bf16* obase = dout + b * g.Tn * g.C + h * g.hs;
     const float sl2 = g.scale * kLog2e;
     const int64_t wq0 = q0 + warp * kWarpRows;  // this warp's first row
-    float L[2][2], Dr[2][2];
-#pragma unroll
-    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int64_t row = wq0 + mt * 16 + gq + r * 8;
-            L[mt][r] = row < g.Tn ? lse[bh * g.Tn + row] * kLog2e : INFINITY;
-            Dr[mt][r] = row < g.Tn ? dsum[bh * g.Tn + row] : 0.0f;
-        }
     float dq[2][kD / 8][4] = {};
     const int64_t last = std::min<int64_t>(q0 + kBwdRows, g.Tn);  // keys [0, last) are seen
     const int64_t tiles = (last + kBwdTile - 1) / kBwdTile;
@@ -493,6 +477,41 @@ __global__ void __launch_bounds__(kThreads, 3)
     stage_async<kBwdRows>(dOs, obase, g.C, q0, g.Tn);
     stage_kv(0);
     commit();
+    {  // Dsum of row q0 + threadIdx.x; its O row is loaded while the tiles land
+        const int64_t row = q0 + threadIdx.x;
+        uint4 o[kD / 8] = {};
+        if (row < g.Tn) {
+            const bf16* orow = out + (b * g.Tn + row) * g.C + h * g.hs;
+#pragma unroll
+            for (int j = 0; j < kD / 8; j++) o[j] = *reinterpret_cast<const uint4*>(orow + 8 * j);
+        }
+        wait_all();
+        float acc = 0;
+#pragma unroll
+        for (int j = 0; j < kD / 8; j++) {
+            const uint4 d = *reinterpret_cast<const uint4*>(dOs + threadIdx.x * kLD + 8 * j);
+            const __nv_bfloat162* dv = reinterpret_cast<const __nv_bfloat162*>(&d);
+            const __nv_bfloat162* ov = reinterpret_cast<const __nv_bfloat162*>(&o[j]);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const float2 x = __bfloat1622float2(dv[k]), y = __bfloat1622float2(ov[k]);
+                acc = fmaf(x.x, y.x, acc);
+                acc = fmaf(x.y, y.y, acc);
+            }
+        }
+        Dsm[threadIdx.x] = acc;  // rows past Tn: dO and O are zero, so 0
+        if (row < g.Tn) dsum[bh * g.Tn + row] = acc;
+        __syncthreads();
+    }
+    float L[2][2], Dr[2][2];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int64_t row = wq0 + mt * 16 + gq + r * 8;
+            L[mt][r] = row < g.Tn ? lse[bh * g.Tn + row] * kLog2e : INFINITY;
+            Dr[mt][r] = Dsm[warp * kWarpRows + mt * 16 + gq + r * 8];
+        }
     for (int64_t t = 0; t < tiles; t++) {
         if (t + 1 < tiles) stage_kv(t + 1);
         commit();
@@ -594,8 +613,6 @@ void backward(void* dqkv, const void* dout, const void* qkv, const void* out, co
     const auto* dy = static_cast<const bf16*>(dout);
     const auto* x = static_cast<const bf16*>(qkv);
     auto* dx = static_cast<bf16*>(dqkv);
-    row_dot_kernel<<<unsigned((s.B * s.NH * s.Tn * 8 + 255) / 256), 256, 0, st>>>(
-        dsum, dy, static_cast<const bf16*>(out), s.B, g);
     static const bool smem_set = [] {  // both take more than the default 48 KB
         ZG_CUDA_CHECK(cudaFuncSetAttribute(dkdv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            kDkdvSmemBytes));
@@ -604,10 +621,11 @@ void backward(void* dqkv, const void* dout, const void* qkv, const void* out, co
         return true;
     }();
     (void)smem_set;
-    dkdv_kernel<<<dim3(unsigned((s.Tn + kBwdRows - 1) / kBwdRows), unsigned(s.B * s.NH)), kThreads,
-                  kDkdvSmemBytes, st>>>(dx, dy, x, lse, dsum, g);
-    dq_kernel<<<dim3(unsigned((s.Tn + kBwdRows - 1) / kBwdRows), unsigned(s.B * s.NH)), kThreads,
-                kDqSmemBytes, st>>>(dx, dy, x, lse, dsum, g);
+    const dim3 grid(unsigned((s.Tn + kBwdRows - 1) / kBwdRows), unsigned(s.B * s.NH));
+    // dQ first: it writes the Dsum that the dK/dV kernel reads
+    dq_kernel<<<grid, kThreads, kDqSmemBytes, st>>>(dx, dsum, dy, static_cast<const bf16*>(out), x,
+                                                    lse, g);
+    dkdv_kernel<<<grid, kThreads, kDkdvSmemBytes, st>>>(dx, dy, x, lse, dsum, g);
     ZG_LAUNCH_CHECK();
 }
 
