@@ -1,12 +1,12 @@
 // Causal attention on tensor cores: bf16, head size 64, fp32 accumulation.
 //
 // FlashAttention-2's schedule with mma.sync m16n8k16: 4 warps per block, key (or query) tiles of
-// 64 rows (forward) or 32 (backward) staged in shared memory with cp.async, double-buffered (rows
-// padded by 8 elements against bank conflicts), fragments read with ldmatrix. The S accumulator's
-// register layout is exactly the A operand layout of the next product, so P (and dS) never leave
-// registers. Backward: a kernel over key blocks for dK/dV and one over query blocks for dQ, so
-// every output has one writer (deterministic, no atomics); each warp there owns two m-tiles of 16
-// rows.
+// 64 rows (forward) or 32 (backward) staged in shared memory with cp.async in a ring of three
+// (rows padded by 8 elements against bank conflicts), fragments read with ldmatrix. The S
+// accumulator's register layout is exactly the A operand layout of the next product, so P (and dS)
+// never leave registers. Backward: a kernel over key blocks for dK/dV and one over query blocks for
+// dQ, so every output has one writer (deterministic, no atomics); each warp there owns two m-tiles
+// of 16 rows.
 //
 // What keeps the instruction count down (these kernels are issue-bound, not tensor-bound):
 // - only tiles that straddle the diagonal are masked; the others take a compare-free path;
@@ -100,6 +100,18 @@ __device__ __forceinline__ void store_acc_row(bf16* dst, const float (&acc)[kD /
             pack(acc[n][2 * r] * scale, acc[n][2 * r + 1] * scale);
 }
 
+// Tiles stream through a ring of kStages buffers. Tiles t and t + 1 are in flight when tile t is
+// needed: wait_prev() waits for t, one barrier says every warp is done with t - 1, and tile t + 2
+// then goes into t - 1's buffer. One barrier per tile instead of two (before the ring, a second
+// barrier at the end of each tile guarded the refill).
+constexpr int kStages = 3;
+__device__ __forceinline__ int ring_next(int i) {
+    return i == kStages - 1 ? 0 : i + 1;
+}
+__device__ __forceinline__ int ring_after_next(int i) {
+    return ring_next(ring_next(i));
+}
+
 // Rows [r0, r0 + 64) of one head's slice (rows of `stride` elements from base) into shared memory
 // with cp.async, 16 bytes per copy; rows past Tn are zero-filled. Call commit() after a tile's
 // copies and wait_prev() before using the tile issued one commit earlier.
@@ -130,9 +142,6 @@ __device__ __forceinline__ void commit() {
 __device__ __forceinline__ void wait_prev() {
     asm volatile("cp.async.wait_group 1;\n" ::);
 }
-__device__ __forceinline__ void wait_all() {
-    asm volatile("cp.async.wait_group 0;\n" ::);
-}
 // The K and V tiles of keys [k0, k0 + ROWS) of one head (qkv rows from qbase, the head's q).
 template <int ROWS = kTile>
 __device__ void stage_kv_async(bf16* Ks, bf16* Vs, const bf16* qbase, int64_t k0, const Geo& g) {
@@ -142,13 +151,16 @@ __device__ void stage_kv_async(bf16* Ks, bf16* Vs, const bf16* qbase, int64_t k0
 
 // ---------------------------------------------------------------- forward
 // A block covers 64 * MT query rows (16 * MT per warp) and walks the key tiles up to its last row.
+constexpr int kForwardSmemBytes = kStages * 2 * kTile * kLD * int(sizeof(bf16));
 template <int MT>
 __global__ void __launch_bounds__(kThreads)
     forward_kernel(bf16* out, float* lse, const bf16* qkv, Geo g) {
     constexpr int WR = 16 * MT, BQ = kWarps * WR;
-    // buf[0..1]: K and V of even key tiles, buf[2..3] of odd ones. Q (BQ <= 128 rows) is staged
-    // in buf[2..3] first and moved to registers before the first odd tile is issued.
-    __shared__ __align__(16) bf16 buf[4][kTile * kLD];
+    static_assert(BQ <= 2 * kTile, "Q is staged in one ring slot");
+    // The ring of K and V tiles. Q is staged in slot 2 first and moved to registers before
+    // key tile 2 is issued there.
+    extern __shared__ __align__(16) unsigned char fwd_smem[];
+    auto buf = reinterpret_cast<bf16(*)[2][kTile * kLD]>(fwd_smem);
     const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
     const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * BQ;  // heaviest blocks first
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
@@ -156,19 +168,25 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t key_tiles = (g.Tn + kTile - 1) / kTile;
     const int64_t tiles = (q0 + BQ) / kTile < key_tiles ? (q0 + BQ) / kTile : key_tiles;
 
-    stage_kv_async(buf[0], buf[1], qbase, 0, g);
+    auto stage_tile = [&](int64_t t, int slot) {
+        stage_kv_async(buf[slot][0], buf[slot][1], qbase, t * kTile, g);
+    };
+    stage_tile(0, 0);
     commit();
-    for (int r = 0; r < BQ; r += kTile) stage_async(buf[2] + r * kLD, qbase, 3 * g.C, q0 + r, g.Tn);
+    for (int r = 0; r < BQ; r += kTile)
+        stage_async(buf[2][0] + r * kLD, qbase, 3 * g.C, q0 + r, g.Tn);
     commit();
-    wait_all();
+    if (tiles > 1) stage_tile(1, 1);
+    commit();
+    wait_prev();  // key tile 0 and Q
     __syncthreads();
     uint32_t qa[MT][kD / 16][4];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int kk = 0; kk < kD / 16; kk++)
-            load_a(qa[mt][kk], buf[2], warp * WR + mt * 16, kk * 16);
-    __syncthreads();  // buf[2..3] now takes key tile 1
+            load_a(qa[mt][kk], buf[2][0], warp * WR + mt * 16, kk * 16);
+    __syncthreads();  // slot 2 now takes key tile 2
 
     const float sl2 = g.scale * kLog2e;
     float o[MT][kD / 8][4] = {};
@@ -177,16 +195,14 @@ __global__ void __launch_bounds__(kThreads)
     for (int mt = 0; mt < MT; mt++)
         for (int r = 0; r < 2; r++) m[mt][r] = -INFINITY, l[mt][r] = 0;
 
-    for (int64_t t = 0; t < tiles; t++) {
-        if (t + 1 < tiles) {
-            bf16* next = buf[2 * ((t + 1) & 1)];
-            stage_kv_async(next, next + kTile * kLD, qbase, (t + 1) * kTile, g);
-        }
-        commit();
+    int slot = 0;  // the ring slot of tile t
+    for (int64_t t = 0; t < tiles; t++, slot = ring_next(slot)) {
         wait_prev();
         __syncthreads();
-        const bf16* Kt = buf[2 * (t & 1)];
-        const bf16* Vt = buf[2 * (t & 1) + 1];
+        if (t + 2 < tiles) stage_tile(t + 2, ring_after_next(slot));
+        commit();
+        const bf16* Kt = buf[slot][0];
+        const bf16* Vt = buf[slot][1];
         // The tile's first key relative to this warp's first row. Keys run rel..rel+63 and rows
         // 0..WR-1: the warp skips a tile whose keys all follow its rows and masks one that
         // straddles.
@@ -263,7 +279,6 @@ __global__ void __launch_bounds__(kThreads)
                 }
             }
         }
-        __syncthreads();  // this buffer is refilled two tiles on
     }
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
@@ -321,8 +336,8 @@ __device__ __forceinline__ void scores_tiles2(float (&s)[2][kBwdTile / 8][4], co
 // shared-memory reads per mma of 16-key warps (measured: the step 126.8-127.3 against 128.5-129.0
 // ms). Query tiles have 32 rows so that S and dP of 32 keys fit in registers beside the dK and dV
 // accumulators; K and V fragments are read from shared memory.
-constexpr int kDkdvSmemBytes =
-    (2 * kBwdRows + 4 * kBwdTile) * kLD * int(sizeof(bf16)) + 4 * kBwdTile * int(sizeof(float));
+constexpr int kDkdvSmemBytes = (2 * kBwdRows + 2 * kStages * kBwdTile) * kLD * int(sizeof(bf16)) +
+                               2 * kStages * kBwdTile * int(sizeof(float));
 
 __global__ void __launch_bounds__(kThreads)
     dkdv_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* dsum,
@@ -330,10 +345,10 @@ __global__ void __launch_bounds__(kThreads)
     extern __shared__ __align__(16) unsigned char smem[];
     bf16* Ks = reinterpret_cast<bf16*>(smem);  // [kBwdRows][kLD]
     bf16* Vs = Ks + kBwdRows * kLD;
-    bf16* Qs = Vs + kBwdRows * kLD;  // [2][kBwdTile][kLD]
-    bf16* dOs = Qs + 2 * kBwdTile * kLD;
-    float* Ls = reinterpret_cast<float*>(dOs + 2 * kBwdTile * kLD);  // [2][kBwdTile]
-    float* Ds = Ls + 2 * kBwdTile;
+    bf16* Qs = Vs + kBwdRows * kLD;  // [kStages][kBwdTile][kLD]
+    bf16* dOs = Qs + kStages * kBwdTile * kLD;
+    float* Ls = reinterpret_cast<float*>(dOs + kStages * kBwdTile * kLD);  // [kStages][kBwdTile]
+    float* Ds = Ls + kStages * kBwdTile;
     const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
     const int64_t k0 = int64_t(blockIdx.x) * kBwdRows;  // early keys see the most queries: first
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
@@ -355,20 +370,25 @@ __global__ void __launch_bounds__(kThreads)
     };
     stage_kv_async<kBwdRows>(Ks, Vs, qbase, k0, g);  // committed with the first tile
     issue(k0, 0);
-    for (int64_t i0 = k0, t = 0; i0 < g.Tn; i0 += kBwdTile, t++) {
-        if (i0 + kBwdTile < g.Tn)
-            issue(i0 + kBwdTile, (t + 1) & 1);
-        else
-            commit();  // an empty group keeps wait_prev() counting right
+    if (k0 + kBwdTile < g.Tn)
+        issue(k0 + kBwdTile, 1);
+    else
+        commit();  // an empty group keeps wait_prev() counting right
+    int slot = 0;  // the ring slot of the tile at i0
+    for (int64_t i0 = k0; i0 < g.Tn; i0 += kBwdTile, slot = ring_next(slot)) {
         wait_prev();
         __syncthreads();
+        if (i0 + 2 * kBwdTile < g.Tn)
+            issue(i0 + 2 * kBwdTile, ring_after_next(slot));
+        else
+            commit();
         // The tile's first query relative to this warp's first key; query q sees key k if q >= k.
         const int rel = int(i0 - wk0);
         if (rel > -kBwdTile) {  // the tile's last query sees at least this warp's first key
-            const bf16* Qt = Qs + (t & 1) * kBwdTile * kLD;
-            const bf16* dOt = dOs + (t & 1) * kBwdTile * kLD;
-            const float* Lt = Ls + (t & 1) * kBwdTile;
-            const float* Dt = Ds + (t & 1) * kBwdTile;
+            const bf16* Qt = Qs + slot * kBwdTile * kLD;
+            const bf16* dOt = dOs + slot * kBwdTile * kLD;
+            const float* Lt = Ls + slot * kBwdTile;
+            const float* Dt = Ds + slot * kBwdTile;
             // S^T and dP^T: keys x queries
             float p[2][kBwdTile / 8][4] = {}, dp[2][kBwdTile / 8][4] = {};
             scores_tiles2(p, Ks, Qt, dp, Vs, dOt, warp * kWarpRows);
@@ -426,7 +446,6 @@ __global__ void __launch_bounds__(kThreads)
                 }
             }
         }
-        __syncthreads();  // this buffer is refilled two tiles on
     }
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
@@ -445,8 +464,8 @@ __global__ void __launch_bounds__(kThreads)
 // Q and dO stay in shared memory, which keeps the kernel at 168 registers: three blocks per SM.
 // It runs before the dK/dV kernel and also writes Dsum = rowsum(dO * O) of its rows, which both
 // need: dO is already in shared memory here, so a separate pass would read it twice.
-constexpr int kDqSmemBytes =
-    (2 * kBwdRows + 4 * kBwdTile) * kLD * int(sizeof(bf16)) + kBwdRows * int(sizeof(float));
+constexpr int kDqSmemBytes = (2 * kBwdRows + 2 * kStages * kBwdTile) * kLD * int(sizeof(bf16)) +
+                             kBwdRows * int(sizeof(float));
 static_assert(kThreads == kBwdRows, "one thread per query row computes its Dsum");
 
 __global__ void __launch_bounds__(kThreads, 3)
@@ -455,9 +474,9 @@ __global__ void __launch_bounds__(kThreads, 3)
     extern __shared__ __align__(16) unsigned char smem[];
     bf16* Qs = reinterpret_cast<bf16*>(smem);  // [kBwdRows][kLD]
     bf16* dOs = Qs + kBwdRows * kLD;
-    bf16* Ks = dOs + kBwdRows * kLD;  // [2][kBwdTile][kLD]
-    bf16* Vs = Ks + 2 * kBwdTile * kLD;
-    float* Dsm = reinterpret_cast<float*>(Vs + 2 * kBwdTile * kLD);  // [kBwdRows]
+    bf16* Ks = dOs + kBwdRows * kLD;  // [kStages][kBwdTile][kLD]
+    bf16* Vs = Ks + kStages * kBwdTile * kLD;
+    float* Dsm = reinterpret_cast<float*>(Vs + kStages * kBwdTile * kLD);  // [kBwdRows]
     const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
     const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kBwdRows;  // heaviest blocks first
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
@@ -469,13 +488,15 @@ __global__ void __launch_bounds__(kThreads, 3)
     float dq[2][kD / 8][4] = {};
     const int64_t last = std::min<int64_t>(q0 + kBwdRows, g.Tn);  // keys [0, last) are seen
     const int64_t tiles = (last + kBwdTile - 1) / kBwdTile;
-    auto stage_kv = [&](int64_t t) {
-        stage_kv_async<kBwdTile>(Ks + (t & 1) * kBwdTile * kLD, Vs + (t & 1) * kBwdTile * kLD,
-                                 qbase, t * kBwdTile, g);
+    auto stage_kv = [&](int64_t t, int slot) {
+        stage_kv_async<kBwdTile>(Ks + slot * kBwdTile * kLD, Vs + slot * kBwdTile * kLD, qbase,
+                                 t * kBwdTile, g);
     };
     stage_async<kBwdRows>(Qs, qbase, stride, q0, g.Tn);  // committed with the first tile
     stage_async<kBwdRows>(dOs, obase, g.C, q0, g.Tn);
-    stage_kv(0);
+    stage_kv(0, 0);
+    commit();
+    if (tiles > 1) stage_kv(1, 1);
     commit();
     {  // Dsum of row q0 + threadIdx.x; its O row is loaded while the tiles land
         const int64_t row = q0 + threadIdx.x;
@@ -485,7 +506,8 @@ __global__ void __launch_bounds__(kThreads, 3)
 #pragma unroll
             for (int j = 0; j < kD / 8; j++) o[j] = *reinterpret_cast<const uint4*>(orow + 8 * j);
         }
-        wait_all();
+        wait_prev();  // Q, dO and key tile 0
+        __syncthreads();
         float acc = 0;
 #pragma unroll
         for (int j = 0; j < kD / 8; j++) {
@@ -512,16 +534,17 @@ __global__ void __launch_bounds__(kThreads, 3)
             L[mt][r] = row < g.Tn ? lse[bh * g.Tn + row] * kLog2e : INFINITY;
             Dr[mt][r] = Dsm[warp * kWarpRows + mt * 16 + gq + r * 8];
         }
-    for (int64_t t = 0; t < tiles; t++) {
-        if (t + 1 < tiles) stage_kv(t + 1);
-        commit();
+    int slot = 0;  // the ring slot of tile t
+    for (int64_t t = 0; t < tiles; t++, slot = ring_next(slot)) {
         wait_prev();
         __syncthreads();
+        if (t + 2 < tiles) stage_kv(t + 2, ring_after_next(slot));
+        commit();
         // The tile's first key relative to this warp's first row; row r sees key c if c <= r.
         const int rel = int(t * kBwdTile - wq0);
         if (rel < kWarpRows) {  // some key of the tile is seen by some row of this warp
-            const bf16* Kt = Ks + (t & 1) * kBwdTile * kLD;
-            const bf16* Vt = Vs + (t & 1) * kBwdTile * kLD;
+            const bf16* Kt = Ks + slot * kBwdTile * kLD;
+            const bf16* Vt = Vs + slot * kBwdTile * kLD;
             float sc[2][kBwdTile / 8][4] = {}, dp[2][kBwdTile / 8][4] = {};
             scores_tiles2(sc, Qs, Kt, dp, dOs, Vt, warp * kWarpRows);
 #pragma unroll
@@ -565,7 +588,6 @@ __global__ void __launch_bounds__(kThreads, 3)
                 }
             }
         }
-        __syncthreads();  // this buffer is refilled two tiles on
     }
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
@@ -600,10 +622,18 @@ void forward(void* out, float* lse, const void* qkv, const AttentionShape& s, CU
     const int mt = forward_m_tiles();
     const int64_t rows = kWarps * 16 * mt;
     const dim3 grid(unsigned((s.Tn + rows - 1) / rows), unsigned(s.B * s.NH));
+    static const bool smem_set = [] {  // more than the default 48 KB
+        ZG_CUDA_CHECK(cudaFuncSetAttribute(
+            forward_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, kForwardSmemBytes));
+        ZG_CUDA_CHECK(cudaFuncSetAttribute(
+            forward_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, kForwardSmemBytes));
+        return true;
+    }();
+    (void)smem_set;
     if (mt == 1)
-        forward_kernel<1><<<grid, kThreads, 0, st>>>(y, lse, x, g);
+        forward_kernel<1><<<grid, kThreads, kForwardSmemBytes, st>>>(y, lse, x, g);
     else
-        forward_kernel<2><<<grid, kThreads, 0, st>>>(y, lse, x, g);
+        forward_kernel<2><<<grid, kThreads, kForwardSmemBytes, st>>>(y, lse, x, g);
     ZG_LAUNCH_CHECK();
 }
 
