@@ -669,3 +669,171 @@ TEST_CASE("fused_linear equals h W^T followed by the CPU head (several chunks, r
         }
     }
 }
+
+// The whole head inside a CUDA graph. Each variant is captured on a stream in global mode, so a
+// host synchronization, a host read of device data or a use of the legacy stream inside run()
+// fails the capture. The graph is then replayed on the inputs it was captured with and on new
+// ones (logits, targets, grad_output, all written on the device between replays): every output
+// must equal, bit for bit, a direct run on the same inputs. The direct runs come first, so the
+// stream's cuBLASLt workspace exists before the capture, as after a trainer's first step.
+namespace {
+
+struct GraphRun {
+    cudaStream_t stream = nullptr;
+    GraphRun() { CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)); }
+    ~GraphRun() { cudaStreamDestroy(stream); }
+    GraphRun(const GraphRun&) = delete;
+    GraphRun& operator=(const GraphRun&) = delete;
+    // Captures f(stream) into an executable graph.
+    template <typename F>
+    cudaGraphExec_t capture(F&& f) {
+        cudaGraph_t g = nullptr;
+        CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+        f(stream);
+        CUDA_OK(cudaStreamEndCapture(stream, &g));
+        cudaGraphExec_t exec = nullptr;
+        CUDA_OK(cudaGraphInstantiate(&exec, g, 0));
+        CUDA_OK(cudaGraphDestroy(g));
+        return exec;
+    }
+    void replay(cudaGraphExec_t exec) {
+        CUDA_OK(cudaGraphLaunch(exec, stream));
+        CUDA_OK(cudaStreamSynchronize(stream));
+    }
+};
+
+std::vector<uint8_t> device_bytes(const Dev& d) {
+    std::vector<uint8_t> r(d.bytes);
+    CUDA_OK(cudaMemcpy(r.data(), d.p, d.bytes, cudaMemcpyDeviceToHost));
+    return r;
+}
+
+}  // namespace
+
+TEST_CASE("every variant runs inside a CUDA graph: no host sync, new device inputs per replay") {
+    GraphRun gr;
+    const int64_t N = 37, V = 5003;
+    for (const auto& v : cuda::cross_entropy_variants()) {
+        for (Reduction r : {Reduction::mean, Reduction::none}) {
+            const std::string variant = v.name, reduction = reduction_name(r);
+            CAPTURE(variant);
+            CAPTURE(reduction);
+            Case c[2] = {make_case(7, N, V, LogitsType::bf16, 1e-4, 0.1, r, 1),
+                         make_case(8, N, V, LogitsType::bf16, 1e-4, 0.1, r, 3)};
+            if (r == Reduction::mean) c[1].grad_output = {0.25f};
+            Dev logits(size_t(N) * V * 2), targets(N * 4), go(N * 4), rows(4 * N * 4),
+                summary(sizeof(cuda::LossSummaryF)), ws(v.workspace_bytes(N, V, LogitsType::bf16));
+            auto set_inputs = [&](const Case& k) {
+                upload(logits.p, k.logits, LogitsType::bf16);
+                CUDA_OK(cudaMemcpy(targets.p, k.targets.data(), N * 4, cudaMemcpyHostToDevice));
+                CUDA_OK(cudaMemcpy(go.p, k.grad_output.data(), k.grad_output.size() * 4,
+                                   cudaMemcpyHostToDevice));
+                CUDA_OK(cudaMemset(rows.p, 0xFF, rows.bytes));
+                CUDA_OK(cudaMemset(summary.p, 0xFF, summary.bytes));
+            };
+            auto outputs = [&] {
+                std::vector<uint8_t> o = device_bytes(logits), x = device_bytes(rows),
+                                     y = device_bytes(summary);
+                o.insert(o.end(), x.begin(), x.end());
+                o.insert(o.end(), y.begin(), y.end());
+                return o;
+            };
+            cuda::CrossEntropyArgs a;
+            a.logits = logits.p;
+            a.type = LogitsType::bf16;
+            a.ld = V;
+            a.N = N;
+            a.V_local = a.V = V;
+            a.targets = targets.as<int32_t>();
+            a.grad_output = go.as<float>();
+            a.dlogits = logits.p;  // in place
+            a.loss_rows = rows.as<float>();
+            a.ce_rows = rows.as<float>() + N;
+            a.z_rows = rows.as<float>() + 2 * N;
+            a.lse_rows = rows.as<float>() + 3 * N;
+            a.summary = summary.as<cuda::LossSummaryF>();
+            auto run = [&](cudaStream_t st) { v.run(a, c[0].opts, ws.p, st); };
+            std::vector<uint8_t> want[2];
+            for (int i = 0; i < 2; i++) {
+                set_inputs(c[i]);
+                run(gr.stream);
+                CUDA_OK(cudaStreamSynchronize(gr.stream));
+                want[i] = outputs();
+            }
+            CHECK(want[0] != want[1]);  // the second inputs do change the outputs
+            set_inputs(c[0]);
+            cudaGraphExec_t exec = gr.capture(run);
+            for (int i = 0; i < 2; i++) {
+                set_inputs(c[i]);
+                gr.replay(exec);
+                CHECK(outputs() == want[i]);
+            }
+            CUDA_OK(cudaGraphExecDestroy(exec));
+        }
+    }
+}
+
+TEST_CASE("fused_linear runs inside a CUDA graph: no host sync, new device inputs per replay") {
+    GraphRun gr;
+    const auto& v = cuda::linear_cross_entropy_variants().at(0);
+    const int64_t N = 37, C = 64, V = 1000;
+    CrossEntropyOptions o;
+    o.z_loss_weight = 1e-4;
+    o.label_smoothing = 0.1;
+    Dev hd(N * C * 2), Wd(V * C * 2), td(N * 4), god(4), dh(N * C * 2), dW(V * C * 2), rowsd(N * 4),
+        sd(sizeof(cuda::LossSummaryF));
+    cuda::LinearCrossEntropyArgs a;
+    a.hidden = hd.p;
+    a.weight = Wd.p;
+    a.N = N;
+    a.C = C;
+    a.V = V;
+    a.targets = td.as<int32_t>();
+    a.grad_output = god.as<float>();
+    a.dhidden = dh.p;
+    a.dweight = dW.p;
+    a.loss_rows = rowsd.as<float>();
+    a.summary = sd.as<cuda::LossSummaryF>();
+    a.vocab_chunk = 384;  // several chunks, the last one ragged
+    Dev ws(v.workspace_bytes(N, C, V, a.vocab_chunk));
+    auto set_inputs = [&](uint64_t seed) {
+        Rng rng(seed);
+        std::vector<float> h(N * C), W(V * C);
+        for (auto& x : h) x = bf16_round(float(rng.normal()));
+        for (auto& x : W) x = bf16_round(float(0.2 * rng.normal()));
+        std::vector<int32_t> t(N);
+        for (auto& y : t) y = int32_t(rng.below(uint64_t(V)));
+        t[seed % N] = -100;
+        const float g = float(0.5 + rng.uniform());
+        upload(hd.p, h, LogitsType::bf16);
+        upload(Wd.p, W, LogitsType::bf16);
+        CUDA_OK(cudaMemcpy(td.p, t.data(), N * 4, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemcpy(god.p, &g, 4, cudaMemcpyHostToDevice));
+        for (const Dev* d : {&dh, &dW, &rowsd, &sd}) CUDA_OK(cudaMemset(d->p, 0xFF, d->bytes));
+    };
+    auto outputs = [&] {
+        std::vector<uint8_t> r;
+        for (const Dev* d : {&dh, &dW, &rowsd, &sd}) {
+            const std::vector<uint8_t> b = device_bytes(*d);
+            r.insert(r.end(), b.begin(), b.end());
+        }
+        return r;
+    };
+    auto run = [&](cudaStream_t st) { v.run(a, o, ws.p, st); };
+    std::vector<uint8_t> want[2];
+    for (int i = 0; i < 2; i++) {
+        set_inputs(uint64_t(11 + i));
+        run(gr.stream);
+        CUDA_OK(cudaStreamSynchronize(gr.stream));
+        want[i] = outputs();
+    }
+    CHECK(want[0] != want[1]);
+    set_inputs(11);
+    cudaGraphExec_t exec = gr.capture(run);
+    for (int i = 0; i < 2; i++) {
+        set_inputs(uint64_t(11 + i));
+        gr.replay(exec);
+        CHECK(outputs() == want[i]);
+    }
+    CUDA_OK(cudaGraphExecDestroy(exec));
+}
