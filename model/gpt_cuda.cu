@@ -332,9 +332,9 @@ struct GptCuda::Impl {
         ce_workspace = DeviceBuffer(ws);
     }
 
-    // D[M, N] = A[M, K] @ W[N, K]^T (+ bias), the forward of a linear layer.
-    void linear_forward(void* out, const void* inp, int w_idx, int b_idx, int64_t M, int64_t K,
-                        int64_t N) {
+    // out[M, N] = inp[M, K] @ W[N, K]^T, the forward GEMM of a linear layer (no epilogue).
+    cuda::Gemm forward_gemm(void* out, const void* inp, int w_idx, int64_t M, int64_t K,
+                            int64_t N) const {
         cuda::Gemm gm;
         gm.D = out;
         gm.d_type = t;
@@ -345,6 +345,13 @@ struct GptCuda::Impl {
         gm.M = M;
         gm.N = N;
         gm.K = K;
+        return gm;
+    }
+
+    // D[M, N] = A[M, K] @ W[N, K]^T (+ bias), the forward of a linear layer.
+    void linear_forward(void* out, const void* inp, int w_idx, int b_idx, int64_t M, int64_t K,
+                        int64_t N) {
+        cuda::Gemm gm = forward_gemm(out, inp, w_idx, M, K, N);
         const bool fused = opt.kernels.matmul == "fused_epilogue";
         if (b_idx >= 0 && fused) {
             gm.epilogue = cuda::Epilogue::bias;
@@ -358,16 +365,7 @@ struct GptCuda::Impl {
     void fc_gelu_forward(void* fch, void* gelu, const void* inp, int w_idx, int b_idx, int64_t M,
                          int64_t K, int64_t N) {
         if (opt.kernels.matmul == "fused_epilogue") {
-            cuda::Gemm gm;
-            gm.D = gelu;
-            gm.d_type = t;
-            gm.ab_type = t;
-            gm.A = inp;
-            gm.B = w(w_idx);
-            gm.trans_b = true;
-            gm.M = M;
-            gm.N = N;
-            gm.K = K;
+            cuda::Gemm gm = forward_gemm(gelu, inp, w_idx, M, K, N);
             gm.epilogue = b_idx >= 0 ? cuda::Epilogue::gelu_aux_bias : cuda::Epilogue::gelu_aux;
             gm.bias = w(b_idx);
             gm.aux = fch;

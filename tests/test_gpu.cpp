@@ -133,6 +133,29 @@ std::vector<float> pad_rows(const std::vector<float>& x, int64_t N, int64_t V, i
     return r;
 }
 
+// A variant's arguments for whole rows of V values at stride ld: rows holds the per-row loss, ce,
+// z-loss and lse (N floats each, in that order).
+cuda::CrossEntropyArgs ce_args(void* logits, void* dlogits, LogitsType t, int64_t ld, int64_t N,
+                               int64_t V, const Dev& targets, const Dev& go, const Dev& rows,
+                               const Dev& summary) {
+    cuda::CrossEntropyArgs a;
+    a.logits = logits;
+    a.type = t;
+    a.ld = ld;
+    a.N = N;
+    a.V_local = V;
+    a.V = V;
+    a.targets = targets.as<int32_t>();
+    a.grad_output = go.as<float>();
+    a.dlogits = dlogits;
+    a.loss_rows = rows.as<float>();
+    a.ce_rows = rows.as<float>() + N;
+    a.z_rows = rows.as<float>() + 2 * N;
+    a.lse_rows = rows.as<float>() + 3 * N;
+    a.summary = summary.as<cuda::LossSummaryF>();
+    return a;
+}
+
 Result run_variant(const cuda::CrossEntropyVariant& v, const Case& c) {
     const int64_t ld = c.ld ? c.ld : c.V;
     const size_t es = c.type == LogitsType::f32 ? 4 : 2, n = size_t(c.N) * ld;
@@ -145,21 +168,8 @@ Result run_variant(const cuda::CrossEntropyVariant& v, const Case& c) {
         cudaMemcpy(go.p, c.grad_output.data(), c.grad_output.size() * 4, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemset(rows.p, 0xFF, rows.bytes));  // poison: every output must be written
     if (!c.in_place) upload(dl.p, pad_rows(c.logits, c.N, c.V, ld, NAN), c.type);
-    cuda::CrossEntropyArgs a;
-    a.logits = logits.p;
-    a.type = c.type;
-    a.ld = ld;
-    a.N = c.N;
-    a.V_local = c.V;
-    a.V = c.V;
-    a.targets = targets.as<int32_t>();
-    a.grad_output = go.as<float>();
-    a.dlogits = c.in_place ? logits.p : dl.p;
-    a.loss_rows = rows.as<float>();
-    a.ce_rows = rows.as<float>() + c.N;
-    a.z_rows = rows.as<float>() + 2 * c.N;
-    a.lse_rows = rows.as<float>() + 3 * c.N;
-    a.summary = summary.as<cuda::LossSummaryF>();
+    const cuda::CrossEntropyArgs a = ce_args(logits.p, c.in_place ? logits.p : dl.p, c.type, ld,
+                                             c.N, c.V, targets, go, rows, summary);
     v.run(a, c.opts, ws.p, nullptr);
     CUDA_OK(cudaDeviceSynchronize());
     CUDA_OK(cudaGetLastError());
@@ -580,6 +590,29 @@ double norm_rel_err(const std::vector<float>& got, const std::vector<double>& wa
     return std::sqrt(num) / std::max(std::sqrt(den), 1e-300);
 }
 
+// fused_linear's arguments over device buffers: h [N, C], W [V, C], targets, grad_output; outputs
+// dh, dW, per-row loss and the summary; vocabulary chunks of 384 columns (several, the last one
+// ragged for the sizes the tests use).
+cuda::LinearCrossEntropyArgs linear_ce_args(const Dev& h, const Dev& W, const Dev& targets,
+                                            const Dev& go, const Dev& dh, const Dev& dW,
+                                            const Dev& rows, const Dev& summary, int64_t N,
+                                            int64_t C, int64_t V) {
+    cuda::LinearCrossEntropyArgs a;
+    a.hidden = h.p;
+    a.weight = W.p;
+    a.N = N;
+    a.C = C;
+    a.V = V;
+    a.targets = targets.as<int32_t>();
+    a.grad_output = go.as<float>();
+    a.dhidden = dh.p;
+    a.dweight = dW.p;
+    a.loss_rows = rows.as<float>();
+    a.summary = summary.as<cuda::LossSummaryF>();
+    a.vocab_chunk = 384;
+    return a;
+}
+
 }  // namespace
 
 // fused_linear: against logits = h W^T, the CPU head and dh = dlogits W, dW = dlogits^T h, all in
@@ -638,19 +671,8 @@ TEST_CASE("fused_linear equals h W^T followed by the CPU head (several chunks, r
             CUDA_OK(cudaMemcpy(god.p, go.data(), go.size() * 4, cudaMemcpyHostToDevice));
             CUDA_OK(
                 cudaMemset(dW_d.p, 0xFF, dW_d.bytes));  // poison: every weight row must be written
-            cuda::LinearCrossEntropyArgs a;
-            a.hidden = hd.p;
-            a.weight = Wd.p;
-            a.N = N;
-            a.C = C;
-            a.V = V;
-            a.targets = td.as<int32_t>();
-            a.grad_output = god.as<float>();
-            a.dhidden = dh_d.p;
-            a.dweight = dW_d.p;
-            a.loss_rows = rowsd.as<float>();
-            a.summary = sd.as<cuda::LossSummaryF>();
-            a.vocab_chunk = 384;  // several chunks, the last one ragged
+            const cuda::LinearCrossEntropyArgs a =
+                linear_ce_args(hd, Wd, td, god, dh_d, dW_d, rowsd, sd, N, C, V);
             Dev ws(v.workspace_bytes(N, C, V, a.vocab_chunk));
             v.run(a, o, ws.p, nullptr);
             CUDA_OK(cudaDeviceSynchronize());
@@ -738,20 +760,9 @@ TEST_CASE("every variant runs inside a CUDA graph: no host sync, new device inpu
                 o.insert(o.end(), y.begin(), y.end());
                 return o;
             };
-            cuda::CrossEntropyArgs a;
-            a.logits = logits.p;
-            a.type = LogitsType::bf16;
-            a.ld = V;
-            a.N = N;
-            a.V_local = a.V = V;
-            a.targets = targets.as<int32_t>();
-            a.grad_output = go.as<float>();
-            a.dlogits = logits.p;  // in place
-            a.loss_rows = rows.as<float>();
-            a.ce_rows = rows.as<float>() + N;
-            a.z_rows = rows.as<float>() + 2 * N;
-            a.lse_rows = rows.as<float>() + 3 * N;
-            a.summary = summary.as<cuda::LossSummaryF>();
+            const cuda::CrossEntropyArgs a =
+                ce_args(logits.p, logits.p /* in place */, LogitsType::bf16, V, N, V, targets, go,
+                        rows, summary);
             auto run = [&](cudaStream_t st) { v.run(a, c[0].opts, ws.p, st); };
             std::vector<uint8_t> want[2];
             for (int i = 0; i < 2; i++) {
@@ -782,19 +793,8 @@ TEST_CASE("fused_linear runs inside a CUDA graph: no host sync, new device input
     o.label_smoothing = 0.1;
     Dev hd(N * C * 2), Wd(V * C * 2), td(N * 4), god(4), dh(N * C * 2), dW(V * C * 2), rowsd(N * 4),
         sd(sizeof(cuda::LossSummaryF));
-    cuda::LinearCrossEntropyArgs a;
-    a.hidden = hd.p;
-    a.weight = Wd.p;
-    a.N = N;
-    a.C = C;
-    a.V = V;
-    a.targets = td.as<int32_t>();
-    a.grad_output = god.as<float>();
-    a.dhidden = dh.p;
-    a.dweight = dW.p;
-    a.loss_rows = rowsd.as<float>();
-    a.summary = sd.as<cuda::LossSummaryF>();
-    a.vocab_chunk = 384;  // several chunks, the last one ragged
+    const cuda::LinearCrossEntropyArgs a =
+        linear_ce_args(hd, Wd, td, god, dh, dW, rowsd, sd, N, C, V);
     Dev ws(v.workspace_bytes(N, C, V, a.vocab_chunk));
     auto set_inputs = [&](uint64_t seed) {
         Rng rng(seed);
