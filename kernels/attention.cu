@@ -258,15 +258,22 @@ void flash_forward(void* out, void* saved, const void* qkv, const AttentionShape
     ZG_LAUNCH_CHECK();
 }
 
+int64_t flash_colsum_rows(const AttentionShape& s, DType t) {
+    return attention_mma::usable(s, t) ? attention_mma::colsum_rows(s) : 0;
+}
+
 void flash_backward(void* dqkv, const void* dout, const void* qkv, const void* out, void* saved,
-                    void* scratch, const AttentionShape& s, DType t, CUstream_st* st) {
+                    void* scratch, float* dqkv_colsums, const AttentionShape& s, DType t,
+                    CUstream_st* st) {
     check_shape(s);
+    ZG_CHECK(!dqkv_colsums || flash_colsum_rows(s, t) > 0,
+             "flash attention: column sums only on the tensor-core path");
     const Geo g = attention_geometry(s);
     auto* dsum = static_cast<float*>(scratch);
     const auto* lse = static_cast<const float*>(saved);
     const dim3 grid(unsigned((s.Tn + kBQ - 1) / kBQ), unsigned(s.B * s.NH));
     if (attention_mma::usable(s, t)) {
-        attention_mma::backward(dqkv, dout, qkv, out, lse, dsum, s, st);
+        attention_mma::backward(dqkv, dout, qkv, out, lse, dsum, dqkv_colsums, s, st);
         return;
     }
     with_head_size(g.hs, [&](auto HS) {
@@ -430,9 +437,14 @@ void naive_forward(void* out, void* saved, const void* qkv, const AttentionShape
     ZG_LAUNCH_CHECK();
 }
 
+int64_t naive_colsum_rows(const AttentionShape&, DType) {
+    return 0;
+}
+
 void naive_backward(void* dqkv, const void* dout, const void* qkv, const void*, void* saved, void*,
-                    const AttentionShape& s, DType t, CUstream_st* st) {
+                    float* dqkv_colsums, const AttentionShape& s, DType t, CUstream_st* st) {
     check_shape(s);
+    ZG_CHECK(!dqkv_colsums, "naive attention: no column sums");
     naive_smem_check(s);
     const Geo g = attention_geometry(s);
     const int64_t rows = s.B * s.NH * s.Tn;
@@ -453,9 +465,9 @@ void naive_backward(void* dqkv, const void* dout, const void* qkv, const void*, 
 const std::vector<AttentionVariant>& attention_variants() {
     static const std::vector<AttentionVariant> v = {
         {"flash", "online softmax over key tiles; lse saved, scores never stored",
-         flash_saved_bytes, flash_scratch_bytes, flash_forward, flash_backward},
+         flash_saved_bytes, flash_scratch_bytes, flash_forward, flash_colsum_rows, flash_backward},
         {"naive", "T x T probabilities materialised (fp32) and saved for backward",
-         naive_saved_bytes, naive_scratch_bytes, naive_forward, naive_backward},
+         naive_saved_bytes, naive_scratch_bytes, naive_forward, naive_colsum_rows, naive_backward},
     };
     return v;
 }

@@ -38,8 +38,14 @@ struct AttentionVariant {
     size_t (*scratch_bytes)(const AttentionShape&);  // backward temporaries
     void (*forward)(void* out, void* saved, const void* qkv, const AttentionShape&, DType,
                     CUstream_st*);
+    // Rows of partial column sums of dqkv that backward can write beside it (0: it cannot).
+    // Summed over their rows they are the column sums, the qkv bias gradient, so the layer needs
+    // no pass over dqkv for it.
+    int64_t (*colsum_rows)(const AttentionShape&, DType);
+    // dqkv_colsums: [colsum_rows, 3C] or null (must be null when colsum_rows is 0)
     void (*backward)(void* dqkv, const void* dout, const void* qkv, const void* out, void* saved,
-                     void* scratch, const AttentionShape&, DType, CUstream_st*);
+                     void* scratch, float* dqkv_colsums, const AttentionShape&, DType,
+                     CUstream_st*);
 };
 const std::vector<AttentionVariant>& attention_variants();
 const AttentionVariant& find_attention_variant(const std::string& name);

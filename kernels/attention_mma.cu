@@ -100,6 +100,51 @@ __device__ __forceinline__ void store_acc_row(bf16* dst, const float (&acc)[kD /
             pack(acc[n][2 * r] * scale, acc[n][2 * r + 1] * scale);
 }
 
+// Column sums of a block's kWarps x 32 rows of a 16 x kD accumulator pair (cs: this lane's sums
+// over its rows, columns n * 8 + 2 tq + c), times `scale`, into dst[0, kD): across the lanes of a
+// column (xor 4, 8, 16), then the warps in order. A fixed order, so deterministic. Every thread
+// of the block calls it; `red` is the block's [kWarps][kD] scratch.
+__device__ __forceinline__ void block_column_sums(float* dst, float (&cs)[kD / 8][2], float scale,
+                                                  float (*red)[kD]) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+    for (int n = 0; n < kD / 8; n++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            float v = cs[n][c];
+            v += __shfl_xor_sync(0xffffffffu, v, 4);
+            v += __shfl_xor_sync(0xffffffffu, v, 8);
+            v += __shfl_xor_sync(0xffffffffu, v, 16);
+            if (lane < 4) red[warp][n * 8 + 2 * lane + c] = v;
+        }
+    __syncthreads();
+    if (threadIdx.x < kD) {
+        float v = red[0][threadIdx.x];
+#pragma unroll
+        for (int w = 1; w < kWarps; w++) v += red[w][threadIdx.x];
+        dst[threadIdx.x] = v * scale;
+    }
+}
+// This lane's sums, over its rows of a warp's two m-tiles, of the columns of acc; rows at or past
+// Tn (first row r0) are left out.
+__device__ __forceinline__ void lane_column_sums(float (&cs)[kD / 8][2],
+                                                 const float (&acc)[2][kD / 8][4], int64_t r0,
+                                                 int64_t Tn) {
+    const int gq = threadIdx.x % 32 / 4;
+#pragma unroll
+    for (int n = 0; n < kD / 8; n++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            float v = 0;
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int r = 0; r < 2; r++)
+                    if (r0 + mt * 16 + gq + r * 8 < Tn) v += acc[mt][n][2 * r + c];
+            cs[n][c] = v;
+        }
+}
+
 // Tiles stream through a ring of kStages buffers. Tiles t and t + 1 are in flight when tile t is
 // needed: wait_prev() waits for t, one barrier says every warp is done with t - 1, and tile t + 2
 // then goes into t - 1's buffer. One barrier per tile instead of two (before the ring, a second
@@ -339,9 +384,11 @@ __device__ __forceinline__ void scores_tiles2(float (&s)[2][kBwdTile / 8][4], co
 constexpr int kDkdvSmemBytes = (2 * kBwdRows + 2 * kStages * kBwdTile) * kLD * int(sizeof(bf16)) +
                                2 * kStages * kBwdTile * int(sizeof(float));
 
+// colsum (optional): this block's column sums of dK and dV (fp32, as stored but before rounding)
+// into row b * gridDim.x + blockIdx.x of [B * blocks][3C], columns C + h hs and 2C + h hs.
 __global__ void __launch_bounds__(kThreads)
     dkdv_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* dsum,
-                Geo g) {
+                float* colsum, Geo g) {
     extern __shared__ __align__(16) unsigned char smem[];
     bf16* Ks = reinterpret_cast<bf16*>(smem);  // [kBwdRows][kLD]
     bf16* Vs = Ks + kBwdRows * kLD;
@@ -457,6 +504,15 @@ __global__ void __launch_bounds__(kThreads)
             store_acc_row(dkr, dk[mt], r, g.scale);
             store_acc_row(dkr + g.C, dv[mt], r, 1.0f);
         }
+    if (colsum) {  // the qkv bias gradient's share, so that no pass over dqkv is needed for it
+        __shared__ float red[2][kWarps][kD];
+        float* dst = colsum + (b * gridDim.x + blockIdx.x) * stride + g.C + h * g.hs;
+        float cs[kD / 8][2];
+        lane_column_sums(cs, dk, wk0, g.Tn);
+        block_column_sums(dst, cs, g.scale, red[0]);
+        lane_column_sums(cs, dv, wk0, g.Tn);
+        block_column_sums(dst + g.C, cs, 1.0f, red[1]);
+    }
 }
 
 // One block per 128 query rows: dQ summed over the key tiles (32 rows each) in order. Each warp
@@ -468,9 +524,10 @@ constexpr int kDqSmemBytes = (2 * kBwdRows + 2 * kStages * kBwdTile) * kLD * int
                              kBwdRows * int(sizeof(float));
 static_assert(kThreads == kBwdRows, "one thread per query row computes its Dsum");
 
+// colsum (optional): as in dkdv_kernel, for dQ (columns h hs), row b * gridDim.x + the query block.
 __global__ void __launch_bounds__(kThreads, 3)
     dq_kernel(bf16* dqkv, float* dsum, const bf16* dout, const bf16* out, const bf16* qkv,
-              const float* lse, Geo g) {
+              const float* lse, float* colsum, Geo g) {
     extern __shared__ __align__(16) unsigned char smem[];
     bf16* Qs = reinterpret_cast<bf16*>(smem);  // [kBwdRows][kLD]
     bf16* dOs = Qs + kBwdRows * kLD;
@@ -597,6 +654,13 @@ __global__ void __launch_bounds__(kThreads, 3)
             if (row >= g.Tn) continue;
             store_acc_row(dqkv + (b * g.Tn + row) * stride + h * g.hs, dq[mt], r, g.scale);
         }
+    if (colsum) {
+        __shared__ float red[kWarps][kD];
+        float cs[kD / 8][2];
+        lane_column_sums(cs, dq, wq0, g.Tn);
+        block_column_sums(colsum + (b * gridDim.x + q0 / kBwdRows) * stride + h * g.hs, cs, g.scale,
+                          red);
+    }
 }
 
 // Query rows per warp in the forward (in m-tiles of 16): 2 by default; ZGPT_ATTN_FWD_MT=1 exists
@@ -637,8 +701,12 @@ void forward(void* out, float* lse, const void* qkv, const AttentionShape& s, CU
     ZG_LAUNCH_CHECK();
 }
 
+int64_t colsum_rows(const AttentionShape& s) {
+    return s.B * ((s.Tn + kBwdRows - 1) / kBwdRows);
+}
+
 void backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
-              float* dsum, const AttentionShape& s, CUstream_st* st) {
+              float* dsum, float* dqkv_colsums, const AttentionShape& s, CUstream_st* st) {
     const Geo g = attention_geometry(s);
     const auto* dy = static_cast<const bf16*>(dout);
     const auto* x = static_cast<const bf16*>(qkv);
@@ -654,8 +722,8 @@ void backward(void* dqkv, const void* dout, const void* qkv, const void* out, co
     const dim3 grid(unsigned((s.Tn + kBwdRows - 1) / kBwdRows), unsigned(s.B * s.NH));
     // dQ first: it writes the Dsum that the dK/dV kernel reads
     dq_kernel<<<grid, kThreads, kDqSmemBytes, st>>>(dx, dsum, dy, static_cast<const bf16*>(out), x,
-                                                    lse, g);
-    dkdv_kernel<<<grid, kThreads, kDkdvSmemBytes, st>>>(dx, dy, x, lse, dsum, g);
+                                                    lse, dqkv_colsums, g);
+    dkdv_kernel<<<grid, kThreads, kDkdvSmemBytes, st>>>(dx, dy, x, lse, dsum, dqkv_colsums, g);
     ZG_LAUNCH_CHECK();
 }
 

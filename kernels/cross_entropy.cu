@@ -626,12 +626,12 @@ __device__ __forceinline__ void write_row_outputs(const FastArgs& a, int64_t row
     a.stats[row] = st;
 }
 
-// This thread's statistics of a CTA's slice held in shared memory (`nv` whole chunks) plus the
-// slice's tail of < one chunk, read from global memory (`x`). Two cheap passes over shared memory:
-// a packed max, then branch-free sums against it (no serial rescaling chain).
+// This thread's statistics of a CTA's slice of n values held in shared memory: `nv` whole chunks
+// plus a tail of < one chunk (its padding columns are never used). Two cheap passes over shared
+// memory: a packed max, then branch-free sums against it (no serial rescaling chain).
 template <typename T, int kThreads>
-__device__ __forceinline__ RowStatsF slice_stats(const T* buf, const T* x, int nv, int n,
-                                                 int y_local, bool smooth) {
+__device__ __forceinline__ RowStatsF slice_stats(const T* buf, int nv, int n, int y_local,
+                                                 bool smooth) {
     constexpr int K = kChunk<T>;
     ChunkMax<T> cmax;
 #pragma unroll 4
@@ -669,14 +669,14 @@ __device__ __forceinline__ RowStatsF slice_stats(const T* buf, const T* x, int n
         st.sum_logits = sx;
     }
     for (int j = nv * K + int(threadIdx.x); j < n; j += kThreads)
-        stats_add(st, to_f(x[j]), j == y_local);
+        stats_add(st, to_f(buf[j]), j == y_local);
     return st;
 }
 
-// dlogits of a CTA's slice from its shared-memory copy (and the tail from global memory).
+// dlogits of a CTA's slice from its shared-memory copy.
 template <typename T, int kThreads>
-__device__ __forceinline__ void slice_grad(T* dx, const T* buf, const T* x, int nv, int n,
-                                           int y_local, bool valid, const RowGradParams& p) {
+__device__ __forceinline__ void slice_grad(T* dx, const T* buf, int nv, int n, int y_local,
+                                           bool valid, const RowGradParams& p) {
     constexpr int K = kChunk<T>;
 #pragma unroll 4
     for (int c = threadIdx.x; c < nv; c += kThreads) {
@@ -686,7 +686,7 @@ __device__ __forceinline__ void slice_grad(T* dx, const T* buf, const T* x, int 
         store_chunk(dx + int64_t(c) * K, v);
     }
     for (int j = nv * K + int(threadIdx.x); j < n; j += kThreads)
-        dx[j] = from_f<T>(grad_value(to_f(x[j]), j == y_local, valid, p));
+        dx[j] = from_f<T>(grad_value(to_f(buf[j]), j == y_local, valid, p));
 }
 
 // Persistent clusters; CTA `rank` of a cluster owns the columns [rank * slice, (rank + 1) * slice)
@@ -717,7 +717,11 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1) fast_kernel
     const int64_t rest = a.V - c0;
     const int n = int(rest <= 0 ? 0 : (rest < a.slice ? rest : a.slice));
     const int nv = n / K;  // whole chunks; the last CTA may have a tail of < K values
-    const unsigned bytes = unsigned(nv) * 16u;
+    // The bulk copy takes the tail's whole chunk too: rows are [N, ld] with ld a multiple of the
+    // chunk (plan_fast needs 16-byte aligned rows), so the chunk is inside the buffer. Reading
+    // the tail from global memory instead put a load round trip per row on the last CTA's
+    // critical path, in both passes (the trainer's V = 50257 has a tail of one value).
+    const unsigned bytes = unsigned((n + K - 1) / K) * 16u;
     const T* const logits = static_cast<const T*>(a.logits) + c0;
     T* const dlogits = static_cast<T*>(a.dlogits) + c0;
     const bool smooth = a.eps != 0.0f;
@@ -746,8 +750,7 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1) fast_kernel
         if (bytes > 0) mbar_wait(&full[it % S], unsigned(it / S) & 1u);
         const bool valid = y != a.ignore_index;
         const int y_local = valid && y >= c0 && y < c0 + n ? int(y - c0) : -1;
-        RowStatsF st =
-            slice_stats<T, kThreads>(buffer(it), logits + row * a.ld, nv, n, y_local, smooth);
+        RowStatsF st = slice_stats<T, kThreads>(buffer(it), nv, n, y_local, smooth);
         // its barrier publishes row_params of row i - 1; the one after the dlogits pass separates
         // the calls
         st = block_reduce_stats(st);
@@ -755,8 +758,8 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1) fast_kernel
         cluster_arrive();
         if (it > 0) {
             const int64_t prev = row - row_step;
-            slice_grad<T, kThreads>(dlogits + prev * a.ld, buffer(it - 1), logits + prev * a.ld, nv,
-                                    n, prev_y_local, prev_valid, row_params[(it - 1) & 1]);
+            slice_grad<T, kThreads>(dlogits + prev * a.ld, buffer(it - 1), nv, n, prev_y_local,
+                                    prev_valid, row_params[(it - 1) & 1]);
         }
         __syncthreads();  // every thread is done with buffer(it - 1) and row_params[(it - 1) & 1]
         if (threadIdx.x == 0 && it > 0) {
@@ -784,8 +787,8 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1) fast_kernel
     if (it > 0) {
         __syncthreads();  // row_params of the last row
         const int64_t last = first_row + (it - 1) * row_step;
-        slice_grad<T, kThreads>(dlogits + last * a.ld, buffer(it - 1), logits + last * a.ld, nv, n,
-                                prev_y_local, prev_valid, row_params[(it - 1) & 1]);
+        slice_grad<T, kThreads>(dlogits + last * a.ld, buffer(it - 1), nv, n, prev_y_local,
+                                prev_valid, row_params[(it - 1) & 1]);
     }
     cluster.sync();  // no CTA may leave while another may still read its shared memory
 }

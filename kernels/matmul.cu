@@ -220,9 +220,8 @@ __global__ void bias_partial_kernel(float* part, const T* dout, int64_t N, int64
 }
 
 // bf16 rows with OC a multiple of 8: a lane owns 8 adjacent columns (one 16-byte load per row), a
-// warp 256; the block's 8 row lanes are summed in shared memory in a fixed order. Many row chunks,
-// so that enough loads are in flight to reach the HBM rate.
-constexpr int kVecBiasChunks = 128;
+// warp 256; the block's 8 row lanes are summed in shared memory in a fixed order. The rows are cut
+// into as many chunks as make the grid one full wave (vec_bias_chunks).
 __global__ void bias_partial_vec_kernel(float* part, const bf16* dout, int64_t N, int64_t OC) {
     __shared__ float shm[kBiasRowThreads][kBiasCols * 8];
     const int64_t c = (int64_t(blockIdx.x) * kBiasCols + threadIdx.x) * 8;
@@ -260,12 +259,49 @@ __global__ void bias_partial_vec_kernel(float* part, const bf16* dout, int64_t N
     }
 }
 
+// dbias += the chunks' partial sums: a block of 32 columns x 8 lanes, lane y summing chunks y,
+// y + 8, ..., then the 8 lanes in order (fixed order; 8 short chains instead of one long one).
 __global__ void bias_sum_kernel(float* dbias, const float* part, int chunks, int64_t OC) {
-    const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (c >= OC) return;
+    __shared__ float shm[kBiasRowThreads][kBiasCols];
+    const int64_t c = int64_t(blockIdx.x) * kBiasCols + threadIdx.x;
     float s = 0;
-    for (int k = 0; k < chunks; k++) s += part[k * OC + c];
-    dbias[c] += s;
+    if (c < OC)
+        for (int k = threadIdx.y; k < chunks; k += kBiasRowThreads) s += part[k * OC + c];
+    shm[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < OC) {
+        float t = 0;
+        for (int k = 0; k < kBiasRowThreads; k++) t += shm[k][threadIdx.x];
+        dbias[c] += t;
+    }
+}
+
+void bias_sum(float* dbias, const float* part, int chunks, int64_t OC, CUstream_st* stream) {
+    bias_sum_kernel<<<unsigned((OC + kBiasCols - 1) / kBiasCols), dim3(kBiasCols, kBiasRowThreads),
+                      0, stream>>>(dbias, part, chunks, OC);
+    ZG_LAUNCH_CHECK();
+}
+
+// Blocks of bias_partial_vec_kernel resident on the GPU at once.
+int vec_bias_wave() {
+    static const int wave = [] {
+        int dev = 0, sms = 0, per_sm = 0;
+        ZG_CUDA_CHECK(cudaGetDevice(&dev));
+        ZG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        ZG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &per_sm, bias_partial_vec_kernel, kBiasCols * kBiasRowThreads, 0));
+        return std::max(1, sms * per_sm);
+    }();
+    return wave;
+}
+
+// Row chunks for the vectorised column sums: the grid (column blocks x chunks) fills one wave.
+// With a fixed 128 chunks it was 1.09 waves for OC = 2304 and 1.45 for 3072, so the second wave
+// ran nearly empty. At least 16 rows per chunk. chunks x OC <= wave x 256 floats of scratch.
+int vec_bias_chunks(int64_t N, int64_t OC) {
+    const int64_t col_blocks = (OC / 8 + kBiasCols - 1) / kBiasCols;
+    const int64_t by_rows = (N + 2 * kBiasRowThreads - 1) / (2 * kBiasRowThreads);
+    return int(std::max<int64_t>(1, std::min<int64_t>(vec_bias_wave() / col_blocks, by_rows)));
 }
 
 template <typename T>
@@ -285,7 +321,9 @@ void add_bias(void* out, const void* bias, int64_t N, int64_t OC, DType t, CUstr
 }
 
 size_t bias_backward_scratch_bytes(int64_t /*N*/, int64_t OC) {
-    return size_t(std::max(kBiasRowChunks, kVecBiasChunks)) * OC * sizeof(float);
+    // vec_bias_chunks' bound holds for every OC, so one scratch serves all layers
+    return std::max(size_t(kBiasRowChunks) * OC, size_t(vec_bias_wave()) * kBiasCols * 8) *
+           sizeof(float);
 }
 
 void bias_backward(float* dbias, const void* dout, int64_t N, int64_t OC, DType t, void* scratch,
@@ -293,12 +331,12 @@ void bias_backward(float* dbias, const void* dout, int64_t N, int64_t OC, DType 
     ZG_CHECK(N > 0 && OC > 0 && dbias && scratch, "bias_backward: bad arguments");
     auto* part = static_cast<float*>(scratch);
     if (t == DType::bf16 && OC % 8 == 0 && reinterpret_cast<uintptr_t>(dout) % 16 == 0) {
-        const dim3 grid(unsigned((OC / 8 + kBiasCols - 1) / kBiasCols), kVecBiasChunks);
+        const int chunks = vec_bias_chunks(N, OC);
+        const dim3 grid(unsigned((OC / 8 + kBiasCols - 1) / kBiasCols), unsigned(chunks));
         bias_partial_vec_kernel<<<grid, dim3(kBiasCols, kBiasRowThreads), 0, stream>>>(
             part, static_cast<const bf16*>(dout), N, OC);
         ZG_LAUNCH_CHECK();
-        bias_sum_kernel<<<grid_for(OC, 256), 256, 0, stream>>>(dbias, part, kVecBiasChunks, OC);
-        ZG_LAUNCH_CHECK();
+        bias_sum(dbias, part, chunks, OC, stream);
         return;
     }
     const dim3 grid(unsigned((OC + kBiasCols - 1) / kBiasCols), kBiasRowChunks);
@@ -307,8 +345,14 @@ void bias_backward(float* dbias, const void* dout, int64_t N, int64_t OC, DType 
                 bias_partial_kernel<T>
                 <<<grid, block, 0, stream>>>(part, static_cast<const T*>(dout), N, OC));
     ZG_LAUNCH_CHECK();
-    bias_sum_kernel<<<grid_for(OC, 256), 256, 0, stream>>>(dbias, part, kBiasRowChunks, OC);
-    ZG_LAUNCH_CHECK();
+    bias_sum(dbias, part, kBiasRowChunks, OC, stream);
+}
+
+void bias_backward_from_partials(float* dbias, const float* parts, int64_t rows, int64_t OC,
+                                 CUstream_st* stream) {
+    ZG_CHECK(dbias && parts && rows > 0 && rows <= INT32_MAX && OC > 0,
+             "bias_backward_from_partials: bad arguments");
+    bias_sum(dbias, parts, int(rows), OC, stream);
 }
 
 }  // namespace zgpt::cuda

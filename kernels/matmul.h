@@ -72,5 +72,9 @@ void add_bias(void* out, const void* bias, int64_t N, int64_t OC, DType t, CUstr
 size_t bias_backward_scratch_bytes(int64_t N, int64_t OC);
 void bias_backward(float* dbias, const void* dout, int64_t N, int64_t OC, DType t, void* scratch,
                    CUstream_st* stream);
+// dbias[OC] += the column sums of parts [rows, OC] (partial column sums that another kernel wrote
+// beside dout, such as the attention backward's), in a fixed order.
+void bias_backward_from_partials(float* dbias, const float* parts, int64_t rows, int64_t OC,
+                                 CUstream_st* stream);
 
 }  // namespace zgpt::cuda

@@ -169,6 +169,10 @@ struct GptCuda::Impl {
     std::vector<int32_t> last_tokens;
     DeviceBuffer branch_out;  // projection outputs before the residual add
     DeviceBuffer dres, dtmp, dqkv, dfch, gelu_tmp, att_scratch, ln_scratch, bias_scratch;
+    // Partial column sums of dqkv written by the attention backward when it can (the qkv bias
+    // gradient without another pass over dqkv); empty otherwise.
+    DeviceBuffer qkv_colsums;
+    int64_t qkv_colsum_rows = 0;
     DeviceBuffer ce_workspace;
     bool have_logits = false;
     bool profiling = false;
@@ -321,6 +325,10 @@ struct GptCuda::Impl {
         dfch = act(BT * 4 * C);
         if (opt.recompute_gelu) gelu_tmp = act(BT * 4 * C);
         att_scratch = DeviceBuffer(attention->scratch_bytes(shape));
+        // with qk_norm the bias gradient is of the pre-norm q and k, not of what attention wrote
+        if (cfg.bias && !cfg.qk_norm) qkv_colsum_rows = attention->colsum_rows(shape, t);
+        if (qkv_colsum_rows > 0)
+            qkv_colsums = DeviceBuffer(size_t(qkv_colsum_rows) * 3 * C * sizeof(float));
         ln_scratch =
             DeviceBuffer(std::max(cuda::layernorm_backward_scratch_bytes(BT, C),
                                   cuda::layernorm_backward_scratch_bytes(BT * NH, C / NH)));
@@ -395,9 +403,12 @@ struct GptCuda::Impl {
     // bias). With gelu_pre (the pre-activation of a GELU that fed this layer), dinp is multiplied
     // by GELU' in the GEMM epilogue when the fused variant runs and cuBLASLt supports it; returns
     // whether it was (else the caller runs gelu_backward).
+    // bias_parts: partial column sums of dout ([bias_part_rows, N]) that its producer wrote; the
+    // bias gradient is then summed from them instead of from dout.
     bool linear_backward(void* dinp, const void* dout, const void* inp, int w_idx, int b_idx,
                          int64_t M, int64_t K, int64_t N, const void* gelu_pre = nullptr,
-                         bool head = false) {
+                         bool head = false, const float* bias_parts = nullptr,
+                         int64_t bias_part_rows = 0) {
         const bool fused = opt.kernels.matmul == "fused_epilogue";
         bool gelu_done = false;
         // the head's dW stays on the main stream: on the weight-gradient stream it measured no
@@ -440,12 +451,16 @@ struct GptCuda::Impl {
         cuda::gemm(gw, ws);
         tick(head ? "head matmul bwd dW" : "matmul bwd dW");
         if (b_idx >= 0) {
-            cuda::bias_backward(g(b_idx), dout, M, N, t, bias_scratch.get(), ws);
+            if (bias_parts)
+                cuda::bias_backward_from_partials(g(b_idx), bias_parts, bias_part_rows, N, ws);
+            else
+                cuda::bias_backward(g(b_idx), dout, M, N, t, bias_scratch.get(), ws);
             tick("bias bwd");
         }
         if (side) {
             mark_read(dout);
             mark_read(inp);
+            if (bias_parts) mark_read(bias_parts);
         }
         return gelu_done;
     }
@@ -738,8 +753,10 @@ struct GptCuda::Impl {
             // attention branch
             linear_backward(dtmp.get(), dres.get(), a.atty.get(), p.proj_w, p.proj_b, BT, C, C);
             before_write(dqkv.get());
+            before_write(qkv_colsums.get());
             attention->backward(dqkv.get(), dtmp.get(), a.qkv.get(), a.atty.get(),
-                                a.att_saved.get(), att_scratch.get(), shape, t, stream);
+                                a.att_saved.get(), att_scratch.get(), qkv_colsums.as<float>(),
+                                shape, t, stream);
             tick("attention bwd");
             if (cfg.qk_norm) {  // in place: dqkv's q and k parts become the pre-norm gradients
                 const cuda::RowMap heads{NH, 3 * C};
@@ -755,7 +772,8 @@ struct GptCuda::Impl {
                                          ln_scratch.get(), t, stream);
             }
             if (cfg.qk_norm) tick("qk_norm bwd");
-            linear_backward(dtmp.get(), dqkv.get(), a.ln1.get(), p.qkv_w, p.qkv_b, BT, C, 3 * C);
+            linear_backward(dtmp.get(), dqkv.get(), a.ln1.get(), p.qkv_w, p.qkv_b, BT, C, 3 * C,
+                            nullptr, false, qkv_colsums.as<float>(), qkv_colsum_rows);
             before_write(dres.get());
             cuda::layernorm_backward(dres.get(), {1, C}, true, g(p.ln1_w), g(p.ln1_b), dtmp.get(),
                                      {1, C}, residual[l].get(), {1, C}, w(p.ln1_w),
@@ -794,10 +812,13 @@ struct GptCuda::Impl {
                   &a.k_rstd, &a.qkv, &a.att_saved, &a.atty, &a.res_attn, &a.ln2, &a.ln2_mean,
                   &a.ln2_rstd, &a.fch, &a.fch_gelu})
                 s += b->bytes();
-        for (const DeviceBuffer* b :
-             {&lnf, &lnf_mean, &lnf_rstd, &logits, &tokens, &targets, &bucket_token, &bucket_offset,
-              &bucket_position, &branch_out, &dres, &dtmp, &dqkv, &dfch, &gelu_tmp, &att_scratch,
-              &ln_scratch, &bias_scratch, &ce_workspace})
+        for (const DeviceBuffer* b : {&lnf,          &lnf_mean,      &lnf_rstd,
+                                      &logits,       &tokens,        &targets,
+                                      &bucket_token, &bucket_offset, &bucket_position,
+                                      &branch_out,   &dres,          &dtmp,
+                                      &dqkv,         &dfch,          &gelu_tmp,
+                                      &att_scratch,  &ln_scratch,    &bias_scratch,
+                                      &qkv_colsums,  &ce_workspace})
             s += b->bytes();
         return s + cuda::gemm_workspace_bytes();
     }

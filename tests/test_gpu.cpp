@@ -350,8 +350,8 @@ TEST_CASE(
     "every cluster size") {
     // ZGPT_CE_FAST_CLUSTER forces the cluster size (0: the planner's choice). Rows per cluster
     // exceed the ring's stages, so buffers are refilled; ld > V leaves the last CTA a tail of
-    // fewer than 8 columns past its bulk copy, and NaN padding that must be neither read nor
-    // written.
+    // fewer than 8 columns, which the bulk copy brings in with NaN padding that must be neither
+    // used nor written.
     struct Shape {
         int64_t N, V, ld;
         LogitsType t;

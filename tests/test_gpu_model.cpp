@@ -387,9 +387,33 @@ TEST_CASE("attention variants: forward and backward against the CPU reference") 
                 v.forward(d_out.p, saved.p, d_qkv.p, sh, t, nullptr);
                 check_close("out", d_out.get(), out, t);
                 // the GPU's backward reads the output it produced (its rounding, as in training)
-                v.backward(d_dqkv.p, d_dout.p, d_qkv.p, d_out.p, saved.p, scratch.p, sh, t,
+                v.backward(d_dqkv.p, d_dout.p, d_qkv.p, d_out.p, saved.p, scratch.p, nullptr, sh, t,
                            nullptr);
-                check_close("dqkv", d_dqkv.get(), dqkv, t, t == DType::f32 ? 1e-5 : 1.0 / 128);
+                const std::vector<double> got = d_dqkv.get();
+                check_close("dqkv", got, dqkv, t, t == DType::f32 ? 1e-5 : 1.0 / 128);
+                const int64_t rows = v.colsum_rows(sh, t);
+                if (rows == 0) continue;
+                // The partial column sums, summed, against the column sums of the dqkv it wrote.
+                // They add the fp32 values before bf16 rounding, and each stored value is within
+                // 2^-8 of its fp32 value (relative), so a column may differ by 2^-8 sum |dqkv|,
+                // plus fp32 summation error (< 1e-4 of that sum for these lengths).
+                DevT parts(DType::f32, rows * 3 * s.C);
+                CUDA_OK(cudaMemset(parts.p, 0xff, size_t(rows) * 3 * s.C * 4));  // NaN: unwritten
+                v.backward(d_dqkv.p, d_dout.p, d_qkv.p, d_out.p, saved.p, scratch.p,
+                           static_cast<float*>(parts.p), sh, t, nullptr);
+                CHECK(d_dqkv.get() == got);  // the sums change nothing else
+                const std::vector<double> part = parts.get();
+                std::vector<double> want(3 * s.C, 0.0), mag(3 * s.C, 0.0), sum(3 * s.C, 0.0);
+                for (int64_t i = 0; i < BT * 3 * s.C; i++) {
+                    want[i % (3 * s.C)] += got[i];
+                    mag[i % (3 * s.C)] += std::fabs(got[i]);
+                }
+                for (int64_t i = 0; i < rows * 3 * s.C; i++) sum[i % (3 * s.C)] += part[i];
+                int bad = 0;
+                for (int64_t c = 0; c < 3 * s.C; c++)
+                    if (!(std::fabs(sum[c] - want[c]) <= (0.00390625 + 1e-4) * mag[c] + 1e-30))
+                        bad++;
+                CHECK(bad == 0);
             }
         }
     }

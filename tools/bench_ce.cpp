@@ -111,7 +111,8 @@ int main(int argc, char** argv) {
                    "comma-separated variant names, fused_linear included (default: all)");
     app.add_option("--iters", iters, "timed iterations per variant")->capture_default_str();
     app.add_option("--shapes", shapes_arg,
-                   "CE shapes as NxV,NxV (default: 32768x128256,8192x50304)");
+                   "CE shapes as NxV or NxV:LD (rows of stride LD >= V, as the trainer's padded "
+                   "logits), comma-separated (default: 32768x128256,8192x50304)");
     CLI11_PARSE(app, argc, argv);
 
     const zgpt::cuda::DeviceInfo dev = zgpt::cuda::query_devices();
@@ -124,23 +125,29 @@ int main(int argc, char** argv) {
                 dev.sm_count, bw / 1e12);
     nlohmann::json results = nlohmann::json::array();
     struct Shape {
-        int64_t N, V;
+        int64_t N, V, ld;
     };
-    std::vector<Shape> ce_shapes = {{32768, 128256}, {8192, 50304}};
-    if (!shapes_arg.empty()) {  // "NxV,NxV,..."
+    std::vector<Shape> ce_shapes = {{32768, 128256, 128256}, {8192, 50304, 50304}};
+    if (!shapes_arg.empty()) {  // "NxV,NxV:LD,..."
         ce_shapes.clear();
         std::stringstream ss(shapes_arg);
         for (std::string item; std::getline(ss, item, ',');) {
-            const size_t x = item.find('x');
+            const size_t x = item.find('x'), c = item.find(':');
             if (x == std::string::npos) {
-                std::fprintf(stderr, "--shapes: expected NxV, got '%s'\n", item.c_str());
+                std::fprintf(stderr, "--shapes: expected NxV or NxV:LD, got '%s'\n", item.c_str());
                 return 2;
             }
-            ce_shapes.push_back({std::stoll(item.substr(0, x)), std::stoll(item.substr(x + 1))});
+            Shape sh{std::stoll(item.substr(0, x)), std::stoll(item.substr(x + 1)), 0};
+            sh.ld = c == std::string::npos ? sh.V : std::stoll(item.substr(c + 1));
+            if (sh.N <= 0 || sh.V <= 0 || sh.ld < sh.V) {
+                std::fprintf(stderr, "--shapes: need N, V > 0 and LD >= V in '%s'\n", item.c_str());
+                return 2;
+            }
+            ce_shapes.push_back(sh);
         }
     }
     for (Shape sh : ce_shapes) {
-        const size_t n = size_t(sh.N) * sh.V;
+        const size_t n = size_t(sh.N) * sh.ld;  // allocated; the floor counts the N x V used
         __nv_bfloat16 *pristine, *logits;
         int32_t* targets;
         float *go, *rows;
@@ -157,7 +164,8 @@ int main(int argc, char** argv) {
         CK(cudaMemcpy(targets, ht.data(), sh.N * 4, cudaMemcpyHostToDevice));
         const float one = 1.0f;
         CK(cudaMemcpy(go, &one, 4, cudaMemcpyHostToDevice));
-        const double floor_ms = 2.0 * double(n) * 2 / bw * 1e3;
+        const double used = double(sh.N) * double(sh.V);
+        const double floor_ms = 2.0 * used * 2 / bw * 1e3;
         zgpt::CrossEntropyOptions o;
         o.z_loss_weight = 1e-4;
         for (const auto& v : zgpt::cuda::cross_entropy_variants()) {
@@ -177,7 +185,8 @@ int main(int argc, char** argv) {
             a.logits = logits;
             a.dlogits = logits;
             a.type = zgpt::cuda::LogitsType::bf16;
-            a.ld = a.V_local = a.V = sh.V;
+            a.V_local = a.V = sh.V;
+            a.ld = sh.ld;
             a.N = sh.N;
             a.targets = targets;
             a.grad_output = go;
@@ -191,16 +200,17 @@ int main(int argc, char** argv) {
                         [&] { CK(cudaMemcpy(logits, pristine, n * 2, cudaMemcpyDeviceToDevice)); });
             zgpt::cuda::LossSummaryF s;
             CK(cudaMemcpy(&s, summary, sizeof s, cudaMemcpyDeviceToHost));
-            const double gbps = 2.0 * double(n) * 2 / (med * 1e-3) / 1e9;
+            const double gbps = 2.0 * used * 2 / (med * 1e-3) / 1e9;
             std::printf(
-                "%-8s N=%-6lld V=%-7lld %8.3f ms  %7.0f GB/s  %5.2fx floor (%.3f ms)  extra %.3f "
-                "GB  loss %.5f\n",
-                v.name, (long long)sh.N, (long long)sh.V, med, gbps, med / floor_ms, floor_ms,
-                ws_bytes / 1e9, s.loss);
+                "%-8s N=%-6lld V=%-7lld ld=%-7lld %8.3f ms  %7.0f GB/s  %5.2fx floor (%.3f ms)  "
+                "extra %.3f GB  loss %.5f\n",
+                v.name, (long long)sh.N, (long long)sh.V, (long long)sh.ld, med, gbps,
+                med / floor_ms, floor_ms, ws_bytes / 1e9, s.loss);
             std::fflush(stdout);
             results.push_back({{"variant", v.name},
                                {"N", sh.N},
                                {"V", sh.V},
+                               {"ld", sh.ld},
                                {"ms", med},
                                {"GBps", gbps},
                                {"floor_ms", floor_ms},
