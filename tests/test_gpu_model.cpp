@@ -575,6 +575,23 @@ TEST_CASE("whole model in bf16: loss within 2e-2 and gradients within bf16 accum
     compare_model(tiny_config(true, true, false), o, 5e-2);
 }
 
+TEST_CASE("whole model in bf16 at head size 64: tensor-core attention, qkv bias from its sums") {
+    // The tiny config's head size 8 takes the generic attention kernels; head size 64 in bf16
+    // takes attention_mma, whose backward also writes the partial column sums the qkv bias
+    // gradient is summed from (not with qk_norm, where that gradient is of the pre-norm q and k).
+    // T = 200: the last 128-row block is cut short.
+    for (bool qk : {false, true}) {
+        CAPTURE(qk);
+        ModelConfig c = tiny_config(false, true, qk);
+        c.n_head = 2;
+        c.n_embd = 128;
+        c.block_size = 256;
+        CudaModelOptions o;
+        o.precision = DType::bf16;
+        compare_model(c, o, 5e-2, 2, 200);
+    }
+}
+
 TEST_CASE("the pipelined loss head (row chunks over two streams) equals GPT<double>") {
     // 257 x 13 = 3341 rows: 3 chunks of at least 1024 rows (1114, 1114, 1113), so chunk edges
     // fall inside sequences; targets[3] is ignored in the first chunk only.
