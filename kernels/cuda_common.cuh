@@ -61,6 +61,17 @@ inline int grid_for(int64_t n, int threads, int64_t max_blocks = 65535) {
     return int(std::clamp<int64_t>((n + threads - 1) / threads, 1, max_blocks));
 }
 
+// Blocks of `kernel` (`threads` each, no dynamic shared memory) resident on the current GPU at
+// once: one full wave, the size of a persistent grid.
+template <typename Kernel>
+int resident_blocks(Kernel kernel, int threads) {
+    int dev = 0, sms = 0, per_sm = 0;
+    ZG_CUDA_CHECK(cudaGetDevice(&dev));
+    ZG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    ZG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+    return sms * per_sm;
+}
+
 }  // namespace zgpt::cuda
 
 // Runs the statement with T bound to the C++ type of `dtype`.

@@ -327,14 +327,8 @@ bool aligned16(std::initializer_list<const void*> ps) {
 // Enough blocks of the backward fast path to fill every SM once (a persistent grid).
 template <int NV>
 int vec_backward_blocks() {
-    static const int blocks = [] {
-        int dev = 0, sms = 0, per_sm = 0;
-        ZG_CUDA_CHECK(cudaGetDevice(&dev));
-        ZG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        ZG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &per_sm, layernorm_backward_vec_kernel<NV>, 32 * kVecWarps, 0));
-        return std::clamp(sms * per_sm, 1, kVecMaxBlocks);
-    }();
+    static const int blocks = std::clamp(
+        resident_blocks(layernorm_backward_vec_kernel<NV>, 32 * kVecWarps), 1, kVecMaxBlocks);
     return blocks;
 }
 

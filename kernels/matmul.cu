@@ -284,14 +284,8 @@ void bias_sum(float* dbias, const float* part, int chunks, int64_t OC, CUstream_
 
 // Blocks of bias_partial_vec_kernel resident on the GPU at once.
 int vec_bias_wave() {
-    static const int wave = [] {
-        int dev = 0, sms = 0, per_sm = 0;
-        ZG_CUDA_CHECK(cudaGetDevice(&dev));
-        ZG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        ZG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &per_sm, bias_partial_vec_kernel, kBiasCols * kBiasRowThreads, 0));
-        return std::max(1, sms * per_sm);
-    }();
+    static const int wave =
+        std::max(1, resident_blocks(bias_partial_vec_kernel, kBiasCols * kBiasRowThreads));
     return wave;
 }
 

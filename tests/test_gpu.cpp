@@ -443,18 +443,9 @@ TEST_CASE("shards on one GPU, merged, equal the whole row (loss and dlogits)") {
         CUDA_OK(cudaMemcpy(go.p, c.grad_output.data(), 4, cudaMemcpyHostToDevice));
         const std::vector<int64_t> cuts = {0,     1,     4000, 4001,
                                            25000, 50000, 50257};  // 6 uneven shards
-        cuda::CrossEntropyArgs a;
-        a.type = t;
-        a.ld = V;
-        a.N = N;
-        a.V = V;
-        a.targets = targets.as<int32_t>();
-        a.grad_output = go.as<float>();
-        a.loss_rows = rows.as<float>();
-        a.ce_rows = rows.as<float>() + N;
-        a.z_rows = rows.as<float>() + 2 * N;
-        a.lse_rows = rows.as<float>() + 3 * N;
-        a.summary = summary.as<cuda::LossSummaryF>();
+        // the whole rows' arguments; each shard narrows them to its columns
+        const cuda::CrossEntropyArgs a =
+            ce_args(logits.p, logits.p, t, V, N, V, targets, go, rows, summary);
         auto shard = [&](size_t k) {
             cuda::CrossEntropyArgs s = a;
             s.logits = static_cast<const char*>(logits.p) + cuts[k] * es;
