@@ -4,7 +4,9 @@
 // block (broadcast); online softmax with one rescale per tile. Backward recomputes the
 // probabilities from the saved lse: one kernel per key tile for dK/dV and one per query tile for
 // dQ, so every output has exactly one writer (deterministic, no atomics). fp32 arithmetic for
-// both storage types. bf16 with head size 64 runs the tensor-core kernels of attention_mma.cu.
+// both storage types. bf16 with head size 64 runs tensor-core kernels: wgmma ones
+// (attention_wgmma.cu) on Hopper, the mma.sync ones of attention_mma.cu elsewhere. flash_mma is
+// flash with the mma.sync kernels everywhere, to measure what the Hopper kernels gain.
 //
 // naive: the textbook form with the [T, T] probabilities in memory, for ablation.
 #include <cmath>
@@ -12,6 +14,7 @@
 #include "kernels/attention.h"
 #include "kernels/attention_geo.cuh"
 #include "kernels/attention_mma.h"
+#include "kernels/attention_wgmma.h"
 #include "kernels/cuda_common.cuh"
 
 namespace zgpt::cuda {
@@ -240,11 +243,24 @@ size_t flash_scratch_bytes(const AttentionShape& s) {
     return size_t(s.B * s.NH * s.Tn) * sizeof(float);
 }
 
+// The tensor-core paths of flash (bf16, head size 64). hopper: may the wgmma kernels run.
+bool wgmma_forward(const AttentionShape& s, DType t, bool hopper) {
+    return hopper && attention_wgmma::usable_forward(s, t);
+}
+bool wgmma_backward(const AttentionShape& s, DType t, bool hopper) {
+    return hopper && attention_wgmma::usable_backward(s, t);
+}
+
+template <bool Hopper>
 void flash_forward(void* out, void* saved, const void* qkv, const AttentionShape& s, DType t,
                    CUstream_st* st) {
     check_shape(s);
     const Geo g = attention_geometry(s);
     const dim3 grid(unsigned((s.Tn + kBQ - 1) / kBQ), unsigned(s.B * s.NH));
+    if (wgmma_forward(s, t, Hopper)) {
+        attention_wgmma::forward(out, static_cast<float*>(saved), qkv, s, st);
+        return;
+    }
     if (attention_mma::usable(s, t)) {
         attention_mma::forward(out, static_cast<float*>(saved), qkv, s, st);
         return;
@@ -258,20 +274,27 @@ void flash_forward(void* out, void* saved, const void* qkv, const AttentionShape
     ZG_LAUNCH_CHECK();
 }
 
+template <bool Hopper>
 int64_t flash_colsum_rows(const AttentionShape& s, DType t) {
+    if (wgmma_backward(s, t, Hopper)) return attention_wgmma::colsum_rows(s);
     return attention_mma::usable(s, t) ? attention_mma::colsum_rows(s) : 0;
 }
 
+template <bool Hopper>
 void flash_backward(void* dqkv, const void* dout, const void* qkv, const void* out, void* saved,
                     void* scratch, float* dqkv_colsums, const AttentionShape& s, DType t,
                     CUstream_st* st) {
     check_shape(s);
-    ZG_CHECK(!dqkv_colsums || flash_colsum_rows(s, t) > 0,
+    ZG_CHECK(!dqkv_colsums || flash_colsum_rows<Hopper>(s, t) > 0,
              "flash attention: column sums only on the tensor-core path");
     const Geo g = attention_geometry(s);
     auto* dsum = static_cast<float*>(scratch);
     const auto* lse = static_cast<const float*>(saved);
     const dim3 grid(unsigned((s.Tn + kBQ - 1) / kBQ), unsigned(s.B * s.NH));
+    if (wgmma_backward(s, t, Hopper)) {
+        attention_wgmma::backward(dqkv, dout, qkv, out, lse, dsum, dqkv_colsums, s, st);
+        return;
+    }
     if (attention_mma::usable(s, t)) {
         attention_mma::backward(dqkv, dout, qkv, out, lse, dsum, dqkv_colsums, s, st);
         return;
@@ -465,7 +488,11 @@ void naive_backward(void* dqkv, const void* dout, const void* qkv, const void*, 
 const std::vector<AttentionVariant>& attention_variants() {
     static const std::vector<AttentionVariant> v = {
         {"flash", "online softmax over key tiles; lse saved, scores never stored",
-         flash_saved_bytes, flash_scratch_bytes, flash_forward, flash_colsum_rows, flash_backward},
+         flash_saved_bytes, flash_scratch_bytes, flash_forward<true>, flash_colsum_rows<true>,
+         flash_backward<true>},
+        {"flash_mma", "flash without the Hopper (wgmma) kernels: mma.sync tensor-core kernels",
+         flash_saved_bytes, flash_scratch_bytes, flash_forward<false>, flash_colsum_rows<false>,
+         flash_backward<false>},
         {"naive", "T x T probabilities materialised (fp32) and saved for backward",
          naive_saved_bytes, naive_scratch_bytes, naive_forward, naive_colsum_rows, naive_backward},
     };

@@ -17,7 +17,9 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, int6
 }  // namespace zgpt::cpu
 
 // CUDA causal attention (kernels/attention.cu; CUDA builds only), registered variants:
-//   flash  online softmax over key tiles; the T x T scores never exist; saves lse [B, NH, T]
+//   flash      online softmax over key tiles; the T x T scores never exist; saves lse [B, NH, T].
+//              bf16 at head size 64: wgmma kernels on Hopper, mma.sync ones elsewhere
+//   flash_mma  flash with the mma.sync kernels on every GPU (ablation of the Hopper kernels)
 //   naive  scores and probabilities materialised ([B, NH, T, T] fp32 saved for backward)
 // qkv [B, T, 3C], out [B, T, C], dqkv written (not added). Backward sums in a fixed order.
 #include <string>

@@ -22,7 +22,7 @@ struct ModelConfig {
 // The kernel variant chosen for each op family on the GPU (the config's `kernels:` section; the
 // CPU backend has one reference implementation of each and records the choice only).
 struct KernelChoice {
-    std::string attention = "flash";           // flash | naive
+    std::string attention = "flash";           // flash | flash_mma | naive
     std::string cross_entropy = "fast";        // naive | online | fast | fused_linear
     std::string layernorm = "fused_residual";  // fused_residual | separate
     std::string matmul = "fused_epilogue";     // fused_epilogue | separate (bias, GELU passes)

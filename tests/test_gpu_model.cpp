@@ -418,7 +418,7 @@ TEST_CASE("attention variants: forward and backward against the CPU reference") 
         }
     }
     CHECK_THROWS_WITH_AS(cuda::find_attention_variant("cudnn"),
-                         doctest::Contains("known: flash, naive"), zgpt::Error);
+                         doctest::Contains("known: flash, flash_mma, naive"), zgpt::Error);
 }
 
 TEST_CASE("AdamW and the global norm on the GPU equal the CPU reference") {
@@ -771,8 +771,8 @@ TEST_CASE("deterministic: two GPU runs are bit-identical and resume is bit-exact
 TEST_CASE("kernel choices are validated with the known names") {
     KernelChoice k;
     k.attention = "cudnn";
-    CHECK_THROWS_WITH_AS(validate_kernels(k, DType::bf16), doctest::Contains("flash, naive"),
-                         zgpt::Error);
+    CHECK_THROWS_WITH_AS(validate_kernels(k, DType::bf16),
+                         doctest::Contains("flash, flash_mma, naive"), zgpt::Error);
     k = {};
     k.cross_entropy = "liger";
     CHECK_THROWS_WITH_AS(validate_kernels(k, DType::bf16), doctest::Contains("fused_linear"),

@@ -131,7 +131,7 @@ std::vector<ConfigField> config_fields(Config& c) {
          0,
          false,
          false,
-         {"flash", "naive"}});
+         {"flash", "flash_mma", "naive"}});
     add({"kernels",
          "cross_entropy",
          "loss-head variant (GPU)",

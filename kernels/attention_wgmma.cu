@@ -1,0 +1,710 @@
+// Causal attention on Hopper's warpgroup MMA (wgmma), bf16, head size 64, fp32 accumulation.
+//
+// The schedule of attention_mma.cu (FlashAttention-2: online softmax, dK/dV over key blocks and dQ
+// over query blocks, one writer per output, no atomics), with each product issued by a warpgroup
+// (4 warps, 64 rows) as wgmma.m64nNk16 instead of per-warp mma.sync m16n8k16. Why it pays: the
+// tensor core reads the right operand straight from shared memory, so the ldmatrix traffic and
+// most of the instruction issue of the mma.sync kernels (which are issue-bound, see there) go.
+//
+// - Tiles live in shared memory in the 128-byte swizzle that wgmma reads: a row of 64 bf16 is
+//   128 bytes, and its 16-byte chunk c sits at chunk c ^ (row % 8). Tiles start 1024-aligned.
+// - Left operands that stay for the whole kernel (Q in the forward; Q, dO or K, V in backward)
+//   are read from shared memory too. P and dS come from registers: converted from the
+//   accumulator of the product before (the accumulator layout of m64nNk16 is the A-fragment
+//   layout of the next product, as with mma.sync). Q fragments held in registers across the
+//   tile loop gave wrong scores from the second tile on (measured on the H100: with Q = 0 the
+//   scores of tile 1 were those of the previous tile's P), so register A operands are only
+//   ever values produced in the same iteration.
+// - The right operand is K-major (rows of the tile are the N index: K in Q K^T) or, with the
+//   transpose bit, N-major (V in P V: rows of the tile are the K index).
+// - Tiles are staged with cp.async in a ring of three, as in attention_mma.cu; a proxy fence
+//   makes the copies visible to wgmma, which reads shared memory through the async proxy.
+#include "kernels/attention_wgmma.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+#include "kernels/attention_geo.cuh"
+#include "kernels/cuda_common.cuh"
+
+namespace zgpt::cuda::attention_wgmma {
+
+namespace {
+
+using Geo = AttentionGeo;
+constexpr int kD = 64;                 // head size: one 128-byte swizzled row
+constexpr int kWG = 128;               // threads per warpgroup
+constexpr int kRows = 64;              // rows per warpgroup (the M of m64nNk16)
+constexpr int kBlockRows = 2 * kRows;  // two warpgroups per block share each streamed tile
+constexpr int kThreads = 2 * kWG;
+constexpr int kStages = 3;
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define ZG_NO_WGMMA 1  // device pass for another architecture: the kernels compile to a trap
+#endif
+
+__device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// ---------------------------------------------------------------- shared-memory tiles
+// Byte offset of chunk c (8 elements) of row r in a swizzled tile.
+__device__ __forceinline__ uint32_t swz(int r, int c) {
+    return uint32_t(r * 128 + ((c ^ (r & 7)) << 4));
+}
+// Rows [r0, r0 + ROWS) of one head's slice (rows of `stride` elements from base) into the tile at
+// shared address `tile`, 16 bytes per cp.async; rows past Tn are zero-filled. `tid` counts the
+// NT threads that share the copy.
+template <int ROWS, int NT>
+__device__ __forceinline__ void stage_tile(uint32_t tile, const bf16* base, int64_t stride,
+                                           int64_t r0, int64_t Tn, int tid) {
+#pragma unroll
+    for (int i = tid; i < ROWS * 8; i += NT) {
+        const int r = i / 8, c = i % 8;
+        const bool in = r0 + r < Tn;
+        const bf16* src = in ? base + (r0 + r) * stride + c * 8 : base;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(tile + swz(r, c)),
+                     "l"(src), "r"(in ? 16 : 0));
+    }
+}
+// n floats from src into shared memory (4 bytes per copy, zero past `valid`), by threads < n.
+__device__ __forceinline__ void stage_floats(uint32_t dst, const float* src, int n, int valid) {
+    const int i = threadIdx.x;
+    if (i < n)
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst + 4 * i),
+                     "l"(i < valid ? src + i : src), "r"(i < valid ? 4 : 0));
+}
+__device__ __forceinline__ void commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+// Waits for all but the newest copy group, then makes the landed tiles visible to wgmma and to
+// every thread of the block.
+__device__ __forceinline__ void wait_prev_and_sync() {
+    asm volatile("cp.async.wait_group 1;\n" ::);
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+}
+__device__ __forceinline__ int ring_next(int i) {
+    return i == kStages - 1 ? 0 : i + 1;
+}
+__device__ __forceinline__ int ring_after_next(int i) {
+    return ring_next(ring_next(i));
+}
+// ---------------------------------------------------------------- wgmma
+// Shared-memory matrix descriptor of a swizzled tile: start address, 1024 bytes between groups of
+// 8 rows, 128-byte swizzle. K-major: step 16 columns by adding 32 bytes to the start. N-major
+// (transposed B): step 16 rows by adding 2048 bytes. The leading offset is unused for both
+// (one swizzle atom spans all 64 columns), set to 1 as the PTX ISA says it is assumed.
+__device__ __forceinline__ uint64_t desc(uint32_t addr) {
+    return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
+           (uint64_t(1) << 62);
+}
+__device__ __forceinline__ void wg_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wg_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wg_wait_all() {
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+// Keeps the compiler from touching accumulator registers across an in-flight wgmma.
+template <int N>
+__device__ __forceinline__ void hold(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// m64nNk16, bf16 in, fp32 accumulate; TB = 1 reads B N-major (transposed).
+template <int N, int TB>
+struct Wgmma;
+template <int TB>
+struct Wgmma<64, TB> {
+    // D (+)= A B: A 64 x 16 and B 16 x 64 in shared memory (A K-major).
+    static __device__ __forceinline__ void ss(float (&d)[32], uint64_t a, uint64_t b,
+                                              int accumulate) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, "
+            "%8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, "
+            "%25, %26, %27, %28, %29, %30, %31}, "
+            "%32, %33, p, 1, 1, 0, %35;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+              "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
+              "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),
+              "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+              "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
+              "+f"(d[31])
+            : "l"(a), "l"(b), "r"(accumulate), "n"(TB));
+    }
+    // D (+)= A B: A 64 x 16 in registers, B 16 x 64 in shared memory.
+    static __device__ __forceinline__ void rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b,
+                                              int accumulate) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %38, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, "
+            "%8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, "
+            "%25, %26, %27, %28, %29, %30, %31}, "
+            "{%32, %33, %34, %35}, %36, p, 1, 1, %37;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+              "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
+              "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),
+              "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+              "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
+              "+f"(d[31])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TB), "r"(accumulate));
+    }
+};
+template <int TB>
+struct Wgmma<32, TB> {
+    // D (+)= A B: A 64 x 16 and B 16 x 32 in shared memory (A K-major).
+    static __device__ __forceinline__ void ss(float (&d)[16], uint64_t a, uint64_t b,
+                                              int accumulate) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, "
+            "%8, %9, %10, %11, %12, %13, %14, %15}, "
+            "%16, %17, p, 1, 1, 0, %19;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+              "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
+              "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+            : "l"(a), "l"(b), "r"(accumulate), "n"(TB));
+    }
+    // D (+)= A B: A 64 x 16 in registers, B 16 x 32 in shared memory.
+    static __device__ __forceinline__ void rs(float (&d)[16], const uint32_t (&a)[4], uint64_t b,
+                                              int accumulate) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %22, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, "
+            "%8, %9, %10, %11, %12, %13, %14, %15}, "
+            "{%16, %17, %18, %19}, %20, p, 1, 1, %21;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+              "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
+              "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TB), "r"(accumulate));
+    }
+};
+
+// D += A B over K rows: A the accumulator pairs of a 64 x K product (as bf16 fragments), B a tile
+// of K rows x kD (N-major) at `tile`.
+template <int K>
+__device__ __forceinline__ void product_nmajor(float (&d)[kD / 2], const uint32_t (&a)[K / 16][4],
+                                               uint32_t tile) {
+#pragma unroll
+    for (int kk = 0; kk < K / 16; kk++) Wgmma<kD, 1>::rs(d, a[kk], desc(tile + 2048 * kk), 1);
+}
+// Accumulator (64 x N, this thread: n-tiles of 4) as N / 16 bf16 A fragments.
+template <int N>
+__device__ __forceinline__ void acc_to_a(uint32_t (&a)[N / 16][4], const float (&s)[N / 2]) {
+#pragma unroll
+    for (int kk = 0; kk < N / 16; kk++) {
+        a[kk][0] = pack(s[8 * kk + 0], s[8 * kk + 1]);
+        a[kk][1] = pack(s[8 * kk + 2], s[8 * kk + 3]);
+        a[kk][2] = pack(s[8 * kk + 4], s[8 * kk + 5]);
+        a[kk][3] = pack(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+}
+
+// D = A B^T over kD: A the warpgroup's 64 rows of a tile at `a`, B a tile of N rows at `b`, both
+// K-major in shared memory.
+template <int N>
+__device__ __forceinline__ void product_smem(float (&d)[N / 2], uint32_t a, uint32_t b) {
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; kk++)
+        Wgmma<N, 0>::ss(d, desc(a + 32 * kk), desc(b + 32 * kk), kk > 0);
+}
+
+// ---------------------------------------------------------------- outputs
+// Row gq + 8 r of this warp's 16 x kD accumulator rows, times scale, as bf16 at dst.
+__device__ __forceinline__ void store_row(bf16* dst, const float (&acc)[kD / 2], int r,
+                                          float scale) {
+    const int tq = threadIdx.x % 4;
+#pragma unroll
+    for (int n = 0; n < kD / 8; n++)
+        *reinterpret_cast<uint32_t*>(dst + n * 8 + 2 * tq) =
+            pack(acc[4 * n + 2 * r] * scale, acc[4 * n + 2 * r + 1] * scale);
+}
+// Column sums of the block's accumulators (rows at or past Tn left out; wrow0: this thread's
+// warp's first row index), times scale, into dst[0, kD): lanes, then the 8 warps in order, so
+// deterministic. Every thread of the block calls it.
+__device__ __forceinline__ void block_column_sums(float* dst, const float (&acc)[kD / 2],
+                                                  int64_t wrow0, int64_t Tn, float scale,
+                                                  float (*red)[kD]) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4;
+#pragma unroll
+    for (int n = 0; n < kD / 8; n++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            float v = 0;
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+                if (wrow0 + gq + 8 * r < Tn) v += acc[4 * n + 2 * r + c];
+            v += __shfl_xor_sync(0xffffffffu, v, 4);
+            v += __shfl_xor_sync(0xffffffffu, v, 8);
+            v += __shfl_xor_sync(0xffffffffu, v, 16);
+            if (lane < 4) red[warp][n * 8 + 2 * lane + c] = v;
+        }
+    __syncthreads();
+    if (threadIdx.x < kD) {
+        float v = red[0][threadIdx.x];
+#pragma unroll
+        for (int w = 1; w < kThreads / 32; w++) v += red[w][threadIdx.x];
+        dst[threadIdx.x] = v * scale;
+    }
+    __syncthreads();  // red is reused by the next call
+}
+
+__device__ __forceinline__ uint32_t aligned_smem(unsigned char* raw) {
+    return (uint32_t(__cvta_generic_to_shared(raw)) + 1023u) & ~1023u;
+}
+
+// ---------------------------------------------------------------- forward
+// A block: 128 query rows (64 per warpgroup), key tiles of 64 streamed through the ring. Q goes
+// to registers once; S = Q K^T and O += P V are wgmma with K and V read from shared memory.
+constexpr int kFwdKeys = 64;
+constexpr int kTileBytes = kFwdKeys * 128;  // 64 rows of one swizzled tile
+constexpr int kFwdSmemBytes = 1024 + kBlockRows * 128 + kStages * 2 * kTileBytes;
+
+__global__ void __launch_bounds__(kThreads, 2)
+    forward_kernel(bf16* out, float* lse, const bf16* qkv, Geo g) {
+#ifdef ZG_NO_WGMMA
+    __trap();
+#else
+    extern __shared__ __align__(16) unsigned char smem[];
+    const uint32_t q_tile = aligned_smem(smem);
+    auto k_tile = [&](int slot) { return q_tile + kBlockRows * 128 + slot * 2 * kTileBytes; };
+    auto v_tile = [&](int slot) { return k_tile(slot) + kTileBytes; };
+    const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
+    const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kBlockRows;  // heaviest first
+    const int tid = threadIdx.x, wg = tid / kWG, warp = tid % kWG / 32, lane = tid % 32;
+    const int gq = lane / 4, tq = lane % 4;
+    const int64_t stride = 3 * g.C;
+    const bf16* qbase = qkv + b * g.Tn * stride + h * g.hs;
+    const int64_t key_tiles = (g.Tn + kFwdKeys - 1) / kFwdKeys;
+    const int64_t tiles = std::min<int64_t>((q0 + kBlockRows) / kFwdKeys, key_tiles);
+    auto stage_kv = [&](int64_t t, int slot) {
+        stage_tile<kFwdKeys, kThreads>(k_tile(slot), qbase + g.C, stride, t * kFwdKeys, g.Tn, tid);
+        stage_tile<kFwdKeys, kThreads>(v_tile(slot), qbase + 2 * g.C, stride, t * kFwdKeys, g.Tn,
+                                       tid);
+    };
+    stage_tile<kBlockRows, kThreads>(q_tile, qbase, stride, q0, g.Tn, tid);
+    stage_kv(0, 0);
+    commit();
+    if (tiles > 1) stage_kv(1, 1);
+    commit();
+    wait_prev_and_sync();
+    const uint32_t q_rows = q_tile + wg * kRows * 128;  // this warpgroup's rows of Q
+
+    const float sl2 = g.scale * kLog2e;
+    const int64_t row0 = q0 + wg * kRows;  // this warpgroup's first row
+    float o[kD / 2] = {};
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};  // log2 units of the scaled scores
+    int slot = 0;
+    for (int64_t t = 0; t < tiles; t++, slot = ring_next(slot)) {
+        if (t > 0) wait_prev_and_sync();
+        if (t + 2 < tiles) stage_kv(t + 2, ring_after_next(slot));
+        commit();
+        const int rel = int(t * kFwdKeys - row0);  // the tile's first key, from row0
+        if (rel >= kRows) continue;                // every key follows every row of this warpgroup
+        float s[kFwdKeys / 2];
+        wg_fence();
+        product_smem<kFwdKeys>(s, q_rows, k_tile(slot));
+        wg_commit();
+        wg_wait_all();
+        hold(s);
+        if (rel == 0) {  // the diagonal tile: key rel + c is seen by row r only if c <= r
+#pragma unroll
+            for (int n = 0; n < kFwdKeys / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (n * 8 + 2 * tq + (e & 1) > warp * 16 + gq + (e >> 1) * 8)
+                        s[4 * n + e] = -INFINITY;
+        }
+        float mx[2] = {-INFINITY, -INFINITY}, corr[2];
+#pragma unroll
+        for (int i = 0; i < kFwdKeys / 2; i++) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            const float mn = fmaxf(m[r], mx[r] * sl2);  // key 0 (tile 0) makes it finite
+            corr[r] = ex2(m[r] - mn);
+            m[r] = mn;
+            l[r] *= corr[r];
+        }
+#pragma unroll
+        for (int i = 0; i < kFwdKeys / 2; i++) {
+            const int r = (i >> 1) & 1;
+            s[i] = ex2(fmaf(s[i], sl2, -m[r]));
+            l[r] += s[i];
+        }
+#pragma unroll
+        for (int i = 0; i < kD / 2; i++) o[i] *= corr[(i >> 1) & 1];
+        uint32_t pa[kFwdKeys / 16][4];
+        acc_to_a<kFwdKeys>(pa, s);
+        wg_fence();
+        product_nmajor<kFwdKeys>(o, pa, v_tile(slot));
+        wg_commit();
+        wg_wait_all();
+        hold(o);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float sum = l[r];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        const int64_t row = row0 + warp * 16 + gq + r * 8;
+        if (row >= g.Tn) continue;
+        store_row(out + (b * g.Tn + row) * g.C + h * g.hs, o, r, 1.0f / sum);
+        if (tq == 0) lse[bh * g.Tn + row] = (m[r] + __log2f(sum)) * kLn2;
+    }
+#endif
+}
+
+// ---------------------------------------------------------------- backward: dQ
+// A block: 128 query rows (64 per warpgroup); key tiles of KT rows through the ring. Q and dO stay
+// in shared memory as the left operands (registers would cost 32 per thread, and two blocks per
+// SM need at most 128). Per tile: S = Q K^T and dP = dO V^T, then dQ += dS K. Runs first and
+// writes Dsum = rowsum(dO * O), which the dK/dV kernel reads.
+template <int KT>
+constexpr int dq_smem_bytes() {
+    return 1024 + 2 * kBlockRows * 128 + kStages * 2 * KT * 128 + kBlockRows * int(sizeof(float));
+}
+
+template <int KT>
+__global__ void __launch_bounds__(kThreads, 2)
+    dq_kernel(bf16* dqkv, float* dsum, const bf16* dout, const bf16* out, const bf16* qkv,
+              const float* lse, float* colsum, Geo g) {
+#ifdef ZG_NO_WGMMA
+    __trap();
+#else
+    constexpr int kTileBytes = KT * 128;
+    extern __shared__ __align__(16) unsigned char smem[];
+    const uint32_t q_tile = aligned_smem(smem), do_tile = q_tile + kBlockRows * 128;
+    auto k_tile = [&](int slot) { return do_tile + kBlockRows * 128 + slot * 2 * kTileBytes; };
+    auto v_tile = [&](int slot) { return k_tile(slot) + kTileBytes; };
+    const uint32_t smem0 = uint32_t(__cvta_generic_to_shared(smem));
+    float* Dsm = reinterpret_cast<float*>(smem + (k_tile(kStages) - smem0));
+    const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
+    const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kBlockRows;  // heaviest first
+    const int tid = threadIdx.x, wg = tid / kWG, warp = tid % kWG / 32, lane = tid % 32;
+    const int gq = lane / 4, tq = lane % 4;
+    const int64_t stride = 3 * g.C;
+    const bf16* qbase = qkv + b * g.Tn * stride + h * g.hs;
+    const bf16* obase = dout + b * g.Tn * g.C + h * g.hs;
+    const float sl2 = g.scale * kLog2e;
+    const int64_t last = std::min<int64_t>(q0 + kBlockRows, g.Tn);  // keys [0, last) are seen
+    const int64_t tiles = (last + KT - 1) / KT;
+    auto stage_kv = [&](int64_t t, int slot) {
+        stage_tile<KT, kThreads>(k_tile(slot), qbase + g.C, stride, t * KT, g.Tn, tid);
+        stage_tile<KT, kThreads>(v_tile(slot), qbase + 2 * g.C, stride, t * KT, g.Tn, tid);
+    };
+    stage_tile<kBlockRows, kThreads>(q_tile, qbase, stride, q0, g.Tn, tid);
+    stage_tile<kBlockRows, kThreads>(do_tile, obase, g.C, q0, g.Tn, tid);
+    stage_kv(0, 0);
+    commit();
+    if (tiles > 1) stage_kv(1, 1);
+    commit();
+    {  // Dsum: two threads per row (32 columns each); the O loads overlap the tiles landing
+        const int r = tid / 2, half = tid % 2;
+        const int64_t row = q0 + r;
+        uint4 ov[4] = {};
+        if (row < g.Tn) {
+            const bf16* orow = out + (b * g.Tn + row) * g.C + h * g.hs + half * 32;
+#pragma unroll
+            for (int j = 0; j < 4; j++) ov[j] = *reinterpret_cast<const uint4*>(orow + 8 * j);
+        }
+        wait_prev_and_sync();  // Q, dO and key tile 0
+        const unsigned char* dorow = smem + (do_tile - smem0);
+        float acc = 0;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const uint4 d = *reinterpret_cast<const uint4*>(dorow + swz(r, half * 4 + j));
+            const __nv_bfloat162* dv = reinterpret_cast<const __nv_bfloat162*>(&d);
+            const __nv_bfloat162* ovv = reinterpret_cast<const __nv_bfloat162*>(&ov[j]);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const float2 x = __bfloat1622float2(dv[k]), y = __bfloat1622float2(ovv[k]);
+                acc = fmaf(x.x, y.x, acc);
+                acc = fmaf(x.y, y.y, acc);
+            }
+        }
+        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+        if (half == 0) {
+            Dsm[r] = acc;  // rows past Tn: dO and O are zero, so 0
+            if (row < g.Tn) dsum[bh * g.Tn + row] = acc;
+        }
+        __syncthreads();
+    }
+    const uint32_t q_rows = q_tile + wg * kRows * 128, do_rows = do_tile + wg * kRows * 128;
+    const int64_t row0 = q0 + wg * kRows, wrow0 = row0 + warp * 16;
+    float L[2], Dr[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int64_t row = wrow0 + gq + r * 8;
+        L[r] = row < g.Tn ? lse[bh * g.Tn + row] * kLog2e : INFINITY;
+        Dr[r] = Dsm[wg * kRows + warp * 16 + gq + r * 8];
+    }
+    float dq[kD / 2] = {};
+    int slot = 0;
+    for (int64_t t = 0; t < tiles; t++, slot = ring_next(slot)) {
+        if (t > 0) wait_prev_and_sync();
+        if (t + 2 < tiles) stage_kv(t + 2, ring_after_next(slot));
+        commit();
+        const int rel = int(t * KT - row0);  // the tile's first key, from row0
+        if (rel >= kRows) continue;
+        float s[KT / 2], dp[KT / 2];
+        wg_fence();
+        product_smem<KT>(s, q_rows, k_tile(slot));
+        product_smem<KT>(dp, do_rows, v_tile(slot));
+        wg_commit();
+        wg_wait_all();
+        hold(s);
+        hold(dp);
+#pragma unroll
+        for (int i = 0; i < KT / 2; i++) s[i] = ex2(fmaf(s[i], sl2, -L[(i >> 1) & 1]));
+        if (rel > -KT) {  // the tile straddles the diagonal of some row of this warpgroup
+#pragma unroll
+            for (int n = 0; n < KT / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (rel + n * 8 + 2 * tq + (e & 1) > warp * 16 + gq + (e >> 1) * 8)
+                        s[4 * n + e] = 0;
+        }
+#pragma unroll
+        for (int i = 0; i < KT / 2; i++) s[i] *= dp[i] - Dr[(i >> 1) & 1];  // dS, unscaled
+        uint32_t sa[KT / 16][4];
+        acc_to_a<KT>(sa, s);
+        wg_fence();
+        product_nmajor<KT>(dq, sa, k_tile(slot));
+        wg_commit();
+        wg_wait_all();
+        hold(dq);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int64_t row = wrow0 + gq + r * 8;
+        if (row >= g.Tn) continue;
+        store_row(dqkv + (b * g.Tn + row) * stride + h * g.hs, dq, r, g.scale);
+    }
+    if (colsum) {
+        __shared__ float red[kThreads / 32][kD];
+        block_column_sums(colsum + (b * gridDim.x + q0 / kBlockRows) * stride + h * g.hs, dq, wrow0,
+                          g.Tn, g.scale, red);
+    }
+#endif
+}
+
+// ---------------------------------------------------------------- backward: dK, dV
+// A block: 128 keys (64 per warpgroup); query tiles of QT rows from the block's first key on. K
+// and V stay in shared memory as left operands. Per tile: S^T = K Q^T and dP^T = V dO^T (keys x
+// queries), then dV += P^T dO and dK += dS^T Q.
+template <int QT>
+constexpr int dkdv_smem_bytes() {
+    return 1024 + 2 * kBlockRows * 128 + kStages * 2 * QT * 128 + kStages * 2 * QT * 4;
+}
+
+template <int QT>
+__global__ void __launch_bounds__(kThreads, QT == 32 ? 2 : 1)
+    dkdv_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* dsum,
+                float* colsum, Geo g) {
+#ifdef ZG_NO_WGMMA
+    __trap();
+#else
+    constexpr int kTileBytes = QT * 128;
+    extern __shared__ __align__(16) unsigned char smem[];
+    const uint32_t base = aligned_smem(smem), k_all = base, v_all = base + kBlockRows * 128;
+    auto q_tile = [&](int slot) { return v_all + kBlockRows * 128 + slot * 2 * kTileBytes; };
+    auto do_tile = [&](int slot) { return q_tile(slot) + kTileBytes; };
+    const uint32_t f_base = q_tile(kStages);  // [kStages][2][QT] floats: L, D
+    const float* Fs =
+        reinterpret_cast<const float*>(smem + (f_base - uint32_t(__cvta_generic_to_shared(smem))));
+    const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
+    const int64_t k0 = int64_t(blockIdx.x) * kBlockRows;
+    const int tid = threadIdx.x, wg = tid / kWG, warp = tid % kWG / 32, lane = tid % 32;
+    const int gq = lane / 4, tq = lane % 4;
+    const int64_t stride = 3 * g.C;
+    const bf16* qbase = qkv + b * g.Tn * stride + h * g.hs;
+    const bf16* obase = dout + b * g.Tn * g.C + h * g.hs;
+    const float sl2 = g.scale * kLog2e;
+    auto issue = [&](int64_t i0, int slot) {
+        stage_tile<QT, kThreads>(q_tile(slot), qbase, stride, i0, g.Tn, tid);
+        stage_tile<QT, kThreads>(do_tile(slot), obase, g.C, i0, g.Tn, tid);
+        // queries past Tn get L = D = 0: their Q and dO rows are zero, so P dO and dS Q vanish
+        const int valid = int(std::min<int64_t>(QT, g.Tn - i0));
+        const uint32_t f = f_base + slot * 2 * QT * 4;
+        stage_floats(f, lse + bh * g.Tn + i0, QT, valid);
+        stage_floats(f + QT * 4, dsum + bh * g.Tn + i0, QT, valid);
+        commit();
+    };
+    stage_tile<kBlockRows, kThreads>(k_all, qbase + g.C, stride, k0, g.Tn, tid);
+    stage_tile<kBlockRows, kThreads>(v_all, qbase + 2 * g.C, stride, k0, g.Tn, tid);
+    issue(k0, 0);  // K and V are committed with the first tile
+    if (k0 + QT < g.Tn)
+        issue(k0 + QT, 1);
+    else
+        commit();  // an empty group keeps the wait count right
+    const uint32_t k_rows = k_all + wg * kRows * 128, v_rows = v_all + wg * kRows * 128;
+    const int64_t key0 = k0 + wg * kRows, wkey0 = key0 + warp * 16;
+    float dk[kD / 2] = {}, dv[kD / 2] = {};
+    int slot = 0;
+    for (int64_t i0 = k0; i0 < g.Tn; i0 += QT, slot = ring_next(slot)) {
+        wait_prev_and_sync();
+        if (i0 + 2 * QT < g.Tn)
+            issue(i0 + 2 * QT, ring_after_next(slot));
+        else
+            commit();
+        const int rel = int(i0 - key0);  // the tile's first query, from key0
+        if (rel <= -QT) continue;        // every query of the tile precedes every key here
+        const float* Lt = Fs + slot * 2 * QT;
+        const float* Dt = Lt + QT;
+        float p[QT / 2], dp[QT / 2];
+        wg_fence();
+        product_smem<QT>(p, k_rows, q_tile(slot));
+        product_smem<QT>(dp, v_rows, do_tile(slot));
+        wg_commit();
+        wg_wait_all();
+        hold(p);
+        hold(dp);
+#pragma unroll
+        for (int n = 0; n < QT / 8; n++) {
+            const float2 L = *reinterpret_cast<const float2*>(Lt + n * 8 + 2 * tq);
+            const float2 D = *reinterpret_cast<const float2*>(Dt + n * 8 + 2 * tq);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float pe = ex2(fmaf(p[4 * n + e], sl2, -(e & 1 ? L.y : L.x) * kLog2e));
+                const bool seen = rel + n * 8 + 2 * tq + (e & 1) >= warp * 16 + gq + (e >> 1) * 8;
+                p[4 * n + e] = rel < kRows && !seen ? 0.0f : pe;
+                dp[4 * n + e] = p[4 * n + e] * (dp[4 * n + e] - (e & 1 ? D.y : D.x));  // dS^T
+            }
+        }
+        uint32_t pa[QT / 16][4], sa[QT / 16][4];
+        acc_to_a<QT>(pa, p);
+        acc_to_a<QT>(sa, dp);
+        wg_fence();
+        product_nmajor<QT>(dv, pa, do_tile(slot));
+        product_nmajor<QT>(dk, sa, q_tile(slot));
+        wg_commit();
+        wg_wait_all();
+        hold(dv);
+        hold(dk);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int64_t key = wkey0 + gq + r * 8;
+        if (key >= g.Tn) continue;
+        bf16* dkr = dqkv + (b * g.Tn + key) * stride + g.C + h * g.hs;
+        store_row(dkr, dk, r, g.scale);
+        store_row(dkr + g.C, dv, r, 1.0f);
+    }
+    if (colsum) {
+        __shared__ float red[kThreads / 32][kD];
+        float* dst = colsum + (b * gridDim.x + blockIdx.x) * stride + g.C + h * g.hs;
+        block_column_sums(dst, dk, wkey0, g.Tn, g.scale, red);
+        block_column_sums(dst + g.C, dv, wkey0, g.Tn, 1.0f, red);
+    }
+#endif
+}
+
+// Which directions run here: ZGPT_ATTN_WGMMA unset or 1 both, fwd / bwd one, 0 neither.
+struct Enabled {
+    bool fwd, bwd;
+};
+Enabled enabled() {
+    static const Enabled e = [] {
+        const char* v = std::getenv("ZGPT_ATTN_WGMMA");
+        const std::string s = v ? v : "1";
+        return Enabled{s == "1" || s == "fwd", s == "1" || s == "bwd"};
+    }();
+    return e;
+}
+bool hopper() {
+    static const bool yes = [] {
+        int dev = 0, major = 0, minor = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess) return false;
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+        return major == 9 && minor == 0;
+    }();
+    return yes;
+}
+bool shape_ok(const AttentionShape& s, DType t) {
+    return t == DType::bf16 && s.C / s.NH == kD && s.C % 8 == 0 && hopper();
+}
+
+template <typename Kernel>
+void allow_smem(Kernel k, int bytes) {
+    ZG_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+}
+
+}  // namespace
+
+bool usable_forward(const AttentionShape& s, DType t) {
+    return enabled().fwd && shape_ok(s, t);
+}
+bool usable_backward(const AttentionShape& s, DType t) {
+    return enabled().bwd && shape_ok(s, t);
+}
+
+void forward(void* out, float* lse, const void* qkv, const AttentionShape& s, CUstream_st* st) {
+    static const bool smem_set = (allow_smem(forward_kernel, kFwdSmemBytes), true);
+    (void)smem_set;
+    const Geo g = attention_geometry(s);
+    const dim3 grid(unsigned((s.Tn + kBlockRows - 1) / kBlockRows), unsigned(s.B * s.NH));
+    forward_kernel<<<grid, kThreads, kFwdSmemBytes, st>>>(static_cast<bf16*>(out), lse,
+                                                          static_cast<const bf16*>(qkv), g);
+    ZG_LAUNCH_CHECK();
+}
+
+int64_t colsum_rows(const AttentionShape& s) {
+    return s.B * ((s.Tn + kBlockRows - 1) / kBlockRows);
+}
+
+// Tile sizes of the backward kernels (keys per dQ tile, queries per dK/dV tile): 32 or 64, from
+// ZGPT_ATTN_WGMMA_TILES=<dq>,<dkdv> (default 64,64, the fastest measured), for measuring.
+template <int KT, int QT>
+void backward_tiles(bf16* dx, float* dsum, const bf16* dy, const bf16* out, const bf16* x,
+                    const float* lse, float* colsums, const Geo& g, const dim3& grid,
+                    CUstream_st* st) {
+    static const bool smem_set = (allow_smem(dq_kernel<KT>, dq_smem_bytes<KT>()),
+                                  allow_smem(dkdv_kernel<QT>, dkdv_smem_bytes<QT>()), true);
+    (void)smem_set;
+    // dQ first: it writes the Dsum that the dK/dV kernel reads
+    dq_kernel<KT>
+        <<<grid, kThreads, dq_smem_bytes<KT>(), st>>>(dx, dsum, dy, out, x, lse, colsums, g);
+    dkdv_kernel<QT>
+        <<<grid, kThreads, dkdv_smem_bytes<QT>(), st>>>(dx, dy, x, lse, dsum, colsums, g);
+}
+
+void backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
+              float* dsum, float* dqkv_colsums, const AttentionShape& s, CUstream_st* st) {
+    static const std::string tiles = [] {
+        const char* e = std::getenv("ZGPT_ATTN_WGMMA_TILES");
+        return std::string(e ? e : "64,64");
+    }();
+    const Geo g = attention_geometry(s);
+    const auto* dy = static_cast<const bf16*>(dout);
+    const auto* x = static_cast<const bf16*>(qkv);
+    const auto* o = static_cast<const bf16*>(out);
+    auto* dx = static_cast<bf16*>(dqkv);
+    const dim3 grid(unsigned((s.Tn + kBlockRows - 1) / kBlockRows), unsigned(s.B * s.NH));
+    if (tiles == "64,64")
+        backward_tiles<64, 64>(dx, dsum, dy, o, x, lse, dqkv_colsums, g, grid, st);
+    else if (tiles == "64,32")
+        backward_tiles<64, 32>(dx, dsum, dy, o, x, lse, dqkv_colsums, g, grid, st);
+    else if (tiles == "32,64")
+        backward_tiles<32, 64>(dx, dsum, dy, o, x, lse, dqkv_colsums, g, grid, st);
+    else
+        backward_tiles<32, 32>(dx, dsum, dy, o, x, lse, dqkv_colsums, g, grid, st);
+    ZG_LAUNCH_CHECK();
+}
+
+}  // namespace zgpt::cuda::attention_wgmma

@@ -1,0 +1,22 @@
+// Causal attention on Hopper's warpgroup tensor-core instructions (kernels/attention_wgmma.cu,
+// compiled for sm_90a only): the fast path of the `flash` variant on H100/H200 for bf16 with head
+// size 64. Same contract and column-sum layout as attention_mma.h, which stays the path on other
+// GPUs and is the `flash_mma` variant everywhere.
+#pragma once
+#include "kernels/attention.h"
+#include "kernels/dtype.h"
+
+struct CUstream_st;
+namespace zgpt::cuda::attention_wgmma {
+
+// bf16, head size 64, and the current device is compute capability 9.0. ZGPT_ATTN_WGMMA=fwd or
+// =bwd keeps only that direction on these kernels, =0 neither (for measuring the difference).
+bool usable_forward(const AttentionShape& s, DType t);
+bool usable_backward(const AttentionShape& s, DType t);
+void forward(void* out, float* lse, const void* qkv, const AttentionShape& s, CUstream_st* st);
+// dqkv_colsums (optional): [colsum_rows(s), 3C], as attention_mma::backward writes them.
+int64_t colsum_rows(const AttentionShape& s);
+void backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
+              float* dsum, float* dqkv_colsums, const AttentionShape& s, CUstream_st* st);
+
+}  // namespace zgpt::cuda::attention_wgmma
