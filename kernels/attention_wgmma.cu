@@ -113,14 +113,26 @@ __device__ __forceinline__ void wg_fence() {
 __device__ __forceinline__ void wg_commit() {
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
+template <int N>
+__device__ __forceinline__ void wg_wait() {  // all but the newest N groups are done
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
 __device__ __forceinline__ void wg_wait_all() {
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    wg_wait<0>();
 }
 // Keeps the compiler from touching accumulator registers across an in-flight wgmma.
 template <int N>
 __device__ __forceinline__ void hold(float (&d)[N]) {
 #pragma unroll
     for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+// Keeps A-fragment registers alive (unchanged) until here: a wgmma reads them asynchronously.
+template <int K>
+__device__ __forceinline__ void keep(const uint32_t (&a)[K][4]) {
+#pragma unroll
+    for (int k = 0; k < K; k++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) asm volatile("" ::"r"(a[k][j]) : "memory");
 }
 
 // m64nNk16, bf16 in, fp32 accumulate; TB = 1 reads B N-major (transposed).
@@ -354,6 +366,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         product_nmajor<kFwdKeys>(o, pa, v_tile(slot));
         wg_commit();
         wg_wait_all();
+        keep(pa);
         hold(o);
     }
 #pragma unroll
@@ -464,11 +477,11 @@ __global__ void __launch_bounds__(kThreads, 2)
         float s[KT / 2], dp[KT / 2];
         wg_fence();
         product_smem<KT>(s, q_rows, k_tile(slot));
+        wg_commit();
         product_smem<KT>(dp, do_rows, v_tile(slot));
         wg_commit();
-        wg_wait_all();
+        wg_wait<1>();  // S; the exponentials overlap dP = dO V^T
         hold(s);
-        hold(dp);
 #pragma unroll
         for (int i = 0; i < KT / 2; i++) s[i] = ex2(fmaf(s[i], sl2, -L[(i >> 1) & 1]));
         if (rel > -KT) {  // the tile straddles the diagonal of some row of this warpgroup
@@ -479,6 +492,8 @@ __global__ void __launch_bounds__(kThreads, 2)
                     if (rel + n * 8 + 2 * tq + (e & 1) > warp * 16 + gq + (e >> 1) * 8)
                         s[4 * n + e] = 0;
         }
+        wg_wait_all();
+        hold(dp);
 #pragma unroll
         for (int i = 0; i < KT / 2; i++) s[i] *= dp[i] - Dr[(i >> 1) & 1];  // dS, unscaled
         uint32_t sa[KT / 16][4];
@@ -487,6 +502,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         product_nmajor<KT>(dq, sa, k_tile(slot));
         wg_commit();
         wg_wait_all();
+        keep(sa);
         hold(dq);
     }
 #pragma unroll
@@ -566,34 +582,47 @@ __global__ void __launch_bounds__(kThreads, QT == 32 ? 2 : 1)
         if (rel <= -QT) continue;        // every query of the tile precedes every key here
         const float* Lt = Fs + slot * 2 * QT;
         const float* Dt = Lt + QT;
+        // Four products in three stages, each overlapping the tensor core with the exponentials
+        // or dS of the stage before: S^T | dP^T with P^T, dV with dS^T, then dK.
         float p[QT / 2], dp[QT / 2];
         wg_fence();
         product_smem<QT>(p, k_rows, q_tile(slot));
+        wg_commit();
         product_smem<QT>(dp, v_rows, do_tile(slot));
         wg_commit();
-        wg_wait_all();
+        wg_wait<1>();  // S^T
         hold(p);
-        hold(dp);
 #pragma unroll
         for (int n = 0; n < QT / 8; n++) {
             const float2 L = *reinterpret_cast<const float2*>(Lt + n * 8 + 2 * tq);
-            const float2 D = *reinterpret_cast<const float2*>(Dt + n * 8 + 2 * tq);
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const float pe = ex2(fmaf(p[4 * n + e], sl2, -(e & 1 ? L.y : L.x) * kLog2e));
                 const bool seen = rel + n * 8 + 2 * tq + (e & 1) >= warp * 16 + gq + (e >> 1) * 8;
                 p[4 * n + e] = rel < kRows && !seen ? 0.0f : pe;
-                dp[4 * n + e] = p[4 * n + e] * (dp[4 * n + e] - (e & 1 ? D.y : D.x));  // dS^T
             }
         }
         uint32_t pa[QT / 16][4], sa[QT / 16][4];
         acc_to_a<QT>(pa, p);
-        acc_to_a<QT>(sa, dp);
         wg_fence();
         product_nmajor<QT>(dv, pa, do_tile(slot));
+        wg_commit();
+        wg_wait<1>();  // dP^T
+        hold(dp);
+#pragma unroll
+        for (int n = 0; n < QT / 8; n++) {
+            const float2 D = *reinterpret_cast<const float2*>(Dt + n * 8 + 2 * tq);
+#pragma unroll
+            for (int e = 0; e < 4; e++)  // dS^T
+                dp[4 * n + e] = p[4 * n + e] * (dp[4 * n + e] - (e & 1 ? D.y : D.x));
+        }
+        acc_to_a<QT>(sa, dp);
+        wg_fence();
         product_nmajor<QT>(dk, sa, q_tile(slot));
         wg_commit();
         wg_wait_all();
+        keep(pa);
+        keep(sa);
         hold(dv);
         hold(dk);
     }
