@@ -577,19 +577,23 @@ TEST_CASE("whole model in bf16: loss within 2e-2 and gradients within bf16 accum
 
 TEST_CASE("whole model in bf16 at head size 64: tensor-core attention, qkv bias from its sums") {
     // The tiny config's head size 8 takes the generic attention kernels; head size 64 in bf16
-    // takes attention_mma, whose backward also writes the partial column sums the qkv bias
-    // gradient is summed from (not with qk_norm, where that gradient is of the pre-norm q and k).
-    // T = 200: the last 128-row block is cut short.
-    for (bool qk : {false, true}) {
-        CAPTURE(qk);
-        ModelConfig c = tiny_config(false, true, qk);
-        c.n_head = 2;
-        c.n_embd = 128;
-        c.block_size = 256;
-        CudaModelOptions o;
-        o.precision = DType::bf16;
-        compare_model(c, o, 5e-2, 2, 200);
-    }
+    // takes the tensor-core ones (flash: wgmma on Hopper; flash_mma: mma.sync), whose backward
+    // also writes the partial column sums the qkv bias gradient is summed from (not with qk_norm,
+    // where that gradient is of the pre-norm q and k). T = 200: the last 128-row block is cut
+    // short.
+    for (const char* att : {"flash", "flash_mma"})
+        for (bool qk : {false, true}) {
+            CAPTURE(att);
+            CAPTURE(qk);
+            ModelConfig c = tiny_config(false, true, qk);
+            c.n_head = 2;
+            c.n_embd = 128;
+            c.block_size = 256;
+            CudaModelOptions o;
+            o.precision = DType::bf16;
+            o.kernels.attention = att;
+            compare_model(c, o, 5e-2, 2, 200);
+        }
 }
 
 TEST_CASE("the pipelined loss head (row chunks over two streams) equals GPT<double>") {
@@ -723,7 +727,7 @@ TEST_CASE("every kernel-variant combination trains; losses agree within bf16 noi
     const auto ref_b = make_backend("cuda", c);
     const auto ref = train_steps(*ref_b, c, 0, 20);
     int combos = 0;
-    for (const char* att : {"flash", "naive"})
+    for (const char* att : {"flash", "flash_mma", "naive"})
         for (const char* ce : {"naive", "online", "fast", "fused_linear"})
             for (const char* ln : {"fused_residual", "separate"})
                 for (const char* mm : {"fused_epilogue", "separate"})
@@ -741,7 +745,7 @@ TEST_CASE("every kernel-variant combination trains; losses agree within bf16 noi
                             CHECK(close(got[i], ref[i], 2e-2, 0));
                         combos++;
                     }
-    CHECK(combos == 64);
+    CHECK(combos == 96);
 }
 
 TEST_CASE("deterministic: two GPU runs are bit-identical and resume is bit-exact") {
