@@ -21,27 +21,18 @@
 #include <string>
 
 #include "kernels/attention_geo.cuh"
+#include "kernels/attention_tc.cuh"
 #include "kernels/cuda_common.cuh"
 
 namespace zgpt::cuda::attention_mma {
 
 namespace {
 
+using namespace attention_tc;
 using Geo = AttentionGeo;
 constexpr int kD = 64, kLD = kD + 8;  // head size; padded shared-memory row
 constexpr int kTile = 64, kWarps = 4, kThreads = 32 * kWarps;
-constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
-__device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-}
-// 2^x; ex2(-inf) = 0, which is how masked scores vanish.
-__device__ __forceinline__ float ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
 __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                                     uint32_t b1) {
     asm volatile(
@@ -145,18 +136,6 @@ __device__ __forceinline__ void lane_column_sums(float (&cs)[kD / 8][2],
         }
 }
 
-// Tiles stream through a ring of kStages buffers. Tiles t and t + 1 are in flight when tile t is
-// needed: wait_prev() waits for t, one barrier says every warp is done with t - 1, and tile t + 2
-// then goes into t - 1's buffer. One barrier per tile instead of two (before the ring, a second
-// barrier at the end of each tile guarded the refill).
-constexpr int kStages = 3;
-__device__ __forceinline__ int ring_next(int i) {
-    return i == kStages - 1 ? 0 : i + 1;
-}
-__device__ __forceinline__ int ring_after_next(int i) {
-    return ring_next(ring_next(i));
-}
-
 // Rows [r0, r0 + 64) of one head's slice (rows of `stride` elements from base) into shared memory
 // with cp.async, 16 bytes per copy; rows past Tn are zero-filled. Call commit() after a tile's
 // copies and wait_prev() before using the tile issued one commit earlier.
@@ -171,21 +150,6 @@ __device__ void stage_async(bf16* rows, const bf16* base, int64_t stride, int64_
                          smem_addr(rows + r * kLD + col)),
                      "l"(src), "r"(in ? 16 : 0));
     }
-}
-// n floats from src into shared memory, 4 bytes per copy, zero past `valid`; copied by the
-// block's first n threads, so no thread waits on the loads (they join the current commit group).
-__device__ __forceinline__ void stage_floats_async(float* dst, const float* src, int n, int valid) {
-    const int i = threadIdx.x;
-    if (i < n)
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(
-                         uint32_t(__cvta_generic_to_shared(dst + i))),
-                     "l"(i < valid ? src + i : src), "r"(i < valid ? 4 : 0));
-}
-__device__ __forceinline__ void commit() {
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-__device__ __forceinline__ void wait_prev() {
-    asm volatile("cp.async.wait_group 1;\n" ::);
 }
 // The K and V tiles of keys [k0, k0 + ROWS) of one head (qkv rows from qbase, the head's q).
 template <int ROWS = kTile>
@@ -411,8 +375,10 @@ __global__ void __launch_bounds__(kThreads)
         // Plain loads here stalled warp 0, and with it the block's next barrier, on every tile.
         // Queries past Tn get L = D = 0: their Q and dO rows are zero, so P dO and dS Q vanish.
         const int valid = int(std::min<int64_t>(kBwdTile, g.Tn - i0));
-        stage_floats_async(Ls + buf * kBwdTile, lse + bh * g.Tn + i0, kBwdTile, valid);
-        stage_floats_async(Ds + buf * kBwdTile, dsum + bh * g.Tn + i0, kBwdTile, valid);
+        stage_floats(uint32_t(__cvta_generic_to_shared(Ls + buf * kBwdTile)), lse + bh * g.Tn + i0,
+                     kBwdTile, valid);
+        stage_floats(uint32_t(__cvta_generic_to_shared(Ds + buf * kBwdTile)), dsum + bh * g.Tn + i0,
+                     kBwdTile, valid);
         commit();
     };
     stage_kv_async<kBwdRows>(Ks, Vs, qbase, k0, g);  // committed with the first tile

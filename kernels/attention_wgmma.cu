@@ -29,34 +29,24 @@
 #include <string>
 
 #include "kernels/attention_geo.cuh"
+#include "kernels/attention_tc.cuh"
 #include "kernels/cuda_common.cuh"
 
 namespace zgpt::cuda::attention_wgmma {
 
 namespace {
 
+using namespace attention_tc;
 using Geo = AttentionGeo;
 constexpr int kD = 64;                 // head size: one 128-byte swizzled row
 constexpr int kWG = 128;               // threads per warpgroup
 constexpr int kRows = 64;              // rows per warpgroup (the M of m64nNk16)
 constexpr int kBlockRows = 2 * kRows;  // two warpgroups per block share each streamed tile
 constexpr int kThreads = 2 * kWG;
-constexpr int kStages = 3;
-constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define ZG_NO_WGMMA 1  // device pass for another architecture: the kernels compile to a trap
 #endif
-
-__device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-}
-__device__ __forceinline__ float ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
 
 // ---------------------------------------------------------------- shared-memory tiles
 // Byte offset of chunk c (8 elements) of row r in a swizzled tile.
@@ -78,28 +68,12 @@ __device__ __forceinline__ void stage_tile(uint32_t tile, const bf16* base, int6
                      "l"(src), "r"(in ? 16 : 0));
     }
 }
-// n floats from src into shared memory (4 bytes per copy, zero past `valid`), by threads < n.
-__device__ __forceinline__ void stage_floats(uint32_t dst, const float* src, int n, int valid) {
-    const int i = threadIdx.x;
-    if (i < n)
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst + 4 * i),
-                     "l"(i < valid ? src + i : src), "r"(i < valid ? 4 : 0));
-}
-__device__ __forceinline__ void commit() {
-    asm volatile("cp.async.commit_group;\n" ::);
-}
 // Waits for all but the newest copy group, then makes the landed tiles visible to wgmma and to
 // every thread of the block.
 __device__ __forceinline__ void wait_prev_and_sync() {
-    asm volatile("cp.async.wait_group 1;\n" ::);
+    wait_prev();
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();
-}
-__device__ __forceinline__ int ring_next(int i) {
-    return i == kStages - 1 ? 0 : i + 1;
-}
-__device__ __forceinline__ int ring_after_next(int i) {
-    return ring_next(ring_next(i));
 }
 // ---------------------------------------------------------------- wgmma
 // Shared-memory matrix descriptor of a swizzled tile: start address, 1024 bytes between groups of
@@ -138,7 +112,8 @@ __device__ __forceinline__ void keep(const uint32_t (&a)[K][4]) {
         for (int j = 0; j < 4; j++) asm volatile("" ::"r"(a[k][j]) : "memory");
 }
 
-// m64nNk16, bf16 in, fp32 accumulate; TB = 1 reads B N-major (transposed).
+// m64nNk16, bf16 in, fp32 accumulate; TB = 1 reads B N-major (transposed). The kernels use ss
+// (both operands in shared memory) at N = 32 and 64, and rs (A in registers) at N = 64.
 template <int N, int TB>
 struct Wgmma;
 template <int TB>
@@ -192,19 +167,6 @@ struct Wgmma<32, TB> {
               "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
               "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
             : "l"(a), "l"(b), "r"(accumulate), "n"(TB));
-    }
-    // D (+)= A B: A 64 x 16 in registers, B 16 x 32 in shared memory.
-    static __device__ __forceinline__ void rs(float (&d)[16], const uint32_t (&a)[4], uint64_t b,
-                                              int accumulate) {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %22, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, "
-            "%8, %9, %10, %11, %12, %13, %14, %15}, "
-            "{%16, %17, %18, %19}, %20, p, 1, 1, %21;\n}\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-              "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
-              "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TB), "r"(accumulate));
     }
 };
 
@@ -286,8 +248,8 @@ __device__ __forceinline__ uint32_t aligned_smem(unsigned char* raw) {
 // in shared memory; S = Q K^T reads Q and K from there, O += P V takes P from registers and V
 // from shared memory (N-major).
 constexpr int kFwdKeys = 64;
-constexpr int kTileBytes = kFwdKeys * 128;  // 64 rows of one swizzled tile
-constexpr int kFwdSmemBytes = 1024 + kBlockRows * 128 + kStages * 2 * kTileBytes;
+constexpr int kFwdTileBytes = kFwdKeys * 128;  // 64 rows of one swizzled tile
+constexpr int kFwdSmemBytes = 1024 + kBlockRows * 128 + kStages * 2 * kFwdTileBytes;
 
 __global__ void __launch_bounds__(kThreads, 2)
     forward_kernel(bf16* out, float* lse, const bf16* qkv, Geo g) {
@@ -296,8 +258,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 #else
     extern __shared__ __align__(16) unsigned char smem[];
     const uint32_t q_tile = aligned_smem(smem);
-    auto k_tile = [&](int slot) { return q_tile + kBlockRows * 128 + slot * 2 * kTileBytes; };
-    auto v_tile = [&](int slot) { return k_tile(slot) + kTileBytes; };
+    auto k_tile = [&](int slot) { return q_tile + kBlockRows * 128 + slot * 2 * kFwdTileBytes; };
+    auto v_tile = [&](int slot) { return k_tile(slot) + kFwdTileBytes; };
     const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
     const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kBlockRows;  // heaviest first
     const int tid = threadIdx.x, wg = tid / kWG, warp = tid % kWG / 32, lane = tid % 32;
