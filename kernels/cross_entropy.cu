@@ -420,14 +420,14 @@ __device__ __forceinline__ void row_backward_part(T* dx, const T* x, int64_t V_l
 template <typename T, bool kVec>
 __global__ void shard_stats_kernel(RowStatsF* stats, const T* logits, int64_t ld,
                                    const int32_t* targets, int64_t V_local, int64_t v0,
-                                   int64_t ignore_index, bool smooth) {
+                                   int64_t ignore_index, bool smooth, bool accumulate) {
     const int64_t row = blockIdx.x;
     const int64_t y = targets[row];
     const int64_t y_local = (y != ignore_index && y >= v0 && y < v0 + V_local) ? y - v0 : -1;
     RowStatsF st = row_stats_part<T, kVec>(logits + row * ld, V_local, y_local, smooth,
                                            int(threadIdx.x), int(blockDim.x));
     st = block_reduce_stats(st);
-    if (threadIdx.x == 0) stats[row] = st;
+    if (threadIdx.x == 0) stats[row] = accumulate ? merge_stats(stats[row], st) : st;
 }
 
 template <typename T, bool kVec>
@@ -449,7 +449,8 @@ constexpr int kRowsPerBlock = 8;
 template <typename T, bool kVec>
 __global__ void __launch_bounds__(32 * kRowsPerBlock)
     narrow_stats_kernel(RowStatsF* stats, const T* logits, int64_t ld, const int32_t* targets,
-                        int64_t N, int64_t V_local, int64_t v0, int64_t ignore_index, bool smooth) {
+                        int64_t N, int64_t V_local, int64_t v0, int64_t ignore_index, bool smooth,
+                        bool accumulate) {
     const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (row >= N) return;  // whole warps leave together
@@ -457,7 +458,7 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock)
     const int64_t y_local = (y != ignore_index && y >= v0 && y < v0 + V_local) ? y - v0 : -1;
     RowStatsF st = row_stats_part<T, kVec>(logits + row * ld, V_local, y_local, smooth, lane, 32);
     st = warp_merge_stats(st);
-    if (lane == 0) stats[row] = st;
+    if (lane == 0) stats[row] = accumulate ? merge_stats(stats[row], st) : st;
 }
 
 template <typename T, bool kVec>
@@ -1039,7 +1040,7 @@ void ce_count_valid(int* n_valid, const int32_t* targets, int64_t N, int64_t ign
 }
 
 void ce_shard_stats(RowStatsF* stats, const CrossEntropyArgs& a, const CrossEntropyOptions& o,
-                    CUstream_st* s) {
+                    CUstream_st* s, bool accumulate) {
     check_args(a, o, false);
     const bool vec = rows_aligned(a.logits, a.logits, a.ld, a.type);
     dispatch(a.type, [&](auto tag) {
@@ -1048,13 +1049,13 @@ void ce_shard_stats(RowStatsF* stats, const CrossEntropyArgs& a, const CrossEntr
             auto kernel = vec ? narrow_stats_kernel<T, true> : narrow_stats_kernel<T, false>;
             kernel<<<unsigned((a.N + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, 0,
                      s>>>(stats, static_cast<const T*>(a.logits), a.ld, a.targets, a.N, a.V_local,
-                          a.v0, o.ignore_index, o.label_smoothing != 0.0);
+                          a.v0, o.ignore_index, o.label_smoothing != 0.0, accumulate);
             return;
         }
         auto kernel = vec ? shard_stats_kernel<T, true> : shard_stats_kernel<T, false>;
         kernel<<<unsigned(a.N), num_threads_for(a.V_local), 0, s>>>(
             stats, static_cast<const T*>(a.logits), a.ld, a.targets, a.V_local, a.v0,
-            o.ignore_index, o.label_smoothing != 0.0);
+            o.ignore_index, o.label_smoothing != 0.0, accumulate);
     });
     ZG_CUDA_CHECK(cudaGetLastError());
 }

@@ -164,8 +164,10 @@ const CrossEntropyVariant& find_cross_entropy_variant(const std::string& name);
 // -> backward of each shard -> reduce.
 void ce_count_valid(int* n_valid, const int32_t* targets, int64_t N, int64_t ignore_index,
                     CUstream_st* s);
+// accumulate: merge the shard's statistics into `stats` (as ce_merge_stats would) instead of
+// overwriting them, saving the merge's launch and the partials' buffer.
 void ce_shard_stats(RowStatsF* stats, const CrossEntropyArgs& a, const CrossEntropyOptions& o,
-                    CUstream_st* s);
+                    CUstream_st* s, bool accumulate = false);
 void ce_merge_stats(RowStatsF* acc, const RowStatsF* shard, int64_t N, CUstream_st* s);
 void ce_finalize(RowGradParams* params, const RowStatsF* stats, const int* n_valid,
                  const CrossEntropyArgs& a, const CrossEntropyOptions& o, CUstream_st* s);
@@ -198,13 +200,22 @@ struct LinearCrossEntropyArgs {
     float* z_rows = nullptr;
     float* lse_rows = nullptr;
     LossSummaryF* summary = nullptr;  // required
-    int64_t vocab_chunk = 0;          // vocabulary columns per chunk; 0: from a memory budget
+    // The schedule: tiles of row_block rows x vocab_chunk columns of bf16 logits.
+    int64_t vocab_chunk = 0;  // vocabulary columns per tile; 0: from a memory budget
+    int64_t row_block = 0;    // rows per tile; 0: all N (or ZGPT_CE_LINEAR_ROW_BLOCK)
+    // With dweight_acc and several row blocks: each row block's whole head (statistics, then
+    // gradients over every vocabulary chunk) before the next block, so dh needs only a row block's
+    // fp32 accumulator; dW accumulates across blocks in dweight_acc. (Also
+    // ZGPT_CE_LINEAR_ROWS_OUTER=1.)
+    bool rows_outer = false;
 };
 
 struct LinearCrossEntropyVariant {
     const char* name;
     const char* description;
-    size_t (*workspace_bytes)(int64_t N, int64_t C, int64_t V, int64_t vocab_chunk);
+    // Enough for either loop order.
+    size_t (*workspace_bytes)(int64_t N, int64_t C, int64_t V, int64_t vocab_chunk,
+                              int64_t row_block);
     void (*run)(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, void* workspace,
                 CUstream_st* stream);
 };

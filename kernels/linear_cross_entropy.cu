@@ -1,16 +1,29 @@
-// fused_linear: cross-entropy + z-loss from hidden states and the LM-head weight, chunked over the
-// vocabulary so that only an N x Vc slice of logits ever exists.
+// fused_linear: cross-entropy + z-loss from hidden states and the LM-head weight, in tiles of
+// rows x vocabulary columns, so that only one tile of logits ever exists.
 //
-//   pass 1, per vocabulary chunk: logits_c = h W_c^T (cuBLASLt, fp32 accumulation, bf16 out);
-//           online-softmax statistics of the chunk, merged into the rows' running statistics
+//   pass 1, per tile: logits = h_b W_c^T (cuBLASLt, fp32 accumulation, bf16 out); the tile's
+//           online-softmax statistics merged into its rows' running statistics
 //   finalise: lse, per-row loss / ce / z-loss, gradient parameters (kernels/cross_entropy.cu)
-//   pass 2, per chunk: logits_c again; dlogits_c in place; dh += dlogits_c W_c (fp32
-//           accumulator); dW_c = dlogits_c^T h (each weight row written once, accumulated in fp32
-//           inside the GEMM over all N rows)
+//   pass 2, per tile: the logits again; dlogits in place; dh_b += dlogits W_c (fp32
+//           accumulator); dW_c += dlogits^T h_b (fp32 accumulation)
 //
-// Chunking over the vocabulary rather than the rows means dW is never re-read and re-written per
-// chunk (with row chunks the fp32 V x C accumulator would cross memory twice per chunk); the price
-// is computing the logits twice: 4 GEMMs of 2 N C V FLOPs instead of 3.
+// Two loop orders (the args' rows_outer):
+//   vocabulary chunks outside (the default): pass 1 over every tile, then pass 2 chunk by chunk,
+//           the chunk's row blocks inside. dW_c is complete after its chunk and written once (as
+//           bf16, or added to dweight_acc); dh's fp32 accumulator [N, C] crosses memory once per
+//           chunk.
+//   row blocks outside (with dweight_acc only): each row block's pass 1, finalise and pass 2
+//           before the next block. dh needs only the block's accumulator [rows, C]; dW adds up
+//           across blocks in the caller's fp32 dweight_acc.
+// With one row block (the default) both orders are the original vocabulary-chunk schedule. Row
+// blocks exist to make a tile small enough to stay in the 50 MB L2 between the GEMM that writes
+// it and the kernels that read it; whether that pays is for the H100 to say
+// (docs/cross_entropy.md).
+//
+// Chunking over the vocabulary means dW is never re-read and re-written per row (with row chunks
+// alone the fp32 V x C accumulator would cross memory twice per chunk); the price is computing the
+// logits twice: 4 GEMMs of 2 N C V FLOPs instead of 3. Under the memory targets 3 GEMMs are not
+// possible (docs/cross_entropy.md: "The floor of an exact fused linear head").
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -25,44 +38,58 @@ namespace zgpt::cuda {
 
 namespace {
 
-constexpr size_t kChunkBudget = size_t(96) << 20;  // bytes of bf16 logits per chunk
+constexpr size_t kChunkBudget = size_t(96) << 20;  // bytes of bf16 logits per tile
 
-int64_t chunk_columns(int64_t N, int64_t V, int64_t requested) {
-    if (requested > 0) return std::min(requested, V);
-    size_t budget = kChunkBudget;  // ZGPT_CE_LINEAR_CHUNK_MB overrides it (a knob for sweeps)
-    if (const char* e = std::getenv("ZGPT_CE_LINEAR_CHUNK_MB"); e && std::atoi(e) > 0)
-        budget = size_t(std::atoi(e)) << 20;
-    int64_t vc = int64_t(budget / (2 * size_t(N))) / 128 * 128;
-    return std::clamp<int64_t>(vc, 128, (V + 127) / 128 * 128);
+int64_t env_int64(const char* name) {
+    const char* e = std::getenv(name);
+    return e ? std::atoll(e) : 0;
+}
+
+// A tile of the schedule: `rows` rows x `cols` vocabulary columns.
+struct TileShape {
+    int64_t rows, cols;
+};
+
+TileShape tile_shape(int64_t N, int64_t V, int64_t vocab_chunk, int64_t row_block) {
+    // knobs for bench sweeps: ZGPT_CE_LINEAR_ROW_BLOCK (rows per tile), ZGPT_CE_LINEAR_CHUNK_MB
+    // (the tile's bytes, when vocab_chunk is 0)
+    if (row_block <= 0) row_block = env_int64("ZGPT_CE_LINEAR_ROW_BLOCK");
+    const int64_t rows = row_block > 0 ? std::min(row_block, N) : N;
+    if (vocab_chunk > 0) return {rows, std::min(vocab_chunk, V)};
+    size_t budget = kChunkBudget;
+    if (const int64_t mb = env_int64("ZGPT_CE_LINEAR_CHUNK_MB"); mb > 0) budget = size_t(mb) << 20;
+    const int64_t vc = int64_t(budget / (2 * size_t(rows))) / 128 * 128;
+    return {rows, std::clamp<int64_t>(vc, 128, (V + 127) / 128 * 128)};
 }
 
 struct Workspace {
     int* n_valid;
-    RowStatsF *stats, *part;
+    RowStatsF* stats;
     RowGradParams* params;
     float *loss, *ce, *z, *lse;
-    float* dh_acc;         // [N, C] fp32
-    __nv_bfloat16* chunk;  // [N, Vc]
+    float* dh_acc;         // [N, C] fp32 (vocabulary outside) or [rows, C] (rows outside)
+    float* dw_acc;         // [cols, C] fp32: a chunk's dW over several row blocks (bf16 dW)
+    __nv_bfloat16* chunk;  // [rows, cols]: one tile of logits, then of dlogits
 };
 
-Workspace carve(WorkspaceLayout& l, int64_t N, int64_t C, int64_t vc) {
+Workspace carve(WorkspaceLayout& l, int64_t N, int64_t C, TileShape t) {
     Workspace ws;
     ws.n_valid = l.take<int>(1);
     ws.stats = l.take<RowStatsF>(N);
-    ws.part = l.take<RowStatsF>(N);
     ws.params = l.take<RowGradParams>(N);
     ws.loss = l.take<float>(N);
     ws.ce = l.take<float>(N);
     ws.z = l.take<float>(N);
     ws.lse = l.take<float>(N);
     ws.dh_acc = l.take<float>(size_t(N) * C);
-    ws.chunk = l.take<__nv_bfloat16>(size_t(N) * vc);
+    ws.dw_acc = t.rows < N ? l.take<float>(size_t(t.cols) * C) : nullptr;
+    ws.chunk = l.take<__nv_bfloat16>(size_t(t.rows) * t.cols);
     return ws;
 }
 
-size_t workspace_bytes(int64_t N, int64_t C, int64_t V, int64_t vocab_chunk) {
+size_t workspace_bytes(int64_t N, int64_t C, int64_t V, int64_t vocab_chunk, int64_t row_block) {
     WorkspaceLayout l(nullptr);
-    carve(l, N, C, chunk_columns(N, V, vocab_chunk));
+    carve(l, N, C, tile_shape(N, V, vocab_chunk, row_block));
     return l.bytes();
 }
 
@@ -70,6 +97,11 @@ __global__ void to_bf16_kernel(__nv_bfloat16* out, const float* in, int64_t n) {
     const int64_t stride = int64_t(gridDim.x) * blockDim.x;
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
         out[i] = __float2bfloat16_rn(in[i]);
+}
+
+void to_bf16(void* out, const float* in, int64_t n, CUstream_st* s) {
+    to_bf16_kernel<<<1024, 256, 0, s>>>(static_cast<__nv_bfloat16*>(out), in, n);
+    ZG_CUDA_CHECK(cudaGetLastError());
 }
 
 void run_fused_linear(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, void* w,
@@ -81,14 +113,20 @@ void run_fused_linear(const LinearCrossEntropyArgs& a, const CrossEntropyOptions
     ZG_CHECK(!grads || (a.dhidden && (a.dweight || a.dweight_acc)),
              "fused_linear: gradients need dhidden and one of dweight / dweight_acc");
     ZG_CHECK(a.N > 0 && a.C > 0 && a.V > 0 && a.N <= INT32_MAX, "fused_linear: bad sizes");
-    const int64_t N = a.N, C = a.C, V = a.V, vc_max = chunk_columns(N, V, a.vocab_chunk);
+    ZG_CHECK(!a.rows_outer || !grads || a.dweight_acc,
+             "fused_linear: rows_outer needs dweight_acc (dW adds up across row blocks in fp32)");
+    const int64_t N = a.N, C = a.C, V = a.V;
+    const TileShape t = tile_shape(N, V, a.vocab_chunk, a.row_block);
+    const bool rows_outer = grads && t.rows < N && a.dweight_acc &&
+                            (a.rows_outer || env_int64("ZGPT_CE_LINEAR_ROWS_OUTER") == 1);
     WorkspaceLayout layout(w);
-    const Workspace ws = carve(layout, N, C, vc_max);
+    const Workspace ws = carve(layout, N, C, t);
     const auto* h = static_cast<const __nv_bfloat16*>(a.hidden);
     const auto* W = static_cast<const __nv_bfloat16*>(a.weight);
-    auto* dW = static_cast<__nv_bfloat16*>(a.dweight);
+    const bool per_row_go = o.reduction == Reduction::none;
 
-    // The CE view of one chunk: columns [v, v + vc) of every row, stored contiguously.
+    // The CE view of all rows; rows_view narrows it to rows [r, r + nr), tile_view further to
+    // the tile's columns [v, v + vc), stored contiguously in ws.chunk.
     CrossEntropyArgs ce;
     ce.type = LogitsType::bf16;
     ce.N = N;
@@ -100,8 +138,19 @@ void run_fused_linear(const LinearCrossEntropyArgs& a, const CrossEntropyOptions
     ce.z_rows = a.z_rows ? a.z_rows : ws.z;
     ce.lse_rows = a.lse_rows ? a.lse_rows : ws.lse;
     ce.summary = a.summary;
-    auto chunk_view = [&](int64_t v, int64_t vc) {
+    auto rows_view = [&](int64_t r, int64_t nr) {
         CrossEntropyArgs c = ce;
+        c.N = nr;
+        c.targets += r;
+        if (per_row_go) c.grad_output += r;
+        c.loss_rows += r;
+        c.ce_rows += r;
+        c.z_rows += r;
+        c.lse_rows += r;
+        return c;
+    };
+    auto tile_view = [&](int64_t r, int64_t nr, int64_t v, int64_t vc) {
+        CrossEntropyArgs c = rows_view(r, nr);
         c.logits = ws.chunk;
         c.dlogits = ws.chunk;
         c.ld = vc;
@@ -109,32 +158,63 @@ void run_fused_linear(const LinearCrossEntropyArgs& a, const CrossEntropyOptions
         c.v0 = v;
         return c;
     };
+    auto logits_tile = [&](int64_t r, int64_t nr, int64_t v, int64_t vc) {
+        gemm_bf16(ws.chunk, MatType::bf16, h + r * C, false, W + v * C, true, nr, vc, C, 1.0f, 0.0f,
+                  s);
+    };
+    // pass 1 for rows [r, r + nr): statistics over the whole vocabulary
+    auto stats_rows = [&](int64_t r, int64_t nr) {
+        for (int64_t v = 0; v < V; v += t.cols) {
+            const int64_t vc = std::min(t.cols, V - v);
+            logits_tile(r, nr, v, vc);
+            ce_shard_stats(ws.stats + r, tile_view(r, nr, v, vc), o, s, /*accumulate=*/v > 0);
+        }
+    };
+    // pass 2 up to dh for one tile: the tile holds its dlogits afterwards
+    auto grad_tile = [&](int64_t r, int64_t nr, int64_t v, int64_t vc, float* dh_rows) {
+        logits_tile(r, nr, v, vc);
+        ce_shard_backward(tile_view(r, nr, v, vc), ws.params + r, o, s);
+        gemm_bf16(dh_rows, MatType::f32, ws.chunk, false, W + v * C, false, nr, C, vc, 1.0f,
+                  v == 0 ? 0.0f : 1.0f, s);
+    };
+    // dW_c (+)= dlogits^T h_b into an fp32 buffer [vc, C]
+    auto dw_tile = [&](float* out, int64_t r, int64_t nr, int64_t vc, bool add) {
+        gemm_bf16(out, MatType::f32, ws.chunk, true, h + r * C, false, vc, C, nr, 1.0f,
+                  add ? 1.0f : 0.0f, s);
+    };
 
     ce_count_valid(ws.n_valid, a.targets, N, o.ignore_index, s);
-    for (int64_t v = 0; v < V; v += vc_max) {  // pass 1: statistics
-        const int64_t vc = std::min(vc_max, V - v);
-        gemm_bf16(ws.chunk, MatType::bf16, h, false, W + v * C, true, N, vc, C, 1.0f, 0.0f, s);
-        ce_shard_stats(v == 0 ? ws.stats : ws.part, chunk_view(v, vc), o, s);
-        if (v > 0) ce_merge_stats(ws.stats, ws.part, N, s);
-    }
-    ce_finalize(ws.params, ws.stats, ws.n_valid, ce, o, s);
-    for (int64_t v = 0; grads && v < V; v += vc_max) {  // pass 2: gradients
-        const int64_t vc = std::min(vc_max, V - v);
-        const CrossEntropyArgs c = chunk_view(v, vc);
-        gemm_bf16(ws.chunk, MatType::bf16, h, false, W + v * C, true, N, vc, C, 1.0f, 0.0f, s);
-        ce_shard_backward(c, ws.params, o, s);
-        gemm_bf16(ws.dh_acc, MatType::f32, ws.chunk, false, W + v * C, false, N, C, vc, 1.0f,
-                  v == 0 ? 0.0f : 1.0f, s);
-        if (a.dweight_acc)
-            gemm_bf16(a.dweight_acc + v * C, MatType::f32, ws.chunk, true, h, false, vc, C, N, 1.0f,
-                      1.0f, s);
-        else
-            gemm_bf16(dW + v * C, MatType::bf16, ws.chunk, true, h, false, vc, C, N, 1.0f, 0.0f, s);
-    }
-    if (grads) {
-        to_bf16_kernel<<<1024, 256, 0, s>>>(static_cast<__nv_bfloat16*>(a.dhidden), ws.dh_acc,
-                                            N * C);
-        ZG_CUDA_CHECK(cudaGetLastError());
+    if (rows_outer) {
+        for (int64_t r = 0; r < N; r += t.rows) {
+            const int64_t nr = std::min(t.rows, N - r);
+            stats_rows(r, nr);
+            ce_finalize(ws.params + r, ws.stats + r, ws.n_valid, rows_view(r, nr), o, s);
+            for (int64_t v = 0; v < V; v += t.cols) {
+                const int64_t vc = std::min(t.cols, V - v);
+                grad_tile(r, nr, v, vc, ws.dh_acc);
+                dw_tile(a.dweight_acc + v * C, r, nr, vc, true);
+            }
+            to_bf16(static_cast<__nv_bfloat16*>(a.dhidden) + r * C, ws.dh_acc, nr * C, s);
+        }
+    } else {
+        for (int64_t r = 0; r < N; r += t.rows) stats_rows(r, std::min(t.rows, N - r));
+        ce_finalize(ws.params, ws.stats, ws.n_valid, ce, o, s);
+        for (int64_t v = 0; grads && v < V; v += t.cols) {
+            const int64_t vc = std::min(t.cols, V - v);
+            auto* dW = a.dweight ? static_cast<__nv_bfloat16*>(a.dweight) + v * C : nullptr;
+            for (int64_t r = 0; r < N; r += t.rows) {
+                const int64_t nr = std::min(t.rows, N - r);
+                grad_tile(r, nr, v, vc, ws.dh_acc + r * C);
+                if (a.dweight_acc)
+                    dw_tile(a.dweight_acc + v * C, r, nr, vc, true);
+                else if (nr == N)  // one row block: dW_c straight out of the GEMM as bf16
+                    gemm_bf16(dW, MatType::bf16, ws.chunk, true, h, false, vc, C, N, 1.0f, 0.0f, s);
+                else
+                    dw_tile(ws.dw_acc, r, nr, vc, r > 0);
+            }
+            if (!a.dweight_acc && t.rows < N) to_bf16(dW, ws.dw_acc, vc * C, s);
+        }
+        if (grads) to_bf16(a.dhidden, ws.dh_acc, N * C, s);
     }
     ce_reduce(ce, ws.stats, ws.n_valid, o, s);
 }
@@ -144,8 +224,8 @@ void run_fused_linear(const LinearCrossEntropyArgs& a, const CrossEntropyOptions
 const std::vector<LinearCrossEntropyVariant>& linear_cross_entropy_variants() {
     static const std::vector<LinearCrossEntropyVariant> v = {
         {"fused_linear",
-         "vocabulary chunks through cuBLASLt: logits twice, dh accumulated in fp32, dW written "
-         "once",
+         "tiles of rows x vocabulary chunks through cuBLASLt: logits twice, dh and dW "
+         "accumulated in fp32, no N x V buffer",
          workspace_bytes, run_fused_linear},
     };
     return v;

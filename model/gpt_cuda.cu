@@ -333,7 +333,7 @@ struct GptCuda::Impl {
             DeviceBuffer(std::max(cuda::layernorm_backward_scratch_bytes(BT, C),
                                   cuda::layernorm_backward_scratch_bytes(BT * NH, C / NH)));
         bias_scratch = DeviceBuffer(cuda::bias_backward_scratch_bytes(BT, 4 * C));
-        const size_t ws = linear_ce ? linear_ce->workspace_bytes(BT, C, cfg.vocab_size, 0)
+        const size_t ws = linear_ce ? linear_ce->workspace_bytes(BT, C, cfg.vocab_size, 0, 0)
                                     : ce->workspace_bytes(BT, Vp,
                                                           t == DType::bf16 ? cuda::LogitsType::bf16
                                                                            : cuda::LogitsType::f32);

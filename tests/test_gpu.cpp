@@ -436,8 +436,8 @@ TEST_CASE("shards on one GPU, merged, equal the whole row (loss and dlogits)") {
         const size_t es = t == LogitsType::f32 ? 4 : 2;
         Dev logits(N * V * es), targets(N * 4), go(4), rows(4 * N * 4),
             summary(sizeof(cuda::LossSummaryF));
-        Dev acc(N * sizeof(cuda::RowStatsF)), part(N * sizeof(cuda::RowStatsF)),
-            params(N * sizeof(cuda::RowGradParams)), nvalid(4);
+        Dev acc(N * sizeof(cuda::RowStatsF)), acc2(N * sizeof(cuda::RowStatsF)),
+            part(N * sizeof(cuda::RowStatsF)), params(N * sizeof(cuda::RowGradParams)), nvalid(4);
         upload(logits.p, c.logits, t);
         CUDA_OK(cudaMemcpy(targets.p, c.targets.data(), N * 4, cudaMemcpyHostToDevice));
         CUDA_OK(cudaMemcpy(go.p, c.grad_output.data(), 4, cudaMemcpyHostToDevice));
@@ -461,6 +461,19 @@ TEST_CASE("shards on one GPU, merged, equal the whole row (loss and dlogits)") {
             if (k > 0)
                 cuda::ce_merge_stats(acc.as<cuda::RowStatsF>(), part.as<cuda::RowStatsF>(), N,
                                      nullptr);
+            // the same merge inside the stats kernels (both the warp- and the block-per-row one)
+            cuda::ce_shard_stats(acc2.as<cuda::RowStatsF>(), shard(k), c.opts, nullptr, k > 0);
+        }
+        {
+            std::vector<cuda::RowStatsF> s1(N), s2(N);
+            CUDA_OK(cudaMemcpy(s1.data(), acc.p, acc.bytes, cudaMemcpyDeviceToHost));
+            CUDA_OK(cudaMemcpy(s2.data(), acc2.p, acc2.bytes, cudaMemcpyDeviceToHost));
+            for (int64_t i = 0; i < N; i++) {
+                CHECK(s2[i].max == s1[i].max);
+                CHECK(close(s2[i].sum_excl, s1[i].sum_excl, 1e-6, 0.0));
+                CHECK(s2[i].target_logit == s1[i].target_logit);
+                CHECK(close(s2[i].sum_logits, s1[i].sum_logits, 1e-6, 1e-6));
+            }
         }
         cuda::ce_finalize(params.as<cuda::RowGradParams>(), acc.as<cuda::RowStatsF>(),
                           nvalid.as<int>(), a, c.opts, nullptr);
@@ -604,6 +617,20 @@ cuda::LinearCrossEntropyArgs linear_ce_args(const Dev& h, const Dev& W, const De
     return a;
 }
 
+// fused_linear's schedules (LinearCrossEntropyArgs: row_block, rows_outer, dweight_acc).
+struct Schedule {
+    const char* name;
+    int64_t row_block;
+    bool rows_outer, fp32_dw;
+};
+constexpr Schedule kSchedules[] = {
+    {"one row block, bf16 dW", 0, false, false},
+    {"one row block, fp32 dW accumulator", 0, false, true},
+    {"16-row blocks inside, bf16 dW", 16, false, false},
+    {"16-row blocks inside, fp32 dW accumulator", 16, false, true},
+    {"16-row blocks outside, fp32 dW accumulator", 16, true, true},
+};
+
 }  // namespace
 
 // fused_linear: against logits = h W^T, the CPU head and dh = dlogits W, dW = dlogits^T h, all in
@@ -611,7 +638,7 @@ cuda::LinearCrossEntropyArgs linear_ce_args(const Dev& h, const Dev& W, const De
 // and its outputs to bf16, with fp32 accumulation in the GEMMs: norm-relative errors of a few 2^-9
 // are expected, so dh and dW are held to 1e-2 (METHOD.md's range for bf16 operands) and the loss,
 // an average of many rows, to 2e-3 relative.
-TEST_CASE("fused_linear equals h W^T followed by the CPU head (several chunks, ragged last one)") {
+TEST_CASE("fused_linear equals h W^T followed by the CPU head (chunks, row blocks, both orders)") {
     const auto& v = cuda::linear_cross_entropy_variants().at(0);
     for (Reduction r : {Reduction::mean, Reduction::none}) {
         for (int64_t V : {1000, 4099}) {
@@ -653,32 +680,53 @@ TEST_CASE("fused_linear equals h W^T followed by the CPU head (several chunks, r
                         dW[j * C + c] += d * h[i * C + c];
                     }
                 }
-            // device
-            Dev dh_d(N * C * 2), dW_d(V * C * 2), hd(N * C * 2), Wd(V * C * 2), td(N * 4),
-                god(go.size() * 4), rowsd(N * 4), sd(sizeof(cuda::LossSummaryF));
-            upload(hd.p, h, LogitsType::bf16);
-            upload(Wd.p, W, LogitsType::bf16);
-            CUDA_OK(cudaMemcpy(td.p, t.data(), N * 4, cudaMemcpyHostToDevice));
-            CUDA_OK(cudaMemcpy(god.p, go.data(), go.size() * 4, cudaMemcpyHostToDevice));
-            CUDA_OK(
-                cudaMemset(dW_d.p, 0xFF, dW_d.bytes));  // poison: every weight row must be written
-            const cuda::LinearCrossEntropyArgs a =
-                linear_ce_args(hd, Wd, td, god, dh_d, dW_d, rowsd, sd, N, C, V);
-            Dev ws(v.workspace_bytes(N, C, V, a.vocab_chunk));
-            v.run(a, o, ws.p, nullptr);
-            CUDA_OK(cudaDeviceSynchronize());
-            cuda::LossSummaryF s;
-            CUDA_OK(cudaMemcpy(&s, sd.p, sizeof s, cudaMemcpyDeviceToHost));
-            std::vector<float> got_rows(N);
-            CUDA_OK(cudaMemcpy(got_rows.data(), rowsd.p, N * 4, cudaMemcpyDeviceToHost));
-            CHECK(s.n_valid == N - 1);
-            CHECK(close(s.loss, want.loss, 2e-3, 1e-6));
-            for (int64_t i = 0; i < N; i++) CHECK(close(got_rows[i], rows[i], 2e-3, 1e-5));
-            const double e_dh = norm_rel_err(download(dh_d.p, N * C, LogitsType::bf16), dh);
-            const double e_dW = norm_rel_err(download(dW_d.p, V * C, LogitsType::bf16), dW);
-            INFO("norm-relative errors: dh " << e_dh << ", dW " << e_dW);
-            CHECK(e_dh < 1e-2);
-            CHECK(e_dW < 1e-2);
+            // device, in each schedule: one row block or blocks of 16 rows (37 = 16 + 16 + 5),
+            // dW as bf16 or added to an fp32 accumulator, the row blocks inside or outside
+            for (const Schedule& sc : kSchedules) {
+                CAPTURE(sc.name);
+                Dev dh_d(N * C * 2), dW_d(V * C * 2), dWacc_d(V * C * 4), hd(N * C * 2),
+                    Wd(V * C * 2), td(N * 4), god(go.size() * 4), rowsd(N * 4),
+                    sd(sizeof(cuda::LossSummaryF));
+                upload(hd.p, h, LogitsType::bf16);
+                upload(Wd.p, W, LogitsType::bf16);
+                CUDA_OK(cudaMemcpy(td.p, t.data(), N * 4, cudaMemcpyHostToDevice));
+                CUDA_OK(cudaMemcpy(god.p, go.data(), go.size() * 4, cudaMemcpyHostToDevice));
+                // poison: every weight row must be written
+                CUDA_OK(cudaMemset(dW_d.p, 0xFF, dW_d.bytes));
+                // the accumulator starts at 0.125 everywhere: the head must add, not overwrite
+                const std::vector<float> acc0(V * C, 0.125f);
+                CUDA_OK(cudaMemcpy(dWacc_d.p, acc0.data(), dWacc_d.bytes, cudaMemcpyHostToDevice));
+                cuda::LinearCrossEntropyArgs a =
+                    linear_ce_args(hd, Wd, td, god, dh_d, dW_d, rowsd, sd, N, C, V);
+                a.row_block = sc.row_block;
+                a.rows_outer = sc.rows_outer;
+                if (sc.fp32_dw) {
+                    a.dweight = nullptr;
+                    a.dweight_acc = dWacc_d.as<float>();
+                }
+                Dev ws(v.workspace_bytes(N, C, V, a.vocab_chunk, a.row_block));
+                v.run(a, o, ws.p, nullptr);
+                CUDA_OK(cudaDeviceSynchronize());
+                cuda::LossSummaryF s;
+                CUDA_OK(cudaMemcpy(&s, sd.p, sizeof s, cudaMemcpyDeviceToHost));
+                std::vector<float> got_rows(N);
+                CUDA_OK(cudaMemcpy(got_rows.data(), rowsd.p, N * 4, cudaMemcpyDeviceToHost));
+                CHECK(s.n_valid == N - 1);
+                CHECK(close(s.loss, want.loss, 2e-3, 1e-6));
+                for (int64_t i = 0; i < N; i++) CHECK(close(got_rows[i], rows[i], 2e-3, 1e-5));
+                std::vector<float> got_dW;
+                if (sc.fp32_dw) {
+                    got_dW = download(dWacc_d.p, V * C, LogitsType::f32);
+                    for (float& x : got_dW) x -= 0.125f;
+                } else {
+                    got_dW = download(dW_d.p, V * C, LogitsType::bf16);
+                }
+                const double e_dh = norm_rel_err(download(dh_d.p, N * C, LogitsType::bf16), dh);
+                const double e_dW = norm_rel_err(got_dW, dW);
+                INFO("norm-relative errors: dh " << e_dh << ", dW " << e_dW);
+                CHECK(e_dh < 1e-2);
+                CHECK(e_dW < 1e-2);
+            }
         }
     }
 }
@@ -782,49 +830,60 @@ TEST_CASE("fused_linear runs inside a CUDA graph: no host sync, new device input
     CrossEntropyOptions o;
     o.z_loss_weight = 1e-4;
     o.label_smoothing = 0.1;
-    Dev hd(N * C * 2), Wd(V * C * 2), td(N * 4), god(4), dh(N * C * 2), dW(V * C * 2), rowsd(N * 4),
-        sd(sizeof(cuda::LossSummaryF));
-    const cuda::LinearCrossEntropyArgs a =
-        linear_ce_args(hd, Wd, td, god, dh, dW, rowsd, sd, N, C, V);
-    Dev ws(v.workspace_bytes(N, C, V, a.vocab_chunk));
-    auto set_inputs = [&](uint64_t seed) {
-        Rng rng(seed);
-        std::vector<float> h(N * C), W(V * C);
-        for (auto& x : h) x = bf16_round(float(rng.normal()));
-        for (auto& x : W) x = bf16_round(float(0.2 * rng.normal()));
-        std::vector<int32_t> t(N);
-        for (auto& y : t) y = int32_t(rng.below(uint64_t(V)));
-        t[seed % N] = -100;
-        const float g = float(0.5 + rng.uniform());
-        upload(hd.p, h, LogitsType::bf16);
-        upload(Wd.p, W, LogitsType::bf16);
-        CUDA_OK(cudaMemcpy(td.p, t.data(), N * 4, cudaMemcpyHostToDevice));
-        CUDA_OK(cudaMemcpy(god.p, &g, 4, cudaMemcpyHostToDevice));
-        for (const Dev* d : {&dh, &dW, &rowsd, &sd}) CUDA_OK(cudaMemset(d->p, 0xFF, d->bytes));
-    };
-    auto outputs = [&] {
-        std::vector<uint8_t> r;
-        for (const Dev* d : {&dh, &dW, &rowsd, &sd}) {
-            const std::vector<uint8_t> b = device_bytes(*d);
-            r.insert(r.end(), b.begin(), b.end());
+    for (const Schedule& sc : kSchedules) {
+        CAPTURE(sc.name);
+        Dev hd(N * C * 2), Wd(V * C * 2), td(N * 4), god(4), dh(N * C * 2), dW(V * C * 2),
+            dWacc(V * C * 4), rowsd(N * 4), sd(sizeof(cuda::LossSummaryF));
+        cuda::LinearCrossEntropyArgs a =
+            linear_ce_args(hd, Wd, td, god, dh, dW, rowsd, sd, N, C, V);
+        a.row_block = sc.row_block;
+        a.rows_outer = sc.rows_outer;
+        if (sc.fp32_dw) {
+            a.dweight = nullptr;
+            a.dweight_acc = dWacc.as<float>();
         }
-        return r;
-    };
-    auto run = [&](cudaStream_t st) { v.run(a, o, ws.p, st); };
-    std::vector<uint8_t> want[2];
-    for (int i = 0; i < 2; i++) {
-        set_inputs(uint64_t(11 + i));
-        run(gr.stream);
-        CUDA_OK(cudaStreamSynchronize(gr.stream));
-        want[i] = outputs();
+        const Dev& dW_out = sc.fp32_dw ? dWacc : dW;
+        Dev ws(v.workspace_bytes(N, C, V, a.vocab_chunk, a.row_block));
+        auto set_inputs = [&](uint64_t seed) {
+            Rng rng(seed);
+            std::vector<float> h(N * C), W(V * C);
+            for (auto& x : h) x = bf16_round(float(rng.normal()));
+            for (auto& x : W) x = bf16_round(float(0.2 * rng.normal()));
+            std::vector<int32_t> t(N);
+            for (auto& y : t) y = int32_t(rng.below(uint64_t(V)));
+            t[seed % N] = -100;
+            const float g = float(0.5 + rng.uniform());
+            upload(hd.p, h, LogitsType::bf16);
+            upload(Wd.p, W, LogitsType::bf16);
+            CUDA_OK(cudaMemcpy(td.p, t.data(), N * 4, cudaMemcpyHostToDevice));
+            CUDA_OK(cudaMemcpy(god.p, &g, 4, cudaMemcpyHostToDevice));
+            for (const Dev* d : {&dh, &dW, &rowsd, &sd}) CUDA_OK(cudaMemset(d->p, 0xFF, d->bytes));
+            CUDA_OK(cudaMemset(dWacc.p, 0, dWacc.bytes));  // the accumulator is added into
+        };
+        auto outputs = [&] {
+            std::vector<uint8_t> r;
+            for (const Dev* d : std::initializer_list<const Dev*>{&dh, &dW_out, &rowsd, &sd}) {
+                const std::vector<uint8_t> b = device_bytes(*d);
+                r.insert(r.end(), b.begin(), b.end());
+            }
+            return r;
+        };
+        auto run = [&](cudaStream_t st) { v.run(a, o, ws.p, st); };
+        std::vector<uint8_t> want[2];
+        for (int i = 0; i < 2; i++) {
+            set_inputs(uint64_t(11 + i));
+            run(gr.stream);
+            CUDA_OK(cudaStreamSynchronize(gr.stream));
+            want[i] = outputs();
+        }
+        CHECK(want[0] != want[1]);
+        set_inputs(11);
+        cudaGraphExec_t exec = gr.capture(run);
+        for (int i = 0; i < 2; i++) {
+            set_inputs(uint64_t(11 + i));
+            gr.replay(exec);
+            CHECK(outputs() == want[i]);
+        }
+        CUDA_OK(cudaGraphExecDestroy(exec));
     }
-    CHECK(want[0] != want[1]);
-    set_inputs(11);
-    cudaGraphExec_t exec = gr.capture(run);
-    for (int i = 0; i < 2; i++) {
-        set_inputs(uint64_t(11 + i));
-        gr.replay(exec);
-        CHECK(outputs() == want[i]);
-    }
-    CUDA_OK(cudaGraphExecDestroy(exec));
 }

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# On a GPU machine, after tools/gpu_check.sh has built build-gpu: time fused_linear's schedules
+# (kernels/linear_cross_entropy.cu) on the benchmark's two shapes, one bench_ce run per setting:
+#   ZGPT_CE_LINEAR_ROW_BLOCK  rows per tile (unset: all N, the default schedule)
+#   ZGPT_CE_LINEAR_CHUNK_MB   bytes of bf16 logits per tile (unset: 96)
+#   ZGPT_CE_LINEAR_ROWS_OUTER 1: row blocks outside the vocabulary chunks (fp32 dW only)
+# with dW written as bf16 (the issue's benchmark) and added to an fp32 accumulator (the trainer's
+# way). Writes one JSON per run and a summary table into the folder given (default $OUT).
+#   bash tools/gpu_ce_linear_sweep.sh "$OUT/sweep" [build-gpu]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-${OUT:-/tmp/ce_linear_sweep}}
+build=${2:-build-gpu}
+mkdir -p "$out"
+# rows per tile : MB per tile (0: unset)
+settings="0:0 0:48 0:192 16384:48 8192:24 8192:48 4096:12 4096:24 2048:12"
+run() {  # name, then env assignments, then bench_ce flags after --
+  local name=$1
+  shift
+  local envs=()
+  while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  shift
+  env "${envs[@]}" "$build/bench_ce" --variants fused_linear --iters 10 --out "$out/$name.json" "$@" \
+    > "$out/$name.log" 2>&1 || { echo "$name failed"; tail -5 "$out/$name.log"; return; }
+  grep "^fused_linear" "$out/$name.log" | sed "s/^/$name  /"
+}
+for s in $settings; do
+  rb=${s%%:*}
+  mb=${s##*:}
+  e=()
+  [ "$rb" != 0 ] && e+=("ZGPT_CE_LINEAR_ROW_BLOCK=$rb")
+  [ "$mb" != 0 ] && e+=("ZGPT_CE_LINEAR_CHUNK_MB=$mb")
+  run "bf16_rb${rb}_mb${mb}" "${e[@]}" --
+  run "acc_rb${rb}_mb${mb}" "${e[@]}" -- --dweight-acc
+  [ "$rb" != 0 ] && run "acc_outer_rb${rb}_mb${mb}" "${e[@]}" ZGPT_CE_LINEAR_ROWS_OUTER=1 -- --dweight-acc
+done | tee "$out/summary.txt"
