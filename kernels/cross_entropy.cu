@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cuda/atomic>
+#include <string>
 #include <type_traits>
 
 #include "kernels/cross_entropy.h"
@@ -120,12 +122,11 @@ __device__ __forceinline__ RowStatsF warp_merge_stats(const RowStatsF& v) {
     return {m, r[0], r[1], r[2]};
 }
 
-// Block-wide reduction of RowStatsF; the result is valid in thread 0 only (the per-row epilogue
-// runs there once instead of in every thread). Fixed trees: deterministic. A block that calls it
-// more than once needs a __syncthreads between the calls (warp 0 reads warp_vals after the
-// barrier inside).
-__device__ RowStatsF block_reduce_stats(RowStatsF v) {
-    __shared__ RowStatsF warp_vals[32];
+// Block-wide reduction of RowStatsF through warp_vals (32 slots in shared memory); the result is
+// valid in thread 0 only (the per-row epilogue runs there once instead of in every thread). Fixed
+// trees: deterministic. Calls that reuse warp_vals need a __syncthreads between them (warp 0
+// reads warp_vals after the barrier inside).
+__device__ RowStatsF block_reduce_stats(RowStatsF v, RowStatsF* warp_vals) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     v = warp_merge_stats(v);
     if (lane == 0) warp_vals[warp] = v;
@@ -135,6 +136,10 @@ __device__ RowStatsF block_reduce_stats(RowStatsF v) {
         v = warp_merge_stats(lane < nwarps ? warp_vals[lane] : empty_stats());
     }
     return v;
+}
+__device__ RowStatsF block_reduce_stats(RowStatsF v) {
+    __shared__ RowStatsF warp_vals[32];
+    return block_reduce_stats(v, warp_vals);
 }
 
 __device__ __forceinline__ void stats_add(RowStatsF& st, float x, bool is_target) {
@@ -702,13 +707,24 @@ __device__ __forceinline__ void slice_grad(T* dx, const T* buf, int nv, int n, i
 //      and finalises the row into shared memory for the next iteration's step 2.
 // One cluster barrier per row, and its latency is hidden behind step 2. The statistics slots are
 // double-buffered by row parity: slot i & 1 is rewritten only after every CTA passed barrier i + 1.
-template <typename T, int kThreads>
+//
+// kLastWarpRefill (ZGPT_CE_FAST_REFILL=last_warp; an experiment, not yet timed): step 2's refill
+// waits for every warp to be done with the buffer. By default a block barrier does that, and
+// thread 0 then starts the copy. With the flag, each warp counts itself done (acquire-release, in
+// shared memory) and the last one starts the copy, so no warp waits for the slowest one before
+// the cluster barrier and the next row. The block reduction's slots are then double-buffered by
+// row parity, since no barrier separates one row's reduction from the next row's writes;
+// row_params need nothing more: warp 0 rewrites slot i & 1 only after the barrier inside row
+// i + 2's reduction, which every warp reaches after its dlogits pass of row i.
+template <typename T, int kThreads, bool kLastWarpRefill>
 __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1) fast_kernel(FastArgs a) {
     constexpr int K = kChunk<T>;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     __shared__ uint64_t full[kMaxStages];
     __shared__ RowStatsF cta_stats[2];
     __shared__ RowGradParams row_params[2];
+    __shared__ RowStatsF warp_vals[kLastWarpRefill ? 2 : 1][32];
+    __shared__ unsigned grads_done;  // warps done with a dlogits pass, over all rows so far
     cg::cluster_group cluster = cg::this_cluster();
     const int rank = int(cluster.block_rank());
     const int csize = int(cluster.num_blocks());
@@ -734,6 +750,7 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1) fast_kernel
             bulk_load(buffer(it), logits + row * a.ld, bytes, &full[it % S]);
     };
     if (threadIdx.x == 0) {
+        grads_done = 0;
         for (int s = 0; s < S; s++) mbar_init(&full[s]);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         for (int s = 0; s < S; s++) load(s);
@@ -754,7 +771,7 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1) fast_kernel
         RowStatsF st = slice_stats<T, kThreads>(buffer(it), nv, n, y_local, smooth);
         // its barrier publishes row_params of row i - 1; the one after the dlogits pass separates
         // the calls
-        st = block_reduce_stats(st);
+        st = block_reduce_stats(st, warp_vals[kLastWarpRefill ? it & 1 : 0]);
         if (threadIdx.x == 0) cta_stats[it & 1] = st;
         cluster_arrive();
         if (it > 0) {
@@ -762,11 +779,28 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1) fast_kernel
             slice_grad<T, kThreads>(dlogits + prev * a.ld, buffer(it - 1), nv, n, prev_y_local,
                                     prev_valid, row_params[(it - 1) & 1]);
         }
-        __syncthreads();  // every thread is done with buffer(it - 1) and row_params[(it - 1) & 1]
-        if (threadIdx.x == 0 && it > 0) {
-            // the generic-proxy reads of the buffer before the async-proxy (TMA) write into it
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-            load(it - 1 + S);
+        if constexpr (kLastWarpRefill) {
+            if (it > 0) {
+                __syncwarp();  // this warp's reads of buffer(it - 1) are done
+                if ((threadIdx.x & 31) == 0) {
+                    ::cuda::atomic_ref<unsigned, ::cuda::thread_scope_block> done(grads_done);
+                    const unsigned before = done.fetch_add(1u, ::cuda::memory_order_acq_rel);
+                    if (before + 1u == unsigned(it) * unsigned(kThreads / 32)) {
+                        // the last warp: every warp's generic-proxy reads of the buffer are
+                        // ordered before this point, and the fence orders them before the
+                        // async-proxy (TMA) write into it
+                        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                        load(it - 1 + S);
+                    }
+                }
+            }
+        } else {
+            __syncthreads();  // every thread is done with buffer(it - 1) and row_params[(it-1) & 1]
+            if (threadIdx.x == 0 && it > 0) {
+                // the generic-proxy reads of the buffer before the async-proxy (TMA) write into it
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                load(it - 1 + S);
+            }
         }
         prev_y_local = y_local;
         prev_valid = valid;
@@ -921,6 +955,7 @@ void run_naive(const CrossEntropyArgs& a0, const CrossEntropyOptions& o, void* w
 struct FastPlan {
     int cluster = 0;  // 0: not possible (unaligned rows or rows too long): use online
     int threads = kFastThreads;
+    bool last_warp_refill = false;
     int stages = 0;
     int64_t slice = 0;
     size_t smem = 0;
@@ -942,10 +977,10 @@ FastPlan plan_fast(const CrossEntropyArgs& a) {
     const size_t es = type_size(a.type);
     // Measured on an H100 (docs/cross_entropy.md): rows of up to 128 KB run best as two 256-thread
     // CTAs per SM with two stages each; longer rows as one 512-thread CTA per SM holding three.
-    // Static shared memory (barriers, statistics, reductions) takes < 1 KB.
+    // Static shared memory (barriers, statistics, reductions) takes < 2 KB.
     const bool short_rows = size_t(a.V) * es <= (size_t(128) << 10);
     int threads = short_rows ? 256 : kFastThreads;
-    size_t budget = short_rows ? size_t(110) << 10 : size_t(max_smem) - 1024;
+    size_t budget = short_rows ? size_t(110) << 10 : size_t(max_smem) - 2048;
     int want = short_rows ? 2 : kMinStages;
     // knobs for bench_ce sweeps: ZGPT_CE_FAST_THREADS (256 | 512 | 1024), ZGPT_CE_FAST_SMEM_KB
     // (the buffers' budget per CTA), ZGPT_CE_FAST_MIN_STAGES (the stages the cluster size is
@@ -953,7 +988,7 @@ FastPlan plan_fast(const CrossEntropyArgs& a) {
     if (const int t = env_int("ZGPT_CE_FAST_THREADS"); t == 256 || t == 512 || t == 1024)
         threads = t;
     if (const int kb = env_int("ZGPT_CE_FAST_SMEM_KB"); kb > 0) budget = size_t(kb) << 10;
-    budget = std::min(budget, size_t(max_smem) - 1024);
+    budget = std::min(budget, size_t(max_smem) - 2048);
     if (const int m = env_int("ZGPT_CE_FAST_MIN_STAGES"); m > 0) want = m;
     const int forced = std::clamp(env_int("ZGPT_CE_FAST_CLUSTER"), 0, kMaxCluster);
     const int64_t per = 16 / int64_t(es);
@@ -963,8 +998,14 @@ FastPlan plan_fast(const CrossEntropyArgs& a) {
             slice = (slice + per - 1) / per * per;
             const int64_t stages =
                 std::min<int64_t>(kMaxStages, int64_t(budget) / (slice * int64_t(es)));
-            if (stages >= min_stages)
-                return {c, threads, int(stages), slice, size_t(stages) * size_t(slice) * es};
+            if (stages >= min_stages) {
+                FastPlan p{c,           threads, false,
+                           int(stages), slice,   size_t(stages) * size_t(slice) * es};
+                // knob for A/B timing: ZGPT_CE_FAST_REFILL=last_warp (see fast_kernel)
+                const char* refill = std::getenv("ZGPT_CE_FAST_REFILL");
+                p.last_warp_refill = refill && std::string(refill) == "last_warp";
+                return p;
+            }
         }
     }
     return {};
@@ -1003,9 +1044,13 @@ void run_fast(const CrossEntropyArgs& a0, const CrossEntropyOptions& o, void* w,
     dispatch(a.type, [&](auto tag) {
         using T = decltype(tag);
         const int threads = plan.threads;
-        auto kernel = threads == 1024  ? fast_kernel<T, 1024>
-                      : threads == 256 ? fast_kernel<T, 256>
-                                       : fast_kernel<T, 512>;
+        auto pick = [&](auto last_warp) {
+            constexpr bool L = decltype(last_warp)::value;
+            return threads == 1024  ? fast_kernel<T, 1024, L>
+                   : threads == 256 ? fast_kernel<T, 256, L>
+                                    : fast_kernel<T, 512, L>;
+        };
+        auto kernel = plan.last_warp_refill ? pick(std::true_type{}) : pick(std::false_type{});
         ZG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            int(plan.smem)));
         cudaLaunchConfig_t cfg{};

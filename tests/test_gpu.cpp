@@ -347,8 +347,9 @@ TEST_CASE("every cross_entropy variant equals the CPU reference: sizes, types, o
 
 TEST_CASE(
     "fast: many rows per cluster through the buffer ring, padded rows with a tail, "
-    "every cluster size") {
-    // ZGPT_CE_FAST_CLUSTER forces the cluster size (0: the planner's choice). Rows per cluster
+    "every cluster size, both refill modes") {
+    // ZGPT_CE_FAST_CLUSTER forces the cluster size (0: the planner's choice), and
+    // ZGPT_CE_FAST_REFILL=last_warp the refill without a block barrier. Rows per cluster
     // exceed the ring's stages, so buffers are refilled; ld > V leaves the last CTA a tail of
     // fewer than 8 columns, which the bulk copy brings in with NaN padding that must be neither
     // used nor written.
@@ -360,22 +361,27 @@ TEST_CASE(
                                        {300, 4099, 4100, LogitsType::f32},
                                        {2000, 1000, 1000, LogitsType::bf16}};
     uint64_t seed = 900;
-    for (int cluster : {0, 1, 2, 3, 5, 8}) {
-        CAPTURE(cluster);
-        setenv("ZGPT_CE_FAST_CLUSTER", std::to_string(cluster).c_str(), 1);
-        for (const Shape& sh : shapes) {
-            CAPTURE(sh.V);
-            const uint64_t s = seed++;
-            Case c = make_case(s, sh.N, sh.V, sh.t, 1e-4, s % 2 ? 0.1 : 0.0, Reduction::mean,
-                               int(s % 3));
-            c.ld = sh.ld;
-            c.in_place = s % 4 < 2;
-            const Result got = run_variant(cuda::find_cross_entropy_variant("fast"), c);
-            check_result(got, reference(c), c);
-            CHECK_FALSE(got.padding_written);
+    for (const char* refill : {"barrier", "last_warp"}) {
+        CAPTURE(refill);
+        setenv("ZGPT_CE_FAST_REFILL", refill, 1);
+        for (int cluster : {0, 1, 2, 3, 5, 8}) {
+            CAPTURE(cluster);
+            setenv("ZGPT_CE_FAST_CLUSTER", std::to_string(cluster).c_str(), 1);
+            for (const Shape& sh : shapes) {
+                CAPTURE(sh.V);
+                const uint64_t s = seed++;
+                Case c = make_case(s, sh.N, sh.V, sh.t, 1e-4, s % 2 ? 0.1 : 0.0, Reduction::mean,
+                                   int(s % 3));
+                c.ld = sh.ld;
+                c.in_place = s % 4 < 2;
+                const Result got = run_variant(cuda::find_cross_entropy_variant("fast"), c);
+                check_result(got, reference(c), c);
+                CHECK_FALSE(got.padding_written);
+            }
         }
     }
     unsetenv("ZGPT_CE_FAST_CLUSTER");
+    unsetenv("ZGPT_CE_FAST_REFILL");
 }
 
 TEST_CASE(

@@ -1,17 +1,28 @@
 #!/usr/bin/env bash
-# On a GPU machine, after tools/gpu_check.sh has built build-gpu: time fused_linear's schedules
-# (kernels/linear_cross_entropy.cu) on the benchmark's two shapes, one bench_ce run per setting:
+# On a GPU machine, after tools/gpu_check.sh has built build-gpu, the loss head's experiments:
+# 1. `fast` with ZGPT_CE_FAST_REFILL=barrier (the default) and =last_warp (kernels/cross_entropy.cu),
+#    alternating, two runs each, on the issue's two shapes and the trainer's;
+# 2. fused_linear's schedules (kernels/linear_cross_entropy.cu) on the benchmark's two shapes, one
+#    bench_ce run per setting:
 #   ZGPT_CE_LINEAR_ROW_BLOCK  rows per tile (unset: all N, the default schedule)
 #   ZGPT_CE_LINEAR_CHUNK_MB   bytes of bf16 logits per tile (unset: 96)
 #   ZGPT_CE_LINEAR_ROWS_OUTER 1: row blocks outside the vocabulary chunks (fp32 dW only)
 # with dW written as bf16 (the issue's benchmark) and added to an fp32 accumulator (the trainer's
 # way). Writes one JSON per run and a summary table into the folder given (default $OUT).
-#   bash tools/gpu_ce_linear_sweep.sh "$OUT/sweep" [build-gpu]
+#   bash tools/gpu_ce_sweep.sh "$OUT/sweep" [build-gpu]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${1:-${OUT:-/tmp/ce_linear_sweep}}
+out=${1:-${OUT:-/tmp/ce_sweep}}
 build=${2:-build-gpu}
 mkdir -p "$out"
+for rep in 1 2; do
+  for refill in barrier last_warp; do
+    ZGPT_CE_FAST_REFILL=$refill "$build/bench_ce" --variants fast \
+      --shapes 32768x128256,8192x50304,65536x50257:50304 --out "$out/fast_${refill}_$rep.json" \
+      > "$out/fast_${refill}_$rep.log" 2>&1 || { echo "fast $refill failed"; tail -5 "$out/fast_${refill}_$rep.log"; }
+    grep -E "^fast" "$out/fast_${refill}_$rep.log" | sed "s/^/$refill run $rep  /"
+  done
+done | tee "$out/fast_summary.txt"
 # rows per tile : MB per tile (0: unset)
 settings="0:0 0:48 0:192 16384:48 8192:24 8192:48 4096:12 4096:24 2048:12"
 run() {  # name, then env assignments, then bench_ce flags after --
@@ -33,4 +44,4 @@ for s in $settings; do
   run "bf16_rb${rb}_mb${mb}" "${e[@]}" --
   run "acc_rb${rb}_mb${mb}" "${e[@]}" -- --dweight-acc
   [ "$rb" != 0 ] && run "acc_outer_rb${rb}_mb${mb}" "${e[@]}" ZGPT_CE_LINEAR_ROWS_OUTER=1 -- --dweight-acc
-done | tee "$out/summary.txt"
+done | tee "$out/linear_summary.txt"
