@@ -600,29 +600,6 @@ double norm_rel_err(const std::vector<float>& got, const std::vector<double>& wa
     return std::sqrt(num) / std::max(std::sqrt(den), 1e-300);
 }
 
-// fused_linear's arguments over device buffers: h [N, C], W [V, C], targets, grad_output; outputs
-// dh, dW, per-row loss and the summary; vocabulary chunks of 384 columns (several, the last one
-// ragged for the sizes the tests use).
-cuda::LinearCrossEntropyArgs linear_ce_args(const Dev& h, const Dev& W, const Dev& targets,
-                                            const Dev& go, const Dev& dh, const Dev& dW,
-                                            const Dev& rows, const Dev& summary, int64_t N,
-                                            int64_t C, int64_t V) {
-    cuda::LinearCrossEntropyArgs a;
-    a.hidden = h.p;
-    a.weight = W.p;
-    a.N = N;
-    a.C = C;
-    a.V = V;
-    a.targets = targets.as<int32_t>();
-    a.grad_output = go.as<float>();
-    a.dhidden = dh.p;
-    a.dweight = dW.p;
-    a.loss_rows = rows.as<float>();
-    a.summary = summary.as<cuda::LossSummaryF>();
-    a.vocab_chunk = 384;
-    return a;
-}
-
 // fused_linear's schedules (LinearCrossEntropyArgs: row_block, rows_outer, dweight_acc).
 struct Schedule {
     const char* name;
@@ -636,6 +613,34 @@ constexpr Schedule kSchedules[] = {
     {"16-row blocks inside, fp32 dW accumulator", 16, false, true},
     {"16-row blocks outside, fp32 dW accumulator", 16, true, true},
 };
+
+// fused_linear's arguments over device buffers: h [N, C], W [V, C], targets, grad_output; outputs
+// dh, dW (bf16, or added to the fp32 dW_acc, as the schedule says), per-row loss and the summary;
+// vocabulary chunks of 384 columns (several, the last one ragged for the sizes the tests use).
+cuda::LinearCrossEntropyArgs linear_ce_args(const Dev& h, const Dev& W, const Dev& targets,
+                                            const Dev& go, const Dev& dh, const Dev& dW,
+                                            const Dev& dW_acc, const Dev& rows, const Dev& summary,
+                                            int64_t N, int64_t C, int64_t V, const Schedule& sc) {
+    cuda::LinearCrossEntropyArgs a;
+    a.hidden = h.p;
+    a.weight = W.p;
+    a.N = N;
+    a.C = C;
+    a.V = V;
+    a.targets = targets.as<int32_t>();
+    a.grad_output = go.as<float>();
+    a.dhidden = dh.p;
+    if (sc.fp32_dw)
+        a.dweight_acc = dW_acc.as<float>();
+    else
+        a.dweight = dW.p;
+    a.loss_rows = rows.as<float>();
+    a.summary = summary.as<cuda::LossSummaryF>();
+    a.vocab_chunk = 384;
+    a.row_block = sc.row_block;
+    a.rows_outer = sc.rows_outer;
+    return a;
+}
 
 }  // namespace
 
@@ -702,14 +707,8 @@ TEST_CASE("fused_linear equals h W^T followed by the CPU head (chunks, row block
                 // the accumulator starts at 0.125 everywhere: the head must add, not overwrite
                 const std::vector<float> acc0(V * C, 0.125f);
                 CUDA_OK(cudaMemcpy(dWacc_d.p, acc0.data(), dWacc_d.bytes, cudaMemcpyHostToDevice));
-                cuda::LinearCrossEntropyArgs a =
-                    linear_ce_args(hd, Wd, td, god, dh_d, dW_d, rowsd, sd, N, C, V);
-                a.row_block = sc.row_block;
-                a.rows_outer = sc.rows_outer;
-                if (sc.fp32_dw) {
-                    a.dweight = nullptr;
-                    a.dweight_acc = dWacc_d.as<float>();
-                }
+                const cuda::LinearCrossEntropyArgs a =
+                    linear_ce_args(hd, Wd, td, god, dh_d, dW_d, dWacc_d, rowsd, sd, N, C, V, sc);
                 Dev ws(v.workspace_bytes(N, C, V, a.vocab_chunk, a.row_block));
                 v.run(a, o, ws.p, nullptr);
                 CUDA_OK(cudaDeviceSynchronize());
@@ -840,14 +839,8 @@ TEST_CASE("fused_linear runs inside a CUDA graph: no host sync, new device input
         CAPTURE(sc.name);
         Dev hd(N * C * 2), Wd(V * C * 2), td(N * 4), god(4), dh(N * C * 2), dW(V * C * 2),
             dWacc(V * C * 4), rowsd(N * 4), sd(sizeof(cuda::LossSummaryF));
-        cuda::LinearCrossEntropyArgs a =
-            linear_ce_args(hd, Wd, td, god, dh, dW, rowsd, sd, N, C, V);
-        a.row_block = sc.row_block;
-        a.rows_outer = sc.rows_outer;
-        if (sc.fp32_dw) {
-            a.dweight = nullptr;
-            a.dweight_acc = dWacc.as<float>();
-        }
+        const cuda::LinearCrossEntropyArgs a =
+            linear_ce_args(hd, Wd, td, god, dh, dW, dWacc, rowsd, sd, N, C, V, sc);
         const Dev& dW_out = sc.fp32_dw ? dWacc : dW;
         Dev ws(v.workspace_bytes(N, C, V, a.vocab_chunk, a.row_block));
         auto set_inputs = [&](uint64_t seed) {
