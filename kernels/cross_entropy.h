@@ -181,20 +181,21 @@ void ce_reduce(const CrossEntropyArgs& a, const RowStatsF* stats, const int* n_v
 
 // ---------------------------------------------------------------------------------------------
 // The fused linear + cross-entropy head (kernels/linear_cross_entropy.cu; CUDA builds only):
-// from hidden states and the LM-head weight; the full logits never exist. Whole rows on this
-// device (v0 = 0, V_local = V): the vocab-parallel path composes the shard API above.
+// from hidden states and the LM-head weight; the full logits never exist. A variant's run() takes
+// the whole vocabulary; the vocab-parallel path is linear_ce_shard_stats / _backward below.
 namespace zgpt::cuda {
 
 struct LinearCrossEntropyArgs {
     const void* hidden = nullptr;  // [N, C] bf16
-    const void* weight = nullptr;  // [V, C] bf16
-    int64_t N = 0, C = 0, V = 0;
+    const void* weight = nullptr;  // [V, C] bf16, or a shard's rows [V_local, C]
+    int64_t N = 0, C = 0, V = 0;   // V: the global vocabulary
+    int64_t v0 = 0, V_local = 0;   // the shard's rows of W: [v0, v0 + V_local); V_local 0: all V
     const int32_t* targets = nullptr;
     const float* grad_output = nullptr;  // scalar, or per row when reduction is none
     // Gradients; all null: loss only (evaluation), the second pass is skipped.
     void* dhidden = nullptr;       // [N, C] bf16, written
-    void* dweight = nullptr;       // [V, C] bf16, written (fp32 accumulation inside the GEMM)
-    float* dweight_acc = nullptr;  // or [V, C] fp32, added into (a trainer's gradient arena)
+    void* dweight = nullptr;       // [V_local, C] bf16, written (fp32 accumulation inside the GEMM)
+    float* dweight_acc = nullptr;  // or [V_local, C] fp32, added into (a trainer's gradient arena)
     float* loss_rows = nullptr;    // N each; optional
     float* ce_rows = nullptr;
     float* z_rows = nullptr;
@@ -220,5 +221,20 @@ struct LinearCrossEntropyVariant {
                 CUstream_st* stream);
 };
 const std::vector<LinearCrossEntropyVariant>& linear_cross_entropy_variants();
+
+// Vocab-parallel building blocks of fused_linear, for a shard holding the weight's rows
+// [a.v0, a.v0 + a.V_local) of the global vocabulary a.V (always the vocabulary-outside order):
+//   linear_ce_shard_stats on each shard -> merge the statistics across shards (ce_merge_stats on
+//   one GPU) -> ce_finalize -> linear_ce_shard_backward on each shard, adding its dh into one fp32
+//   [N, C] buffer (to be summed across GPUs) and writing or adding its own dW rows -> ce_reduce.
+// The workspace holds one tile (linear_ce_shard_workspace_bytes); the per-row outputs and the
+// summary come from the ce_finalize / ce_reduce steps.
+size_t linear_ce_shard_workspace_bytes(int64_t N, int64_t C, int64_t V_local, int64_t vocab_chunk,
+                                       int64_t row_block);
+void linear_ce_shard_stats(RowStatsF* stats, const LinearCrossEntropyArgs& a,
+                           const CrossEntropyOptions& o, void* workspace, CUstream_st* s);
+void linear_ce_shard_backward(float* dh_acc, const RowGradParams* params,
+                              const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o,
+                              void* workspace, CUstream_st* s);
 
 }  // namespace zgpt::cuda

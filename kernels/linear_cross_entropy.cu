@@ -62,14 +62,27 @@ TileShape tile_shape(int64_t N, int64_t V, int64_t vocab_chunk, int64_t row_bloc
     return {rows, std::clamp<int64_t>(vc, 128, (V + 127) / 128 * 128)};
 }
 
+// What every tile needs: the tile of logits (then dlogits), and with bf16 dW over several row
+// blocks, one chunk's fp32 dW.
+struct TileBuffers {
+    __nv_bfloat16* chunk;  // [rows, cols]
+    float* dw_acc;         // [cols, C], or null with one row block
+};
+
+TileBuffers carve_tiles(WorkspaceLayout& l, int64_t N, int64_t C, TileShape t) {
+    TileBuffers b;
+    b.dw_acc = t.rows < N ? l.take<float>(size_t(t.cols) * C) : nullptr;
+    b.chunk = l.take<__nv_bfloat16>(size_t(t.rows) * t.cols);
+    return b;
+}
+
 struct Workspace {
     int* n_valid;
     RowStatsF* stats;
     RowGradParams* params;
     float *loss, *ce, *z, *lse;
-    float* dh_acc;         // [N, C] fp32 (vocabulary outside) or [rows, C] (rows outside)
-    float* dw_acc;         // [cols, C] fp32: a chunk's dW over several row blocks (bf16 dW)
-    __nv_bfloat16* chunk;  // [rows, cols]: one tile of logits, then of dlogits
+    float* dh_acc;  // [N, C] fp32 (vocabulary outside) or [rows, C] (rows outside)
+    TileBuffers tiles;
 };
 
 Workspace carve(WorkspaceLayout& l, int64_t N, int64_t C, TileShape t) {
@@ -82,9 +95,12 @@ Workspace carve(WorkspaceLayout& l, int64_t N, int64_t C, TileShape t) {
     ws.z = l.take<float>(N);
     ws.lse = l.take<float>(N);
     ws.dh_acc = l.take<float>(size_t(N) * C);
-    ws.dw_acc = t.rows < N ? l.take<float>(size_t(t.cols) * C) : nullptr;
-    ws.chunk = l.take<__nv_bfloat16>(size_t(t.rows) * t.cols);
+    ws.tiles = carve_tiles(l, N, C, t);
     return ws;
+}
+
+int64_t local_columns(const LinearCrossEntropyArgs& a) {
+    return a.V_local > 0 ? a.V_local : a.V;
 }
 
 size_t workspace_bytes(int64_t N, int64_t C, int64_t V, int64_t vocab_chunk, int64_t row_block) {
@@ -104,122 +120,194 @@ void to_bf16(void* out, const float* in, int64_t n, CUstream_st* s) {
     ZG_CUDA_CHECK(cudaGetLastError());
 }
 
+template <typename T>
+T* offset(T* p, int64_t n) {
+    return p ? p + n : nullptr;
+}
+
+// The schedule's steps over one shard of the weight: a.weight holds rows [a.v0, a.v0 + V_local)
+// of the global vocabulary a.V (the whole of it by default). `ce` is the CE view of all N rows.
+struct ShardSteps {
+    const LinearCrossEntropyArgs& a;
+    const CrossEntropyOptions& o;
+    CrossEntropyArgs ce;
+    TileShape t;
+    TileBuffers b;
+    CUstream_st* s;
+    const __nv_bfloat16* h = static_cast<const __nv_bfloat16*>(a.hidden);
+    const __nv_bfloat16* W = static_cast<const __nv_bfloat16*>(a.weight);
+    int64_t C = a.C, V_local = local_columns(a);
+
+    // the CE view narrowed to rows [r, r + nr)
+    CrossEntropyArgs rows_view(int64_t r, int64_t nr) const {
+        CrossEntropyArgs c = ce;
+        c.N = nr;
+        c.targets += r;
+        if (o.reduction == Reduction::none) c.grad_output += r;
+        c.loss_rows = offset(c.loss_rows, r);
+        c.ce_rows = offset(c.ce_rows, r);
+        c.z_rows = offset(c.z_rows, r);
+        c.lse_rows = offset(c.lse_rows, r);
+        return c;
+    }
+    // ... and to the shard's columns [v, v + vc), stored contiguously in the tile
+    CrossEntropyArgs tile_view(int64_t r, int64_t nr, int64_t v, int64_t vc) const {
+        CrossEntropyArgs c = rows_view(r, nr);
+        c.logits = b.chunk;
+        c.dlogits = b.chunk;
+        c.ld = vc;
+        c.V_local = vc;
+        c.v0 = a.v0 + v;
+        return c;
+    }
+    void logits_tile(int64_t r, int64_t nr, int64_t v, int64_t vc) const {
+        gemm_bf16(b.chunk, MatType::bf16, h + r * C, false, W + v * C, true, nr, vc, C, 1.0f, 0.0f,
+                  s);
+    }
+    // pass 1 for rows [r, r + nr): the shard's statistics into stats[r, r + nr)
+    void stats_rows(RowStatsF* stats, int64_t r, int64_t nr) const {
+        for (int64_t v = 0; v < V_local; v += t.cols) {
+            const int64_t vc = std::min(t.cols, V_local - v);
+            logits_tile(r, nr, v, vc);
+            ce_shard_stats(stats + r, tile_view(r, nr, v, vc), o, s, /*accumulate=*/v > 0);
+        }
+    }
+    // pass 2 up to dh for one tile (the tile holds its dlogits afterwards); dh_rows [nr, C] is
+    // overwritten by the shard's first chunk unless dh_add
+    void grad_tile(const RowGradParams* params, int64_t r, int64_t nr, int64_t v, int64_t vc,
+                   float* dh_rows, bool dh_add) const {
+        logits_tile(r, nr, v, vc);
+        ce_shard_backward(tile_view(r, nr, v, vc), params + r, o, s);
+        gemm_bf16(dh_rows, MatType::f32, b.chunk, false, W + v * C, false, nr, C, vc, 1.0f,
+                  dh_add || v > 0 ? 1.0f : 0.0f, s);
+    }
+    // dW_c (+)= dlogits^T h_b into an fp32 buffer [vc, C]
+    void dw_tile(float* out, int64_t r, int64_t nr, int64_t vc, bool add) const {
+        gemm_bf16(out, MatType::f32, b.chunk, true, h + r * C, false, vc, C, nr, 1.0f,
+                  add ? 1.0f : 0.0f, s);
+    }
+    // pass 2 with the vocabulary chunks outside: dh_acc [N, C] fp32; the shard's dW rows written
+    // (dweight, bf16) or added (dweight_acc)
+    void backward(const RowGradParams* params, float* dh_acc, bool dh_add) const {
+        const int64_t N = a.N;
+        for (int64_t v = 0; v < V_local; v += t.cols) {
+            const int64_t vc = std::min(t.cols, V_local - v);
+            auto* dW = a.dweight ? static_cast<__nv_bfloat16*>(a.dweight) + v * C : nullptr;
+            for (int64_t r = 0; r < N; r += t.rows) {
+                const int64_t nr = std::min(t.rows, N - r);
+                grad_tile(params, r, nr, v, vc, dh_acc + r * C, dh_add);
+                if (a.dweight_acc)
+                    dw_tile(a.dweight_acc + v * C, r, nr, vc, true);
+                else if (nr == N)  // one row block: dW_c straight out of the GEMM as bf16
+                    gemm_bf16(dW, MatType::bf16, b.chunk, true, h, false, vc, C, N, 1.0f, 0.0f, s);
+                else
+                    dw_tile(b.dw_acc, r, nr, vc, r > 0);
+            }
+            if (!a.dweight_acc && t.rows < N) to_bf16(dW, b.dw_acc, vc * C, s);
+        }
+    }
+};
+
+// The checks every entry point makes.
+void check_linear_args(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o) {
+    validate(o);
+    ZG_CHECK(a.hidden && a.weight && a.targets && a.grad_output,
+             "fused_linear: hidden, weight, targets and grad_output are required");
+    ZG_CHECK(a.N > 0 && a.C > 0 && a.V > 0 && a.N <= INT32_MAX, "fused_linear: bad sizes");
+    ZG_CHECK(a.v0 >= 0 && a.V_local >= 0 && a.v0 + local_columns(a) <= a.V,
+             "fused_linear: the shard [v0, v0 + V_local) must lie in [0, V)");
+}
+
+CrossEntropyArgs ce_view(const LinearCrossEntropyArgs& a, const Workspace* ws) {
+    CrossEntropyArgs ce;
+    ce.type = LogitsType::bf16;
+    ce.N = a.N;
+    ce.V = a.V;
+    ce.targets = a.targets;
+    ce.grad_output = a.grad_output;
+    ce.loss_rows = a.loss_rows ? a.loss_rows : ws ? ws->loss : nullptr;
+    ce.ce_rows = a.ce_rows ? a.ce_rows : ws ? ws->ce : nullptr;
+    ce.z_rows = a.z_rows ? a.z_rows : ws ? ws->z : nullptr;
+    ce.lse_rows = a.lse_rows ? a.lse_rows : ws ? ws->lse : nullptr;
+    ce.summary = a.summary;
+    return ce;
+}
+
 void run_fused_linear(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, void* w,
                       CUstream_st* s) {
-    validate(o);
-    ZG_CHECK(a.hidden && a.weight && a.targets && a.grad_output && a.summary,
-             "fused_linear: hidden, weight, targets, grad_output and summary are required");
+    check_linear_args(a, o);
+    ZG_CHECK(a.summary, "fused_linear: summary is required");
     const bool grads = a.dhidden || a.dweight || a.dweight_acc;
     ZG_CHECK(!grads || (a.dhidden && (a.dweight || a.dweight_acc)),
              "fused_linear: gradients need dhidden and one of dweight / dweight_acc");
-    ZG_CHECK(a.N > 0 && a.C > 0 && a.V > 0 && a.N <= INT32_MAX, "fused_linear: bad sizes");
     ZG_CHECK(!a.rows_outer || !grads || a.dweight_acc,
              "fused_linear: rows_outer needs dweight_acc (dW adds up across row blocks in fp32)");
-    const int64_t N = a.N, C = a.C, V = a.V;
-    const TileShape t = tile_shape(N, V, a.vocab_chunk, a.row_block);
+    ZG_CHECK(a.v0 == 0 && local_columns(a) == a.V,
+             "fused_linear: run() takes the whole vocabulary; shards use linear_ce_shard_stats "
+             "and linear_ce_shard_backward");
+    const int64_t N = a.N, C = a.C;
+    const TileShape t = tile_shape(N, a.V, a.vocab_chunk, a.row_block);
     const bool rows_outer = grads && t.rows < N && a.dweight_acc &&
                             (a.rows_outer || env_int64("ZGPT_CE_LINEAR_ROWS_OUTER") == 1);
     WorkspaceLayout layout(w);
     const Workspace ws = carve(layout, N, C, t);
-    const auto* h = static_cast<const __nv_bfloat16*>(a.hidden);
-    const auto* W = static_cast<const __nv_bfloat16*>(a.weight);
-    const bool per_row_go = o.reduction == Reduction::none;
-
-    // The CE view of all rows; rows_view narrows it to rows [r, r + nr), tile_view further to
-    // the tile's columns [v, v + vc), stored contiguously in ws.chunk.
-    CrossEntropyArgs ce;
-    ce.type = LogitsType::bf16;
-    ce.N = N;
-    ce.V = V;
-    ce.targets = a.targets;
-    ce.grad_output = a.grad_output;
-    ce.loss_rows = a.loss_rows ? a.loss_rows : ws.loss;
-    ce.ce_rows = a.ce_rows ? a.ce_rows : ws.ce;
-    ce.z_rows = a.z_rows ? a.z_rows : ws.z;
-    ce.lse_rows = a.lse_rows ? a.lse_rows : ws.lse;
-    ce.summary = a.summary;
-    auto rows_view = [&](int64_t r, int64_t nr) {
-        CrossEntropyArgs c = ce;
-        c.N = nr;
-        c.targets += r;
-        if (per_row_go) c.grad_output += r;
-        c.loss_rows += r;
-        c.ce_rows += r;
-        c.z_rows += r;
-        c.lse_rows += r;
-        return c;
-    };
-    auto tile_view = [&](int64_t r, int64_t nr, int64_t v, int64_t vc) {
-        CrossEntropyArgs c = rows_view(r, nr);
-        c.logits = ws.chunk;
-        c.dlogits = ws.chunk;
-        c.ld = vc;
-        c.V_local = vc;
-        c.v0 = v;
-        return c;
-    };
-    auto logits_tile = [&](int64_t r, int64_t nr, int64_t v, int64_t vc) {
-        gemm_bf16(ws.chunk, MatType::bf16, h + r * C, false, W + v * C, true, nr, vc, C, 1.0f, 0.0f,
-                  s);
-    };
-    // pass 1 for rows [r, r + nr): statistics over the whole vocabulary
-    auto stats_rows = [&](int64_t r, int64_t nr) {
-        for (int64_t v = 0; v < V; v += t.cols) {
-            const int64_t vc = std::min(t.cols, V - v);
-            logits_tile(r, nr, v, vc);
-            ce_shard_stats(ws.stats + r, tile_view(r, nr, v, vc), o, s, /*accumulate=*/v > 0);
-        }
-    };
-    // pass 2 up to dh for one tile: the tile holds its dlogits afterwards
-    auto grad_tile = [&](int64_t r, int64_t nr, int64_t v, int64_t vc, float* dh_rows) {
-        logits_tile(r, nr, v, vc);
-        ce_shard_backward(tile_view(r, nr, v, vc), ws.params + r, o, s);
-        gemm_bf16(dh_rows, MatType::f32, ws.chunk, false, W + v * C, false, nr, C, vc, 1.0f,
-                  v == 0 ? 0.0f : 1.0f, s);
-    };
-    // dW_c (+)= dlogits^T h_b into an fp32 buffer [vc, C]
-    auto dw_tile = [&](float* out, int64_t r, int64_t nr, int64_t vc, bool add) {
-        gemm_bf16(out, MatType::f32, ws.chunk, true, h + r * C, false, vc, C, nr, 1.0f,
-                  add ? 1.0f : 0.0f, s);
-    };
+    const ShardSteps sh{a, o, ce_view(a, &ws), t, ws.tiles, s};
 
     ce_count_valid(ws.n_valid, a.targets, N, o.ignore_index, s);
     if (rows_outer) {
         for (int64_t r = 0; r < N; r += t.rows) {
             const int64_t nr = std::min(t.rows, N - r);
-            stats_rows(r, nr);
-            ce_finalize(ws.params + r, ws.stats + r, ws.n_valid, rows_view(r, nr), o, s);
-            for (int64_t v = 0; v < V; v += t.cols) {
-                const int64_t vc = std::min(t.cols, V - v);
-                grad_tile(r, nr, v, vc, ws.dh_acc);
-                dw_tile(a.dweight_acc + v * C, r, nr, vc, true);
+            sh.stats_rows(ws.stats, r, nr);
+            ce_finalize(ws.params + r, ws.stats + r, ws.n_valid, sh.rows_view(r, nr), o, s);
+            for (int64_t v = 0; v < a.V; v += t.cols) {
+                const int64_t vc = std::min(t.cols, a.V - v);
+                // the block's dh in the first nr rows of dh_acc
+                sh.grad_tile(ws.params, r, nr, v, vc, ws.dh_acc, false);
+                sh.dw_tile(a.dweight_acc + v * C, r, nr, vc, true);
             }
             to_bf16(static_cast<__nv_bfloat16*>(a.dhidden) + r * C, ws.dh_acc, nr * C, s);
         }
     } else {
-        for (int64_t r = 0; r < N; r += t.rows) stats_rows(r, std::min(t.rows, N - r));
-        ce_finalize(ws.params, ws.stats, ws.n_valid, ce, o, s);
-        for (int64_t v = 0; grads && v < V; v += t.cols) {
-            const int64_t vc = std::min(t.cols, V - v);
-            auto* dW = a.dweight ? static_cast<__nv_bfloat16*>(a.dweight) + v * C : nullptr;
-            for (int64_t r = 0; r < N; r += t.rows) {
-                const int64_t nr = std::min(t.rows, N - r);
-                grad_tile(r, nr, v, vc, ws.dh_acc + r * C);
-                if (a.dweight_acc)
-                    dw_tile(a.dweight_acc + v * C, r, nr, vc, true);
-                else if (nr == N)  // one row block: dW_c straight out of the GEMM as bf16
-                    gemm_bf16(dW, MatType::bf16, ws.chunk, true, h, false, vc, C, N, 1.0f, 0.0f, s);
-                else
-                    dw_tile(ws.dw_acc, r, nr, vc, r > 0);
-            }
-            if (!a.dweight_acc && t.rows < N) to_bf16(dW, ws.dw_acc, vc * C, s);
+        for (int64_t r = 0; r < N; r += t.rows) sh.stats_rows(ws.stats, r, std::min(t.rows, N - r));
+        ce_finalize(ws.params, ws.stats, ws.n_valid, sh.ce, o, s);
+        if (grads) {
+            sh.backward(ws.params, ws.dh_acc, false);
+            to_bf16(a.dhidden, ws.dh_acc, N * C, s);
         }
-        if (grads) to_bf16(a.dhidden, ws.dh_acc, N * C, s);
     }
-    ce_reduce(ce, ws.stats, ws.n_valid, o, s);
+    ce_reduce(sh.ce, ws.stats, ws.n_valid, o, s);
 }
 
 }  // namespace
+
+size_t linear_ce_shard_workspace_bytes(int64_t N, int64_t C, int64_t V_local, int64_t vocab_chunk,
+                                       int64_t row_block) {
+    WorkspaceLayout l(nullptr);
+    carve_tiles(l, N, C, tile_shape(N, V_local, vocab_chunk, row_block));
+    return l.bytes();
+}
+
+void linear_ce_shard_stats(RowStatsF* stats, const LinearCrossEntropyArgs& a,
+                           const CrossEntropyOptions& o, void* workspace, CUstream_st* s) {
+    check_linear_args(a, o);
+    ZG_CHECK(stats, "linear_ce_shard_stats: stats are required");
+    const TileShape t = tile_shape(a.N, local_columns(a), a.vocab_chunk, a.row_block);
+    WorkspaceLayout l(workspace);
+    const ShardSteps sh{a, o, ce_view(a, nullptr), t, carve_tiles(l, a.N, a.C, t), s};
+    for (int64_t r = 0; r < a.N; r += t.rows) sh.stats_rows(stats, r, std::min(t.rows, a.N - r));
+}
+
+void linear_ce_shard_backward(float* dh_acc, const RowGradParams* params,
+                              const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o,
+                              void* workspace, CUstream_st* s) {
+    check_linear_args(a, o);
+    ZG_CHECK(dh_acc && params && (a.dweight || a.dweight_acc),
+             "linear_ce_shard_backward: needs dh_acc, params and one of dweight / dweight_acc");
+    const TileShape t = tile_shape(a.N, local_columns(a), a.vocab_chunk, a.row_block);
+    WorkspaceLayout l(workspace);
+    const ShardSteps sh{a, o, ce_view(a, nullptr), t, carve_tiles(l, a.N, a.C, t), s};
+    sh.backward(params, dh_acc, /*dh_add=*/true);
+}
 
 const std::vector<LinearCrossEntropyVariant>& linear_cross_entropy_variants() {
     static const std::vector<LinearCrossEntropyVariant> v = {

@@ -614,6 +614,49 @@ constexpr Schedule kSchedules[] = {
     {"16-row blocks outside, fp32 dW accumulator", 16, true, true},
 };
 
+// A fused_linear problem on random bf16-rounded h [N, C] and W [V, C] (one target ignored, z-loss
+// and label smoothing on) and its answer in fp64: logits = h W^T, the CPU head, dh = dlogits W,
+// dW = dlogits^T h.
+struct LinearProblem {
+    std::vector<float> h, W, go;
+    std::vector<int32_t> t;
+    CrossEntropyOptions o;
+    CrossEntropySummary want;
+    std::vector<double> rows, dh, dW;
+    LinearProblem(int64_t N, int64_t C, int64_t V, Reduction r) : h(N * C), W(V * C), t(N) {
+        Rng rng(uint64_t(V) + 3);
+        for (auto& x : h) x = bf16_round(float(rng.normal()));
+        for (auto& x : W) x = bf16_round(float(0.2 * rng.normal()));
+        for (auto& y : t) y = int32_t(rng.below(uint64_t(V)));
+        t[5] = -100;
+        o.z_loss_weight = 1e-3;
+        o.label_smoothing = 0.05;
+        o.reduction = r;
+        go = r == Reduction::none ? random_vector<float>(rng, N) : std::vector<float>{0.5f};
+        std::vector<double> logits(N * V, 0.0);
+        for (int64_t i = 0; i < N; i++)
+            for (int64_t j = 0; j < V; j++) {
+                double s = 0;
+                for (int64_t c = 0; c < C; c++) s += double(h[i * C + c]) * W[j * C + c];
+                logits[i * V + j] = s;
+            }
+        std::vector<double> g(go.begin(), go.end());
+        rows.assign(N, 0.0);
+        want = cpu::cross_entropy(logits.data(), V, t.data(), N, V, o,
+                                  {g.data(), r == Reduction::none}, {rows.data()}, true);
+        dh.assign(N * C, 0.0);
+        dW.assign(V * C, 0.0);
+        for (int64_t i = 0; i < N; i++)
+            for (int64_t j = 0; j < V; j++) {
+                const double d = logits[i * V + j];  // dlogits now
+                for (int64_t c = 0; c < C; c++) {
+                    dh[i * C + c] += d * W[j * C + c];
+                    dW[j * C + c] += d * h[i * C + c];
+                }
+            }
+    }
+};
+
 // fused_linear's arguments over device buffers: h [N, C], W [V, C], targets, grad_output; outputs
 // dh, dW (bf16, or added to the fp32 dW_acc, as the schedule says), per-row loss and the summary;
 // vocabulary chunks of 384 columns (several, the last one ragged for the sizes the tests use).
@@ -657,40 +700,12 @@ TEST_CASE("fused_linear equals h W^T followed by the CPU head (chunks, row block
             const std::string reduction = reduction_name(r);
             CAPTURE(reduction);
             CAPTURE(V);
-            Rng rng(uint64_t(V) + 3);
-            std::vector<float> h(N * C), W(V * C);
-            for (auto& x : h) x = bf16_round(float(rng.normal()));
-            for (auto& x : W) x = bf16_round(float(0.2 * rng.normal()));
-            std::vector<int32_t> t(N);
-            for (auto& y : t) y = int32_t(rng.below(uint64_t(V)));
-            t[5] = -100;
-            CrossEntropyOptions o;
-            o.z_loss_weight = 1e-3;
-            o.label_smoothing = 0.05;
-            o.reduction = r;
-            std::vector<float> go =
-                r == Reduction::none ? random_vector<float>(rng, N) : std::vector<float>{0.5f};
-            // reference in fp64
-            std::vector<double> logits(N * V, 0.0);
-            for (int64_t i = 0; i < N; i++)
-                for (int64_t j = 0; j < V; j++) {
-                    double s = 0;
-                    for (int64_t c = 0; c < C; c++) s += double(h[i * C + c]) * W[j * C + c];
-                    logits[i * V + j] = s;
-                }
-            std::vector<double> g(go.begin(), go.end()), rows(N);
-            const CrossEntropySummary want =
-                cpu::cross_entropy(logits.data(), V, t.data(), N, V, o,
-                                   {g.data(), r == Reduction::none}, {rows.data()}, true);
-            std::vector<double> dh(N * C, 0.0), dW(V * C, 0.0);
-            for (int64_t i = 0; i < N; i++)
-                for (int64_t j = 0; j < V; j++) {
-                    const double d = logits[i * V + j];
-                    for (int64_t c = 0; c < C; c++) {
-                        dh[i * C + c] += d * W[j * C + c];
-                        dW[j * C + c] += d * h[i * C + c];
-                    }
-                }
+            const LinearProblem p(N, C, V, r);
+            const auto &h = p.h, &W = p.W, &go = p.go;
+            const auto& t = p.t;
+            const CrossEntropyOptions& o = p.o;
+            const CrossEntropySummary& want = p.want;
+            const auto &rows = p.rows, &dh = p.dh, &dW = p.dW;
             // device, in each schedule: one row block or blocks of 16 rows (37 = 16 + 16 + 5),
             // dW as bf16 or added to an fp32 accumulator, the row blocks inside or outside
             for (const Schedule& sc : kSchedules) {
@@ -732,6 +747,93 @@ TEST_CASE("fused_linear equals h W^T followed by the CPU head (chunks, row block
                 CHECK(e_dh < 1e-2);
                 CHECK(e_dW < 1e-2);
             }
+        }
+    }
+}
+
+// fused_linear's vocab-parallel building blocks: W split into 3 uneven shards (one of a single row)
+// on one GPU. Each shard's statistics are merged, finalised once, and each shard's backward adds
+// its dh into one fp32 buffer and writes its own dW rows: together they must equal the fp64 head.
+TEST_CASE("fused_linear on vocabulary shards, merged, equals the fp64 head (loss, dh, dW)") {
+    const int64_t N = 37, C = 64, V = 1000;
+    const std::vector<int64_t> cuts = {0, 1, 301, 1000};
+    for (Reduction r : {Reduction::mean, Reduction::none}) {
+        const LinearProblem p(N, C, V, r);
+        for (const Schedule& sc : {kSchedules[0], kSchedules[3], kSchedules[2]}) {
+            const std::string reduction = reduction_name(r);
+            CAPTURE(reduction);
+            CAPTURE(sc.name);
+            Dev hd(N * C * 2), Wd(V * C * 2), td(N * 4), god(p.go.size() * 4), dh(N * C * 2),
+                dW(V * C * 2), dWacc(V * C * 4), dh_acc(N * C * 4), rowsd(4 * N * 4),
+                sd(sizeof(cuda::LossSummaryF)), acc(N * sizeof(cuda::RowStatsF)),
+                part(N * sizeof(cuda::RowStatsF)), params(N * sizeof(cuda::RowGradParams)),
+                nvalid(4);
+            upload(hd.p, p.h, LogitsType::bf16);
+            upload(Wd.p, p.W, LogitsType::bf16);
+            CUDA_OK(cudaMemcpy(td.p, p.t.data(), N * 4, cudaMemcpyHostToDevice));
+            CUDA_OK(cudaMemcpy(god.p, p.go.data(), p.go.size() * 4, cudaMemcpyHostToDevice));
+            CUDA_OK(cudaMemset(dW.p, 0xFF, dW.bytes));  // every shard must write its rows
+            CUDA_OK(cudaMemset(dWacc.p, 0, dWacc.bytes));
+            CUDA_OK(cudaMemset(dh_acc.p, 0, dh_acc.bytes));
+            // shard k: W's rows [cuts[k], cuts[k + 1]), and the same rows of dW
+            auto shard = [&](size_t k) {
+                cuda::LinearCrossEntropyArgs a =
+                    linear_ce_args(hd, Wd, td, god, dh, dW, dWacc, rowsd, sd, N, C, V, sc);
+                a.dhidden = nullptr;  // the shards add into dh_acc instead
+                a.v0 = cuts[k];
+                a.V_local = cuts[k + 1] - cuts[k];
+                a.weight = static_cast<const uint16_t*>(Wd.p) + a.v0 * C;
+                if (sc.fp32_dw)
+                    a.dweight_acc += a.v0 * C;
+                else
+                    a.dweight = static_cast<uint16_t*>(dW.p) + a.v0 * C;
+                return a;
+            };
+            size_t ws_bytes = 0;
+            for (size_t k = 0; k + 1 < cuts.size(); k++)
+                ws_bytes = std::max(ws_bytes, cuda::linear_ce_shard_workspace_bytes(
+                                                  N, C, cuts[k + 1] - cuts[k], 384, sc.row_block));
+            Dev ws(ws_bytes);
+            // the CE view of all rows, for finalise and reduce
+            cuda::CrossEntropyArgs ce;
+            ce.type = LogitsType::bf16;
+            ce.N = N;
+            ce.V = V;
+            ce.targets = td.as<int32_t>();
+            ce.grad_output = god.as<float>();
+            ce.loss_rows = rowsd.as<float>();
+            ce.ce_rows = ce.loss_rows + N;
+            ce.z_rows = ce.loss_rows + 2 * N;
+            ce.lse_rows = ce.loss_rows + 3 * N;
+            ce.summary = sd.as<cuda::LossSummaryF>();
+            auto* stats = acc.as<cuda::RowStatsF>();
+            cuda::ce_count_valid(nvalid.as<int>(), ce.targets, N, p.o.ignore_index, nullptr);
+            for (size_t k = 0; k + 1 < cuts.size(); k++) {
+                cuda::linear_ce_shard_stats(k == 0 ? stats : part.as<cuda::RowStatsF>(), shard(k),
+                                            p.o, ws.p, nullptr);
+                if (k > 0) cuda::ce_merge_stats(stats, part.as<cuda::RowStatsF>(), N, nullptr);
+            }
+            auto* pr = params.as<cuda::RowGradParams>();
+            cuda::ce_finalize(pr, stats, nvalid.as<int>(), ce, p.o, nullptr);
+            for (size_t k = 0; k + 1 < cuts.size(); k++)
+                cuda::linear_ce_shard_backward(dh_acc.as<float>(), pr, shard(k), p.o, ws.p,
+                                               nullptr);
+            cuda::ce_reduce(ce, stats, nvalid.as<int>(), p.o, nullptr);
+            CUDA_OK(cudaDeviceSynchronize());
+            cuda::LossSummaryF s;
+            CUDA_OK(cudaMemcpy(&s, sd.p, sizeof s, cudaMemcpyDeviceToHost));
+            std::vector<float> got_rows(N);
+            CUDA_OK(cudaMemcpy(got_rows.data(), rowsd.p, N * 4, cudaMemcpyDeviceToHost));
+            CHECK(s.n_valid == N - 1);
+            CHECK(close(s.loss, p.want.loss, 2e-3, 1e-6));
+            for (int64_t i = 0; i < N; i++) CHECK(close(got_rows[i], p.rows[i], 2e-3, 1e-5));
+            const std::vector<float> got_dW = sc.fp32_dw ? download(dWacc.p, V * C, LogitsType::f32)
+                                                         : download(dW.p, V * C, LogitsType::bf16);
+            const double e_dh = norm_rel_err(download(dh_acc.p, N * C, LogitsType::f32), p.dh);
+            const double e_dW = norm_rel_err(got_dW, p.dW);
+            INFO("norm-relative errors: dh " << e_dh << ", dW " << e_dW);
+            CHECK(e_dh < 1e-2);
+            CHECK(e_dW < 1e-2);
         }
     }
 }
