@@ -685,6 +685,48 @@ cuda::LinearCrossEntropyArgs linear_ce_args(const Dev& h, const Dev& W, const De
     return a;
 }
 
+// fused_linear on a CE case through an identity weight: h = the case's logits (bf16), C = V and
+// W = I, so that h W^T is exactly the bf16 logits and dh = dlogits W is exactly the bf16 dlogits
+// the head computed. The result reads like a CE variant's, with dh as its dlogits. Hidden states
+// are finite, so -inf logits cannot be made this way (-inf x 0 is NaN): cases must not have them.
+Result run_linear_identity(const Case& c, const Schedule& sc) {
+    REQUIRE(c.type == LogitsType::bf16);
+    const int64_t N = c.N, V = c.V, C = V;
+    for (float x : c.logits) REQUIRE(std::isfinite(x));
+    Dev hd(N * C * 2), Wd(size_t(V) * C * 2), td(N * 4), god(c.grad_output.size() * 4),
+        dh(N * C * 2), dW(sc.fp32_dw ? 0 : size_t(V) * C * 2),
+        dWacc(sc.fp32_dw ? size_t(V) * C * 4 : 0), rows(4 * N * 4), sd(sizeof(cuda::LossSummaryF));
+    upload(hd.p, c.logits, LogitsType::bf16);
+    CUDA_OK(cudaMemset(Wd.p, 0, Wd.bytes));
+    const std::vector<__nv_bfloat16> ones(V, __float2bfloat16_rn(1.0f));
+    CUDA_OK(cudaMemcpy2D(Wd.p, size_t(V + 1) * 2, ones.data(), 2, 2, V, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(td.p, c.targets.data(), N * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(
+        cudaMemcpy(god.p, c.grad_output.data(), c.grad_output.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(rows.p, 0xFF, rows.bytes));  // poison: every output must be written
+    CUDA_OK(cudaMemset(dWacc.p, 0, dWacc.bytes));
+    cuda::LinearCrossEntropyArgs a =
+        linear_ce_args(hd, Wd, td, god, dh, dW, dWacc, rows, sd, N, C, V, sc);
+    a.ce_rows = rows.as<float>() + N;
+    a.z_rows = rows.as<float>() + 2 * N;
+    a.lse_rows = rows.as<float>() + 3 * N;
+    const auto& v = cuda::linear_cross_entropy_variants().at(0);
+    Dev ws(v.workspace_bytes(N, C, V, a.vocab_chunk, a.row_block));
+    v.run(a, c.opts, ws.p, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaGetLastError());
+    Result r;
+    r.dlogits = download(dh.p, N * C, LogitsType::bf16);
+    std::vector<float> all(4 * N);
+    CUDA_OK(cudaMemcpy(all.data(), rows.p, all.size() * 4, cudaMemcpyDeviceToHost));
+    r.loss.assign(all.begin(), all.begin() + N);
+    r.ce.assign(all.begin() + N, all.begin() + 2 * N);
+    r.z.assign(all.begin() + 2 * N, all.begin() + 3 * N);
+    r.lse.assign(all.begin() + 3 * N, all.end());
+    CUDA_OK(cudaMemcpy(&r.summary, sd.p, sizeof r.summary, cudaMemcpyDeviceToHost));
+    return r;
+}
+
 }  // namespace
 
 // fused_linear: against logits = h W^T, the CPU head and dh = dlogits W, dW = dlogits^T h, all in
@@ -836,6 +878,249 @@ TEST_CASE("fused_linear on vocabulary shards, merged, equals the fp64 head (loss
             CHECK(e_dW < 1e-2);
         }
     }
+}
+
+// fused_linear through an identity weight (run_linear_identity) on the CE variants' cases: the
+// vocabularies below, at and above block and vector sizes up to GPT-2's, peaked rows, |logit| ~
+// 100, masked entries (-1e4: hidden states cannot make -inf), every reduction, ignore_index none /
+// some / all, z-loss with and without label smoothing, every schedule. Held to what the bf16 CE
+// variants are held to.
+TEST_CASE("fused_linear through an identity weight equals the CPU head on the same bf16 logits") {
+    const std::vector<int64_t> vocab = {1, 7, 64, 127, 128, 129, 513, 4097, 50257};
+    uint64_t seed = 3000;
+    for (int64_t V : vocab) {
+        for (int ignored : {0, 3, 1000}) {
+            const uint64_t s = seed++;
+            // GPT-2's vocabulary (a 5 GB identity) once, with bf16 dW
+            if (V > 5000 && ignored != 3) continue;
+            const int64_t N = V > 5000 ? 5 : 37;
+            const Reduction r = s % 3 == 0   ? Reduction::mean
+                                : s % 3 == 1 ? Reduction::sum
+                                             : Reduction::none;
+            const double eps = V > 1 && s % 2 ? 0.1 : 0.0, z = s % 4 == 3 ? 0.0 : 1e-4;
+            Case c = make_case(s, N, V, LogitsType::bf16, z, eps, r, ignored);
+            for (float& x : c.logits)
+                if (std::isinf(x)) x = -1e4f;
+            const std::vector<Schedule> schedules =
+                V > 5000 ? std::vector<Schedule>{kSchedules[0]}
+                         : std::vector<Schedule>(std::begin(kSchedules), std::end(kSchedules));
+            for (const Schedule& sc : schedules) {
+                CAPTURE(V);
+                CAPTURE(ignored);
+                const std::string reduction = reduction_name(r);
+                CAPTURE(reduction);
+                CAPTURE(z);
+                CAPTURE(eps);
+                CAPTURE(sc.name);
+                const Result got = run_linear_identity(c, sc);
+                check_result(got, reference(c), c);
+                if (ignored >= N) {
+                    CHECK(got.summary.loss == 0.0f);
+                    for (float d : got.dlogits) CHECK(d == 0.0f);
+                }
+            }
+        }
+    }
+}
+
+// fused_linear against the PyTorch float64 oracle, through an identity weight. The head sees the
+// oracle's fp32 logits rounded to bf16, so it is held to (a) the CPU head on those bf16 logits,
+// as every bf16 variant, and (b) the oracle itself, within what the bf16 rounding of the logits
+// moves the fp64 answer (the CPU head on the fp32 and on the bf16 logits) plus (a)'s tolerance
+// (2e-5 relative, 1e-6 absolute) and the CPU head's own distance from the oracle (1e-6, shown by
+// test_oracles).
+TEST_CASE("fused_linear reproduces the PyTorch float64 oracle within bf16 rounding (identity W)") {
+    const std::string path = oracle_dir() + "/ce_cases.safetensors";
+    if (!std::filesystem::exists(path)) {
+        MESSAGE("oracle not found at " << path << " (set ZGPT_ORACLES)");
+        return;
+    }
+    const SafeTensors st = SafeTensors::load(path);
+    const auto cases = nlohmann::json::parse(st.metadata().at("cases").get<std::string>());
+    for (auto it = cases.begin(); it != cases.end(); ++it) {
+        const std::string name = it.key();
+        const auto& m = it.value();
+        CAPTURE(name);
+        Case c;
+        c.N = m.at("N");
+        c.V = m.at("V");
+        c.type = LogitsType::bf16;
+        c.opts.z_loss_weight = m.at("z_loss_weight");
+        c.opts.label_smoothing = m.at("label_smoothing");
+        c.opts.ignore_index = m.at("ignore_index");
+        c.opts.reduction = parse_reduction(m.at("reduction"));
+        const auto x = st.as_double(name + ".logits");
+        c.logits.assign(x.begin(), x.end());
+        const auto t = st.as_double(name + ".targets");
+        c.targets.assign(t.begin(), t.end());
+        const auto g = st.as_double(name + ".grad_output");
+        c.grad_output.assign(g.begin(), g.end());
+        const Result got = run_linear_identity(c, kSchedules[0]);
+        const Reference on_bf16 = reference(c);
+        check_result(got, on_bf16, c);  // (a)
+        Case c32 = c;
+        c32.type = LogitsType::f32;
+        const Reference on_f32 = reference(c32);
+        const auto want_rows = st.as_double(name + ".loss_rows");
+        for (int64_t i = 0; i < c.N; i++) {  // (b)
+            CAPTURE(i);
+            const double moved = std::fabs(on_bf16.loss[i] - on_f32.loss[i]);
+            CHECK(std::fabs(got.loss[i] - want_rows[i]) <=
+                  moved + 3e-5 * std::fabs(want_rows[i]) + 2e-6);
+        }
+        if (c.opts.reduction != Reduction::none) {
+            const double want = st.as_double(name + ".loss")[0];
+            const double moved = std::fabs(on_bf16.summary.loss - on_f32.summary.loss);
+            CHECK(std::fabs(got.summary.loss - want) <= moved + 3e-5 * std::fabs(want) + 2e-6);
+        }
+    }
+}
+
+// A fused_linear run with dW written as bf16 and the default tile; returns the per-row loss, the
+// summary, dh and dW.
+struct LinearRun {
+    std::vector<float> rows, dh, dW;
+    cuda::LossSummaryF summary;
+};
+LinearRun run_linear(const std::vector<float>& h, const std::vector<float>& W,
+                     const std::vector<int32_t>& t, float grad_output, const CrossEntropyOptions& o,
+                     int64_t N, int64_t C, int64_t V) {
+    Dev hd(N * C * 2), Wd(V * C * 2), td(N * 4), god(4), dh(N * C * 2), dW(V * C * 2), acc(0),
+        rowsd(N * 4), sd(sizeof(cuda::LossSummaryF));
+    upload(hd.p, h, LogitsType::bf16);
+    upload(Wd.p, W, LogitsType::bf16);
+    CUDA_OK(cudaMemcpy(td.p, t.data(), N * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(god.p, &grad_output, 4, cudaMemcpyHostToDevice));
+    cuda::LinearCrossEntropyArgs a =
+        linear_ce_args(hd, Wd, td, god, dh, dW, acc, rowsd, sd, N, C, V, kSchedules[0]);
+    a.vocab_chunk = 0;  // the default tile
+    const auto& v = cuda::linear_cross_entropy_variants().at(0);
+    Dev ws(v.workspace_bytes(N, C, V, 0, 0));
+    v.run(a, o, ws.p, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaGetLastError());
+    LinearRun r;
+    CUDA_OK(cudaMemcpy(&r.summary, sd.p, sizeof r.summary, cudaMemcpyDeviceToHost));
+    r.rows.resize(N);
+    CUDA_OK(cudaMemcpy(r.rows.data(), rowsd.p, N * 4, cudaMemcpyDeviceToHost));
+    r.dh = download(dh.p, N * C, LogitsType::bf16);
+    r.dW = download(dW.p, V * C, LogitsType::bf16);
+    return r;
+}
+
+// The fp64 head of rows `rows_used` of h against W (targets t, scalar grad_output g): per-row
+// loss (of those rows), the summary, dh (all N rows; 0 on the others) and dW. h and W must be
+// small integers times powers of two (exact_inputs), so that every logit is exact in fp32 in any
+// summation order: the GPU's bf16 logits are then the exact ones rounded once, and so are these.
+// Inputs whose every logit is exact in fp32: h integers in [-hmax, hmax], W multiples of 1/32
+// in (-1, 1) (5 bits), C <= 64: logits are multiples of 1/32 below 2^15.
+void exact_inputs(Rng& rng, std::vector<float>& x, int max_int, float scale) {
+    for (auto& v : x) v = scale * float(int(rng.below(uint64_t(2 * max_int + 1))) - max_int);
+}
+
+struct LinearAnswer {
+    std::vector<double> rows, dh, dW;
+    CrossEntropySummary summary;
+};
+LinearAnswer linear_answer(const std::vector<float>& h, const std::vector<float>& W,
+                           const std::vector<int32_t>& t, double g, const CrossEntropyOptions& o,
+                           const std::vector<int64_t>& rows_used, int64_t N, int64_t C, int64_t V) {
+    const int64_t M = int64_t(rows_used.size());
+    std::vector<double> logits(M * V);
+    std::vector<int32_t> tm(M);
+    for (int64_t m = 0; m < M; m++) {
+        tm[m] = t[rows_used[m]];
+        for (int64_t j = 0; j < V; j++) {
+            double s = 0;
+            for (int64_t k = 0; k < C; k++) s += double(h[rows_used[m] * C + k]) * W[j * C + k];
+            REQUIRE(double(float(s)) == s);  // exact in fp32
+            logits[m * V + j] = bf16_round(float(s));
+        }
+    }
+    LinearAnswer a;
+    a.rows.assign(M, 0.0);
+    a.summary = cpu::cross_entropy(logits.data(), V, tm.data(), M, V, o, {&g, false},
+                                   {a.rows.data()}, true);
+    a.dh.assign(N * C, 0.0);
+    a.dW.assign(V * C, 0.0);
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t j = 0; j < V; j++) {
+            const double d = logits[m * V + j];  // dlogits now
+            if (d == 0.0) continue;
+            for (int64_t k = 0; k < C; k++) {
+                a.dh[rows_used[m] * C + k] += d * W[j * C + k];
+                a.dW[j * C + k] += d * h[rows_used[m] * C + k];
+            }
+        }
+    return a;
+}
+
+// fused_linear at the real vocabularies with random h and W (C = 32) and hard rows: one peaked
+// (h along its target's weight row, p -> 1), one with |logit| ~ 100, one ignored.
+TEST_CASE("fused_linear at V = 50257, 128256 and 256000 with peaked and large-logit rows") {
+    const int64_t N = 6, C = 32;
+    for (int64_t V : {50257, 128256, 256000}) {
+        CAPTURE(V);
+        Rng rng{uint64_t(V)};
+        std::vector<float> h(N * C), W(V * C);
+        exact_inputs(rng, W, 31, 1.0f / 32);
+        exact_inputs(rng, h, 2, 1.0f);
+        std::vector<int32_t> t(N);
+        for (auto& y : t) y = int32_t(rng.below(uint64_t(V)));
+        for (int64_t k = 0; k < C; k++) {
+            const float w = W[int64_t(t[1]) * C + k];
+            h[1 * C + k] = w > 0 ? 15.0f : w < 0 ? -15.0f : 0.0f;  // peaked on the target
+            h[2 * C + k] = 15.0f * float(int(rng.below(3)) - 1);   // |logit| ~ 100
+        }
+        t[4] = -100;
+        CrossEntropyOptions o;
+        o.z_loss_weight = 1e-4;
+        o.label_smoothing = 0.1;
+        const std::vector<int64_t> all = {0, 1, 2, 3, 4, 5};
+        const LinearAnswer want = linear_answer(h, W, t, 0.37, o, all, N, C, V);
+        const LinearRun got = run_linear(h, W, t, 0.37f, o, N, C, V);
+        CHECK(got.summary.n_valid == N - 1);
+        CHECK(close(got.summary.loss, want.summary.loss, 2e-5, 1e-6));
+        for (int64_t i = 0; i < N; i++) CHECK(close(got.rows[i], want.rows[i], 2e-5, 1e-6));
+        const double e_dh = norm_rel_err(got.dh, want.dh), e_dW = norm_rel_err(got.dW, want.dW);
+        INFO("norm-relative errors: dh " << e_dh << ", dW " << e_dW);
+        CHECK(e_dh < 1e-2);
+        CHECK(e_dW < 1e-2);
+    }
+}
+
+// fused_linear with N x V above 2^31 (16400 x 131072) although no such buffer exists: all but
+// 64 rows are ignored, so that the fp64 answer stays cheap; every row still goes through every
+// tile. The ignored rows' dh must be exactly 0.
+TEST_CASE("fused_linear with BT x V above 2^31 elements (all but 64 rows ignored)") {
+    const int64_t N = 16400, C = 16, V = 131072;
+    REQUIRE(N * V > (int64_t(1) << 31));
+    Rng rng(31);
+    std::vector<float> h(N * C), W(V * C);
+    exact_inputs(rng, h, 3, 1.0f);
+    exact_inputs(rng, W, 31, 1.0f / 32);
+    std::vector<int32_t> t(N, -100);
+    std::vector<int64_t> valid;
+    for (int64_t k = 0; k < 64; k++) valid.push_back(k * (N / 64) + 7);
+    valid.back() = N - 1;  // the last row too
+    for (int64_t i : valid) t[i] = int32_t(rng.below(uint64_t(V)));
+    CrossEntropyOptions o;
+    o.z_loss_weight = 1e-4;
+    const LinearAnswer want = linear_answer(h, W, t, 1.0, o, valid, N, C, V);
+    const LinearRun got = run_linear(h, W, t, 1.0f, o, N, C, V);
+    CHECK(got.summary.n_valid == int(valid.size()));
+    CHECK(close(got.summary.loss, want.summary.loss, 2e-5, 1e-6));
+    for (size_t m = 0; m < valid.size(); m++)
+        CHECK(close(got.rows[valid[m]], want.rows[m], 2e-5, 1e-6));
+    int64_t nonzero_ignored = 0;
+    for (int64_t i = 0; i < N; i++)
+        if (t[i] == -100)
+            for (int64_t k = 0; k < C; k++) nonzero_ignored += got.dh[i * C + k] != 0.0f;
+    CHECK(nonzero_ignored == 0);
+    const double e_dh = norm_rel_err(got.dh, want.dh), e_dW = norm_rel_err(got.dW, want.dW);
+    INFO("norm-relative errors: dh " << e_dh << ", dW " << e_dW);
+    CHECK(e_dh < 1e-2);
+    CHECK(e_dW < 1e-2);
 }
 
 // The whole head inside a CUDA graph. Each variant is captured on a stream in global mode, so a
