@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <sstream>
 
 #include "data/safetensors.h"
@@ -293,6 +294,42 @@ Case make_case(uint64_t seed, int64_t N, int64_t V, LogitsType t, double z, doub
     return c;
 }
 
+// ce_cases.safetensors and its cases' metadata, or nothing (saying where it was looked for).
+struct OracleCases {
+    SafeTensors st;
+    nlohmann::json cases;
+};
+std::optional<OracleCases> load_ce_cases() {
+    const std::string path = oracle_dir() + "/ce_cases.safetensors";
+    if (!std::filesystem::exists(path)) {
+        MESSAGE("oracle not found at " << path << " (set ZGPT_ORACLES)");
+        return std::nullopt;
+    }
+    SafeTensors st = SafeTensors::load(path);
+    nlohmann::json cases = nlohmann::json::parse(st.metadata().at("cases").get<std::string>());
+    return OracleCases{std::move(st), std::move(cases)};
+}
+
+// Case `name` of ce_cases.safetensors (m: its metadata), its logits seen as type t.
+Case oracle_case(const SafeTensors& st, const std::string& name, const nlohmann::json& m,
+                 LogitsType t) {
+    Case c;
+    c.N = m.at("N");
+    c.V = m.at("V");
+    c.type = t;
+    c.opts.z_loss_weight = m.at("z_loss_weight");
+    c.opts.label_smoothing = m.at("label_smoothing");
+    c.opts.ignore_index = m.at("ignore_index");
+    c.opts.reduction = parse_reduction(m.at("reduction"));
+    const auto x = st.as_double(name + ".logits");
+    c.logits.assign(x.begin(), x.end());
+    const auto y = st.as_double(name + ".targets");
+    c.targets.assign(y.begin(), y.end());
+    const auto g = st.as_double(name + ".grad_output");
+    c.grad_output.assign(g.begin(), g.end());
+    return c;
+}
+
 std::string type_name(LogitsType t) {
     return t == LogitsType::f32 ? "f32" : "bf16";
 }
@@ -547,13 +584,10 @@ TEST_CASE("BT x V above 2^31 elements: 64-bit indexing (rows beyond 2^31 checked
 }
 
 TEST_CASE("every variant reproduces the PyTorch float64 oracle (ce_cases.safetensors)") {
-    const std::string path = oracle_dir() + "/ce_cases.safetensors";
-    if (!std::filesystem::exists(path)) {
-        MESSAGE("oracle not found at " << path << " (set ZGPT_ORACLES)");
-        return;
-    }
-    const SafeTensors st = SafeTensors::load(path);
-    const auto cases = nlohmann::json::parse(st.metadata().at("cases").get<std::string>());
+    const std::optional<OracleCases> oc = load_ce_cases();
+    if (!oc) return;
+    const SafeTensors& st = oc->st;
+    const nlohmann::json& cases = oc->cases;
     for (const auto& v : cuda::cross_entropy_variants())
         for (auto it = cases.begin(); it != cases.end(); ++it) {
             const std::string name = it.key();
@@ -561,19 +595,7 @@ TEST_CASE("every variant reproduces the PyTorch float64 oracle (ce_cases.safeten
             const std::string variant = v.name;
             CAPTURE(variant);
             CAPTURE(name);
-            Case c;
-            c.N = m.at("N");
-            c.V = m.at("V");
-            c.opts.z_loss_weight = m.at("z_loss_weight");
-            c.opts.label_smoothing = m.at("label_smoothing");
-            c.opts.ignore_index = m.at("ignore_index");
-            c.opts.reduction = parse_reduction(m.at("reduction"));
-            const auto x = st.as_double(name + ".logits");
-            c.logits.assign(x.begin(), x.end());
-            const auto t = st.as_double(name + ".targets");
-            c.targets.assign(t.begin(), t.end());
-            const auto g = st.as_double(name + ".grad_output");
-            c.grad_output.assign(g.begin(), g.end());
+            const Case c = oracle_case(st, name, m, LogitsType::f32);
             const Result got = run_variant(v, c);
             const auto want_rows = st.as_double(name + ".loss_rows");
             const auto want_d = st.as_double(name + ".dlogits");
@@ -930,31 +952,15 @@ TEST_CASE("fused_linear through an identity weight equals the CPU head on the sa
 // (2e-5 relative, 1e-6 absolute) and the CPU head's own distance from the oracle (1e-6, shown by
 // test_oracles).
 TEST_CASE("fused_linear reproduces the PyTorch float64 oracle within bf16 rounding (identity W)") {
-    const std::string path = oracle_dir() + "/ce_cases.safetensors";
-    if (!std::filesystem::exists(path)) {
-        MESSAGE("oracle not found at " << path << " (set ZGPT_ORACLES)");
-        return;
-    }
-    const SafeTensors st = SafeTensors::load(path);
-    const auto cases = nlohmann::json::parse(st.metadata().at("cases").get<std::string>());
+    const std::optional<OracleCases> oc = load_ce_cases();
+    if (!oc) return;
+    const SafeTensors& st = oc->st;
+    const nlohmann::json& cases = oc->cases;
     for (auto it = cases.begin(); it != cases.end(); ++it) {
         const std::string name = it.key();
         const auto& m = it.value();
         CAPTURE(name);
-        Case c;
-        c.N = m.at("N");
-        c.V = m.at("V");
-        c.type = LogitsType::bf16;
-        c.opts.z_loss_weight = m.at("z_loss_weight");
-        c.opts.label_smoothing = m.at("label_smoothing");
-        c.opts.ignore_index = m.at("ignore_index");
-        c.opts.reduction = parse_reduction(m.at("reduction"));
-        const auto x = st.as_double(name + ".logits");
-        c.logits.assign(x.begin(), x.end());
-        const auto t = st.as_double(name + ".targets");
-        c.targets.assign(t.begin(), t.end());
-        const auto g = st.as_double(name + ".grad_output");
-        c.grad_output.assign(g.begin(), g.end());
+        const Case c = oracle_case(st, name, m, LogitsType::bf16);
         const Result got = run_linear_identity(c, kSchedules[0]);
         const Reference on_bf16 = reference(c);
         check_result(got, on_bf16, c);  // (a)
