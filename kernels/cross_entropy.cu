@@ -770,7 +770,7 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1) fast_kernel
         const int y_local = valid && y >= c0 && y < c0 + n ? int(y - c0) : -1;
         RowStatsF st = slice_stats<T, kThreads>(buffer(it), nv, n, y_local, smooth);
         // its barrier publishes row_params of row i - 1; the one after the dlogits pass separates
-        // the calls
+        // the calls (with kLastWarpRefill there is none, and the slots alternate instead)
         st = block_reduce_stats(st, warp_vals[kLastWarpRefill ? it & 1 : 0]);
         if (threadIdx.x == 0) cta_stats[it & 1] = st;
         cluster_arrive();
