@@ -91,31 +91,8 @@ __device__ __forceinline__ void store_acc_row(bf16* dst, const float (&acc)[kD /
             pack(acc[n][2 * r] * scale, acc[n][2 * r + 1] * scale);
 }
 
-// Column sums of a block's kWarps x 32 rows of a 16 x kD accumulator pair (cs: this lane's sums
-// over its rows, columns n * 8 + 2 tq + c), times `scale`, into dst[0, kD): across the lanes of a
-// column (xor 4, 8, 16), then the warps in order. A fixed order, so deterministic. Every thread
-// of the block calls it; `red` is the block's [kWarps][kD] scratch.
-__device__ __forceinline__ void block_column_sums(float* dst, float (&cs)[kD / 8][2], float scale,
-                                                  float (*red)[kD]) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-#pragma unroll
-    for (int n = 0; n < kD / 8; n++)
-#pragma unroll
-        for (int c = 0; c < 2; c++) {
-            float v = cs[n][c];
-            v += __shfl_xor_sync(0xffffffffu, v, 4);
-            v += __shfl_xor_sync(0xffffffffu, v, 8);
-            v += __shfl_xor_sync(0xffffffffu, v, 16);
-            if (lane < 4) red[warp][n * 8 + 2 * lane + c] = v;
-        }
-    __syncthreads();
-    if (threadIdx.x < kD) {
-        float v = red[0][threadIdx.x];
-#pragma unroll
-        for (int w = 1; w < kWarps; w++) v += red[w][threadIdx.x];
-        dst[threadIdx.x] = v * scale;
-    }
-}
+// Column sums of a block's kWarps x 32 rows of a 16 x kD accumulator pair: lane_column_sums
+// below, then block_column_sums<kD, kWarps> (attention_tc.cuh).
 // This lane's sums, over its rows of a warp's two m-tiles, of the columns of acc; rows at or past
 // Tn (first row r0) are left out.
 __device__ __forceinline__ void lane_column_sums(float (&cs)[kD / 8][2],
@@ -475,9 +452,9 @@ __global__ void __launch_bounds__(kThreads)
         float* dst = colsum + (b * gridDim.x + blockIdx.x) * stride + g.C + h * g.hs;
         float cs[kD / 8][2];
         lane_column_sums(cs, dk, wk0, g.Tn);
-        block_column_sums(dst, cs, g.scale, red[0]);
+        block_column_sums<kD, kWarps>(dst, cs, g.scale, red[0]);
         lane_column_sums(cs, dv, wk0, g.Tn);
-        block_column_sums(dst + g.C, cs, 1.0f, red[1]);
+        block_column_sums<kD, kWarps>(dst + g.C, cs, 1.0f, red[1]);
     }
 }
 
@@ -534,15 +511,7 @@ __global__ void __launch_bounds__(kThreads, 3)
         float acc = 0;
 #pragma unroll
         for (int j = 0; j < kD / 8; j++) {
-            const uint4 d = *reinterpret_cast<const uint4*>(dOs + threadIdx.x * kLD + 8 * j);
-            const __nv_bfloat162* dv = reinterpret_cast<const __nv_bfloat162*>(&d);
-            const __nv_bfloat162* ov = reinterpret_cast<const __nv_bfloat162*>(&o[j]);
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const float2 x = __bfloat1622float2(dv[k]), y = __bfloat1622float2(ov[k]);
-                acc = fmaf(x.x, y.x, acc);
-                acc = fmaf(x.y, y.y, acc);
-            }
+            acc = dot8(*reinterpret_cast<const uint4*>(dOs + threadIdx.x * kLD + 8 * j), o[j], acc);
         }
         Dsm[threadIdx.x] = acc;  // rows past Tn: dO and O are zero, so 0
         if (row < g.Tn) dsum[bh * g.Tn + row] = acc;
@@ -624,13 +593,13 @@ __global__ void __launch_bounds__(kThreads, 3)
         __shared__ float red[kWarps][kD];
         float cs[kD / 8][2];
         lane_column_sums(cs, dq, wq0, g.Tn);
-        block_column_sums(colsum + (b * gridDim.x + q0 / kBwdRows) * stride + h * g.hs, cs, g.scale,
-                          red);
+        block_column_sums<kD, kWarps>(colsum + (b * gridDim.x + q0 / kBwdRows) * stride + h * g.hs,
+                                      cs, g.scale, red);
     }
 }
 
-// Query rows per warp in the forward (in m-tiles of 16): 2 by default; ZGPT_ATTN_FWD_MT=1 exists
-// for measuring the difference.
+// Query rows per warp in the forward (in m-tiles of 16): 2 by default; ZGPT_ATTN_FWD_MT=1
+// exists for measuring the difference.
 int forward_m_tiles() {
     static const int mt = [] {
         const char* e = std::getenv("ZGPT_ATTN_FWD_MT");

@@ -21,6 +21,19 @@ __device__ __forceinline__ float ex2(float x) {
     return y;
 }
 
+// acc plus the dot product of two 16-byte chunks of 8 bf16 values, as one fmaf chain in order.
+__device__ __forceinline__ float dot8(uint4 a, uint4 b, float acc) {
+    const __nv_bfloat162* x2 = reinterpret_cast<const __nv_bfloat162*>(&a);
+    const __nv_bfloat162* y2 = reinterpret_cast<const __nv_bfloat162*>(&b);
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const float2 x = __bfloat1622float2(x2[k]), y = __bfloat1622float2(y2[k]);
+        acc = fmaf(x.x, y.x, acc);
+        acc = fmaf(x.y, y.y, acc);
+    }
+    return acc;
+}
+
 // Tiles stream through a ring of kStages buffers. Tiles t and t + 1 are in flight when tile t is
 // needed: wait_prev() waits for t, one barrier says every warp is done with t - 1, and tile t + 2
 // then goes into t - 1's buffer. One barrier per tile instead of two (before the ring, a second
@@ -47,6 +60,34 @@ __device__ __forceinline__ void stage_floats(uint32_t dst, const float* src, int
     if (i < n)
         asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst + 4 * i),
                      "l"(i < valid ? src + i : src), "r"(i < valid ? 4 : 0));
+}
+
+// Column sums of a block's accumulators, times `scale`, into dst[0, kD). cs[n][c] is this lane's
+// partial sum of column n * 8 + 2 (lane % 4) + c (the mma.sync and wgmma accumulator layouts
+// both put a column there); the partials go across the lanes of a column (xor 4, 8, 16), then the
+// kWarps warps in order: a fixed order, so deterministic. Every thread of the block calls it;
+// `red` is the block's [kWarps][kD] scratch, free again only after a barrier.
+template <int kD, int kWarps>
+__device__ __forceinline__ void block_column_sums(float* dst, const float (&cs)[kD / 8][2],
+                                                  float scale, float (*red)[kD]) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+    for (int n = 0; n < kD / 8; n++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            float v = cs[n][c];
+            v += __shfl_xor_sync(0xffffffffu, v, 4);
+            v += __shfl_xor_sync(0xffffffffu, v, 8);
+            v += __shfl_xor_sync(0xffffffffu, v, 16);
+            if (lane < 4) red[warp][n * 8 + 2 * lane + c] = v;
+        }
+    __syncthreads();
+    if (threadIdx.x < kD) {
+        float v = red[0][threadIdx.x];
+#pragma unroll
+        for (int w = 1; w < kWarps; w++) v += red[w][threadIdx.x];
+        dst[threadIdx.x] = v * scale;
+    }
 }
 
 }  // namespace zgpt::cuda::attention_tc

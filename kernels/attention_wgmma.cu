@@ -210,12 +210,13 @@ __device__ __forceinline__ void store_row(bf16* dst, const float (&acc)[kD / 2],
             pack(acc[4 * n + 2 * r] * scale, acc[4 * n + 2 * r + 1] * scale);
 }
 // Column sums of the block's accumulators (rows at or past Tn left out; wrow0: this thread's
-// warp's first row index), times scale, into dst[0, kD): lanes, then the 8 warps in order, so
-// deterministic. Every thread of the block calls it.
-__device__ __forceinline__ void block_column_sums(float* dst, const float (&acc)[kD / 2],
-                                                  int64_t wrow0, int64_t Tn, float scale,
-                                                  float (*red)[kD]) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4;
+// warp's first row index), times scale, into dst[0, kD): this lane's partial sums of its two rows,
+// then block_column_sums<kD, 8 warps> (attention_tc.cuh). Every thread of the block calls it.
+__device__ __forceinline__ void masked_column_sums(float* dst, const float (&acc)[kD / 2],
+                                                   int64_t wrow0, int64_t Tn, float scale,
+                                                   float (*red)[kD]) {
+    const int gq = threadIdx.x % 32 / 4;
+    float cs[kD / 8][2];
 #pragma unroll
     for (int n = 0; n < kD / 8; n++)
 #pragma unroll
@@ -224,18 +225,9 @@ __device__ __forceinline__ void block_column_sums(float* dst, const float (&acc)
 #pragma unroll
             for (int r = 0; r < 2; r++)
                 if (wrow0 + gq + 8 * r < Tn) v += acc[4 * n + 2 * r + c];
-            v += __shfl_xor_sync(0xffffffffu, v, 4);
-            v += __shfl_xor_sync(0xffffffffu, v, 8);
-            v += __shfl_xor_sync(0xffffffffu, v, 16);
-            if (lane < 4) red[warp][n * 8 + 2 * lane + c] = v;
+            cs[n][c] = v;
         }
-    __syncthreads();
-    if (threadIdx.x < kD) {
-        float v = red[0][threadIdx.x];
-#pragma unroll
-        for (int w = 1; w < kThreads / 32; w++) v += red[w][threadIdx.x];
-        dst[threadIdx.x] = v * scale;
-    }
+    block_column_sums<kD, kThreads / 32>(dst, cs, scale, red);
     __syncthreads();  // red is reused by the next call
 }
 
@@ -406,15 +398,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         float acc = 0;
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            const uint4 d = *reinterpret_cast<const uint4*>(dorow + swz(r, half * 4 + j));
-            const __nv_bfloat162* dv = reinterpret_cast<const __nv_bfloat162*>(&d);
-            const __nv_bfloat162* ovv = reinterpret_cast<const __nv_bfloat162*>(&ov[j]);
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const float2 x = __bfloat1622float2(dv[k]), y = __bfloat1622float2(ovv[k]);
-                acc = fmaf(x.x, y.x, acc);
-                acc = fmaf(x.y, y.y, acc);
-            }
+            acc = dot8(*reinterpret_cast<const uint4*>(dorow + swz(r, half * 4 + j)), ov[j], acc);
         }
         acc += __shfl_xor_sync(0xffffffffu, acc, 1);
         if (half == 0) {
@@ -479,8 +463,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     if (colsum) {
         __shared__ float red[kThreads / 32][kD];
-        block_column_sums(colsum + (b * gridDim.x + q0 / kBlockRows) * stride + h * g.hs, dq, wrow0,
-                          g.Tn, g.scale, red);
+        masked_column_sums(colsum + (b * gridDim.x + q0 / kBlockRows) * stride + h * g.hs, dq,
+                           wrow0, g.Tn, g.scale, red);
     }
 #endif
 }
@@ -603,8 +587,8 @@ __global__ void __launch_bounds__(kThreads, QT == 32 ? 2 : 1)
     if (colsum) {
         __shared__ float red[kThreads / 32][kD];
         float* dst = colsum + (b * gridDim.x + blockIdx.x) * stride + g.C + h * g.hs;
-        block_column_sums(dst, dk, wkey0, g.Tn, g.scale, red);
-        block_column_sums(dst + g.C, dv, wkey0, g.Tn, 1.0f, red);
+        masked_column_sums(dst, dk, wkey0, g.Tn, g.scale, red);
+        masked_column_sums(dst + g.C, dv, wkey0, g.Tn, 1.0f, red);
     }
 #endif
 }
