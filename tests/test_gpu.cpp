@@ -157,6 +157,18 @@ cuda::CrossEntropyArgs ce_args(void* logits, void* dlogits, LogitsType t, int64_
     return a;
 }
 
+// The per-row loss, ce, z-loss and lse (rows: N floats each, in that order) and the summary,
+// from the device into r.
+void read_rows(Result& r, const Dev& rows, const Dev& summary, int64_t N) {
+    std::vector<float> all(4 * N);
+    CUDA_OK(cudaMemcpy(all.data(), rows.p, all.size() * 4, cudaMemcpyDeviceToHost));
+    r.loss.assign(all.begin(), all.begin() + N);
+    r.ce.assign(all.begin() + N, all.begin() + 2 * N);
+    r.z.assign(all.begin() + 2 * N, all.begin() + 3 * N);
+    r.lse.assign(all.begin() + 3 * N, all.end());
+    CUDA_OK(cudaMemcpy(&r.summary, summary.p, sizeof r.summary, cudaMemcpyDeviceToHost));
+}
+
 Result run_variant(const cuda::CrossEntropyVariant& v, const Case& c) {
     const int64_t ld = c.ld ? c.ld : c.V;
     const size_t es = c.type == LogitsType::f32 ? 4 : 2, n = size_t(c.N) * ld;
@@ -184,13 +196,7 @@ Result run_variant(const cuda::CrossEntropyVariant& v, const Case& c) {
                 r.padding_written = true;
             }
     }
-    std::vector<float> all(4 * c.N);
-    CUDA_OK(cudaMemcpy(all.data(), rows.p, all.size() * 4, cudaMemcpyDeviceToHost));
-    r.loss.assign(all.begin(), all.begin() + c.N);
-    r.ce.assign(all.begin() + c.N, all.begin() + 2 * c.N);
-    r.z.assign(all.begin() + 2 * c.N, all.begin() + 3 * c.N);
-    r.lse.assign(all.begin() + 3 * c.N, all.end());
-    CUDA_OK(cudaMemcpy(&r.summary, summary.p, sizeof r.summary, cudaMemcpyDeviceToHost));
+    read_rows(r, rows, summary, c.N);
     return r;
 }
 
@@ -526,13 +532,7 @@ TEST_CASE("shards on one GPU, merged, equal the whole row (loss and dlogits)") {
         CUDA_OK(cudaDeviceSynchronize());
         Result got;
         got.dlogits = download(logits.p, N * V, t);
-        std::vector<float> all(4 * N);
-        CUDA_OK(cudaMemcpy(all.data(), rows.p, all.size() * 4, cudaMemcpyDeviceToHost));
-        got.loss.assign(all.begin(), all.begin() + N);
-        got.ce.assign(all.begin() + N, all.begin() + 2 * N);
-        got.z.assign(all.begin() + 2 * N, all.begin() + 3 * N);
-        got.lse.assign(all.begin() + 3 * N, all.end());
-        CUDA_OK(cudaMemcpy(&got.summary, summary.p, sizeof got.summary, cudaMemcpyDeviceToHost));
+        read_rows(got, rows, summary, N);
         check_result(got, want, c);
     }
 }
@@ -620,6 +620,17 @@ double norm_rel_err(const std::vector<float>& got, const std::vector<double>& wa
         den += want[i] * want[i];
     }
     return std::sqrt(num) / std::max(std::sqrt(den), 1e-300);
+}
+
+// fused_linear's dh and dW against the fp64 answer, norm-relative to 1e-2: the GPU rounds the
+// logits, the dlogits and its outputs to bf16 (2^-9 each) and accumulates in fp32, so errors of
+// a few 2^-9 are expected (METHOD.md's range for bf16 operands).
+void check_linear_grads(const std::vector<float>& dh, const std::vector<double>& want_dh,
+                        const std::vector<float>& dW, const std::vector<double>& want_dW) {
+    const double e_dh = norm_rel_err(dh, want_dh), e_dW = norm_rel_err(dW, want_dW);
+    INFO("norm-relative errors: dh " << e_dh << ", dW " << e_dW);
+    CHECK(e_dh < 1e-2);
+    CHECK(e_dW < 1e-2);
 }
 
 // fused_linear's schedules (LinearCrossEntropyArgs: row_block, rows_outer, dweight_acc).
@@ -739,13 +750,7 @@ Result run_linear_identity(const Case& c, const Schedule& sc) {
     CUDA_OK(cudaGetLastError());
     Result r;
     r.dlogits = download(dh.p, N * C, LogitsType::bf16);
-    std::vector<float> all(4 * N);
-    CUDA_OK(cudaMemcpy(all.data(), rows.p, all.size() * 4, cudaMemcpyDeviceToHost));
-    r.loss.assign(all.begin(), all.begin() + N);
-    r.ce.assign(all.begin() + N, all.begin() + 2 * N);
-    r.z.assign(all.begin() + 2 * N, all.begin() + 3 * N);
-    r.lse.assign(all.begin() + 3 * N, all.end());
-    CUDA_OK(cudaMemcpy(&r.summary, sd.p, sizeof r.summary, cudaMemcpyDeviceToHost));
+    read_rows(r, rows, sd, N);
     return r;
 }
 
@@ -805,11 +810,7 @@ TEST_CASE("fused_linear equals h W^T followed by the CPU head (chunks, row block
                 } else {
                     got_dW = download(dW_d.p, V * C, LogitsType::bf16);
                 }
-                const double e_dh = norm_rel_err(download(dh_d.p, N * C, LogitsType::bf16), dh);
-                const double e_dW = norm_rel_err(got_dW, dW);
-                INFO("norm-relative errors: dh " << e_dh << ", dW " << e_dW);
-                CHECK(e_dh < 1e-2);
-                CHECK(e_dW < 1e-2);
+                check_linear_grads(download(dh_d.p, N * C, LogitsType::bf16), dh, got_dW, dW);
             }
         }
     }
@@ -893,11 +894,7 @@ TEST_CASE("fused_linear on vocabulary shards, merged, equals the fp64 head (loss
             for (int64_t i = 0; i < N; i++) CHECK(close(got_rows[i], p.rows[i], 2e-3, 1e-5));
             const std::vector<float> got_dW = sc.fp32_dw ? download(dWacc.p, V * C, LogitsType::f32)
                                                          : download(dW.p, V * C, LogitsType::bf16);
-            const double e_dh = norm_rel_err(download(dh_acc.p, N * C, LogitsType::f32), p.dh);
-            const double e_dW = norm_rel_err(got_dW, p.dW);
-            INFO("norm-relative errors: dh " << e_dh << ", dW " << e_dW);
-            CHECK(e_dh < 1e-2);
-            CHECK(e_dW < 1e-2);
+            check_linear_grads(download(dh_acc.p, N * C, LogitsType::f32), p.dh, got_dW, p.dW);
         }
     }
 }
@@ -1089,10 +1086,7 @@ TEST_CASE("fused_linear at V = 50257, 128256 and 256000 with peaked and large-lo
         CHECK(got.summary.n_valid == N - 1);
         CHECK(close(got.summary.loss, want.summary.loss, 2e-5, 1e-6));
         for (int64_t i = 0; i < N; i++) CHECK(close(got.rows[i], want.rows[i], 2e-5, 1e-6));
-        const double e_dh = norm_rel_err(got.dh, want.dh), e_dW = norm_rel_err(got.dW, want.dW);
-        INFO("norm-relative errors: dh " << e_dh << ", dW " << e_dW);
-        CHECK(e_dh < 1e-2);
-        CHECK(e_dW < 1e-2);
+        check_linear_grads(got.dh, want.dh, got.dW, want.dW);
     }
 }
 
@@ -1124,10 +1118,7 @@ TEST_CASE("fused_linear with BT x V above 2^31 elements (all but 64 rows ignored
         if (t[i] == -100)
             for (int64_t k = 0; k < C; k++) nonzero_ignored += got.dh[i * C + k] != 0.0f;
     CHECK(nonzero_ignored == 0);
-    const double e_dh = norm_rel_err(got.dh, want.dh), e_dW = norm_rel_err(got.dW, want.dW);
-    INFO("norm-relative errors: dh " << e_dh << ", dW " << e_dW);
-    CHECK(e_dh < 1e-2);
-    CHECK(e_dW < 1e-2);
+    check_linear_grads(got.dh, want.dh, got.dW, want.dW);
 }
 
 // The whole head inside a CUDA graph. Each variant is captured on a stream in global mode, so a
