@@ -7,6 +7,8 @@
 //   fast   one read and one write: persistent thread-block clusters hold each row in shared
 //          memory (split across the cluster's CTAs), merge statistics through DSMEM and write
 //          dlogits from shared memory while the next row streams in
+//   fast_pingpong  fast with two warp groups per CTA taking alternate rows, the cluster's
+//          statistics exchanged through mbarriers instead of the cluster barrier
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
@@ -580,6 +582,36 @@ __device__ __forceinline__ void cluster_arrive() {
 __device__ __forceinline__ void cluster_wait() {
     asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
+// The pingpong kernel's: an mbarrier that completes after `count` arrivals, arrivals on another
+// CTA's mbarrier, waits that see what the arriving CTAs wrote, and the warp groups' own barriers.
+__device__ __forceinline__ void mbar_init_count(uint64_t* bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count)
+                 : "memory");
+}
+// Arrives on the mbarrier at `bar`'s place in CTA `rank` of the cluster. Release at cluster scope:
+// the caller's earlier stores (into that CTA's shared memory too) are seen by its waiters.
+__device__ __forceinline__ void mbar_arrive_remote(uint64_t* bar, unsigned rank) {
+    asm volatile(
+        "{\n.reg .b32 remote;\n"
+        "mapa.shared::cluster.u32 remote, %0, %1;\n"
+        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(
+            smem_addr(bar)),
+        "r"(rank)
+        : "memory");
+}
+// mbar_wait with acquire at cluster scope: the arrivals came from other CTAs.
+__device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, unsigned parity) {
+    asm volatile(
+        "{\n.reg .pred done;\nWAIT:\n"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT;\n}\n" ::"r"(smem_addr(bar)),
+        "r"(parity)
+        : "memory");
+}
+// A barrier of `threads` threads (whole warps) on hardware barrier `id` (0 is __syncthreads').
+__device__ __forceinline__ void group_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 
 // Running max of 16-byte chunks: packed bf16x2 max (exact, 4 instructions per 8 values) or fp32.
 template <typename T>
@@ -634,21 +666,21 @@ __device__ __forceinline__ void write_row_outputs(const FastArgs& a, int64_t row
 
 // This thread's statistics of a CTA's slice of n values held in shared memory: `nv` whole chunks
 // plus a tail of < one chunk (its padding columns are never used). Two cheap passes over shared
-// memory: a packed max, then branch-free sums against it (no serial rescaling chain).
+// memory: a packed max, then branch-free sums against it (no serial rescaling chain). Thread `tid`
+// of the kThreads that share the slice takes chunks tid, tid + kThreads, ...
 template <typename T, int kThreads>
 __device__ __forceinline__ RowStatsF slice_stats(const T* buf, int nv, int n, int y_local,
-                                                 bool smooth) {
+                                                 bool smooth, int tid) {
     constexpr int K = kChunk<T>;
     ChunkMax<T> cmax;
 #pragma unroll 4
-    for (int c = threadIdx.x; c < nv; c += kThreads)
-        cmax.add(*reinterpret_cast<const int4*>(buf + c * K));
+    for (int c = tid; c < nv; c += kThreads) cmax.add(*reinterpret_cast<const int4*>(buf + c * K));
     RowStatsF st = {cmax.value(), 0.0f, 0.0f, 0.0f};
     if (st.max != kNegInf) {
         const int target_chunk = y_local >= 0 ? y_local / K : -1;
         float s0 = 0.0f, s1 = 0.0f, sx = 0.0f;
 #pragma unroll 4
-        for (int c = threadIdx.x; c < nv; c += kThreads) {
+        for (int c = tid; c < nv; c += kThreads) {
             float v[K];
             load_chunk(buf + c * K, v);
             if (c == target_chunk) {  // exclude the target from the sum
@@ -674,24 +706,23 @@ __device__ __forceinline__ RowStatsF slice_stats(const T* buf, int nv, int n, in
         st.sum_excl = s0 + s1;
         st.sum_logits = sx;
     }
-    for (int j = nv * K + int(threadIdx.x); j < n; j += kThreads)
-        stats_add(st, to_f(buf[j]), j == y_local);
+    for (int j = nv * K + tid; j < n; j += kThreads) stats_add(st, to_f(buf[j]), j == y_local);
     return st;
 }
 
 // dlogits of a CTA's slice from its shared-memory copy.
 template <typename T, int kThreads>
 __device__ __forceinline__ void slice_grad(T* dx, const T* buf, int nv, int n, int y_local,
-                                           bool valid, const RowGradParams& p) {
+                                           bool valid, const RowGradParams& p, int tid) {
     constexpr int K = kChunk<T>;
 #pragma unroll 4
-    for (int c = threadIdx.x; c < nv; c += kThreads) {
+    for (int c = tid; c < nv; c += kThreads) {
         float v[K];
         load_chunk(buf + c * K, v);
         grad_chunk_fast(v, y_local < 0 ? -1 : y_local - c * K, valid, p);
         store_chunk(dx + int64_t(c) * K, v);
     }
-    for (int j = nv * K + int(threadIdx.x); j < n; j += kThreads)
+    for (int j = nv * K + tid; j < n; j += kThreads)
         dx[j] = from_f<T>(grad_value(to_f(buf[j]), j == y_local, valid, p));
 }
 
@@ -768,7 +799,7 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1) fast_kernel
         if (bytes > 0) mbar_wait(&full[it % S], unsigned(it / S) & 1u);
         const bool valid = y != a.ignore_index;
         const int y_local = valid && y >= c0 && y < c0 + n ? int(y - c0) : -1;
-        RowStatsF st = slice_stats<T, kThreads>(buffer(it), nv, n, y_local, smooth);
+        RowStatsF st = slice_stats<T, kThreads>(buffer(it), nv, n, y_local, smooth, threadIdx.x);
         // its barrier publishes row_params of row i - 1; the one after the dlogits pass separates
         // the calls (with kLastWarpRefill there is none, and the slots alternate instead)
         st = block_reduce_stats(st, warp_vals[kLastWarpRefill ? it & 1 : 0]);
@@ -777,7 +808,7 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1) fast_kernel
         if (it > 0) {
             const int64_t prev = row - row_step;
             slice_grad<T, kThreads>(dlogits + prev * a.ld, buffer(it - 1), nv, n, prev_y_local,
-                                    prev_valid, row_params[(it - 1) & 1]);
+                                    prev_valid, row_params[(it - 1) & 1], threadIdx.x);
         }
         if constexpr (kLastWarpRefill) {
             if (it > 0) {
@@ -823,9 +854,130 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1) fast_kernel
         __syncthreads();  // row_params of the last row
         const int64_t last = first_row + (it - 1) * row_step;
         slice_grad<T, kThreads>(dlogits + last * a.ld, buffer(it - 1), nv, n, prev_y_local,
-                                prev_valid, row_params[(it - 1) & 1]);
+                                prev_valid, row_params[(it - 1) & 1], threadIdx.x);
     }
     cluster.sync();  // no CTA may leave while another may still read its shared memory
+}
+
+// ---------------------------------------------------------------- fast, pingpong schedule
+
+// The variant `fast_pingpong` (an experiment, not yet timed). fast_kernel's CTA works on one
+// row at a time, and all its warps go through the same chain: statistics, block reduction,
+// cluster barrier, dlogits, refill barrier. While they wait in it, the SM's special-function and
+// load/store units idle (the instrumented build: ~2,800 of ~11,300 cycles a row in reductions and
+// barriers). Here a CTA's warps form two groups of 256 threads that take alternate rows of the
+// cluster's, each with its whole chain, so one group's waits overlap the other's passes (the
+// "ping-pong" of FlashAttention-3). The cluster's statistics cannot go through barrier.cluster,
+// which every thread of the cluster must reach: each CTA's group writes its row statistics into
+// every CTA's shared memory and arrives on that CTA's mbarrier (release, cluster scope), and each
+// CTA's group waits on its own mbarrier (acquire). Every thread then merges the cluster's
+// statistics (same order, same bits in every CTA) and finalises the row itself, so no barrier
+// hands the row's parameters to the group.
+//
+// Buffers: row iteration it uses buffer it % S of the ring; the group that finishes it refills
+// the buffer with it + S, which the other group takes when S is odd. A parity wait alone could
+// then pass one phase early: a group may reach iteration it + S while the copy of it is still
+// landing, and parity(it + S) names the phase before that one, long complete. So the refilling
+// thread records the iteration it started (release), and a group waits for that record (acquire)
+// before its parity wait: the buffer's barrier is then in it + S's phase.
+//
+// Statistics slots: iteration it writes slot it % 4. Another CTA writes iteration it + 4 only
+// after it finished it + 2, which needed this CTA's statistics of it + 2, which this CTA's group
+// publishes only after it finished iteration it (slot read, mbarrier phase observed).
+constexpr int kGroupThreads = 256;
+constexpr int kGroups = 2;
+constexpr int kStatSlots = 4;
+
+template <typename T>
+__global__ void __launch_bounds__(kGroups* kGroupThreads, 1) fast_pingpong_kernel(FastArgs a) {
+    constexpr int K = kChunk<T>;
+    constexpr int kWarps = kGroupThreads / 32;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    __shared__ uint64_t full[kMaxStages];
+    __shared__ int copy_started[kMaxStages];  // the iteration whose copy buffer s last started
+    __shared__ uint64_t stats_ready[kStatSlots];
+    __shared__ __align__(16) RowStatsF cluster_vals[kStatSlots][kMaxCluster];  // [slot][CTA rank]
+    __shared__ RowStatsF warp_vals[kGroups][kWarps];
+    cg::cluster_group cluster = cg::this_cluster();
+    const int rank = int(cluster.block_rank());
+    const int csize = int(cluster.num_blocks());
+    const int group = int(threadIdx.x) / kGroupThreads;
+    const int tid = int(threadIdx.x) % kGroupThreads;
+    const int warp = tid / 32, lane = tid % 32;
+    const int64_t first_row = int64_t(blockIdx.x) / csize;
+    const int64_t row_step = int64_t(gridDim.x) / csize;
+    const int64_t c0 = int64_t(rank) * a.slice;
+    const int64_t rest = a.V - c0;
+    const int n = int(rest <= 0 ? 0 : (rest < a.slice ? rest : a.slice));
+    const int nv = n / K;
+    const unsigned bytes = unsigned((n + K - 1) / K) * 16u;  // the tail's whole chunk: fast_kernel
+    const T* const logits = static_cast<const T*>(a.logits) + c0;
+    T* const dlogits = static_cast<T*>(a.dlogits) + c0;
+    const bool smooth = a.eps != 0.0f;
+    const int S = a.stages;
+    auto buffer = [&](int64_t it) { return reinterpret_cast<T*>(smem_raw) + (it % S) * a.slice; };
+    auto load = [&](int64_t it) {
+        const int64_t row = first_row + it * row_step;
+        if (row < a.N && bytes > 0)
+            bulk_load(buffer(it), logits + row * a.ld, bytes, &full[it % S]);
+    };
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < S; s++) mbar_init(&full[s]);
+        for (int s = 0; s < kStatSlots; s++) mbar_init_count(&stats_ready[s], unsigned(csize));
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        for (int s = 0; s < S; s++) {
+            load(s);
+            copy_started[s] = s;
+        }
+    }
+    cluster.sync();  // barriers initialised, and every CTA runs before any DSMEM access
+
+    const int n_valid = *a.n_valid;
+    for (int64_t it = group;; it += kGroups) {
+        const int64_t row = first_row + it * row_step;
+        if (row >= a.N) break;
+        const int32_t y = a.targets[row];
+        const float g = a.grad_output[a.per_row ? row : 0];
+        if (bytes > 0) {
+            ::cuda::atomic_ref<int, ::cuda::thread_scope_block> started(copy_started[it % S]);
+            while (started.load(::cuda::memory_order_acquire) != int(it)) {
+            }
+            mbar_wait(&full[it % S], unsigned(it / S) & 1u);
+        }
+        const bool valid = y != a.ignore_index;
+        const int y_local = valid && y >= c0 && y < c0 + n ? int(y - c0) : -1;
+        const T* buf = buffer(it);
+        RowStatsF st = slice_stats<T, kGroupThreads>(buf, nv, n, y_local, smooth, tid);
+        // the group's statistics in every thread: each warp merges its lanes, then every warp the
+        // group's partials, with the same tree (the barrier after the dlogits pass separates the
+        // group's writes of warp_vals from its reads of them)
+        st = warp_merge_stats(st);
+        if (lane == 0) warp_vals[group][warp] = st;
+        group_sync(1 + group, kGroupThreads);
+        st = warp_merge_stats<kWarps>(warp_vals[group][lane % kWarps]);
+        const int slot = int(it % kStatSlots);
+        if (warp == 0 && lane < csize) {  // lane r hands this CTA's statistics to CTA r
+            *cluster.map_shared_rank(&cluster_vals[slot][rank], lane) = st;
+            mbar_arrive_remote(&stats_ready[slot], unsigned(lane));
+        }
+        mbar_wait_cluster(&stats_ready[slot], unsigned(it / kStatSlots) & 1u);
+        const int r = lane % kMaxCluster;
+        const RowStatsF all =
+            warp_merge_stats<kMaxCluster>(r < csize ? cluster_vals[slot][r] : empty_stats());
+        const RowResult res =
+            finalize_row(all, y, valid, grad_scale(g, a.red, n_valid), a.V, a.eps, a.zw);
+        if (rank == 0 && tid == 0) write_row_outputs(a, row, res, all);
+        slice_grad<T, kGroupThreads>(dlogits + row * a.ld, buf, nv, n, y_local, valid, res.p, tid);
+        group_sync(1 + group, kGroupThreads);  // the group is done with the buffer
+        if (tid == 0) {
+            // the generic-proxy reads of the buffer before the async-proxy (TMA) write into it
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            load(it + S);
+            ::cuda::atomic_ref<int, ::cuda::thread_scope_block> started(copy_started[it % S]);
+            started.store(int(it + S), ::cuda::memory_order_release);
+        }
+    }
+    cluster.sync();  // no CTA may leave while another may still write its shared memory
 }
 
 // ---------------------------------------------------------------- host side
@@ -956,6 +1108,7 @@ struct FastPlan {
     int cluster = 0;  // 0: not possible (unaligned rows or rows too long): use online
     int threads = kFastThreads;
     bool last_warp_refill = false;
+    bool pingpong = false;  // fast_pingpong_kernel (threads: its two groups)
     int stages = 0;
     int64_t slice = 0;
     size_t smem = 0;
@@ -966,7 +1119,7 @@ int env_int(const char* name) {
     return e ? std::atoi(e) : 0;
 }
 
-FastPlan plan_fast(const CrossEntropyArgs& a) {
+FastPlan plan_fast(const CrossEntropyArgs& a, bool pingpong) {
     static const int max_smem = [] {
         int dev = 0, v = 0;
         cudaGetDevice(&dev);
@@ -989,6 +1142,11 @@ FastPlan plan_fast(const CrossEntropyArgs& a) {
         threads = t;
     if (const int kb = env_int("ZGPT_CE_FAST_SMEM_KB"); kb > 0) budget = size_t(kb) << 10;
     budget = std::min(budget, size_t(max_smem) - 2048);
+    if (pingpong) {  // one CTA of two groups per SM; a buffer per group and one being filled
+        threads = kGroups * kGroupThreads;
+        budget = size_t(max_smem) - 2048;
+        want = kGroups + 1;
+    }
     if (const int m = env_int("ZGPT_CE_FAST_MIN_STAGES"); m > 0) want = m;
     const int forced = std::clamp(env_int("ZGPT_CE_FAST_CLUSTER"), 0, kMaxCluster);
     const int64_t per = 16 / int64_t(es);
@@ -999,8 +1157,13 @@ FastPlan plan_fast(const CrossEntropyArgs& a) {
             const int64_t stages =
                 std::min<int64_t>(kMaxStages, int64_t(budget) / (slice * int64_t(es)));
             if (stages >= min_stages) {
-                FastPlan p{c,           threads, false,
-                           int(stages), slice,   size_t(stages) * size_t(slice) * es};
+                FastPlan p{c,
+                           threads,
+                           false,
+                           pingpong,
+                           int(stages),
+                           slice,
+                           size_t(stages) * size_t(slice) * es};
                 // knob for A/B timing: ZGPT_CE_FAST_REFILL=last_warp (see fast_kernel)
                 const char* refill = std::getenv("ZGPT_CE_FAST_REFILL");
                 p.last_warp_refill = refill && std::string(refill) == "last_warp";
@@ -1011,11 +1174,12 @@ FastPlan plan_fast(const CrossEntropyArgs& a) {
     return {};
 }
 
-void run_fast(const CrossEntropyArgs& a0, const CrossEntropyOptions& o, void* w, CUstream_st* s) {
+void run_fast_schedule(const CrossEntropyArgs& a0, const CrossEntropyOptions& o, void* w,
+                       CUstream_st* s, bool pingpong) {
     check_args(a0, o, true);
     const Workspace ws = carve(w, a0.N, a0.V, false);
     const CrossEntropyArgs a = with_rows(a0, ws);
-    const FastPlan plan = plan_fast(a);
+    const FastPlan plan = plan_fast(a, pingpong);
     if (plan.cluster == 0) {  // rows unaligned or too long for the cluster's shared memory
         run_online(a0, o, w, s);
         return;
@@ -1050,7 +1214,9 @@ void run_fast(const CrossEntropyArgs& a0, const CrossEntropyOptions& o, void* w,
                    : threads == 256 ? fast_kernel<T, 256, L>
                                     : fast_kernel<T, 512, L>;
         };
-        auto kernel = plan.last_warp_refill ? pick(std::true_type{}) : pick(std::false_type{});
+        auto kernel = plan.pingpong           ? fast_pingpong_kernel<T>
+                      : plan.last_warp_refill ? pick(std::true_type{})
+                                              : pick(std::false_type{});
         ZG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            int(plan.smem)));
         cudaLaunchConfig_t cfg{};
@@ -1072,6 +1238,14 @@ void run_fast(const CrossEntropyArgs& a0, const CrossEntropyOptions& o, void* w,
         ZG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, f));
     });
     ce_reduce(a, ws.stats, ws.n_valid, o, s);
+}
+
+void run_fast(const CrossEntropyArgs& a, const CrossEntropyOptions& o, void* w, CUstream_st* s) {
+    run_fast_schedule(a, o, w, s, false);
+}
+void run_fast_pingpong(const CrossEntropyArgs& a, const CrossEntropyOptions& o, void* w,
+                       CUstream_st* s) {
+    run_fast_schedule(a, o, w, s, true);
 }
 
 }  // namespace
@@ -1172,6 +1346,10 @@ const std::vector<CrossEntropyVariant>& cross_entropy_variants() {
         {"fast",
          "one read, one write: persistent clusters hold rows in shared memory, double-buffered",
          ws_online, run_fast},
+        {"fast_pingpong",
+         "fast with two warp groups per CTA on alternate rows, so one's waits overlap the other's "
+         "passes",
+         ws_online, run_fast_pingpong},
     };
     return v;
 }

@@ -389,13 +389,13 @@ TEST_CASE("every cross_entropy variant equals the CPU reference: sizes, types, o
 }
 
 TEST_CASE(
-    "fast: many rows per cluster through the buffer ring, padded rows with a tail, "
-    "every cluster size, both refill modes") {
+    "fast and fast_pingpong: many rows per cluster through the buffer ring, padded rows with a "
+    "tail, every cluster size, both refill modes of fast") {
     // ZGPT_CE_FAST_CLUSTER forces the cluster size (0: the planner's choice), and
-    // ZGPT_CE_FAST_REFILL=last_warp the refill without a block barrier. Rows per cluster
-    // exceed the ring's stages, so buffers are refilled; ld > V leaves the last CTA a tail of
-    // fewer than 8 columns, which the bulk copy brings in with NaN padding that must be neither
-    // used nor written.
+    // ZGPT_CE_FAST_REFILL=last_warp fast's refill without a block barrier. Rows per cluster
+    // exceed the ring's stages, so buffers are refilled (in fast_pingpong, each group's own);
+    // ld > V leaves the last CTA a tail of fewer than 8 columns, which the bulk copy brings in
+    // with NaN padding that must be neither used nor written.
     struct Shape {
         int64_t N, V, ld;
         LogitsType t;
@@ -403,10 +403,17 @@ TEST_CASE(
     const std::vector<Shape> shapes = {{600, 50257, 50264, LogitsType::bf16},
                                        {300, 4099, 4100, LogitsType::f32},
                                        {2000, 1000, 1000, LogitsType::bf16}};
+    struct Mode {
+        const char* variant;
+        const char* refill;
+    };
     uint64_t seed = 900;
-    for (const char* refill : {"barrier", "last_warp"}) {
+    for (const Mode& m :
+         {Mode{"fast", "barrier"}, Mode{"fast", "last_warp"}, Mode{"fast_pingpong", "barrier"}}) {
+        const std::string variant = m.variant, refill = m.refill;
+        CAPTURE(variant);
         CAPTURE(refill);
-        setenv("ZGPT_CE_FAST_REFILL", refill, 1);
+        setenv("ZGPT_CE_FAST_REFILL", m.refill, 1);
         for (int cluster : {0, 1, 2, 3, 5, 8}) {
             CAPTURE(cluster);
             setenv("ZGPT_CE_FAST_CLUSTER", std::to_string(cluster).c_str(), 1);
@@ -417,7 +424,7 @@ TEST_CASE(
                                    int(s % 3));
                 c.ld = sh.ld;
                 c.in_place = s % 4 < 2;
-                const Result got = run_variant(cuda::find_cross_entropy_variant("fast"), c);
+                const Result got = run_variant(cuda::find_cross_entropy_variant(variant), c);
                 check_result(got, reference(c), c);
                 CHECK_FALSE(got.padding_written);
             }
@@ -556,7 +563,7 @@ TEST_CASE("BT x V above 2^31 elements: 64-bit indexing (rows beyond 2^31 checked
     Rng rng(31);
     for (auto& x : c.logits) x = float(int64_t(rng.next_u64() % 4001) - 2000) / 500.0f;  // [-4, 4]
     for (auto& y : c.targets) y = int32_t(rng.below(V));
-    for (const std::string name : {"online", "fast"}) {
+    for (const std::string name : {"online", "fast", "fast_pingpong"}) {
         CAPTURE(name);
         const Result got = run_variant(cuda::find_cross_entropy_variant(name), c);
         // the reference on the first rows and on every row that starts past 2^31 elements
