@@ -22,10 +22,14 @@ struct ModelConfig {
 // The kernel variant chosen for each op family on the GPU (the config's `kernels:` section; the
 // CPU backend has one reference implementation of each and records the choice only).
 struct KernelChoice {
-    std::string attention = "flash";           // flash | flash_mma | naive
-    std::string cross_entropy = "fast";        // naive | online | fast | fused_linear
+    std::string attention = "flash";     // flash | flash_mma | naive
+    std::string cross_entropy = "fast";  // naive | online | fast | fast_pingpong | fused_linear
     std::string layernorm = "fused_residual";  // fused_residual | separate
     std::string matmul = "fused_epilogue";     // fused_epilogue | separate (bias, GELU passes)
+    // fused_linear's schedule (LinearCrossEntropyArgs in kernels/cross_entropy.h); 0: its default
+    int linear_ce_row_block = 0;        // rows per tile; 0: every row of the micro-batch
+    int linear_ce_vocab_chunk = 0;      // vocabulary columns per tile; 0: a 96 MB tile of logits
+    bool linear_ce_rows_outer = false;  // each row block's whole head before the next block
 };
 
 // The vocabulary rounded up to a multiple of 128 (padded logits are masked out of the loss).

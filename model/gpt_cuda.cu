@@ -333,10 +333,13 @@ struct GptCuda::Impl {
             DeviceBuffer(std::max(cuda::layernorm_backward_scratch_bytes(BT, C),
                                   cuda::layernorm_backward_scratch_bytes(BT * NH, C / NH)));
         bias_scratch = DeviceBuffer(cuda::bias_backward_scratch_bytes(BT, 4 * C));
-        const size_t ws = linear_ce ? linear_ce->workspace_bytes(BT, C, cfg.vocab_size, 0, 0)
-                                    : ce->workspace_bytes(BT, Vp,
-                                                          t == DType::bf16 ? cuda::LogitsType::bf16
-                                                                           : cuda::LogitsType::f32);
+        const KernelChoice& k = opt.kernels;
+        const size_t ws =
+            linear_ce
+                ? linear_ce->workspace_bytes(BT, C, cfg.vocab_size, k.linear_ce_vocab_chunk,
+                                             k.linear_ce_row_block)
+                : ce->workspace_bytes(
+                      BT, Vp, t == DType::bf16 ? cuda::LogitsType::bf16 : cuda::LogitsType::f32);
         ce_workspace = DeviceBuffer(ws);
     }
 
@@ -593,6 +596,9 @@ struct GptCuda::Impl {
             a.targets = targets.as<int32_t>();
             a.grad_output = grad_out.as<float>();
             a.summary = sum;
+            a.vocab_chunk = opt.kernels.linear_ce_vocab_chunk;
+            a.row_block = opt.kernels.linear_ce_row_block;
+            a.rows_outer = opt.kernels.linear_ce_rows_outer;
             if (compute_grad) {
                 a.dhidden = dtmp.get();
                 a.dweight_acc = g(layout.lm_head);

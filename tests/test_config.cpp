@@ -108,3 +108,29 @@ TEST_CASE("the resolved config, saved as YAML, loads back to the same values") {
     for (const ConfigField& f : config_fields(d))
         CHECK(ref.find("  " + f.key + ":") != std::string::npos);
 }
+
+TEST_CASE("fused_linear's schedule keys: set with that head only, rows_outer with row blocks") {
+    const std::string base = std::string(kBase) + "kernels:\n  cross_entropy: fused_linear\n";
+    const Config c =
+        load_config(write_yaml("lce", base + "  linear_ce_row_block: 4096\n"),
+                    {"kernels.linear_ce_vocab_chunk=8192", "kernels.linear_ce_rows_outer=true"});
+    CHECK(c.kernels.linear_ce_row_block == 4096);
+    CHECK(c.kernels.linear_ce_vocab_chunk == 8192);
+    CHECK(c.kernels.linear_ce_rows_outer);
+    const Config d = load_config(write_yaml("lce0", base));
+    CHECK(d.kernels.linear_ce_row_block == 0);  // the head's own default schedule
+    CHECK(d.kernels.linear_ce_vocab_chunk == 0);
+    CHECK_FALSE(d.kernels.linear_ce_rows_outer);
+    // with another head the keys would be silently ignored: an error instead, at the key's line
+    std::string e = error_of(std::string(kBase) + "kernels:\n  linear_ce_row_block: 512\n");
+    CHECK(e.find(".yaml:4: kernels.linear_ce_row_block: applies to "
+                 "kernels.cross_entropy=fused_linear only (it is fast)") != std::string::npos);
+    e = error_of(kBase, {"kernels.cross_entropy=online", "kernels.linear_ce_rows_outer=true"});
+    CHECK(e.find("kernels.linear_ce_rows_outer: applies to kernels.cross_entropy=fused_linear "
+                 "only (it is online)") != std::string::npos);
+    e = error_of(base + "  linear_ce_rows_outer: true\n");
+    CHECK(e.find("kernels.linear_ce_rows_outer: needs kernels.linear_ce_row_block > 0") !=
+          std::string::npos);
+    e = error_of(base + "  linear_ce_vocab_chunk: -1\n");
+    CHECK(e.find("kernels.linear_ce_vocab_chunk: value -1 is out of range") != std::string::npos);
+}

@@ -748,6 +748,39 @@ TEST_CASE("every kernel-variant combination trains; losses agree within bf16 noi
     CHECK(combos == 96);
 }
 
+TEST_CASE(
+    "fast_pingpong and fused_linear's schedules from the config train like the default head") {
+    Config c = train_config("bf16");
+    const auto ref_b = make_backend("cuda", c);
+    const auto ref = train_steps(*ref_b, c, 0, 20);
+    struct Head {
+        const char* ce;
+        int row_block, vocab_chunk;
+        bool rows_outer;
+    };
+    // 128 rows and V = 61: tiles of 48 rows (48, 48, 32) and 16 columns (16, 16, 16, 13)
+    for (const Head& h : {Head{"fast_pingpong", 0, 0, false}, Head{"fused_linear", 48, 0, false},
+                          Head{"fused_linear", 0, 16, false}, Head{"fused_linear", 48, 16, false},
+                          Head{"fused_linear", 48, 16, true}}) {
+        const std::string ce = h.ce;
+        CAPTURE(ce);
+        CAPTURE(h.row_block);
+        CAPTURE(h.vocab_chunk);
+        CAPTURE(h.rows_outer);
+        c.kernels = {};
+        c.kernels.cross_entropy = ce;
+        c.kernels.linear_ce_row_block = h.row_block;
+        c.kernels.linear_ce_vocab_chunk = h.vocab_chunk;
+        c.kernels.linear_ce_rows_outer = h.rows_outer;
+        const auto b = make_backend("cuda", c);
+        const auto got = train_steps(*b, c, 0, 20);
+        for (size_t i = 0; i < ref.size(); i++) {
+            CAPTURE(i);
+            CHECK(close(got[i], ref[i], 2e-2, 0));
+        }
+    }
+}
+
 TEST_CASE("deterministic: two GPU runs are bit-identical and resume is bit-exact") {
     for (const char* prec : {"bf16", "fp32"}) {
         CAPTURE(prec);

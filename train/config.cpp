@@ -140,7 +140,7 @@ std::vector<ConfigField> config_fields(Config& c) {
          0,
          false,
          false,
-         {"naive", "online", "fast", "fused_linear"}});
+         {"naive", "online", "fast", "fast_pingpong", "fused_linear"}});
     add({"kernels",
          "layernorm",
          "LayerNorm with the residual add fused, or separate (GPU)",
@@ -159,6 +159,15 @@ std::vector<ConfigField> config_fields(Config& c) {
          false,
          false,
          {"fused_epilogue", "separate"}});
+    add({"kernels", "linear_ce_row_block",
+         "fused_linear: rows per tile (0: every row of the micro-batch)", &k.linear_ce_row_block, 0,
+         1 << 30});
+    add({"kernels", "linear_ce_vocab_chunk",
+         "fused_linear: vocabulary columns per tile (0: a 96 MB tile of bf16 logits)",
+         &k.linear_ce_vocab_chunk, 0, 1 << 30});
+    add({"kernels", "linear_ce_rows_outer",
+         "fused_linear: each row block's whole head before the next (with linear_ce_row_block)",
+         &k.linear_ce_rows_outer});
     return f;
 }
 
@@ -257,6 +266,21 @@ void check_cross(const Config& c, const Origins& origins) {
     if (c.kernels.cross_entropy == "fused_linear" && c.train.precision == "fp32")
         throw Error(at("kernels.cross_entropy") +
                     "fused_linear runs in bf16 only; set train.precision=bf16 or another head");
+    const KernelChoice& k = c.kernels;
+    if (k.cross_entropy != "fused_linear") {
+        for (const auto& [key, set] :
+             {std::pair<const char*, bool>{"kernels.linear_ce_row_block",
+                                           k.linear_ce_row_block != 0},
+              {"kernels.linear_ce_vocab_chunk", k.linear_ce_vocab_chunk != 0},
+              {"kernels.linear_ce_rows_outer", k.linear_ce_rows_outer}})
+            if (set)
+                throw Error(at(key) + "applies to kernels.cross_entropy=fused_linear only (it is " +
+                            k.cross_entropy + ")");
+    }
+    if (k.linear_ce_rows_outer && k.linear_ce_row_block == 0)
+        throw Error(at("kernels.linear_ce_rows_outer") +
+                    "needs kernels.linear_ce_row_block > 0 (with one row block there is no outer "
+                    "loop)");
 }
 
 }  // namespace
