@@ -884,11 +884,10 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1) fast_kernel
 // Statistics slots: iteration it writes slot it % 4. Another CTA writes iteration it + 4 only
 // after it finished it + 2, which needed this CTA's statistics of it + 2, which this CTA's group
 // publishes only after it finished iteration it (slot read, mbarrier phase observed).
-constexpr int kGroupThreads = 256;
 constexpr int kGroups = 2;
 constexpr int kStatSlots = 4;
 
-template <typename T>
+template <typename T, int kGroupThreads>
 __global__ void __launch_bounds__(kGroups* kGroupThreads, 1) fast_pingpong_kernel(FastArgs a) {
     constexpr int K = kChunk<T>;
     constexpr int kWarps = kGroupThreads / 32;
@@ -1128,25 +1127,23 @@ FastPlan plan_fast(const CrossEntropyArgs& a, bool pingpong) {
     }();
     if (!rows_aligned(a.logits, a.dlogits ? a.dlogits : a.logits, a.ld, a.type)) return {};
     const size_t es = type_size(a.type);
-    // Measured on an H100 (docs/cross_entropy.md): rows of up to 128 KB run best as two 256-thread
-    // CTAs per SM with two stages each; longer rows as one 512-thread CTA per SM holding three.
-    // Static shared memory (barriers, statistics, reductions) takes < 2 KB.
+    // Measured on an H100 (docs/cross_entropy.md). Two warp groups (fast): one 512-thread CTA per
+    // SM with a buffer per group, in the smallest cluster that holds them (2 stages; more stages
+    // with more CTAs per cluster were slower). One group (fast_lockstep): rows of up to 128 KB run
+    // best as two 256-thread CTAs per SM with two stages each; longer rows as one 512-thread CTA
+    // per SM holding three. Static shared memory (barriers, statistics, reductions) takes < 2 KB.
     const bool short_rows = size_t(a.V) * es <= (size_t(128) << 10);
-    int threads = short_rows ? 256 : kFastThreads;
-    size_t budget = short_rows ? size_t(110) << 10 : size_t(max_smem) - 2048;
-    int want = short_rows ? 2 : kMinStages;
-    // knobs for bench_ce sweeps: ZGPT_CE_FAST_THREADS (256 | 512 | 1024), ZGPT_CE_FAST_SMEM_KB
-    // (the buffers' budget per CTA), ZGPT_CE_FAST_MIN_STAGES (the stages the cluster size is
-    // chosen for), ZGPT_CE_FAST_CLUSTER (a fixed cluster size)
+    int threads = pingpong ? kGroups * 256 : short_rows ? 256 : kFastThreads;
+    size_t budget = pingpong || !short_rows ? size_t(max_smem) - 2048 : size_t(110) << 10;
+    int want = pingpong ? kGroups : short_rows ? 2 : kMinStages;
+    // knobs for bench_ce sweeps and tests: ZGPT_CE_FAST_THREADS (256 | 512 | 1024; with two
+    // groups, 1024 makes them 512 threads each), ZGPT_CE_FAST_SMEM_KB (the buffers' budget per
+    // CTA), ZGPT_CE_FAST_MIN_STAGES (the stages the cluster size is chosen for),
+    // ZGPT_CE_FAST_CLUSTER (a fixed cluster size)
     if (const int t = env_int("ZGPT_CE_FAST_THREADS"); t == 256 || t == 512 || t == 1024)
-        threads = t;
+        threads = pingpong ? std::max(t, 512) : t;
     if (const int kb = env_int("ZGPT_CE_FAST_SMEM_KB"); kb > 0) budget = size_t(kb) << 10;
     budget = std::min(budget, size_t(max_smem) - 2048);
-    if (pingpong) {  // one CTA of two groups per SM; a buffer per group and one being filled
-        threads = kGroups * kGroupThreads;
-        budget = size_t(max_smem) - 2048;
-        want = kGroups + 1;
-    }
     if (const int m = env_int("ZGPT_CE_FAST_MIN_STAGES"); m > 0) want = m;
     const int forced = std::clamp(env_int("ZGPT_CE_FAST_CLUSTER"), 0, kMaxCluster);
     const int64_t per = 16 / int64_t(es);
@@ -1214,9 +1211,11 @@ void run_fast_schedule(const CrossEntropyArgs& a0, const CrossEntropyOptions& o,
                    : threads == 256 ? fast_kernel<T, 256, L>
                                     : fast_kernel<T, 512, L>;
         };
-        auto kernel = plan.pingpong           ? fast_pingpong_kernel<T>
-                      : plan.last_warp_refill ? pick(std::true_type{})
-                                              : pick(std::false_type{});
+        auto kernel =
+            plan.pingpong
+                ? (threads == 1024 ? fast_pingpong_kernel<T, 512> : fast_pingpong_kernel<T, 256>)
+            : plan.last_warp_refill ? pick(std::true_type{})
+                                    : pick(std::false_type{});
         ZG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            int(plan.smem)));
         cudaLaunchConfig_t cfg{};
@@ -1241,11 +1240,11 @@ void run_fast_schedule(const CrossEntropyArgs& a0, const CrossEntropyOptions& o,
 }
 
 void run_fast(const CrossEntropyArgs& a, const CrossEntropyOptions& o, void* w, CUstream_st* s) {
-    run_fast_schedule(a, o, w, s, false);
-}
-void run_fast_pingpong(const CrossEntropyArgs& a, const CrossEntropyOptions& o, void* w,
-                       CUstream_st* s) {
     run_fast_schedule(a, o, w, s, true);
+}
+void run_fast_lockstep(const CrossEntropyArgs& a, const CrossEntropyOptions& o, void* w,
+                       CUstream_st* s) {
+    run_fast_schedule(a, o, w, s, false);
 }
 
 }  // namespace
@@ -1344,12 +1343,12 @@ const std::vector<CrossEntropyVariant>& cross_entropy_variants() {
         {"online", "two passes: online-softmax stats, then re-read and write dlogits", ws_online,
          run_online},
         {"fast",
-         "one read, one write: persistent clusters hold rows in shared memory, double-buffered",
+         "one read, one write: persistent clusters hold rows in shared memory; two warp groups "
+         "per CTA take alternate rows, so one's waits overlap the other's passes",
          ws_online, run_fast},
-        {"fast_pingpong",
-         "fast with two warp groups per CTA on alternate rows, so one's waits overlap the other's "
-         "passes",
-         ws_online, run_fast_pingpong},
+        {"fast_lockstep",
+         "fast with all of a CTA's warps on one row at a time (the cluster barrier per row)",
+         ws_online, run_fast_lockstep},
     };
     return v;
 }

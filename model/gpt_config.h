@@ -23,7 +23,7 @@ struct ModelConfig {
 // CPU backend has one reference implementation of each and records the choice only).
 struct KernelChoice {
     std::string attention = "flash";     // flash | flash_mma | naive
-    std::string cross_entropy = "fast";  // naive | online | fast | fast_pingpong | fused_linear
+    std::string cross_entropy = "fast";  // naive | online | fast | fast_lockstep | fused_linear
     std::string layernorm = "fused_residual";  // fused_residual | separate
     std::string matmul = "fused_epilogue";     // fused_epilogue | separate (bias, GELU passes)
     // fused_linear's schedule (LinearCrossEntropyArgs in kernels/cross_entropy.h); 0: its default

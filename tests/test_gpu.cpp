@@ -389,13 +389,15 @@ TEST_CASE("every cross_entropy variant equals the CPU reference: sizes, types, o
 }
 
 TEST_CASE(
-    "fast and fast_pingpong: many rows per cluster through the buffer ring, padded rows with a "
+    "fast and fast_lockstep: many rows per cluster through the buffer ring, padded rows with a "
     "tail, every cluster size, both refill modes of fast") {
-    // ZGPT_CE_FAST_CLUSTER forces the cluster size (0: the planner's choice), and
-    // ZGPT_CE_FAST_REFILL=last_warp fast's refill without a block barrier. Rows per cluster
-    // exceed the ring's stages, so buffers are refilled (in fast_pingpong, each group's own);
-    // ld > V leaves the last CTA a tail of fewer than 8 columns, which the bulk copy brings in
-    // with NaN padding that must be neither used nor written.
+    // ZGPT_CE_FAST_CLUSTER forces the cluster size (0: the planner's choice),
+    // ZGPT_CE_FAST_REFILL=last_warp fast_lockstep's refill without a block barrier, and
+    // ZGPT_CE_FAST_SMEM_KB a ring of 3 stages where it fits: in fast, each buffer is then
+    // refilled by one warp group for the other (the copy_started handshake). Rows per cluster
+    // exceed the ring's stages, so buffers are refilled; ld > V leaves the last CTA a tail of
+    // fewer than 8 columns, which the bulk copy brings in with NaN padding that must be neither
+    // used nor written.
     struct Shape {
         int64_t N, V, ld;
         LogitsType t;
@@ -406,19 +408,31 @@ TEST_CASE(
     struct Mode {
         const char* variant;
         const char* refill;
+        int stages;  // 0: as many as fit
     };
     uint64_t seed = 900;
     for (const Mode& m :
-         {Mode{"fast", "barrier"}, Mode{"fast", "last_warp"}, Mode{"fast_pingpong", "barrier"}}) {
+         {Mode{"fast", "barrier", 0}, Mode{"fast", "barrier", 3},
+          Mode{"fast_lockstep", "barrier", 0}, Mode{"fast_lockstep", "last_warp", 0}}) {
         const std::string variant = m.variant, refill = m.refill;
         CAPTURE(variant);
         CAPTURE(refill);
+        CAPTURE(m.stages);
         setenv("ZGPT_CE_FAST_REFILL", m.refill, 1);
         for (int cluster : {0, 1, 2, 3, 5, 8}) {
+            if (m.stages && !cluster) continue;  // the slice size needs a known cluster size
             CAPTURE(cluster);
             setenv("ZGPT_CE_FAST_CLUSTER", std::to_string(cluster).c_str(), 1);
             for (const Shape& sh : shapes) {
                 CAPTURE(sh.V);
+                const int64_t per = sh.t == LogitsType::bf16 ? 8 : 4, es = 16 / per;
+                const int64_t slice =
+                    ((sh.V + cluster - 1) / std::max(cluster, 1) + per - 1) / per * per;
+                const std::string kb = std::to_string((m.stages * slice * es + 1023) / 1024);
+                if (m.stages)
+                    setenv("ZGPT_CE_FAST_SMEM_KB", kb.c_str(), 1);
+                else
+                    unsetenv("ZGPT_CE_FAST_SMEM_KB");
                 const uint64_t s = seed++;
                 Case c = make_case(s, sh.N, sh.V, sh.t, 1e-4, s % 2 ? 0.1 : 0.0, Reduction::mean,
                                    int(s % 3));
@@ -432,6 +446,7 @@ TEST_CASE(
     }
     unsetenv("ZGPT_CE_FAST_CLUSTER");
     unsetenv("ZGPT_CE_FAST_REFILL");
+    unsetenv("ZGPT_CE_FAST_SMEM_KB");
 }
 
 TEST_CASE(
@@ -563,7 +578,7 @@ TEST_CASE("BT x V above 2^31 elements: 64-bit indexing (rows beyond 2^31 checked
     Rng rng(31);
     for (auto& x : c.logits) x = float(int64_t(rng.next_u64() % 4001) - 2000) / 500.0f;  // [-4, 4]
     for (auto& y : c.targets) y = int32_t(rng.below(V));
-    for (const std::string name : {"online", "fast", "fast_pingpong"}) {
+    for (const std::string name : {"online", "fast", "fast_lockstep"}) {
         CAPTURE(name);
         const Result got = run_variant(cuda::find_cross_entropy_variant(name), c);
         // the reference on the first rows and on every row that starts past 2^31 elements

@@ -749,7 +749,7 @@ TEST_CASE("every kernel-variant combination trains; losses agree within bf16 noi
 }
 
 TEST_CASE(
-    "fast_pingpong and fused_linear's schedules from the config train like the default head") {
+    "fast_lockstep and fused_linear's schedules from the config train like the default head") {
     Config c = train_config("bf16");
     const auto ref_b = make_backend("cuda", c);
     const auto ref = train_steps(*ref_b, c, 0, 20);
@@ -759,7 +759,7 @@ TEST_CASE(
         bool rows_outer;
     };
     // 128 rows and V = 61: tiles of 48 rows (48, 48, 32) and 16 columns (16, 16, 16, 13)
-    for (const Head& h : {Head{"fast_pingpong", 0, 0, false}, Head{"fused_linear", 48, 0, false},
+    for (const Head& h : {Head{"fast_lockstep", 0, 0, false}, Head{"fused_linear", 48, 0, false},
                           Head{"fused_linear", 0, 16, false}, Head{"fused_linear", 48, 16, false},
                           Head{"fused_linear", 48, 16, true}}) {
         const std::string ce = h.ce;

@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # On a GPU machine, after tools/gpu_check.sh has built build-gpu, the loss head's experiments:
-# 1. `fast` with ZGPT_CE_FAST_REFILL=barrier (the default) and =last_warp, and `fast_pingpong`
+# 1. `fast` (two warp groups per CTA) and `fast_lockstep` (one) with its refill modes
 #    (kernels/cross_entropy.cu), alternating, two runs each, on the two shapes and the
-#    trainer's; then fast_pingpong on the large shape with 5- and 6-CTA clusters (4 stages
-#    instead of 3, but fewer clusters fit a GPC);
+#    trainer's; then `fast` with 4-CTA clusters (the large shape's 3 stages) and with two 512-thread groups;
 # 2. fused_linear's schedules (kernels/linear_cross_entropy.cu) on the benchmark's two shapes, one
 #    bench_ce run per setting:
 #   ZGPT_CE_LINEAR_ROW_BLOCK  rows per tile (unset: all N, the default schedule)
@@ -19,20 +18,19 @@ build=${2:-build-gpu}
 mkdir -p "$out"
 shapes=32768x128256,8192x50304,65536x50257:50304
 for rep in 1 2; do
-  for mode in barrier last_warp pingpong; do
-    variant=fast
-    [ $mode = pingpong ] && variant=fast_pingpong
+  for mode in two_groups barrier last_warp; do
+    variant=fast_lockstep
+    [ $mode = two_groups ] && variant=fast
     ZGPT_CE_FAST_REFILL=$mode "$build/bench_ce" --variants $variant --shapes $shapes \
       --out "$out/fast_${mode}_$rep.json" > "$out/fast_${mode}_$rep.log" 2>&1 ||
       { echo "fast $mode failed"; tail -5 "$out/fast_${mode}_$rep.log"; }
     grep -E "^fast" "$out/fast_${mode}_$rep.log" | sed "s/^/$mode run $rep  /"
   done
 done | tee "$out/fast_summary.txt"
-for cluster in 5 6; do
-  ZGPT_CE_FAST_CLUSTER=$cluster "$build/bench_ce" --variants fast_pingpong --shapes 32768x128256 \
-    --out "$out/pingpong_c$cluster.json" > "$out/pingpong_c$cluster.log" 2>&1 ||
-    { echo "pingpong cluster $cluster failed"; tail -5 "$out/pingpong_c$cluster.log"; }
-  grep -E "^fast" "$out/pingpong_c$cluster.log" | sed "s/^/pingpong cluster $cluster  /"
+for knob in ZGPT_CE_FAST_CLUSTER=4 ZGPT_CE_FAST_THREADS=1024; do
+  env $knob "$build/bench_ce" --variants fast --shapes $shapes --out "$out/fast_$knob.json" \
+    > "$out/fast_$knob.log" 2>&1 || { echo "fast $knob failed"; tail -5 "$out/fast_$knob.log"; }
+  grep -E "^fast" "$out/fast_$knob.log" | sed "s/^/$knob  /"
 done | tee -a "$out/fast_summary.txt"
 # rows per tile : MB per tile (0: unset)
 settings="0:0 0:48 0:192 16384:48 8192:24 8192:48 4096:12 4096:24 2048:12"

@@ -140,7 +140,7 @@ std::vector<ConfigField> config_fields(Config& c) {
          0,
          false,
          false,
-         {"naive", "online", "fast", "fast_pingpong", "fused_linear"}});
+         {"naive", "online", "fast", "fast_lockstep", "fused_linear"}});
     add({"kernels",
          "layernorm",
          "LayerNorm with the residual add fused, or separate (GPU)",
