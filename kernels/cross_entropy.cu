@@ -1127,17 +1127,19 @@ FastPlan plan_fast(const CrossEntropyArgs& a, bool pingpong) {
     }();
     if (!rows_aligned(a.logits, a.dlogits ? a.dlogits : a.logits, a.ld, a.type)) return {};
     const size_t es = type_size(a.type);
-    // Measured on an H100 (docs/cross_entropy.md). Two warp groups (fast): one 512-thread CTA per
-    // SM with a buffer per group, in the smallest cluster that holds them (2 stages; more stages
-    // with more CTAs per cluster were slower). One group (fast_lockstep): rows of up to 128 KB run
-    // best as two 256-thread CTAs per SM with two stages each; longer rows as one 512-thread CTA
-    // per SM holding three. Static shared memory (barriers, statistics, reductions) takes < 2 KB.
+    // Measured on an H100 (docs/cross_entropy.md). Two warp groups (fast): one CTA per SM with a
+    // buffer per group, in the smallest cluster that holds them (2 stages; more stages with more
+    // CTAs per cluster were slower); groups of 512 threads for rows of up to 128 KB (0.639 against
+    // 0.651 ms at V = 50304), of 256 above (6.72 ms either way at V = 128256). One group
+    // (fast_lockstep): rows of up to 128 KB run best as two 256-thread CTAs per SM with two stages
+    // each; longer rows as one 512-thread CTA per SM holding three. Static shared memory (barriers,
+    // statistics, reductions) takes < 2 KB.
     const bool short_rows = size_t(a.V) * es <= (size_t(128) << 10);
-    int threads = pingpong ? kGroups * 256 : short_rows ? 256 : kFastThreads;
+    int threads = pingpong ? kGroups * (short_rows ? 512 : 256) : short_rows ? 256 : kFastThreads;
     size_t budget = pingpong || !short_rows ? size_t(max_smem) - 2048 : size_t(110) << 10;
     int want = pingpong ? kGroups : short_rows ? 2 : kMinStages;
     // knobs for bench_ce sweeps and tests: ZGPT_CE_FAST_THREADS (256 | 512 | 1024; with two
-    // groups, 1024 makes them 512 threads each), ZGPT_CE_FAST_SMEM_KB (the buffers' budget per
+    // groups, 512 or 1024 in all), ZGPT_CE_FAST_SMEM_KB (the buffers' budget per
     // CTA), ZGPT_CE_FAST_MIN_STAGES (the stages the cluster size is chosen for),
     // ZGPT_CE_FAST_CLUSTER (a fixed cluster size)
     if (const int t = env_int("ZGPT_CE_FAST_THREADS"); t == 256 || t == 512 || t == 1024)
