@@ -203,7 +203,7 @@ struct LinearCrossEntropyArgs {
     LossSummaryF* summary = nullptr;  // required
     // The schedule: tiles of row_block rows x vocab_chunk columns of bf16 logits.
     int64_t vocab_chunk = 0;  // vocabulary columns per tile; 0: from a memory budget
-    int64_t row_block = 0;    // rows per tile; 0: all N (or ZGPT_CE_LINEAR_ROW_BLOCK)
+    int64_t row_block = 0;    // rows per tile; 0: 8192 (or ZGPT_CE_LINEAR_ROW_BLOCK)
     // With dweight_acc and several row blocks: each row block's whole head (statistics, then
     // gradients over every vocabulary chunk) before the next block, so dh needs only a row block's
     // fp32 accumulator; dW accumulates across blocks in dweight_acc. (Also

@@ -15,10 +15,9 @@
 //   row blocks outside (with dweight_acc only): each row block's pass 1, finalise and pass 2
 //           before the next block. dh needs only the block's accumulator [rows, C]; dW adds up
 //           across blocks in the caller's fp32 dweight_acc.
-// With one row block (the default) both orders are the original vocabulary-chunk schedule. Row
-// blocks exist to make a tile small enough to stay in the 50 MB L2 between the GEMM that writes
-// it and the kernels that read it; whether that pays is for the H100 to say
-// (docs/cross_entropy.md).
+// With one row block both orders are the original vocabulary-chunk schedule. Row blocks make a
+// tile small enough for the memory targets (and for the 50 MB L2 between the GEMM that writes it
+// and the kernels that read it); the default (kRowBlock, kChunkBudget) is the H100 sweep's.
 //
 // Chunking over the vocabulary means dW is never re-read and re-written per row (with row chunks
 // alone the fp32 V x C accumulator would cross memory twice per chunk); the price is computing the
@@ -38,7 +37,12 @@ namespace zgpt::cuda {
 
 namespace {
 
-constexpr size_t kChunkBudget = size_t(96) << 20;  // bytes of bf16 logits per tile
+// The default tile, from a sweep on the H100 (docs/results/ce_sweep_h100_87a3ef2.json): 8192 rows
+// x 48 MB of bf16 logits. Against all rows x 96 MB: 52.8 against 54.3 ms and 0.44 against 0.48 GB
+// at N = 32768, V = 128256; 4.92 against 4.68 ms but 0.199 against 0.250 GB at N = 8192,
+// V = 50304 (the memory targets are 0.5 and 0.2 GB).
+constexpr size_t kChunkBudget = size_t(48) << 20;  // bytes of bf16 logits per tile
+constexpr int64_t kRowBlock = 8192;
 
 int64_t env_int64(const char* name) {
     const char* e = std::getenv(name);
@@ -54,7 +58,7 @@ TileShape tile_shape(int64_t N, int64_t V, int64_t vocab_chunk, int64_t row_bloc
     // knobs for bench sweeps: ZGPT_CE_LINEAR_ROW_BLOCK (rows per tile), ZGPT_CE_LINEAR_CHUNK_MB
     // (the tile's bytes, when vocab_chunk is 0)
     if (row_block <= 0) row_block = env_int64("ZGPT_CE_LINEAR_ROW_BLOCK");
-    const int64_t rows = row_block > 0 ? std::min(row_block, N) : N;
+    const int64_t rows = std::min(row_block > 0 ? row_block : kRowBlock, N);
     if (vocab_chunk > 0) return {rows, std::min(vocab_chunk, V)};
     size_t budget = kChunkBudget;
     if (const int64_t mb = env_int64("ZGPT_CE_LINEAR_CHUNK_MB"); mb > 0) budget = size_t(mb) << 20;

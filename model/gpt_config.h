@@ -27,8 +27,8 @@ struct KernelChoice {
     std::string layernorm = "fused_residual";  // fused_residual | separate
     std::string matmul = "fused_epilogue";     // fused_epilogue | separate (bias, GELU passes)
     // fused_linear's schedule (LinearCrossEntropyArgs in kernels/cross_entropy.h); 0: its default
-    int linear_ce_row_block = 0;        // rows per tile; 0: every row of the micro-batch
-    int linear_ce_vocab_chunk = 0;      // vocabulary columns per tile; 0: a 96 MB tile of logits
+    int linear_ce_row_block = 0;        // rows per tile; 0: 8192
+    int linear_ce_vocab_chunk = 0;      // vocabulary columns per tile; 0: a 48 MB tile of logits
     bool linear_ce_rows_outer = false;  // each row block's whole head before the next block
 };
 

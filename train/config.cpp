@@ -159,11 +159,10 @@ std::vector<ConfigField> config_fields(Config& c) {
          false,
          false,
          {"fused_epilogue", "separate"}});
-    add({"kernels", "linear_ce_row_block",
-         "fused_linear: rows per tile (0: every row of the micro-batch)", &k.linear_ce_row_block, 0,
-         1 << 30});
+    add({"kernels", "linear_ce_row_block", "fused_linear: rows per tile (0: 8192)",
+         &k.linear_ce_row_block, 0, 1 << 30});
     add({"kernels", "linear_ce_vocab_chunk",
-         "fused_linear: vocabulary columns per tile (0: a 96 MB tile of bf16 logits)",
+         "fused_linear: vocabulary columns per tile (0: a 48 MB tile of bf16 logits)",
          &k.linear_ce_vocab_chunk, 0, 1 << 30});
     add({"kernels", "linear_ce_rows_outer",
          "fused_linear: each row block's whole head before the next (with linear_ce_row_block)",
