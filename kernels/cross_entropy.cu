@@ -5,10 +5,10 @@
 //   online two passes over the logits in one kernel pair (Liger / TransformerEngine): stats, then
 //          re-read and write dlogits
 //   fast   one read and one write: persistent thread-block clusters hold each row in shared
-//          memory (split across the cluster's CTAs), merge statistics through DSMEM and write
-//          dlogits from shared memory while the next row streams in
-//   fast_pingpong  fast with two warp groups per CTA taking alternate rows, the cluster's
-//          statistics exchanged through mbarriers instead of the cluster barrier
+//          memory (split across the cluster's CTAs); two warp groups per CTA take alternate rows
+//          (fast_pingpong_kernel), exchanging the cluster's statistics through DSMEM and mbarriers
+//   fast_lockstep  the same with all of a CTA's warps on one row at a time and the cluster barrier
+//          per row (fast_lockstep_kernel), kept for ablations
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
@@ -739,23 +739,17 @@ __device__ __forceinline__ void slice_grad(T* dx, const T* buf, int nv, int n, i
 // One cluster barrier per row, and its latency is hidden behind step 2. The statistics slots are
 // double-buffered by row parity: slot i & 1 is rewritten only after every CTA passed barrier i + 1.
 //
-// kLastWarpRefill (ZGPT_CE_FAST_REFILL=last_warp; an experiment, not yet timed): step 2's refill
-// waits for every warp to be done with the buffer. By default a block barrier does that, and
-// thread 0 then starts the copy. With the flag, each warp counts itself done (acquire-release, in
-// shared memory) and the last one starts the copy, so no warp waits for the slowest one before
-// the cluster barrier and the next row. The block reduction's slots are then double-buffered by
-// row parity, since no barrier separates one row's reduction from the next row's writes;
-// row_params need nothing more: warp 0 rewrites slot i & 1 only after the barrier inside row
-// i + 2's reduction, which every warp reaches after its dlogits pass of row i.
-template <typename T, int kThreads, bool kLastWarpRefill>
-__global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1) fast_kernel(FastArgs a) {
+// (A refill without the block barrier, the last warp done with the buffer starting the copy,
+// measured 1-3% slower on the H100 and was removed: docs/cross_entropy.md.)
+template <typename T, int kThreads>
+__global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1)
+    fast_lockstep_kernel(FastArgs a) {
     constexpr int K = kChunk<T>;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     __shared__ uint64_t full[kMaxStages];
     __shared__ RowStatsF cta_stats[2];
     __shared__ RowGradParams row_params[2];
-    __shared__ RowStatsF warp_vals[kLastWarpRefill ? 2 : 1][32];
-    __shared__ unsigned grads_done;  // warps done with a dlogits pass, over all rows so far
+    __shared__ RowStatsF warp_vals[32];
     cg::cluster_group cluster = cg::this_cluster();
     const int rank = int(cluster.block_rank());
     const int csize = int(cluster.num_blocks());
@@ -781,7 +775,6 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1) fast_kernel
             bulk_load(buffer(it), logits + row * a.ld, bytes, &full[it % S]);
     };
     if (threadIdx.x == 0) {
-        grads_done = 0;
         for (int s = 0; s < S; s++) mbar_init(&full[s]);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         for (int s = 0; s < S; s++) load(s);
@@ -801,8 +794,8 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1) fast_kernel
         const int y_local = valid && y >= c0 && y < c0 + n ? int(y - c0) : -1;
         RowStatsF st = slice_stats<T, kThreads>(buffer(it), nv, n, y_local, smooth, threadIdx.x);
         // its barrier publishes row_params of row i - 1; the one after the dlogits pass separates
-        // the calls (with kLastWarpRefill there is none, and the slots alternate instead)
-        st = block_reduce_stats(st, warp_vals[kLastWarpRefill ? it & 1 : 0]);
+        // the calls
+        st = block_reduce_stats(st, warp_vals);
         if (threadIdx.x == 0) cta_stats[it & 1] = st;
         cluster_arrive();
         if (it > 0) {
@@ -810,28 +803,11 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1) fast_kernel
             slice_grad<T, kThreads>(dlogits + prev * a.ld, buffer(it - 1), nv, n, prev_y_local,
                                     prev_valid, row_params[(it - 1) & 1], threadIdx.x);
         }
-        if constexpr (kLastWarpRefill) {
-            if (it > 0) {
-                __syncwarp();  // this warp's reads of buffer(it - 1) are done
-                if ((threadIdx.x & 31) == 0) {
-                    ::cuda::atomic_ref<unsigned, ::cuda::thread_scope_block> done(grads_done);
-                    const unsigned before = done.fetch_add(1u, ::cuda::memory_order_acq_rel);
-                    if (before + 1u == unsigned(it) * unsigned(kThreads / 32)) {
-                        // the last warp: every warp's generic-proxy reads of the buffer are
-                        // ordered before this point, and the fence orders them before the
-                        // async-proxy (TMA) write into it
-                        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                        load(it - 1 + S);
-                    }
-                }
-            }
-        } else {
-            __syncthreads();  // every thread is done with buffer(it - 1) and row_params[(it-1) & 1]
-            if (threadIdx.x == 0 && it > 0) {
-                // the generic-proxy reads of the buffer before the async-proxy (TMA) write into it
-                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                load(it - 1 + S);
-            }
+        __syncthreads();  // every thread is done with buffer(it - 1) and row_params[(it-1) & 1]
+        if (threadIdx.x == 0 && it > 0) {
+            // the generic-proxy reads of the buffer before the async-proxy (TMA) write into it
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            load(it - 1 + S);
         }
         prev_y_local = y_local;
         prev_valid = valid;
@@ -861,12 +837,12 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1) fast_kernel
 
 // ---------------------------------------------------------------- fast, pingpong schedule
 
-// The variant `fast_pingpong` (an experiment, not yet timed). fast_kernel's CTA works on one
+// The variant `fast` (measured in docs/cross_entropy.md). fast_lockstep_kernel's CTA works on one
 // row at a time, and all its warps go through the same chain: statistics, block reduction,
 // cluster barrier, dlogits, refill barrier. While they wait in it, the SM's special-function and
 // load/store units idle (the instrumented build: ~2,800 of ~11,300 cycles a row in reductions and
-// barriers). Here a CTA's warps form two groups of 256 threads that take alternate rows of the
-// cluster's, each with its whole chain, so one group's waits overlap the other's passes (the
+// barriers). Here a CTA's warps form two groups (of 256 or 512 threads) that take alternate rows of
+// the cluster's, each with its whole chain, so one group's waits overlap the other's passes (the
 // "ping-pong" of FlashAttention-3). The cluster's statistics cannot go through barrier.cluster,
 // which every thread of the cluster must reach: each CTA's group writes its row statistics into
 // every CTA's shared memory and arrives on that CTA's mbarrier (release, cluster scope), and each
@@ -909,7 +885,8 @@ __global__ void __launch_bounds__(kGroups* kGroupThreads, 1) fast_pingpong_kerne
     const int64_t rest = a.V - c0;
     const int n = int(rest <= 0 ? 0 : (rest < a.slice ? rest : a.slice));
     const int nv = n / K;
-    const unsigned bytes = unsigned((n + K - 1) / K) * 16u;  // the tail's whole chunk: fast_kernel
+    const unsigned bytes =
+        unsigned((n + K - 1) / K) * 16u;  // the tail's whole chunk: fast_lockstep_kernel
     const T* const logits = static_cast<const T*>(a.logits) + c0;
     T* const dlogits = static_cast<T*>(a.dlogits) + c0;
     const bool smooth = a.eps != 0.0f;
@@ -1106,7 +1083,6 @@ void run_naive(const CrossEntropyArgs& a0, const CrossEntropyOptions& o, void* w
 struct FastPlan {
     int cluster = 0;  // 0: not possible (unaligned rows or rows too long): use online
     int threads = kFastThreads;
-    bool last_warp_refill = false;
     bool pingpong = false;  // fast_pingpong_kernel (threads: its two groups)
     int stages = 0;
     int64_t slice = 0;
@@ -1156,17 +1132,8 @@ FastPlan plan_fast(const CrossEntropyArgs& a, bool pingpong) {
             const int64_t stages =
                 std::min<int64_t>(kMaxStages, int64_t(budget) / (slice * int64_t(es)));
             if (stages >= min_stages) {
-                FastPlan p{c,
-                           threads,
-                           false,
-                           pingpong,
-                           int(stages),
-                           slice,
-                           size_t(stages) * size_t(slice) * es};
-                // knob for A/B timing: ZGPT_CE_FAST_REFILL=last_warp (see fast_kernel)
-                const char* refill = std::getenv("ZGPT_CE_FAST_REFILL");
-                p.last_warp_refill = refill && std::string(refill) == "last_warp";
-                return p;
+                return FastPlan{c,           threads, pingpong,
+                                int(stages), slice,   size_t(stages) * size_t(slice) * es};
             }
         }
     }
@@ -1207,17 +1174,12 @@ void run_fast_schedule(const CrossEntropyArgs& a0, const CrossEntropyOptions& o,
     dispatch(a.type, [&](auto tag) {
         using T = decltype(tag);
         const int threads = plan.threads;
-        auto pick = [&](auto last_warp) {
-            constexpr bool L = decltype(last_warp)::value;
-            return threads == 1024  ? fast_kernel<T, 1024, L>
-                   : threads == 256 ? fast_kernel<T, 256, L>
-                                    : fast_kernel<T, 512, L>;
-        };
         auto kernel =
             plan.pingpong
                 ? (threads == 1024 ? fast_pingpong_kernel<T, 512> : fast_pingpong_kernel<T, 256>)
-            : plan.last_warp_refill ? pick(std::true_type{})
-                                    : pick(std::false_type{});
+            : threads == 1024 ? fast_lockstep_kernel<T, 1024>
+            : threads == 256  ? fast_lockstep_kernel<T, 256>
+                              : fast_lockstep_kernel<T, 512>;
         ZG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            int(plan.smem)));
         cudaLaunchConfig_t cfg{};

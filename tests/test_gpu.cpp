@@ -390,9 +390,8 @@ TEST_CASE("every cross_entropy variant equals the CPU reference: sizes, types, o
 
 TEST_CASE(
     "fast and fast_lockstep: many rows per cluster through the buffer ring, padded rows with a "
-    "tail, every cluster size, both refill modes of fast") {
-    // ZGPT_CE_FAST_CLUSTER forces the cluster size (0: the planner's choice),
-    // ZGPT_CE_FAST_REFILL=last_warp fast_lockstep's refill without a block barrier, and
+    "tail, every cluster size, odd rings in fast") {
+    // ZGPT_CE_FAST_CLUSTER forces the cluster size (0: the planner's choice), and
     // ZGPT_CE_FAST_SMEM_KB a ring of 3 stages where it fits: in fast, each buffer is then
     // refilled by one warp group for the other (the copy_started handshake). Rows per cluster
     // exceed the ring's stages, so buffers are refilled; ld > V leaves the last CTA a tail of
@@ -407,18 +406,13 @@ TEST_CASE(
                                        {2000, 1000, 1000, LogitsType::bf16}};
     struct Mode {
         const char* variant;
-        const char* refill;
         int stages;  // 0: as many as fit
     };
     uint64_t seed = 900;
-    for (const Mode& m :
-         {Mode{"fast", "barrier", 0}, Mode{"fast", "barrier", 3},
-          Mode{"fast_lockstep", "barrier", 0}, Mode{"fast_lockstep", "last_warp", 0}}) {
-        const std::string variant = m.variant, refill = m.refill;
+    for (const Mode& m : {Mode{"fast", 0}, Mode{"fast", 3}, Mode{"fast_lockstep", 0}}) {
+        const std::string variant = m.variant;
         CAPTURE(variant);
-        CAPTURE(refill);
         CAPTURE(m.stages);
-        setenv("ZGPT_CE_FAST_REFILL", m.refill, 1);
         for (int cluster : {0, 1, 2, 3, 5, 8}) {
             if (m.stages && !cluster) continue;  // the slice size needs a known cluster size
             CAPTURE(cluster);
@@ -445,7 +439,6 @@ TEST_CASE(
         }
     }
     unsetenv("ZGPT_CE_FAST_CLUSTER");
-    unsetenv("ZGPT_CE_FAST_REFILL");
     unsetenv("ZGPT_CE_FAST_SMEM_KB");
 }
 

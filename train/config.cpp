@@ -278,8 +278,8 @@ void check_cross(const Config& c, const Origins& origins) {
     }
     if (k.linear_ce_rows_outer && k.linear_ce_row_block == 0)
         throw Error(at("kernels.linear_ce_rows_outer") +
-                    "needs kernels.linear_ce_row_block > 0 (with one row block there is no outer "
-                    "loop)");
+                    "needs kernels.linear_ce_row_block > 0 (the rows of each block it loops "
+                    "over)");
 }
 
 }  // namespace
