@@ -276,7 +276,8 @@ int main(int argc, char** argv) {
             CK(cudaMemcpy(go, &one, 4, cudaMemcpyHostToDevice));
             const size_t ws_bytes = v.workspace_bytes(N, C, V, 0, 0);
             CK(cudaMalloc(&dh, N * C * 2));
-            CK(cudaMalloc(&dw, V * C * (dweight_acc ? 4 : 2)));
+            const size_t dw_bytes = size_t(V) * C * (dweight_acc ? 4 : 2);  // fp32 or bf16
+            CK(cudaMalloc(&dw, dw_bytes));
             CK(cudaMalloc(&ws, ws_bytes));
             zgpt::cuda::LinearCrossEntropyArgs la;
             la.hidden = h;
@@ -304,9 +305,8 @@ int main(int argc, char** argv) {
             const double floor4_ms = floor_ms * 4.0 / 3.0;
             // everything the head allocates beyond its inputs: workspace, the two gradients,
             // cuBLASLt's
-            const double extra = double(ws_bytes + N * C * 2 + V * C * (dweight_acc ? 4 : 2) +
-                                        zgpt::cuda::gemm_workspace_bytes()) /
-                                 1e9;
+            const double extra =
+                double(ws_bytes + N * C * 2 + dw_bytes + zgpt::cuda::gemm_workspace_bytes()) / 1e9;
             std::printf(
                 "%-12s N=%-6lld V=%-7lld C=768 dW %s %8.3f ms  %6.0f TFLOP/s (4 GEMMs)  %5.2fx "
                 "floor (%.3f ms, 3 GEMMs; 4 GEMMs %.3f ms)  extra %.3f GB  loss %.5f\n",
