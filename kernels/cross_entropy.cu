@@ -14,10 +14,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cuda/atomic>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/cross_entropy.h"
 #include "kernels/cuda_check.h"
@@ -652,6 +654,7 @@ struct FastArgs {
     Reduction red;
     float *loss_rows, *ce_rows, *z_rows, *lse_rows;
     RowStatsF* stats;  // the merged stats, for the summary's max logit
+    long long* trace;  // fast_pingpong_kernel<..., kTrace>: N x cluster x kTracePoints clocks
 };
 
 // The per-row outputs of the fused kernel (written once per row).
@@ -664,17 +667,31 @@ __device__ __forceinline__ void write_row_outputs(const FastArgs& a, int64_t row
     a.stats[row] = st;
 }
 
+struct NoWait {
+    __device__ void operator()(int) const {}
+};
+
 // This thread's statistics of a CTA's slice of n values held in shared memory: `nv` whole chunks
 // plus a tail of < one chunk (its padding columns are never used). Two cheap passes over shared
 // memory: a packed max, then branch-free sums against it (no serial rescaling chain). Thread `tid`
-// of the kThreads that share the slice takes chunks tid, tid + kThreads, ...
-template <typename T, int kThreads>
+// of the kThreads that share the slice takes chunks tid, tid + kThreads, ... The slice may arrive
+// in kParts parts of `part_chunks` chunks: wait_part(p) returns once part p has landed, and the
+// max pass over part p starts while the later parts are still in flight.
+template <typename T, int kThreads, int kParts = 1, typename WaitPart = NoWait>
 __device__ __forceinline__ RowStatsF slice_stats(const T* buf, int nv, int n, int y_local,
-                                                 bool smooth, int tid) {
+                                                 bool smooth, int tid, int part_chunks = 0,
+                                                 WaitPart wait_part = {}) {
     constexpr int K = kChunk<T>;
     ChunkMax<T> cmax;
+#pragma unroll
+    for (int p = 0; p < kParts; p++) {
+        wait_part(p);
+        const int lo = p == 0 ? 0 : min(nv, p * part_chunks);
+        const int hi = p == kParts - 1 ? nv : min(nv, (p + 1) * part_chunks);
 #pragma unroll 4
-    for (int c = tid; c < nv; c += kThreads) cmax.add(*reinterpret_cast<const int4*>(buf + c * K));
+        for (int c = lo + tid; c < hi; c += kThreads)
+            cmax.add(*reinterpret_cast<const int4*>(buf + c * K));
+    }
     RowStatsF st = {cmax.value(), 0.0f, 0.0f, 0.0f};
     if (st.max != kNegInf) {
         const int target_chunk = y_local >= 0 ? y_local / K : -1;
@@ -710,20 +727,23 @@ __device__ __forceinline__ RowStatsF slice_stats(const T* buf, int nv, int n, in
     return st;
 }
 
-// dlogits of a CTA's slice from its shared-memory copy.
+// dlogits of the whole chunks [lo, hi) of a CTA's slice from its shared-memory copy, and of the
+// tail values [nv K, n) when `tail`.
 template <typename T, int kThreads>
-__device__ __forceinline__ void slice_grad(T* dx, const T* buf, int nv, int n, int y_local,
-                                           bool valid, const RowGradParams& p, int tid) {
+__device__ __forceinline__ void slice_grad(T* dx, const T* buf, int lo, int hi, int nv, int n,
+                                           bool tail, int y_local, bool valid,
+                                           const RowGradParams& p, int tid) {
     constexpr int K = kChunk<T>;
 #pragma unroll 4
-    for (int c = tid; c < nv; c += kThreads) {
+    for (int c = lo + tid; c < hi; c += kThreads) {
         float v[K];
         load_chunk(buf + c * K, v);
         grad_chunk_fast(v, y_local < 0 ? -1 : y_local - c * K, valid, p);
         store_chunk(dx + int64_t(c) * K, v);
     }
-    for (int j = nv * K + tid; j < n; j += kThreads)
-        dx[j] = from_f<T>(grad_value(to_f(buf[j]), j == y_local, valid, p));
+    if (tail)
+        for (int j = nv * K + tid; j < n; j += kThreads)
+            dx[j] = from_f<T>(grad_value(to_f(buf[j]), j == y_local, valid, p));
 }
 
 // Persistent clusters; CTA `rank` of a cluster owns the columns [rank * slice, (rank + 1) * slice)
@@ -800,8 +820,9 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1)
         cluster_arrive();
         if (it > 0) {
             const int64_t prev = row - row_step;
-            slice_grad<T, kThreads>(dlogits + prev * a.ld, buffer(it - 1), nv, n, prev_y_local,
-                                    prev_valid, row_params[(it - 1) & 1], threadIdx.x);
+            slice_grad<T, kThreads>(dlogits + prev * a.ld, buffer(it - 1), 0, nv, nv, n, true,
+                                    prev_y_local, prev_valid, row_params[(it - 1) & 1],
+                                    threadIdx.x);
         }
         __syncthreads();  // every thread is done with buffer(it - 1) and row_params[(it-1) & 1]
         if (threadIdx.x == 0 && it > 0) {
@@ -829,8 +850,8 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1)
     if (it > 0) {
         __syncthreads();  // row_params of the last row
         const int64_t last = first_row + (it - 1) * row_step;
-        slice_grad<T, kThreads>(dlogits + last * a.ld, buffer(it - 1), nv, n, prev_y_local,
-                                prev_valid, row_params[(it - 1) & 1], threadIdx.x);
+        slice_grad<T, kThreads>(dlogits + last * a.ld, buffer(it - 1), 0, nv, nv, n, true,
+                                prev_y_local, prev_valid, row_params[(it - 1) & 1], threadIdx.x);
     }
     cluster.sync();  // no CTA may leave while another may still read its shared memory
 }
@@ -841,38 +862,48 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1)
 // row at a time, and all its warps go through the same chain: statistics, block reduction,
 // cluster barrier, dlogits, refill barrier. While they wait in it, the SM's special-function and
 // load/store units idle (the instrumented build: ~2,800 of ~11,300 cycles a row in reductions and
-// barriers). Here a CTA's warps form two groups (of 256 or 512 threads) that take alternate rows of
-// the cluster's, each with its whole chain, so one group's waits overlap the other's passes (the
-// "ping-pong" of FlashAttention-3). The cluster's statistics cannot go through barrier.cluster,
-// which every thread of the cluster must reach: each CTA's group writes its row statistics into
-// every CTA's shared memory and arrives on that CTA's mbarrier (release, cluster scope), and each
-// CTA's group waits on its own mbarrier (acquire). Every thread then merges the cluster's
-// statistics (same order, same bits in every CTA) and finalises the row itself, so no barrier
-// hands the row's parameters to the group.
+// barriers). Here a CTA's warps form kGroups groups (of 256 or 512 threads) that take turns over
+// the cluster's rows, each with its whole chain, so one group's waits overlap the others' passes
+// (the "ping-pong" of FlashAttention-3). The cluster's statistics cannot go through
+// barrier.cluster, which every thread of the cluster must reach: each CTA's group writes its row
+// statistics into every CTA's shared memory and arrives on that CTA's mbarrier (release, cluster
+// scope), and each CTA's group waits on its own mbarrier (acquire). Every thread then merges the
+// cluster's statistics (same order, same bits in every CTA) and finalises the row itself, so no
+// barrier hands the row's parameters to the group.
 //
 // Buffers: row iteration it uses buffer it % S of the ring; the group that finishes it refills
-// the buffer with it + S, which the other group takes when S is odd. A parity wait alone could
-// then pass one phase early: a group may reach iteration it + S while the copy of it is still
-// landing, and parity(it + S) names the phase before that one, long complete. So the refilling
-// thread records the iteration it started (release), and a group waits for that record (acquire)
-// before its parity wait: the buffer's barrier is then in it + S's phase.
+// the buffer with it + S, which another group takes when S is not a multiple of kGroups. A parity
+// wait alone could then pass one phase early: a group may reach iteration it + S while the copy of
+// it is still landing, and parity(it + S) names the phase before that one, long complete. So the
+// refilling thread records the iteration it started (release), and a group waits for that record
+// (acquire) before its parity wait: the buffer's barrier is then in it + S's phase.
 //
-// Statistics slots: iteration it writes slot it % 4. Another CTA writes iteration it + 4 only
-// after it finished it + 2, which needed this CTA's statistics of it + 2, which this CTA's group
-// publishes only after it finished iteration it (slot read, mbarrier phase observed).
-constexpr int kGroups = 2;
-constexpr int kStatSlots = 4;
+// Parts: each buffer is copied in kParts bulk copies on kParts mbarriers. A group refills part p
+// as soon as its dlogits pass is done with it (a group barrier per part), so the next copy starts
+// while the group still writes the later parts, and the next statistics pass starts on part 0
+// while the later parts land.
+//
+// Statistics slots: iteration it writes slot it % (2 kGroups). Another CTA writes iteration
+// it + 2 kGroups only after it finished it + kGroups (the same group's next row), which needed
+// this CTA's statistics of it + kGroups, which this CTA's group publishes only after it finished
+// iteration it (slot read, mbarrier phase observed).
+//
+// kTrace: thread 0 of each group records clock64() at five points of every row
+// (ZGPT_CE_FAST_TRACE=1 prints where a row's time goes); the other kernels compile none of it.
+constexpr int kGroups = 2;  // the default
+constexpr int kTracePoints = 5;
 
-template <typename T, int kGroupThreads>
-__global__ void __launch_bounds__(kGroups* kGroupThreads, 1) fast_pingpong_kernel(FastArgs a) {
+template <typename T, int kGroupThreads, int kGroupCount, int kParts, bool kTrace>
+__global__ void __launch_bounds__(kGroupCount* kGroupThreads, 1) fast_pingpong_kernel(FastArgs a) {
     constexpr int K = kChunk<T>;
     constexpr int kWarps = kGroupThreads / 32;
+    constexpr int kStatSlots = 2 * kGroupCount;
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    __shared__ uint64_t full[kMaxStages];
-    __shared__ int copy_started[kMaxStages];  // the iteration whose copy buffer s last started
+    __shared__ uint64_t full[kMaxStages][kParts];
+    __shared__ int copy_started[kMaxStages][kParts];  // the iteration whose copy last started
     __shared__ uint64_t stats_ready[kStatSlots];
     __shared__ __align__(16) RowStatsF cluster_vals[kStatSlots][kMaxCluster];  // [slot][CTA rank]
-    __shared__ RowStatsF warp_vals[kGroups][kWarps];
+    __shared__ RowStatsF warp_vals[kGroupCount][kWarps];
     cg::cluster_group cluster = cg::this_cluster();
     const int rank = int(cluster.block_rank());
     const int csize = int(cluster.num_blocks());
@@ -885,51 +916,66 @@ __global__ void __launch_bounds__(kGroups* kGroupThreads, 1) fast_pingpong_kerne
     const int64_t rest = a.V - c0;
     const int n = int(rest <= 0 ? 0 : (rest < a.slice ? rest : a.slice));
     const int nv = n / K;
-    const unsigned bytes =
-        unsigned((n + K - 1) / K) * 16u;  // the tail's whole chunk: fast_lockstep_kernel
+    // the copy takes the tail's whole chunk too (fast_lockstep_kernel), in parts of part_chunks
+    const int chunks = (n + K - 1) / K;
+    const int part_chunks = chunks > 0 ? (chunks + kParts - 1) / kParts : 1;
+    auto part_lo = [&](int p) { return min(chunks, p * part_chunks); };
     const T* const logits = static_cast<const T*>(a.logits) + c0;
     T* const dlogits = static_cast<T*>(a.dlogits) + c0;
     const bool smooth = a.eps != 0.0f;
     const int S = a.stages;
     auto buffer = [&](int64_t it) { return reinterpret_cast<T*>(smem_raw) + (it % S) * a.slice; };
-    auto load = [&](int64_t it) {
+    auto load_part = [&](int64_t it, int p) {
         const int64_t row = first_row + it * row_step;
-        if (row < a.N && bytes > 0)
-            bulk_load(buffer(it), logits + row * a.ld, bytes, &full[it % S]);
+        const int lo = part_lo(p), hi = part_lo(p + 1);
+        if (row < a.N && hi > lo)
+            bulk_load(buffer(it) + lo * K, logits + row * a.ld + lo * K, unsigned(hi - lo) * 16u,
+                      &full[it % S][p]);
     };
     if (threadIdx.x == 0) {
-        for (int s = 0; s < S; s++) mbar_init(&full[s]);
+        for (int s = 0; s < S; s++)
+            for (int p = 0; p < kParts; p++) mbar_init(&full[s][p]);
         for (int s = 0; s < kStatSlots; s++) mbar_init_count(&stats_ready[s], unsigned(csize));
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        for (int s = 0; s < S; s++) {
-            load(s);
-            copy_started[s] = s;
-        }
+        for (int s = 0; s < S; s++)
+            for (int p = 0; p < kParts; p++) {
+                load_part(s, p);
+                copy_started[s][p] = s;
+            }
     }
     cluster.sync();  // barriers initialised, and every CTA runs before any DSMEM access
 
     const int n_valid = *a.n_valid;
-    for (int64_t it = group;; it += kGroups) {
+    for (int64_t it = group;; it += kGroupCount) {
         const int64_t row = first_row + it * row_step;
         if (row >= a.N) break;
+        long long t[kTracePoints] = {};
+        if constexpr (kTrace) t[0] = clock64();
         const int32_t y = a.targets[row];
         const float g = a.grad_output[a.per_row ? row : 0];
-        if (bytes > 0) {
-            ::cuda::atomic_ref<int, ::cuda::thread_scope_block> started(copy_started[it % S]);
-            while (started.load(::cuda::memory_order_acquire) != int(it)) {
-            }
-            mbar_wait(&full[it % S], unsigned(it / S) & 1u);
-        }
         const bool valid = y != a.ignore_index;
         const int y_local = valid && y >= c0 && y < c0 + n ? int(y - c0) : -1;
         const T* buf = buffer(it);
-        RowStatsF st = slice_stats<T, kGroupThreads>(buf, nv, n, y_local, smooth, tid);
+        auto wait_part = [&](int p) {
+            if (part_lo(p + 1) > part_lo(p)) {
+                ::cuda::atomic_ref<int, ::cuda::thread_scope_block> started(
+                    copy_started[it % S][p]);
+                while (started.load(::cuda::memory_order_acquire) != int(it)) {
+                }
+                mbar_wait(&full[it % S][p], unsigned(it / S) & 1u);
+            }
+            if constexpr (kTrace)
+                if (p == 0) t[1] = clock64();
+        };
+        RowStatsF st = slice_stats<T, kGroupThreads, kParts>(buf, nv, n, y_local, smooth, tid,
+                                                             part_chunks, wait_part);
         // the group's statistics in every thread: each warp merges its lanes, then every warp the
         // group's partials, with the same tree (the barrier after the dlogits pass separates the
         // group's writes of warp_vals from its reads of them)
         st = warp_merge_stats(st);
         if (lane == 0) warp_vals[group][warp] = st;
         group_sync(1 + group, kGroupThreads);
+        if constexpr (kTrace) t[2] = clock64();
         st = warp_merge_stats<kWarps>(warp_vals[group][lane % kWarps]);
         const int slot = int(it % kStatSlots);
         if (warp == 0 && lane < csize) {  // lane r hands this CTA's statistics to CTA r
@@ -937,20 +983,37 @@ __global__ void __launch_bounds__(kGroups* kGroupThreads, 1) fast_pingpong_kerne
             mbar_arrive_remote(&stats_ready[slot], unsigned(lane));
         }
         mbar_wait_cluster(&stats_ready[slot], unsigned(it / kStatSlots) & 1u);
+        if constexpr (kTrace) t[3] = clock64();
         const int r = lane % kMaxCluster;
         const RowStatsF all =
             warp_merge_stats<kMaxCluster>(r < csize ? cluster_vals[slot][r] : empty_stats());
         const RowResult res =
             finalize_row(all, y, valid, grad_scale(g, a.red, n_valid), a.V, a.eps, a.zw);
         if (rank == 0 && tid == 0) write_row_outputs(a, row, res, all);
-        slice_grad<T, kGroupThreads>(dlogits + row * a.ld, buf, nv, n, y_local, valid, res.p, tid);
-        group_sync(1 + group, kGroupThreads);  // the group is done with the buffer
-        if (tid == 0) {
-            // the generic-proxy reads of the buffer before the async-proxy (TMA) write into it
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-            load(it + S);
-            ::cuda::atomic_ref<int, ::cuda::thread_scope_block> started(copy_started[it % S]);
-            started.store(int(it + S), ::cuda::memory_order_release);
+#pragma unroll
+        for (int p = 0; p < kParts; p++) {
+            const int lo = p == 0 ? 0 : min(nv, p * part_chunks);
+            const int hi = p == kParts - 1 ? nv : min(nv, (p + 1) * part_chunks);
+            // the tail's chunk (index nv) is copied with part nv / part_chunks
+            const bool tail = kParts == 1 || nv / part_chunks == p;
+            slice_grad<T, kGroupThreads>(dlogits + row * a.ld, buf, lo, hi, nv, n, tail, y_local,
+                                         valid, res.p, tid);
+            group_sync(1 + group, kGroupThreads);  // the group is done with part p
+            if (tid == 0) {
+                // the generic-proxy reads of the buffer before the async-proxy (TMA) write into it
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                load_part(it + S, p);
+                ::cuda::atomic_ref<int, ::cuda::thread_scope_block> started(
+                    copy_started[it % S][p]);
+                started.store(int(it + S), ::cuda::memory_order_release);
+            }
+        }
+        if constexpr (kTrace) {
+            if (tid == 0) {
+                t[4] = clock64();
+                long long* out = a.trace + (row * csize + rank) * kTracePoints;
+                for (int k = 0; k < kTracePoints; k++) out[k] = t[k];
+            }
         }
     }
     cluster.sync();  // no CTA may leave while another may still write its shared memory
@@ -1083,7 +1146,9 @@ void run_naive(const CrossEntropyArgs& a0, const CrossEntropyOptions& o, void* w
 struct FastPlan {
     int cluster = 0;  // 0: not possible (unaligned rows or rows too long): use online
     int threads = kFastThreads;
-    bool pingpong = false;  // fast_pingpong_kernel (threads: its two groups)
+    bool pingpong = false;  // fast_pingpong_kernel (threads: all of its groups)
+    int groups = 1;         // warp groups per CTA
+    int parts = 1;          // bulk copies per buffer
     int stages = 0;
     int64_t slice = 0;
     size_t smem = 0;
@@ -1111,15 +1176,24 @@ FastPlan plan_fast(const CrossEntropyArgs& a, bool pingpong) {
     // each; longer rows as one 512-thread CTA per SM holding three. Static shared memory (barriers,
     // statistics, reductions) takes < 2 KB.
     const bool short_rows = size_t(a.V) * es <= (size_t(128) << 10);
-    int threads = pingpong ? kGroups * (short_rows ? 512 : 256) : short_rows ? 256 : kFastThreads;
+    int groups = pingpong ? kGroups : 1;
+    int parts = 1;
+    // knobs for bench_ce sweeps and tests: ZGPT_CE_FAST_GROUPS (2 | 3 warp groups),
+    // ZGPT_CE_FAST_PARTS (1 | 2 | 4 copies per buffer), ZGPT_CE_FAST_THREADS (256 | 512 | 1024;
+    // with two groups, 512 or 1024 in all; three groups have 768), ZGPT_CE_FAST_SMEM_KB (the
+    // buffers' budget per CTA), ZGPT_CE_FAST_MIN_STAGES (the stages the cluster size is chosen
+    // for), ZGPT_CE_FAST_CLUSTER (a fixed cluster size)
+    if (pingpong) {
+        if (const int g = env_int("ZGPT_CE_FAST_GROUPS"); g == 2 || g == 3) groups = g;
+        if (const int p = env_int("ZGPT_CE_FAST_PARTS"); p == 1 || p == 2 || p == 4) parts = p;
+    }
+    const bool wide_groups = pingpong && groups == 2 && short_rows;
+    int threads = pingpong ? groups * (wide_groups ? 512 : 256) : short_rows ? 256 : kFastThreads;
     size_t budget = pingpong || !short_rows ? size_t(max_smem) - 2048 : size_t(110) << 10;
-    int want = pingpong ? kGroups : short_rows ? 2 : kMinStages;
-    // knobs for bench_ce sweeps and tests: ZGPT_CE_FAST_THREADS (256 | 512 | 1024; with two
-    // groups, 512 or 1024 in all), ZGPT_CE_FAST_SMEM_KB (the buffers' budget per
-    // CTA), ZGPT_CE_FAST_MIN_STAGES (the stages the cluster size is chosen for),
-    // ZGPT_CE_FAST_CLUSTER (a fixed cluster size)
+    int want = pingpong ? groups : short_rows ? 2 : kMinStages;
     if (const int t = env_int("ZGPT_CE_FAST_THREADS"); t == 256 || t == 512 || t == 1024)
-        threads = pingpong ? std::max(t, 512) : t;
+        threads = !pingpong ? t : groups == 2 ? std::max(t, 512) : threads;
+    if (pingpong && threads != 512) parts = std::min(parts, 2);  // the kernels instantiated
     if (const int kb = env_int("ZGPT_CE_FAST_SMEM_KB"); kb > 0) budget = size_t(kb) << 10;
     budget = std::min(budget, size_t(max_smem) - 2048);
     if (const int m = env_int("ZGPT_CE_FAST_MIN_STAGES"); m > 0) want = m;
@@ -1132,12 +1206,75 @@ FastPlan plan_fast(const CrossEntropyArgs& a, bool pingpong) {
             const int64_t stages =
                 std::min<int64_t>(kMaxStages, int64_t(budget) / (slice * int64_t(es)));
             if (stages >= min_stages) {
-                return FastPlan{c,           threads, pingpong,
-                                int(stages), slice,   size_t(stages) * size_t(slice) * es};
+                return FastPlan{c,     threads,     pingpong, groups,
+                                parts, int(stages), slice,    size_t(stages) * size_t(slice) * es};
             }
         }
     }
     return {};
+}
+
+using FastKernel = void (*)(FastArgs);
+
+// The instantiated two- and three-group kernels: parts 1, 2 or 4 with two 256-thread groups,
+// 1 or 2 otherwise (plan_fast never asks for more).
+template <typename T, bool kTrace>
+FastKernel pingpong_kernel(const FastPlan& p) {
+    if (p.groups == 3)
+        return p.parts == 1 ? fast_pingpong_kernel<T, 256, 3, 1, kTrace>
+                            : fast_pingpong_kernel<T, 256, 3, 2, kTrace>;
+    if (p.threads == 1024)
+        return p.parts == 1 ? fast_pingpong_kernel<T, 512, 2, 1, kTrace>
+                            : fast_pingpong_kernel<T, 512, 2, 2, kTrace>;
+    return p.parts == 1   ? fast_pingpong_kernel<T, 256, 2, 1, kTrace>
+           : p.parts == 2 ? fast_pingpong_kernel<T, 256, 2, 2, kTrace>
+                          : fast_pingpong_kernel<T, 256, 2, 4, kTrace>;
+}
+
+// ZGPT_CE_FAST_TRACE=1 (bf16 logits, `fast`, outside graph capture): runs the kernel that records
+// clock64() at five points of each row, waits for it and prints to stderr where the rows' time
+// went, as mean cycles per row and CTA. A diagnostic: it synchronises the stream.
+struct FastTrace {
+    long long* device = nullptr;
+    size_t capacity = 0;
+    long long* buffer(size_t count) {
+        if (count > capacity) {
+            if (device) ZG_CUDA_CHECK(cudaFree(device));
+            ZG_CUDA_CHECK(cudaMalloc(&device, count * sizeof(long long)));
+            capacity = count;
+        }
+        return device;
+    }
+};
+
+void report_fast_trace(const long long* device, int64_t N, int cluster, int64_t row_step,
+                       int groups, CUstream_st* s) {
+    std::vector<long long> t(size_t(N) * cluster * kTracePoints);
+    ZG_CUDA_CHECK(
+        cudaMemcpyAsync(t.data(), device, t.size() * sizeof(long long), cudaMemcpyDeviceToHost, s));
+    ZG_CUDA_CHECK(cudaStreamSynchronize(s));
+    double phase[kTracePoints] = {};  // wait for the copy, statistics, exchange, dlogits, period
+    int64_t rows = 0, periods = 0;
+    for (int64_t row = 0; row < N; row++) {
+        for (int r = 0; r < cluster; r++) {
+            const long long* x = &t[size_t((row * cluster + r) * kTracePoints)];
+            for (int k = 0; k + 1 < kTracePoints; k++) phase[k] += double(x[k + 1] - x[k]);
+            rows++;
+            const int64_t next = row + groups * row_step;  // the same group's next row
+            if (next < N) {
+                phase[kTracePoints - 1] +=
+                    double(t[size_t((next * cluster + r) * kTracePoints)] - x[0]);
+                periods++;
+            }
+        }
+    }
+    std::fprintf(stderr,
+                 "fast trace (cycles per row and CTA, %d groups, cluster %d): copy wait %.0f, "
+                 "statistics %.0f, cluster exchange %.0f, dlogits + refills %.0f; a group's "
+                 "period %.0f (%.0f per row)\n",
+                 groups, cluster, phase[0] / rows, phase[1] / rows, phase[2] / rows,
+                 phase[3] / rows, periods ? phase[4] / periods : 0.0,
+                 periods ? phase[4] / periods / groups : 0.0);
 }
 
 void run_fast_schedule(const CrossEntropyArgs& a0, const CrossEntropyOptions& o, void* w,
@@ -1170,16 +1307,28 @@ void run_fast_schedule(const CrossEntropyArgs& a0, const CrossEntropyOptions& o,
                a.ce_rows,
                a.z_rows,
                a.lse_rows,
-               ws.stats};
+               ws.stats,
+               nullptr};
     dispatch(a.type, [&](auto tag) {
         using T = decltype(tag);
         const int threads = plan.threads;
-        auto kernel =
-            plan.pingpong
-                ? (threads == 1024 ? fast_pingpong_kernel<T, 512> : fast_pingpong_kernel<T, 256>)
-            : threads == 1024 ? fast_lockstep_kernel<T, 1024>
-            : threads == 256  ? fast_lockstep_kernel<T, 256>
-                              : fast_lockstep_kernel<T, 512>;
+        bool trace = false;
+        FastKernel kernel = threads == 1024  ? fast_lockstep_kernel<T, 1024>
+                            : threads == 256 ? fast_lockstep_kernel<T, 256>
+                                             : fast_lockstep_kernel<T, 512>;
+        if (plan.pingpong) {
+            kernel = pingpong_kernel<T, false>(plan);
+            if constexpr (std::is_same_v<T, bf16>) {
+                cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+                ZG_CUDA_CHECK(cudaStreamIsCapturing(s, &capture));
+                if (env_int("ZGPT_CE_FAST_TRACE") && capture == cudaStreamCaptureStatusNone) {
+                    static FastTrace buffer;
+                    f.trace = buffer.buffer(size_t(a.N) * plan.cluster * kTracePoints);
+                    kernel = pingpong_kernel<T, true>(plan);
+                    trace = true;
+                }
+            }
+        }
         ZG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            int(plan.smem)));
         cudaLaunchConfig_t cfg{};
@@ -1199,6 +1348,7 @@ void run_fast_schedule(const CrossEntropyArgs& a0, const CrossEntropyOptions& o,
         clusters = int(std::min<int64_t>(std::max(clusters, 1), a.N));
         cfg.gridDim = dim3(unsigned(clusters * plan.cluster));
         ZG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, f));
+        if (trace) report_fast_trace(f.trace, a.N, plan.cluster, clusters, plan.groups, s);
     });
     ce_reduce(a, ws.stats, ws.n_valid, o, s);
 }

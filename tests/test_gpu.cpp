@@ -390,10 +390,14 @@ TEST_CASE("every cross_entropy variant equals the CPU reference: sizes, types, o
 
 TEST_CASE(
     "fast and fast_lockstep: many rows per cluster through the buffer ring, padded rows with a "
-    "tail, every cluster size, odd rings in fast") {
+    "tail, every cluster size, odd rings, 2 or 3 warp groups, buffers copied in parts, the "
+    "traced kernel") {
     // ZGPT_CE_FAST_CLUSTER forces the cluster size (0: the planner's choice), and
-    // ZGPT_CE_FAST_SMEM_KB a ring of 3 stages where it fits: in fast, each buffer is then
-    // refilled by one warp group for the other (the copy_started handshake). Rows per cluster
+    // ZGPT_CE_FAST_SMEM_KB a ring of 3 or 4 stages where it fits: in fast, a buffer is then
+    // refilled by one warp group for another (the copy_started handshake). ZGPT_CE_FAST_GROUPS
+    // and ZGPT_CE_FAST_PARTS pick fast's other kernels; with parts, the slices' last part may be
+    // short or empty and holds the tail. ZGPT_CE_FAST_TRACE runs the kernel that records its
+    // phases (bf16 only; the f32 shape runs the plain kernel). Rows per cluster
     // exceed the ring's stages, so buffers are refilled; ld > V leaves the last CTA a tail of
     // fewer than 8 columns, which the bulk copy brings in with NaN padding that must be neither
     // used nor written.
@@ -407,12 +411,34 @@ TEST_CASE(
     struct Mode {
         const char* variant;
         int stages;  // 0: as many as fit
+        int groups = 2, parts = 1;
+        bool trace = false;
     };
+    const std::vector<Mode> modes = {{"fast", 0},
+                                     {"fast", 3},
+                                     {"fast", 0, 3, 1},
+                                     {"fast", 4, 3, 1},
+                                     {"fast", 0, 2, 2},
+                                     {"fast", 3, 2, 4},
+                                     {"fast", 3, 3, 2},
+                                     {"fast", 0, 2, 4},
+                                     {"fast_lockstep", 0},
+                                     {"fast", 0, 2, 1, true},
+                                     {"fast", 0, 3, 2, true}};
     uint64_t seed = 900;
-    for (const Mode& m : {Mode{"fast", 0}, Mode{"fast", 3}, Mode{"fast_lockstep", 0}}) {
+    for (const Mode& m : modes) {
         const std::string variant = m.variant;
         CAPTURE(variant);
         CAPTURE(m.stages);
+        CAPTURE(m.groups);
+        CAPTURE(m.parts);
+        CAPTURE(m.trace);
+        setenv("ZGPT_CE_FAST_GROUPS", std::to_string(m.groups).c_str(), 1);
+        setenv("ZGPT_CE_FAST_PARTS", std::to_string(m.parts).c_str(), 1);
+        if (m.trace)
+            setenv("ZGPT_CE_FAST_TRACE", "1", 1);
+        else
+            unsetenv("ZGPT_CE_FAST_TRACE");
         for (int cluster : {0, 1, 2, 3, 5, 8}) {
             if (m.stages && !cluster) continue;  // the slice size needs a known cluster size
             CAPTURE(cluster);
@@ -438,8 +464,9 @@ TEST_CASE(
             }
         }
     }
-    unsetenv("ZGPT_CE_FAST_CLUSTER");
-    unsetenv("ZGPT_CE_FAST_SMEM_KB");
+    for (const char* knob : {"ZGPT_CE_FAST_CLUSTER", "ZGPT_CE_FAST_SMEM_KB", "ZGPT_CE_FAST_GROUPS",
+                             "ZGPT_CE_FAST_PARTS", "ZGPT_CE_FAST_TRACE"})
+        unsetenv(knob);
 }
 
 TEST_CASE(
