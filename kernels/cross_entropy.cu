@@ -682,44 +682,48 @@ __device__ __forceinline__ RowStatsF slice_stats(const T* buf, int nv, int n, in
                                                  bool smooth, int tid, int part_chunks = 0,
                                                  WaitPart wait_part = {}) {
     constexpr int K = kChunk<T>;
+    // part p's whole chunks; both passes give each thread the same chunks, so every value a
+    // thread sums lies under its own max (a thread whose max pass saw no chunk sums none)
+    auto lo = [&](int p) { return p == 0 ? 0 : min(nv, p * part_chunks); };
+    auto hi = [&](int p) { return p == kParts - 1 ? nv : min(nv, (p + 1) * part_chunks); };
     ChunkMax<T> cmax;
 #pragma unroll
     for (int p = 0; p < kParts; p++) {
         wait_part(p);
-        const int lo = p == 0 ? 0 : min(nv, p * part_chunks);
-        const int hi = p == kParts - 1 ? nv : min(nv, (p + 1) * part_chunks);
 #pragma unroll 4
-        for (int c = lo + tid; c < hi; c += kThreads)
+        for (int c = lo(p) + tid; c < hi(p); c += kThreads)
             cmax.add(*reinterpret_cast<const int4*>(buf + c * K));
     }
     RowStatsF st = {cmax.value(), 0.0f, 0.0f, 0.0f};
     if (st.max != kNegInf) {
         const int target_chunk = y_local >= 0 ? y_local / K : -1;
         float s0 = 0.0f, s1 = 0.0f, sx = 0.0f;
+#pragma unroll
+        for (int p = 0; p < kParts; p++)
 #pragma unroll 4
-        for (int c = tid; c < nv; c += kThreads) {
-            float v[K];
-            load_chunk(buf + c * K, v);
-            if (c == target_chunk) {  // exclude the target from the sum
+            for (int c = lo(p) + tid; c < hi(p); c += kThreads) {
+                float v[K];
+                load_chunk(buf + c * K, v);
+                if (c == target_chunk) {  // exclude the target from the sum
 #pragma unroll
-                for (int k = 0; k < K; k++) {
-                    if (c * K + k == y_local)
-                        st.target_logit = v[k];
-                    else
+                    for (int k = 0; k < K; k++) {
+                        if (c * K + k == y_local)
+                            st.target_logit = v[k];
+                        else
+                            s0 += exp_ftz(v[k] - st.max);
+                    }
+                } else {
+#pragma unroll
+                    for (int k = 0; k < K; k += 2) {
                         s0 += exp_ftz(v[k] - st.max);
+                        s1 += exp_ftz(v[k + 1] - st.max);
+                    }
                 }
-            } else {
+                if (smooth) {
 #pragma unroll
-                for (int k = 0; k < K; k += 2) {
-                    s0 += exp_ftz(v[k] - st.max);
-                    s1 += exp_ftz(v[k + 1] - st.max);
+                    for (int k = 0; k < K; k++) sx += v[k];
                 }
             }
-            if (smooth) {
-#pragma unroll
-                for (int k = 0; k < K; k++) sx += v[k];
-            }
-        }
         st.sum_excl = s0 + s1;
         st.sum_logits = sx;
     }
@@ -862,9 +866,9 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1)
 // row at a time, and all its warps go through the same chain: statistics, block reduction,
 // cluster barrier, dlogits, refill barrier. While they wait in it, the SM's special-function and
 // load/store units idle (the instrumented build: ~2,800 of ~11,300 cycles a row in reductions and
-// barriers). Here a CTA's warps form kGroups groups (of 256 or 512 threads) that take turns over
-// the cluster's rows, each with its whole chain, so one group's waits overlap the others' passes
-// (the "ping-pong" of FlashAttention-3). The cluster's statistics cannot go through
+// barriers). Here a CTA's warps form kGroupCount groups (of 256 or 512 threads) that take turns
+// over the cluster's rows, each with its whole chain, so one group's waits overlap the others'
+// passes (the "ping-pong" of FlashAttention-3). The cluster's statistics cannot go through
 // barrier.cluster, which every thread of the cluster must reach: each CTA's group writes its row
 // statistics into every CTA's shared memory and arrives on that CTA's mbarrier (release, cluster
 // scope), and each CTA's group waits on its own mbarrier (acquire). Every thread then merges the
@@ -872,25 +876,24 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1)
 // barrier hands the row's parameters to the group.
 //
 // Buffers: row iteration it uses buffer it % S of the ring; the group that finishes it refills
-// the buffer with it + S, which another group takes when S is not a multiple of kGroups. A parity
-// wait alone could then pass one phase early: a group may reach iteration it + S while the copy of
-// it is still landing, and parity(it + S) names the phase before that one, long complete. So the
-// refilling thread records the iteration it started (release), and a group waits for that record
-// (acquire) before its parity wait: the buffer's barrier is then in it + S's phase.
+// the buffer with it + S, which another group takes when S is not a multiple of kGroupCount. A
+// parity wait alone could then pass one phase early: a group may reach iteration it + S while the
+// copy of it is still landing, and parity(it + S) names the phase before that one, long complete.
+// So the refilling thread records the iteration it started (release), and a group waits for that
+// record (acquire) before its parity wait: the buffer's barrier is then in it + S's phase.
 //
 // Parts: each buffer is copied in kParts bulk copies on kParts mbarriers. A group refills part p
 // as soon as its dlogits pass is done with it (a group barrier per part), so the next copy starts
 // while the group still writes the later parts, and the next statistics pass starts on part 0
 // while the later parts land.
 //
-// Statistics slots: iteration it writes slot it % (2 kGroups). Another CTA writes iteration
-// it + 2 kGroups only after it finished it + kGroups (the same group's next row), which needed
-// this CTA's statistics of it + kGroups, which this CTA's group publishes only after it finished
-// iteration it (slot read, mbarrier phase observed).
+// Statistics slots: iteration it writes slot it % (2 kGroupCount). Another CTA writes iteration
+// it + 2 kGroupCount only after it finished it + kGroupCount (the same group's next row), which
+// needed this CTA's statistics of it + kGroupCount, which this CTA's group publishes only after it
+// finished iteration it (slot read, mbarrier phase observed).
 //
 // kTrace: thread 0 of each group records clock64() at five points of every row
 // (ZGPT_CE_FAST_TRACE=1 prints where a row's time goes); the other kernels compile none of it.
-constexpr int kGroups = 2;  // the default
 constexpr int kTracePoints = 5;
 
 template <typename T, int kGroupThreads, int kGroupCount, int kParts, bool kTrace>
@@ -1168,16 +1171,20 @@ FastPlan plan_fast(const CrossEntropyArgs& a, bool pingpong) {
     }();
     if (!rows_aligned(a.logits, a.dlogits ? a.dlogits : a.logits, a.ld, a.type)) return {};
     const size_t es = type_size(a.type);
-    // Measured on an H100 (docs/cross_entropy.md). Two warp groups (fast): one CTA per SM with a
-    // buffer per group, in the smallest cluster that holds them (2 stages; more stages with more
-    // CTAs per cluster were slower); groups of 512 threads for rows of up to 128 KB (0.639 against
+    // Measured on an H100 (docs/cross_entropy.md). Warp groups (fast): one CTA per SM with a
+    // buffer per group, in the smallest cluster that holds them (more stages with more CTAs per
+    // cluster were slower); groups of 512 threads for rows of up to 128 KB (0.639 against
     // 0.651 ms at V = 50304), of 256 above (6.72 ms either way at V = 128256). One group
     // (fast_lockstep): rows of up to 128 KB run best as two 256-thread CTAs per SM with two stages
     // each; longer rows as one 512-thread CTA per SM holding three. Static shared memory (barriers,
     // statistics, reductions) takes < 2 KB.
     const bool short_rows = size_t(a.V) * es <= (size_t(128) << 10);
-    int groups = pingpong ? kGroups : 1;
-    int parts = 1;
+    // fast: rows over 128 KB run three 256-thread groups (6.16 against 6.72 ms for two, with
+    // buffers in two parts, at V = 128256), shorter rows two 512-thread groups; buffers are
+    // copied in two parts (0.637 against 0.643 ms at V = 50304, 4.87 against 4.95 on the
+    // trainer's head). Measured at 732e503 (docs/cross_entropy.md).
+    int groups = !pingpong ? 1 : short_rows ? 2 : 3;
+    int parts = pingpong ? 2 : 1;
     // knobs for bench_ce sweeps and tests: ZGPT_CE_FAST_GROUPS (2 | 3 warp groups),
     // ZGPT_CE_FAST_PARTS (1 | 2 | 4 copies per buffer), ZGPT_CE_FAST_THREADS (256 | 512 | 1024;
     // with two groups, 512 or 1024 in all; three groups have 768), ZGPT_CE_FAST_SMEM_KB (the
