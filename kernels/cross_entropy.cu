@@ -682,48 +682,50 @@ __device__ __forceinline__ RowStatsF slice_stats(const T* buf, int nv, int n, in
                                                  bool smooth, int tid, int part_chunks = 0,
                                                  WaitPart wait_part = {}) {
     constexpr int K = kChunk<T>;
-    // part p's whole chunks; both passes give each thread the same chunks, so every value a
-    // thread sums lies under its own max (a thread whose max pass saw no chunk sums none)
-    auto lo = [&](int p) { return p == 0 ? 0 : min(nv, p * part_chunks); };
-    auto hi = [&](int p) { return p == kParts - 1 ? nv : min(nv, (p + 1) * part_chunks); };
+    static_assert((kThreads & (kThreads - 1)) == 0, "a power of two");
     ChunkMax<T> cmax;
 #pragma unroll
     for (int p = 0; p < kParts; p++) {
         wait_part(p);
+        // part p's whole chunks; within it the thread takes the chunks c = tid (mod kThreads),
+        // the same ones as in the one sum pass below, so every value it sums lies under its own
+        // max. (Starting each part at lo + tid, as slice_grad does, gave threads chunks their
+        // max had not seen: wrong sums, and -inf maxima that skipped the sums.)
+        const int lo = p == 0 ? 0 : min(nv, p * part_chunks);
+        const int hi = p == kParts - 1 ? nv : min(nv, (p + 1) * part_chunks);
+        const int first = p == 0 ? tid : lo + ((tid - lo) & (kThreads - 1));
 #pragma unroll 4
-        for (int c = lo(p) + tid; c < hi(p); c += kThreads)
+        for (int c = first; c < hi; c += kThreads)
             cmax.add(*reinterpret_cast<const int4*>(buf + c * K));
     }
     RowStatsF st = {cmax.value(), 0.0f, 0.0f, 0.0f};
     if (st.max != kNegInf) {
         const int target_chunk = y_local >= 0 ? y_local / K : -1;
         float s0 = 0.0f, s1 = 0.0f, sx = 0.0f;
-#pragma unroll
-        for (int p = 0; p < kParts; p++)
 #pragma unroll 4
-            for (int c = lo(p) + tid; c < hi(p); c += kThreads) {
-                float v[K];
-                load_chunk(buf + c * K, v);
-                if (c == target_chunk) {  // exclude the target from the sum
+        for (int c = tid; c < nv; c += kThreads) {
+            float v[K];
+            load_chunk(buf + c * K, v);
+            if (c == target_chunk) {  // exclude the target from the sum
 #pragma unroll
-                    for (int k = 0; k < K; k++) {
-                        if (c * K + k == y_local)
-                            st.target_logit = v[k];
-                        else
-                            s0 += exp_ftz(v[k] - st.max);
-                    }
-                } else {
-#pragma unroll
-                    for (int k = 0; k < K; k += 2) {
+                for (int k = 0; k < K; k++) {
+                    if (c * K + k == y_local)
+                        st.target_logit = v[k];
+                    else
                         s0 += exp_ftz(v[k] - st.max);
-                        s1 += exp_ftz(v[k + 1] - st.max);
-                    }
                 }
-                if (smooth) {
+            } else {
 #pragma unroll
-                    for (int k = 0; k < K; k++) sx += v[k];
+                for (int k = 0; k < K; k += 2) {
+                    s0 += exp_ftz(v[k] - st.max);
+                    s1 += exp_ftz(v[k + 1] - st.max);
                 }
             }
+            if (smooth) {
+#pragma unroll
+                for (int k = 0; k < K; k++) sx += v[k];
+            }
+        }
         st.sum_excl = s0 + s1;
         st.sum_logits = sx;
     }
@@ -1179,12 +1181,12 @@ FastPlan plan_fast(const CrossEntropyArgs& a, bool pingpong) {
     // each; longer rows as one 512-thread CTA per SM holding three. Static shared memory (barriers,
     // statistics, reductions) takes < 2 KB.
     const bool short_rows = size_t(a.V) * es <= (size_t(128) << 10);
-    // fast: rows over 128 KB run three 256-thread groups (6.16 against 6.72 ms for two, with
-    // buffers in two parts, at V = 128256), shorter rows two 512-thread groups; buffers are
-    // copied in two parts (0.637 against 0.643 ms at V = 50304, 4.87 against 4.95 on the
-    // trainer's head). Measured at 732e503 (docs/cross_entropy.md).
-    int groups = !pingpong ? 1 : short_rows ? 2 : 3;
-    int parts = pingpong ? 2 : 1;
+    // fast: two groups, each buffer in one copy. Three groups and buffers in parts are knobs
+    // until measured correct and faster (docs/cross_entropy.md: 6.16 ms at V = 128256 for three
+    // groups and two parts at 732e503, whose statistics were wrong for some inputs; 7.13 ms at
+    // 008396c, whose fix split the sum pass in two loops).
+    int groups = pingpong ? 2 : 1;
+    int parts = 1;
     // knobs for bench_ce sweeps and tests: ZGPT_CE_FAST_GROUPS (2 | 3 warp groups),
     // ZGPT_CE_FAST_PARTS (1 | 2 | 4 copies per buffer), ZGPT_CE_FAST_THREADS (256 | 512 | 1024;
     // with two groups, 512 or 1024 in all; three groups have 768), ZGPT_CE_FAST_SMEM_KB (the
