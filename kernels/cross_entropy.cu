@@ -24,6 +24,7 @@
 #include "kernels/cross_entropy.h"
 #include "kernels/cuda_check.h"
 #include "kernels/cuda_common.cuh"
+#include "kernels/slice_parts.h"
 #include "kernels/workspace.h"
 
 namespace cg = cooperative_groups;
@@ -691,9 +692,8 @@ __device__ __forceinline__ RowStatsF slice_stats(const T* buf, int nv, int n, in
         // the same ones as in the one sum pass below, so every value it sums lies under its own
         // max. (Starting each part at lo + tid, as slice_grad does, gave threads chunks their
         // max had not seen: wrong sums, and -inf maxima that skipped the sums.)
-        const int lo = p == 0 ? 0 : min(nv, p * part_chunks);
-        const int hi = p == kParts - 1 ? nv : min(nv, (p + 1) * part_chunks);
-        const int first = p == 0 ? tid : lo + ((tid - lo) & (kThreads - 1));
+        const int hi = part_hi(nv, p, kParts, part_chunks);
+        const int first = p == 0 ? tid : part_first(part_lo(nv, p, part_chunks), tid, kThreads);
 #pragma unroll 4
         for (int c = first; c < hi; c += kThreads)
             cmax.add(*reinterpret_cast<const int4*>(buf + c * K));

@@ -6,6 +6,7 @@
 
 #include "kernels/check.h"
 #include "kernels/cross_entropy.h"
+#include "kernels/slice_parts.h"
 #include "tests/helpers.h"
 
 using namespace zgpt;
@@ -301,4 +302,60 @@ TEST_CASE("bad options are rejected with a clear error") {
     CHECK_THROWS_WITH_AS(
         cpu::cross_entropy(logits.data(), 4, bad.data(), 1, 4, opts(0, 0), {&one, false}, {}, true),
         doctest::Contains("outside [0, 4)"), Error);
+}
+
+// fast's statistics pass reads a slice part by part for its max (each part as it lands) and whole
+// for its sums; a thread must take the same chunks in both, or it sums values above its own max
+// (and a thread whose max saw no chunk sums nothing). The first kernel with parts started each
+// part at lo + tid and failed test_gpu on the H100 (docs/cross_entropy.md).
+static std::vector<int> chunks_by_parts(int nv, int chunks, int parts, int threads, int tid,
+                                        bool old) {
+    const int size = chunks > 0 ? (chunks + parts - 1) / parts : 1;  // as fast_pingpong_kernel
+    std::vector<int> got;
+    for (int p = 0; p < parts; p++) {
+        const int lo = zgpt::cuda::part_lo(nv, p, size);
+        const int hi = zgpt::cuda::part_hi(nv, p, parts, size);
+        const int first = old ? lo + tid : p == 0 ? tid : zgpt::cuda::part_first(lo, tid, threads);
+        for (int c = first; c < hi; c += threads) got.push_back(c);
+    }
+    return got;
+}
+
+TEST_CASE("fast's slice parts: a thread takes the same chunks part by part as over the whole") {
+    int checked = 0, old_differs = 0;
+    for (int threads : {256, 512, 1024})
+        for (int parts : {1, 2, 3, 4})
+            for (int nv : {0, 1, 5, 125, 512, 513, 1024, 1025, 6282, 10688})
+                for (int tail : {0, 1}) {  // the copy's chunks: nv, or nv + 1 with a tail
+                    const int chunks = nv + tail;
+                    const int size = chunks > 0 ? (chunks + parts - 1) / parts : 1;
+                    // the parts tile [0, nv)
+                    for (int p = 0; p < parts; p++) {
+                        CHECK(zgpt::cuda::part_lo(nv, p, size) <=
+                              zgpt::cuda::part_hi(nv, p, parts, size));
+                        if (p + 1 < parts)
+                            CHECK(zgpt::cuda::part_hi(nv, p, parts, size) ==
+                                  zgpt::cuda::part_lo(nv, p + 1, size));
+                    }
+                    CHECK(zgpt::cuda::part_lo(nv, 0, size) == 0);
+                    CHECK(zgpt::cuda::part_hi(nv, parts - 1, parts, size) == nv);
+                    for (int tid = 0; tid < threads; tid++) {
+                        std::vector<int> whole;
+                        for (int c = tid; c < nv; c += threads) whole.push_back(c);
+                        const auto got = chunks_by_parts(nv, chunks, parts, threads, tid, false);
+                        if (got != whole) {
+                            CAPTURE(threads);
+                            CAPTURE(parts);
+                            CAPTURE(nv);
+                            CAPTURE(tid);
+                            FAIL("a thread's chunks differ between the passes");
+                        }
+                        checked++;
+                        old_differs +=
+                            chunks_by_parts(nv, chunks, parts, threads, tid, true) != whole;
+                    }
+                }
+    CHECK(checked == 4 * 10 * 2 * (256 + 512 + 1024));
+    // the test would have caught the first version
+    CHECK(old_differs > 0);
 }

@@ -1,0 +1,33 @@
+// How the fast kernels' statistics pass walks a CTA's slice of whole 16-byte chunks when the
+// slice is copied in parts on separate mbarriers: the parts' bounds, and the chunks of a part a
+// thread takes. Host and device code, so the assignment is tested on the CPU
+// (tests/test_cross_entropy.cpp).
+#pragma once
+
+#include <algorithm>
+
+#if defined(__CUDACC__)
+#define ZG_HOST_DEVICE __host__ __device__
+#else
+#define ZG_HOST_DEVICE
+#endif
+
+namespace zgpt::cuda {
+
+// Part p of `parts`, `size` chunks each, covers the whole chunks [part_lo, part_hi) of nv; the
+// parts tile [0, nv).
+ZG_HOST_DEVICE constexpr int part_lo(int nv, int p, int size) {
+    return p == 0 ? 0 : std::min(nv, p * size);
+}
+ZG_HOST_DEVICE constexpr int part_hi(int nv, int p, int parts, int size) {
+    return p == parts - 1 ? nv : std::min(nv, (p + 1) * size);
+}
+
+// The first chunk c >= lo with c = tid (mod threads), threads a power of two, so that a thread
+// takes the same chunks whether it walks the slice whole (from tid) or part by part. (Starting
+// each part at lo + tid gave a thread chunks in the sum pass its max pass had not seen.)
+ZG_HOST_DEVICE constexpr int part_first(int lo, int tid, int threads) {
+    return lo + ((tid - lo) & (threads - 1));
+}
+
+}  // namespace zgpt::cuda
