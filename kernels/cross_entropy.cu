@@ -923,8 +923,8 @@ __global__ void __launch_bounds__(kGroupCount* kGroupThreads, 1) fast_pingpong_k
     const int nv = n / K;
     // the copy takes the tail's whole chunk too (fast_lockstep_kernel), in parts of part_chunks
     const int chunks = (n + K - 1) / K;
-    const int part_chunks = chunks > 0 ? (chunks + kParts - 1) / kParts : 1;
-    auto part_lo = [&](int p) { return min(chunks, p * part_chunks); };
+    const int part_chunks = part_size(chunks, kParts);
+    auto copy_lo = [&](int p) { return min(chunks, p * part_chunks); };  // p <= kParts
     const T* const logits = static_cast<const T*>(a.logits) + c0;
     T* const dlogits = static_cast<T*>(a.dlogits) + c0;
     const bool smooth = a.eps != 0.0f;
@@ -932,7 +932,7 @@ __global__ void __launch_bounds__(kGroupCount* kGroupThreads, 1) fast_pingpong_k
     auto buffer = [&](int64_t it) { return reinterpret_cast<T*>(smem_raw) + (it % S) * a.slice; };
     auto load_part = [&](int64_t it, int p) {
         const int64_t row = first_row + it * row_step;
-        const int lo = part_lo(p), hi = part_lo(p + 1);
+        const int lo = copy_lo(p), hi = copy_lo(p + 1);
         if (row < a.N && hi > lo)
             bulk_load(buffer(it) + lo * K, logits + row * a.ld + lo * K, unsigned(hi - lo) * 16u,
                       &full[it % S][p]);
@@ -962,7 +962,7 @@ __global__ void __launch_bounds__(kGroupCount* kGroupThreads, 1) fast_pingpong_k
         const int y_local = valid && y >= c0 && y < c0 + n ? int(y - c0) : -1;
         const T* buf = buffer(it);
         auto wait_part = [&](int p) {
-            if (part_lo(p + 1) > part_lo(p)) {
+            if (copy_lo(p + 1) > copy_lo(p)) {
                 ::cuda::atomic_ref<int, ::cuda::thread_scope_block> started(
                     copy_started[it % S][p]);
                 while (started.load(::cuda::memory_order_acquire) != int(it)) {
@@ -997,8 +997,8 @@ __global__ void __launch_bounds__(kGroupCount* kGroupThreads, 1) fast_pingpong_k
         if (rank == 0 && tid == 0) write_row_outputs(a, row, res, all);
 #pragma unroll
         for (int p = 0; p < kParts; p++) {
-            const int lo = p == 0 ? 0 : min(nv, p * part_chunks);
-            const int hi = p == kParts - 1 ? nv : min(nv, (p + 1) * part_chunks);
+            const int lo = part_lo(nv, p, part_chunks);
+            const int hi = part_hi(nv, p, kParts, part_chunks);
             // the tail's chunk (index nv) is copied with part nv / part_chunks
             const bool tail = kParts == 1 || nv / part_chunks == p;
             slice_grad<T, kGroupThreads>(dlogits + row * a.ld, buf, lo, hi, nv, n, tail, y_local,
@@ -1328,13 +1328,16 @@ void run_fast_schedule(const CrossEntropyArgs& a0, const CrossEntropyOptions& o,
         if (plan.pingpong) {
             kernel = pingpong_kernel<T, false>(plan);
             if constexpr (std::is_same_v<T, bf16>) {
-                cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-                ZG_CUDA_CHECK(cudaStreamIsCapturing(s, &capture));
-                if (env_int("ZGPT_CE_FAST_TRACE") && capture == cudaStreamCaptureStatusNone) {
+                trace = env_int("ZGPT_CE_FAST_TRACE") != 0;
+                if (trace) {  // the trace synchronises, so never inside a graph capture
+                    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+                    ZG_CUDA_CHECK(cudaStreamIsCapturing(s, &capture));
+                    trace = capture == cudaStreamCaptureStatusNone;
+                }
+                if (trace) {
                     static FastTrace buffer;
                     f.trace = buffer.buffer(size_t(a.N) * plan.cluster * kTracePoints);
                     kernel = pingpong_kernel<T, true>(plan);
-                    trace = true;
                 }
             }
         }

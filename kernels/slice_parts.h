@@ -1,6 +1,6 @@
-// How the fast kernels' statistics pass walks a CTA's slice of whole 16-byte chunks when the
-// slice is copied in parts on separate mbarriers: the parts' bounds, and the chunks of a part a
-// thread takes. Host and device code, so the assignment is tested on the CPU
+// How fast_pingpong_kernel splits a CTA's slice of 16-byte chunks into the parts it copies on
+// separate mbarriers: the parts' size and bounds, and the chunks of a part a thread takes in the
+// statistics pass. Host and device code, so the assignment is tested on the CPU
 // (tests/test_cross_entropy.cpp).
 #pragma once
 
@@ -13,6 +13,11 @@
 #endif
 
 namespace zgpt::cuda {
+
+// Chunks per part when `chunks` chunks are copied in `parts` parts (at least 1).
+ZG_HOST_DEVICE constexpr int part_size(int chunks, int parts) {
+    return chunks > 0 ? (chunks + parts - 1) / parts : 1;
+}
 
 // Part p of `parts`, `size` chunks each, covers the whole chunks [part_lo, part_hi) of nv; the
 // parts tile [0, nv).

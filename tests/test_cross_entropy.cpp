@@ -310,7 +310,7 @@ TEST_CASE("bad options are rejected with a clear error") {
 // part at lo + tid and failed test_gpu on the H100 (docs/cross_entropy.md).
 static std::vector<int> chunks_by_parts(int nv, int chunks, int parts, int threads, int tid,
                                         bool old) {
-    const int size = chunks > 0 ? (chunks + parts - 1) / parts : 1;  // as fast_pingpong_kernel
+    const int size = zgpt::cuda::part_size(chunks, parts);
     std::vector<int> got;
     for (int p = 0; p < parts; p++) {
         const int lo = zgpt::cuda::part_lo(nv, p, size);
@@ -328,7 +328,7 @@ TEST_CASE("fast's slice parts: a thread takes the same chunks part by part as ov
             for (int nv : {0, 1, 5, 125, 512, 513, 1024, 1025, 6282, 10688})
                 for (int tail : {0, 1}) {  // the copy's chunks: nv, or nv + 1 with a tail
                     const int chunks = nv + tail;
-                    const int size = chunks > 0 ? (chunks + parts - 1) / parts : 1;
+                    const int size = zgpt::cuda::part_size(chunks, parts);
                     // the parts tile [0, nv)
                     for (int p = 0; p < parts; p++) {
                         CHECK(zgpt::cuda::part_lo(nv, p, size) <=
