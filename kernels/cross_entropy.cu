@@ -1175,18 +1175,18 @@ FastPlan plan_fast(const CrossEntropyArgs& a, bool pingpong) {
     const size_t es = type_size(a.type);
     // Measured on an H100 (docs/cross_entropy.md). Warp groups (fast): one CTA per SM with a
     // buffer per group, in the smallest cluster that holds them (more stages with more CTAs per
-    // cluster were slower); groups of 512 threads for rows of up to 128 KB (0.639 against
-    // 0.651 ms at V = 50304), of 256 above (6.72 ms either way at V = 128256). One group
+    // cluster were slower: fewer clusters fit at once); groups of 512 threads for rows of up to
+    // 128 KB (0.639 against 0.651 ms at V = 50304), of 256 above. One group
     // (fast_lockstep): rows of up to 128 KB run best as two 256-thread CTAs per SM with two stages
     // each; longer rows as one 512-thread CTA per SM holding three. Static shared memory (barriers,
     // statistics, reductions) takes < 2 KB.
     const bool short_rows = size_t(a.V) * es <= (size_t(128) << 10);
-    // fast: two groups, each buffer in one copy. Three groups and buffers in parts are knobs
-    // until measured correct and faster (docs/cross_entropy.md: 6.16 ms at V = 128256 for three
-    // groups and two parts at 732e503, whose statistics were wrong for some inputs; 7.13 ms at
-    // 008396c, whose fix split the sum pass in two loops).
-    int groups = pingpong ? 2 : 1;
-    int parts = 1;
+    // fast: each buffer in two copies, so a group refills the first half while its dlogits pass
+    // is on the second. Rows of up to 128 KB: two groups of 512 threads (0.634 against 0.642 ms
+    // at V = 50304 with one copy); longer rows: three groups of 256 in 4-CTA clusters (6.20
+    // against 6.40 ms for two groups at V = 128256). Four copies measured no better.
+    int groups = pingpong ? (short_rows ? 2 : 3) : 1;
+    int parts = pingpong ? 2 : 1;
     // knobs for bench_ce sweeps and tests: ZGPT_CE_FAST_GROUPS (2 | 3 warp groups),
     // ZGPT_CE_FAST_PARTS (1 | 2 | 4 copies per buffer), ZGPT_CE_FAST_THREADS (256 | 512 | 1024;
     // with two groups, 512 or 1024 in all; three groups have 768), ZGPT_CE_FAST_SMEM_KB (the
