@@ -5,8 +5,9 @@
 //   online two passes over the logits in one kernel pair (Liger / TransformerEngine): stats, then
 //          re-read and write dlogits
 //   fast   one read and one write: persistent thread-block clusters hold each row in shared
-//          memory (split across the cluster's CTAs); two warp groups per CTA take alternate rows
-//          (fast_pingpong_kernel), exchanging the cluster's statistics through DSMEM and mbarriers
+//          memory (split across the cluster's CTAs); two or three warp groups per CTA take turns
+//          over the rows (fast_pingpong_kernel), exchanging the cluster's statistics through DSMEM
+//          and mbarriers
 //   fast_lockstep  the same with all of a CTA's warps on one row at a time and the cluster barrier
 //          per row (fast_lockstep_kernel), kept for ablations
 #include <cooperative_groups.h>
@@ -1469,8 +1470,8 @@ const std::vector<CrossEntropyVariant>& cross_entropy_variants() {
         {"online", "two passes: online-softmax stats, then re-read and write dlogits", ws_online,
          run_online},
         {"fast",
-         "one read, one write: persistent clusters hold rows in shared memory; two warp groups "
-         "per CTA take alternate rows, so one's waits overlap the other's passes",
+         "one read, one write: persistent clusters hold rows in shared memory; warp groups per "
+         "CTA take turns over the rows, so one's waits overlap the others' passes",
          ws_online, run_fast},
         {"fast_lockstep",
          "fast with all of a CTA's warps on one row at a time (the cluster barrier per row)",

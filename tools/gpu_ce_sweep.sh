@@ -19,10 +19,12 @@ out=${1:-${OUT:-/tmp/ce_sweep}}
 build=${2:-build-gpu}
 mkdir -p "$out"
 shapes=32768x128256,8192x50304,65536x50257:50304
-# fast's kernels (kernels/cross_entropy.cu's knobs): the default (two warp groups, one copy per
-# buffer), buffers copied in 2 or 4 parts, three groups; alternating, two runs each
-fast_settings="default ZGPT_CE_FAST_PARTS=2 ZGPT_CE_FAST_PARTS=4 ZGPT_CE_FAST_GROUPS=3
-  ZGPT_CE_FAST_GROUPS=3,ZGPT_CE_FAST_PARTS=2 ${EXTRA_FAST_SETTINGS:-}"
+# fast's kernels (kernels/cross_entropy.cu's knobs): the default (buffers in two copies; three
+# 256-thread groups for rows over 128 KB, two of 512 below), two groups for every row, one copy
+# per buffer (with two groups: the default until 7f3804e), four copies (kernels of 512-thread
+# groups only); alternating, two runs each
+fast_settings="default ZGPT_CE_FAST_GROUPS=2 ZGPT_CE_FAST_PARTS=1
+  ZGPT_CE_FAST_GROUPS=2,ZGPT_CE_FAST_PARTS=1 ZGPT_CE_FAST_PARTS=4 ${EXTRA_FAST_SETTINGS:-}"
 for rep in 1 2; do
   for setting in $fast_settings; do
     envs=()
