@@ -572,17 +572,6 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned b
         "l"(src), "r"(bytes), "r"(smem_addr(bar))
         : "memory");
 }
-// One bulk copy shared -> global (its own bulk group), and the wait until every bulk copy this
-// thread started has read its source, so the shared memory may be written again.
-__device__ __forceinline__ void bulk_store(void* dst, const void* src, unsigned bytes) {
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst),
-                 "r"(smem_addr(src)), "r"(bytes)
-                 : "memory");
-    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-__device__ __forceinline__ void bulk_store_wait_read() {
-    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-}
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
     asm volatile(
         "{\n.reg .pred done;\nWAIT:\n"
@@ -908,14 +897,9 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1)
 //
 // kTrace: thread 0 of each group records clock64() at five points of every row
 // (ZGPT_CE_FAST_TRACE=1 prints where a row's time goes); the other kernels compile none of it.
-//
-// kBulkStore (an experiment, ZGPT_CE_FAST_BULK_STORE=1): the dlogits pass writes each part's
-// whole chunks back into the buffer, and thread 0 stores them with one bulk copy (TMA), waiting
-// until the copy has read the buffer before it refills it. The tail's values go out as before.
 constexpr int kTracePoints = 5;
 
-template <typename T, int kGroupThreads, int kGroupCount, int kParts, bool kTrace,
-          bool kBulkStore = false>
+template <typename T, int kGroupThreads, int kGroupCount, int kParts, bool kTrace>
 __global__ void __launch_bounds__(kGroupCount* kGroupThreads, 1) fast_pingpong_kernel(FastArgs a) {
     constexpr int K = kChunk<T>;
     constexpr int kWarps = kGroupThreads / 32;
@@ -1018,26 +1002,9 @@ __global__ void __launch_bounds__(kGroupCount* kGroupThreads, 1) fast_pingpong_k
             const int hi = part_hi(nv, p, kParts, part_chunks);
             // the tail's chunk (index nv) is copied with part nv / part_chunks
             const bool tail = kParts == 1 || nv / part_chunks == p;
-            if constexpr (kBulkStore) {
-                T* const out = buffer(it);
-                slice_grad<T, kGroupThreads>(out, buf, lo, hi, nv, n, false, y_local, valid, res.p,
-                                             tid);
-                if (tail)
-                    slice_grad<T, kGroupThreads>(dlogits + row * a.ld, buf, 0, 0, nv, n, true,
-                                                 y_local, valid, res.p, tid);
-                // this thread's generic-proxy writes of the buffer before the bulk store reads it
-                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                group_sync(1 + group, kGroupThreads);
-                if (tid == 0 && hi > lo) {
-                    bulk_store(dlogits + row * a.ld + int64_t(lo) * K, out + lo * K,
-                               unsigned(hi - lo) * 16u);
-                    bulk_store_wait_read();
-                }
-            } else {
-                slice_grad<T, kGroupThreads>(dlogits + row * a.ld, buf, lo, hi, nv, n, tail,
-                                             y_local, valid, res.p, tid);
-                group_sync(1 + group, kGroupThreads);  // the group is done with part p
-            }
+            slice_grad<T, kGroupThreads>(dlogits + row * a.ld, buf, lo, hi, nv, n, tail, y_local,
+                                         valid, res.p, tid);
+            group_sync(1 + group, kGroupThreads);  // the group is done with part p
             if (tid == 0) {
                 // the generic-proxy reads of the buffer before the async-proxy (TMA) write into it
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -1191,7 +1158,6 @@ struct FastPlan {
     int stages = 0;
     int64_t slice = 0;
     size_t smem = 0;
-    bool bulk_store = false;  // dlogits through shared memory and bulk stores (an experiment)
 };
 
 int env_int(const char* name) {
@@ -1226,8 +1192,7 @@ FastPlan plan_fast(const CrossEntropyArgs& a, bool pingpong) {
     // ZGPT_CE_FAST_PARTS (1 | 2 | 4 copies per buffer), ZGPT_CE_FAST_THREADS (256 | 512 | 1024;
     // with two groups, 512 or 1024 in all; three groups have 768), ZGPT_CE_FAST_SMEM_KB (the
     // buffers' budget per CTA), ZGPT_CE_FAST_MIN_STAGES (the stages the cluster size is chosen
-    // for), ZGPT_CE_FAST_CLUSTER (a fixed cluster size), ZGPT_CE_FAST_BULK_STORE=1 (dlogits
-    // through bulk stores; the two default settings only)
+    // for), ZGPT_CE_FAST_CLUSTER (a fixed cluster size)
     if (pingpong) {
         if (const int g = env_int("ZGPT_CE_FAST_GROUPS"); g == 2 || g == 3) groups = g;
         if (const int p = env_int("ZGPT_CE_FAST_PARTS"); p == 1 || p == 2 || p == 4) parts = p;
@@ -1251,15 +1216,8 @@ FastPlan plan_fast(const CrossEntropyArgs& a, bool pingpong) {
             const int64_t stages =
                 std::min<int64_t>(kMaxStages, int64_t(budget) / (slice * int64_t(es)));
             if (stages >= min_stages) {
-                return FastPlan{c,
-                                threads,
-                                pingpong,
-                                groups,
-                                parts,
-                                int(stages),
-                                slice,
-                                size_t(stages) * size_t(slice) * es,
-                                pingpong && env_int("ZGPT_CE_FAST_BULK_STORE") == 1};
+                return FastPlan{c,     threads,     pingpong, groups,
+                                parts, int(stages), slice,    size_t(stages) * size_t(slice) * es};
             }
         }
     }
@@ -1272,12 +1230,6 @@ using FastKernel = void (*)(FastArgs);
 // 1 or 2 otherwise (plan_fast never asks for more).
 template <typename T, bool kTrace>
 FastKernel pingpong_kernel(const FastPlan& p) {
-    if constexpr (!kTrace) {  // the experiment's kernels: the two default settings only
-        if (p.bulk_store && p.parts == 2 && p.groups == 3)
-            return fast_pingpong_kernel<T, 256, 3, 2, false, true>;
-        if (p.bulk_store && p.parts == 2 && p.threads == 1024)
-            return fast_pingpong_kernel<T, 512, 2, 2, false, true>;
-    }
     if (p.groups == 3)
         return p.parts == 1 ? fast_pingpong_kernel<T, 256, 3, 1, kTrace>
                             : fast_pingpong_kernel<T, 256, 3, 2, kTrace>;
