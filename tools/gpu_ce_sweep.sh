@@ -10,14 +10,18 @@
 #   ZGPT_CE_LINEAR_CHUNK_MB   bytes of bf16 logits per tile (unset: 48)
 #   ZGPT_CE_LINEAR_ROWS_OUTER 1: row blocks outside the vocabulary chunks (fp32 dW only)
 # with dW written as bf16 (the issue's benchmark) and added to an fp32 accumulator (the trainer's
-# way; SKIP_LINEAR=1 leaves these out). Writes one JSON per run and a summary table into the
-# folder given (default $OUT).
+# way; SKIP_LINEAR=1 leaves these out). Writes the summary tables into the folder given
+# (default $OUT), and every run's JSON and log into its runs.tar.gz.
 #   bash tools/gpu_ce_sweep.sh "$OUT/sweep" [build-gpu]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-/tmp/ce_sweep}}
 build=${2:-build-gpu}
 mkdir -p "$out"
+# the device returns few files from $OUT: each run's JSON and log go to $runs, packed into
+# $out/runs.tar.gz when the script ends; the summaries go to $out
+runs=$(mktemp -d)
+trap 'tar czf "$out/runs.tar.gz" -C "$runs" .' EXIT
 shapes=32768x128256,8192x50304,65536x50257:50304
 # fast's kernels (kernels/cross_entropy.cu's knobs): the default (buffers in two copies; three
 # 256-thread groups for rows over 128 KB, two of 512 below), two groups for every row, one copy
@@ -30,9 +34,9 @@ for rep in 1 2; do
     envs=()
     [ "$setting" != default ] && IFS=, read -ra envs <<< "$setting"
     name=fast_${setting//[=,]/_}_$rep
-    env "${envs[@]}" "$build/bench_ce" --variants fast --shapes $shapes --out "$out/$name.json" \
-      > "$out/$name.log" 2>&1 || { echo "$setting failed"; tail -5 "$out/$name.log"; }
-    grep -E "^fast" "$out/$name.log" | sed "s/^/run $rep $setting  /"
+    env "${envs[@]}" "$build/bench_ce" --variants fast --shapes $shapes --out "$runs/$name.json" \
+      > "$runs/$name.log" 2>&1 || { echo "$setting failed"; tail -5 "$runs/$name.log"; }
+    grep -E "^fast" "$runs/$name.log" | sed "s/^/run $rep $setting  /"
   done
 done | tee "$out/fast_summary.txt"
 # where a row's time goes (the traced kernel; its clock reads cost a little)
@@ -41,8 +45,8 @@ for setting in $fast_settings; do
   [ "$setting" != default ] && IFS=, read -ra more <<< "$setting" && envs+=("${more[@]}")
   for shape in 32768x128256 8192x50304; do
     env "${envs[@]}" "$build/bench_ce" --variants fast --iters 2 --shapes $shape \
-      > "$out/trace_${setting//[=,]/_}_$shape.log" 2>&1
-    grep "fast trace" "$out/trace_${setting//[=,]/_}_$shape.log" | tail -1 | sed "s/^/$setting $shape  /"
+      > "$runs/trace_${setting//[=,]/_}_$shape.log" 2>&1
+    grep "fast trace" "$runs/trace_${setting//[=,]/_}_$shape.log" | tail -1 | sed "s/^/$setting $shape  /"
   done
 done | tee -a "$out/fast_summary.txt"
 [ "${SKIP_LINEAR:-0}" = 1 ] && exit 0
@@ -54,9 +58,9 @@ run() {  # name, then env assignments, then bench_ce flags after --
   local envs=()
   while [ "$1" != "--" ]; do envs+=("$1"); shift; done
   shift
-  env "${envs[@]}" "$build/bench_ce" --variants fused_linear --iters 10 --out "$out/$name.json" "$@" \
-    > "$out/$name.log" 2>&1 || { echo "$name failed"; tail -5 "$out/$name.log"; return; }
-  grep "^fused_linear" "$out/$name.log" | sed "s/^/$name  /"
+  env "${envs[@]}" "$build/bench_ce" --variants fused_linear --iters 10 --out "$runs/$name.json" "$@" \
+    > "$runs/$name.log" 2>&1 || { echo "$name failed"; tail -5 "$runs/$name.log"; return; }
+  grep "^fused_linear" "$runs/$name.log" | sed "s/^/$name  /"
 }
 for s in $settings; do
   rb=${s%%:*}
