@@ -572,13 +572,15 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned b
         "l"(src), "r"(bytes), "r"(smem_addr(bar))
         : "memory");
 }
+// The loop that waits for the phase of `parity` (%1) of the mbarrier at %0; `sem` is the wait's
+// memory-order qualifier ("": acquire at CTA scope, the default).
+#define ZG_MBAR_WAIT_LOOP(sem)           \
+    "{\n.reg .pred done;\nWAIT:\n"       \
+    "mbarrier.try_wait.parity" sem       \
+    ".shared::cta.b64 done, [%0], %1;\n" \
+    "@!done bra WAIT;\n}\n"
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
-    asm volatile(
-        "{\n.reg .pred done;\nWAIT:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra WAIT;\n}\n" ::"r"(smem_addr(bar)),
-        "r"(parity)
-        : "memory");
+    asm volatile(ZG_MBAR_WAIT_LOOP("")::"r"(smem_addr(bar)), "r"(parity) : "memory");
 }
 __device__ __forceinline__ void cluster_arrive() {
     asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
@@ -605,12 +607,8 @@ __device__ __forceinline__ void mbar_arrive_remote(uint64_t* bar, unsigned rank)
 }
 // mbar_wait with acquire at cluster scope: the arrivals came from other CTAs.
 __device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, unsigned parity) {
-    asm volatile(
-        "{\n.reg .pred done;\nWAIT:\n"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra WAIT;\n}\n" ::"r"(smem_addr(bar)),
-        "r"(parity)
-        : "memory");
+    asm volatile(ZG_MBAR_WAIT_LOOP(".acquire.cluster")::"r"(smem_addr(bar)), "r"(parity)
+                 : "memory");
 }
 // A barrier of `threads` threads (whole warps) on hardware barrier `id` (0 is __syncthreads').
 __device__ __forceinline__ void group_sync(int id, int threads) {
