@@ -21,7 +21,7 @@ mkdir -p "$out"
 # the device returns few files from $OUT: each run's JSON and log go to $runs, packed into
 # $out/runs.tar.gz when the script ends; the summaries go to $out
 runs=$(mktemp -d)
-trap 'tar czf "$out/runs.tar.gz" -C "$runs" .' EXIT
+trap 'tar czf "$out/runs.tar.gz" -C "$runs" . && rm -rf "$runs"' EXIT
 shapes=32768x128256,8192x50304,65536x50257:50304
 # fast's kernels (kernels/cross_entropy.cu's knobs): the default (buffers in two copies; three
 # 256-thread groups for rows over 128 KB, two of 512 below), two groups for every row, one copy
