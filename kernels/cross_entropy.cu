@@ -643,6 +643,7 @@ struct FastArgs {
     const void* logits;
     void* dlogits;
     int64_t ld, V, N;
+    int64_t row0;   // the first row (fast_pingpong_kernel: rows [row0, N))
     int64_t slice;  // columns per CTA (a multiple of the 16-byte chunk)
     int stages;     // row buffers per CTA
     const int32_t* targets;
@@ -914,7 +915,7 @@ __global__ void __launch_bounds__(kGroupCount* kGroupThreads, 1) fast_pingpong_k
     const int group = int(threadIdx.x) / kGroupThreads;
     const int tid = int(threadIdx.x) % kGroupThreads;
     const int warp = tid / 32, lane = tid % 32;
-    const int64_t first_row = int64_t(blockIdx.x) / csize;
+    const int64_t first_row = a.row0 + int64_t(blockIdx.x) / csize;
     const int64_t row_step = int64_t(gridDim.x) / csize;
     const int64_t c0 = int64_t(rank) * a.slice;
     const int64_t rest = a.V - c0;
@@ -948,6 +949,9 @@ __global__ void __launch_bounds__(kGroupCount* kGroupThreads, 1) fast_pingpong_k
             }
     }
     cluster.sync();  // barriers initialised, and every CTA runs before any DSMEM access
+    // Every CTA of this grid is resident now: a helper grid launched after it with programmatic
+    // serialization may start, and takes only the SMs this one leaves idle (run_fast_schedule).
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 
     const int n_valid = *a.n_valid;
     for (int64_t it = group;; it += kGroupCount) {
@@ -1021,6 +1025,9 @@ __global__ void __launch_bounds__(kGroupCount* kGroupThreads, 1) fast_pingpong_k
         }
     }
     cluster.sync();  // no CTA may leave while another may still write its shared memory
+    // A helper grid ends only after the grid it overlapped (and that grid's writes are visible),
+    // so the kernels after it see both. Without a programmatic dependency this returns at once.
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
 }
 
 // ---------------------------------------------------------------- host side
@@ -1163,13 +1170,15 @@ int env_int(const char* name) {
     return e ? std::atoi(e) : 0;
 }
 
+int device_attribute(cudaDeviceAttr attr) {
+    int dev = 0, v = 0;
+    ZG_CUDA_CHECK(cudaGetDevice(&dev));
+    ZG_CUDA_CHECK(cudaDeviceGetAttribute(&v, attr, dev));
+    return v;
+}
+
 FastPlan plan_fast(const CrossEntropyArgs& a, bool pingpong) {
-    static const int max_smem = [] {
-        int dev = 0, v = 0;
-        cudaGetDevice(&dev);
-        cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-        return v;
-    }();
+    static const int max_smem = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
     if (!rows_aligned(a.logits, a.dlogits ? a.dlogits : a.logits, a.ld, a.type)) return {};
     const size_t es = type_size(a.type);
     // Measured on an H100 (docs/cross_entropy.md). Warp groups (fast): one CTA per SM with a
@@ -1222,12 +1231,38 @@ FastPlan plan_fast(const CrossEntropyArgs& a, bool pingpong) {
     return {};
 }
 
+// The helper of a `fast` launch whose clusters leave SMs idle. Clusters live inside one GPC, and
+// on the H100 (132 SMs) at most 30 clusters of 4 one-CTA-per-SM CTAs fit at once: 120 SMs, while
+// 66 clusters of 2 take all 132 (measured, docs/cross_entropy.md). The helper is one warp group
+// of 512 threads per CTA in 2-CTA clusters, one buffer of half a row each (so rows of up to two
+// CTAs' shared memory), launched after the main grid onto the SMs it left idle.
+FastPlan plan_fast_helper(const CrossEntropyArgs& a, const FastPlan& main) {
+    static const int max_smem = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+    constexpr int kCluster = 2;
+    // only behind a grid of one CTA per SM, whose idle SMs are then whole
+    if (!main.pingpong || main.cluster <= kCluster || 2 * main.smem <= size_t(max_smem)) return {};
+    const size_t es = type_size(a.type);
+    const int64_t per = 16 / int64_t(es);
+    const int64_t slice = ((a.V + kCluster - 1) / kCluster + per - 1) / per * per;
+    const size_t budget = size_t(max_smem) - 2048;
+    const int64_t stages = std::min<int64_t>(kMaxStages, int64_t(budget) / (slice * int64_t(es)));
+    if (stages < 1) return {};
+    int parts = 2;
+    if (const int p = env_int("ZGPT_CE_FAST_HELPER_PARTS"); p == 1 || p == 2 || p == 4) parts = p;
+    return FastPlan{kCluster, 512,         true,  1,
+                    parts,    int(stages), slice, size_t(stages) * size_t(slice) * es};
+}
+
 using FastKernel = void (*)(FastArgs);
 
-// The instantiated two- and three-group kernels: parts 1, 2 or 4 with two 256-thread groups,
-// 1 or 2 otherwise (plan_fast never asks for more).
+// The instantiated kernels: the helper's one 512-thread group with 1, 2 or 4 parts; two
+// 256-thread groups with 1, 2 or 4; 1 or 2 otherwise (plan_fast never asks for more).
 template <typename T, bool kTrace>
 FastKernel pingpong_kernel(const FastPlan& p) {
+    if (p.groups == 1)  // the helper (plan_fast_helper)
+        return p.parts == 1   ? fast_pingpong_kernel<T, 512, 1, 1, false>
+               : p.parts == 2 ? fast_pingpong_kernel<T, 512, 1, 2, false>
+                              : fast_pingpong_kernel<T, 512, 1, 4, false>;
     if (p.groups == 3)
         return p.parts == 1 ? fast_pingpong_kernel<T, 256, 3, 1, kTrace>
                             : fast_pingpong_kernel<T, 256, 3, 2, kTrace>;
@@ -1285,6 +1320,48 @@ void report_fast_trace(const long long* device, int64_t N, int cluster, int64_t 
                  periods ? phase[4] / periods / groups : 0.0);
 }
 
+// The helper's rows per SM against the main grid's, in percent (measured on the H100:
+// docs/cross_entropy.md).
+constexpr int kHelperWeight = 50;
+
+// How many clusters of the plan's shape fit on the GPU at once (one wave of a persistent grid).
+int max_active_clusters(FastKernel kernel, const FastPlan& plan) {
+    ZG_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem)));
+    cudaLaunchConfig_t cfg{};
+    cfg.blockDim = dim3(unsigned(plan.threads));
+    cfg.dynamicSmemBytes = plan.smem;
+    cfg.gridDim = dim3(unsigned(plan.cluster));
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim = {unsigned(plan.cluster), 1, 1};
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    ZG_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
+    return std::max(clusters, 1);
+}
+
+// Launches `clusters` persistent clusters of the plan. `after_main`: a helper grid, launched with
+// programmatic serialization so that it starts as soon as the grid before it is resident
+// (griddepcontrol.launch_dependents) and ends after it (griddepcontrol.wait).
+void launch_fast(FastKernel kernel, const FastPlan& plan, const FastArgs& f, int clusters,
+                 bool after_main, CUstream_st* s) {
+    cudaLaunchConfig_t cfg{};
+    cfg.blockDim = dim3(unsigned(plan.threads));
+    cfg.dynamicSmemBytes = plan.smem;
+    cfg.stream = s;
+    cfg.gridDim = dim3(unsigned(clusters * plan.cluster));
+    cudaLaunchAttribute attr[2];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim = {unsigned(plan.cluster), 1, 1};
+    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = after_main ? 2 : 1;
+    ZG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, f));
+}
+
 void run_fast_schedule(const CrossEntropyArgs& a0, const CrossEntropyOptions& o, void* w,
                        CUstream_st* s, bool pingpong) {
     check_args(a0, o, true);
@@ -1301,6 +1378,7 @@ void run_fast_schedule(const CrossEntropyArgs& a0, const CrossEntropyOptions& o,
                a.ld,
                a.V,
                a.N,
+               0,
                plan.slice,
                plan.stages,
                a.targets,
@@ -1340,26 +1418,38 @@ void run_fast_schedule(const CrossEntropyArgs& a0, const CrossEntropyOptions& o,
                 }
             }
         }
-        ZG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           int(plan.smem)));
-        cudaLaunchConfig_t cfg{};
-        cfg.blockDim = dim3(unsigned(threads));
-        cfg.dynamicSmemBytes = plan.smem;
-        cfg.stream = s;
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = unsigned(plan.cluster);
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-        cfg.gridDim = dim3(unsigned(plan.cluster));
-        int clusters = 0;
-        ZG_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
-        clusters = int(std::min<int64_t>(std::max(clusters, 1), a.N));
-        cfg.gridDim = dim3(unsigned(clusters * plan.cluster));
-        ZG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, f));
-        if (trace) report_fast_trace(f.trace, a.N, plan.cluster, clusters, plan.groups, s);
+        const int clusters = max_active_clusters(kernel, plan);
+        // The SMs the main grid leaves idle take rows [N - helper_rows, N), in proportion to
+        // their measured rate per SM against the main grid's (kHelperWeight).
+        const FastPlan help = plan_fast_helper(a, plan);
+        FastKernel help_kernel = nullptr;
+        int help_clusters = 0;
+        int64_t help_rows = 0;
+        if (help.cluster) {
+            help_kernel = pingpong_kernel<T, false>(help);
+            const int idle =
+                device_attribute(cudaDevAttrMultiProcessorCount) - clusters * plan.cluster;
+            help_clusters =
+                std::clamp(idle / help.cluster, 0, max_active_clusters(help_kernel, help));
+            int weight = kHelperWeight;
+            if (const char* e = std::getenv("ZGPT_CE_FAST_HELPER_WEIGHT")) weight = std::atoi(e);
+            const double h = double(help_clusters * help.cluster) * std::max(weight, 0) / 100.0;
+            help_rows = int64_t(double(a.N) * h / (h + double(clusters * plan.cluster)));
+        }
+        f.N = a.N - help_rows;
+        const int main_clusters = int(std::min<int64_t>(clusters, f.N));
+        launch_fast(kernel, plan, f, main_clusters, false, s);
+        if (help_rows > 0) {
+            FastArgs h = f;
+            h.row0 = f.N;
+            h.N = a.N;
+            h.slice = help.slice;
+            h.stages = help.stages;
+            h.trace = nullptr;
+            launch_fast(help_kernel, help, h, int(std::min<int64_t>(help_clusters, help_rows)),
+                        true, s);
+        }
+        if (trace) report_fast_trace(f.trace, f.N, plan.cluster, main_clusters, plan.groups, s);
     });
     ce_reduce(a, ws.stats, ws.n_valid, o, s);
 }

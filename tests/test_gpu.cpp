@@ -391,13 +391,16 @@ TEST_CASE("every cross_entropy variant equals the CPU reference: sizes, types, o
 TEST_CASE(
     "fast and fast_lockstep: many rows per cluster through the buffer ring, padded rows with a "
     "tail, every cluster size, odd rings, 2 or 3 warp groups, buffers copied in parts, the "
-    "traced kernel") {
+    "traced kernel, the helper grid on the SMs that clusters leave idle") {
     // ZGPT_CE_FAST_CLUSTER forces the cluster size (0: the planner's choice), and
     // ZGPT_CE_FAST_SMEM_KB a ring of 3 or 4 stages where it fits: in fast, a buffer is then
     // refilled by one warp group for another (the copy_started handshake). ZGPT_CE_FAST_GROUPS
     // and ZGPT_CE_FAST_PARTS pick fast's other kernels; with parts, the slices' last part may be
     // short or empty and holds the tail. ZGPT_CE_FAST_TRACE runs the kernel that records its
-    // phases (bf16 only; the f32 shape runs the plain kernel). Rows per cluster
+    // phases (bf16 only; the f32 shape runs the plain kernel). With clusters of more than 2 CTAs,
+    // a helper grid of 2-CTA clusters takes the last rows on the SMs the clusters leave idle;
+    // ZGPT_CE_FAST_HELPER_WEIGHT sets its share (0: none, 400: several times its default) and
+    // ZGPT_CE_FAST_HELPER_PARTS its copies per buffer. Rows per cluster
     // exceed the ring's stages, so buffers are refilled; ld > V leaves the last CTA a tail of
     // fewer than 8 columns, which the bulk copy brings in with NaN padding that must be neither
     // used nor written.
@@ -413,6 +416,7 @@ TEST_CASE(
         int stages;  // 0: as many as fit
         int groups = 2, parts = 1;
         bool trace = false;
+        int helper_weight = -1, helper_parts = 2;  // -1: the default share
     };
     const std::vector<Mode> modes = {{"fast", 0},
                                      {"fast", 3},
@@ -424,7 +428,11 @@ TEST_CASE(
                                      {"fast", 0, 2, 4},
                                      {"fast_lockstep", 0},
                                      {"fast", 0, 2, 1, true},
-                                     {"fast", 0, 3, 2, true}};
+                                     {"fast", 0, 3, 2, true},
+                                     {"fast", 0, 3, 2, false, 0},
+                                     {"fast", 0, 3, 2, false, 400, 1},
+                                     {"fast", 0, 2, 2, false, 400, 4},
+                                     {"fast", 0, 3, 2, true, 400, 2}};
     uint64_t seed = 900;
     for (const Mode& m : modes) {
         const std::string variant = m.variant;
@@ -433,6 +441,13 @@ TEST_CASE(
         CAPTURE(m.groups);
         CAPTURE(m.parts);
         CAPTURE(m.trace);
+        CAPTURE(m.helper_weight);
+        CAPTURE(m.helper_parts);
+        if (m.helper_weight >= 0)
+            setenv("ZGPT_CE_FAST_HELPER_WEIGHT", std::to_string(m.helper_weight).c_str(), 1);
+        else
+            unsetenv("ZGPT_CE_FAST_HELPER_WEIGHT");
+        setenv("ZGPT_CE_FAST_HELPER_PARTS", std::to_string(m.helper_parts).c_str(), 1);
         setenv("ZGPT_CE_FAST_GROUPS", std::to_string(m.groups).c_str(), 1);
         setenv("ZGPT_CE_FAST_PARTS", std::to_string(m.parts).c_str(), 1);
         if (m.trace)
@@ -465,7 +480,8 @@ TEST_CASE(
         }
     }
     for (const char* knob : {"ZGPT_CE_FAST_CLUSTER", "ZGPT_CE_FAST_SMEM_KB", "ZGPT_CE_FAST_GROUPS",
-                             "ZGPT_CE_FAST_PARTS", "ZGPT_CE_FAST_TRACE"})
+                             "ZGPT_CE_FAST_PARTS", "ZGPT_CE_FAST_TRACE",
+                             "ZGPT_CE_FAST_HELPER_WEIGHT", "ZGPT_CE_FAST_HELPER_PARTS"})
         unsetenv(knob);
 }
 
@@ -1206,11 +1222,21 @@ std::vector<uint8_t> device_bytes(const Dev& d) {
 
 TEST_CASE("every variant runs inside a CUDA graph: no host sync, new device inputs per replay") {
     GraphRun gr;
-    const int64_t N = 37, V = 5003;
+    const int64_t N = 37;
+    // `fast` once more with rows long enough for 4-CTA clusters, and a large helper share: the
+    // helper grid's programmatic dependency on the main grid is captured too
+    std::vector<std::pair<cuda::CrossEntropyVariant, bool>> runs;
     for (const auto& v : cuda::cross_entropy_variants()) {
+        runs.push_back({v, false});
+        if (std::string(v.name) == "fast") runs.push_back({v, true});
+    }
+    for (const auto& [v, helper] : runs) {
+        const int64_t V = helper ? 128256 : 5003;
+        if (helper) setenv("ZGPT_CE_FAST_HELPER_WEIGHT", "400", 1);
         for (Reduction r : {Reduction::mean, Reduction::none}) {
             const std::string variant = v.name, reduction = reduction_name(r);
             CAPTURE(variant);
+            CAPTURE(helper);
             CAPTURE(reduction);
             Case c[2] = {make_case(7, N, V, LogitsType::bf16, 1e-4, 0.1, r, 1),
                          make_case(8, N, V, LogitsType::bf16, 1e-4, 0.1, r, 3)};
@@ -1253,6 +1279,7 @@ TEST_CASE("every variant runs inside a CUDA graph: no host sync, new device inpu
             }
             CUDA_OK(cudaGraphExecDestroy(exec));
         }
+        unsetenv("ZGPT_CE_FAST_HELPER_WEIGHT");
     }
 }
 
