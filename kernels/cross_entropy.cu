@@ -1247,7 +1247,9 @@ FastPlan plan_fast_helper(const CrossEntropyArgs& a, const FastPlan& main) {
     const size_t budget = size_t(max_smem) - 2048;
     const int64_t stages = std::min<int64_t>(kMaxStages, int64_t(budget) / (slice * int64_t(es)));
     if (stages < 1) return {};
-    int parts = 2;
+    // one copy per buffer: with two or four, the main grid slowed more than the helper gained
+    // (7.1-7.5 against 6.11 ms at V = 128256 and the weight 50 of rows to the helper, H100)
+    int parts = 1;
     if (const int p = env_int("ZGPT_CE_FAST_HELPER_PARTS"); p == 1 || p == 2 || p == 4) parts = p;
     return FastPlan{kCluster, 512,         true,  1,
                     parts,    int(stages), slice, size_t(stages) * size_t(slice) * es};
@@ -1320,9 +1322,10 @@ void report_fast_trace(const long long* device, int64_t N, int cluster, int64_t 
                  periods ? phase[4] / periods / groups : 0.0);
 }
 
-// The helper's rows per SM against the main grid's, in percent (measured on the H100:
-// docs/cross_entropy.md).
-constexpr int kHelperWeight = 50;
+// The helper's rows per SM against the main grid's, in percent. Swept on the H100 at V = 128256
+// (docs/cross_entropy.md): 0 (no helper) 6.18 ms, 50 6.11, 60 6.09, 75 6.06-6.08, 90 6.45 (the
+// helper's rows now the tail), 110 7.45. 70 leaves a margin before that cliff.
+constexpr int kHelperWeight = 70;
 
 // How many clusters of the plan's shape fit on the GPU at once (one wave of a persistent grid).
 int max_active_clusters(FastKernel kernel, const FastPlan& plan) {

@@ -416,7 +416,7 @@ TEST_CASE(
         int stages;  // 0: as many as fit
         int groups = 2, parts = 1;
         bool trace = false;
-        int helper_weight = -1, helper_parts = 2;  // -1: the default share
+        int helper_weight = -1, helper_parts = 1;  // -1: the default share
     };
     const std::vector<Mode> modes = {{"fast", 0},
                                      {"fast", 3},
@@ -430,9 +430,9 @@ TEST_CASE(
                                      {"fast", 0, 2, 1, true},
                                      {"fast", 0, 3, 2, true},
                                      {"fast", 0, 3, 2, false, 0},
-                                     {"fast", 0, 3, 2, false, 400, 1},
+                                     {"fast", 0, 3, 2, false, 400, 2},
                                      {"fast", 0, 2, 2, false, 400, 4},
-                                     {"fast", 0, 3, 2, true, 400, 2}};
+                                     {"fast", 0, 3, 2, true, 400, 1}};
     uint64_t seed = 900;
     for (const Mode& m : modes) {
         const std::string variant = m.variant;
