@@ -7,7 +7,8 @@
 //   fast   one read and one write: persistent thread-block clusters hold each row in shared
 //          memory (split across the cluster's CTAs); two or three warp groups per CTA take turns
 //          over the rows (fast_pingpong_kernel), exchanging the cluster's statistics through DSMEM
-//          and mbarriers
+//          and mbarriers; where the clusters leave SMs idle, a helper grid of 2-CTA clusters
+//          (the same kernel, one group) takes the last rows there (plan_fast_helper)
 //   fast_lockstep  the same with all of a CTA's warps on one row at a time and the cluster barrier
 //          per row (fast_lockstep_kernel), kept for ablations
 #include <cooperative_groups.h>
@@ -1562,7 +1563,8 @@ const std::vector<CrossEntropyVariant>& cross_entropy_variants() {
          run_online},
         {"fast",
          "one read, one write: persistent clusters hold rows in shared memory; warp groups per "
-         "CTA take turns over the rows, so one's waits overlap the others' passes",
+         "CTA take turns over the rows, so one's waits overlap the others' passes; a helper grid "
+         "takes the last rows on the SMs the clusters leave idle",
          ws_online, run_fast},
         {"fast_lockstep",
          "fast with all of a CTA's warps on one row at a time (the cluster barrier per row)",
