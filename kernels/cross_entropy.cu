@@ -1249,7 +1249,7 @@ FastPlan plan_fast_helper(const CrossEntropyArgs& a, const FastPlan& main) {
     const int64_t stages = std::min<int64_t>(kMaxStages, int64_t(budget) / (slice * int64_t(es)));
     if (stages < 1) return {};
     // one copy per buffer: with two or four, the main grid slowed more than the helper gained
-    // (7.1-7.5 against 6.11 ms at V = 128256 and the weight 50 of rows to the helper, H100)
+    // (V = 128256 on the H100: two copies 7.13-7.48 ms at weights 40-55, one 6.11-6.13)
     int parts = 1;
     if (const int p = env_int("ZGPT_CE_FAST_HELPER_PARTS"); p == 1 || p == 2 || p == 4) parts = p;
     return FastPlan{kCluster, 512,         true,  1,
