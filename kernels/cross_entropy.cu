@@ -1177,9 +1177,18 @@ int device_attribute(cudaDeviceAttr attr) {
     ZG_CUDA_CHECK(cudaDeviceGetAttribute(&v, attr, dev));
     return v;
 }
+// Read once, like the plan's other device facts (one GPU model per process).
+int max_smem_optin() {
+    static const int v = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+    return v;
+}
+int sm_count() {
+    static const int v = device_attribute(cudaDevAttrMultiProcessorCount);
+    return v;
+}
 
 FastPlan plan_fast(const CrossEntropyArgs& a, bool pingpong) {
-    static const int max_smem = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+    const int max_smem = max_smem_optin();
     if (!rows_aligned(a.logits, a.dlogits ? a.dlogits : a.logits, a.ld, a.type)) return {};
     const size_t es = type_size(a.type);
     // Measured on an H100 (docs/cross_entropy.md). Warp groups (fast): one CTA per SM with a
@@ -1238,7 +1247,7 @@ FastPlan plan_fast(const CrossEntropyArgs& a, bool pingpong) {
 // of 512 threads per CTA in 2-CTA clusters, one buffer of half a row each (so rows of up to two
 // CTAs' shared memory), launched after the main grid onto the SMs it left idle.
 FastPlan plan_fast_helper(const CrossEntropyArgs& a, const FastPlan& main) {
-    static const int max_smem = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+    const int max_smem = max_smem_optin();
     constexpr int kCluster = 2;
     // only behind a grid of one CTA per SM, whose idle SMs are then whole
     if (!main.pingpong || main.cluster <= kCluster || 2 * main.smem <= size_t(max_smem)) return {};
@@ -1328,19 +1337,25 @@ void report_fast_trace(const long long* device, int64_t N, int cluster, int64_t 
 // helper's rows now the tail), 110 7.45. 70 leaves a margin before that cliff.
 constexpr int kHelperWeight = 70;
 
-// How many clusters of the plan's shape fit on the GPU at once (one wave of a persistent grid).
-int max_active_clusters(FastKernel kernel, const FastPlan& plan) {
-    ZG_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem)));
+// The launch of `clusters` clusters of the plan's shape; attr[0] takes the cluster dimension.
+cudaLaunchConfig_t fast_config(const FastPlan& plan, int clusters, cudaLaunchAttribute* attr) {
     cudaLaunchConfig_t cfg{};
     cfg.blockDim = dim3(unsigned(plan.threads));
     cfg.dynamicSmemBytes = plan.smem;
-    cfg.gridDim = dim3(unsigned(plan.cluster));
-    cudaLaunchAttribute attr[1];
+    cfg.gridDim = dim3(unsigned(clusters * plan.cluster));
     attr[0].id = cudaLaunchAttributeClusterDimension;
     attr[0].val.clusterDim = {unsigned(plan.cluster), 1, 1};
     cfg.attrs = attr;
     cfg.numAttrs = 1;
+    return cfg;
+}
+
+// How many clusters of the plan's shape fit on the GPU at once (one wave of a persistent grid).
+int max_active_clusters(FastKernel kernel, const FastPlan& plan) {
+    ZG_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem)));
+    cudaLaunchAttribute attr[1];
+    const cudaLaunchConfig_t cfg = fast_config(plan, 1, attr);
     int clusters = 0;
     ZG_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
     return std::max(clusters, 1);
@@ -1351,18 +1366,14 @@ int max_active_clusters(FastKernel kernel, const FastPlan& plan) {
 // (griddepcontrol.launch_dependents) and ends after it (griddepcontrol.wait).
 void launch_fast(FastKernel kernel, const FastPlan& plan, const FastArgs& f, int clusters,
                  bool after_main, CUstream_st* s) {
-    cudaLaunchConfig_t cfg{};
-    cfg.blockDim = dim3(unsigned(plan.threads));
-    cfg.dynamicSmemBytes = plan.smem;
-    cfg.stream = s;
-    cfg.gridDim = dim3(unsigned(clusters * plan.cluster));
     cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim = {unsigned(plan.cluster), 1, 1};
-    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = after_main ? 2 : 1;
+    cudaLaunchConfig_t cfg = fast_config(plan, clusters, attr);
+    cfg.stream = s;
+    if (after_main) {
+        attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[1].val.programmaticStreamSerializationAllowed = 1;
+        cfg.numAttrs = 2;
+    }
     ZG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, f));
 }
 
@@ -1431,8 +1442,7 @@ void run_fast_schedule(const CrossEntropyArgs& a0, const CrossEntropyOptions& o,
         int64_t help_rows = 0;
         if (help.cluster) {
             help_kernel = pingpong_kernel<T, false>(help);
-            const int idle =
-                device_attribute(cudaDevAttrMultiProcessorCount) - clusters * plan.cluster;
+            const int idle = sm_count() - clusters * plan.cluster;
             help_clusters =
                 std::clamp(idle / help.cluster, 0, max_active_clusters(help_kernel, help));
             int weight = kHelperWeight;
