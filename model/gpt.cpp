@@ -102,7 +102,6 @@ void GPT<T>::ensure_activations(int64_t B, int64_t Tn) {
     lnf_.resize(BT * C);
     lnf_mean_.resize(BT);
     lnf_rstd_.resize(BT);
-    logits_.resize(BT * Vp_);
     for (auto* v : {&dres_, &dtmp_c_, &dq_, &dk_}) v->resize(BT * C);
     for (auto* v : {&dqkv_, &dqkv_raw_}) v->resize(BT * 3 * C);
     for (auto* v : {&dfch_, &dgelu_}) v->resize(BT * 4 * C);
@@ -110,6 +109,14 @@ void GPT<T>::ensure_activations(int64_t B, int64_t Tn) {
 
 template <typename T>
 void GPT<T>::forward(const int32_t* tokens, int64_t B, int64_t Tn) {
+    forward_hidden(tokens, B, Tn);
+    logits_.resize(B * Tn * Vp_);  // here, not with the activations: a sharded head has none
+    cpu::matmul_forward(logits_.data(), lnf_.data(), maybe(layout_.lm_head), (const T*)nullptr,
+                        B * Tn, int64_t(cfg_.n_embd), Vp_);
+}
+
+template <typename T>
+void GPT<T>::forward_hidden(const int32_t* tokens, int64_t B, int64_t Tn) {
     ZG_CHECK(B > 0 && Tn > 0 && Tn <= cfg_.block_size,
              "sequence length " + std::to_string(Tn) +
                  " must be in [1, block_size=" + std::to_string(cfg_.block_size) + "]");
@@ -161,14 +168,12 @@ void GPT<T>::forward(const int32_t* tokens, int64_t B, int64_t Tn) {
     cpu::layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(),
                            residual_[cfg_.n_layer].data(), maybe(layout_.lnf_w),
                            maybe(layout_.lnf_b), BT, C, eps);
-    cpu::matmul_forward(logits_.data(), lnf_.data(), maybe(layout_.lm_head), (const T*)nullptr, BT,
-                        C, Vp_);
 }
 
 template <typename T>
 CrossEntropySummary GPT<T>::loss(const int32_t* targets, const CrossEntropyOptions& opts,
                                  GradOutput grad_output, bool compute_grad, CrossEntropyRows rows) {
-    ZG_CHECK(B_ > 0, "loss() needs a forward() first");
+    ZG_CHECK(B_ > 0 && int64_t(logits_.size()) == B_ * T_ * Vp_, "loss() needs a forward() first");
     const int64_t BT = B_ * T_;
     CrossEntropySummary s = cpu::cross_entropy(logits_.data(), Vp_, targets, BT, cfg_.vocab_size,
                                                opts, grad_output, rows, compute_grad);
@@ -182,15 +187,23 @@ CrossEntropySummary GPT<T>::loss(const int32_t* targets, const CrossEntropyOptio
 
 template <typename T>
 void GPT<T>::backward() {
-    const int64_t B = B_, Tn = T_, BT = B * Tn, C = cfg_.n_embd, NH = cfg_.n_head, hs = C / NH;
-    ZG_CHECK(BT > 0, "backward() needs forward() and loss() first");
+    const int64_t BT = B_ * T_, C = cfg_.n_embd;
+    ZG_CHECK(BT > 0 && int64_t(logits_.size()) == BT * Vp_,
+             "backward() needs forward() and loss() first");
     // lm head (logits_ holds dlogits now)
     fill_zero(dtmp_c_);
     cpu::matmul_backward(dtmp_c_.data(), maybe_grad(layout_.lm_head), (T*)nullptr, logits_.data(),
                          lnf_.data(), maybe(layout_.lm_head), BT, C, Vp_);
+    backward_from_hidden(dtmp_c_.data());
+}
+
+template <typename T>
+void GPT<T>::backward_from_hidden(const T* dhidden) {
+    const int64_t B = B_, Tn = T_, BT = B * Tn, C = cfg_.n_embd, NH = cfg_.n_head, hs = C / NH;
+    ZG_CHECK(BT > 0, "backward() needs forward() first");
     fill_zero(dres_);
     cpu::layernorm_backward(dres_.data(), maybe_grad(layout_.lnf_w), maybe_grad(layout_.lnf_b),
-                            dtmp_c_.data(), residual_[cfg_.n_layer].data(), maybe(layout_.lnf_w),
+                            dhidden, residual_[cfg_.n_layer].data(), maybe(layout_.lnf_w),
                             lnf_mean_.data(), lnf_rstd_.data(), BT, C);
     // dres_ is the gradient of the residual stream; each block adds its branch's input gradient.
     for (int l = cfg_.n_layer - 1; l >= 0; l--) {

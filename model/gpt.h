@@ -29,6 +29,10 @@ class GPT {
 
     // Forward B x Tn tokens (Tn <= block_size) to logits [B * Tn, padded_vocab].
     void forward(const int32_t* tokens, int64_t B, int64_t Tn);
+    // The same up to the final LayerNorm's output, hidden() [B * Tn, n_embd]: where a
+    // vocab-parallel loss head (train/vocab_parallel_head.h) takes over.
+    void forward_hidden(const int32_t* tokens, int64_t B, int64_t Tn);
+    const T* hidden() const { return lnf_.data(); }
 
     // The loss head on the last forward's logits (only the first vocab_size columns count).
     // With compute_grad, dlogits replace the logits in place, ready for backward().
@@ -37,6 +41,9 @@ class GPT {
 
     // Backward from dlogits; adds into grads.
     void backward();
+    // Backward from the gradient of hidden() [B * Tn, n_embd] (the LM head's part already done);
+    // adds into grads.
+    void backward_from_hidden(const T* dhidden);
 
     void zero_grad();
     const T* logits() const { return logits_.data(); }

@@ -11,6 +11,7 @@
 #include "kernels/rng.h"
 #include "model/parameters.h"
 #include "model/sample.h"
+#include "train/comm.h"
 #include "train/config.h"
 
 namespace zgpt {
@@ -32,6 +33,15 @@ class Backend {
     virtual CrossEntropySummary evaluate(const int32_t* inputs, const int32_t* targets, int64_t B,
                                          int64_t T, const CrossEntropyOptions& opts) = 0;
     virtual void zero_grad() = 0;
+    // Vocab parallel: the loss head of train_micro_batch / evaluate runs split by vocabulary rows
+    // across `group` (train/vocab_parallel_head.h). Null or one rank: the whole head here.
+    virtual void set_vocab_group(Communicator* group) = 0;
+    // Data parallel: the gradient arena summed over the ranks of `comm`.
+    virtual void all_reduce_grads(Communicator& comm) = 0;
+    // ZeRO-1: each rank of `comm` keeps the AdamW moments of one slice of the arena, updates that
+    // slice and all-gathers the weights. adam_m() / adam_v() then gather the whole state: they
+    // are collective (every rank calls them). Call before set_adam.
+    virtual void shard_optimizer(Communicator& comm) = 0;
     virtual double grad_norm() = 0;
     virtual void optimizer_step(double lr, double grad_scale) = 0;
 
@@ -47,6 +57,7 @@ class Backend {
     virtual std::vector<int32_t> generate(const std::vector<int32_t>& prompt,
                                           const SampleOptions& opts, Rng& rng) = 0;
     virtual double device_memory_bytes() const { return 0; }  // 0: not tracked (CPU)
+    virtual double head_memory_bytes() const { return 0; }    // the loss head's buffers
     virtual std::string describe() const = 0;                 // one line for the log
 };
 

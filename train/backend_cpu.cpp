@@ -1,10 +1,12 @@
 #include <omp.h>
 
+#include "kernels/check.h"
 #include "model/gpt.h"
 #include "model/hf_gpt2.h"
 #include "train/backend.h"
 #include "train/backend_init.h"
 #include "train/optimizer.h"
+#include "train/vocab_parallel_head.h"
 
 namespace zgpt {
 
@@ -13,7 +15,9 @@ namespace {
 class CpuBackend final : public Backend {
   public:
     explicit CpuBackend(const Config& cfg)
-        : model_(cfg.model), opt_(model_.layout().table, cfg.optim) {
+        : cfg_(cfg),
+          model_(cfg.model),
+          opt_(std::make_unique<AdamW>(model_.layout().table, cfg.optim)) {
         model_.params = initial_params(cfg);
     }
     std::string name() const override { return "cpu"; }
@@ -24,6 +28,14 @@ class CpuBackend final : public Backend {
     CrossEntropySummary train_micro_batch(const int32_t* inputs, const int32_t* targets, int64_t B,
                                           int64_t T, const CrossEntropyOptions& opts,
                                           double grad_output) override {
+        if (sharded()) {
+            model_.forward_hidden(inputs, B, T);
+            dhidden_.resize(B * T * model_.config().n_embd);
+            const CrossEntropySummary s = head(targets, B * T, opts, grad_output, true);
+            model_.backward_from_hidden(dhidden_.data());
+            return s;
+        }
+        last_rows_ = B * T;
         model_.forward(inputs, B, T);
         const CrossEntropySummary s = model_.loss(targets, opts, {&grad_output, false}, true);
         model_.backward();
@@ -32,27 +44,54 @@ class CpuBackend final : public Backend {
     CrossEntropySummary evaluate(const int32_t* inputs, const int32_t* targets, int64_t B,
                                  int64_t T, const CrossEntropyOptions& opts) override {
         const double one = 1.0;
+        if (sharded()) {
+            model_.forward_hidden(inputs, B, T);
+            return head(targets, B * T, opts, one, false);
+        }
+        last_rows_ = B * T;
         model_.forward(inputs, B, T);
         return model_.loss(targets, opts, {&one, false}, false);
     }
     void zero_grad() override { model_.zero_grad(); }
+    void set_vocab_group(Communicator* group) override { group_ = group; }
+    void all_reduce_grads(Communicator& comm) override {
+        comm.all_reduce_sum(model_.grads.data(), model_.num_parameters());
+    }
+    double head_memory_bytes() const override {
+        return sharded() ? double(head_.buffer_bytes())
+                         : double(model_.padded_vocab()) * 4.0 * last_rows_;
+    }
     double grad_norm() override {
         return global_grad_norm(model_.grads.data(), model_.num_parameters());
     }
+    void shard_optimizer(Communicator& comm) override {
+        zero_ = &comm;
+        const int64_t n = model_.num_parameters(), S = (n + comm.size() - 1) / comm.size();
+        const int64_t lo = std::min(n, S * comm.rank()), hi = std::min(n, lo + S);
+        opt_ = std::make_unique<AdamW>(model_.layout().table, cfg_.optim, lo, hi);
+    }
     void optimizer_step(double lr, double grad_scale) override {
-        opt_.step(model_.params.data(), model_.grads.data(), lr, grad_scale);
+        opt_->step(model_.params.data(), model_.grads.data(), lr, grad_scale);
+        if (zero_) model_.params = gather(model_.params.data() + opt_->lo());
     }
     std::vector<float> params() const override { return model_.params; }
     void set_params(const std::vector<float>& p) override { model_.params = p; }
-    std::vector<float> adam_m() const override { return opt_.m(); }
-    std::vector<float> adam_v() const override { return opt_.v(); }
+    std::vector<float> adam_m() const override {
+        return zero_ ? gather(opt_->m().data()) : opt_->m();
+    }
+    std::vector<float> adam_v() const override {
+        return zero_ ? gather(opt_->v().data()) : opt_->v();
+    }
     void set_adam(const std::vector<float>& m, const std::vector<float>& v,
                   int64_t steps) override {
-        opt_.m() = m;
-        opt_.v() = v;
-        opt_.set_steps_taken(steps);
+        const int64_t n = model_.num_parameters();
+        ZG_CHECK(int64_t(m.size()) == n && int64_t(v.size()) == n,
+                 "optimizer state has the wrong size");
+        opt_->m().assign(m.begin() + opt_->lo(), m.begin() + opt_->hi());
+        opt_->v().assign(v.begin() + opt_->lo(), v.begin() + opt_->hi());
+        opt_->set_steps_taken(steps);
     }
-    int64_t adam_steps() const override { return opt_.steps_taken(); }
+    int64_t adam_steps() const override { return opt_->steps_taken(); }
     std::vector<int32_t> generate(const std::vector<int32_t>& prompt, const SampleOptions& so,
                                   Rng& rng) override {
         return zgpt::generate(model_, prompt, so, rng);
@@ -63,8 +102,33 @@ class CpuBackend final : public Backend {
     }
 
   private:
+    // The whole arena from every rank's ZeRO-1 slice (slices of S = ceil(n / ranks) elements,
+    // the last one shorter), `mine` being this rank's.
+    std::vector<float> gather(const float* mine) const {
+        const int64_t n = model_.num_parameters(), R = zero_->size(), S = (n + R - 1) / R;
+        std::vector<float> send(S, 0.0f), all(S * R);
+        std::copy(mine, mine + (opt_->hi() - opt_->lo()), send.begin());
+        zero_->all_gather(send.data(), all.data(), S, CommType::f32);
+        all.resize(n);
+        return all;
+    }
+    bool sharded() const { return group_ && group_->size() > 1; }
+    CrossEntropySummary head(const int32_t* targets, int64_t N, const CrossEntropyOptions& opts,
+                             double grad_output, bool grad) {
+        const int lm = model_.layout().lm_head;
+        return head_.run(*group_, model_.hidden(), targets, N, model_.config().n_embd,
+                         model_.param(lm), model_.grad(lm), model_.config().vocab_size, opts,
+                         {&grad_output, false}, grad ? dhidden_.data() : nullptr);
+    }
+
+    Config cfg_;
     GPT<float> model_;
-    mutable AdamW opt_;
+    std::unique_ptr<AdamW> opt_;
+    Communicator* zero_ = nullptr;  // ZeRO-1: the ranks that share the optimizer state
+    Communicator* group_ = nullptr;
+    VocabParallelHead<float> head_;
+    std::vector<float> dhidden_;
+    int64_t last_rows_ = 0;
 };
 
 }  // namespace

@@ -73,6 +73,30 @@ class CudaBackend final : public Backend {
         return model_.loss(targets, opts, 1.0, false);
     }
     void zero_grad() override { model_.zero_grad(); }
+    void set_vocab_group(Communicator* group) override {
+        ZG_CHECK(!group || group->size() == 1,
+                 "parallel.vocab_parallel > 1 runs on the CPU backend only in this version (the "
+                 "CUDA vocab-parallel head is not wired into the GPU model yet)");
+    }
+    void shard_optimizer(Communicator& comm) override {
+        ZG_CHECK(comm.size() == 1,
+                 "parallel.zero1 runs on the CPU backend only in this version (the GPU's AdamW "
+                 "over a slice of the arena is not built yet)");
+    }
+    void all_reduce_grads(Communicator& comm) override {
+        ZG_CUDA_CHECK(cudaDeviceSynchronize());  // the backward pass is done on its streams
+        if (comm.device_buffers()) {
+            comm.all_reduce_sum(model_.grads_device(), model_.num_parameters());
+            ZG_CUDA_CHECK(cudaDeviceSynchronize());
+            return;
+        }
+        // A host communicator (local ranks sharing this GPU): through host memory.
+        std::vector<float> g(model_.num_parameters());
+        model_.get_grads(g.data());
+        comm.all_reduce_sum(g.data(), int64_t(g.size()));
+        ZG_CUDA_CHECK(
+            cudaMemcpy(model_.grads_device(), g.data(), g.size() * 4, cudaMemcpyHostToDevice));
+    }
     double grad_norm() override { return model_.grad_norm(); }
     void optimizer_step(double lr, double grad_scale) override {
         steps_++;

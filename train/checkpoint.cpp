@@ -59,7 +59,10 @@ std::string save_checkpoint(const std::string& dir, const ParameterTable& table,
     nlohmann::json h{{"format_version", kCheckpointVersion},
                      {"step", s.step},
                      {"tokens", s.tokens},
-                     {"loader", {{"epoch", s.loader.epoch}, {"batch", s.loader.batch}}},
+                     {"loader",
+                      {{"epoch", s.loader.epoch},
+                       {"batch", s.loader.batch},
+                       {"windows_per_batch", s.loader_windows_per_batch}}},
                      {"adam_steps", s.adam_steps},
                      {"config", s.config_yaml},
                      {"total", table.total()},
@@ -161,6 +164,7 @@ CheckpointState load_checkpoint(const std::string& path, const ParameterTable& t
     s.tokens = h.at("tokens");
     s.loader.epoch = h.at("loader").at("epoch");
     s.loader.batch = h.at("loader").at("batch");
+    s.loader_windows_per_batch = h.at("loader").value("windows_per_batch", int64_t(0));
     s.adam_steps = h.at("adam_steps");
     s.config_yaml = h.at("config");
     const unsigned char* body = buf.data() + 24 + hlen;

@@ -23,6 +23,9 @@ struct CheckpointState {
     int64_t step = 0;    // optimizer steps completed
     int64_t tokens = 0;  // training tokens consumed
     LoaderPosition loader;
+    // Windows one loader batch takes over all ranks (batch_size x ranks) when saved, so a run
+    // resumes on another rank count at the same point of the data; 0: unknown (older files).
+    int64_t loader_windows_per_batch = 0;
     int64_t adam_steps = 0;
     std::string config_yaml;
     std::vector<float> params, m, v;

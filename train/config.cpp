@@ -122,6 +122,18 @@ std::vector<ConfigField> config_fields(Config& c) {
     add({"loss", "label_smoothing", "label smoothing eps", &l.label_smoothing, 0, 1, false, true});
     add({"loss", "ignore_index", "target id that is ignored", &l.ignore_index, -(1 << 30),
          1 << 30});
+    ParallelConfig& par = c.parallel;
+    add({"parallel", "local_ranks",
+         "ranks as threads of this process (local communicator; CPU, or several on one GPU)",
+         &par.local_ranks, 1, 1024});
+    add({"parallel", "vocab_parallel",
+         "ranks per vocab-parallel group: the LM head's rows split among them; 1: off",
+         &par.vocab_parallel, 1, 1024});
+    add({"parallel", "zero1", "shard the AdamW moments across the ranks (ZeRO-1)", &par.zero1});
+    add({"parallel", "timeout_s",
+         "a rank that fails or a peer that never arrives stops all "
+         "ranks within this many seconds",
+         &par.timeout_s, 0, 1e7, true});
     KernelChoice& k = c.kernels;
     add({"kernels",
          "attention",

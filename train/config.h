@@ -58,6 +58,16 @@ struct LossConfig {
     int ignore_index = -100;
 };
 
+// Several ranks (processes started by `train --nproc N`, torchrun, srun or mpirun; or threads of
+// one process with local_ranks). train.batch_size is per rank: the global batch of a step is
+// batch_size x grad_accum x ranks.
+struct ParallelConfig {
+    int local_ranks = 1;     // > 1: this many ranks as threads of one process (local communicator)
+    int vocab_parallel = 1;  // ranks per vocab-parallel group of the loss head; 1: off
+    bool zero1 = false;      // shard the AdamW moments across the ranks (ZeRO-1)
+    double timeout_s = 300;  // a peer that does not arrive within this stops every rank
+};
+
 struct Config {
     ModelConfig model;
     DataConfig data;
@@ -65,6 +75,7 @@ struct Config {
     OptimConfig optim;
     LossConfig loss;
     KernelChoice kernels;
+    ParallelConfig parallel;
 };
 
 // One entry of the field table.

@@ -1,6 +1,9 @@
 #include "train/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
+
+#include "kernels/check.h"
 
 #include "kernels/adamw.h"
 #include "kernels/global_norm.h"
@@ -8,7 +11,12 @@
 namespace zgpt {
 
 AdamW::AdamW(const ParameterTable& table, const OptimConfig& cfg)
-    : table_(table), cfg_(cfg), m_(table.total(), 0.0f), v_(table.total(), 0.0f) {}
+    : AdamW(table, cfg, 0, table.total()) {}
+
+AdamW::AdamW(const ParameterTable& table, const OptimConfig& cfg, int64_t lo, int64_t hi)
+    : table_(table), cfg_(cfg), lo_(lo), hi_(hi), m_(hi - lo, 0.0f), v_(hi - lo, 0.0f) {
+    ZG_CHECK(0 <= lo && lo <= hi && hi <= table.total(), "AdamW: range outside the arena");
+}
 
 void AdamW::step(float* params, const float* grads, double lr, double grad_scale) {
     t_++;
@@ -19,10 +27,12 @@ void AdamW::step(float* params, const float* grads, double lr, double grad_scale
     s.eps = cfg_.eps;
     s.t = t_;
     s.grad_scale = grad_scale;
-    for (const ParamSpec& p : table_.specs()) {
+    for (const ParamSpec& p : table_.specs()) {  // each tensor's part inside [lo, hi)
+        const int64_t a = std::max(p.offset, lo_), b = std::min(p.offset + p.numel, hi_);
+        if (a >= b) continue;
         s.weight_decay = p.decay ? cfg_.weight_decay : 0.0;
-        cpu::adamw_update(params + p.offset, grads + p.offset, m_.data() + p.offset,
-                          v_.data() + p.offset, p.numel, s);
+        cpu::adamw_update(params + a, grads + a, m_.data() + (a - lo_), v_.data() + (a - lo_),
+                          b - a, s);
     }
 }
 

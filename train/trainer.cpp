@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "data/loader.h"
 #include "data/tokenizer.h"
@@ -58,7 +59,8 @@ struct EvalResult {
 
 // Mean loss and CE over eval_batches validation batches, always the same ones (the loader
 // restarts).
-EvalResult evaluate(Backend& model, DataLoader& val, const Config& c, int64_t T) {
+EvalResult evaluate(Backend& model, DataLoader& val, const Config& c, int64_t T,
+                    Communicator& world) {
     const int64_t B = c.train.batch_size;
     Batch b{std::vector<int32_t>(B * T), std::vector<int32_t>(B * T)};
     val.reset();
@@ -72,6 +74,11 @@ EvalResult evaluate(Backend& model, DataLoader& val, const Config& c, int64_t T)
         ce += s.sum_ce;
         n += s.n_valid;
     }
+    double sums[3] = {loss, ce, double(n)};  // every rank evaluates its own batches
+    world.all_reduce_sum(sums, 3);
+    loss = sums[0];
+    ce = sums[1];
+    n = int64_t(sums[2]);
     return {n ? loss / double(n) : 0.0, n ? ce / double(n) : 0.0};
 }
 
@@ -110,10 +117,57 @@ void resolve_vocab_size(Config& c) {
 }
 
 TrainResult train(Config cfg, const std::string& config_path, const std::string& command_line) {
+    if (cfg.parallel.local_ranks > 1) return train_local_ranks(cfg, config_path, command_line);
+    auto single = make_single_rank_comm();
+    return train(cfg, config_path, command_line, *single);
+}
+
+TrainResult train_local_ranks(const Config& cfg, const std::string& config_path,
+                              const std::string& command_line) {
+    const int n = cfg.parallel.local_ranks;
+    auto comms = make_local_group(n, cfg.parallel.timeout_s);
+    // The CPU's threads shared among the ranks (each rank's OpenMP regions use its share).
+    const int threads = cfg.train.threads > 0 ? cfg.train.threads : omp_get_max_threads();
+    std::vector<TrainResult> results(n);
+    std::vector<std::string> errors(n);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < n; r++) {
+        ranks.emplace_back([&, r] {
+            try {
+                Config c = cfg;
+                c.parallel.local_ranks = 1;
+                c.train.threads = std::max(1, threads / n);
+                results[r] = train(c, config_path, command_line, *comms[r]);
+            } catch (const std::exception& e) {
+                errors[r] = e.what();
+                abort_local_group(*comms[r], "rank " + std::to_string(r) + " failed: " + e.what());
+            }
+        });
+    }
+    for (std::thread& t : ranks) t.join();
+    // The first rank that failed on its own (the others then failed through the abort).
+    for (int r = 0; r < n; r++)
+        if (!errors[r].empty() && errors[r].find("failed: ") == std::string::npos &&
+            errors[r].find("did not reach") == std::string::npos)
+            throw Error("rank " + std::to_string(r) + " failed: " + errors[r]);
+    for (int r = 0; r < n; r++)
+        if (!errors[r].empty()) throw Error(errors[r]);
+    return results[0];
+}
+
+TrainResult train(Config cfg, const std::string& config_path, const std::string& command_line,
+                  Communicator& world) {
     resolve_vocab_size(cfg);
     validate(cfg.model);
     if (cfg.train.threads > 0) omp_set_num_threads(cfg.train.threads);
     const DeviceChoice device = choose_device(cfg.train.device);
+    const int R = world.size(), rank = world.rank(), P = cfg.parallel.vocab_parallel;
+    const bool lead = rank == 0;  // rank 0 writes the run directory, metrics and checkpoints
+    ZG_CHECK(R % P == 0, "parallel.vocab_parallel=" + std::to_string(P) +
+                             " must divide the number of ranks (" + std::to_string(R) + ")");
+    ZG_CHECK(P <= cfg.model.vocab_size, "parallel.vocab_parallel exceeds the vocabulary");
+    // Vocab-parallel groups: P consecutive ranks each.
+    std::unique_ptr<Communicator> vocab_group = P > 1 ? world.split(rank / P, rank) : nullptr;
     const int64_t B = cfg.train.batch_size;
     const int64_t T = cfg.train.seq_len > 0 ? cfg.train.seq_len : cfg.model.block_size;
     const int64_t max_steps = cfg.train.max_steps;
@@ -125,6 +179,8 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
     lo.sampling = cfg.data.sampling == "random" ? Sampling::random : Sampling::epochs;
     lo.seed = uint64_t(cfg.train.seed);
     lo.vocab_size = cfg.model.vocab_size;
+    lo.rank = rank;
+    lo.world_size = R;
     DataLoader train_loader(cfg.data.train, lo);
     std::unique_ptr<DataLoader> val_loader;
     if (!cfg.data.val.empty()) {
@@ -136,65 +192,123 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
     }
 
     TrainResult result;
-    result.run_dir = make_run_dir(cfg.train, config_path);
+    if (lead) result.run_dir = make_run_dir(cfg.train, config_path);
     const std::string yaml = config_to_yaml(cfg);
     const std::string ckpt_dir = result.run_dir + "/checkpoints";
 
     std::unique_ptr<Backend> backend = make_backend(device.device, cfg);
     Backend& model = *backend;
+    model.set_vocab_group(vocab_group.get());
+    if (cfg.parallel.zero1 && R > 1) model.shard_optimizer(world);
     int64_t start_step = 0, tokens = 0;
     std::string resumed_from;
+    const int64_t windows_per_batch = B * R;
     if (cfg.train.resume == "auto") {
-        std::vector<std::string> refused;
+        // Rank 0 reads the checkpoint and hands it to the others (no shared file system needed).
         CheckpointState st;
-        resumed_from = latest_valid_checkpoint(ckpt_dir, model.layout().table, &refused, &st);
-        for (const std::string& r : refused) std::printf("warning: %s\n", r.c_str());
-        if (!resumed_from.empty()) {
+        if (lead) {
+            std::vector<std::string> refused;
+            resumed_from = latest_valid_checkpoint(ckpt_dir, model.layout().table, &refused, &st);
+            for (const std::string& r : refused) std::printf("warning: %s\n", r.c_str());
+        }
+        int64_t head[6] = {int64_t(!resumed_from.empty()),
+                           st.step,
+                           st.tokens,
+                           st.loader.epoch,
+                           st.loader.batch,
+                           st.adam_steps};
+        int64_t old_windows = st.loader_windows_per_batch;
+        world.broadcast(head, 6, CommType::i64, 0);
+        world.broadcast(&old_windows, 1, CommType::i64, 0);
+        if (head[0]) {
+            const int64_t n = model.num_parameters();
+            for (auto* v : {&st.params, &st.m, &st.v}) {
+                v->resize(n);
+                world.broadcast(v->data(), n, CommType::f32, 0);
+            }
+            LoaderPosition pos{head[3], head[4]};
+            // The same point of the data on another rank count or batch size.
+            if (old_windows > 0 && old_windows != windows_per_batch) {
+                const int64_t done = pos.batch * old_windows;
+                ZG_CHECK(done % windows_per_batch == 0,
+                         "cannot resume: the checkpoint stopped after " + std::to_string(done) +
+                             " windows of its epoch, not a whole number of this run's global "
+                             "batches of " +
+                             std::to_string(windows_per_batch) + " (train.batch_size x ranks)");
+                pos.batch = done / windows_per_batch;
+            }
             model.set_params(st.params);
-            model.set_adam(st.m, st.v, st.adam_steps);
-            train_loader.set_position(st.loader);
-            start_step = st.step;
-            tokens = st.tokens;
-            truncate_metrics(result.run_dir + "/metrics.jsonl", start_step);
+            model.set_adam(st.m, st.v, head[5]);
+            train_loader.set_position(pos);
+            start_step = head[1];
+            tokens = head[2];
+            if (lead) truncate_metrics(result.run_dir + "/metrics.jsonl", start_step);
         }
     }
-    write_text_file(result.run_dir + "/config.yaml", yaml);
-    const std::string prov_name = start_step
-                                      ? "/provenance-resume-" + std::to_string(start_step) + ".json"
-                                      : "/provenance.json";
-    nlohmann::json prov = provenance(device, command_line);
-    prov["kernels"] = kernels_json(cfg, device);
-    write_text_file(result.run_dir + prov_name, prov.dump(2) + "\n");
-    MetricsWriter metrics(result.run_dir + "/metrics.jsonl");
+    std::unique_ptr<MetricsWriter> metrics_file;
+    if (lead) {
+        write_text_file(result.run_dir + "/config.yaml", yaml);
+        const std::string prov_name =
+            start_step ? "/provenance-resume-" + std::to_string(start_step) + ".json"
+                       : "/provenance.json";
+        nlohmann::json prov = provenance(device, command_line);
+        prov["kernels"] = kernels_json(cfg, device);
+        prov["parallel"] = {{"ranks", R},
+                            {"communicator", world.name()},
+                            {"vocab_parallel", P},
+                            {"zero1", cfg.parallel.zero1 && R > 1}};
+        write_text_file(result.run_dir + prov_name, prov.dump(2) + "\n");
+        metrics_file = std::make_unique<MetricsWriter>(result.run_dir + "/metrics.jsonl");
+    }
+    auto write_metrics = [&](const nlohmann::json& rec) {
+        if (metrics_file) metrics_file->write(rec);
+    };
+    // Collective: every rank calls it (the moments may be sharded); rank 0 writes.
     auto checkpoint = [&](int64_t step) {
         CheckpointState st;
         st.step = step;
         st.tokens = tokens;
         st.loader = train_loader.position();
+        st.loader_windows_per_batch = windows_per_batch;
         st.adam_steps = model.adam_steps();
         st.config_yaml = yaml;
-        st.params = model.params();
         st.m = model.adam_m();
         st.v = model.adam_v();
+        if (!lead) return;
+        st.params = model.params();
         save_checkpoint(ckpt_dir, model.layout().table, st, cfg.train.keep_checkpoints);
     };
 
-    std::printf("resolved config:\n%s", yaml.c_str());
-    std::printf("%s\n", device.reason.c_str());
-    std::printf("model: %.3fM parameters (vocab %d padded to %lld); %s\n",
-                double(model.num_parameters()) / 1e6, cfg.model.vocab_size,
-                (long long)model.padded_vocab(), model.describe().c_str());
-    std::printf("data: %lld train tokens in %zu shard(s), %lld batches of %lldx%lld per epoch\n",
-                (long long)train_loader.num_tokens(), train_loader.num_shards(),
-                (long long)train_loader.batches_per_epoch(), (long long)B, (long long)T);
-    std::printf("run directory: %s\n", result.run_dir.c_str());
-    if (!resumed_from.empty())
-        std::printf("resumed from %s at step %lld\n", resumed_from.c_str(), (long long)start_step);
-    else if (cfg.train.resume == "auto")
-        std::printf("no valid checkpoint in %s: starting from step 0\n", ckpt_dir.c_str());
-    std::fflush(stdout);
+    if (lead) {
+        std::printf("resolved config:\n%s", yaml.c_str());
+        std::printf("%s\n", device.reason.c_str());
+        std::printf("model: %.3fM parameters (vocab %d padded to %lld); %s\n",
+                    double(model.num_parameters()) / 1e6, cfg.model.vocab_size,
+                    (long long)model.padded_vocab(), model.describe().c_str());
+        if (R > 1)
+            std::printf(
+                "ranks: %d (%s communicator), batch %lld per rank; vocab-parallel "
+                "groups of %d%s\n",
+                R, world.name().c_str(), (long long)B, P,
+                cfg.parallel.zero1 ? "; AdamW state sharded (ZeRO-1)" : "");
+        std::printf(
+            "data: %lld train tokens in %zu shard(s), %lld batches of %lldx%lld per epoch\n",
+            (long long)train_loader.num_tokens(), train_loader.num_shards(),
+            (long long)train_loader.batches_per_epoch(), (long long)B, (long long)T);
+        std::printf("run directory: %s\n", result.run_dir.c_str());
+        if (!resumed_from.empty())
+            std::printf("resumed from %s at step %lld\n", resumed_from.c_str(),
+                        (long long)start_step);
+        else if (cfg.train.resume == "auto")
+            std::printf("no valid checkpoint in %s: starting from step 0\n", ckpt_dir.c_str());
+        std::fflush(stdout);
+    }
 
-    Progress progress(cfg.train.log_every);
+    // Only rank 0 shows progress.
+    Progress progress(lead ? cfg.train.log_every : 0);
+    auto message = [&](const std::string& line) {
+        if (lead) progress.message(line);
+    };
     // A sample from the current weights, seeded by the step (the training stream is untouched).
     std::unique_ptr<Tokenizer> tokenizer;
     auto print_sample = [&](int64_t step) {
@@ -211,12 +325,12 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
         Rng rng(uint64_t(cfg.train.seed) ^ uint64_t(step));
         const std::vector<uint32_t> p = tokenizer->default_prompt();
         const auto out = model.generate(std::vector<int32_t>(p.begin(), p.end()), so, rng);
-        progress.message("sample at step " + std::to_string(step) + ":\n" +
-                         tokenizer->decode(std::vector<uint32_t>(out.begin(), out.end())));
+        message("sample at step " + std::to_string(step) + ":\n" +
+                tokenizer->decode(std::vector<uint32_t>(out.begin(), out.end())));
     };
     auto run_eval = [&](int64_t step, nlohmann::json& rec) {
         if (!val_loader) return;
-        const EvalResult e = evaluate(model, *val_loader, cfg, T);
+        const EvalResult e = evaluate(model, *val_loader, cfg, T, world);
         rec["val_loss"] = e.loss;
         rec["val_ce"] = e.ce;
         result.val_loss = e.loss;
@@ -224,12 +338,12 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
         char line[128];
         std::snprintf(line, sizeof line, "step %lld: val loss %.4f (ce %.4f)", (long long)step,
                       e.loss, e.ce);
-        progress.message(line);
+        message(line);
     };
     if (start_step == 0) {
         nlohmann::json rec{{"step", 0}, {"tokens", 0}};
         run_eval(0, rec);
-        if (val_loader) metrics.write(rec);
+        if (val_loader) write_metrics(rec);
     }
 
     std::signal(SIGINT, on_signal);
@@ -243,15 +357,19 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
     const nlohmann::json kernels = kernels_json(cfg, device);
     const auto t_start = Clock::now();
     const int64_t tokens_at_start = tokens;
-    for (int64_t step = start_step + 1; step <= max_steps && !g_stop; step++) {
+    const int64_t step_tokens = B * T * cfg.train.grad_accum * R;  // over all ranks
+    bool stop_all = false;  // a stop request seen by any rank, agreed by all
+    for (int64_t step = start_step + 1; step <= max_steps && !stop_all; step++) {
         const auto t0 = Clock::now();
         const double lr = learning_rate(cfg.optim, step - 1, max_steps);
-        // Normalise once by the valid tokens of the whole step, not per micro-batch.
+        // Normalise once by the valid tokens of the whole step on all ranks, not per micro-batch
+        // or per rank (x1/n1 + x2/n2 is not (x1 + x2)/(n1 + n2)).
         int64_t n_valid = 0;
         for (Batch& b : micro) {
             train_loader.next_batch(b.inputs.data(), b.targets.data());
             for (int32_t y : b.targets) n_valid += y != cfg.loss.ignore_index;
         }
+        n_valid = world.sum(n_valid);
         const double grad_out = n_valid ? 1.0 / double(n_valid) : 0.0;
         model.zero_grad();
         CrossEntropySummary sum;
@@ -266,10 +384,26 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
             sum.n_valid += s.n_valid;
             sum.max_logit = std::max(sum.max_logit, s.max_logit);
         }
+        if (R > 1) model.all_reduce_grads(world);
+        {  // the step's sums over the ranks, and whether any rank was asked to stop
+            double v[7] = {sum.sum_loss,   sum.sum_ce,          sum.sum_z_loss,     sum.sum_lse,
+                           sum.sum_lse_sq, double(sum.n_valid), double(g_stop != 0)};
+            world.all_reduce_sum(v, 7);
+            sum.sum_loss = v[0];
+            sum.sum_ce = v[1];
+            sum.sum_z_loss = v[2];
+            sum.sum_lse = v[3];
+            sum.sum_lse_sq = v[4];
+            sum.n_valid = int64_t(v[5]);
+            stop_all = v[6] > 0;
+            std::vector<double> maxes(R);
+            world.all_gather(&sum.max_logit, maxes.data(), 1, CommType::f64);
+            sum.max_logit = *std::max_element(maxes.begin(), maxes.end());
+        }
         const double norm = model.grad_norm();
         model.optimizer_step(lr, cpu::clip_scale(norm, cfg.optim.grad_clip));
         const double dt = seconds_since(t0);
-        tokens += B * T * cfg.train.grad_accum;
+        tokens += step_tokens;
         const double inv = sum.n_valid ? 1.0 / double(sum.n_valid) : 0.0;
         result.train_loss = sum.sum_loss * inv;
         result.steps = step;
@@ -285,45 +419,48 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
                            {"lr", lr},
                            {"tokens", tokens},
                            {"step_ms", dt * 1e3},
-                           {"tok_per_s", double(B * T * cfg.train.grad_accum) / dt},
+                           {"tok_per_s", double(step_tokens) / dt},
                            {"mfu", nullptr}};
         // MFU on a GPU with a known peak; the CPU has none (no peak FLOP/s for an arbitrary CPU).
-        if (peak > 0)
-            rec["mfu"] = flops_per_token * double(B * T * cfg.train.grad_accum) / dt / peak;
+        if (peak > 0) rec["mfu"] = flops_per_token * double(step_tokens) / dt / peak / R;
         if (model.device_memory_bytes() > 0) rec["peak_mem_gb"] = model.device_memory_bytes() / 1e9;
         rec["kernels"] = kernels;
         const double tok_s = double(tokens - tokens_at_start) / seconds_since(t_start);
-        progress.update({step, max_steps, step - start_step, sum.sum_loss * inv, sum.sum_ce * inv,
-                         sum.sum_z_loss * inv, lr, norm, tok_s, seconds_since(t_start),
-                         peak > 0 ? flops_per_token * tok_s / peak : -1.0});
+        if (lead)
+            progress.update({step, max_steps, step - start_step, sum.sum_loss * inv,
+                             sum.sum_ce * inv, sum.sum_z_loss * inv, lr, norm, tok_s,
+                             seconds_since(t_start),
+                             peak > 0 ? flops_per_token * tok_s / peak : -1.0});
         // A non-finite loss cannot recover (AdamW would spread NaN into every weight): stop, keep
         // the last good checkpoint, and say so in the summary so a sweep counts the run as done.
         if (!std::isfinite(result.train_loss) || !std::isfinite(norm)) {
             result.diverged = true;
-            metrics.write(rec);
-            progress.message("step " + std::to_string(step) +
-                             ": the loss or gradient norm is not finite; stopping (diverged)");
+            write_metrics(rec);
+            message("step " + std::to_string(step) +
+                    ": the loss or gradient norm is not finite; stopping (diverged)");
             break;
         }
-        const bool last = step == max_steps || g_stop;
+        const bool last = step == max_steps || stop_all;
         if (last || (cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0))
             run_eval(step, rec);
-        metrics.write(rec);
+        write_metrics(rec);
         if (last || (cfg.train.checkpoint_every > 0 && step % cfg.train.checkpoint_every == 0))
             checkpoint(step);
-        if (cfg.train.sample_every > 0 && step % cfg.train.sample_every == 0) print_sample(step);
+        if (lead && cfg.train.sample_every > 0 && step % cfg.train.sample_every == 0)
+            print_sample(step);
     }
-    progress.finish();
+    if (lead) progress.finish();
     std::signal(SIGINT, SIG_DFL);
     std::signal(SIGTERM, SIG_DFL);
     result.seconds = seconds_since(t_start);
-    nlohmann::json summary{{"steps", result.steps},         {"train_loss", result.train_loss},
-                           {"seconds", result.seconds},     {"tokens", tokens},
-                           {"stopped_early", bool(g_stop)}, {"diverged", result.diverged}};
+    nlohmann::json summary{{"steps", result.steps},     {"train_loss", result.train_loss},
+                           {"seconds", result.seconds}, {"tokens", tokens},
+                           {"stopped_early", stop_all}, {"diverged", result.diverged}};
     if (val_loader) {
         summary["val_loss"] = result.val_loss;
         summary["val_ce"] = result.val_ce;
     }
+    if (!lead) return result;
     write_text_file(result.run_dir + "/summary.json", summary.dump(2) + "\n");
     std::printf("done: %lld steps in %s, train loss %.4f%s; run directory %s\n",
                 (long long)result.steps, format_duration(result.seconds).c_str(), result.train_loss,

@@ -2,6 +2,7 @@
 #pragma once
 #include <string>
 
+#include "train/comm.h"
 #include "train/config.h"
 
 namespace zgpt {
@@ -18,6 +19,17 @@ struct TrainResult {
 // Fills model.vocab_size from tokenizer.json beside the training shards when it is 0.
 void resolve_vocab_size(Config& c);
 
+// One run. With parallel.local_ranks > 1, that many ranks as threads of this process.
 TrainResult train(Config cfg, const std::string& config_path, const std::string& command_line);
+
+// This process's rank of a run over `world` (every rank calls it with the same config). Rank 0
+// writes the run directory, metrics and checkpoints and returns the run's result.
+TrainResult train(Config cfg, const std::string& config_path, const std::string& command_line,
+                  Communicator& world);
+
+// parallel.local_ranks ranks as threads over the local communicator; rank 0's result. A rank that
+// throws stops the others (their collectives throw) and the first failure is rethrown.
+TrainResult train_local_ranks(const Config& cfg, const std::string& config_path,
+                              const std::string& command_line);
 
 }  // namespace zgpt

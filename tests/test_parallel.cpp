@@ -1,0 +1,481 @@
+// The distributed path on the CPU, through the `local` communicator (ranks as threads): the
+// collectives, the vocab-parallel loss head against one rank, data parallel and vocab parallel
+// training against one rank with the same global batch, ZeRO-1, accumulation, resuming on another
+// rank count, and a rank that fails or hangs.
+#include <doctest/doctest.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "data/shard.h"
+#include "kernels/check.h"
+#include "kernels/matmul.h"
+#include "model/parameters.h"
+#include "tests/helpers.h"
+#include "train/checkpoint.h"
+#include "train/comm.h"
+#include "train/trainer.h"
+#include "train/vocab_parallel_head.h"
+
+using namespace zgpt;
+using namespace zgpt::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Runs fn(rank, comm) on n threads; returns each rank's exception message ("" when none).
+template <typename F>
+std::vector<std::string> run_ranks(int n, F fn, double timeout_s = 30) {
+    auto comms = make_local_group(n, timeout_s);
+    std::vector<std::string> err(n);
+    std::vector<std::thread> t;
+    for (int r = 0; r < n; r++)
+        t.emplace_back([&, r] {
+            try {
+                fn(r, *comms[r]);
+            } catch (const std::exception& e) {
+                err[r] = e.what();
+                abort_local_group(*comms[r], "rank " + std::to_string(r) + " failed: " + e.what());
+            }
+        });
+    for (auto& x : t) x.join();
+    return err;
+}
+
+}  // namespace
+
+TEST_CASE("local communicator: every collective, in rank order, and sub-groups") {
+    for (int n : {1, 2, 3}) {
+        CAPTURE(n);
+        // Values whose float sum depends on the order: ((1e8 + 1) + -1e8) + 0.5 is 0.5 in fp32.
+        const float vals[3] = {1e8f, 1.0f, -1e8f};
+        float expect = vals[0];
+        for (int r = 1; r < n; r++) expect += vals[r];
+        std::vector<std::vector<float>> got(n);
+        const auto err = run_ranks(n, [&](int r, Communicator& c) {
+            REQUIRE(c.size() == n);
+            REQUIRE(c.rank() == r);
+            std::vector<float> x = {vals[r], float(r)};
+            c.all_reduce_sum(x.data(), 2);
+            std::vector<double> g(2 * n);
+            const double mine[2] = {double(r), 10.0 * r};
+            c.all_gather(mine, g.data(), 2, CommType::f64);
+            std::vector<int64_t> rs(2 * n);  // block b of rank r holds 100 r + b
+            for (int b = 0; b < n; b++) rs[2 * b] = rs[2 * b + 1] = 100 * r + b;
+            int64_t out[2];
+            c.reduce_scatter_sum(rs.data(), out, 2, CommType::i64);
+            double bc[2] = {double(r), -1};
+            c.broadcast(bc, 2, CommType::f64, n - 1);
+            c.barrier();
+            got[r] = {x[0], x[1], float(g[2 * (n - 1) + 1]), float(out[0]), float(bc[0])};
+        });
+        for (int r = 0; r < n; r++) {
+            REQUIRE(err[r] == "");
+            CHECK(got[r][0] == expect);                  // rank order, bit for bit
+            CHECK(got[r][1] == float(n * (n - 1) / 2));  // 0 + 1 + ... + n-1
+            CHECK(got[r][2] == float(10 * (n - 1)));     // all_gather: the last rank's block
+            CHECK(got[r][3] == float(100 * n * (n - 1) / 2 + n * r));  // sum of block r
+            CHECK(got[r][4] == float(n - 1));  // broadcast from the last rank
+        }
+    }
+    // split: colors {0: ranks 0, 2, 4; 1: ranks 1, 3}, keys reverse the order inside a group.
+    std::vector<std::array<int, 3>> seen(5);
+    const auto err = run_ranks(5, [&](int r, Communicator& c) {
+        auto g = c.split(r % 2, -r);
+        double x = double(r);
+        g->all_reduce_sum(&x, 1);
+        seen[r] = {g->rank(), g->size(), int(x)};
+    });
+    for (int r = 0; r < 5; r++) REQUIRE(err[r] == "");
+    CHECK(seen[4] == std::array<int, 3>{0, 3, 6});
+    CHECK(seen[2] == std::array<int, 3>{1, 3, 6});
+    CHECK(seen[0] == std::array<int, 3>{2, 3, 6});
+    CHECK(seen[3] == std::array<int, 3>{0, 2, 4});
+    CHECK(seen[1] == std::array<int, 3>{1, 2, 4});
+}
+
+TEST_CASE("local communicator: a rank that fails or hangs stops the others within the timeout") {
+    using Clock = std::chrono::steady_clock;
+    SUBCASE("a rank throws: its peers, in the world and in a sub-group, get its message") {
+        const auto t0 = Clock::now();
+        const auto err = run_ranks(
+            4,
+            [&](int r, Communicator& c) {
+                auto g = c.split(r / 2, r);  // ranks 0 and 1 wait in a sub-group collective
+                if (r == 3) throw Error("out of memory (test)");
+                double x = 1;
+                if (r < 2) g->all_reduce_sum(&x, 1);  // rank 0 and 1 complete this one
+                c.all_reduce_sum(&x, 1);              // rank 3 never arrives here
+            },
+            60);
+        CHECK(std::chrono::duration<double>(Clock::now() - t0).count() < 10);  // not the timeout
+        CHECK(err[3] == "out of memory (test)");
+        for (int r : {0, 1, 2}) CHECK(err[r] == "rank 3 failed: out of memory (test)");
+    }
+    SUBCASE("a rank hangs: the others stop after the timeout, naming it") {
+        const auto t0 = Clock::now();
+        std::vector<double> failed_at(3, -1);
+        const auto err = run_ranks(
+            3,
+            [&](int r, Communicator& c) {
+                if (r == 2) {  // stuck outside any collective for 2 s, then leaves
+                    std::this_thread::sleep_for(std::chrono::seconds(2));
+                    return;
+                }
+                double x = 1;
+                try {
+                    c.all_reduce_sum(&x, 1);
+                } catch (...) {
+                    failed_at[r] = std::chrono::duration<double>(Clock::now() - t0).count();
+                    throw;
+                }
+            },
+            0.5);
+        for (int r : {0, 1}) {
+            CAPTURE(r);
+            CHECK(err[r].find("rank(s) 2 of 3 did not reach all_reduce within") !=
+                  std::string::npos);
+            CHECK(failed_at[r] >= 0.4);  // after the timeout, not before, and not at the end
+            CHECK(failed_at[r] < 1.9);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The vocab-parallel head against one rank, in double (so the only differences are summation
+// order: relative 1e-6 leaves a margin of ~1e9 over double rounding).
+
+namespace {
+
+struct HeadCase {
+    const char* name;
+    CrossEntropyOptions opts;
+    bool hard;  // peaked rows and large logits
+};
+
+}  // namespace
+
+TEST_CASE("vocab-parallel head with 2, 3 and 7 ranks equals one rank (loss, dh, dW)") {
+    const int64_t N = 5, C = 8, V = 53;  // 53 rows split unevenly by 2, 3 and 7
+    std::vector<HeadCase> cases;
+    {
+        CrossEntropyOptions o;
+        o.reduction = Reduction::sum;
+        cases.push_back({"plain", o, false});
+        o.z_loss_weight = 1e-3;
+        o.label_smoothing = 0.1;
+        cases.push_back({"z-loss + smoothing", o, false});
+        o.reduction = Reduction::mean;
+        o.ignore_index = 7;  // some targets are 7: ignored rows
+        cases.push_back({"mean, ignore_index, z, smoothing, hard rows", o, true});
+    }
+    for (const HeadCase& hc : cases) {
+        for (int P : {2, 3, 7}) {
+            CAPTURE(hc.name);
+            CAPTURE(P);
+            const int64_t NA = N * P;
+            Rng rng(1234 + P);
+            std::vector<double> H = random_vector<double>(rng, NA * C);
+            std::vector<double> W = random_vector<double>(rng, V * C, hc.hard ? 3.0 : 0.5);
+            std::vector<int32_t> y(NA);
+            for (auto& t : y) t = int32_t(rng.uniform() * V) % V;
+            y[1] = 7;
+            y[NA - 1] = 7;
+            if (hc.hard) {  // a peaked row (p_y -> 1) and one of |logits| ~ 100
+                for (int64_t c = 0; c < C; c++) H[2 * C + c] = 30.0 * W[y[2] * C + c];
+                for (int64_t c = 0; c < C; c++) H[3 * C + c] *= 20.0;
+            }
+            const double g = 0.37;  // never 1: the backward must multiply by it
+
+            // One rank: the whole head on all rows.
+            std::vector<double> logits(NA * V), dW1(V * C, 0.0), dH1(NA * C, 0.0), rows1(NA);
+            cpu::matmul_forward(logits.data(), H.data(), W.data(), (const double*)nullptr, NA, C,
+                                V);
+            CrossEntropyRows r1;
+            r1.loss = rows1.data();
+            const CrossEntropySummary s1 = cpu::cross_entropy(logits.data(), V, y.data(), NA, V,
+                                                              hc.opts, {&g, false}, r1, true);
+            cpu::matmul_backward(dH1.data(), dW1.data(), (double*)nullptr, logits.data(), H.data(),
+                                 W.data(), NA, C, V);
+
+            // P ranks, each with N of the rows.
+            std::vector<std::vector<double>> dW(P, std::vector<double>(V * C, 0.0));
+            std::vector<double> dH(NA * C), rowsP(NA), loss(P);
+            std::vector<int64_t> nvalid(P);
+            const auto err = run_ranks(P, [&](int r, Communicator& c) {
+                VocabParallelHead<double> head;
+                CrossEntropyRows rr;
+                rr.loss = rowsP.data() + r * N;
+                const CrossEntropySummary s =
+                    head.run(c, H.data() + r * N * C, y.data() + r * N, N, C, W.data(),
+                             dW[r].data(), V, hc.opts, {&g, false}, dH.data() + r * N * C, rr);
+                loss[r] = s.loss;
+                nvalid[r] = s.n_valid;
+            });
+            for (int r = 0; r < P; r++) REQUIRE(err[r] == "");
+            double total = 0;
+            int64_t nv = 0;
+            for (int r = 0; r < P; r++) {
+                total += loss[r];
+                nv += nvalid[r];
+            }
+            CHECK(nv == s1.n_valid);
+            CHECK(close(total, s1.loss, 1e-6, 0));  // not "+ log(P)"
+            CHECK(compare(rowsP.data(), rows1.data(), NA, 1e-6, 1e-12).ok);
+            const MaxError eh = compare(dH.data(), dH1.data(), NA * C, 1e-6, 1e-12);
+            CHECK_MESSAGE(eh.ok, "dh max abs " << eh.abs << " rel " << eh.rel);
+            // Each rank wrote only its shard's rows; together they are the whole dW.
+            std::vector<double> dWsum(V * C, 0.0);
+            for (int r = 0; r < P; r++) {
+                const VocabShard sh = vocab_shard(V, P, r);
+                for (int64_t i = 0; i < V * C; i++) {
+                    const bool mine = i >= sh.v0 * C && i < (sh.v0 + sh.V_local) * C;
+                    if (!mine) REQUIRE(dW[r][i] == 0.0);
+                    dWsum[i] += dW[r][i];
+                }
+            }
+            const MaxError ew = compare(dWsum.data(), dW1.data(), V * C, 1e-6, 1e-12);
+            CHECK_MESSAGE(ew.ok, "dW max abs " << ew.abs << " rel " << ew.rel);
+        }
+    }
+}
+
+TEST_CASE("vocab shards: contiguous, uneven when V does not divide, covering [0, V)") {
+    for (int P : {1, 2, 3, 7}) {
+        int64_t next = 0;
+        for (int r = 0; r < P; r++) {
+            const VocabShard s = vocab_shard(50, P, r);
+            CHECK(s.v0 == next);
+            CHECK(s.V_local >= 50 / P);
+            CHECK(s.V_local <= 50 / P + 1);
+            next += s.V_local;
+        }
+        CHECK(next == 50);
+    }
+    CHECK_THROWS_AS(vocab_shard(5, 7, 0), Error);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Training with several ranks against one rank with the same global batch.
+
+namespace {
+
+const fs::path& data_dir() {
+    static const fs::path d = [] {
+        const fs::path dir = fs::temp_directory_path() / "zgpt_test_parallel";
+        fs::remove_all(dir);
+        fs::create_directories(dir);
+        Rng rng(7);
+        std::vector<uint32_t> toks(40000);
+        // Learnable structure: mostly a repeating pattern, some noise.
+        for (size_t i = 0; i < toks.size(); i++)
+            toks[i] = rng.uniform() < 0.8 ? uint32_t((i * 7 + i / 5) % 67)
+                                          : uint32_t(rng.uniform() * 67) % 67;
+        write_shard((dir / "train_000.bin").string(), toks);
+        write_shard((dir / "val_000.bin").string(),
+                    std::vector<uint32_t>(toks.begin(), toks.begin() + 4000));
+        return dir;
+    }();
+    return d;
+}
+
+Config tiny_config(const std::string& name, int batch, int ranks) {
+    Config c;
+    c.model.n_layer = 2;
+    c.model.n_head = 2;
+    c.model.n_embd = 16;
+    c.model.block_size = 16;
+    c.model.vocab_size = 67;  // prime: no rank count divides it
+    c.data.train = (data_dir() / "train_*.bin").string();
+    c.data.val = (data_dir() / "val_*.bin").string();
+    c.data.shuffle = true;
+    c.train.batch_size = batch;
+    c.train.max_steps = 10;
+    c.train.eval_every = 5;
+    c.train.eval_batches = 2;
+    c.train.log_every = 100;
+    c.train.threads = 2;
+    c.train.device = "cpu";
+    c.train.checkpoint_every = 5;
+    c.train.out_dir = (data_dir() / "runs").string();
+    c.train.run_name = name;
+    c.optim.lr = 1e-2;
+    c.optim.warmup_steps = 2;
+    c.optim.decay_steps = 10;  // the schedule does not depend on max_steps (runs cut at 5)
+    c.loss.z_loss_weight = 1e-3;
+    c.loss.label_smoothing = 0.05;
+    // Targets equal to 3 are ignored: ranks then hold different numbers of valid tokens, and
+    // only one normalisation by the global count matches one rank.
+    c.loss.ignore_index = 3;
+    c.parallel.local_ranks = ranks;
+    c.parallel.timeout_s = 60;
+    return c;
+}
+
+struct RunOut {
+    std::vector<double> loss, val;
+    std::vector<float> params, m;
+    std::string dir;
+};
+
+RunOut run(const Config& c) {
+    const TrainResult r = train(c, "", "test");
+    RunOut o;
+    o.dir = r.run_dir;
+    std::ifstream f(fs::path(r.run_dir) / "metrics.jsonl");
+    for (std::string line; std::getline(f, line);) {
+        const auto j = nlohmann::json::parse(line);
+        if (j.contains("loss")) o.loss.push_back(j["loss"]);
+        if (j.contains("val_loss")) o.val.push_back(j["val_loss"]);
+    }
+    const auto ck = list_checkpoints(r.run_dir + "/checkpoints");
+    REQUIRE(!ck.empty());
+    const CheckpointState st = load_checkpoint(ck[0], make_gpt_layout(c.model).table);
+    o.params = st.params;
+    o.m = st.m;
+    return o;
+}
+
+// The bound for runs that differ only in fp32 summation order (per-rank partial sums added in
+// rank order instead of one pass over the global batch). Each gradient element then differs by a
+// few ulps of the sum of its terms' magnitudes (~1e-7 relative). The loss, a smooth function of
+// the weights, follows at that order: 1e-6 relative (seen: at most 2.5e-8). AdamW's m/sqrt(v) is
+// insensitive to a relative error, except where a gradient element is itself rounding noise
+// (cancelling terms): there the update can change by up to lr per step; a few such elements over
+// 10 steps at lr = 1e-2 stay under 1e-4 absolute (seen: at most 2.0e-5).
+void check_same_run(const RunOut& a, const RunOut& b) {
+    REQUIRE(a.loss.size() == b.loss.size());
+    REQUIRE(a.val.size() == b.val.size());
+    double worst = 0;
+    for (size_t i = 0; i < a.loss.size(); i++) {
+        CAPTURE(i);
+        CHECK(close(a.loss[i], b.loss[i], 1e-6, 0));
+        worst = std::max(worst, std::fabs(a.loss[i] - b.loss[i]) / std::fabs(b.loss[i]));
+    }
+    for (size_t i = 0; i < a.val.size(); i++) CHECK(close(a.val[i], b.val[i], 1e-6, 0));
+    const MaxError e =
+        compare(a.params.data(), b.params.data(), int64_t(a.params.size()), 0.0, 1e-4);
+    CHECK_MESSAGE(e.ok, "weights: max abs " << e.abs << " rel " << e.rel << " at " << e.worst);
+    MESSAGE("largest differences: loss " << worst << " relative, weights " << e.abs);
+}
+
+}  // namespace
+
+TEST_CASE("data parallel with 2 and 3 ranks equals one rank with the same global batch") {
+    const RunOut one = run(tiny_config("dp1", 6, 1));
+    CHECK(one.loss.size() == 10);
+    CHECK(one.loss.back() < one.loss.front());
+    for (int R : {2, 3}) {
+        CAPTURE(R);
+        const RunOut many = run(tiny_config("dp" + std::to_string(R), 6 / R, R));
+        check_same_run(many, one);
+    }
+}
+
+TEST_CASE("gradient accumulation x data parallel equals one big batch") {
+    const RunOut one = run(tiny_config("acc1", 6, 1));
+    Config c = tiny_config("acc3x2", 1, 3);
+    c.train.grad_accum = 2;
+    c.train.eval_batches = 4;  // 4 x 3 ranks x 1 = the same 12 validation windows as 2 x 6
+    // One rank's micro-batch k takes windows [(k R + r) B, ...): with accumulation the global
+    // batch of a step is the 6 windows of two consecutive loader batches, the same 6 windows.
+    const RunOut many = run(c);
+    check_same_run(many, one);
+}
+
+TEST_CASE("ZeRO-1 (sharded AdamW moments) is bit-identical to replicated AdamW") {
+    Config c = tiny_config("zero_off", 2, 3);
+    const RunOut plain = run(c);
+    c.parallel.zero1 = true;
+    c.train.run_name = "zero_on";
+    const RunOut zero = run(c);
+    CHECK(zero.loss == plain.loss);
+    CHECK(zero.params == plain.params);
+    CHECK(zero.m == plain.m);  // the checkpoint gathered every rank's slice
+}
+
+TEST_CASE("vocab parallel (3 and 7 ranks, uneven shards), tied and untied, equals one rank") {
+    for (bool tied : {true, false}) {
+        for (int R : {3, 7}) {
+            CAPTURE(tied);
+            CAPTURE(R);
+            const std::string tag = std::string(tied ? "tied" : "untied") + std::to_string(R);
+            Config c1 = tiny_config("vp1_" + tag, 7, 1);
+            c1.model.tie_embeddings = tied;
+            c1.train.max_steps = 6;
+            c1.train.checkpoint_every = 0;
+            c1.train.batch_size = R;  // one sequence per rank below
+            const RunOut one = run(c1);
+            Config c = c1;
+            c.train.run_name = "vp_" + tag;
+            c.train.batch_size = 1;
+            c.parallel.local_ranks = R;
+            c.parallel.vocab_parallel = R;
+            const RunOut many = run(c);
+            check_same_run(many, one);
+        }
+    }
+}
+
+TEST_CASE("data parallel x vocab parallel: 4 ranks in 2 groups of 2 equals one rank") {
+    const RunOut one = run(tiny_config("dpvp1", 8, 1));
+    Config c = tiny_config("dpvp4", 2, 4);
+    c.parallel.vocab_parallel = 2;
+    check_same_run(run(c), one);
+}
+
+TEST_CASE("a checkpoint of 3 ranks resumes with 1 and 2 ranks; with 3, bit for bit") {
+    Config c3 = tiny_config("ck3", 2, 3);
+    const RunOut full = run(c3);  // 10 steps, checkpoints at 5 and 10
+    // The 3-rank run cut at step 5, then continued by 3, 2 and 1 ranks (global batch 6 each).
+    Config cut = c3;
+    cut.train.run_name = "ck3_cut";
+    cut.train.max_steps = 5;
+    run(cut);
+    struct Cont {
+        int ranks, batch;
+    };
+    for (const Cont k : {Cont{3, 2}, Cont{2, 3}, Cont{1, 6}}) {
+        CAPTURE(k.ranks);
+        const fs::path src = data_dir() / "runs" / "ck3_cut";
+        const std::string name = "ck3_resume" + std::to_string(k.ranks);
+        const fs::path dst = data_dir() / "runs" / name;
+        fs::remove_all(dst);
+        fs::copy(src, dst, fs::copy_options::recursive);
+        Config c = c3;
+        c.train.run_name = name;
+        c.train.resume = "auto";
+        c.train.batch_size = k.batch;
+        c.parallel.local_ranks = k.ranks;
+        const RunOut cont = run(c);
+        REQUIRE(cont.loss.size() == full.loss.size());
+        if (k.ranks == 3) {
+            CHECK(cont.loss == full.loss);
+            CHECK(cont.params == full.params);
+        } else {
+            check_same_run(cont, full);
+        }
+    }
+    // A global batch that does not divide the checkpoint's position is refused, clearly.
+    const fs::path dst = data_dir() / "runs" / "ck3_bad";
+    fs::remove_all(dst);
+    fs::copy(data_dir() / "runs" / "ck3_cut", dst, fs::copy_options::recursive);
+    Config bad = c3;
+    bad.train.run_name = "ck3_bad";
+    bad.train.resume = "auto";
+    bad.train.batch_size = 4;  // 5 batches of 6 windows = 30, not a multiple of 4 x 2 ranks
+    bad.parallel.local_ranks = 2;
+    CHECK_THROWS_WITH_AS(train(bad, "", "test"), doctest::Contains("cannot resume"), Error);
+}
+
+TEST_CASE("parallel config errors name the key") {
+    Config c = tiny_config("bad_vp", 2, 3);
+    c.parallel.vocab_parallel = 2;  // does not divide 3 ranks
+    CHECK_THROWS_WITH_AS(train(c, "", "test"), doctest::Contains("parallel.vocab_parallel=2"),
+                         Error);
+}
