@@ -19,6 +19,7 @@
 #include "tests/helpers.h"
 #include "train/checkpoint.h"
 #include "train/comm.h"
+#include "train/config.h"
 #include "train/trainer.h"
 #include "train/vocab_parallel_head.h"
 
@@ -478,4 +479,82 @@ TEST_CASE("parallel config errors name the key") {
     c.parallel.vocab_parallel = 2;  // does not divide 3 ranks
     CHECK_THROWS_WITH_AS(train(c, "", "test"), doctest::Contains("parallel.vocab_parallel=2"),
                          Error);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Several processes through the real binary: `train --nproc N` (the tcp communicator between CPU
+// processes) against the same ranks as threads.
+
+namespace {
+
+void write_yaml(const fs::path& p, const std::string& name, int batch) {
+    std::ofstream(p)
+        << "model: {n_layer: 2, n_head: 2, n_embd: 16, block_size: 16, vocab_size: 67}\n"
+        << "data: {train: " << (data_dir() / "train_*.bin").string()
+        << ", val: " << (data_dir() / "val_*.bin").string() << "}\n"
+        << "train: {batch_size: " << batch
+        << ", max_steps: 8, eval_every: 4, eval_batches: 2, threads: 1, device: cpu, "
+        << "out_dir: " << (data_dir() / "runs").string() << ", run_name: " << name
+        << "}\nloss: {z_loss_weight: 1.0e-3, ignore_index: 3}\n"
+        << "parallel: {vocab_parallel: 3, timeout_s: 20}\n";
+}
+
+std::vector<std::string> metric_lines(const std::string& run) {
+    std::vector<std::string> out;
+    std::ifstream f(data_dir() / "runs" / run / "metrics.jsonl");
+    for (std::string line; std::getline(f, line);) {
+        auto j = nlohmann::json::parse(line);
+        j.erase("step_ms");  // timings differ; everything else must not
+        j.erase("tok_per_s");
+        out.push_back(j.dump());
+    }
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("train --nproc 3 (processes, tcp) equals 3 ranks as threads, bit for bit") {
+    const std::string bin = built_binary("ZGPT_TRAIN_BIN");
+    const fs::path yaml = data_dir() / "nproc.yaml";
+    for (const char* run : {"np3", "th3"}) fs::remove_all(data_dir() / "runs" / run);
+    write_yaml(yaml, "np3", 2);
+    const CommandOutput a = run_command(bin + " -c " + yaml.string() + " --nproc 3");
+    REQUIRE_MESSAGE(a.code == 0, a.text);
+    CHECK(a.text.find("ranks: 3 (tcp communicator)") != std::string::npos);
+    const CommandOutput b = run_command(bin + " -c " + yaml.string() +
+                                        " --set train.run_name=th3 --set parallel.local_ranks=3");
+    REQUIRE_MESSAGE(b.code == 0, b.text);
+    const auto ma = metric_lines("np3"), mb = metric_lines("th3");
+    CHECK(ma.size() == 9);  // the evaluation at step 0, then steps 1-8
+    CHECK(ma == mb);
+    const auto pa =
+        load_checkpoint(list_checkpoints((data_dir() / "runs/np3/checkpoints").string())[0],
+                        make_gpt_layout(load_config(yaml.string()).model).table);
+    const auto pb =
+        load_checkpoint(list_checkpoints((data_dir() / "runs/th3/checkpoints").string())[0],
+                        make_gpt_layout(load_config(yaml.string()).model).table);
+    CHECK(pa.params == pb.params);
+}
+
+TEST_CASE("train --nproc 3: a rank that fails stops every rank with its message, in bounded time") {
+    const std::string bin = built_binary("ZGPT_TRAIN_BIN");
+    const fs::path yaml = data_dir() / "nproc_fail.yaml";
+    fs::remove_all(data_dir() / "runs" / "npfail");
+    write_yaml(yaml, "npfail", 2);
+    const auto t0 = std::chrono::steady_clock::now();
+    const CommandOutput r = run_command("ZGPT_TEST_FAIL_RANK_AT_STEP=1:3 " + bin + " -c " +
+                                        yaml.string() + " --nproc 3");
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHECK(r.code != 0);
+    CHECK(took <
+          15);  // well inside parallel.timeout_s = 20: the failure is reported, not waited out
+    // Rank 1 says why; the others name rank 1 (its report, or its closed connection, whichever
+    // reaches them first).
+    CHECK_MESSAGE(r.text.find("error: test failure injected at step 3") != std::string::npos,
+                  r.text);
+    const bool named = r.text.find("error: tcp communicator: rank 1 ") != std::string::npos ||
+                       r.text.find("error: rank 1 failed") != std::string::npos;
+    CHECK_MESSAGE(named, r.text);
+    CHECK_MESSAGE(r.text.find("launch: rank") != std::string::npos, r.text);
 }

@@ -1,10 +1,13 @@
 // train: trains a GPT from a YAML config.  `train --help` lists the options and every config key.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
 #include "kernels/check.h"
 #include "train/config.h"
+#include "train/device.h"
+#include "train/launch.h"
 #include "train/trainer.h"
 
 int main(int argc, char** argv) {
@@ -12,6 +15,7 @@ int main(int argc, char** argv) {
     std::string config_path, resume_dir;
     std::vector<std::string> overrides;
     bool print_config = false;
+    int nproc = 0;
     app.add_option("-c,--config", config_path, "YAML config (only overrides of the defaults)")
         ->check(CLI::ExistingFile);
     app.add_option("--resume", resume_dir,
@@ -20,6 +24,12 @@ int main(int argc, char** argv) {
         ->check(CLI::ExistingDirectory);
     app.add_option("--set", overrides, "override a config key: --set optim.lr=3e-4 (repeatable)");
     app.add_flag("--print-config", print_config, "print the resolved config and exit");
+    app.add_option("--nproc", nproc,
+                   "start N processes on this machine, one rank each (one per GPU; on the CPU they "
+                   "talk over TCP). Under torchrun, srun or mpirun leave it out: each process "
+                   "joins through RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (or "
+                   "SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID)")
+        ->check(CLI::Range(1, 1024));
     app.footer("Config keys (section: key: default  # meaning):\n" + zgpt::config_reference());
     CLI11_PARSE(app, argc, argv);
     if (config_path.empty() == resume_dir.empty()) {
@@ -36,14 +46,36 @@ int main(int argc, char** argv) {
     }
     std::string command_line;
     for (int i = 0; i < argc; i++) command_line += (i ? " " : "") + std::string(argv[i]);
+    std::unique_ptr<zgpt::Communicator> world;
     try {
         zgpt::Config cfg = zgpt::load_config(config_path, overrides);
         if (print_config) {
             std::printf("%s", zgpt::config_to_yaml(cfg).c_str());
             return 0;
         }
-        zgpt::train(cfg, config_path, command_line);
-    } catch (const zgpt::Error& e) {
+        const bool in_run = std::getenv("RANK") || std::getenv("SLURM_PROCID");
+        if (nproc > 0 && !in_run)  // the launcher: this process only starts and watches the ranks
+            return zgpt::launch_local(nproc, "/proc/self/exe",
+                                      std::vector<std::string>(argv, argv + argc));
+        if (nproc > 0 || in_run) {
+            const zgpt::RankEnv env = zgpt::rank_env_from_environment();
+            if (nproc > 0 && env.world_size != nproc)
+                throw zgpt::Error("--nproc " + std::to_string(nproc) + " but WORLD_SIZE is " +
+                                  std::to_string(env.world_size));
+            ZG_CHECK(cfg.parallel.local_ranks == 1,
+                     "parallel.local_ranks > 1 is for one process; with several processes each is "
+                     "one rank");
+            const std::string device = zgpt::choose_device(cfg.train.device).device;
+            world = zgpt::join_run(device, cfg.parallel.timeout_s);
+        }
+        if (world) {
+            zgpt::train(cfg, config_path, command_line, *world);
+            zgpt::finish_run(*world);
+        } else {
+            zgpt::train(cfg, config_path, command_line);
+        }
+    } catch (const std::exception& e) {
+        if (world) zgpt::report_rank_failure(*world, e.what());
         std::fprintf(stderr, "error: %s\n", e.what());
         return 1;
     }

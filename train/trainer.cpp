@@ -6,6 +6,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -358,9 +359,15 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
     const auto t_start = Clock::now();
     const int64_t tokens_at_start = tokens;
     const int64_t step_tokens = B * T * cfg.train.grad_accum * R;  // over all ranks
+    // Test hook (tests/test_parallel.cpp): ZGPT_TEST_FAIL_RANK_AT_STEP=rank:step.
+    int64_t fail_rank = -1, fail_step = -1;
+    if (const char* f = std::getenv("ZGPT_TEST_FAIL_RANK_AT_STEP"))
+        std::sscanf(f, "%ld:%ld", &fail_rank, &fail_step);
     bool stop_all = false;  // a stop request seen by any rank, agreed by all
     for (int64_t step = start_step + 1; step <= max_steps && !stop_all; step++) {
         const auto t0 = Clock::now();
+        if (fail_rank == rank && fail_step == step)  // test hook: a rank that fails mid-run
+            throw Error("test failure injected at step " + std::to_string(step));
         const double lr = learning_rate(cfg.optim, step - 1, max_steps);
         // Normalise once by the valid tokens of the whole step on all ranks, not per micro-batch
         // or per rank (x1/n1 + x2/n2 is not (x1 + x2)/(n1 + n2)).
