@@ -246,6 +246,38 @@ TEST_CASE("vocab-parallel head with 2, 3 and 7 ranks equals one rank (loss, dh, 
     }
 }
 
+TEST_CASE("vocab-parallel head memory per rank is about 1/P of one rank's head") {
+    // One rank doing the group's P N rows holds [P N, V] logits; each of P ranks holds
+    // [P N, V / P] plus the gathered hidden states and statistics.
+    const int64_t N = 64, C = 16, V = 8000;
+    for (int P : {1, 2, 4, 8}) {
+        CAPTURE(P);
+        Rng rng(5);
+        const std::vector<float> H = random_vector<float>(rng, N * P * C);
+        const std::vector<float> W = random_vector<float>(rng, V * C, 0.1);
+        std::vector<int32_t> y(N * P, 1);
+        std::vector<size_t> bytes(P);
+        const double g = 1.0;
+        CrossEntropyOptions o;
+        o.reduction = Reduction::sum;
+        const auto err = run_ranks(P, [&](int r, Communicator& c) {
+            VocabParallelHead<float> head;
+            std::vector<float> dW(V * C), dh(N * C);
+            head.run(c, H.data() + r * N * C, y.data() + r * N, N, C, W.data(), dW.data(), V, o,
+                     {&g, false}, dh.data());
+            bytes[r] = head.buffer_bytes();
+        });
+        for (int r = 0; r < P; r++) REQUIRE(err[r] == "");
+        const double one_rank_logits = double(N * P) * V * 4;
+        for (int r = 0; r < P; r++) {
+            MESSAGE("P = " << P << ": " << bytes[r] / 1e6 << " MB against " << one_rank_logits / 1e6
+                           << " MB of one rank's logits");
+            CHECK(double(bytes[r]) <= 1.15 * one_rank_logits / P);
+            CHECK(double(bytes[r]) >= 0.95 * one_rank_logits / P);
+        }
+    }
+}
+
 TEST_CASE("vocab shards: contiguous, uneven when V does not divide, covering [0, V)") {
     for (int P : {1, 2, 3, 7}) {
         int64_t next = 0;
