@@ -18,7 +18,23 @@ __global__ void residual_kernel(T* out, const T* a, const T* b, int64_t n) {
         out[i] = from_f<T>(to_f(a[i]) + to_f(b[i]));
 }
 
+template <typename T>
+__global__ void cast_kernel(T* out, const float* in, int64_t n) {
+    const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+        out[i] = from_f<T>(in[i]);
+}
+
 }  // namespace
+
+void cast_from_f32(void* out, const float* in, int64_t n, DType t, CUstream_st* stream) {
+    ZG_CHECK(n >= 0, "cast_from_f32: n must be >= 0");
+    if (n == 0) return;
+    ZG_DISPATCH(t, T,
+                cast_kernel<T>
+                <<<grid_for(n, 256, 1 << 20), 256, 0, stream>>>(static_cast<T*>(out), in, n));
+    ZG_LAUNCH_CHECK();
+}
 
 void residual_forward(void* out, const void* a, const void* b, int64_t n, DType t,
                       CUstream_st* stream) {

@@ -24,4 +24,8 @@ void residual_forward(float* out, const float* a, const float* b, int64_t n, CUs
 void residual_forward(void* out, const void* a, const void* b, int64_t n, DType t,
                       CUstream_st* stream);
 
+// out[i] = in[i] rounded once to type t (a sum made in fp32, such as a vocab-parallel head's
+// reduce-scattered hidden-state gradient, handed back to bf16 activations).
+void cast_from_f32(void* out, const float* in, int64_t n, DType t, CUstream_st* stream);
+
 }  // namespace zgpt::cuda

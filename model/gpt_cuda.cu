@@ -143,6 +143,11 @@ struct GptCuda::Impl {
     std::vector<cudaEvent_t> chunk_ev;
     bool head_pending = false;    // forward() left the logits GEMM to loss() or logits()
     bool head_dinp_done = false;  // loss() already wrote dlnf (the pipelined head)
+    // Vocab parallel: the group, and whether loss() already did the head's backward (dlnf, dW).
+    VocabGroup vgroup;
+    bool head_sharded_done = false;
+    DeviceBuffer vp_h, vp_y, vp_logits, vp_stats, vp_gathered, vp_params, vp_nvalid, vp_rows;
+    DeviceBuffer vp_dh_all, vp_dh, vp_summary;
     std::map<const void*, cudaEvent_t> read_done;  // last weight-gradient read of each buffer
     const cuda::AttentionVariant* attention = nullptr;
     const cuda::CrossEntropyVariant* ce = nullptr;  // null with fused_linear
@@ -307,7 +312,22 @@ struct GptCuda::Impl {
         lnf = act(BT * C);
         lnf_mean = f32(BT);
         lnf_rstd = f32(BT);
-        logits = linear_ce ? DeviceBuffer() : act(BT * Vp);
+        const bool sharded = vgroup.size > 1;
+        logits = linear_ce || sharded ? DeviceBuffer() : act(BT * Vp);
+        if (sharded) {  // the group's rows: NA = size x BT
+            const int64_t NA = vgroup.size * BT, Vl = shard_rows(vgroup.rank);
+            vp_h = act(NA * C);
+            vp_y = DeviceBuffer(NA * 4);
+            vp_logits = linear_ce ? DeviceBuffer() : act(NA * Vl);
+            vp_stats = DeviceBuffer(NA * sizeof(cuda::RowStatsF));
+            vp_gathered = DeviceBuffer(vgroup.size * NA * sizeof(cuda::RowStatsF));
+            vp_params = DeviceBuffer(NA * sizeof(cuda::RowGradParams));
+            vp_nvalid = DeviceBuffer(2 * sizeof(int));
+            vp_rows = f32(4 * NA);  // loss, ce, z, lse of each row
+            vp_dh_all = f32(NA * C);
+            vp_dh = f32(BT * C);
+            vp_summary = DeviceBuffer(sizeof(cuda::LossSummaryF));
+        }
         tokens = DeviceBuffer(BT * 4);
         targets = DeviceBuffer(BT * 4);
         bucket_token = DeviceBuffer(BT * 4);
@@ -335,7 +355,10 @@ struct GptCuda::Impl {
         bias_scratch = DeviceBuffer(cuda::bias_backward_scratch_bytes(BT, 4 * C));
         const KernelChoice& k = opt.kernels;
         const size_t ws =
-            linear_ce
+            linear_ce && sharded ? cuda::linear_ce_shard_workspace_bytes(
+                                       vgroup.size * BT, C, shard_rows(vgroup.rank),
+                                       k.linear_ce_vocab_chunk, k.linear_ce_row_block)
+            : linear_ce
                 ? linear_ce->workspace_bytes(BT, C, cfg.vocab_size, k.linear_ce_vocab_chunk,
                                              k.linear_ce_row_block)
                 : ce->workspace_bytes(
@@ -580,6 +603,7 @@ struct GptCuda::Impl {
         *h_grad_out.get() = float(grad_output);
         ZG_CUDA_CHECK(
             cudaMemcpyAsync(grad_out.get(), h_grad_out.get(), 4, cudaMemcpyHostToDevice, stream));
+        if (vgroup.size > 1) return loss_sharded(o, compute_grad);
         auto* sum = summary.as<cuda::LossSummaryF>();
         const int64_t chunks = head_chunks(o);
         tick(nullptr);
@@ -657,6 +681,159 @@ struct GptCuda::Impl {
     }
     bool grads_ready = false;
 
+    // Rows of the LM head that vocab-parallel rank r owns: contiguous, the first V % size ranks
+    // one more (train/vocab_parallel_head.h splits the same way).
+    int64_t shard_rows(int r) const {
+        const int64_t V = cfg.vocab_size, P = vgroup.size;
+        return V / P + (r < V % P ? 1 : 0);
+    }
+    int64_t shard_v0(int r) const {
+        const int64_t V = cfg.vocab_size, P = vgroup.size;
+        return r * (V / P) + std::min<int64_t>(r, V % P);
+    }
+
+    // The vocab-parallel head (see GptCuda::set_vocab_group). targets and grad_out are on the
+    // device already.
+    CrossEntropySummary loss_sharded(const CrossEntropyOptions& o, bool compute_grad) {
+        ZG_CHECK(o.reduction == Reduction::sum,
+                 "the vocab-parallel head takes reduction sum (the trainer's)");
+        const int P = vgroup.size, p = vgroup.rank;
+        const int64_t BT = B * Tn, C = cfg.n_embd, NA = P * BT;
+        const int64_t v0 = shard_v0(p), Vl = shard_rows(p);
+        const void* W = static_cast<const char*>(w(layout.lm_head)) + v0 * C * es;
+        float* dW = g(layout.lm_head) + v0 * C;
+        auto* stats = vp_stats.as<cuda::RowStatsF>();
+        auto* gathered = vp_gathered.as<cuda::RowStatsF>();
+        auto* params_ = vp_params.as<cuda::RowGradParams>();
+        int* n_all = vp_nvalid.as<int>();
+        int* n_own = n_all + 1;
+        float* rows = vp_rows.as<float>();
+        tick(nullptr);
+        // The group's hidden states and targets, in rank order.
+        ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
+        vgroup.all_gather(lnf.get(), vp_h.get(), BT * C * int64_t(es));
+        vgroup.all_gather(targets.get(), vp_y.get(), BT * 4);
+        const int32_t* y_all = vp_y.as<int32_t>();
+
+        cuda::CrossEntropyArgs a;  // this shard, every row of the group
+        a.type = t == DType::bf16 ? cuda::LogitsType::bf16 : cuda::LogitsType::f32;
+        a.N = NA;
+        a.V_local = Vl;
+        a.v0 = v0;
+        a.V = cfg.vocab_size;
+        a.targets = y_all;
+        a.grad_output = grad_out.as<float>();
+        a.loss_rows = rows;
+        a.ce_rows = rows + NA;
+        a.z_rows = rows + 2 * NA;
+        a.lse_rows = rows + 3 * NA;
+        a.summary = vp_summary.as<cuda::LossSummaryF>();
+        cuda::LinearCrossEntropyArgs la;  // fused_linear: the same shard from hidden states
+        if (linear_ce) {
+            la.hidden = vp_h.get();
+            la.weight = W;
+            la.N = NA;
+            la.C = C;
+            la.V = cfg.vocab_size;
+            la.v0 = v0;
+            la.V_local = Vl;
+            la.targets = y_all;
+            la.grad_output = a.grad_output;
+            la.summary = a.summary;
+            la.vocab_chunk = opt.kernels.linear_ce_vocab_chunk;
+            la.row_block = opt.kernels.linear_ce_row_block;
+            if (compute_grad) la.dweight_acc = dW;
+            cuda::linear_ce_shard_stats(stats, la, o, ce_workspace.get(), stream);
+        } else {
+            cuda::Gemm gm;  // logits [NA, Vl] = H_all W_shard^T
+            gm.D = vp_logits.get();
+            gm.d_type = t;
+            gm.ab_type = t;
+            gm.A = vp_h.get();
+            gm.B = W;
+            gm.trans_b = true;
+            gm.M = NA;
+            gm.N = Vl;
+            gm.K = C;
+            cuda::gemm(gm, stream);
+            a.logits = vp_logits.get();
+            a.dlogits = vp_logits.get();
+            a.ld = Vl;
+            cuda::ce_shard_stats(stats, a, o, stream);
+        }
+        // One collective for the statistics; every rank merges them in rank order.
+        ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
+        vgroup.all_gather(stats, gathered, NA * int64_t(sizeof(cuda::RowStatsF)));
+        ZG_CUDA_CHECK(cudaMemcpyAsync(stats, gathered, NA * sizeof(cuda::RowStatsF),
+                                      cudaMemcpyDeviceToDevice, stream));
+        for (int r = 1; r < P; r++) cuda::ce_merge_stats(stats, gathered + r * NA, NA, stream);
+        cuda::ce_count_valid(n_all, y_all, NA, o.ignore_index, stream);
+        cuda::ce_finalize(params_, stats, n_all, a, o, stream);
+        if (compute_grad) {
+            if (linear_ce) {  // it adds each vocabulary chunk's dh into vp_dh_all
+                ZG_CUDA_CHECK(cudaMemsetAsync(vp_dh_all.get(), 0, vp_dh_all.bytes(), stream));
+                cuda::linear_ce_shard_backward(vp_dh_all.as<float>(), params_, la, o,
+                                               ce_workspace.get(), stream);
+            } else {
+                cuda::ce_shard_backward(a, params_, o, stream);
+                cuda::Gemm gw;  // dW_shard += dlogits^T H_all (fp32, into the arena)
+                gw.D = dW;
+                gw.d_type = DType::f32;
+                gw.ab_type = t;
+                gw.A = vp_logits.get();
+                gw.trans_a = true;
+                gw.B = vp_h.get();
+                gw.M = Vl;
+                gw.N = C;
+                gw.K = NA;
+                gw.beta = 1.0f;
+                cuda::gemm(gw, stream);
+                cuda::Gemm gi;  // dH_all [NA, C] = dlogits W_shard, in fp32 for the sum
+                gi.D = vp_dh_all.get();
+                gi.d_type = DType::f32;
+                gi.ab_type = t;
+                gi.A = vp_logits.get();
+                gi.B = W;
+                gi.M = NA;
+                gi.N = C;
+                gi.K = Vl;
+                cuda::gemm(gi, stream);
+            }
+            // Each rank gets its own rows' gradient summed over the shards.
+            ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
+            vgroup.reduce_scatter_sum(vp_dh_all.as<float>(), vp_dh.as<float>(), BT * C);
+            cuda::cast_from_f32(dtmp.get(), vp_dh.as<float>(), BT * C, t, stream);
+        }
+        // This rank's rows for what it reports (the group's loss adds up over the ranks).
+        cuda::CrossEntropyArgs own = a;
+        own.N = BT;
+        own.targets = y_all + p * BT;
+        own.loss_rows = rows + p * BT;
+        own.ce_rows = rows + NA + p * BT;
+        own.z_rows = rows + 2 * NA + p * BT;
+        own.lse_rows = rows + 3 * NA + p * BT;
+        cuda::ce_count_valid(n_own, own.targets, BT, o.ignore_index, stream);
+        cuda::ce_reduce(own, stats + p * BT, n_own, o, stream);
+        tick("head (vocab parallel)");
+        ZG_CUDA_CHECK(cudaMemcpyAsync(h_summary.get(), a.summary, sizeof(cuda::LossSummaryF),
+                                      cudaMemcpyDeviceToHost, stream));
+        ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
+        const cuda::LossSummaryF f = h_summary.get()[0];
+        CrossEntropySummary s;
+        s.loss = f.loss;
+        s.sum_loss = f.sum_loss;
+        s.sum_ce = f.sum_ce;
+        s.sum_z_loss = f.sum_z_loss;
+        s.sum_lse = f.sum_lse;
+        s.sum_lse_sq = f.sum_lse_sq;
+        s.n_valid = f.n_valid;
+        s.max_logit = f.max_logit;
+        head_sharded_done = compute_grad;
+        grads_ready = compute_grad;
+        if (!compute_grad) have_logits = false;
+        return s;
+    }
+
     int64_t head_chunks(const CrossEntropyOptions& o) const {
         if (linear_ce || !overlapping() || o.reduction != Reduction::sum) return 1;
         return std::max<int64_t>(1, std::min<int64_t>(opt.head_chunks, B * Tn / kMinChunkRows));
@@ -722,9 +899,10 @@ struct GptCuda::Impl {
         // head: dtmp = dlnf
         tick(nullptr);
         mark(4);
-        if (!linear_ce)
+        if (!linear_ce && !head_sharded_done)
             linear_backward(head_dinp_done ? nullptr : dtmp.get(), logits.get(), lnf.get(),
                             layout.lm_head, -1, BT, C, Vp, nullptr, true);
+        head_sharded_done = false;
         mark(5);
         before_write(dres.get());
         cuda::layernorm_backward(dres.get(), {1, C}, false, g(layout.lnf_w), g(layout.lnf_b),
@@ -826,6 +1004,9 @@ struct GptCuda::Impl {
                                       &att_scratch,  &ln_scratch,    &bias_scratch,
                                       &qkv_colsums,  &ce_workspace})
             s += b->bytes();
+        for (const DeviceBuffer* b : {&vp_h, &vp_y, &vp_logits, &vp_stats, &vp_gathered, &vp_params,
+                                      &vp_nvalid, &vp_rows, &vp_dh_all, &vp_dh, &vp_summary})
+            s += b->bytes();
         return s + cuda::gemm_workspace_bytes();
     }
 };
@@ -876,6 +1057,18 @@ CrossEntropySummary GptCuda::loss(const int32_t* targets, const CrossEntropyOpti
 void GptCuda::backward() {
     impl_->backward();
 }
+void GptCuda::set_vocab_group(VocabGroup group) {
+    ZG_CHECK(group.size >= 1 && group.rank >= 0 && group.rank < group.size,
+             "vocab group: rank outside [0, size)");
+    ZG_CHECK(group.size == 1 || (group.all_gather && group.reduce_scatter_sum),
+             "vocab group: the collectives are missing");
+    ZG_CHECK(group.size <= impl_->cfg.vocab_size, "vocab group larger than the vocabulary");
+    impl_->vgroup = std::move(group);
+    impl_->B = impl_->Tn = 0;  // buffers are sized again at the next forward
+}
+void* GptCuda::stream() const {
+    return impl_->stream;
+}
 void GptCuda::zero_grad() {
     ZG_CUDA_CHECK(cudaMemsetAsync(impl_->grads.get(), 0, num_parameters() * 4, impl_->stream));
 }
@@ -918,6 +1111,7 @@ void GptCuda::adamw_step(double lr, double beta1, double beta2, double eps, doub
 std::vector<float> GptCuda::logits() const {
     const Impl& im = *impl_;
     ZG_CHECK(!im.linear_ce, "logits(): the fused_linear head never materialises logits");
+    ZG_CHECK(im.vgroup.size == 1, "logits(): a vocab-parallel head holds only its shard's");
     ZG_CHECK(im.B > 0, "logits(): no forward yet");
     if (im.head_pending) impl_->head_logits(0, im.B * im.Tn);
     const int64_t n = im.B * im.Tn * im.Vp;

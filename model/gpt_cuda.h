@@ -7,6 +7,7 @@
 // kernel is atomic-free and sums in a fixed order, so two runs are bit-identical.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -30,6 +31,15 @@ struct CudaModelOptions {
     // Row chunks of the loss head (logits GEMM, cross-entropy, dlnf GEMM), pipelined over two
     // streams; 1 runs it in one piece. At most 8, and chunks of at least 1024 rows.
     int head_chunks = 4;
+};
+
+// The collectives of a vocab-parallel loss head, supplied by train/ (model/ knows no
+// communicator). Device pointers; the model's stream is synchronised before each call and the
+// results must be in place when it returns.
+struct VocabGroup {
+    int size = 1, rank = 0;
+    std::function<void(const void* send, void* recv, int64_t bytes)> all_gather;
+    std::function<void(const float* send, float* recv, int64_t n)> reduce_scatter_sum;
 };
 
 class GptCuda {
@@ -60,6 +70,14 @@ class GptCuda {
     CrossEntropySummary loss(const int32_t* targets, const CrossEntropyOptions& opts,
                              double grad_output, bool compute_grad);
     void backward();  // adds into the gradient arena
+    // Vocab parallel (size > 1): loss() splits the LM head by vocabulary rows across the group
+    // (this rank's rows [v0, v0 + V / size), uneven when V does not divide): the group's hidden
+    // states and targets all-gathered, this shard's logits (or, with fused_linear, tiles of them)
+    // and statistics, one all-gather of the statistics merged in rank order, dlogits in place,
+    // this shard's dW rows, and dh reduce-scattered back. Reduction sum only (the trainer's).
+    // Set before the first forward(); the full [B T, V] logits are then never allocated.
+    void set_vocab_group(VocabGroup group);
+    void* stream() const;  // the model's main stream (cudaStream_t)
     void zero_grad();
     double grad_norm();  // global L2 norm of the gradient arena
     // AdamW over the arena (decay where the table says), fp32 master weights, bf16 copy updated.

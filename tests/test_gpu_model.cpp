@@ -822,3 +822,118 @@ TEST_CASE("kernel choices are validated with the known names") {
     k.layernorm = "apex";
     CHECK_THROWS_AS(validate_kernels(k, DType::bf16), zgpt::Error);
 }
+
+// ---------------------------------------------------------------------------------------------
+// The vocab-parallel head on one GPU: P ranks as threads (the local communicator, buffers staged
+// through the host), each a GptCuda with its own streams and B rows, the LM head split by
+// vocabulary rows (V = 1001: uneven for 2 and 4), against one GptCuda doing all P B rows.
+// Each rank's gradient arena holds its rows' body gradients and its shard's LM-head rows; their
+// sum over ranks (what the trainer's all-reduce makes) must equal the one rank's gradient.
+// Bounds as above: fp32 1e-5 relative plus 1e-5 of the largest gradient (fp32 sums in another
+// order: shards, then the reduce-scatter); bf16 2^-8 on the loss and 5e-2 of the largest gradient
+// (GEMMs of other shapes may round a bf16 activation the other way, and that travels through the
+// layers as in the whole-model bf16 test).
+
+#include <thread>
+
+#include "train/comm.h"
+#include "train/cuda_vocab_group.h"
+
+TEST_CASE("vocab-parallel head with 2 and 4 local ranks on one GPU equals one rank") {
+    ModelConfig mc;
+    mc.n_layer = 2;
+    mc.n_head = 2;
+    mc.n_embd = 128;  // head size 64: the tensor-core attention in bf16
+    mc.block_size = 64;
+    mc.vocab_size = 1001;
+    GPT<float> host(mc);
+    host.init_weights(3);
+    const int64_t B = 2, T = 64;
+    struct Case {
+        DType t;
+        const char* head;
+    };
+    for (const Case k : {Case{DType::f32, "online"}, Case{DType::bf16, "fast"},
+                         Case{DType::bf16, "fused_linear"}}) {
+        for (int P : {2, 4}) {
+            CAPTURE(k.head);
+            CAPTURE(P);
+            CAPTURE(int(k.t));
+            CudaModelOptions o;
+            o.precision = k.t;
+            o.kernels.cross_entropy = k.head;
+            Rng rng(100 + P);
+            std::vector<int32_t> tok(P * B * T), tgt(P * B * T);
+            for (auto& x : tok) x = int32_t(rng.uniform() * 1001) % 1001;
+            for (auto& x : tgt) x = int32_t(rng.uniform() * 1001) % 1001;
+            tgt[5] = -100;  // an ignored row
+            CrossEntropyOptions ce;
+            ce.reduction = Reduction::sum;
+            ce.z_loss_weight = 1e-3;
+            ce.label_smoothing = 0.1;
+            const double g = 1.0 / 300.0;
+
+            GptCuda one(mc, o);
+            one.set_params(host.params.data());
+            one.zero_grad();
+            one.forward(tok.data(), P * B, T);
+            const CrossEntropySummary s1 = one.loss(tgt.data(), ce, g, true);
+            one.backward();
+            std::vector<float> g1(one.num_parameters());
+            one.get_grads(g1.data());
+
+            auto comms = make_local_group(P, 60);
+            std::vector<std::vector<float>> gr(P);
+            std::vector<CrossEntropySummary> sr(P);
+            std::vector<std::string> err(P);
+            std::vector<size_t> bytes(P);
+            std::vector<std::thread> th;
+            for (int r = 0; r < P; r++)
+                th.emplace_back([&, r] {
+                    try {
+                        GptCuda m(mc, o);
+                        m.set_vocab_group(cuda_vocab_group(*comms[r], m.stream()));
+                        m.set_params(host.params.data());
+                        // twice: the second step must not see the first one's buffers
+                        for (int rep = 0; rep < 2; rep++) {
+                            m.zero_grad();
+                            m.forward(tok.data() + r * B * T, B, T);
+                            sr[r] = m.loss(tgt.data() + r * B * T, ce, g, true);
+                            m.backward();
+                        }
+                        gr[r].resize(m.num_parameters());
+                        m.get_grads(gr[r].data());
+                        bytes[r] = m.allocated_bytes();
+                    } catch (const std::exception& e) {
+                        err[r] = e.what();
+                        abort_local_group(*comms[r], e.what());
+                    }
+                });
+            for (auto& x : th) x.join();
+            for (int r = 0; r < P; r++) REQUIRE_MESSAGE(err[r] == "", err[r]);
+            double loss = 0;
+            int64_t nv = 0;
+            std::vector<double> gsum(g1.size(), 0.0);
+            for (int r = 0; r < P; r++) {
+                loss += sr[r].sum_loss;
+                nv += sr[r].n_valid;
+                for (size_t i = 0; i < g1.size(); i++) gsum[i] += gr[r][i];
+            }
+            CHECK(nv == s1.n_valid);
+            const bool f32 = k.t == DType::f32;
+            CHECK(close(loss, s1.sum_loss, f32 ? 1e-5 : 1.0 / 256, 0));
+            double gmax = 0;
+            for (float x : g1) gmax = std::max(gmax, double(std::fabs(x)));
+            const MaxError e = compare(gsum.data(), g1.data(), int64_t(g1.size()), f32 ? 1e-5 : 0.0,
+                                       (f32 ? 1e-5 : 5e-2) * gmax);
+            CHECK_MESSAGE(
+                e.ok, "gradients: max abs " << e.abs << " (largest " << gmax << ") at " << e.worst);
+            MESSAGE(std::string(k.head)
+                    << " P=" << P << ": loss rel diff "
+                    << std::fabs(loss - s1.sum_loss) / std::fabs(s1.sum_loss)
+                    << ", gradient max abs diff " << e.abs << " of largest " << gmax
+                    << "; rank 0 holds " << bytes[0] / 1e6 << " MB, one rank "
+                    << one.allocated_bytes() / 1e6 << " MB");
+        }
+    }
+}

@@ -6,6 +6,7 @@
 #include "model/gpt_cuda.h"
 #include "train/backend.h"
 #include "train/backend_init.h"
+#include "train/cuda_vocab_group.h"
 
 namespace zgpt {
 
@@ -74,9 +75,11 @@ class CudaBackend final : public Backend {
     }
     void zero_grad() override { model_.zero_grad(); }
     void set_vocab_group(Communicator* group) override {
-        ZG_CHECK(!group || group->size() == 1,
-                 "parallel.vocab_parallel > 1 runs on the CPU backend only in this version (the "
-                 "CUDA vocab-parallel head is not wired into the GPU model yet)");
+        if (!group || group->size() == 1) {
+            model_.set_vocab_group({});
+            return;
+        }
+        model_.set_vocab_group(cuda_vocab_group(*group, model_.stream()));
     }
     void shard_optimizer(Communicator& comm) override {
         ZG_CHECK(comm.size() == 1,
@@ -86,6 +89,7 @@ class CudaBackend final : public Backend {
     void all_reduce_grads(Communicator& comm) override {
         ZG_CUDA_CHECK(cudaDeviceSynchronize());  // the backward pass is done on its streams
         if (comm.device_buffers()) {
+            comm.set_stream(model_.stream());
             comm.all_reduce_sum(model_.grads_device(), model_.num_parameters());
             ZG_CUDA_CHECK(cudaDeviceSynchronize());
             return;
@@ -148,6 +152,37 @@ class CudaBackend final : public Backend {
 };
 
 }  // namespace
+
+VocabGroup cuda_vocab_group(Communicator& group, void* stream) {
+    group.set_stream(stream);
+    VocabGroup g;
+    g.size = group.size();
+    g.rank = group.rank();
+    // Device buffers go to a device communicator (nccl, on the model's stream); a host one
+    // (local ranks sharing this GPU) gets them through host memory.
+    g.all_gather = [g_ = &group](const void* send, void* recv, int64_t bytes) {
+        ZG_CHECK(bytes % 4 == 0, "vocab group: all_gather of a size not a multiple of 4");
+        if (g_->device_buffers()) {
+            g_->all_gather(send, recv, bytes / 4, CommType::f32);
+            return;
+        }
+        std::vector<unsigned char> hs(bytes), hr(size_t(bytes) * g_->size());
+        ZG_CUDA_CHECK(cudaMemcpy(hs.data(), send, bytes, cudaMemcpyDeviceToHost));
+        g_->all_gather(hs.data(), hr.data(), bytes / 4, CommType::f32);
+        ZG_CUDA_CHECK(cudaMemcpy(recv, hr.data(), hr.size(), cudaMemcpyHostToDevice));
+    };
+    g.reduce_scatter_sum = [g_ = &group](const float* send, float* recv, int64_t n) {
+        if (g_->device_buffers()) {
+            g_->reduce_scatter_sum(send, recv, n, CommType::f32);
+            return;
+        }
+        std::vector<float> hs(size_t(n) * g_->size()), hr(n);
+        ZG_CUDA_CHECK(cudaMemcpy(hs.data(), send, hs.size() * 4, cudaMemcpyDeviceToHost));
+        g_->reduce_scatter_sum(hs.data(), hr.data(), n, CommType::f32);
+        ZG_CUDA_CHECK(cudaMemcpy(recv, hr.data(), hr.size() * 4, cudaMemcpyHostToDevice));
+    };
+    return g;
+}
 
 std::unique_ptr<Backend> make_cuda_backend(const Config& cfg) {
     return std::make_unique<CudaBackend>(cfg);
