@@ -86,6 +86,24 @@ TEST_CASE("z-loss sweep on Tiny Shakespeare: sweep, skip, resume, plots, CSV") {
         CHECK(last_loss(dir / "runs2" / name) == last_loss(dir / "runs" / name));
     }
 
+    // --nproc 2: every run as 2 processes (CPU: the tcp communicator), each with its own data
+    std::ofstream(dir / "sweep3.yaml") << "base: " << (dir / "base.yaml").string() << "\n"
+                                       << "out_dir: " << (dir / "runs3").string() << "\n"
+                                       << "set: [train.batch_size=2, train.max_steps=10]\n"
+                                       << "grid:\n  loss.z_loss_weight: [0, 1.0e-4]\n";
+    CommandOutput np = run_command(built_binary("ZGPT_SWEEP_BIN") + " " +
+                                   (dir / "sweep3.yaml").string() + " --nproc 2");
+    INFO(np.text);
+    REQUIRE(np.code == 0);
+    CHECK(np.text.find("2 runs, 0 failed") != std::string::npos);
+    for (const auto& e : fs::directory_iterator(dir / "runs3")) {
+        if (!e.is_directory()) continue;
+        const auto prov = nlohmann::json::parse(std::ifstream(e.path() / "provenance.json"));
+        CHECK(prov["parallel"]["ranks"] == 2);
+        CHECK(prov["parallel"]["communicator"] == "tcp");
+        CHECK(fs::exists(e.path() / "summary.json"));
+    }
+
     const std::string plot = "python3 " + std::string(ZGPT_SOURCE_DIR) +
                              "/tools/plot_runs.py --sweep " + (dir / "runs").string();
     CommandOutput csv = run_command(plot + " --format csv");

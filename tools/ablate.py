@@ -110,6 +110,8 @@ def main():
     ap.add_argument("--combo", action="append", default=[], help="family=variant[,...] (repeatable)")
     ap.add_argument("--out", default="runs/ablate", help="directory for the runs and the table")
     ap.add_argument("--bin", default="build", help="directory of train and bench_train")
+    ap.add_argument("--nproc", type=int, default=0,
+                    help="ranks per training run (train --nproc N); the per-op timing stays on one GPU")
     ap.add_argument("--no-ops", action="store_true", help="skip the per-op timing step")
     ap.add_argument("--dry-run", action="store_true", help="print the runs and exit")
     args = ap.parse_args()
@@ -138,6 +140,8 @@ def main():
         name = combo_name(c)
         sets = common + combo_sets(c) + [f"train.out_dir={out}", f"train.run_name={name}"]
         train_cmd = [train_bin, "-c", args.config] + [a for s in sets for a in ("--set", s)]
+        if args.nproc > 0:
+            train_cmd += ["--nproc", str(args.nproc)]
         bench_cmd = [bench_bin, "-c", args.config, "--steps", "3", "--from", "1", "--ops",
                      "--out", str(out / name / "bench_ops.json")] + \
                     [a for s in args.set + combo_sets(c) for a in ("--set", s)]

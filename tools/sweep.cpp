@@ -84,6 +84,11 @@ int main(int argc, char** argv) {
     app.add_option("--gpus", gpus,
                    "comma-separated GPU ids: run up to one run per GPU at once (default: one "
                    "run at a time, all GPUs visible)");
+    int nproc = 0;
+    app.add_option("--nproc", nproc,
+                   "ranks per run (train --nproc N); with --gpus, each run takes N of the listed "
+                   "GPUs (consecutive groups of N)")
+        ->check(CLI::Range(1, 1024));
     CLI11_PARSE(app, argc, argv);
     try {
         if (train_bin.empty()) train_bin = (fs::path(argv[0]).parent_path() / "train").string();
@@ -149,6 +154,18 @@ int main(int argc, char** argv) {
                          "--gpus '" + gpus + "': expected comma-separated GPU ids such as 0,1");
                 devices.push_back(id);
             }
+            if (nproc > 1 && !devices.empty()) {  // groups of nproc GPUs, one run on each group
+                ZG_CHECK(devices.size() % size_t(nproc) == 0,
+                         "--gpus '" + gpus + "' does not split into groups of --nproc " +
+                             std::to_string(nproc));
+                std::vector<std::string> groups;
+                for (size_t i = 0; i < devices.size(); i += size_t(nproc)) {
+                    std::string g = devices[i];
+                    for (int k = 1; k < nproc; k++) g += "," + devices[i + k];
+                    groups.push_back(g);
+                }
+                devices = groups;
+            }
         }
         std::atomic<int> failures{0};
         std::atomic<size_t> next{0};
@@ -174,6 +191,7 @@ int main(int argc, char** argv) {
                 }
                 if (!cmd.empty())
                     for (const std::string& s : sets) cmd += " --set " + shell_quote(s);
+                if (!cmd.empty() && nproc > 0) cmd += " --nproc " + std::to_string(nproc);
                 {
                     std::lock_guard<std::mutex> lock(print);
                     std::printf(
