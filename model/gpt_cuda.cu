@@ -977,13 +977,10 @@ struct GptCuda::Impl {
 
     void refresh_bf16() {
         if (t != DType::bf16) return;
-        // the AdamW kernel with lr 0 and no moments would be obscure; a plain conversion pass
-        const int64_t n = layout.table.total();
-        std::vector<float> host(n);
-        ZG_CUDA_CHECK(cudaMemcpy(host.data(), params.get(), n * 4, cudaMemcpyDeviceToHost));
-        std::vector<bf16_t> h16(n);
-        for (int64_t i = 0; i < n; i++) h16[i] = __float2bfloat16_rn(host[i]);
-        ZG_CUDA_CHECK(cudaMemcpy(params16.get(), h16.data(), n * 2, cudaMemcpyHostToDevice));
+        // a plain conversion pass, rounding to nearest as the AdamW kernel does
+        cuda::cast_from_f32(params16.get(), params.as<float>(), layout.table.total(), DType::bf16,
+                            stream);
+        ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
     }
 
     size_t allocated() const {
@@ -1034,6 +1031,9 @@ int64_t GptCuda::num_parameters() const {
 void GptCuda::set_params(const float* host) {
     ZG_CUDA_CHECK(
         cudaMemcpy(impl_->params.get(), host, num_parameters() * 4, cudaMemcpyHostToDevice));
+    // A copy from pageable memory may return before its DMA lands, and the legacy stream does not
+    // order it before the model's non-blocking stream: wait for it.
+    ZG_CUDA_CHECK(cudaDeviceSynchronize());
     impl_->refresh_bf16();
 }
 void GptCuda::get_params(float* host) const {
@@ -1084,7 +1084,18 @@ double GptCuda::grad_norm() {
 
 void GptCuda::adamw_step(double lr, double beta1, double beta2, double eps, double weight_decay,
                          int64_t t, double grad_scale, float* m, float* v) {
+    adamw_step_range(lr, beta1, beta2, eps, weight_decay, t, grad_scale, m, v, 0, num_parameters());
+}
+
+void GptCuda::refresh_bf16_copy() {
+    impl_->refresh_bf16();
+}
+
+void GptCuda::adamw_step_range(double lr, double beta1, double beta2, double eps,
+                               double weight_decay, int64_t t, double grad_scale, float* m,
+                               float* v, int64_t lo, int64_t hi) {
     Impl& im = *impl_;
+    ZG_CHECK(0 <= lo && lo <= hi && hi <= num_parameters(), "adamw_step_range: bad range");
     cpu::AdamWStep s;
     s.lr = lr;
     s.beta1 = beta1;
@@ -1099,12 +1110,15 @@ void GptCuda::adamw_step(double lr, double beta1, double beta2, double eps, doub
         int64_t n = 0;
         while (j < specs.size() && specs[j].decay == specs[i].decay) n += specs[j++].numel;
         s.weight_decay = specs[i].decay ? weight_decay : 0.0;
-        const int64_t off = specs[i].offset;
+        // this run of tensors inside [lo, hi)
+        const int64_t off = std::max(specs[i].offset, lo);
+        const int64_t end = std::min(specs[i].offset + n, hi);
+        i = j;
+        if (off >= end) continue;
         void* p16 = im.t == DType::bf16 ? static_cast<void*>(im.params16.as<Impl::bf16_t>() + off)
                                         : nullptr;
-        cuda::adamw_update(im.params.as<float>() + off, p16, im.grads.as<float>() + off, m + off,
-                           v + off, n, s, im.stream);
-        i = j;
+        cuda::adamw_update(im.params.as<float>() + off, p16, im.grads.as<float>() + off,
+                           m + (off - lo), v + (off - lo), end - off, s, im.stream);
     }
 }
 

@@ -83,6 +83,12 @@ class GptCuda {
     // AdamW over the arena (decay where the table says), fp32 master weights, bf16 copy updated.
     void adamw_step(double lr, double beta1, double beta2, double eps, double weight_decay,
                     int64_t t, double grad_scale, float* m, float* v);
+    // The same over the arena elements [lo, hi) only (a ZeRO-1 shard); m and v hold hi - lo
+    // elements. The bf16 copy is updated for those elements only: after the fp32 weights of the
+    // other shards arrive, refresh_bf16_copy() brings the rest.
+    void adamw_step_range(double lr, double beta1, double beta2, double eps, double weight_decay,
+                          int64_t t, double grad_scale, float* m, float* v, int64_t lo, int64_t hi);
+    void refresh_bf16_copy();  // the bf16 working weights from the fp32 master (stream-ordered)
 
     // [B * Tn, padded_vocab] of the last forward (not with fused_linear)
     std::vector<float> logits() const;

@@ -15,8 +15,8 @@ namespace {
 class DeviceFloats {
   public:
     explicit DeviceFloats(int64_t n) : n_(n) {
-        ZG_CUDA_CHECK(cudaMalloc(&p_, size_t(n) * 4));
-        ZG_CUDA_CHECK(cudaMemset(p_, 0, size_t(n) * 4));
+        ZG_CUDA_CHECK(cudaMalloc(&p_, size_t(std::max<int64_t>(n, 1)) * 4));
+        ZG_CUDA_CHECK(cudaMemset(p_, 0, size_t(std::max<int64_t>(n, 1)) * 4));
     }
     ~DeviceFloats() { cudaFree(p_); }
     DeviceFloats(const DeviceFloats&) = delete;
@@ -31,12 +31,27 @@ class DeviceFloats {
     void upload(const std::vector<float>& h) {
         ZG_CHECK(int64_t(h.size()) == n_, "optimizer state has the wrong size");
         ZG_CUDA_CHECK(cudaMemcpy(p_, h.data(), size_t(n_) * 4, cudaMemcpyHostToDevice));
+        ZG_CUDA_CHECK(cudaDeviceSynchronize());  // the DMA from pageable memory has landed
     }
 
   private:
     float* p_ = nullptr;
     int64_t n_;
 };
+
+// Host <-> device copies ordered on the model's (non-blocking) stream and finished on return.
+// A plain cudaMemcpy from pageable memory may return before its DMA lands, and the legacy stream
+// does not order it before kernels on a non-blocking stream: a race.
+void to_host(void* dst, const void* src, size_t bytes, void* stream) {
+    auto s = static_cast<cudaStream_t>(stream);
+    ZG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
+    ZG_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+void to_device(void* dst, const void* src, size_t bytes, void* stream) {
+    auto s = static_cast<cudaStream_t>(stream);
+    ZG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
+    ZG_CUDA_CHECK(cudaStreamSynchronize(s));
+}
 
 CudaModelOptions model_options(const Config& cfg) {
     CudaModelOptions o;
@@ -51,8 +66,9 @@ class CudaBackend final : public Backend {
     explicit CudaBackend(const Config& cfg)
         : cfg_(cfg),
           model_(cfg.model, model_options(cfg)),
-          m_(model_.num_parameters()),
-          v_(model_.num_parameters()) {
+          m_(std::make_unique<DeviceFloats>(model_.num_parameters())),
+          v_(std::make_unique<DeviceFloats>(model_.num_parameters())),
+          hi_(model_.num_parameters()) {
         model_.set_params(initial_params(cfg).data());
     }
     std::string name() const override { return "cuda"; }
@@ -82,9 +98,12 @@ class CudaBackend final : public Backend {
         model_.set_vocab_group(cuda_vocab_group(*group, model_.stream()));
     }
     void shard_optimizer(Communicator& comm) override {
-        ZG_CHECK(comm.size() == 1,
-                 "parallel.zero1 runs on the CPU backend only in this version (the GPU's AdamW "
-                 "over a slice of the arena is not built yet)");
+        zero_ = &comm;
+        const int64_t n = model_.num_parameters(), S = (n + comm.size() - 1) / comm.size();
+        lo_ = std::min(n, S * comm.rank());
+        hi_ = std::min(n, lo_ + S);
+        m_ = std::make_unique<DeviceFloats>(hi_ - lo_);
+        v_ = std::make_unique<DeviceFloats>(hi_ - lo_);
     }
     void all_reduce_grads(Communicator& comm) override {
         ZG_CUDA_CHECK(cudaDeviceSynchronize());  // the backward pass is done on its streams
@@ -96,17 +115,23 @@ class CudaBackend final : public Backend {
         }
         // A host communicator (local ranks sharing this GPU): through host memory.
         std::vector<float> g(model_.num_parameters());
-        model_.get_grads(g.data());
+        to_host(g.data(), model_.grads_device(), g.size() * 4, model_.stream());
         comm.all_reduce_sum(g.data(), int64_t(g.size()));
-        ZG_CUDA_CHECK(
-            cudaMemcpy(model_.grads_device(), g.data(), g.size() * 4, cudaMemcpyHostToDevice));
+        to_device(model_.grads_device(), g.data(), g.size() * 4, model_.stream());
     }
     double grad_norm() override { return model_.grad_norm(); }
     void optimizer_step(double lr, double grad_scale) override {
         steps_++;
         const OptimConfig& o = cfg_.optim;
-        model_.adamw_step(lr, o.beta1, o.beta2, o.eps, o.weight_decay, steps_, grad_scale, m_.get(),
-                          v_.get());
+        model_.adamw_step_range(lr, o.beta1, o.beta2, o.eps, o.weight_decay, steps_, grad_scale,
+                                m_->get(), v_->get(), lo_, hi_);
+        if (!zero_) return;
+        // ZeRO-1: every rank updated its slice of the fp32 weights; gather the others' slices.
+        std::vector<float> mine(hi_ - lo_);
+        to_host(mine.data(), model_.params_device() + lo_, mine.size() * 4, model_.stream());
+        const std::vector<float> all = gather(mine);
+        to_device(model_.params_device(), all.data(), all.size() * 4, model_.stream());
+        model_.refresh_bf16_copy();
     }
     std::vector<float> params() const override {
         std::vector<float> p(model_.num_parameters());
@@ -117,12 +142,15 @@ class CudaBackend final : public Backend {
         ZG_CHECK(int64_t(p.size()) == model_.num_parameters(), "parameters have the wrong size");
         model_.set_params(p.data());
     }
-    std::vector<float> adam_m() const override { return m_.download(); }
-    std::vector<float> adam_v() const override { return v_.download(); }
+    std::vector<float> adam_m() const override { return full(*m_); }
+    std::vector<float> adam_v() const override { return full(*v_); }
     void set_adam(const std::vector<float>& m, const std::vector<float>& v,
                   int64_t steps) override {
-        m_.upload(m);
-        v_.upload(v);
+        const int64_t n = model_.num_parameters();
+        ZG_CHECK(int64_t(m.size()) == n && int64_t(v.size()) == n,
+                 "optimizer state has the wrong size");
+        m_->upload(std::vector<float>(m.begin() + lo_, m.begin() + hi_));
+        v_->upload(std::vector<float>(v.begin() + lo_, v.begin() + hi_));
         steps_ = steps;
     }
     int64_t adam_steps() const override { return steps_; }
@@ -145,9 +173,27 @@ class CudaBackend final : public Backend {
     }
 
   private:
+    // The whole arena from every rank's ZeRO-1 slice (slices of ceil(n / ranks) elements, the
+    // last one shorter), through host memory. Collective.
+    std::vector<float> gather(const std::vector<float>& mine) const {
+        const int64_t n = model_.num_parameters(), R = zero_->size(), S = (n + R - 1) / R;
+        std::vector<float> send(S, 0.0f), all(S * R);
+        std::copy(mine.begin(), mine.end(), send.begin());
+        zero_->all_gather(send.data(), all.data(), S, CommType::f32);
+        all.resize(n);
+        return all;
+    }
+    // A moment as the whole arena (collective under ZeRO-1).
+    std::vector<float> full(const DeviceFloats& d) const {
+        const std::vector<float> mine = d.download();
+        return zero_ ? gather(mine) : mine;
+    }
+
     Config cfg_;
     GptCuda model_;
-    DeviceFloats m_, v_;
+    std::unique_ptr<DeviceFloats> m_, v_;
+    int64_t lo_ = 0, hi_ = 0;       // this rank's slice of the arena (all of it without ZeRO-1)
+    Communicator* zero_ = nullptr;  // ZeRO-1: the ranks that share the optimizer state
     int64_t steps_ = 0;
 };
 
@@ -160,26 +206,26 @@ VocabGroup cuda_vocab_group(Communicator& group, void* stream) {
     g.rank = group.rank();
     // Device buffers go to a device communicator (nccl, on the model's stream); a host one
     // (local ranks sharing this GPU) gets them through host memory.
-    g.all_gather = [g_ = &group](const void* send, void* recv, int64_t bytes) {
+    g.all_gather = [g_ = &group, stream](const void* send, void* recv, int64_t bytes) {
         ZG_CHECK(bytes % 4 == 0, "vocab group: all_gather of a size not a multiple of 4");
         if (g_->device_buffers()) {
             g_->all_gather(send, recv, bytes / 4, CommType::f32);
             return;
         }
         std::vector<unsigned char> hs(bytes), hr(size_t(bytes) * g_->size());
-        ZG_CUDA_CHECK(cudaMemcpy(hs.data(), send, bytes, cudaMemcpyDeviceToHost));
+        to_host(hs.data(), send, bytes, stream);
         g_->all_gather(hs.data(), hr.data(), bytes / 4, CommType::f32);
-        ZG_CUDA_CHECK(cudaMemcpy(recv, hr.data(), hr.size(), cudaMemcpyHostToDevice));
+        to_device(recv, hr.data(), hr.size(), stream);
     };
-    g.reduce_scatter_sum = [g_ = &group](const float* send, float* recv, int64_t n) {
+    g.reduce_scatter_sum = [g_ = &group, stream](const float* send, float* recv, int64_t n) {
         if (g_->device_buffers()) {
             g_->reduce_scatter_sum(send, recv, n, CommType::f32);
             return;
         }
         std::vector<float> hs(size_t(n) * g_->size()), hr(n);
-        ZG_CUDA_CHECK(cudaMemcpy(hs.data(), send, hs.size() * 4, cudaMemcpyDeviceToHost));
+        to_host(hs.data(), send, hs.size() * 4, stream);
         g_->reduce_scatter_sum(hs.data(), hr.data(), n, CommType::f32);
-        ZG_CUDA_CHECK(cudaMemcpy(recv, hr.data(), hr.size() * 4, cudaMemcpyHostToDevice));
+        to_device(recv, hr.data(), hr.size() * 4, stream);
     };
     return g;
 }
