@@ -5,7 +5,9 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "kernels/check.h"
 #include "kernels/cuda_check.h"
@@ -56,7 +58,8 @@ bool is_host(const void* p) {
 
 class NcclComm final : public Communicator {
   public:
-    NcclComm(ncclComm_t comm, int device) : comm_(comm), device_(device) {
+    NcclComm(ncclComm_t comm, int device, double timeout_s)
+        : comm_(comm), device_(device), timeout_s_(timeout_s) {
         ZG_NCCL_CHECK(ncclCommUserRank(comm_, &rank_));
         ZG_NCCL_CHECK(ncclCommCount(comm_, &size_));
         ZG_CUDA_CHECK(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking));
@@ -64,7 +67,7 @@ class NcclComm final : public Communicator {
     }
     ~NcclComm() override {
         if (scratch_) cudaFree(scratch_);
-        ncclCommDestroy(comm_);
+        if (!aborted_) ncclCommDestroy(comm_);
         cudaStreamDestroy(own_stream_);
     }
     NcclComm(const NcclComm&) = delete;
@@ -81,6 +84,7 @@ class NcclComm final : public Communicator {
         Staged s = stage(buf, bytes, buf, bytes);
         ZG_NCCL_CHECK(
             ncclAllReduce(s.send, s.recv, size_t(n), nccl_type(t), ncclSum, comm_, stream_));
+        finish("all_reduce");
         unstage(s, buf, bytes);
     }
 
@@ -88,6 +92,7 @@ class NcclComm final : public Communicator {
         const size_t bytes = size_t(n) * type_bytes(t);
         Staged s = stage(send, bytes, recv, bytes * size_t(size_));
         ZG_NCCL_CHECK(ncclAllGather(s.send, s.recv, size_t(n), nccl_type(t), comm_, stream_));
+        finish("all_gather");
         unstage(s, recv, bytes * size_t(size_));
     }
 
@@ -96,6 +101,7 @@ class NcclComm final : public Communicator {
         Staged s = stage(send, bytes * size_t(size_), recv, bytes);
         ZG_NCCL_CHECK(
             ncclReduceScatter(s.send, s.recv, size_t(n), nccl_type(t), ncclSum, comm_, stream_));
+        finish("reduce_scatter");
         unstage(s, recv, bytes);
     }
 
@@ -105,6 +111,7 @@ class NcclComm final : public Communicator {
         const size_t bytes = size_t(n) * type_bytes(t);
         Staged s = stage(buf, bytes, buf, bytes);
         ZG_NCCL_CHECK(ncclBroadcast(s.send, s.recv, size_t(n), nccl_type(t), root, comm_, stream_));
+        finish("broadcast");
         unstage(s, buf, bytes);
     }
 
@@ -112,7 +119,7 @@ class NcclComm final : public Communicator {
         // One element summed over the ranks completes only when every rank has called it.
         ensure_scratch(sizeof(float));
         ZG_NCCL_CHECK(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_));
-        ZG_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        finish("barrier");
     }
 
     std::unique_ptr<Communicator> split(int color, int key) override {
@@ -120,10 +127,43 @@ class NcclComm final : public Communicator {
                  "nccl communicator: split color must be >= 0, not " + std::to_string(color));
         ncclComm_t sub = nullptr;
         ZG_NCCL_CHECK(ncclCommSplit(comm_, color, key, &sub, nullptr));
-        return std::make_unique<NcclComm>(sub, device_);
+        return std::make_unique<NcclComm>(sub, device_, timeout_s_);
     }
 
   private:
+    // Waits for the collective just enqueued, at most timeout_s: a peer that is alive but never
+    // makes the matching call (hung, or in another collective) would otherwise block this rank
+    // forever inside NCCL. On timeout or an asynchronous NCCL error the communicator is aborted
+    // and the error names the collective. (Dead peers and silent hosts are also caught by the
+    // rendezvous' watchdog, train/launch.h.)
+    void finish(const char* op) {
+        if (timeout_s_ <= 0) return;
+        using Clock = std::chrono::steady_clock;
+        const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
+        for (int spin = 0;; spin++) {
+            const cudaError_t q = cudaStreamQuery(stream_);
+            if (q == cudaSuccess) return;
+            if (q != cudaErrorNotReady) ZG_CUDA_CHECK(q);
+            ncclResult_t async = ncclSuccess;
+            ZG_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+            if (async != ncclSuccess) {
+                ncclCommAbort(comm_);
+                aborted_ = true;
+                throw Error(std::string("nccl communicator: ") + op + " failed on rank " +
+                            std::to_string(rank_) + ": " + ncclGetErrorString(async));
+            }
+            if (Clock::now() > deadline) {
+                ncclCommAbort(comm_);
+                aborted_ = true;
+                throw Error(std::string("nccl communicator: ") + op + " did not complete within " +
+                            std::to_string(int(timeout_s_)) + " s on rank " +
+                            std::to_string(rank_) + " of " + std::to_string(size_) +
+                            ": a peer is hung, or made another call");
+            }
+            if (spin > 100) std::this_thread::sleep_for(std::chrono::microseconds(200));
+        }
+    }
+
     // Device pointers for one collective; host buffers replaced by parts of the scratch buffer.
     struct Staged {
         const void* send;
@@ -174,6 +214,8 @@ class NcclComm final : public Communicator {
 
     ncclComm_t comm_;
     int device_;
+    double timeout_s_ = 0;  // 0: wait for collectives without a bound
+    bool aborted_ = false;
     int rank_ = 0, size_ = 1;
     cudaStream_t own_stream_ = nullptr, stream_ = nullptr;
     void* scratch_ = nullptr;
@@ -198,7 +240,7 @@ std::string nccl_unique_id() {
 }
 
 std::unique_ptr<Communicator> make_nccl_comm(const std::string& unique_id_bytes, int rank,
-                                             int world_size, int cuda_device) {
+                                             int world_size, int cuda_device, double timeout_s) {
     ncclUniqueId id;
     ZG_CHECK(unique_id_bytes.size() == sizeof id.internal,
              "nccl communicator: the unique id has " + std::to_string(unique_id_bytes.size()) +
@@ -210,7 +252,7 @@ std::unique_ptr<Communicator> make_nccl_comm(const std::string& unique_id_bytes,
     ncclComm_t comm = nullptr;
     ZG_NCCL_CHECK(ncclCommInitRank(&comm, world_size, id, rank));
     try {
-        return std::make_unique<NcclComm>(comm, cuda_device);
+        return std::make_unique<NcclComm>(comm, cuda_device, timeout_s);
     } catch (...) {
         ncclCommDestroy(comm);
         throw;

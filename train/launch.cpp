@@ -155,7 +155,8 @@ std::unique_ptr<Communicator> join_run(const std::string& device, double timeout
     try {
 #ifdef ZGPT_HAVE_NCCL
         if (device == "cuda")
-            inner = make_nccl_comm(rv->payload(), env.rank, env.world_size, env.local_rank);
+            inner =
+                make_nccl_comm(rv->payload(), env.rank, env.world_size, env.local_rank, timeout_s);
 #endif
         if (device == "cpu") inner = make_tcp_comm(*rv, timeout_s);
     } catch (const std::exception& e) {
