@@ -1,6 +1,8 @@
 // The GPU backend: model/gpt_cuda.h plus AdamW state (fp32 m and v) on the device.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "kernels/cuda_check.h"
 #include "model/gpt.h"
 #include "model/gpt_cuda.h"
@@ -71,6 +73,9 @@ class CudaBackend final : public Backend {
           hi_(model_.num_parameters()) {
         model_.set_params(initial_params(cfg).data());
     }
+    ~CudaBackend() override {  // communicators must not keep ordering work on our stream
+        for (Communicator* c : streamed_) c->set_stream(nullptr);
+    }
     std::string name() const override { return "cuda"; }
     const GptLayout& layout() const override { return model_.layout(); }
     int64_t num_parameters() const override { return model_.num_parameters(); }
@@ -96,6 +101,7 @@ class CudaBackend final : public Backend {
             return;
         }
         model_.set_vocab_group(cuda_vocab_group(*group, model_.stream()));
+        streamed_.push_back(group);
     }
     void shard_optimizer(Communicator& comm) override {
         zero_ = &comm;
@@ -109,6 +115,8 @@ class CudaBackend final : public Backend {
         ZG_CUDA_CHECK(cudaDeviceSynchronize());  // the backward pass is done on its streams
         if (comm.device_buffers()) {
             comm.set_stream(model_.stream());
+            if (std::find(streamed_.begin(), streamed_.end(), &comm) == streamed_.end())
+                streamed_.push_back(&comm);
             comm.all_reduce_sum(model_.grads_device(), model_.num_parameters());
             ZG_CUDA_CHECK(cudaDeviceSynchronize());
             return;
@@ -194,6 +202,7 @@ class CudaBackend final : public Backend {
     std::unique_ptr<DeviceFloats> m_, v_;
     int64_t lo_ = 0, hi_ = 0;       // this rank's slice of the arena (all of it without ZeRO-1)
     Communicator* zero_ = nullptr;  // ZeRO-1: the ranks that share the optimizer state
+    std::vector<Communicator*> streamed_;  // communicators given the model's stream
     int64_t steps_ = 0;
 };
 

@@ -65,5 +65,7 @@ std::vector<std::unique_ptr<Communicator>> make_local_group(int n, double timeou
 // Marks a local group as failed: every rank waiting in (or later entering) a collective throws
 // `reason`. What a thread that caught an exception calls before it leaves.
 void abort_local_group(Communicator& any_rank, const std::string& reason);
+// Whether the local group has failed already (a peer's abort or a timeout).
+bool local_group_failed(Communicator& any_rank);
 
 }  // namespace zgpt

@@ -238,6 +238,13 @@ std::vector<std::unique_ptr<Communicator>> make_local_group(int n, double timeou
     return out;
 }
 
+bool local_group_failed(Communicator& any_rank) {
+    auto* c = dynamic_cast<LocalComm*>(&any_rank);
+    if (!c) return false;
+    std::lock_guard<std::mutex> lock(c->group().mu);
+    return !c->group().failure.empty();
+}
+
 void abort_local_group(Communicator& any_rank, const std::string& reason) {
     if (auto* c = dynamic_cast<LocalComm*>(&any_rank)) c->group().abort(reason);
 }

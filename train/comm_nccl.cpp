@@ -76,7 +76,8 @@ class NcclComm final : public Communicator {
     int rank() const override { return rank_; }
     int size() const override { return size_; }
     std::string name() const override { return "nccl"; }
-    void set_stream(void* s) override { stream_ = static_cast<cudaStream_t>(s); }
+    // null: back to the communicator's own stream (the caller's stream is going away)
+    void set_stream(void* s) override { stream_ = s ? static_cast<cudaStream_t>(s) : own_stream_; }
     bool device_buffers() const override { return true; }
 
     void all_reduce_sum(void* buf, int64_t n, CommType t) override {

@@ -131,8 +131,8 @@ std::vector<ConfigField> config_fields(Config& c) {
          &par.vocab_parallel, 1, 1024});
     add({"parallel", "zero1", "shard the AdamW moments across the ranks (ZeRO-1)", &par.zero1});
     add({"parallel", "timeout_s",
-         "a rank that fails or a peer that never arrives stops all "
-         "ranks within this many seconds",
+         "a rank that fails or a peer that never arrives stops all ranks within this many "
+         "seconds; keep it above the longest step, checkpoint write or printed sample",
          &par.timeout_s, 0, 1e7, true});
     KernelChoice& k = c.kernels;
     add({"kernels",

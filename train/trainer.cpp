@@ -127,30 +127,26 @@ TrainResult train_local_ranks(const Config& cfg, const std::string& config_path,
                               const std::string& command_line) {
     const int n = cfg.parallel.local_ranks;
     auto comms = make_local_group(n, cfg.parallel.timeout_s);
-    // The CPU's threads shared among the ranks (each rank's OpenMP regions use its share).
-    const int threads = cfg.train.threads > 0 ? cfg.train.threads : omp_get_max_threads();
     std::vector<TrainResult> results(n);
     std::vector<std::string> errors(n);
+    std::vector<char> own(n, 0);  // the rank failed by itself, not through a peer's abort
     std::vector<std::thread> ranks;
     for (int r = 0; r < n; r++) {
+        // Each rank runs the user's config unchanged (it is what the run directory and the
+        // checkpoints record, so a resume gets the same ranks); train() sees the local group.
         ranks.emplace_back([&, r] {
             try {
-                Config c = cfg;
-                c.parallel.local_ranks = 1;
-                c.train.threads = std::max(1, threads / n);
-                results[r] = train(c, config_path, command_line, *comms[r]);
+                results[r] = train(cfg, config_path, command_line, *comms[r]);
             } catch (const std::exception& e) {
                 errors[r] = e.what();
+                own[r] = !local_group_failed(*comms[r]);
                 abort_local_group(*comms[r], "rank " + std::to_string(r) + " failed: " + e.what());
             }
         });
     }
     for (std::thread& t : ranks) t.join();
-    // The first rank that failed on its own (the others then failed through the abort).
-    for (int r = 0; r < n; r++)
-        if (!errors[r].empty() && errors[r].find("failed: ") == std::string::npos &&
-            errors[r].find("did not reach") == std::string::npos)
-            throw Error("rank " + std::to_string(r) + " failed: " + errors[r]);
+    for (int r = 0; r < n; r++)  // the first rank that failed by itself
+        if (own[r]) throw Error("rank " + std::to_string(r) + " failed: " + errors[r]);
     for (int r = 0; r < n; r++)
         if (!errors[r].empty()) throw Error(errors[r]);
     return results[0];
@@ -160,9 +156,15 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
                   Communicator& world) {
     resolve_vocab_size(cfg);
     validate(cfg.model);
-    if (cfg.train.threads > 0) omp_set_num_threads(cfg.train.threads);
+    // Ranks that are threads of this process share its CPU threads.
+    const int local = world.name() == "local" ? std::max(1, cfg.parallel.local_ranks) : 1;
+    if (cfg.train.threads > 0 || local > 1)
+        omp_set_num_threads(
+            std::max(1, (cfg.train.threads > 0 ? cfg.train.threads : omp_get_num_procs()) / local));
     const DeviceChoice device = choose_device(cfg.train.device);
     const int R = world.size(), rank = world.rank(), P = cfg.parallel.vocab_parallel;
+    // GPUs in use: local ranks share this process's one GPU (MFU is per GPU)
+    const int gpus = std::max(1, R / local);
     const bool lead = rank == 0;  // rank 0 writes the run directory, metrics and checkpoints
     ZG_CHECK(R % P == 0, "parallel.vocab_parallel=" + std::to_string(P) +
                              " must divide the number of ranks (" + std::to_string(R) + ")");
@@ -219,6 +221,8 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
                            st.loader.batch,
                            st.adam_steps};
         int64_t old_windows = st.loader_windows_per_batch;
+        if (lead && !resumed_from.empty() && old_windows == 0)  // written by one rank, before
+            old_windows = load_config_text(st.config_yaml, resumed_from).train.batch_size;
         world.broadcast(head, 6, CommType::i64, 0);
         world.broadcast(&old_windows, 1, CommType::i64, 0);
         if (head[0]) {
@@ -231,7 +235,15 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
             // The same point of the data on another rank count or batch size.
             if (old_windows > 0 && old_windows != windows_per_batch) {
                 const int64_t done = pos.batch * old_windows;
-                ZG_CHECK(done % windows_per_batch == 0,
+                if (lead)
+                    std::printf(
+                        "warning: the checkpoint's global batch was %lld windows, this "
+                        "run's is %lld (train.batch_size x ranks): the data continues "
+                        "where it stopped, the steps are of another size\n",
+                        (long long)old_windows, (long long)windows_per_batch);
+                // random sampling has no order to keep: its position only seeds the draws
+                const bool ordered = cfg.data.sampling != "random";
+                ZG_CHECK(!ordered || done % windows_per_batch == 0,
                          "cannot resume: the checkpoint stopped after " + std::to_string(done) +
                              " windows of its epoch, not a whole number of this run's global "
                              "batches of " +
@@ -429,7 +441,7 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
                            {"tok_per_s", double(step_tokens) / dt},
                            {"mfu", nullptr}};
         // MFU on a GPU with a known peak; the CPU has none (no peak FLOP/s for an arbitrary CPU).
-        if (peak > 0) rec["mfu"] = flops_per_token * double(step_tokens) / dt / peak / R;
+        if (peak > 0) rec["mfu"] = flops_per_token * double(step_tokens) / dt / (peak * gpus);
         if (model.device_memory_bytes() > 0) rec["peak_mem_gb"] = model.device_memory_bytes() / 1e9;
         rec["kernels"] = kernels;
         const double tok_s = double(tokens - tokens_at_start) / seconds_since(t_start);
@@ -437,7 +449,7 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
             progress.update({step, max_steps, step - start_step, sum.sum_loss * inv,
                              sum.sum_ce * inv, sum.sum_z_loss * inv, lr, norm, tok_s,
                              seconds_since(t_start),
-                             peak > 0 ? flops_per_token * tok_s / peak : -1.0});
+                             peak > 0 ? flops_per_token * tok_s / (peak * gpus) : -1.0});
         // A non-finite loss cannot recover (AdamW would spread NaN into every weight): stop, keep
         // the last good checkpoint, and say so in the summary so a sweep counts the run as done.
         if (!std::isfinite(result.train_loss) || !std::isfinite(norm)) {
