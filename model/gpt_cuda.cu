@@ -667,15 +667,7 @@ struct GptCuda::Impl {
         ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
         const cuda::LossSummaryF f = combine_summaries(h_summary.get(), chunks);
         have_logits = compute_grad ? have_logits : false;
-        CrossEntropySummary s;
-        s.loss = f.loss;
-        s.sum_loss = f.sum_loss;
-        s.sum_ce = f.sum_ce;
-        s.sum_z_loss = f.sum_z_loss;
-        s.sum_lse = f.sum_lse;
-        s.sum_lse_sq = f.sum_lse_sq;
-        s.n_valid = f.n_valid;
-        s.max_logit = f.max_logit;
+        const CrossEntropySummary s = to_summary(f);
         grads_ready = compute_grad;
         return s;
     }
@@ -819,15 +811,7 @@ struct GptCuda::Impl {
                                       cudaMemcpyDeviceToHost, stream));
         ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
         const cuda::LossSummaryF f = h_summary.get()[0];
-        CrossEntropySummary s;
-        s.loss = f.loss;
-        s.sum_loss = f.sum_loss;
-        s.sum_ce = f.sum_ce;
-        s.sum_z_loss = f.sum_z_loss;
-        s.sum_lse = f.sum_lse;
-        s.sum_lse_sq = f.sum_lse_sq;
-        s.n_valid = f.n_valid;
-        s.max_logit = f.max_logit;
+        const CrossEntropySummary s = to_summary(f);
         head_sharded_done = compute_grad;
         grads_ready = compute_grad;
         if (!compute_grad) have_logits = false;
@@ -868,6 +852,18 @@ struct GptCuda::Impl {
             input_grad_gemm(dtmp.as<char>() + r0 * cfg.n_embd * es,
                             logits.as<char>() + r0 * Vp * es, layout.lm_head, n, cfg.n_embd, Vp),
             stream);
+    }
+    static CrossEntropySummary to_summary(const cuda::LossSummaryF& f) {
+        CrossEntropySummary s;
+        s.loss = f.loss;
+        s.sum_loss = f.sum_loss;
+        s.sum_ce = f.sum_ce;
+        s.sum_z_loss = f.sum_z_loss;
+        s.sum_lse = f.sum_lse;
+        s.sum_lse_sq = f.sum_lse_sq;
+        s.n_valid = f.n_valid;
+        s.max_logit = f.max_logit;
+        return s;
     }
     // The chunks' summaries as one (sum reduction: every field adds, except the maximum).
     static cuda::LossSummaryF combine_summaries(const cuda::LossSummaryF* s, int64_t n) {

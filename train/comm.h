@@ -16,6 +16,9 @@ namespace zgpt {
 
 enum class CommType { f32, f64, i64 };
 size_t comm_type_size(CommType t);
+// acc[i] += x[i] for n elements of type t: one more rank's term of a rank-order sum (the local and
+// tcp communicators add this way, so their results agree bit for bit).
+void comm_add(void* acc, const void* x, int64_t n, CommType t);
 
 class Communicator {
   public:

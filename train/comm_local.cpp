@@ -19,19 +19,12 @@ size_t comm_type_size(CommType t) {
     return t == CommType::f32 ? 4 : 8;
 }
 
-namespace {
-
-// dst[i] = src_0[i] + src_1[i] + ... in rank order.
-void sum_in_rank_order(void* dst, const std::vector<const void*>& src, int64_t off, int64_t n,
-                       CommType t) {
+void comm_add(void* acc, const void* x, int64_t n, CommType t) {
     auto run = [&](auto tag) {
         using T = decltype(tag);
-        T* d = static_cast<T*>(dst);
-        for (int64_t i = 0; i < n; i++) {
-            T acc = static_cast<const T*>(src[0])[off + i];
-            for (size_t r = 1; r < src.size(); r++) acc += static_cast<const T*>(src[r])[off + i];
-            d[i] = acc;
-        }
+        T* a = static_cast<T*>(acc);
+        const T* b = static_cast<const T*>(x);
+        for (int64_t i = 0; i < n; i++) a[i] += b[i];
     };
     switch (t) {
         case CommType::f32:
@@ -41,6 +34,17 @@ void sum_in_rank_order(void* dst, const std::vector<const void*>& src, int64_t o
         case CommType::i64:
             return run(int64_t{});
     }
+}
+
+namespace {
+
+// dst[i] = src_0[i] + src_1[i] + ... in rank order.
+void sum_in_rank_order(void* dst, const std::vector<const void*>& src, int64_t off, int64_t n,
+                       CommType t) {
+    const size_t es = comm_type_size(t);
+    std::memcpy(dst, static_cast<const char*>(src[0]) + off * es, size_t(n) * es);
+    for (size_t r = 1; r < src.size(); r++)
+        comm_add(dst, static_cast<const char*>(src[r]) + off * es, n, t);
 }
 
 class SingleRank final : public Communicator {

@@ -25,30 +25,8 @@ constexpr uint32_t kSplitTagBase = 256;  // + the parent's split count
 
 enum Op : uint32_t { kAllReduce = 1, kAllGather, kReduceScatter, kBroadcast, kBarrier };
 
-size_t type_bytes(CommType t) {
-    return t == CommType::f32 ? 4 : 8;
-}
-
 const char* type_name(CommType t) {
     return t == CommType::f32 ? "f32" : t == CommType::f64 ? "f64" : "i64";
-}
-
-// acc[i] += x[i]: one more rank's term of the rank-order sum.
-void add_in_place(void* acc, const void* x, int64_t n, CommType t) {
-    auto run = [&](auto tag) {
-        using T = decltype(tag);
-        T* a = static_cast<T*>(acc);
-        const T* b = static_cast<const T*>(x);
-        for (int64_t i = 0; i < n; i++) a[i] += b[i];
-    };
-    switch (t) {
-        case CommType::f32:
-            return run(float{});
-        case CommType::f64:
-            return run(double{});
-        case CommType::i64:
-            return run(int64_t{});
-    }
 }
 
 struct Call {
@@ -111,7 +89,7 @@ class TcpComm final : public Communicator {
 
     void all_reduce_sum(void* buf, int64_t n, CommType t) override {
         const Call c{kAllReduce, t, n, 0};
-        const size_t bytes = size_t(n) * type_bytes(t);
+        const size_t bytes = size_t(n) * comm_type_size(t);
         check_usable(c);
         if (size() == 1) return;
         if (rank_ != 0) {
@@ -121,14 +99,14 @@ class TcpComm final : public Communicator {
         scratch_.resize(bytes);
         for (int r = 1; r < size(); r++) {
             leader_recv(r, c, scratch_.data(), bytes);
-            add_in_place(buf, scratch_.data(), n, t);  // ((r0 + r1) + r2) ...
+            comm_add(buf, scratch_.data(), n, t);  // ((r0 + r1) + r2) ...
         }
         for (int r = 1; r < size(); r++) leader_send(r, c, buf, bytes);
     }
 
     void all_gather(const void* send, void* recv, int64_t n, CommType t) override {
         const Call c{kAllGather, t, n, 0};
-        const size_t bytes = size_t(n) * type_bytes(t), total = bytes * size_t(size());
+        const size_t bytes = size_t(n) * comm_type_size(t), total = bytes * size_t(size());
         check_usable(c);
         if (rank_ != 0) {
             member_send(c, send, bytes);
@@ -143,7 +121,7 @@ class TcpComm final : public Communicator {
 
     void reduce_scatter_sum(const void* send, void* recv, int64_t n, CommType t) override {
         const Call c{kReduceScatter, t, n, 0};
-        const size_t bytes = size_t(n) * type_bytes(t), total = bytes * size_t(size());
+        const size_t bytes = size_t(n) * comm_type_size(t), total = bytes * size_t(size());
         check_usable(c);
         if (rank_ != 0) {
             member_send(c, send, total);
@@ -153,7 +131,7 @@ class TcpComm final : public Communicator {
         scratch_.resize(total);
         for (int r = 1; r < size(); r++) {
             leader_recv(r, c, scratch_.data(), total);
-            add_in_place(sum_.data(), scratch_.data(), n * size(), t);
+            comm_add(sum_.data(), scratch_.data(), n * size(), t);
         }
         for (int r = 1; r < size(); r++) leader_send(r, c, sum_.data() + size_t(r) * bytes, bytes);
         std::memcpy(recv, sum_.data(), bytes);
@@ -163,7 +141,7 @@ class TcpComm final : public Communicator {
         ZG_CHECK(root >= 0 && root < size(), "broadcast: root " + std::to_string(root) +
                                                  " is not a rank of " + std::to_string(size()));
         const Call c{kBroadcast, t, n, root};
-        const size_t bytes = size_t(n) * type_bytes(t);
+        const size_t bytes = size_t(n) * comm_type_size(t);
         check_usable(c);
         if (rank_ != 0) {
             // Every member reports the call, so that rank 0 can check it; the root sends the data.
