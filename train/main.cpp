@@ -1,8 +1,10 @@
 // train: trains a GPT from a YAML config.  `train --help` lists the options and every config key.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <thread>
 
 #include "kernels/check.h"
 #include "train/config.h"
@@ -54,9 +56,15 @@ int main(int argc, char** argv) {
             return 0;
         }
         const bool in_run = std::getenv("RANK") || std::getenv("SLURM_PROCID");
-        if (nproc > 0 && !in_run)  // the launcher: this process only starts and watches the ranks
+        if (nproc > 0 && !in_run) {  // the launcher: this process only starts and watches ranks
+            // The ranks share this machine's cores (train.threads, when set, still decides).
+            if (!std::getenv("OMP_NUM_THREADS")) {
+                const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+                setenv("OMP_NUM_THREADS", std::to_string(std::max(1u, cores / nproc)).c_str(), 1);
+            }
             return zgpt::launch_local(nproc, "/proc/self/exe",
                                       std::vector<std::string>(argv, argv + argc));
+        }
         if (nproc > 0 || in_run) {
             const zgpt::RankEnv env = zgpt::rank_env_from_environment();
             if (nproc > 0 && env.world_size != nproc)
