@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "kernels/attention.h"
 #include "kernels/check.h"
@@ -68,6 +69,33 @@ void GPT<T>::init_weights(uint64_t seed) {
 }
 
 template <typename T>
+void GPT<T>::set_op_profiling(bool on) {
+    profile_ = on;
+    op_times_.clear();
+}
+
+template <typename T>
+std::vector<std::pair<std::string, double>> GPT<T>::take_op_times() {
+    return std::exchange(op_times_, {});
+}
+
+template <typename T>
+void GPT<T>::tick(const char* op) {
+    if (!profile_) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (op) {
+        const double ms = std::chrono::duration<double, std::milli>(now - last_tick_).count();
+        auto it = std::find_if(op_times_.begin(), op_times_.end(),
+                               [&](const auto& x) { return x.first == op; });
+        if (it == op_times_.end())
+            op_times_.emplace_back(op, ms);
+        else
+            it->second += ms;
+    }
+    last_tick_ = now;
+}
+
+template <typename T>
 void GPT<T>::zero_grad() {
     fill_zero(grads);
 }
@@ -113,6 +141,7 @@ void GPT<T>::forward(const int32_t* tokens, int64_t B, int64_t Tn) {
     logits_.resize(B * Tn * Vp_);  // here, not with the activations: a sharded head has none
     cpu::matmul_forward(logits_.data(), lnf_.data(), maybe(layout_.lm_head), (const T*)nullptr,
                         B * Tn, int64_t(cfg_.n_embd), Vp_);
+    tick("head matmul fwd");
 }
 
 template <typename T>
@@ -124,11 +153,13 @@ void GPT<T>::forward_hidden(const int32_t* tokens, int64_t B, int64_t Tn) {
         ZG_CHECK(tokens[i] >= 0 && tokens[i] < cfg_.vocab_size,
                  "token id " + std::to_string(tokens[i]) + " outside the vocabulary");
     ensure_activations(B, Tn);
+    tick(nullptr);
     tokens_.assign(tokens, tokens + B * Tn);
     const int64_t BT = B * Tn, C = cfg_.n_embd, NH = cfg_.n_head, hs = C / NH;
     const double eps = cfg_.ln_eps;
     cpu::encoder_forward(residual_[0].data(), tokens, maybe(layout_.wte), maybe(layout_.wpe), B, Tn,
                          C);
+    tick("encoder fwd");
     std::vector<T> scratch(BT * C);
     for (int l = 0; l < cfg_.n_layer; l++) {
         const BlockParams& p = layout_.blocks[l];
@@ -136,38 +167,52 @@ void GPT<T>::forward_hidden(const int32_t* tokens, int64_t B, int64_t Tn) {
         const T* x = residual_[l].data();
         cpu::layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x,
                                maybe(p.ln1_w), maybe(p.ln1_b), BT, C, eps);
+        tick("layernorm fwd");
         if (cfg_.qk_norm) {
             cpu::matmul_forward(a.qkv_raw.data(), a.ln1.data(), maybe(p.qkv_w), maybe(p.qkv_b), BT,
                                 C, 3 * C);
+            tick("matmul fwd");
             a.qkv = a.qkv_raw;
             // q and k of each token are NH contiguous rows of hs: normalise each row.
             copy_block(a.q_in.data(), C, a.qkv_raw.data(), 3 * C, BT, C);
             copy_block(a.k_in.data(), C, a.qkv_raw.data() + C, 3 * C, BT, C);
             cpu::layernorm_forward(scratch.data(), a.q_mean.data(), a.q_rstd.data(), a.q_in.data(),
                                    maybe(p.q_norm_w), maybe(p.q_norm_b), BT * NH, hs, eps);
+            tick("layernorm fwd");
             copy_block(a.qkv.data(), 3 * C, scratch.data(), C, BT, C);
             cpu::layernorm_forward(scratch.data(), a.k_mean.data(), a.k_rstd.data(), a.k_in.data(),
                                    maybe(p.k_norm_w), maybe(p.k_norm_b), BT * NH, hs, eps);
+            tick("layernorm fwd");
             copy_block(a.qkv.data() + C, 3 * C, scratch.data(), C, BT, C);
         } else {
             cpu::matmul_forward(a.qkv.data(), a.ln1.data(), maybe(p.qkv_w), maybe(p.qkv_b), BT, C,
                                 3 * C);
+            tick("matmul fwd");
         }
         cpu::attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), B, Tn, C, NH);
+        tick("attention fwd");
         cpu::matmul_forward(scratch.data(), a.atty.data(), maybe(p.proj_w), maybe(p.proj_b), BT, C,
                             C);
+        tick("matmul fwd");
         cpu::residual_forward(a.res_attn.data(), x, scratch.data(), BT * C);
+        tick("residual fwd");
         cpu::layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(),
                                a.res_attn.data(), maybe(p.ln2_w), maybe(p.ln2_b), BT, C, eps);
+        tick("layernorm fwd");
         cpu::matmul_forward(a.fch.data(), a.ln2.data(), maybe(p.fc_w), maybe(p.fc_b), BT, C, 4 * C);
+        tick("matmul fwd");
         cpu::gelu_forward(a.fch_gelu.data(), a.fch.data(), BT * 4 * C);
+        tick("gelu fwd");
         cpu::matmul_forward(scratch.data(), a.fch_gelu.data(), maybe(p.fcproj_w), maybe(p.fcproj_b),
                             BT, 4 * C, C);
+        tick("matmul fwd");
         cpu::residual_forward(residual_[l + 1].data(), a.res_attn.data(), scratch.data(), BT * C);
+        tick("residual fwd");
     }
     cpu::layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(),
                            residual_[cfg_.n_layer].data(), maybe(layout_.lnf_w),
                            maybe(layout_.lnf_b), BT, C, eps);
+    tick("layernorm fwd");
 }
 
 template <typename T>
@@ -175,6 +220,7 @@ CrossEntropySummary GPT<T>::loss(const int32_t* targets, const CrossEntropyOptio
                                  GradOutput grad_output, bool compute_grad, CrossEntropyRows rows) {
     ZG_CHECK(B_ > 0 && int64_t(logits_.size()) == B_ * T_ * Vp_, "loss() needs a forward() first");
     const int64_t BT = B_ * T_;
+    tick(nullptr);
     CrossEntropySummary s = cpu::cross_entropy(logits_.data(), Vp_, targets, BT, cfg_.vocab_size,
                                                opts, grad_output, rows, compute_grad);
     if (compute_grad) {  // padded vocabulary columns are masked: no gradient flows through them
@@ -182,6 +228,7 @@ CrossEntropySummary GPT<T>::loss(const int32_t* targets, const CrossEntropyOptio
             std::fill(logits_.data() + i * Vp_ + cfg_.vocab_size, logits_.data() + (i + 1) * Vp_,
                       T(0));
     }
+    tick("cross-entropy");
     return s;
 }
 
@@ -190,10 +237,12 @@ void GPT<T>::backward() {
     const int64_t BT = B_ * T_, C = cfg_.n_embd;
     ZG_CHECK(BT > 0 && int64_t(logits_.size()) == BT * Vp_,
              "backward() needs forward() and loss() first");
+    tick(nullptr);
     // lm head (logits_ holds dlogits now)
     fill_zero(dtmp_c_);
     cpu::matmul_backward(dtmp_c_.data(), maybe_grad(layout_.lm_head), (T*)nullptr, logits_.data(),
                          lnf_.data(), maybe(layout_.lm_head), BT, C, Vp_);
+    tick("head matmul bwd");
     backward_from_hidden(dtmp_c_.data());
 }
 
@@ -201,10 +250,12 @@ template <typename T>
 void GPT<T>::backward_from_hidden(const T* dhidden) {
     const int64_t B = B_, Tn = T_, BT = B * Tn, C = cfg_.n_embd, NH = cfg_.n_head, hs = C / NH;
     ZG_CHECK(BT > 0, "backward() needs forward() first");
+    if (dhidden != dtmp_c_.data()) tick(nullptr);  // called alone (a sharded head ran before)
     fill_zero(dres_);
     cpu::layernorm_backward(dres_.data(), maybe_grad(layout_.lnf_w), maybe_grad(layout_.lnf_b),
                             dhidden, residual_[cfg_.n_layer].data(), maybe(layout_.lnf_w),
                             lnf_mean_.data(), lnf_rstd_.data(), BT, C);
+    tick("layernorm bwd");
     // dres_ is the gradient of the residual stream; each block adds its branch's input gradient.
     for (int l = cfg_.n_layer - 1; l >= 0; l--) {
         const BlockParams& p = layout_.blocks[l];
@@ -213,21 +264,27 @@ void GPT<T>::backward_from_hidden(const T* dhidden) {
         fill_zero(dgelu_);
         cpu::matmul_backward(dgelu_.data(), maybe_grad(p.fcproj_w), maybe_grad(p.fcproj_b),
                              dres_.data(), a.fch_gelu.data(), maybe(p.fcproj_w), BT, 4 * C, C);
+        tick("matmul bwd");
         fill_zero(dfch_);
         cpu::gelu_backward(dfch_.data(), a.fch.data(), dgelu_.data(), BT * 4 * C);
+        tick("gelu bwd");
         fill_zero(dtmp_c_);
         cpu::matmul_backward(dtmp_c_.data(), maybe_grad(p.fc_w), maybe_grad(p.fc_b), dfch_.data(),
                              a.ln2.data(), maybe(p.fc_w), BT, C, 4 * C);
+        tick("matmul bwd");
         cpu::layernorm_backward(dres_.data(), maybe_grad(p.ln2_w), maybe_grad(p.ln2_b),
                                 dtmp_c_.data(), a.res_attn.data(), maybe(p.ln2_w),
                                 a.ln2_mean.data(), a.ln2_rstd.data(), BT, C);
+        tick("layernorm bwd");
         // attention branch: res_attn = x + proj(attn(qkv(ln1(x))))
         fill_zero(dtmp_c_);
         cpu::matmul_backward(dtmp_c_.data(), maybe_grad(p.proj_w), maybe_grad(p.proj_b),
                              dres_.data(), a.atty.data(), maybe(p.proj_w), BT, C, C);
+        tick("matmul bwd");
         fill_zero(dqkv_);
         cpu::attention_backward(dqkv_.data(), dtmp_c_.data(), a.qkv.data(), a.att.data(), B, Tn, C,
                                 NH);
+        tick("attention bwd");
         T* dqkv_in = dqkv_.data();
         if (cfg_.qk_norm) {
             dqkv_raw_ = dqkv_;  // v passes through unchanged; q and k are replaced below
@@ -236,24 +293,29 @@ void GPT<T>::backward_from_hidden(const T* dhidden) {
             cpu::layernorm_backward(dq_.data(), maybe_grad(p.q_norm_w), maybe_grad(p.q_norm_b),
                                     dtmp_c_.data(), a.q_in.data(), maybe(p.q_norm_w),
                                     a.q_mean.data(), a.q_rstd.data(), BT * NH, hs);
+            tick("layernorm bwd");
             copy_block(dqkv_raw_.data(), 3 * C, dq_.data(), C, BT, C);
             copy_block(dtmp_c_.data(), C, dqkv_.data() + C, 3 * C, BT, C);
             fill_zero(dk_);
             cpu::layernorm_backward(dk_.data(), maybe_grad(p.k_norm_w), maybe_grad(p.k_norm_b),
                                     dtmp_c_.data(), a.k_in.data(), maybe(p.k_norm_w),
                                     a.k_mean.data(), a.k_rstd.data(), BT * NH, hs);
+            tick("layernorm bwd");
             copy_block(dqkv_raw_.data() + C, 3 * C, dk_.data(), C, BT, C);
             dqkv_in = dqkv_raw_.data();
         }
         fill_zero(dtmp_c_);
         cpu::matmul_backward(dtmp_c_.data(), maybe_grad(p.qkv_w), maybe_grad(p.qkv_b), dqkv_in,
                              a.ln1.data(), maybe(p.qkv_w), BT, C, 3 * C);
+        tick("matmul bwd");
         cpu::layernorm_backward(dres_.data(), maybe_grad(p.ln1_w), maybe_grad(p.ln1_b),
                                 dtmp_c_.data(), residual_[l].data(), maybe(p.ln1_w),
                                 a.ln1_mean.data(), a.ln1_rstd.data(), BT, C);
+        tick("layernorm bwd");
     }
     cpu::encoder_backward(maybe_grad(layout_.wte), maybe_grad(layout_.wpe), dres_.data(),
                           tokens_.data(), B, Tn, C);
+    tick("encoder bwd");
 }
 
 template class GPT<float>;

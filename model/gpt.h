@@ -1,7 +1,10 @@
 // GPT-2 style model on the CPU reference ops: forward to logits, the loss head, backward.
 // T is float for training and double for gradient checks.
 #pragma once
+#include <chrono>
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cross_entropy.h"
@@ -48,6 +51,11 @@ class GPT {
     void zero_grad();
     const T* logits() const { return logits_.data(); }
 
+    // Per-op wall time (ms) of forward, loss and backward since set_op_profiling(true) or the
+    // last take, by op family (tools/bench_cpu). Off: one branch per op.
+    void set_op_profiling(bool on);
+    std::vector<std::pair<std::string, double>> take_op_times();
+
     std::vector<T> params, grads;
 
   private:
@@ -64,6 +72,11 @@ class GPT {
         return idx < 0 ? nullptr : params.data() + layout_.table[idx].offset;
     }
     T* maybe_grad(int idx) { return idx < 0 ? nullptr : grads.data() + layout_.table[idx].offset; }
+
+    void tick(const char* op);  // adds the time since the previous tick to op (null: restart)
+    bool profile_ = false;
+    std::chrono::steady_clock::time_point last_tick_;
+    std::vector<std::pair<std::string, double>> op_times_;
 
     ModelConfig cfg_;
     GptLayout layout_;
