@@ -367,19 +367,23 @@ struct GptCuda::Impl {
     }
 
     // out[M, N] = inp[M, K] @ W[N, K]^T, the forward GEMM of a linear layer (no epilogue).
-    cuda::Gemm forward_gemm(void* out, const void* inp, int w_idx, int64_t M, int64_t K,
+    cuda::Gemm forward_gemm(void* out, const void* inp, const void* W, int64_t M, int64_t K,
                             int64_t N) const {
         cuda::Gemm gm;
         gm.D = out;
         gm.d_type = t;
         gm.ab_type = t;
         gm.A = inp;
-        gm.B = w(w_idx);
+        gm.B = W;
         gm.trans_b = true;
         gm.M = M;
         gm.N = N;
         gm.K = K;
         return gm;
+    }
+    cuda::Gemm forward_gemm(void* out, const void* inp, int w_idx, int64_t M, int64_t K,
+                            int64_t N) const {
+        return forward_gemm(out, inp, w(w_idx), M, K, N);
     }
 
     // D[M, N] = A[M, K] @ W[N, K]^T (+ bias), the forward of a linear layer.
@@ -411,18 +415,38 @@ struct GptCuda::Impl {
     }
 
     // dinp[M, K] = dout[M, N] @ W[N, K], the input gradient of a linear layer (no epilogue).
-    cuda::Gemm input_grad_gemm(void* dinp, const void* dout, int w_idx, int64_t M, int64_t K,
+    cuda::Gemm input_grad_gemm(void* dinp, const void* dout, const void* W, int64_t M, int64_t K,
                                int64_t N) const {
         cuda::Gemm gm;
         gm.D = dinp;
         gm.d_type = t;
         gm.ab_type = t;
         gm.A = dout;
-        gm.B = w(w_idx);
+        gm.B = W;
         gm.M = M;
         gm.N = K;
         gm.K = N;
         return gm;
+    }
+    cuda::Gemm input_grad_gemm(void* dinp, const void* dout, int w_idx, int64_t M, int64_t K,
+                               int64_t N) const {
+        return input_grad_gemm(dinp, dout, w(w_idx), M, K, N);
+    }
+    // dW[N, K] += dout[M, N]^T @ inp[M, K] in fp32, the weight gradient of a linear layer.
+    cuda::Gemm weight_grad_gemm(float* dW, const void* dout, const void* inp, int64_t M, int64_t K,
+                                int64_t N) const {
+        cuda::Gemm gw;
+        gw.D = dW;
+        gw.d_type = DType::f32;
+        gw.ab_type = t;
+        gw.A = dout;
+        gw.trans_a = true;
+        gw.B = inp;
+        gw.M = N;
+        gw.N = K;
+        gw.K = M;
+        gw.beta = 1.0f;
+        return gw;
     }
 
     // dinp = dout @ W (written); dW += dout^T @ inp; db += column sums of dout (b_idx -1: no
@@ -459,17 +483,7 @@ struct GptCuda::Impl {
             ZG_CUDA_CHECK(cudaEventRecord(fork_ev, stream));
             ZG_CUDA_CHECK(cudaStreamWaitEvent(wstream, fork_ev));
         }
-        cuda::Gemm gw;
-        gw.D = g(w_idx);
-        gw.d_type = DType::f32;
-        gw.ab_type = t;
-        gw.A = dout;
-        gw.trans_a = true;
-        gw.B = inp;
-        gw.M = N;
-        gw.N = K;
-        gw.K = M;
-        gw.beta = 1.0f;
+        cuda::Gemm gw = weight_grad_gemm(g(w_idx), dout, inp, M, K, N);
         // The bias gradient is its own pass over dout, not cuBLASLt's BGRADB epilogue: that
         // epilogue sums inside the GEMM's main loop and cost the step 6 ms on the H100 (the dW
         // GEMMs 21.6 -> 15.6 ms without it), against 4.5 ms for the column sums, which on the
@@ -737,17 +751,8 @@ struct GptCuda::Impl {
             if (compute_grad) la.dweight_acc = dW;
             cuda::linear_ce_shard_stats(stats, la, o, ce_workspace.get(), stream);
         } else {
-            cuda::Gemm gm;  // logits [NA, Vl] = H_all W_shard^T
-            gm.D = vp_logits.get();
-            gm.d_type = t;
-            gm.ab_type = t;
-            gm.A = vp_h.get();
-            gm.B = W;
-            gm.trans_b = true;
-            gm.M = NA;
-            gm.N = Vl;
-            gm.K = C;
-            cuda::gemm(gm, stream);
+            // logits [NA, Vl] = H_all W_shard^T
+            cuda::gemm(forward_gemm(vp_logits.get(), vp_h.get(), W, NA, C, Vl), stream);
             a.logits = vp_logits.get();
             a.dlogits = vp_logits.get();
             a.ld = Vl;
@@ -768,27 +773,11 @@ struct GptCuda::Impl {
                                                ce_workspace.get(), stream);
             } else {
                 cuda::ce_shard_backward(a, params_, o, stream);
-                cuda::Gemm gw;  // dW_shard += dlogits^T H_all (fp32, into the arena)
-                gw.D = dW;
-                gw.d_type = DType::f32;
-                gw.ab_type = t;
-                gw.A = vp_logits.get();
-                gw.trans_a = true;
-                gw.B = vp_h.get();
-                gw.M = Vl;
-                gw.N = C;
-                gw.K = NA;
-                gw.beta = 1.0f;
-                cuda::gemm(gw, stream);
-                cuda::Gemm gi;  // dH_all [NA, C] = dlogits W_shard, in fp32 for the sum
-                gi.D = vp_dh_all.get();
+                // dW_shard += dlogits^T H_all (fp32, into the arena)
+                cuda::gemm(weight_grad_gemm(dW, vp_logits.get(), vp_h.get(), NA, C, Vl), stream);
+                // dH_all [NA, C] = dlogits W_shard, in fp32 for the sum over the shards
+                cuda::Gemm gi = input_grad_gemm(vp_dh_all.get(), vp_logits.get(), W, NA, C, Vl);
                 gi.d_type = DType::f32;
-                gi.ab_type = t;
-                gi.A = vp_logits.get();
-                gi.B = W;
-                gi.M = NA;
-                gi.N = C;
-                gi.K = Vl;
                 cuda::gemm(gi, stream);
             }
             // Each rank gets its own rows' gradient summed over the shards.
