@@ -57,7 +57,6 @@ class Backend {
     virtual std::vector<int32_t> generate(const std::vector<int32_t>& prompt,
                                           const SampleOptions& opts, Rng& rng) = 0;
     virtual double device_memory_bytes() const { return 0; }  // 0: not tracked (CPU)
-    virtual double head_memory_bytes() const { return 0; }    // the loss head's buffers
     virtual std::string describe() const = 0;                 // one line for the log
 };
 

@@ -35,7 +35,6 @@ class CpuBackend final : public Backend {
             model_.backward_from_hidden(dhidden_.data());
             return s;
         }
-        last_rows_ = B * T;
         model_.forward(inputs, B, T);
         const CrossEntropySummary s = model_.loss(targets, opts, {&grad_output, false}, true);
         model_.backward();
@@ -48,7 +47,6 @@ class CpuBackend final : public Backend {
             model_.forward_hidden(inputs, B, T);
             return head(targets, B * T, opts, one, false);
         }
-        last_rows_ = B * T;
         model_.forward(inputs, B, T);
         return model_.loss(targets, opts, {&one, false}, false);
     }
@@ -57,18 +55,13 @@ class CpuBackend final : public Backend {
     void all_reduce_grads(Communicator& comm) override {
         comm.all_reduce_sum(model_.grads.data(), model_.num_parameters());
     }
-    double head_memory_bytes() const override {
-        return sharded() ? double(head_.buffer_bytes())
-                         : double(model_.padded_vocab()) * 4.0 * last_rows_;
-    }
     double grad_norm() override {
         return global_grad_norm(model_.grads.data(), model_.num_parameters());
     }
     void shard_optimizer(Communicator& comm) override {
         zero_ = &comm;
-        const int64_t n = model_.num_parameters(), S = (n + comm.size() - 1) / comm.size();
-        const int64_t lo = std::min(n, S * comm.rank()), hi = std::min(n, lo + S);
-        opt_ = std::make_unique<AdamW>(model_.layout().table, cfg_.optim, lo, hi);
+        const ArenaSlice sl = arena_slice(model_.num_parameters(), comm.size(), comm.rank());
+        opt_ = std::make_unique<AdamW>(model_.layout().table, cfg_.optim, sl.lo, sl.hi);
     }
     void optimizer_step(double lr, double grad_scale) override {
         opt_->step(model_.params.data(), model_.grads.data(), lr, grad_scale);
@@ -102,15 +95,9 @@ class CpuBackend final : public Backend {
     }
 
   private:
-    // The whole arena from every rank's ZeRO-1 slice (slices of S = ceil(n / ranks) elements,
-    // the last one shorter), `mine` being this rank's.
+    // The whole arena from every rank's ZeRO-1 slice, `mine` being this rank's. Collective.
     std::vector<float> gather(const float* mine) const {
-        const int64_t n = model_.num_parameters(), R = zero_->size(), S = (n + R - 1) / R;
-        std::vector<float> send(S, 0.0f), all(S * R);
-        std::copy(mine, mine + (opt_->hi() - opt_->lo()), send.begin());
-        zero_->all_gather(send.data(), all.data(), S, CommType::f32);
-        all.resize(n);
-        return all;
+        return all_gather_slices(*zero_, mine, model_.num_parameters());
     }
     bool sharded() const { return group_ && group_->size() > 1; }
     CrossEntropySummary head(const int32_t* targets, int64_t N, const CrossEntropyOptions& opts,
@@ -128,7 +115,6 @@ class CpuBackend final : public Backend {
     Communicator* group_ = nullptr;
     VocabParallelHead<float> head_;
     std::vector<float> dhidden_;
-    int64_t last_rows_ = 0;
 };
 
 }  // namespace

@@ -105,9 +105,9 @@ class CudaBackend final : public Backend {
     }
     void shard_optimizer(Communicator& comm) override {
         zero_ = &comm;
-        const int64_t n = model_.num_parameters(), S = (n + comm.size() - 1) / comm.size();
-        lo_ = std::min(n, S * comm.rank());
-        hi_ = std::min(n, lo_ + S);
+        const ArenaSlice sl = arena_slice(model_.num_parameters(), comm.size(), comm.rank());
+        lo_ = sl.lo;
+        hi_ = sl.hi;
         m_ = std::make_unique<DeviceFloats>(hi_ - lo_);
         v_ = std::make_unique<DeviceFloats>(hi_ - lo_);
     }
@@ -181,15 +181,9 @@ class CudaBackend final : public Backend {
     }
 
   private:
-    // The whole arena from every rank's ZeRO-1 slice (slices of ceil(n / ranks) elements, the
-    // last one shorter), through host memory. Collective.
+    // The whole arena from every rank's ZeRO-1 slice, through host memory. Collective.
     std::vector<float> gather(const std::vector<float>& mine) const {
-        const int64_t n = model_.num_parameters(), R = zero_->size(), S = (n + R - 1) / R;
-        std::vector<float> send(S, 0.0f), all(S * R);
-        std::copy(mine.begin(), mine.end(), send.begin());
-        zero_->all_gather(send.data(), all.data(), S, CommType::f32);
-        all.resize(n);
-        return all;
+        return all_gather_slices(*zero_, mine.data(), model_.num_parameters());
     }
     // A moment as the whole arena (collective under ZeRO-1).
     std::vector<float> full(const DeviceFloats& d) const {

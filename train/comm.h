@@ -58,6 +58,15 @@ class Communicator {
     }
 };
 
+// Rank `rank`'s slice [lo, hi) of an arena of n elements cut into `ranks` slices of ceil(n / ranks)
+// (the last ones shorter, possibly empty): what each rank owns under ZeRO-1.
+struct ArenaSlice {
+    int64_t lo = 0, hi = 0;
+};
+ArenaSlice arena_slice(int64_t n, int ranks, int rank);
+// The n elements from every rank's arena_slice, `mine` being this rank's (host memory). Collective.
+std::vector<float> all_gather_slices(Communicator& c, const float* mine, int64_t n);
+
 // One rank of world size 1: every collective is the identity (what a plain run uses).
 std::unique_ptr<Communicator> make_single_rank_comm();
 

@@ -6,7 +6,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
-#include <map>
 #include <mutex>
 #include <vector>
 
@@ -14,27 +13,6 @@
 #include "train/comm.h"
 
 namespace zgpt {
-
-size_t comm_type_size(CommType t) {
-    return t == CommType::f32 ? 4 : 8;
-}
-
-void comm_add(void* acc, const void* x, int64_t n, CommType t) {
-    auto run = [&](auto tag) {
-        using T = decltype(tag);
-        T* a = static_cast<T*>(acc);
-        const T* b = static_cast<const T*>(x);
-        for (int64_t i = 0; i < n; i++) a[i] += b[i];
-    };
-    switch (t) {
-        case CommType::f32:
-            return run(float{});
-        case CommType::f64:
-            return run(double{});
-        case CommType::i64:
-            return run(int64_t{});
-    }
-}
 
 namespace {
 

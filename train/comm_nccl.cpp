@@ -42,10 +42,6 @@ ncclDataType_t nccl_type(CommType t) {
     throw Error("nccl communicator: unknown CommType");
 }
 
-size_t type_bytes(CommType t) {
-    return t == CommType::f32 ? 4 : 8;
-}
-
 // Memory the GPU cannot use directly as an NCCL buffer: pageable or pinned host memory.
 bool is_host(const void* p) {
     cudaPointerAttributes a{};
@@ -81,7 +77,7 @@ class NcclComm final : public Communicator {
     bool device_buffers() const override { return true; }
 
     void all_reduce_sum(void* buf, int64_t n, CommType t) override {
-        const size_t bytes = size_t(n) * type_bytes(t);
+        const size_t bytes = size_t(n) * comm_type_size(t);
         Staged s = stage(buf, bytes, buf, bytes);
         ZG_NCCL_CHECK(
             ncclAllReduce(s.send, s.recv, size_t(n), nccl_type(t), ncclSum, comm_, stream_));
@@ -90,7 +86,7 @@ class NcclComm final : public Communicator {
     }
 
     void all_gather(const void* send, void* recv, int64_t n, CommType t) override {
-        const size_t bytes = size_t(n) * type_bytes(t);
+        const size_t bytes = size_t(n) * comm_type_size(t);
         Staged s = stage(send, bytes, recv, bytes * size_t(size_));
         ZG_NCCL_CHECK(ncclAllGather(s.send, s.recv, size_t(n), nccl_type(t), comm_, stream_));
         finish("all_gather");
@@ -98,7 +94,7 @@ class NcclComm final : public Communicator {
     }
 
     void reduce_scatter_sum(const void* send, void* recv, int64_t n, CommType t) override {
-        const size_t bytes = size_t(n) * type_bytes(t);
+        const size_t bytes = size_t(n) * comm_type_size(t);
         Staged s = stage(send, bytes * size_t(size_), recv, bytes);
         ZG_NCCL_CHECK(
             ncclReduceScatter(s.send, s.recv, size_t(n), nccl_type(t), ncclSum, comm_, stream_));
@@ -109,7 +105,7 @@ class NcclComm final : public Communicator {
     void broadcast(void* buf, int64_t n, CommType t, int root) override {
         ZG_CHECK(root >= 0 && root < size_, "broadcast: root " + std::to_string(root) +
                                                 " is not a rank of " + std::to_string(size_));
-        const size_t bytes = size_t(n) * type_bytes(t);
+        const size_t bytes = size_t(n) * comm_type_size(t);
         Staged s = stage(buf, bytes, buf, bytes);
         ZG_NCCL_CHECK(ncclBroadcast(s.send, s.recv, size_t(n), nccl_type(t), root, comm_, stream_));
         finish("broadcast");

@@ -42,10 +42,10 @@ CrossEntropySummary VocabParallelHead<T>::run(Communicator& group, const T* hidd
     // The group's rows, in rank order.
     h_all_.resize(NA * C);
     group.all_gather(hidden, h_all_.data(), N * C, comm_type<T>());
-    y64_.assign(targets, targets + N);
-    std::vector<int64_t> y64_all(NA);
-    group.all_gather(y64_.data(), y64_all.data(), N, CommType::i64);
-    y_all_.assign(y64_all.begin(), y64_all.end());
+    y64_.assign(targets, targets + N);  // the communicators move 32-bit floats or 64-bit values
+    y64_all_.resize(NA);
+    group.all_gather(y64_.data(), y64_all_.data(), N, CommType::i64);
+    y_all_.assign(y64_all_.begin(), y64_all_.end());
     g_all_.assign(grad_output.per_row ? NA : 1, 0.0);
     if (grad_output.per_row)
         group.all_gather(grad_output.values, g_all_.data(), N, CommType::f64);
@@ -98,7 +98,7 @@ size_t VocabParallelHead<T>::buffer_bytes() const {
     return (h_all_.capacity() + logits_.capacity() + dh_all_.capacity()) * sizeof(T) +
            (stats_.capacity() + gathered_.capacity()) * sizeof(RowStats) +
            (lse_.capacity() + row_grad_.capacity() + g_all_.capacity()) * sizeof(double) +
-           y64_.capacity() * 8 + y_all_.capacity() * 4;
+           (y64_.capacity() + y64_all_.capacity()) * 8 + y_all_.capacity() * 4;
 }
 
 template class VocabParallelHead<float>;

@@ -41,7 +41,7 @@ class VocabParallelHead {
 
   private:
     std::vector<T> h_all_, logits_, dh_all_;
-    std::vector<int64_t> y64_;
+    std::vector<int64_t> y64_, y64_all_;
     std::vector<int32_t> y_all_;
     std::vector<RowStats> stats_, gathered_;
     std::vector<double> lse_, row_grad_, g_all_;

@@ -1,0 +1,47 @@
+// What every communicator shares: element sizes, the rank-order add, and ZeRO-1's arena slices.
+#include "train/comm.h"
+
+#include <algorithm>
+
+namespace zgpt {
+
+size_t comm_type_size(CommType t) {
+    return t == CommType::f32 ? 4 : 8;
+}
+
+void comm_add(void* acc, const void* x, int64_t n, CommType t) {
+    auto run = [&](auto tag) {
+        using T = decltype(tag);
+        T* a = static_cast<T*>(acc);
+        const T* b = static_cast<const T*>(x);
+        for (int64_t i = 0; i < n; i++) a[i] += b[i];
+    };
+    switch (t) {
+        case CommType::f32:
+            return run(float{});
+        case CommType::f64:
+            return run(double{});
+        case CommType::i64:
+            return run(int64_t{});
+    }
+}
+
+ArenaSlice arena_slice(int64_t n, int ranks, int rank) {
+    const int64_t S = (n + ranks - 1) / ranks;
+    ArenaSlice s;
+    s.lo = std::min(n, S * rank);
+    s.hi = std::min(n, s.lo + S);
+    return s;
+}
+
+std::vector<float> all_gather_slices(Communicator& c, const float* mine, int64_t n) {
+    const int64_t R = c.size(), S = (n + R - 1) / R;
+    const ArenaSlice own = arena_slice(n, c.size(), c.rank());
+    std::vector<float> send(S, 0.0f), all(S * R);  // equal blocks: the last ones padded
+    std::copy(mine, mine + (own.hi - own.lo), send.begin());
+    c.all_gather(send.data(), all.data(), S, CommType::f32);
+    all.resize(n);
+    return all;
+}
+
+}  // namespace zgpt
