@@ -57,7 +57,10 @@ class Backend {
     virtual std::vector<int32_t> generate(const std::vector<int32_t>& prompt,
                                           const SampleOptions& opts, Rng& rng) = 0;
     virtual double device_memory_bytes() const { return 0; }  // 0: not tracked (CPU)
-    virtual std::string describe() const = 0;                 // one line for the log
+    // What the device reports in use now (all allocations of this process: the model, NCCL's
+    // buffers, the CUDA context); 0 on the CPU.
+    virtual double device_memory_in_use_bytes() const { return 0; }
+    virtual std::string describe() const = 0;  // one line for the log
 };
 
 // device: "cpu" or "cuda" (from choose_device). Initialises the weights from train.seed and

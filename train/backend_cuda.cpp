@@ -170,7 +170,12 @@ class CudaBackend final : public Backend {
         return zgpt::generate(cpu, prompt, so, rng);
     }
     double device_memory_bytes() const override {
-        return double(model_.allocated_bytes()) + 2.0 * 4.0 * double(model_.num_parameters());
+        return double(model_.allocated_bytes()) + 2.0 * 4.0 * double(hi_ - lo_);  // + m, v
+    }
+    double device_memory_in_use_bytes() const override {
+        size_t free = 0, total = 0;
+        ZG_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+        return double(total - free);
     }
     std::string describe() const override {
         const KernelChoice& k = cfg_.kernels;

@@ -371,15 +371,20 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
     const auto t_start = Clock::now();
     const int64_t tokens_at_start = tokens;
     const int64_t step_tokens = B * T * cfg.train.grad_accum * R;  // over all ranks
-    // Test hook (tests/test_parallel.cpp): ZGPT_TEST_FAIL_RANK_AT_STEP=rank:step.
-    int64_t fail_rank = -1, fail_step = -1;
+    // Test hooks (tests/test_parallel.cpp, tests/test_multi_gpu.cpp): a rank that throws, or one
+    // that stops answering while its process stays alive, at a given step: ..._AT_STEP=rank:step.
+    int64_t fail_rank = -1, fail_step = -1, hang_rank = -1, hang_step = -1;
     if (const char* f = std::getenv("ZGPT_TEST_FAIL_RANK_AT_STEP"))
         std::sscanf(f, "%ld:%ld", &fail_rank, &fail_step);
+    if (const char* f = std::getenv("ZGPT_TEST_HANG_RANK_AT_STEP"))
+        std::sscanf(f, "%ld:%ld", &hang_rank, &hang_step);
     bool stop_all = false;  // a stop request seen by any rank, agreed by all
     for (int64_t step = start_step + 1; step <= max_steps && !stop_all; step++) {
         const auto t0 = Clock::now();
         if (fail_rank == rank && fail_step == step)  // test hook: a rank that fails mid-run
             throw Error("test failure injected at step " + std::to_string(step));
+        if (hang_rank == rank && hang_step == step)
+            for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
         const double lr = learning_rate(cfg.optim, step - 1, max_steps);
         // Normalise once by the valid tokens of the whole step on all ranks, not per micro-batch
         // or per rank (x1/n1 + x2/n2 is not (x1 + x2)/(n1 + n2)).
@@ -403,7 +408,12 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
             sum.n_valid += s.n_valid;
             sum.max_logit = std::max(sum.max_logit, s.max_logit);
         }
-        if (R > 1) model.all_reduce_grads(world);
+        double comm_ms = 0;  // the gradient all-reduce, not overlapped (docs/parallel.md)
+        if (R > 1) {
+            const auto tc = Clock::now();
+            model.all_reduce_grads(world);
+            comm_ms = seconds_since(tc) * 1e3;
+        }
         {  // the step's sums over the ranks, and whether any rank was asked to stop
             double v[7] = {sum.sum_loss,   sum.sum_ce,          sum.sum_z_loss,     sum.sum_lse,
                            sum.sum_lse_sq, double(sum.n_valid), double(g_stop != 0)};
@@ -443,6 +453,9 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
         // MFU on a GPU with a known peak; the CPU has none (no peak FLOP/s for an arbitrary CPU).
         if (peak > 0) rec["mfu"] = flops_per_token * double(step_tokens) / dt / (peak * gpus);
         if (model.device_memory_bytes() > 0) rec["peak_mem_gb"] = model.device_memory_bytes() / 1e9;
+        if (model.device_memory_in_use_bytes() > 0)
+            rec["gpu_mem_in_use_gb"] = model.device_memory_in_use_bytes() / 1e9;
+        if (R > 1) rec["grad_all_reduce_ms"] = comm_ms;
         rec["kernels"] = kernels;
         const double tok_s = double(tokens - tokens_at_start) / seconds_since(t_start);
         if (lead)

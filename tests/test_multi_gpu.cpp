@@ -1,0 +1,226 @@
+// The distributed path on several GPUs through NCCL: `train --nproc R` (one process per GPU)
+// against one GPU with the same global batch, against R ranks as threads sharing one GPU (the
+// `local` communicator the one-GPU tests use), resuming across rank counts, and a rank that
+// fails or hangs. Skipped, with the reason, where fewer than two GPUs are usable; R runs over 2
+// and 4 where the machine has that many.
+//
+// Bounds (fp32 weights and arithmetic, precision: fp32):
+// - R NCCL ranks against one GPU with R times the batch: the same sums in another order. Each
+//   rank's cuBLAS GEMMs reduce over its own B T rows, then the ranks' partial gradients are
+//   added; one GPU reduces over all R B T rows in its own blocking. Each gradient element then
+//   differs by a few fp32 ulps of the sum of its terms' magnitudes (~1e-7 relative), and the
+//   loss, a smooth function of the weights, follows: 1e-5 relative over 8 steps leaves 10x
+//   margin over what the CPU's rank-order test sees (1e-6). The weights: AdamW's m / sqrt(v) is
+//   insensitive to a relative change except where an element's gradient is rounding noise, where
+//   one step can move it by up to lr; at lr = 1e-2 over 8 steps, 2e-4 absolute.
+// - 2 NCCL ranks against 2 local ranks: a sum of two terms is the same in either order, and
+//   every other computation is the same per rank, so the runs must agree bit for bit.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "data/shard.h"
+#include "kernels/cuda_device.h"
+#include "model/parameters.h"
+#include "tests/helpers.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
+
+using namespace zgpt;
+using namespace zgpt::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+const int kGpus = [] {
+    const cuda::DeviceInfo d = cuda::query_devices();
+    if (d.count < 2)
+        skip_binary(d.count == 0 ? "no usable CUDA device: " + d.error
+                                 : "one GPU here; NCCL data and vocab parallelism need two");
+    return d.count;
+}();
+
+const fs::path& dir() {
+    static const fs::path d = [] {
+        const fs::path p = fs::temp_directory_path() / "zgpt_test_multi_gpu";
+        fs::remove_all(p);
+        fs::create_directories(p);
+        Rng rng(11);
+        std::vector<uint32_t> toks(200000);
+        for (size_t i = 0; i < toks.size(); i++)
+            toks[i] = rng.uniform() < 0.7 ? uint32_t((i * 13 + i / 7) % 1001)
+                                          : uint32_t(rng.uniform() * 1001) % 1001;
+        write_shard((p / "train_000.bin").string(), toks);
+        write_shard((p / "val_000.bin").string(),
+                    std::vector<uint32_t>(toks.begin(), toks.begin() + 20000));
+        return p;
+    }();
+    return d;
+}
+
+// A small GPT on the GPU in fp32; V = 1001 divides by neither 2 nor 4 (uneven vocab shards).
+fs::path write_config(const std::string& name, int batch, int steps, bool tied = true) {
+    const fs::path p = dir() / (name + ".yaml");
+    std::ofstream(p) << "model: {n_layer: 2, n_head: 2, n_embd: 128, block_size: 64, "
+                     << "vocab_size: 1001, tie_embeddings: " << (tied ? "true" : "false") << "}\n"
+                     << "data: {train: " << (dir() / "train_*.bin").string()
+                     << ", val: " << (dir() / "val_*.bin").string() << "}\n"
+                     << "train: {batch_size: " << batch << ", max_steps: " << steps
+                     << ", eval_every: 4, eval_batches: 2, checkpoint_every: 4, device: cuda, "
+                     << "precision: fp32, out_dir: " << (dir() / "runs").string()
+                     << ", run_name: " << name << "}\n"
+                     << "optim: {lr: 1.0e-2, warmup_steps: 2, decay_steps: 8}\n"
+                     << "loss: {z_loss_weight: 1.0e-3, label_smoothing: 0.05, ignore_index: 3}\n"
+                     << "parallel: {timeout_s: 30}\n";
+    fs::remove_all(dir() / "runs" / name);
+    return p;
+}
+
+struct Run {
+    std::vector<double> loss, val;
+    std::vector<float> params;
+};
+
+Run train_run(const std::string& name, int batch, const std::string& extra, int steps = 8,
+              bool tied = true) {
+    const fs::path cfg = write_config(name, batch, steps, tied);
+    const CommandOutput r = run_command("NCCL_NVLS_ENABLE=0 " + built_binary("ZGPT_TRAIN_BIN") +
+                                        " -c " + cfg.string() + " " + extra);
+    REQUIRE_MESSAGE(r.code == 0, r.text);
+    Run o;
+    std::ifstream f(dir() / "runs" / name / "metrics.jsonl");
+    for (std::string line; std::getline(f, line);) {
+        const auto j = nlohmann::json::parse(line);
+        if (j.contains("loss")) o.loss.push_back(j["loss"]);
+        if (j.contains("val_loss")) o.val.push_back(j["val_loss"]);
+    }
+    const auto ck = list_checkpoints((dir() / "runs" / name / "checkpoints").string());
+    REQUIRE(!ck.empty());
+    o.params =
+        load_checkpoint(ck[0], make_gpt_layout(load_config(cfg.string()).model).table).params;
+    return o;
+}
+
+void check_close(const Run& a, const Run& b) {
+    REQUIRE(a.loss.size() == b.loss.size());
+    REQUIRE(a.val.size() == b.val.size());
+    double worst = 0;
+    for (size_t i = 0; i < a.loss.size(); i++) {
+        CAPTURE(i);
+        CHECK(close(a.loss[i], b.loss[i], 1e-5, 0));
+        worst = std::max(worst, std::fabs(a.loss[i] - b.loss[i]) / std::fabs(b.loss[i]));
+    }
+    for (size_t i = 0; i < a.val.size(); i++) CHECK(close(a.val[i], b.val[i], 1e-5, 0));
+    const MaxError e =
+        compare(a.params.data(), b.params.data(), int64_t(a.params.size()), 0.0, 2e-4);
+    CHECK_MESSAGE(e.ok, "weights: max abs " << e.abs << " at " << e.worst);
+    MESSAGE("largest differences: loss " << worst << " relative, weights " << e.abs);
+}
+
+std::vector<int> rank_counts() {
+    std::vector<int> r;
+    for (int n : {2, 4})
+        if (n <= kGpus) r.push_back(n);
+    return r;
+}
+
+std::string nproc(int r) {
+    return "--nproc " + std::to_string(r);
+}
+
+}  // namespace
+
+TEST_CASE("nccl data parallel on 2 and 4 GPUs equals one GPU with the same global batch") {
+    const Run one = train_run("dp_one", 4, "");
+    CHECK(one.loss.size() == 8);
+    CHECK(one.loss.back() < one.loss.front());
+    for (int R : rank_counts()) {
+        CAPTURE(R);
+        check_close(train_run("dp_nccl" + std::to_string(R), 4 / R, nproc(R)), one);
+    }
+}
+
+TEST_CASE("nccl vocab-parallel head on 2 and 4 GPUs (tied and untied) equals one GPU") {
+    for (bool tied : {true, false}) {
+        CAPTURE(tied);
+        const std::string t = tied ? "t" : "u";
+        const Run one = train_run("vp_one" + t, 4, "", 8, tied);
+        for (int R : rank_counts()) {
+            CAPTURE(R);
+            const std::string vp = " --set parallel.vocab_parallel=" + std::to_string(R);
+            check_close(train_run("vp_nccl" + t + std::to_string(R), 4 / R, nproc(R) + vp, 8, tied),
+                        one);
+        }
+    }
+}
+
+TEST_CASE("2 GPUs through nccl equal 2 local ranks sharing one GPU, bit for bit") {
+    for (const char* extra :
+         {"", " --set parallel.vocab_parallel=2", " --set parallel.zero1=true"}) {
+        CAPTURE(extra);
+        const Run nccl = train_run("bit_nccl", 2, nproc(2) + extra);
+        const Run local =
+            train_run("bit_local", 2, "--set parallel.local_ranks=2" + std::string(extra));
+        CHECK(nccl.loss == local.loss);
+        CHECK(nccl.val == local.val);
+        CHECK(nccl.params == local.params);
+    }
+}
+
+TEST_CASE("a checkpoint of 2 GPUs resumes on 1 GPU, and on 2 GPUs bit for bit") {
+    const Run whole = train_run("res_whole", 2, nproc(2));
+    train_run("res_cut", 2, nproc(2), 4);  // stops at step 4 with its checkpoint
+    const fs::path runs = dir() / "runs";
+    for (const char* copy : {"res_cut2", "res_cut1"}) {
+        fs::remove_all(runs / copy);
+        fs::copy(runs / "res_cut", runs / copy, fs::copy_options::recursive);
+    }
+    auto resume = [&](const std::string& name, const std::string& extra) {
+        const CommandOutput r =
+            run_command("NCCL_NVLS_ENABLE=0 " + built_binary("ZGPT_TRAIN_BIN") + " --resume " +
+                        (runs / name).string() + " --set train.max_steps=8 " + extra);
+        REQUIRE_MESSAGE(r.code == 0, r.text);
+        std::vector<double> loss;
+        std::ifstream f(runs / name / "metrics.jsonl");
+        for (std::string line; std::getline(f, line);) {
+            const auto j = nlohmann::json::parse(line);
+            if (j.contains("loss")) loss.push_back(j["loss"]);
+        }
+        return loss;
+    };
+    const std::vector<double> two = resume("res_cut2", nproc(2));
+    CHECK(two == whole.loss);  // the same ranks continue bit for bit
+    const std::vector<double> one = resume("res_cut1", "--set train.batch_size=4");
+    REQUIRE(one.size() == whole.loss.size());
+    for (size_t i = 0; i < one.size(); i++) {
+        CAPTURE(i);
+        CHECK(close(one[i], whole.loss[i], 1e-5, 0));  // steps 5-8: the bound of the file head
+    }
+}
+
+TEST_CASE("a GPU rank that fails or hangs stops every rank with the reason, in bounded time") {
+    for (const char* hook :
+         {"ZGPT_TEST_FAIL_RANK_AT_STEP=1:3", "ZGPT_TEST_HANG_RANK_AT_STEP=1:3"}) {
+        CAPTURE(hook);
+        const fs::path cfg = write_config("failing", 2, 8);
+        const auto t0 = std::chrono::steady_clock::now();
+        const CommandOutput r = run_command(std::string(hook) + " NCCL_NVLS_ENABLE=0 " +
+                                            built_binary("ZGPT_TRAIN_BIN") + " -c " + cfg.string() +
+                                            " " + nproc(2) + " --set parallel.timeout_s=10");
+        const double took =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        CHECK(r.code != 0);
+        CHECK(took < 60);  // start-up, the 10 s timeout, the launcher's grace period
+        CHECK_MESSAGE(r.text.find("launch: rank") != std::string::npos, r.text);
+        if (std::string(hook).find("FAIL") != std::string::npos) {
+            CHECK_MESSAGE(
+                r.text.find("error: test failure injected at step 3") != std::string::npos, r.text);
+        } else {  // rank 0 waits in an NCCL collective until parallel.timeout_s, then says so
+            CHECK_MESSAGE(r.text.find("did not complete within 10 s") != std::string::npos, r.text);
+        }
+        MESSAGE(hook << ": stopped in " << took << " s");
+    }
+}
