@@ -5,7 +5,7 @@
 #   scaling  NCCL all-reduce bandwidth (tools/nccl_bandwidth.cu); GPT-2 124M, B=64 per GPU, T=1024,
 #            bf16 on 1, 2, 4, 8 GPUs (as many as there are), ZeRO-1 on the most; PyTorch DDP +
 #            torch.compile + flash (llm.c's train_gpt2.py, ../shared/bench/e2e_anchor.sh) on the
-#            same counts, in the same call
+#            same counts (ANCHOR_COUNTS="1 2" to choose), in the same call
 #   vocab    V = 128256 and 256000: one GPU (grad_accum = GPUs, the same global batch), data
 #            parallel alone, and the head split over all GPUs (fast and fused_linear)
 # Writes logs and multi_gpu_<part>.json into the folder given. Needs .gpu-deps/llmc/train_gpt2.py
@@ -106,7 +106,7 @@ for part in $parts; do
     train_run dp1_again 1; names+=(dp1_again)
     summarise scaling "${names[@]}"
     if [ -f .gpu-deps/llmc/train_gpt2.py ]; then
-      for n in "${counts[@]}"; do
+      for n in ${ANCHOR_COUNTS:-${counts[@]}}; do
         echo "== PyTorch DDP + compile + flash, $n GPUs"
         timeout 300 bash .gpu-deps/bench/e2e_anchor.sh .gpu-deps/llmc $n > "$out/anchor_$n.log" 2>&1
         echo "exit $?"; tail -3 "$out/anchor_$n.log"

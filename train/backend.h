@@ -36,8 +36,9 @@ class Backend {
     // Vocab parallel: the loss head of train_micro_batch / evaluate runs split by vocabulary rows
     // across `group` (train/vocab_parallel_head.h). Null or one rank: the whole head here.
     virtual void set_vocab_group(Communicator* group) = 0;
-    // Data parallel: the gradient arena summed over the ranks of `comm`.
-    virtual void all_reduce_grads(Communicator& comm) = 0;
+    // Data parallel: the gradient arena summed over the ranks of `comm`. Returns the time of the
+    // collective itself, in ms, after the backward pass has finished on the device.
+    virtual double all_reduce_grads(Communicator& comm) = 0;
     // ZeRO-1: each rank of `comm` keeps the AdamW moments of one slice of the arena, updates that
     // slice and all-gathers the weights. adam_m() / adam_v() then gather the whole state: they
     // are collective (every rank calls them). Call before set_adam.

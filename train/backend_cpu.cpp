@@ -1,5 +1,7 @@
 #include <omp.h>
 
+#include <chrono>
+
 #include "kernels/check.h"
 #include "model/gpt.h"
 #include "model/hf_gpt2.h"
@@ -52,8 +54,11 @@ class CpuBackend final : public Backend {
     }
     void zero_grad() override { model_.zero_grad(); }
     void set_vocab_group(Communicator* group) override { group_ = group; }
-    void all_reduce_grads(Communicator& comm) override {
+    double all_reduce_grads(Communicator& comm) override {
+        const auto t0 = std::chrono::steady_clock::now();
         comm.all_reduce_sum(model_.grads.data(), model_.num_parameters());
+        return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+            .count();
     }
     double grad_norm() override {
         return global_grad_norm(model_.grads.data(), model_.num_parameters());

@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include "kernels/cuda_check.h"
 #include "model/gpt.h"
@@ -111,21 +112,21 @@ class CudaBackend final : public Backend {
         m_ = std::make_unique<DeviceFloats>(hi_ - lo_);
         v_ = std::make_unique<DeviceFloats>(hi_ - lo_);
     }
-    void all_reduce_grads(Communicator& comm) override {
+    double all_reduce_grads(Communicator& comm) override {
         ZG_CUDA_CHECK(cudaDeviceSynchronize());  // the backward pass is done on its streams
+        const auto t0 = std::chrono::steady_clock::now();
         if (comm.device_buffers()) {
-            comm.set_stream(model_.stream());
-            if (std::find(streamed_.begin(), streamed_.end(), &comm) == streamed_.end())
-                streamed_.push_back(&comm);
+            give_stream(comm);
             comm.all_reduce_sum(model_.grads_device(), model_.num_parameters());
             ZG_CUDA_CHECK(cudaDeviceSynchronize());
-            return;
+        } else {  // a host communicator (local ranks sharing this GPU): through host memory
+            std::vector<float> g(model_.num_parameters());
+            to_host(g.data(), model_.grads_device(), g.size() * 4, model_.stream());
+            comm.all_reduce_sum(g.data(), int64_t(g.size()));
+            to_device(model_.grads_device(), g.data(), g.size() * 4, model_.stream());
         }
-        // A host communicator (local ranks sharing this GPU): through host memory.
-        std::vector<float> g(model_.num_parameters());
-        to_host(g.data(), model_.grads_device(), g.size() * 4, model_.stream());
-        comm.all_reduce_sum(g.data(), int64_t(g.size()));
-        to_device(model_.grads_device(), g.data(), g.size() * 4, model_.stream());
+        return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+            .count();
     }
     double grad_norm() override { return model_.grad_norm(); }
     void optimizer_step(double lr, double grad_scale) override {
@@ -135,6 +136,19 @@ class CudaBackend final : public Backend {
                                 m_->get(), v_->get(), lo_, hi_);
         if (!zero_) return;
         // ZeRO-1: every rank updated its slice of the fp32 weights; gather the others' slices.
+        if (zero_->device_buffers()) {
+            // In place on the device: one broadcast per rank, from its slice (slices differ in
+            // size when the ranks do not divide the arena, which one all-gather cannot express).
+            give_stream(*zero_);
+            const int64_t n = model_.num_parameters();
+            for (int r = 0; r < zero_->size(); r++) {
+                const ArenaSlice s = arena_slice(n, zero_->size(), r);
+                if (s.hi > s.lo)
+                    zero_->broadcast(model_.params_device() + s.lo, s.hi - s.lo, CommType::f32, r);
+            }
+            model_.refresh_bf16_copy();
+            return;
+        }
         std::vector<float> mine(hi_ - lo_);
         to_host(mine.data(), model_.params_device() + lo_, mine.size() * 4, model_.stream());
         const std::vector<float> all = gather(mine);
@@ -186,6 +200,12 @@ class CudaBackend final : public Backend {
     }
 
   private:
+    // A device communicator orders its collectives on the model's stream.
+    void give_stream(Communicator& comm) {
+        comm.set_stream(model_.stream());
+        if (std::find(streamed_.begin(), streamed_.end(), &comm) == streamed_.end())
+            streamed_.push_back(&comm);
+    }
     // The whole arena from every rank's ZeRO-1 slice, through host memory. Collective.
     std::vector<float> gather(const std::vector<float>& mine) const {
         return all_gather_slices(*zero_, mine.data(), model_.num_parameters());

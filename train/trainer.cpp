@@ -408,12 +408,8 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
             sum.n_valid += s.n_valid;
             sum.max_logit = std::max(sum.max_logit, s.max_logit);
         }
-        double comm_ms = 0;  // the gradient all-reduce, not overlapped (docs/parallel.md)
-        if (R > 1) {
-            const auto tc = Clock::now();
-            model.all_reduce_grads(world);
-            comm_ms = seconds_since(tc) * 1e3;
-        }
+        // The gradient all-reduce, after the backward pass (not overlapped: docs/parallel.md).
+        const double comm_ms = R > 1 ? model.all_reduce_grads(world) : 0.0;
         {  // the step's sums over the ranks, and whether any rank was asked to stop
             double v[7] = {sum.sum_loss,   sum.sum_ce,          sum.sum_z_loss,     sum.sum_lse,
                            sum.sum_lse_sq, double(sum.n_valid), double(g_stop != 0)};
