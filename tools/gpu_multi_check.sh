@@ -30,7 +30,8 @@ if [ ! -x build-gpu/train ] || [ ! -x build-gpu/nccl_bandwidth ] || [ "${REBUILD
   t0=$(date +%s)
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
     > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
-  cmake --build build-gpu -j"$(nproc)" > "$out/build.log" 2>&1 ||
+  targets=(); for t in ${BUILD_TARGETS:-}; do targets+=(--target "$t"); done
+  cmake --build build-gpu -j"$(nproc)" "${targets[@]}" > "$out/build.log" 2>&1 ||
     { grep -E "error" -A3 "$out/build.log" | head -40; exit 1; }
   echo "built in $(( $(date +%s) - t0 )) s"
 fi
@@ -92,10 +93,15 @@ for part in $parts; do
   case $part in
   tests)
     t0=$(date +%s)
-    timeout ${CTEST_TIMEOUT:-400} ctest --test-dir build-gpu --output-on-failure \
-      -R "${CTEST_REGEX:-multi_gpu|parallel|launch}" > "$out/ctest.log" 2>&1
-    echo "ctest exit $? in $(( $(date +%s) - t0 )) s"
-    grep -E "tests passed|tests failed|Passed|Failed|Skipped|largest differences|stopped in" \
+    if [ -n "${TEST_BINARY:-}" ]; then  # one test binary, its output kept even when cut short
+      ZGPT_TRAIN_BIN=$PWD/build-gpu/train timeout ${CTEST_TIMEOUT:-400} \
+        build-gpu/tests/$TEST_BINARY --duration=true > "$out/ctest.log" 2>&1
+    else
+      timeout ${CTEST_TIMEOUT:-400} ctest --test-dir build-gpu --output-on-failure \
+        -R "${CTEST_REGEX:-multi_gpu|parallel|launch}" > "$out/ctest.log" 2>&1
+    fi
+    echo "tests exit $? in $(( $(date +%s) - t0 )) s"
+    grep -E "tests passed|tests failed|Passed|Failed|Skipped|largest differences|stopped in|test cases|ERROR" \
       "$out/ctest.log" | tail -30
     ;;
   scaling)
@@ -115,16 +121,18 @@ for part in $parts; do
     ;;
   vocab)
     names=()
-    for v in 128256 256000; do
+    for v in ${VOCABS:-128256 256000}; do
       train_run v${v}_one 1 --set model.vocab_size=$v --set train.grad_accum=$gpus
       train_run v${v}_dp $gpus --set model.vocab_size=$v
       train_run v${v}_vp $gpus --set model.vocab_size=$v --set parallel.vocab_parallel=$gpus
       names+=(v${v}_one v${v}_dp v${v}_vp)
     done
-    train_run v128256_vp_fl $gpus --set model.vocab_size=128256 --set parallel.vocab_parallel=$gpus \
-      --set kernels.cross_entropy=fused_linear
-    train_run v128256_dp_fl $gpus --set model.vocab_size=128256 --set kernels.cross_entropy=fused_linear
-    names+=(v128256_vp_fl v128256_dp_fl)
+    [ -n "${VOCAB_FUSED-1}" ] && train_run v128256_vp_fl $gpus --set model.vocab_size=128256 \
+      --set parallel.vocab_parallel=$gpus --set kernels.cross_entropy=fused_linear
+    if [ -n "${VOCAB_FUSED-1}" ]; then
+      train_run v128256_dp_fl $gpus --set model.vocab_size=128256 --set kernels.cross_entropy=fused_linear
+      names+=(v128256_vp_fl v128256_dp_fl)
+    fi
     summarise vocab "${names[@]}"
     ;;
   esac
