@@ -11,8 +11,12 @@
 //   differs by a few fp32 ulps of the sum of its terms' magnitudes (~1e-7 relative), and the
 //   loss, a smooth function of the weights, follows: 1e-5 relative over 8 steps leaves 10x
 //   margin over what the CPU's rank-order test sees (1e-6). The weights: AdamW's m / sqrt(v) is
-//   insensitive to a relative change except where an element's gradient is rounding noise, where
-//   one step can move it by up to lr; at lr = 1e-2 over 8 steps, 2e-4 absolute.
+//   insensitive to a relative change of the gradient (~1e-6 of lr per step, far below 1e-5
+//   absolute), except where an element's gradient is itself rounding noise (its terms cancel):
+//   there the sign of the update can flip, moving the element by up to 2 lr per step. So every
+//   element is within 2 x (the sum of the learning rates), and all but a few (1% allowed; the
+//   fraction is printed) within 1e-5. (Seen on 2 H100s at lr 1e-2: 2.4e-4 to 3.1e-3, the
+//   flipped-sign elements.)
 // - 2 NCCL ranks against 2 local ranks: a sum of two terms is the same in either order, and
 //   every other computation is the same per rank, so the runs must agree bit for bit.
 #include <doctest/doctest.h>
@@ -61,6 +65,8 @@ const fs::path& dir() {
     return d;
 }
 
+constexpr double kLr = 2e-3;  // the peak; 8 steps sum to less than 8 kLr
+
 // A small GPT on the GPU in fp32; V = 1001 divides by neither 2 nor 4 (uneven vocab shards).
 fs::path write_config(const std::string& name, int batch, int steps, bool tied = true) {
     const fs::path p = dir() / (name + ".yaml");
@@ -72,7 +78,7 @@ fs::path write_config(const std::string& name, int batch, int steps, bool tied =
                      << ", eval_every: 4, eval_batches: 2, checkpoint_every: 4, device: cuda, "
                      << "precision: fp32, out_dir: " << (dir() / "runs").string()
                      << ", run_name: " << name << "}\n"
-                     << "optim: {lr: 1.0e-2, warmup_steps: 2, decay_steps: 8}\n"
+                     << "optim: {lr: " << kLr << ", warmup_steps: 2, decay_steps: 8}\n"
                      << "loss: {z_loss_weight: 1.0e-3, label_smoothing: 0.05, ignore_index: 3}\n"
                      << "parallel: {timeout_s: 30}\n";
     fs::remove_all(dir() / "runs" / name);
@@ -114,10 +120,19 @@ void check_close(const Run& a, const Run& b) {
         worst = std::max(worst, std::fabs(a.loss[i] - b.loss[i]) / std::fabs(b.loss[i]));
     }
     for (size_t i = 0; i < a.val.size(); i++) CHECK(close(a.val[i], b.val[i], 1e-5, 0));
-    const MaxError e =
-        compare(a.params.data(), b.params.data(), int64_t(a.params.size()), 0.0, 2e-4);
-    CHECK_MESSAGE(e.ok, "weights: max abs " << e.abs << " at " << e.worst);
-    MESSAGE("largest differences: loss " << worst << " relative, weights " << e.abs);
+    REQUIRE(a.params.size() == b.params.size());
+    double wmax = 0;
+    int64_t beyond = 0;
+    for (size_t i = 0; i < a.params.size(); i++) {
+        const double d = std::fabs(double(a.params[i]) - double(b.params[i]));
+        wmax = std::max(wmax, d);
+        beyond += d > 1e-5;
+    }
+    const double frac = double(beyond) / double(a.params.size());
+    CHECK(wmax <= 2 * 8 * kLr);
+    CHECK(frac < 0.01);
+    MESSAGE("largest differences: loss " << worst << " relative, weights " << wmax << " absolute; "
+                                         << frac * 100 << "% beyond 1e-5");
 }
 
 std::vector<int> rank_counts() {

@@ -111,11 +111,15 @@ for part in $parts; do
     train_run zero1_$gpus $gpus --set parallel.zero1=true; names+=(zero1_$gpus)
     train_run dp1_again 1; names+=(dp1_again)
     summarise scaling "${names[@]}"
+    ;&  # and the anchor
+  anchor)
     if [ -f .gpu-deps/llmc/train_gpt2.py ]; then
       for n in ${ANCHOR_COUNTS:-${counts[@]}}; do
         echo "== PyTorch DDP + compile + flash, $n GPUs"
-        timeout 300 bash .gpu-deps/bench/e2e_anchor.sh .gpu-deps/llmc $n > "$out/anchor_$n.log" 2>&1
+        timeout ${ANCHOR_TIMEOUT:-300} bash .gpu-deps/bench/e2e_anchor.sh .gpu-deps/llmc $n \
+          > "$out/anchor_$n.log" 2>&1
         echo "exit $?"; tail -3 "$out/anchor_$n.log"
+        cp /tmp/e2e_anchor.log "$out/anchor_${n}_full.log" 2>/dev/null
       done
     fi
     ;;
