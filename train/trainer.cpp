@@ -152,6 +152,19 @@ TrainResult train_local_ranks(const Config& cfg, const std::string& config_path,
     return results[0];
 }
 
+LoaderOptions train_loader_options(const Config& cfg, int rank, int world_size) {
+    LoaderOptions lo;
+    lo.batch_size = cfg.train.batch_size;
+    lo.seq_len = cfg.train.seq_len > 0 ? cfg.train.seq_len : cfg.model.block_size;
+    lo.shuffle = cfg.data.shuffle;
+    lo.sampling = cfg.data.sampling == "random" ? Sampling::random : Sampling::epochs;
+    lo.seed = uint64_t(cfg.train.seed);
+    lo.vocab_size = cfg.model.vocab_size;
+    lo.rank = rank;
+    lo.world_size = world_size;
+    return lo;
+}
+
 TrainResult train(Config cfg, const std::string& config_path, const std::string& command_line,
                   Communicator& world) {
     resolve_vocab_size(cfg);
@@ -175,15 +188,7 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
     const int64_t T = cfg.train.seq_len > 0 ? cfg.train.seq_len : cfg.model.block_size;
     const int64_t max_steps = cfg.train.max_steps;
 
-    LoaderOptions lo;
-    lo.batch_size = B;
-    lo.seq_len = T;
-    lo.shuffle = cfg.data.shuffle;
-    lo.sampling = cfg.data.sampling == "random" ? Sampling::random : Sampling::epochs;
-    lo.seed = uint64_t(cfg.train.seed);
-    lo.vocab_size = cfg.model.vocab_size;
-    lo.rank = rank;
-    lo.world_size = R;
+    const LoaderOptions lo = train_loader_options(cfg, rank, R);
     DataLoader train_loader(cfg.data.train, lo);
     std::unique_ptr<DataLoader> val_loader;
     if (!cfg.data.val.empty()) {

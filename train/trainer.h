@@ -2,6 +2,7 @@
 #pragma once
 #include <string>
 
+#include "data/loader.h"
 #include "train/comm.h"
 #include "train/config.h"
 
@@ -18,6 +19,10 @@ struct TrainResult {
 
 // Fills model.vocab_size from tokenizer.json beside the training shards when it is 0.
 void resolve_vocab_size(Config& c);
+
+// The training loader's options of `rank` of `world_size` ranks: what the trainer reads, batch
+// by batch (tools/parity_inputs.cpp dumps the same batches for the PyTorch parity check).
+LoaderOptions train_loader_options(const Config& cfg, int rank, int world_size);
 
 // One run. With parallel.local_ranks > 1, that many ranks as threads of this process.
 TrainResult train(Config cfg, const std::string& config_path, const std::string& command_line);
