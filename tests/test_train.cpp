@@ -84,6 +84,15 @@ TEST_CASE("prepare_data + train: run directory, metrics, falling loss, repeatabl
                     (dir / "shards").string() + " --tokenizer char");
     INFO(prep.text);
     REQUIRE(prep.code == 0);
+    for (const char* bad : {"nan", "-0.1", "0.7"}) {  // refused by name, nothing written
+        CAPTURE(bad);
+        const CommandOutput r =
+            run_command(built_binary("ZGPT_PREPARE_BIN") + " --input " + corpus.string() +
+                        " --out " + (dir / "bad_shards").string() + " --val-fraction " + bad);
+        CHECK(r.code != 0);
+        CHECK_MESSAGE(r.text.find("val-fraction") != std::string::npos, r.text);
+        CHECK(!fs::exists(dir / "bad_shards/train_000000.bin"));
+    }
     CHECK(fs::exists(dir / "shards/train_000000.bin"));
     CHECK(fs::exists(dir / "shards/val_000000.bin"));
     CHECK(fs::exists(dir / "shards/tokenizer.json"));

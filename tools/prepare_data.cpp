@@ -56,6 +56,9 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     CLI11_PARSE(app, argc, argv);
     try {
+        // CLI::Range lets NaN through (every comparison with it is false): refuse it here.
+        ZG_CHECK(val_fraction >= 0.0 && val_fraction <= 0.5,
+                 "--val-fraction must be in [0, 0.5], not " + std::to_string(val_fraction));
         const auto t0 = std::chrono::steady_clock::now();
         std::vector<std::string> texts;
         size_t bytes = 0;
@@ -95,7 +98,7 @@ int main(int argc, char** argv) {
             "%s\n",
             inputs.size(), bytes, ids.size(), tok.type().c_str(), (long long)tok.vocab_size(),
             n_train, n_val, secs, out.c_str());
-    } catch (const zgpt::Error& e) {
+    } catch (const std::exception& e) {  // ours, and the libraries' (filesystem, JSON)
         std::fprintf(stderr, "error: %s\n", e.what());
         return 1;
     }

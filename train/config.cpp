@@ -51,8 +51,9 @@ std::vector<ConfigField> config_fields(Config& c) {
     add({"train", "max_steps", "optimizer steps", &t.max_steps, 1, 1e15});
     add({"train", "eval_every", "validation every N steps (and at 0 and the end); 0: end only",
          &t.eval_every, 0, 1e15});
-    add({"train", "eval_batches", "validation batches per evaluation", &t.eval_batches, 1,
-         1 << 20});
+    add({"train", "eval_batches",
+         "validation batches per evaluation; 0: the whole validation split (every window once)",
+         &t.eval_batches, 0, 1 << 20});
     add({"train", "log_every", "progress line every N steps when not on a terminal", &t.log_every,
          1, 1e15});
     add({"train", "seed", "seed for initialisation and data order", &t.seed, 0, 9.2e18});

@@ -68,7 +68,9 @@ EvalResult evaluate(Backend& model, DataLoader& val, const Config& c, int64_t T,
     const CrossEntropyOptions opts = loss_options(c.loss, Reduction::sum);
     double loss = 0, ce = 0;
     int64_t n = 0;
-    for (int i = 0; i < c.train.eval_batches; i++) {
+    const int64_t batches =
+        c.train.eval_batches > 0 ? c.train.eval_batches : val.batches_per_epoch();
+    for (int64_t i = 0; i < batches; i++) {
         val.next_batch(b.inputs.data(), b.targets.data());
         const CrossEntropySummary s = model.evaluate(b.inputs.data(), b.targets.data(), B, T, opts);
         loss += s.sum_loss;
