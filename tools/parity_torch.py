@@ -25,13 +25,12 @@ import subprocess
 import sys
 import tempfile
 
-import numpy as np
-
 try:
+    import numpy as np
     import torch
     import torch.nn.functional as F
-except ImportError:  # the test reports this as a skip (exit 77)
-    print("skip: PyTorch is not installed here (pip install torch)")
+except ImportError as e:  # the test reports this as a skip (exit 77)
+    print(f"skip: {e.name} is not installed for {sys.executable} (the tool needs numpy and torch)")
     sys.exit(77)
 
 
