@@ -21,6 +21,7 @@ import json
 import math
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -177,6 +178,7 @@ def main():
     # Ours: the same config and overrides, no evaluation or sampling in between.
     ours_sets = sets + ["--set", "train.eval_every=0", "--set", "train.sample_every=0", "--set", "data.val=",
                         "--set", f"train.out_dir={work}", "--set", "train.run_name=ours"]
+    shutil.rmtree(work / "ours", ignore_errors=True)  # a run directory is appended to, never reset
     run([f"{a.bin}/train", "-c", a.config, *ours_sets])
     ours = [json.loads(l)["loss"] for l in open(work / "ours/metrics.jsonl") if '"loss"' in l]
 
