@@ -3,7 +3,7 @@
 # CUDA is optional: with nvcc on PATH the CUDA backend is built too.
 set -euo pipefail
 pkgs=(build-essential cmake libyaml-cpp-dev doctest-dev nlohmann-json3-dev libcli11-dev libpcre2-dev
-      libomp-dev libopenblas-dev)
+      libomp-dev libopenblas-openmp-dev)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
