@@ -1,6 +1,9 @@
 #include "kernels/gelu.h"
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 
 namespace zgpt::cpu {
 
@@ -31,9 +34,57 @@ void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) {
     }
 }
 
-template void gelu_forward<float>(float*, const float*, int64_t);
+namespace {
+
+// exp for float in a form the compiler vectorises (std::tanh and std::exp are scalar libm calls,
+// about 11 ns an element: a third of the CPU step). x = k ln2 + r with |r| <= ln2 / 2; exp(r) by
+// its degree-6 Taylor polynomial (truncation 1.2e-7 relative); 2^k through the exponent bits.
+inline float exp_vec(float x) {
+    x = std::min(std::max(x, -87.0f), 88.0f);
+    const float k = std::floor(x * 1.44269504f + 0.5f);
+    const float r = (x - k * 0.693145751953125f) - k * 1.42860677e-06f;  // ln2 in two parts
+    float p = 1.0f / 720;
+    p = p * r + 1.0f / 120;
+    p = p * r + 1.0f / 24;
+    p = p * r + 1.0f / 6;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    return p * std::bit_cast<float>((int32_t(k) + 127) << 23);
+}
+
+// tanh(u) = 1 - 2 / (1 + e^{2u}): within about 1e-7 of tanh absolutely (relatively less near 0,
+// where GELU multiplies it by x / 2 anyway).
+inline float tanh_vec(float u) {
+    return 1.0f - 2.0f / (1.0f + exp_vec(2.0f * u));
+}
+
+}  // namespace
+
+// float: the same formula with tanh_vec (double keeps std::tanh: it is the reference).
+template <>
+void gelu_forward<float>(float* out, const float* inp, int64_t n) {
+#pragma omp parallel for simd
+    for (int64_t i = 0; i < n; i++) {
+        const float x = inp[i];
+        out[i] =
+            0.5f * x * (1.0f + tanh_vec(float(kSqrt2OverPi) * (x + float(kCubic) * x * x * x)));
+    }
+}
+
+template <>
+void gelu_backward<float>(float* dinp, const float* inp, const float* dout, int64_t n) {
+#pragma omp parallel for simd
+    for (int64_t i = 0; i < n; i++) {
+        const float x = inp[i];
+        const float th = tanh_vec(float(kSqrt2OverPi) * (x + float(kCubic) * x * x * x));
+        const float sech2 = 1.0f - th * th;
+        const float du = float(kSqrt2OverPi) * (1.0f + float(3 * kCubic) * x * x);
+        dinp[i] += dout[i] * (0.5f * (1.0f + th) + 0.5f * x * sech2 * du);
+    }
+}
+
 template void gelu_forward<double>(double*, const double*, int64_t);
-template void gelu_backward<float>(float*, const float*, const float*, int64_t);
 template void gelu_backward<double>(double*, const double*, const double*, int64_t);
 
 }  // namespace zgpt::cpu
