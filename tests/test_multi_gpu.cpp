@@ -85,6 +85,17 @@ fs::path write_config(const std::string& name, int batch, int steps, bool tied =
     return p;
 }
 
+// One metric of a run, step by step, from its metrics.jsonl (lines without it skipped).
+std::vector<double> metric(const std::string& run, const char* key) {
+    std::vector<double> v;
+    std::ifstream f(dir() / "runs" / run / "metrics.jsonl");
+    for (std::string line; std::getline(f, line);) {
+        const auto j = nlohmann::json::parse(line);
+        if (j.contains(key)) v.push_back(j[key]);
+    }
+    return v;
+}
+
 struct Run {
     std::vector<double> loss, val;
     std::vector<float> params;
@@ -97,12 +108,8 @@ Run train_run(const std::string& name, int batch, const std::string& extra, int 
                                         " -c " + cfg.string() + " " + extra);
     REQUIRE_MESSAGE(r.code == 0, r.text);
     Run o;
-    std::ifstream f(dir() / "runs" / name / "metrics.jsonl");
-    for (std::string line; std::getline(f, line);) {
-        const auto j = nlohmann::json::parse(line);
-        if (j.contains("loss")) o.loss.push_back(j["loss"]);
-        if (j.contains("val_loss")) o.val.push_back(j["val_loss"]);
-    }
+    o.loss = metric(name, "loss");
+    o.val = metric(name, "val_loss");
     const auto ck = list_checkpoints((dir() / "runs" / name / "checkpoints").string());
     REQUIRE(!ck.empty());
     o.params =
@@ -198,13 +205,7 @@ TEST_CASE("a checkpoint of 2 GPUs resumes on 1 GPU, and on 2 GPUs bit for bit") 
             run_command("NCCL_NVLS_ENABLE=0 " + built_binary("ZGPT_TRAIN_BIN") + " --resume " +
                         (runs / name).string() + " --set train.max_steps=8 " + extra);
         REQUIRE_MESSAGE(r.code == 0, r.text);
-        std::vector<double> loss;
-        std::ifstream f(runs / name / "metrics.jsonl");
-        for (std::string line; std::getline(f, line);) {
-            const auto j = nlohmann::json::parse(line);
-            if (j.contains("loss")) loss.push_back(j["loss"]);
-        }
-        return loss;
+        return metric(name, "loss");
     };
     const std::vector<double> two = resume("res_cut2", nproc(2));
     CHECK(two == whole.loss);  // the same ranks continue bit for bit
