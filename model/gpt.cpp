@@ -32,14 +32,18 @@ void fill_zero(std::vector<T>& v) {
 }  // namespace
 
 template <typename T>
-GPT<T>::GPT(const ModelConfig& config)
-    : cfg_(config), layout_(make_gpt_layout(config)), Vp_(padded_vocab_size(config.vocab_size)) {
+GPT<T>::GPT(const ModelConfig& config, int vocab_parts)
+    : cfg_(config),
+      layout_(make_gpt_layout(config, vocab_parts)),
+      vocab_parts_(vocab_parts),
+      Vp_(vocab_table_rows(config, vocab_parts)) {
     params.assign(layout_.table.total(), T(0));
     grads.assign(layout_.table.total(), T(0));
 }
 
 template <typename T>
 void GPT<T>::init_weights(uint64_t seed) {
+    ZG_CHECK(vocab_parts_ == 1, "init_weights: initialise the whole model, then take the shard");
     Rng rng(seed);
     const double residual_std = cfg_.init_std / std::sqrt(2.0 * cfg_.n_layer);
     for (const ParamSpec& s : layout_.table.specs()) {
@@ -145,7 +149,9 @@ void GPT<T>::forward(const int32_t* tokens, int64_t B, int64_t Tn) {
 }
 
 template <typename T>
-void GPT<T>::forward_hidden(const int32_t* tokens, int64_t B, int64_t Tn) {
+void GPT<T>::forward_hidden(const int32_t* tokens, int64_t B, int64_t Tn, const T* token_rows) {
+    ZG_CHECK(token_rows || vocab_parts_ == 1,
+             "a model holding a shard of the vocabulary needs the token rows from outside");
     ZG_CHECK(B > 0 && Tn > 0 && Tn <= cfg_.block_size,
              "sequence length " + std::to_string(Tn) +
                  " must be in [1, block_size=" + std::to_string(cfg_.block_size) + "]");
@@ -157,8 +163,12 @@ void GPT<T>::forward_hidden(const int32_t* tokens, int64_t B, int64_t Tn) {
     tokens_.assign(tokens, tokens + B * Tn);
     const int64_t BT = B * Tn, C = cfg_.n_embd, NH = cfg_.n_head, hs = C / NH;
     const double eps = cfg_.ln_eps;
-    cpu::encoder_forward(residual_[0].data(), tokens, maybe(layout_.wte), maybe(layout_.wpe), B, Tn,
-                         C);
+    outside_rows_ = token_rows != nullptr;
+    if (outside_rows_)
+        cpu::add_positions(residual_[0].data(), token_rows, maybe(layout_.wpe), B, Tn, C);
+    else
+        cpu::encoder_forward(residual_[0].data(), tokens, maybe(layout_.wte), maybe(layout_.wpe), B,
+                             Tn, C);
     tick("encoder fwd");
     std::vector<T> scratch(BT * C);
     for (int l = 0; l < cfg_.n_layer; l++) {
@@ -313,8 +323,9 @@ void GPT<T>::backward_from_hidden(const T* dhidden) {
                                 a.ln1_mean.data(), a.ln1_rstd.data(), BT, C);
         tick("layernorm bwd");
     }
-    cpu::encoder_backward(maybe_grad(layout_.wte), maybe_grad(layout_.wpe), dres_.data(),
-                          tokens_.data(), B, Tn, C);
+    // dres_ now holds the gradient of the embedding rows (dtoken_rows()).
+    cpu::encoder_backward(outside_rows_ ? nullptr : maybe_grad(layout_.wte),
+                          maybe_grad(layout_.wpe), dres_.data(), tokens_.data(), B, Tn, C);
     tick("encoder bwd");
 }
 

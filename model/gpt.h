@@ -16,7 +16,9 @@ namespace zgpt {
 template <typename T>
 class GPT {
   public:
-    explicit GPT(const ModelConfig& config);
+    // vocab_parts > 1: the vocabulary tables hold one vocab-parallel shard (make_gpt_layout);
+    // the token rows then come from outside (forward_hidden's token_rows).
+    explicit GPT(const ModelConfig& config, int vocab_parts = 1);
 
     const ModelConfig& config() const { return cfg_; }
     const GptLayout& layout() const { return layout_; }
@@ -33,8 +35,11 @@ class GPT {
     // Forward B x Tn tokens (Tn <= block_size) to logits [B * Tn, padded_vocab].
     void forward(const int32_t* tokens, int64_t B, int64_t Tn);
     // The same up to the final LayerNorm's output, hidden() [B * Tn, n_embd]: where a
-    // vocab-parallel loss head (train/vocab_parallel_head.h) takes over.
-    void forward_hidden(const int32_t* tokens, int64_t B, int64_t Tn);
+    // vocab-parallel loss head (train/vocab_parallel_head.h) takes over. token_rows
+    // [B * Tn, n_embd]: the tokens' wte rows, looked up elsewhere (a table split over ranks,
+    // train/vocab_parallel_embedding.h); null: looked up in this model's wte.
+    void forward_hidden(const int32_t* tokens, int64_t B, int64_t Tn,
+                        const T* token_rows = nullptr);
     const T* hidden() const { return lnf_.data(); }
 
     // The loss head on the last forward's logits (only the first vocab_size columns count).
@@ -45,8 +50,10 @@ class GPT {
     // Backward from dlogits; adds into grads.
     void backward();
     // Backward from the gradient of hidden() [B * Tn, n_embd] (the LM head's part already done);
-    // adds into grads.
+    // adds into grads. When the forward took token_rows, their gradient is left in
+    // dtoken_rows() [B * Tn, n_embd] instead of being added into wte's.
     void backward_from_hidden(const T* dhidden);
+    const T* dtoken_rows() const { return dres_.data(); }
 
     void zero_grad();
     const T* logits() const { return logits_.data(); }
@@ -80,7 +87,9 @@ class GPT {
 
     ModelConfig cfg_;
     GptLayout layout_;
-    int64_t Vp_;
+    int vocab_parts_;
+    int64_t Vp_;                 // rows of the vocabulary tables
+    bool outside_rows_ = false;  // the last forward took token_rows
     int64_t B_ = 0, T_ = 0;
     std::vector<int32_t> tokens_;
     std::vector<std::vector<T>> residual_;  // residual_[l]: input of block l; [L]: final

@@ -204,8 +204,8 @@ struct GptCuda::Impl {
     Impl(const ModelConfig& c, const CudaModelOptions& o)
         : cfg(c),
           opt(o),
-          layout(make_gpt_layout(c)),
-          Vp(padded_vocab_size(c.vocab_size)),
+          layout(make_gpt_layout(c, o.vocab_parts)),
+          Vp(vocab_table_rows(c, o.vocab_parts)),
           t(o.precision),
           es(dtype_bytes(o.precision)) {
         validate(cfg);
@@ -330,12 +330,14 @@ struct GptCuda::Impl {
         }
         tokens = DeviceBuffer(BT * 4);
         targets = DeviceBuffer(BT * 4);
-        bucket_token = DeviceBuffer(BT * 4);
-        bucket_offset = DeviceBuffer((BT + 1) * 4);
-        bucket_position = DeviceBuffer(BT * 4);
-        h_tokens = PinnedBuffer<int32_t>(BT);
+        // the wte gradient's buckets: of this rank's tokens, or of the group's in this shard
+        const int64_t NB = vgroup.size * BT;
+        bucket_token = DeviceBuffer(NB * 4);
+        bucket_offset = DeviceBuffer((NB + 1) * 4);
+        bucket_position = DeviceBuffer(NB * 4);
+        h_tokens = PinnedBuffer<int32_t>(NB);
         h_targets = PinnedBuffer<int32_t>(BT);
-        h_bucket = PinnedBuffer<int32_t>(3 * BT + 1);
+        h_bucket = PinnedBuffer<int32_t>(3 * NB + 1);
         h_grad_out = PinnedBuffer<float>(1);
         h_summary = PinnedBuffer<cuda::LossSummaryF>(kMaxHeadChunks);
         branch_out = act(BT * C);
@@ -531,9 +533,13 @@ struct GptCuda::Impl {
         std::memcpy(h_tokens.get(), host_tokens, BT * 4);
         ZG_CUDA_CHECK(
             cudaMemcpyAsync(tokens.get(), h_tokens.get(), BT * 4, cudaMemcpyHostToDevice, stream));
-        last_tokens.assign(host_tokens, host_tokens + BT);
-        cuda::encoder_forward(residual[0].get(), tokens.as<int32_t>(), w(layout.wte), w(layout.wpe),
-                              B, Tn, C, t, stream);
+        if (vgroup.size > 1) {
+            embed_from_shards();
+        } else {
+            last_tokens.assign(host_tokens, host_tokens + BT);
+            cuda::encoder_forward(residual[0].get(), tokens.as<int32_t>(), w(layout.wte),
+                                  w(layout.wpe), B, Tn, C, t, stream);
+        }
         tick("encoder fwd");
         const cuda::AttentionShape shape{B, Tn, C, NH};
         cuda::layernorm_forward(layers[0].ln1.get(), {1, C}, layers[0].ln1_mean.as<float>(),
@@ -589,20 +595,53 @@ struct GptCuda::Impl {
         have_logits = true;
     }
 
-    // The wte-gradient buckets of the last forward's tokens (sorted on the host).
+    // A vocab-parallel group holds wte split by rows: the token rows of this rank come from every
+    // shard. The group's tokens are all-gathered; each rank looks up the rows its shard holds
+    // (zeros elsewhere) for all of them, in fp32; a reduce-scatter gives each rank its own tokens'
+    // rows, each the sum of one row and zeros (exact); the positions are added as
+    // encoder_forward does. The wte gradient goes the other way in backward().
+    void embed_from_shards() {
+        const int64_t BT = B * Tn, C = cfg.n_embd, NA = vgroup.size * BT;
+        ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
+        vgroup.all_gather(tokens.get(), vp_y.get(), BT * 4);
+        cuda::lookup_rows_in_shard(vp_dh_all.as<float>(), vp_y.as<int32_t>(), NA, w(layout.wte),
+                                   shard_v0(vgroup.rank), shard_rows(vgroup.rank), C, t, stream);
+        ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
+        vgroup.reduce_scatter_sum(vp_dh_all.as<float>(), vp_dh.as<float>(), BT * C);
+        cuda::add_positions(residual[0].get(), vp_dh.as<float>(), w(layout.wpe), B, Tn, C, t,
+                            stream);
+        // The group's tokens in this shard, as rows of the shard (-1: another shard's), for the
+        // gradient's buckets.
+        last_tokens.resize(NA);
+        ZG_CUDA_CHECK(
+            cudaMemcpyAsync(h_tokens.get(), vp_y.get(), NA * 4, cudaMemcpyDeviceToHost, stream));
+        ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
+        const int64_t v0 = shard_v0(vgroup.rank), rows = shard_rows(vgroup.rank);
+        for (int64_t i = 0; i < NA; i++) {
+            const int64_t r = int64_t(h_tokens.get()[i]) - v0;
+            last_tokens[i] = r >= 0 && r < rows ? int32_t(r) : -1;
+        }
+    }
+
+    // The wte-gradient buckets of the last forward's tokens (sorted on the host); with a split
+    // table, of the group's tokens that this shard holds.
     void upload_buckets() {
-        const int64_t BT = B * Tn;
-        const cuda::TokenBuckets bk = cuda::bucket_tokens(last_tokens.data(), BT);
+        const int64_t n = int64_t(last_tokens.size());
+        cuda::TokenBuckets bk = cuda::bucket_tokens(last_tokens.data(), n);
+        if (!bk.token.empty() && bk.token[0] < 0) {  // other shards' tokens: sorted first, dropped
+            bk.token.erase(bk.token.begin());
+            bk.offset.erase(bk.offset.begin());
+        }
         n_distinct = int64_t(bk.token.size());
         int32_t* h = h_bucket.get();
         std::copy(bk.token.begin(), bk.token.end(), h);
-        std::copy(bk.offset.begin(), bk.offset.end(), h + BT);
-        std::copy(bk.position.begin(), bk.position.end(), h + 2 * BT + 1);
+        std::copy(bk.offset.begin(), bk.offset.end(), h + n);
+        std::copy(bk.position.begin(), bk.position.end(), h + 2 * n + 1);
         ZG_CUDA_CHECK(
             cudaMemcpyAsync(bucket_token.get(), h, n_distinct * 4, cudaMemcpyHostToDevice, stream));
-        ZG_CUDA_CHECK(cudaMemcpyAsync(bucket_offset.get(), h + BT, (n_distinct + 1) * 4,
+        ZG_CUDA_CHECK(cudaMemcpyAsync(bucket_offset.get(), h + n, (n_distinct + 1) * 4,
                                       cudaMemcpyHostToDevice, stream));
-        ZG_CUDA_CHECK(cudaMemcpyAsync(bucket_position.get(), h + 2 * BT + 1, BT * 4,
+        ZG_CUDA_CHECK(cudaMemcpyAsync(bucket_position.get(), h + 2 * n + 1, n * 4,
                                       cudaMemcpyHostToDevice, stream));
     }
 
@@ -706,8 +745,8 @@ struct GptCuda::Impl {
         const int P = vgroup.size, p = vgroup.rank;
         const int64_t BT = B * Tn, C = cfg.n_embd, NA = P * BT;
         const int64_t v0 = shard_v0(p), Vl = shard_rows(p);
-        const void* W = static_cast<const char*>(w(layout.lm_head)) + v0 * C * es;
-        float* dW = g(layout.lm_head) + v0 * C;
+        const void* W = w(layout.lm_head);  // this shard's rows only
+        float* dW = g(layout.lm_head);
         auto* stats = vp_stats.as<cuda::RowStatsF>();
         auto* gathered = vp_gathered.as<cuda::RowStatsF>();
         auto* params_ = vp_params.as<cuda::RowGradParams>();
@@ -950,9 +989,21 @@ struct GptCuda::Impl {
                                      ln_scratch.get(), t, stream);
             tick("layernorm bwd");
         }
-        cuda::encoder_backward(g(layout.wte), g(layout.wpe), dres.get(), bucket_token.as<int32_t>(),
-                               bucket_offset.as<int32_t>(), bucket_position.as<int32_t>(),
-                               n_distinct, B, Tn, C, t, stream);
+        if (vgroup.size > 1) {
+            // wpe from this rank's rows; wte: the group's row gradients, of the tokens this
+            // shard holds (vp_h is free once the head is done)
+            cuda::encoder_backward(nullptr, g(layout.wpe), dres.get(), nullptr, nullptr, nullptr, 0,
+                                   B, Tn, C, t, stream);
+            ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
+            vgroup.all_gather(dres.get(), vp_h.get(), BT * C * int64_t(es));
+            cuda::encoder_backward(g(layout.wte), nullptr, vp_h.get(), bucket_token.as<int32_t>(),
+                                   bucket_offset.as<int32_t>(), bucket_position.as<int32_t>(),
+                                   n_distinct, vgroup.size * B, Tn, C, t, stream);
+        } else {
+            cuda::encoder_backward(g(layout.wte), g(layout.wpe), dres.get(),
+                                   bucket_token.as<int32_t>(), bucket_offset.as<int32_t>(),
+                                   bucket_position.as<int32_t>(), n_distinct, B, Tn, C, t, stream);
+        }
         tick("encoder bwd");
         if (overlapping()) {  // the gradients are complete when the main stream goes on
             ZG_CUDA_CHECK(cudaEventRecord(join_ev, wstream));
@@ -1047,7 +1098,9 @@ void GptCuda::set_vocab_group(VocabGroup group) {
              "vocab group: rank outside [0, size)");
     ZG_CHECK(group.size == 1 || (group.all_gather && group.reduce_scatter_sum),
              "vocab group: the collectives are missing");
-    ZG_CHECK(group.size <= impl_->cfg.vocab_size, "vocab group larger than the vocabulary");
+    ZG_CHECK(group.size == impl_->opt.vocab_parts,
+             "vocab group of " + std::to_string(group.size) + " ranks for a model built for " +
+                 std::to_string(impl_->opt.vocab_parts) + " vocabulary parts");
     impl_->vgroup = std::move(group);
     impl_->B = impl_->Tn = 0;  // buffers are sized again at the next forward
 }
@@ -1058,13 +1111,18 @@ void GptCuda::zero_grad() {
     ZG_CUDA_CHECK(cudaMemsetAsync(impl_->grads.get(), 0, num_parameters() * 4, impl_->stream));
 }
 double GptCuda::grad_norm() {
-    cuda::sum_of_squares(impl_->norm_out.as<double>(), impl_->grads.as<float>(), num_parameters(),
+    return std::sqrt(grad_sum_of_squares(0, num_parameters()));
+}
+
+double GptCuda::grad_sum_of_squares(int64_t lo, int64_t hi) {
+    ZG_CHECK(0 <= lo && lo <= hi && hi <= num_parameters(), "grad_sum_of_squares: bad range");
+    cuda::sum_of_squares(impl_->norm_out.as<double>(), impl_->grads.as<float>() + lo, hi - lo,
                          impl_->norm_scratch.get(), impl_->stream);
     double s = 0;
     ZG_CUDA_CHECK(cudaMemcpyAsync(&s, impl_->norm_out.get(), sizeof s, cudaMemcpyDeviceToHost,
                                   impl_->stream));
     ZG_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
-    return std::sqrt(s);
+    return s;
 }
 
 void GptCuda::adamw_step(double lr, double beta1, double beta2, double eps, double weight_decay,

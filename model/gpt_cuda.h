@@ -31,6 +31,9 @@ struct CudaModelOptions {
     // Row chunks of the loss head (logits GEMM, cross-entropy, dlnf GEMM), pipelined over two
     // streams; 1 runs it in one piece. At most 8, and chunks of at least 1024 rows.
     int head_chunks = 4;
+    // > 1: the vocabulary tables (wte, an untied lm_head) hold one vocab-parallel shard
+    // (make_gpt_layout); set_vocab_group must then give a group of that size.
+    int vocab_parts = 1;
 };
 
 // The collectives of a vocab-parallel loss head, supplied by train/ (model/ knows no
@@ -70,8 +73,11 @@ class GptCuda {
     CrossEntropySummary loss(const int32_t* targets, const CrossEntropyOptions& opts,
                              double grad_output, bool compute_grad);
     void backward();  // adds into the gradient arena
-    // Vocab parallel (size > 1): loss() splits the LM head by vocabulary rows across the group
-    // (this rank's rows [v0, v0 + V / size), uneven when V does not divide): the group's hidden
+    // Vocab parallel (size > 1, options.vocab_parts): the vocabulary tables hold this rank's
+    // rows [v0, v0 + V / size) only (uneven when V does not divide). forward() takes the token
+    // rows from the group's shards (all-gather of the tokens, a masked lookup, a reduce-scatter)
+    // and backward() adds the group's row gradients into this shard's rows of wte.
+    // loss() splits the LM head by vocabulary rows across the group: the group's hidden
     // states and targets all-gathered, this shard's logits (or, with fused_linear, tiles of them)
     // and statistics, one all-gather of the statistics merged in rank order, dlogits in place,
     // this shard's dW rows, and dh reduce-scattered back. Reduction sum only (the trainer's).
@@ -79,7 +85,8 @@ class GptCuda {
     void set_vocab_group(VocabGroup group);
     void* stream() const;  // the model's main stream (cudaStream_t)
     void zero_grad();
-    double grad_norm();  // global L2 norm of the gradient arena
+    double grad_norm();                                  // global L2 norm of the gradient arena
+    double grad_sum_of_squares(int64_t lo, int64_t hi);  // of the arena elements [lo, hi)
     // AdamW over the arena (decay where the table says), fp32 master weights, bf16 copy updated.
     void adamw_step(double lr, double beta1, double beta2, double eps, double weight_decay,
                     int64_t t, double grad_scale, float* m, float* v);

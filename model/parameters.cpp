@@ -39,11 +39,20 @@ int ParameterTable::find(const std::string& name) const {
     return -1;
 }
 
-GptLayout make_gpt_layout(const ModelConfig& c) {
+int64_t vocab_table_rows(const ModelConfig& c, int vocab_parts) {
+    ZG_CHECK(vocab_parts >= 1 && vocab_parts <= c.vocab_size,
+             "the vocabulary cannot be split in " + std::to_string(vocab_parts) + " parts");
+    if (vocab_parts == 1) return padded_vocab_size(c.vocab_size);
+    // A shard's GEMMs take its V_local rows, never the padding: 8 rows keep the next tensor's
+    // offset a multiple of 8 elements.
+    return ((int64_t(c.vocab_size) + vocab_parts - 1) / vocab_parts + 7) / 8 * 8;
+}
+
+GptLayout make_gpt_layout(const ModelConfig& c, int vocab_parts) {
     validate(c);
     GptLayout g;
     ParameterTable& t = g.table;
-    const int64_t C = c.n_embd, Vp = padded_vocab_size(c.vocab_size), hs = C / c.n_head;
+    const int64_t C = c.n_embd, Vp = vocab_table_rows(c, vocab_parts), hs = C / c.n_head;
     g.wte = t.add("transformer.wte.weight", {Vp, C}, Init::normal);
     g.wpe = t.add("transformer.wpe.weight", {c.block_size, C}, Init::normal);
     for (int l = 0; l < c.n_layer; l++) {

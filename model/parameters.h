@@ -53,7 +53,13 @@ struct GptLayout {
     std::vector<BlockParams> blocks;
 };
 
-GptLayout make_gpt_layout(const ModelConfig& c);
+// The rows of a vocabulary table (wte; lm_head when untied). One part: the vocabulary padded to
+// a multiple of 128. Split by rows over `vocab_parts` vocab-parallel ranks: each rank's table
+// holds its shard (train/vocab_parallel_head.h says which rows) in the rows of the largest shard
+// rounded up to a multiple of 8, so that every rank of the group has the same arena layout.
+int64_t vocab_table_rows(const ModelConfig& c, int vocab_parts = 1);
+
+GptLayout make_gpt_layout(const ModelConfig& c, int vocab_parts = 1);
 
 // Model FLOPs per token of one training step (forward + backward) at sequence length Tn, as
 // nanoGPT and llm.c count them for MFU: 6 N (N without the position table) + 12 L C Tn.

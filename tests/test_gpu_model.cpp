@@ -827,8 +827,10 @@ TEST_CASE("kernel choices are validated with the known names") {
 // The vocab-parallel head on one GPU: P ranks as threads (the local communicator, buffers staged
 // through the host), each a GptCuda with its own streams and B rows, the LM head split by
 // vocabulary rows (V = 1001: uneven for 2 and 4), against one GptCuda doing all P B rows.
-// Each rank's gradient arena holds its rows' body gradients and its shard's LM-head rows; their
-// sum over ranks (what the trainer's all-reduce makes) must equal the one rank's gradient.
+// Each rank stores only its shard's rows of the (tied) vocabulary table, and its gradient arena
+// holds its rows' body gradients and its shard's rows (the head's and the embedding's, over the
+// group's tokens): placed in the whole arena and summed over ranks (what the trainer's
+// all-reduces make), they must equal the one rank's gradient.
 // Bounds as above: fp32 1e-5 relative plus 1e-5 of the largest gradient (fp32 sums in another
 // order: shards, then the reduce-scatter); bf16 2^-8 on the loss and 5e-2 of the largest gradient
 // (GEMMs of other shapes may round a bf16 activation the other way, and that travels through the
@@ -838,6 +840,7 @@ TEST_CASE("kernel choices are validated with the known names") {
 
 #include "train/comm.h"
 #include "train/cuda_vocab_group.h"
+#include "train/vocab_sharded_arena.h"
 
 TEST_CASE("vocab-parallel head with 2 and 4 local ranks on one GPU equals one rank") {
     ModelConfig mc;
@@ -888,12 +891,15 @@ TEST_CASE("vocab-parallel head with 2 and 4 local ranks on one GPU equals one ra
             std::vector<std::string> err(P);
             std::vector<size_t> bytes(P);
             std::vector<std::thread> th;
+            CudaModelOptions os = o;  // each rank holds its shard of the vocabulary tables
+            os.vocab_parts = P;
             for (int r = 0; r < P; r++)
                 th.emplace_back([&, r] {
                     try {
-                        GptCuda m(mc, o);
+                        const VocabShardedArena arena(mc, P, r);
+                        GptCuda m(mc, os);
                         m.set_vocab_group(cuda_vocab_group(*comms[r], m.stream()));
-                        m.set_params(host.params.data());
+                        m.set_params(arena.take_shard(host.params).data());
                         // twice: the second step must not see the first one's buffers
                         for (int rep = 0; rep < 2; rep++) {
                             m.zero_grad();
@@ -901,8 +907,11 @@ TEST_CASE("vocab-parallel head with 2 and 4 local ranks on one GPU equals one ra
                             sr[r] = m.loss(tgt.data() + r * B * T, ce, g, true);
                             m.backward();
                         }
-                        gr[r].resize(m.num_parameters());
-                        m.get_grads(gr[r].data());
+                        std::vector<float> local(m.num_parameters());
+                        m.get_grads(local.data());
+                        // in the whole model's arena: this shard's rows, zeros in the others'
+                        gr[r].assign(g1.size(), 0.0f);
+                        arena.put(local.data(), r, true, gr[r]);
                         bytes[r] = m.allocated_bytes();
                     } catch (const std::exception& e) {
                         err[r] = e.what();

@@ -3,13 +3,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "kernels/cuda_check.h"
-#include "model/gpt.h"
 #include "model/gpt_cuda.h"
 #include "train/backend.h"
 #include "train/backend_init.h"
 #include "train/cuda_vocab_group.h"
+#include "train/vocab_sharded_arena.h"
 
 namespace zgpt {
 
@@ -56,8 +57,9 @@ void to_device(void* dst, const void* src, size_t bytes, void* stream) {
     ZG_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
-CudaModelOptions model_options(const Config& cfg) {
+CudaModelOptions model_options(const Config& cfg, int vocab_parts) {
     CudaModelOptions o;
+    o.vocab_parts = vocab_parts;
     o.precision = cfg.train.precision == "fp32" ? DType::f32 : DType::bf16;
     o.kernels = cfg.kernels;
     o.recompute_gelu = cfg.train.recompute_gelu;
@@ -66,21 +68,29 @@ CudaModelOptions model_options(const Config& cfg) {
 
 class CudaBackend final : public Backend {
   public:
-    explicit CudaBackend(const Config& cfg)
+    CudaBackend(const Config& cfg, VocabParallel vocab)
         : cfg_(cfg),
-          model_(cfg.model, model_options(cfg)),
+          vocab_(vocab),
+          arena_(cfg.model, vocab.split() ? vocab.group->size() : 1,
+                 vocab.split() ? vocab.group->rank() : 0),
+          model_(cfg.model, model_options(cfg, arena_.parts())),
           m_(std::make_unique<DeviceFloats>(model_.num_parameters())),
           v_(std::make_unique<DeviceFloats>(model_.num_parameters())),
           hi_(model_.num_parameters()) {
-        model_.set_params(initial_params(cfg).data());
+        if (vocab_.split()) {
+            model_.set_vocab_group(cuda_vocab_group(*vocab_.group, model_.stream()));
+            streamed_.push_back(vocab_.group);
+        }
+        set_params(initial_params(cfg));
     }
     ~CudaBackend() override {  // communicators must not keep ordering work on our stream
         for (Communicator* c : streamed_) c->set_stream(nullptr);
     }
     std::string name() const override { return "cuda"; }
-    const GptLayout& layout() const override { return model_.layout(); }
-    int64_t num_parameters() const override { return model_.num_parameters(); }
-    int64_t padded_vocab() const override { return model_.padded_vocab(); }
+    const GptLayout& layout() const override { return arena_.whole(); }
+    int64_t num_parameters() const override { return arena_.whole().table.total(); }
+    int64_t stored_parameters() const override { return model_.num_parameters(); }
+    int64_t padded_vocab() const override { return padded_vocab_size(cfg_.model.vocab_size); }
 
     CrossEntropySummary train_micro_batch(const int32_t* inputs, const int32_t* targets, int64_t B,
                                           int64_t T, const CrossEntropyOptions& opts,
@@ -96,14 +106,6 @@ class CudaBackend final : public Backend {
         return model_.loss(targets, opts, 1.0, false);
     }
     void zero_grad() override { model_.zero_grad(); }
-    void set_vocab_group(Communicator* group) override {
-        if (!group || group->size() == 1) {
-            model_.set_vocab_group({});
-            return;
-        }
-        model_.set_vocab_group(cuda_vocab_group(*group, model_.stream()));
-        streamed_.push_back(group);
-    }
     void shard_optimizer(Communicator& comm) override {
         zero_ = &comm;
         const ArenaSlice sl = arena_slice(model_.num_parameters(), comm.size(), comm.rank());
@@ -115,20 +117,27 @@ class CudaBackend final : public Backend {
     double all_reduce_grads(Communicator& comm) override {
         ZG_CUDA_CHECK(cudaDeviceSynchronize());  // the backward pass is done on its streams
         const auto t0 = std::chrono::steady_clock::now();
-        if (comm.device_buffers()) {
-            give_stream(comm);
-            comm.all_reduce_sum(model_.grads_device(), model_.num_parameters());
-            ZG_CUDA_CHECK(cudaDeviceSynchronize());
-        } else {  // a host communicator (local ranks sharing this GPU): through host memory
-            std::vector<float> g(model_.num_parameters());
-            to_host(g.data(), model_.grads_device(), g.size() * 4, model_.stream());
-            comm.all_reduce_sum(g.data(), int64_t(g.size()));
-            to_device(model_.grads_device(), g.data(), g.size() * 4, model_.stream());
+        const int64_t n = model_.num_parameters();
+        if (!vocab_.split()) {
+            all_reduce_spans(comm, {{0, n}});
+        } else {  // the shards' rows over the peers, the rest over all ranks
+            all_reduce_spans(comm, arena_.replicated_spans());
+            if (vocab_.peers && vocab_.peers->size() > 1)
+                all_reduce_spans(*vocab_.peers, arena_.vocab_spans());
         }
         return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
             .count();
     }
-    double grad_norm() override { return model_.grad_norm(); }
+    double grad_norm() override {
+        if (!vocab_.split()) return model_.grad_norm();
+        // The replicated part is the same on every rank; the shards' parts add over the group.
+        double replicated = 0, mine = 0;
+        for (const ArenaSlice& s : arena_.replicated_spans())
+            replicated += model_.grad_sum_of_squares(s.lo, s.hi);
+        for (const ArenaSlice& s : arena_.vocab_spans())
+            mine += model_.grad_sum_of_squares(s.lo, s.hi);
+        return std::sqrt(replicated + vocab_.group->sum(mine));
+    }
     void optimizer_step(double lr, double grad_scale) override {
         steps_++;
         const OptimConfig& o = cfg_.optim;
@@ -158,31 +167,29 @@ class CudaBackend final : public Backend {
     std::vector<float> params() const override {
         std::vector<float> p(model_.num_parameters());
         model_.get_params(p.data());
-        return p;
+        return whole(p);
     }
     void set_params(const std::vector<float>& p) override {
-        ZG_CHECK(int64_t(p.size()) == model_.num_parameters(), "parameters have the wrong size");
-        model_.set_params(p.data());
+        ZG_CHECK(int64_t(p.size()) == num_parameters(), "parameters have the wrong size");
+        if (vocab_.split())
+            model_.set_params(arena_.take_shard(p).data());
+        else
+            model_.set_params(p.data());
     }
-    std::vector<float> adam_m() const override { return full(*m_); }
-    std::vector<float> adam_v() const override { return full(*v_); }
+    std::vector<float> adam_m() const override { return whole(stored(*m_)); }
+    std::vector<float> adam_v() const override { return whole(stored(*v_)); }
     void set_adam(const std::vector<float>& m, const std::vector<float>& v,
                   int64_t steps) override {
-        const int64_t n = model_.num_parameters();
+        const int64_t n = num_parameters();
         ZG_CHECK(int64_t(m.size()) == n && int64_t(v.size()) == n,
                  "optimizer state has the wrong size");
-        m_->upload(std::vector<float>(m.begin() + lo_, m.begin() + hi_));
-        v_->upload(std::vector<float>(v.begin() + lo_, v.begin() + hi_));
+        const std::vector<float> ml = vocab_.split() ? arena_.take_shard(m) : m;
+        const std::vector<float> vl = vocab_.split() ? arena_.take_shard(v) : v;
+        m_->upload(std::vector<float>(ml.begin() + lo_, ml.begin() + hi_));
+        v_->upload(std::vector<float>(vl.begin() + lo_, vl.begin() + hi_));
         steps_ = steps;
     }
     int64_t adam_steps() const override { return steps_; }
-    // Sampling runs the CPU reference on a copy of the weights (rare, and no KV cache either way).
-    std::vector<int32_t> generate(const std::vector<int32_t>& prompt, const SampleOptions& so,
-                                  Rng& rng) override {
-        GPT<float> cpu(cfg_.model);
-        cpu.params = params();
-        return zgpt::generate(cpu, prompt, so, rng);
-    }
     double device_memory_bytes() const override {
         return double(model_.allocated_bytes()) + 2.0 * 4.0 * double(hi_ - lo_);  // + m, v
     }
@@ -210,13 +217,36 @@ class CudaBackend final : public Backend {
     std::vector<float> gather(const std::vector<float>& mine) const {
         return all_gather_slices(*zero_, mine.data(), model_.num_parameters());
     }
-    // A moment as the whole arena (collective under ZeRO-1).
-    std::vector<float> full(const DeviceFloats& d) const {
+    // A moment as this rank's stored arena (collective under ZeRO-1).
+    std::vector<float> stored(const DeviceFloats& d) const {
         const std::vector<float> mine = d.download();
         return zero_ ? gather(mine) : mine;
     }
+    // A whole-model arena from a stored one (collective over the vocab group when split).
+    std::vector<float> whole(const std::vector<float>& stored) const {
+        return vocab_.split() ? arena_.gather(*vocab_.group, stored.data()) : stored;
+    }
+    // The gradient spans summed over `comm`: on the device for a device communicator, else
+    // through host memory (local ranks sharing this GPU).
+    void all_reduce_spans(Communicator& comm, const std::vector<ArenaSlice>& spans) {
+        float* g = model_.grads_device();
+        if (comm.device_buffers()) {
+            give_stream(comm);
+            for (const ArenaSlice& s : spans) comm.all_reduce_sum(g + s.lo, s.hi - s.lo);
+            ZG_CUDA_CHECK(cudaDeviceSynchronize());
+            return;
+        }
+        for (const ArenaSlice& s : spans) {
+            std::vector<float> h(s.hi - s.lo);
+            to_host(h.data(), g + s.lo, h.size() * 4, model_.stream());
+            comm.all_reduce_sum(h.data(), int64_t(h.size()));
+            to_device(g + s.lo, h.data(), h.size() * 4, model_.stream());
+        }
+    }
 
     Config cfg_;
+    VocabParallel vocab_;
+    VocabShardedArena arena_;
     GptCuda model_;
     std::unique_ptr<DeviceFloats> m_, v_;
     int64_t lo_ = 0, hi_ = 0;       // this rank's slice of the arena (all of it without ZeRO-1)
@@ -258,8 +288,8 @@ VocabGroup cuda_vocab_group(Communicator& group, void* stream) {
     return g;
 }
 
-std::unique_ptr<Backend> make_cuda_backend(const Config& cfg) {
-    return std::make_unique<CudaBackend>(cfg);
+std::unique_ptr<Backend> make_cuda_backend(const Config& cfg, VocabParallel vocab) {
+    return std::make_unique<CudaBackend>(cfg, vocab);
 }
 
 }  // namespace zgpt

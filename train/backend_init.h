@@ -10,7 +10,8 @@ namespace zgpt {
 // The initial weights of a run: GPT-2 init from train.seed, then model.init_from if set.
 std::vector<float> initial_params(const Config& cfg);
 
-std::unique_ptr<Backend> make_cpu_backend(const Config& cfg);
-std::unique_ptr<Backend> make_cuda_backend(const Config& cfg);  // CUDA builds only
+std::unique_ptr<Backend> make_cpu_backend(const Config& cfg, VocabParallel vocab);
+// CUDA builds only
+std::unique_ptr<Backend> make_cuda_backend(const Config& cfg, VocabParallel vocab);
 
 }  // namespace zgpt

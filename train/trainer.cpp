@@ -16,6 +16,7 @@
 #include "data/tokenizer.h"
 #include "kernels/check.h"
 #include "kernels/global_norm.h"
+#include "model/gpt.h"
 #include "model/parameters.h"
 #include "model/sample.h"
 #include "train/backend.h"
@@ -184,8 +185,10 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
     ZG_CHECK(R % P == 0, "parallel.vocab_parallel=" + std::to_string(P) +
                              " must divide the number of ranks (" + std::to_string(R) + ")");
     ZG_CHECK(P <= cfg.model.vocab_size, "parallel.vocab_parallel exceeds the vocabulary");
-    // Vocab-parallel groups: P consecutive ranks each.
+    // Vocab-parallel groups: P consecutive ranks each; the peers: the ranks that hold the same
+    // shard of the vocabulary (rank p of every group).
     std::unique_ptr<Communicator> vocab_group = P > 1 ? world.split(rank / P, rank) : nullptr;
+    std::unique_ptr<Communicator> vocab_peers = P > 1 ? world.split(rank % P, rank) : nullptr;
     const int64_t B = cfg.train.batch_size;
     const int64_t T = cfg.train.seq_len > 0 ? cfg.train.seq_len : cfg.model.block_size;
     const int64_t max_steps = cfg.train.max_steps;
@@ -206,10 +209,14 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
     const std::string yaml = config_to_yaml(cfg);
     const std::string ckpt_dir = result.run_dir + "/checkpoints";
 
-    std::unique_ptr<Backend> backend = make_backend(device.device, cfg);
+    std::unique_ptr<Backend> backend =
+        make_backend(device.device, cfg, {vocab_group.get(), vocab_peers.get()});
     Backend& model = *backend;
-    model.set_vocab_group(vocab_group.get());
-    if (cfg.parallel.zero1 && R > 1) model.shard_optimizer(world);
+    // ZeRO-1 shares the optimizer state between ranks that store the same tensors: all of them,
+    // or with a split vocabulary the peers (each shard's rows are already 1/P of the head).
+    Communicator& zero_group = P > 1 ? *vocab_peers : world;
+    const bool zero1 = cfg.parallel.zero1 && zero_group.size() > 1;
+    if (zero1) model.shard_optimizer(zero_group);
     int64_t start_step = 0, tokens = 0;
     std::string resumed_from;
     const int64_t windows_per_batch = B * R;
@@ -273,17 +280,15 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
                        : "/provenance.json";
         nlohmann::json prov = provenance(device, command_line);
         prov["kernels"] = kernels_json(cfg, device);
-        prov["parallel"] = {{"ranks", R},
-                            {"communicator", world.name()},
-                            {"vocab_parallel", P},
-                            {"zero1", cfg.parallel.zero1 && R > 1}};
+        prov["parallel"] = {
+            {"ranks", R}, {"communicator", world.name()}, {"vocab_parallel", P}, {"zero1", zero1}};
         write_text_file(result.run_dir + prov_name, prov.dump(2) + "\n");
         metrics_file = std::make_unique<MetricsWriter>(result.run_dir + "/metrics.jsonl");
     }
     auto write_metrics = [&](const nlohmann::json& rec) {
         if (metrics_file) metrics_file->write(rec);
     };
-    // Collective: every rank calls it (the moments may be sharded); rank 0 writes.
+    // Collective: every rank calls it (the weights and moments may be split); rank 0 writes.
     auto checkpoint = [&](int64_t step) {
         CheckpointState st;
         st.step = step;
@@ -294,8 +299,8 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
         st.config_yaml = yaml;
         st.m = model.adam_m();
         st.v = model.adam_v();
-        if (!lead) return;
         st.params = model.params();
+        if (!lead) return;
         save_checkpoint(ckpt_dir, model.layout().table, st, cfg.train.keep_checkpoints);
     };
 
@@ -305,12 +310,18 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
         std::printf("model: %.3fM parameters (vocab %d padded to %lld); %s\n",
                     double(model.num_parameters()) / 1e6, cfg.model.vocab_size,
                     (long long)model.padded_vocab(), model.describe().c_str());
+        if (model.stored_parameters() != model.num_parameters())
+            std::printf("each rank stores %.3fM of them: 1/%d of the vocabulary's rows\n",
+                        double(model.stored_parameters()) / 1e6, P);
         if (R > 1)
             std::printf(
                 "ranks: %d (%s communicator), batch %lld per rank; vocab-parallel "
                 "groups of %d%s\n",
                 R, world.name().c_str(), (long long)B, P,
-                cfg.parallel.zero1 ? "; AdamW state sharded (ZeRO-1)" : "");
+                zero1 ? "; AdamW state sharded (ZeRO-1)"
+                : cfg.parallel.zero1
+                    ? "; parallel.zero1 has no effect: no two ranks hold the same vocabulary rows"
+                    : "");
         std::printf(
             "data: %lld train tokens in %zu shard(s), %lld batches of %lldx%lld per epoch\n",
             (long long)train_loader.num_tokens(), train_loader.num_shards(),
@@ -330,8 +341,12 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
         if (lead) progress.message(line);
     };
     // A sample from the current weights, seeded by the step (the training stream is untouched).
+    // Sampling runs the CPU reference on a copy of the whole model. Collective: the weights may
+    // be split across the ranks; rank 0 samples.
     std::unique_ptr<Tokenizer> tokenizer;
     auto print_sample = [&](int64_t step) {
+        std::vector<float> weights = model.params();
+        if (!lead) return;
         if (!tokenizer) {
             const auto dir = std::filesystem::path(cfg.data.train).parent_path();
             tokenizer =
@@ -344,7 +359,9 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
         so.stop_token = tokenizer->document_separator();
         Rng rng(uint64_t(cfg.train.seed) ^ uint64_t(step));
         const std::vector<uint32_t> p = tokenizer->default_prompt();
-        const auto out = model.generate(std::vector<int32_t>(p.begin(), p.end()), so, rng);
+        GPT<float> cpu(cfg.model);
+        cpu.params = std::move(weights);
+        const auto out = generate(cpu, std::vector<int32_t>(p.begin(), p.end()), so, rng);
         message("sample at step " + std::to_string(step) + ":\n" +
                 tokenizer->decode(std::vector<uint32_t>(out.begin(), out.end())));
     };
@@ -481,8 +498,7 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
         write_metrics(rec);
         if (last || (cfg.train.checkpoint_every > 0 && step % cfg.train.checkpoint_every == 0))
             checkpoint(step);
-        if (lead && cfg.train.sample_every > 0 && step % cfg.train.sample_every == 0)
-            print_sample(step);
+        if (cfg.train.sample_every > 0 && step % cfg.train.sample_every == 0) print_sample(step);
     }
     if (lead) progress.finish();
     std::signal(SIGINT, SIG_DFL);

@@ -54,8 +54,7 @@ CrossEntropySummary VocabParallelHead<T>::run(Communicator& group, const T* hidd
 
     // This shard's logits and statistics; one collective to exchange the statistics.
     logits_.resize(NA * sh.V_local);
-    cpu::matmul_forward(logits_.data(), h_all_.data(), W + sh.v0 * C, (const T*)nullptr, NA, C,
-                        sh.V_local);
+    cpu::matmul_forward(logits_.data(), h_all_.data(), W, (const T*)nullptr, NA, C, sh.V_local);
     stats_.resize(NA);
     cpu::ce_shard_stats(stats_.data(), logits_.data(), sh.V_local, y_all_.data(), NA, sh.V_local,
                         sh.v0, opts.ignore_index);
@@ -87,8 +86,8 @@ CrossEntropySummary VocabParallelHead<T>::run(Communicator& group, const T* hidd
     cpu::ce_shard_backward(logits_.data(), logits_.data(), sh.V_local, y_all_.data(), lse_.data(),
                            row_grad_.data(), NA, sh.V_local, sh.v0, V, opts);
     dh_all_.assign(NA * C, T(0));
-    cpu::matmul_backward(dh_all_.data(), dW + sh.v0 * C, (T*)nullptr, logits_.data(), h_all_.data(),
-                         W + sh.v0 * C, NA, C, sh.V_local);
+    cpu::matmul_backward(dh_all_.data(), dW, (T*)nullptr, logits_.data(), h_all_.data(), W, NA, C,
+                         sh.V_local);
     group.reduce_scatter_sum(dh_all_.data(), dhidden, N * C, comm_type<T>());
     return own;
 }

@@ -26,8 +26,9 @@ VocabShard vocab_shard(int64_t V, int parts, int index);
 template <typename T>
 class VocabParallelHead {
   public:
-    // hidden [N, C]: this rank's rows; W [>= V, C]: the LM head (only this rank's shard rows are
-    // read); dW: its gradient (only the shard's rows are added into). targets [N]. grad_output:
+    // hidden [N, C]: this rank's rows; W [V_local, C]: this rank's shard of the LM head (row i
+    // is the vocabulary's row v0 + i, vocab_shard(V, group size, group rank)); dW: its gradient
+    // (added into). targets [N]. grad_output:
     // a scalar, or per row (this rank's N) for reduction none. dhidden [N, C] is written (null:
     // loss only, no gradients). rows: this rank's per-row outputs (optional).
     // Returns this rank's rows' sums; with reduction mean the gradient and `loss` divide by the
