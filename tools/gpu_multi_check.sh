@@ -116,9 +116,18 @@ for part in $parts; do
     if [ -f .gpu-deps/llmc/train_gpt2.py ]; then
       for n in ${ANCHOR_COUNTS:-${counts[@]}}; do
         echo "== PyTorch DDP + compile + flash, $n GPUs"
-        timeout ${ANCHOR_TIMEOUT:-300} bash .gpu-deps/bench/e2e_anchor.sh .gpu-deps/llmc $n \
-          > "$out/anchor_$n.log" 2>&1
+        rm -f /tmp/e2e_anchor.log
+        # A run that has printed no step after ANCHOR_DUMP_S seconds gets SIGABRT: with
+        # PYTHONFAULTHANDLER each Python process (torchrun and its workers) then prints where
+        # every thread stands, into the anchor's log.
+        ( sleep ${ANCHOR_DUMP_S:-240}; grep -q "^step" /tmp/e2e_anchor.log 2>/dev/null ||
+            { echo "no step after ${ANCHOR_DUMP_S:-240} s: SIGABRT for tracebacks"; nvidia-smi;
+              pkill -ABRT -f train_gpt2.py; } ) > "$out/anchor_${n}_watch.log" 2>&1 &
+        watch=$!
+        PYTHONFAULTHANDLER=1 NCCL_DEBUG=WARN timeout ${ANCHOR_TIMEOUT:-300} \
+          bash .gpu-deps/bench/e2e_anchor.sh .gpu-deps/llmc $n > "$out/anchor_$n.log" 2>&1
         echo "exit $?"; tail -3 "$out/anchor_$n.log"
+        kill $watch 2>/dev/null
         cp /tmp/e2e_anchor.log "$out/anchor_${n}_full.log" 2>/dev/null
       done
     fi
