@@ -343,3 +343,118 @@ TEST_CASE(
     const auto ckpts = list_dir_names(f.run_dir("term") / "checkpoints");
     CHECK(ckpts.size() == 1);
 }
+
+// ---------------------------------------------------------------------------------------------
+// A run directory is never mixed with another run's, and a resume never destroys what it refuses.
+
+namespace {
+
+// Every file under dir with its bytes: to show that a refused command changed nothing.
+std::map<std::string, std::string> snapshot(const fs::path& dir) {
+    std::map<std::string, std::string> m;
+    for (const auto& e : fs::recursive_directory_iterator(dir))
+        if (e.is_regular_file()) {
+            std::ifstream f(e.path(), std::ios::binary);
+            m[e.path().string()] = std::string(std::istreambuf_iterator<char>(f), {});
+        }
+    return m;
+}
+
+}  // namespace
+
+TEST_CASE("a named run directory that holds a run is refused unless resuming; names stay inside") {
+    ResumeFixture f;
+    REQUIRE(run_command(f.start("taken", "--set train.max_steps=5")).code == 0);
+    const auto before = snapshot(f.run_dir("taken"));
+    CommandOutput again = run_command(f.start("taken", "--set train.max_steps=5"));
+    INFO(again.text);
+    CHECK(again.code != 0);
+    CHECK(again.text.find("already holds a run") != std::string::npos);
+    CHECK(again.text.find("train.resume=auto") != std::string::npos);
+    CHECK(snapshot(f.run_dir("taken")) == before);
+    // resume=auto continues it instead
+    CommandOutput cont =
+        run_command(f.start("taken", "--set train.max_steps=8 --set train.resume=auto"));
+    INFO(cont.text);
+    CHECK(cont.code == 0);
+    CHECK(losses(f.run_dir("taken") / "metrics.jsonl").size() == 8);
+    for (const char* bad : {"..", ".", "a/b", "../escape"}) {
+        CAPTURE(bad);
+        CommandOutput r = run_command(f.start(std::string("'") + bad + "'"));
+        CHECK(r.code != 0);
+        CHECK(r.text.find("one plain folder name") != std::string::npos);
+    }
+    CHECK_FALSE(fs::exists(f.dir / "escape"));
+}
+
+TEST_CASE("two unnamed runs started in the same second get two run directories") {
+    ResumeFixture f;
+    const std::string cmd = f.train + " -c " + (f.dir / "c.yaml").string() +
+                            " --set train.max_steps=2 --set train.eval_every=0";
+    const pid_t a = spawn(cmd, f.dir / "a.log"), b = spawn(cmd, f.dir / "b.log");
+    int sa = 0, sb = 0;
+    waitpid(a, &sa, 0);
+    waitpid(b, &sb, 0);
+    CHECK(WIFEXITED(sa));
+    CHECK(WEXITSTATUS(sa) == 0);
+    CHECK(WIFEXITED(sb));
+    CHECK(WEXITSTATUS(sb) == 0);
+    const auto names = list_dir_names(f.dir / "runs");
+    REQUIRE(names.size() == 2);
+    for (const std::string& n : names)
+        CHECK(losses(f.dir / "runs" / n / "metrics.jsonl").size() == 2);  // nobody's lines mixed
+}
+
+TEST_CASE("resume refusing every checkpoint (another model shape) stops and changes nothing") {
+    ResumeFixture f;
+    REQUIRE(run_command(f.start("shape", "--set train.max_steps=5")).code == 0);
+    const auto before = snapshot(f.run_dir("shape"));
+    CommandOutput r = run_command(
+        f.start("shape", "--set train.resume=auto --set model.n_embd=64 --set train.max_steps=10"));
+    INFO(r.text);
+    CHECK(r.code != 0);
+    CHECK(r.text.find("every checkpoint") != std::string::npos);
+    CHECK(r.text.find("nothing was changed") != std::string::npos);
+    const auto after = snapshot(f.run_dir("shape"));
+    for (const auto& [path, bytes] : before) {
+        CAPTURE(path);
+        if (path.find("provenance") != std::string::npos) continue;
+        CHECK(after.at(path) == bytes);
+    }
+}
+
+TEST_CASE("a run stopped before its first checkpoint starts again without duplicate metrics") {
+    ResumeFixture f;
+    REQUIRE(run_command(f.start("early", "--set train.max_steps=3")).code == 0);
+    fs::remove_all(f.run_dir("early") / "checkpoints");  // as if killed before the first one
+    CommandOutput r =
+        run_command(f.start("early", "--set train.resume=auto --set train.max_steps=3"));
+    INFO(r.text);
+    REQUIRE(r.code == 0);
+    const auto m = read_metrics(f.run_dir("early") / "metrics.jsonl");
+    std::map<int64_t, int> seen;
+    for (const json& j : m) seen[j["step"].get<int64_t>()]++;
+    for (const auto& [step, n] : seen) {
+        CAPTURE(step);
+        CHECK(n == 1);
+    }
+    CHECK(seen.size() == 4);  // step 0 (evaluation) and 1..3
+}
+
+#include "kernels/check.h"
+#include "train/run_dir.h"
+
+TEST_CASE("a write that fails (a full disk: /dev/full) leaves the previous file and no .tmp") {
+    const fs::path dir = fs::temp_directory_path() / "zgpt_test_full_disk";
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    const fs::path file = dir / "metrics.jsonl";
+    zgpt::write_text_file(file.string(), "old\n");
+    REQUIRE(fs::exists("/dev/full"));
+    fs::create_symlink("/dev/full", dir / "metrics.jsonl.tmp");  // the write lands on a full disk
+    CHECK_THROWS_WITH_AS(zgpt::write_text_file(file.string(), std::string(1 << 16, 'x')),
+                         doctest::Contains("the previous file is unchanged"), zgpt::Error);
+    std::ifstream f(file);
+    CHECK(std::string(std::istreambuf_iterator<char>(f), {}) == "old\n");
+    CHECK_FALSE(fs::exists(fs::symlink_status(dir / "metrics.jsonl.tmp")));
+}

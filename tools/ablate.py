@@ -21,6 +21,7 @@ import json
 import pathlib
 import re
 import statistics
+import shutil
 import subprocess
 import sys
 
@@ -157,6 +158,9 @@ def main():
     results = []
     for i, (name, c, tc, bc) in enumerate(plan):
         print(f"[{i + 1}/{len(plan)}] {name}: training {args.steps} steps", flush=True)
+        if (out / name).exists():  # this tool's own run of an earlier ablation: replaced
+            print(f"    replacing {out / name}")
+            shutil.rmtree(out / name)
         log = out / f"{name}.log"
         with open(log, "w") as f:
             rc = subprocess.run(tc, stdout=f, stderr=subprocess.STDOUT).returncode

@@ -47,6 +47,7 @@ common=(-c configs/gpt2-124m.yaml --set data.train=$data/train_*.bin --set data.
 run() {  # name, then extra arguments
   local name=$1; shift
   echo "== $name: train ${common[*]} --set train.run_name=$name $*"
+  rm -rf /tmp/zgpt_parallel_runs/$name
   build-gpu/train "${common[@]}" --set train.run_name=$name "$@" > "$out/train_$name.log" 2>&1
   echo "exit $?"; grep -E "^done|error" "$out/train_$name.log" | tail -3
 }

@@ -185,9 +185,11 @@ int main(int argc, char** argv) {
                     cmd = shell_quote(train_bin) + " --resume " + shell_quote(run.string());
                 } else {
                     state = "starting";
+                    // resume=auto: a run stopped before its first checkpoint starts again in
+                    // its folder (train refuses a folder that holds a run otherwise)
                     cmd = shell_quote(train_bin) + " -c " + shell_quote(base) + " --set " +
                           shell_quote("train.out_dir=" + out_dir.string()) + " --set " +
-                          shell_quote("train.run_name=" + name);
+                          shell_quote("train.run_name=" + name) + " --set train.resume=auto";
                 }
                 if (!cmd.empty())
                     for (const std::string& s : sets) cmd += " --set " + shell_quote(s);

@@ -4,9 +4,11 @@
 #include <unistd.h>
 
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -17,29 +19,74 @@ namespace zgpt {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// Whether dir holds what a run writes (its metrics or checkpoints).
+bool holds_a_run(const fs::path& dir) {
+    std::error_code ec;
+    if (fs::exists(dir / "metrics.jsonl", ec)) return true;
+    const fs::path ck = dir / "checkpoints";
+    return fs::is_directory(ck, ec) && !fs::is_empty(ck, ec);
+}
+
+}  // namespace
+
 std::string make_run_dir(const TrainConfig& t, const std::string& config_path) {
-    std::string name = t.run_name;
-    if (name.empty()) {
+    std::error_code ec;
+    fs::create_directories(t.out_dir, ec);
+    ZG_CHECK(!ec, "cannot create train.out_dir " + t.out_dir + ": " + ec.message());
+    if (t.run_name.empty()) {
         const std::time_t now = std::time(nullptr);
         char stamp[32];
         std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
-        name = fs::path(config_path).stem().string() + "-" + stamp;
+        const std::string base = fs::path(config_path).stem().string() + "-" + stamp;
+        // create_directory is atomic: of two runs started in the same second, one gets -2.
+        for (int k = 1; k < 1000; k++) {
+            const fs::path dir =
+                fs::path(t.out_dir) / (k == 1 ? base : base + "-" + std::to_string(k));
+            if (fs::create_directory(dir, ec)) return dir.string();
+            ZG_CHECK(!ec, "cannot create run directory " + dir.string() + ": " + ec.message());
+        }
+        throw Error("cannot find a free run directory name for " + base + " in " + t.out_dir);
     }
+    const std::string& name = t.run_name;
+    ZG_CHECK(name != "." && name != ".." && name.find('/') == std::string::npos,
+             "train.run_name \"" + name +
+                 "\" must be one plain folder name inside train.out_dir (no '/', not '.' or '..')");
     const fs::path dir = fs::path(t.out_dir) / name;
-    std::error_code ec;
+    ZG_CHECK(t.resume == "auto" || !holds_a_run(dir),
+             "run directory " + dir.string() +
+                 " already holds a run (metrics.jsonl or checkpoints); nothing was changed. Pick "
+                 "another train.run_name, or continue that run with train.resume=auto (or "
+                 "--resume " +
+                 dir.string() + ")");
     fs::create_directories(dir, ec);
     ZG_CHECK(!ec, "cannot create run directory " + dir.string() + ": " + ec.message());
+    ZG_CHECK(fs::is_directory(dir, ec), "run directory " + dir.string() + " is not a directory");
     return dir.string();
 }
 
 void write_text_file(const std::string& path, const std::string& text) {
     const std::string tmp = path + ".tmp";
-    {
-        std::ofstream f(tmp);
-        f << text;
-        ZG_CHECK(f.good(), "failed writing " + tmp);
+    std::FILE* f = std::fopen(tmp.c_str(), "wb");
+    ZG_CHECK(f, "cannot write " + tmp + ": " + std::strerror(errno));
+    const bool wrote = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+    const bool flushed = std::fflush(f) == 0;
+    const int err = errno;
+    const bool closed = std::fclose(f) == 0;
+    if (!wrote || !flushed || !closed) {
+        std::error_code ec;
+        fs::remove(tmp, ec);
+        throw Error("failed writing " + path + " (" + std::strerror(err ? err : errno) +
+                    "); the previous file is unchanged");
     }
-    fs::rename(tmp, path);
+    std::error_code ec;
+    fs::rename(tmp, path, ec);
+    if (ec) {
+        const std::string why = ec.message();
+        fs::remove(tmp, ec);
+        throw Error("cannot replace " + path + ": " + why);
+    }
 }
 
 static std::string run_command(const std::string& cmd) {

@@ -223,12 +223,15 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
     if (cfg.train.resume == "auto") {
         // Rank 0 reads the checkpoint and hands it to the others (no shared file system needed).
         CheckpointState st;
+        std::vector<std::string> refused;
         if (lead) {
-            std::vector<std::string> refused;
             resumed_from = latest_valid_checkpoint(ckpt_dir, model.layout().table, &refused, &st);
             for (const std::string& r : refused) std::printf("warning: %s\n", r.c_str());
         }
-        int64_t head[6] = {int64_t(!resumed_from.empty()),
+        // Checkpoints that are all refused (another model shape, corruption) are never replaced
+        // by a run from step 0: that would destroy what the user asked to continue.
+        const bool refused_all = resumed_from.empty() && !refused.empty();
+        int64_t head[6] = {refused_all ? -1 : int64_t(!resumed_from.empty()),
                            st.step,
                            st.tokens,
                            st.loader.epoch,
@@ -239,7 +242,17 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
             old_windows = load_config_text(st.config_yaml, resumed_from).train.batch_size;
         world.broadcast(head, 6, CommType::i64, 0);
         world.broadcast(&old_windows, 1, CommType::i64, 0);
-        if (head[0]) {
+        if (head[0] < 0) {
+            std::string why;
+            for (const std::string& r : refused) why += "\n  " + r;
+            throw Error("train.resume=auto: every checkpoint in " +
+                        (lead ? ckpt_dir : std::string("rank 0's run directory")) +
+                        " was refused, and starting from step 0 would overwrite them; nothing "
+                        "was changed. Resume with the config that wrote them, or start a new run "
+                        "(another train.run_name)" +
+                        why);
+        }
+        if (head[0] > 0) {
             const int64_t n = model.num_parameters();
             for (auto* v : {&st.params, &st.m, &st.v}) {
                 v->resize(n);
@@ -269,8 +282,11 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
             train_loader.set_position(pos);
             start_step = head[1];
             tokens = head[2];
-            if (lead) truncate_metrics(result.run_dir + "/metrics.jsonl", start_step);
         }
+        // The metrics after the checkpoint are done again; with no checkpoint (a run stopped
+        // before its first one), all of them.
+        if (lead)
+            truncate_metrics(result.run_dir + "/metrics.jsonl", head[0] > 0 ? start_step : -1);
     }
     std::unique_ptr<MetricsWriter> metrics_file;
     if (lead) {
