@@ -1,5 +1,7 @@
 #include <cuda_runtime.h>
 
+#include <string>
+
 #include "kernels/cuda_device.h"
 
 namespace zgpt::cuda {
@@ -9,14 +11,22 @@ DeviceInfo query_devices() {
     cudaDriverGetVersion(&d.driver_version);
     cudaRuntimeGetVersion(&d.runtime_version);
     const cudaError_t err = cudaGetDeviceCount(&d.count);
+    auto version = [](int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); };
     if (err != cudaSuccess) {
         d.count = 0;
-        d.error = cudaGetErrorString(err);
+        // Say what the user can act on: a machine without a driver has no GPU at all.
+        if (d.driver_version == 0)
+            d.error = "no GPU here (no NVIDIA driver is installed)";
+        else if (err == cudaErrorInsufficientDriver)
+            d.error = "the NVIDIA driver supports CUDA " + version(d.driver_version) +
+                      ", older than this build's CUDA " + version(d.runtime_version);
+        else
+            d.error = std::string("no usable GPU (") + cudaGetErrorString(err) + ")";
         cudaGetLastError();  // clear the sticky error
         return d;
     }
     if (d.count == 0) {
-        d.error = "no CUDA device";
+        d.error = "no GPU here (the NVIDIA driver sees no CUDA device)";
         return d;
     }
     cudaDeviceProp p{};

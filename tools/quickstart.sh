@@ -9,10 +9,19 @@ if ! command -v bible >/dev/null; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq bible-kjv >/dev/null
 fi
-bash tools/build.sh
+# With a GPU: the whole build (build/). Without one, the CUDA kernels would only cost minutes of
+# compiling: the CPU trainer alone goes into build-cpu/ and starts at once.
+if nvidia-smi -L 2>/dev/null | grep -q "^GPU"; then
+  bin=build
+  bash tools/build.sh
+else
+  bin=build-cpu
+  echo "no GPU here (nvidia-smi finds none): building the CPU trainer only, into $bin/"
+  BUILD_DIR=$bin BUILD_TARGETS="train prepare_data" bash tools/build.sh -DZGPT_CUDA=OFF
+fi
 mkdir -p data/shards
 if [ ! -f data/shards/kjv_char/tokenizer.json ]; then
   bible -f "Gen1:1-Rev22:21" > data/shards/kjv.txt
-  build/prepare_data --input data/shards/kjv.txt --out data/shards/kjv_char --tokenizer char
+  $bin/prepare_data --input data/shards/kjv.txt --out data/shards/kjv_char --tokenizer char
 fi
-exec build/train -c configs/kjv-char.yaml "$@"
+exec $bin/train -c configs/kjv-char.yaml "$@"

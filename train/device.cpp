@@ -16,10 +16,10 @@ DeviceChoice choose_device(const std::string& requested) {
     c.runtime = std::to_string(d.runtime_version);
     c.gpu_name = d.name;
     const bool has_gpu = d.count > 0;
-    const std::string gpu = has_gpu ? "CUDA device " + d.name : "no CUDA device (" + d.error + ")";
+    const std::string gpu = has_gpu ? "CUDA device " + d.name : d.error;
 #else
     const bool has_gpu = false;
-    const std::string gpu = "this build has no CUDA backend (nvcc was not found)";
+    const std::string gpu = "this build has no CUDA backend (configured without nvcc, or with -DZGPT_CUDA=OFF)";
 #endif
     if (requested == "cpu") {
         c.reason = "training on the CPU (train.device=cpu)";
