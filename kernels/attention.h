@@ -14,6 +14,14 @@ template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, int64_t B, int64_t Tn,
                         int64_t C, int64_t NH);
 
+// float (training) has its own vectorised layout of the same sums (attention.cpp).
+template <>
+void attention_forward<float>(float* out, float* att, const float* qkv, int64_t B, int64_t Tn,
+                              int64_t C, int64_t NH);
+template <>
+void attention_backward<float>(float* dqkv, const float* dout, const float* qkv, const float* att,
+                               int64_t B, int64_t Tn, int64_t C, int64_t NH);
+
 }  // namespace zgpt::cpu
 
 // CUDA causal attention (kernels/attention.cu; CUDA builds only), registered variants:

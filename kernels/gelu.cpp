@@ -1,5 +1,7 @@
 #include "kernels/gelu.h"
 
+#include "kernels/exp_vec.h"
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -35,23 +37,6 @@ void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) {
 }
 
 namespace {
-
-// exp for float in a form the compiler vectorises (std::tanh and std::exp are scalar libm calls,
-// about 11 ns an element: a third of the CPU step). x = k ln2 + r with |r| <= ln2 / 2; exp(r) by
-// its degree-6 Taylor polynomial (truncation 1.2e-7 relative); 2^k through the exponent bits.
-inline float exp_vec(float x) {
-    x = std::min(std::max(x, -87.0f), 88.0f);
-    const float k = std::floor(x * 1.44269504f + 0.5f);
-    const float r = (x - k * 0.693145751953125f) - k * 1.42860677e-06f;  // ln2 in two parts
-    float p = 1.0f / 720;
-    p = p * r + 1.0f / 120;
-    p = p * r + 1.0f / 24;
-    p = p * r + 1.0f / 6;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    return p * std::bit_cast<float>((int32_t(k) + 127) << 23);
-}
 
 // tanh(u) = 1 - 2 / (1 + e^{2u}): within about 1e-7 of tanh absolutely (relatively less near 0,
 // where GELU multiplies it by x / 2 anyway).
