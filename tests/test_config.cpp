@@ -76,6 +76,23 @@ TEST_CASE("each kind of error names the key path and the file:line") {
     CHECK(e.find("data.train: must name the training shards") != std::string::npos);
 }
 
+TEST_CASE("what YAML would accept silently is refused: duplicates, non-name keys, bad UTF-8") {
+    const std::string base = kBase;
+    std::string e = error_of(base + "model:\n  n_layer: 2\nmodel:\n  n_layer: 4\n");
+    CHECK(e.find(".yaml:5: 'model' appears twice (first at ") != std::string::npos);
+    e = error_of(base + "model:\n  n_layer: 2\n  n_layer: 4\n");
+    CHECK(e.find(".yaml:5: 'model.n_layer' appears twice") != std::string::npos);
+    e = error_of(base + "model:\n  [1, 2]: 3\n");
+    CHECK(e.find(".yaml:4: a key must be a plain name, got a list") != std::string::npos);
+    e = error_of(base + "train:\n  run_name: \"a\xff\"\n");
+    CHECK(e.find(".yaml:4: train.run_name: the value is not valid UTF-8") != std::string::npos);
+    e = error_of(base, {"train.run_name=b\xc3"});  // a cut-off two-byte sequence
+    CHECK(e.find("train.run_name: the value is not valid UTF-8") != std::string::npos);
+    // valid UTF-8 passes
+    CHECK(load_config(write_yaml("utf8", base + "train:\n  run_name: \"r\xc3\xa9sum\xc3\xa9\"\n"))
+              .train.run_name == "r\xc3\xa9sum\xc3\xa9");
+}
+
 TEST_CASE("--set overrides apply and their errors name the override") {
     const std::string p = write_yaml("set", std::string(kBase) + "optim:\n  lr: 1.0e-3\n");
     const Config c = load_config(

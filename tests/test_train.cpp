@@ -458,3 +458,17 @@ TEST_CASE("a write that fails (a full disk: /dev/full) leaves the previous file 
     CHECK(std::string(std::istreambuf_iterator<char>(f), {}) == "old\n");
     CHECK_FALSE(fs::exists(fs::symlink_status(dir / "metrics.jsonl.tmp")));
 }
+
+TEST_CASE("a data.train glob that matches nothing says so, naming the key") {
+    const std::string train = built_binary("ZGPT_TRAIN_BIN");
+    CommandOutput r =
+        run_command(train + " -c " + std::string(ZGPT_SOURCE_DIR) +
+                    "/configs/shakespeare-char-cpu.yaml --set "
+                    "data.train=/nonexistent/zgpt_nothing_*.bin --set train.out_dir=" +
+                    (fs::temp_directory_path() / "zgpt_test_noglob").string());
+    INFO(r.text);
+    CHECK(r.code != 0);
+    CHECK(r.text.find("data.train: no files match '/nonexistent/zgpt_nothing_*.bin'") !=
+          std::string::npos);
+    CHECK(r.text.find("tokenizer.json") == std::string::npos);  // not the misleading old message
+}

@@ -2,6 +2,8 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -202,6 +204,23 @@ std::string range_text(const ConfigField& f) {
     return s.str();
 }
 
+// The test that matters: what nlohmann-json (provenance, checkpoints) accepts as UTF-8.
+bool valid_utf8(const std::string& s) {
+    try {
+        (void)nlohmann::json(s).dump();
+        return true;
+    } catch (const nlohmann::json::type_error&) {
+        return false;
+    }
+}
+
+// A mapping's key as text, or an error naming where it is (a list or a map as a key).
+std::string key_text(const YAML::Node& k, const std::string& file) {
+    if (!k.IsScalar())
+        throw Error(where(file, k) + ": a key must be a plain name, got " + describe(k));
+    return k.Scalar();
+}
+
 // Sets one field from a YAML node; `ctx` is "file:line" or "--set ...".
 void set_field(const ConfigField& f, const YAML::Node& n, const std::string& ctx) {
     const std::string at = ctx + ": " + f.path() + ": ";
@@ -219,6 +238,9 @@ void set_field(const ConfigField& f, const YAML::Node& n, const std::string& ctx
                     return;
                 }
                 if (!n.IsScalar()) throw Error(at + "expected a string, got " + describe(n));
+                // Every string ends up in JSON (provenance, checkpoints), which takes UTF-8 only:
+                // refused here, not at the first checkpoint.
+                if (!valid_utf8(n.Scalar())) throw Error(at + "the value is not valid UTF-8");
                 if (!f.choices.empty()) {
                     bool ok = false;
                     std::string all;
@@ -312,8 +334,16 @@ Config config_from_yaml(const YAML::Node& root, const std::string& path,
     if (!root.IsNull() && !root.IsMap())
         throw Error(where(path, root) + ": the config must be a mapping of sections");
     if (root.IsMap()) {
+        std::map<std::string, std::string> seen;  // "section" / "section.key" -> where
+        auto once = [&](const std::string& name, const YAML::Node& at) {
+            const auto [it, fresh] = seen.emplace(name, where(path, at));
+            if (!fresh)
+                throw Error(where(path, at) + ": '" + name + "' appears twice (first at " +
+                            it->second + "); YAML would silently keep the last");
+        };
         for (const auto& sec : root) {
-            const std::string sname = sec.first.as<std::string>();
+            const std::string sname = key_text(sec.first, path);
+            once(sname, sec.first);
             if (known_keys(fields, sname).empty())
                 throw Error(where(path, sec.first) + ": unknown section '" + sname +
                             "' (known: " + known_keys(fields, "") + ")");
@@ -322,7 +352,8 @@ Config config_from_yaml(const YAML::Node& root, const std::string& path,
                 throw Error(where(path, sec.second) + ": " + sname +
                             ": expected a mapping of keys");
             for (const auto& kv : sec.second) {
-                const std::string key = kv.first.as<std::string>();
+                const std::string key = key_text(kv.first, path);
+                once(sname + "." + key, kv.first);
                 ConfigField* f = find_field(fields, sname, key);
                 if (!f)
                     throw Error(where(path, kv.first) + ": unknown key " + sname + "." + key +

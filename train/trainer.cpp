@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "data/loader.h"
+#include "data/shard.h"
 #include "data/tokenizer.h"
 #include "kernels/check.h"
 #include "kernels/global_norm.h"
@@ -112,6 +113,13 @@ void truncate_metrics(const std::string& path, int64_t step) {
 
 void resolve_vocab_size(Config& c) {
     if (c.model.vocab_size > 0) return;
+    // The shards first: a glob that matches nothing is the problem to report, not the tokenizer.
+    ZG_CHECK(!c.data.train.empty(), "data.train is not set (a glob of token shards)");
+    try {
+        glob_paths(c.data.train);
+    } catch (const Error& e) {
+        throw Error(std::string("data.train: ") + e.what());
+    }
     const auto dir = std::filesystem::path(c.data.train).parent_path();
     const std::string tok = (dir / "tokenizer.json").string();
     if (!std::filesystem::exists(tok))
