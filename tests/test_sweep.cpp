@@ -86,6 +86,27 @@ TEST_CASE("z-loss sweep on Tiny Shakespeare: sweep, skip, resume, plots, CSV") {
         CHECK(last_loss(dir / "runs2" / name) == last_loss(dir / "runs" / name));
     }
 
+    // values that differ only in a sign of the exponent are two runs; values that would make one
+    // folder name are refused before anything runs
+    std::ofstream(dir / "sweep_names.yaml") << "base: " << (dir / "base.yaml").string() << "\n"
+                                            << "out_dir: " << (dir / "runs_names").string() << "\n"
+                                            << "grid:\n  optim.weight_decay: [1.0e-1, 1.0e+1]\n";
+    CommandOutput dry = run_command(built_binary("ZGPT_SWEEP_BIN") + " " +
+                                    (dir / "sweep_names.yaml").string() + " --dry-run");
+    INFO(dry.text);
+    CHECK(dry.code == 0);
+    CHECK(dry.text.find("weight_decay=1.0e-1") != std::string::npos);
+    CHECK(dry.text.find("weight_decay=1.0e+1") != std::string::npos);
+    std::ofstream(dir / "sweep_clash.yaml") << "base: " << (dir / "base.yaml").string() << "\n"
+                                            << "out_dir: " << (dir / "runs_clash").string() << "\n"
+                                            << "grid:\n  data.val: [\"a b\", \"a-b\"]\n";
+    CommandOutput clash =
+        run_command(built_binary("ZGPT_SWEEP_BIN") + " " + (dir / "sweep_clash.yaml").string());
+    INFO(clash.text);
+    CHECK(clash.code != 0);
+    CHECK(clash.text.find("both make the run name 'val=a-b'") != std::string::npos);
+    CHECK_FALSE(fs::exists(dir / "runs_clash"));
+
     // --nproc 2: every run as 2 processes (CPU: the tcp communicator), each with its own data
     std::ofstream(dir / "sweep3.yaml") << "base: " << (dir / "base.yaml").string() << "\n"
                                        << "out_dir: " << (dir / "runs3").string() << "\n"

@@ -472,3 +472,20 @@ TEST_CASE("a data.train glob that matches nothing says so, naming the key") {
           std::string::npos);
     CHECK(r.text.find("tokenizer.json") == std::string::npos);  // not the misleading old message
 }
+
+TEST_CASE("sample refuses a negative token count, top-k or temperature, naming the option") {
+    const std::string sample = built_binary("ZGPT_SAMPLE_BIN");
+    const std::string run = fs::temp_directory_path().string();  // exists; holds no checkpoint
+    struct Bad {
+        const char* args;
+        const char* option;
+    };
+    for (const Bad b : {Bad{"-n -1", "--tokens"}, Bad{"-n 0", "--tokens"}, Bad{"-k -1", "--top-k"},
+                        Bad{"-t -0.5", "--temperature"}}) {
+        CAPTURE(b.args);
+        CommandOutput r = run_command(sample + " --run " + run + " " + b.args);
+        INFO(r.text);
+        CHECK(r.code != 0);
+        CHECK(r.text.find(std::string(b.option) + ": Value") != std::string::npos);
+    }
+}

@@ -26,9 +26,14 @@ int main(int argc, char** argv) {
         ->check(CLI::ExistingFile);
     app.add_option("--tokenizer", tokenizer_path, "tokenizer.json (default: beside data.train)");
     app.add_option("-p,--prompt", prompt, "text to continue (default: a newline / <|endoftext|>)");
-    app.add_option("-n,--tokens", o.max_new_tokens, "tokens to generate")->capture_default_str();
-    app.add_option("-t,--temperature", o.temperature, "0: greedy")->capture_default_str();
+    app.add_option("-n,--tokens", o.max_new_tokens, "tokens to generate")
+        ->check(CLI::Range(1, 1 << 24))
+        ->capture_default_str();
+    app.add_option("-t,--temperature", o.temperature, "0: greedy")
+        ->check(CLI::Range(0.0, 100.0))
+        ->capture_default_str();
     app.add_option("-k,--top-k", o.top_k, "sample among the k most likely (0: all; 1: greedy)")
+        ->check(CLI::Range(0, 1 << 30))
         ->capture_default_str();
     app.add_option("-s,--seed", seed, "seed of the sampler")->capture_default_str();
     app.add_option("--logits-out", logits_out,

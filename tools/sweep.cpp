@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -53,7 +54,8 @@ std::string run_name(const std::vector<std::pair<std::string, std::string>>& com
         n += (n.empty() ? "" : "_") + k.substr(k.find('.') + 1) + "=" + v;
     }
     for (char& c : n)
-        if (!(std::isalnum((unsigned char)c) || c == '=' || c == '.' || c == '_' || c == '-'))
+        if (!(std::isalnum((unsigned char)c) || c == '=' || c == '.' || c == '_' || c == '-' ||
+              c == '+'))  // '+' kept: 1.0e+1 and 1.0e-1 are different runs
             c = '-';
     return n.empty() ? "base" : n;
 }
@@ -131,6 +133,17 @@ int main(int argc, char** argv) {
                     next.push_back(d);
                 }
             combos.swap(next);
+        }
+        {  // two combinations with one folder name would share a run directory
+            std::map<std::string, size_t> names;
+            for (size_t i = 0; i < combos.size(); i++) {
+                const auto [it, fresh] = names.emplace(run_name(combos[i]), i);
+                if (!fresh)
+                    throw zgpt::Error(
+                        sweep_file + ": combinations " + std::to_string(it->second + 1) + " and " +
+                        std::to_string(i + 1) + " both make the run name '" + it->first +
+                        "'; make their values differ in letters or digits");
+            }
         }
         fs::create_directories(out_dir);
         nlohmann::json manifest{
