@@ -120,3 +120,35 @@ TEST_CASE("truncated, corrupt, other-version and other-shape checkpoints are ref
     std::ofstream(d / "ckpt_99.bin.tmp") << "half";
     CHECK(list_checkpoints(d.string()).size() == 2);
 }
+
+#include <sys/stat.h>
+
+TEST_CASE("out-of-range header fields, directories and FIFOs named like checkpoints are refused") {
+    const GptLayout g = make_gpt_layout(small());
+    const fs::path d = fresh_dir("hostile");
+    save_checkpoint(d.string(), g.table, state_for(g.table, 5), 10);  // the valid one
+    // checksum-valid files whose fields are out of range
+    CheckpointState neg = state_for(g.table, 6);
+    neg.tokens = -1;
+    save_checkpoint(d.string(), g.table, neg, 10);
+    CheckpointState huge = state_for(g.table, 7);
+    huge.loader.epoch = int64_t(1) << 60;
+    save_checkpoint(d.string(), g.table, huge, 10);
+    CHECK_THROWS_WITH_AS(load_checkpoint((d / "ckpt_6.bin").string(), g.table),
+                         doctest::Contains("header field tokens = -1 is out of range"), Error);
+    CHECK_THROWS_WITH_AS(load_checkpoint((d / "ckpt_7.bin").string(), g.table),
+                         doctest::Contains("header field loader.epoch"), Error);
+    // a directory and a FIFO with checkpoint names: refused at once (a FIFO would block a read)
+    fs::create_directories(d / "ckpt_8.bin");
+    REQUIRE(mkfifo((d / "ckpt_9.bin").c_str(), 0600) == 0);
+    std::vector<std::string> refused;
+    CheckpointState st;
+    const std::string got = latest_valid_checkpoint(d.string(), g.table, &refused, &st);
+    CHECK(fs::path(got).filename() == "ckpt_5.bin");
+    CHECK(st.step == 5);
+    REQUIRE(refused.size() == 4);
+    CHECK(refused[0].find("ckpt_9.bin refused: not a regular file") != std::string::npos);
+    CHECK(refused[1].find("ckpt_8.bin refused: not a regular file") != std::string::npos);
+    CHECK_THROWS_WITH_AS(read_checkpoint_header((d / "ckpt_9.bin").string()),
+                         doctest::Contains("not a regular file"), Error);
+}

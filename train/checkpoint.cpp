@@ -119,13 +119,19 @@ std::string save_checkpoint(const std::string& dir, const ParameterTable& table,
 }
 
 CheckpointState load_checkpoint(const std::string& path, const ParameterTable& table) {
+    auto fail = [&](const std::string& why) {
+        throw Error("checkpoint " + path + " refused: " + why);
+    };
+    // Before reading: a FIFO or a device would block or never end, and a file far larger than
+    // any checkpoint of this model (a sparse file, say) is not read whole to find that out.
+    std::error_code ec;
+    if (!fs::is_regular_file(path, ec)) fail("not a regular file");
+    const uint64_t most = 24 + (uint64_t(1) << 30) + 12 * uint64_t(table.total()) + 8;
+    if (fs::file_size(path, ec) > most || ec) fail("larger than any checkpoint of this model");
     std::ifstream f(path, std::ios::binary);
     ZG_CHECK(f.good(), "cannot read checkpoint " + path);
     std::vector<unsigned char> buf((std::istreambuf_iterator<char>(f)),
                                    std::istreambuf_iterator<char>());
-    auto fail = [&](const std::string& why) {
-        throw Error("checkpoint " + path + " refused: " + why);
-    };
     if (buf.size() < 32 || std::memcmp(buf.data(), kMagic, 8) != 0) fail("not a zgpt checkpoint");
     uint32_t version;
     uint64_t hlen;
@@ -160,13 +166,27 @@ CheckpointState load_checkpoint(const std::string& path, const ParameterTable& t
         }
     }
     CheckpointState s;
-    s.step = h.at("step");
-    s.tokens = h.at("tokens");
-    s.loader.epoch = h.at("loader").at("epoch");
-    s.loader.batch = h.at("loader").at("batch");
-    s.loader_windows_per_batch = h.at("loader").value("windows_per_batch", int64_t(0));
-    s.adam_steps = h.at("adam_steps");
-    s.config_yaml = h.at("config");
+    try {  // a field missing or of another type: refused like any other corruption
+        s.step = h.at("step").get<int64_t>();
+        s.tokens = h.at("tokens").get<int64_t>();
+        s.loader.epoch = h.at("loader").at("epoch").get<int64_t>();
+        s.loader.batch = h.at("loader").at("batch").get<int64_t>();
+        s.loader_windows_per_batch = h.at("loader").value("windows_per_batch", int64_t(0));
+        s.adam_steps = h.at("adam_steps").get<int64_t>();
+        s.config_yaml = h.at("config").get<std::string>();
+    } catch (const nlohmann::json::exception& e) {
+        fail(std::string("header field: ") + e.what());
+    }
+    const int64_t kHuge = int64_t(1) << 48;  // beyond any run; keeps the loader's products exact
+    for (const auto& [name, v] : {std::pair<const char*, int64_t>{"step", s.step},
+                                  {"tokens", s.tokens},
+                                  {"loader.epoch", s.loader.epoch},
+                                  {"loader.batch", s.loader.batch},
+                                  {"loader.windows_per_batch", s.loader_windows_per_batch},
+                                  {"adam_steps", s.adam_steps}})
+        if (v < 0 || v > kHuge)
+            fail(std::string("header field ") + name + " = " + std::to_string(v) +
+                 " is out of range");
     const unsigned char* body = buf.data() + 24 + hlen;
     for (auto* v : {&s.params, &s.m, &s.v}) {
         v->resize(n);
@@ -177,6 +197,8 @@ CheckpointState load_checkpoint(const std::string& path, const ParameterTable& t
 }
 
 CheckpointHeader read_checkpoint_header(const std::string& path) {
+    std::error_code ec;
+    ZG_CHECK(fs::is_regular_file(path, ec), "checkpoint " + path + " refused: not a regular file");
     std::ifstream f(path, std::ios::binary);
     ZG_CHECK(f.good(), "cannot read checkpoint " + path);
     char fixed[24] = {};
