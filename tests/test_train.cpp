@@ -489,3 +489,19 @@ TEST_CASE("sample refuses a negative token count, top-k or temperature, naming t
         CHECK(r.text.find(std::string(b.option) + ": Value") != std::string::npos);
     }
 }
+
+TEST_CASE("a config bigger than the machine's memory is refused before anything is allocated") {
+    const std::string train = built_binary("ZGPT_TRAIN_BIN");
+    const fs::path out = fs::temp_directory_path() / "zgpt_test_too_big";
+    fs::remove_all(out);
+    CommandOutput r =
+        run_command(train + " -c " + std::string(ZGPT_SOURCE_DIR) +
+                    "/configs/shakespeare-char-cpu.yaml --set model.n_embd=65536 --set "
+                    "model.n_head=1 --set model.vocab_size=1073741824 --set train.device=cpu "
+                    "--set data.train=/nonexistent/x_*.bin --set train.out_dir=" +
+                    out.string());
+    INFO(r.text);
+    CHECK(r.code != 0);
+    CHECK(r.text.find("GB of host memory") != std::string::npos);
+    CHECK_FALSE(fs::exists(out));  // no run directory either
+}

@@ -1,11 +1,18 @@
 #include "train/device.h"
 
+#include <unistd.h>
+
 #include "kernels/check.h"
 #ifdef ZGPT_HAVE_CUDA
 #include "kernels/cuda_device.h"
 #endif
 
 namespace zgpt {
+
+double host_memory_bytes() {
+    const long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && size > 0 ? double(pages) * double(size) : 0.0;
+}
 
 DeviceChoice choose_device(const std::string& requested) {
     DeviceChoice c;
@@ -19,7 +26,8 @@ DeviceChoice choose_device(const std::string& requested) {
     const std::string gpu = has_gpu ? "CUDA device " + d.name : d.error;
 #else
     const bool has_gpu = false;
-    const std::string gpu = "this build has no CUDA backend (configured without nvcc, or with -DZGPT_CUDA=OFF)";
+    const std::string gpu =
+        "this build has no CUDA backend (configured without nvcc, or with -DZGPT_CUDA=OFF)";
 #endif
     if (requested == "cpu") {
         c.reason = "training on the CPU (train.device=cpu)";

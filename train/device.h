@@ -10,6 +10,9 @@ struct DeviceChoice {
     std::string gpu_name, driver, runtime;  // provenance; empty when unknown
 };
 
+// Physical memory of this machine in bytes (0 when unknown).
+double host_memory_bytes();
+
 // auto: the GPU when this build has CUDA and a device is usable, else the CPU with a line that
 // says why. cuda: an error when no GPU can be used.
 DeviceChoice choose_device(const std::string& requested);
