@@ -10,12 +10,19 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace zgpt {
 
 enum class CommType { f32, f64, i64 };
 size_t comm_type_size(CommType t);
+// The CommType of a float or double buffer (the reference ops' two element types).
+template <typename T>
+constexpr CommType comm_type_of() {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>);
+    return std::is_same_v<T, float> ? CommType::f32 : CommType::f64;
+}
 // acc[i] += x[i] for n elements of type t: one more rank's term of a rank-order sum (the local and
 // tcp communicators add this way, so their results agree bit for bit).
 void comm_add(void* acc, const void* x, int64_t n, CommType t);

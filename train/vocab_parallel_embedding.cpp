@@ -1,18 +1,10 @@
 #include "train/vocab_parallel_embedding.h"
 
 #include <algorithm>
-#include <type_traits>
 
 #include "kernels/check.h"
 
 namespace zgpt {
-
-namespace {
-template <typename T>
-constexpr CommType comm_type() {
-    return std::is_same_v<T, float> ? CommType::f32 : CommType::f64;
-}
-}  // namespace
 
 template <typename T>
 void VocabParallelEmbedding<T>::forward(Communicator& group, const int32_t* tokens, int64_t N,
@@ -28,7 +20,7 @@ void VocabParallelEmbedding<T>::forward(Communicator& group, const int32_t* toke
         if (r >= 0 && r < shard.V_local)
             std::copy(table + r * C, table + (r + 1) * C, rows_all_.data() + i * C);
     }
-    group.reduce_scatter_sum(rows_all_.data(), rows, N * C, comm_type<T>());
+    group.reduce_scatter_sum(rows_all_.data(), rows, N * C, comm_type_of<T>());
 }
 
 template <typename T>
@@ -37,7 +29,7 @@ void VocabParallelEmbedding<T>::backward(Communicator& group, const T* drows, in
     const int64_t NA = int64_t(group.size()) * N;
     ZG_CHECK(int64_t(tokens_all_.size()) == NA, "VocabParallelEmbedding: backward before forward");
     rows_all_.resize(NA * C);
-    group.all_gather(drows, rows_all_.data(), N * C, comm_type<T>());
+    group.all_gather(drows, rows_all_.data(), N * C, comm_type_of<T>());
     // In the group's token order, serially: rows that share a token add in a fixed order.
     for (int64_t i = 0; i < NA; i++) {
         const int64_t r = tokens_all_[i] - shard.v0;

@@ -1,7 +1,6 @@
 #include "train/vocab_parallel_head.h"
 
 #include <algorithm>
-#include <type_traits>
 
 #include "kernels/check.h"
 #include "kernels/matmul.h"
@@ -19,13 +18,6 @@ VocabShard vocab_shard(int64_t V, int parts, int index) {
     return s;
 }
 
-namespace {
-template <typename T>
-constexpr CommType comm_type() {
-    return std::is_same_v<T, float> ? CommType::f32 : CommType::f64;
-}
-}  // namespace
-
 template <typename T>
 CrossEntropySummary VocabParallelHead<T>::run(Communicator& group, const T* hidden,
                                               const int32_t* targets, int64_t N, int64_t C,
@@ -41,7 +33,7 @@ CrossEntropySummary VocabParallelHead<T>::run(Communicator& group, const T* hidd
 
     // The group's rows, in rank order.
     h_all_.resize(NA * C);
-    group.all_gather(hidden, h_all_.data(), N * C, comm_type<T>());
+    group.all_gather(hidden, h_all_.data(), N * C, comm_type_of<T>());
     y64_.assign(targets, targets + N);  // the communicators move 32-bit floats or 64-bit values
     y64_all_.resize(NA);
     group.all_gather(y64_.data(), y64_all_.data(), N, CommType::i64);
@@ -88,7 +80,7 @@ CrossEntropySummary VocabParallelHead<T>::run(Communicator& group, const T* hidd
     dh_all_.assign(NA * C, T(0));
     cpu::matmul_backward(dh_all_.data(), dW, (T*)nullptr, logits_.data(), h_all_.data(), W, NA, C,
                          sh.V_local);
-    group.reduce_scatter_sum(dh_all_.data(), dhidden, N * C, comm_type<T>());
+    group.reduce_scatter_sum(dh_all_.data(), dhidden, N * C, comm_type_of<T>());
     return own;
 }
 
