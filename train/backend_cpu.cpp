@@ -99,11 +99,7 @@ class CpuBackend final : public Backend {
         if (zero_) model_.params = gather_zero(model_.params.data() + opt_->lo());
     }
     std::vector<float> params() const override { return whole(model_.params); }
-    void set_params(const std::vector<float>& p) override {
-        model_.params = vocab_.split() ? arena_.take_shard(p) : p;
-        ZG_CHECK(int64_t(model_.params.size()) == model_.num_parameters(),
-                 "parameters have the wrong size");
-    }
+    void set_params(const std::vector<float>& p) override { model_.params = arena_.take_shard(p); }
     std::vector<float> adam_m() const override {
         return whole(zero_ ? gather_zero(opt_->m().data()) : opt_->m());
     }
@@ -115,8 +111,7 @@ class CpuBackend final : public Backend {
         const int64_t n = num_parameters();
         ZG_CHECK(int64_t(m.size()) == n && int64_t(v.size()) == n,
                  "optimizer state has the wrong size");
-        const std::vector<float> ml = vocab_.split() ? arena_.take_shard(m) : m;
-        const std::vector<float> vl = vocab_.split() ? arena_.take_shard(v) : v;
+        const std::vector<float> ml = arena_.take_shard(m), vl = arena_.take_shard(v);
         opt_->m().assign(ml.begin() + opt_->lo(), ml.begin() + opt_->hi());
         opt_->v().assign(vl.begin() + opt_->lo(), vl.begin() + opt_->hi());
         opt_->set_steps_taken(steps);
@@ -134,7 +129,7 @@ class CpuBackend final : public Backend {
     }
     // A whole-model arena from a stored one (collective over the vocab group when split).
     std::vector<float> whole(const std::vector<float>& stored) const {
-        return vocab_.split() ? arena_.gather(*vocab_.group, stored.data()) : stored;
+        return arena_.gather(vocab_.group, stored.data());
     }
     // Up to the final LayerNorm, the token rows looked up across the group's shards of wte.
     void forward_split(const int32_t* inputs, int64_t B, int64_t T) {

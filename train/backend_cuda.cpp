@@ -170,11 +170,7 @@ class CudaBackend final : public Backend {
         return whole(p);
     }
     void set_params(const std::vector<float>& p) override {
-        ZG_CHECK(int64_t(p.size()) == num_parameters(), "parameters have the wrong size");
-        if (vocab_.split())
-            model_.set_params(arena_.take_shard(p).data());
-        else
-            model_.set_params(p.data());
+        model_.set_params(arena_.take_shard(p).data());  // it checks the size
     }
     std::vector<float> adam_m() const override { return whole(stored(*m_)); }
     std::vector<float> adam_v() const override { return whole(stored(*v_)); }
@@ -183,8 +179,7 @@ class CudaBackend final : public Backend {
         const int64_t n = num_parameters();
         ZG_CHECK(int64_t(m.size()) == n && int64_t(v.size()) == n,
                  "optimizer state has the wrong size");
-        const std::vector<float> ml = vocab_.split() ? arena_.take_shard(m) : m;
-        const std::vector<float> vl = vocab_.split() ? arena_.take_shard(v) : v;
+        const std::vector<float> ml = arena_.take_shard(m), vl = arena_.take_shard(v);
         m_->upload(std::vector<float>(ml.begin() + lo_, ml.begin() + hi_));
         v_->upload(std::vector<float>(vl.begin() + lo_, vl.begin() + hi_));
         steps_ = steps;
@@ -224,7 +219,7 @@ class CudaBackend final : public Backend {
     }
     // A whole-model arena from a stored one (collective over the vocab group when split).
     std::vector<float> whole(const std::vector<float>& stored) const {
-        return vocab_.split() ? arena_.gather(*vocab_.group, stored.data()) : stored;
+        return arena_.gather(vocab_.group, stored.data());
     }
     // The gradient spans summed over `comm`: on the device for a device communicator, else
     // through host memory (local ranks sharing this GPU).

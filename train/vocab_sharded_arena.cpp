@@ -62,12 +62,14 @@ void VocabShardedArena::put(const float* local, int p, bool replicated,
     }
 }
 
-std::vector<float> VocabShardedArena::gather(Communicator& group, const float* local) const {
-    ZG_CHECK(group.size() == parts_, "gather: the group has " + std::to_string(group.size()) +
-                                         " ranks, the arena " + std::to_string(parts_) + " parts");
+std::vector<float> VocabShardedArena::gather(Communicator* group, const float* local) const {
     const int64_t n = local_.table.total();
+    if (parts_ == 1) return std::vector<float>(local, local + n);  // the local arena is whole
+    ZG_CHECK(group && group->size() == parts_,
+             "gather: the arena has " + std::to_string(parts_) + " parts and the group " +
+                 std::to_string(group ? group->size() : 0) + " ranks");
     std::vector<float> all(size_t(n) * parts_);
-    group.all_gather(local, all.data(), n, CommType::f32);
+    group->all_gather(local, all.data(), n, CommType::f32);
     // the whole table's padding rows (past the vocabulary) stay zero; the replicated tensors are
     // the same on every rank
     std::vector<float> whole(whole_.table.total(), 0.0f);

@@ -29,14 +29,14 @@ class VocabShardedArena {
     const std::vector<ArenaSlice>& vocab_spans() const { return vocab_; }
     const std::vector<ArenaSlice>& replicated_spans() const { return replicated_; }
 
-    // This rank's local arena from a whole one (padding rows zero).
+    // This rank's local arena from a whole one (padding rows zero; with one part, a copy).
     std::vector<float> take_shard(const std::vector<float>& whole) const;
     // Copies the vocabulary rows of shard p from rank p's local arena into a whole one; with
     // `replicated`, also the other tensors.
     void put(const float* local, int p, bool replicated, std::vector<float>& whole) const;
     // The whole arena from each rank's local one (`local`: this rank's). Collective over the
-    // vocab-parallel group (its ranks, in shard order).
-    std::vector<float> gather(Communicator& group, const float* local) const;
+    // vocab-parallel group (its ranks, in shard order); with one part, a copy (group unused).
+    std::vector<float> gather(Communicator* group, const float* local) const;
 
   private:
     bool is_vocab_table(int idx) const;
