@@ -1,10 +1,10 @@
 #include "kernels/attention.h"
 
-#include "kernels/exp_vec.h"
-
 #include <algorithm>
 #include <cmath>
 #include <vector>
+
+#include "kernels/exp_vec.h"
 
 namespace zgpt::cpu {
 

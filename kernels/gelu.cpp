@@ -1,11 +1,8 @@
 #include "kernels/gelu.h"
 
-#include "kernels/exp_vec.h"
-
-#include <algorithm>
-#include <bit>
 #include <cmath>
-#include <cstdint>
+
+#include "kernels/exp_vec.h"
 
 namespace zgpt::cpu {
 

@@ -54,8 +54,9 @@ class Backend {
     virtual double grad_norm() = 0;
     virtual void optimizer_step(double lr, double grad_scale) = 0;
 
-    // Checkpoint state, as host fp32 arenas of the whole model in parameter-table order. With a
-    // split vocabulary or ZeRO-1 these getters are collective: every rank calls them.
+    // Checkpoint state, as host fp32 arenas of the whole model in parameter-table order.
+    // Collective (every rank calls them): params() with a split vocabulary; adam_m() and adam_v()
+    // with a split vocabulary or ZeRO-1.
     virtual std::vector<float> params() const = 0;
     virtual void set_params(const std::vector<float>& p) = 0;
     virtual std::vector<float> adam_m() const = 0;

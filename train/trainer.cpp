@@ -109,6 +109,28 @@ void truncate_metrics(const std::string& path, int64_t step) {
     write_text_file(path, kept);
 }
 
+// What the host must hold, refused before anything is allocated: an allocation past the machine's
+// memory is killed by the kernel, not reported. CPU: weights, gradients, AdamW moments and the
+// initial copy (20 bytes a parameter) plus the activations of a step; a GPU run's host keeps the
+// initial weights and a checkpoint's gathered state. `local` ranks (threads) share the machine.
+void check_host_memory(const Config& cfg, const std::string& device, int64_t B, int64_t T,
+                       int local) {
+    const double P = double(make_gpt_layout(cfg.model).table.total());
+    const double C = cfg.model.n_embd, L = cfg.model.n_layer, NH = cfg.model.n_head;
+    const double BT = double(B) * double(T), Vp = double(padded_vocab_size(cfg.model.vocab_size));
+    double bytes = 16.0 * P;
+    if (device == "cpu")
+        bytes = 20.0 * P + 4.0 * BT * (L * (16 * C + NH * double(T)) + 2 * Vp + 16 * C);
+    const double have = host_memory_bytes() / double(local);
+    char msg[256];
+    std::snprintf(msg, sizeof msg,
+                  "this config needs about %.1f GB of host memory (%.3gM parameters, batch %lld x "
+                  "%lld) and this machine has %.1f GB%s",
+                  bytes / 1e9, P / 1e6, (long long)B, (long long)T, have * local / 1e9,
+                  local > 1 ? " for all its local ranks" : "");
+    ZG_CHECK(have <= 0 || bytes <= 0.9 * have, msg);
+}
+
 }  // namespace
 
 void resolve_vocab_size(Config& c) {
@@ -201,26 +223,7 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
     const int64_t T = cfg.train.seq_len > 0 ? cfg.train.seq_len : cfg.model.block_size;
     const int64_t max_steps = cfg.train.max_steps;
 
-    {  // What the host must hold, refused before anything is allocated: an allocation past the
-       // machine's memory is killed by the kernel, not reported. CPU: weights, gradients, AdamW
-       // moments and the initial copy (20 bytes a parameter) plus the activations of a step; a GPU
-       // run's host keeps the initial weights and a checkpoint's gathered state.
-        const double P = double(make_gpt_layout(cfg.model).table.total());
-        const double C = cfg.model.n_embd, L = cfg.model.n_layer, NH = cfg.model.n_head;
-        const double BT = double(B) * double(T),
-                     Vp = double(padded_vocab_size(cfg.model.vocab_size));
-        double bytes = 16.0 * P;
-        if (device.device == "cpu")
-            bytes = 20.0 * P + 4.0 * BT * (L * (16 * C + NH * double(T)) + 2 * Vp + 16 * C);
-        const double have = host_memory_bytes() / double(local);  // ranks as threads share it
-        char msg[256];
-        std::snprintf(msg, sizeof msg,
-                      "this config needs about %.1f GB of host memory (%.3gM parameters, batch "
-                      "%lld x %lld) and this machine has %.1f GB%s",
-                      bytes / 1e9, P / 1e6, (long long)B, (long long)T, have * local / 1e9,
-                      local > 1 ? " for all its local ranks" : "");
-        ZG_CHECK(have <= 0 || bytes <= 0.9 * have, msg);
-    }
+    check_host_memory(cfg, device.device, B, T, local);
     const LoaderOptions lo = train_loader_options(cfg, rank, R);
     DataLoader train_loader(cfg.data.train, lo);
     std::unique_ptr<DataLoader> val_loader;
@@ -343,6 +346,7 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
         st.config_yaml = yaml;
         st.m = model.adam_m();
         st.v = model.adam_v();
+        if (!lead && P == 1) return;  // params() is collective only over a split vocabulary
         st.params = model.params();
         if (!lead) return;
         save_checkpoint(ckpt_dir, model.layout().table, st, cfg.train.keep_checkpoints);
@@ -389,6 +393,7 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
     // be split across the ranks; rank 0 samples.
     std::unique_ptr<Tokenizer> tokenizer;
     auto print_sample = [&](int64_t step) {
+        if (!lead && P == 1) return;  // params() is collective only over a split vocabulary
         std::vector<float> weights = model.params();
         if (!lead) return;
         if (!tokenizer) {
