@@ -3,18 +3,20 @@
 # GPUs"). Builds build-gpu, then by part:
 #   tests    ctest: test_multi_gpu (nccl across GPUs), test_parallel, test_launch
 #   scaling  NCCL all-reduce bandwidth (tools/nccl_bandwidth.cu); GPT-2 124M, B=64 per GPU, T=1024,
-#            bf16 on 1, 2, 4, 8 GPUs (as many as there are), ZeRO-1 on the most; PyTorch DDP +
-#            torch.compile + flash (llm.c's train_gpt2.py, ../shared/bench/e2e_anchor.sh) on the
-#            same counts (ANCHOR_COUNTS="1 2" to choose), in the same call
-#   vocab    V = 128256 and 256000: one GPU (grad_accum = GPUs, the same global batch), data
-#            parallel alone, and the head split over all GPUs (fast and fused_linear)
+#            bf16 on 1, 2, 4, 8 GPUs (as many as there are), ZeRO-1 on the most
+#   anchor   PyTorch DDP + torch.compile + flash (llm.c's train_gpt2.py,
+#            ../shared/bench/e2e_anchor.sh) on the same counts (ANCHOR_COUNTS="4 1" to choose);
+#            its compile takes minutes on several GPUs, so it is often a call of its own
+#   vocab    V = 128256 and 256000 (VOCABS): one GPU (grad_accum = GPUs, the same global batch),
+#            data parallel alone, and the head split over all GPUs; the same with fused_linear
+#            for FUSED_VOCABS (default 128256 256000; empty for none)
 # Writes logs and multi_gpu_<part>.json into the folder given. Needs .gpu-deps/llmc/train_gpt2.py
 # and .gpu-deps/bench/e2e_anchor.sh (with .gpu-deps/data/gpt2) for the anchor.
 #   source .gpu-deps/env.sh && PARTS="tests scaling" bash tools/gpu_multi_check.sh "$OUT"
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-/tmp/gpu_multi_check}}
-parts=${PARTS:-tests scaling vocab}
+parts=${PARTS:-tests scaling anchor vocab}
 steps=${STEPS:-40}
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -111,7 +113,7 @@ for part in $parts; do
     train_run zero1_$gpus $gpus --set parallel.zero1=true; names+=(zero1_$gpus)
     train_run dp1_again 1; names+=(dp1_again)
     summarise scaling "${names[@]}"
-    ;&  # and the anchor
+    ;;
   anchor)
     if [ -f .gpu-deps/llmc/train_gpt2.py ]; then
       for n in ${ANCHOR_COUNTS:-${counts[@]}}; do
@@ -140,12 +142,12 @@ for part in $parts; do
       train_run v${v}_vp $gpus --set model.vocab_size=$v --set parallel.vocab_parallel=$gpus
       names+=(v${v}_one v${v}_dp v${v}_vp)
     done
-    [ -n "${VOCAB_FUSED-1}" ] && train_run v128256_vp_fl $gpus --set model.vocab_size=128256 \
-      --set parallel.vocab_parallel=$gpus --set kernels.cross_entropy=fused_linear
-    if [ -n "${VOCAB_FUSED-1}" ]; then
-      train_run v128256_dp_fl $gpus --set model.vocab_size=128256 --set kernels.cross_entropy=fused_linear
-      names+=(v128256_vp_fl v128256_dp_fl)
-    fi
+    for v in ${FUSED_VOCABS-128256 256000}; do
+      train_run v${v}_vp_fl $gpus --set model.vocab_size=$v --set parallel.vocab_parallel=$gpus \
+        --set kernels.cross_entropy=fused_linear
+      train_run v${v}_dp_fl $gpus --set model.vocab_size=$v --set kernels.cross_entropy=fused_linear
+      names+=(v${v}_vp_fl v${v}_dp_fl)
+    done
     summarise vocab "${names[@]}"
     ;;
   esac
