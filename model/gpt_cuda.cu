@@ -146,6 +146,10 @@ struct GptCuda::Impl {
     // Vocab parallel: the group, and whether loss() already did the head's backward (dlnf, dW).
     VocabGroup vgroup;
     bool head_sharded_done = false;
+    // GptCuda::set_grad_ready_hook: the consumer stream, the hook, and the events it waits on.
+    cudaStream_t grad_consumer = nullptr;
+    std::function<void(int64_t, int64_t)> grad_ready;
+    cudaEvent_t ready_main_ev = nullptr, ready_side_ev = nullptr;
     DeviceBuffer vp_h, vp_y, vp_logits, vp_stats, vp_gathered, vp_params, vp_nvalid, vp_rows;
     DeviceBuffer vp_dh_all, vp_dh, vp_summary;
     std::map<const void*, cudaEvent_t> read_done;  // last weight-gradient read of each buffer
@@ -226,6 +230,8 @@ struct GptCuda::Impl {
         }
         ZG_CUDA_CHECK(cudaEventCreateWithFlags(&fork_ev, cudaEventDisableTiming));
         ZG_CUDA_CHECK(cudaEventCreateWithFlags(&join_ev, cudaEventDisableTiming));
+        ZG_CUDA_CHECK(cudaEventCreateWithFlags(&ready_main_ev, cudaEventDisableTiming));
+        ZG_CUDA_CHECK(cudaEventCreateWithFlags(&ready_side_ev, cudaEventDisableTiming));
         const size_t n = size_t(layout.table.total());
         params = DeviceBuffer(n * 4);
         grads = DeviceBuffer(n * 4);
@@ -242,6 +248,8 @@ struct GptCuda::Impl {
         for (auto& [buf, e] : read_done) cudaEventDestroy(e);
         if (fork_ev) cudaEventDestroy(fork_ev);
         if (join_ev) cudaEventDestroy(join_ev);
+        if (ready_main_ev) cudaEventDestroy(ready_main_ev);
+        if (ready_side_ev) cudaEventDestroy(ready_side_ev);
         for (cudaEvent_t e : chunk_ev) cudaEventDestroy(e);
         if (cestream) cudaStreamDestroy(cestream);
         if (wstream) cudaStreamDestroy(wstream);
@@ -915,6 +923,24 @@ struct GptCuda::Impl {
         return f;
     }
 
+    // Block l's gradients (block L - 1's with the final LayerNorm's) are enqueued: the consumer
+    // stream waits for both streams that wrote them, then the hook hears which elements.
+    void announce_block_grads(int64_t l) {
+        if (!grad_ready) return;
+        const ParameterTable& tb = layout.table;
+        const int64_t L = cfg.n_layer, lo = tb[layout.blocks[l].ln1_w].offset;
+        const ParamSpec& last = tb[layout.lnf_b >= 0 ? layout.lnf_b : layout.lnf_w];
+        const int64_t hi =
+            l + 1 < L ? tb[layout.blocks[l + 1].ln1_w].offset : last.offset + last.numel;
+        ZG_CUDA_CHECK(cudaEventRecord(ready_main_ev, stream));
+        ZG_CUDA_CHECK(cudaStreamWaitEvent(grad_consumer, ready_main_ev));
+        if (overlapping()) {
+            ZG_CUDA_CHECK(cudaEventRecord(ready_side_ev, wstream));
+            ZG_CUDA_CHECK(cudaStreamWaitEvent(grad_consumer, ready_side_ev));
+        }
+        grad_ready(lo, hi);
+    }
+
     void backward() {
         ZG_CHECK(grads_ready, "backward() needs forward() and loss(..., compute_grad=true) first");
         grads_ready = false;
@@ -988,6 +1014,7 @@ struct GptCuda::Impl {
                                      a.ln1_mean.as<float>(), a.ln1_rstd.as<float>(), BT, C,
                                      ln_scratch.get(), t, stream);
             tick("layernorm bwd");
+            announce_block_grads(l);
         }
         if (vgroup.size > 1) {
             // wpe from this rank's rows; wte: the group's row gradients, of the tokens this
@@ -1104,6 +1131,13 @@ void GptCuda::set_vocab_group(VocabGroup group) {
     impl_->vgroup = std::move(group);
     impl_->B = impl_->Tn = 0;  // buffers are sized again at the next forward
 }
+void GptCuda::set_grad_ready_hook(void* consumer_stream,
+                                  std::function<void(int64_t lo, int64_t hi)> hook) {
+    ZG_CHECK(!hook || consumer_stream, "set_grad_ready_hook: a hook needs a consumer stream");
+    impl_->grad_consumer = static_cast<cudaStream_t>(consumer_stream);
+    impl_->grad_ready = std::move(hook);
+}
+
 void* GptCuda::stream() const {
     return impl_->stream;
 }

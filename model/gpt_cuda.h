@@ -83,6 +83,15 @@ class GptCuda {
     // this shard's dW rows, and dh reduce-scattered back. Reduction sum only (the trainer's).
     // Set before the first forward(); the full [B T, V] logits are then never allocated.
     void set_vocab_group(VocabGroup group);
+    // For a gradient all-reduce overlapped with backward(): as each transformer block's backward
+    // is enqueued, `consumer_stream` (a cudaStream_t) is made to wait for the kernels that wrote
+    // its gradients, then hook(lo, hi) hears the arena elements [lo, hi) that are final for
+    // this pass (block L - 1's span includes the final LayerNorm). The blocks come from the last
+    // to the first, so the spans are contiguous, descending. wte, wpe and an untied lm_head are
+    // never announced: their gradients are final only when backward() returns. An empty hook
+    // turns it off.
+    void set_grad_ready_hook(void* consumer_stream,
+                             std::function<void(int64_t lo, int64_t hi)> hook);
     void* stream() const;  // the model's main stream (cudaStream_t)
     void zero_grad();
     double grad_norm();                                  // global L2 norm of the gradient arena

@@ -18,7 +18,9 @@
 //   fraction is printed) within 1e-5. (Seen on 2 H100s: at lr 1e-2, 2.4e-4 to 3.1e-3, the
 //   flipped-sign elements; at this file's 2e-3, 1.3e-5 to 1.5e-4, with 0.002-0.003% beyond 1e-5.)
 // - 2 NCCL ranks against 2 local ranks: a sum of two terms is the same in either order, and
-//   every other computation is the same per rank, so the runs must agree bit for bit.
+//   every other computation is the same per rank, so the runs must agree bit for bit. The same
+//   holds for the gradient all-reduce started in buckets during the backward pass against one
+//   all-reduce after it.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -190,6 +192,30 @@ TEST_CASE("2 GPUs through nccl equal 2 local ranks sharing one GPU, bit for bit"
         CHECK(nccl.val == local.val);
         CHECK(nccl.params == local.params);
     }
+}
+
+TEST_CASE("the gradient all-reduce started during the backward pass equals one after it") {
+    // Buckets of 0.01 MB: each block's gradients (0.8 MB) start their own sum as soon as the
+    // block's backward is queued; 1 MB: the two blocks merge into one bucket. 2 ranks: a sum of
+    // two terms is the same in any chunking, so bit for bit; 4 ranks: NCCL's order of the terms
+    // may follow the buckets' sizes, so within the bound of the file head.
+    for (const char* extra :
+         {"", " --set parallel.vocab_parallel=2", " --set parallel.zero1=true"}) {
+        CAPTURE(extra);
+        const Run after =
+            train_run("ov_after", 2, nproc(2) + extra + " --set parallel.grad_bucket_mb=0");
+        for (const char* mb : {"0.01", "1"}) {
+            CAPTURE(mb);
+            const Run during = train_run("ov_during", 2,
+                                         nproc(2) + extra + " --set parallel.grad_bucket_mb=" + mb);
+            CHECK(during.loss == after.loss);
+            CHECK(during.val == after.val);
+            CHECK(during.params == after.params);
+        }
+    }
+    if (kGpus >= 4)
+        check_close(train_run("ov_during4", 1, nproc(4) + " --set parallel.grad_bucket_mb=0.01"),
+                    train_run("ov_after4", 1, nproc(4) + " --set parallel.grad_bucket_mb=0"));
 }
 
 TEST_CASE("a checkpoint of 2 GPUs resumes on 1 GPU, and on 2 GPUs bit for bit") {

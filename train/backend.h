@@ -44,8 +44,13 @@ class Backend {
     virtual void zero_grad() = 0;
     // Data parallel: the gradient summed over the ranks of `comm` (the world; with a split
     // vocabulary, its rows over VocabParallel::peers). Returns the time of the collectives, in
-    // ms, after the backward pass has finished on the device.
+    // ms, after the backward pass has finished on the device: with overlap, only what the
+    // backward pass did not hide.
     virtual double all_reduce_grads(Communicator& comm) = 0;
+    // Called before the step's last train_micro_batch: its backward pass may start the sums of
+    // all_reduce_grads(comm) in buckets as the gradients become final (the GPU backend over
+    // nccl, parallel.grad_bucket_mb > 0); all_reduce_grads(comm) then completes them.
+    virtual void begin_grad_sync(Communicator& /*comm*/) {}
     // ZeRO-1: each rank of `comm` keeps the AdamW moments of one slice of its stored arena,
     // updates that slice and all-gathers the weights; `comm`'s ranks must store the same tensors
     // (with a split vocabulary: the peers). adam_m() / adam_v() then gather the whole state.

@@ -83,8 +83,9 @@ class CudaBackend final : public Backend {
         }
         set_params(initial_params(cfg));
     }
-    ~CudaBackend() override {  // communicators must not keep ordering work on our stream
+    ~CudaBackend() override {  // communicators must not keep ordering work on our streams
         for (Communicator* c : streamed_) c->set_stream(nullptr);
+        if (sync_stream_) cudaStreamDestroy(sync_stream_);
     }
     std::string name() const override { return "cuda"; }
     const GptLayout& layout() const override { return arena_.whole(); }
@@ -114,17 +115,45 @@ class CudaBackend final : public Backend {
         m_ = std::make_unique<DeviceFloats>(hi_ - lo_);
         v_ = std::make_unique<DeviceFloats>(hi_ - lo_);
     }
+    void begin_grad_sync(Communicator& comm) override {
+        const double mb = cfg_.parallel.grad_bucket_mb;
+        if (mb <= 0 || comm.size() < 2 || !comm.device_buffers()) return;
+        if (!sync_stream_)
+            ZG_CUDA_CHECK(cudaStreamCreateWithFlags(&sync_stream_, cudaStreamNonBlocking));
+        comm.set_stream(sync_stream_);
+        if (std::find(streamed_.begin(), streamed_.end(), &comm) == streamed_.end())
+            streamed_.push_back(&comm);
+        syncing_ = &comm;
+        bucket_ = started_ = {0, 0};
+        const int64_t bucket_elems = std::max<int64_t>(1, int64_t(mb * 1e6 / 4));
+        // The blocks arrive last to first, each span ending where the previous one began.
+        model_.set_grad_ready_hook(sync_stream_, [this, bucket_elems](int64_t lo, int64_t hi) {
+            bucket_ = bucket_.hi > bucket_.lo ? ArenaSlice{lo, bucket_.hi} : ArenaSlice{lo, hi};
+            if (bucket_.hi - bucket_.lo >= bucket_elems) start_bucket();
+        });
+    }
     double all_reduce_grads(Communicator& comm) override {
         ZG_CUDA_CHECK(cudaDeviceSynchronize());  // the backward pass is done on its streams
         const auto t0 = std::chrono::steady_clock::now();
         const int64_t n = model_.num_parameters();
-        if (!vocab_.split()) {
-            all_reduce_spans(comm, {{0, n}});
-        } else {  // the shards' rows over the peers, the rest over all ranks
-            all_reduce_spans(comm, arena_.replicated_spans());
-            if (vocab_.peers && vocab_.peers->size() > 1)
-                all_reduce_spans(*vocab_.peers, arena_.vocab_spans());
+        const std::vector<ArenaSlice> world_spans =
+            vocab_.split() ? arena_.replicated_spans() : std::vector<ArenaSlice>{{0, n}};
+        if (syncing_ == &comm) {  // the rest of the buckets' way, then what they did not cover
+            model_.set_grad_ready_hook(nullptr, {});
+            start_bucket();
+            for (const ArenaSlice& s : world_spans)
+                for (const ArenaSlice& part : outside(s, started_)) {
+                    bucket_ = part;
+                    start_bucket();
+                }
+            comm.wait();
+            syncing_ = nullptr;
+        } else {
+            all_reduce_spans(comm, world_spans);
         }
+        // with a split vocabulary, the shards' rows over the peers
+        if (vocab_.split() && vocab_.peers && vocab_.peers->size() > 1)
+            all_reduce_spans(*vocab_.peers, arena_.vocab_spans());
         return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
             .count();
     }
@@ -221,6 +250,24 @@ class CudaBackend final : public Backend {
     std::vector<float> whole(const std::vector<float>& stored) const {
         return arena_.gather(vocab_.group, stored.data());
     }
+    // Starts the sum of the pending bucket over the syncing communicator, on sync_stream_.
+    void start_bucket() {
+        if (bucket_.hi <= bucket_.lo) return;
+        syncing_->start_all_reduce_sum(model_.grads_device() + bucket_.lo, bucket_.hi - bucket_.lo,
+                                       CommType::f32);
+        started_ = started_.hi > started_.lo ? ArenaSlice{std::min(started_.lo, bucket_.lo),
+                                                          std::max(started_.hi, bucket_.hi)}
+                                             : bucket_;
+        bucket_ = {0, 0};
+    }
+    // The parts of span s outside the contiguous range done (at most two).
+    static std::vector<ArenaSlice> outside(ArenaSlice s, ArenaSlice done) {
+        if (done.hi <= done.lo || done.hi <= s.lo || done.lo >= s.hi) return {s};
+        std::vector<ArenaSlice> parts;
+        if (s.lo < done.lo) parts.push_back({s.lo, done.lo});
+        if (done.hi < s.hi) parts.push_back({done.hi, s.hi});
+        return parts;
+    }
     // The gradient spans summed over `comm`: on the device for a device communicator, else
     // through host memory (local ranks sharing this GPU).
     void all_reduce_spans(Communicator& comm, const std::vector<ArenaSlice>& spans) {
@@ -246,7 +293,12 @@ class CudaBackend final : public Backend {
     std::unique_ptr<DeviceFloats> m_, v_;
     int64_t lo_ = 0, hi_ = 0;       // this rank's slice of the arena (all of it without ZeRO-1)
     Communicator* zero_ = nullptr;  // ZeRO-1: the ranks that share the optimizer state
-    std::vector<Communicator*> streamed_;  // communicators given the model's stream
+    std::vector<Communicator*> streamed_;  // communicators given one of our streams
+    // The overlapped gradient all-reduce (begin_grad_sync): its stream, its communicator while a
+    // step's sums are in flight, the bucket being filled and the range started so far.
+    cudaStream_t sync_stream_ = nullptr;
+    Communicator* syncing_ = nullptr;
+    ArenaSlice bucket_, started_;
     int64_t steps_ = 0;
 };
 

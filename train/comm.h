@@ -40,6 +40,14 @@ class Communicator {
     virtual void all_gather(const void* send, void* recv, int64_t n, CommType t) = 0;
     // recv[0, n) = sum over ranks of their send[rank() * n, (rank() + 1) * n).
     virtual void reduce_scatter_sum(const void* send, void* recv, int64_t n, CommType t) = 0;
+    // The same sum, started and not waited for: a device communicator (nccl) enqueues it on its
+    // stream and returns, so the caller can go on queueing work; wait() completes every sum
+    // started since the last wait(). Host communicators sum at once. buf must stay untouched
+    // until wait() returns.
+    virtual void start_all_reduce_sum(void* buf, int64_t n, CommType t) {
+        all_reduce_sum(buf, n, t);
+    }
+    virtual void wait() {}
     // buf[0, n) of rank `root` copied to every rank.
     virtual void broadcast(void* buf, int64_t n, CommType t, int root) = 0;
     virtual void barrier() = 0;

@@ -85,6 +85,16 @@ class NcclComm final : public Communicator {
         unstage(s, buf, bytes);
     }
 
+    void start_all_reduce_sum(void* buf, int64_t n, CommType t) override {
+        if (is_host(buf)) return all_reduce_sum(buf, n, t);  // staged: no overlap to win
+        ZG_NCCL_CHECK(ncclAllReduce(buf, buf, size_t(n), nccl_type(t), ncclSum, comm_, stream_));
+        started_ = true;
+    }
+    void wait() override {
+        if (!started_) return;
+        started_ = false;
+        finish("all_reduce (started earlier)");
+    }
     void all_gather(const void* send, void* recv, int64_t n, CommType t) override {
         const size_t bytes = size_t(n) * comm_type_size(t);
         Staged s = stage(send, bytes, recv, bytes * size_t(size_));
@@ -213,6 +223,7 @@ class NcclComm final : public Communicator {
     int device_;
     double timeout_s_ = 0;  // 0: wait for collectives without a bound
     bool aborted_ = false;
+    bool started_ = false;  // sums started and not yet waited for (start_all_reduce_sum)
     int rank_ = 0, size_ = 1;
     cudaStream_t own_stream_ = nullptr, stream_ = nullptr;
     void* scratch_ = nullptr;

@@ -65,6 +65,9 @@ struct ParallelConfig {
     int local_ranks = 1;     // > 1: this many ranks as threads of one process (local communicator)
     int vocab_parallel = 1;  // ranks per vocab-parallel group of the loss head; 1: off
     bool zero1 = false;      // shard the AdamW moments across the ranks (ZeRO-1)
+    // Gradient all-reduce buckets of about this many MB, started during the backward pass as
+    // the blocks' gradients become final (GPU, nccl); 0: one all-reduce after the backward pass.
+    double grad_bucket_mb = 25;
     double timeout_s = 300;  // a peer that does not arrive within this stops every rank
 };
 

@@ -471,6 +471,8 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
         model.zero_grad();
         CrossEntropySummary sum;
         for (Batch& b : micro) {
+            // the last micro-batch's backward pass may start the gradient all-reduce
+            if (R > 1 && &b == &micro.back()) model.begin_grad_sync(world);
             const CrossEntropySummary s = model.train_micro_batch(b.inputs.data(), b.targets.data(),
                                                                   B, T, train_opts, grad_out);
             sum.sum_loss += s.sum_loss;
@@ -481,7 +483,7 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
             sum.n_valid += s.n_valid;
             sum.max_logit = std::max(sum.max_logit, s.max_logit);
         }
-        // The gradient all-reduce, after the backward pass (not overlapped: docs/parallel.md).
+        // The gradient all-reduce: what the backward pass did not already do (docs/parallel.md).
         const double comm_ms = R > 1 ? model.all_reduce_grads(world) : 0.0;
         {  // the step's sums over the ranks, and whether any rank was asked to stop
             double v[7] = {sum.sum_loss,   sum.sum_ce,          sum.sum_z_loss,     sum.sum_lse,
