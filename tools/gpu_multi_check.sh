@@ -7,6 +7,8 @@
 #   anchor   PyTorch DDP + torch.compile + flash (llm.c's train_gpt2.py,
 #            ../shared/bench/e2e_anchor.sh) on the same counts (ANCHOR_COUNTS="4 1" to choose);
 #            its compile takes minutes on several GPUs, so it is often a call of its own
+#   overlap  the gradient all-reduce in buckets during the backward pass (parallel.grad_bucket_mb
+#            = 25, the default) against one all-reduce after it (0), on 2 and all GPUs
 #   vocab    V = 128256 and 256000 (VOCABS): one GPU (grad_accum = GPUs, the same global batch),
 #            data parallel alone, and the head split over all GPUs; the same with fused_linear
 #            for FUSED_VOCABS (default 128256 256000; empty for none)
@@ -133,6 +135,16 @@ for part in $parts; do
         cp /tmp/e2e_anchor.log "$out/anchor_${n}_full.log" 2>/dev/null
       done
     fi
+    ;;
+  overlap)
+    names=(dp1); train_run dp1 1
+    for n in "${counts[@]:1}"; do
+      for mb in 0 25; do
+        train_run dp${n}_bucket$mb $n --set parallel.grad_bucket_mb=$mb; names+=(dp${n}_bucket$mb)
+      done
+    done
+    train_run zero1_${gpus}_bucket25 $gpus --set parallel.zero1=true; names+=(zero1_${gpus}_bucket25)
+    summarise overlap "${names[@]}"
     ;;
   vocab)
     names=()
