@@ -8,7 +8,8 @@
 #            ../shared/bench/e2e_anchor.sh) on the same counts (ANCHOR_COUNTS="4 1" to choose);
 #            its compile takes minutes on several GPUs, so it is often a call of its own
 #   overlap  the gradient all-reduce in buckets during the backward pass (parallel.grad_bucket_mb
-#            = 25, the default) against one all-reduce after it (0), on 2 and all GPUs
+#            = 25) against one all-reduce after it (0), on 2 and all GPUs; OVERLAP_COUNTS and
+#            OVERLAP_MB choose, OVERLAP_CTAS="2 4" adds runs with NCCL_MAX_CTAS capped
 #   vocab    V = 128256 and 256000 (VOCABS): one GPU (grad_accum = GPUs, the same global batch),
 #            data parallel alone, and the head split over all GPUs; the same with fused_linear
 #            for FUSED_VOCABS (default 128256 256000; empty for none)
@@ -137,13 +138,21 @@ for part in $parts; do
     fi
     ;;
   overlap)
-    names=(dp1); train_run dp1 1
-    for n in "${counts[@]:1}"; do
-      for mb in 0 25; do
+    names=()
+    [ -z "${OVERLAP_COUNTS:-}" ] && { train_run dp1 1; names+=(dp1); }
+    for n in ${OVERLAP_COUNTS:-${counts[@]:1}}; do
+      for mb in ${OVERLAP_MB:-0 25}; do
         train_run dp${n}_bucket$mb $n --set parallel.grad_bucket_mb=$mb; names+=(dp${n}_bucket$mb)
       done
     done
-    train_run zero1_${gpus}_bucket25 $gpus --set parallel.zero1=true; names+=(zero1_${gpus}_bucket25)
+    # NCCL's CTAs per collective capped (NCCL_MAX_CTAS): fewer SMs taken from the backward pass
+    for c in ${OVERLAP_CTAS:-}; do
+      export NCCL_MAX_CTAS=$c
+      train_run dp${gpus}_bucket25_ctas$c $gpus; names+=(dp${gpus}_bucket25_ctas$c)
+      unset NCCL_MAX_CTAS
+    done
+    [ -z "${OVERLAP_COUNTS:-}" ] &&
+      { train_run zero1_${gpus}_bucket25 $gpus --set parallel.zero1=true; names+=(zero1_${gpus}_bucket25); }
     summarise overlap "${names[@]}"
     ;;
   vocab)
