@@ -135,7 +135,8 @@ std::vector<ConfigField> config_fields(Config& c) {
     add({"parallel", "zero1", "shard the AdamW moments across the ranks (ZeRO-1)", &par.zero1});
     add({"parallel", "grad_bucket_mb",
          "gradient all-reduce buckets of about this many MB, started during the backward pass "
-         "(GPU, nccl); 0: one all-reduce after the backward pass",
+         "(GPU, nccl; pays on slow links, not on NVLink); 0: one all-reduce after the backward "
+         "pass",
          &par.grad_bucket_mb, 0, 1e6});
     add({"parallel", "timeout_s",
          "a rank that fails or a peer that never arrives stops all ranks within this many "

@@ -66,8 +66,10 @@ struct ParallelConfig {
     int vocab_parallel = 1;  // ranks per vocab-parallel group of the loss head; 1: off
     bool zero1 = false;      // shard the AdamW moments across the ranks (ZeRO-1)
     // Gradient all-reduce buckets of about this many MB, started during the backward pass as
-    // the blocks' gradients become final (GPU, nccl); 0: one all-reduce after the backward pass.
-    double grad_bucket_mb = 25;
+    // the blocks' gradients become final (GPU, nccl); 0: one all-reduce after the backward pass,
+    // the default because on NVLink the overlap slows the backward pass more than it hides
+    // (docs/parallel.md).
+    double grad_bucket_mb = 0;
     double timeout_s = 300;  // a peer that does not arrive within this stops every rank
 };
 
