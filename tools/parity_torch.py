@@ -110,6 +110,12 @@ def loss_sum(logits, y, lossc):
 
 def train_torch(run, arena, batches, device, dtype, steps):
     model = TorchGPT(run, arena, device)
+    if dtype == "jitter":  # bf16 from weights moved by 1e-6 relative: another, equally valid rounding
+        with torch.no_grad():
+            g = torch.Generator(device=device).manual_seed(1)
+            for p in model.P.values():
+                p.mul_(1 + 1e-6 * torch.randn(p.shape, generator=g, device=device))
+        dtype = "bf16"
     o, lossc, tr = run["optim"], run["loss"], run["train"]
     names = list(model.P)
     state = {n: (torch.zeros_like(model.P[n]), torch.zeros_like(model.P[n])) for n in names}
@@ -158,6 +164,9 @@ def main():
     ap.add_argument("--work", help="scratch folder (default: a temporary one)")
     ap.add_argument("--out", help="write the per-step losses and the gaps as JSON here")
     ap.add_argument("--tolerance", type=float, help="fail when a step's relative difference exceeds it")
+    ap.add_argument("--torch-variants", default="",
+                    help="comma-separated extra PyTorch runs that show its own spread: fp32, bf16, "
+                         "jitter (bf16 from weights moved by 1e-6 relative)")
     a = ap.parse_args()
     if a.device == "cuda" and not torch.cuda.is_available():
         print("skip: no CUDA device for PyTorch here")
@@ -191,8 +200,18 @@ def main():
 
     rel = [abs(x - y) / abs(y) for x, y in zip(ours, theirs)]
     w = min(100, a.steps)
-    means = [(sum(ours[i:i + w]) / w, sum(theirs[i:i + w]) / w) for i in range(0, a.steps - w + 1, w)]
+    window = lambda c: [sum(c[i:i + w]) / w for i in range(0, a.steps - w + 1, w)]
+    means = list(zip(window(ours), window(theirs)))
     max_gap = max(abs(x - y) for x, y in means)
+    gap = lambda c, d: max(abs(x - y) for x, y in zip(window(c), window(d)))
+    variants = {}
+    for v in filter(None, a.torch_variants.split(",")):
+        torch.manual_seed(0)
+        c = train_torch(runj, arena, batches, a.device, v, a.steps)
+        variants[v] = {"losses": c, "means": window(c), "max_gap_vs_pytorch": gap(c, theirs),
+                       "max_gap_vs_ours": gap(c, ours)}
+        print(f"PyTorch {v}: {w}-step means differ from PyTorch {tr['precision']} by at most "
+              f"{gap(c, theirs):.4f}, from ours by at most {gap(c, ours):.4f}")
     print(f"{'step':>6} {'ours':>12} {'pytorch':>12} {'rel diff':>10}")
     for i, (x, y, r) in enumerate(zip(ours, theirs, rel)):
         if a.steps <= 40 or i % max(1, a.steps // 40) == 0 or i == a.steps - 1:
@@ -203,7 +222,8 @@ def main():
         pathlib.Path(a.out).write_text(json.dumps({
             "config": a.config, "overrides": a.set, "device": a.device, "precision": tr["precision"],
             "steps": a.steps, "window": w, "max_gap": max_gap, "max_rel_diff": max(rel),
-            "means": means, "ours": ours, "pytorch": theirs, "torch_version": torch.__version__}, indent=1))
+            "means": means, "ours": ours, "pytorch": theirs, "pytorch_variants": variants,
+            "torch_version": torch.__version__}, indent=1))
     if a.tolerance is not None and max(rel) > a.tolerance:
         print(f"FAIL: a step differs by {max(rel):.2e} > {a.tolerance:g}")
         sys.exit(1)
