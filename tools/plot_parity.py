@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The loss curves of a parity run (tools/parity_torch.py --out X.json) in one figure: ours and
 PyTorch's per-step losses (thin) and their means over the tool's windows (thick), and below them
-the difference of the means.
+the difference of the means; PyTorch's extra runs (--torch-variants), where there are any, as
+their means and their differences from PyTorch's main run (dashed): its own spread.
 
     python3 tools/plot_parity.py X.json OUT.png [--title TEXT]
 """
@@ -36,8 +37,15 @@ def main():
     bottom.axhline(0, color="gray", lw=0.5)
     for lim in (-0.01, 0.01):
         bottom.axhline(lim, color="gray", lw=0.5, ls="--")
-    bottom.plot(centres, [m[0] - m[1] for m in d["means"]], "o-", color="black")
-    bottom.set_ylabel(f"ours - PyTorch\n({w}-step means)")
+    bottom.plot(centres, [m[0] - m[1] for m in d["means"]], "o-", color="black", label="ours")
+    for (name, v), colour in zip(d.get("pytorch_variants", {}).items(), ["tab:green", "tab:red", "tab:purple"]):
+        top.plot(centres, v["means"], "s--", color=colour, label=f"PyTorch {name}")
+        bottom.plot(centres, [a - m[1] for a, m in zip(v["means"], d["means"])], "s--", color=colour,
+                    label=f"PyTorch {name}")
+    if d.get("pytorch_variants"):
+        top.legend()
+        bottom.legend(fontsize=7)
+    bottom.set_ylabel(f"minus PyTorch\n({w}-step means)")
     bottom.set_xlabel("step")
     fig.tight_layout()
     fig.savefig(a.png, dpi=100)
