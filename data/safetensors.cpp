@@ -1,5 +1,7 @@
 #include "data/safetensors.h"
 
+#include <algorithm>
+
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -86,27 +88,51 @@ SafeTensors SafeTensors::load(const std::string& path) {
     } catch (const std::exception& e) {
         throw Error(path + ": header is not valid JSON: " + e.what());
     }
-    for (auto it = h.begin(); it != h.end(); ++it) {
-        if (it.key() == "__metadata__") {
-            st.metadata_ = it.value();
-            continue;
+    ZG_CHECK(h.is_object(), path + ": header is not a JSON object");
+    // A field missing or of the wrong type names the file and the tensor.
+    std::string key;
+    try {
+        for (auto it = h.begin(); it != h.end(); ++it) {
+            key = it.key();
+            if (key == "__metadata__") {
+                st.metadata_ = it.value();
+                continue;
+            }
+            const nlohmann::json& e = it.value();
+            ZG_CHECK(e.is_object(), "not an object");
+            TensorInfo t;
+            t.dtype = e.at("dtype").get<std::string>();
+            t.shape = e.at("shape").get<std::vector<int64_t>>();
+            const auto off = e.at("data_offsets").get<std::vector<uint64_t>>();
+            ZG_CHECK(off.size() == 2 && off[0] <= off[1] && off[1] <= st.data_.size(),
+                     "lies outside the file (truncated?)");
+            t.begin = off[0];
+            t.end = off[1];
+            const size_t eb = dtype_bytes(t.dtype);
+            ZG_CHECK(eb > 0, "has unknown dtype " + t.dtype);
+            // the element count, checked against the bytes before it can overflow
+            t.numel = 1;
+            for (int64_t d : t.shape) {
+                ZG_CHECK(d >= 0, "has a negative dimension");
+                ZG_CHECK(d == 0 || t.numel <= int64_t(st.data_.size() / eb) / d,
+                         "has a shape larger than the file");
+                t.numel *= d;
+            }
+            ZG_CHECK(t.end - t.begin == size_t(t.numel) * eb, "byte size does not match its shape");
+            st.tensors_[key] = t;
         }
-        TensorInfo t;
-        t.dtype = it.value().at("dtype").get<std::string>();
-        t.shape = it.value().at("shape").get<std::vector<int64_t>>();
-        const auto off = it.value().at("data_offsets").get<std::vector<uint64_t>>();
-        ZG_CHECK(off.size() == 2 && off[0] <= off[1] && off[1] <= st.data_.size(),
-                 path + ": tensor " + it.key() + " lies outside the file (truncated?)");
-        t.begin = off[0];
-        t.end = off[1];
-        t.numel = 1;
-        for (int64_t d : t.shape) t.numel *= d;
-        const size_t eb = dtype_bytes(t.dtype);
-        ZG_CHECK(eb > 0, path + ": tensor " + it.key() + " has unknown dtype " + t.dtype);
-        ZG_CHECK(t.end - t.begin == size_t(t.numel) * eb,
-                 path + ": tensor " + it.key() + " byte size does not match its shape");
-        st.tensors_[it.key()] = t;
+    } catch (const std::exception& e) {
+        throw Error(path + ": tensor " + key + ": " + e.what());
     }
+    // Tensors must not share bytes: a file where they do is not what any writer produces.
+    std::vector<std::pair<size_t, std::string>> spans;
+    for (const auto& [name, t] : st.tensors_)
+        if (t.end > t.begin) spans.push_back({t.begin, name});
+    std::sort(spans.begin(), spans.end());
+    for (size_t i = 1; i < spans.size(); i++)
+        ZG_CHECK(st.tensors_[spans[i - 1].second].end <= spans[i].first,
+                 path + ": tensors " + spans[i - 1].second + " and " + spans[i].second +
+                     " overlap in the file");
     return st;
 }
 

@@ -40,10 +40,14 @@ void write_shard(const std::string& path, const std::vector<uint32_t>& tokens) {
 }
 
 TokenShard::TokenShard(const std::string& path) : path_(path) {
-    const int fd = ::open(path.c_str(), O_RDONLY);
+    // O_NONBLOCK: opening a FIFO named like a shard must not wait for a writer
+    const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK);
     ZG_CHECK(fd >= 0, "cannot open token shard " + path + ": " + std::strerror(errno));
     struct stat st {};
-    ::fstat(fd, &st);
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        ::close(fd);
+        throw Error(path + ": not a token shard (not a regular file)");
+    }
     const size_t bytes = size_t(st.st_size);
     const size_t header_bytes = kShardHeaderInts * sizeof(int32_t);
     if (bytes < header_bytes) {

@@ -165,6 +165,7 @@ void Tokenizer::save(const std::string& path) const {
 }
 
 Tokenizer Tokenizer::load(const std::string& path) {
+    ZG_CHECK(!std::filesystem::is_directory(path), path + ": is a directory, not a tokenizer file");
     std::ifstream f(path);
     ZG_CHECK(f.good(), "cannot read tokenizer file " + path);
     nlohmann::json j;
@@ -173,22 +174,34 @@ Tokenizer Tokenizer::load(const std::string& path) {
     } catch (const std::exception& e) {
         throw Error(path + ": not valid JSON: " + e.what());
     }
-    Tokenizer t;
-    t.type_ = j.value("type", "");
-    if (t.type_ == "char") {
-        for (const auto& s : j.at("chars")) {
-            const auto cps = utf8_decode(s.get<std::string>());
-            ZG_CHECK(cps.size() == 1, path + ": each entry of chars must be one character");
-            t.chars_.push_back(cps[0]);
+    // Every other defect (a field missing or of the wrong type, a bad entry) names the file too.
+    try {
+        ZG_CHECK(j.is_object(), "not a JSON object");
+        ZG_CHECK(j.contains("type") && j["type"].is_string(), "needs \"type\": char, byte or gpt2");
+        Tokenizer t;
+        t.type_ = j["type"].get<std::string>();
+        if (t.type_ == "char") {
+            ZG_CHECK(j.contains("chars") && j["chars"].is_array(), "needs \"chars\": a list");
+            for (const auto& s : j["chars"]) {
+                ZG_CHECK(s.is_string(), "each entry of chars must be a string");
+                const auto cps = utf8_decode(s.get<std::string>());
+                ZG_CHECK(cps.size() == 1, "each entry of chars must be one character");
+                // sorted and distinct: a repeated character would give two ids one meaning
+                ZG_CHECK(t.chars_.empty() || t.chars_.back() < cps[0],
+                         "chars must be sorted, each character once");
+                t.chars_.push_back(cps[0]);
+            }
+            ZG_CHECK(!t.chars_.empty(), "chars is empty");
+            index_chars(t.chars_, t.id_of_char_);
+        } else if (t.type_ == "gpt2") {
+            return gpt2(std::filesystem::path(path).parent_path().string());
+        } else {
+            ZG_CHECK(t.type_ == "byte", "unknown tokenizer type '" + t.type_ + "'");
         }
-        ZG_CHECK(std::is_sorted(t.chars_.begin(), t.chars_.end()), path + ": chars must be sorted");
-        index_chars(t.chars_, t.id_of_char_);
-    } else if (t.type_ == "gpt2") {
-        return gpt2(std::filesystem::path(path).parent_path().string());
-    } else {
-        ZG_CHECK(t.type_ == "byte", path + ": unknown tokenizer type '" + t.type_ + "'");
+        return t;
+    } catch (const std::exception& e) {
+        throw Error(path + ": " + e.what());
     }
-    return t;
 }
 
 }  // namespace zgpt

@@ -1,5 +1,7 @@
 #include "model/hf_gpt2.h"
 
+#include <cmath>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -96,6 +98,9 @@ void import_hf_gpt2(GPT<T>& model, const std::string& path, const std::string& p
         ZG_CHECK(st.info(key).shape == want,
                  path + ": " + key + " has another shape than the model's");
         const std::vector<double> w = st.as_double(key);
+        for (size_t i = 0; i < w.size(); i++)
+            ZG_CHECK(std::isfinite(w[i]), path + ": " + key + " element " + std::to_string(i) +
+                                              " is not finite (" + std::to_string(w[i]) + ")");
         T* p = model.params.data() + s.offset;
         std::fill(p, p + s.numel, T(0));  // wte's padded rows stay zero
         if (is_conv1d(s.name)) {

@@ -20,6 +20,7 @@
 #include "kernels/cross_entropy.h"
 #include "kernels/cuda_device.h"
 #include "kernels/matmul.h"
+#include "train/cli.h"
 
 namespace {
 
@@ -110,6 +111,7 @@ std::string env_or_empty(const char* name) {
 
 int main(int argc, char** argv) {
     CLI::App app{"Time the registered CUDA cross-entropy variants against the memory floor."};
+    zgpt::report_cli_errors(app);
     std::string out, only, shapes_arg;
     int iters = 20;
     bool dweight_acc = false;

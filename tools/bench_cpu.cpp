@@ -20,6 +20,7 @@
 #include "kernels/rng.h"
 #include "model/gpt.h"
 #include "train/backend_init.h"
+#include "train/cli.h"
 #include "train/config.h"
 #include "train/optimizer.h"
 #include "train/trainer.h"
@@ -28,6 +29,7 @@ using namespace zgpt;
 
 int main(int argc, char** argv) {
     CLI::App app{"time CPU training steps on random tokens, op by op"};
+    zgpt::report_cli_errors(app);
     std::string config_path, out;
     std::vector<std::string> overrides;
     int steps = 20, from = 5;

@@ -20,6 +20,7 @@
 #include "kernels/global_norm.h"
 #include "model/gpt_cuda.h"
 #include "train/backend_init.h"
+#include "train/cli.h"
 #include "train/config.h"
 #include "train/device.h"
 #include "train/trainer.h"
@@ -28,6 +29,7 @@ using namespace zgpt;
 
 int main(int argc, char** argv) {
     CLI::App app{"time CUDA training steps on random tokens"};
+    zgpt::report_cli_errors(app);
     std::string config_path, out;
     std::vector<std::string> overrides;
     int steps = 40, from = 10;

@@ -8,9 +8,11 @@
 #include "kernels/check.h"
 #include "model/hf_gpt2.h"
 #include "train/checkpoint.h"
+#include "train/cli.h"
 
 int main(int argc, char** argv) {
     CLI::App app{"Export a checkpoint as a Hugging Face GPT-2 model (safetensors + config.json)."};
+    zgpt::report_cli_errors(app);
     std::string run_dir, checkpoint, out;
     app.add_option("--run", run_dir, "run directory: its newest valid checkpoint")
         ->check(CLI::ExistingDirectory);

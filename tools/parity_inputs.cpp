@@ -15,6 +15,7 @@
 #include "kernels/check.h"
 #include "model/parameters.h"
 #include "train/backend_init.h"
+#include "train/cli.h"
 #include "train/config.h"
 #include "train/trainer.h"
 
@@ -30,6 +31,7 @@ void write_raw(const std::string& path, const void* p, size_t bytes) {
 
 int main(int argc, char** argv) {
     CLI::App app{"Dump a run's initial weights and first batches for the PyTorch parity check."};
+    zgpt::report_cli_errors(app);
     std::string config_path, out;
     std::vector<std::string> overrides;
     int64_t steps = 20;

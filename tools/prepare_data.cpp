@@ -13,6 +13,7 @@
 #include "data/shard.h"
 #include "data/tokenizer.h"
 #include "kernels/check.h"
+#include "train/cli.h"
 
 namespace fs = std::filesystem;
 
@@ -34,6 +35,7 @@ void write_split(const std::vector<uint32_t>& ids, size_t begin, size_t end, con
 
 int main(int argc, char** argv) {
     CLI::App app{"Turn a text file into train/val token shards (llm.c .bin layout)."};
+    zgpt::report_cli_errors(app);
     std::vector<std::string> inputs;
     std::string out, tokenizer = "char", gpt2_dir;
     double val_fraction = 0.1;
@@ -71,6 +73,17 @@ int main(int argc, char** argv) {
             bytes += texts.back().size();
         }
         ZG_CHECK(tokenizer != "gpt2" || !gpt2_dir.empty(), "--tokenizer gpt2 needs --gpt2-dir");
+        // text that a tokenizer cannot read is reported with its file
+        auto in_file = [&](size_t i, const auto& fn) {
+            try {
+                return fn();
+            } catch (const std::exception& e) {
+                throw zgpt::Error(inputs[i] + ": " + e.what());
+            }
+        };
+        if (tokenizer == "char")
+            for (size_t i = 0; i < texts.size(); i++)
+                in_file(i, [&] { return zgpt::Tokenizer::char_level_from_text(texts[i]); });
         zgpt::Tokenizer tok = tokenizer == "byte"   ? zgpt::Tokenizer::byte_level()
                               : tokenizer == "gpt2" ? zgpt::Tokenizer::gpt2(gpt2_dir)
                                                     : zgpt::Tokenizer::char_level_from_text([&] {
@@ -79,9 +92,9 @@ int main(int argc, char** argv) {
                                                           return all;
                                                       }());
         std::vector<uint32_t> ids;
-        for (const std::string& text : texts) {
+        for (size_t i = 0; i < texts.size(); i++) {
             if (tok.document_separator() >= 0) ids.push_back(uint32_t(tok.document_separator()));
-            const std::vector<uint32_t> doc = tok.encode(text);
+            const std::vector<uint32_t> doc = in_file(i, [&] { return tok.encode(texts[i]); });
             ids.insert(ids.end(), doc.begin(), doc.end());
         }
         const size_t n_val = size_t(double(ids.size()) * val_fraction);

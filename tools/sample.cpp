@@ -13,10 +13,12 @@
 #include "kernels/check.h"
 #include "model/sample.h"
 #include "train/checkpoint.h"
+#include "train/cli.h"
 #include "train/config.h"
 
 int main(int argc, char** argv) {
     CLI::App app{"Generate text from a trained checkpoint."};
+    zgpt::report_cli_errors(app);
     std::string run_dir, checkpoint, tokenizer_path, prompt, logits_out;
     zgpt::SampleOptions o;
     uint64_t seed = 1337;
@@ -51,6 +53,10 @@ int main(int argc, char** argv) {
             tokenizer_path =
                 (std::filesystem::path(cfg.data.train).parent_path() / "tokenizer.json").string();
         const zgpt::Tokenizer tok = zgpt::Tokenizer::load(tokenizer_path);
+        ZG_CHECK(tok.vocab_size() == cfg.model.vocab_size,
+                 tokenizer_path + ": " + std::to_string(tok.vocab_size()) +
+                     " tokens, but the model has vocab_size " +
+                     std::to_string(cfg.model.vocab_size) + ": not the model's tokenizer");
         const std::vector<uint32_t> p = prompt.empty() ? tok.default_prompt() : tok.encode(prompt);
         if (!logits_out.empty()) {
             std::vector<int32_t> ids(p.begin(), p.end());

@@ -31,6 +31,7 @@
 
 #include "kernels/check.h"
 #include "train/checkpoint.h"
+#include "train/cli.h"
 
 namespace fs = std::filesystem;
 
@@ -75,6 +76,7 @@ bool finished(const fs::path& run) {
 
 int main(int argc, char** argv) {
     CLI::App app{"Train every combination of a grid of config overrides (sweep YAML)."};
+    zgpt::report_cli_errors(app);
     std::string sweep_file, train_bin;
     bool dry = false;
     app.add_option("sweep", sweep_file, "sweep YAML (base, out_dir, grid, set)")
@@ -100,6 +102,7 @@ int main(int argc, char** argv) {
         } catch (const YAML::Exception& e) {
             throw zgpt::Error(sweep_file + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);
         }
+        ZG_CHECK(root.IsMap(), sweep_file + ": must be a map with base, out_dir, grid and set");
         for (const auto& kv : root) {
             const std::string k = kv.first.as<std::string>();
             ZG_CHECK(k == "base" || k == "out_dir" || k == "grid" || k == "set",
@@ -110,8 +113,16 @@ int main(int argc, char** argv) {
         const std::string base = root["base"].as<std::string>();
         const fs::path out_dir = root["out_dir"].as<std::string>();
         std::vector<std::string> fixed;
-        if (root["set"])
+        auto line = [&](const char* key) {
+            return sweep_file + ":" + std::to_string(root[key].Mark().line + 1) + ": ";
+        };
+        if (root["set"]) {
+            ZG_CHECK(root["set"].IsSequence(),
+                     line("set") + "set must be a list of key=value overrides");
             for (const auto& s : root["set"]) fixed.push_back(s.as<std::string>());
+        }
+        ZG_CHECK(!root["grid"] || root["grid"].IsMap(),
+                 line("grid") + "grid must be a map of key: [values]");
         std::vector<Axis> axes;
         if (root["grid"])
             for (const auto& kv : root["grid"]) {
@@ -236,7 +247,11 @@ int main(int argc, char** argv) {
                     (out_dir / "sweep.json").string().c_str());
         return failures ? 1 : 0;
     } catch (const std::exception& e) {
-        std::fprintf(stderr, "error: %s\n", e.what());
+        // every refusal names the sweep file (a config's or a run's error names its own too)
+        const std::string what = e.what();
+        std::fprintf(stderr, "error: %s%s\n",
+                     what.find(sweep_file) == std::string::npos ? (sweep_file + ": ").c_str() : "",
+                     what.c_str());
         return 1;
     }
 }

@@ -9,9 +9,11 @@
 
 #include "data/bpe_trainer.h"
 #include "kernels/check.h"
+#include "train/cli.h"
 
 int main(int argc, char** argv) {
     CLI::App app{"Train a byte-level BPE vocabulary (GPT-2 format: encoder.json + vocab.bpe)."};
+    zgpt::report_cli_errors(app);
     std::vector<std::string> inputs;
     std::string out;
     int64_t vocab_size = 8192;

@@ -302,6 +302,11 @@ void check_cross(const Config& c, const Origins& origins) {
     if (c.optim.min_lr > c.optim.lr) throw Error(at("optim.min_lr") + "must not exceed optim.lr");
     if (c.data.train.empty())
         throw Error(at("data.train") + "must name the training shards (a glob of .bin files)");
+    const std::string& rn = c.train.run_name;  // a run directory must stay inside out_dir
+    if (rn == "." || rn == ".." || rn.find('/') != std::string::npos)
+        throw Error(at("train.run_name") + "\"" + rn +
+                    "\" must be one plain folder name inside train.out_dir (no '/', not '.' or "
+                    "'..')");
     if (c.kernels.cross_entropy == "fused_linear" && c.train.precision == "fp32")
         throw Error(at("kernels.cross_entropy") +
                     "fused_linear runs in bf16 only; set train.precision=bf16 or another head");
@@ -391,15 +396,18 @@ Config config_from_yaml(const YAML::Node& root, const std::string& path,
 }  // namespace
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
-    YAML::Node root;
+    std::vector<YAML::Node> docs;
     try {
-        root = YAML::LoadFile(path);
+        docs = YAML::LoadAllFromFile(path);
     } catch (const YAML::BadFile&) {
         throw Error("cannot read config file " + path);
     } catch (const YAML::Exception& e) {
         throw Error(path + ":" + std::to_string(e.mark.line + 1) + ": YAML syntax error: " + e.msg);
     }
-    return config_from_yaml(root, path, overrides);
+    // A second document would be ignored by a plain load: say so instead.
+    ZG_CHECK(docs.size() <= 1, path + ": " + std::to_string(docs.size()) +
+                                   " YAML documents (separated by ---); a config is one");
+    return config_from_yaml(docs.empty() ? YAML::Node() : docs[0], path, overrides);
 }
 
 Config load_config_text(const std::string& yaml, const std::string& origin) {

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "kernels/check.h"
+#include "train/cli.h"
 #include "train/config.h"
 #include "train/device.h"
 #include "train/launch.h"
@@ -14,6 +15,7 @@
 
 int main(int argc, char** argv) {
     CLI::App app{"Train a small GPT from a YAML config (CPU reference backend)."};
+    zgpt::report_cli_errors(app);
     std::string config_path, resume_dir;
     std::vector<std::string> overrides;
     bool print_config = false;

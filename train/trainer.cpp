@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -225,14 +226,24 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
 
     check_host_memory(cfg, device.device, B, T, local);
     const LoaderOptions lo = train_loader_options(cfg, rank, R);
-    DataLoader train_loader(cfg.data.train, lo);
+    // a shard's error names the key that chose it
+    auto open_loader = [&](const char* key, const std::string& glob, const LoaderOptions& o) {
+        try {
+            return std::make_unique<DataLoader>(glob, o);
+        } catch (const Error& e) {
+            throw Error((config_path.empty() ? "" : config_path + ": ") + key + ": " + e.what());
+        }
+    };
+    const std::unique_ptr<DataLoader> train_loader_ptr =
+        open_loader("data.train", cfg.data.train, lo);
+    DataLoader& train_loader = *train_loader_ptr;
     std::unique_ptr<DataLoader> val_loader;
     if (!cfg.data.val.empty()) {
         LoaderOptions vo = lo;
         vo.shuffle = true;  // a fixed random sample of the validation set, the same at every eval
         vo.sampling = Sampling::epochs;
         vo.seed = 0x5EEDull;
-        val_loader = std::make_unique<DataLoader>(cfg.data.val, vo);
+        val_loader = open_loader("data.val", cfg.data.val, vo);
     }
 
     TrainResult result;
@@ -451,6 +462,10 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
         std::sscanf(f, "%ld:%ld", &fail_rank, &fail_step);
     if (const char* f = std::getenv("ZGPT_TEST_HANG_RANK_AT_STEP"))
         std::sscanf(f, "%ld:%ld", &hang_rank, &hang_step);
+    // ... and weights turned to NaN at a given step, as a diverging run's would be.
+    int64_t poison_step = -1;
+    if (const char* f = std::getenv("ZGPT_TEST_POISON_WEIGHTS_AT_STEP"))
+        std::sscanf(f, "%ld", &poison_step);
     bool stop_all = false;  // a stop request seen by any rank, agreed by all
     for (int64_t step = start_step + 1; step <= max_steps && !stop_all; step++) {
         const auto t0 = Clock::now();
@@ -458,6 +473,9 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
             throw Error("test failure injected at step " + std::to_string(step));
         if (hang_rank == rank && hang_step == step)
             for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+        if (poison_step == step)
+            model.set_params(std::vector<float>(model.num_parameters(),
+                                                std::numeric_limits<float>::quiet_NaN()));
         const double lr = learning_rate(cfg.optim, step - 1, max_steps);
         // Normalise once by the valid tokens of the whole step on all ranks, not per micro-batch
         // or per rank (x1/n1 + x2/n2 is not (x1 + x2)/(n1 + n2)).
