@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "kernels/check.h"
 #include "model/parameters.h"
@@ -151,4 +152,28 @@ TEST_CASE("out-of-range header fields, directories and FIFOs named like checkpoi
     CHECK(refused[1].find("ckpt_8.bin refused: not a regular file") != std::string::npos);
     CHECK_THROWS_WITH_AS(read_checkpoint_header((d / "ckpt_9.bin").string()),
                          doctest::Contains("not a regular file"), Error);
+}
+
+TEST_CASE("a checkpoint with a non-finite weight or moment is refused, and resume falls back") {
+    const GptLayout g = make_gpt_layout(small());
+    const fs::path d = fresh_dir("nonfinite");
+    save_checkpoint(d.string(), g.table, state_for(g.table, 5), 10);  // the valid one
+    // checksum-valid files: the trainer never writes one (it stops before), so it is damage
+    CheckpointState nan_weight = state_for(g.table, 6);
+    nan_weight.params[3] = std::numeric_limits<float>::quiet_NaN();
+    save_checkpoint(d.string(), g.table, nan_weight, 10);
+    CheckpointState inf_moment = state_for(g.table, 7);
+    inf_moment.v.back() = std::numeric_limits<float>::infinity();
+    save_checkpoint(d.string(), g.table, inf_moment, 10);
+    CHECK_THROWS_WITH_AS(load_checkpoint((d / "ckpt_6.bin").string(), g.table),
+                         doctest::Contains("weight 3 is not finite"), Error);
+    const std::string last_v = "AdamW v " + std::to_string(g.table.total() - 1) + " is not finite";
+    CHECK_THROWS_WITH_AS(load_checkpoint((d / "ckpt_7.bin").string(), g.table),
+                         doctest::Contains(last_v.c_str()), Error);
+    std::vector<std::string> refused;
+    CheckpointState st;
+    const std::string got = latest_valid_checkpoint(d.string(), g.table, &refused, &st);
+    CHECK(fs::path(got).filename() == "ckpt_5.bin");
+    CHECK(st.step == 5);
+    CHECK(refused.size() == 2);
 }
