@@ -6,14 +6,18 @@
 # NANOGPT_DIR holds nanoGPT's train.py, model.py, configurator.py and
 # config/train_shakespeare_char.py (the search tool's fetch of karpathy/nanoGPT, then
 # `git --git-dir=... archive HEAD ... | tar -x -C NANOGPT_DIR`). PYTHON must have torch and numpy.
-# STEPS (default 200), ROUNDS (default 2) and THREADS (default 2) may be set.
+# STEPS (default 200), ROUNDS (default 2) and THREADS (default 2) may be set. The quickstart's model
+# (configs/kjv-char.yaml: the same shape without biases, on the King James Bible):
+#   TEXT=data/shards/kjv.txt CONFIG=configs/kjv-char.yaml NANO_EXTRA=--bias=False bash tools/cpu_vs_nanogpt.sh ...
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 nano=$(cd "$1" && pwd)
 out=${2:-$here/cpu_vs_nanogpt.json}
 py=${3:-python3}
 steps=${STEPS:-200} rounds=${ROUNDS:-2} threads=${THREADS:-2}
-text=$here/../shared/data/tinyshakespeare/input.txt
+text=$(realpath "${TEXT:-$here/../shared/data/tinyshakespeare/input.txt}")
+config=$(realpath "${CONFIG:-$here/configs/shakespeare-char-cpu.yaml}")
+nano_extra=${NANO_EXTRA:-}
 work=$(mktemp -d /tmp/zgpt_cpu_vs_nanogpt.XXXX)
 # nanoGPT's char-level data (its prepare.py downloads; this writes the same files from the text)
 mkdir -p "$nano/data/shakespeare_char"
@@ -30,15 +34,16 @@ for r in $(seq 1 "$rounds"); do
   (cd "$nano" && OMP_NUM_THREADS=$threads "$py" train.py config/train_shakespeare_char.py --device=cpu \
      --compile=False --eval_iters=20 --log_interval=1 --block_size=64 --batch_size=12 --n_layer=4 \
      --n_head=4 --n_embd=128 --max_iters=$steps --lr_decay_iters=2000 --dropout=0.0 \
-     --eval_interval=100000 --out_dir="$work/nano_out") > "$work/nano_$r.log" 2>&1
-  OMP_NUM_THREADS=$threads "$here/build/train" -c "$here/configs/shakespeare-char-cpu.yaml" \
+     --eval_interval=100000 --out_dir="$work/nano_out" $nano_extra) > "$work/nano_$r.log" 2>&1
+  OMP_NUM_THREADS=$threads "$here/build/train" -c "$config" \
     --set data.train="$work/shards/train_*.bin" --set data.val= --set train.max_steps=$steps \
     --set train.threads=$threads --set train.out_dir="$work/runs" --set train.run_name=ours_$r \
     > "$work/ours_$r.log" 2>&1
 done
-"$py" - "$work" "$rounds" "$steps" "$threads" "$out" "$(git -C "$here" rev-parse --short HEAD)" <<'EOF'
+"$py" - "$work" "$rounds" "$steps" "$threads" "$out" "$(git -C "$here" rev-parse --short HEAD)" \
+  "$(basename "$text") with $(basename "$config")${nano_extra:+ (nanoGPT $nano_extra)}" <<'EOF'
 import json, re, statistics, sys, platform, datetime
-work, rounds, steps, threads, out, commit = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
+work, rounds, steps, threads, out, commit, recipe = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6], sys.argv[7]
 T = 12 * 64
 nano, ours = [], []
 for r in range(1, rounds + 1):
@@ -50,7 +55,7 @@ for r in range(1, rounds + 1):
     nano.append(statistics.median(ms))
     rows = [json.loads(l) for l in open(f"{work}/runs/ours_{r}/metrics.jsonl") if '"step_ms"' in l]
     ours.append(statistics.median(x["step_ms"] for x in rows if x["step"] >= 20))
-res = {"what": "nanoGPT's CPU recipe for Tiny Shakespeare, nanoGPT against our trainer, alternated",
+res = {"what": "nanoGPT's CPU recipe shape (4 layers, 4 heads, 128 channels, context 64, batch 12), nanoGPT against our trainer, alternated: " + recipe,
        "date": datetime.date.today().isoformat(), "commit": commit, "machine": platform.processor() or platform.machine(),
        "threads": threads, "steps": steps, "rounds": rounds,
        "command": f"bash tools/cpu_vs_nanogpt.sh NANOGPT_DIR OUT PYTHON (STEPS={steps} ROUNDS={rounds} THREADS={threads})",
