@@ -148,11 +148,13 @@ for part in $parts; do
     # NCCL's CTAs per collective capped (NCCL_MAX_CTAS): fewer SMs taken from the backward pass
     for c in ${OVERLAP_CTAS:-}; do
       export NCCL_MAX_CTAS=$c
-      train_run dp${gpus}_bucket25_ctas$c $gpus; names+=(dp${gpus}_bucket25_ctas$c)
+      train_run dp${gpus}_bucket25_ctas$c $gpus --set parallel.grad_bucket_mb=25
+      names+=(dp${gpus}_bucket25_ctas$c)
       unset NCCL_MAX_CTAS
     done
     [ -z "${OVERLAP_COUNTS:-}" ] &&
-      { train_run zero1_${gpus}_bucket25 $gpus --set parallel.zero1=true; names+=(zero1_${gpus}_bucket25); }
+      { train_run zero1_${gpus}_bucket25 $gpus --set parallel.zero1=true --set parallel.grad_bucket_mb=25
+        names+=(zero1_${gpus}_bucket25); }
     summarise overlap "${names[@]}"
     ;;
   vocab)
