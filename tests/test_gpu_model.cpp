@@ -9,7 +9,7 @@
 //   GPU read the same values; the GPU computes in fp32 and rounds each output once: half a bf16
 //   ulp is 2^-9 relative, so 2^-8 relative plus 2^-8 of the largest magnitude (cancellation).
 // - Whole-model bf16 losses: each layer stores ~10 bf16 activations, each rounding 2^-9; over a
-//   few layers their independent errors add to ~1e-2 relative: the 2e-2 holds with
+//   few layers their independent errors add to ~1e-2 relative: the 2e-2 bound holds with
 //   margin and is not widened.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a GPU machine, after tools/gpu_check.sh has built build-gpu, the loss head's experiments:
 # 1. `fast`'s kernels (two or three warp groups per CTA, buffers copied whole or in parts),
-#    alternating, two runs each, on the issue's two shapes and the trainer's, then each one traced
+#    alternating, two runs each, on the benchmark's two shapes and the trainer's, then each one traced
 #    (ZGPT_CE_FAST_TRACE: where a row's time goes); EXTRA_FAST_SETTINGS adds settings
 #    (comma-separated knobs, e.g. ZGPT_CE_FAST_CLUSTER=4,ZGPT_CE_FAST_GROUPS=3);
 # 2. fused_linear's schedules (kernels/linear_cross_entropy.cu) on the benchmark's two shapes, one
@@ -9,7 +9,7 @@
 #   ZGPT_CE_LINEAR_ROW_BLOCK  rows per tile (unset: 8192, the default)
 #   ZGPT_CE_LINEAR_CHUNK_MB   bytes of bf16 logits per tile (unset: 48)
 #   ZGPT_CE_LINEAR_ROWS_OUTER 1: row blocks outside the vocabulary chunks (fp32 dW only)
-# with dW written as bf16 (the issue's benchmark) and added to an fp32 accumulator (the trainer's
+# with dW written as bf16 (the loss-head benchmark's) and added to an fp32 accumulator (the trainer's
 # way; SKIP_LINEAR=1 leaves these out). Writes the summary tables into the folder given
 # (default $OUT), and every run's JSON and log into its runs.tar.gz.
 #   bash tools/gpu_ce_sweep.sh "$OUT/sweep" [build-gpu]

@@ -3,7 +3,7 @@
 # benchmark and the PyTorch/Liger anchors, writing logs and JSON into the folder given (default
 # $OUT). Prepare .gpu-deps once on the development machine:
 #   ../shared/gpu/fetch-deps.sh && bash tools/gpu_extra_deps.sh
-# then carry .gpu-deps and start it as ../shared/GPU.md says:
+# then carry .gpu-deps to the GPU machine and start it there:
 #   source .gpu-deps/env.sh && ZGPT_COMMIT=<hash> bash tools/gpu_check.sh "$OUT"
 # (the device copy of the tree has no .git, so the commit is passed in). Set SKIP_BENCH=1 or
 # SKIP_ANCHORS=1 to leave out the benchmarks, SKIP_CTEST=1 the tests (a device call is limited to
