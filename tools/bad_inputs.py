@@ -337,6 +337,26 @@ def main():
     prepare("shard_tokens_zero", ["--input", good / "text.txt", "--out", pd / "o7", "--shard-tokens", "0"],
             ("shard-tokens",))
 
+    # --- the other tools' arguments: runs, outputs, prompts, BPE training ---
+    def other(name, argv, names=(), files=None, mkdir=None):
+        cases.append(Case("other_tools", name, argv, files, names, mkdir=mkdir))
+    ot = bad / "other_tools"
+    other("export_out_is_a_file", ["export_hf", "--checkpoint", ckpt, "-o", good / "text.txt"], ("text.txt",))
+    other("sample_run_without_checkpoints", ["sample", "--run", ot / "empty_run", "-n", "4"], ("empty_run",),
+          mkdir=ot / "empty_run")
+    other("sample_run_missing", ["sample", "--run", ot / "no_run", "-n", "4"], ("no_run",))
+    other("sample_prompt_outside_vocab", ["sample", "--checkpoint", ckpt, "-p", "QZX#", "-n", "4"], ("Q",))
+    other("resume_without_config", ["train", "--resume", ot / "not_a_run"], ("not_a_run",), mkdir=ot / "not_a_run")
+    other("resume_a_file", ["train", "--resume", good / "text.txt"], ("text.txt",))
+    other("bpe_empty_input", ["train_bpe", "-i", ot / "empty.txt", "-o", ot / "bpe1", "-v", "300"], ("empty.txt",),
+          files={ot / "empty.txt": b""})
+    other("bpe_input_directory", ["train_bpe", "-i", ot / "dir_in", "-o", ot / "bpe2"], ("dir_in",),
+          mkdir=ot / "dir_in")
+    other("bpe_out_is_a_file", ["train_bpe", "-i", good / "text.txt", "-o", good / "text.txt", "-v", "300"],
+          ("text.txt",))
+    other("bpe_vocab_below_bytes", ["train_bpe", "-i", good / "text.txt", "-o", ot / "bpe3", "-v", "100"],
+          ("vocab-size",))
+
     kinds = set(filter(None, a.kind.split(",")))
     cases = [c for c in cases if not kinds or c.kind in kinds]
     before = snapshot(good) | snapshot(runs)

@@ -32,7 +32,10 @@ int main(int argc, char** argv) {
             std::ifstream f(path, std::ios::binary);
             std::stringstream ss;
             ss << f.rdbuf();
+            ZG_CHECK(f.good() || f.eof(), "cannot read " + path);
             texts.push_back(ss.str());
+            // nothing to learn from: a vocabulary of the 256 bytes alone is not what was asked
+            ZG_CHECK(!texts.back().empty(), path + " is empty");
         }
         const zgpt::BpeTrainResult r = zgpt::train_bpe(texts, vocab_size, out);
         const double s =
