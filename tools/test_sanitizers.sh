@@ -3,7 +3,7 @@
 # AddressSanitizer and UndefinedBehaviorSanitizer, running the CPU tests. Any sanitizer report
 # fails the test that caused it (UBSan does not recover). Extra arguments go to ctest;
 # BUILD_TARGETS builds only those. The tools against the bad-input corpus (8.7 min on 2 cores):
-#   BUILD_TARGETS="train sample export_hf sweep prepare_data" bash tools/test_sanitizers.sh -R bad_inputs
+#   BUILD_TARGETS="train sample export_hf sweep prepare_data train_bpe" bash tools/test_sanitizers.sh -R bad_inputs
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=build-asan
