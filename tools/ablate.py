@@ -7,7 +7,7 @@
     ablate.py -c CFG --dry-run                                          # print the runs
 
 The reference is the config's own `kernels:` choice. By default every other registered variant of
-every family (read from `train --help`) is tried one at a time, the rest left at the reference;
+every family (read from `train --list-kernels`) is tried one at a time, the rest left at the reference;
 `--combo` lists combinations instead (`train.recompute_gelu=true` is accepted too). Each variant
 trains N steps on the config's data (same seed, same batches) with build/train, then
 build/bench_train times one more step op by op. The table (ablation.md, .csv, .json in --out):
@@ -19,7 +19,6 @@ import argparse
 import csv
 import json
 import pathlib
-import re
 import statistics
 import shutil
 import subprocess
@@ -28,22 +27,15 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from plot_runs import flat_config  # noqa: E402  (the same flat reader of a resolved config)
 
-KEY_RE = re.compile(r'^\s+(\w+): "?([\w.-]*)"?\s+#.*\((\w+(?:\|\w+)+)\)\s*$')
-
 
 def registered_variants(train_bin):
-    """{family: [choices]} from the kernels section of `train --help`."""
-    text = subprocess.run([train_bin, "--help"], capture_output=True, text=True, check=True).stdout
-    fams, in_kernels = {}, False
-    for line in text.splitlines():
-        if line and not line.startswith(" "):
-            in_kernels = line.startswith("kernels:")
-            continue
-        m = KEY_RE.match(line)
-        if in_kernels and m:
-            fams[m.group(1)] = m.group(3).split("|")
+    """{family: [variants]} from `train --list-kernels` (JSON)."""
+    r = subprocess.run([train_bin, "--list-kernels"], capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"ablate: `{train_bin} --list-kernels` failed: {r.stderr.strip()}")
+    fams = {k: v["variants"] for k, v in json.loads(r.stdout).items()}
     if not fams:
-        sys.exit(f"ablate: found no kernels section in `{train_bin} --help`")
+        sys.exit(f"ablate: `{train_bin} --list-kernels` lists no kernel family")
     return fams
 
 

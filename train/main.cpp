@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "kernels/check.h"
@@ -28,6 +29,10 @@ int main(int argc, char** argv) {
         ->check(CLI::ExistingDirectory);
     app.add_option("--set", overrides, "override a config key: --set optim.lr=3e-4 (repeatable)");
     app.add_flag("--print-config", print_config, "print the resolved config and exit");
+    bool list_kernels = false;
+    app.add_flag("--list-kernels", list_kernels,
+                 "print every kernel family's variants and default as JSON and exit (what "
+                 "tools/ablate.py reads)");
     app.add_option("--nproc", nproc,
                    "start N processes on this machine, one rank each (one per GPU; on the CPU they "
                    "talk over TCP). Under torchrun, srun or mpirun leave it out: each process "
@@ -36,6 +41,17 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(1, 1024));
     app.footer("Config keys (section: key: default  # meaning):\n" + zgpt::config_reference());
     CLI11_PARSE(app, argc, argv);
+    if (list_kernels) {
+        zgpt::Config defaults;
+        nlohmann::json j = nlohmann::json::object();
+        for (const zgpt::ConfigField& f : zgpt::config_fields(defaults))
+            if (f.section == "kernels" && !f.choices.empty())
+                j[f.key] = {{"default", *std::get<std::string*>(f.value)},
+                            {"variants", f.choices},
+                            {"help", f.help}};
+        std::printf("%s\n", j.dump(1).c_str());
+        return 0;
+    }
     if (config_path.empty() == resume_dir.empty()) {
         std::fprintf(stderr, "error: give exactly one of --config FILE or --resume RUN_DIR\n");
         return 1;
