@@ -81,16 +81,20 @@ int main(int argc, char** argv) {
                 throw zgpt::Error(inputs[i] + ": " + e.what());
             }
         };
-        if (tokenizer == "char")
-            for (size_t i = 0; i < texts.size(); i++)
-                in_file(i, [&] { return zgpt::Tokenizer::char_level_from_text(texts[i]); });
+        auto char_level = [&] {
+            std::string all;
+            for (const auto& t : texts) all += t;
+            try {
+                return zgpt::Tokenizer::char_level_from_text(all);
+            } catch (const std::exception&) {  // only then: which file it cannot read
+                for (size_t i = 0; i < texts.size(); i++)
+                    in_file(i, [&] { return zgpt::Tokenizer::char_level_from_text(texts[i]); });
+                throw;
+            }
+        };
         zgpt::Tokenizer tok = tokenizer == "byte"   ? zgpt::Tokenizer::byte_level()
                               : tokenizer == "gpt2" ? zgpt::Tokenizer::gpt2(gpt2_dir)
-                                                    : zgpt::Tokenizer::char_level_from_text([&] {
-                                                          std::string all;
-                                                          for (const auto& t : texts) all += t;
-                                                          return all;
-                                                      }());
+                                                    : char_level();
         std::vector<uint32_t> ids;
         for (size_t i = 0; i < texts.size(); i++) {
             if (tok.document_separator() >= 0) ids.push_back(uint32_t(tok.document_separator()));

@@ -103,33 +103,31 @@ int main(int argc, char** argv) {
             throw zgpt::Error(sweep_file + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);
         }
         ZG_CHECK(root.IsMap(), sweep_file + ": must be a map with base, out_dir, grid and set");
+        auto at = [&](const YAML::Node& n) {  // "file:line: " of a node, for messages
+            return sweep_file + ":" + std::to_string(n.Mark().line + 1) + ": ";
+        };
         for (const auto& kv : root) {
             const std::string k = kv.first.as<std::string>();
             ZG_CHECK(k == "base" || k == "out_dir" || k == "grid" || k == "set",
-                     sweep_file + ":" + std::to_string(kv.first.Mark().line + 1) +
-                         ": unknown key '" + k + "' (known: base, out_dir, grid, set)");
+                     at(kv.first) + "unknown key '" + k + "' (known: base, out_dir, grid, set)");
         }
         ZG_CHECK(root["base"] && root["out_dir"], sweep_file + ": needs base and out_dir");
         const std::string base = root["base"].as<std::string>();
         const fs::path out_dir = root["out_dir"].as<std::string>();
         std::vector<std::string> fixed;
-        auto line = [&](const char* key) {
-            return sweep_file + ":" + std::to_string(root[key].Mark().line + 1) + ": ";
-        };
         if (root["set"]) {
             ZG_CHECK(root["set"].IsSequence(),
-                     line("set") + "set must be a list of key=value overrides");
+                     at(root["set"]) + "set must be a list of key=value overrides");
             for (const auto& s : root["set"]) fixed.push_back(s.as<std::string>());
         }
         ZG_CHECK(!root["grid"] || root["grid"].IsMap(),
-                 line("grid") + "grid must be a map of key: [values]");
+                 at(root["grid"]) + "grid must be a map of key: [values]");
         std::vector<Axis> axes;
         if (root["grid"])
             for (const auto& kv : root["grid"]) {
                 Axis a{kv.first.as<std::string>(), {}};
                 ZG_CHECK(kv.second.IsSequence() && kv.second.size() > 0,
-                         sweep_file + ":" + std::to_string(kv.second.Mark().line + 1) + ": grid." +
-                             a.key + " must be a non-empty list");
+                         at(kv.second) + "grid." + a.key + " must be a non-empty list");
                 for (const auto& v : kv.second) a.values.push_back(v.Scalar());
                 axes.push_back(a);
             }

@@ -120,9 +120,7 @@ class CudaBackend final : public Backend {
         if (mb <= 0 || comm.size() < 2 || !comm.device_buffers()) return;
         if (!sync_stream_)
             ZG_CUDA_CHECK(cudaStreamCreateWithFlags(&sync_stream_, cudaStreamNonBlocking));
-        comm.set_stream(sync_stream_);
-        if (std::find(streamed_.begin(), streamed_.end(), &comm) == streamed_.end())
-            streamed_.push_back(&comm);
+        give_stream(comm, sync_stream_);
         syncing_ = &comm;
         bucket_ = started_ = {0, 0};
         const int64_t bucket_elems = std::max<int64_t>(1, int64_t(mb * 1e6 / 4));
@@ -231,9 +229,10 @@ class CudaBackend final : public Backend {
     }
 
   private:
-    // A device communicator orders its collectives on the model's stream.
-    void give_stream(Communicator& comm) {
-        comm.set_stream(model_.stream());
+    // A device communicator orders its collectives on the model's stream (or on `stream`: the
+    // overlapped gradient all-reduce's side stream).
+    void give_stream(Communicator& comm, void* stream = nullptr) {
+        comm.set_stream(stream ? stream : model_.stream());
         if (std::find(streamed_.begin(), streamed_.end(), &comm) == streamed_.end())
             streamed_.push_back(&comm);
     }

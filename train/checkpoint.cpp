@@ -188,22 +188,17 @@ CheckpointState load_checkpoint(const std::string& path, const ParameterTable& t
         if (v < 0 || v > kHuge)
             fail(std::string("header field ") + name + " = " + std::to_string(v) +
                  " is out of range");
+    // The trainer stops before it would save a non-finite weight or moment (a diverged run keeps
+    // its last good checkpoint), so one found here is damage the checksum did not catch.
     const unsigned char* body = buf.data() + 24 + hlen;
-    for (auto* v : {&s.params, &s.m, &s.v}) {
+    for (auto [v, what] : {std::pair{&s.params, "weight"}, {&s.m, "AdamW m"}, {&s.v, "AdamW v"}}) {
         v->resize(n);
         std::memcpy(v->data(), body, 4 * n);
         body += 4 * n;
-    }
-    // The trainer stops before it would save a non-finite weight or moment (a diverged run keeps
-    // its last good checkpoint), so one found here is damage the checksum did not catch.
-    const char* what[] = {"weight", "AdamW m", "AdamW v"};
-    int k = 0;
-    for (const auto* v : {&s.params, &s.m, &s.v}) {
         for (size_t i = 0; i < v->size(); i++)
             if (!std::isfinite((*v)[i]))
-                fail(std::string(what[k]) + " " + std::to_string(i) + " is not finite (" +
+                fail(std::string(what) + " " + std::to_string(i) + " is not finite (" +
                      std::to_string((*v)[i]) + ")");
-        k++;
     }
     return s;
 }

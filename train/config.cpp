@@ -302,11 +302,8 @@ void check_cross(const Config& c, const Origins& origins) {
     if (c.optim.min_lr > c.optim.lr) throw Error(at("optim.min_lr") + "must not exceed optim.lr");
     if (c.data.train.empty())
         throw Error(at("data.train") + "must name the training shards (a glob of .bin files)");
-    const std::string& rn = c.train.run_name;  // a run directory must stay inside out_dir
-    if (rn == "." || rn == ".." || rn.find('/') != std::string::npos)
-        throw Error(at("train.run_name") + "\"" + rn +
-                    "\" must be one plain folder name inside train.out_dir (no '/', not '.' or "
-                    "'..')");
+    if (const std::string p = run_name_problem(c.train.run_name); !p.empty())
+        throw Error(at("train.run_name") + p);
     if (c.kernels.cross_entropy == "fused_linear" && c.train.precision == "fp32")
         throw Error(at("kernels.cross_entropy") +
                     "fused_linear runs in bf16 only; set train.precision=bf16 or another head");
@@ -419,6 +416,12 @@ Config load_config_text(const std::string& yaml, const std::string& origin) {
                     ": YAML syntax error: " + e.msg);
     }
     return config_from_yaml(root, origin, {});
+}
+
+std::string run_name_problem(const std::string& name) {
+    if (name != "." && name != ".." && name.find('/') == std::string::npos) return "";
+    return "\"" + name +
+           "\" must be one plain folder name inside train.out_dir (no '/', not '.' or '..')";
 }
 
 // The shortest decimal that reads back as exactly x.

@@ -105,6 +105,9 @@ Config load_config_text(const std::string& yaml, const std::string& origin);
 // Cross-field checks (also run by load_config).
 void validate(const Config& c);
 
+// Why `name` cannot be a train.run_name (a run directory must stay inside out_dir); empty: it can.
+std::string run_name_problem(const std::string& name);
+
 std::string config_to_yaml(const Config& c);
 std::string config_reference();  // every key with its default and meaning, for --help and docs
 

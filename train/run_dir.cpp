@@ -50,9 +50,8 @@ std::string make_run_dir(const TrainConfig& t, const std::string& config_path) {
         throw Error("cannot find a free run directory name for " + base + " in " + t.out_dir);
     }
     const std::string& name = t.run_name;
-    ZG_CHECK(name != "." && name != ".." && name.find('/') == std::string::npos,
-             "train.run_name \"" + name +
-                 "\" must be one plain folder name inside train.out_dir (no '/', not '.' or '..')");
+    if (const std::string p = run_name_problem(name); !p.empty())
+        throw Error("train.run_name " + p);
     const fs::path dir = fs::path(t.out_dir) / name;
     ZG_CHECK(t.resume == "auto" || !holds_a_run(dir),
              "run directory " + dir.string() +
