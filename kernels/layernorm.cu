@@ -1,6 +1,13 @@
 // LayerNorm on the GPU: one warp per row, fp32 statistics. The backward pass sums the weight
 // gradients per warp in shared memory, per block into a scratch row, then over blocks in a fixed
 // order, so results do not depend on scheduling.
+//
+// Types: activations (out, dout) are T; the residual stream (inp, res, a, dinp) and the norm's
+// weights are R. R = T, or bf16 activations over an fp32 residual stream read with the fp32
+// master weights (PyTorch autocast's layer_norm).
+#include <string>
+#include <type_traits>
+
 #include "kernels/cuda_common.cuh"
 #include "kernels/layernorm.h"
 
@@ -28,13 +35,13 @@ __device__ void row_stats(const T* x, int64_t C, float eps, float& mean, float& 
     rstd = rsqrtf(warp_sum(v) / float(C) + eps);
 }
 
-template <typename T>
+template <typename T, typename R>
 __global__ void layernorm_forward_kernel(T* out, RowMap out_map, float* mean, float* rstd,
-                                         const T* inp, RowMap in_map, const T* w, const T* b,
+                                         const R* inp, RowMap in_map, const R* w, const R* b,
                                          int64_t N, int64_t C, float eps) {
     const int64_t r = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
     if (r >= N) return;
-    const T* x = inp + row_offset(in_map, r, C);
+    const R* x = inp + row_offset(in_map, r, C);
     T* y = out + row_offset(out_map, r, C);
     float m, rs;
     row_stats(x, C, eps, m, rs);
@@ -48,15 +55,15 @@ __global__ void layernorm_forward_kernel(T* out, RowMap out_map, float* mean, fl
     }
 }
 
-template <typename T>
-__global__ void residual_layernorm_forward_kernel(T* res, T* out, float* mean, float* rstd,
-                                                  const T* a, const T* bb, const T* w, const T* b,
+template <typename T, typename R>
+__global__ void residual_layernorm_forward_kernel(R* res, T* out, float* mean, float* rstd,
+                                                  const R* a, const T* bb, const R* w, const R* b,
                                                   int64_t N, int64_t C, float eps) {
     const int64_t r = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
     if (r >= N) return;
-    T* x = res + r * C;
+    R* x = res + r * C;
     for (int64_t c = threadIdx.x % 32; c < C; c += 32)
-        x[c] = from_f<T>(to_f(a[r * C + c]) + to_f(bb[r * C + c]));
+        x[c] = from_f<R>(to_f(a[r * C + c]) + to_f(bb[r * C + c]));
     __syncwarp();
     float m, rs;
     row_stats(x, C, eps, m, rs);
@@ -75,10 +82,10 @@ int backward_blocks(int64_t N) {
 }
 
 // Rows r = warp_global, warp_global + stride, ...: each warp owns a fixed set of rows.
-template <typename T>
-__global__ void layernorm_backward_kernel(T* dinp, RowMap dinp_map, bool accumulate, float* part_w,
+template <typename T, typename R>
+__global__ void layernorm_backward_kernel(R* dinp, RowMap dinp_map, bool accumulate, float* part_w,
                                           float* part_b, const T* dout, RowMap dout_map,
-                                          const T* inp, RowMap in_map, const T* w,
+                                          const R* inp, RowMap in_map, const R* w,
                                           const float* mean, const float* rstd, int64_t N,
                                           int64_t C) {
     extern __shared__ float smem[];  // [kWarps][C] dw, then [kWarps][C] db
@@ -89,8 +96,8 @@ __global__ void layernorm_backward_kernel(T* dinp, RowMap dinp_map, bool accumul
     const int64_t stride = int64_t(gridDim.x) * kWarps;
     for (int64_t r = int64_t(blockIdx.x) * kWarps + warp; r < N; r += stride) {
         const T* dy = dout + row_offset(dout_map, r, C);
-        const T* x = inp + row_offset(in_map, r, C);
-        T* dx = dinp + row_offset(dinp_map, r, C);
+        const R* x = inp + row_offset(in_map, r, C);
+        R* dx = dinp + row_offset(dinp_map, r, C);
         const float m = mean[r], rs = rstd[r];
         float s1 = 0, s2 = 0;  // mean of dy*w and of dy*w*xhat
         for (int64_t c = lane; c < C; c += 32) {
@@ -106,7 +113,7 @@ __global__ void layernorm_backward_kernel(T* dinp, RowMap dinp_map, bool accumul
             const float xh = (to_f(x[c]) - m) * rs;
             float d = rs * (to_f(dy[c]) * to_f(w[c]) - s1 - xh * s2);
             if (accumulate) d += to_f(dx[c]);
-            dx[c] = from_f<T>(d);
+            dx[c] = from_f<R>(d);
         }
     }
     __syncthreads();
@@ -137,25 +144,60 @@ __global__ void sum_partials_kernel(float* dw, float* db, const float* part_w, c
 
 // The bf16 fast paths for plain rows with C a multiple of 256 (GPT widths): one warp per row,
 // each lane owns 8 adjacent columns per 256 (16-byte loads and stores) and keeps them in registers.
+// The residual stream and weights (R) may be fp32: 8 of them are two 16-byte words.
 constexpr int kVecWarps = 4, kVecMaxBlocks = 1056;
+
+using cuda::unpack8;  // the uint4 form, beside the Pack8 overloads below
+template <typename R>
+struct Pack8;  // 8 values of type R as loaded, unpacked to fp32 when used
+template <>
+struct Pack8<bf16> {
+    uint4 u;
+};
+template <>
+struct Pack8<float> {
+    float4 lo, hi;
+};
+__device__ __forceinline__ Pack8<bf16> load8(const bf16* p) {
+    return {ld16(p)};
+}
+__device__ __forceinline__ Pack8<float> load8(const float* p) {
+    const float4* q = reinterpret_cast<const float4*>(p);
+    return {q[0], q[1]};
+}
+__device__ __forceinline__ void unpack8(const Pack8<bf16>& p, float (&v)[8]) {
+    unpack8(p.u, v);
+}
+__device__ __forceinline__ void unpack8(const Pack8<float>& p, float (&v)[8]) {
+    v[0] = p.lo.x, v[1] = p.lo.y, v[2] = p.lo.z, v[3] = p.lo.w;
+    v[4] = p.hi.x, v[5] = p.hi.y, v[6] = p.hi.z, v[7] = p.hi.w;
+}
+__device__ __forceinline__ void store8(bf16* p, const float (&v)[8]) {
+    *reinterpret_cast<uint4*>(p) = pack8(v);
+}
+__device__ __forceinline__ void store8(float* p, const float (&v)[8]) {
+    float4* q = reinterpret_cast<float4*>(p);
+    q[0] = make_float4(v[0], v[1], v[2], v[3]);
+    q[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
 
 // Forward, optionally with the residual add fused (res = a + b rounded to bf16 as stored, then the
 // statistics of the stored values, as the scalar kernels compute them). Two-pass variance from
 // registers.
-template <int NV, bool RESIDUAL>
+template <int NV, bool RESIDUAL, typename R>
 __global__ void __launch_bounds__(32 * kVecWarps)
-    layernorm_forward_vec_kernel(bf16* res, bf16* out, float* mean, float* rstd, const bf16* a,
-                                 const bf16* bb, const bf16* w, const bf16* b, int64_t N,
-                                 float eps) {
+    layernorm_forward_vec_kernel(R* res, bf16* out, float* mean, float* rstd, const R* a,
+                                 const bf16* bb, const R* w, const R* b, int64_t N, float eps) {
     constexpr int C = NV * 256;
     const int64_t r = int64_t(blockIdx.x) * kVecWarps + threadIdx.x / 32;
     if (r >= N) return;
     const int lane = threadIdx.x % 32;
     float x[NV][8];
-    uint4 ua[NV], ub[NV];
+    Pack8<R> ua[NV];
+    uint4 ub[NV];
 #pragma unroll
     for (int j = 0; j < NV; j++) {
-        ua[j] = ld16(a + r * C + j * 256 + lane * 8);
+        ua[j] = load8(a + r * C + j * 256 + lane * 8);
         if (RESIDUAL) ub[j] = ld16(bb + r * C + j * 256 + lane * 8);
     }
     float sum = 0;
@@ -166,9 +208,8 @@ __global__ void __launch_bounds__(32 * kVecWarps)
             float y[8];
             unpack8(ub[j], y);
 #pragma unroll
-            for (int k = 0; k < 8; k++)
-                x[j][k] = __bfloat162float(__float2bfloat16_rn(x[j][k] + y[k]));
-            *reinterpret_cast<uint4*>(res + r * C + j * 256 + lane * 8) = pack8(x[j]);
+            for (int k = 0; k < 8; k++) x[j][k] = to_f(from_f<R>(x[j][k] + y[k]));
+            store8(res + r * C + j * 256 + lane * 8, x[j]);
         }
 #pragma unroll
         for (int k = 0; k < 8; k++) sum += x[j][k];
@@ -183,8 +224,8 @@ __global__ void __launch_bounds__(32 * kVecWarps)
 #pragma unroll
     for (int j = 0; j < NV; j++) {
         float wv[8], bv[8] = {};
-        unpack8(ld16(w + j * 256 + lane * 8), wv);
-        if (b) unpack8(ld16(b + j * 256 + lane * 8), bv);
+        unpack8(load8(w + j * 256 + lane * 8), wv);
+        if (b) unpack8(load8(b + j * 256 + lane * 8), bv);
 #pragma unroll
         for (int k = 0; k < 8; k++) x[j][k] = (x[j][k] - m) * rs * wv[k] + bv[k];
         *reinterpret_cast<uint4*>(out + r * C + j * 256 + lane * 8) = pack8(x[j]);
@@ -199,35 +240,37 @@ __global__ void __launch_bounds__(32 * kVecWarps)
 // dout and input while it works on this one (the kernel is memory-bound, so bytes in flight are
 // what counts). Weight-gradient sums stay in registers; the block's warps add theirs into shared
 // memory one warp after another (a fixed order).
-template <int NV>
+template <int NV, typename R>
 __global__ void __launch_bounds__(32 * kVecWarps)
-    layernorm_backward_vec_kernel(bf16* dinp, bool accumulate, float* part_w, float* part_b,
-                                  const bf16* dout, const bf16* inp, const bf16* w,
-                                  const float* mean, const float* rstd, int64_t N) {
+    layernorm_backward_vec_kernel(R* dinp, bool accumulate, float* part_w, float* part_b,
+                                  const bf16* dout, const R* inp, const R* w, const float* mean,
+                                  const float* rstd, int64_t N) {
     constexpr int C = NV * 256;
     __shared__ float bw[C], bb[C];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t stride = int64_t(gridDim.x) * kVecWarps;
     float aw[NV][8] = {}, ab[NV][8] = {};
-    uint4 wraw[NV], dyv[NV], xv[NV];
+    Pack8<R> wraw[NV], xv[NV];
+    uint4 dyv[NV];
 #pragma unroll
-    for (int j = 0; j < NV; j++) wraw[j] = ld16(w + j * 256 + lane * 8);
+    for (int j = 0; j < NV; j++) wraw[j] = load8(w + j * 256 + lane * 8);
     int64_t r = int64_t(blockIdx.x) * kVecWarps + warp;
     if (r < N)
 #pragma unroll
         for (int j = 0; j < NV; j++) {
             dyv[j] = ld16(dout + r * C + j * 256 + lane * 8);
-            xv[j] = ld16(inp + r * C + j * 256 + lane * 8);
+            xv[j] = load8(inp + r * C + j * 256 + lane * 8);
         }
     for (; r < N; r += stride) {
         const int64_t rn = r + stride;
-        uint4 old[NV], ndy[NV], nx[NV];
+        Pack8<R> old[NV], nx[NV];
+        uint4 ndy[NV];
 #pragma unroll
         for (int j = 0; j < NV; j++) {
-            if (accumulate) old[j] = ld16(dinp + r * C + j * 256 + lane * 8);
+            if (accumulate) old[j] = load8(dinp + r * C + j * 256 + lane * 8);
             if (rn < N) {
                 ndy[j] = ld16(dout + rn * C + j * 256 + lane * 8);
-                nx[j] = ld16(inp + rn * C + j * 256 + lane * 8);
+                nx[j] = load8(inp + rn * C + j * 256 + lane * 8);
             }
         }
         const float m = mean[r], rs = rstd[r];
@@ -260,7 +303,7 @@ __global__ void __launch_bounds__(32 * kVecWarps)
 #pragma unroll
             for (int k = 0; k < 8; k++)
                 d[k] = o[k] + rs * (dy[k] * wv[k] - s1 - (xh[k] - m) * rs * s2);
-            *reinterpret_cast<uint4*>(dinp + r * C + j * 256 + lane * 8) = pack8(d);
+            store8(dinp + r * C + j * 256 + lane * 8, d);
             dyv[j] = ndy[j];
             xv[j] = nx[j];
         }
@@ -325,69 +368,90 @@ bool aligned16(std::initializer_list<const void*> ps) {
 }
 
 // Enough blocks of the backward fast path to fill every SM once (a persistent grid).
-template <int NV>
+template <int NV, typename R>
 int vec_backward_blocks() {
     static const int blocks = std::clamp(
-        resident_blocks(layernorm_backward_vec_kernel<NV>, 32 * kVecWarps), 1, kVecMaxBlocks);
+        resident_blocks(layernorm_backward_vec_kernel<NV, R>, 32 * kVecWarps), 1, kVecMaxBlocks);
     return blocks;
+}
+
+template <typename T>
+struct Type {
+    using type = T;
+};
+// Calls f(Type<T>, Type<R>) for the activation type t over the residual type r: (f32, f32),
+// (bf16, bf16) or (bf16, f32).
+template <typename F>
+void dispatch_pair(DType t, DType r, const char* who, F&& f) {
+    ZG_CHECK(t == r || (t == DType::bf16 && r == DType::f32),
+             std::string(who) + ": an fp32 residual stream takes bf16 activations only");
+    if (t == DType::f32)
+        f(Type<float>{}, Type<float>{});
+    else if (r == DType::bf16)
+        f(Type<bf16>{}, Type<bf16>{});
+    else
+        f(Type<bf16>{}, Type<float>{});
 }
 
 }  // namespace
 
 void layernorm_forward(void* out, RowMap out_map, float* mean, float* rstd, const void* inp,
                        RowMap in_map, const void* weight, const void* bias, int64_t N, int64_t C,
-                       double eps, DType t, CUstream_st* s) {
+                       double eps, DType t, DType in_t, CUstream_st* s) {
     ZG_CHECK(N > 0 && C > 0 && weight, "layernorm_forward: sizes must be positive, weight set");
     out_map = plain(out_map, C);
     in_map = plain(in_map, C);
     const bool rows_plain =
         out_map.group == 1 && in_map.group == 1 && out_map.ld == C && in_map.ld == C;
-    if (t == DType::bf16 && rows_plain && aligned16({out, inp, weight, bias})) {
-        const bool done = with_vec_width(C, [&](auto NV) {
-            layernorm_forward_vec_kernel<NV.value, false>
-                <<<unsigned((N + kVecWarps - 1) / kVecWarps), 32 * kVecWarps, 0, s>>>(
-                    nullptr, static_cast<bf16*>(out), mean, rstd, static_cast<const bf16*>(inp),
-                    nullptr, static_cast<const bf16*>(weight), static_cast<const bf16*>(bias), N,
-                    float(eps));
-        });
-        if (done) {
-            ZG_LAUNCH_CHECK();
-            return;
+    dispatch_pair(t, in_t, "layernorm_forward", [&](auto tt, auto rr) {
+        using T = typename decltype(tt)::type;
+        using R = typename decltype(rr)::type;
+        if constexpr (std::is_same_v<T, bf16>) {
+            if (rows_plain && aligned16({out, inp, weight, bias})) {
+                const bool done = with_vec_width(C, [&](auto NV) {
+                    layernorm_forward_vec_kernel<NV.value, false, R>
+                        <<<unsigned((N + kVecWarps - 1) / kVecWarps), 32 * kVecWarps, 0, s>>>(
+                            nullptr, static_cast<bf16*>(out), mean, rstd,
+                            static_cast<const R*>(inp), nullptr, static_cast<const R*>(weight),
+                            static_cast<const R*>(bias), N, float(eps));
+                });
+                if (done) return;
+            }
         }
-    }
-    const int blocks = int((N + kWarps - 1) / kWarps);
-    ZG_DISPATCH(t, T,
-                layernorm_forward_kernel<T><<<blocks, 32 * kWarps, 0, s>>>(
-                    static_cast<T*>(out), plain(out_map, C), mean, rstd, static_cast<const T*>(inp),
-                    plain(in_map, C), static_cast<const T*>(weight), static_cast<const T*>(bias), N,
-                    C, float(eps)));
+        const int blocks = int((N + kWarps - 1) / kWarps);
+        layernorm_forward_kernel<T, R><<<blocks, 32 * kWarps, 0, s>>>(
+            static_cast<T*>(out), out_map, mean, rstd, static_cast<const R*>(inp), in_map,
+            static_cast<const R*>(weight), static_cast<const R*>(bias), N, C, float(eps));
+    });
     ZG_LAUNCH_CHECK();
 }
 
 void residual_layernorm_forward(void* res, void* out, float* mean, float* rstd, const void* a,
                                 const void* b, const void* weight, const void* bias, int64_t N,
-                                int64_t C, double eps, DType t, CUstream_st* s) {
+                                int64_t C, double eps, DType t, DType res_t, CUstream_st* s) {
     ZG_CHECK(N > 0 && C > 0 && weight, "residual_layernorm_forward: bad arguments");
-    if (t == DType::bf16 && aligned16({res, out, a, b, weight, bias})) {
-        const bool done = with_vec_width(C, [&](auto NV) {
-            layernorm_forward_vec_kernel<NV.value, true>
-                <<<unsigned((N + kVecWarps - 1) / kVecWarps), 32 * kVecWarps, 0, s>>>(
-                    static_cast<bf16*>(res), static_cast<bf16*>(out), mean, rstd,
-                    static_cast<const bf16*>(a), static_cast<const bf16*>(b),
-                    static_cast<const bf16*>(weight), static_cast<const bf16*>(bias), N,
-                    float(eps));
-        });
-        if (done) {
-            ZG_LAUNCH_CHECK();
-            return;
+    dispatch_pair(t, res_t, "residual_layernorm_forward", [&](auto tt, auto rr) {
+        using T = typename decltype(tt)::type;
+        using R = typename decltype(rr)::type;
+        if constexpr (std::is_same_v<T, bf16>) {
+            if (aligned16({res, out, a, b, weight, bias})) {
+                const bool done = with_vec_width(C, [&](auto NV) {
+                    layernorm_forward_vec_kernel<NV.value, true, R>
+                        <<<unsigned((N + kVecWarps - 1) / kVecWarps), 32 * kVecWarps, 0, s>>>(
+                            static_cast<R*>(res), static_cast<bf16*>(out), mean, rstd,
+                            static_cast<const R*>(a), static_cast<const bf16*>(b),
+                            static_cast<const R*>(weight), static_cast<const R*>(bias), N,
+                            float(eps));
+                });
+                if (done) return;
+            }
         }
-    }
-    const int blocks = int((N + kWarps - 1) / kWarps);
-    ZG_DISPATCH(t, T,
-                residual_layernorm_forward_kernel<T><<<blocks, 32 * kWarps, 0, s>>>(
-                    static_cast<T*>(res), static_cast<T*>(out), mean, rstd,
-                    static_cast<const T*>(a), static_cast<const T*>(b),
-                    static_cast<const T*>(weight), static_cast<const T*>(bias), N, C, float(eps)));
+        const int blocks = int((N + kWarps - 1) / kWarps);
+        residual_layernorm_forward_kernel<T, R><<<blocks, 32 * kWarps, 0, s>>>(
+            static_cast<R*>(res), static_cast<T*>(out), mean, rstd, static_cast<const R*>(a),
+            static_cast<const T*>(b), static_cast<const R*>(weight), static_cast<const R*>(bias), N,
+            C, float(eps));
+    });
     ZG_LAUNCH_CHECK();
 }
 
@@ -398,47 +462,52 @@ size_t layernorm_backward_scratch_bytes(int64_t N, int64_t C) {
 void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dweight, float* dbias,
                         const void* dout, RowMap dout_map, const void* inp, RowMap in_map,
                         const void* weight, const float* mean, const float* rstd, int64_t N,
-                        int64_t C, void* scratch, DType t, CUstream_st* s) {
+                        int64_t C, void* scratch, DType t, DType in_t, CUstream_st* s) {
     ZG_CHECK(N > 0 && C > 0 && weight && dweight && scratch, "layernorm_backward: bad arguments");
     dinp_map = plain(dinp_map, C);
     dout_map = plain(dout_map, C);
     in_map = plain(in_map, C);
     const bool rows_plain = dinp_map.group == 1 && dout_map.group == 1 && in_map.group == 1 &&
                             dinp_map.ld == C && dout_map.ld == C && in_map.ld == C;
-    if (t == DType::bf16 && rows_plain && aligned16({dinp, dout, inp, weight})) {
-        float* pw = static_cast<float*>(scratch);
-        float* pb = pw + size_t(kVecMaxBlocks) * C;
-        int blocks = 0;
-        const bool done = with_vec_width(C, [&](auto NV) {
-            blocks = vec_backward_blocks<NV.value>();
-            layernorm_backward_vec_kernel<NV.value><<<blocks, 32 * kVecWarps, 0, s>>>(
-                static_cast<bf16*>(dinp), accumulate, pw, pb, static_cast<const bf16*>(dout),
-                static_cast<const bf16*>(inp), static_cast<const bf16*>(weight), mean, rstd, N);
-        });
-        if (done) {
-            ZG_LAUNCH_CHECK();
-            sum_partials_kernel<<<grid_for(C, 256), 256, 0, s>>>(dweight, dbias, pw, pb, blocks, C);
-            ZG_LAUNCH_CHECK();
-            return;
+    dispatch_pair(t, in_t, "layernorm_backward", [&](auto tt, auto rr) {
+        using T = typename decltype(tt)::type;
+        using R = typename decltype(rr)::type;
+        if constexpr (std::is_same_v<T, bf16>) {
+            if (rows_plain && aligned16({dinp, dout, inp, weight})) {
+                float* pw = static_cast<float*>(scratch);
+                float* pb = pw + size_t(kVecMaxBlocks) * C;
+                int blocks = 0;
+                const bool done = with_vec_width(C, [&](auto NV) {
+                    blocks = vec_backward_blocks<NV.value, R>();
+                    layernorm_backward_vec_kernel<NV.value, R><<<blocks, 32 * kVecWarps, 0, s>>>(
+                        static_cast<R*>(dinp), accumulate, pw, pb, static_cast<const bf16*>(dout),
+                        static_cast<const R*>(inp), static_cast<const R*>(weight), mean, rstd, N);
+                });
+                if (done) {
+                    ZG_LAUNCH_CHECK();
+                    sum_partials_kernel<<<grid_for(C, 256), 256, 0, s>>>(dweight, dbias, pw, pb,
+                                                                         blocks, C);
+                    return;
+                }
+            }
         }
-    }
-    const int blocks = backward_blocks(N);
-    const size_t smem = size_t(2) * kWarps * C * sizeof(float);
-    ZG_CHECK(smem <= 200 * 1024, "layernorm_backward: C too large for the shared-memory sums");
-    float* part_w = static_cast<float*>(scratch);
-    float* part_b = part_w + size_t(blocks) * C;
-    ZG_DISPATCH(t, T, {
-        auto kernel = layernorm_backward_kernel<T>;
+        const int blocks = backward_blocks(N);
+        const size_t smem = size_t(2) * kWarps * C * sizeof(float);
+        ZG_CHECK(smem <= 200 * 1024, "layernorm_backward: C too large for the shared-memory sums");
+        float* part_w = static_cast<float*>(scratch);
+        float* part_b = part_w + size_t(blocks) * C;
+        auto kernel = layernorm_backward_kernel<T, R>;
         if (smem > 48 * 1024)
             ZG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                int(smem)));
-        kernel<<<blocks, 32 * kWarps, smem, s>>>(
-            static_cast<T*>(dinp), plain(dinp_map, C), accumulate, part_w, part_b,
-            static_cast<const T*>(dout), plain(dout_map, C), static_cast<const T*>(inp),
-            plain(in_map, C), static_cast<const T*>(weight), mean, rstd, N, C);
+        kernel<<<blocks, 32 * kWarps, smem, s>>>(static_cast<R*>(dinp), dinp_map, accumulate,
+                                                 part_w, part_b, static_cast<const T*>(dout),
+                                                 dout_map, static_cast<const R*>(inp), in_map,
+                                                 static_cast<const R*>(weight), mean, rstd, N, C);
+        ZG_LAUNCH_CHECK();
+        sum_partials_kernel<<<grid_for(C, 256), 256, 0, s>>>(dweight, dbias, part_w, part_b, blocks,
+                                                             C);
     });
-    ZG_LAUNCH_CHECK();
-    sum_partials_kernel<<<grid_for(C, 256), 256, 0, s>>>(dweight, dbias, part_w, part_b, blocks, C);
     ZG_LAUNCH_CHECK();
 }
 

@@ -29,22 +29,45 @@ struct RowMap {
     int64_t group = 1, ld = 0;
 };
 
+// Types: out (and dout, b below) in t; inp (and res, a, dinp) with the weight and bias in in_t,
+// which is t or, under bf16 activations, an fp32 residual stream read with the fp32 master
+// weights (train.residual_precision).
 void layernorm_forward(void* out, RowMap out_map, float* mean, float* rstd, const void* inp,
                        RowMap in_map, const void* weight, const void* bias, int64_t N, int64_t C,
-                       double eps, DType t, CUstream_st* s);
+                       double eps, DType t, DType in_t, CUstream_st* s);
+inline void layernorm_forward(void* out, RowMap out_map, float* mean, float* rstd, const void* inp,
+                              RowMap in_map, const void* weight, const void* bias, int64_t N,
+                              int64_t C, double eps, DType t, CUstream_st* s) {
+    layernorm_forward(out, out_map, mean, rstd, inp, in_map, weight, bias, N, C, eps, t, t, s);
+}
 
-// res = a + b (rounded to t), out = LayerNorm(res): the residual add fused into the norm.
+// res = a + b (rounded to res_t), out = LayerNorm(res): the residual add fused into the norm.
+// res, a, weight and bias in res_t; b and out in t.
 void residual_layernorm_forward(void* res, void* out, float* mean, float* rstd, const void* a,
                                 const void* b, const void* weight, const void* bias, int64_t N,
-                                int64_t C, double eps, DType t, CUstream_st* s);
+                                int64_t C, double eps, DType t, DType res_t, CUstream_st* s);
+inline void residual_layernorm_forward(void* res, void* out, float* mean, float* rstd,
+                                       const void* a, const void* b, const void* weight,
+                                       const void* bias, int64_t N, int64_t C, double eps, DType t,
+                                       CUstream_st* s) {
+    residual_layernorm_forward(res, out, mean, rstd, a, b, weight, bias, N, C, eps, t, t, s);
+}
 
 size_t layernorm_backward_scratch_bytes(int64_t N, int64_t C);
 
 // dinp = (accumulate ? dinp : 0) + dLN/dinp; dweight, dbias (may be null) added into. dinp may
-// alias dout (each row is read whole before it is written).
+// alias dout (each row is read whole before it is written). dout in t; dinp, inp, weight in in_t.
 void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dweight, float* dbias,
                         const void* dout, RowMap dout_map, const void* inp, RowMap in_map,
                         const void* weight, const float* mean, const float* rstd, int64_t N,
-                        int64_t C, void* scratch, DType t, CUstream_st* s);
+                        int64_t C, void* scratch, DType t, DType in_t, CUstream_st* s);
+inline void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dweight,
+                               float* dbias, const void* dout, RowMap dout_map, const void* inp,
+                               RowMap in_map, const void* weight, const float* mean,
+                               const float* rstd, int64_t N, int64_t C, void* scratch, DType t,
+                               CUstream_st* s) {
+    layernorm_backward(dinp, dinp_map, accumulate, dweight, dbias, dout, dout_map, inp, in_map,
+                       weight, mean, rstd, N, C, scratch, t, t, s);
+}
 
 }  // namespace zgpt::cuda

@@ -11,11 +11,11 @@ __global__ void residual_forward_kernel(float* out, const float* a, const float*
         out[i] = a[i] + b[i];
 }
 
-template <typename T>
-__global__ void residual_kernel(T* out, const T* a, const T* b, int64_t n) {
+template <typename R, typename T>
+__global__ void residual_kernel(R* out, const R* a, const T* b, int64_t n) {
     const int64_t stride = int64_t(gridDim.x) * blockDim.x;
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-        out[i] = from_f<T>(to_f(a[i]) + to_f(b[i]));
+        out[i] = from_f<R>(to_f(a[i]) + to_f(b[i]));
 }
 
 template <typename T>
@@ -41,8 +41,19 @@ void residual_forward(void* out, const void* a, const void* b, int64_t n, DType 
     ZG_CHECK(n >= 0, "residual_forward: n must be >= 0");
     if (n == 0) return;
     ZG_DISPATCH(t, T,
-                residual_kernel<T><<<grid_for(n, 256, 1 << 20), 256, 0, stream>>>(
+                residual_kernel<T, T><<<grid_for(n, 256, 1 << 20), 256, 0, stream>>>(
                     static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), n));
+    ZG_LAUNCH_CHECK();
+}
+
+void residual_forward(void* out, const void* a, const void* b, int64_t n, DType t, DType res_t,
+                      CUstream_st* stream) {
+    if (res_t == t) return residual_forward(out, a, b, n, t, stream);
+    ZG_CHECK(n >= 0 && res_t == DType::f32 && t == DType::bf16,
+             "residual_forward: an fp32 residual stream takes a bf16 branch");
+    if (n == 0) return;
+    residual_kernel<float, bf16><<<grid_for(n, 256, 1 << 20), 256, 0, stream>>>(
+        static_cast<float*>(out), static_cast<const float*>(a), static_cast<const bf16*>(b), n);
     ZG_LAUNCH_CHECK();
 }
 

@@ -23,6 +23,9 @@ void residual_forward(float* out, const float* a, const float* b, int64_t n, CUs
 // The same in storage type t (fp32 arithmetic, one rounding).
 void residual_forward(void* out, const void* a, const void* b, int64_t n, DType t,
                       CUstream_st* stream);
+// A residual stream in res_t (out, a) plus a branch in t (b): fp32 + bf16, or one type.
+void residual_forward(void* out, const void* a, const void* b, int64_t n, DType t, DType res_t,
+                      CUstream_st* stream);
 
 // out[i] = in[i] rounded once to type t (a sum made in fp32, such as a vocab-parallel head's
 // reduce-scattered hidden-state gradient, handed back to bf16 activations).

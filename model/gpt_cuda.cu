@@ -130,6 +130,10 @@ struct GptCuda::Impl {
     int64_t Vp;
     DType t;  // storage type of weights in matmuls and of activations
     size_t es;
+    // The residual stream (and its gradient), the LayerNorms' inputs and weights and the
+    // embeddings: t, or fp32 under bf16 activations (CudaModelOptions::fp32_residual)
+    DType rt;
+    size_t res_es;
     cudaStream_t stream = nullptr;
     // Weight gradients run on a second stream, beside the input gradients and the norms of the
     // main stream: their GEMMs have few output tiles (768 x 768 at K = B x T), so on their own
@@ -178,6 +182,7 @@ struct GptCuda::Impl {
     std::vector<int32_t> last_tokens;
     DeviceBuffer branch_out;  // projection outputs before the residual add
     DeviceBuffer dres, dtmp, dqkv, dfch, gelu_tmp, att_scratch, ln_scratch, bias_scratch;
+    DeviceBuffer dres_act;  // dres rounded to t for the matmuls (an fp32 residual stream only)
     // Partial column sums of dqkv written by the attention backward when it can (the qkv bias
     // gradient without another pass over dqkv); empty otherwise.
     DeviceBuffer qkv_colsums;
@@ -211,7 +216,9 @@ struct GptCuda::Impl {
           layout(make_gpt_layout(c, o.vocab_parts)),
           Vp(vocab_table_rows(c, o.vocab_parts)),
           t(o.precision),
-          es(dtype_bytes(o.precision)) {
+          es(dtype_bytes(o.precision)),
+          rt(o.fp32_residual ? DType::f32 : o.precision),
+          res_es(dtype_bytes(rt)) {
         validate(cfg);
         validate_kernels(opt.kernels, t);
         ZG_CHECK(opt.head_chunks >= 1 && opt.head_chunks <= kMaxHeadChunks,
@@ -277,12 +284,18 @@ struct GptCuda::Impl {
         return t == DType::bf16 ? static_cast<const void*>(params16.as<bf16_t>() + off)
                                 : static_cast<const void*>(params.as<float>() + off);
     }
+    // Weights as the residual stream's ops read them (LayerNorm, embeddings): type rt.
+    const void* wr(int idx) const {
+        if (rt == t || idx < 0) return w(idx);
+        return params.as<float>() + layout.table[idx].offset;
+    }
     float* g(int idx) const {
         return idx < 0 ? nullptr : grads.as<float>() + layout.table[idx].offset;
     }
     using bf16_t = __nv_bfloat16;
 
     DeviceBuffer act(int64_t elems) const { return DeviceBuffer(size_t(elems) * es); }
+    DeviceBuffer res_act(int64_t elems) const { return DeviceBuffer(size_t(elems) * res_es); }
     DeviceBuffer f32(int64_t elems) const { return DeviceBuffer(size_t(elems) * 4); }
 
     void ensure(int64_t b, int64_t tn) {
@@ -293,7 +306,7 @@ struct GptCuda::Impl {
         const cuda::AttentionShape shape{B, Tn, C, NH};
         residual.clear();
         layers.clear();
-        for (int64_t l = 0; l <= L; l++) residual.push_back(act(BT * C));
+        for (int64_t l = 0; l <= L; l++) residual.push_back(res_act(BT * C));
         for (int64_t l = 0; l < L; l++) {
             Layer a;
             a.ln1 = act(BT * C);
@@ -309,7 +322,7 @@ struct GptCuda::Impl {
             a.qkv = act(BT * 3 * C);
             a.att_saved = DeviceBuffer(attention->saved_bytes(shape));
             a.atty = act(BT * C);
-            a.res_attn = act(BT * C);
+            a.res_attn = res_act(BT * C);
             a.ln2 = act(BT * C);
             a.ln2_mean = f32(BT);
             a.ln2_rstd = f32(BT);
@@ -324,7 +337,8 @@ struct GptCuda::Impl {
         logits = linear_ce || sharded ? DeviceBuffer() : act(BT * Vp);
         if (sharded) {  // the group's rows: NA = size x BT
             const int64_t NA = vgroup.size * BT, Vl = shard_rows(vgroup.rank);
-            vp_h = act(NA * C);
+            // also the group's residual gradients in backward (type rt)
+            vp_h = DeviceBuffer(size_t(NA * C) * std::max(es, res_es));
             vp_y = DeviceBuffer(NA * 4);
             vp_logits = linear_ce ? DeviceBuffer() : act(NA * Vl);
             vp_stats = DeviceBuffer(NA * sizeof(cuda::RowStatsF));
@@ -349,7 +363,8 @@ struct GptCuda::Impl {
         h_grad_out = PinnedBuffer<float>(1);
         h_summary = PinnedBuffer<cuda::LossSummaryF>(kMaxHeadChunks);
         branch_out = act(BT * C);
-        dres = act(BT * C);
+        dres = res_act(BT * C);
+        if (rt != t) dres_act = act(BT * C);
         dtmp = act(BT * C);
         dqkv = act(BT * 3 * C);
         dfch = act(BT * 4 * C);
@@ -519,12 +534,12 @@ struct GptCuda::Impl {
     void add_norm(void* res_out, void* norm_out, float* mean, float* rstd, const void* a,
                   const void* b, int w_idx, int b_idx, int64_t N, int64_t C) {
         if (opt.kernels.layernorm == "fused_residual") {
-            cuda::residual_layernorm_forward(res_out, norm_out, mean, rstd, a, b, w(w_idx),
-                                             w(b_idx), N, C, cfg.ln_eps, t, stream);
+            cuda::residual_layernorm_forward(res_out, norm_out, mean, rstd, a, b, wr(w_idx),
+                                             wr(b_idx), N, C, cfg.ln_eps, t, rt, stream);
         } else {
-            cuda::residual_forward(res_out, a, b, N * C, t, stream);
-            cuda::layernorm_forward(norm_out, {1, C}, mean, rstd, res_out, {1, C}, w(w_idx),
-                                    w(b_idx), N, C, cfg.ln_eps, t, stream);
+            cuda::residual_forward(res_out, a, b, N * C, t, rt, stream);
+            cuda::layernorm_forward(norm_out, {1, C}, mean, rstd, res_out, {1, C}, wr(w_idx),
+                                    wr(b_idx), N, C, cfg.ln_eps, t, rt, stream);
         }
     }
 
@@ -545,15 +560,15 @@ struct GptCuda::Impl {
             embed_from_shards();
         } else {
             last_tokens.assign(host_tokens, host_tokens + BT);
-            cuda::encoder_forward(residual[0].get(), tokens.as<int32_t>(), w(layout.wte),
-                                  w(layout.wpe), B, Tn, C, t, stream);
+            cuda::encoder_forward(residual[0].get(), tokens.as<int32_t>(), wr(layout.wte),
+                                  wr(layout.wpe), B, Tn, C, rt, stream);
         }
         tick("encoder fwd");
         const cuda::AttentionShape shape{B, Tn, C, NH};
         cuda::layernorm_forward(layers[0].ln1.get(), {1, C}, layers[0].ln1_mean.as<float>(),
                                 layers[0].ln1_rstd.as<float>(), residual[0].get(), {1, C},
-                                w(layout.blocks[0].ln1_w), w(layout.blocks[0].ln1_b), BT, C,
-                                cfg.ln_eps, t, stream);
+                                wr(layout.blocks[0].ln1_w), wr(layout.blocks[0].ln1_b), BT, C,
+                                cfg.ln_eps, t, rt, stream);
         tick("layernorm fwd");
         for (int64_t l = 0; l < L; l++) {
             const BlockParams& p = layout.blocks[l];
@@ -612,11 +627,11 @@ struct GptCuda::Impl {
         const int64_t BT = B * Tn, C = cfg.n_embd, NA = vgroup.size * BT;
         ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
         vgroup.all_gather(tokens.get(), vp_y.get(), BT * 4);
-        cuda::lookup_rows_in_shard(vp_dh_all.as<float>(), vp_y.as<int32_t>(), NA, w(layout.wte),
-                                   shard_v0(vgroup.rank), shard_rows(vgroup.rank), C, t, stream);
+        cuda::lookup_rows_in_shard(vp_dh_all.as<float>(), vp_y.as<int32_t>(), NA, wr(layout.wte),
+                                   shard_v0(vgroup.rank), shard_rows(vgroup.rank), C, rt, stream);
         ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
         vgroup.reduce_scatter_sum(vp_dh_all.as<float>(), vp_dh.as<float>(), BT * C);
-        cuda::add_positions(residual[0].get(), vp_dh.as<float>(), w(layout.wpe), B, Tn, C, t,
+        cuda::add_positions(residual[0].get(), vp_dh.as<float>(), wr(layout.wpe), B, Tn, C, rt,
                             stream);
         // The group's tokens in this shard, as rows of the shard (-1: another shard's), for the
         // gradient's buckets.
@@ -941,6 +956,16 @@ struct GptCuda::Impl {
         grad_ready(lo, hi);
     }
 
+    // The residual gradient as the matmuls read it: dres itself, or (an fp32 residual stream) a
+    // copy rounded to t, as autocast rounds the gradient that enters a bf16 linear.
+    const void* dres_for_matmul() {
+        if (rt == t) return dres.get();
+        before_write(dres_act.get());
+        cuda::cast_from_f32(dres_act.get(), dres.as<float>(), B * Tn * cfg.n_embd, t, stream);
+        tick("residual gradient cast");
+        return dres_act.get();
+    }
+
     void backward() {
         ZG_CHECK(grads_ready, "backward() needs forward() and loss(..., compute_grad=true) first");
         grads_ready = false;
@@ -956,9 +981,9 @@ struct GptCuda::Impl {
         mark(5);
         before_write(dres.get());
         cuda::layernorm_backward(dres.get(), {1, C}, false, g(layout.lnf_w), g(layout.lnf_b),
-                                 dtmp.get(), {1, C}, residual[L].get(), {1, C}, w(layout.lnf_w),
+                                 dtmp.get(), {1, C}, residual[L].get(), {1, C}, wr(layout.lnf_w),
                                  lnf_mean.as<float>(), lnf_rstd.as<float>(), BT, C,
-                                 ln_scratch.get(), t, stream);
+                                 ln_scratch.get(), t, rt, stream);
         tick("layernorm bwd");
         for (int64_t l = L - 1; l >= 0; l--) {
             const BlockParams& p = layout.blocks[l];
@@ -972,20 +997,21 @@ struct GptCuda::Impl {
                 tick("GELU recompute");
             }
             before_write(dfch.get());
-            if (!linear_backward(dfch.get(), dres.get(), gelu, p.fcproj_w, p.fcproj_b, BT, 4 * C, C,
-                                 a.fch.get())) {
+            if (!linear_backward(dfch.get(), dres_for_matmul(), gelu, p.fcproj_w, p.fcproj_b, BT,
+                                 4 * C, C, a.fch.get())) {
                 cuda::gelu_backward(dfch.get(), a.fch.get(), dfch.get(), BT * 4 * C, t, stream);
                 tick("GELU bwd");
             }
             linear_backward(dtmp.get(), dfch.get(), a.ln2.get(), p.fc_w, p.fc_b, BT, C, 4 * C);
             before_write(dres.get());
             cuda::layernorm_backward(dres.get(), {1, C}, true, g(p.ln2_w), g(p.ln2_b), dtmp.get(),
-                                     {1, C}, a.res_attn.get(), {1, C}, w(p.ln2_w),
+                                     {1, C}, a.res_attn.get(), {1, C}, wr(p.ln2_w),
                                      a.ln2_mean.as<float>(), a.ln2_rstd.as<float>(), BT, C,
-                                     ln_scratch.get(), t, stream);
+                                     ln_scratch.get(), t, rt, stream);
             tick("layernorm bwd");
             // attention branch
-            linear_backward(dtmp.get(), dres.get(), a.atty.get(), p.proj_w, p.proj_b, BT, C, C);
+            linear_backward(dtmp.get(), dres_for_matmul(), a.atty.get(), p.proj_w, p.proj_b, BT, C,
+                            C);
             before_write(dqkv.get());
             before_write(qkv_colsums.get());
             attention->backward(dqkv.get(), dtmp.get(), a.qkv.get(), a.atty.get(),
@@ -1010,9 +1036,9 @@ struct GptCuda::Impl {
                             nullptr, false, qkv_colsums.as<float>(), qkv_colsum_rows);
             before_write(dres.get());
             cuda::layernorm_backward(dres.get(), {1, C}, true, g(p.ln1_w), g(p.ln1_b), dtmp.get(),
-                                     {1, C}, residual[l].get(), {1, C}, w(p.ln1_w),
+                                     {1, C}, residual[l].get(), {1, C}, wr(p.ln1_w),
                                      a.ln1_mean.as<float>(), a.ln1_rstd.as<float>(), BT, C,
-                                     ln_scratch.get(), t, stream);
+                                     ln_scratch.get(), t, rt, stream);
             tick("layernorm bwd");
             announce_block_grads(l);
         }
@@ -1020,16 +1046,16 @@ struct GptCuda::Impl {
             // wpe from this rank's rows; wte: the group's row gradients, of the tokens this
             // shard holds (vp_h is free once the head is done)
             cuda::encoder_backward(nullptr, g(layout.wpe), dres.get(), nullptr, nullptr, nullptr, 0,
-                                   B, Tn, C, t, stream);
+                                   B, Tn, C, rt, stream);
             ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
-            vgroup.all_gather(dres.get(), vp_h.get(), BT * C * int64_t(es));
+            vgroup.all_gather(dres.get(), vp_h.get(), BT * C * int64_t(res_es));
             cuda::encoder_backward(g(layout.wte), nullptr, vp_h.get(), bucket_token.as<int32_t>(),
                                    bucket_offset.as<int32_t>(), bucket_position.as<int32_t>(),
-                                   n_distinct, vgroup.size * B, Tn, C, t, stream);
+                                   n_distinct, vgroup.size * B, Tn, C, rt, stream);
         } else {
             cuda::encoder_backward(g(layout.wte), g(layout.wpe), dres.get(),
                                    bucket_token.as<int32_t>(), bucket_offset.as<int32_t>(),
-                                   bucket_position.as<int32_t>(), n_distinct, B, Tn, C, t, stream);
+                                   bucket_position.as<int32_t>(), n_distinct, B, Tn, C, rt, stream);
         }
         tick("encoder bwd");
         if (overlapping()) {  // the gradients are complete when the main stream goes on
@@ -1059,10 +1085,10 @@ struct GptCuda::Impl {
         for (const DeviceBuffer* b : {&lnf,          &lnf_mean,      &lnf_rstd,
                                       &logits,       &tokens,        &targets,
                                       &bucket_token, &bucket_offset, &bucket_position,
-                                      &branch_out,   &dres,          &dtmp,
-                                      &dqkv,         &dfch,          &gelu_tmp,
-                                      &att_scratch,  &ln_scratch,    &bias_scratch,
-                                      &qkv_colsums,  &ce_workspace})
+                                      &branch_out,   &dres,          &dres_act,
+                                      &dtmp,         &dqkv,          &dfch,
+                                      &gelu_tmp,     &att_scratch,   &ln_scratch,
+                                      &bias_scratch, &qkv_colsums,   &ce_workspace})
             s += b->bytes();
         for (const DeviceBuffer* b : {&vp_h, &vp_y, &vp_logits, &vp_stats, &vp_gathered, &vp_params,
                                       &vp_nvalid, &vp_rows, &vp_dh_all, &vp_dh, &vp_summary})

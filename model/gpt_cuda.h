@@ -28,6 +28,9 @@ struct CudaModelOptions {
     DType precision = DType::bf16;
     KernelChoice kernels;
     bool recompute_gelu = false;  // keep only the pre-GELU activation; recompute GELU in backward
+    // bf16: keep the residual stream, its gradient, the LayerNorms' inputs and weights and the
+    // embeddings' outputs in fp32 (as PyTorch autocast does); the matmuls still read bf16.
+    bool fp32_residual = false;
     // Row chunks of the loss head (logits GEMM, cross-entropy, dlnf GEMM), pipelined over two
     // streams; 1 runs it in one piece. At most 8, and chunks of at least 1024 rows.
     int head_chunks = 4;

@@ -28,6 +28,7 @@
 #include "kernels/global_norm.h"
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
+#include "kernels/residual.h"
 #include "model/gpt.h"
 #include "model/gpt_cuda.h"
 #include "model/hf_gpt2.h"
@@ -244,6 +245,55 @@ TEST_CASE("layernorm: plain, residual-fused and head-strided rows; backward with
         check_close("dq_norm weight", d_gw.get(), gw, DType::f32, 1e-4);
         CHECK(rest_untouched);
     }
+}
+
+TEST_CASE("layernorm over an fp32 residual stream with bf16 activations (train.fp32_residual)") {
+    // The residual stream (a, res, dinp) and the weights in fp32, the branch (b), out and dout in
+    // bf16: res and dinp must hold fp32 precision (1e-5; a bf16 store would be off by 2^-9).
+    Rng rng(21);
+    const DType t = DType::bf16, r = DType::f32;
+    for (int64_t C : {7, 256, 768, 769}) {
+        const int64_t N = C % 256 == 0 ? 4099 : 37;
+        CAPTURE(C);
+        const auto a = rnd(rng, N * C, r, 2.0), b = rnd(rng, N * C, t), w = rnd(rng, C, r),
+                   bias = rnd(rng, C, r), dout = rnd(rng, N * C, t), dinp0 = rnd(rng, N * C, r);
+        std::vector<double> res(N * C);
+        for (int64_t i = 0; i < N * C; i++) res[i] = as_stored(a[i] + b[i], r);
+        std::vector<double> out(N * C), mean(N), rstd(N);
+        cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), res.data(), w.data(),
+                               bias.data(), N, C, 1e-5);
+        DevT da(r, a), db(t, b), dw(r, w), dbias(r, bias), dres(r, N * C), dout_(t, N * C);
+        DevT dmean(DType::f32, N), drstd(DType::f32, N);
+        cuda::residual_layernorm_forward(dres.p, dout_.p, dmean.f(), drstd.f(), da.p, db.p, dw.p,
+                                         dbias.p, N, C, 1e-5, t, r, nullptr);
+        check_close("res (fused)", dres.get(), res, r);
+        check_close("out (fused)", dout_.get(), out, t);
+        DevT dres2(r, N * C), dout2(t, N * C);
+        cuda::residual_forward(dres2.p, da.p, db.p, N * C, t, r, nullptr);
+        check_close("res (separate)", dres2.get(), res, r);
+        cuda::layernorm_forward(dout2.p, {1, C}, dmean.f(), drstd.f(), dres2.p, {1, C}, dw.p,
+                                dbias.p, N, C, 1e-5, t, r, nullptr);
+        check_close("out", dout2.get(), out, t);
+        check_close("mean", dmean.get(), mean, DType::f32);
+        check_close("rstd", drstd.get(), rstd, DType::f32, 1e-5);
+        std::vector<double> dinp = dinp0, gw(C, 0.0), gb(C, 0.0);
+        cpu::layernorm_backward(dinp.data(), gw.data(), gb.data(), dout.data(), res.data(),
+                                w.data(), mean.data(), rstd.data(), N, C);
+        DevT d_dinp(r, dinp0), d_dout(t, dout), d_gw(DType::f32, C), d_gb(DType::f32, C);
+        DevT scratch(DType::f32, int64_t(cuda::layernorm_backward_scratch_bytes(N, C) / 4));
+        cuda::layernorm_backward(d_dinp.p, {1, C}, true, d_gw.f(), d_gb.f(), d_dout.p, {1, C},
+                                 dres2.p, {1, C}, dw.p, dmean.f(), drstd.f(), N, C, scratch.p, t, r,
+                                 nullptr);
+        check_close("dinp", d_dinp.get(), dinp, r);
+        check_close("dweight", d_gw.get(), gw, DType::f32, 1e-4);
+        check_close("dbias", d_gb.get(), gb, DType::f32, 1e-4);
+    }
+    // fp32 activations over a bf16 residual stream is not a recipe: refused by name
+    DevT x(DType::f32, 16), y(DType::f32, 16), m(DType::f32, 1), rs(DType::f32, 1);
+    CHECK_THROWS_WITH_AS(
+        cuda::layernorm_forward(y.p, {1, 16}, m.f(), rs.f(), x.p, {1, 16}, x.p, nullptr, 1, 16,
+                                1e-5, DType::f32, DType::bf16, nullptr),
+        doctest::Contains("fp32 residual stream takes bf16 activations"), Error);
 }
 
 TEST_CASE("GELU forward and backward") {
@@ -573,6 +623,16 @@ TEST_CASE("whole model in bf16: loss within 2e-2 and gradients within bf16 accum
     compare_model(tiny_config(false, true, true), o, 5e-2);
     o.kernels.cross_entropy = "fused_linear";
     compare_model(tiny_config(true, true, false), o, 5e-2);
+    // an fp32 residual stream, with the fused and the separate residual add
+    for (const char* ln : {"fused_residual", "separate"}) {
+        CAPTURE(ln);
+        CudaModelOptions f;
+        f.precision = DType::bf16;
+        f.fp32_residual = true;
+        f.kernels.layernorm = ln;
+        compare_model(tiny_config(false, true, true), f, 5e-2);
+        compare_model(tiny_config(true, false, false), f, 5e-2);
+    }
 }
 
 TEST_CASE("whole model in bf16 at head size 64: tensor-core attention, qkv bias from its sums") {
@@ -709,12 +769,13 @@ TEST_CASE("20 training steps: GPU fp32 tracks the CPU to 1e-4, bf16 to 2e-2") {
     const auto cpu_b = make_backend("cpu", c);
     const auto want = train_steps(*cpu_b, c, 0, 20);
     CHECK(want.back() < want.front() - 0.5);  // it learns
-    for (const char* prec : {"fp32", "bf16"}) {
+    for (const char* prec : {"fp32", "bf16", "bf16+fp32_residual"}) {
         CAPTURE(prec);
-        c.train.precision = prec;
+        c.train.precision = std::string(prec).substr(0, 4);
+        c.train.fp32_residual = std::string(prec).find("fp32_residual") != std::string::npos;
         const auto gpu = make_backend("cuda", c);
         const auto got = train_steps(*gpu, c, 0, 20);
-        const double tol = std::string(prec) == "fp32" ? 1e-4 : 2e-2;
+        const double tol = c.train.precision == "fp32" ? 1e-4 : 2e-2;
         for (size_t i = 0; i < want.size(); i++) {
             CAPTURE(i);
             CHECK(close(got[i], want[i], tol, 0));
@@ -855,16 +916,19 @@ TEST_CASE("vocab-parallel head with 2 and 4 local ranks on one GPU equals one ra
     struct Case {
         DType t;
         const char* head;
+        bool fp32_residual = false;
     };
     for (const Case k : {Case{DType::f32, "online"}, Case{DType::bf16, "fast"},
-                         Case{DType::bf16, "fused_linear"}}) {
+                         Case{DType::bf16, "fused_linear"}, Case{DType::bf16, "fast", true}}) {
         for (int P : {2, 4}) {
             CAPTURE(k.head);
             CAPTURE(P);
             CAPTURE(int(k.t));
+            CAPTURE(k.fp32_residual);
             CudaModelOptions o;
             o.precision = k.t;
             o.kernels.cross_entropy = k.head;
+            o.fp32_residual = k.fp32_residual;
             Rng rng(100 + P);
             std::vector<int32_t> tok(P * B * T), tgt(P * B * T);
             for (auto& x : tok) x = int32_t(rng.uniform() * 1001) % 1001;

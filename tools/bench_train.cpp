@@ -54,6 +54,7 @@ int main(int argc, char** argv) {
         mo.precision = cfg.train.precision == "fp32" ? DType::f32 : DType::bf16;
         mo.kernels = cfg.kernels;
         mo.recompute_gelu = cfg.train.recompute_gelu;
+        mo.fp32_residual = cfg.train.fp32_residual;
         mo.head_chunks = head_chunks;
         GptCuda model(cfg.model, mo);
         model.set_params(initial_params(cfg).data());
@@ -160,6 +161,7 @@ int main(int argc, char** argv) {
                                {"layernorm", cfg.kernels.layernorm},
                                {"matmul", cfg.kernels.matmul}}},
                              {"recompute_gelu", cfg.train.recompute_gelu},
+                             {"fp32_residual", cfg.train.fp32_residual},
                              {"head_chunks", head_chunks},
                              {"steps_timed", step_ms.size()},
                              {"step_ms", ms},

@@ -55,10 +55,24 @@ def learning_rate(o, step, max_steps):  # train/lr_schedule.cpp; step is 0-based
     return o["min_lr"] + shape * (o["lr"] - o["min_lr"])
 
 
+class RoundBF16(torch.autograd.Function):
+    """x rounded to bf16 and kept in fp32, and so its gradient: the residual stream as our trainer
+    stores it without train.fp32_residual (the `bf16_residual` variant)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.to(torch.bfloat16).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.to(torch.bfloat16).to(g.dtype)
+
+
 class TorchGPT:
     """Our GPT over named tensors cut from our weight arena (matrices are [out, in], as F.linear)."""
 
-    def __init__(self, run, arena, device):
+    def __init__(self, run, arena, device, round_residual=False):
+        self.round_residual = round_residual
         self.m = run["model"]
         self.P = {}
         for p in run["params"]:
@@ -75,7 +89,8 @@ class TorchGPT:
         B, T = idx.shape
         C, H, eps = m["n_embd"], m["n_head"], m["ln_eps"]
         hs = C // H
-        x = P["transformer.wte.weight"][idx] + P["transformer.wpe.weight"][:T]
+        r = RoundBF16.apply if self.round_residual else (lambda z: z)
+        x = r(P["transformer.wte.weight"][idx] + P["transformer.wpe.weight"][:T])
         for l in range(m["n_layer"]):
             p = f"transformer.h.{l}."
             h = F.layer_norm(x, (C,), P[p + "ln_1.weight"], g(p + "ln_1.bias"), eps)
@@ -87,10 +102,10 @@ class TorchGPT:
             y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                is_causal=True)
             y = y.transpose(1, 2).reshape(B, T, C)
-            x = x + F.linear(y, P[p + "attn.c_proj.weight"], g(p + "attn.c_proj.bias"))
+            x = r(x + F.linear(y, P[p + "attn.c_proj.weight"], g(p + "attn.c_proj.bias")))
             h = F.layer_norm(x, (C,), P[p + "ln_2.weight"], g(p + "ln_2.bias"), eps)
             h = F.gelu(F.linear(h, P[p + "mlp.c_fc.weight"], g(p + "mlp.c_fc.bias")), approximate="tanh")
-            x = x + F.linear(h, P[p + "mlp.c_proj.weight"], g(p + "mlp.c_proj.bias"))
+            x = r(x + F.linear(h, P[p + "mlp.c_proj.weight"], g(p + "mlp.c_proj.bias")))
         x = F.layer_norm(x, (C,), P["transformer.ln_f.weight"], g("transformer.ln_f.bias"), eps)
         head = P["transformer.wte.weight"] if m["tie_embeddings"] else P["lm_head.weight"]
         return F.linear(x, head)[..., : m["vocab_size"]]  # padded rows never enter the softmax
@@ -109,7 +124,9 @@ def loss_sum(logits, y, lossc):
 
 
 def train_torch(run, arena, batches, device, dtype, steps):
-    model = TorchGPT(run, arena, device)
+    model = TorchGPT(run, arena, device, round_residual=dtype == "bf16_residual")
+    if dtype == "bf16_residual":
+        dtype = "bf16"
     if dtype == "jitter":  # bf16 from weights moved by 1e-6 relative: another, equally valid rounding
         with torch.no_grad():
             g = torch.Generator(device=device).manual_seed(1)
@@ -166,7 +183,9 @@ def main():
     ap.add_argument("--tolerance", type=float, help="fail when a step's relative difference exceeds it")
     ap.add_argument("--torch-variants", default="",
                     help="comma-separated extra PyTorch runs that show its own spread: fp32, bf16, "
-                         "jitter (bf16 from weights moved by 1e-6 relative)")
+                         "jitter (bf16 from weights moved by 1e-6 relative), bf16_residual (bf16 "
+                         "autocast with the residual stream and its gradient rounded to bf16, as "
+                         "our trainer stores them without train.fp32_residual)")
     a = ap.parse_args()
     if a.device == "cuda" and not torch.cuda.is_available():
         print("skip: no CUDA device for PyTorch here")

@@ -63,6 +63,7 @@ CudaModelOptions model_options(const Config& cfg, int vocab_parts) {
     o.precision = cfg.train.precision == "fp32" ? DType::f32 : DType::bf16;
     o.kernels = cfg.kernels;
     o.recompute_gelu = cfg.train.recompute_gelu;
+    o.fp32_residual = cfg.train.fp32_residual;
     return o;
 }
 
@@ -225,7 +226,9 @@ class CudaBackend final : public Backend {
         return std::string("CUDA, ") + cfg_.train.precision +
                ", kernels: attention=" + k.attention + " cross_entropy=" + k.cross_entropy +
                " layernorm=" + k.layernorm + " matmul=" + k.matmul +
-               (cfg_.train.recompute_gelu ? ", GELU recomputed" : "");
+               (cfg_.train.recompute_gelu ? ", GELU recomputed" : "") +
+               (cfg_.train.fp32_residual && cfg_.train.precision == "bf16" ? ", fp32 residual"
+                                                                           : "");
     }
 
   private:

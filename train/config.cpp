@@ -98,6 +98,9 @@ std::vector<ConfigField> config_fields(Config& c) {
          {"bf16", "fp32"}});
     add({"train", "recompute_gelu", "GPU: recompute GELU in backward (saves 4 x B x T x C)",
          &t.recompute_gelu});
+    add({"train", "fp32_residual",
+         "GPU bf16: residual stream, its gradient and LayerNorm inputs in fp32 (as autocast)",
+         &t.fp32_residual});
     OptimConfig& o = c.optim;
     add({"optim", "lr", "peak learning rate", &o.lr, 0, 100, true});
     add({"optim", "min_lr", "learning rate at the end of the decay", &o.min_lr, 0, 100});
