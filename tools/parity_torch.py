@@ -186,6 +186,9 @@ def main():
                          "jitter (bf16 from weights moved by 1e-6 relative), bf16_residual (bf16 "
                          "autocast with the residual stream and its gradient rounded to bf16, as "
                          "our trainer stores them without train.fp32_residual)")
+    ap.add_argument("--ours-variant", action="append", default=[], metavar="K=V[,K=V]",
+                    help="train ours once more with these overrides (same weights and batches); "
+                         "repeatable")
     a = ap.parse_args()
     if a.device == "cuda" and not torch.cuda.is_available():
         print("skip: no CUDA device for PyTorch here")
@@ -205,10 +208,18 @@ def main():
 
     # Ours: the same config and overrides, no evaluation or sampling in between.
     ours_sets = sets + ["--set", "train.eval_every=0", "--set", "train.sample_every=0", "--set", "data.val=",
-                        "--set", f"train.out_dir={work}", "--set", "train.run_name=ours"]
-    shutil.rmtree(work / "ours", ignore_errors=True)  # a run directory is appended to, never reset
-    run([f"{a.bin}/train", "-c", a.config, *ours_sets])
-    ours = [json.loads(l)["loss"] for l in open(work / "ours/metrics.jsonl") if '"loss"' in l]
+                        "--set", f"train.out_dir={work}"]
+
+    def train_ours(name, extra):
+        shutil.rmtree(work / name, ignore_errors=True)  # a run directory is appended to, never reset
+        run([f"{a.bin}/train", "-c", a.config, *ours_sets, "--set", f"train.run_name={name}", *extra])
+        return [json.loads(l)["loss"] for l in open(work / name / "metrics.jsonl") if '"loss"' in l]
+
+    ours = train_ours("ours", [])
+    ours_variants = {}
+    for v in a.ours_variant:  # the same weights and batches, other settings of ours
+        extra = [x for kv in filter(None, v.split(",")) for x in ("--set", kv)]
+        ours_variants[v] = train_ours(f"ours_{len(ours_variants) + 1}", extra)
 
     if a.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -231,6 +242,11 @@ def main():
                        "max_gap_vs_ours": gap(c, ours)}
         print(f"PyTorch {v}: {w}-step means differ from PyTorch {tr['precision']} by at most "
               f"{gap(c, theirs):.4f}, from ours by at most {gap(c, ours):.4f}")
+    for v, c in ours_variants.items():
+        ours_variants[v] = {"losses": c, "means": window(c), "max_gap_vs_pytorch": gap(c, theirs),
+                            "max_gap_vs_ours": gap(c, ours)}
+        print(f"ours with {v}: {w}-step means differ from PyTorch {tr['precision']} by at most "
+              f"{gap(c, theirs):.4f}, from ours by at most {gap(c, ours):.4f}")
     print(f"{'step':>6} {'ours':>12} {'pytorch':>12} {'rel diff':>10}")
     for i, (x, y, r) in enumerate(zip(ours, theirs, rel)):
         if a.steps <= 40 or i % max(1, a.steps // 40) == 0 or i == a.steps - 1:
@@ -242,6 +258,7 @@ def main():
             "config": a.config, "overrides": a.set, "device": a.device, "precision": tr["precision"],
             "steps": a.steps, "window": w, "max_gap": max_gap, "max_rel_diff": max(rel),
             "means": means, "ours": ours, "pytorch": theirs, "pytorch_variants": variants,
+            "ours_variants": ours_variants,
             "torch_version": torch.__version__}, indent=1))
     if a.tolerance is not None and max(rel) > a.tolerance:
         print(f"FAIL: a step differs by {max(rel):.2e} > {a.tolerance:g}")

@@ -2,7 +2,8 @@
 """The loss curves of a parity run (tools/parity_torch.py --out X.json) in one figure: ours and
 PyTorch's per-step losses (thin) and their means over the tool's windows (thick), and below them
 the difference of the means; PyTorch's extra runs (--torch-variants), where there are any, as
-their means and their differences from PyTorch's main run (dashed): its own spread.
+their means and their differences from PyTorch's main run (dashed): its own spread; our extra
+runs (--ours-variant) the same way (dotted).
 
     python3 tools/plot_parity.py X.json OUT.png [--title TEXT]
 """
@@ -42,7 +43,11 @@ def main():
         top.plot(centres, v["means"], "s--", color=colour, label=f"PyTorch {name}")
         bottom.plot(centres, [a - m[1] for a, m in zip(v["means"], d["means"])], "s--", color=colour,
                     label=f"PyTorch {name}")
-    if d.get("pytorch_variants"):
+    for (name, v), colour in zip(d.get("ours_variants", {}).items(), ["tab:cyan", "tab:olive", "tab:brown"]):
+        top.plot(centres, v["means"], "^:", color=colour, label=f"ours, {name}")
+        bottom.plot(centres, [a - m[1] for a, m in zip(v["means"], d["means"])], "^:", color=colour,
+                    label=f"ours, {name}")
+    if d.get("pytorch_variants") or d.get("ours_variants"):
         top.legend()
         bottom.legend(fontsize=7)
     bottom.set_ylabel(f"minus PyTorch\n({w}-step means)")
