@@ -1,0 +1,210 @@
+// The CUDA loss head's planners (kernels/cross_entropy/plan.h) on the CPU: the cluster, stages,
+// warp groups and helper grid that `fast` and `fast_lockstep` choose for a few shapes and
+// devices. Each expected value is worked out here from the rules the planner documents, not
+// copied from a run.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <cstdlib>
+
+#include "kernels/cross_entropy.h"
+#include "kernels/cross_entropy/plan.h"
+
+using namespace zgpt;
+using namespace zgpt::cuda;
+using namespace zgpt::cuda::ce;
+
+namespace {
+
+constexpr int kHopperSmem = 227 * 1024;          // H100 / H200 opt-in shared memory per block
+constexpr int64_t kBudget = kHopperSmem - 2048;  // the buffers' budget: 230,400 bytes
+
+// The planner's knobs, so that the defaults are what is tested.
+void clear_knobs() {
+    for (const char* k : {"ZGPT_CE_FAST_GROUPS", "ZGPT_CE_FAST_PARTS", "ZGPT_CE_FAST_THREADS",
+                          "ZGPT_CE_FAST_SMEM_KB", "ZGPT_CE_FAST_MIN_STAGES", "ZGPT_CE_FAST_CLUSTER",
+                          "ZGPT_CE_FAST_HELPER_PARTS"})
+        unsetenv(k);
+}
+
+// Rows of V values (row stride ld) at 16-byte aligned addresses; the planner only looks at them.
+CrossEntropyArgs rows(LogitsType type, int64_t V, int64_t ld = 0, uintptr_t offset = 0) {
+    CrossEntropyArgs a;
+    a.type = type;
+    a.V = a.V_local = V;
+    a.ld = ld ? ld : V;
+    a.N = 8192;
+    a.logits = reinterpret_cast<const void*>((uintptr_t(1) << 20) + offset);
+    return a;
+}
+
+}  // namespace
+
+TEST_CASE("ce plan: block sizes and alignment") {
+    // 512 threads from 4096 columns, 256 from 512, else 64
+    CHECK(num_threads_for(50304) == 512);
+    CHECK(num_threads_for(4096) == 512);
+    CHECK(num_threads_for(4095) == 256);
+    CHECK(num_threads_for(512) == 256);
+    CHECK(num_threads_for(511) == 64);
+    CHECK(type_size(LogitsType::bf16) == 2);
+    CHECK(type_size(LogitsType::f32) == 4);
+    const void* p = reinterpret_cast<const void*>(uintptr_t(4096));
+    const void* q = reinterpret_cast<const void*>(uintptr_t(4096 + 2));
+    CHECK(rows_aligned(p, p, 50304, LogitsType::bf16));   // 100,608-byte rows
+    CHECK(!rows_aligned(p, p, 50257, LogitsType::bf16));  // 100,514: not a multiple of 16
+    CHECK(rows_aligned(p, p, 50257 + 3, LogitsType::f32));
+    CHECK(!rows_aligned(q, p, 50304, LogitsType::bf16));
+    CHECK(!rows_aligned(p, q, 50304, LogitsType::bf16));
+}
+
+TEST_CASE("ce plan: fast on short rows (GPT-2's vocabulary)") {
+    clear_knobs();
+    // bf16, V = 50304: 100,608-byte rows, up to 128 KB: two warp groups of 512 threads, each
+    // buffer in two copies, one stage per group. The smallest cluster whose slices fit two
+    // stages in the budget: one CTA (2 x 100,608 <= 230,400).
+    const CrossEntropyArgs a = rows(LogitsType::bf16, 50304);
+    const FastPlan p = plan_fast(a, true, kHopperSmem);
+    CHECK(p.cluster == 1);
+    CHECK(p.pingpong);
+    CHECK(p.groups == 2);
+    CHECK(p.threads == 1024);
+    CHECK(p.parts == 2);
+    CHECK(p.slice == 50304);
+    CHECK(p.stages == 2);
+    CHECK(p.smem == size_t(2 * 50304 * 2));
+    // the helper only goes behind clusters of more than 2 CTAs
+    CHECK(plan_fast_helper(a, p, kHopperSmem).cluster == 0);
+
+    // V = 50257 (the trainer's): the slice is rounded up to whole 16-byte chunks (8 values)
+    const FastPlan t = plan_fast(rows(LogitsType::bf16, 50257, 50264), true, kHopperSmem);
+    CHECK(t.cluster == 1);
+    CHECK(t.slice == 50264);
+    CHECK(t.stages == 2);
+
+    // a fixed cluster size (ZGPT_CE_FAST_CLUSTER): 2 CTAs of 25,152 values, 50,304 bytes a
+    // slice, so min(8, 230,400 / 50,304) = 4 stages
+    setenv("ZGPT_CE_FAST_CLUSTER", "2", 1);
+    const FastPlan f = plan_fast(a, true, kHopperSmem);
+    clear_knobs();
+    CHECK(f.cluster == 2);
+    CHECK(f.slice == 25152);
+    CHECK(f.stages == 4);
+}
+
+TEST_CASE("ce plan: fast on long rows, and its helper grid") {
+    clear_knobs();
+    // bf16, V = 128256 (Llama 3): 256,512-byte rows, over 128 KB: three warp groups of 256
+    // threads, two copies per buffer, three stages (one per group). Clusters of 3 give slices
+    // of 42,752 values (85,504 bytes: 2 stages); of 4, 32,064 values (64,128 bytes: 3 stages).
+    const CrossEntropyArgs a = rows(LogitsType::bf16, 128256);
+    const FastPlan p = plan_fast(a, true, kHopperSmem);
+    CHECK(p.cluster == 4);
+    CHECK(p.groups == 3);
+    CHECK(p.threads == 768);
+    CHECK(p.parts == 2);
+    CHECK(p.slice == 32064);
+    CHECK(p.stages == 3);
+    CHECK(p.smem == size_t(3 * 64128));
+
+    // One CTA per SM (2 x 192,384 bytes do not fit an SM) in clusters of 4: the helper is 2-CTA
+    // clusters of one 512-thread group, one copy per buffer, slices of half a row (64,128
+    // values, 128,256 bytes), as many stages as fit: 230,400 / 128,256 = 1.
+    const FastPlan h = plan_fast_helper(a, p, kHopperSmem);
+    CHECK(h.cluster == 2);
+    CHECK(h.pingpong);
+    CHECK(h.groups == 1);
+    CHECK(h.threads == 512);
+    CHECK(h.parts == 1);
+    CHECK(h.slice == 64128);
+    CHECK(h.stages == 1);
+    CHECK(h.smem == size_t(128256));
+
+    // On the H100's 132 SMs, 30 clusters of 4 fit (120 SMs): the 12 idle SMs make 6 helper
+    // clusters. At weight 70 they count as 12 x 0.7 = 8.4 SMs against the main grid's 120, so
+    // they take floor(16384 x 8.4 / 128.4) = floor(1071.85) = 1071 of 16,384 rows.
+    HelperSplit s = split_helper(16384, 132, 30, p, h, 66, kHelperWeight);
+    CHECK(s.clusters == 6);
+    CHECK(s.rows == 1071);
+    // only 4 helper clusters fit at once: 8 SMs, 5.6 against 120: floor(16384 x 5.6 / 125.6) = 730
+    s = split_helper(16384, 132, 30, p, h, 4, kHelperWeight);
+    CHECK(s.clusters == 4);
+    CHECK(s.rows == 730);
+    // no idle SMs (33 clusters of 4 on 132), or weight 0: no helper rows
+    s = split_helper(16384, 132, 33, p, h, 66, kHelperWeight);
+    CHECK(s.clusters == 0);
+    CHECK(s.rows == 0);
+    s = split_helper(16384, 132, 30, p, h, 66, 0);
+    CHECK(s.rows == 0);
+    // an odd idle SM is left out: 115 SMs, 28 clusters of 4 leave 3, one helper cluster of 2;
+    // floor(16384 x 1.4 / 113.4) = floor(202.27) = 202
+    s = split_helper(16384, 115, 28, p, h, 66, kHelperWeight);
+    CHECK(s.clusters == 1);
+    CHECK(s.rows == 202);
+
+    // fp32 rows of 50,304 values (201,216 bytes) are long rows too: three groups; clusters of 3
+    // hold 3 stages of 16,768 values (67,072 bytes); the helper's half rows of 25,152 values
+    // (100,608 bytes) fit 2 stages
+    const CrossEntropyArgs f = rows(LogitsType::f32, 50304);
+    const FastPlan pf = plan_fast(f, true, kHopperSmem);
+    CHECK(pf.cluster == 3);
+    CHECK(pf.threads == 768);
+    CHECK(pf.slice == 16768);
+    CHECK(pf.stages == 3);
+    const FastPlan hf = plan_fast_helper(f, pf, kHopperSmem);
+    CHECK(hf.cluster == 2);
+    CHECK(hf.slice == 25152);
+    CHECK(hf.stages == 2);
+}
+
+TEST_CASE("ce plan: fast_lockstep") {
+    clear_knobs();
+    // Rows of up to 128 KB: 256-thread CTAs, two per SM, so a 110 KB budget each and two stages:
+    // one CTA holds only one 100,608-byte stage, two CTAs of 50,304 bytes hold 2.
+    const CrossEntropyArgs a = rows(LogitsType::bf16, 50304);
+    const FastPlan p = plan_fast(a, false, kHopperSmem);
+    CHECK(p.cluster == 2);
+    CHECK(!p.pingpong);
+    CHECK(p.groups == 1);
+    CHECK(p.parts == 1);
+    CHECK(p.threads == 256);
+    CHECK(p.slice == 25152);
+    CHECK(p.stages == 2);
+    CHECK(plan_fast_helper(a, p, kHopperSmem).cluster == 0);  // no helper behind lockstep
+    // longer rows: one 512-thread CTA per SM holding three stages (kMinStages)
+    const FastPlan l = plan_fast(rows(LogitsType::bf16, 128256), false, kHopperSmem);
+    CHECK(l.cluster == 4);
+    CHECK(l.threads == 512);
+    CHECK(l.stages == 3);
+    CHECK(l.smem == size_t(3 * 64128));
+}
+
+TEST_CASE("ce plan: rows fast cannot take fall back to online") {
+    clear_knobs();
+    // unaligned rows: a row stride of 100,514 bytes, or logits 2 bytes off 16
+    CHECK(plan_fast(rows(LogitsType::bf16, 50257), true, kHopperSmem).cluster == 0);
+    CHECK(plan_fast(rows(LogitsType::bf16, 50304, 0, 2), true, kHopperSmem).cluster == 0);
+    CrossEntropyArgs d = rows(LogitsType::bf16, 50304);
+    d.dlogits = reinterpret_cast<void*>(uintptr_t(4096 + 8));
+    CHECK(plan_fast(d, false, kHopperSmem).cluster == 0);
+    // rows longer than 8 CTAs hold two stages of: 10^6 bf16 values, 8 slices of 250,000 bytes
+    CHECK(250000 > kBudget);
+    CHECK(plan_fast(rows(LogitsType::bf16, 1000000), true, kHopperSmem).cluster == 0);
+    CHECK(plan_fast(rows(LogitsType::bf16, 1000000), false, kHopperSmem).cluster == 0);
+}
+
+TEST_CASE("ce plan: a smaller shared memory") {
+    clear_knobs();
+    // 99 KB per block (101,376 bytes; budget 99,328): GPT-2's rows need 3 CTAs (slices of 16,768
+    // values, 33,536 bytes, 2 stages); two such CTAs (2 x 67,072 bytes) do not fit in 99 KB, so
+    // the helper applies, with half rows (50,304 bytes): 1 stage.
+    const int smem = 99 * 1024;
+    const CrossEntropyArgs a = rows(LogitsType::bf16, 50304);
+    const FastPlan p = plan_fast(a, true, smem);
+    CHECK(p.cluster == 3);
+    CHECK(p.slice == 16768);
+    CHECK(p.stages == 2);
+    const FastPlan h = plan_fast_helper(a, p, smem);
+    CHECK(h.cluster == 2);
+    CHECK(h.stages == 1);
+}
