@@ -553,6 +553,16 @@ void compare_model(const ModelConfig& mc, const CudaModelOptions& o, double rtol
     std::vector<float> pf(ref.params.begin(), ref.params.end());
     for (size_t i = 0; i < pf.size(); i++)  // both sides read the stored weights
         ref.params[i] = as_stored(pf[i], o.precision);
+    // An fp32 residual stream reads the LayerNorms' weights and the embedding rows from the fp32
+    // master (a tied wte is also the head's bf16 matrix: there the two reads differ by a rounding)
+    if (o.fp32_residual)
+        for (const ParamSpec& s : ref.layout().table.specs()) {
+            const bool residual_side = s.name.find(".ln_") != std::string::npos ||
+                                       s.name == "transformer.wpe.weight" ||
+                                       (s.name == "transformer.wte.weight" && !mc.tie_embeddings);
+            if (residual_side)
+                for (int64_t i = s.offset; i < s.offset + s.numel; i++) ref.params[i] = pf[i];
+        }
     const auto tokens = random_tokens(rng, B * T, mc.vocab_size);
     auto targets = random_tokens(rng, B * T, mc.vocab_size);
     targets[3] = -100;
