@@ -1,7 +1,7 @@
 // How many thread-block clusters of each size fit on the GPU at once, and on how many SMs they
 // land: cudaOccupancyMaxActiveClusters, then a launch of that many clusters that records each
 // CTA's SM. Clusters stay inside one GPC, so sizes that do not divide the GPCs' SM counts leave
-// SMs idle (why `fast` runs a helper grid: kernels/cross_entropy.cu, plan_fast_helper).
+// SMs idle (why `fast` runs a helper grid: kernels/cross_entropy/plan.cpp, plan_fast_helper).
 //   nvcc -O2 -arch=sm_90a tools/probes/cluster_occupancy.cu -o /tmp/cluster_occupancy
 #include <cuda_runtime.h>
 

@@ -4,7 +4,7 @@
 // follows with programmatic stream serialization, spins ~0.1 ms, then waits for the main grid
 // (griddepcontrol.wait). Printed: each helper CTA's SM and start / end times against the main
 // grid's, on the legacy stream, a created stream, inside a CUDA graph, and with more helper CTAs
-// than idle SMs. The shape of fast's main and helper grids (kernels/cross_entropy.cu).
+// than idle SMs. The shape of fast's main and helper grids (kernels/cross_entropy/fast.cu).
 //   nvcc -O2 -arch=sm_90a tools/probes/pdl_placement.cu -o /tmp/pdl_placement
 #include <cuda_runtime.h>
 
