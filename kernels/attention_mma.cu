@@ -17,7 +17,6 @@
 //   memory feeds MT products.
 #include "kernels/attention_mma.h"
 
-#include <cstdlib>
 #include <string>
 
 #include "kernels/attention_geo.cuh"
@@ -598,14 +597,10 @@ __global__ void __launch_bounds__(kThreads, 3)
     }
 }
 
-// Query rows per warp in the forward (in m-tiles of 16): 2 by default; ZGPT_ATTN_FWD_MT=1
-// exists for measuring the difference.
-int forward_m_tiles() {
-    static const int mt = [] {
-        const char* e = std::getenv("ZGPT_ATTN_FWD_MT");
-        return e && std::string(e) == "1" ? 1 : 2;
-    }();
-    return mt;
+// Query rows per warp in the forward (in m-tiles of 16): 2 by default; 1
+// (AttentionTuning::fwd_m_tiles) exists for measuring the difference.
+int forward_m_tiles(const AttentionShape& s) {
+    return s.tuning.fwd_m_tiles == 1 ? 1 : 2;
 }
 
 }  // namespace
@@ -618,7 +613,7 @@ void forward(void* out, float* lse, const void* qkv, const AttentionShape& s, CU
     const Geo g = attention_geometry(s);
     auto* y = static_cast<bf16*>(out);
     const auto* x = static_cast<const bf16*>(qkv);
-    const int mt = forward_m_tiles();
+    const int mt = forward_m_tiles(s);
     const int64_t rows = kWarps * 16 * mt;
     const dim3 grid(unsigned((s.Tn + rows - 1) / rows), unsigned(s.B * s.NH));
     static const bool smem_set = [] {  // more than the default 48 KB

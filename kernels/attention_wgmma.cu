@@ -25,7 +25,6 @@
 #include "kernels/attention_wgmma.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
 #include "kernels/attention_geo.cuh"
@@ -591,18 +590,6 @@ __global__ void __launch_bounds__(kThreads, QT == 32 ? 2 : 1)
 #endif
 }
 
-// Which directions run here: ZGPT_ATTN_WGMMA unset or 1 both, fwd / bwd one, 0 neither.
-struct Enabled {
-    bool fwd, bwd;
-};
-Enabled enabled() {
-    static const Enabled e = [] {
-        const char* v = std::getenv("ZGPT_ATTN_WGMMA");
-        const std::string s = v ? v : "1";
-        return Enabled{s == "1" || s == "fwd", s == "1" || s == "bwd"};
-    }();
-    return e;
-}
 bool hopper() {
     static const bool yes = [] {
         int dev = 0, major = 0, minor = 0;
@@ -625,10 +612,10 @@ void allow_smem(Kernel k, int bytes) {
 }  // namespace
 
 bool usable_forward(const AttentionShape& s, DType t) {
-    return enabled().fwd && shape_ok(s, t);
+    return s.tuning.wgmma_fwd && shape_ok(s, t);
 }
 bool usable_backward(const AttentionShape& s, DType t) {
-    return enabled().bwd && shape_ok(s, t);
+    return s.tuning.wgmma_bwd && shape_ok(s, t);
 }
 
 void forward(void* out, float* lse, const void* qkv, const AttentionShape& s, CUstream_st* st) {
@@ -646,7 +633,8 @@ int64_t colsum_rows(const AttentionShape& s) {
 }
 
 // Tile sizes of the backward kernels (keys per dQ tile, queries per dK/dV tile): 32 or 64, from
-// ZGPT_ATTN_WGMMA_TILES=<dq>,<dkdv> (default 64,64, the fastest measured), for measuring.
+// AttentionTuning::wgmma_dq_tile and wgmma_dkdv_tile (default 64 and 64, the fastest measured),
+// for measuring.
 template <int KT, int QT>
 void backward_tiles(bf16* dx, float* dsum, const bf16* dy, const bf16* out, const bf16* x,
                     const float* lse, float* colsums, const Geo& g, const dim3& grid,
@@ -663,21 +651,18 @@ void backward_tiles(bf16* dx, float* dsum, const bf16* dy, const bf16* out, cons
 
 void backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
               float* dsum, float* dqkv_colsums, const AttentionShape& s, CUstream_st* st) {
-    static const std::string tiles = [] {
-        const char* e = std::getenv("ZGPT_ATTN_WGMMA_TILES");
-        return std::string(e ? e : "64,64");
-    }();
+    const bool dq32 = s.tuning.wgmma_dq_tile == 32, dkdv32 = s.tuning.wgmma_dkdv_tile == 32;
     const Geo g = attention_geometry(s);
     const auto* dy = static_cast<const bf16*>(dout);
     const auto* x = static_cast<const bf16*>(qkv);
     const auto* o = static_cast<const bf16*>(out);
     auto* dx = static_cast<bf16*>(dqkv);
     const dim3 grid(unsigned((s.Tn + kBlockRows - 1) / kBlockRows), unsigned(s.B * s.NH));
-    if (tiles == "64,64")
+    if (!dq32 && !dkdv32)
         backward_tiles<64, 64>(dx, dsum, dy, o, x, lse, dqkv_colsums, g, grid, st);
-    else if (tiles == "64,32")
+    else if (!dq32)
         backward_tiles<64, 32>(dx, dsum, dy, o, x, lse, dqkv_colsums, g, grid, st);
-    else if (tiles == "32,64")
+    else if (!dkdv32)
         backward_tiles<32, 64>(dx, dsum, dy, o, x, lse, dqkv_colsums, g, grid, st);
     else
         backward_tiles<32, 32>(dx, dsum, dy, o, x, lse, dqkv_colsums, g, grid, st);

@@ -9,8 +9,8 @@
 struct CUstream_st;
 namespace zgpt::cuda::attention_wgmma {
 
-// bf16, head size 64, and the current device is compute capability 9.0. ZGPT_ATTN_WGMMA=fwd or
-// =bwd keeps only that direction on these kernels, =0 neither (for measuring the difference).
+// bf16, head size 64, and the current device is compute capability 9.0. s.tuning's wgmma_fwd /
+// wgmma_bwd false keeps that direction off these kernels (for measuring the difference).
 bool usable_forward(const AttentionShape& s, DType t);
 bool usable_backward(const AttentionShape& s, DType t);
 void forward(void* out, float* lse, const void* qkv, const AttentionShape& s, CUstream_st* st);

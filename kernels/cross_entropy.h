@@ -133,6 +133,31 @@ struct LossSummaryF {
     int n_valid;
 };
 
+// The `fast` variants' tuning knobs (the planners in kernels/cross_entropy/plan.h), for sweeps
+// and tests. Every default leaves the choice to the planner, which picks what the H100
+// measurements chose (docs/cross_entropy.md); a value outside a knob's set is ignored (the
+// planner's choice), and the config (kernels.cross_entropy_tuning.*) refuses it. The variants
+// other than fast and fast_lockstep ignore them all.
+struct CrossEntropyTuning {
+    int cluster = 0;  // CTAs per cluster, 1..8; 0: the fewest whose slices fit the wanted stages
+    int groups = 0;   // fast: warp groups per CTA, 2 | 3; 0: 2 for rows of <= 128 KB, else 3
+    int parts = 0;    // fast: bulk copies per buffer, 1 | 2 | 4 (4: 256-thread groups); 0: 2
+    // threads per CTA, 256 | 512 | 1024 (fast with two groups: 512 | 1024; three have 768);
+    // 0: by the row length
+    int threads = 0;
+    int smem_kb = 0;       // the buffers' shared memory per CTA in KB; 0: the planner's budget
+    int min_stages = 0;    // the stages the cluster size is chosen for; 0: the planner's
+    int helper_parts = 0;  // fast's helper grid: bulk copies per buffer, 1 | 2 | 4; 0: 1
+    // fast's helper grid: its rows per SM against the main grid's, in percent (0: no helper
+    // rows); -1: ce::kHelperWeight (70)
+    int helper_weight = -1;
+    // fast, bf16 logits, outside graph capture: run the kernel that records where a row's time
+    // goes, wait for it and print the phases to stderr. A diagnostic, not a tuning (it
+    // synchronises the stream and prints at every launch), so bench_ce --trace sets it and the
+    // trainer's config has no key for it.
+    bool trace = false;
+};
+
 struct CrossEntropyArgs {
     const void* logits = nullptr;  // [N, ld], columns [0, V_local) are this shard
     LogitsType type = LogitsType::bf16;
@@ -145,6 +170,7 @@ struct CrossEntropyArgs {
     float* z_rows = nullptr;
     float* lse_rows = nullptr;
     LossSummaryF* summary = nullptr;  // required
+    CrossEntropyTuning tuning;        // the defaults: the planners' choices
 };
 
 // A registered implementation of the whole head on rows that hold the full vocabulary on this
@@ -185,6 +211,19 @@ void ce_reduce(const CrossEntropyArgs& a, const RowStatsF* stats, const int* n_v
 // the whole vocabulary; the vocab-parallel path is linear_ce_shard_stats / _backward below.
 namespace zgpt::cuda {
 
+// fused_linear's schedule: tiles of row_block rows x vocab_chunk columns of bf16 logits. Every
+// default (0, false) is the H100 sweep's choice (kernels/linear_cross_entropy.cu). The config
+// keys are kernels.linear_ce_row_block, _vocab_chunk, _chunk_mb and _rows_outer.
+struct LinearCrossEntropyTuning {
+    int64_t vocab_chunk = 0;  // vocabulary columns per tile; 0: from the tile's memory budget
+    int64_t row_block = 0;    // rows per tile; 0: 8192
+    int64_t chunk_mb = 0;     // the tile's MB of bf16 logits, when vocab_chunk is 0; 0: 48
+    // With dweight_acc and several row blocks: each row block's whole head (statistics, then
+    // gradients over every vocabulary chunk) before the next block, so dh needs only a row
+    // block's fp32 accumulator; dW accumulates across blocks in dweight_acc.
+    bool rows_outer = false;
+};
+
 struct LinearCrossEntropyArgs {
     const void* hidden = nullptr;  // [N, C] bf16
     const void* weight = nullptr;  // [V, C] bf16, or a shard's rows [V_local, C]
@@ -201,22 +240,15 @@ struct LinearCrossEntropyArgs {
     float* z_rows = nullptr;
     float* lse_rows = nullptr;
     LossSummaryF* summary = nullptr;  // required
-    // The schedule: tiles of row_block rows x vocab_chunk columns of bf16 logits.
-    int64_t vocab_chunk = 0;  // vocabulary columns per tile; 0: from a memory budget
-    int64_t row_block = 0;    // rows per tile; 0: 8192 (or ZGPT_CE_LINEAR_ROW_BLOCK)
-    // With dweight_acc and several row blocks: each row block's whole head (statistics, then
-    // gradients over every vocabulary chunk) before the next block, so dh needs only a row block's
-    // fp32 accumulator; dW accumulates across blocks in dweight_acc. (Also
-    // ZGPT_CE_LINEAR_ROWS_OUTER=1.)
-    bool rows_outer = false;
+    LinearCrossEntropyTuning tuning;  // the schedule
 };
 
 struct LinearCrossEntropyVariant {
     const char* name;
     const char* description;
     // Enough for either loop order.
-    size_t (*workspace_bytes)(int64_t N, int64_t C, int64_t V, int64_t vocab_chunk,
-                              int64_t row_block);
+    size_t (*workspace_bytes)(int64_t N, int64_t C, int64_t V,
+                              const LinearCrossEntropyTuning& tuning);
     void (*run)(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, void* workspace,
                 CUstream_st* stream);
 };
@@ -229,8 +261,8 @@ const std::vector<LinearCrossEntropyVariant>& linear_cross_entropy_variants();
 //   [N, C] buffer (to be summed across GPUs) and writing or adding its own dW rows -> ce_reduce.
 // The workspace holds one tile (linear_ce_shard_workspace_bytes); the per-row outputs and the
 // summary come from the ce_finalize / ce_reduce steps.
-size_t linear_ce_shard_workspace_bytes(int64_t N, int64_t C, int64_t V_local, int64_t vocab_chunk,
-                                       int64_t row_block);
+size_t linear_ce_shard_workspace_bytes(int64_t N, int64_t C, int64_t V_local,
+                                       const LinearCrossEntropyTuning& tuning);
 void linear_ce_shard_stats(RowStatsF* stats, const LinearCrossEntropyArgs& a,
                            const CrossEntropyOptions& o, void* workspace, CUstream_st* s);
 void linear_ce_shard_backward(float* dh_acc, const RowGradParams* params,

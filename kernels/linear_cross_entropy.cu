@@ -7,7 +7,7 @@
 //   pass 2, per tile: the logits again; dlogits in place; dh_b += dlogits W_c (fp32
 //           accumulator); dW_c += dlogits^T h_b (fp32 accumulation)
 //
-// Two loop orders (the args' rows_outer):
+// Two loop orders (the tuning's rows_outer):
 //   vocabulary chunks outside (the default): pass 1 over every tile, then pass 2 chunk by chunk,
 //           the chunk's row blocks inside. dW_c is complete after its chunk and written once (as
 //           bf16, or added to dweight_acc); dh's fp32 accumulator [N, C] crosses memory once per
@@ -26,7 +26,6 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "kernels/cross_entropy.h"
 #include "kernels/cuda_check.h"
@@ -44,24 +43,17 @@ namespace {
 constexpr size_t kChunkBudget = size_t(48) << 20;  // bytes of bf16 logits per tile
 constexpr int64_t kRowBlock = 8192;
 
-int64_t env_int64(const char* name) {
-    const char* e = std::getenv(name);
-    return e ? std::atoll(e) : 0;
-}
-
 // A tile of the schedule: `rows` rows x `cols` vocabulary columns.
 struct TileShape {
     int64_t rows, cols;
 };
 
-TileShape tile_shape(int64_t N, int64_t V, int64_t vocab_chunk, int64_t row_block) {
-    // knobs for bench sweeps: ZGPT_CE_LINEAR_ROW_BLOCK (rows per tile), ZGPT_CE_LINEAR_CHUNK_MB
-    // (the tile's bytes, when vocab_chunk is 0)
-    if (row_block <= 0) row_block = env_int64("ZGPT_CE_LINEAR_ROW_BLOCK");
-    const int64_t rows = std::min(row_block > 0 ? row_block : kRowBlock, N);
-    if (vocab_chunk > 0) return {rows, std::min(vocab_chunk, V)};
+TileShape tile_shape(int64_t N, int64_t V, const LinearCrossEntropyTuning& tuning) {
+    // the tuning's 0s: kRowBlock rows, kChunkBudget bytes (when vocab_chunk is 0 too)
+    const int64_t rows = std::min(tuning.row_block > 0 ? tuning.row_block : kRowBlock, N);
+    if (tuning.vocab_chunk > 0) return {rows, std::min(tuning.vocab_chunk, V)};
     size_t budget = kChunkBudget;
-    if (const int64_t mb = env_int64("ZGPT_CE_LINEAR_CHUNK_MB"); mb > 0) budget = size_t(mb) << 20;
+    if (tuning.chunk_mb > 0) budget = size_t(tuning.chunk_mb) << 20;
     const int64_t vc = int64_t(budget / (2 * size_t(rows))) / 128 * 128;
     return {rows, std::clamp<int64_t>(vc, 128, (V + 127) / 128 * 128)};
 }
@@ -107,9 +99,9 @@ int64_t local_columns(const LinearCrossEntropyArgs& a) {
     return a.V_local > 0 ? a.V_local : a.V;
 }
 
-size_t workspace_bytes(int64_t N, int64_t C, int64_t V, int64_t vocab_chunk, int64_t row_block) {
+size_t workspace_bytes(int64_t N, int64_t C, int64_t V, const LinearCrossEntropyTuning& tuning) {
     WorkspaceLayout l(nullptr);
-    carve(l, N, C, tile_shape(N, V, vocab_chunk, row_block));
+    carve(l, N, C, tile_shape(N, V, tuning));
     return l.bytes();
 }
 
@@ -244,15 +236,14 @@ void run_fused_linear(const LinearCrossEntropyArgs& a, const CrossEntropyOptions
     const bool grads = a.dhidden || a.dweight || a.dweight_acc;
     ZG_CHECK(!grads || (a.dhidden && (a.dweight || a.dweight_acc)),
              "fused_linear: gradients need dhidden and one of dweight / dweight_acc");
-    ZG_CHECK(!a.rows_outer || !grads || a.dweight_acc,
+    ZG_CHECK(!a.tuning.rows_outer || !grads || a.dweight_acc,
              "fused_linear: rows_outer needs dweight_acc (dW adds up across row blocks in fp32)");
     ZG_CHECK(a.v0 == 0 && local_columns(a) == a.V,
              "fused_linear: run() takes the whole vocabulary; shards use linear_ce_shard_stats "
              "and linear_ce_shard_backward");
     const int64_t N = a.N, C = a.C;
-    const TileShape t = tile_shape(N, a.V, a.vocab_chunk, a.row_block);
-    const bool rows_outer = grads && t.rows < N && a.dweight_acc &&
-                            (a.rows_outer || env_int64("ZGPT_CE_LINEAR_ROWS_OUTER") == 1);
+    const TileShape t = tile_shape(N, a.V, a.tuning);
+    const bool rows_outer = grads && t.rows < N && a.dweight_acc && a.tuning.rows_outer;
     WorkspaceLayout layout(w);
     const Workspace ws = carve(layout, N, C, t);
     const ShardSteps sh{a, o, ce_view(a, &ws), t, ws.tiles, s};
@@ -284,10 +275,10 @@ void run_fused_linear(const LinearCrossEntropyArgs& a, const CrossEntropyOptions
 
 }  // namespace
 
-size_t linear_ce_shard_workspace_bytes(int64_t N, int64_t C, int64_t V_local, int64_t vocab_chunk,
-                                       int64_t row_block) {
+size_t linear_ce_shard_workspace_bytes(int64_t N, int64_t C, int64_t V_local,
+                                       const LinearCrossEntropyTuning& tuning) {
     WorkspaceLayout l(nullptr);
-    carve_tiles(l, N, C, tile_shape(N, V_local, vocab_chunk, row_block));
+    carve_tiles(l, N, C, tile_shape(N, V_local, tuning));
     return l.bytes();
 }
 
@@ -295,7 +286,7 @@ void linear_ce_shard_stats(RowStatsF* stats, const LinearCrossEntropyArgs& a,
                            const CrossEntropyOptions& o, void* workspace, CUstream_st* s) {
     check_linear_args(a, o);
     ZG_CHECK(stats, "linear_ce_shard_stats: stats are required");
-    const TileShape t = tile_shape(a.N, local_columns(a), a.vocab_chunk, a.row_block);
+    const TileShape t = tile_shape(a.N, local_columns(a), a.tuning);
     WorkspaceLayout l(workspace);
     const ShardSteps sh{a, o, ce_view(a, nullptr), t, carve_tiles(l, a.N, a.C, t), s};
     for (int64_t r = 0; r < a.N; r += t.rows) sh.stats_rows(stats, r, std::min(t.rows, a.N - r));
@@ -307,7 +298,7 @@ void linear_ce_shard_backward(float* dh_acc, const RowGradParams* params,
     check_linear_args(a, o);
     ZG_CHECK(dh_acc && params && (a.dweight || a.dweight_acc),
              "linear_ce_shard_backward: needs dh_acc, params and one of dweight / dweight_acc");
-    const TileShape t = tile_shape(a.N, local_columns(a), a.vocab_chunk, a.row_block);
+    const TileShape t = tile_shape(a.N, local_columns(a), a.tuning);
     WorkspaceLayout l(workspace);
     const ShardSteps sh{a, o, ce_view(a, nullptr), t, carve_tiles(l, a.N, a.C, t), s};
     sh.backward(params, dh_acc, /*dh_add=*/true);

@@ -3,6 +3,9 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/attention.h"
+#include "kernels/cross_entropy.h"
+
 namespace zgpt {
 
 struct ModelConfig {
@@ -30,7 +33,15 @@ struct KernelChoice {
     int linear_ce_row_block = 0;        // rows per tile; 0: 8192
     int linear_ce_vocab_chunk = 0;      // vocabulary columns per tile; 0: a 48 MB tile of logits
     bool linear_ce_rows_outer = false;  // each row block's whole head before the next block
+    int linear_ce_chunk_mb = 0;         // MB of bf16 logits per tile (vocab_chunk 0); 0: 48
+    // The kernels' tuning knobs (kernels.cross_entropy_tuning.*, kernels.attention_tuning.*); the
+    // defaults are the kernels' own choices.
+    cuda::CrossEntropyTuning cross_entropy_tuning;
+    cuda::AttentionTuning attention_tuning;
 };
+
+// fused_linear's schedule from the linear_ce_* choices.
+cuda::LinearCrossEntropyTuning linear_ce_tuning(const KernelChoice& k);
 
 // The vocabulary rounded up to a multiple of 128 (padded logits are masked out of the loss).
 int64_t padded_vocab_size(int64_t vocab_size);

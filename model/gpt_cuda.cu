@@ -303,7 +303,7 @@ struct GptCuda::Impl {
         B = b;
         Tn = tn;
         const int64_t BT = B * Tn, C = cfg.n_embd, NH = cfg.n_head, L = cfg.n_layer;
-        const cuda::AttentionShape shape{B, Tn, C, NH};
+        const cuda::AttentionShape shape{B, Tn, C, NH, opt.kernels.attention_tuning};
         residual.clear();
         layers.clear();
         for (int64_t l = 0; l <= L; l++) residual.push_back(res_act(BT * C));
@@ -380,12 +380,11 @@ struct GptCuda::Impl {
         bias_scratch = DeviceBuffer(cuda::bias_backward_scratch_bytes(BT, 4 * C));
         const KernelChoice& k = opt.kernels;
         const size_t ws =
-            linear_ce && sharded ? cuda::linear_ce_shard_workspace_bytes(
-                                       vgroup.size * BT, C, shard_rows(vgroup.rank),
-                                       k.linear_ce_vocab_chunk, k.linear_ce_row_block)
+            linear_ce && sharded
+                ? cuda::linear_ce_shard_workspace_bytes(
+                      vgroup.size * BT, C, shard_rows(vgroup.rank), linear_ce_tuning(k))
             : linear_ce
-                ? linear_ce->workspace_bytes(BT, C, cfg.vocab_size, k.linear_ce_vocab_chunk,
-                                             k.linear_ce_row_block)
+                ? linear_ce->workspace_bytes(BT, C, cfg.vocab_size, linear_ce_tuning(k))
                 : ce->workspace_bytes(
                       BT, Vp, t == DType::bf16 ? cuda::LogitsType::bf16 : cuda::LogitsType::f32);
         ce_workspace = DeviceBuffer(ws);
@@ -564,7 +563,7 @@ struct GptCuda::Impl {
                                   wr(layout.wpe), B, Tn, C, rt, stream);
         }
         tick("encoder fwd");
-        const cuda::AttentionShape shape{B, Tn, C, NH};
+        const cuda::AttentionShape shape{B, Tn, C, NH, opt.kernels.attention_tuning};
         cuda::layernorm_forward(layers[0].ln1.get(), {1, C}, layers[0].ln1_mean.as<float>(),
                                 layers[0].ln1_rstd.as<float>(), residual[0].get(), {1, C},
                                 wr(layout.blocks[0].ln1_w), wr(layout.blocks[0].ln1_b), BT, C,
@@ -696,9 +695,7 @@ struct GptCuda::Impl {
             a.targets = targets.as<int32_t>();
             a.grad_output = grad_out.as<float>();
             a.summary = sum;
-            a.vocab_chunk = opt.kernels.linear_ce_vocab_chunk;
-            a.row_block = opt.kernels.linear_ce_row_block;
-            a.rows_outer = opt.kernels.linear_ce_rows_outer;
+            a.tuning = linear_ce_tuning(opt.kernels);
             if (compute_grad) {
                 a.dhidden = dtmp.get();
                 a.dweight_acc = g(layout.lm_head);
@@ -808,8 +805,7 @@ struct GptCuda::Impl {
             la.targets = y_all;
             la.grad_output = a.grad_output;
             la.summary = a.summary;
-            la.vocab_chunk = opt.kernels.linear_ce_vocab_chunk;
-            la.row_block = opt.kernels.linear_ce_row_block;
+            la.tuning = linear_ce_tuning(opt.kernels);  // (shards ignore rows_outer)
             if (compute_grad) la.dweight_acc = dW;
             cuda::linear_ce_shard_stats(stats, la, o, ce_workspace.get(), stream);
         } else {
@@ -892,6 +888,7 @@ struct GptCuda::Impl {
         a.grad_output = grad_out.as<float>();
         a.dlogits = const_cast<void*>(a.logits);
         a.summary = sum;
+        a.tuning = opt.kernels.cross_entropy_tuning;
         ce->run(a, o, ce_workspace.get(), st);
         if (Vp > cfg.vocab_size)  // padded columns carry no gradient
             ZG_CUDA_CHECK(cudaMemset2DAsync(static_cast<char*>(a.dlogits) + cfg.vocab_size * es,
@@ -970,7 +967,7 @@ struct GptCuda::Impl {
         ZG_CHECK(grads_ready, "backward() needs forward() and loss(..., compute_grad=true) first");
         grads_ready = false;
         const int64_t BT = B * Tn, C = cfg.n_embd, NH = cfg.n_head, hs = C / NH, L = cfg.n_layer;
-        const cuda::AttentionShape shape{B, Tn, C, NH};
+        const cuda::AttentionShape shape{B, Tn, C, NH, opt.kernels.attention_tuning};
         // head: dtmp = dlnf
         tick(nullptr);
         mark(4);

@@ -10,6 +10,15 @@ int64_t padded_vocab_size(int64_t v) {
     return (v + 127) / 128 * 128;
 }
 
+cuda::LinearCrossEntropyTuning linear_ce_tuning(const KernelChoice& k) {
+    cuda::LinearCrossEntropyTuning t;
+    t.vocab_chunk = k.linear_ce_vocab_chunk;
+    t.row_block = k.linear_ce_row_block;
+    t.chunk_mb = k.linear_ce_chunk_mb;
+    t.rows_outer = k.linear_ce_rows_outer;
+    return t;
+}
+
 void validate(const ModelConfig& c) {
     ZG_CHECK(c.n_layer > 0 && c.n_head > 0 && c.n_embd > 0 && c.block_size > 0,
              "model sizes must be positive");

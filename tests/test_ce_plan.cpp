@@ -5,7 +5,6 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
-#include <cstdlib>
 
 #include "kernels/cross_entropy.h"
 #include "kernels/cross_entropy/plan.h"
@@ -18,14 +17,6 @@ namespace {
 
 constexpr int kHopperSmem = 227 * 1024;          // H100 / H200 opt-in shared memory per block
 constexpr int64_t kBudget = kHopperSmem - 2048;  // the buffers' budget: 230,400 bytes
-
-// The planner's knobs, so that the defaults are what is tested.
-void clear_knobs() {
-    for (const char* k : {"ZGPT_CE_FAST_GROUPS", "ZGPT_CE_FAST_PARTS", "ZGPT_CE_FAST_THREADS",
-                          "ZGPT_CE_FAST_SMEM_KB", "ZGPT_CE_FAST_MIN_STAGES", "ZGPT_CE_FAST_CLUSTER",
-                          "ZGPT_CE_FAST_HELPER_PARTS"})
-        unsetenv(k);
-}
 
 // Rows of V values (row stride ld) at 16-byte aligned addresses; the planner only looks at them.
 CrossEntropyArgs rows(LogitsType type, int64_t V, int64_t ld = 0, uintptr_t offset = 0) {
@@ -59,7 +50,6 @@ TEST_CASE("ce plan: block sizes and alignment") {
 }
 
 TEST_CASE("ce plan: fast on short rows (GPT-2's vocabulary)") {
-    clear_knobs();
     // bf16, V = 50304: 100,608-byte rows, up to 128 KB: two warp groups of 512 threads, each
     // buffer in two copies, one stage per group. The smallest cluster whose slices fit two
     // stages in the budget: one CTA (2 x 100,608 <= 230,400).
@@ -82,18 +72,17 @@ TEST_CASE("ce plan: fast on short rows (GPT-2's vocabulary)") {
     CHECK(t.slice == 50264);
     CHECK(t.stages == 2);
 
-    // a fixed cluster size (ZGPT_CE_FAST_CLUSTER): 2 CTAs of 25,152 values, 50,304 bytes a
-    // slice, so min(8, 230,400 / 50,304) = 4 stages
-    setenv("ZGPT_CE_FAST_CLUSTER", "2", 1);
-    const FastPlan f = plan_fast(a, true, kHopperSmem);
-    clear_knobs();
+    // a fixed cluster size (CrossEntropyTuning::cluster): 2 CTAs of 25,152 values, 50,304 bytes
+    // a slice, so min(8, 230,400 / 50,304) = 4 stages
+    CrossEntropyArgs forced = a;
+    forced.tuning.cluster = 2;
+    const FastPlan f = plan_fast(forced, true, kHopperSmem);
     CHECK(f.cluster == 2);
     CHECK(f.slice == 25152);
     CHECK(f.stages == 4);
 }
 
 TEST_CASE("ce plan: fast on long rows, and its helper grid") {
-    clear_knobs();
     // bf16, V = 128256 (Llama 3): 256,512-byte rows, over 128 KB: three warp groups of 256
     // threads, two copies per buffer, three stages (one per group). Clusters of 3 give slices
     // of 42,752 values (85,504 bytes: 2 stages); of 4, 32,064 values (64,128 bytes: 3 stages).
@@ -158,7 +147,6 @@ TEST_CASE("ce plan: fast on long rows, and its helper grid") {
 }
 
 TEST_CASE("ce plan: fast_lockstep") {
-    clear_knobs();
     // Rows of up to 128 KB: 256-thread CTAs, two per SM, so a 110 KB budget each and two stages:
     // one CTA holds only one 100,608-byte stage, two CTAs of 50,304 bytes hold 2.
     const CrossEntropyArgs a = rows(LogitsType::bf16, 50304);
@@ -180,7 +168,6 @@ TEST_CASE("ce plan: fast_lockstep") {
 }
 
 TEST_CASE("ce plan: rows fast cannot take fall back to online") {
-    clear_knobs();
     // unaligned rows: a row stride of 100,514 bytes, or logits 2 bytes off 16
     CHECK(plan_fast(rows(LogitsType::bf16, 50257), true, kHopperSmem).cluster == 0);
     CHECK(plan_fast(rows(LogitsType::bf16, 50304, 0, 2), true, kHopperSmem).cluster == 0);
@@ -194,7 +181,6 @@ TEST_CASE("ce plan: rows fast cannot take fall back to online") {
 }
 
 TEST_CASE("ce plan: a smaller shared memory") {
-    clear_knobs();
     // 99 KB per block (101,376 bytes; budget 99,328): GPT-2's rows need 3 CTAs (slices of 16,768
     // values, 33,536 bytes, 2 stages); two such CTAs (2 x 67,072 bytes) do not fit in 99 KB, so
     // the helper applies, with half rows (50,304 bytes): 1 stage.

@@ -4,6 +4,10 @@
 #include <filesystem>
 #include <fstream>
 
+#include <yaml-cpp/yaml.h>
+
+#include <nlohmann/json.hpp>
+
 #include "kernels/check.h"
 #include "train/config.h"
 
@@ -150,4 +154,113 @@ TEST_CASE("fused_linear's schedule keys: set with that head only, rows_outer wit
           std::string::npos);
     e = error_of(base + "  linear_ce_vocab_chunk: -1\n");
     CHECK(e.find("kernels.linear_ce_vocab_chunk: value -1 is out of range") != std::string::npos);
+}
+
+TEST_CASE("the kernels' tuning keys: overrides, nested YAML, sets, variants, round trip, JSON") {
+    // defaults: the kernels' own choices (what an unset environment gave before the keys)
+    const Config d = load_config(write_yaml("tune0", kBase));
+    CHECK(d.kernels.cross_entropy_tuning.parts == 0);
+    CHECK(d.kernels.cross_entropy_tuning.helper_weight == -1);
+    CHECK_FALSE(d.kernels.cross_entropy_tuning.trace);
+    CHECK(d.kernels.attention_tuning.fwd_m_tiles == 0);
+    CHECK(d.kernels.attention_tuning.wgmma_fwd);
+    CHECK(d.kernels.attention_tuning.wgmma_bwd);
+    CHECK(d.kernels.linear_ce_chunk_mb == 0);
+    // an override, as train --set and a sweep's set / grid give it, lands in the structs
+    const Config c = load_config(
+        write_yaml("tune1", kBase),
+        {"kernels.cross_entropy_tuning.parts=4", "kernels.cross_entropy_tuning.helper_weight=0",
+         "kernels.attention_tuning.wgmma_bwd=false", "kernels.attention_tuning.wgmma_dq_tile=32"});
+    CHECK(c.kernels.cross_entropy_tuning.parts == 4);
+    CHECK(c.kernels.cross_entropy_tuning.helper_weight == 0);
+    CHECK(c.kernels.cross_entropy_tuning.groups == 0);
+    CHECK_FALSE(c.kernels.attention_tuning.wgmma_bwd);
+    CHECK(c.kernels.attention_tuning.wgmma_dq_tile == 32);
+    // nested in YAML, or as one dotted key; both are one key (twice is refused)
+    const Config n = load_config(write_yaml(
+        "tune2", std::string(kBase) + "kernels:\n  cross_entropy_tuning:\n    cluster: 4\n"
+                                      "    groups: 3\n  attention_tuning.fwd_m_tiles: 1\n"));
+    CHECK(n.kernels.cross_entropy_tuning.cluster == 4);
+    CHECK(n.kernels.cross_entropy_tuning.groups == 3);
+    CHECK(n.kernels.attention_tuning.fwd_m_tiles == 1);
+    CHECK(error_of(std::string(kBase) + "kernels:\n  cross_entropy_tuning:\n    cluster: 4\n"
+                                        "  cross_entropy_tuning.cluster: 2\n")
+              .find("'kernels.cross_entropy_tuning.cluster' appears twice") != std::string::npos);
+    CHECK(error_of(std::string(kBase) + "kernels:\n  cross_entropy_tuning:\n    clusters: 4\n")
+              .find("unknown key kernels.cross_entropy_tuning.clusters") != std::string::npos);
+    // the saved config nests them and loads back
+    const std::string yaml = config_to_yaml(n);
+    CHECK(yaml.find("  cross_entropy_tuning:\n    cluster: 4\n") != std::string::npos);
+    const Config back = load_config(write_yaml("tune3", yaml));
+    CHECK(config_to_yaml(back) == yaml);
+    CHECK(back.kernels.cross_entropy_tuning.cluster == 4);
+    CHECK(back.kernels.attention_tuning.fwd_m_tiles == 1);
+    // out of range, outside a knob's set, or for a variant that never reads it: refused, naming
+    // the key
+    std::string e = error_of(kBase, {"kernels.cross_entropy_tuning.cluster=9"});
+    CHECK(e.find("--set kernels.cross_entropy_tuning.cluster=9: "
+                 "kernels.cross_entropy_tuning.cluster: value 9 is out of range [0, 8]") !=
+          std::string::npos);
+    e = error_of(kBase, {"kernels.cross_entropy_tuning.parts=3"});
+    CHECK(e.find("kernels.cross_entropy_tuning.parts: 3 is not one of: 0, 1, 2, 4") !=
+          std::string::npos);
+    e = error_of(kBase, {"kernels.cross_entropy=online", "kernels.cross_entropy_tuning.groups=2"});
+    CHECK(e.find("kernels.cross_entropy_tuning.groups: applies to kernels.cross_entropy=fast "
+                 "only (it is online)") != std::string::npos);
+    CHECK(error_of(kBase, {"kernels.cross_entropy=fast_lockstep",
+                           "kernels.cross_entropy_tuning.threads=256"}) == "(no error)");
+    e = error_of(kBase, {"kernels.attention=naive", "kernels.attention_tuning.fwd_m_tiles=1"});
+    CHECK(e.find("kernels.attention_tuning.fwd_m_tiles: applies to kernels.attention=flash or "
+                 "flash_mma only (it is naive)") != std::string::npos);
+    e = error_of(kBase, {"kernels.linear_ce_chunk_mb=24"});
+    CHECK(
+        e.find("kernels.linear_ce_chunk_mb: applies to kernels.cross_entropy=fused_linear only") !=
+        std::string::npos);
+    // train --help lists them with their defaults
+    const std::string ref = config_reference();
+    CHECK(ref.find("  cross_entropy_tuning.helper_weight: -1") != std::string::npos);
+    CHECK(ref.find("  attention_tuning.wgmma_fwd: true") != std::string::npos);
+    // metrics / provenance / bench JSON
+    const nlohmann::json j = kernel_tuning_json(c);
+    CHECK(j["cross_entropy_tuning"]["parts"] == 4);
+    CHECK(j["attention_tuning"]["wgmma_bwd"] == false);
+    CHECK(j["linear_ce_row_block"] == 0);
+    CHECK_FALSE(j.contains("attention"));
+    // the bench tools' overrides: each value checked, the cross-field checks left out
+    Config b;
+    apply_overrides(b,
+                    {"kernels.cross_entropy_tuning.smem_kb=96", "kernels.linear_ce_chunk_mb=24"});
+    CHECK(b.kernels.cross_entropy_tuning.smem_kb == 96);
+    CHECK(linear_ce_tuning(b.kernels).chunk_mb == 24);
+    CHECK_THROWS_WITH_AS(apply_overrides(b, {"kernels.attention_tuning.fwd_m_tiles=3"}),
+                         doctest::Contains("kernels.attention_tuning.fwd_m_tiles: value 3 is out "
+                                           "of range [0, 2]"),
+                         Error);
+    CHECK_THROWS_WITH_AS(apply_overrides(b, {"kernels.cross_entropy_tuning.threads=768"}),
+                         doctest::Contains("--set kernels.cross_entropy_tuning.threads=768: "
+                                           "kernels.cross_entropy_tuning.threads: 768 is not one "
+                                           "of: 0, 256, 512, 1024"),
+                         Error);
+}
+
+TEST_CASE("a sweep file varies a tuning key like any key") {
+    // tools/sweep checks every combination with load_config(base, set + grid overrides) before
+    // anything runs; the grid's keys are the config's, dotted ones included
+    const std::string sweep =
+        write_yaml("sweep_tune",
+                   "base: b.yaml\nout_dir: runs/x\nset: [kernels.cross_entropy_tuning.groups=3]\n"
+                   "grid:\n  kernels.cross_entropy_tuning.parts: [1, 2, 4]\n");
+    const YAML::Node root = YAML::LoadFile(sweep);
+    const std::string base = write_yaml("sweep_tune_base", kBase);
+    int runs = 0;
+    for (const auto& v : root["grid"]["kernels.cross_entropy_tuning.parts"]) {
+        std::vector<std::string> sets;
+        for (const auto& s : root["set"]) sets.push_back(s.as<std::string>());
+        sets.push_back("kernels.cross_entropy_tuning.parts=" + v.Scalar());
+        const Config c = load_config(base, sets);
+        CHECK(c.kernels.cross_entropy_tuning.groups == 3);
+        CHECK(c.kernels.cross_entropy_tuning.parts == std::stoi(v.Scalar()));
+        runs++;
+    }
+    CHECK(runs == 3);
 }

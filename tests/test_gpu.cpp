@@ -169,7 +169,8 @@ void read_rows(Result& r, const Dev& rows, const Dev& summary, int64_t N) {
     CUDA_OK(cudaMemcpy(&r.summary, summary.p, sizeof r.summary, cudaMemcpyDeviceToHost));
 }
 
-Result run_variant(const cuda::CrossEntropyVariant& v, const Case& c) {
+Result run_variant(const cuda::CrossEntropyVariant& v, const Case& c,
+                   const cuda::CrossEntropyTuning& tuning = {}) {
     const int64_t ld = c.ld ? c.ld : c.V;
     const size_t es = c.type == LogitsType::f32 ? 4 : 2, n = size_t(c.N) * ld;
     Dev logits(n * es), dl(c.in_place ? 0 : n * es), targets(c.N * 4), go(c.grad_output.size() * 4);
@@ -181,8 +182,9 @@ Result run_variant(const cuda::CrossEntropyVariant& v, const Case& c) {
         cudaMemcpy(go.p, c.grad_output.data(), c.grad_output.size() * 4, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemset(rows.p, 0xFF, rows.bytes));  // poison: every output must be written
     if (!c.in_place) upload(dl.p, pad_rows(c.logits, c.N, c.V, ld, NAN), c.type);
-    const cuda::CrossEntropyArgs a = ce_args(logits.p, c.in_place ? logits.p : dl.p, c.type, ld,
-                                             c.N, c.V, targets, go, rows, summary);
+    cuda::CrossEntropyArgs a = ce_args(logits.p, c.in_place ? logits.p : dl.p, c.type, ld, c.N, c.V,
+                                       targets, go, rows, summary);
+    a.tuning = tuning;
     v.run(a, c.opts, ws.p, nullptr);
     CUDA_OK(cudaDeviceSynchronize());
     CUDA_OK(cudaGetLastError());
@@ -392,15 +394,15 @@ TEST_CASE(
     "fast and fast_lockstep: many rows per cluster through the buffer ring, padded rows with a "
     "tail, every cluster size, odd rings, 2 or 3 warp groups, buffers copied in parts, the "
     "traced kernel, the helper grid on the SMs that clusters leave idle") {
-    // ZGPT_CE_FAST_CLUSTER forces the cluster size (0: the planner's choice), and
-    // ZGPT_CE_FAST_SMEM_KB a ring of 3 or 4 stages where it fits: in fast, a buffer is then
-    // refilled by one warp group for another (the copy_started handshake). ZGPT_CE_FAST_GROUPS
-    // and ZGPT_CE_FAST_PARTS pick fast's other kernels; with parts, the slices' last part may be
-    // short or empty and holds the tail. ZGPT_CE_FAST_TRACE runs the kernel that records its
+    // CrossEntropyTuning: cluster forces the cluster size (0: the planner's choice), and
+    // smem_kb a ring of 3 or 4 stages where it fits: in fast, a buffer is then
+    // refilled by one warp group for another (the copy_started handshake). groups
+    // and parts pick fast's other kernels; with parts, the slices' last part may be
+    // short or empty and holds the tail. trace runs the kernel that records its
     // phases (bf16 only; the f32 shape runs the plain kernel). With clusters of more than 2 CTAs,
     // a helper grid of 2-CTA clusters takes the last rows on the SMs the clusters leave idle;
-    // ZGPT_CE_FAST_HELPER_WEIGHT sets its share (0: none, 400: several times its default) and
-    // ZGPT_CE_FAST_HELPER_PARTS its copies per buffer. Rows per cluster
+    // helper_weight sets its share (0: none, 400: several times its default) and
+    // helper_parts its copies per buffer. Rows per cluster
     // exceed the ring's stages, so buffers are refilled; ld > V leaves the last CTA a tail of
     // fewer than 8 columns, which the bulk copy brings in with NaN padding that must be neither
     // used nor written.
@@ -443,46 +445,34 @@ TEST_CASE(
         CAPTURE(m.trace);
         CAPTURE(m.helper_weight);
         CAPTURE(m.helper_parts);
-        if (m.helper_weight >= 0)
-            setenv("ZGPT_CE_FAST_HELPER_WEIGHT", std::to_string(m.helper_weight).c_str(), 1);
-        else
-            unsetenv("ZGPT_CE_FAST_HELPER_WEIGHT");
-        setenv("ZGPT_CE_FAST_HELPER_PARTS", std::to_string(m.helper_parts).c_str(), 1);
-        setenv("ZGPT_CE_FAST_GROUPS", std::to_string(m.groups).c_str(), 1);
-        setenv("ZGPT_CE_FAST_PARTS", std::to_string(m.parts).c_str(), 1);
-        if (m.trace)
-            setenv("ZGPT_CE_FAST_TRACE", "1", 1);
-        else
-            unsetenv("ZGPT_CE_FAST_TRACE");
+        cuda::CrossEntropyTuning tuning;
+        tuning.helper_weight = m.helper_weight;
+        tuning.helper_parts = m.helper_parts;
+        tuning.groups = m.groups;
+        tuning.parts = m.parts;
+        tuning.trace = m.trace;
         for (int cluster : {0, 1, 2, 3, 5, 8}) {
             if (m.stages && !cluster) continue;  // the slice size needs a known cluster size
             CAPTURE(cluster);
-            setenv("ZGPT_CE_FAST_CLUSTER", std::to_string(cluster).c_str(), 1);
+            tuning.cluster = cluster;
             for (const Shape& sh : shapes) {
                 CAPTURE(sh.V);
                 const int64_t per = sh.t == LogitsType::bf16 ? 8 : 4, es = 16 / per;
                 const int64_t slice =
                     ((sh.V + cluster - 1) / std::max(cluster, 1) + per - 1) / per * per;
-                const std::string kb = std::to_string((m.stages * slice * es + 1023) / 1024);
-                if (m.stages)
-                    setenv("ZGPT_CE_FAST_SMEM_KB", kb.c_str(), 1);
-                else
-                    unsetenv("ZGPT_CE_FAST_SMEM_KB");
+                tuning.smem_kb = m.stages ? int((m.stages * slice * es + 1023) / 1024) : 0;
                 const uint64_t s = seed++;
                 Case c = make_case(s, sh.N, sh.V, sh.t, 1e-4, s % 2 ? 0.1 : 0.0, Reduction::mean,
                                    int(s % 3));
                 c.ld = sh.ld;
                 c.in_place = s % 4 < 2;
-                const Result got = run_variant(cuda::find_cross_entropy_variant(variant), c);
+                const Result got =
+                    run_variant(cuda::find_cross_entropy_variant(variant), c, tuning);
                 check_result(got, reference(c), c);
                 CHECK_FALSE(got.padding_written);
             }
         }
     }
-    for (const char* knob : {"ZGPT_CE_FAST_CLUSTER", "ZGPT_CE_FAST_SMEM_KB", "ZGPT_CE_FAST_GROUPS",
-                             "ZGPT_CE_FAST_PARTS", "ZGPT_CE_FAST_TRACE",
-                             "ZGPT_CE_FAST_HELPER_WEIGHT", "ZGPT_CE_FAST_HELPER_PARTS"})
-        unsetenv(knob);
 }
 
 TEST_CASE(
@@ -704,7 +694,7 @@ void check_linear_loss(const Dev& summary, const Dev& rows, int64_t N, int n_val
     for (int64_t i = 0; i < N; i++) CHECK(close(got_rows[i], want_rows[i], 2e-3, 1e-5));
 }
 
-// fused_linear's schedules (LinearCrossEntropyArgs: row_block, rows_outer, dweight_acc).
+// fused_linear's schedules (LinearCrossEntropyTuning: row_block, rows_outer; dweight_acc).
 struct Schedule {
     const char* name;
     int64_t row_block;
@@ -783,9 +773,9 @@ cuda::LinearCrossEntropyArgs linear_ce_args(const Dev& h, const Dev& W, const De
         a.dweight = dW.p;
     a.loss_rows = rows.as<float>();
     a.summary = summary.as<cuda::LossSummaryF>();
-    a.vocab_chunk = 384;
-    a.row_block = sc.row_block;
-    a.rows_outer = sc.rows_outer;
+    a.tuning.vocab_chunk = 384;
+    a.tuning.row_block = sc.row_block;
+    a.tuning.rows_outer = sc.rows_outer;
     return a;
 }
 
@@ -815,7 +805,7 @@ Result run_linear_identity(const Case& c, const Schedule& sc) {
     a.z_rows = rows.as<float>() + 2 * N;
     a.lse_rows = rows.as<float>() + 3 * N;
     const auto& v = cuda::linear_cross_entropy_variants().at(0);
-    Dev ws(v.workspace_bytes(N, C, V, a.vocab_chunk, a.row_block));
+    Dev ws(v.workspace_bytes(N, C, V, a.tuning));
     v.run(a, c.opts, ws.p, nullptr);
     CUDA_OK(cudaDeviceSynchronize());
     CUDA_OK(cudaGetLastError());
@@ -864,7 +854,7 @@ TEST_CASE("fused_linear equals h W^T followed by the CPU head (chunks, row block
                 CUDA_OK(cudaMemcpy(dWacc_d.p, acc0.data(), dWacc_d.bytes, cudaMemcpyHostToDevice));
                 const cuda::LinearCrossEntropyArgs a =
                     linear_ce_args(hd, Wd, td, god, dh_d, dW_d, dWacc_d, rowsd, sd, N, C, V, sc);
-                Dev ws(v.workspace_bytes(N, C, V, a.vocab_chunk, a.row_block));
+                Dev ws(v.workspace_bytes(N, C, V, a.tuning));
                 v.run(a, o, ws.p, nullptr);
                 CUDA_OK(cudaDeviceSynchronize());
                 check_linear_loss(sd, rowsd, N, int(N - 1), want, rows);
@@ -921,8 +911,9 @@ TEST_CASE("fused_linear on vocabulary shards, merged, equals the fp64 head (loss
             };
             size_t ws_bytes = 0;
             for (size_t k = 0; k + 1 < cuts.size(); k++)
-                ws_bytes = std::max(ws_bytes, cuda::linear_ce_shard_workspace_bytes(
-                                                  N, C, cuts[k + 1] - cuts[k], 384, sc.row_block));
+                ws_bytes =
+                    std::max(ws_bytes, cuda::linear_ce_shard_workspace_bytes(
+                                           N, C, cuts[k + 1] - cuts[k], {384, sc.row_block}));
             Dev ws(ws_bytes);
             // the CE view of all rows, for finalise and reduce
             cuda::CrossEntropyArgs ce;
@@ -1056,9 +1047,9 @@ LinearRun run_linear(const std::vector<float>& h, const std::vector<float>& W,
     CUDA_OK(cudaMemcpy(god.p, &grad_output, 4, cudaMemcpyHostToDevice));
     cuda::LinearCrossEntropyArgs a =
         linear_ce_args(hd, Wd, td, god, dh, dW, acc, rowsd, sd, N, C, V, kSchedules[0]);
-    a.vocab_chunk = 0;  // the default tile
+    a.tuning.vocab_chunk = 0;  // the default tile
     const auto& v = cuda::linear_cross_entropy_variants().at(0);
-    Dev ws(v.workspace_bytes(N, C, V, 0, 0));
+    Dev ws(v.workspace_bytes(N, C, V, {}));
     v.run(a, o, ws.p, nullptr);
     CUDA_OK(cudaDeviceSynchronize());
     CUDA_OK(cudaGetLastError());
@@ -1232,7 +1223,6 @@ TEST_CASE("every variant runs inside a CUDA graph: no host sync, new device inpu
     }
     for (const auto& [v, helper] : runs) {
         const int64_t V = helper ? 128256 : 5003;
-        if (helper) setenv("ZGPT_CE_FAST_HELPER_WEIGHT", "400", 1);
         for (Reduction r : {Reduction::mean, Reduction::none}) {
             const std::string variant = v.name, reduction = reduction_name(r);
             CAPTURE(variant);
@@ -1258,9 +1248,9 @@ TEST_CASE("every variant runs inside a CUDA graph: no host sync, new device inpu
                 o.insert(o.end(), y.begin(), y.end());
                 return o;
             };
-            const cuda::CrossEntropyArgs a =
-                ce_args(logits.p, logits.p /* in place */, LogitsType::bf16, V, N, V, targets, go,
-                        rows, summary);
+            cuda::CrossEntropyArgs a = ce_args(logits.p, logits.p /* in place */, LogitsType::bf16,
+                                               V, N, V, targets, go, rows, summary);
+            if (helper) a.tuning.helper_weight = 400;
             auto run = [&](cudaStream_t st) { v.run(a, c[0].opts, ws.p, st); };
             std::vector<uint8_t> want[2];
             for (int i = 0; i < 2; i++) {
@@ -1279,7 +1269,6 @@ TEST_CASE("every variant runs inside a CUDA graph: no host sync, new device inpu
             }
             CUDA_OK(cudaGraphExecDestroy(exec));
         }
-        unsetenv("ZGPT_CE_FAST_HELPER_WEIGHT");
     }
 }
 
@@ -1297,7 +1286,7 @@ TEST_CASE("fused_linear runs inside a CUDA graph: no host sync, new device input
         const cuda::LinearCrossEntropyArgs a =
             linear_ce_args(hd, Wd, td, god, dh, dW, dWacc, rowsd, sd, N, C, V, sc);
         const Dev& dW_out = sc.fp32_dw ? dWacc : dW;
-        Dev ws(v.workspace_bytes(N, C, V, a.vocab_chunk, a.row_block));
+        Dev ws(v.workspace_bytes(N, C, V, a.tuning));
         auto set_inputs = [&](uint64_t seed) {
             Rng rng(seed);
             std::vector<float> h(N * C), W(V * C);

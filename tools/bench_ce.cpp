@@ -3,6 +3,11 @@
 // logits and one write of dlogits at the copy bandwidth measured on this GPU in the same run.
 //
 //   bench_ce [--out results.json] [--variants naive,online,fast] [--iters 20] [--shapes NxV,...]
+//            [--set kernels.cross_entropy_tuning.parts=4 ...] [--trace]
+//
+// --set takes the trainer's kernels.* keys: kernels.cross_entropy_tuning.* (fast, fast_lockstep)
+// and kernels.linear_ce_* (fused_linear), checked as the config checks them (each key applies to
+// the variants that read it; the others ignore it).
 //
 // Each timed iteration starts from a fresh copy of the logits (copied outside the timed events),
 // so in-place variants never run on their own gradients. The median of the iterations is reported.
@@ -17,10 +22,12 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "kernels/check.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/cuda_device.h"
 #include "kernels/matmul.h"
 #include "train/cli.h"
+#include "train/config.h"
 
 namespace {
 
@@ -102,11 +109,6 @@ void fill_logits(__nv_bfloat16* d, size_t n, uint64_t seed, double half_width = 
         CK(cudaMemcpy(d + off, h.data(), std::min(h.size(), n - off) * 2, cudaMemcpyHostToDevice));
 }
 
-std::string env_or_empty(const char* name) {
-    const char* e = std::getenv(name);
-    return e ? e : "";
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -125,7 +127,29 @@ int main(int argc, char** argv) {
     app.add_flag("--dweight-acc", dweight_acc,
                  "fused_linear adds dW into an fp32 accumulator (as the trainer does) instead of "
                  "writing it as bf16");
+    std::vector<std::string> sets;
+    app.add_option(
+        "--set", sets,
+        "kernels.key=value: the kernels' tuning keys of the trainer's config "
+        "(kernels.cross_entropy_tuning.*, kernels.linear_ce_*; train --help lists them)");
+    bool trace = false;
+    app.add_flag("--trace", trace,
+                 "fast, bf16: record where a row's time goes and print it to stderr after each "
+                 "launch (synchronises; CrossEntropyTuning::trace)");
     CLI11_PARSE(app, argc, argv);
+    zgpt::Config cfg;
+    try {
+        for (const std::string& o : sets)
+            ZG_CHECK(o.rfind("kernels.", 0) == 0,
+                     "--set " + o + ": bench_ce takes kernels.* keys only");
+        zgpt::apply_overrides(cfg, sets);
+    } catch (const zgpt::Error& e) {
+        std::fprintf(stderr, "%s\n", e.what());
+        return 2;
+    }
+    zgpt::cuda::CrossEntropyTuning ce_tuning = cfg.kernels.cross_entropy_tuning;
+    ce_tuning.trace = trace;
+    const zgpt::cuda::LinearCrossEntropyTuning linear_tuning = zgpt::linear_ce_tuning(cfg.kernels);
 
     const zgpt::cuda::DeviceInfo dev = zgpt::cuda::query_devices();
     if (dev.count == 0) {
@@ -207,6 +231,7 @@ int main(int argc, char** argv) {
             a.z_rows = rows + 2 * sh.N;
             a.lse_rows = rows + 3 * sh.N;
             a.summary = summary;
+            a.tuning = ce_tuning;
             const double med =
                 time_ms([&] { v.run(a, o, ws, nullptr); }, iters,
                         [&] { CK(cudaMemcpy(logits, pristine, n * 2, cudaMemcpyDeviceToDevice)); });
@@ -276,7 +301,7 @@ int main(int argc, char** argv) {
             CK(cudaMemcpy(targets, ht.data(), N * 4, cudaMemcpyHostToDevice));
             const float one = 1.0f;
             CK(cudaMemcpy(go, &one, 4, cudaMemcpyHostToDevice));
-            const size_t ws_bytes = v.workspace_bytes(N, C, V, 0, 0);
+            const size_t ws_bytes = v.workspace_bytes(N, C, V, linear_tuning);
             CK(cudaMalloc(&dh, N * C * 2));
             const size_t dw_bytes = size_t(V) * C * (dweight_acc ? 4 : 2);  // fp32 or bf16
             CK(cudaMalloc(&dw, dw_bytes));
@@ -296,6 +321,7 @@ int main(int argc, char** argv) {
                 la.dweight = dw;
             la.loss_rows = rows;
             la.summary = summary;
+            la.tuning = linear_tuning;
             zgpt::CrossEntropyOptions o;
             o.z_loss_weight = 1e-4;
             const double ms = time_ms([&] { v.run(la, o, ws, nullptr); }, std::max(3, iters / 2));
@@ -324,9 +350,6 @@ int main(int argc, char** argv) {
                                {"x_floor", ms / floor_ms},
                                {"floor_4gemm_ms", floor4_ms},
                                {"dweight", dweight_acc ? "fp32_acc" : "bf16"},
-                               {"row_block_env", env_or_empty("ZGPT_CE_LINEAR_ROW_BLOCK")},
-                               {"chunk_mb_env", env_or_empty("ZGPT_CE_LINEAR_CHUNK_MB")},
-                               {"rows_outer_env", env_or_empty("ZGPT_CE_LINEAR_ROWS_OUTER")},
                                {"extra_GB", extra},
                                {"matmul_TFLOPs", flops / 1e12},
                                {"loss", s.loss}});
@@ -337,9 +360,15 @@ int main(int argc, char** argv) {
             cudaFree(summary);
         }
     }
-    nlohmann::json doc{{"device", dev.name},           {"sm_count", dev.sm_count},
-                       {"driver", dev.driver_version}, {"runtime", dev.runtime_version},
-                       {"copy_TBps", bw / 1e12},       {"results", results}};
+    nlohmann::json doc{{"device", dev.name},
+                       {"sm_count", dev.sm_count},
+                       {"driver", dev.driver_version},
+                       {"runtime", dev.runtime_version},
+                       {"copy_TBps", bw / 1e12},
+                       {"results", results},
+                       {"overrides", sets},
+                       {"kernel_tuning", zgpt::kernel_tuning_json(cfg)},
+                       {"trace", trace}};
     if (!out.empty()) std::ofstream(out) << doc.dump(2) << "\n";
     return 0;
 }

@@ -160,6 +160,7 @@ int main(int argc, char** argv) {
                                {"cross_entropy", cfg.kernels.cross_entropy},
                                {"layernorm", cfg.kernels.layernorm},
                                {"matmul", cfg.kernels.matmul}}},
+                             {"kernel_tuning", kernel_tuning_json(cfg)},
                              {"recompute_gelu", cfg.train.recompute_gelu},
                              {"fp32_residual", cfg.train.fp32_residual},
                              {"head_chunks", head_chunks},

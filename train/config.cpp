@@ -7,8 +7,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <sstream>
+#include <tuple>
 
 #include "kernels/check.h"
 
@@ -190,7 +192,65 @@ std::vector<ConfigField> config_fields(Config& c) {
     add({"kernels", "linear_ce_rows_outer",
          "fused_linear: each row block's whole head before the next (with linear_ce_row_block)",
          &k.linear_ce_rows_outer});
+    add({"kernels", "linear_ce_chunk_mb",
+         "fused_linear: MB of bf16 logits per tile, with linear_ce_vocab_chunk 0 (0: 48)",
+         &k.linear_ce_chunk_mb, 0, 1 << 20});
+    // The kernels' tuning knobs (CrossEntropyTuning in kernels/cross_entropy.h, AttentionTuning
+    // in kernels/attention.h): nested keys, kernels.<family>_tuning.<knob>, every default the
+    // kernels' own choice. Values outside a knob's set are refused in check_cross.
+    cuda::CrossEntropyTuning& ct = k.cross_entropy_tuning;
+    const std::string ce = "cross_entropy_tuning.";
+    add({"kernels", ce + "cluster", "fast*: CTAs per cluster (0: the fewest that fit the stages)",
+         &ct.cluster, 0, 8});
+    add({"kernels", ce + "groups",
+         "fast: warp groups per CTA, 2 or 3 (0: 2 for rows <= 128 KB, else 3)", &ct.groups, 0, 3});
+    add({"kernels", ce + "parts", "fast: bulk copies per buffer, 1, 2 or 4 (0: 2)", &ct.parts, 0,
+         4});
+    add({"kernels", ce + "threads", "fast*: threads per CTA, 256, 512 or 1024 (0: by row length)",
+         &ct.threads, 0, 1024});
+    add({"kernels", ce + "smem_kb",
+         "fast*: the row buffers' shared memory per CTA, KB (0: the planner's budget)", &ct.smem_kb,
+         0, 1024});
+    add({"kernels", ce + "min_stages",
+         "fast*: row buffers the cluster size is chosen for (0: the planner's)", &ct.min_stages, 0,
+         8});
+    add({"kernels", ce + "helper_parts",
+         "fast: the helper grid's bulk copies per buffer, 1, 2 or 4 (0: 1)", &ct.helper_parts, 0,
+         4});
+    add({"kernels", ce + "helper_weight",
+         "fast: the helper grid's rows per SM against the main grid's, percent (0: no helper "
+         "rows; -1: 70)",
+         &ct.helper_weight, -1, 10000});
+    cuda::AttentionTuning& at = k.attention_tuning;
+    const std::string att = "attention_tuning.";
+    add({"kernels", att + "fwd_m_tiles",
+         "flash*: mma.sync forward's m-tiles of 16 query rows per warp, 1 or 2 (0: 2)",
+         &at.fwd_m_tiles, 0, 2});
+    add({"kernels", att + "wgmma_fwd", "flash on Hopper: the wgmma forward kernel", &at.wgmma_fwd});
+    add({"kernels", att + "wgmma_bwd", "flash on Hopper: the wgmma backward kernels",
+         &at.wgmma_bwd});
+    add({"kernels", att + "wgmma_dq_tile",
+         "flash on Hopper: keys per dQ tile of the wgmma backward, 32 or 64 (0: 64)",
+         &at.wgmma_dq_tile, 0, 64});
+    add({"kernels", att + "wgmma_dkdv_tile",
+         "flash on Hopper: queries per dK/dV tile of the wgmma backward, 32 or 64 (0: 64)",
+         &at.wgmma_dkdv_tile, 0, 64});
     return f;
+}
+
+nlohmann::json kernel_tuning_json(const Config& c0) {
+    Config c = c0;
+    nlohmann::json j = nlohmann::json::object();
+    for (const ConfigField& f : config_fields(c)) {
+        if (f.section != "kernels") continue;
+        const size_t dot = f.key.find('.');
+        const bool linear = f.key.rfind("linear_ce_", 0) == 0;
+        if (dot == std::string::npos && !linear) continue;  // the variants: kernels_json's
+        nlohmann::json& at = dot == std::string::npos ? j : j[f.key.substr(0, dot)];
+        const std::string name = dot == std::string::npos ? f.key : f.key.substr(dot + 1);
+        std::visit([&](auto* p) { at[name] = *p; }, f.value);
+    }
+    return j;
 }
 
 namespace {
@@ -280,6 +340,14 @@ ConfigField* find_field(std::vector<ConfigField>& fields, const std::string& sec
     return nullptr;
 }
 
+// Whether `group` is the first part of dotted keys of the section (cross_entropy_tuning).
+bool has_group(const std::vector<ConfigField>& fields, const std::string& section,
+               const std::string& group) {
+    for (const auto& f : fields)
+        if (f.section == section && f.key.rfind(group + ".", 0) == 0) return true;
+    return false;
+}
+
 std::string known_keys(const std::vector<ConfigField>& fields, const std::string& section) {
     std::string s;
     for (const auto& f : fields)
@@ -288,8 +356,49 @@ std::string known_keys(const std::vector<ConfigField>& fields, const std::string
     return s;
 }
 
+// Applies one `section.key=value` (the key may be dotted: kernels.cross_entropy_tuning.parts);
+// returns the key's path.
+std::string set_override(std::vector<ConfigField>& fields, const std::string& o) {
+    const auto eq = o.find('='), dot = o.find('.');
+    if (eq == std::string::npos || dot == std::string::npos || dot > eq)
+        throw Error("--set " + o + ": expected section.key=value");
+    const std::string sname = o.substr(0, dot), key = o.substr(dot + 1, eq - dot - 1);
+    ConfigField* f = find_field(fields, sname, key);
+    if (!f) throw Error("--set " + o + ": unknown key " + sname + "." + key);
+    YAML::Node n;
+    try {
+        n = YAML::Load(o.substr(eq + 1));
+    } catch (const YAML::Exception& e) {
+        throw Error("--set " + o + ": cannot parse the value: " + e.msg);
+    }
+    set_field(*f, n, "--set " + o);
+    return f->path();
+}
+
 // key path -> "file:line" of where it was set, for cross-field error messages
 using Origins = std::map<std::string, std::string>;
+
+// The tuning knobs whose values form a set, not a range; `at(key)` says where the key was set.
+void check_tuning_sets(const KernelChoice& k,
+                       const std::function<std::string(const std::string&)>& at) {
+    const std::string cet = "kernels.cross_entropy_tuning.", att = "kernels.attention_tuning.";
+    const cuda::CrossEntropyTuning& ct = k.cross_entropy_tuning;
+    const cuda::AttentionTuning& tt = k.attention_tuning;
+    auto one_of = [&](const std::string& key, int v, std::initializer_list<int> set) {
+        std::string all;
+        for (int x : set) {
+            if (v == x) return;
+            all += (all.empty() ? "" : ", ") + std::to_string(x);
+        }
+        throw Error(at(key) + std::to_string(v) + " is not one of: " + all);
+    };
+    one_of(cet + "groups", ct.groups, {0, 2, 3});
+    one_of(cet + "parts", ct.parts, {0, 1, 2, 4});
+    one_of(cet + "threads", ct.threads, {0, 256, 512, 1024});
+    one_of(cet + "helper_parts", ct.helper_parts, {0, 1, 2, 4});
+    one_of(att + "wgmma_dq_tile", tt.wgmma_dq_tile, {0, 32, 64});
+    one_of(att + "wgmma_dkdv_tile", tt.wgmma_dkdv_tile, {0, 32, 64});
+}
 
 void check_cross(const Config& c, const Origins& origins) {
     auto at = [&](const std::string& key) {
@@ -321,6 +430,48 @@ void check_cross(const Config& c, const Origins& origins) {
                 throw Error(at(key) + "applies to kernels.cross_entropy=fused_linear only (it is " +
                             k.cross_entropy + ")");
     }
+    if (k.cross_entropy != "fused_linear" && k.linear_ce_chunk_mb != 0)
+        throw Error(at("kernels.linear_ce_chunk_mb") +
+                    "applies to kernels.cross_entropy=fused_linear only (it is " + k.cross_entropy +
+                    ")");
+    // The tuning knobs: each in its set, and set only for the variants that read it.
+    const std::string cet = "kernels.cross_entropy_tuning.", att = "kernels.attention_tuning.";
+    const cuda::CrossEntropyTuning& ct = k.cross_entropy_tuning;
+    const cuda::AttentionTuning& tt = k.attention_tuning;
+    check_tuning_sets(k, at);
+    // knob, whether it is set, the variants that read it
+    using Knob = std::tuple<const char*, bool, const char*>;
+    const cuda::CrossEntropyTuning cd;
+    const char* both = "fast or fast_lockstep";
+    for (const auto& [key, set, variants] : std::initializer_list<Knob>{
+             {"cluster", ct.cluster != cd.cluster, both},
+             {"threads", ct.threads != cd.threads, both},
+             {"smem_kb", ct.smem_kb != cd.smem_kb, both},
+             {"min_stages", ct.min_stages != cd.min_stages, both},
+             {"groups", ct.groups != cd.groups, "fast"},
+             {"parts", ct.parts != cd.parts, "fast"},
+             {"helper_parts", ct.helper_parts != cd.helper_parts, "fast"},
+             {"helper_weight", ct.helper_weight != cd.helper_weight, "fast"}}) {
+        const bool applies = k.cross_entropy == "fast" ||
+                             (std::string(variants) == both && k.cross_entropy == "fast_lockstep");
+        if (set && !applies)
+            throw Error(at(cet + key) + "applies to kernels.cross_entropy=" + variants +
+                        " only (it is " + k.cross_entropy + ")");
+    }
+    const cuda::AttentionTuning ad;
+    const char* flashes = "flash or flash_mma";
+    for (const auto& [key, set, variants] : std::initializer_list<Knob>{
+             {"fwd_m_tiles", tt.fwd_m_tiles != ad.fwd_m_tiles, flashes},
+             {"wgmma_fwd", tt.wgmma_fwd != ad.wgmma_fwd, "flash"},
+             {"wgmma_bwd", tt.wgmma_bwd != ad.wgmma_bwd, "flash"},
+             {"wgmma_dq_tile", tt.wgmma_dq_tile != ad.wgmma_dq_tile, "flash"},
+             {"wgmma_dkdv_tile", tt.wgmma_dkdv_tile != ad.wgmma_dkdv_tile, "flash"}}) {
+        const bool applies = k.attention == "flash" ||
+                             (std::string(variants) == flashes && k.attention == "flash_mma");
+        if (set && !applies)
+            throw Error(at(att + key) + "applies to kernels.attention=" + variants +
+                        " only (it is " + k.attention + ")");
+    }
     if (k.linear_ce_rows_outer && k.linear_ce_row_block == 0)
         throw Error(at("kernels.linear_ce_rows_outer") +
                     "needs kernels.linear_ce_row_block > 0 (the rows of each block it loops "
@@ -331,6 +482,16 @@ void check_cross(const Config& c, const Origins& origins) {
 
 void validate(const Config& c) {
     check_cross(c, {});
+}
+
+void apply_overrides(Config& c, const std::vector<std::string>& overrides) {
+    std::vector<ConfigField> fields = config_fields(c);
+    Origins origins;
+    for (const std::string& o : overrides) origins[set_override(fields, o)] = "--set " + o;
+    check_tuning_sets(c.kernels, [&](const std::string& key) {
+        auto it = origins.find(key);
+        return (it == origins.end() ? std::string("(default)") : it->second) + ": " + key + ": ";
+    });
 }
 
 namespace {
@@ -361,34 +522,30 @@ Config config_from_yaml(const YAML::Node& root, const std::string& path,
             if (!sec.second.IsMap())
                 throw Error(where(path, sec.second) + ": " + sname +
                             ": expected a mapping of keys");
-            for (const auto& kv : sec.second) {
-                const std::string key = key_text(kv.first, path);
-                once(sname + "." + key, kv.first);
-                ConfigField* f = find_field(fields, sname, key);
-                if (!f)
-                    throw Error(where(path, kv.first) + ": unknown key " + sname + "." + key +
-                                " (known in " + sname + ": " + known_keys(fields, sname) + ")");
-                set_field(*f, kv.second, where(path, kv.second));
-                origins[f->path()] = where(path, kv.second);
-            }
+            // a key, or a group of nested keys (kernels: {cross_entropy_tuning: {parts: 2}} is
+            // kernels.cross_entropy_tuning.parts, which may also be written as one dotted key)
+            std::function<void(const std::string&, const YAML::Node&)> keys =
+                [&](const std::string& prefix, const YAML::Node& map) {
+                    for (const auto& kv : map) {
+                        const std::string key = prefix + key_text(kv.first, path);
+                        ConfigField* f = find_field(fields, sname, key);
+                        if (!f && kv.second.IsMap() && has_group(fields, sname, key)) {
+                            keys(key + ".", kv.second);
+                            continue;
+                        }
+                        once(sname + "." + key, kv.first);
+                        if (!f)
+                            throw Error(where(path, kv.first) + ": unknown key " + sname + "." +
+                                        key + " (known in " + sname + ": " +
+                                        known_keys(fields, sname) + ")");
+                        set_field(*f, kv.second, where(path, kv.second));
+                        origins[f->path()] = where(path, kv.second);
+                    }
+                };
+            keys("", sec.second);
         }
     }
-    for (const std::string& o : overrides) {
-        const auto eq = o.find('='), dot = o.find('.');
-        if (eq == std::string::npos || dot == std::string::npos || dot > eq)
-            throw Error("--set " + o + ": expected section.key=value");
-        const std::string sname = o.substr(0, dot), key = o.substr(dot + 1, eq - dot - 1);
-        ConfigField* f = find_field(fields, sname, key);
-        if (!f) throw Error("--set " + o + ": unknown key " + sname + "." + key);
-        YAML::Node n;
-        try {
-            n = YAML::Load(o.substr(eq + 1));
-        } catch (const YAML::Exception& e) {
-            throw Error("--set " + o + ": cannot parse the value: " + e.msg);
-        }
-        set_field(*f, n, "--set " + o);
-        origins[f->path()] = "--set " + o;
-    }
+    for (const std::string& o : overrides) origins[set_override(fields, o)] = "--set " + o;
     check_cross(c, origins);
     return c;
 }
@@ -441,14 +598,20 @@ std::string config_to_yaml(const Config& c0) {
     Config c = c0;
     YAML::Emitter e;
     e << YAML::BeginMap;
-    std::string section;
+    std::string section, group;  // group: the open nested map of dotted keys ("" none)
     for (const ConfigField& f : config_fields(c)) {
+        const size_t dot = f.key.find('.');
+        const std::string g = dot == std::string::npos ? "" : f.key.substr(0, dot);
+        if ((f.section != section || g != group) && !group.empty()) e << YAML::EndMap;
         if (f.section != section) {
             if (!section.empty()) e << YAML::EndMap;
             section = f.section;
             e << YAML::Key << section << YAML::Value << YAML::BeginMap;
+            group.clear();
         }
-        e << YAML::Key << f.key << YAML::Value;
+        if (g != group && !g.empty()) e << YAML::Key << g << YAML::Value << YAML::BeginMap;
+        group = g;
+        e << YAML::Key << (g.empty() ? f.key : f.key.substr(dot + 1)) << YAML::Value;
         std::visit(
             [&](auto* p) {
                 using P = std::remove_pointer_t<decltype(p)>;
@@ -459,6 +622,7 @@ std::string config_to_yaml(const Config& c0) {
             },
             f.value);
     }
+    if (!group.empty()) e << YAML::EndMap;
     e << YAML::EndMap << YAML::EndMap;
     return std::string(e.c_str()) + "\n";
 }

@@ -7,6 +7,8 @@
 #include <variant>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "model/gpt_config.h"
 
 namespace zgpt {
@@ -107,6 +109,14 @@ Config load_config_text(const std::string& yaml, const std::string& origin);
 
 // Cross-field checks (also run by load_config).
 void validate(const Config& c);
+
+// Applies `section.key=value` overrides to c with each value's own checks (type, range, choices)
+// but not the cross-field ones: for tools that take a few keys without a whole config (bench_ce).
+void apply_overrides(Config& c, const std::vector<std::string>& overrides);
+
+// The kernels' tuning keys (kernels.linear_ce_*, kernels.<family>_tuning.*) as JSON, nested as in
+// the config, for metrics, provenance and the bench tools' results.
+nlohmann::json kernel_tuning_json(const Config& c);
 
 // Why `name` cannot be a train.run_name (a run directory must stay inside out_dir); empty: it can.
 std::string run_name_problem(const std::string& name);

@@ -91,10 +91,13 @@ EvalResult evaluate(Backend& model, DataLoader& val, const Config& c, int64_t T,
 // The kernel variants a run uses, for its metrics and provenance.
 nlohmann::json kernels_json(const Config& c, const DeviceChoice& device) {
     if (device.device != "cuda") return {{"cpu", "reference"}};
-    return {{"attention", c.kernels.attention},      {"cross_entropy", c.kernels.cross_entropy},
-            {"layernorm", c.kernels.layernorm},      {"matmul", c.kernels.matmul},
-            {"precision", c.train.precision},        {"recompute_gelu", c.train.recompute_gelu},
-            {"fp32_residual", c.train.fp32_residual}};
+    nlohmann::json j = {
+        {"attention", c.kernels.attention},      {"cross_entropy", c.kernels.cross_entropy},
+        {"layernorm", c.kernels.layernorm},      {"matmul", c.kernels.matmul},
+        {"precision", c.train.precision},        {"recompute_gelu", c.train.recompute_gelu},
+        {"fp32_residual", c.train.fp32_residual}};
+    j.update(kernel_tuning_json(c));  // linear_ce_*, cross_entropy_tuning, attention_tuning
+    return j;
 }
 
 // Keeps the metrics lines of steps <= step (a resumed run re-does the steps after its checkpoint).

@@ -321,7 +321,7 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1)
 // finished iteration it (slot read, mbarrier phase observed).
 //
 // kTrace: thread 0 of each group records clock64() at five points of every row
-// (ZGPT_CE_FAST_TRACE=1 prints where a row's time goes); the other kernels compile none of it.
+// (CrossEntropyTuning::trace prints where a row's time goes); the other kernels compile none of it.
 constexpr int kTracePoints = 5;
 
 template <typename T, int kGroupThreads, int kGroupCount, int kParts, bool kTrace>
@@ -495,9 +495,9 @@ FastKernel pingpong_kernel(const FastPlan& p) {
                           : fast_pingpong_kernel<T, 256, 2, 4, kTrace>;
 }
 
-// ZGPT_CE_FAST_TRACE=1 (bf16 logits, `fast`, outside graph capture): runs the kernel that records
-// clock64() at five points of each row, waits for it and prints to stderr where the rows' time
-// went, as mean cycles per row and CTA. A diagnostic: it synchronises the stream.
+// CrossEntropyTuning::trace (bf16 logits, `fast`, outside graph capture): runs the kernel that
+// records clock64() at five points of each row, waits for it and prints to stderr where the rows'
+// time went, as mean cycles per row and CTA. A diagnostic: it synchronises the stream.
 struct FastTrace {
     long long* device = nullptr;
     size_t capacity = 0;
@@ -624,7 +624,7 @@ void run_fast_schedule(const CrossEntropyArgs& a0, const CrossEntropyOptions& o,
         if (plan.pingpong) {
             kernel = pingpong_kernel<T, false>(plan);
             if constexpr (std::is_same_v<T, bf16>) {
-                trace = env_int("ZGPT_CE_FAST_TRACE") != 0;
+                trace = a.tuning.trace;
                 if (trace) {  // the trace synchronises, so never inside a graph capture
                     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
                     ZG_CUDA_CHECK(cudaStreamIsCapturing(s, &capture));
@@ -639,7 +639,7 @@ void run_fast_schedule(const CrossEntropyArgs& a0, const CrossEntropyOptions& o,
         }
         const int clusters = max_active_clusters(kernel, plan);
         // The SMs the main grid leaves idle take rows [N - helper_rows, N), in proportion to
-        // their measured rate per SM against the main grid's (kHelperWeight).
+        // their measured rate per SM against the main grid's (kHelperWeight, or the tuning's).
         const FastPlan help = plan_fast_helper(a, plan, max_smem_optin());
         FastKernel help_kernel = nullptr;
         int help_clusters = 0;
@@ -648,8 +648,7 @@ void run_fast_schedule(const CrossEntropyArgs& a0, const CrossEntropyOptions& o,
             help_kernel = pingpong_kernel<T, false>(help);
             // (max_active_clusters also sets the helper kernel's shared memory size for its launch)
             const int help_fit = max_active_clusters(help_kernel, help);
-            int weight = kHelperWeight;
-            if (const char* e = std::getenv("ZGPT_CE_FAST_HELPER_WEIGHT")) weight = std::atoi(e);
+            const int weight = a.tuning.helper_weight >= 0 ? a.tuning.helper_weight : kHelperWeight;
             const HelperSplit split =
                 split_helper(a.N, sm_count(), clusters, plan, help, help_fit, weight);
             help_clusters = split.clusters;

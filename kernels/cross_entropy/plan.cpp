@@ -1,7 +1,6 @@
 #include "kernels/cross_entropy/plan.h"
 
 #include <algorithm>
-#include <cstdlib>
 
 namespace zgpt::cuda::ce {
 
@@ -16,11 +15,6 @@ bool rows_aligned(const void* a, const void* b, int64_t ld, LogitsType t) {
 
 int num_threads_for(int64_t V) {
     return V >= 4096 ? 512 : V >= 512 ? 256 : 64;
-}
-
-int env_int(const char* name) {
-    const char* e = std::getenv(name);
-    return e ? std::atoi(e) : 0;
 }
 
 FastPlan plan_fast(const CrossEntropyArgs& a, bool pingpong, int max_smem) {
@@ -40,26 +34,26 @@ FastPlan plan_fast(const CrossEntropyArgs& a, bool pingpong, int max_smem) {
     // against 6.40 ms for two groups at V = 128256). Four copies measured no better.
     int groups = pingpong ? (short_rows ? 2 : 3) : 1;
     int parts = pingpong ? 2 : 1;
-    // knobs for bench_ce sweeps and tests: ZGPT_CE_FAST_GROUPS (2 | 3 warp groups),
-    // ZGPT_CE_FAST_PARTS (1 | 2 | 4 copies per buffer), ZGPT_CE_FAST_THREADS (256 | 512 | 1024;
-    // with two groups, 512 or 1024 in all; three groups have 768), ZGPT_CE_FAST_SMEM_KB (the
-    // buffers' budget per CTA), ZGPT_CE_FAST_MIN_STAGES (the stages the cluster size is chosen
-    // for), ZGPT_CE_FAST_CLUSTER (a fixed cluster size)
+    // knobs for sweeps and tests (CrossEntropyTuning; 0: the choices here): groups (2 | 3 warp
+    // groups), parts (1 | 2 | 4 copies per buffer), threads (256 | 512 | 1024; with two groups,
+    // 512 or 1024 in all; three groups have 768), smem_kb (the buffers' budget per CTA),
+    // min_stages (the stages the cluster size is chosen for), cluster (a fixed cluster size)
+    const CrossEntropyTuning& k = a.tuning;
     if (pingpong) {
-        if (const int g = env_int("ZGPT_CE_FAST_GROUPS"); g == 2 || g == 3) groups = g;
-        if (const int p = env_int("ZGPT_CE_FAST_PARTS"); p == 1 || p == 2 || p == 4) parts = p;
+        if (const int g = k.groups; g == 2 || g == 3) groups = g;
+        if (const int p = k.parts; p == 1 || p == 2 || p == 4) parts = p;
     }
     const bool wide_groups = pingpong && groups == 2 && short_rows;
     int threads = pingpong ? groups * (wide_groups ? 512 : 256) : short_rows ? 256 : kFastThreads;
     size_t budget = pingpong || !short_rows ? size_t(max_smem) - 2048 : size_t(110) << 10;
     int want = pingpong ? groups : short_rows ? 2 : kMinStages;
-    if (const int t = env_int("ZGPT_CE_FAST_THREADS"); t == 256 || t == 512 || t == 1024)
+    if (const int t = k.threads; t == 256 || t == 512 || t == 1024)
         threads = !pingpong ? t : groups == 2 ? std::max(t, 512) : threads;
     if (pingpong && threads != 512) parts = std::min(parts, 2);  // the kernels instantiated
-    if (const int kb = env_int("ZGPT_CE_FAST_SMEM_KB"); kb > 0) budget = size_t(kb) << 10;
+    if (const int kb = k.smem_kb; kb > 0) budget = size_t(kb) << 10;
     budget = std::min(budget, size_t(max_smem) - 2048);
-    if (const int m = env_int("ZGPT_CE_FAST_MIN_STAGES"); m > 0) want = m;
-    const int forced = std::clamp(env_int("ZGPT_CE_FAST_CLUSTER"), 0, kMaxCluster);
+    if (const int m = k.min_stages; m > 0) want = m;
+    const int forced = std::clamp(k.cluster, 0, kMaxCluster);
     const int64_t per = 16 / int64_t(es);
     for (const int min_stages : {want, 2}) {
         for (int c = forced ? forced : 1; c <= (forced ? forced : kMaxCluster); c++) {
@@ -89,7 +83,7 @@ FastPlan plan_fast_helper(const CrossEntropyArgs& a, const FastPlan& main, int m
     // one copy per buffer: with two or four, the main grid slowed more than the helper gained
     // (V = 128256 on the H100: two copies 7.13-7.48 ms at weights 40-55, one 6.11-6.13)
     int parts = 1;
-    if (const int p = env_int("ZGPT_CE_FAST_HELPER_PARTS"); p == 1 || p == 2 || p == 4) parts = p;
+    if (const int p = a.tuning.helper_parts; p == 1 || p == 2 || p == 4) parts = p;
     return FastPlan{kCluster, 512,         true,  1,
                     parts,    int(stages), slice, size_t(stages) * size_t(slice) * es};
 }

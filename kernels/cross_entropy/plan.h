@@ -29,9 +29,6 @@ bool rows_aligned(const void* a, const void* b, int64_t ld, LogitsType t);
 // Threads per block of the block-per-row kernels (naive, online).
 int num_threads_for(int64_t V);
 
-// The integer value of environment variable `name`; 0 when unset.
-int env_int(const char* name);
-
 // The fast kernel's shape. Each CTA keeps `stages` slices of rows in shared memory; the plan
 // takes the fewest CTAs per cluster (<= 8) whose slices fit the wanted number of stages in the
 // budget (else 2), so that rows stream in while one is worked on. As many persistent clusters are
@@ -48,20 +45,22 @@ struct FastPlan {
 };
 
 // max_smem: the device's opt-in shared memory per block (cudaDevAttrMaxSharedMemoryPerBlockOptin).
-// Reads the ZGPT_CE_FAST_* knobs from the environment.
+// Follows the knobs of a.tuning (CrossEntropyTuning; its defaults: the choices below).
 FastPlan plan_fast(const CrossEntropyArgs& a, bool pingpong, int max_smem);
 
 // The helper of a `fast` launch whose clusters leave SMs idle. Clusters live inside one GPC, and
 // on the H100 (132 SMs) at most 30 clusters of 4 one-CTA-per-SM CTAs fit at once: 120 SMs, while
 // 66 clusters of 2 take all 132 (measured, docs/cross_entropy.md). The helper is one warp group
 // of 512 threads per CTA in 2-CTA clusters, one buffer of half a row each (so rows of up to two
-// CTAs' shared memory), launched after the main grid onto the SMs it left idle.
+// CTAs' shared memory), launched after the main grid onto the SMs it left idle. Its copies per
+// buffer: a.tuning.helper_parts.
 FastPlan plan_fast_helper(const CrossEntropyArgs& a, const FastPlan& main, int max_smem);
 
 // The helper grid's share of N rows. The SMs (of sm_count) that the main grid leaves idle, with
 // main_clusters clusters of its plan resident at once, take rows [N - rows, N) in `clusters`
 // clusters of the helper's shape (at most helper_fit, those that fit at once), in proportion to
-// their rate per SM against the main grid's: `weight` percent (kHelperWeight).
+// their rate per SM against the main grid's: `weight` percent (kHelperWeight, or
+// CrossEntropyTuning::helper_weight).
 struct HelperSplit {
     int clusters = 0;
     int64_t rows = 0;
