@@ -455,6 +455,80 @@ TEST_CASE("a write that fails (a full disk: /dev/full) leaves the previous file 
     CHECK_FALSE(fs::exists(fs::symlink_status(dir / "metrics.jsonl.tmp")));
 }
 
+namespace {
+
+// A tmpfs of `size` mounted at `at` for one test (root only; the CI and development machines run
+// as root): a full disk that is really full, and a run directory that is really read-only.
+struct TmpfsMount {
+    fs::path at;
+    std::string why_not;  // empty when mounted
+    TmpfsMount(const fs::path& where, const std::string& size) : at(where) {
+        fs::create_directories(at);
+        if (geteuid() != 0) {
+            why_not = "not root: cannot mount a tmpfs";
+            return;
+        }
+        const CommandOutput r =
+            run_command("mount -t tmpfs -o size=" + size + " tmpfs '" + at.string() + "'");
+        if (r.code != 0) why_not = "mount -t tmpfs failed: " + r.text;
+    }
+    ~TmpfsMount() {
+        if (why_not.empty()) run_command("umount '" + at.string() + "'");
+    }
+    bool remount_read_only() const {
+        return run_command("mount -o remount,ro '" + at.string() + "'").code == 0;
+    }
+};
+
+}  // namespace
+
+TEST_CASE("a full disk (a small tmpfs): a clear message, no .tmp left, whole metrics lines") {
+    ResumeFixture f;
+    // room for the config, the metrics and the provenance, not for the first checkpoint (step 5)
+    TmpfsMount disk(f.dir / "small_disk", "96k");
+    if (!disk.why_not.empty()) {
+        MESSAGE("skipped: " << disk.why_not);
+        return;
+    }
+    const CommandOutput r = run_command(
+        f.start("full", "--set train.max_steps=10 --set train.out_dir=" + disk.at.string()));
+    INFO(r.text);
+    CHECK(r.code != 0);
+    CHECK(r.text.find("No space left on device") != std::string::npos);
+    CHECK(r.text.find(disk.at.string()) != std::string::npos);  // the message names the file
+    for (const auto& [path, text] : snapshot(disk.at)) {
+        CAPTURE(path);
+        CHECK(path.find(".tmp") == std::string::npos);
+        if (fs::path(path).filename() == "metrics.jsonl") {
+            CHECK(!text.empty());
+            CHECK(text.back() == '\n');  // no half-written line
+            for (const json& row : read_metrics(path)) CHECK(row.contains("step"));
+        }
+    }
+}
+
+TEST_CASE("a read-only run directory: resume fails with the reason and changes no file") {
+    ResumeFixture f;
+    TmpfsMount disk(f.dir / "ro_disk", "16m");
+    if (!disk.why_not.empty()) {
+        MESSAGE("skipped: " << disk.why_not);
+        return;
+    }
+    REQUIRE(run_command(
+                f.start("ro", "--set train.max_steps=10 --set train.out_dir=" + disk.at.string()))
+                .code == 0);
+    const auto before = snapshot(disk.at);
+    REQUIRE(before.size() >= 4);  // config, metrics, provenance, checkpoints
+    REQUIRE(disk.remount_read_only());
+    const CommandOutput r = run_command(f.train + " --resume " + (disk.at / "ro").string() +
+                                        " --set train.max_steps=20");
+    INFO(r.text);
+    CHECK(r.code != 0);
+    CHECK(r.text.find("Read-only file system") != std::string::npos);
+    CHECK(r.text.find((disk.at / "ro").string()) != std::string::npos);
+    CHECK(snapshot(disk.at) == before);
+}
+
 TEST_CASE("a data.train glob that matches nothing says so, naming the key") {
     const std::string train = built_binary("ZGPT_TRAIN_BIN");
     CommandOutput r =

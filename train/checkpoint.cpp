@@ -97,8 +97,10 @@ std::string save_checkpoint(const std::string& dir, const ParameterTable& table,
     while (done < target) {
         const ssize_t w = ::write(fd, buf.data() + done, target - done);
         if (w <= 0) {
+            const std::string why = std::strerror(errno);
             ::close(fd);
-            throw Error("failed writing checkpoint " + tmp + ": " + std::strerror(errno));
+            ::unlink(tmp.c_str());  // a full disk keeps no partial file (the last checkpoint stays)
+            throw Error("failed writing checkpoint " + tmp + ": " + why);
         }
         done += size_t(w);
     }
@@ -107,8 +109,11 @@ std::string save_checkpoint(const std::string& dir, const ParameterTable& table,
         std::raise(SIGKILL);
     }
     const bool ok = ::fsync(fd) == 0;
-    ::close(fd);
-    ZG_CHECK(ok, "fsync failed for checkpoint " + tmp);
+    const std::string why = ok ? "" : std::strerror(errno);
+    if (::close(fd) != 0 || !ok) {
+        ::unlink(tmp.c_str());
+        throw Error("failed writing checkpoint " + tmp + ": " + (ok ? "close failed" : why));
+    }
     fs::rename(tmp, final_path);
     if (const int dfd = ::open(dir.c_str(), O_RDONLY); dfd >= 0) {  // make the rename durable
         ::fsync(dfd);
