@@ -101,7 +101,7 @@ CrossEntropySummary cross_entropy(T* logits, int64_t ld, const int32_t* targets,
 }  // namespace zgpt
 
 // ---------------------------------------------------------------------------------------------
-// CUDA loss head (kernels/cross_entropy.cu; CUDA builds only). All pointers are device pointers,
+// CUDA loss head (kernels/cross_entropy/*.cu; CUDA builds only). All pointers are device pointers,
 // nothing is read on the host, and every launch is stream-ordered: the head can be captured in a
 // CUDA graph. Indexing is 64-bit. Results are deterministic (no atomics).
 struct CUstream_st;

@@ -3,7 +3,7 @@
 //
 //   pass 1, per tile: logits = h_b W_c^T (cuBLASLt, fp32 accumulation, bf16 out); the tile's
 //           online-softmax statistics merged into its rows' running statistics
-//   finalise: lse, per-row loss / ce / z-loss, gradient parameters (kernels/cross_entropy.cu)
+//   finalise: lse, per-row loss / ce / z-loss, gradient parameters (kernels/cross_entropy/launch.cu)
 //   pass 2, per tile: the logits again; dlogits in place; dh_b += dlogits W_c (fp32
 //           accumulator); dW_c += dlogits^T h_b (fp32 accumulation)
 //
