@@ -4,7 +4,9 @@
 #include <string>
 
 #include "kernels/attention.h"
+#include "kernels/check.h"
 #include "kernels/cross_entropy.h"
+#include "kernels/registry.h"
 
 namespace zgpt {
 
@@ -25,10 +27,11 @@ struct ModelConfig {
 // The kernel variant chosen for each op family on the GPU (the config's `kernels:` section; the
 // CPU backend has one reference implementation of each and records the choice only).
 struct KernelChoice {
-    std::string attention = "flash";     // flash | flash_mma | naive
-    std::string cross_entropy = "fast";  // naive | online | fast | fast_lockstep | fused_linear
-    std::string layernorm = "fused_residual";  // fused_residual | separate
-    std::string matmul = "fused_epilogue";     // fused_epilogue | separate (bias, GELU passes)
+    // a variant name of each family of kernels/registry.h, its default there
+    std::string attention = kernel_family("attention").default_variant;
+    std::string cross_entropy = kernel_family("cross_entropy").default_variant;
+    std::string layernorm = kernel_family("layernorm").default_variant;
+    std::string matmul = kernel_family("matmul").default_variant;
     // fused_linear's schedule (LinearCrossEntropyArgs in kernels/cross_entropy.h); 0: its default
     int linear_ce_row_block = 0;        // rows per tile; 0: 8192
     int linear_ce_vocab_chunk = 0;      // vocabulary columns per tile; 0: a 48 MB tile of logits
@@ -39,6 +42,18 @@ struct KernelChoice {
     cuda::CrossEntropyTuning cross_entropy_tuning;
     cuda::AttentionTuning attention_tuning;
 };
+
+// The choice of a registered family (kernels/registry.h), by its name.
+inline std::string& kernel_choice(KernelChoice& k, const std::string& family) {
+    if (family == "attention") return k.attention;
+    if (family == "cross_entropy") return k.cross_entropy;
+    if (family == "layernorm") return k.layernorm;
+    if (family == "matmul") return k.matmul;
+    throw Error("no kernel family '" + family + "' in KernelChoice");
+}
+inline const std::string& kernel_choice(const KernelChoice& k, const std::string& family) {
+    return kernel_choice(const_cast<KernelChoice&>(k), family);
+}
 
 // fused_linear's schedule from the linear_ce_* choices.
 cuda::LinearCrossEntropyTuning linear_ce_tuning(const KernelChoice& k);

@@ -86,39 +86,14 @@ class PinnedBuffer {
 constexpr int kMaxHeadChunks = 8;
 constexpr int64_t kMinChunkRows = 1024;
 
-const char* const kLayernormVariants[] = {"fused_residual", "separate"};
-const char* const kMatmulVariants[] = {"fused_epilogue", "separate"};
-
-template <size_t N>
-void check_choice(const std::string& family, const std::string& name,
-                  const char* const (&known)[N]) {
-    std::string list;
-    for (const char* k : known) {
-        if (name == k) return;
-        list += std::string(list.empty() ? "" : ", ") + k;
-    }
-    throw Error("kernels." + family + ": unknown variant '" + name + "' (known: " + list + ")");
-}
-
 }  // namespace
 
 void validate_kernels(const KernelChoice& k, DType precision) {
-    try {
-        cuda::find_attention_variant(k.attention);
-    } catch (const Error& e) {
-        throw Error(std::string("kernels.attention: ") + e.what());
-    }
-    bool found = k.cross_entropy == "fused_linear";
-    std::string list = "fused_linear";
-    for (const auto& v : cuda::cross_entropy_variants()) {
-        found |= k.cross_entropy == v.name;
-        list += std::string(", ") + v.name;
-    }
-    if (!found)
-        throw Error("kernels.cross_entropy: unknown variant '" + k.cross_entropy +
-                    "' (known: " + list + ")");
-    check_choice("layernorm", k.layernorm, kLayernormVariants);
-    check_choice("matmul", k.matmul, kMatmulVariants);
+    // the names against the registry (kernels/registry.h), then the CUDA entries behind them
+    for (const KernelFamily& f : kernel_families())
+        kernel_variant(f.name, kernel_choice(k, f.name));
+    cuda::find_attention_variant(k.attention);
+    if (k.cross_entropy != "fused_linear") cuda::find_cross_entropy_variant(k.cross_entropy);
     if (k.cross_entropy == "fused_linear" && precision != DType::bf16)
         throw Error("kernels.cross_entropy: fused_linear runs in bf16 only (train.precision=fp32)");
 }
@@ -158,6 +133,8 @@ struct GptCuda::Impl {
     DeviceBuffer vp_dh_all, vp_dh, vp_summary;
     std::map<const void*, cudaEvent_t> read_done;  // last weight-gradient read of each buffer
     const cuda::AttentionVariant* attention = nullptr;
+    LayernormVariant ln_variant = LayernormVariant::fused_residual;  // resolved once
+    MatmulVariant mm_variant = MatmulVariant::fused_epilogue;
     const cuda::CrossEntropyVariant* ce = nullptr;  // null with fused_linear
     const cuda::LinearCrossEntropyVariant* linear_ce = nullptr;
 
@@ -224,6 +201,8 @@ struct GptCuda::Impl {
         ZG_CHECK(opt.head_chunks >= 1 && opt.head_chunks <= kMaxHeadChunks,
                  "head_chunks must be in [1, " + std::to_string(kMaxHeadChunks) + "]");
         attention = &cuda::find_attention_variant(opt.kernels.attention);
+        ln_variant = LayernormVariant(kernel_variant("layernorm", opt.kernels.layernorm));
+        mm_variant = MatmulVariant(kernel_variant("matmul", opt.kernels.matmul));
         if (opt.kernels.cross_entropy == "fused_linear")
             linear_ce = &cuda::linear_cross_entropy_variants().at(0);
         else
@@ -414,7 +393,7 @@ struct GptCuda::Impl {
     void linear_forward(void* out, const void* inp, int w_idx, int b_idx, int64_t M, int64_t K,
                         int64_t N) {
         cuda::Gemm gm = forward_gemm(out, inp, w_idx, M, K, N);
-        const bool fused = opt.kernels.matmul == "fused_epilogue";
+        const bool fused = mm_variant == MatmulVariant::fused_epilogue;
         if (b_idx >= 0 && fused) {
             gm.epilogue = cuda::Epilogue::bias;
             gm.bias = w(b_idx);
@@ -426,7 +405,7 @@ struct GptCuda::Impl {
     // fch = ln2 W_fc^T + b (pre-activation) and gelu = GELU(fch).
     void fc_gelu_forward(void* fch, void* gelu, const void* inp, int w_idx, int b_idx, int64_t M,
                          int64_t K, int64_t N) {
-        if (opt.kernels.matmul == "fused_epilogue") {
+        if (mm_variant == MatmulVariant::fused_epilogue) {
             cuda::Gemm gm = forward_gemm(gelu, inp, w_idx, M, K, N);
             gm.epilogue = b_idx >= 0 ? cuda::Epilogue::gelu_aux_bias : cuda::Epilogue::gelu_aux;
             gm.bias = w(b_idx);
@@ -483,7 +462,7 @@ struct GptCuda::Impl {
                          int64_t M, int64_t K, int64_t N, const void* gelu_pre = nullptr,
                          bool head = false, const float* bias_parts = nullptr,
                          int64_t bias_part_rows = 0) {
-        const bool fused = opt.kernels.matmul == "fused_epilogue";
+        const bool fused = mm_variant == MatmulVariant::fused_epilogue;
         bool gelu_done = false;
         // the head's dW stays on the main stream: on the weight-gradient stream it measured no
         // better (H100, same call: 123.57 against 123.54 ms)
@@ -532,7 +511,7 @@ struct GptCuda::Impl {
     // res_out = a + b; norm_out = LayerNorm(res_out): fused or as two passes.
     void add_norm(void* res_out, void* norm_out, float* mean, float* rstd, const void* a,
                   const void* b, int w_idx, int b_idx, int64_t N, int64_t C) {
-        if (opt.kernels.layernorm == "fused_residual") {
+        if (ln_variant == LayernormVariant::fused_residual) {
             cuda::residual_layernorm_forward(res_out, norm_out, mean, rstd, a, b, wr(w_idx),
                                              wr(b_idx), N, C, cfg.ln_eps, t, rt, stream);
         } else {

@@ -264,3 +264,31 @@ TEST_CASE("a sweep file varies a tuning key like any key") {
     }
     CHECK(runs == 3);
 }
+
+TEST_CASE("kernel families: the config's keys, choices and defaults are the registry's") {
+    Config c;
+    int seen = 0;
+    for (const ConfigField& f : config_fields(c)) {
+        if (f.section != "kernels" || f.choices.empty()) continue;
+        CAPTURE(f.key);
+        const KernelFamily& fam = kernel_family(f.key);  // throws for a key it does not register
+        CHECK(f.choices == fam.variants);
+        CHECK(*std::get<std::string*>(f.value) == fam.default_variant);
+        seen++;
+    }
+    CHECK(seen == int(kernel_families().size()));
+    for (const KernelFamily& fam : kernel_families()) {
+        CAPTURE(fam.name);
+        CHECK(kernel_variant(fam.name, fam.default_variant) >= 0);
+        CHECK(kernel_choice(c.kernels, fam.name) == fam.default_variant);
+        for (size_t i = 0; i < fam.variants.size(); i++)
+            CHECK(kernel_variant(fam.name, fam.variants[i]) == int(i));
+    }
+    CHECK(kernel_variant("layernorm", "separate") == int(LayernormVariant::separate));
+    CHECK(kernel_variant("matmul", "separate") == int(MatmulVariant::separate));
+    CHECK_THROWS_WITH_AS(kernel_variant("attention", "cudnn"),
+                         "kernels.attention: unknown variant 'cudnn' (known: flash, flash_mma, "
+                         "naive)",
+                         Error);
+    CHECK_THROWS_AS(apply_overrides(c, {"kernels.matmul=cublas"}), Error);
+}

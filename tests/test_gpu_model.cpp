@@ -894,7 +894,34 @@ TEST_CASE("kernel choices are validated with the known names") {
                          zgpt::Error);
     k = {};
     k.layernorm = "apex";
-    CHECK_THROWS_AS(validate_kernels(k, DType::bf16), zgpt::Error);
+    CHECK_THROWS_WITH_AS(validate_kernels(k, DType::bf16),
+                         doctest::Contains("kernels.layernorm: unknown variant 'apex' (known: "
+                                           "fused_residual, separate)"),
+                         zgpt::Error);
+}
+
+TEST_CASE("the registry's names and the CUDA entries are the same lists") {
+    // kernels/registry.h names every variant; the CUDA tables hold one entry per name (fused_linear
+    // in its own table), and no entry the registry does not name
+    std::vector<std::string> att, ce;
+    for (const cuda::AttentionVariant& v : cuda::attention_variants()) att.push_back(v.name);
+    for (const cuda::CrossEntropyVariant& v : cuda::cross_entropy_variants()) ce.push_back(v.name);
+    for (const cuda::LinearCrossEntropyVariant& v : cuda::linear_cross_entropy_variants())
+        ce.push_back(v.name);
+    CHECK(att == kernel_family("attention").variants);
+    CHECK(ce == kernel_family("cross_entropy").variants);
+    for (const KernelFamily& f : kernel_families())
+        for (const std::string& v : f.variants) {
+            CAPTURE(f.name);
+            CAPTURE(v);
+            KernelChoice k;
+            kernel_choice(k, f.name) = v;
+            if (k.cross_entropy == "fused_linear") {
+                CHECK_NOTHROW(validate_kernels(k, DType::bf16));
+            } else {
+                CHECK_NOTHROW(validate_kernels(k, DType::f32));
+            }
+        }
 }
 
 // ---------------------------------------------------------------------------------------------

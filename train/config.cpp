@@ -148,42 +148,9 @@ std::vector<ConfigField> config_fields(Config& c) {
          "seconds; keep it above the longest step, checkpoint write or printed sample",
          &par.timeout_s, 0, 1e7, true});
     KernelChoice& k = c.kernels;
-    add({"kernels",
-         "attention",
-         "causal attention variant (GPU)",
-         &k.attention,
-         0,
-         0,
-         false,
-         false,
-         {"flash", "flash_mma", "naive"}});
-    add({"kernels",
-         "cross_entropy",
-         "loss-head variant (GPU)",
-         &k.cross_entropy,
-         0,
-         0,
-         false,
-         false,
-         {"naive", "online", "fast", "fast_lockstep", "fused_linear"}});
-    add({"kernels",
-         "layernorm",
-         "LayerNorm with the residual add fused, or separate (GPU)",
-         &k.layernorm,
-         0,
-         0,
-         false,
-         false,
-         {"fused_residual", "separate"}});
-    add({"kernels",
-         "matmul",
-         "bias and GELU in the cuBLASLt epilogue, or separate passes (GPU)",
-         &k.matmul,
-         0,
-         0,
-         false,
-         false,
-         {"fused_epilogue", "separate"}});
+    // one key per registered family (kernels/registry.h), its variants the allowed values
+    for (const KernelFamily& f : kernel_families())
+        add({"kernels", f.name, f.help, &kernel_choice(k, f.name), 0, 0, false, false, f.variants});
     add({"kernels", "linear_ce_row_block", "fused_linear: rows per tile (0: 8192)",
          &k.linear_ce_row_block, 0, 1 << 30});
     add({"kernels", "linear_ce_vocab_chunk",

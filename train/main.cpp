@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "kernels/check.h"
+#include "kernels/registry.h"
 #include "train/cli.h"
 #include "train/config.h"
 #include "train/device.h"
@@ -42,13 +43,10 @@ int main(int argc, char** argv) {
     app.footer("Config keys (section: key: default  # meaning):\n" + zgpt::config_reference());
     CLI11_PARSE(app, argc, argv);
     if (list_kernels) {
-        zgpt::Config defaults;
         nlohmann::json j = nlohmann::json::object();
-        for (const zgpt::ConfigField& f : zgpt::config_fields(defaults))
-            if (f.section == "kernels" && !f.choices.empty())
-                j[f.key] = {{"default", *std::get<std::string*>(f.value)},
-                            {"variants", f.choices},
-                            {"help", f.help}};
+        for (const zgpt::KernelFamily& f : zgpt::kernel_families())
+            j[f.name] = {
+                {"default", f.default_variant}, {"variants", f.variants}, {"help", f.help}};
         std::printf("%s\n", j.dump(1).c_str());
         return 0;
     }

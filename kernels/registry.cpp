@@ -1,0 +1,44 @@
+#include "kernels/registry.h"
+
+#include "kernels/check.h"
+
+namespace zgpt {
+
+const std::vector<KernelFamily>& kernel_families() {
+    // Each list's order is the ids' (LayernormVariant, MatmulVariant); the first help words say
+    // what a variant trades.
+    static const std::vector<KernelFamily> families = {
+        {"attention", "causal attention variant (GPU)", {"flash", "flash_mma", "naive"}, "flash"},
+        {"cross_entropy",
+         "loss-head variant (GPU)",
+         {"naive", "online", "fast", "fast_lockstep", "fused_linear"},
+         "fast"},
+        {"layernorm",
+         "LayerNorm with the residual add fused, or separate (GPU)",
+         {"fused_residual", "separate"},
+         "fused_residual"},
+        {"matmul",
+         "bias and GELU in the cuBLASLt epilogue, or separate passes (GPU)",
+         {"fused_epilogue", "separate"},
+         "fused_epilogue"},
+    };
+    return families;
+}
+
+const KernelFamily& kernel_family(const std::string& name) {
+    for (const KernelFamily& f : kernel_families())
+        if (f.name == name) return f;
+    throw Error("no kernel family '" + name + "'");
+}
+
+int kernel_variant(const std::string& family, const std::string& variant) {
+    const KernelFamily& f = kernel_family(family);
+    std::string known;
+    for (size_t i = 0; i < f.variants.size(); i++) {
+        if (f.variants[i] == variant) return int(i);
+        known += (i ? ", " : "") + f.variants[i];
+    }
+    throw Error("kernels." + family + ": unknown variant '" + variant + "' (known: " + known + ")");
+}
+
+}  // namespace zgpt

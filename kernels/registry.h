@@ -1,0 +1,32 @@
+// The GPU kernel variants of every op family, by name: the one list that config validation,
+// `train --help`, `train --list-kernels` (tools/ablate.py), the CUDA model, the bench tools and the
+// tests read. Plain C++: CPU-only builds validate configs too. The CUDA implementations keep their
+// entries under these names (attention_variants(), cross_entropy_variants(),
+// linear_cross_entropy_variants()); test_gpu_model checks that every name here has one and that
+// they hold no other.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace zgpt {
+
+struct KernelFamily {
+    std::string name;                   // the config key: kernels.<name>
+    std::string help;                   // what --help says
+    std::vector<std::string> variants;  // a variant's id is its index
+    std::string default_variant;
+};
+
+// attention, cross_entropy, layernorm, matmul
+const std::vector<KernelFamily>& kernel_families();
+// Throws zgpt::Error for a family that is not registered.
+const KernelFamily& kernel_family(const std::string& name);
+// The id of `variant` in `family`; throws zgpt::Error "kernels.<family>: unknown variant 'x'
+// (known: a, b, c)".
+int kernel_variant(const std::string& family, const std::string& variant);
+
+// The ids the CUDA model branches on, resolved once from the names (never compared per step).
+enum class LayernormVariant { fused_residual, separate };
+enum class MatmulVariant { fused_epilogue, separate };
+
+}  // namespace zgpt
