@@ -24,6 +24,7 @@
 #include "kernels/cross_entropy.h"
 #include "kernels/cuda_device.h"
 #include "kernels/residual.h"
+#include "tests/gpu_helpers.h"
 #include "tests/helpers.h"
 
 using namespace zgpt;
@@ -31,32 +32,6 @@ using namespace zgpt::test;
 using cuda::LogitsType;
 
 namespace {
-
-const bool kHaveGpu = [] {
-    const cuda::DeviceInfo d = cuda::query_devices();
-    if (d.count == 0) skip_binary("no usable CUDA device: " + d.error);
-    return d.count > 0;
-}();
-
-#define CUDA_OK(x) REQUIRE((x) == cudaSuccess)
-
-// A device buffer that frees itself.
-struct Dev {
-    void* p = nullptr;
-    size_t bytes = 0;
-    explicit Dev(size_t b) : bytes(b) { CUDA_OK(cudaMalloc(&p, std::max<size_t>(b, 16))); }
-    ~Dev() { cudaFree(p); }
-    Dev(const Dev&) = delete;
-    Dev& operator=(const Dev&) = delete;
-    template <typename T>
-    T* as() const {
-        return static_cast<T*>(p);
-    }
-};
-
-float bf16_round(float x) {
-    return __bfloat162float(__float2bfloat16_rn(x));
-}
 
 // Host logits stored as the device type; returns the values the device will actually see.
 std::vector<float> to_device_values(const std::vector<float>& x, LogitsType t) {
@@ -200,12 +175,6 @@ Result run_variant(const cuda::CrossEntropyVariant& v, const Case& c,
     }
     read_rows(r, rows, summary, c.N);
     return r;
-}
-
-double max_abs(const std::vector<double>& v) {
-    double m = 0;
-    for (double x : v) m = std::max(m, std::fabs(x));
-    return m;
 }
 
 // dlogits against the reference with the per-element bound argued at the top of this file.

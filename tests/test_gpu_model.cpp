@@ -32,6 +32,7 @@
 #include "model/gpt.h"
 #include "model/gpt_cuda.h"
 #include "model/hf_gpt2.h"
+#include "tests/gpu_helpers.h"
 #include "tests/helpers.h"
 #include "train/backend.h"
 
@@ -39,87 +40,6 @@ using namespace zgpt;
 using namespace zgpt::test;
 
 namespace {
-
-const bool kHaveGpu = [] {
-    const cuda::DeviceInfo d = cuda::query_devices();
-    if (d.count == 0) skip_binary("no usable CUDA device: " + d.error);
-    return d.count > 0;
-}();
-
-#define CUDA_OK(x) REQUIRE((x) == cudaSuccess)
-
-double as_stored(double x, DType t) {
-    return t == DType::f32 ? double(float(x))
-                           : double(__bfloat162float(__float2bfloat16_rn(float(x))));
-}
-
-// A device tensor of type t, filled from doubles (rounded to t) and read back as doubles.
-struct DevT {
-    DType t;
-    int64_t n;
-    void* p = nullptr;
-    DevT(DType type, int64_t count) : t(type), n(count) {
-        CUDA_OK(cudaMalloc(&p, std::max<size_t>(size_t(n) * dtype_bytes(t), 16)));
-        CUDA_OK(cudaMemset(p, 0, std::max<size_t>(size_t(n) * dtype_bytes(t), 16)));
-    }
-    DevT(DType type, const std::vector<double>& v) : DevT(type, int64_t(v.size())) { set(v); }
-    ~DevT() { cudaFree(p); }
-    DevT(const DevT&) = delete;
-    void set(const std::vector<double>& v) {
-        REQUIRE(int64_t(v.size()) == n);
-        if (t == DType::f32) {
-            std::vector<float> h(v.begin(), v.end());
-            CUDA_OK(cudaMemcpy(p, h.data(), n * 4, cudaMemcpyHostToDevice));
-        } else {
-            std::vector<__nv_bfloat16> h(n);
-            for (int64_t i = 0; i < n; i++) h[i] = __float2bfloat16_rn(float(v[i]));
-            CUDA_OK(cudaMemcpy(p, h.data(), n * 2, cudaMemcpyHostToDevice));
-        }
-    }
-    std::vector<double> get() const {
-        CUDA_OK(cudaDeviceSynchronize());
-        std::vector<double> r(n);
-        if (t == DType::f32) {
-            std::vector<float> h(n);
-            CUDA_OK(cudaMemcpy(h.data(), p, n * 4, cudaMemcpyDeviceToHost));
-            for (int64_t i = 0; i < n; i++) r[i] = h[i];
-        } else {
-            std::vector<__nv_bfloat16> h(n);
-            CUDA_OK(cudaMemcpy(h.data(), p, n * 2, cudaMemcpyDeviceToHost));
-            for (int64_t i = 0; i < n; i++) r[i] = __bfloat162float(h[i]);
-        }
-        return r;
-    }
-    float* f() const { return static_cast<float*>(p); }
-};
-
-// Random values, as the device will store them (so the reference reads the same inputs).
-std::vector<double> rnd(Rng& rng, int64_t n, DType t, double scale = 1.0) {
-    std::vector<double> v(n);
-    for (double& x : v) x = as_stored(scale * rng.normal(), t);
-    return v;
-}
-
-double max_abs(const std::vector<double>& v) {
-    double m = 0;
-    for (double x : v) m = std::max(m, std::fabs(x));
-    return m;
-}
-
-double rtol_of(DType t) {
-    return t == DType::f32 ? 1e-5 : 1.0 / 256;
-}
-
-void check_close(const char* what, const std::vector<double>& got, const std::vector<double>& want,
-                 DType t, double atol_scale = -1) {
-    REQUIRE(got.size() == want.size());
-    const double r = rtol_of(t);
-    const double atol = (atol_scale < 0 ? r : atol_scale) * max_abs(want);
-    const MaxError e = compare(got.data(), want.data(), int64_t(got.size()), r, atol);
-    INFO(what << " (" << dtype_name(t) << "): max abs err " << e.abs << ", max rel err " << e.rel
-              << ", worst index " << e.worst << " of " << got.size());
-    CHECK(e.ok);
-}
 
 const DType kTypes[] = {DType::f32, DType::bf16};
 
