@@ -1,0 +1,73 @@
+// RAII owners of device memory (DeviceBuffer) and page-locked host memory (PinnedBuffer), as
+// GptCuda's arenas and staging buffers use them. Header-only; needs the CUDA runtime.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <utility>
+
+#include "kernels/cuda_check.h"
+
+namespace zgpt {
+
+// One device allocation, freed with its owner.
+class DeviceBuffer {
+  public:
+    DeviceBuffer() = default;
+    explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
+        if (bytes) ZG_CUDA_CHECK(cudaMalloc(&p_, bytes));
+        if (bytes) ZG_CUDA_CHECK(cudaMemset(p_, 0, bytes));
+    }
+    ~DeviceBuffer() {
+        if (p_) cudaFree(p_);
+    }
+    DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), bytes_(o.bytes_) {
+        o.p_ = nullptr;
+        o.bytes_ = 0;
+    }
+    DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+        std::swap(p_, o.p_);
+        std::swap(bytes_, o.bytes_);
+        return *this;
+    }
+    void* get() const { return p_; }
+    template <typename T>
+    T* as() const {
+        return static_cast<T*>(p_);
+    }
+    size_t bytes() const { return bytes_; }
+
+  private:
+    void* p_ = nullptr;
+    size_t bytes_ = 0;
+};
+
+// Page-locked host memory: copies from it are truly asynchronous (a copy from pageable memory
+// waits for the stream first). Each buffer is rewritten only after a sync that follows its copy.
+template <typename T>
+class PinnedBuffer {
+  public:
+    PinnedBuffer() = default;
+    explicit PinnedBuffer(size_t n) : n_(n) {
+        if (n) ZG_CUDA_CHECK(cudaMallocHost(&p_, n * sizeof(T)));
+    }
+    ~PinnedBuffer() {
+        if (p_) cudaFreeHost(p_);
+    }
+    PinnedBuffer(PinnedBuffer&& o) noexcept : p_(o.p_), n_(o.n_) {
+        o.p_ = nullptr;
+        o.n_ = 0;
+    }
+    PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
+        std::swap(p_, o.p_);
+        std::swap(n_, o.n_);
+        return *this;
+    }
+    T* get() const { return p_; }
+
+  private:
+    T* p_ = nullptr;
+    size_t n_ = 0;
+};
+
+}  // namespace zgpt

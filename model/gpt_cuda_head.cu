@@ -1,0 +1,259 @@
+// GptCuda's loss head: the LM-head GEMM and cross-entropy pipelined in row chunks (loss()),
+// the vocab-parallel head (loss_sharded()), and the loss summaries. The vocab-parallel embedding
+// (embed_from_shards()) stays in gpt_cuda.cu: it is part of the forward pass, not of the head.
+#include <algorithm>
+#include <cstring>
+
+#include "model/gpt_cuda_impl.h"
+
+namespace zgpt {
+
+CrossEntropySummary GptCuda::Impl::loss(const int32_t* host_targets, const CrossEntropyOptions& o,
+                                        double grad_output, bool compute_grad) {
+    ZG_CHECK(have_logits, "loss() needs a forward() first");
+    validate(o);
+    const int64_t BT = B * Tn, C = cfg.n_embd;
+    std::memcpy(h_targets.get(), host_targets, BT * 4);
+    ZG_CUDA_CHECK(
+        cudaMemcpyAsync(targets.get(), h_targets.get(), BT * 4, cudaMemcpyHostToDevice, stream));
+    *h_grad_out.get() = float(grad_output);
+    ZG_CUDA_CHECK(
+        cudaMemcpyAsync(grad_out.get(), h_grad_out.get(), 4, cudaMemcpyHostToDevice, stream));
+    if (vgroup.size > 1) return loss_sharded(o, compute_grad);
+    auto* sum = summary.as<cuda::LossSummaryF>();
+    const int64_t chunks = head_chunks(o);
+    tick(nullptr);
+    if (linear_ce) {
+        mark(0);  // no logits GEMM: the head is one fused pass in [ev2, ev3]
+        mark(1);
+        mark(2);
+        cuda::LinearCrossEntropyArgs a;
+        a.hidden = lnf.get();
+        a.weight = w(layout.lm_head);
+        a.N = BT;
+        a.C = C;
+        a.V = cfg.vocab_size;
+        a.targets = targets.as<int32_t>();
+        a.grad_output = grad_out.as<float>();
+        a.summary = sum;
+        a.tuning = linear_ce_tuning(opt.kernels);
+        if (compute_grad) {
+            a.dhidden = dtmp.get();
+            a.dweight_acc = g(layout.lm_head);
+        }
+        linear_ce->run(a, o, ce_workspace.get(), stream);
+        mark(3);
+        tick("head (fused_linear)");
+    } else if (chunks == 1) {
+        mark(0);
+        if (head_pending) head_logits(0, BT);
+        mark(1);
+        tick("head matmul fwd");
+        mark(2);
+        head_cross_entropy(0, BT, o, sum, stream);
+        mark(3);
+        tick("cross-entropy");
+    } else {
+        // chunk c's cross-entropy on cestream after its logits; dlnf of chunk c on the main
+        // stream after its cross-entropy
+        mark(0);
+        const int64_t rows = (BT + chunks - 1) / chunks;
+        for (int64_t c = 0; c < chunks; c++) {
+            const int64_t r0 = c * rows, n = std::min(rows, BT - r0);
+            head_logits(r0, n);
+            ZG_CUDA_CHECK(cudaEventRecord(chunk_ev[2 * c], stream));
+            ZG_CUDA_CHECK(cudaStreamWaitEvent(cestream, chunk_ev[2 * c]));
+            head_cross_entropy(r0, n, o, sum + c, cestream);
+            ZG_CUDA_CHECK(cudaEventRecord(chunk_ev[2 * c + 1], cestream));
+        }
+        for (int64_t c = 0; c < chunks; c++) {
+            const int64_t r0 = c * rows, n = std::min(rows, BT - r0);
+            ZG_CUDA_CHECK(cudaStreamWaitEvent(stream, chunk_ev[2 * c + 1]));
+            if (compute_grad) head_input_grad(r0, n);
+        }
+        head_dinp_done = compute_grad;
+        mark(1);
+        mark(2);  // the cross-entropy is inside [ev0, ev1]
+        mark(3);
+    }
+    ZG_CUDA_CHECK(cudaMemcpyAsync(h_summary.get(), sum, chunks * sizeof(cuda::LossSummaryF),
+                                  cudaMemcpyDeviceToHost, stream));
+    ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const cuda::LossSummaryF f = combine_summaries(h_summary.get(), chunks);
+    have_logits = compute_grad ? have_logits : false;
+    const CrossEntropySummary s = to_summary(f);
+    grads_ready = compute_grad;
+    return s;
+}
+
+CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bool compute_grad) {
+    ZG_CHECK(o.reduction == Reduction::sum,
+             "the vocab-parallel head takes reduction sum (the trainer's)");
+    const int P = vgroup.size, p = vgroup.rank;
+    const int64_t BT = B * Tn, C = cfg.n_embd, NA = P * BT;
+    const int64_t v0 = shard_v0(p), Vl = shard_rows(p);
+    const void* W = w(layout.lm_head);  // this shard's rows only
+    float* dW = g(layout.lm_head);
+    auto* stats = vp_stats.as<cuda::RowStatsF>();
+    auto* gathered = vp_gathered.as<cuda::RowStatsF>();
+    auto* params_ = vp_params.as<cuda::RowGradParams>();
+    int* n_all = vp_nvalid.as<int>();
+    int* n_own = n_all + 1;
+    float* rows = vp_rows.as<float>();
+    tick(nullptr);
+    // The group's hidden states and targets, in rank order.
+    ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
+    vgroup.all_gather(lnf.get(), vp_h.get(), BT * C * int64_t(es));
+    vgroup.all_gather(targets.get(), vp_y.get(), BT * 4);
+    const int32_t* y_all = vp_y.as<int32_t>();
+
+    cuda::CrossEntropyArgs a;  // this shard, every row of the group
+    a.type = t == DType::bf16 ? cuda::LogitsType::bf16 : cuda::LogitsType::f32;
+    a.N = NA;
+    a.V_local = Vl;
+    a.v0 = v0;
+    a.V = cfg.vocab_size;
+    a.targets = y_all;
+    a.grad_output = grad_out.as<float>();
+    a.loss_rows = rows;
+    a.ce_rows = rows + NA;
+    a.z_rows = rows + 2 * NA;
+    a.lse_rows = rows + 3 * NA;
+    a.summary = vp_summary.as<cuda::LossSummaryF>();
+    cuda::LinearCrossEntropyArgs la;  // fused_linear: the same shard from hidden states
+    if (linear_ce) {
+        la.hidden = vp_h.get();
+        la.weight = W;
+        la.N = NA;
+        la.C = C;
+        la.V = cfg.vocab_size;
+        la.v0 = v0;
+        la.V_local = Vl;
+        la.targets = y_all;
+        la.grad_output = a.grad_output;
+        la.summary = a.summary;
+        la.tuning = linear_ce_tuning(opt.kernels);  // (shards ignore rows_outer)
+        if (compute_grad) la.dweight_acc = dW;
+        cuda::linear_ce_shard_stats(stats, la, o, ce_workspace.get(), stream);
+    } else {
+        // logits [NA, Vl] = H_all W_shard^T
+        cuda::gemm(forward_gemm(vp_logits.get(), vp_h.get(), W, NA, C, Vl), stream);
+        a.logits = vp_logits.get();
+        a.dlogits = vp_logits.get();
+        a.ld = Vl;
+        cuda::ce_shard_stats(stats, a, o, stream);
+    }
+    // One collective for the statistics; every rank merges them in rank order.
+    ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
+    vgroup.all_gather(stats, gathered, NA * int64_t(sizeof(cuda::RowStatsF)));
+    ZG_CUDA_CHECK(cudaMemcpyAsync(stats, gathered, NA * sizeof(cuda::RowStatsF),
+                                  cudaMemcpyDeviceToDevice, stream));
+    for (int r = 1; r < P; r++) cuda::ce_merge_stats(stats, gathered + r * NA, NA, stream);
+    cuda::ce_count_valid(n_all, y_all, NA, o.ignore_index, stream);
+    cuda::ce_finalize(params_, stats, n_all, a, o, stream);
+    if (compute_grad) {
+        if (linear_ce) {  // it adds each vocabulary chunk's dh into vp_dh_all
+            ZG_CUDA_CHECK(cudaMemsetAsync(vp_dh_all.get(), 0, vp_dh_all.bytes(), stream));
+            cuda::linear_ce_shard_backward(vp_dh_all.as<float>(), params_, la, o,
+                                           ce_workspace.get(), stream);
+        } else {
+            cuda::ce_shard_backward(a, params_, o, stream);
+            // dW_shard += dlogits^T H_all (fp32, into the arena)
+            cuda::gemm(weight_grad_gemm(dW, vp_logits.get(), vp_h.get(), NA, C, Vl), stream);
+            // dH_all [NA, C] = dlogits W_shard, in fp32 for the sum over the shards
+            cuda::Gemm gi = input_grad_gemm(vp_dh_all.get(), vp_logits.get(), W, NA, C, Vl);
+            gi.d_type = DType::f32;
+            cuda::gemm(gi, stream);
+        }
+        // Each rank gets its own rows' gradient summed over the shards.
+        ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
+        vgroup.reduce_scatter_sum(vp_dh_all.as<float>(), vp_dh.as<float>(), BT * C);
+        cuda::cast_from_f32(dtmp.get(), vp_dh.as<float>(), BT * C, t, stream);
+    }
+    // This rank's rows for what it reports (the group's loss adds up over the ranks).
+    cuda::CrossEntropyArgs own = a;
+    own.N = BT;
+    own.targets = y_all + p * BT;
+    own.loss_rows = rows + p * BT;
+    own.ce_rows = rows + NA + p * BT;
+    own.z_rows = rows + 2 * NA + p * BT;
+    own.lse_rows = rows + 3 * NA + p * BT;
+    cuda::ce_count_valid(n_own, own.targets, BT, o.ignore_index, stream);
+    cuda::ce_reduce(own, stats + p * BT, n_own, o, stream);
+    tick("head (vocab parallel)");
+    ZG_CUDA_CHECK(cudaMemcpyAsync(h_summary.get(), a.summary, sizeof(cuda::LossSummaryF),
+                                  cudaMemcpyDeviceToHost, stream));
+    ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const cuda::LossSummaryF f = h_summary.get()[0];
+    const CrossEntropySummary s = to_summary(f);
+    head_sharded_done = compute_grad;
+    grads_ready = compute_grad;
+    if (!compute_grad) have_logits = false;
+    return s;
+}
+
+void GptCuda::Impl::head_logits(int64_t r0, int64_t n) {
+    head_pending = false;
+    linear_forward(logits.as<char>() + r0 * Vp * es, lnf.as<char>() + r0 * cfg.n_embd * es,
+                   layout.lm_head, -1, n, cfg.n_embd, Vp);
+}
+
+void GptCuda::Impl::head_cross_entropy(int64_t r0, int64_t n, const CrossEntropyOptions& o,
+                                       cuda::LossSummaryF* sum, cudaStream_t st) {
+    cuda::CrossEntropyArgs a;
+    a.logits = logits.as<char>() + r0 * Vp * es;
+    a.type = t == DType::bf16 ? cuda::LogitsType::bf16 : cuda::LogitsType::f32;
+    a.ld = Vp;
+    a.N = n;
+    a.V_local = a.V = cfg.vocab_size;
+    a.targets = targets.as<int32_t>() + r0;
+    a.grad_output = grad_out.as<float>();
+    a.dlogits = const_cast<void*>(a.logits);
+    a.summary = sum;
+    a.tuning = opt.kernels.cross_entropy_tuning;
+    ce->run(a, o, ce_workspace.get(), st);
+    if (Vp > cfg.vocab_size)  // padded columns carry no gradient
+        ZG_CUDA_CHECK(cudaMemset2DAsync(static_cast<char*>(a.dlogits) + cfg.vocab_size * es,
+                                        Vp * es, 0, (Vp - cfg.vocab_size) * es, n, st));
+}
+
+void GptCuda::Impl::head_input_grad(int64_t r0, int64_t n) {
+    cuda::gemm(input_grad_gemm(dtmp.as<char>() + r0 * cfg.n_embd * es,
+                               logits.as<char>() + r0 * Vp * es, layout.lm_head, n, cfg.n_embd, Vp),
+               stream);
+}
+
+CrossEntropySummary GptCuda::Impl::to_summary(const cuda::LossSummaryF& f) {
+    CrossEntropySummary s;
+    s.loss = f.loss;
+    s.sum_loss = f.sum_loss;
+    s.sum_ce = f.sum_ce;
+    s.sum_z_loss = f.sum_z_loss;
+    s.sum_lse = f.sum_lse;
+    s.sum_lse_sq = f.sum_lse_sq;
+    s.n_valid = f.n_valid;
+    s.max_logit = f.max_logit;
+    return s;
+}
+
+cuda::LossSummaryF GptCuda::Impl::combine_summaries(const cuda::LossSummaryF* s, int64_t n) {
+    if (n == 1) return s[0];
+    double acc[6] = {};
+    cuda::LossSummaryF f = s[0];
+    f.n_valid = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const float v[6] = {s[i].loss,       s[i].sum_loss, s[i].sum_ce,
+                            s[i].sum_z_loss, s[i].sum_lse,  s[i].sum_lse_sq};
+        for (int k = 0; k < 6; k++) acc[k] += v[k];
+        f.max_logit = std::max(f.max_logit, s[i].max_logit);
+        f.n_valid += s[i].n_valid;
+    }
+    f.loss = float(acc[0]);
+    f.sum_loss = float(acc[1]);
+    f.sum_ce = float(acc[2]);
+    f.sum_z_loss = float(acc[3]);
+    f.sum_lse = float(acc[4]);
+    f.sum_lse_sq = float(acc[5]);
+    return f;
+}
+}  // namespace zgpt
