@@ -1,6 +1,7 @@
 // The GPT of model/gpt.h on one GPU: the same parameter table, forward, loss head and backward,
 // built from the registered CUDA kernels (kernels/*.cu). Plain C++ header; the implementation
-// is model/gpt_cuda.cu and exists only in CUDA builds.
+// is model/gpt_cuda.cu (with gpt_cuda_head.cu, gpt_cuda_profile.cu; Impl in gpt_cuda_impl.h)
+// and exists only in CUDA builds.
 //
 // Memory: fp32 master weights and fp32 gradients in one arena each (the table's offsets), a bf16
 // working copy of the weights in bf16 precision, activations allocated once per (B, T). Every
