@@ -24,7 +24,7 @@ void attention_backward<float>(float* dqkv, const float* dout, const float* qkv,
 
 }  // namespace zgpt::cpu
 
-// CUDA causal attention (kernels/attention.cu; CUDA builds only), registered variants:
+// CUDA causal attention (kernels/attention/*.cu; CUDA builds only), registered variants:
 //   flash      online softmax over key tiles; the T x T scores never exist; saves lse [B, NH, T].
 //              bf16 at head size 64: wgmma kernels on Hopper, mma.sync ones elsewhere
 //   flash_mma  flash with the mma.sync kernels on every GPU (ablation of the Hopper kernels)

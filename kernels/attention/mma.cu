@@ -15,12 +15,12 @@
 // - each ldmatrix.x4 fetches the B fragments of two n-tiles;
 // - the forward gives each warp MT m-tiles (16 rows each), so every K/V fragment read from shared
 //   memory feeds MT products.
-#include "kernels/attention_mma.h"
+#include "kernels/attention/mma.h"
 
 #include <string>
 
-#include "kernels/attention_geo.cuh"
-#include "kernels/attention_tc.cuh"
+#include "kernels/attention/geo.cuh"
+#include "kernels/attention/tc.cuh"
 #include "kernels/cuda_common.cuh"
 
 namespace zgpt::cuda::attention_mma {
@@ -91,7 +91,7 @@ __device__ __forceinline__ void store_acc_row(bf16* dst, const float (&acc)[kD /
 }
 
 // Column sums of a block's kWarps x 32 rows of a 16 x kD accumulator pair: lane_column_sums
-// below, then block_column_sums<kD, kWarps> (attention_tc.cuh).
+// below, then block_column_sums<kD, kWarps> (attention/tc.cuh).
 // This lane's sums, over its rows of a warp's two m-tiles, of the columns of acc; rows at or past
 // Tn (first row r0) are left out.
 __device__ __forceinline__ void lane_column_sums(float (&cs)[kD / 8][2],

@@ -1,4 +1,4 @@
-// Causal attention on tensor cores (kernels/attention_mma.cu): the fast path of the `flash`
+// Causal attention on tensor cores (kernels/attention/mma.cu): the fast path of the `flash`
 // variant for bf16 with head size 64. Same contract as flash: lse [B, NH, T] (natural log) saved
 // by forward; backward writes dqkv and uses dsum [B, NH, T] as scratch.
 #pragma once

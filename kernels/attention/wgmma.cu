@@ -1,6 +1,6 @@
 // Causal attention on Hopper's warpgroup MMA (wgmma), bf16, head size 64, fp32 accumulation.
 //
-// The schedule of attention_mma.cu (FlashAttention-2: online softmax, dK/dV over key blocks and dQ
+// The schedule of attention/mma.cu (FlashAttention-2: online softmax, dK/dV over key blocks and dQ
 // over query blocks, one writer per output, no atomics), with each product issued by a warpgroup
 // (4 warps, 64 rows) as wgmma.m64nNk16 instead of per-warp mma.sync m16n8k16. Why it pays: the
 // tensor core reads its operands straight from shared memory, so the ldmatrix traffic and much
@@ -20,15 +20,15 @@
 //   group has been waited for.
 // - The right operand is K-major (rows of the tile are the N index: K in Q K^T) or, with the
 //   transpose bit, N-major (V in P V: rows of the tile are the K index).
-// - Tiles are staged with cp.async in a ring of three, as in attention_mma.cu; a proxy fence
+// - Tiles are staged with cp.async in a ring of three, as in attention/mma.cu; a proxy fence
 //   makes the copies visible to wgmma, which reads shared memory through the async proxy.
-#include "kernels/attention_wgmma.h"
+#include "kernels/attention/wgmma.h"
 
 #include <algorithm>
 #include <string>
 
-#include "kernels/attention_geo.cuh"
-#include "kernels/attention_tc.cuh"
+#include "kernels/attention/geo.cuh"
+#include "kernels/attention/tc.cuh"
 #include "kernels/cuda_common.cuh"
 
 namespace zgpt::cuda::attention_wgmma {
@@ -208,7 +208,7 @@ __device__ __forceinline__ void store_row(bf16* dst, const float (&acc)[kD / 2],
 }
 // Column sums of the block's accumulators (rows at or past Tn left out; wrow0: this thread's
 // warp's first row index), times scale, into dst[0, kD): this lane's partial sums of its two rows,
-// then block_column_sums<kD, 8 warps> (attention_tc.cuh). Every thread of the block calls it.
+// then block_column_sums<kD, 8 warps> (attention/tc.cuh). Every thread of the block calls it.
 __device__ __forceinline__ void masked_column_sums(float* dst, const float (&acc)[kD / 2],
                                                    int64_t wrow0, int64_t Tn, float scale,
                                                    float (*red)[kD]) {

@@ -1,5 +1,5 @@
-// Device helpers shared by the tensor-core attention kernels (attention_mma.cu for mma.sync,
-// attention_wgmma.cu for Hopper's wgmma): bf16 packing, base-2 exponentials, and the cp.async
+// Device helpers shared by the tensor-core attention kernels (attention/mma.cu for mma.sync,
+// attention/wgmma.cu for Hopper's wgmma): bf16 packing, base-2 exponentials, and the cp.async
 // ring of tiles both stream through.
 #pragma once
 #include <cuda_bf16.h>

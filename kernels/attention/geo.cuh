@@ -1,5 +1,5 @@
 // Where one head's rows live inside qkv [B, T, 3C] and out [B, T, C]: shared by the attention
-// kernels of attention.cu and attention_mma.cu.
+// kernels of attention/flash.cu, naive.cu, mma.cu and wgmma.cu.
 #pragma once
 #include <cmath>
 #include <cstdint>

@@ -1,6 +1,6 @@
-// Causal attention on Hopper's warpgroup tensor-core instructions (kernels/attention_wgmma.cu,
+// Causal attention on Hopper's warpgroup tensor-core instructions (kernels/attention/wgmma.cu,
 // compiled for sm_90a only): the fast path of the `flash` variant on H100/H200 for bf16 with head
-// size 64. Same contract and column-sum layout as attention_mma.h, which stays the path on other
+// size 64. Same contract and column-sum layout as attention/mma.h, which stays the path on other
 // GPUs and is the `flash_mma` variant everywhere.
 #pragma once
 #include "kernels/attention.h"

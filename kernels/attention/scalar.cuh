@@ -1,0 +1,31 @@
+// What the scalar attention kernels (flash.cu, naive.cu) share: where a head's q row lives, and
+// the shape check of their launchers.
+#pragma once
+#include "kernels/attention.h"
+#include "kernels/attention/geo.cuh"
+#include "kernels/cuda_common.cuh"
+
+namespace zgpt::cuda {
+
+namespace {
+
+using Geo = AttentionGeo;
+
+template <typename T>
+__device__ __forceinline__ const T* q_row(const T* qkv, const Geo& g, int64_t b, int64_t h,
+                                          int64_t t) {
+    return qkv + (b * g.Tn + t) * 3 * g.C + h * g.hs;
+}
+
+inline void check_shape(const AttentionShape& s) {
+    ZG_CHECK(s.B > 0 && s.Tn > 0 && s.C > 0 && s.NH > 0 && s.C % s.NH == 0, "attention: bad shape");
+    ZG_CHECK(s.B * s.NH <= 65535, "attention: B * n_head must be <= 65535");
+}
+
+}  // namespace
+
+// The registry's entries, each defined beside its kernels; launch.cu lists them.
+AttentionVariant flash_attention_entry(bool hopper);  // flash (hopper) or flash_mma
+AttentionVariant naive_attention_entry();
+
+}  // namespace zgpt::cuda
