@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/check.h"
+#include "train/run_dir.h"
 
 namespace zgpt {
 
@@ -86,39 +87,15 @@ std::string save_checkpoint(const std::string& dir, const ParameterTable& table,
 
     fs::create_directories(dir);
     const fs::path final_path = fs::path(dir) / ("ckpt_" + std::to_string(s.step) + ".bin");
-    const std::string tmp = final_path.string() + ".tmp";
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ZG_CHECK(fd >= 0, "cannot write checkpoint " + tmp + ": " + std::strerror(errno));
     // Test hook: die half-way through this write (the kill-during-checkpoint test).
     const char* crash = std::getenv("ZGPT_TEST_KILL_IN_CHECKPOINT_AT_STEP");
-    const bool die = crash && std::atoll(crash) == s.step;
-    size_t done = 0;
-    const size_t target = die ? buf.size() / 2 : buf.size();
-    while (done < target) {
-        const ssize_t w = ::write(fd, buf.data() + done, target - done);
-        if (w <= 0) {
-            const std::string why = std::strerror(errno);
-            ::close(fd);
-            ::unlink(tmp.c_str());  // a full disk keeps no partial file (the last checkpoint stays)
-            throw Error("failed writing checkpoint " + tmp + ": " + why);
-        }
-        done += size_t(w);
-    }
-    if (die) {
-        ::fsync(fd);
+    if (crash && std::atoll(crash) == s.step) {
+        const int fd =
+            ::open((final_path.string() + ".tmp").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0 && ::write(fd, buf.data(), buf.size() / 2) > 0) ::fsync(fd);
         std::raise(SIGKILL);
     }
-    const bool ok = ::fsync(fd) == 0;
-    const std::string why = ok ? "" : std::strerror(errno);
-    if (::close(fd) != 0 || !ok) {
-        ::unlink(tmp.c_str());
-        throw Error("failed writing checkpoint " + tmp + ": " + (ok ? "close failed" : why));
-    }
-    fs::rename(tmp, final_path);
-    if (const int dfd = ::open(dir.c_str(), O_RDONLY); dfd >= 0) {  // make the rename durable
-        ::fsync(dfd);
-        ::close(dfd);
-    }
+    write_file_atomic(final_path.string(), buf.data(), buf.size(), true);
     const std::vector<std::string> all = list_checkpoints(dir);
     for (size_t i = size_t(std::max(keep, 1)); i < all.size(); i++) fs::remove(all[i]);
     return final_path.string();

@@ -1,5 +1,6 @@
 #include "train/run_dir.h"
 
+#include <fcntl.h>
 #include <omp.h>
 #include <unistd.h>
 
@@ -65,18 +66,25 @@ std::string make_run_dir(const TrainConfig& t, const std::string& config_path) {
     return dir.string();
 }
 
-void write_text_file(const std::string& path, const std::string& text) {
+void write_file_atomic(const std::string& path, const void* data, size_t n, bool durable) {
     const std::string tmp = path + ".tmp";
-    std::FILE* f = std::fopen(tmp.c_str(), "wb");
-    ZG_CHECK(f, "cannot write " + tmp + ": " + std::strerror(errno));
-    const bool wrote = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-    const bool flushed = std::fflush(f) == 0;
-    const int err = errno;
-    const bool closed = std::fclose(f) == 0;
-    if (!wrote || !flushed || !closed) {
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ZG_CHECK(fd >= 0, "cannot write " + tmp + ": " + std::strerror(errno));
+    const char* p = static_cast<const char*>(data);
+    int err = 0;
+    for (size_t done = 0; done < n && !err;) {
+        const ssize_t w = ::write(fd, p + done, n - done);
+        if (w > 0)
+            done += size_t(w);
+        else if (!(w < 0 && errno == EINTR))
+            err = w < 0 ? errno : EIO;
+    }
+    if (!err && durable && ::fsync(fd) != 0) err = errno;
+    if (::close(fd) != 0 && !err) err = errno;
+    if (err) {
         std::error_code ec;
         fs::remove(tmp, ec);
-        throw Error("failed writing " + path + " (" + std::strerror(err ? err : errno) +
+        throw Error("failed writing " + path + " (" + std::strerror(err) +
                     "); the previous file is unchanged");
     }
     std::error_code ec;
@@ -85,6 +93,12 @@ void write_text_file(const std::string& path, const std::string& text) {
         const std::string why = ec.message();
         fs::remove(tmp, ec);
         throw Error("cannot replace " + path + ": " + why);
+    }
+    if (!durable) return;
+    const std::string dir = fs::path(path).parent_path().string();
+    if (const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY); dfd >= 0) {
+        ::fsync(dfd);  // the rename itself survives a crash
+        ::close(dfd);
     }
 }
 

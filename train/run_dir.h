@@ -16,7 +16,11 @@ std::string make_run_dir(const TrainConfig& t, const std::string& config_path);
 
 // Atomic: written to path.tmp, flushed and closed with every error checked, then renamed over
 // path. On any failure path is untouched, the .tmp is removed, and zgpt::Error says why.
-void write_text_file(const std::string& path, const std::string& text);
+// durable: the file is also fsync'ed before the rename and its folder after it (checkpoints).
+void write_file_atomic(const std::string& path, const void* data, size_t n, bool durable);
+inline void write_text_file(const std::string& path, const std::string& text) {
+    write_file_atomic(path, text.data(), text.size(), false);
+}
 
 // Git commit of the source tree, host, threads, compiler, device: written as provenance.json.
 nlohmann::json provenance(const DeviceChoice& device, const std::string& command_line);
