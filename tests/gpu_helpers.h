@@ -1,6 +1,6 @@
-// Scaffolding of the GPU tests: the whole-binary skip where no GPU is usable, device buffers that
-// free themselves, values rounded as the device stores them, and element-wise checks with the
-// tolerances argued in each test file.
+// Scaffolding of the GPU tests: device buffers that free themselves, values rounded as the device
+// stores them, and element-wise checks with the tolerances argued in each test file. A binary that
+// runs only on a GPU also includes tests/gpu_only.h (the whole-binary skip).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -10,20 +10,11 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/cuda_device.h"
 #include "kernels/dtype.h"
 #include "kernels/rng.h"
 #include "tests/helpers.h"
 
 namespace zgpt::test {
-
-// Registers the skip (main() exits 77 with the reason) in any binary that includes this header
-// on a machine without a usable GPU.
-inline const bool kHaveGpu = [] {
-    const cuda::DeviceInfo d = cuda::query_devices();
-    if (d.count == 0) skip_binary("no usable CUDA device: " + d.error);
-    return d.count > 0;
-}();
 
 #define CUDA_OK(x) REQUIRE((x) == cudaSuccess)
 
@@ -117,8 +108,9 @@ inline void check_close(const char* what, const std::vector<double>& got,
     const double r = rtol_of(t);
     const double atol = (atol_scale < 0 ? r : atol_scale) * max_abs(want);
     const MaxError e = compare(got.data(), want.data(), int64_t(got.size()), r, atol);
-    INFO(what << " (" << dtype_name(t) << "): max abs err " << e.abs << ", max rel err " << e.rel
-              << ", worst index " << e.worst << " of " << got.size());
+    INFO(std::string(what) << " (" << dtype_name(t) << "): max abs err " << e.abs
+                           << ", max rel err " << e.rel << ", worst index " << e.worst << " of "
+                           << got.size());
     CHECK(e.ok);
 }
 

@@ -1,4 +1,5 @@
-// Finite-difference gradient checks, in double, of every CPU op family on odd sizes.
+// Finite-difference gradient checks, in double, of every CPU op family on odd sizes. The float
+// paths against the double reference are rows of test_kernels.
 // Each op's scalar test loss is sum(out * R) for a fixed random R, so dL/dout = R.
 #include <doctest/doctest.h>
 
@@ -128,56 +129,6 @@ TEST_CASE("attention: causality and finite-difference gradient") {
     check_grad("dqkv", loss, qkv, dqkv);
 }
 
-TEST_CASE("attention in float (the vectorised layout) against the double reference") {
-    // Odd sizes (head size 24 and 40, not a multiple of the vector width; T = 67), and logits
-    // scaled up to about +-30 (peaked rows). float rounds each score's sum of hs products to about
-    // hs eps |q||k| (eps = 6e-8: 1e-5 at hs = 40 and |q||k| ~ 4 scale^2), exp_vec is within 1.2e-7
-    // relative, and the outputs and gradients sum T such terms: the bounds below are 1e-4 of each
-    // tensor's largest magnitude.
-    struct Case {
-        int64_t B, T, C, NH;
-    };
-    for (const Case k :
-         {Case{2, 67, 72, 3}, Case{1, 33, 80, 2}, Case{2, 64, 128, 4}, Case{1, 40, 48, 2}}) {
-        for (double big : {1.0, 4.0}) {
-            CAPTURE(k.T);
-            CAPTURE(k.C);
-            CAPTURE(big);
-            Rng rng(uint64_t(k.T * 131 + k.C));
-            const int64_t n = k.B * k.T * 3 * k.C, m = k.B * k.T * k.C;
-            Vec qkv = random_vector<double>(rng, n, big), dout = random_vector<double>(rng, m);
-            Vec out(m), att(k.B * k.NH * k.T * k.T), dqkv(n, 0.0);
-            cpu::attention_forward(out.data(), att.data(), qkv.data(), k.B, k.T, k.C, k.NH);
-            cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), k.B, k.T, k.C,
-                                    k.NH);
-            std::vector<float> qf(qkv.begin(), qkv.end()), df(dout.begin(), dout.end());
-            std::vector<float> of(m), af(att.size()), dqf(n, 0.0f);
-            cpu::attention_forward(of.data(), af.data(), qf.data(), k.B, k.T, k.C, k.NH);
-            cpu::attention_backward(dqf.data(), df.data(), qf.data(), af.data(), k.B, k.T, k.C,
-                                    k.NH);
-            auto worst = [](const Vec& ref, const std::vector<float>& got) {
-                double e = 0, mx = 0;
-                for (size_t i = 0; i < ref.size(); i++) {
-                    e = std::max(e, std::fabs(double(got[i]) - ref[i]));
-                    mx = std::max(mx, std::fabs(ref[i]));
-                }
-                return std::make_pair(e, mx);
-            };
-            const auto [eo, mo] = worst(out, of);
-            const auto [ea, ma] = worst(att, af);
-            const auto [eg, mg] = worst(dqkv, dqf);
-            INFO("out " << eo << " of " << mo << ", att " << ea << ", dqkv " << eg << " of " << mg);
-            CHECK(eo <= 1e-4 * mo);
-            CHECK(ea <= 1e-4 * ma);
-            CHECK(eg <= 1e-4 * mg);
-            for (int64_t b = 0; b < k.B * k.NH; b++)  // causal: zeros above the diagonal
-                for (int64_t t = 0; t < k.T; t++)
-                    for (int64_t t2 = t + 1; t2 < k.T; t2++)
-                        REQUIRE(af[(b * k.T + t) * k.T + t2] == 0.0f);
-        }
-    }
-}
-
 TEST_CASE("gelu (tanh form): known values and finite-difference gradient") {
     Vec x = {-3.0, -1.0, -0.1, 0.0, 0.5, 1.0, 2.5}, out(x.size());
     cpu::gelu_forward(out.data(), x.data(), int64_t(x.size()));
@@ -192,36 +143,6 @@ TEST_CASE("gelu (tanh form): known values and finite-difference gradient") {
     Vec dx(x.size(), 0);
     cpu::gelu_backward(dx.data(), x.data(), R.data(), int64_t(x.size()));
     check_grad("dx", loss, x, dx);
-}
-
-TEST_CASE("gelu in float (vectorised tanh) equals the double reference") {
-    // x over [-12, 12], the tails included: where tanh saturates, 1 - 2 / (1 + e^{2u}) must too.
-    // Errors are taken relative to 1 + |x|, the scale of the terms. tanh_vec is within ~1.2e-7 of
-    // tanh (Taylor truncation and a few roundings). The output multiplies that error by x / 2.
-    // The gradient multiplies it by |0.5 - x th du|, which is up to ~2 where tanh has not
-    // saturated, and adds its own ~10 float roundings. Bounds: 3e-7 for the output, 1e-6 for the
-    // gradient. (Seen: 7.1e-8 and 3.2e-7; std::tanh in float gave 7.1e-8 and 8.5e-8.)
-    std::vector<double> xd;
-    for (double x = -12; x <= 12; x += 0.0137) xd.push_back(x);
-    xd.push_back(0.0);
-    xd.push_back(-90.0);  // exp clamps; GELU is -0 there
-    xd.push_back(90.0);
-    const int64_t n = int64_t(xd.size());
-    std::vector<float> xf(xd.begin(), xd.end()), of(n), gf(n, 0.0f), ones(n, 1.0f);
-    std::vector<double> od(n), gd(n, 0.0), onesd(n, 1.0), xr(xf.begin(), xf.end());
-    cpu::gelu_forward(of.data(), xf.data(), n);
-    cpu::gelu_backward(gf.data(), xf.data(), ones.data(), n);
-    cpu::gelu_forward(od.data(), xr.data(), n);  // the reference at the same (float) inputs
-    cpu::gelu_backward(gd.data(), xr.data(), onesd.data(), n);
-    double worst_out = 0, worst_grad = 0;
-    for (int64_t i = 0; i < n; i++) {
-        // errors relative to the output's scale, 1 + |x| (cancellation near GELU's minimum)
-        worst_out = std::max(worst_out, std::fabs(of[i] - od[i]) / (1 + std::fabs(xr[i])));
-        worst_grad = std::max(worst_grad, std::fabs(gf[i] - gd[i]) / (1 + std::fabs(xr[i])));
-    }
-    CHECK(worst_out < 3e-7);
-    CHECK(worst_grad < 1e-6);
-    MESSAGE("float GELU: largest error " << worst_out << " (output), " << worst_grad << " (grad)");
 }
 
 TEST_CASE("residual: forward and finite-difference gradient") {

@@ -1,0 +1,411 @@
+// The GPU checks of test_kernels' rows (tests/kernel_table.h): one CUDA op against the CPU
+// reference (kernels/*.cpp, run in double) on the same inputs. CUDA builds only.
+//
+// Tolerances, one per type (rtol_of and check_close in gpu_helpers.h), argued from the rounding:
+// - fp32: the GPU and the reference read the same fp32 inputs; the GPU's sums of up to a few
+//   thousand fp32 terms are within about K 2^-24 of the exact ones for K terms (1e-5 relative for
+//   the sizes here), plus 1e-5 of the tensor's largest magnitude for elements produced by
+//   cancellation (LayerNorm and softmax backward, gradients).
+// - bf16: every input is rounded to bf16 before the reference sees it, so both read the same
+//   values; the GPU computes in fp32 and rounds each output once. bf16 has 8 significand bits:
+//   a stored value is within 2^-9 relative of the fp32 one, so 2^-8 relative plus 2^-8 of the
+//   largest magnitude (cancellation).
+// - Weight and bias gradients are fp32 sums over all N rows (4099 at most) of products of bf16
+//   values: 1e-4 of the largest magnitude.
+// - Where a bf16 output goes through a second op inside the kernel (GELU of the fp32
+//   pre-activation, dgelu, the attention backward's chain of tensor-core products), 2^-7: two
+//   roundings of 2^-9 and the fp32 work between them.
+// - The loss head: ce_gpu.h argues its bounds.
+#include <cuda_runtime.h>
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "kernels/adamw.h"
+#include "kernels/attention.h"
+#include "kernels/encoder.h"
+#include "kernels/gelu.h"
+#include "kernels/global_norm.h"
+#include "kernels/layernorm.h"
+#include "kernels/matmul.h"
+#include "kernels/residual.h"
+#include "tests/ce_gpu.h"
+#include "tests/gpu_helpers.h"
+#include "tests/helpers.h"
+#include "tests/kernel_table.h"
+
+namespace zgpt::test::gpu {
+
+namespace {
+
+// A row's inputs depend on its shape and type only: rerunning one row repeats it.
+uint64_t seed_of(std::initializer_list<int64_t> parts) {
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t p : parts) h = (h ^ uint64_t(p)) * 1099511628211ull;
+    return h;
+}
+
+// Token ids on the device that free themselves.
+struct DevInts {
+    Dev d;
+    explicit DevInts(const std::vector<int32_t>& v) : d(v.size() * 4) {
+        CUDA_OK(cudaMemcpy(d.p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    }
+    int32_t* p() const { return d.as<int32_t>(); }
+};
+
+}  // namespace
+
+void attention(const std::string& variant, const AttentionDims& s, DType t) {
+    const cuda::AttentionVariant& v = cuda::find_attention_variant(variant);
+    Rng rng(seed_of({s.B, s.T, s.C, s.NH, int64_t(t)}));
+    const int64_t BT = s.B * s.T;
+    const auto qkv = rnd(rng, BT * 3 * s.C, t), dout = rnd(rng, BT * s.C, t);
+    std::vector<double> out(BT * s.C), att(s.B * s.NH * s.T * s.T), dqkv(BT * 3 * s.C, 0.0);
+    cpu::attention_forward(out.data(), att.data(), qkv.data(), s.B, s.T, s.C, s.NH);
+    cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), s.B, s.T, s.C, s.NH);
+    const cuda::AttentionShape sh{s.B, s.T, s.C, s.NH};
+    DevT d_qkv(t, qkv), d_out(t, BT * s.C), d_dout(t, dout), d_dqkv(t, BT * 3 * s.C);
+    DevT saved(DType::f32, int64_t(v.saved_bytes(sh) / 4) + 1),
+        scratch(DType::f32, int64_t(v.scratch_bytes(sh) / 4) + 1);
+    v.forward(d_out.p, saved.p, d_qkv.p, sh, t, nullptr);
+    check_close("out", d_out.get(), out, t);
+    // the GPU's backward reads the output it produced (its rounding, as in training)
+    v.backward(d_dqkv.p, d_dout.p, d_qkv.p, d_out.p, saved.p, scratch.p, nullptr, sh, t, nullptr);
+    const std::vector<double> got = d_dqkv.get();
+    check_close("dqkv", got, dqkv, t, t == DType::f32 ? 1e-5 : 1.0 / 128);
+    const int64_t rows = v.colsum_rows(sh, t);
+    if (rows == 0) return;
+    // The partial column sums, summed, against the column sums of the dqkv it wrote. They add the
+    // fp32 values before bf16 rounding, and each stored value is within 2^-8 of its fp32 value
+    // (relative), so a column may differ by 2^-8 sum |dqkv|, plus fp32 summation error (< 1e-4 of
+    // that sum for these lengths).
+    DevT parts(DType::f32, rows * 3 * s.C);
+    CUDA_OK(cudaMemset(parts.p, 0xff, size_t(rows) * 3 * s.C * 4));  // NaN: unwritten
+    v.backward(d_dqkv.p, d_dout.p, d_qkv.p, d_out.p, saved.p, scratch.p,
+               static_cast<float*>(parts.p), sh, t, nullptr);
+    CHECK(d_dqkv.get() == got);  // the sums change nothing else
+    const std::vector<double> part = parts.get();
+    std::vector<double> want(3 * s.C, 0.0), mag(3 * s.C, 0.0), sum(3 * s.C, 0.0);
+    for (int64_t i = 0; i < BT * 3 * s.C; i++) {
+        want[i % (3 * s.C)] += got[i];
+        mag[i % (3 * s.C)] += std::fabs(got[i]);
+    }
+    for (int64_t i = 0; i < rows * 3 * s.C; i++) sum[i % (3 * s.C)] += part[i];
+    int bad = 0;
+    for (int64_t c = 0; c < 3 * s.C; c++)
+        if (!(std::fabs(sum[c] - want[c]) <= (0.00390625 + 1e-4) * mag[c] + 1e-30)) bad++;
+    CHECK(bad == 0);
+}
+
+void cross_entropy(const std::string& variant, const CeDims& s, DType t) {
+    const LogitsType lt = t == DType::f32 ? LogitsType::f32 : LogitsType::bf16;
+    Case c = make_case(s.seed, s.N, s.V, lt, 1e-4, s.label_smoothing, s.reduction, s.ignored);
+    c.in_place = s.in_place;
+    if (variant == "fused_linear") {
+        // as a loss head: through an identity weight (ce_gpu.h), whose hidden states cannot
+        // hold -inf (-inf x 0 is NaN): masked entries are -1e4 instead
+        for (float& x : c.logits)
+            if (std::isinf(x)) x = -1e4f;
+        check_result(run_linear_identity(c, kSchedules[0]), reference(c), c);
+        return;
+    }
+    check_result(run_variant(cuda::find_cross_entropy_variant(variant), c), reference(c), c);
+}
+
+void layernorm(const std::string& variant, const LayernormDims& s, DType t, DType r) {
+    const int64_t N = s.N, C = s.C;
+    Rng rng(seed_of({N, C, int64_t(t), int64_t(r)}));
+    const auto a = rnd(rng, N * C, r, 2.0), b = rnd(rng, N * C, t), w = rnd(rng, C, r),
+               bias = rnd(rng, C, r), dout = rnd(rng, N * C, t), dinp0 = rnd(rng, N * C, r);
+    // reference: res = a + b (rounded as the GPU stores it), then LayerNorm
+    std::vector<double> res(N * C);
+    for (int64_t i = 0; i < N * C; i++) res[i] = as_stored(a[i] + b[i], r);
+    std::vector<double> out(N * C), mean(N), rstd(N);
+    cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), res.data(), w.data(), bias.data(),
+                           N, C, 1e-5);
+    DevT da(r, a), db(t, b), dw(r, w), dbias(r, bias), dres(r, N * C), dout_(t, N * C);
+    DevT dmean(DType::f32, N), drstd(DType::f32, N);
+    if (variant == "fused_residual") {
+        cuda::residual_layernorm_forward(dres.p, dout_.p, dmean.f(), drstd.f(), da.p, db.p, dw.p,
+                                         dbias.p, N, C, 1e-5, t, r, nullptr);
+    } else {
+        REQUIRE(variant == "separate");
+        cuda::residual_forward(dres.p, da.p, db.p, N * C, t, r, nullptr);
+        cuda::layernorm_forward(dout_.p, {1, C}, dmean.f(), drstd.f(), dres.p, {1, C}, dw.p,
+                                dbias.p, N, C, 1e-5, t, r, nullptr);
+    }
+    check_close("res", dres.get(), res, r);
+    check_close("out", dout_.get(), out, t);
+    check_close("mean", dmean.get(), mean, DType::f32);
+    check_close("rstd", drstd.get(), rstd, DType::f32, 1e-5);
+    // backward (the same kernel under both variants), adding into dinp, of the reference's res
+    // with the statistics this variant's forward saved
+    std::vector<double> dinp = dinp0, gw(C, 0.0), gb(C, 0.0);
+    cpu::layernorm_backward(dinp.data(), gw.data(), gb.data(), dout.data(), res.data(), w.data(),
+                            mean.data(), rstd.data(), N, C);
+    DevT dres_in(r, res), d_dinp(r, dinp0), d_dout(t, dout), d_gw(DType::f32, C),
+        d_gb(DType::f32, C);
+    DevT scratch(DType::f32, int64_t(cuda::layernorm_backward_scratch_bytes(N, C) / 4));
+    cuda::layernorm_backward(d_dinp.p, {1, C}, true, d_gw.f(), d_gb.f(), d_dout.p, {1, C},
+                             dres_in.p, {1, C}, dw.p, dmean.f(), drstd.f(), N, C, scratch.p, t, r,
+                             nullptr);
+    check_close("dinp", d_dinp.get(), dinp, r);
+    check_close("dweight", d_gw.get(), gw, DType::f32, 1e-4);
+    check_close("dbias", d_gb.get(), gb, DType::f32, 1e-4);
+}
+
+void qk_layernorm(const HeadsDims& s, DType t) {
+    // rows of hs at (r / NH) * 3C + (r % NH) * hs (the heads of q inside qkv), backward in place
+    const int64_t BT = s.BT, NH = s.NH, hs = s.hs, C = NH * hs;
+    Rng rng(seed_of({BT, NH, hs, int64_t(t)}));
+    const auto qkv = rnd(rng, BT * 3 * C, t), w = rnd(rng, hs, t), dq = rnd(rng, BT * 3 * C, t);
+    std::vector<double> q(BT * C), qo(BT * C), mean(BT * NH), rstd(BT * NH), dqv(BT * C);
+    for (int64_t r = 0; r < BT; r++)
+        for (int64_t c = 0; c < C; c++) {
+            q[r * C + c] = qkv[r * 3 * C + c];
+            dqv[r * C + c] = dq[r * 3 * C + c];
+        }
+    cpu::layernorm_forward(qo.data(), mean.data(), rstd.data(), q.data(), w.data(),
+                           (const double*)nullptr, BT * NH, hs, 1e-5);
+    DevT d_qkv(t, qkv), d_out(t, BT * 3 * C), d_w(t, w), dm(DType::f32, BT * NH),
+        dr(DType::f32, BT * NH);
+    const cuda::RowMap heads{NH, 3 * C};
+    cuda::layernorm_forward(d_out.p, heads, dm.f(), dr.f(), d_qkv.p, heads, d_w.p, nullptr, BT * NH,
+                            hs, 1e-5, t, nullptr);
+    const auto got = d_out.get();
+    std::vector<double> got_q(BT * C);
+    for (int64_t r = 0; r < BT; r++)
+        for (int64_t c = 0; c < C; c++) got_q[r * C + c] = got[r * 3 * C + c];
+    check_close("q heads", got_q, qo, t);
+    std::vector<double> dqi(BT * C, 0.0), gw(hs, 0.0);
+    cpu::layernorm_backward(dqi.data(), gw.data(), (double*)nullptr, dqv.data(), q.data(), w.data(),
+                            mean.data(), rstd.data(), BT * NH, hs);
+    DevT d_dq(t, dq), d_gw(DType::f32, hs);
+    DevT scratch(DType::f32, int64_t(cuda::layernorm_backward_scratch_bytes(BT * NH, hs) / 4));
+    cuda::layernorm_backward(d_dq.p, heads, false, d_gw.f(), nullptr, d_dq.p, heads, d_qkv.p, heads,
+                             d_w.p, dm.f(), dr.f(), BT * NH, hs, scratch.p, t, nullptr);
+    const auto gotd = d_dq.get();
+    std::vector<double> got_dq(BT * C);
+    bool rest_untouched = true;
+    for (int64_t r = 0; r < BT; r++) {
+        for (int64_t c = 0; c < C; c++) got_dq[r * C + c] = gotd[r * 3 * C + c];
+        for (int64_t c = C; c < 3 * C; c++)
+            rest_untouched &= gotd[r * 3 * C + c] == dq[r * 3 * C + c];
+    }
+    check_close("dq heads (in place)", got_dq, dqi, t);
+    check_close("dq_norm weight", d_gw.get(), gw, DType::f32, 1e-4);
+    CHECK(rest_untouched);
+}
+
+void matmul(const std::string& variant, const MatmulDims& s, DType t) {
+    const bool fused = variant == "fused_epilogue";
+    REQUIRE((fused || variant == "separate"));
+    const int64_t N = s.N, C = s.C, OC = s.OC;
+    Rng rng(seed_of({N, C, OC, int64_t(t)}));
+    const auto x = rnd(rng, N * C, t), w = rnd(rng, OC * C, t, 0.3), b = rnd(rng, OC, t),
+               dy = rnd(rng, N * OC, t);
+    std::vector<double> y(N * OC), g(N * OC);
+    cpu::matmul_forward(y.data(), x.data(), w.data(), b.data(), N, C, OC);
+    cpu::gelu_forward(g.data(), y.data(), N * OC);
+    DevT dx(t, x), dw(t, w), db(t, b), dY(t, N * OC), dAux(t, N * OC), dG(t, N * OC);
+    // GELU after the GEMM: of the fp32 pre-activation (fused) or of the stored one (separate, one
+    // more rounding of 2^-9 that GELU' <= 1.13 carries): the reference's gelu(y) within 2^-7
+    const double gelu_tol = t == DType::f32 ? 1e-5 : 1.0 / 128;
+    cuda::Gemm gm;
+    gm.D = dY.p;
+    gm.d_type = gm.ab_type = t;
+    gm.A = dx.p;
+    gm.B = dw.p;
+    gm.trans_b = true;
+    gm.M = N;
+    gm.N = OC;
+    gm.K = C;
+    if (fused) {
+        gm.epilogue = cuda::Epilogue::bias;
+        gm.bias = db.p;
+        cuda::gemm(gm, nullptr);
+        check_close("x W^T + b", dY.get(), y, t);
+        gm.D = dG.p;
+        gm.epilogue = cuda::Epilogue::gelu_aux_bias;
+        gm.aux = dAux.p;
+        cuda::gemm(gm, nullptr);
+        check_close("aux (pre-GELU)", dAux.get(), y, t);
+        check_close("GELU(x W^T + b)", dG.get(), g, t, gelu_tol);
+    } else {
+        cuda::gemm(gm, nullptr);
+        cuda::add_bias(dY.p, db.p, N, OC, t, nullptr);
+        check_close("x W^T, then + b", dY.get(), y, t);
+        cuda::gelu_forward(dG.p, dY.p, N * OC, t, nullptr);
+        check_close("GELU(x W^T + b), separate", dG.get(), g, t, gelu_tol);
+    }
+    // backward: dx = dy W, dW += dy^T x, db += colsum dy
+    std::vector<double> gx(N * C, 0.0), gW(OC * C, 1.0), gb(OC, 1.0);
+    cpu::matmul_backward(gx.data(), gW.data(), gb.data(), dy.data(), x.data(), w.data(), N, C, OC);
+    DevT d_dy(t, dy), d_gx(t, N * C), d_gW(DType::f32, std::vector<double>(OC * C, 1.0)),
+        d_gb(DType::f32, std::vector<double>(OC, 1.0));
+    cuda::Gemm gd;
+    gd.D = d_gx.p;
+    gd.d_type = gd.ab_type = t;
+    gd.A = d_dy.p;
+    gd.B = dw.p;
+    gd.M = N;
+    gd.N = C;
+    gd.K = OC;
+    cuda::gemm(gd, nullptr);
+    cuda::Gemm gw2;
+    gw2.D = d_gW.p;
+    gw2.d_type = DType::f32;
+    gw2.ab_type = t;
+    gw2.A = d_dy.p;
+    gw2.trans_a = true;
+    gw2.B = dx.p;
+    gw2.M = OC;
+    gw2.N = C;
+    gw2.K = N;
+    gw2.beta = 1.0f;
+    cuda::gemm(gw2, nullptr);
+    DevT scratch(DType::f32, int64_t(cuda::bias_backward_scratch_bytes(N, OC) / 4));
+    cuda::bias_backward(d_gb.f(), d_dy.p, N, OC, t, scratch.p, nullptr);
+    check_close("dx", d_gx.get(), gx, t);
+    check_close("dW (+= into fp32)", d_gW.get(), gW, DType::f32);
+    check_close("db", d_gb.get(), gb, DType::f32);
+    // GELU's backward at the pre-activation x (standing in for one): dx * GELU'(x)
+    std::vector<double> gxg(N * C, 0.0);
+    cpu::gelu_backward(gxg.data(), x.data(), gx.data(), N * C);
+    DevT d_gxg(t, N * C);
+    if (!fused) {  // of the stored dx: one more rounding of 2^-9
+        cuda::gelu_backward(d_gxg.p, dx.p, d_gx.p, N * C, t, nullptr);
+        check_close("dgelu, separate", d_gxg.get(), gxg, t, t == DType::f32 ? 1e-5 : 1.0 / 128);
+        return;
+    }
+    // the fused backward epilogues: dx * GELU'(pre-activation) and the bias gradient (taken when
+    // cuBLASLt offers them for these types; the trainer falls back otherwise)
+    std::vector<double> colsum(OC, 0.0);
+    for (int64_t i = 0; i < N * OC; i++) colsum[i % OC] += dy[i];
+    DevT d_gW3(DType::f32, OC * C), d_bg(DType::f32, OC);
+    gd.D = d_gxg.p;
+    gd.epilogue = cuda::Epilogue::dgelu;
+    gd.aux = dx.p;
+    if (cuda::try_gemm(gd, nullptr))
+        check_close("dgelu epilogue", d_gxg.get(), gxg, t, t == DType::f32 ? 1e-5 : 1.0 / 128);
+    else
+        MESSAGE("cuBLASLt offers no DGELU epilogue for " << dtype_name(t));
+    gw2.D = d_gW3.p;
+    gw2.beta = 0.0f;
+    gw2.epilogue = cuda::Epilogue::bias_grad;
+    gw2.bias = d_bg.p;
+    if (cuda::try_gemm(gw2, nullptr))
+        check_close("bias_grad epilogue", d_bg.get(), colsum, DType::f32);
+    else
+        MESSAGE("cuBLASLt offers no BGRADB epilogue for " << dtype_name(t));
+}
+
+void encoder(const EncoderDims& s, DType t) {
+    // wte rows summed per token, in order; tokens repeat (ids below 5) and one is the last id
+    const int64_t B = s.B, T = s.T, C = s.C, V = s.V;
+    Rng rng(seed_of({B, T, C, V, int64_t(t)}));
+    std::vector<int32_t> tok(B * T);
+    for (auto& x : tok) x = int32_t(rng.next_u64() % 5);
+    tok[4] = int32_t(V - 1);
+    const auto wte = rnd(rng, V * C, t), wpe = rnd(rng, T * C, t), dout = rnd(rng, B * T * C, t);
+    std::vector<double> out(B * T * C), dwte(V * C, 0.5), dwpe(T * C, 0.25);
+    DevT d_wte(t, wte), d_wpe(t, wpe), d_out(t, B * T * C), d_dout(t, dout);
+    DevT g_wte(DType::f32, dwte), g_wpe(DType::f32, dwpe);
+    const DevInts d_tok(tok);
+    cuda::encoder_forward(d_out.p, d_tok.p(), d_wte.p, d_wpe.p, B, T, C, t, nullptr);
+    cpu::encoder_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
+    check_close("out", d_out.get(), out, t);
+    const cuda::TokenBuckets bk = cuda::bucket_tokens(tok.data(), B * T);
+    const DevInts bt(bk.token), bo(bk.offset), bp(bk.position);
+    cuda::encoder_backward(g_wte.f(), g_wpe.f(), d_dout.p, bt.p(), bo.p(), bp.p(),
+                           int64_t(bk.token.size()), B, T, C, t, nullptr);
+    cpu::encoder_backward(dwte.data(), dwpe.data(), dout.data(), tok.data(), B, T, C);
+    check_close("dwte", g_wte.get(), dwte, DType::f32);
+    check_close("dwpe", g_wpe.get(), dwpe, DType::f32);
+}
+
+void gelu(int64_t n, DType t) {
+    Rng rng(seed_of({n, int64_t(t)}));
+    const auto x = rnd(rng, n, t, 3.0), dy = rnd(rng, n, t);
+    std::vector<double> y(n), dx(n, 0.0);
+    cpu::gelu_forward(y.data(), x.data(), n);
+    cpu::gelu_backward(dx.data(), x.data(), dy.data(), n);
+    DevT dX(t, x), dY(t, n), dDY(t, dy), dDX(t, n);
+    cuda::gelu_forward(dY.p, dX.p, n, t, nullptr);
+    cuda::gelu_backward(dDX.p, dX.p, dDY.p, n, t, nullptr);
+    check_close("gelu", dY.get(), y, t);
+    check_close("dgelu", dDX.get(), dx, t);
+}
+
+void residual(int64_t n, DType t, DType r) {
+    // Exact: one fp32 add of the stored values, rounded once to r. For bf16 + bf16 the fp32 sum
+    // is exact (8 + 8 significand bits) unless the exponents differ by more than 16, and then the
+    // smaller term moves the larger by under 2^-16 relative, far from a bf16 rounding boundary
+    // (2^-10 away at least): either way the stored value is the exact sum rounded once.
+    Rng rng(seed_of({n, int64_t(t), int64_t(r)}));
+    const auto a = rnd(rng, n, r), b = rnd(rng, n, t);
+    std::vector<double> want(n);
+    for (int64_t i = 0; i < n; i++) want[i] = as_stored(a[i] + b[i], r);
+    DevT da(r, a), db(t, b), dout(r, n);
+    if (t == DType::f32 && r == DType::f32)
+        cuda::residual_forward(dout.f(), da.f(), db.f(), n, nullptr);  // the fp32 launcher
+    else
+        cuda::residual_forward(dout.p, da.p, db.p, n, t, r, nullptr);
+    const std::vector<double> got = dout.get();
+    int64_t differ = 0;
+    for (int64_t i = 0; i < n; i++) differ += got[i] != want[i];
+    CHECK(differ == 0);
+}
+
+void adamw(int64_t n) {
+    Rng rng(seed_of({n}));
+    std::vector<float> p(n), g(n), m(n), v(n);
+    for (int64_t i = 0; i < n; i++) {
+        p[i] = float(rng.normal());
+        g[i] = float(rng.normal() * 0.01);
+        m[i] = float(rng.normal() * 0.01);
+        v[i] = float(std::fabs(rng.normal()) * 1e-4);
+    }
+    cpu::AdamWStep s;
+    s.lr = 3e-3;
+    s.beta1 = 0.9;
+    s.beta2 = 0.95;
+    s.weight_decay = 0.1;
+    s.t = 7;
+    s.grad_scale = 0.5;
+    std::vector<double> pd(p.begin(), p.end()), gd(g.begin(), g.end()), md(m.begin(), m.end()),
+        vd(v.begin(), v.end());
+    DevT dp(DType::f32, pd), dg(DType::f32, gd), dm(DType::f32, md), dv(DType::f32, vd),
+        p16(DType::bf16, n);
+    cuda::adamw_update(dp.f(), p16.p, dg.f(), dm.f(), dv.f(), n, s, nullptr);
+    cpu::adamw_update(p.data(), g.data(), m.data(), v.data(), n, s);
+    const auto gp = dp.get(), gm = dm.get(), gv = dv.get(), g16 = p16.get();
+    int64_t exact = 0;
+    bool bf16_ok = true;
+    for (int64_t i = 0; i < n; i++) {
+        exact += gp[i] == double(p[i]) && gm[i] == double(m[i]) && gv[i] == double(v[i]);
+        bf16_ok &= g16[i] == as_stored(gp[i], DType::bf16);
+    }
+    CHECK(exact >= n - n / 1000);  // double math on both sides: equal up to rare last-bit ties
+    check_close("params", gp, std::vector<double>(p.begin(), p.end()), DType::f32);
+    CHECK(bf16_ok);  // the bf16 copy is the fp32 master rounded once
+}
+
+void global_norm(int64_t n) {
+    // a sum of squares in double on both sides (in other orders): 1e-12 relative
+    Rng rng(seed_of({n, 1}));
+    std::vector<float> g(n);
+    for (float& x : g) x = float(rng.normal() * 0.01);
+    const DevT dg(DType::f32, std::vector<double>(g.begin(), g.end()));
+    DevT scratch(DType::f32, int64_t(cuda::sum_of_squares_scratch_bytes() / 4));
+    Dev d_sum(8);
+    cuda::sum_of_squares(d_sum.as<double>(), dg.f(), n, scratch.p, nullptr);
+    double got = 0;
+    CUDA_OK(cudaMemcpy(&got, d_sum.p, 8, cudaMemcpyDeviceToHost));
+    CHECK(close(got, cpu::sum_of_squares(g.data(), n), 1e-12, 0));
+}
+
+}  // namespace zgpt::test::gpu

@@ -1,0 +1,62 @@
+// The kernel table of test_kernels: the shapes of its rows, and the GPU check of each op family
+// (tests/kernel_checks_gpu.cpp, built with CUDA only). Plain C++, so that a CPU-only build lists
+// the same rows; it runs the CPU ones and reports the GPU ones as skipped.
+//
+// Each GPU check runs one variant on fresh random inputs (rounded to the device type first, so the
+// CPU reference in double reads the same values), forward and backward where the op has one, and
+// holds every output to the bounds argued in kernel_checks_gpu.cpp (fp32, bf16) and in ce_gpu.h
+// (the loss head).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "kernels/cross_entropy.h"
+#include "kernels/dtype.h"
+
+namespace zgpt::test {
+
+struct AttentionDims {
+    int64_t B, T, C, NH;
+};
+struct LayernormDims {
+    int64_t N, C;
+};
+// LayerNorm over head-sized rows inside qkv [BT, 3C] (qk_norm): BT x NH rows of hs.
+struct HeadsDims {
+    int64_t BT, NH, hs;
+};
+struct MatmulDims {
+    int64_t N, C, OC;
+};
+struct EncoderDims {
+    int64_t B, T, C, V;
+};
+// A loss-head problem (ce_gpu.h's make_case): N rows of V logits with hard rows mixed in, z-loss
+// 1e-4, `ignored` targets set to ignore_index, dlogits in place or to their own buffer.
+struct CeDims {
+    int64_t N, V;
+    Reduction reduction;
+    double label_smoothing;
+    int ignored;
+    bool in_place;
+    uint64_t seed;
+};
+
+namespace gpu {
+
+// variant: a name of kernels/registry.h's family of the same name
+void attention(const std::string& variant, const AttentionDims& s, DType t);
+void cross_entropy(const std::string& variant, const CeDims& s, DType t);
+// The activations in t, the residual stream (a, res, dinp), weight and bias in res_t.
+void layernorm(const std::string& variant, const LayernormDims& s, DType t, DType res_t);
+void matmul(const std::string& variant, const MatmulDims& s, DType t);
+// Ops with one CUDA implementation.
+void qk_layernorm(const HeadsDims& s, DType t);
+void encoder(const EncoderDims& s, DType t);
+void gelu(int64_t n, DType t);
+void residual(int64_t n, DType t, DType res_t);
+void adamw(int64_t n);
+void global_norm(int64_t n);
+
+}  // namespace gpu
+}  // namespace zgpt::test

@@ -1,0 +1,473 @@
+// The kernel table: every op family x variant x shape x type against the CPU reference (ggml's
+// test-backend-ops is the model). The variants of the registered families come from
+// kernel_families() (kernels/registry.h), so a newly registered variant gets its rows at once, and
+// one the table has no runner for fails by name. Ops without a registry family (the encoder, the
+// qk LayerNorm, GELU, the residual add, AdamW, the global norm) have one variant, "cuda". The
+// variant "cpu" is a family's vectorised float CPU path against the same reference in double.
+//
+// Built in every build. Where CUDA is not built, or no GPU is usable, the CPU rows run and the GPU
+// rows are counted as skipped with the reason; the last test case prints rows run and skipped per
+// family. The GPU checks and their tolerances are in tests/kernel_checks_gpu.cpp.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <iterator>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/attention.h"
+#include "kernels/cuda_device.h"
+#include "kernels/gelu.h"
+#include "kernels/matmul.h"
+#include "kernels/registry.h"
+#include "tests/helpers.h"
+#include "tests/kernel_table.h"
+
+using namespace zgpt;
+using namespace zgpt::test;
+
+namespace {
+
+// A GPU row's check: the call where CUDA is built, nothing (a skipped row) where it is not.
+#ifdef ZGPT_HAVE_CUDA
+#define GPU_CHECK(call) std::function<void()>([=] { call; })
+#else
+#define GPU_CHECK(call) std::function<void()>()
+#endif
+
+// Why this process cannot run the GPU rows; empty when it can.
+const std::string& gpu_unavailable() {
+#ifdef ZGPT_HAVE_CUDA
+    static const std::string why = [] {
+        const cuda::DeviceInfo d = cuda::query_devices();
+        return d.count > 0 ? std::string() : "no usable CUDA device: " + d.error;
+    }();
+#else
+    static const std::string why = "a CPU-only build (no CUDA backend)";
+#endif
+    return why;
+}
+
+// One row of the table, with printable parameters.
+struct Row {
+    std::string family, variant, shape, types;
+    bool gpu = true;
+    std::function<void()> check;  // runs the op and CHECKs it against the CPU reference
+    std::string name() const { return family + " / " + variant + " / " + shape + " / " + types; }
+    bool runnable() const { return check && (!gpu || gpu_unavailable().empty()); }
+};
+
+// "B=2 T=7 C=12" from names and values.
+std::string dims(std::initializer_list<std::pair<const char*, int64_t>> d) {
+    std::string s;
+    for (const auto& [k, v] : d) {
+        if (!s.empty()) s += ' ';
+        s += k;
+        s += '=';
+        s += std::to_string(v);
+    }
+    return s;
+}
+
+const DType kTypes[] = {DType::f32, DType::bf16};
+
+// The activation and residual-stream types of the ops that take both: one type, or bf16
+// activations over an fp32 residual stream (train.fp32_residual).
+struct TypePair {
+    DType t, res;
+    std::string text() const {
+        return t == res ? dtype_name(t) : std::string(dtype_name(t)) + ", fp32 residual";
+    }
+};
+const TypePair kTypePairs[] = {
+    {DType::f32, DType::f32}, {DType::bf16, DType::bf16}, {DType::bf16, DType::f32}};
+
+// ---------------------------------------------------------------------------------------------
+// The CPU rows: float paths (vectorised loops, OpenBLAS) against the same code in double.
+
+using Vec = std::vector<double>;
+
+void cpu_attention(const AttentionDims& k, double big) {
+    // Odd sizes (head size 24 and 40, not a multiple of the vector width; T = 67), and logits
+    // scaled up to about +-30 (peaked rows). float rounds each score's sum of hs products to about
+    // hs eps |q||k| (eps = 6e-8: 1e-5 at hs = 40 and |q||k| ~ 4 scale^2), exp_vec is within 1.2e-7
+    // relative, and the outputs and gradients sum T such terms: the bounds below are 1e-4 of each
+    // tensor's largest magnitude.
+    Rng rng(uint64_t(k.T * 131 + k.C));
+    const int64_t n = k.B * k.T * 3 * k.C, m = k.B * k.T * k.C;
+    Vec qkv = random_vector<double>(rng, n, big), dout = random_vector<double>(rng, m);
+    Vec out(m), att(k.B * k.NH * k.T * k.T), dqkv(n, 0.0);
+    cpu::attention_forward(out.data(), att.data(), qkv.data(), k.B, k.T, k.C, k.NH);
+    cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), k.B, k.T, k.C, k.NH);
+    std::vector<float> qf(qkv.begin(), qkv.end()), df(dout.begin(), dout.end());
+    std::vector<float> of(m), af(att.size()), dqf(n, 0.0f);
+    cpu::attention_forward(of.data(), af.data(), qf.data(), k.B, k.T, k.C, k.NH);
+    cpu::attention_backward(dqf.data(), df.data(), qf.data(), af.data(), k.B, k.T, k.C, k.NH);
+    auto worst = [](const Vec& ref, const std::vector<float>& got) {
+        double e = 0, mx = 0;
+        for (size_t i = 0; i < ref.size(); i++) {
+            e = std::max(e, std::fabs(double(got[i]) - ref[i]));
+            mx = std::max(mx, std::fabs(ref[i]));
+        }
+        return std::make_pair(e, mx);
+    };
+    const auto [eo, mo] = worst(out, of);
+    const auto [ea, ma] = worst(att, af);
+    const auto [eg, mg] = worst(dqkv, dqf);
+    INFO("out " << eo << " of " << mo << ", att " << ea << ", dqkv " << eg << " of " << mg);
+    CHECK(eo <= 1e-4 * mo);
+    CHECK(ea <= 1e-4 * ma);
+    CHECK(eg <= 1e-4 * mg);
+    for (int64_t b = 0; b < k.B * k.NH; b++)  // causal: zeros above the diagonal
+        for (int64_t t = 0; t < k.T; t++)
+            for (int64_t t2 = t + 1; t2 < k.T; t2++) REQUIRE(af[(b * k.T + t) * k.T + t2] == 0.0f);
+}
+
+void cpu_gelu() {
+    // x over [-12, 12], the tails included: where tanh saturates, 1 - 2 / (1 + e^{2u}) must too.
+    // Errors are taken relative to 1 + |x|, the scale of the terms. tanh_vec is within ~1.2e-7 of
+    // tanh (Taylor truncation and a few roundings). The output multiplies that error by x / 2.
+    // The gradient multiplies it by |0.5 - x th du|, which is up to ~2 where tanh has not
+    // saturated, and adds its own ~10 float roundings. Bounds: 3e-7 for the output, 1e-6 for the
+    // gradient. (Seen: 7.1e-8 and 3.2e-7; std::tanh in float gave 7.1e-8 and 8.5e-8.)
+    std::vector<double> xd;
+    for (double x = -12; x <= 12; x += 0.0137) xd.push_back(x);
+    xd.push_back(0.0);
+    xd.push_back(-90.0);  // exp clamps; GELU is -0 there
+    xd.push_back(90.0);
+    const int64_t n = int64_t(xd.size());
+    std::vector<float> xf(xd.begin(), xd.end()), of(n), gf(n, 0.0f), ones(n, 1.0f);
+    std::vector<double> od(n), gd(n, 0.0), onesd(n, 1.0), xr(xf.begin(), xf.end());
+    cpu::gelu_forward(of.data(), xf.data(), n);
+    cpu::gelu_backward(gf.data(), xf.data(), ones.data(), n);
+    cpu::gelu_forward(od.data(), xr.data(), n);  // the reference at the same (float) inputs
+    cpu::gelu_backward(gd.data(), xr.data(), onesd.data(), n);
+    double worst_out = 0, worst_grad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        // errors relative to the output's scale, 1 + |x| (cancellation near GELU's minimum)
+        worst_out = std::max(worst_out, std::fabs(of[i] - od[i]) / (1 + std::fabs(xr[i])));
+        worst_grad = std::max(worst_grad, std::fabs(gf[i] - gd[i]) / (1 + std::fabs(xr[i])));
+    }
+    INFO("float GELU: largest error " << worst_out << " (output), " << worst_grad << " (grad)");
+    CHECK(worst_out < 3e-7);
+    CHECK(worst_grad < 1e-6);
+}
+
+// got (float) against want (double) within (K + 2) 2^-24 of mag, elementwise: a float sum of K
+// products of float inputs, in any order and with or without FMA, is within gamma_K ~ K 2^-24 of
+// sum |products| (Higham's bound); one more term for the bias or the value added into.
+void check_float_sums(const char* what, const std::vector<float>& got, const Vec& want,
+                      const Vec& mag, int64_t K) {
+    const double u = std::ldexp(1.0, -24);
+    int64_t bad = 0, worst = -1;
+    double worst_ratio = 0;
+    for (size_t i = 0; i < want.size(); i++) {
+        const double bound = double(K + 2) * u * mag[i];
+        const double err = std::fabs(double(got[i]) - want[i]);
+        if (!(err <= bound)) bad++;
+        const double ratio = err / std::max(bound, 1e-300);
+        if (!(ratio <= worst_ratio)) {
+            worst_ratio = ratio;
+            worst = int64_t(i);
+        }
+    }
+    INFO(std::string(what) << ": " << bad << " elements over the bound; worst at " << worst << " ("
+                           << worst_ratio << " of its bound)");
+    CHECK(bad == 0);
+}
+
+void cpu_matmul(const MatmulDims& s) {
+    // float (OpenBLAS where built, else the loops) against double on the same float inputs
+    const int64_t N = s.N, C = s.C, OC = s.OC;
+    Rng rng(uint64_t(N * 7919 + C * 31 + OC));
+    auto floats = [&](int64_t n, double scale) {
+        std::vector<float> v(n);
+        for (float& x : v) x = float(scale * rng.normal());
+        return v;
+    };
+    const std::vector<float> x = floats(N * C, 1.0), w = floats(OC * C, 0.3), b = floats(OC, 1.0),
+                             dy = floats(N * OC, 1.0);
+    const Vec xd(x.begin(), x.end()), wd(w.begin(), w.end()), bd(b.begin(), b.end()),
+        dyd(dy.begin(), dy.end());
+    Vec y(N * OC), gx(N * C, 0.0), gw(OC * C, 0.0), gb(OC, 0.0);
+    cpu::matmul_forward(y.data(), xd.data(), wd.data(), bd.data(), N, C, OC);
+    cpu::matmul_backward(gx.data(), gw.data(), gb.data(), dyd.data(), xd.data(), wd.data(), N, C,
+                         OC);
+    std::vector<float> yf(N * OC), gxf(N * C, 0.0f), gwf(OC * C, 0.0f), gbf(OC, 0.0f);
+    cpu::matmul_forward(yf.data(), x.data(), w.data(), b.data(), N, C, OC);
+    cpu::matmul_backward(gxf.data(), gwf.data(), gbf.data(), dy.data(), x.data(), w.data(), N, C,
+                         OC);
+    // sum |products| of each output
+    Vec my(N * OC), mx(N * C, 0.0), mw(OC * C, 0.0), mb(OC, 0.0);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t o = 0; o < OC; o++) {
+            double m = std::fabs(bd[o]);
+            for (int64_t c = 0; c < C; c++) {
+                m += std::fabs(xd[n * C + c] * wd[o * C + c]);
+                mx[n * C + c] += std::fabs(dyd[n * OC + o] * wd[o * C + c]);
+                mw[o * C + c] += std::fabs(dyd[n * OC + o] * xd[n * C + c]);
+            }
+            my[n * OC + o] = m;
+            mb[o] += std::fabs(dyd[n * OC + o]);
+        }
+    check_float_sums("out", yf, y, my, C);
+    check_float_sums("dinp", gxf, gx, mx, OC);
+    check_float_sums("dweight", gwf, gw, mw, N);
+    check_float_sums("dbias", gbf, gb, mb, N);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The runners: the rows of one (family, variant).
+
+const AttentionDims kAttentionShapes[] = {{2, 7, 12, 3},    {1, 65, 64, 1},   {2, 130, 128, 2},
+                                          {1, 33, 256, 2},  {2, 256, 128, 2}, {1, 200, 64, 1},
+                                          {1, 1024, 128, 2}};
+std::string text(const AttentionDims& s) {
+    return dims({{"B", s.B}, {"T", s.T}, {"C", s.C}, {"NH", s.NH}});
+}
+
+void attention_rows(const std::string& v, std::vector<Row>& rows) {
+    for (DType t : kTypes)
+        for (const AttentionDims& s : kAttentionShapes)
+            rows.push_back(
+                {"attention", v, text(s), dtype_name(t), true, GPU_CHECK(gpu::attention(v, s, t))});
+}
+
+void attention_cpu_rows(std::vector<Row>& rows) {
+    for (const AttentionDims& s :
+         {AttentionDims{2, 67, 72, 3}, {1, 33, 80, 2}, {2, 64, 128, 4}, {1, 40, 48, 2}})
+        for (double big : {1.0, 4.0})
+            rows.push_back({"attention", "cpu", text(s) + " scale=" + std::to_string(int(big)),
+                            "fp32", false, [=] { cpu_attention(s, big); }});
+}
+
+// V below, at and above block and vector sizes, not multiples of them, and the real vocabularies.
+const int64_t kVocab[] = {1, 7, 64, 127, 128, 129, 513, 4097, 50257, 50304, 128256, 256000};
+
+// Each variant's rows take the options of its turn in the registry (seed, reduction, ignored
+// targets, in place), as test_gpu's loop over the variants did: the options change from variant
+// to variant at each vocabulary. fused_linear takes bf16 only and runs as a loss
+// head through a V x V identity weight (ce_gpu.h): up to V = 50304 (5 GB).
+void cross_entropy_rows(const std::string& v, std::vector<Row>& rows) {
+    const std::vector<std::string>& names = kernel_family("cross_entropy").variants;
+    const int64_t turn = std::find(names.begin(), names.end(), v) - names.begin();
+    const int64_t n_vocab = int64_t(std::size(kVocab));
+    for (int64_t ti = 0; ti < 2; ti++)
+        for (int64_t vi = 0; vi < n_vocab; vi++) {
+            const DType t = kTypes[ti];
+            const int64_t V = kVocab[vi];
+            if (v == "fused_linear" && (t != DType::bf16 || V > 50304)) continue;
+            const uint64_t s = uint64_t(100 + (turn * 2 + ti) * n_vocab + vi);
+            const Reduction r = s % 3 == 0   ? Reduction::mean
+                                : s % 3 == 1 ? Reduction::sum
+                                             : Reduction::none;
+            const CeDims d{V >= 100000 ? 6 : 13, V, r, V > 1 ? 0.1 : 0.0, int(s % 3),
+                           (s + 1) % 2 == 0,     s};
+            const std::string shape = dims({{"N", d.N}, {"V", V}}) + " " + reduction_name(r) +
+                                      " ignored=" + std::to_string(d.ignored) +
+                                      (d.in_place ? " in place" : "");
+            rows.push_back({"cross_entropy", v, shape, dtype_name(t), true,
+                            GPU_CHECK(gpu::cross_entropy(v, d, t))});
+        }
+}
+
+// C of one element, below and at a warp's vector (8 per lane), GPT widths (the vectorised
+// kernels) and one past; GPT widths also take enough rows that every warp of the persistent
+// backward owns several (the next row is prefetched while one is worked on).
+const int64_t kLayernormWidths[] = {1, 7, 64, 256, 768, 769};
+
+void layernorm_rows(const std::string& v, std::vector<Row>& rows) {
+    for (const TypePair& p : kTypePairs)
+        for (int64_t C : kLayernormWidths) {
+            const LayernormDims s{C % 256 == 0 ? 4099 : 37, C};
+            rows.push_back({"layernorm", v, dims({{"N", s.N}, {"C", C}}), p.text(), true,
+                            GPU_CHECK(gpu::layernorm(v, s, p.t, p.res))});
+        }
+}
+
+// 4099 x 264: several rows per lane of the vectorised column sums, a partial block.
+const MatmulDims kMatmulShapes[] = {{13, 24, 40}, {64, 64, 256}, {33, 7, 5}, {4099, 8, 264}};
+std::string text(const MatmulDims& s) {
+    return dims({{"N", s.N}, {"C", s.C}, {"OC", s.OC}});
+}
+
+void matmul_rows(const std::string& v, std::vector<Row>& rows) {
+    for (DType t : kTypes)
+        for (const MatmulDims& s : kMatmulShapes)
+            rows.push_back(
+                {"matmul", v, text(s), dtype_name(t), true, GPU_CHECK(gpu::matmul(v, s, t))});
+}
+
+void matmul_cpu_rows(std::vector<Row>& rows) {
+    // N not a multiple of the 4-row tile; C and OC odd; one GPT-like width
+    for (const MatmulDims& s : {MatmulDims{7, 9, 5}, {33, 7, 5}, {64, 64, 256}, {129, 768, 65}})
+        rows.push_back({"matmul", "cpu", text(s), "fp32", false, [=] { cpu_matmul(s); }});
+}
+
+void qk_layernorm_rows(std::vector<Row>& rows) {
+    const HeadsDims s{9, 3, 5};
+    for (DType t : kTypes)
+        rows.push_back({"qk_layernorm", "cuda", dims({{"BT", s.BT}, {"NH", s.NH}, {"hs", s.hs}}),
+                        dtype_name(t), true, GPU_CHECK(gpu::qk_layernorm(s, t))});
+}
+
+void encoder_rows(std::vector<Row>& rows) {
+    for (DType t : kTypes)
+        for (const EncoderDims& s : {EncoderDims{3, 7, 37, 11}, {4, 64, 769, 101}})
+            rows.push_back({"encoder", "cuda",
+                            dims({{"B", s.B}, {"T", s.T}, {"C", s.C}, {"V", s.V}}), dtype_name(t),
+                            true, GPU_CHECK(gpu::encoder(s, t))});
+}
+
+void gelu_rows(std::vector<Row>& rows) {
+    for (DType t : kTypes)
+        for (int64_t n : {10007, 8192})
+            rows.push_back({"gelu", "cuda", dims({{"n", n}}), dtype_name(t), true,
+                            GPU_CHECK(gpu::gelu(n, t))});
+}
+
+void gelu_cpu_rows(std::vector<Row>& rows) {
+    rows.push_back({"gelu", "cpu", "x in [-12, 12] by 0.0137, 0, +-90", "fp32", false, cpu_gelu});
+}
+
+void residual_rows(std::vector<Row>& rows) {
+    for (const TypePair& p : kTypePairs)
+        for (int64_t n : {1, 255, 257, 1000003})
+            rows.push_back({"residual", "cuda", dims({{"n", n}}), p.text(), true,
+                            GPU_CHECK(gpu::residual(n, p.t, p.res))});
+}
+
+void adamw_rows(std::vector<Row>& rows) {
+    const int64_t n = 100003;
+    rows.push_back(
+        {"adamw", "cuda", dims({{"n", n}}), "fp32, bf16 copy", true, GPU_CHECK(gpu::adamw(n))});
+}
+
+void global_norm_rows(std::vector<Row>& rows) {
+    for (int64_t n : {257, 100003})
+        rows.push_back({"global_norm", "cuda", dims({{"n", n}}), "fp32", true,
+                        GPU_CHECK(gpu::global_norm(n))});
+}
+
+struct Runner {
+    std::string family, variant;
+    std::function<void(std::vector<Row>&)> add_rows;
+};
+
+// Every (family, variant) the table can run. A family's variant "cpu" is its CPU float path.
+std::vector<Runner> runners() {
+    std::vector<Runner> r;
+    auto per_variant = [&](const std::string& family, std::initializer_list<const char*> names,
+                           void (*add)(const std::string&, std::vector<Row>&)) {
+        for (const char* v : names)
+            r.push_back(
+                {family, v, [add, v = std::string(v)](std::vector<Row>& rows) { add(v, rows); }});
+    };
+    per_variant("attention", {"flash", "flash_mma", "naive"}, attention_rows);
+    r.push_back({"attention", "cpu", attention_cpu_rows});
+    per_variant("cross_entropy", {"naive", "online", "fast", "fast_lockstep", "fused_linear"},
+                cross_entropy_rows);
+    per_variant("layernorm", {"fused_residual", "separate"}, layernorm_rows);
+    per_variant("matmul", {"fused_epilogue", "separate"}, matmul_rows);
+    r.push_back({"matmul", "cpu", matmul_cpu_rows});
+    r.push_back({"qk_layernorm", "cuda", qk_layernorm_rows});
+    r.push_back({"encoder", "cuda", encoder_rows});
+    r.push_back({"gelu", "cuda", gelu_rows});
+    r.push_back({"gelu", "cpu", gelu_cpu_rows});
+    r.push_back({"residual", "cuda", residual_rows});
+    r.push_back({"adamw", "cuda", adamw_rows});
+    r.push_back({"global_norm", "cuda", global_norm_rows});
+    return r;
+}
+
+struct Table {
+    std::vector<Row> rows;
+    std::vector<std::string> families;  // in order: the registry's, then the others
+    std::vector<std::string> problems;  // registered variants without a runner, and the reverse
+};
+
+Table build_table() {
+    Table t;
+    const std::vector<Runner> all = runners();
+    auto registered = [](const std::string& family) -> const KernelFamily* {
+        for (const KernelFamily& f : kernel_families())
+            if (f.name == family) return &f;
+        return nullptr;
+    };
+    for (const KernelFamily& f : kernel_families()) {
+        t.families.push_back(f.name);
+        for (const std::string& v : f.variants) {
+            bool found = false;
+            for (const Runner& r : all) found |= r.family == f.name && r.variant == v;
+            if (!found)
+                t.problems.push_back("no runner for " + f.name + " variant " + v +
+                                     " (kernels/registry.cpp registers it; add its rows to "
+                                     "tests/test_kernels.cpp)");
+        }
+    }
+    for (const Runner& r : all) {
+        const KernelFamily* f = registered(r.family);
+        if (f && r.variant != "cpu" &&
+            std::find(f->variants.begin(), f->variants.end(), r.variant) == f->variants.end())
+            t.problems.push_back("a runner for " + r.family + " variant " + r.variant +
+                                 ", which kernels/registry.cpp does not register");
+        if (std::find(t.families.begin(), t.families.end(), r.family) == t.families.end())
+            t.families.push_back(r.family);
+        r.add_rows(t.rows);
+    }
+    return t;
+}
+
+const Table& table() {
+    static const Table t = build_table();
+    return t;
+}
+
+}  // namespace
+
+TEST_CASE("every registered kernel variant has a runner in the table") {
+    for (const std::string& p : table().problems) FAIL_CHECK(p);
+    CHECK(table().problems.empty());
+}
+
+TEST_CASE("every row of the kernel table against the CPU reference") {
+    for (const Row& r : table().rows) {
+        if (!r.runnable()) continue;
+        INFO(r.name());
+        try {
+            r.check();
+        } catch (const std::exception& e) {
+            FAIL_CHECK("threw: " << e.what());
+        } catch (...) {
+            // a failed REQUIRE (reported above) ends its row only: the next rows still run
+            FAIL_CHECK("row stopped by the failed REQUIRE above");
+        }
+    }
+}
+
+TEST_CASE("the kernel table's rows run and skipped, by family") {
+    int64_t skipped_gpu = 0;
+    for (const std::string& f : table().families) {
+        int64_t run = 0, skipped = 0;
+        std::string variants;
+        for (const Row& r : table().rows) {
+            if (r.family != f) continue;
+            (r.runnable() ? run : skipped)++;
+            if (("," + variants + ",").find("," + r.variant + ",") == std::string::npos)
+                variants += (variants.empty() ? "" : ",") + r.variant;
+        }
+        skipped_gpu += skipped;
+        std::printf("test_kernels: %s (%s): %lld rows, %lld run, %lld skipped\n", f.c_str(),
+                    variants.c_str(), (long long)(run + skipped), (long long)run,
+                    (long long)skipped);
+        CHECK(run + skipped > 0);  // every family has rows
+    }
+    if (skipped_gpu > 0)
+        std::printf("test_kernels: skipped %lld GPU rows: %s\n", (long long)skipped_gpu,
+                    gpu_unavailable().c_str());
+    std::fflush(stdout);
+}
