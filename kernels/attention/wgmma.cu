@@ -53,18 +53,26 @@ __device__ __forceinline__ uint32_t swz(int r, int c) {
     return uint32_t(r * 128 + ((c ^ (r & 7)) << 4));
 }
 // Rows [r0, r0 + ROWS) of one head's slice (rows of `stride` elements from base) into the tile at
-// shared address `tile`, 16 bytes per cp.async; rows past Tn are zero-filled. `tid` counts the
-// NT threads that share the copy.
+// shared address `tile`, 16 bytes per cp.async; rows past Tn are zero-filled. `tid` (< NT) counts
+// the NT threads that share the copy. A thread copies chunk tid % 8 of rows tid / 8 + k NT / 8:
+// its chunk and the rows' swizzle phase (row % 8) are the same for every k, so one address per
+// operand serves all its copies (the general loop cost ~25 integer instructions a copy, a third
+// of the forward kernel's tile loop).
 template <int ROWS, int NT>
 __device__ __forceinline__ void stage_tile(uint32_t tile, const bf16* base, int64_t stride,
                                            int64_t r0, int64_t Tn, int tid) {
+    constexpr int kPassRows = NT / 8;  // rows per pass of all NT threads
+    static_assert(kPassRows % 8 == 0 && ROWS % kPassRows == 0, "one swizzle phase per thread");
+    const int r = tid / 8, c = tid % 8;
+    const uint32_t dst = tile + swz(r, c);
+    const bf16* src = base + (r0 + r) * stride + c * 8;
+    const int64_t left = Tn - r0 - r;  // this thread's rows from r on that exist
 #pragma unroll
-    for (int i = tid; i < ROWS * 8; i += NT) {
-        const int r = i / 8, c = i % 8;
-        const bool in = r0 + r < Tn;
-        const bf16* src = in ? base + (r0 + r) * stride + c * 8 : base;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(tile + swz(r, c)),
-                     "l"(src), "r"(in ? 16 : 0));
+    for (int k = 0; k < ROWS / kPassRows; k++) {
+        const bool in = k * kPassRows < left;
+        asm volatile(
+            "cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + k * kPassRows * 128),
+            "l"(in ? src + k * kPassRows * stride : base), "r"(in ? 16 : 0));
     }
 }
 // Waits for all but the newest copy group, then makes the landed tiles visible to wgmma and to
@@ -543,11 +551,16 @@ __global__ void __launch_bounds__(kThreads, QT == 32 ? 2 : 1)
         for (int n = 0; n < QT / 8; n++) {
             const float2 L = *reinterpret_cast<const float2*>(Lt + n * 8 + 2 * tq);
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float pe = ex2(fmaf(p[4 * n + e], sl2, -(e & 1 ? L.y : L.x) * kLog2e));
-                const bool seen = rel + n * 8 + 2 * tq + (e & 1) >= warp * 16 + gq + (e >> 1) * 8;
-                p[4 * n + e] = rel < kRows && !seen ? 0.0f : pe;
-            }
+            for (int e = 0; e < 4; e++)
+                p[4 * n + e] = ex2(fmaf(p[4 * n + e], sl2, -(e & 1 ? L.y : L.x) * kLog2e));
+        }
+        if (rel < kRows) {  // the tile straddles the diagonal: query rel + c sees key r if c >= r
+#pragma unroll
+            for (int n = 0; n < QT / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (rel + n * 8 + 2 * tq + (e & 1) < warp * 16 + gq + (e >> 1) * 8)
+                        p[4 * n + e] = 0;
         }
         uint32_t pa[QT / 16][4], sa[QT / 16][4];
         acc_to_a<QT>(pa, p);
