@@ -41,11 +41,13 @@ namespace zgpt::cuda {
 // is the kernels' choice (the fastest measured); a value outside a knob's set is ignored (the
 // default), and the config (kernels.attention_tuning.*) refuses it.
 struct AttentionTuning {
-    int fwd_m_tiles = 0;      // mma.sync forward: query m-tiles of 16 rows per warp, 1 | 2; 0: 2
-    bool wgmma_fwd = true;    // flash on Hopper: the wgmma forward (false: the mma.sync one)
-    bool wgmma_bwd = true;    // flash on Hopper: the wgmma backward (false: the mma.sync one)
-    int wgmma_dq_tile = 0;    // wgmma backward: keys per dQ tile, 32 | 64; 0: 64
-    int wgmma_dkdv_tile = 0;  // wgmma backward: queries per dK/dV tile, 32 | 64; 0: 64
+    int fwd_m_tiles = 0;    // mma.sync forward: query m-tiles of 16 rows per warp, 1 | 2; 0: 2
+    bool wgmma_fwd = true;  // flash on Hopper: the wgmma forward (false: the mma.sync one)
+    bool wgmma_bwd = true;  // flash on Hopper: the wgmma backward (false: the mma.sync one)
+    bool wgmma_fwd_pipeline = false;  // wgmma forward: S of tile t + 1 overlaps P V of tile t
+    int wgmma_dq_tile = 0;            // wgmma backward: keys per dQ tile, 32 | 64; 0: 64
+    int wgmma_dkdv_tile = 0;          // wgmma backward: queries per dK/dV tile, 32 | 64; 0: 64
+    int wgmma_dkdv_wgs = 0;           // wgmma backward: warpgroups per dK/dV block, 1 | 2; 0: 2
 };
 
 // The launch's shape, and the tuning its kernels follow (they read it wherever they take the

@@ -66,7 +66,9 @@ void attention(const std::string& variant, const AttentionDims& s, DType t) {
     std::vector<double> out(BT * s.C), att(s.B * s.NH * s.T * s.T), dqkv(BT * 3 * s.C, 0.0);
     cpu::attention_forward(out.data(), att.data(), qkv.data(), s.B, s.T, s.C, s.NH);
     cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), s.B, s.T, s.C, s.NH);
-    const cuda::AttentionShape sh{s.B, s.T, s.C, s.NH};
+    cuda::AttentionShape sh{s.B, s.T, s.C, s.NH};
+    sh.tuning.wgmma_dkdv_wgs = s.dkdv_wgs;
+    sh.tuning.wgmma_fwd_pipeline = s.fwd_pipeline;
     DevT d_qkv(t, qkv), d_out(t, BT * s.C), d_dout(t, dout), d_dqkv(t, BT * 3 * s.C);
     DevT saved(DType::f32, int64_t(v.saved_bytes(sh) / 4) + 1),
         scratch(DType::f32, int64_t(v.scratch_bytes(sh) / 4) + 1);

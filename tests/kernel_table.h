@@ -17,6 +17,8 @@ namespace zgpt::test {
 
 struct AttentionDims {
     int64_t B, T, C, NH;
+    int dkdv_wgs = 0;           // kernels.attention_tuning.wgmma_dkdv_wgs (0: the default)
+    bool fwd_pipeline = false;  // kernels.attention_tuning.wgmma_fwd_pipeline
 };
 struct LayernormDims {
     int64_t N, C;

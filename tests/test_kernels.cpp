@@ -227,14 +227,26 @@ const AttentionDims kAttentionShapes[] = {{2, 7, 12, 3},    {1, 65, 64, 1},   {2
                                           {1, 33, 256, 2},  {2, 256, 128, 2}, {1, 200, 64, 1},
                                           {1, 1024, 128, 2}};
 std::string text(const AttentionDims& s) {
-    return dims({{"B", s.B}, {"T", s.T}, {"C", s.C}, {"NH", s.NH}});
+    return dims({{"B", s.B}, {"T", s.T}, {"C", s.C}, {"NH", s.NH}}) +
+           (s.dkdv_wgs ? " dkdv_wgs=" + std::to_string(s.dkdv_wgs) : "") +
+           (s.fwd_pipeline ? " fwd_pipeline=true" : "");
 }
 
 void attention_rows(const std::string& v, std::vector<Row>& rows) {
     for (DType t : kTypes)
-        for (const AttentionDims& s : kAttentionShapes)
+        for (const AttentionDims& s : kAttentionShapes) {
             rows.push_back(
                 {"attention", v, text(s), dtype_name(t), true, GPU_CHECK(gpu::attention(v, s, t))});
+            // flash's other Hopper kernels (the forward that overlaps consecutive tiles, one
+            // warpgroup per dK/dV block); they run where the wgmma kernels do: bf16, head size 64
+            if (v == "flash" && t == DType::bf16 && s.C / s.NH == 64) {
+                AttentionDims w = s;
+                w.dkdv_wgs = 1;
+                w.fwd_pipeline = true;
+                rows.push_back({"attention", v, text(w), dtype_name(t), true,
+                                GPU_CHECK(gpu::attention(v, w, t))});
+            }
+        }
 }
 
 void attention_cpu_rows(std::vector<Row>& rows) {

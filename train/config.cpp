@@ -196,12 +196,19 @@ std::vector<ConfigField> config_fields(Config& c) {
     add({"kernels", att + "wgmma_fwd", "flash on Hopper: the wgmma forward kernel", &at.wgmma_fwd});
     add({"kernels", att + "wgmma_bwd", "flash on Hopper: the wgmma backward kernels",
          &at.wgmma_bwd});
+    add({"kernels", att + "wgmma_fwd_pipeline",
+         "flash on Hopper: the wgmma forward issues tile t + 1's scores before tile t's P V",
+         &at.wgmma_fwd_pipeline});
     add({"kernels", att + "wgmma_dq_tile",
          "flash on Hopper: keys per dQ tile of the wgmma backward, 32 or 64 (0: 64)",
          &at.wgmma_dq_tile, 0, 64});
     add({"kernels", att + "wgmma_dkdv_tile",
          "flash on Hopper: queries per dK/dV tile of the wgmma backward, 32 or 64 (0: 64)",
          &at.wgmma_dkdv_tile, 0, 64});
+    add({"kernels", att + "wgmma_dkdv_wgs",
+         "flash on Hopper: warpgroups per dK/dV block of the wgmma backward, 1 (blocks drift "
+         "apart) or 2 (two share each tile) (0: 2)",
+         &at.wgmma_dkdv_wgs, 0, 2});
     return f;
 }
 
@@ -365,6 +372,7 @@ void check_tuning_sets(const KernelChoice& k,
     one_of(cet + "helper_parts", ct.helper_parts, {0, 1, 2, 4});
     one_of(att + "wgmma_dq_tile", tt.wgmma_dq_tile, {0, 32, 64});
     one_of(att + "wgmma_dkdv_tile", tt.wgmma_dkdv_tile, {0, 32, 64});
+    one_of(att + "wgmma_dkdv_wgs", tt.wgmma_dkdv_wgs, {0, 1, 2});
 }
 
 void check_cross(const Config& c, const Origins& origins) {
@@ -431,8 +439,10 @@ void check_cross(const Config& c, const Origins& origins) {
              {"fwd_m_tiles", tt.fwd_m_tiles != ad.fwd_m_tiles, flashes},
              {"wgmma_fwd", tt.wgmma_fwd != ad.wgmma_fwd, "flash"},
              {"wgmma_bwd", tt.wgmma_bwd != ad.wgmma_bwd, "flash"},
+             {"wgmma_fwd_pipeline", tt.wgmma_fwd_pipeline != ad.wgmma_fwd_pipeline, "flash"},
              {"wgmma_dq_tile", tt.wgmma_dq_tile != ad.wgmma_dq_tile, "flash"},
-             {"wgmma_dkdv_tile", tt.wgmma_dkdv_tile != ad.wgmma_dkdv_tile, "flash"}}) {
+             {"wgmma_dkdv_tile", tt.wgmma_dkdv_tile != ad.wgmma_dkdv_tile, "flash"},
+             {"wgmma_dkdv_wgs", tt.wgmma_dkdv_wgs != ad.wgmma_dkdv_wgs, "flash"}}) {
         const bool applies = k.attention == "flash" ||
                              (std::string(variants) == flashes && k.attention == "flash_mma");
         if (set && !applies)

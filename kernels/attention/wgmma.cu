@@ -42,6 +42,7 @@ constexpr int kWG = 128;               // threads per warpgroup
 constexpr int kRows = 64;              // rows per warpgroup (the M of m64nNk16)
 constexpr int kBlockRows = 2 * kRows;  // two warpgroups per block share each streamed tile
 constexpr int kThreads = 2 * kWG;
+constexpr int kDefaultDkdvWgs = 2;  // warpgroups per dK/dV block (see dkdv_kernel)
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define ZG_NO_WGMMA 1  // device pass for another architecture: the kernels compile to a trap
@@ -217,6 +218,7 @@ __device__ __forceinline__ void store_row(bf16* dst, const float (&acc)[kD / 2],
 // Column sums of the block's accumulators (rows at or past Tn left out; wrow0: this thread's
 // warp's first row index), times scale, into dst[0, kD): this lane's partial sums of its two rows,
 // then block_column_sums<kD, 8 warps> (attention/tc.cuh). Every thread of the block calls it.
+template <int NT>
 __device__ __forceinline__ void masked_column_sums(float* dst, const float (&acc)[kD / 2],
                                                    int64_t wrow0, int64_t Tn, float scale,
                                                    float (*red)[kD]) {
@@ -232,9 +234,20 @@ __device__ __forceinline__ void masked_column_sums(float* dst, const float (&acc
                 if (wrow0 + gq + 8 * r < Tn) v += acc[4 * n + 2 * r + c];
             cs[n][c] = v;
         }
-    block_column_sums<kD, kThreads / 32>(dst, cs, scale, red);
+    block_column_sums<kD, NT / 32>(dst, cs, scale, red);
     __syncthreads();  // red is reused by the next call
 }
+
+// Where a block writes its partial column sums (the qkv bias gradient): row b * per_batch +
+// block * step of the [B * per_batch, 3C] buffer. per_batch counts the blocks of the kernel with
+// the most (64-row blocks when the dK/dV kernel has one warpgroup); the other kernel's blocks
+// are `step` rows apart and the rows between them stay zero (backward clears the buffer then).
+struct ColsumRows {
+    int64_t per_batch, step;
+    __device__ __forceinline__ int64_t row(int64_t b, int64_t block) const {
+        return b * per_batch + block * step;
+    }
+};
 
 __device__ __forceinline__ uint32_t aligned_smem(unsigned char* raw) {
     return (uint32_t(__cvta_generic_to_shared(raw)) + 1023u) & ~1023u;
@@ -345,6 +358,156 @@ __global__ void __launch_bounds__(kThreads, 2)
 #endif
 }
 
+// The same forward with the products of consecutive tiles overlapped inside each warpgroup
+// (FlashAttention-3's intra-warpgroup pipelining): while O += P_t V_t runs on the tensor core,
+// S_{t+1} = Q K_{t+1}^T has been issued ahead of it and the warpgroup computes the
+// exponentials of tile t + 1; O is rescaled once P_t V_t is done. K/V tiles stream through a
+// ring of four (tile t + 3 is staged while t + 1 is awaited) since K_{t+1} is needed one tile
+// earlier than in forward_kernel. Measured on an H200 (--ops, 12 layers, one call): 5.22 / 5.28
+// ms against 5.07 / 4.97 ms for forward_kernel, the steps equal within noise: with two blocks of
+// two warpgroups per SM the scheduler already overlaps one warpgroup's exponentials with
+// another's products, and this kernel adds a ring slot and more issue work. So it is off by
+// default (kernels.attention_tuning.wgmma_fwd_pipeline), kept for ablation.
+constexpr int kFwdStages = 4;
+constexpr int kFwdPipeSmemBytes = 1024 + kBlockRows * 128 + kFwdStages * 2 * kFwdTileBytes;
+
+__global__ void __launch_bounds__(kThreads, 2)
+    forward_pipelined_kernel(bf16* out, float* lse, const bf16* qkv, Geo g) {
+#ifdef ZG_NO_WGMMA
+    __trap();
+#else
+    extern __shared__ __align__(16) unsigned char smem[];
+    const uint32_t q_tile = aligned_smem(smem);
+    auto k_tile = [&](int64_t t) {
+        return q_tile + kBlockRows * 128 + int(t % kFwdStages) * 2 * kFwdTileBytes;
+    };
+    auto v_tile = [&](int64_t t) { return k_tile(t) + kFwdTileBytes; };
+    const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
+    const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kBlockRows;  // heaviest first
+    const int tid = threadIdx.x, wg = tid / kWG, warp = tid % kWG / 32, lane = tid % 32;
+    const int gq = lane / 4, tq = lane % 4;
+    const int64_t stride = 3 * g.C;
+    const bf16* qbase = qkv + b * g.Tn * stride + h * g.hs;
+    const int64_t key_tiles = (g.Tn + kFwdKeys - 1) / kFwdKeys;
+    const int64_t tiles = std::min<int64_t>((q0 + kBlockRows) / kFwdKeys, key_tiles);
+    const int64_t row0 = q0 + wg * kRows;  // this warpgroup's first row
+    // tiles [0, mine) hold a key some row of this warpgroup sees
+    const int64_t mine = std::min<int64_t>((row0 + kRows) / kFwdKeys, tiles);
+    auto stage_kv = [&](int64_t t) {
+        if (t < tiles) {
+            stage_tile<kFwdKeys, kThreads>(k_tile(t), qbase + g.C, stride, t * kFwdKeys, g.Tn, tid);
+            stage_tile<kFwdKeys, kThreads>(v_tile(t), qbase + 2 * g.C, stride, t * kFwdKeys, g.Tn,
+                                           tid);
+        }
+        commit();  // one group per tile, empty past the last, so the wait counts hold
+    };
+    stage_tile<kBlockRows, kThreads>(q_tile, qbase, stride, q0, g.Tn, tid);
+    stage_kv(0);
+    stage_kv(1);
+    stage_kv(2);
+    asm volatile("cp.async.wait_group 2;\n" ::);  // Q and tile 0
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    const uint32_t q_rows = q_tile + wg * kRows * 128;
+
+    const float sl2 = g.scale * kLog2e;
+    float o[kD / 2] = {}, corr[2] = {1, 1};
+    uint32_t pa[kFwdKeys / 16][4];  // P of the tile whose P V is next, as bf16 A fragments
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};  // log2 units of the scaled scores
+    // Scores of tile t (in s) -> probabilities in place; m and l updated, corr the factor O
+    // takes.
+    auto softmax = [&](float(&s)[kFwdKeys / 2], int64_t t) {
+        if (t * kFwdKeys == row0) {  // the diagonal tile: key c is seen by row r only if c <= r
+#pragma unroll
+            for (int n = 0; n < kFwdKeys / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (n * 8 + 2 * tq + (e & 1) > warp * 16 + gq + (e >> 1) * 8)
+                        s[4 * n + e] = -INFINITY;
+        }
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int i = 0; i < kFwdKeys / 2; i++) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            const float mn = fmaxf(m[r], mx[r] * sl2);  // key 0 (tile 0) makes it finite
+            corr[r] = ex2(m[r] - mn);
+            m[r] = mn;
+            l[r] *= corr[r];
+        }
+#pragma unroll
+        for (int i = 0; i < kFwdKeys / 2; i++) {
+            const int r = (i >> 1) & 1;
+            s[i] = ex2(fmaf(s[i], sl2, -m[r]));
+            l[r] += s[i];
+        }
+    };
+    if (mine > 0) {
+        float p[kFwdKeys / 2];
+        wg_fence();
+        product_smem<kFwdKeys>(p, q_rows, k_tile(0));
+        wg_commit();
+        wg_wait_all();
+        hold(p);
+        softmax(p, 0);
+        acc_to_a<kFwdKeys>(pa, p);
+    }
+    // A wgmma under a branch that is not the whole sequence gets serialized by ptxas (C7520),
+    // so the loop is peeled: tiles [0, mine - 1) issue S_{t+1} and P_t V_t unconditionally,
+    // the last of this warpgroup's tiles only P V (a whole sequence under its branch), and the
+    // iterations after it only keep the ring going with the other warpgroup.
+    auto next_tile = [&](int64_t t) {
+        if (t + 1 < tiles) {  // tile t + 1 landed, and every warp is done with tile t - 1
+            asm volatile("cp.async.wait_group 1;\n" ::);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            __syncthreads();
+        }
+        stage_kv(t + 3);  // into tile t - 1's buffer
+    };
+    int64_t t = 0;
+    for (; t + 1 < mine; t++) {
+        next_tile(t);
+        float s[kFwdKeys / 2];
+        wg_fence();
+        product_smem<kFwdKeys>(s, q_rows, k_tile(t + 1));
+        wg_commit();
+        product_nmajor<kFwdKeys>(o, pa, v_tile(t));
+        wg_commit();
+        wg_wait<1>();  // S_{t+1}; P_t V_t may still run
+        hold(s);
+        softmax(s, t + 1);
+        wg_wait_all();
+        keep(pa);
+        hold(o);
+#pragma unroll
+        for (int i = 0; i < kD / 2; i++) o[i] *= corr[(i >> 1) & 1];
+        acc_to_a<kFwdKeys>(pa, s);  // P_t V_t is done with the old fragments
+    }
+    for (; t < tiles; t++) {
+        next_tile(t);
+        if (t + 1 != mine) continue;
+        wg_fence();
+        product_nmajor<kFwdKeys>(o, pa, v_tile(t));
+        wg_commit();
+        wg_wait_all();
+        keep(pa);
+        hold(o);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float sum = l[r];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        const int64_t row = row0 + warp * 16 + gq + r * 8;
+        if (row >= g.Tn) continue;
+        store_row(out + (b * g.Tn + row) * g.C + h * g.hs, o, r, 1.0f / sum);
+        if (tq == 0) lse[bh * g.Tn + row] = (m[r] + __log2f(sum)) * kLn2;
+    }
+#endif
+}
+
 // ---------------------------------------------------------------- backward: dQ
 // A block: 128 query rows (64 per warpgroup); key tiles of KT rows through the ring. Q and dO stay
 // in shared memory as the left operands (registers would cost 32 per thread, and two blocks per
@@ -358,7 +521,7 @@ constexpr int dq_smem_bytes() {
 template <int KT>
 __global__ void __launch_bounds__(kThreads, 2)
     dq_kernel(bf16* dqkv, float* dsum, const bf16* dout, const bf16* out, const bf16* qkv,
-              const float* lse, float* colsum, Geo g) {
+              const float* lse, float* colsum, ColsumRows cr, Geo g) {
 #ifdef ZG_NO_WGMMA
     __trap();
 #else
@@ -468,28 +631,37 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     if (colsum) {
         __shared__ float red[kThreads / 32][kD];
-        masked_column_sums(colsum + (b * gridDim.x + q0 / kBlockRows) * stride + h * g.hs, dq,
-                           wrow0, g.Tn, g.scale, red);
+        masked_column_sums<kThreads>(colsum + cr.row(b, q0 / kBlockRows) * stride + h * g.hs, dq,
+                                     wrow0, g.Tn, g.scale, red);
     }
 #endif
 }
 
 // ---------------------------------------------------------------- backward: dK, dV
-// A block: 128 keys (64 per warpgroup); query tiles of QT rows from the block's first key on. K
-// and V stay in shared memory as left operands. Per tile: S^T = K Q^T and dP^T = V dO^T (keys x
-// queries), then dV += P^T dO and dK += dS^T Q.
-template <int QT>
+// A block: WGS x 64 keys (64 per warpgroup); query tiles of QT rows from the block's first key
+// on. K and V stay in shared memory as left operands. Per tile: S^T = K Q^T and dP^T = V dO^T
+// (keys x queries), then dV += P^T dO and dK += dS^T Q. With WGS = 2 the two warpgroups share
+// each streamed tile and meet at every tile's barrier, so their exponentials and their products
+// fall at the same time; with WGS = 1 each block (two per SM at ~200 registers) streams its own
+// tiles and drifts freely against the other, which lets one's products overlap the other's
+// exponentials, for twice the tile loads from L2. Measured on an H200 (one call, alternated):
+// the backward 16.48 / 17.08 ms with one warpgroup against 17.49 / 18.06 ms with two (--ops,
+// 12 layers, each op alone), but the steps equal (112.40 / 112.50 against 112.47 / 112.34 ms):
+// in the step the backward runs beside the weight-gradient GEMMs of the side stream. Two stays
+// the default (no clearing of the column-sum rows); one is kept for ablation.
+template <int QT, int WGS>
 constexpr int dkdv_smem_bytes() {
-    return 1024 + 2 * kBlockRows * 128 + kStages * 2 * QT * 128 + kStages * 2 * QT * 4;
+    return 1024 + 2 * WGS * kRows * 128 + kStages * 2 * QT * 128 + kStages * 2 * QT * 4;
 }
 
-template <int QT>
-__global__ void __launch_bounds__(kThreads, QT == 32 ? 2 : 1)
+template <int QT, int WGS>
+__global__ void __launch_bounds__(WGS* kWG, (QT == 32 ? 2 : 1) * (2 / WGS))
     dkdv_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* dsum,
-                float* colsum, Geo g) {
+                float* colsum, ColsumRows cr, Geo g) {
 #ifdef ZG_NO_WGMMA
     __trap();
 #else
+    constexpr int kBlockRows = WGS * kRows, kThreads = WGS * kWG;
     constexpr int kTileBytes = QT * 128;
     extern __shared__ __align__(16) unsigned char smem[];
     const uint32_t base = aligned_smem(smem), k_all = base, v_all = base + kBlockRows * 128;
@@ -596,9 +768,9 @@ __global__ void __launch_bounds__(kThreads, QT == 32 ? 2 : 1)
     }
     if (colsum) {
         __shared__ float red[kThreads / 32][kD];
-        float* dst = colsum + (b * gridDim.x + blockIdx.x) * stride + g.C + h * g.hs;
-        masked_column_sums(dst, dk, wkey0, g.Tn, g.scale, red);
-        masked_column_sums(dst + g.C, dv, wkey0, g.Tn, 1.0f, red);
+        float* dst = colsum + cr.row(b, blockIdx.x) * stride + g.C + h * g.hs;
+        masked_column_sums<kThreads>(dst, dk, wkey0, g.Tn, g.scale, red);
+        masked_column_sums<kThreads>(dst + g.C, dv, wkey0, g.Tn, 1.0f, red);
     }
 #endif
 }
@@ -632,53 +804,88 @@ bool usable_backward(const AttentionShape& s, DType t) {
 }
 
 void forward(void* out, float* lse, const void* qkv, const AttentionShape& s, CUstream_st* st) {
-    static const bool smem_set = (allow_smem(forward_kernel, kFwdSmemBytes), true);
+    static const bool smem_set = (allow_smem(forward_kernel, kFwdSmemBytes),
+                                  allow_smem(forward_pipelined_kernel, kFwdPipeSmemBytes), true);
     (void)smem_set;
     const Geo g = attention_geometry(s);
     const dim3 grid(unsigned((s.Tn + kBlockRows - 1) / kBlockRows), unsigned(s.B * s.NH));
-    forward_kernel<<<grid, kThreads, kFwdSmemBytes, st>>>(static_cast<bf16*>(out), lse,
-                                                          static_cast<const bf16*>(qkv), g);
+    auto* y = static_cast<bf16*>(out);
+    const auto* x = static_cast<const bf16*>(qkv);
+    if (s.tuning.wgmma_fwd_pipeline)
+        forward_pipelined_kernel<<<grid, kThreads, kFwdPipeSmemBytes, st>>>(y, lse, x, g);
+    else
+        forward_kernel<<<grid, kThreads, kFwdSmemBytes, st>>>(y, lse, x, g);
     ZG_LAUNCH_CHECK();
 }
 
+namespace {
+// Warpgroups per dK/dV block: AttentionTuning::wgmma_dkdv_wgs, 1 or 2 (0: the default).
+int dkdv_wgs(const AttentionShape& s) {
+    return s.tuning.wgmma_dkdv_wgs == 0 ? kDefaultDkdvWgs : s.tuning.wgmma_dkdv_wgs;
+}
+ColsumRows colsum_layout(const AttentionShape& s, int wgs) {
+    const int64_t fine = (s.Tn + wgs * kRows - 1) / (wgs * kRows);  // the dK/dV kernel's blocks
+    return {fine, wgs == 2 ? 1 : 2};                                // dQ's blocks: 128 rows
+}
+}  // namespace
+
 int64_t colsum_rows(const AttentionShape& s) {
-    return s.B * ((s.Tn + kBlockRows - 1) / kBlockRows);
+    return s.B * colsum_layout(s, dkdv_wgs(s)).per_batch;
 }
 
 // Tile sizes of the backward kernels (keys per dQ tile, queries per dK/dV tile): 32 or 64, from
 // AttentionTuning::wgmma_dq_tile and wgmma_dkdv_tile (default 64 and 64, the fastest measured),
-// for measuring.
-template <int KT, int QT>
+// and the dK/dV kernel's warpgroups per block (wgmma_dkdv_wgs), for measuring.
+template <int KT, int QT, int WGS>
 void backward_tiles(bf16* dx, float* dsum, const bf16* dy, const bf16* out, const bf16* x,
-                    const float* lse, float* colsums, const Geo& g, const dim3& grid,
+                    const float* lse, float* colsums, const Geo& g, const AttentionShape& s,
                     CUstream_st* st) {
-    static const bool smem_set = (allow_smem(dq_kernel<KT>, dq_smem_bytes<KT>()),
-                                  allow_smem(dkdv_kernel<QT>, dkdv_smem_bytes<QT>()), true);
+    static const bool smem_set =
+        (allow_smem(dq_kernel<KT>, dq_smem_bytes<KT>()),
+         allow_smem(dkdv_kernel<QT, WGS>, dkdv_smem_bytes<QT, WGS>()), true);
     (void)smem_set;
+    const ColsumRows cr = colsum_layout(s, WGS);
+    if (colsums && cr.step > 1)  // dQ leaves every other row of its columns unwritten
+        ZG_CUDA_CHECK(cudaMemsetAsync(colsums, 0, size_t(s.B * cr.per_batch) * 3 * s.C * 4, st));
+    const unsigned bh = unsigned(s.B * s.NH);
     // dQ first: it writes the Dsum that the dK/dV kernel reads
-    dq_kernel<KT>
-        <<<grid, kThreads, dq_smem_bytes<KT>(), st>>>(dx, dsum, dy, out, x, lse, colsums, g);
-    dkdv_kernel<QT>
-        <<<grid, kThreads, dkdv_smem_bytes<QT>(), st>>>(dx, dy, x, lse, dsum, colsums, g);
+    dq_kernel<KT><<<dim3(unsigned((s.Tn + kBlockRows - 1) / kBlockRows), bh), kThreads,
+                    dq_smem_bytes<KT>(), st>>>(dx, dsum, dy, out, x, lse, colsums, cr, g);
+    const ColsumRows dkdv_rows{cr.per_batch, 1};
+    dkdv_kernel<QT, WGS>
+        <<<dim3(unsigned((s.Tn + WGS * kRows - 1) / (WGS * kRows)), bh), WGS * kWG,
+           dkdv_smem_bytes<QT, WGS>(), st>>>(dx, dy, x, lse, dsum, colsums, dkdv_rows, g);
 }
 
 void backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
               float* dsum, float* dqkv_colsums, const AttentionShape& s, CUstream_st* st) {
     const bool dq32 = s.tuning.wgmma_dq_tile == 32, dkdv32 = s.tuning.wgmma_dkdv_tile == 32;
+    const bool one = dkdv_wgs(s) == 1;
     const Geo g = attention_geometry(s);
     const auto* dy = static_cast<const bf16*>(dout);
     const auto* x = static_cast<const bf16*>(qkv);
     const auto* o = static_cast<const bf16*>(out);
     auto* dx = static_cast<bf16*>(dqkv);
-    const dim3 grid(unsigned((s.Tn + kBlockRows - 1) / kBlockRows), unsigned(s.B * s.NH));
-    if (!dq32 && !dkdv32)
-        backward_tiles<64, 64>(dx, dsum, dy, o, x, lse, dqkv_colsums, g, grid, st);
-    else if (!dq32)
-        backward_tiles<64, 32>(dx, dsum, dy, o, x, lse, dqkv_colsums, g, grid, st);
-    else if (!dkdv32)
-        backward_tiles<32, 64>(dx, dsum, dy, o, x, lse, dqkv_colsums, g, grid, st);
-    else
-        backward_tiles<32, 32>(dx, dsum, dy, o, x, lse, dqkv_colsums, g, grid, st);
+    auto run = [&](auto kernels) { kernels(dx, dsum, dy, o, x, lse, dqkv_colsums, g, s, st); };
+    if (one) {
+        if (!dq32 && !dkdv32)
+            run(backward_tiles<64, 64, 1>);
+        else if (!dq32)
+            run(backward_tiles<64, 32, 1>);
+        else if (!dkdv32)
+            run(backward_tiles<32, 64, 1>);
+        else
+            run(backward_tiles<32, 32, 1>);
+    } else {
+        if (!dq32 && !dkdv32)
+            run(backward_tiles<64, 64, 2>);
+        else if (!dq32)
+            run(backward_tiles<64, 32, 2>);
+        else if (!dkdv32)
+            run(backward_tiles<32, 64, 2>);
+        else
+            run(backward_tiles<32, 32, 2>);
+    }
     ZG_LAUNCH_CHECK();
 }
 
