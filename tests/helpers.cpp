@@ -1,5 +1,7 @@
 #include "tests/helpers.h"
 
+#include <nlohmann/json.hpp>
+
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -59,6 +61,20 @@ std::string built_binary(const char* env_var) {
 std::string oracle_dir() {
     if (const char* e = std::getenv("ZGPT_ORACLES"); e && *e) return e;
     return std::string(ZGPT_SOURCE_DIR) + "/../shared/data/oracles";
+}
+
+ModelConfig oracle_model_config(const SafeTensors& st) {
+    const auto cfg = nlohmann::json::parse(st.metadata().at("config").get<std::string>());
+    ModelConfig mc;
+    mc.n_layer = cfg.at("n_layer");
+    mc.n_head = cfg.at("n_head");
+    mc.n_embd = cfg.at("n_embd");
+    mc.block_size = cfg.at("block_size");
+    mc.vocab_size = cfg.at("vocab_size");
+    mc.tie_embeddings = cfg.at("tie_embeddings");
+    mc.bias = cfg.at("bias");
+    mc.ln_eps = cfg.at("layer_norm_eps");
+    return mc;
 }
 
 }  // namespace zgpt::test

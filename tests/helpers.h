@@ -6,7 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "data/safetensors.h"
 #include "kernels/rng.h"
+#include "model/gpt_config.h"
 
 namespace zgpt::test {
 
@@ -55,6 +57,10 @@ std::vector<double> numeric_gradient(const std::function<double()>& f, std::vect
 
 // Directory of the shared oracle files: $ZGPT_ORACLES, else <source>/../shared/data/oracles.
 std::string oracle_dir();
+
+// The model an oracle file was made with: its metadata's "config" (n_layer, n_head, n_embd,
+// block_size, vocab_size, tie_embeddings, bias, layer_norm_eps).
+ModelConfig oracle_model_config(const SafeTensors& st);
 
 // A shell command's exit code and its stdout + stderr.
 struct CommandOutput {

@@ -222,15 +222,7 @@ TEST_CASE("the GPU model reproduces gpt2_tiny.safetensors in fp32 (about 1e-5 re
     }
     const SafeTensors st = SafeTensors::load(path);
     const auto cfg = nlohmann::json::parse(st.metadata().at("config").get<std::string>());
-    ModelConfig mc;
-    mc.n_layer = cfg.at("n_layer");
-    mc.n_head = cfg.at("n_head");
-    mc.n_embd = cfg.at("n_embd");
-    mc.block_size = cfg.at("block_size");
-    mc.vocab_size = cfg.at("vocab_size");
-    mc.tie_embeddings = cfg.at("tie_embeddings");
-    mc.bias = cfg.at("bias");
-    mc.ln_eps = cfg.at("layer_norm_eps");
+    const ModelConfig mc = oracle_model_config(st);
     const std::vector<int64_t> shape = st.info("input_ids").shape;
     const int64_t B = shape[0], T = shape[1], V = mc.vocab_size;
     const auto ids_d = st.as_double("input_ids"), tg_d = st.as_double("targets");

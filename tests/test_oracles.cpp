@@ -90,15 +90,7 @@ TEST_CASE("loss head reproduces every case of ce_cases.safetensors") {
 TEST_CASE("tiny GPT-2 reproduces gpt2_tiny.safetensors: logits, loss and every gradient") {
     const SafeTensors st = SafeTensors::load(oracle_dir() + "/gpt2_tiny.safetensors");
     const auto cfg = nlohmann::json::parse(st.metadata().at("config").get<std::string>());
-    ModelConfig mc;
-    mc.n_layer = cfg.at("n_layer");
-    mc.n_head = cfg.at("n_head");
-    mc.n_embd = cfg.at("n_embd");
-    mc.block_size = cfg.at("block_size");
-    mc.vocab_size = cfg.at("vocab_size");
-    mc.tie_embeddings = cfg.at("tie_embeddings");
-    mc.bias = cfg.at("bias");
-    mc.ln_eps = cfg.at("layer_norm_eps");
+    const ModelConfig mc = oracle_model_config(st);
     const std::vector<int64_t> shape = st.info("input_ids").shape;
     const int64_t B = shape[0], T = shape[1], V = mc.vocab_size, C = mc.n_embd;
     const std::vector<int32_t> ids = as_int32(st.as_double("input_ids"));
