@@ -4,11 +4,15 @@
     ablate.py -c configs/gpt2-124m.yaml --steps 50 --out runs/ablate-124m
     ablate.py -c CFG --family attention --family cross_entropy        # only these families
     ablate.py -c CFG --combo attention=naive,layernorm=separate         # listed combinations
+    ablate.py -c CFG --combo attention_tuning.wgmma_fwd_pipeline=true   # a tuning key
     ablate.py -c CFG --dry-run                                          # print the runs
 
 The reference is the config's own `kernels:` choice. By default every other registered variant of
 every family (read from `train --list-kernels`) is tried one at a time, the rest left at the reference;
-`--combo` lists combinations instead (`train.recompute_gelu=true` is accepted too). Each variant
+`--combo` lists combinations instead: of variants, of kernel tuning keys (any key of the config's
+`kernels:` section, such as `attention_tuning.wgmma_dkdv_wgs=1` or `cross_entropy_tuning.groups=3`,
+with or without the `kernels.` prefix, validated by `train` itself) and of
+`train.recompute_gelu=true`. Each variant
 trains N steps on the config's data (same seed, same batches) with build/train, then
 build/bench_train times one more step op by op. The table (ablation.md, .csv, .json in --out):
 tokens/s and step time (median of the steps after the first 20%), peak GPU memory, the final train
@@ -48,19 +52,29 @@ def resolved_kernels(train_bin, config, sets):
             if k.startswith("kernels.")}
 
 
-def parse_combo(text, families):
+def parse_combo(text, families, tunables):
+    """{key: value} of one --combo: a family's name (its variant checked against the registry),
+    train.recompute_gelu, or a kernel tuning key (stored as kernels.<key>)."""
     combo = {}
     for part in filter(None, text.split(",")):
         key, eq, value = part.partition("=")
         if not eq:
-            sys.exit(f"ablate: --combo '{text}': expected family=variant[,family=variant]")
-        if key not in families and key != "train.recompute_gelu":
-            sys.exit(f"ablate: --combo '{text}': unknown family '{key}' (known: "
-                     f"{', '.join(families)}, train.recompute_gelu)")
-        if key in families and value not in families[key]:
-            sys.exit(f"ablate: --combo '{text}': {key} has no variant '{value}' (registered: "
-                     f"{'|'.join(families[key])})")
-        combo[key] = value
+            sys.exit(f"ablate: --combo '{text}': expected key=value[,key=value] (a family=variant "
+                     "or a kernels tuning key=value)")
+        short = key[len("kernels."):] if key.startswith("kernels.") else key
+        if short in families:
+            if value not in families[short]:
+                sys.exit(f"ablate: --combo '{text}': {short} has no variant '{value}' (registered: "
+                         f"{'|'.join(families[short])})")
+            combo[short] = value
+        elif key == "train.recompute_gelu":
+            combo[key] = value
+        elif short in tunables:
+            combo["kernels." + short] = value
+        else:
+            sys.exit(f"ablate: --combo '{text}': unknown key '{key}' (known: the families "
+                     f"{', '.join(families)}; train.recompute_gelu; the kernels tuning keys "
+                     f"{', '.join(sorted(tunables))})")
     return combo
 
 
@@ -100,7 +114,8 @@ def main():
     ap.add_argument("--set", action="append", default=[], help="section.key=value for every run")
     ap.add_argument("--steps", type=int, default=50, help="training steps per variant")
     ap.add_argument("--family", action="append", default=[], help="only these families")
-    ap.add_argument("--combo", action="append", default=[], help="family=variant[,...] (repeatable)")
+    ap.add_argument("--combo", action="append", default=[],
+                    help="family=variant or kernels tuning key=value[,...] (repeatable)")
     ap.add_argument("--out", default="runs/ablate", help="directory for the runs and the table")
     ap.add_argument("--bin", default="build", help="directory of train and bench_train")
     ap.add_argument("--nproc", type=int, default=0,
@@ -121,7 +136,10 @@ def main():
     reference = resolved_kernels(train_bin, args.config, args.set)
     combos = [{}]
     if args.combo:
-        combos += [parse_combo(c, families) for c in args.combo]
+        tunables = {k for k in reference if k not in families}
+        combos += [parse_combo(c, families, tunables) for c in args.combo]
+        for c in combos[1:]:  # train's own validation of the values (ranges, choices, variants)
+            resolved_kernels(train_bin, args.config, args.set + combo_sets(c))
     else:
         for fam in args.family or families:
             combos += [{fam: v} for v in families[fam] if v != reference.get(fam)]
@@ -139,7 +157,8 @@ def main():
                      "--out", str(out / name / "bench_ops.json")] + \
                     [a for s in args.set + combo_sets(c) for a in ("--set", s)]
         plan.append((name, c, train_cmd, bench_cmd))
-    print(f"reference kernels: {reference}; {len(plan)} runs of {args.steps} steps into {out}")
+    ref_variants = {k: v for k, v in reference.items() if k in families}
+    print(f"reference kernels: {ref_variants}; {len(plan)} runs of {args.steps} steps into {out}")
     for i, (name, c, tc, bc) in enumerate(plan):
         print(f"[{i + 1}/{len(plan)}] {name}: {' '.join(tc)}")
         if not args.no_ops:

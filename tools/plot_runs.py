@@ -25,16 +25,20 @@ PANELS = [("loss", "train loss"), ("val_loss", "validation loss"), ("ce", "train
 
 
 def flat_config(text):
-    """A resolved config (config.yaml, or `train --print-config`) as {'section.key': value-string}."""
-    flat, section = {}, None
+    """A resolved config (config.yaml, or `train --print-config`) as {'section.key': value-string};
+    nested maps give dotted keys ('kernels.attention_tuning.wgmma_fwd': 'true')."""
+    flat, path = {}, []  # path: (indent, key) of the maps that enclose the current line
     for line in text.splitlines():
         if not line.strip() or line.lstrip().startswith("#"):
             continue
-        if not line.startswith(" "):
-            section = line.rstrip(":").strip()
-        else:
-            key, _, value = line.strip().partition(":")
-            flat[f"{section}.{key}"] = value.strip().strip('"')
+        indent = len(line) - len(line.lstrip(" "))
+        while path and path[-1][0] >= indent:
+            path.pop()
+        key, _, value = line.strip().partition(":")
+        if not value.strip():  # a map's header: its keys follow, indented
+            path.append((indent, key))
+            continue
+        flat[".".join([k for _, k in path] + [key])] = value.strip().strip('"')
     return flat
 
 
