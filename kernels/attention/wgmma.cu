@@ -646,8 +646,9 @@ __global__ void __launch_bounds__(kThreads, 2)
 // tiles and drifts freely against the other, which lets one's products overlap the other's
 // exponentials, for twice the tile loads from L2. Measured on an H200 (one call, alternated):
 // the backward 16.48 / 17.08 ms with one warpgroup against 17.49 / 18.06 ms with two (--ops,
-// 12 layers, each op alone), but the steps equal (112.40 / 112.50 against 112.47 / 112.34 ms):
-// in the step the backward runs beside the weight-gradient GEMMs of the side stream. Two stays
+// 12 layers, each op alone), but the steps equal (112.40 / 112.50 against 112.47 / 112.34 ms),
+// probably because in the step the backward runs beside the side stream's weight-gradient GEMMs
+// (not measured). Two stays
 // the default (no clearing of the column-sum rows); one is kept for ablation.
 template <int QT, int WGS>
 constexpr int dkdv_smem_bytes() {
