@@ -261,6 +261,58 @@ constexpr int kFwdKeys = 64;
 constexpr int kFwdTileBytes = kFwdKeys * 128;  // 64 rows of one swizzled tile
 constexpr int kFwdSmemBytes = 1024 + kBlockRows * 128 + kStages * 2 * kFwdTileBytes;
 
+// One key tile of a warpgroup's online softmax (this thread: rows gq and gq + 8 of its warp's
+// 16; m and l in log2 units of the scaled scores): the scores s become probabilities in place, m
+// and l take the tile in, and corr is the factor the output accumulated so far takes. diagonal:
+// the tile's first key is the warpgroup's first row (key c is seen by row r only if c <= r).
+// Both forward kernels run it.
+__device__ __forceinline__ void softmax_tile(float (&s)[kFwdKeys / 2], bool diagonal, float sl2,
+                                             int warp, int gq, int tq, float (&m)[2], float (&l)[2],
+                                             float (&corr)[2]) {
+    if (diagonal) {
+#pragma unroll
+        for (int n = 0; n < kFwdKeys / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (n * 8 + 2 * tq + (e & 1) > warp * 16 + gq + (e >> 1) * 8)
+                    s[4 * n + e] = -INFINITY;
+    }
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int i = 0; i < kFwdKeys / 2; i++) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float mn = fmaxf(m[r], mx[r] * sl2);  // key 0 (tile 0) makes it finite
+        corr[r] = ex2(m[r] - mn);
+        m[r] = mn;
+        l[r] *= corr[r];
+    }
+#pragma unroll
+    for (int i = 0; i < kFwdKeys / 2; i++) {
+        const int r = (i >> 1) & 1;
+        s[i] = ex2(fmaf(s[i], sl2, -m[r]));
+        l[r] += s[i];
+    }
+}
+// The warpgroup's rows below Tn: O / l as bf16, and the lse (natural log).
+__device__ __forceinline__ void store_forward_rows(bf16* out, float* lse, const float (&o)[kD / 2],
+                                                   const float (&m)[2], const float (&l)[2],
+                                                   int64_t row0, int warp, int gq, int tq,
+                                                   int64_t b, int64_t h, int64_t bh, const Geo& g) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float sum = l[r];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        const int64_t row = row0 + warp * 16 + gq + r * 8;
+        if (row >= g.Tn) continue;
+        store_row(out + (b * g.Tn + row) * g.C + h * g.hs, o, r, 1.0f / sum);
+        if (tq == 0) lse[bh * g.Tn + row] = (m[r] + __log2f(sum)) * kLn2;
+    }
+}
+
 __global__ void __launch_bounds__(kThreads, 2)
     forward_kernel(bf16* out, float* lse, const bf16* qkv, Geo g) {
 #ifdef ZG_NO_WGMMA
@@ -308,32 +360,8 @@ __global__ void __launch_bounds__(kThreads, 2)
         wg_commit();
         wg_wait_all();
         hold(s);
-        if (rel == 0) {  // the diagonal tile: key rel + c is seen by row r only if c <= r
-#pragma unroll
-            for (int n = 0; n < kFwdKeys / 8; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    if (n * 8 + 2 * tq + (e & 1) > warp * 16 + gq + (e >> 1) * 8)
-                        s[4 * n + e] = -INFINITY;
-        }
-        float mx[2] = {-INFINITY, -INFINITY}, corr[2];
-#pragma unroll
-        for (int i = 0; i < kFwdKeys / 2; i++) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            const float mn = fmaxf(m[r], mx[r] * sl2);  // key 0 (tile 0) makes it finite
-            corr[r] = ex2(m[r] - mn);
-            m[r] = mn;
-            l[r] *= corr[r];
-        }
-#pragma unroll
-        for (int i = 0; i < kFwdKeys / 2; i++) {
-            const int r = (i >> 1) & 1;
-            s[i] = ex2(fmaf(s[i], sl2, -m[r]));
-            l[r] += s[i];
-        }
+        float corr[2];
+        softmax_tile(s, rel == 0, sl2, warp, gq, tq, m, l, corr);
 #pragma unroll
         for (int i = 0; i < kD / 2; i++) o[i] *= corr[(i >> 1) & 1];
         uint32_t pa[kFwdKeys / 16][4];
@@ -345,16 +373,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         keep(pa);
         hold(o);
     }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float sum = l[r];
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        const int64_t row = row0 + warp * 16 + gq + r * 8;
-        if (row >= g.Tn) continue;
-        store_row(out + (b * g.Tn + row) * g.C + h * g.hs, o, r, 1.0f / sum);
-        if (tq == 0) lse[bh * g.Tn + row] = (m[r] + __log2f(sum)) * kLn2;
-    }
+    store_forward_rows(out, lse, o, m, l, row0, warp, gq, tq, b, h, bh, g);
 #endif
 }
 
@@ -414,36 +433,6 @@ __global__ void __launch_bounds__(kThreads, 2)
     float o[kD / 2] = {}, corr[2] = {1, 1};
     uint32_t pa[kFwdKeys / 16][4];  // P of the tile whose P V is next, as bf16 A fragments
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};  // log2 units of the scaled scores
-    // Scores of tile t (in s) -> probabilities in place; m and l updated, corr the factor O
-    // takes.
-    auto softmax = [&](float(&s)[kFwdKeys / 2], int64_t t) {
-        if (t * kFwdKeys == row0) {  // the diagonal tile: key c is seen by row r only if c <= r
-#pragma unroll
-            for (int n = 0; n < kFwdKeys / 8; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    if (n * 8 + 2 * tq + (e & 1) > warp * 16 + gq + (e >> 1) * 8)
-                        s[4 * n + e] = -INFINITY;
-        }
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int i = 0; i < kFwdKeys / 2; i++) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            const float mn = fmaxf(m[r], mx[r] * sl2);  // key 0 (tile 0) makes it finite
-            corr[r] = ex2(m[r] - mn);
-            m[r] = mn;
-            l[r] *= corr[r];
-        }
-#pragma unroll
-        for (int i = 0; i < kFwdKeys / 2; i++) {
-            const int r = (i >> 1) & 1;
-            s[i] = ex2(fmaf(s[i], sl2, -m[r]));
-            l[r] += s[i];
-        }
-    };
     if (mine > 0) {
         float p[kFwdKeys / 2];
         wg_fence();
@@ -451,7 +440,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         wg_commit();
         wg_wait_all();
         hold(p);
-        softmax(p, 0);
+        softmax_tile(p, row0 == 0, sl2, warp, gq, tq, m, l, corr);
         acc_to_a<kFwdKeys>(pa, p);
     }
     // A wgmma under a branch that is not the whole sequence gets serialized by ptxas (C7520),
@@ -477,7 +466,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         wg_commit();
         wg_wait<1>();  // S_{t+1}; P_t V_t may still run
         hold(s);
-        softmax(s, t + 1);
+        softmax_tile(s, (t + 1) * kFwdKeys == row0, sl2, warp, gq, tq, m, l, corr);
         wg_wait_all();
         keep(pa);
         hold(o);
@@ -495,16 +484,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         keep(pa);
         hold(o);
     }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float sum = l[r];
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        const int64_t row = row0 + warp * 16 + gq + r * 8;
-        if (row >= g.Tn) continue;
-        store_row(out + (b * g.Tn + row) * g.C + h * g.hs, o, r, 1.0f / sum);
-        if (tq == 0) lse[bh * g.Tn + row] = (m[r] + __log2f(sum)) * kLn2;
-    }
+    store_forward_rows(out, lse, o, m, l, row0, warp, gq, tq, b, h, bh, g);
 #endif
 }
 
