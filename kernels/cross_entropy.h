@@ -222,6 +222,10 @@ struct LinearCrossEntropyTuning {
     // gradients over every vocabulary chunk) before the next block, so dh needs only a row
     // block's fp32 accumulator; dW accumulates across blocks in dweight_acc.
     bool rows_outer = false;
+    // The logits tiles on Hopper's wgmma with the CE in the GEMM's epilogue: set by the
+    // fused_linear_wgmma variant (and by a caller of the shard functions that chose it), not a
+    // config key. Where the kernels cannot run (not sm_90, C % 8 != 0) the cuBLASLt tiles do.
+    bool wgmma_epilogue = false;
 };
 
 struct LinearCrossEntropyArgs {
@@ -253,6 +257,7 @@ struct LinearCrossEntropyVariant {
                 CUstream_st* stream);
 };
 const std::vector<LinearCrossEntropyVariant>& linear_cross_entropy_variants();
+const LinearCrossEntropyVariant& find_linear_cross_entropy_variant(const std::string& name);
 
 // Vocab-parallel building blocks of fused_linear, for a shard holding the weight's rows
 // [a.v0, a.v0 + a.V_local) of the global vocabulary a.V (always the vocabulary-outside order):

@@ -3,8 +3,9 @@
 //
 //   pass 1, per tile: logits = h_b W_c^T (cuBLASLt, fp32 accumulation, bf16 out); the tile's
 //           online-softmax statistics merged into its rows' running statistics
-//   finalise: lse, per-row loss / ce / z-loss, gradient parameters (kernels/cross_entropy/launch.cu)
-//   pass 2, per tile: the logits again; dlogits in place; dh_b += dlogits W_c (fp32
+//   finalise: lse, per-row loss / ce / z-loss, gradient parameters
+//   (kernels/cross_entropy/launch.cu) pass 2, per tile: the logits again; dlogits in place; dh_b +=
+//   dlogits W_c (fp32
 //           accumulator); dW_c += dlogits^T h_b (fp32 accumulation)
 //
 // Two loop orders (the tuning's rows_outer):
@@ -29,6 +30,7 @@
 
 #include "kernels/cross_entropy.h"
 #include "kernels/cuda_check.h"
+#include "kernels/linear_cross_entropy_wgmma.h"
 #include "kernels/matmul.h"
 #include "kernels/workspace.h"
 
@@ -59,16 +61,21 @@ TileShape tile_shape(int64_t N, int64_t V, const LinearCrossEntropyTuning& tunin
 }
 
 // What every tile needs: the tile of logits (then dlogits), and with bf16 dW over several row
-// blocks, one chunk's fp32 dW.
+// blocks, one chunk's fp32 dW; with the wgmma epilogues, the statistics pass's per-group partials
+// of one row block.
 struct TileBuffers {
     __nv_bfloat16* chunk;  // [rows, cols]
     float* dw_acc;         // [cols, C], or null with one row block
+    RowStatsF* partials;   // wgmma epilogues only
 };
 
-TileBuffers carve_tiles(WorkspaceLayout& l, int64_t N, int64_t C, TileShape t) {
+TileBuffers carve_tiles(WorkspaceLayout& l, int64_t N, int64_t C, int64_t V_local, TileShape t,
+                        bool wgmma) {
     TileBuffers b;
     b.dw_acc = t.rows < N ? l.take<float>(size_t(t.cols) * C) : nullptr;
     b.chunk = l.take<__nv_bfloat16>(size_t(t.rows) * t.cols);
+    b.partials =
+        wgmma ? l.take<RowStatsF>(linear_ce_wgmma::partials_count(t.rows, V_local)) : nullptr;
     return b;
 }
 
@@ -81,7 +88,7 @@ struct Workspace {
     TileBuffers tiles;
 };
 
-Workspace carve(WorkspaceLayout& l, int64_t N, int64_t C, TileShape t) {
+Workspace carve(WorkspaceLayout& l, int64_t N, int64_t C, int64_t V, TileShape t, bool wgmma) {
     Workspace ws;
     ws.n_valid = l.take<int>(1);
     ws.stats = l.take<RowStatsF>(N);
@@ -91,7 +98,7 @@ Workspace carve(WorkspaceLayout& l, int64_t N, int64_t C, TileShape t) {
     ws.z = l.take<float>(N);
     ws.lse = l.take<float>(N);
     ws.dh_acc = l.take<float>(size_t(N) * C);
-    ws.tiles = carve_tiles(l, N, C, t);
+    ws.tiles = carve_tiles(l, N, C, V, t, wgmma);
     return ws;
 }
 
@@ -101,7 +108,7 @@ int64_t local_columns(const LinearCrossEntropyArgs& a) {
 
 size_t workspace_bytes(int64_t N, int64_t C, int64_t V, const LinearCrossEntropyTuning& tuning) {
     WorkspaceLayout l(nullptr);
-    carve(l, N, C, tile_shape(N, V, tuning));
+    carve(l, N, C, V, tile_shape(N, V, tuning), tuning.wgmma_epilogue);
     return l.bytes();
 }
 
@@ -133,6 +140,9 @@ struct ShardSteps {
     const __nv_bfloat16* h = static_cast<const __nv_bfloat16*>(a.hidden);
     const __nv_bfloat16* W = static_cast<const __nv_bfloat16*>(a.weight);
     int64_t C = a.C, V_local = local_columns(a);
+    // the Hopper kernels with the CE in the GEMM's epilogue (fused_linear_wgmma) where they run;
+    // cuBLASLt tiles and the CE passes elsewhere
+    bool tc = a.tuning.wgmma_epilogue && linear_ce_wgmma::usable(a);
 
     // the CE view narrowed to rows [r, r + nr)
     CrossEntropyArgs rows_view(int64_t r, int64_t nr) const {
@@ -162,6 +172,10 @@ struct ShardSteps {
     }
     // pass 1 for rows [r, r + nr): the shard's statistics into stats[r, r + nr)
     void stats_rows(RowStatsF* stats, int64_t r, int64_t nr) const {
+        if (tc) {
+            linear_ce_wgmma::shard_stats(stats, b.partials, a, o, r, nr, false, s);
+            return;
+        }
         for (int64_t v = 0; v < V_local; v += t.cols) {
             const int64_t vc = std::min(t.cols, V_local - v);
             logits_tile(r, nr, v, vc);
@@ -172,8 +186,12 @@ struct ShardSteps {
     // overwritten by the shard's first chunk unless dh_add
     void grad_tile(const RowGradParams* params, int64_t r, int64_t nr, int64_t v, int64_t vc,
                    float* dh_rows, bool dh_add) const {
-        logits_tile(r, nr, v, vc);
-        ce_shard_backward(tile_view(r, nr, v, vc), params + r, o, s);
+        if (tc) {
+            linear_ce_wgmma::dlogits_tile(b.chunk, params, a, o, r, nr, v, vc, s);
+        } else {
+            logits_tile(r, nr, v, vc);
+            ce_shard_backward(tile_view(r, nr, v, vc), params + r, o, s);
+        }
         gemm_bf16(dh_rows, MatType::f32, b.chunk, false, W + v * C, false, nr, C, vc, 1.0f,
                   dh_add || v > 0 ? 1.0f : 0.0f, s);
     }
@@ -245,7 +263,7 @@ void run_fused_linear(const LinearCrossEntropyArgs& a, const CrossEntropyOptions
     const TileShape t = tile_shape(N, a.V, a.tuning);
     const bool rows_outer = grads && t.rows < N && a.dweight_acc && a.tuning.rows_outer;
     WorkspaceLayout layout(w);
-    const Workspace ws = carve(layout, N, C, t);
+    const Workspace ws = carve(layout, N, C, a.V, t, a.tuning.wgmma_epilogue);
     const ShardSteps sh{a, o, ce_view(a, &ws), t, ws.tiles, s};
 
     ce_count_valid(ws.n_valid, a.targets, N, o.ignore_index, s);
@@ -273,12 +291,26 @@ void run_fused_linear(const LinearCrossEntropyArgs& a, const CrossEntropyOptions
     ce_reduce(sh.ce, ws.stats, ws.n_valid, o, s);
 }
 
+LinearCrossEntropyArgs with_wgmma(LinearCrossEntropyArgs a) {
+    a.tuning.wgmma_epilogue = true;
+    return a;
+}
+size_t workspace_bytes_wgmma(int64_t N, int64_t C, int64_t V, const LinearCrossEntropyTuning& t) {
+    LinearCrossEntropyTuning w = t;
+    w.wgmma_epilogue = true;
+    return workspace_bytes(N, C, V, w);
+}
+void run_fused_linear_wgmma(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, void* w,
+                            CUstream_st* s) {
+    run_fused_linear(with_wgmma(a), o, w, s);
+}
+
 }  // namespace
 
 size_t linear_ce_shard_workspace_bytes(int64_t N, int64_t C, int64_t V_local,
                                        const LinearCrossEntropyTuning& tuning) {
     WorkspaceLayout l(nullptr);
-    carve_tiles(l, N, C, tile_shape(N, V_local, tuning));
+    carve_tiles(l, N, C, V_local, tile_shape(N, V_local, tuning), tuning.wgmma_epilogue);
     return l.bytes();
 }
 
@@ -288,7 +320,12 @@ void linear_ce_shard_stats(RowStatsF* stats, const LinearCrossEntropyArgs& a,
     ZG_CHECK(stats, "linear_ce_shard_stats: stats are required");
     const TileShape t = tile_shape(a.N, local_columns(a), a.tuning);
     WorkspaceLayout l(workspace);
-    const ShardSteps sh{a, o, ce_view(a, nullptr), t, carve_tiles(l, a.N, a.C, t), s};
+    const ShardSteps sh{a,
+                        o,
+                        ce_view(a, nullptr),
+                        t,
+                        carve_tiles(l, a.N, a.C, local_columns(a), t, a.tuning.wgmma_epilogue),
+                        s};
     for (int64_t r = 0; r < a.N; r += t.rows) sh.stats_rows(stats, r, std::min(t.rows, a.N - r));
 }
 
@@ -300,7 +337,12 @@ void linear_ce_shard_backward(float* dh_acc, const RowGradParams* params,
              "linear_ce_shard_backward: needs dh_acc, params and one of dweight / dweight_acc");
     const TileShape t = tile_shape(a.N, local_columns(a), a.tuning);
     WorkspaceLayout l(workspace);
-    const ShardSteps sh{a, o, ce_view(a, nullptr), t, carve_tiles(l, a.N, a.C, t), s};
+    const ShardSteps sh{a,
+                        o,
+                        ce_view(a, nullptr),
+                        t,
+                        carve_tiles(l, a.N, a.C, local_columns(a), t, a.tuning.wgmma_epilogue),
+                        s};
     sh.backward(params, dh_acc, /*dh_add=*/true);
 }
 
@@ -310,8 +352,19 @@ const std::vector<LinearCrossEntropyVariant>& linear_cross_entropy_variants() {
          "tiles of rows x vocabulary chunks through cuBLASLt: logits twice, dh and dW "
          "accumulated in fp32, no N x V buffer",
          workspace_bytes, run_fused_linear},
+        {"fused_linear_wgmma",
+         "fused_linear's schedule with the logits on Hopper's wgmma and the cross-entropy in the "
+         "GEMM's epilogue: no logits in memory for the statistics, dlogits tiles for cuBLASLt's "
+         "dh and dW (sm_90, C % 8 == 0; elsewhere fused_linear's cuBLASLt tiles)",
+         workspace_bytes_wgmma, run_fused_linear_wgmma},
     };
     return v;
+}
+
+const LinearCrossEntropyVariant& find_linear_cross_entropy_variant(const std::string& name) {
+    for (const auto& v : linear_cross_entropy_variants())
+        if (name == v.name) return v;
+    throw Error("no fused linear cross-entropy variant '" + name + "'");
 }
 
 }  // namespace zgpt::cuda

@@ -11,7 +11,7 @@ const std::vector<KernelFamily>& kernel_families() {
         {"attention", "causal attention variant (GPU)", {"flash", "flash_mma", "naive"}, "flash"},
         {"cross_entropy",
          "loss-head variant (GPU)",
-         {"naive", "online", "fast", "fast_lockstep", "fused_linear"},
+         {"naive", "online", "fast", "fast_lockstep", "fused_linear", "fused_linear_wgmma"},
          "fast"},
         {"layernorm",
          "LayerNorm with the residual add fused, or separate (GPU)",
@@ -39,6 +39,10 @@ int kernel_variant(const std::string& family, const std::string& variant) {
         known += (i ? ", " : "") + f.variants[i];
     }
     throw Error("kernels." + family + ": unknown variant '" + variant + "' (known: " + known + ")");
+}
+
+bool is_linear_cross_entropy(const std::string& variant) {
+    return variant == "fused_linear" || variant == "fused_linear_wgmma";
 }
 
 }  // namespace zgpt

@@ -25,6 +25,10 @@ const KernelFamily& kernel_family(const std::string& name);
 // (known: a, b, c)".
 int kernel_variant(const std::string& family, const std::string& variant);
 
+// The cross_entropy variants that take hidden states and the LM-head weight instead of logits
+// (linear_cross_entropy_variants(); bf16 only, the kernels.linear_ce_* keys apply to them).
+bool is_linear_cross_entropy(const std::string& variant);
+
 // The ids the CUDA model branches on, resolved once from the names (never compared per step).
 enum class LayernormVariant { fused_residual, separate };
 enum class MatmulVariant { fused_epilogue, separate };

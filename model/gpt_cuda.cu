@@ -15,9 +15,13 @@ void validate_kernels(const KernelChoice& k, DType precision) {
     for (const KernelFamily& f : kernel_families())
         kernel_variant(f.name, kernel_choice(k, f.name));
     cuda::find_attention_variant(k.attention);
-    if (k.cross_entropy != "fused_linear") cuda::find_cross_entropy_variant(k.cross_entropy);
-    if (k.cross_entropy == "fused_linear" && precision != DType::bf16)
-        throw Error("kernels.cross_entropy: fused_linear runs in bf16 only (train.precision=fp32)");
+    if (is_linear_cross_entropy(k.cross_entropy))
+        cuda::find_linear_cross_entropy_variant(k.cross_entropy);
+    else
+        cuda::find_cross_entropy_variant(k.cross_entropy);
+    if (is_linear_cross_entropy(k.cross_entropy) && precision != DType::bf16)
+        throw Error("kernels.cross_entropy: " + k.cross_entropy +
+                    " runs in bf16 only (train.precision=fp32)");
 }
 
 GptCuda::Impl::Impl(const ModelConfig& c, const CudaModelOptions& o)
@@ -36,8 +40,8 @@ GptCuda::Impl::Impl(const ModelConfig& c, const CudaModelOptions& o)
     attention = &cuda::find_attention_variant(opt.kernels.attention);
     ln_variant = LayernormVariant(kernel_variant("layernorm", opt.kernels.layernorm));
     mm_variant = MatmulVariant(kernel_variant("matmul", opt.kernels.matmul));
-    if (opt.kernels.cross_entropy == "fused_linear")
-        linear_ce = &cuda::linear_cross_entropy_variants().at(0);
+    if (is_linear_cross_entropy(opt.kernels.cross_entropy))
+        linear_ce = &cuda::find_linear_cross_entropy_variant(opt.kernels.cross_entropy);
     else
         ce = &cuda::find_cross_entropy_variant(opt.kernels.cross_entropy);
     ZG_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));

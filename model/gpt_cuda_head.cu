@@ -43,7 +43,7 @@ CrossEntropySummary GptCuda::Impl::loss(const int32_t* host_targets, const Cross
         }
         linear_ce->run(a, o, ce_workspace.get(), stream);
         mark(3);
-        tick("head (fused_linear)");
+        tick("head (fused linear)");
     } else if (chunks == 1) {
         mark(0);
         if (head_pending) head_logits(0, BT);

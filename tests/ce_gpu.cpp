@@ -261,7 +261,7 @@ cuda::LinearCrossEntropyArgs linear_ce_args(const Dev& h, const Dev& W, const De
 // W = I, so that h W^T is exactly the bf16 logits and dh = dlogits W is exactly the bf16 dlogits
 // the head computed. The result reads like a CE variant's, with dh as its dlogits. Hidden states
 // are finite, so -inf logits cannot be made this way (-inf x 0 is NaN): cases must not have them.
-Result run_linear_identity(const Case& c, const Schedule& sc) {
+Result run_linear_identity(const Case& c, const Schedule& sc, const std::string& variant) {
     REQUIRE(c.type == LogitsType::bf16);
     const int64_t N = c.N, V = c.V, C = V;
     for (float x : c.logits) REQUIRE(std::isfinite(x));
@@ -282,7 +282,7 @@ Result run_linear_identity(const Case& c, const Schedule& sc) {
     a.ce_rows = rows.as<float>() + N;
     a.z_rows = rows.as<float>() + 2 * N;
     a.lse_rows = rows.as<float>() + 3 * N;
-    const auto& v = cuda::linear_cross_entropy_variants().at(0);
+    const auto& v = cuda::find_linear_cross_entropy_variant(variant);
     Dev ws(v.workspace_bytes(N, C, V, a.tuning));
     v.run(a, c.opts, ws.p, nullptr);
     CUDA_OK(cudaDeviceSynchronize());

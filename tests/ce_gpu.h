@@ -112,6 +112,8 @@ cuda::LinearCrossEntropyArgs linear_ce_args(const Dev& h, const Dev& W, const De
 // W = I, so that h W^T is exactly the bf16 logits and dh = dlogits W is exactly the bf16 dlogits
 // the head computed. The result reads like a CE variant's, with dh as its dlogits. Hidden states
 // are finite, so -inf logits cannot be made this way (-inf x 0 is NaN): cases must not have them.
-Result run_linear_identity(const Case& c, const Schedule& sc);
+// `variant`: a linear_cross_entropy_variants() name.
+Result run_linear_identity(const Case& c, const Schedule& sc,
+                           const std::string& variant = "fused_linear");
 
 }  // namespace zgpt::test

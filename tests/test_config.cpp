@@ -144,11 +144,21 @@ TEST_CASE("fused_linear's schedule keys: set with that head only, rows_outer wit
     CHECK_FALSE(d.kernels.linear_ce_rows_outer);
     // with another head the keys would be silently ignored: an error instead, at the key's line
     std::string e = error_of(std::string(kBase) + "kernels:\n  linear_ce_row_block: 512\n");
-    CHECK(e.find(".yaml:4: kernels.linear_ce_row_block: applies to "
-                 "kernels.cross_entropy=fused_linear only (it is fast)") != std::string::npos);
+    CHECK(e.find(".yaml:4: kernels.linear_ce_row_block: applies to the fused linear heads only "
+                 "(kernels.cross_entropy=fused_linear or fused_linear_wgmma; it is fast)") !=
+          std::string::npos);
     e = error_of(kBase, {"kernels.cross_entropy=online", "kernels.linear_ce_rows_outer=true"});
-    CHECK(e.find("kernels.linear_ce_rows_outer: applies to kernels.cross_entropy=fused_linear "
-                 "only (it is online)") != std::string::npos);
+    CHECK(e.find("kernels.linear_ce_rows_outer: applies to the fused linear heads only") !=
+          std::string::npos);
+    CHECK(e.find("it is online)") != std::string::npos);
+    // the wgmma head takes the same keys
+    const Config w = load_config(write_yaml(
+        "lcew",
+        std::string(kBase) +
+            "kernels:\n  cross_entropy: fused_linear_wgmma\n  linear_ce_row_block: 4096\n"));
+    CHECK(w.kernels.linear_ce_row_block == 4096);
+    CHECK(linear_ce_tuning(w.kernels).wgmma_epilogue);
+    CHECK_FALSE(linear_ce_tuning(c.kernels).wgmma_epilogue);
     e = error_of(base + "  linear_ce_rows_outer: true\n");
     CHECK(e.find("kernels.linear_ce_rows_outer: needs kernels.linear_ce_row_block > 0") !=
           std::string::npos);
@@ -213,9 +223,8 @@ TEST_CASE("the kernels' tuning keys: overrides, nested YAML, sets, variants, rou
     CHECK(e.find("kernels.attention_tuning.fwd_m_tiles: applies to kernels.attention=flash or "
                  "flash_mma only (it is naive)") != std::string::npos);
     e = error_of(kBase, {"kernels.linear_ce_chunk_mb=24"});
-    CHECK(
-        e.find("kernels.linear_ce_chunk_mb: applies to kernels.cross_entropy=fused_linear only") !=
-        std::string::npos);
+    CHECK(e.find("kernels.linear_ce_chunk_mb: applies to the fused linear heads only") !=
+          std::string::npos);
     // train --help lists them with their defaults
     const std::string ref = config_reference();
     CHECK(ref.find("  cross_entropy_tuning.helper_weight: -1") != std::string::npos);

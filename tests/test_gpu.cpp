@@ -420,52 +420,55 @@ struct LinearProblem {
 // are expected, so dh and dW are held to 1e-2 (METHOD.md's range for bf16 operands) and the loss,
 // an average of many rows, to 2e-3 relative.
 TEST_CASE("fused_linear equals h W^T followed by the CPU head (chunks, row blocks, both orders)") {
-    const auto& v = cuda::linear_cross_entropy_variants().at(0);
-    for (Reduction r : {Reduction::mean, Reduction::none}) {
-        for (int64_t V : {1000, 4099}) {
-            const int64_t N = 37, C = 64;
-            const std::string reduction = reduction_name(r);
-            CAPTURE(reduction);
-            CAPTURE(V);
-            const LinearProblem p(N, C, V, r);
-            const auto &h = p.h, &W = p.W, &go = p.go;
-            const auto& t = p.t;
-            const CrossEntropyOptions& o = p.o;
-            const CrossEntropySummary& want = p.want;
-            const auto &rows = p.rows, &dh = p.dh, &dW = p.dW;
-            // device, in each schedule: one row block or blocks of 16 rows (37 = 16 + 16 + 5),
-            // dW as bf16 or added to an fp32 accumulator, the row blocks inside or outside
-            for (const Schedule& sc : kSchedules) {
-                CAPTURE(sc.name);
-                Dev dh_d(N * C * 2), dW_d(V * C * 2), dWacc_d(V * C * 4), hd(N * C * 2),
-                    Wd(V * C * 2), td(N * 4), god(go.size() * 4), rowsd(N * 4),
-                    sd(sizeof(cuda::LossSummaryF));
-                upload(hd.p, h, LogitsType::bf16);
-                upload(Wd.p, W, LogitsType::bf16);
-                CUDA_OK(cudaMemcpy(td.p, t.data(), N * 4, cudaMemcpyHostToDevice));
-                CUDA_OK(cudaMemcpy(god.p, go.data(), go.size() * 4, cudaMemcpyHostToDevice));
-                // poison: every weight row must be written
-                CUDA_OK(cudaMemset(dW_d.p, 0xFF, dW_d.bytes));
-                // the accumulator starts at 0.125 everywhere: the head must add, not overwrite
-                const std::vector<float> acc0(V * C, 0.125f);
-                CUDA_OK(cudaMemcpy(dWacc_d.p, acc0.data(), dWacc_d.bytes, cudaMemcpyHostToDevice));
-                const cuda::LinearCrossEntropyArgs a =
-                    linear_ce_args(hd, Wd, td, god, dh_d, dW_d, dWacc_d, rowsd, sd, N, C, V, sc);
-                Dev ws(v.workspace_bytes(N, C, V, a.tuning));
-                v.run(a, o, ws.p, nullptr);
-                CUDA_OK(cudaDeviceSynchronize());
-                check_linear_loss(sd, rowsd, N, int(N - 1), want, rows);
-                std::vector<float> got_dW;
-                if (sc.fp32_dw) {
-                    got_dW = download(dWacc_d.p, V * C, LogitsType::f32);
-                    for (float& x : got_dW) x -= 0.125f;
-                } else {
-                    got_dW = download(dW_d.p, V * C, LogitsType::bf16);
+    for (const auto& v : cuda::linear_cross_entropy_variants())
+        for (Reduction r : {Reduction::mean, Reduction::none}) {
+            const std::string variant = v.name;
+            CAPTURE(variant);
+            for (int64_t V : {1000, 4099}) {
+                const int64_t N = 37, C = 64;
+                const std::string reduction = reduction_name(r);
+                CAPTURE(reduction);
+                CAPTURE(V);
+                const LinearProblem p(N, C, V, r);
+                const auto &h = p.h, &W = p.W, &go = p.go;
+                const auto& t = p.t;
+                const CrossEntropyOptions& o = p.o;
+                const CrossEntropySummary& want = p.want;
+                const auto &rows = p.rows, &dh = p.dh, &dW = p.dW;
+                // device, in each schedule: one row block or blocks of 16 rows (37 = 16 + 16 + 5),
+                // dW as bf16 or added to an fp32 accumulator, the row blocks inside or outside
+                for (const Schedule& sc : kSchedules) {
+                    CAPTURE(sc.name);
+                    Dev dh_d(N * C * 2), dW_d(V * C * 2), dWacc_d(V * C * 4), hd(N * C * 2),
+                        Wd(V * C * 2), td(N * 4), god(go.size() * 4), rowsd(N * 4),
+                        sd(sizeof(cuda::LossSummaryF));
+                    upload(hd.p, h, LogitsType::bf16);
+                    upload(Wd.p, W, LogitsType::bf16);
+                    CUDA_OK(cudaMemcpy(td.p, t.data(), N * 4, cudaMemcpyHostToDevice));
+                    CUDA_OK(cudaMemcpy(god.p, go.data(), go.size() * 4, cudaMemcpyHostToDevice));
+                    // poison: every weight row must be written
+                    CUDA_OK(cudaMemset(dW_d.p, 0xFF, dW_d.bytes));
+                    // the accumulator starts at 0.125 everywhere: the head must add, not overwrite
+                    const std::vector<float> acc0(V * C, 0.125f);
+                    CUDA_OK(
+                        cudaMemcpy(dWacc_d.p, acc0.data(), dWacc_d.bytes, cudaMemcpyHostToDevice));
+                    const cuda::LinearCrossEntropyArgs a = linear_ce_args(
+                        hd, Wd, td, god, dh_d, dW_d, dWacc_d, rowsd, sd, N, C, V, sc);
+                    Dev ws(v.workspace_bytes(N, C, V, a.tuning));
+                    v.run(a, o, ws.p, nullptr);
+                    CUDA_OK(cudaDeviceSynchronize());
+                    check_linear_loss(sd, rowsd, N, int(N - 1), want, rows);
+                    std::vector<float> got_dW;
+                    if (sc.fp32_dw) {
+                        got_dW = download(dWacc_d.p, V * C, LogitsType::f32);
+                        for (float& x : got_dW) x -= 0.125f;
+                    } else {
+                        got_dW = download(dW_d.p, V * C, LogitsType::bf16);
+                    }
+                    check_linear_grads(download(dh_d.p, N * C, LogitsType::bf16), dh, got_dW, dW);
                 }
-                check_linear_grads(download(dh_d.p, N * C, LogitsType::bf16), dh, got_dW, dW);
             }
         }
-    }
 }
 
 // fused_linear's vocab-parallel building blocks: W split into 3 uneven shards (one of a single row)
@@ -476,73 +479,78 @@ TEST_CASE("fused_linear on vocabulary shards, merged, equals the fp64 head (loss
     const std::vector<int64_t> cuts = {0, 1, 301, 1000};
     for (Reduction r : {Reduction::mean, Reduction::none}) {
         const LinearProblem p(N, C, V, r);
-        for (const Schedule& sc : {kSchedules[0], kSchedules[3], kSchedules[2]}) {
-            const std::string reduction = reduction_name(r);
-            CAPTURE(reduction);
-            CAPTURE(sc.name);
-            Dev hd(N * C * 2), Wd(V * C * 2), td(N * 4), god(p.go.size() * 4), dh(N * C * 2),
-                dW(V * C * 2), dWacc(V * C * 4), dh_acc(N * C * 4), rowsd(4 * N * 4),
-                sd(sizeof(cuda::LossSummaryF)), acc(N * sizeof(cuda::RowStatsF)),
-                part(N * sizeof(cuda::RowStatsF)), params(N * sizeof(cuda::RowGradParams)),
-                nvalid(4);
-            upload(hd.p, p.h, LogitsType::bf16);
-            upload(Wd.p, p.W, LogitsType::bf16);
-            CUDA_OK(cudaMemcpy(td.p, p.t.data(), N * 4, cudaMemcpyHostToDevice));
-            CUDA_OK(cudaMemcpy(god.p, p.go.data(), p.go.size() * 4, cudaMemcpyHostToDevice));
-            CUDA_OK(cudaMemset(dW.p, 0xFF, dW.bytes));  // every shard must write its rows
-            CUDA_OK(cudaMemset(dWacc.p, 0, dWacc.bytes));
-            CUDA_OK(cudaMemset(dh_acc.p, 0, dh_acc.bytes));
-            // shard k: W's rows [cuts[k], cuts[k + 1]), and the same rows of dW
-            auto shard = [&](size_t k) {
-                cuda::LinearCrossEntropyArgs a =
-                    linear_ce_args(hd, Wd, td, god, dh, dW, dWacc, rowsd, sd, N, C, V, sc);
-                a.dhidden = nullptr;  // the shards add into dh_acc instead
-                a.v0 = cuts[k];
-                a.V_local = cuts[k + 1] - cuts[k];
-                a.weight = static_cast<const uint16_t*>(Wd.p) + a.v0 * C;
-                if (sc.fp32_dw)
-                    a.dweight_acc += a.v0 * C;
-                else
-                    a.dweight = static_cast<uint16_t*>(dW.p) + a.v0 * C;
-                return a;
-            };
-            size_t ws_bytes = 0;
-            for (size_t k = 0; k + 1 < cuts.size(); k++)
-                ws_bytes =
-                    std::max(ws_bytes, cuda::linear_ce_shard_workspace_bytes(
-                                           N, C, cuts[k + 1] - cuts[k], {384, sc.row_block}));
-            Dev ws(ws_bytes);
-            // the CE view of all rows, for finalise and reduce
-            cuda::CrossEntropyArgs ce;
-            ce.type = LogitsType::bf16;
-            ce.N = N;
-            ce.V = V;
-            ce.targets = td.as<int32_t>();
-            ce.grad_output = god.as<float>();
-            ce.loss_rows = rowsd.as<float>();
-            ce.ce_rows = ce.loss_rows + N;
-            ce.z_rows = ce.loss_rows + 2 * N;
-            ce.lse_rows = ce.loss_rows + 3 * N;
-            ce.summary = sd.as<cuda::LossSummaryF>();
-            auto* stats = acc.as<cuda::RowStatsF>();
-            cuda::ce_count_valid(nvalid.as<int>(), ce.targets, N, p.o.ignore_index, nullptr);
-            for (size_t k = 0; k + 1 < cuts.size(); k++) {
-                cuda::linear_ce_shard_stats(k == 0 ? stats : part.as<cuda::RowStatsF>(), shard(k),
-                                            p.o, ws.p, nullptr);
-                if (k > 0) cuda::ce_merge_stats(stats, part.as<cuda::RowStatsF>(), N, nullptr);
+        for (const Schedule& sc : {kSchedules[0], kSchedules[3], kSchedules[2]})
+            for (bool wgmma : {false, true}) {  // fused_linear's shards, fused_linear_wgmma's
+                const std::string reduction = reduction_name(r);
+                CAPTURE(reduction);
+                CAPTURE(sc.name);
+                CAPTURE(wgmma);
+                cuda::LinearCrossEntropyTuning tuning{384, sc.row_block};
+                tuning.wgmma_epilogue = wgmma;
+                Dev hd(N * C * 2), Wd(V * C * 2), td(N * 4), god(p.go.size() * 4), dh(N * C * 2),
+                    dW(V * C * 2), dWacc(V * C * 4), dh_acc(N * C * 4), rowsd(4 * N * 4),
+                    sd(sizeof(cuda::LossSummaryF)), acc(N * sizeof(cuda::RowStatsF)),
+                    part(N * sizeof(cuda::RowStatsF)), params(N * sizeof(cuda::RowGradParams)),
+                    nvalid(4);
+                upload(hd.p, p.h, LogitsType::bf16);
+                upload(Wd.p, p.W, LogitsType::bf16);
+                CUDA_OK(cudaMemcpy(td.p, p.t.data(), N * 4, cudaMemcpyHostToDevice));
+                CUDA_OK(cudaMemcpy(god.p, p.go.data(), p.go.size() * 4, cudaMemcpyHostToDevice));
+                CUDA_OK(cudaMemset(dW.p, 0xFF, dW.bytes));  // every shard must write its rows
+                CUDA_OK(cudaMemset(dWacc.p, 0, dWacc.bytes));
+                CUDA_OK(cudaMemset(dh_acc.p, 0, dh_acc.bytes));
+                // shard k: W's rows [cuts[k], cuts[k + 1]), and the same rows of dW
+                auto shard = [&](size_t k) {
+                    cuda::LinearCrossEntropyArgs a =
+                        linear_ce_args(hd, Wd, td, god, dh, dW, dWacc, rowsd, sd, N, C, V, sc);
+                    a.dhidden = nullptr;  // the shards add into dh_acc instead
+                    a.v0 = cuts[k];
+                    a.V_local = cuts[k + 1] - cuts[k];
+                    a.weight = static_cast<const uint16_t*>(Wd.p) + a.v0 * C;
+                    a.tuning.wgmma_epilogue = wgmma;
+                    if (sc.fp32_dw)
+                        a.dweight_acc += a.v0 * C;
+                    else
+                        a.dweight = static_cast<uint16_t*>(dW.p) + a.v0 * C;
+                    return a;
+                };
+                size_t ws_bytes = 0;
+                for (size_t k = 0; k + 1 < cuts.size(); k++)
+                    ws_bytes = std::max(ws_bytes, cuda::linear_ce_shard_workspace_bytes(
+                                                      N, C, cuts[k + 1] - cuts[k], tuning));
+                Dev ws(ws_bytes);
+                // the CE view of all rows, for finalise and reduce
+                cuda::CrossEntropyArgs ce;
+                ce.type = LogitsType::bf16;
+                ce.N = N;
+                ce.V = V;
+                ce.targets = td.as<int32_t>();
+                ce.grad_output = god.as<float>();
+                ce.loss_rows = rowsd.as<float>();
+                ce.ce_rows = ce.loss_rows + N;
+                ce.z_rows = ce.loss_rows + 2 * N;
+                ce.lse_rows = ce.loss_rows + 3 * N;
+                ce.summary = sd.as<cuda::LossSummaryF>();
+                auto* stats = acc.as<cuda::RowStatsF>();
+                cuda::ce_count_valid(nvalid.as<int>(), ce.targets, N, p.o.ignore_index, nullptr);
+                for (size_t k = 0; k + 1 < cuts.size(); k++) {
+                    cuda::linear_ce_shard_stats(k == 0 ? stats : part.as<cuda::RowStatsF>(),
+                                                shard(k), p.o, ws.p, nullptr);
+                    if (k > 0) cuda::ce_merge_stats(stats, part.as<cuda::RowStatsF>(), N, nullptr);
+                }
+                auto* pr = params.as<cuda::RowGradParams>();
+                cuda::ce_finalize(pr, stats, nvalid.as<int>(), ce, p.o, nullptr);
+                for (size_t k = 0; k + 1 < cuts.size(); k++)
+                    cuda::linear_ce_shard_backward(dh_acc.as<float>(), pr, shard(k), p.o, ws.p,
+                                                   nullptr);
+                cuda::ce_reduce(ce, stats, nvalid.as<int>(), p.o, nullptr);
+                CUDA_OK(cudaDeviceSynchronize());
+                check_linear_loss(sd, rowsd, N, int(N - 1), p.want, p.rows);
+                const std::vector<float> got_dW = sc.fp32_dw
+                                                      ? download(dWacc.p, V * C, LogitsType::f32)
+                                                      : download(dW.p, V * C, LogitsType::bf16);
+                check_linear_grads(download(dh_acc.p, N * C, LogitsType::f32), p.dh, got_dW, p.dW);
             }
-            auto* pr = params.as<cuda::RowGradParams>();
-            cuda::ce_finalize(pr, stats, nvalid.as<int>(), ce, p.o, nullptr);
-            for (size_t k = 0; k + 1 < cuts.size(); k++)
-                cuda::linear_ce_shard_backward(dh_acc.as<float>(), pr, shard(k), p.o, ws.p,
-                                               nullptr);
-            cuda::ce_reduce(ce, stats, nvalid.as<int>(), p.o, nullptr);
-            CUDA_OK(cudaDeviceSynchronize());
-            check_linear_loss(sd, rowsd, N, int(N - 1), p.want, p.rows);
-            const std::vector<float> got_dW = sc.fp32_dw ? download(dWacc.p, V * C, LogitsType::f32)
-                                                         : download(dW.p, V * C, LogitsType::bf16);
-            check_linear_grads(download(dh_acc.p, N * C, LogitsType::f32), p.dh, got_dW, p.dW);
-        }
     }
 }
 
@@ -552,13 +560,15 @@ TEST_CASE("fused_linear on vocabulary shards, merged, equals the fp64 head (loss
 // some / all, z-loss with and without label smoothing, every schedule. Held to what the bf16 CE
 // variants are held to.
 TEST_CASE("fused_linear through an identity weight equals the CPU head on the same bf16 logits") {
-    const std::vector<int64_t> vocab = {1, 7, 64, 127, 128, 129, 513, 4097, 50257};
+    // (C = V: the wgmma kernels of fused_linear_wgmma run where V % 8 == 0: 64, 128, 2056, 50304)
+    const std::vector<int64_t> vocab = {1, 7, 64, 127, 128, 129, 513, 2056, 4097, 50257, 50304};
     uint64_t seed = 3000;
     for (int64_t V : vocab) {
         for (int ignored : {0, 3, 1000}) {
             const uint64_t s = seed++;
             // GPT-2's vocabulary (a 5 GB identity) once, with bf16 dW
-            if (V > 5000 && ignored != 3) continue;
+            if (V > 5000 && ignored != 3 && V != 50304) continue;
+            if (V == 50304 && ignored != 0) continue;
             const int64_t N = V > 5000 ? 5 : 37;
             const uint64_t ri = (s + s / 3) % 3;  // turns with V, so each ignore mode meets each
             const Reduction r = ri == 0   ? Reduction::mean
@@ -579,11 +589,15 @@ TEST_CASE("fused_linear through an identity weight equals the CPU head on the sa
                 CAPTURE(z);
                 CAPTURE(eps);
                 CAPTURE(sc.name);
-                const Result got = run_linear_identity(c, sc);
-                check_result(got, reference(c), c);
-                if (ignored >= N) {
-                    CHECK(got.summary.loss == 0.0f);
-                    for (float d : got.dlogits) CHECK(d == 0.0f);
+                for (const auto& v : cuda::linear_cross_entropy_variants()) {
+                    const std::string variant = v.name;
+                    CAPTURE(variant);
+                    const Result got = run_linear_identity(c, sc, variant);
+                    check_result(got, reference(c), c);
+                    if (ignored >= N) {
+                        CHECK(got.summary.loss == 0.0f);
+                        for (float d : got.dlogits) CHECK(d == 0.0f);
+                    }
                 }
             }
         }

@@ -113,7 +113,7 @@ void compare_model(const ModelConfig& mc, const CudaModelOptions& o, double rtol
     m.set_params(pf.data());
     m.zero_grad();
     m.forward(tokens.data(), B, T);
-    if (o.kernels.cross_entropy != "fused_linear") {
+    if (!is_linear_cross_entropy(o.kernels.cross_entropy)) {
         const std::vector<float> lg = m.logits();
         check_close("logits", std::vector<double>(lg.begin(), lg.end()), want_logits, o.precision,
                     rtol);
@@ -166,6 +166,9 @@ TEST_CASE("whole model in bf16: loss within 2e-2 and gradients within bf16 accum
     compare_model(tiny_config(false, true, true), o, 5e-2);
     o.kernels.cross_entropy = "fused_linear";
     compare_model(tiny_config(true, true, false), o, 5e-2);
+    o.kernels.cross_entropy = "fused_linear_wgmma";
+    compare_model(tiny_config(true, true, false), o, 5e-2);
+    o.kernels.cross_entropy = "fused_linear";
     // An fp32 residual stream, with the fused and the separate residual add, untied with biases
     // and tied without. Not with qk_norm: the option does not touch the q/k path, and there the
     // layer-1 k_norm weight gradient is small by cancellation (as k_norm.bias is zero), so bf16
@@ -358,9 +361,11 @@ TEST_CASE(
         bool rows_outer;
     };
     // 128 rows and V = 61: tiles of 48 rows (48, 48, 32) and 16 columns (16, 16, 16, 13)
-    for (const Head& h : {Head{"fast_lockstep", 0, 0, false}, Head{"fused_linear", 48, 0, false},
-                          Head{"fused_linear", 0, 16, false}, Head{"fused_linear", 48, 16, false},
-                          Head{"fused_linear", 48, 16, true}}) {
+    for (const Head& h :
+         {Head{"fast_lockstep", 0, 0, false}, Head{"fused_linear", 48, 0, false},
+          Head{"fused_linear", 0, 16, false}, Head{"fused_linear", 48, 16, false},
+          Head{"fused_linear", 48, 16, true}, Head{"fused_linear_wgmma", 0, 0, false},
+          Head{"fused_linear_wgmma", 48, 16, false}, Head{"fused_linear_wgmma", 48, 16, true}}) {
         const std::string ce = h.ce;
         CAPTURE(ce);
         CAPTURE(h.row_block);
@@ -443,7 +448,7 @@ TEST_CASE("the registry's names and the CUDA entries are the same lists") {
             CAPTURE(v);
             KernelChoice k;
             kernel_choice(k, f.name) = v;
-            if (k.cross_entropy == "fused_linear") {
+            if (is_linear_cross_entropy(k.cross_entropy)) {
                 CHECK_NOTHROW(validate_kernels(k, DType::bf16));
             } else {
                 CHECK_NOTHROW(validate_kernels(k, DType::f32));

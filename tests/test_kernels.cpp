@@ -272,7 +272,7 @@ void cross_entropy_rows(const std::string& v, std::vector<Row>& rows) {
         for (int64_t vi = 0; vi < n_vocab; vi++) {
             const DType t = kTypes[ti];
             const int64_t V = kVocab[vi];
-            if (v == "fused_linear" && (t != DType::bf16 || V > 50304)) continue;
+            if (is_linear_cross_entropy(v) && (t != DType::bf16 || V > 50304)) continue;
             const uint64_t s = uint64_t(100 + (turn * 2 + ti) * n_vocab + vi);
             const Reduction r = s % 3 == 0   ? Reduction::mean
                                 : s % 3 == 1 ? Reduction::sum
@@ -381,7 +381,8 @@ std::vector<Runner> runners() {
     };
     per_variant("attention", {"flash", "flash_mma", "naive"}, attention_rows);
     r.push_back({"attention", "cpu", attention_cpu_rows});
-    per_variant("cross_entropy", {"naive", "online", "fast", "fast_lockstep", "fused_linear"},
+    per_variant("cross_entropy",
+                {"naive", "online", "fast", "fast_lockstep", "fused_linear", "fused_linear_wgmma"},
                 cross_entropy_rows);
     per_variant("layernorm", {"fused_residual", "separate"}, layernorm_rows);
     per_variant("matmul", {"fused_epilogue", "separate"}, matmul_rows);

@@ -123,7 +123,8 @@ int main(int argc, char** argv) {
     app.add_option("--iters", iters, "timed iterations per variant")->capture_default_str();
     app.add_option("--shapes", shapes_arg,
                    "CE shapes as NxV or NxV:LD (rows of stride LD >= V, as the trainer's padded "
-                   "logits), comma-separated (default: 32768x128256,8192x50304)");
+                   "logits), comma-separated (default: 32768x128256,8192x50304); the fused "
+                   "linear heads take N x V with C = 768");
     app.add_flag("--dweight-acc", dweight_acc,
                  "fused_linear adds dW into an fp32 accumulator (as the trainer does) instead of "
                  "writing it as bf16");
@@ -281,84 +282,90 @@ int main(int argc, char** argv) {
         cudaFree(m);
         const double flops = 2.0 * S * S * S / (mm_ms * 1e-3);
         std::printf("bf16 matmul 8192^3 through cuBLASLt: %.1f TFLOP/s\n", flops / 1e12);
-        const auto& v = zgpt::cuda::linear_cross_entropy_variants().at(0);
-        for (Shape sh : {Shape{32768, 128256}, Shape{8192, 50304}}) {
-            const int64_t N = sh.N, V = sh.V, C = 768;
-            void *h, *w, *dh, *dw, *ws;
-            int32_t* targets;
-            float *go, *rows;
-            zgpt::cuda::LossSummaryF* summary;
-            CK(cudaMalloc(&h, N * C * 2));
-            CK(cudaMalloc(&w, V * C * 2));
-            CK(cudaMalloc(&targets, N * 4));
-            CK(cudaMalloc(&go, 4));
-            CK(cudaMalloc(&rows, N * 4));
-            CK(cudaMalloc(&summary, sizeof(zgpt::cuda::LossSummaryF)));
-            fill_logits(static_cast<__nv_bfloat16*>(h), N * C, 3, 1.22);  // std 0.5, as the anchors
-            fill_logits(static_cast<__nv_bfloat16*>(w), V * C, 5, 0.049);  // std 0.02
-            std::vector<int32_t> ht(N);
-            for (int64_t i = 0; i < N; i++) ht[i] = int32_t((i * 2654435761ull) % uint64_t(V));
-            CK(cudaMemcpy(targets, ht.data(), N * 4, cudaMemcpyHostToDevice));
-            const float one = 1.0f;
-            CK(cudaMemcpy(go, &one, 4, cudaMemcpyHostToDevice));
-            const size_t ws_bytes = v.workspace_bytes(N, C, V, linear_tuning);
-            CK(cudaMalloc(&dh, N * C * 2));
-            const size_t dw_bytes = size_t(V) * C * (dweight_acc ? 4 : 2);  // fp32 or bf16
-            CK(cudaMalloc(&dw, dw_bytes));
-            CK(cudaMalloc(&ws, ws_bytes));
-            zgpt::cuda::LinearCrossEntropyArgs la;
-            la.hidden = h;
-            la.weight = w;
-            la.N = N;
-            la.C = C;
-            la.V = V;
-            la.targets = targets;
-            la.grad_output = go;
-            la.dhidden = dh;
-            if (dweight_acc)
-                la.dweight_acc = static_cast<float*>(dw);
-            else
-                la.dweight = dw;
-            la.loss_rows = rows;
-            la.summary = summary;
-            la.tuning = linear_tuning;
-            zgpt::CrossEntropyOptions o;
-            o.z_loss_weight = 1e-4;
-            const double ms = time_ms([&] { v.run(la, o, ws, nullptr); }, std::max(3, iters / 2));
-            zgpt::cuda::LossSummaryF s;
-            CK(cudaMemcpy(&s, summary, sizeof s, cudaMemcpyDeviceToHost));
-            // 3 GEMMs: the logits once; 4: the logits twice, the least an exact head needs
-            // within the memory targets (docs/cross_entropy.md)
-            const double floor_ms = 3.0 * 2.0 * N * C * V / flops * 1e3;
-            const double floor4_ms = floor_ms * 4.0 / 3.0;
-            // everything the head allocates beyond its inputs: workspace, the two gradients,
-            // cuBLASLt's
-            const double extra =
-                double(ws_bytes + N * C * 2 + dw_bytes + zgpt::cuda::gemm_workspace_bytes()) / 1e9;
-            std::printf(
-                "%-12s N=%-6lld V=%-7lld C=768 dW %s %8.3f ms  %6.0f TFLOP/s (4 GEMMs)  %5.2fx "
-                "floor (%.3f ms, 3 GEMMs; 4 GEMMs %.3f ms)  extra %.3f GB  loss %.5f\n",
-                v.name, (long long)N, (long long)V, dweight_acc ? "fp32 acc" : "bf16", ms,
-                4.0 * 2 * N * C * V / (ms * 1e-3) / 1e12, ms / floor_ms, floor_ms, floor4_ms, extra,
-                s.loss);
-            results.push_back({{"variant", v.name},
-                               {"N", N},
-                               {"V", V},
-                               {"C", C},
-                               {"ms", ms},
-                               {"floor_ms", floor_ms},
-                               {"x_floor", ms / floor_ms},
-                               {"floor_4gemm_ms", floor4_ms},
-                               {"dweight", dweight_acc ? "fp32_acc" : "bf16"},
-                               {"extra_GB", extra},
-                               {"matmul_TFLOPs", flops / 1e12},
-                               {"loss", s.loss}});
-            for (void* p : {h, w, dh, dw, ws}) cudaFree(p);
-            cudaFree(targets);
-            cudaFree(go);
-            cudaFree(rows);
-            cudaFree(summary);
-        }
+        for (const auto& v : zgpt::cuda::linear_cross_entropy_variants())
+            for (Shape sh : ce_shapes) {  // (the fused heads ignore LD)
+                if (!only.empty() &&
+                    ("," + only + ",").find("," + std::string(v.name) + ",") == std::string::npos)
+                    continue;
+                const int64_t N = sh.N, V = sh.V, C = 768;
+                void *h, *w, *dh, *dw, *ws;
+                int32_t* targets;
+                float *go, *rows;
+                zgpt::cuda::LossSummaryF* summary;
+                CK(cudaMalloc(&h, N * C * 2));
+                CK(cudaMalloc(&w, V * C * 2));
+                CK(cudaMalloc(&targets, N * 4));
+                CK(cudaMalloc(&go, 4));
+                CK(cudaMalloc(&rows, N * 4));
+                CK(cudaMalloc(&summary, sizeof(zgpt::cuda::LossSummaryF)));
+                fill_logits(static_cast<__nv_bfloat16*>(h), N * C, 3,
+                            1.22);  // std 0.5, as the anchors
+                fill_logits(static_cast<__nv_bfloat16*>(w), V * C, 5, 0.049);  // std 0.02
+                std::vector<int32_t> ht(N);
+                for (int64_t i = 0; i < N; i++) ht[i] = int32_t((i * 2654435761ull) % uint64_t(V));
+                CK(cudaMemcpy(targets, ht.data(), N * 4, cudaMemcpyHostToDevice));
+                const float one = 1.0f;
+                CK(cudaMemcpy(go, &one, 4, cudaMemcpyHostToDevice));
+                const size_t ws_bytes = v.workspace_bytes(N, C, V, linear_tuning);
+                CK(cudaMalloc(&dh, N * C * 2));
+                const size_t dw_bytes = size_t(V) * C * (dweight_acc ? 4 : 2);  // fp32 or bf16
+                CK(cudaMalloc(&dw, dw_bytes));
+                CK(cudaMalloc(&ws, ws_bytes));
+                zgpt::cuda::LinearCrossEntropyArgs la;
+                la.hidden = h;
+                la.weight = w;
+                la.N = N;
+                la.C = C;
+                la.V = V;
+                la.targets = targets;
+                la.grad_output = go;
+                la.dhidden = dh;
+                if (dweight_acc)
+                    la.dweight_acc = static_cast<float*>(dw);
+                else
+                    la.dweight = dw;
+                la.loss_rows = rows;
+                la.summary = summary;
+                la.tuning = linear_tuning;
+                zgpt::CrossEntropyOptions o;
+                o.z_loss_weight = 1e-4;
+                const double ms =
+                    time_ms([&] { v.run(la, o, ws, nullptr); }, std::max(3, iters / 2));
+                zgpt::cuda::LossSummaryF s;
+                CK(cudaMemcpy(&s, summary, sizeof s, cudaMemcpyDeviceToHost));
+                // 3 GEMMs: the logits once; 4: the logits twice, the least an exact head needs
+                // within the memory targets (docs/cross_entropy.md)
+                const double floor_ms = 3.0 * 2.0 * N * C * V / flops * 1e3;
+                const double floor4_ms = floor_ms * 4.0 / 3.0;
+                // everything the head allocates beyond its inputs: workspace, the two gradients,
+                // cuBLASLt's
+                const double extra =
+                    double(ws_bytes + N * C * 2 + dw_bytes + zgpt::cuda::gemm_workspace_bytes()) /
+                    1e9;
+                std::printf(
+                    "%-12s N=%-6lld V=%-7lld C=768 dW %s %8.3f ms  %6.0f TFLOP/s (4 GEMMs)  %5.2fx "
+                    "floor (%.3f ms, 3 GEMMs; 4 GEMMs %.3f ms)  extra %.3f GB  loss %.5f\n",
+                    v.name, (long long)N, (long long)V, dweight_acc ? "fp32 acc" : "bf16", ms,
+                    4.0 * 2 * N * C * V / (ms * 1e-3) / 1e12, ms / floor_ms, floor_ms, floor4_ms,
+                    extra, s.loss);
+                results.push_back({{"variant", v.name},
+                                   {"N", N},
+                                   {"V", V},
+                                   {"C", C},
+                                   {"ms", ms},
+                                   {"floor_ms", floor_ms},
+                                   {"x_floor", ms / floor_ms},
+                                   {"floor_4gemm_ms", floor4_ms},
+                                   {"dweight", dweight_acc ? "fp32_acc" : "bf16"},
+                                   {"extra_GB", extra},
+                                   {"matmul_TFLOPs", flops / 1e12},
+                                   {"loss", s.loss}});
+                for (void* p : {h, w, dh, dw, ws}) cudaFree(p);
+                cudaFree(targets);
+                cudaFree(go);
+                cudaFree(rows);
+                cudaFree(summary);
+            }
     }
     nlohmann::json doc{{"device", dev.name},
                        {"sm_count", dev.sm_count},

@@ -391,24 +391,29 @@ void check_cross(const Config& c, const Origins& origins) {
         throw Error(at("data.train") + "must name the training shards (a glob of .bin files)");
     if (const std::string p = run_name_problem(c.train.run_name); !p.empty())
         throw Error(at("train.run_name") + p);
-    if (c.kernels.cross_entropy == "fused_linear" && c.train.precision == "fp32")
-        throw Error(at("kernels.cross_entropy") +
-                    "fused_linear runs in bf16 only; set train.precision=bf16 or another head");
     const KernelChoice& k = c.kernels;
-    if (k.cross_entropy != "fused_linear") {
+    const bool linear_head = is_linear_cross_entropy(k.cross_entropy);
+    if (linear_head && c.train.precision == "fp32")
+        throw Error(at("kernels.cross_entropy") + k.cross_entropy +
+                    " runs in bf16 only; set train.precision=bf16 or another head");
+    if (!linear_head) {
         for (const auto& [key, set] :
              {std::pair<const char*, bool>{"kernels.linear_ce_row_block",
                                            k.linear_ce_row_block != 0},
               {"kernels.linear_ce_vocab_chunk", k.linear_ce_vocab_chunk != 0},
               {"kernels.linear_ce_rows_outer", k.linear_ce_rows_outer}})
             if (set)
-                throw Error(at(key) + "applies to kernels.cross_entropy=fused_linear only (it is " +
-                            k.cross_entropy + ")");
+                throw Error(
+                    at(key) +
+                    "applies to the fused linear heads only (kernels.cross_entropy=fused_linear or "
+                    "fused_linear_wgmma; it is " +
+                    k.cross_entropy + ")");
     }
-    if (k.cross_entropy != "fused_linear" && k.linear_ce_chunk_mb != 0)
+    if (!linear_head && k.linear_ce_chunk_mb != 0)
         throw Error(at("kernels.linear_ce_chunk_mb") +
-                    "applies to kernels.cross_entropy=fused_linear only (it is " + k.cross_entropy +
-                    ")");
+                    "applies to the fused linear heads only (kernels.cross_entropy=fused_linear or "
+                    "fused_linear_wgmma; it is " +
+                    k.cross_entropy + ")");
     // The tuning knobs: each in its set, and set only for the variants that read it.
     const std::string cet = "kernels.cross_entropy_tuning.", att = "kernels.attention_tuning.";
     const cuda::CrossEntropyTuning& ct = k.cross_entropy_tuning;

@@ -1,0 +1,589 @@
+// fused_linear_wgmma's kernels: logits = h W^T on Hopper's tensor cores with the cross-entropy in
+// the GEMM's epilogue, so that a logit never reaches memory in the statistics pass and only its
+// dlogit does in the gradient pass.
+//
+// One kernel, two epilogues (kGrad):
+//   statistics: each 128 x 256 tile of logits is folded into its rows' online-softmax statistics
+//           (max, sum of exp without the target, target logit, sum of logits) in registers; after a
+//           group of kTilesPerGroup column tiles a row's statistics go to partials[group][row], and
+//           a small kernel merges the groups in order (deterministic, as fused_linear's shards).
+//   gradient: the tile's dlogits, (softmax (1 + 2 z lse) - target distribution) times the row's
+//           grad scale (RowGradParams, from ce_finalize), rounded to bf16 into the caller's tile
+//           buffer, which cuBLASLt then multiplies into dh and dW as fused_linear does.
+//
+// The GEMM: a persistent grid (one CTA per SM) walks the work items (row tile, column group) in
+// order, rows fastest, so the CTAs running at one time share the same W columns in L2. Per CTA a
+// producer warpgroup (one thread) loads 128 x 64 tiles of h and 256 x 64 tiles of W with the
+// tensor memory accelerator (TMA, 128-byte swizzle, rows and columns past the end zero-filled)
+// into a ring of kStages stages, each completing an mbarrier; two consumer warpgroups (64 rows
+// each) multiply with wgmma.m64n256k16 from shared memory and free each stage on an mbarrier once
+// the product that read it is done. The producer gives up registers (setmaxnreg) so that the
+// consumers can hold the 64 x 256 fp32 accumulator (128 a thread).
+//
+// The logits stay fp32 (fused_linear's cuBLASLt tiles round them to bf16 first), so the two
+// variants differ by the bf16 rounding of a logit (2^-9 relative).
+#include "kernels/linear_cross_entropy_wgmma.h"
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <mutex>
+
+#include "kernels/cross_entropy/common.cuh"
+#include "kernels/cuda_check.h"
+
+namespace zgpt::cuda::linear_ce_wgmma {
+
+namespace {
+
+constexpr int kBM = 128;  // rows of h per tile (two warpgroups of 64)
+constexpr int kBN = 256;  // vocabulary columns per tile (the N of m64n256k16)
+constexpr int kBK = 64;   // C per stage: one 128-byte swizzled row
+// Stages of the ring: 4 x 48 KB for the statistics; 3 for the gradient, whose epilogue stages
+// each warpgroup's 64 x 256 bf16 dlogits (32 KB) in shared memory for a TMA store.
+template <bool kGrad>
+constexpr int kStages = kGrad ? 3 : 4;
+constexpr int kTilesPerGroup = 8;           // column tiles per statistics group (2048 columns)
+constexpr int kThreads = 3 * 128;           // producer warpgroup + two consumer warpgroups
+constexpr int kATileBytes = kBM * kBK * 2;  // 16 KB
+constexpr int kBTileBytes = kBN * kBK * 2;  // 32 KB
+constexpr int kStageBytes = kATileBytes + kBTileBytes;
+constexpr int kOutBytes = 64 * kBN * 2;  // a warpgroup's dlogits: four 64 x 64 swizzled boxes
+template <bool kGrad>
+constexpr int kSmemBytes = kStages<kGrad>* kStageBytes + (kGrad ? 2 * kOutBytes : 0) +
+                           1024 /* alignment */ + 256 /* barriers */;
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define ZG_NO_WGMMA 1  // device pass for another architecture: the kernel compiles to a trap
+#endif
+
+struct Params {
+    int64_t N;       // rows of h (the tensor map's extent)
+    int64_t r0, nr;  // this launch's rows [r0, r0 + nr)
+    int64_t c0, nc;  // and shard-local columns [c0, c0 + nc)
+    int64_t v0;      // the shard's first global column (targets are global)
+    int C;           // hidden size (the K of the GEMM)
+    int row_tiles, col_tiles, tiles_per_item, items;
+    const int32_t* targets;
+    int64_t ignore_index;
+    bool smooth;                  // statistics: sum the logits (label smoothing)
+    RowStatsF* partials;          // statistics: [groups][nr]
+    const RowGradParams* params;  // gradient: [N] (indexed by global row)
+    bf16* dlogits;                // gradient: [nr, ld], columns from c0
+    int64_t ld;
+    bool tma_store;  // gradient: through map_out (ld * 2 % 16 == 0, 16-byte aligned dlogits)
+};
+
+// ---------------------------------------------------------------- mbarriers, TMA, wgmma
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+    return uint32_t(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void bar_init(uint32_t bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void bar_expect(uint32_t bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void bar_wait(uint32_t bar, unsigned parity) {
+    asm volatile(
+        "{\n.reg .pred done;\nWAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT;\n}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+// A box of the 2-D tensor `map` at (x = column, y = row) into shared memory at `dst`, completing
+// on the mbarrier `bar`.
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, uint32_t bar, int x,
+                                         int y) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
+        "{%3, %4}], [%2];\n" ::"r"(dst),
+        "l"(map), "r"(bar), "r"(x), "r"(y)
+        : "memory");
+}
+// A 64 x 64 box of shared memory at `src` to the 2-D tensor `map` at (x, y); the parts outside
+// the tensor are not written. Completes in the thread's bulk group.
+__device__ __forceinline__ void tma_store(const CUtensorMap* map, uint32_t src, int x, int y) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(map),
+        "r"(src), "r"(x), "r"(y)
+        : "memory");
+}
+__device__ __forceinline__ void tma_store_commit() {
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Waits until the thread's bulk stores have read their shared memory.
+__device__ __forceinline__ void tma_store_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void tma_store_wait() {
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void wg_sync(int id) {  // the 128 threads of one warpgroup
+    asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
+}
+
+// Shared-memory matrix descriptor of a K-major tile in the 128-byte swizzle (as
+// kernels/attention/wgmma.cu's): 1024 bytes between groups of 8 rows; a k16 step adds 32 bytes.
+__device__ __forceinline__ uint64_t desc(uint32_t addr) {
+    return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
+           (uint64_t(1) << 62);
+}
+__device__ __forceinline__ void wg_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wg_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// D (+)= A B^T over one k16 step: A 64 x 16 (rows of h), B 256 x 16 (rows of W), both K-major
+// in shared memory; D the warpgroup's 64 x 256 fp32 accumulator (128 floats a thread).
+__device__ __forceinline__ void wgmma_256(float (&d)[128], uint64_t a, uint64_t b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+        "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+        "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+        "%56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, "
+        "%74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, "
+        "%92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, "
+        "%108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, "
+        "%123, %124, %125, %126, %127}, "
+        "%128, %129, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+          "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+          "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+          "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+          "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+          "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+          "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
+          "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]),
+          "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
+          "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
+          "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]),
+          "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]),
+          "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),
+          "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),
+          "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// ---------------------------------------------------------------- epilogues
+// A thread's values of one accumulator row half h (0: row gq, 1: row gq + 8 of its warp's 16):
+// value j (0..63) is acc[4 (j / 2) + 2 h + j % 2], at column 8 (j / 2) + 2 tq + j % 2 of the tile.
+__device__ __forceinline__ float value(const float (&acc)[128], int h, int j) {
+    return acc[4 * (j / 2) + 2 * h + j % 2];
+}
+__device__ __forceinline__ int value_column(int j, int tq) {
+    return 8 * (j / 2) + 2 * tq + j % 2;
+}
+// The index j of the tile column `t` among this thread's values, or -1 if another thread holds it.
+__device__ __forceinline__ int value_index(int64_t t, int tq) {
+    if (t < 0 || t >= kBN) return -1;
+    const int o = int(t) - 2 * tq;
+    return o >= 0 && (o & 7) < 2 ? 2 * (o >> 3) + (o & 7) : -1;
+}
+
+// Folds one row half of the tile (columns from `col`, shard-local; `limit` is the first column
+// past the launch) into the thread's statistics st; tgt: the target's value index or -1.
+__device__ __forceinline__ void fold_stats(RowStatsF& st, const float (&acc)[128], int h,
+                                           int64_t col, int64_t limit, int tq, int tgt,
+                                           bool smooth) {
+    const bool full = col + kBN <= limit;
+    float x[64];
+#pragma unroll
+    for (int j = 0; j < 64; j++)
+        x[j] = full || col + value_column(j, tq) < limit ? value(acc, h, j) : kNegInf;
+    float cm = x[0];
+#pragma unroll
+    for (int j = 1; j < 64; j++) cm = fmaxf(cm, x[j]);
+    if (cm > st.max) {
+        st.sum_excl *= exp_ftz(st.max - cm);
+        st.max = cm;
+    }
+    if (st.max == kNegInf) return;
+    float se = 0.0f, sx = 0.0f;
+    if (tgt < 0 && !smooth) {  // most tiles: no per-value tests
+#pragma unroll
+        for (int j = 0; j < 64; j++) se += exp_ftz(x[j] - st.max);
+        st.sum_excl += se;
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < 64; j++) {
+        if (j == tgt) st.target_logit = x[j];  // (a compare, not x[tgt]: x stays in registers)
+        se += j == tgt ? 0.0f : exp_ftz(x[j] - st.max);
+        if (smooth && x[j] != kNegInf) sx += x[j];
+    }
+    st.sum_excl += se;
+    st.sum_logits += sx;
+}
+
+// Writes one row half's dlogits (bf16) to `out` (the tile's first column of this thread's quad
+// row); `limit_cols`: columns of the tile inside the launch; pairs: out is 4-byte aligned.
+__device__ __forceinline__ void store_grads(bf16* out, const float (&acc)[128], int h, int tq,
+                                            int limit_cols, bool pairs, bool valid, int tgt,
+                                            const RowGradParams& p) {
+    float g[64];
+#pragma unroll
+    for (int j = 0; j < 64; j++)
+        g[j] = !valid ? 0.0f : (j == tgt ? p.d_target : grad_of(value(acc, h, j), p));
+    if (pairs && limit_cols >= kBN) {
+#pragma unroll
+        for (int i = 0; i < 32; i++)
+            *reinterpret_cast<__nv_bfloat162*>(out + 8 * i) =
+                __floats2bfloat162_rn(g[2 * i], g[2 * i + 1]);
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < 64; j++)
+        if (value_column(j, tq) < limit_cols) out[8 * (j / 2) + j % 2] = __float2bfloat16_rn(g[j]);
+}
+
+// One row half's dlogits (bf16) into the warpgroup's staging boxes at `out`: column 8 i + 2 tq of
+// row r goes to box i / 8, 16-byte chunk (i % 8) ^ (r % 8) of its 128-byte row (the 128-byte
+// swizzle the TMA store reads); r % 8 = gq, so a warp's 32 stores hit 32 different banks.
+__device__ __forceinline__ void stage_grads(uint32_t out, const float (&acc)[128], int h, int row,
+                                            int gq, int tq, bool valid, int tgt,
+                                            const RowGradParams& p) {
+#pragma unroll
+    for (int i = 0; i < 32; i++) {
+        float g[2];
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int j = 2 * i + e;
+            g[e] = !valid ? 0.0f : (j == tgt ? p.d_target : grad_of(value(acc, h, j), p));
+        }
+        const __nv_bfloat162 v = __floats2bfloat162_rn(g[0], g[1]);
+        const uint32_t addr = out + (i / 8) * 8192 + row * 128 + (((i % 8) ^ gq) << 4) + 4 * tq;
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr),
+                     "r"(*reinterpret_cast<const uint32_t*>(&v))
+                     : "memory");
+    }
+}
+
+// ---------------------------------------------------------------- the kernel
+template <bool kGrad>
+__global__ void __launch_bounds__(kThreads, 1)
+    logits_ce_kernel(const __grid_constant__ CUtensorMap map_h,
+                     const __grid_constant__ CUtensorMap map_w,
+                     const __grid_constant__ CUtensorMap map_out, const Params p) {
+#ifdef ZG_NO_WGMMA
+    __trap();
+#else
+    constexpr int S = kStages<kGrad>;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    const uint32_t out_base = base + S * kStageBytes;  // gradient: two warpgroups' boxes
+    const uint32_t bars = out_base + (kGrad ? 2 * kOutBytes : 0);  // full[S], then empty[S]
+    auto a_tile = [&](int s) { return base + s * kStageBytes; };
+    auto b_tile = [&](int s) { return base + s * kStageBytes + kATileBytes; };
+    auto full = [&](int s) { return bars + 8 * s; };
+    auto empty = [&](int s) { return bars + 8 * (S + s); };
+    const int tid = threadIdx.x, wg = tid / 128;
+    const int ksteps = (p.C + kBK - 1) / kBK;
+
+    if (tid == 0) {
+        for (int s = 0; s < S; s++) {
+            bar_init(full(s), 1);
+            bar_init(empty(s), 8);  // lane 0 of each consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {  // the producer: one thread issues every load
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid != 0) return;
+        uint32_t it = 0;
+        for (int w = blockIdx.x; w < p.items; w += gridDim.x) {
+            const int row = int(p.r0) + (w % p.row_tiles) * kBM;
+            const int t0 = (w / p.row_tiles) * p.tiles_per_item;
+            const int t1 = min(t0 + p.tiles_per_item, p.col_tiles);
+            for (int t = t0; t < t1; t++) {
+                const int col = int(p.c0) + t * kBN;
+                for (int k = 0; k < ksteps; k++, it++) {
+                    const int s = int(it % S);
+                    if (it >= S) bar_wait(empty(s), ((it / S) - 1) & 1);
+                    bar_expect(full(s), kStageBytes);
+                    tma_load(a_tile(s), &map_h, full(s), k * kBK, row);
+                    tma_load(b_tile(s), &map_w, full(s), k * kBK, col);
+                }
+            }
+        }
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int cw = wg - 1, warp = tid % 128 / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
+    const bool leader = tid % 128 == 0;  // issues the warpgroup's TMA stores
+    const uint32_t out = out_base + cw * kOutBytes;
+    uint32_t it = 0;
+    for (int w = blockIdx.x; w < p.items; w += gridDim.x) {
+        const int rt = w % p.row_tiles, grp = w / p.row_tiles;
+        const int t0 = grp * p.tiles_per_item, t1 = min(t0 + p.tiles_per_item, p.col_tiles);
+        // this thread's two rows (launch-relative), their targets (launch-local columns, -1 when
+        // ignored or outside the launch's columns), validity and, for the gradient, parameters;
+        // loaded before the products so that their latency hides behind them
+        int64_t rows[2], ylocal[2];
+        bool in[2], valid[2];
+        RowGradParams gp[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            rows[h] = int64_t(rt) * kBM + cw * 64 + warp * 16 + gq + 8 * h;
+            in[h] = rows[h] < p.nr;
+            const int64_t y = in[h] ? p.targets[p.r0 + rows[h]] : p.ignore_index;
+            valid[h] = y != p.ignore_index;
+            // a target outside the launch's columns must not match a masked column of a tile
+            const int64_t yl = y - p.v0;
+            ylocal[h] = valid[h] && yl >= p.c0 && yl < p.c0 + p.nc ? yl : -1;
+            if constexpr (kGrad) {
+                if (in[h])
+                    gp[h] = p.params[p.r0 + rows[h]];
+                else
+                    gp[h] = RowGradParams{};
+            }
+        }
+        RowStatsF st[2] = {empty_stats(), empty_stats()};
+        for (int t = t0; t < t1; t++) {
+            float acc[128];
+            for (int k = 0; k < ksteps; k++, it++) {
+                const int s = int(it % S);
+                bar_wait(full(s), (it / S) & 1);
+                wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < kBK / 16; kk++)
+                    wgmma_256(acc, desc(a_tile(s) + cw * (kATileBytes / 2) + 32 * kk),
+                              desc(b_tile(s) + 32 * kk), k > 0 || kk > 0);
+                wg_commit();
+                if (k > 0) {
+                    wg_wait<1>();  // the previous stage's products are done: free it
+                    if (lane == 0) bar_arrive(empty(int((it - 1) % S)));
+                }
+            }
+            wg_wait<0>();
+            if (lane == 0) bar_arrive(empty(int((it - 1) % S)));
+
+            const int64_t col = p.c0 + int64_t(t) * kBN;  // shard-local column of the tile
+            if constexpr (kGrad) {
+                if (p.tma_store) {
+                    // the previous tile's stores must have read the boxes before they are rewritten
+                    if (leader) tma_store_wait_read();
+                    wg_sync(1 + cw);
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+                        stage_grads(out, acc, h, warp * 16 + gq + 8 * h, gq, tq, valid[h],
+                                    value_index(ylocal[h] - col, tq), gp[h]);
+                    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                    wg_sync(1 + cw);
+                    if (leader) {
+                        const int x = int(col - p.c0), y = rt * kBM + cw * 64;
+#pragma unroll
+                        for (int b = 0; b < 4; b++)
+                            tma_store(&map_out, out + b * 8192, x + 64 * b, y);
+                        tma_store_commit();
+                    }
+                } else {
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        if (!in[h]) continue;
+                        bf16* o = p.dlogits + rows[h] * p.ld + (col - p.c0) + 2 * tq;
+                        store_grads(
+                            o, acc, h, tq, int(p.c0 + p.nc - col < kBN ? p.c0 + p.nc - col : kBN),
+                            p.ld % 2 == 0, valid[h], value_index(ylocal[h] - col, tq), gp[h]);
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    fold_stats(st[h], acc, h, col, p.c0 + p.nc, tq,
+                               value_index(ylocal[h] - col, tq), p.smooth);
+            }
+        }
+        if constexpr (!kGrad) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const RowStatsF m = warp_merge_stats<4>(st[h]);  // the quad holds the row
+                if (tq == 0 && in[h]) p.partials[int64_t(grp) * p.nr + rows[h]] = m;
+            }
+        }
+    }
+    if (kGrad && leader) tma_store_wait();  // the boxes must outlive the stores
+#endif
+}
+
+// stats[i] (+)= the groups' partials [groups][nr], merged in group order (deterministic)
+__global__ void merge_groups_kernel(RowStatsF* stats, const RowStatsF* partials, int64_t nr,
+                                    int groups, bool accumulate) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= nr) return;
+    RowStatsF s = accumulate ? stats[i] : partials[i];
+    for (int g = accumulate ? 0 : 1; g < groups; g++) s = merge_stats(s, partials[g * nr + i]);
+    stats[i] = s;
+}
+
+// ---------------------------------------------------------------- host
+using EncodeTiled = decltype(&cuTensorMapEncodeTiled);
+
+EncodeTiled encoder() {
+    static EncodeTiled fn = [] {
+        void* f = nullptr;
+        cudaDriverEntryPointQueryResult q{};
+        ZG_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
+                                                       cudaEnableDefault, &q));
+        ZG_CHECK(f && q == cudaDriverEntryPointSuccess,
+                 "fused_linear_wgmma: the driver has no cuTensorMapEncodeTiled");
+        return reinterpret_cast<EncodeTiled>(f);
+    }();
+    return fn;
+}
+
+// A [rows, cols] bf16 row-major matrix as a TMA map of boxes of box_rows x box_cols (box_cols x 2
+// = 128 bytes) in the 128-byte swizzle.
+CUtensorMap tensor_map(const void* base, int64_t rows, int64_t cols, int box_rows, int box_cols) {
+    CUtensorMap m;
+    const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
+    const cuuint64_t strides[1] = {cuuint64_t(cols) * 2};
+    const cuuint32_t box[2] = {cuuint32_t(box_cols), cuuint32_t(box_rows)};
+    const cuuint32_t elem[2] = {1, 1};
+    const CUresult r =
+        encoder()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides,
+                  box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    ZG_CHECK(r == CUDA_SUCCESS,
+             "fused_linear_wgmma: cuTensorMapEncodeTiled failed (" + std::to_string(int(r)) + ")");
+    return m;
+}
+
+int sm_count() {
+    static const int n = [] {
+        int dev = 0, v = 0;
+        ZG_CUDA_CHECK(cudaGetDevice(&dev));
+        ZG_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+        return v;
+    }();
+    return n;
+}
+
+bool hopper() {
+    static const bool yes = [] {
+        int dev = 0, major = 0, minor = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess) return false;
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+        return major == 9 && minor == 0;
+    }();
+    return yes;
+}
+
+int64_t local_columns(const LinearCrossEntropyArgs& a) {
+    return a.V_local > 0 ? a.V_local : a.V;
+}
+
+int column_groups(int64_t nc) {
+    const int64_t tiles = (nc + kBN - 1) / kBN;
+    return int((tiles + kTilesPerGroup - 1) / kTilesPerGroup);
+}
+
+Params launch_params(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, int64_t r0,
+                     int64_t nr, int64_t c0, int64_t nc, int tiles_per_item) {
+    Params p{};
+    p.N = a.N;
+    p.r0 = r0;
+    p.nr = nr;
+    p.c0 = c0;
+    p.nc = nc;
+    p.v0 = a.v0;
+    p.C = int(a.C);
+    p.row_tiles = int((nr + kBM - 1) / kBM);
+    p.col_tiles = int((nc + kBN - 1) / kBN);
+    p.tiles_per_item = tiles_per_item;
+    p.items = p.row_tiles * ((p.col_tiles + tiles_per_item - 1) / tiles_per_item);
+    p.targets = a.targets;
+    p.ignore_index = o.ignore_index;
+    p.smooth = o.label_smoothing != 0.0;
+    return p;
+}
+
+template <bool kGrad>
+void launch(const LinearCrossEntropyArgs& a, const Params& p, CUstream_st* s) {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        ZG_CUDA_CHECK(cudaFuncSetAttribute(logits_ce_kernel<kGrad>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           kSmemBytes<kGrad>));
+    });
+    const CUtensorMap mh = tensor_map(a.hidden, a.N, a.C, kBM, kBK);
+    const CUtensorMap mw = tensor_map(a.weight, local_columns(a), a.C, kBN, kBK);
+    // the dlogits [nr, ld] in boxes of 64 x 64 (a placeholder where the stores are direct)
+    const CUtensorMap mo = p.tma_store ? tensor_map(p.dlogits, p.nr, p.ld, 64, 64) : mh;
+    const int grid = std::min(p.items, sm_count());
+    logits_ce_kernel<kGrad><<<grid, kThreads, kSmemBytes<kGrad>, s>>>(mh, mw, mo, p);
+    ZG_CUDA_CHECK(cudaGetLastError());
+}
+
+// Column tiles per work item of the gradient pass: the most (up to 4, so that each item's row
+// loads are spread over several tiles) whose items fill the persistent grid's last round to at
+// least 90%.
+int gradient_tiles_per_item(int row_tiles, int col_tiles) {
+    const int64_t ctas = sm_count();
+    for (int k = 4; k > 1; k--) {
+        const int64_t items = int64_t(row_tiles) * ((col_tiles + k - 1) / k);
+        const int64_t rounds = (items + ctas - 1) / ctas;
+        if (double(items) / double(rounds * ctas) >= 0.9) return k;
+    }
+    return 1;
+}
+
+}  // namespace
+
+bool usable(const LinearCrossEntropyArgs& a) {
+    const auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+    return hopper() && a.C % 8 == 0 && a.C <= INT32_MAX && aligned(a.hidden) && aligned(a.weight) &&
+           a.N < INT32_MAX - kBM && local_columns(a) < INT32_MAX - kBN;
+}
+
+size_t partials_count(int64_t rows, int64_t V_local) {
+    return size_t(rows) * size_t(column_groups(V_local));
+}
+
+void shard_stats(RowStatsF* stats, RowStatsF* partials, const LinearCrossEntropyArgs& a,
+                 const CrossEntropyOptions& o, int64_t r0, int64_t nr, bool accumulate,
+                 CUstream_st* s) {
+    Params p = launch_params(a, o, r0, nr, 0, local_columns(a), kTilesPerGroup);
+    p.partials = partials;
+    launch<false>(a, p, s);
+    const int groups = column_groups(local_columns(a));
+    merge_groups_kernel<<<unsigned((nr + 255) / 256), 256, 0, s>>>(stats + r0, partials, nr, groups,
+                                                                   accumulate);
+    ZG_CUDA_CHECK(cudaGetLastError());
+}
+
+void dlogits_tile(bf16* out, const RowGradParams* params, const LinearCrossEntropyArgs& a,
+                  const CrossEntropyOptions& o, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
+                  CUstream_st* s) {
+    const int row_tiles = int((nr + kBM - 1) / kBM), col_tiles = int((nc + kBN - 1) / kBN);
+    Params p = launch_params(a, o, r0, nr, c0, nc, gradient_tiles_per_item(row_tiles, col_tiles));
+    p.params = params;
+    p.dlogits = out;
+    p.ld = nc;
+    p.tma_store = nc % 8 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
+    launch<true>(a, p, s);
+}
+
+}  // namespace zgpt::cuda::linear_ce_wgmma
