@@ -4,24 +4,31 @@
 //
 // One kernel, two epilogues (kGrad):
 //   statistics: each 128 x 256 tile of logits is folded into its rows' online-softmax statistics
-//           (max, sum of exp without the target, target logit, sum of logits) in registers; after a
-//           group of kTilesPerGroup column tiles a row's statistics go to partials[group][row], and
-//           a small kernel merges the groups in order (deterministic, as fused_linear's shards).
+//           (max, sum of exp without the target, target logit, sum of logits); after a group of
+//           kTilesPerGroup column tiles a row's statistics go to partials[group][row], and a small
+//           kernel merges the groups in order (deterministic, as fused_linear's shards are).
 //   gradient: the tile's dlogits, (softmax (1 + 2 z lse) - target distribution) times the row's
-//           grad scale (RowGradParams, from ce_finalize), rounded to bf16 into the caller's tile
-//           buffer, which cuBLASLt then multiplies into dh and dW as fused_linear does.
+//           grad scale (RowGradParams, from ce_finalize), rounded to bf16 and stored with TMA into
+//           the caller's tile buffer, which cuBLASLt then multiplies into dh and dW as
+//           fused_linear does.
 //
-// The GEMM: a persistent grid (one CTA per SM) walks the work items (row tile, column group) in
-// order, rows fastest, so the CTAs running at one time share the same W columns in L2. Per CTA a
-// producer warpgroup (one thread) loads 128 x 64 tiles of h and 256 x 64 tiles of W with the
-// tensor memory accelerator (TMA, 128-byte swizzle, rows and columns past the end zero-filled)
-// into a ring of kStages stages, each completing an mbarrier; two consumer warpgroups (64 rows
-// each) multiply with wgmma.m64n256k16 from shared memory and free each stage on an mbarrier once
-// the product that read it is done. The producer gives up registers (setmaxnreg) so that the
-// consumers can hold the 64 x 256 fp32 accumulator (128 a thread).
-//
-// The logits stay fp32 (fused_linear's cuBLASLt tiles round them to bf16 first), so the two
-// variants differ by the bf16 rounding of a logit (2^-9 relative).
+// The GEMM: a persistent grid (one CTA per SM) walks the work items (row tile, column tiles) in
+// order, rows fastest, so the CTAs running at one time share the same W columns in L2. Per CTA:
+//   - two consumer warpgroups (64 rows each) multiply with wgmma.m64n256k16 from shared memory
+//     and free each stage of a ring of kStages once the product that read it is done; one thread
+//     of the first refills a stage once both have freed it: 128 x 64 tiles of h and 256 x 64 tiles
+//     of W with the tensor memory accelerator (TMA, 128-byte swizzle, rows and columns past the
+//     end zero-filled), completing the stage's mbarrier. At the end of a tile they write the fp32
+//     accumulator as bf16 (the rounding cuBLASLt's tiles give fused_linear) into one tile buffer
+//     in shared memory and go on to the next tile;
+//   - the epilogue warpgroup (one row of the tile per thread) runs the cross-entropy on the tile
+//     buffer while the consumers multiply the next tile, so that the exponentials overlap the
+//     tensor cores instead of following them. With the epilogue inside the consumers the tensor
+//     pipe was 61% busy in the statistics pass and 44% in the gradient pass (ncu, H100), and a
+//     producer warpgroup beside an epilogue warpgroup does not fit: 512 threads get 128 registers
+//     each, and the m64n256 accumulator needs more (ptxas: 154).
+// The buffer has two mbarriers: full (the consumers wrote a tile) and empty (the epilogue is done
+// with it, and in the gradient pass its TMA stores have read it).
 #include "kernels/linear_cross_entropy_wgmma.h"
 
 #include <cuda.h>
@@ -37,22 +44,20 @@ namespace zgpt::cuda::linear_ce_wgmma {
 
 namespace {
 
-constexpr int kBM = 128;  // rows of h per tile (two warpgroups of 64)
-constexpr int kBN = 256;  // vocabulary columns per tile (the N of m64n256k16)
-constexpr int kBK = 64;   // C per stage: one 128-byte swizzled row
-// Stages of the ring: 4 x 48 KB for the statistics; 3 for the gradient, whose epilogue stages
-// each warpgroup's 64 x 256 bf16 dlogits (32 KB) in shared memory for a TMA store.
-template <bool kGrad>
-constexpr int kStages = kGrad ? 3 : 4;
-constexpr int kTilesPerGroup = 8;           // column tiles per statistics group (2048 columns)
-constexpr int kThreads = 3 * 128;           // producer warpgroup + two consumer warpgroups
+constexpr int kBM = 128;           // rows of h per tile (two warpgroups of 64)
+constexpr int kBN = 256;           // vocabulary columns per tile (the N of m64n256k16)
+constexpr int kBK = 64;            // C per stage: one 128-byte swizzled row
+constexpr int kTilesPerGroup = 8;  // column tiles per statistics group (2048 columns)
+// warpgroups: the epilogue's, then two consumers. (A fourth for a producer does not fit: a kernel
+// of 512 threads gets 128 registers a thread, and ptxas needs 154 for the m64n256 accumulator.)
+constexpr int kThreads = 3 * 128;
 constexpr int kATileBytes = kBM * kBK * 2;  // 16 KB
 constexpr int kBTileBytes = kBN * kBK * 2;  // 32 KB
 constexpr int kStageBytes = kATileBytes + kBTileBytes;
-constexpr int kOutBytes = 64 * kBN * 2;  // a warpgroup's dlogits: four 64 x 64 swizzled boxes
-template <bool kGrad>
-constexpr int kSmemBytes = kStages<kGrad>* kStageBytes + (kGrad ? 2 * kOutBytes : 0) +
+constexpr int kStages = 3;  // 3 x 48 KB, beside the 64 KB tile buffer
+constexpr int kSmemBytes = kStages * kStageBytes + kBM * kBN * 2 /* tile buffer */ +
                            1024 /* alignment */ + 256 /* barriers */;
+constexpr int kEpilogueThreads = 128;  // warpgroup 0: one row of the tile each
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define ZG_NO_WGMMA 1  // device pass for another architecture: the kernel compiles to a trap
@@ -125,9 +130,6 @@ __device__ __forceinline__ void tma_store_wait_read() {
 __device__ __forceinline__ void tma_store_wait() {
     asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
-__device__ __forceinline__ void wg_sync(int id) {  // the 128 threads of one warpgroup
-    asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
-}
 
 // Shared-memory matrix descriptor of a K-major tile in the 128-byte swizzle (as
 // kernels/attention/wgmma.cu's): 1024 bytes between groups of 8 rows; a k16 step adds 32 bytes.
@@ -183,101 +185,124 @@ __device__ __forceinline__ void wgmma_256(float (&d)[128], uint64_t a, uint64_t 
         : "l"(a), "l"(b), "r"(accumulate));
 }
 
-// ---------------------------------------------------------------- epilogues
-// A thread's values of one accumulator row half h (0: row gq, 1: row gq + 8 of its warp's 16):
-// value j (0..63) is acc[4 (j / 2) + 2 h + j % 2], at column 8 (j / 2) + 2 tq + j % 2 of the tile.
-__device__ __forceinline__ float value(const float (&acc)[128], int h, int j) {
-    return acc[4 * (j / 2) + 2 * h + j % 2];
-}
-__device__ __forceinline__ int value_column(int j, int tq) {
-    return 8 * (j / 2) + 2 * tq + j % 2;
-}
-// The index j of the tile column `t` among this thread's values, or -1 if another thread holds it.
-__device__ __forceinline__ int value_index(int64_t t, int tq) {
-    if (t < 0 || t >= kBN) return -1;
-    const int o = int(t) - 2 * tq;
-    return o >= 0 && (o & 7) < 2 ? 2 * (o >> 3) + (o & 7) : -1;
+// ---------------------------------------------------------------- the tile buffer
+// 128 rows x 256 columns of bf16 as four boxes of 64 columns (16 KB each) in the 128-byte swizzle
+// the TMA store reads: column 8 c + e of row r is at box c / 8, 16-byte chunk (c % 8) ^ (r % 8)
+// of the box's 128-byte row r. The consumers' stores (a warp: 8 rows x 4 pairs of one chunk) and
+// the epilogue's 16-byte loads (a warp: 32 rows, one chunk each) are free of bank conflicts.
+constexpr int kBufBytes = kBM * kBN * 2;  // 64 KB
+__device__ __forceinline__ uint32_t buf_chunk(uint32_t buf, int r, int c) {
+    return buf + (c / 8) * (kBM * 128) + r * 128 + (((c % 8) ^ (r % 8)) << 4);
 }
 
-// Folds one row half of the tile (columns from `col`, shard-local; `limit` is the first column
-// past the launch) into the thread's statistics st; tgt: the target's value index or -1.
-__device__ __forceinline__ void fold_stats(RowStatsF& st, const float (&acc)[128], int h,
-                                           int64_t col, int64_t limit, int tq, int tgt,
-                                           bool smooth) {
-    const bool full = col + kBN <= limit;
-    float x[64];
+// The consumer's accumulator rows (warp row gq and gq + 8 of its 64) into the buffer as bf16: value
+// 4 i + 2 h + e is column 8 i + 2 tq + e of row r0 + gq + 8 h.
+__device__ __forceinline__ void stage_tile(uint32_t buf, const float (&acc)[128], int r0, int gq,
+                                           int tq) {
 #pragma unroll
-    for (int j = 0; j < 64; j++)
-        x[j] = full || col + value_column(j, tq) < limit ? value(acc, h, j) : kNegInf;
-    float cm = x[0];
+    for (int h = 0; h < 2; h++)
 #pragma unroll
-    for (int j = 1; j < 64; j++) cm = fmaxf(cm, x[j]);
-    if (cm > st.max) {
-        st.sum_excl *= exp_ftz(st.max - cm);
-        st.max = cm;
-    }
-    if (st.max == kNegInf) return;
-    float se = 0.0f, sx = 0.0f;
-    if (tgt < 0 && !smooth) {  // most tiles: no per-value tests
-#pragma unroll
-        for (int j = 0; j < 64; j++) se += exp_ftz(x[j] - st.max);
-        st.sum_excl += se;
-        return;
-    }
-#pragma unroll
-    for (int j = 0; j < 64; j++) {
-        if (j == tgt) st.target_logit = x[j];  // (a compare, not x[tgt]: x stays in registers)
-        se += j == tgt ? 0.0f : exp_ftz(x[j] - st.max);
-        if (smooth && x[j] != kNegInf) sx += x[j];
-    }
-    st.sum_excl += se;
-    st.sum_logits += sx;
-}
-
-// Writes one row half's dlogits (bf16) to `out` (the tile's first column of this thread's quad
-// row); `limit_cols`: columns of the tile inside the launch; pairs: out is 4-byte aligned.
-__device__ __forceinline__ void store_grads(bf16* out, const float (&acc)[128], int h, int tq,
-                                            int limit_cols, bool pairs, bool valid, int tgt,
-                                            const RowGradParams& p) {
-    float g[64];
-#pragma unroll
-    for (int j = 0; j < 64; j++)
-        g[j] = !valid ? 0.0f : (j == tgt ? p.d_target : grad_of(value(acc, h, j), p));
-    if (pairs && limit_cols >= kBN) {
-#pragma unroll
-        for (int i = 0; i < 32; i++)
-            *reinterpret_cast<__nv_bfloat162*>(out + 8 * i) =
-                __floats2bfloat162_rn(g[2 * i], g[2 * i + 1]);
-        return;
-    }
-#pragma unroll
-    for (int j = 0; j < 64; j++)
-        if (value_column(j, tq) < limit_cols) out[8 * (j / 2) + j % 2] = __float2bfloat16_rn(g[j]);
-}
-
-// One row half's dlogits (bf16) into the warpgroup's staging boxes at `out`: column 8 i + 2 tq of
-// row r goes to box i / 8, 16-byte chunk (i % 8) ^ (r % 8) of its 128-byte row (the 128-byte
-// swizzle the TMA store reads); r % 8 = gq, so a warp's 32 stores hit 32 different banks.
-__device__ __forceinline__ void stage_grads(uint32_t out, const float (&acc)[128], int h, int row,
-                                            int gq, int tq, bool valid, int tgt,
-                                            const RowGradParams& p) {
-#pragma unroll
-    for (int i = 0; i < 32; i++) {
-        float g[2];
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const int j = 2 * i + e;
-            g[e] = !valid ? 0.0f : (j == tgt ? p.d_target : grad_of(value(acc, h, j), p));
+        for (int i = 0; i < 32; i++) {
+            const __nv_bfloat162 v =
+                __floats2bfloat162_rn(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+            asm volatile(
+                "st.shared.b32 [%0], %1;\n" ::"r"(buf_chunk(buf, r0 + gq + 8 * h, i) + 4 * tq),
+                "r"(*reinterpret_cast<const uint32_t*>(&v))
+                : "memory");
         }
-        const __nv_bfloat162 v = __floats2bfloat162_rn(g[0], g[1]);
-        const uint32_t addr = out + (i / 8) * 8192 + row * 128 + (((i % 8) ^ gq) << 4) + 4 * tq;
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr),
-                     "r"(*reinterpret_cast<const uint32_t*>(&v))
-                     : "memory");
+}
+
+__device__ __forceinline__ void lds_chunk(uint32_t addr, float (&v)[8]) {
+    uint32_t w[4];
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                 : "r"(addr)
+                 : "memory");
+#pragma unroll
+    for (int k = 0; k < 4; k++) {  // a bf16 is the high half of its float
+        v[2 * k] = __uint_as_float(w[k] << 16);
+        v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+    }
+}
+__device__ __forceinline__ void sts_chunk(uint32_t addr, const float (&v)[8]) {
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const __nv_bfloat162 b = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+        w[k] = *reinterpret_cast<const uint32_t*>(&b);
+    }
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(w[0]), "r"(w[1]),
+                 "r"(w[2]), "r"(w[3])
+                 : "memory");
+}
+
+// One buffered row (its tile starts at shard-local column `col`, `limit` is the first column past
+// the launch) into the row's statistics; y_local: the target's shard-local column or -1.
+__device__ __forceinline__ void fold_row(RowStatsF& st, uint32_t buf, int r, int64_t col,
+                                         int64_t limit, int64_t y_local, bool smooth) {
+    const bool full = col + kBN <= limit;
+#pragma unroll 4
+    for (int c = 0; c < kBN / 8; c++) {
+        float v[8];
+        lds_chunk(buf_chunk(buf, r, c), v);
+        const int64_t j0 = col + 8 * c;
+        if (full || j0 + 8 <= limit) {
+            stats_chunk_fast(st, v, j0, y_local, smooth);
+        } else {
+            for (int k = 0; k < 8 && j0 + k < limit; k++) stats_add(st, v[k], j0 + k == y_local);
+        }
+    }
+}
+
+// One buffered row's dlogits, in place (bf16), or straight to global memory at `out` (the row's
+// first column of this tile; `cols` of them inside the launch) when the TMA store cannot be used.
+__device__ __forceinline__ void grad_row(uint32_t buf, int r, int64_t col, int64_t y_local,
+                                         bool valid, const RowGradParams& p, bf16* out, int cols) {
+#pragma unroll 4
+    for (int c = 0; c < kBN / 8; c++) {
+        float v[8];
+        const uint32_t a = buf_chunk(buf, r, c);
+        lds_chunk(a, v);
+        const int64_t t = y_local - (col + 8 * c);
+        grad_chunk_fast(v, t >= 0 && t < 8 ? int(t) : -1, valid, p);
+        if (!out) {
+            sts_chunk(a, v);
+        } else {
+            for (int k = 0; k < 8 && 8 * c + k < cols; k++)
+                out[8 * c + k] = __float2bfloat16_rn(v[k]);
+        }
     }
 }
 
 // ---------------------------------------------------------------- the kernel
+// Where the loads are: the CTA's iterations (work item, column tile, k step) in order, as the
+// consumers walk them.
+struct LoadCursor {
+    const Params& p;
+    int w, ksteps;
+    int t = 0, t1 = 0, k = 0, row = 0, col = 0;
+    __device__ LoadCursor(const Params& q, int w0, int ks) : p(q), w(w0), ksteps(ks) { start(); }
+    __device__ bool done() const { return w >= p.items; }
+    __device__ void start() {  // the first tile of item w
+        if (done()) return;
+        row = int(p.r0) + (w % p.row_tiles) * kBM;
+        t = (w / p.row_tiles) * p.tiles_per_item;
+        t1 = min(t + p.tiles_per_item, p.col_tiles);
+        k = 0;
+        col = int(p.c0) + t * kBN;
+    }
+    __device__ void advance() {
+        if (++k < ksteps) return;
+        k = 0;
+        if (++t < t1) {
+            col = int(p.c0) + t * kBN;
+            return;
+        }
+        w += gridDim.x;
+        start();
+    }
+};
+
 template <bool kGrad>
 __global__ void __launch_bounds__(kThreads, 1)
     logits_ce_kernel(const __grid_constant__ CUtensorMap map_h,
@@ -286,16 +311,17 @@ __global__ void __launch_bounds__(kThreads, 1)
 #ifdef ZG_NO_WGMMA
     __trap();
 #else
-    constexpr int S = kStages<kGrad>;
+    constexpr int S = kStages;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-    const uint32_t out_base = base + S * kStageBytes;  // gradient: two warpgroups' boxes
-    const uint32_t bars = out_base + (kGrad ? 2 * kOutBytes : 0);  // full[S], then empty[S]
+    const uint32_t buf = base + S * kStageBytes;  // the tile buffer
+    const uint32_t bars = buf + kBufBytes;        // full[S], empty[S], buf_full, buf_empty
     auto a_tile = [&](int s) { return base + s * kStageBytes; };
     auto b_tile = [&](int s) { return base + s * kStageBytes + kATileBytes; };
     auto full = [&](int s) { return bars + 8 * s; };
     auto empty = [&](int s) { return bars + 8 * (S + s); };
-    const int tid = threadIdx.x, wg = tid / 128;
+    const uint32_t buf_full = bars + 16 * S, buf_empty = buf_full + 8;
+    const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32;
     const int ksteps = (p.C + kBK - 1) / kBK;
 
     if (tid == 0) {
@@ -303,64 +329,88 @@ __global__ void __launch_bounds__(kThreads, 1)
             bar_init(full(s), 1);
             bar_init(empty(s), 8);  // lane 0 of each consumer warp
         }
+        bar_init(buf_full, 8);  // lane 0 of each consumer warp
+        bar_init(buf_empty, kEpilogueThreads / 32);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
 
-    if (wg == 0) {  // the producer: one thread issues every load
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid != 0) return;
-        uint32_t it = 0;
+    if (wg == 0) {  // the epilogue: thread e handles row e of each tile
+        const int e = tid;
+        uint32_t n = 0;  // tiles so far
         for (int w = blockIdx.x; w < p.items; w += gridDim.x) {
-            const int row = int(p.r0) + (w % p.row_tiles) * kBM;
-            const int t0 = (w / p.row_tiles) * p.tiles_per_item;
-            const int t1 = min(t0 + p.tiles_per_item, p.col_tiles);
-            for (int t = t0; t < t1; t++) {
-                const int col = int(p.c0) + t * kBN;
-                for (int k = 0; k < ksteps; k++, it++) {
-                    const int s = int(it % S);
-                    if (it >= S) bar_wait(empty(s), ((it / S) - 1) & 1);
-                    bar_expect(full(s), kStageBytes);
-                    tma_load(a_tile(s), &map_h, full(s), k * kBK, row);
-                    tma_load(b_tile(s), &map_w, full(s), k * kBK, col);
+            const int rt = w % p.row_tiles, grp = w / p.row_tiles;
+            const int t0 = grp * p.tiles_per_item, t1 = min(t0 + p.tiles_per_item, p.col_tiles);
+            // the row's target (a launch-local column, -1 when ignored or outside the launch's
+            // columns, which must not match a column past its end) and gradient parameters
+            const int64_t row = int64_t(rt) * kBM + e;  // launch-relative
+            const bool in = row < p.nr;
+            const int64_t y = in ? p.targets[p.r0 + row] : p.ignore_index;
+            const bool valid = y != p.ignore_index;
+            const int64_t yl = y - p.v0;
+            const int64_t ylocal = valid && yl >= p.c0 && yl < p.c0 + p.nc ? yl : -1;
+            RowGradParams gp{};
+            if constexpr (kGrad)
+                if (in) gp = p.params[p.r0 + row];
+            RowStatsF st = empty_stats();
+            for (int t = t0; t < t1; t++, n++) {
+                const int64_t col = p.c0 + int64_t(t) * kBN;  // shard-local column of the tile
+                bar_wait(buf_full, n & 1);
+                if (in) {
+                    if constexpr (kGrad) {
+                        bf16* out = p.tma_store ? nullptr : p.dlogits + row * p.ld + (col - p.c0);
+                        const int cols = int(min(int64_t(kBN), p.c0 + p.nc - col));
+                        grad_row(buf, e, col, ylocal, valid, gp, out, cols);
+                    } else {
+                        fold_row(st, buf, e, col, p.c0 + p.nc, ylocal, p.smooth);
+                    }
                 }
+                if (kGrad && p.tma_store) {  // the whole tile, once every row is written
+                    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                    asm volatile("bar.sync 1, %0;\n" ::"n"(kEpilogueThreads) : "memory");
+                    if (e == 0) {
+#pragma unroll
+                        for (int b = 0; b < kBN / 64; b++)
+                            tma_store(&map_out, buf + b * (kBM * 128), int(col - p.c0) + 64 * b,
+                                      rt * kBM);
+                        tma_store_commit();
+                        tma_store_wait_read();  // the buffer may be rewritten after this
+                    }
+                    asm volatile("bar.sync 1, %0;\n" ::"n"(kEpilogueThreads) : "memory");
+                }
+                __syncwarp();
+                if (lane == 0) bar_arrive(buf_empty);
             }
+            if constexpr (!kGrad)
+                if (in) p.partials[int64_t(grp) * p.nr + row] = st;
         }
+        if (kGrad && e == 0) tma_store_wait();  // the buffer must outlive the stores
         return;
     }
 
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int cw = wg - 1, warp = tid % 128 / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
-    const bool leader = tid % 128 == 0;  // issues the warpgroup's TMA stores
-    const uint32_t out = out_base + cw * kOutBytes;
-    uint32_t it = 0;
+    // the consumers; the first one's thread 0 also issues the loads: the ring's first S
+    // iterations, then iteration j + S into stage j % S once both warpgroups have freed it
+    const int cw = wg - 1, warp = tid % 128 / 32, gq = lane / 4, tq = lane % 4;
+    const bool loader = tid == 128;
+    LoadCursor next{p, int(blockIdx.x), ksteps};
+    auto load = [&](int s) {
+        bar_expect(full(s), kStageBytes);
+        tma_load(a_tile(s), &map_h, full(s), next.k * kBK, next.row);
+        tma_load(b_tile(s), &map_w, full(s), next.k * kBK, next.col);
+        next.advance();
+    };
+    auto refill = [&](uint32_t j) {  // stage j % S was freed by this warpgroup after iteration j
+        if (!loader || next.done()) return;
+        bar_wait(empty(int(j % S)), (j / S) & 1);
+        load(int(j % S));
+    };
+    if (loader)
+        for (int s = 0; s < S && !next.done(); s++) load(s);
+    uint32_t it = 0, n = 0;
     for (int w = blockIdx.x; w < p.items; w += gridDim.x) {
-        const int rt = w % p.row_tiles, grp = w / p.row_tiles;
+        const int grp = w / p.row_tiles;
         const int t0 = grp * p.tiles_per_item, t1 = min(t0 + p.tiles_per_item, p.col_tiles);
-        // this thread's two rows (launch-relative), their targets (launch-local columns, -1 when
-        // ignored or outside the launch's columns), validity and, for the gradient, parameters;
-        // loaded before the products so that their latency hides behind them
-        int64_t rows[2], ylocal[2];
-        bool in[2], valid[2];
-        RowGradParams gp[2];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            rows[h] = int64_t(rt) * kBM + cw * 64 + warp * 16 + gq + 8 * h;
-            in[h] = rows[h] < p.nr;
-            const int64_t y = in[h] ? p.targets[p.r0 + rows[h]] : p.ignore_index;
-            valid[h] = y != p.ignore_index;
-            // a target outside the launch's columns must not match a masked column of a tile
-            const int64_t yl = y - p.v0;
-            ylocal[h] = valid[h] && yl >= p.c0 && yl < p.c0 + p.nc ? yl : -1;
-            if constexpr (kGrad) {
-                if (in[h])
-                    gp[h] = p.params[p.r0 + rows[h]];
-                else
-                    gp[h] = RowGradParams{};
-            }
-        }
-        RowStatsF st[2] = {empty_stats(), empty_stats()};
-        for (int t = t0; t < t1; t++) {
+        for (int t = t0; t < t1; t++, n++) {
             float acc[128];
             for (int k = 0; k < ksteps; k++, it++) {
                 const int s = int(it % S);
@@ -374,56 +424,18 @@ __global__ void __launch_bounds__(kThreads, 1)
                 if (k > 0) {
                     wg_wait<1>();  // the previous stage's products are done: free it
                     if (lane == 0) bar_arrive(empty(int((it - 1) % S)));
+                    refill(it - 1);
                 }
             }
             wg_wait<0>();
             if (lane == 0) bar_arrive(empty(int((it - 1) % S)));
-
-            const int64_t col = p.c0 + int64_t(t) * kBN;  // shard-local column of the tile
-            if constexpr (kGrad) {
-                if (p.tma_store) {
-                    // the previous tile's stores must have read the boxes before they are rewritten
-                    if (leader) tma_store_wait_read();
-                    wg_sync(1 + cw);
-#pragma unroll
-                    for (int h = 0; h < 2; h++)
-                        stage_grads(out, acc, h, warp * 16 + gq + 8 * h, gq, tq, valid[h],
-                                    value_index(ylocal[h] - col, tq), gp[h]);
-                    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                    wg_sync(1 + cw);
-                    if (leader) {
-                        const int x = int(col - p.c0), y = rt * kBM + cw * 64;
-#pragma unroll
-                        for (int b = 0; b < 4; b++)
-                            tma_store(&map_out, out + b * 8192, x + 64 * b, y);
-                        tma_store_commit();
-                    }
-                } else {
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        if (!in[h]) continue;
-                        bf16* o = p.dlogits + rows[h] * p.ld + (col - p.c0) + 2 * tq;
-                        store_grads(
-                            o, acc, h, tq, int(p.c0 + p.nc - col < kBN ? p.c0 + p.nc - col : kBN),
-                            p.ld % 2 == 0, valid[h], value_index(ylocal[h] - col, tq), gp[h]);
-                    }
-                }
-            } else {
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-                    fold_stats(st[h], acc, h, col, p.c0 + p.nc, tq,
-                               value_index(ylocal[h] - col, tq), p.smooth);
-            }
-        }
-        if constexpr (!kGrad) {
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const RowStatsF m = warp_merge_stats<4>(st[h]);  // the quad holds the row
-                if (tq == 0 && in[h]) p.partials[int64_t(grp) * p.nr + rows[h]] = m;
-            }
+            refill(it - 1);
+            if (n > 0) bar_wait(buf_empty, (n - 1) & 1);  // the epilogue is done with tile n - 1
+            stage_tile(buf, acc, cw * 64 + warp * 16, gq, tq);
+            __syncwarp();
+            if (lane == 0) bar_arrive(buf_full);
         }
     }
-    if (kGrad && leader) tma_store_wait();  // the boxes must outlive the stores
 #endif
 }
 
@@ -524,16 +536,15 @@ template <bool kGrad>
 void launch(const LinearCrossEntropyArgs& a, const Params& p, CUstream_st* s) {
     static std::once_flag once;
     std::call_once(once, [] {
-        ZG_CUDA_CHECK(cudaFuncSetAttribute(logits_ce_kernel<kGrad>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           kSmemBytes<kGrad>));
+        ZG_CUDA_CHECK(cudaFuncSetAttribute(
+            logits_ce_kernel<kGrad>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     });
     const CUtensorMap mh = tensor_map(a.hidden, a.N, a.C, kBM, kBK);
     const CUtensorMap mw = tensor_map(a.weight, local_columns(a), a.C, kBN, kBK);
-    // the dlogits [nr, ld] in boxes of 64 x 64 (a placeholder where the stores are direct)
-    const CUtensorMap mo = p.tma_store ? tensor_map(p.dlogits, p.nr, p.ld, 64, 64) : mh;
+    // the dlogits [nr, ld] in boxes of 128 x 64 (a placeholder where the stores are direct)
+    const CUtensorMap mo = p.tma_store ? tensor_map(p.dlogits, p.nr, p.ld, kBM, 64) : mh;
     const int grid = std::min(p.items, sm_count());
-    logits_ce_kernel<kGrad><<<grid, kThreads, kSmemBytes<kGrad>, s>>>(mh, mw, mo, p);
+    logits_ce_kernel<kGrad><<<grid, kThreads, kSmemBytes, s>>>(mh, mw, mo, p);
     ZG_CUDA_CHECK(cudaGetLastError());
 }
 
