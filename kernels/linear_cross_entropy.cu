@@ -62,20 +62,24 @@ TileShape tile_shape(int64_t N, int64_t V, const LinearCrossEntropyTuning& tunin
 
 // What every tile needs: the tile of logits (then dlogits), and with bf16 dW over several row
 // blocks, one chunk's fp32 dW; with the wgmma epilogues, the statistics pass's per-group partials
-// of one row block.
+// of one row block. The partials share the tile's memory: the wgmma statistics pass writes no
+// tile, and the passes run one after the other on the stream.
 struct TileBuffers {
     __nv_bfloat16* chunk;  // [rows, cols]
     float* dw_acc;         // [cols, C], or null with one row block
-    RowStatsF* partials;   // wgmma epilogues only
+    RowStatsF* partials;   // wgmma epilogues only (in chunk's memory)
 };
 
 TileBuffers carve_tiles(WorkspaceLayout& l, int64_t N, int64_t C, int64_t V_local, TileShape t,
                         bool wgmma) {
     TileBuffers b;
     b.dw_acc = t.rows < N ? l.take<float>(size_t(t.cols) * C) : nullptr;
-    b.chunk = l.take<__nv_bfloat16>(size_t(t.rows) * t.cols);
-    b.partials =
-        wgmma ? l.take<RowStatsF>(linear_ce_wgmma::partials_count(t.rows, V_local)) : nullptr;
+    const size_t chunk_bytes = size_t(t.rows) * t.cols * sizeof(__nv_bfloat16);
+    const size_t partial_bytes =
+        wgmma ? linear_ce_wgmma::partials_count(t.rows, V_local) * sizeof(RowStatsF) : 0;
+    unsigned char* shared = l.take<unsigned char>(std::max(chunk_bytes, partial_bytes));
+    b.chunk = reinterpret_cast<__nv_bfloat16*>(shared);
+    b.partials = wgmma ? reinterpret_cast<RowStatsF*>(shared) : nullptr;
     return b;
 }
 

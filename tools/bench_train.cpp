@@ -18,6 +18,7 @@
 #include "kernels/cuda_check.h"
 #include "kernels/cuda_device.h"
 #include "kernels/global_norm.h"
+#include "kernels/registry.h"
 #include "model/gpt_cuda.h"
 #include "train/backend_init.h"
 #include "train/cli.h"
@@ -137,7 +138,7 @@ int main(int argc, char** argv) {
         ZG_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
         const double model_gb = (double(model.allocated_bytes()) + 8.0 * double(n)) / 1e9;
         const double head_mem_gb =
-            (cfg.kernels.cross_entropy == "fused_linear"
+            (is_linear_cross_entropy(cfg.kernels.cross_entropy)
                  ? 0.0
                  : double(B * T) * double(model.padded_vocab()) * dtype_bytes(mo.precision)) /
             1e9;
