@@ -641,15 +641,15 @@ TEST_CASE("fused_linear reproduces the PyTorch float64 oracle within bf16 roundi
     }
 }
 
-// A fused_linear run with dW written as bf16 and the default tile; returns the per-row loss, the
-// summary, dh and dW.
+// A fused linear head's run (a linear_cross_entropy_variants() name) with dW written as bf16 and
+// the default tile; returns the per-row loss, the summary, dh and dW.
 struct LinearRun {
     std::vector<float> rows, dh, dW;
     cuda::LossSummaryF summary;
 };
 LinearRun run_linear(const std::vector<float>& h, const std::vector<float>& W,
                      const std::vector<int32_t>& t, float grad_output, const CrossEntropyOptions& o,
-                     int64_t N, int64_t C, int64_t V) {
+                     int64_t N, int64_t C, int64_t V, const std::string& variant) {
     Dev hd(N * C * 2), Wd(V * C * 2), td(N * 4), god(4), dh(N * C * 2), dW(V * C * 2), acc(0),
         rowsd(N * 4), sd(sizeof(cuda::LossSummaryF));
     upload(hd.p, h, LogitsType::bf16);
@@ -659,7 +659,7 @@ LinearRun run_linear(const std::vector<float>& h, const std::vector<float>& W,
     cuda::LinearCrossEntropyArgs a =
         linear_ce_args(hd, Wd, td, god, dh, dW, acc, rowsd, sd, N, C, V, kSchedules[0]);
     a.tuning.vocab_chunk = 0;  // the default tile
-    const auto& v = cuda::linear_cross_entropy_variants().at(0);
+    const auto& v = cuda::find_linear_cross_entropy_variant(variant);
     Dev ws(v.workspace_bytes(N, C, V, {}));
     v.run(a, o, ws.p, nullptr);
     CUDA_OK(cudaDeviceSynchronize());
@@ -743,11 +743,15 @@ TEST_CASE("fused_linear at V = 50257, 128256 and 256000 with peaked and large-lo
         o.label_smoothing = 0.1;
         const std::vector<int64_t> all = {0, 1, 2, 3, 4, 5};
         const LinearAnswer want = linear_answer(h, W, t, 0.37, o, all, N, C, V);
-        const LinearRun got = run_linear(h, W, t, 0.37f, o, N, C, V);
-        CHECK(got.summary.n_valid == N - 1);
-        CHECK(close(got.summary.loss, want.summary.loss, 2e-5, 1e-6));
-        for (int64_t i = 0; i < N; i++) CHECK(close(got.rows[i], want.rows[i], 2e-5, 1e-6));
-        check_linear_grads(got.dh, want.dh, got.dW, want.dW);
+        for (const auto& v : cuda::linear_cross_entropy_variants()) {
+            const std::string variant = v.name;
+            CAPTURE(variant);
+            const LinearRun got = run_linear(h, W, t, 0.37f, o, N, C, V, variant);
+            CHECK(got.summary.n_valid == N - 1);
+            CHECK(close(got.summary.loss, want.summary.loss, 2e-5, 1e-6));
+            for (int64_t i = 0; i < N; i++) CHECK(close(got.rows[i], want.rows[i], 2e-5, 1e-6));
+            check_linear_grads(got.dh, want.dh, got.dW, want.dW);
+        }
     }
 }
 
@@ -769,17 +773,21 @@ TEST_CASE("fused_linear with BT x V above 2^31 elements (all but 64 rows ignored
     CrossEntropyOptions o;
     o.z_loss_weight = 1e-4;
     const LinearAnswer want = linear_answer(h, W, t, 1.0, o, valid, N, C, V);
-    const LinearRun got = run_linear(h, W, t, 1.0f, o, N, C, V);
-    CHECK(got.summary.n_valid == int(valid.size()));
-    CHECK(close(got.summary.loss, want.summary.loss, 2e-5, 1e-6));
-    for (size_t m = 0; m < valid.size(); m++)
-        CHECK(close(got.rows[valid[m]], want.rows[m], 2e-5, 1e-6));
-    int64_t nonzero_ignored = 0;
-    for (int64_t i = 0; i < N; i++)
-        if (t[i] == -100)
-            for (int64_t k = 0; k < C; k++) nonzero_ignored += got.dh[i * C + k] != 0.0f;
-    CHECK(nonzero_ignored == 0);
-    check_linear_grads(got.dh, want.dh, got.dW, want.dW);
+    for (const auto& v : cuda::linear_cross_entropy_variants()) {
+        const std::string variant = v.name;
+        CAPTURE(variant);
+        const LinearRun got = run_linear(h, W, t, 1.0f, o, N, C, V, variant);
+        CHECK(got.summary.n_valid == int(valid.size()));
+        CHECK(close(got.summary.loss, want.summary.loss, 2e-5, 1e-6));
+        for (size_t m = 0; m < valid.size(); m++)
+            CHECK(close(got.rows[valid[m]], want.rows[m], 2e-5, 1e-6));
+        int64_t nonzero_ignored = 0;
+        for (int64_t i = 0; i < N; i++)
+            if (t[i] == -100)
+                for (int64_t k = 0; k < C; k++) nonzero_ignored += got.dh[i * C + k] != 0.0f;
+        CHECK(nonzero_ignored == 0);
+        check_linear_grads(got.dh, want.dh, got.dW, want.dW);
+    }
 }
 
 // The whole head inside a CUDA graph. Each variant is captured on a stream in global mode, so a
@@ -885,59 +893,63 @@ TEST_CASE("every variant runs inside a CUDA graph: no host sync, new device inpu
 
 TEST_CASE("fused_linear runs inside a CUDA graph: no host sync, new device inputs per replay") {
     GraphRun gr;
-    const auto& v = cuda::linear_cross_entropy_variants().at(0);
-    const int64_t N = 37, C = 64, V = 1000;
-    CrossEntropyOptions o;
-    o.z_loss_weight = 1e-4;
-    o.label_smoothing = 0.1;
-    for (const Schedule& sc : kSchedules) {
-        CAPTURE(sc.name);
-        Dev hd(N * C * 2), Wd(V * C * 2), td(N * 4), god(4), dh(N * C * 2), dW(V * C * 2),
-            dWacc(V * C * 4), rowsd(N * 4), sd(sizeof(cuda::LossSummaryF));
-        const cuda::LinearCrossEntropyArgs a =
-            linear_ce_args(hd, Wd, td, god, dh, dW, dWacc, rowsd, sd, N, C, V, sc);
-        const Dev& dW_out = sc.fp32_dw ? dWacc : dW;
-        Dev ws(v.workspace_bytes(N, C, V, a.tuning));
-        auto set_inputs = [&](uint64_t seed) {
-            Rng rng(seed);
-            std::vector<float> h(N * C), W(V * C);
-            for (auto& x : h) x = bf16_round(float(rng.normal()));
-            for (auto& x : W) x = bf16_round(float(0.2 * rng.normal()));
-            std::vector<int32_t> t(N);
-            for (auto& y : t) y = int32_t(rng.below(uint64_t(V)));
-            t[seed % N] = -100;
-            const float g = float(0.5 + rng.uniform());
-            upload(hd.p, h, LogitsType::bf16);
-            upload(Wd.p, W, LogitsType::bf16);
-            CUDA_OK(cudaMemcpy(td.p, t.data(), N * 4, cudaMemcpyHostToDevice));
-            CUDA_OK(cudaMemcpy(god.p, &g, 4, cudaMemcpyHostToDevice));
-            for (const Dev* d : {&dh, &dW, &rowsd, &sd}) CUDA_OK(cudaMemset(d->p, 0xFF, d->bytes));
-            CUDA_OK(cudaMemset(dWacc.p, 0, dWacc.bytes));  // the accumulator is added into
-        };
-        auto outputs = [&] {
-            std::vector<uint8_t> r;
-            for (const Dev* d : std::initializer_list<const Dev*>{&dh, &dW_out, &rowsd, &sd}) {
-                const std::vector<uint8_t> b = device_bytes(*d);
-                r.insert(r.end(), b.begin(), b.end());
+    for (const auto& v : cuda::linear_cross_entropy_variants()) {
+        const std::string variant = v.name;
+        CAPTURE(variant);
+        const int64_t N = 37, C = 64, V = 1000;
+        CrossEntropyOptions o;
+        o.z_loss_weight = 1e-4;
+        o.label_smoothing = 0.1;
+        for (const Schedule& sc : kSchedules) {
+            CAPTURE(sc.name);
+            Dev hd(N * C * 2), Wd(V * C * 2), td(N * 4), god(4), dh(N * C * 2), dW(V * C * 2),
+                dWacc(V * C * 4), rowsd(N * 4), sd(sizeof(cuda::LossSummaryF));
+            const cuda::LinearCrossEntropyArgs a =
+                linear_ce_args(hd, Wd, td, god, dh, dW, dWacc, rowsd, sd, N, C, V, sc);
+            const Dev& dW_out = sc.fp32_dw ? dWacc : dW;
+            Dev ws(v.workspace_bytes(N, C, V, a.tuning));
+            auto set_inputs = [&](uint64_t seed) {
+                Rng rng(seed);
+                std::vector<float> h(N * C), W(V * C);
+                for (auto& x : h) x = bf16_round(float(rng.normal()));
+                for (auto& x : W) x = bf16_round(float(0.2 * rng.normal()));
+                std::vector<int32_t> t(N);
+                for (auto& y : t) y = int32_t(rng.below(uint64_t(V)));
+                t[seed % N] = -100;
+                const float g = float(0.5 + rng.uniform());
+                upload(hd.p, h, LogitsType::bf16);
+                upload(Wd.p, W, LogitsType::bf16);
+                CUDA_OK(cudaMemcpy(td.p, t.data(), N * 4, cudaMemcpyHostToDevice));
+                CUDA_OK(cudaMemcpy(god.p, &g, 4, cudaMemcpyHostToDevice));
+                for (const Dev* d : {&dh, &dW, &rowsd, &sd})
+                    CUDA_OK(cudaMemset(d->p, 0xFF, d->bytes));
+                CUDA_OK(cudaMemset(dWacc.p, 0, dWacc.bytes));  // the accumulator is added into
+            };
+            auto outputs = [&] {
+                std::vector<uint8_t> r;
+                for (const Dev* d : std::initializer_list<const Dev*>{&dh, &dW_out, &rowsd, &sd}) {
+                    const std::vector<uint8_t> b = device_bytes(*d);
+                    r.insert(r.end(), b.begin(), b.end());
+                }
+                return r;
+            };
+            auto run = [&](cudaStream_t st) { v.run(a, o, ws.p, st); };
+            std::vector<uint8_t> want[2];
+            for (int i = 0; i < 2; i++) {
+                set_inputs(uint64_t(11 + i));
+                run(gr.stream);
+                CUDA_OK(cudaStreamSynchronize(gr.stream));
+                want[i] = outputs();
             }
-            return r;
-        };
-        auto run = [&](cudaStream_t st) { v.run(a, o, ws.p, st); };
-        std::vector<uint8_t> want[2];
-        for (int i = 0; i < 2; i++) {
-            set_inputs(uint64_t(11 + i));
-            run(gr.stream);
-            CUDA_OK(cudaStreamSynchronize(gr.stream));
-            want[i] = outputs();
+            CHECK(want[0] != want[1]);
+            set_inputs(11);
+            cudaGraphExec_t exec = gr.capture(run);
+            for (int i = 0; i < 2; i++) {
+                set_inputs(uint64_t(11 + i));
+                gr.replay(exec);
+                CHECK(outputs() == want[i]);
+            }
+            CUDA_OK(cudaGraphExecDestroy(exec));
         }
-        CHECK(want[0] != want[1]);
-        set_inputs(11);
-        cudaGraphExec_t exec = gr.capture(run);
-        for (int i = 0; i < 2; i++) {
-            set_inputs(uint64_t(11 + i));
-            gr.replay(exec);
-            CHECK(outputs() == want[i]);
-        }
-        CUDA_OK(cudaGraphExecDestroy(exec));
     }
 }
