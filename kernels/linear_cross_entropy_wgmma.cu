@@ -195,21 +195,28 @@ __device__ __forceinline__ uint32_t buf_chunk(uint32_t buf, int r, int c) {
     return buf + (c / 8) * (kBM * 128) + r * 128 + (((c % 8) ^ (r % 8)) << 4);
 }
 
-// The consumer's accumulator rows (warp row gq and gq + 8 of its 64) into the buffer as bf16: value
-// 4 i + 2 h + e is column 8 i + 2 tq + e of row r0 + gq + 8 h.
-__device__ __forceinline__ void stage_tile(uint32_t buf, const float (&acc)[128], int r0, int gq,
-                                           int tq) {
+// The consumer warp's 16 accumulator rows (r0 .. r0 + 15) into the buffer as bf16, four 8 x 8
+// blocks per stmatrix: the accumulator's pair 4 i + 2 h (+ 1) of a thread is row gq + 8 h,
+// columns 8 i + 2 tq (+ 1), the fragment layout stmatrix takes. Lane L gives the address of row
+// L % 8 of block L / 8: blocks (i, h = 0), (i, 1), (i + 1, 0), (i + 1, 1).
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ void stage_tile(uint32_t buf, const float (&acc)[128], int r0,
+                                           int lane) {
+    const int m = lane / 8, row = r0 + lane % 8 + 8 * (m % 2);
 #pragma unroll
-    for (int h = 0; h < 2; h++)
-#pragma unroll
-        for (int i = 0; i < 32; i++) {
-            const __nv_bfloat162 v =
-                __floats2bfloat162_rn(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
-            asm volatile(
-                "st.shared.b32 [%0], %1;\n" ::"r"(buf_chunk(buf, r0 + gq + 8 * h, i) + 4 * tq),
-                "r"(*reinterpret_cast<const uint32_t*>(&v))
-                : "memory");
-        }
+    for (int i = 0; i < 32; i += 2) {
+        const uint32_t addr = buf_chunk(buf, row, i + m / 2);
+        asm volatile(
+            "stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+            "r"(pack_bf16(acc[4 * i], acc[4 * i + 1])),
+            "r"(pack_bf16(acc[4 * i + 2], acc[4 * i + 3])),
+            "r"(pack_bf16(acc[4 * i + 4], acc[4 * i + 5])),
+            "r"(pack_bf16(acc[4 * i + 6], acc[4 * i + 7]))
+            : "memory");
+    }
 }
 
 __device__ __forceinline__ void lds_chunk(uint32_t addr, float (&v)[8]) {
@@ -390,7 +397,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // the consumers; the first one's thread 0 also issues the loads: the ring's first S
     // iterations, then iteration j + S into stage j % S once both warpgroups have freed it
-    const int cw = wg - 1, warp = tid % 128 / 32, gq = lane / 4, tq = lane % 4;
+    const int cw = wg - 1, warp = tid % 128 / 32;
     const bool loader = tid == 128;
     LoadCursor next{p, int(blockIdx.x), ksteps};
     auto load = [&](int s) {
@@ -431,7 +438,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             if (lane == 0) bar_arrive(empty(int((it - 1) % S)));
             refill(it - 1);
             if (n > 0) bar_wait(buf_empty, (n - 1) & 1);  // the epilogue is done with tile n - 1
-            stage_tile(buf, acc, cw * 64 + warp * 16, gq, tq);
+            stage_tile(buf, acc, cw * 64 + warp * 16, lane);
             __syncwarp();
             if (lane == 0) bar_arrive(buf_full);
         }
