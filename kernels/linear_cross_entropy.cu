@@ -20,6 +20,10 @@
 // tile small enough for the memory targets (and for the 50 MB L2 between the GEMM that writes it
 // and the kernels that read it); the default (kRowBlock, kChunkBudget) is the H100 sweep's.
 //
+// fused_linear_wgmma runs this schedule with kernels/linear_cross_entropy_wgmma.cu's kernel in
+// place of "logits GEMM, then a CE pass over the tile": pass 1 in one launch per row block with
+// no tile in memory, pass 2 with the tile holding only dlogits.
+//
 // Chunking over the vocabulary means dW is never re-read and re-written per row (with row chunks
 // alone the fp32 V x C accumulator would cross memory twice per chunk); the price is computing the
 // logits twice: 4 GEMMs of 2 N C V FLOPs instead of 3. Under the memory targets 3 GEMMs are not
