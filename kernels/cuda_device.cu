@@ -2,7 +2,6 @@
 
 #include <string>
 
-#include "kernels/cuda_check.h"
 #include "kernels/cuda_device.h"
 
 namespace zgpt::cuda {
@@ -12,9 +11,7 @@ DeviceInfo query_devices() {
     cudaDriverGetVersion(&d.driver_version);
     cudaRuntimeGetVersion(&d.runtime_version);
     const cudaError_t err = cudaGetDeviceCount(&d.count);
-    auto version = [](int v) {
-        return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10);
-    };
+    auto version = [](int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); };
     if (err != cudaSuccess) {
         d.count = 0;
         // Say what the user can act on: a machine without a driver has no GPU at all.
@@ -38,30 +35,6 @@ DeviceInfo query_devices() {
     d.sm_count = p.multiProcessorCount;
     d.memory_gb = double(p.totalGlobalMem) / (1 << 30);
     return d;
-}
-
-bool current_device_is_sm90() {
-    static const bool yes = [] {
-        int dev = 0, major = 0, minor = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess) {
-            cudaGetLastError();
-            return false;
-        }
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-        return major == 9 && minor == 0;
-    }();
-    return yes;
-}
-
-int current_device_sm_count() {
-    static const int n = [] {
-        int dev = 0, v = 0;
-        ZG_CUDA_CHECK(cudaGetDevice(&dev));
-        ZG_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-        return v;
-    }();
-    return n;
 }
 
 }  // namespace zgpt::cuda

@@ -39,8 +39,6 @@
 
 #include "kernels/cross_entropy/common.cuh"
 #include "kernels/cuda_check.h"
-#include "kernels/cuda_device.h"
-#include "kernels/wgmma.cuh"
 
 namespace zgpt::cuda::linear_ce_wgmma {
 
@@ -66,6 +64,7 @@ constexpr int kEpilogueThreads = 128;  // warpgroup 0: one row of the tile each
 #endif
 
 struct Params {
+    int64_t N;       // rows of h (the tensor map's extent)
     int64_t r0, nr;  // this launch's rows [r0, r0 + nr)
     int64_t c0, nc;  // and shard-local columns [c0, c0 + nc)
     int64_t v0;      // the shard's first global column (targets are global)
@@ -113,8 +112,8 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, u
         "l"(map), "r"(bar), "r"(x), "r"(y)
         : "memory");
 }
-// One box of `map` (128 rows x 64 columns here) from shared memory at `src` to the tensor at
-// (x, y); the parts outside the tensor are not written. Completes in the thread's bulk group.
+// A 64 x 64 box of shared memory at `src` to the 2-D tensor `map` at (x, y); the parts outside
+// the tensor are not written. Completes in the thread's bulk group.
 __device__ __forceinline__ void tma_store(const CUtensorMap* map, uint32_t src, int x, int y) {
     asm volatile(
         "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(map),
@@ -132,8 +131,22 @@ __device__ __forceinline__ void tma_store_wait() {
     asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
 
-// desc(), wg_fence(), wg_commit(), wg_wait<N>(): kernels/wgmma.cuh (K-major tiles here: a k16
-// step adds 32 bytes to the descriptor's start).
+// Shared-memory matrix descriptor of a K-major tile in the 128-byte swizzle (as
+// kernels/attention/wgmma.cu's): 1024 bytes between groups of 8 rows; a k16 step adds 32 bytes.
+__device__ __forceinline__ uint64_t desc(uint32_t addr) {
+    return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
+           (uint64_t(1) << 62);
+}
+__device__ __forceinline__ void wg_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wg_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
 
 // D (+)= A B^T over one k16 step: A 64 x 16 (rows of h), B 256 x 16 (rows of W), both K-major
 // in shared memory; D the warpgroup's 64 x 256 fp32 accumulator (128 floats a thread).
@@ -433,13 +446,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// stats[i] = the groups' partials [groups][nr], merged in group order (deterministic)
+// stats[i] (+)= the groups' partials [groups][nr], merged in group order (deterministic)
 __global__ void merge_groups_kernel(RowStatsF* stats, const RowStatsF* partials, int64_t nr,
-                                    int groups) {
+                                    int groups, bool accumulate) {
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= nr) return;
-    RowStatsF s = partials[i];
-    for (int g = 1; g < groups; g++) s = merge_stats(s, partials[g * nr + i]);
+    RowStatsF s = accumulate ? stats[i] : partials[i];
+    for (int g = accumulate ? 0 : 1; g < groups; g++) s = merge_stats(s, partials[g * nr + i]);
     stats[i] = s;
 }
 
@@ -476,6 +489,31 @@ CUtensorMap tensor_map(const void* base, int64_t rows, int64_t cols, int box_row
     return m;
 }
 
+int sm_count() {
+    static const int n = [] {
+        int dev = 0, v = 0;
+        ZG_CUDA_CHECK(cudaGetDevice(&dev));
+        ZG_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+        return v;
+    }();
+    return n;
+}
+
+bool hopper() {
+    static const bool yes = [] {
+        int dev = 0, major = 0, minor = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess) return false;
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+        return major == 9 && minor == 0;
+    }();
+    return yes;
+}
+
+int64_t local_columns(const LinearCrossEntropyArgs& a) {
+    return a.V_local > 0 ? a.V_local : a.V;
+}
+
 int column_groups(int64_t nc) {
     const int64_t tiles = (nc + kBN - 1) / kBN;
     return int((tiles + kTilesPerGroup - 1) / kTilesPerGroup);
@@ -484,6 +522,7 @@ int column_groups(int64_t nc) {
 Params launch_params(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, int64_t r0,
                      int64_t nr, int64_t c0, int64_t nc, int tiles_per_item) {
     Params p{};
+    p.N = a.N;
     p.r0 = r0;
     p.nr = nr;
     p.c0 = c0;
@@ -508,10 +547,10 @@ void launch(const LinearCrossEntropyArgs& a, const Params& p, CUstream_st* s) {
             logits_ce_kernel<kGrad>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     });
     const CUtensorMap mh = tensor_map(a.hidden, a.N, a.C, kBM, kBK);
-    const CUtensorMap mw = tensor_map(a.weight, a.local_vocab(), a.C, kBN, kBK);
+    const CUtensorMap mw = tensor_map(a.weight, local_columns(a), a.C, kBN, kBK);
     // the dlogits [nr, ld] in boxes of 128 x 64 (a placeholder where the stores are direct)
     const CUtensorMap mo = p.tma_store ? tensor_map(p.dlogits, p.nr, p.ld, kBM, 64) : mh;
-    const int grid = std::min(p.items, current_device_sm_count());
+    const int grid = std::min(p.items, sm_count());
     logits_ce_kernel<kGrad><<<grid, kThreads, kSmemBytes, s>>>(mh, mw, mo, p);
     ZG_CUDA_CHECK(cudaGetLastError());
 }
@@ -520,7 +559,7 @@ void launch(const LinearCrossEntropyArgs& a, const Params& p, CUstream_st* s) {
 // loads are spread over several tiles) whose items fill the persistent grid's last round to at
 // least 90%.
 int gradient_tiles_per_item(int row_tiles, int col_tiles) {
-    const int64_t ctas = current_device_sm_count();
+    const int64_t ctas = sm_count();
     for (int k = 4; k > 1; k--) {
         const int64_t items = int64_t(row_tiles) * ((col_tiles + k - 1) / k);
         const int64_t rounds = (items + ctas - 1) / ctas;
@@ -533,8 +572,8 @@ int gradient_tiles_per_item(int row_tiles, int col_tiles) {
 
 bool usable(const LinearCrossEntropyArgs& a) {
     const auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
-    return current_device_is_sm90() && a.C % 8 == 0 && a.C <= INT32_MAX && aligned(a.hidden) &&
-           aligned(a.weight) && a.N < INT32_MAX - kBM && a.local_vocab() < INT32_MAX - kBN;
+    return hopper() && a.C % 8 == 0 && a.C <= INT32_MAX && aligned(a.hidden) && aligned(a.weight) &&
+           a.N < INT32_MAX - kBM && local_columns(a) < INT32_MAX - kBN;
 }
 
 size_t partials_count(int64_t rows, int64_t V_local) {
@@ -542,13 +581,14 @@ size_t partials_count(int64_t rows, int64_t V_local) {
 }
 
 void shard_stats(RowStatsF* stats, RowStatsF* partials, const LinearCrossEntropyArgs& a,
-                 const CrossEntropyOptions& o, int64_t r0, int64_t nr, CUstream_st* s) {
-    Params p = launch_params(a, o, r0, nr, 0, a.local_vocab(), kTilesPerGroup);
+                 const CrossEntropyOptions& o, int64_t r0, int64_t nr, bool accumulate,
+                 CUstream_st* s) {
+    Params p = launch_params(a, o, r0, nr, 0, local_columns(a), kTilesPerGroup);
     p.partials = partials;
     launch<false>(a, p, s);
-    const int groups = column_groups(a.local_vocab());
-    merge_groups_kernel<<<unsigned((nr + 255) / 256), 256, 0, s>>>(stats + r0, partials, nr,
-                                                                   groups);
+    const int groups = column_groups(local_columns(a));
+    merge_groups_kernel<<<unsigned((nr + 255) / 256), 256, 0, s>>>(stats + r0, partials, nr, groups,
+                                                                   accumulate);
     ZG_CUDA_CHECK(cudaGetLastError());
 }
 
