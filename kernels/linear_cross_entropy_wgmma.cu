@@ -39,6 +39,7 @@
 
 #include "kernels/cross_entropy/common.cuh"
 #include "kernels/cuda_check.h"
+#include "kernels/wgmma.cuh"
 
 namespace zgpt::cuda::linear_ce_wgmma {
 
@@ -112,8 +113,8 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, u
         "l"(map), "r"(bar), "r"(x), "r"(y)
         : "memory");
 }
-// A 64 x 64 box of shared memory at `src` to the 2-D tensor `map` at (x, y); the parts outside
-// the tensor are not written. Completes in the thread's bulk group.
+// One box of `map` (128 rows x 64 columns here) from shared memory at `src` to the tensor at
+// (x, y); the parts outside the tensor are not written. Completes in the thread's bulk group.
 __device__ __forceinline__ void tma_store(const CUtensorMap* map, uint32_t src, int x, int y) {
     asm volatile(
         "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(map),
@@ -131,22 +132,8 @@ __device__ __forceinline__ void tma_store_wait() {
     asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
 
-// Shared-memory matrix descriptor of a K-major tile in the 128-byte swizzle (as
-// kernels/attention/wgmma.cu's): 1024 bytes between groups of 8 rows; a k16 step adds 32 bytes.
-__device__ __forceinline__ uint64_t desc(uint32_t addr) {
-    return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
-           (uint64_t(1) << 62);
-}
-__device__ __forceinline__ void wg_fence() {
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wg_commit() {
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void wg_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
+// desc(), wg_fence(), wg_commit(), wg_wait<N>(): kernels/wgmma.cuh (K-major tiles here: a k16
+// step adds 32 bytes to the descriptor's start).
 
 // D (+)= A B^T over one k16 step: A 64 x 16 (rows of h), B 256 x 16 (rows of W), both K-major
 // in shared memory; D the warpgroup's 64 x 256 fp32 accumulator (128 floats a thread).

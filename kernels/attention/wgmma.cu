@@ -30,6 +30,7 @@
 #include "kernels/attention/geo.cuh"
 #include "kernels/attention/tc.cuh"
 #include "kernels/cuda_common.cuh"
+#include "kernels/wgmma.cuh"
 
 namespace zgpt::cuda::attention_wgmma {
 
@@ -84,24 +85,7 @@ __device__ __forceinline__ void wait_prev_and_sync() {
     __syncthreads();
 }
 // ---------------------------------------------------------------- wgmma
-// Shared-memory matrix descriptor of a swizzled tile: start address, 1024 bytes between groups of
-// 8 rows, 128-byte swizzle. K-major: step 16 columns by adding 32 bytes to the start. N-major
-// (transposed B): step 16 rows by adding 2048 bytes. The leading offset is unused for both
-// (one swizzle atom spans all 64 columns), set to 1 as the PTX ISA says it is assumed.
-__device__ __forceinline__ uint64_t desc(uint32_t addr) {
-    return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
-           (uint64_t(1) << 62);
-}
-__device__ __forceinline__ void wg_fence() {
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wg_commit() {
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void wg_wait() {  // all but the newest N groups are done
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
+// desc(), wg_fence(), wg_commit(), wg_wait<N>(): kernels/wgmma.cuh
 __device__ __forceinline__ void wg_wait_all() {
     wg_wait<0>();
 }
