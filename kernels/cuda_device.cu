@@ -11,7 +11,9 @@ DeviceInfo query_devices() {
     cudaDriverGetVersion(&d.driver_version);
     cudaRuntimeGetVersion(&d.runtime_version);
     const cudaError_t err = cudaGetDeviceCount(&d.count);
-    auto version = [](int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); };
+    auto version = [](int v) {
+        return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10);
+    };
     if (err != cudaSuccess) {
         d.count = 0;
         // Say what the user can act on: a machine without a driver has no GPU at all.
@@ -35,6 +37,20 @@ DeviceInfo query_devices() {
     d.sm_count = p.multiProcessorCount;
     d.memory_gb = double(p.totalGlobalMem) / (1 << 30);
     return d;
+}
+
+bool current_device_is_sm90() {
+    static const bool yes = [] {
+        int dev = 0, major = 0, minor = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess) {
+            cudaGetLastError();
+            return false;
+        }
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+        return major == 9 && minor == 0;
+    }();
+    return yes;
 }
 
 }  // namespace zgpt::cuda

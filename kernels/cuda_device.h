@@ -16,4 +16,8 @@ struct DeviceInfo {
 
 DeviceInfo query_devices();
 
+// Whether the current device is compute capability 9.0 (H100 / H200: the sm_90a kernels run),
+// asked once per process; false without a usable device.
+bool current_device_is_sm90();
+
 }  // namespace zgpt::cuda

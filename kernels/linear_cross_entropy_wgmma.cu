@@ -39,6 +39,7 @@
 
 #include "kernels/cross_entropy/common.cuh"
 #include "kernels/cuda_check.h"
+#include "kernels/cuda_device.h"
 #include "kernels/wgmma.cuh"
 
 namespace zgpt::cuda::linear_ce_wgmma {
@@ -486,17 +487,6 @@ int sm_count() {
     return n;
 }
 
-bool hopper() {
-    static const bool yes = [] {
-        int dev = 0, major = 0, minor = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess) return false;
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-        return major == 9 && minor == 0;
-    }();
-    return yes;
-}
-
 int64_t local_columns(const LinearCrossEntropyArgs& a) {
     return a.V_local > 0 ? a.V_local : a.V;
 }
@@ -559,8 +549,8 @@ int gradient_tiles_per_item(int row_tiles, int col_tiles) {
 
 bool usable(const LinearCrossEntropyArgs& a) {
     const auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
-    return hopper() && a.C % 8 == 0 && a.C <= INT32_MAX && aligned(a.hidden) && aligned(a.weight) &&
-           a.N < INT32_MAX - kBM && local_columns(a) < INT32_MAX - kBN;
+    return current_device_is_sm90() && a.C % 8 == 0 && a.C <= INT32_MAX && aligned(a.hidden) &&
+           aligned(a.weight) && a.N < INT32_MAX - kBM && local_columns(a) < INT32_MAX - kBN;
 }
 
 size_t partials_count(int64_t rows, int64_t V_local) {

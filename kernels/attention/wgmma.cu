@@ -30,6 +30,7 @@
 #include "kernels/attention/geo.cuh"
 #include "kernels/attention/tc.cuh"
 #include "kernels/cuda_common.cuh"
+#include "kernels/cuda_device.h"
 #include "kernels/wgmma.cuh"
 
 namespace zgpt::cuda::attention_wgmma {
@@ -740,18 +741,8 @@ __global__ void __launch_bounds__(WGS* kWG, (QT == 32 ? 2 : 1) * (2 / WGS))
 #endif
 }
 
-bool hopper() {
-    static const bool yes = [] {
-        int dev = 0, major = 0, minor = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess) return false;
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-        return major == 9 && minor == 0;
-    }();
-    return yes;
-}
 bool shape_ok(const AttentionShape& s, DType t) {
-    return t == DType::bf16 && s.C / s.NH == kD && s.C % 8 == 0 && hopper();
+    return t == DType::bf16 && s.C / s.NH == kD && s.C % 8 == 0 && current_device_is_sm90();
 }
 
 template <typename Kernel>
