@@ -243,8 +243,9 @@ struct LinearCrossEntropyArgs {
     float* ce_rows = nullptr;
     float* z_rows = nullptr;
     float* lse_rows = nullptr;
-    LossSummaryF* summary = nullptr;  // required
-    LinearCrossEntropyTuning tuning;  // the schedule
+    LossSummaryF* summary = nullptr;                                   // required
+    LinearCrossEntropyTuning tuning;                                   // the schedule
+    int64_t local_vocab() const { return V_local > 0 ? V_local : V; }  // the shard's rows of W
 };
 
 struct LinearCrossEntropyVariant {

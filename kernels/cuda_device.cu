@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "kernels/cuda_check.h"
 #include "kernels/cuda_device.h"
 
 namespace zgpt::cuda {
@@ -51,6 +52,16 @@ bool current_device_is_sm90() {
         return major == 9 && minor == 0;
     }();
     return yes;
+}
+
+int current_device_sm_count() {
+    static const int n = [] {
+        int dev = 0, v = 0;
+        ZG_CUDA_CHECK(cudaGetDevice(&dev));
+        ZG_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+        return v;
+    }();
+    return n;
 }
 
 }  // namespace zgpt::cuda

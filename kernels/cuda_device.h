@@ -19,5 +19,8 @@ DeviceInfo query_devices();
 // Whether the current device is compute capability 9.0 (H100 / H200: the sm_90a kernels run),
 // asked once per process; false without a usable device.
 bool current_device_is_sm90();
+// The current device's multiprocessors, asked once per process (one GPU model per process);
+// throws zgpt::Error on a CUDA error.
+int current_device_sm_count();
 
 }  // namespace zgpt::cuda

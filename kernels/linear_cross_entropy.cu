@@ -109,10 +109,6 @@ Workspace carve(WorkspaceLayout& l, int64_t N, int64_t C, int64_t V, TileShape t
     return ws;
 }
 
-int64_t local_columns(const LinearCrossEntropyArgs& a) {
-    return a.V_local > 0 ? a.V_local : a.V;
-}
-
 size_t workspace_bytes(int64_t N, int64_t C, int64_t V, const LinearCrossEntropyTuning& tuning) {
     WorkspaceLayout l(nullptr);
     carve(l, N, C, V, tile_shape(N, V, tuning), tuning.wgmma_epilogue);
@@ -146,7 +142,7 @@ struct ShardSteps {
     CUstream_st* s;
     const __nv_bfloat16* h = static_cast<const __nv_bfloat16*>(a.hidden);
     const __nv_bfloat16* W = static_cast<const __nv_bfloat16*>(a.weight);
-    int64_t C = a.C, V_local = local_columns(a);
+    int64_t C = a.C, V_local = a.local_vocab();
     // the Hopper kernels with the CE in the GEMM's epilogue (fused_linear_wgmma) where they run;
     // cuBLASLt tiles and the CE passes elsewhere
     bool tc = a.tuning.wgmma_epilogue && linear_ce_wgmma::usable(a);
@@ -180,7 +176,7 @@ struct ShardSteps {
     // pass 1 for rows [r, r + nr): the shard's statistics into stats[r, r + nr)
     void stats_rows(RowStatsF* stats, int64_t r, int64_t nr) const {
         if (tc) {
-            linear_ce_wgmma::shard_stats(stats, b.partials, a, o, r, nr, false, s);
+            linear_ce_wgmma::shard_stats(stats, b.partials, a, o, r, nr, s);
             return;
         }
         for (int64_t v = 0; v < V_local; v += t.cols) {
@@ -235,7 +231,7 @@ void check_linear_args(const LinearCrossEntropyArgs& a, const CrossEntropyOption
     ZG_CHECK(a.hidden && a.weight && a.targets && a.grad_output,
              "fused_linear: hidden, weight, targets and grad_output are required");
     ZG_CHECK(a.N > 0 && a.C > 0 && a.V > 0 && a.N <= INT32_MAX, "fused_linear: bad sizes");
-    ZG_CHECK(a.v0 >= 0 && a.V_local >= 0 && a.v0 + local_columns(a) <= a.V,
+    ZG_CHECK(a.v0 >= 0 && a.V_local >= 0 && a.v0 + a.local_vocab() <= a.V,
              "fused_linear: the shard [v0, v0 + V_local) must lie in [0, V)");
 }
 
@@ -263,7 +259,7 @@ void run_fused_linear(const LinearCrossEntropyArgs& a, const CrossEntropyOptions
              "fused_linear: gradients need dhidden and one of dweight / dweight_acc");
     ZG_CHECK(!a.tuning.rows_outer || !grads || a.dweight_acc,
              "fused_linear: rows_outer needs dweight_acc (dW adds up across row blocks in fp32)");
-    ZG_CHECK(a.v0 == 0 && local_columns(a) == a.V,
+    ZG_CHECK(a.v0 == 0 && a.local_vocab() == a.V,
              "fused_linear: run() takes the whole vocabulary; shards use linear_ce_shard_stats "
              "and linear_ce_shard_backward");
     const int64_t N = a.N, C = a.C;
@@ -325,13 +321,13 @@ void linear_ce_shard_stats(RowStatsF* stats, const LinearCrossEntropyArgs& a,
                            const CrossEntropyOptions& o, void* workspace, CUstream_st* s) {
     check_linear_args(a, o);
     ZG_CHECK(stats, "linear_ce_shard_stats: stats are required");
-    const TileShape t = tile_shape(a.N, local_columns(a), a.tuning);
+    const TileShape t = tile_shape(a.N, a.local_vocab(), a.tuning);
     WorkspaceLayout l(workspace);
     const ShardSteps sh{a,
                         o,
                         ce_view(a, nullptr),
                         t,
-                        carve_tiles(l, a.N, a.C, local_columns(a), t, a.tuning.wgmma_epilogue),
+                        carve_tiles(l, a.N, a.C, a.local_vocab(), t, a.tuning.wgmma_epilogue),
                         s};
     for (int64_t r = 0; r < a.N; r += t.rows) sh.stats_rows(stats, r, std::min(t.rows, a.N - r));
 }
@@ -342,13 +338,13 @@ void linear_ce_shard_backward(float* dh_acc, const RowGradParams* params,
     check_linear_args(a, o);
     ZG_CHECK(dh_acc && params && (a.dweight || a.dweight_acc),
              "linear_ce_shard_backward: needs dh_acc, params and one of dweight / dweight_acc");
-    const TileShape t = tile_shape(a.N, local_columns(a), a.tuning);
+    const TileShape t = tile_shape(a.N, a.local_vocab(), a.tuning);
     WorkspaceLayout l(workspace);
     const ShardSteps sh{a,
                         o,
                         ce_view(a, nullptr),
                         t,
-                        carve_tiles(l, a.N, a.C, local_columns(a), t, a.tuning.wgmma_epilogue),
+                        carve_tiles(l, a.N, a.C, a.local_vocab(), t, a.tuning.wgmma_epilogue),
                         s};
     sh.backward(params, dh_acc, /*dh_add=*/true);
 }

@@ -66,7 +66,6 @@ constexpr int kEpilogueThreads = 128;  // warpgroup 0: one row of the tile each
 #endif
 
 struct Params {
-    int64_t N;       // rows of h (the tensor map's extent)
     int64_t r0, nr;  // this launch's rows [r0, r0 + nr)
     int64_t c0, nc;  // and shard-local columns [c0, c0 + nc)
     int64_t v0;      // the shard's first global column (targets are global)
@@ -434,13 +433,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// stats[i] (+)= the groups' partials [groups][nr], merged in group order (deterministic)
+// stats[i] = the groups' partials [groups][nr], merged in group order (deterministic)
 __global__ void merge_groups_kernel(RowStatsF* stats, const RowStatsF* partials, int64_t nr,
-                                    int groups, bool accumulate) {
+                                    int groups) {
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= nr) return;
-    RowStatsF s = accumulate ? stats[i] : partials[i];
-    for (int g = accumulate ? 0 : 1; g < groups; g++) s = merge_stats(s, partials[g * nr + i]);
+    RowStatsF s = partials[i];
+    for (int g = 1; g < groups; g++) s = merge_stats(s, partials[g * nr + i]);
     stats[i] = s;
 }
 
@@ -477,20 +476,6 @@ CUtensorMap tensor_map(const void* base, int64_t rows, int64_t cols, int box_row
     return m;
 }
 
-int sm_count() {
-    static const int n = [] {
-        int dev = 0, v = 0;
-        ZG_CUDA_CHECK(cudaGetDevice(&dev));
-        ZG_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-        return v;
-    }();
-    return n;
-}
-
-int64_t local_columns(const LinearCrossEntropyArgs& a) {
-    return a.V_local > 0 ? a.V_local : a.V;
-}
-
 int column_groups(int64_t nc) {
     const int64_t tiles = (nc + kBN - 1) / kBN;
     return int((tiles + kTilesPerGroup - 1) / kTilesPerGroup);
@@ -499,7 +484,6 @@ int column_groups(int64_t nc) {
 Params launch_params(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, int64_t r0,
                      int64_t nr, int64_t c0, int64_t nc, int tiles_per_item) {
     Params p{};
-    p.N = a.N;
     p.r0 = r0;
     p.nr = nr;
     p.c0 = c0;
@@ -524,10 +508,10 @@ void launch(const LinearCrossEntropyArgs& a, const Params& p, CUstream_st* s) {
             logits_ce_kernel<kGrad>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     });
     const CUtensorMap mh = tensor_map(a.hidden, a.N, a.C, kBM, kBK);
-    const CUtensorMap mw = tensor_map(a.weight, local_columns(a), a.C, kBN, kBK);
+    const CUtensorMap mw = tensor_map(a.weight, a.local_vocab(), a.C, kBN, kBK);
     // the dlogits [nr, ld] in boxes of 128 x 64 (a placeholder where the stores are direct)
     const CUtensorMap mo = p.tma_store ? tensor_map(p.dlogits, p.nr, p.ld, kBM, 64) : mh;
-    const int grid = std::min(p.items, sm_count());
+    const int grid = std::min(p.items, current_device_sm_count());
     logits_ce_kernel<kGrad><<<grid, kThreads, kSmemBytes, s>>>(mh, mw, mo, p);
     ZG_CUDA_CHECK(cudaGetLastError());
 }
@@ -536,7 +520,7 @@ void launch(const LinearCrossEntropyArgs& a, const Params& p, CUstream_st* s) {
 // loads are spread over several tiles) whose items fill the persistent grid's last round to at
 // least 90%.
 int gradient_tiles_per_item(int row_tiles, int col_tiles) {
-    const int64_t ctas = sm_count();
+    const int64_t ctas = current_device_sm_count();
     for (int k = 4; k > 1; k--) {
         const int64_t items = int64_t(row_tiles) * ((col_tiles + k - 1) / k);
         const int64_t rounds = (items + ctas - 1) / ctas;
@@ -550,7 +534,7 @@ int gradient_tiles_per_item(int row_tiles, int col_tiles) {
 bool usable(const LinearCrossEntropyArgs& a) {
     const auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
     return current_device_is_sm90() && a.C % 8 == 0 && a.C <= INT32_MAX && aligned(a.hidden) &&
-           aligned(a.weight) && a.N < INT32_MAX - kBM && local_columns(a) < INT32_MAX - kBN;
+           aligned(a.weight) && a.N < INT32_MAX - kBM && a.local_vocab() < INT32_MAX - kBN;
 }
 
 size_t partials_count(int64_t rows, int64_t V_local) {
@@ -558,14 +542,13 @@ size_t partials_count(int64_t rows, int64_t V_local) {
 }
 
 void shard_stats(RowStatsF* stats, RowStatsF* partials, const LinearCrossEntropyArgs& a,
-                 const CrossEntropyOptions& o, int64_t r0, int64_t nr, bool accumulate,
-                 CUstream_st* s) {
-    Params p = launch_params(a, o, r0, nr, 0, local_columns(a), kTilesPerGroup);
+                 const CrossEntropyOptions& o, int64_t r0, int64_t nr, CUstream_st* s) {
+    Params p = launch_params(a, o, r0, nr, 0, a.local_vocab(), kTilesPerGroup);
     p.partials = partials;
     launch<false>(a, p, s);
-    const int groups = column_groups(local_columns(a));
-    merge_groups_kernel<<<unsigned((nr + 255) / 256), 256, 0, s>>>(stats + r0, partials, nr, groups,
-                                                                   accumulate);
+    const int groups = column_groups(a.local_vocab());
+    merge_groups_kernel<<<unsigned((nr + 255) / 256), 256, 0, s>>>(stats + r0, partials, nr,
+                                                                   groups);
     ZG_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -16,11 +16,10 @@ bool usable(const LinearCrossEntropyArgs& a);
 // RowStatsF entries of the statistics pass's per-group partials for `rows` rows.
 size_t partials_count(int64_t rows, int64_t V_local);
 
-// The shard's statistics of rows [r0, r0 + nr) into stats[r0, r0 + nr) (merged into them when
-// accumulate); partials: partials_count(nr, V_local) entries of scratch.
+// The shard's statistics of rows [r0, r0 + nr) into stats[r0, r0 + nr); partials:
+// partials_count(nr, V_local) entries of scratch.
 void shard_stats(RowStatsF* stats, RowStatsF* partials, const LinearCrossEntropyArgs& a,
-                 const CrossEntropyOptions& o, int64_t r0, int64_t nr, bool accumulate,
-                 CUstream_st* s);
+                 const CrossEntropyOptions& o, int64_t r0, int64_t nr, CUstream_st* s);
 
 // The dlogits of rows [r0, r0 + nr) x shard columns [c0, c0 + nc) as bf16 into out [nr, nc].
 void dlogits_tile(bf16* out, const RowGradParams* params, const LinearCrossEntropyArgs& a,

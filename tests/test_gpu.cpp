@@ -420,24 +420,25 @@ struct LinearProblem {
 // are expected, so dh and dW are held to 1e-2 (METHOD.md's range for bf16 operands) and the loss,
 // an average of many rows, to 2e-3 relative.
 TEST_CASE("fused_linear equals h W^T followed by the CPU head (chunks, row blocks, both orders)") {
-    for (const auto& v : cuda::linear_cross_entropy_variants())
-        for (Reduction r : {Reduction::mean, Reduction::none}) {
-            const std::string variant = v.name;
-            CAPTURE(variant);
-            for (int64_t V : {1000, 4099}) {
-                const int64_t N = 37, C = 64;
-                const std::string reduction = reduction_name(r);
-                CAPTURE(reduction);
-                CAPTURE(V);
-                const LinearProblem p(N, C, V, r);
-                const auto &h = p.h, &W = p.W, &go = p.go;
-                const auto& t = p.t;
-                const CrossEntropyOptions& o = p.o;
-                const CrossEntropySummary& want = p.want;
-                const auto &rows = p.rows, &dh = p.dh, &dW = p.dW;
-                // device, in each schedule: one row block or blocks of 16 rows (37 = 16 + 16 + 5),
-                // dW as bf16 or added to an fp32 accumulator, the row blocks inside or outside
+    for (Reduction r : {Reduction::mean, Reduction::none}) {
+        for (int64_t V : {1000, 4099}) {
+            const int64_t N = 37, C = 64;
+            const std::string reduction = reduction_name(r);
+            CAPTURE(reduction);
+            CAPTURE(V);
+            const LinearProblem p(N, C, V, r);
+            const auto &h = p.h, &W = p.W, &go = p.go;
+            const auto& t = p.t;
+            const CrossEntropyOptions& o = p.o;
+            const CrossEntropySummary& want = p.want;
+            const auto &rows = p.rows, &dh = p.dh, &dW = p.dW;
+            // every head (the fp64 answer once for all), in each schedule: one row block or
+            // blocks of 16 rows (37 = 16 + 16 + 5), dW as bf16 or added to an fp32
+            // accumulator, the row blocks inside or outside
+            for (const auto& v : cuda::linear_cross_entropy_variants())
                 for (const Schedule& sc : kSchedules) {
+                    const std::string variant = v.name;
+                    CAPTURE(variant);
                     CAPTURE(sc.name);
                     Dev dh_d(N * C * 2), dW_d(V * C * 2), dWacc_d(V * C * 4), hd(N * C * 2),
                         Wd(V * C * 2), td(N * 4), god(go.size() * 4), rowsd(N * 4),
@@ -448,7 +449,8 @@ TEST_CASE("fused_linear equals h W^T followed by the CPU head (chunks, row block
                     CUDA_OK(cudaMemcpy(god.p, go.data(), go.size() * 4, cudaMemcpyHostToDevice));
                     // poison: every weight row must be written
                     CUDA_OK(cudaMemset(dW_d.p, 0xFF, dW_d.bytes));
-                    // the accumulator starts at 0.125 everywhere: the head must add, not overwrite
+                    // the accumulator starts at 0.125 everywhere: the head must add, not
+                    // overwrite
                     const std::vector<float> acc0(V * C, 0.125f);
                     CUDA_OK(
                         cudaMemcpy(dWacc_d.p, acc0.data(), dWacc_d.bytes, cudaMemcpyHostToDevice));
@@ -467,8 +469,8 @@ TEST_CASE("fused_linear equals h W^T followed by the CPU head (chunks, row block
                     }
                     check_linear_grads(download(dh_d.p, N * C, LogitsType::bf16), dh, got_dW, dW);
                 }
-            }
         }
+    }
 }
 
 // fused_linear's vocab-parallel building blocks: W split into 3 uneven shards (one of a single row)

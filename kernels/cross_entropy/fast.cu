@@ -29,6 +29,7 @@
 #include "kernels/cross_entropy/ptx_sm90.cuh"
 #include "kernels/cuda_check.h"
 #include "kernels/cuda_common.cuh"
+#include "kernels/cuda_device.h"
 #include "kernels/slice_parts.h"
 
 namespace cg = cooperative_groups;
@@ -469,10 +470,6 @@ int max_smem_optin() {
     static const int v = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
     return v;
 }
-int sm_count() {
-    static const int v = device_attribute(cudaDevAttrMultiProcessorCount);
-    return v;
-}
 
 using FastKernel = void (*)(FastArgs);
 
@@ -649,8 +646,8 @@ void run_fast_schedule(const CrossEntropyArgs& a0, const CrossEntropyOptions& o,
             // (max_active_clusters also sets the helper kernel's shared memory size for its launch)
             const int help_fit = max_active_clusters(help_kernel, help);
             const int weight = a.tuning.helper_weight >= 0 ? a.tuning.helper_weight : kHelperWeight;
-            const HelperSplit split =
-                split_helper(a.N, sm_count(), clusters, plan, help, help_fit, weight);
+            const HelperSplit split = split_helper(a.N, current_device_sm_count(), clusters, plan,
+                                                   help, help_fit, weight);
             help_clusters = split.clusters;
             help_rows = split.rows;
         }
