@@ -1,19 +1,17 @@
 #include "kernels/cuda_common.cuh"
+#include "kernels/gelu.cuh"
 #include "kernels/gelu.h"
 
 namespace zgpt::cuda {
 
 namespace {
 
-constexpr float kSqrt2OverPi = 0.7978845608028654f;
-constexpr float kCubic = 0.044715f;
-
 template <typename T>
 __global__ void gelu_forward_kernel(T* out, const T* inp, int64_t n) {
     const int64_t stride = int64_t(gridDim.x) * blockDim.x;
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
         const float x = to_f(inp[i]);
-        out[i] = from_f<T>(0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + kCubic * x * x * x))));
+        out[i] = from_f<T>(gelu_f(x));
     }
 }
 
@@ -22,20 +20,8 @@ __global__ void gelu_backward_kernel(T* dinp, const T* inp, const T* dout, int64
     const int64_t stride = int64_t(gridDim.x) * blockDim.x;
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
         const float x = to_f(inp[i]);
-        const float th = tanhf(kSqrt2OverPi * (x + kCubic * x * x * x));
-        const float du = kSqrt2OverPi * (1.0f + 3.0f * kCubic * x * x);
-        const float g = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
-        dinp[i] = from_f<T>(to_f(dout[i]) * g);
+        dinp[i] = from_f<T>(to_f(dout[i]) * gelu_grad(x));
     }
-}
-
-__device__ __forceinline__ float gelu_f(float x) {
-    return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + kCubic * x * x * x)));
-}
-__device__ __forceinline__ float gelu_grad(float x) {
-    const float th = tanhf(kSqrt2OverPi * (x + kCubic * x * x * x));
-    const float du = kSqrt2OverPi * (1.0f + 3.0f * kCubic * x * x);
-    return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
 }
 
 // bf16, 8 elements per thread with 16-byte accesses (n % 8 == 0, 16-byte aligned pointers).

@@ -18,8 +18,9 @@ const std::vector<KernelFamily>& kernel_families() {
          {"fused_residual", "separate"},
          "fused_residual"},
         {"matmul",
-         "bias and GELU in the cuBLASLt epilogue, or separate passes (GPU)",
-         {"fused_epilogue", "separate"},
+         "bias and GELU in the cuBLASLt epilogue, or separate passes, or the forward GEMMs on "
+         "our Hopper kernel (GPU)",
+         {"fused_epilogue", "separate", "wgmma"},
          "fused_epilogue"},
     };
     return families;

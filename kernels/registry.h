@@ -31,6 +31,6 @@ bool is_linear_cross_entropy(const std::string& variant);
 
 // The ids the CUDA model branches on, resolved once from the names (never compared per step).
 enum class LayernormVariant { fused_residual, separate };
-enum class MatmulVariant { fused_epilogue, separate };
+enum class MatmulVariant { fused_epilogue, separate, wgmma };
 
 }  // namespace zgpt

@@ -174,23 +174,26 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
 void GptCuda::Impl::linear_forward(void* out, const void* inp, int w_idx, int b_idx, int64_t M,
                                    int64_t K, int64_t N) {
     cuda::Gemm gm = forward_gemm(out, inp, w_idx, M, K, N);
-    const bool fused = mm_variant == MatmulVariant::fused_epilogue;
+    const bool fused = mm_variant != MatmulVariant::separate;
     if (b_idx >= 0 && fused) {
         gm.epilogue = cuda::Epilogue::bias;
         gm.bias = w(b_idx);
     }
-    cuda::gemm(gm, stream);
+    // the wgmma variant's kernel where it runs (sm_90, bf16, aligned), cuBLASLt elsewhere
+    if (!(mm_variant == MatmulVariant::wgmma && cuda::try_gemm_wgmma(gm, stream)))
+        cuda::gemm(gm, stream);
     if (b_idx >= 0 && !fused) cuda::add_bias(out, w(b_idx), M, N, t, stream);
 }
 
 void GptCuda::Impl::fc_gelu_forward(void* fch, void* gelu, const void* inp, int w_idx, int b_idx,
                                     int64_t M, int64_t K, int64_t N) {
-    if (mm_variant == MatmulVariant::fused_epilogue) {
+    if (mm_variant != MatmulVariant::separate) {
         cuda::Gemm gm = forward_gemm(gelu, inp, w_idx, M, K, N);
         gm.epilogue = b_idx >= 0 ? cuda::Epilogue::gelu_aux_bias : cuda::Epilogue::gelu_aux;
         gm.bias = w(b_idx);
         gm.aux = fch;
-        cuda::gemm(gm, stream);
+        if (!(mm_variant == MatmulVariant::wgmma && cuda::try_gemm_wgmma(gm, stream)))
+            cuda::gemm(gm, stream);
     } else {
         linear_forward(fch, inp, w_idx, b_idx, M, K, N);
         cuda::gelu_forward(gelu, fch, M * N, t, stream);
@@ -201,7 +204,7 @@ bool GptCuda::Impl::linear_backward(void* dinp, const void* dout, const void* in
                                     int b_idx, int64_t M, int64_t K, int64_t N,
                                     const void* gelu_pre, bool head, const float* bias_parts,
                                     int64_t bias_part_rows) {
-    const bool fused = mm_variant == MatmulVariant::fused_epilogue;
+    const bool fused = mm_variant != MatmulVariant::separate;  // wgmma: cuBLASLt's backward
     bool gelu_done = false;
     // the head's dW stays on the main stream: on the weight-gradient stream it measured no
     // better (H100, same call: 123.57 against 123.54 ms)

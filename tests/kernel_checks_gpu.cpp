@@ -25,11 +25,13 @@
 
 #include "kernels/adamw.h"
 #include "kernels/attention.h"
+#include "kernels/cuda_device.h"
 #include "kernels/encoder.h"
 #include "kernels/gelu.h"
 #include "kernels/global_norm.h"
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
+#include "kernels/matmul_wgmma.h"
 #include "kernels/residual.h"
 #include "tests/ce_gpu.h"
 #include "tests/gpu_helpers.h"
@@ -203,7 +205,10 @@ void qk_layernorm(const HeadsDims& s, DType t) {
 }
 
 void matmul(const std::string& variant, const MatmulDims& s, DType t) {
-    const bool fused = variant == "fused_epilogue";
+    // wgmma: the forward products on our Hopper kernel where it runs, cuBLASLt's otherwise (and
+    // cuBLASLt's backward, as fused_epilogue)
+    const bool wgmma = variant == "wgmma";
+    const bool fused = variant == "fused_epilogue" || wgmma;
     REQUIRE((fused || variant == "separate"));
     const int64_t N = s.N, C = s.C, OC = s.OC;
     Rng rng(seed_of({N, C, OC, int64_t(t)}));
@@ -225,17 +230,57 @@ void matmul(const std::string& variant, const MatmulDims& s, DType t) {
     gm.M = N;
     gm.N = OC;
     gm.K = C;
+    // where the wgmma kernel must run: bf16, K and N multiples of 8, an sm_90 device
+    const bool ours =
+        wgmma && t == DType::bf16 && C % 8 == 0 && OC % 8 == 0 && cuda::current_device_is_sm90();
+    if (wgmma && !ours) MESSAGE("matmul wgmma: cuBLASLt runs this shape (not sm_90, or sizes)");
+    auto run = [&](const cuda::Gemm& g) {
+        if (wgmma) {
+            const bool ran = cuda::try_gemm_wgmma(g, nullptr);
+            CHECK(ran == ours);
+            if (ran) return;
+        }
+        cuda::gemm(g, nullptr);
+    };
     if (fused) {
         gm.epilogue = cuda::Epilogue::bias;
         gm.bias = db.p;
-        cuda::gemm(gm, nullptr);
-        check_close("x W^T + b", dY.get(), y, t);
+        run(gm);
+        const auto got_y = dY.get();
+        check_close("x W^T + b", got_y, y, t);
         gm.D = dG.p;
         gm.epilogue = cuda::Epilogue::gelu_aux_bias;
         gm.aux = dAux.p;
-        cuda::gemm(gm, nullptr);
-        check_close("aux (pre-GELU)", dAux.get(), y, t);
-        check_close("GELU(x W^T + b)", dG.get(), g, t, gelu_tol);
+        run(gm);
+        const auto got_aux = dAux.get(), got_g = dG.get();
+        check_close("aux (pre-GELU)", got_aux, y, t);
+        check_close("GELU(x W^T + b)", got_g, g, t, gelu_tol);
+        if (ours) {
+            // the same bits: the pre-activation of both epilogues, and GELU of the stored one
+            // (the separate pass), and again on a second run (no atomics, fixed order)
+            CHECK(got_aux == got_y);
+            DevT dG2(t, N * OC), dAux2(t, N * OC);
+            cuda::gelu_forward(dG2.p, dAux.p, N * OC, t, nullptr);
+            CHECK(dG2.get() == got_g);
+            gm.D = dG2.p;
+            gm.aux = dAux2.p;
+            run(gm);
+            CHECK(dAux2.get() == got_aux);
+            CHECK(dG2.get() == got_g);
+            // without a bias
+            gm.epilogue = cuda::Epilogue::gelu_aux;
+            run(gm);
+            std::vector<double> y0(N * OC), g0(N * OC);
+            cpu::matmul_forward(y0.data(), x.data(), w.data(), static_cast<const double*>(nullptr),
+                                N, C, OC);
+            cpu::gelu_forward(g0.data(), y0.data(), N * OC);
+            check_close("aux, no bias", dAux2.get(), y0, t);
+            check_close("GELU(x W^T)", dG2.get(), g0, t, gelu_tol);
+            gm.epilogue = cuda::Epilogue::none;
+            gm.D = dY.p;
+            run(gm);
+            check_close("x W^T", dY.get(), y0, t);
+        }
     } else {
         cuda::gemm(gm, nullptr);
         cuda::add_bias(dY.p, db.p, N, OC, t, nullptr);

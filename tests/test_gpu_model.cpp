@@ -332,7 +332,7 @@ TEST_CASE("every kernel-variant combination trains; losses agree within bf16 noi
     for (const char* att : {"flash", "flash_mma", "naive"})
         for (const char* ce : {"naive", "online", "fast", "fused_linear"})
             for (const char* ln : {"fused_residual", "separate"})
-                for (const char* mm : {"fused_epilogue", "separate"})
+                for (const char* mm : {"fused_epilogue", "separate", "wgmma"})
                     for (bool recompute : {false, true}) {
                         c.kernels = {att, ce, ln, mm};
                         c.train.recompute_gelu = recompute;
@@ -347,7 +347,7 @@ TEST_CASE("every kernel-variant combination trains; losses agree within bf16 noi
                             CHECK(close(got[i], ref[i], 2e-2, 0));
                         combos++;
                     }
-    CHECK(combos == 96);
+    CHECK(combos == 144);
 }
 
 TEST_CASE(

@@ -307,9 +307,16 @@ std::string text(const MatmulDims& s) {
     return dims({{"N", s.N}, {"C", s.C}, {"OC", s.OC}});
 }
 
+// wgmma's own tiles (128 x 256, K in steps of 64): K past the last full step, a partial last row
+// and column tile, and more tiles than SMs (each CTA walks several: the ring and the tile buffer
+// go round more than once).
+const MatmulDims kWgmmaShapes[] = {{300, 200, 520}, {16411, 40, 776}};
+
 void matmul_rows(const std::string& v, std::vector<Row>& rows) {
+    std::vector<MatmulDims> shapes(std::begin(kMatmulShapes), std::end(kMatmulShapes));
+    if (v == "wgmma") shapes.insert(shapes.end(), std::begin(kWgmmaShapes), std::end(kWgmmaShapes));
     for (DType t : kTypes)
-        for (const MatmulDims& s : kMatmulShapes)
+        for (const MatmulDims& s : shapes)
             rows.push_back(
                 {"matmul", v, text(s), dtype_name(t), true, GPU_CHECK(gpu::matmul(v, s, t))});
 }
@@ -385,7 +392,7 @@ std::vector<Runner> runners() {
                 {"naive", "online", "fast", "fast_lockstep", "fused_linear", "fused_linear_wgmma"},
                 cross_entropy_rows);
     per_variant("layernorm", {"fused_residual", "separate"}, layernorm_rows);
-    per_variant("matmul", {"fused_epilogue", "separate"}, matmul_rows);
+    per_variant("matmul", {"fused_epilogue", "separate", "wgmma"}, matmul_rows);
     r.push_back({"matmul", "cpu", matmul_cpu_rows});
     r.push_back({"qk_layernorm", "cuda", qk_layernorm_rows});
     r.push_back({"encoder", "cuda", encoder_rows});

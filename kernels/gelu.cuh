@@ -1,0 +1,22 @@
+// GELU (tanh approximation, GPT-2's form) and its derivative on the device, shared by the GELU
+// kernels (kernels/gelu.cu) and the GEMM epilogue of kernels/matmul_wgmma.cu, so that both
+// compute the same bits.
+#pragma once
+
+namespace zgpt::cuda {
+namespace {
+
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kCubic = 0.044715f;
+
+__device__ __forceinline__ float gelu_f(float x) {
+    return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + kCubic * x * x * x)));
+}
+__device__ __forceinline__ float gelu_grad(float x) {
+    const float th = tanhf(kSqrt2OverPi * (x + kCubic * x * x * x));
+    const float du = kSqrt2OverPi * (1.0f + 3.0f * kCubic * x * x);
+    return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
+}
+
+}  // namespace
+}  // namespace zgpt::cuda

@@ -1,0 +1,182 @@
+// The forward GEMM of the `wgmma` matmul variant: D = epilogue(A B^T) on the persistent Hopper
+// core of kernels/hopper_gemm.cuh. Why: at the trainer's shapes cuBLASLt's GELU-epilogue GEMM ran
+// at 1.66x its FLOP floor (fc + GELU 7.86 ms against 4.74 ms for 12 layers, H100, a8b7ce4), and
+// the plain and bias GEMMs at 1.2-1.3x, while this core ran the fused head's logits at 96% of
+// cuBLASLt's 8192^3 rate.
+//
+// - Tiles walk columns fastest (tile t: row tile t / col_tiles, column tile t % col_tiles), so the
+//   CTAs running together share A's rows in L2 and the layers' weights (at most 3072 x 768) stay
+//   in L2 whole; a B of more than 16 MB (the LM head's) is walked rows fastest instead.
+// - The consumers add the bias to the fp32 accumulator (as cuBLASLt's epilogue does) before
+//   rounding it to bf16 into the tile buffer.
+// - The epilogue warpgroup (one row of the tile per thread) stores the buffer with TMA; with GELU
+//   it first stores it as the pre-activation (aux), then takes GELU of the stored bf16 values in
+//   place (kernels/gelu.cuh: the bits of the `separate` variant's GELU pass) and stores that.
+#include "kernels/matmul_wgmma.h"
+
+#include <algorithm>
+#include <mutex>
+
+#include "kernels/cuda_common.cuh"
+#include "kernels/cuda_device.h"
+#include "kernels/gelu.cuh"
+#include "kernels/hopper_gemm.cuh"
+
+namespace zgpt::cuda {
+
+namespace {
+
+using namespace hopper_gemm;
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define ZG_NO_WGMMA 1  // device pass for another architecture: the kernel compiles to a trap
+#endif
+
+struct Params {
+    int M, N, K;
+    int row_tiles, col_tiles, tiles;
+    bool rows_fastest;  // B too large to stay in L2 (the LM head's weight): walk rows fastest
+    const bf16* bias;   // [N] or null
+    bool gelu;          // D = GELU(pre), pre stored through map_aux
+};
+
+// The CTA's tiles (hopper_gemm::consume's walk): blockIdx.x, + gridDim.x, ..., columns fastest (or
+// rows, Params::rows_fastest).
+struct GridTiles {
+    const Params* p;
+    int t, row = 0, col = 0;
+    __device__ explicit GridTiles(const Params& q) : p(&q), t(int(blockIdx.x)) { place(); }
+    __device__ bool done() const { return t >= p->tiles; }
+    __device__ void place() {
+        const bool rf = p->rows_fastest;
+        row = (rf ? t % p->row_tiles : t / p->col_tiles) * kBM;
+        col = (rf ? t / p->row_tiles : t % p->col_tiles) * kBN;
+    }
+    __device__ void next() {
+        t += gridDim.x;
+        place();
+    }
+};
+
+// acc += bias of the tile's columns (from `col`); columns past N get 0 (their outputs are not
+// stored). The thread's element 4 i + 2 h + e is column 8 i + 2 tq + e.
+__device__ __forceinline__ void add_bias_columns(float (&acc)[128], const bf16* bias, int col,
+                                                 int N) {
+    const int tq = threadIdx.x % 4;
+#pragma unroll
+    for (int i = 0; i < 32; i++) {
+        const int c = col + 8 * i + 2 * tq;  // even, and N % 8 == 0: c + 1 < N when c < N
+        float2 b = make_float2(0.f, 0.f);
+        if (c < N) b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(bias + c));
+        acc[4 * i] += b.x;
+        acc[4 * i + 1] += b.y;
+        acc[4 * i + 2] += b.x;
+        acc[4 * i + 3] += b.y;
+    }
+}
+
+// The buffer to `map` at the tile, once every epilogue thread is done writing it.
+__device__ __forceinline__ void store_tile(const CUtensorMap* map, uint32_t buf,
+                                           const GridTiles& t) {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    epilogue_sync();
+    if (threadIdx.x == 0) store_buffer(map, buf, t.col, t.row);
+    epilogue_sync();
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    gemm_kernel(const __grid_constant__ CUtensorMap map_a,
+                const __grid_constant__ CUtensorMap map_b,
+                const __grid_constant__ CUtensorMap map_d,
+                const __grid_constant__ CUtensorMap map_aux, const Params p) {
+#ifdef ZG_NO_WGMMA
+    __trap();
+#else
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const Smem sm = setup_smem(smem_raw);
+    const int tid = threadIdx.x, lane = tid % 32;
+    if (tid < kEpilogueThreads) {  // the epilogue: thread tid handles row tid of each tile
+        uint32_t n = 0;
+        for (GridTiles t(p); !t.done(); t.next(), n++) {
+            bar_wait(sm.buf_full(), n & 1);
+            if (p.gelu) {
+                store_tile(&map_aux, sm.buf, t);
+#pragma unroll 4
+                for (int c = 0; c < kBN / 8; c++) {
+                    float v[8];
+                    const uint32_t a = buf_chunk(sm.buf, tid, c);
+                    lds_chunk(a, v);
+#pragma unroll
+                    for (int k = 0; k < 8; k++) v[k] = gelu_f(v[k]);
+                    sts_chunk(a, v);
+                }
+            }
+            store_tile(&map_d, sm.buf, t);
+            __syncwarp();
+            if (lane == 0) bar_arrive(sm.buf_empty());
+        }
+        if (tid == 0) tma_store_wait();  // the buffer must outlive the stores
+        return;
+    }
+    consume(sm, &map_a, &map_b, GridTiles(p), (p.K + kBK - 1) / kBK,
+            [&](float(&acc)[128], const GridTiles& t) {
+                if (p.bias) add_bias_columns(acc, p.bias, t.col, p.N);
+            });
+#endif
+}
+
+bool aligned16(const void* q) {
+    return reinterpret_cast<uintptr_t>(q) % 16 == 0;
+}
+
+}  // namespace
+
+bool gemm_wgmma_usable(const Gemm& g) {
+    const bool bias = g.epilogue == Epilogue::bias || g.epilogue == Epilogue::gelu_aux_bias;
+    const bool gelu = g.epilogue == Epilogue::gelu_aux || g.epilogue == Epilogue::gelu_aux_bias;
+    const bool epilogue_ok = g.epilogue == Epilogue::none || bias || gelu;
+    return epilogue_ok && g.ab_type == DType::bf16 && g.d_type == DType::bf16 && !g.trans_a &&
+           g.trans_b && g.alpha == 1.0f && g.beta == 0.0f && g.M > 0 && g.N > 0 && g.K > 0 &&
+           g.K % 8 == 0 && g.N % 8 == 0 && g.M < INT32_MAX - kBM && g.N < INT32_MAX - kBN &&
+           g.K < INT32_MAX && aligned16(g.A) && aligned16(g.B) && aligned16(g.D) &&
+           (!bias || (g.bias && reinterpret_cast<uintptr_t>(g.bias) % 4 == 0)) &&
+           (!gelu || (g.aux && aligned16(g.aux))) && current_device_is_sm90();
+}
+
+bool try_gemm_wgmma(const Gemm& g, CUstream_st* stream) {
+    if (!gemm_wgmma_usable(g)) return false;
+    static std::once_flag once;
+    std::call_once(once, [] {
+        ZG_CUDA_CHECK(cudaFuncSetAttribute(gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           kSmemBytes));
+    });
+    Params p{};
+    p.M = int(g.M);
+    p.N = int(g.N);
+    p.K = int(g.K);
+    const int64_t row_tiles = (g.M + kBM - 1) / kBM;
+    p.row_tiles = int(row_tiles);
+    p.col_tiles = int((g.N + kBN - 1) / kBN);
+    const int64_t tiles = row_tiles * int64_t(p.col_tiles);
+    ZG_CHECK(tiles < INT32_MAX, "gemm_wgmma: too many tiles");
+    p.tiles = int(tiles);
+    // Columns fastest keeps each row tile of A in L2 while the CTAs take its column tiles; that
+    // re-reads B once per row tile, which stays in L2 only while B is small beside the 50 MB L2
+    // (the layers' weights: at most 4.7 MB). The LM head's weight (77 MB at V = 50304) is walked
+    // the other way, as fused_linear_wgmma walks it.
+    p.rows_fastest = g.N * g.K * 2 > (int64_t(16) << 20);
+    const bool bias = g.epilogue == Epilogue::bias || g.epilogue == Epilogue::gelu_aux_bias;
+    p.bias = bias ? static_cast<const bf16*>(g.bias) : nullptr;
+    p.gelu = g.epilogue == Epilogue::gelu_aux || g.epilogue == Epilogue::gelu_aux_bias;
+    using hopper_gemm::tensor_map;
+    const CUtensorMap ma = tensor_map(g.A, g.M, g.K, kBM, kBK);
+    const CUtensorMap mb = tensor_map(g.B, g.N, g.K, kBN, kBK);
+    const CUtensorMap md = tensor_map(g.D, g.M, g.N, kBM, 64);
+    const CUtensorMap mx = p.gelu ? tensor_map(g.aux, g.M, g.N, kBM, 64) : md;
+    const int grid = std::min(p.tiles, current_device_sm_count());
+    gemm_kernel<<<grid, kThreads, kSmemBytes, stream>>>(ma, mb, md, mx, p);
+    ZG_CUDA_CHECK(cudaGetLastError());
+    return true;
+}
+
+}  // namespace zgpt::cuda
