@@ -93,9 +93,10 @@ __device__ __forceinline__ void tma_store_wait_read() {
 __device__ __forceinline__ void tma_store_wait() {
     asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
-// The epilogue warpgroup's own barrier (named barrier 1; 0 is __syncthreads').
+// The epilogue threads' own barrier (named barrier 1; 0 is __syncthreads'): the first N threads.
+template <int N = kEpilogueThreads>
 __device__ __forceinline__ void epilogue_sync() {
-    asm volatile("bar.sync 1, %0;\n" ::"n"(kEpilogueThreads) : "memory");
+    asm volatile("bar.sync 1, %0;\n" ::"n"(N) : "memory");
 }
 
 // ---------------------------------------------------------------- wgmma
@@ -207,8 +208,10 @@ struct Smem {
     __device__ uint32_t buf_empty() const { return bars + 16 * kStages + 8; }
 };
 // The ring, the tile buffer and the barriers in the dynamic shared memory (kSmemBytes), the
-// barriers initialised; every thread of the CTA calls it.
-__device__ __forceinline__ Smem setup_smem(unsigned char* raw) {
+// barriers initialised (buf_empty takes one arrival from each of `epilogue_warps` warps); every
+// thread of the CTA calls it.
+__device__ __forceinline__ Smem setup_smem(unsigned char* raw,
+                                           int epilogue_warps = kEpilogueThreads / 32) {
     Smem m;
     m.base = (smem_u32(raw) + 1023u) & ~1023u;
     m.buf = m.base + kStages * kStageBytes;
@@ -219,26 +222,45 @@ __device__ __forceinline__ Smem setup_smem(unsigned char* raw) {
             bar_init(m.empty(s), 8);  // lane 0 of each consumer warp
         }
         bar_init(m.buf_full(), 8);  // lane 0 of each consumer warp
-        bar_init(m.buf_empty(), kEpilogueThreads / 32);
+        bar_init(m.buf_empty(), unsigned(epilogue_warps));
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
     return m;
 }
 
-// ---------------------------------------------------------------- the consumers
-// The consumers' loop over the CTA's tiles. `Tiles` walks them in order: done(), row (of A) and
-// col (row of B) of the current tile, next(). For each tile: the products over the ring (thread
-// 128 refilling it, `ksteps` stages of kBK per tile), then transform(acc, tiles) (what the kernel
-// adds in fp32, such as a bias) and the accumulator into the tile buffer once the epilogue has
-// freed it. Called by warpgroups 1 and 2.
-template <class Tiles, class Transform>
+// ---------------------------------------------------------------- loads and products
+// `Tiles` walks the CTA's tiles in order: done(), row (of A) and col (row of B) of the current
+// tile, next().
+//
+// All the CTA's loads from one thread outside the consumers (a producer): iteration j (tile j /
+// ksteps, k step j % ksteps) into stage j % S once the consumers have freed iteration j - S.
+template <class Tiles>
+__device__ __forceinline__ void produce(const Smem& sm, const CUtensorMap* map_a,
+                                        const CUtensorMap* map_b, Tiles tiles, int ksteps) {
+    uint32_t j = 0;
+    for (; !tiles.done(); tiles.next())
+        for (int k = 0; k < ksteps; k++, j++) {
+            const int s = int(j % kStages);
+            if (j >= kStages) bar_wait(sm.empty(s), (j / kStages - 1) & 1);
+            bar_expect(sm.full(s), kStageBytes);
+            tma_load(sm.a_tile(s), map_a, sm.full(s), k * kBK, tiles.row);
+            tma_load(sm.b_tile(s), map_b, sm.full(s), k * kBK, tiles.col);
+        }
+}
+
+// The consumers' loop over the CTA's tiles. For each tile: the products over the ring (`ksteps`
+// stages of kBK per tile; with kLoads, thread 128 also issues the loads, refilling each stage once
+// both warpgroups have freed it; without, produce() runs elsewhere), then transform(acc, tiles)
+// (what the kernel adds in fp32, such as a bias) and the accumulator into the tile buffer once the
+// epilogue has freed it. Called by warpgroups 1 and 2.
+template <bool kLoads, class Tiles, class Transform>
 __device__ __forceinline__ void consume(const Smem& sm, const CUtensorMap* map_a,
                                         const CUtensorMap* map_b, Tiles tiles, int ksteps,
                                         Transform&& transform) {
     constexpr int S = kStages;
     const int tid = threadIdx.x, cw = tid / 128 - 1, warp = tid % 128 / 32, lane = tid % 32;
-    const bool loader = tid == 128;
+    const bool loader = kLoads && tid == 128;
     Tiles next = tiles;  // where the loads are
     int next_k = 0;
     auto load = [&](int s) {

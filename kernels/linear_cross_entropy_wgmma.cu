@@ -191,8 +191,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         return;
     }
 
-    consume(sm, &map_h, &map_w, ItemTiles(p), (p.C + kBK - 1) / kBK,
-            [](float(&)[128], const ItemTiles&) {});
+    consume<true>(sm, &map_h, &map_w, ItemTiles(p), (p.C + kBK - 1) / kBK,
+                  [](float(&)[128], const ItemTiles&) {});
 #endif
 }
 
