@@ -3,16 +3,16 @@
 // GELU). C = A B^T with A [M, K] and B [N, K] bf16, both K-major (row-major, K contiguous).
 //
 // Per CTA (one per SM, 384 threads): warpgroup 0 is the kernel's epilogue; warpgroups 1 and 2 are
-// the consumers, 64 rows of each 128 x 256 tile each, on wgmma.m64n256k16 from a ring of kStages
-// stages (a 128 x 64 tile of A and a 256 x 64 tile of B each, loaded by the tensor memory
-// accelerator in the 128-byte swizzle; rows and columns past the end arrive as zeros, so odd
-// sizes need no masking). One consumer thread refills a stage once both warpgroups have freed it.
-// At the end of a tile the consumers round the fp32 accumulator to bf16 into one tile buffer in
-// shared memory (stmatrix, the swizzle the TMA store reads) and go on to the next tile while the
-// epilogue warpgroup works on the buffer: two mbarriers hand it back and forth (buf_full: the
-// consumers wrote a tile; buf_empty: the epilogue is done with it). A fourth warpgroup (a
-// producer) does not fit: a kernel of 512 threads gets 128 registers a thread, and ptxas needs 154
-// for the m64n256 accumulator.
+// the consumers, 64 rows of each 128 x 256 tile each, on wgmma.m64n256k16 from a ring of stages (a
+// 128 x 64 tile of A and a 256 x 64 tile of B each, loaded by the tensor memory accelerator in the
+// 128-byte swizzle; rows and columns past the end arrive as zeros, so odd sizes need no masking).
+// One consumer thread refills a stage once both warpgroups have freed it. At the end of a tile the
+// consumers round the fp32 accumulator to bf16 into one tile buffer in shared memory (stmatrix, the
+// swizzle the TMA store reads; Shape: the whole tile, or two halves one after the other) and go on
+// to the next tile while the epilogue warpgroup works on the buffer: two mbarriers hand it back and
+// forth (buf_full: the consumers wrote a tile; buf_empty: the epilogue is done with it). A fourth
+// warpgroup (a producer) does not fit: a kernel of 512 threads gets 128 registers a thread, and
+// ptxas needs 154 for the m64n256 accumulator.
 //
 // In an anonymous namespace, as kernels/wgmma.cuh: each translation unit keeps its copies.
 #pragma once
@@ -38,10 +38,21 @@ constexpr int kEpilogueThreads = 128;
 constexpr int kATileBytes = kBM * kBK * 2;  // 16 KB
 constexpr int kBTileBytes = kBN * kBK * 2;  // 32 KB
 constexpr int kStageBytes = kATileBytes + kBTileBytes;
-constexpr int kStages = 3;                // 3 x 48 KB, beside the 64 KB tile buffer
-constexpr int kBufBytes = kBM * kBN * 2;  // the tile buffer: 128 x 256 bf16
-constexpr int kSmemBytes =
-    kStages * kStageBytes + kBufBytes + 1024 /* alignment */ + 256 /* barriers */;
+// The ring's stages and the tile buffer's columns: the whole 128 x 256 tile beside three stages
+// (the fused cross-entropy, whose epilogue works on whole rows), or half of it, which the
+// consumers fill twice per tile, beside four (the GEMM, whose epilogue only stores).
+template <int kStages_, int kBufCols_>
+struct Shape {
+    static constexpr int kStages = kStages_, kBufCols = kBufCols_;
+    static constexpr int kParts = kBN / kBufCols;  // buffer fills per tile
+    static constexpr int kBufBytes = kBM * kBufCols * 2;
+    static constexpr int kSmemBytes =
+        kStages * kStageBytes + kBufBytes + 1024 /* alignment */ + 256 /* barriers */;
+    static_assert(kSmemBytes <= 227 * 1024, "more than a CTA's shared memory");
+    static_assert(kBN % kBufCols == 0 && kBufCols % 64 == 0, "whole 64-column boxes");
+};
+using WholeTile = Shape<3, 256>;
+using HalfTile = Shape<4, 128>;
 
 // ---------------------------------------------------------------- mbarriers, TMA
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -139,10 +150,10 @@ __device__ __forceinline__ void wgmma_256(float (&d)[128], uint64_t a, uint64_t 
 }
 
 // ---------------------------------------------------------------- the tile buffer
-// 128 rows x 256 columns of bf16 as four boxes of 64 columns (16 KB each) in the 128-byte swizzle
-// the TMA store reads: column 8 c + e of row r is at box c / 8, 16-byte chunk (c % 8) ^ (r % 8)
-// of the box's 128-byte row r. The consumers' stores (a warp: 8 rows x 4 pairs of one chunk) and
-// the epilogue's 16-byte loads (a warp: 32 rows, one chunk each) are free of bank conflicts.
+// 128 rows x 256 (or 128) columns of bf16 as boxes of 64 columns (16 KB each) in the 128-byte
+// swizzle the TMA store reads: column 8 c + e of row r is at box c / 8, 16-byte chunk (c % 8) ^ (r
+// % 8) of the box's 128-byte row r. The consumers' stores (a warp: 8 rows x 4 pairs of one chunk)
+// and the epilogue's 16-byte loads (a warp: 32 rows, one chunk each) are free of bank conflicts.
 __device__ __forceinline__ uint32_t buf_chunk(uint32_t buf, int r, int c) {
     return buf + (c / 8) * (kBM * 128) + r * 128 + (((c % 8) ^ (r % 8)) << 4);
 }
@@ -150,22 +161,24 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<const uint32_t*>(&v);
 }
-// The consumer warp's 16 accumulator rows (r0 .. r0 + 15) into the buffer as bf16, four 8 x 8
-// blocks per stmatrix: the accumulator's pair 4 i + 2 h (+ 1) of a thread is row gq + 8 h,
-// columns 8 i + 2 tq (+ 1), the fragment layout stmatrix takes. Lane L gives the address of row
-// L % 8 of block L / 8: blocks (i, h = 0), (i, 1), (i + 1, 0), (i + 1, 1).
-__device__ __forceinline__ void stage_tile(uint32_t buf, const float (&acc)[128], int r0,
-                                           int lane) {
+// The consumer warp's 16 accumulator rows (r0 .. r0 + 15), columns [part x kCols, + kCols), into
+// the buffer as bf16, four 8 x 8 blocks per stmatrix: the accumulator's pair 4 i + 2 h (+ 1) of a
+// thread is row gq + 8 h, columns 8 i + 2 tq (+ 1), the fragment layout stmatrix takes. Lane L
+// gives the address of row L % 8 of block L / 8: blocks (i, h = 0), (i, 1), (i + 1, 0), (i + 1, 1).
+template <int kCols>
+__device__ __forceinline__ void stage_tile(uint32_t buf, const float (&acc)[128], int r0, int lane,
+                                           int part) {
     const int m = lane / 8, row = r0 + lane % 8 + 8 * (m % 2);
+    const int i0 = part * (kCols / 8);
 #pragma unroll
-    for (int i = 0; i < 32; i += 2) {
+    for (int i = 0; i < kCols / 8; i += 2) {
         const uint32_t addr = buf_chunk(buf, row, i + m / 2);
         asm volatile(
             "stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
-            "r"(pack_bf16(acc[4 * i], acc[4 * i + 1])),
-            "r"(pack_bf16(acc[4 * i + 2], acc[4 * i + 3])),
-            "r"(pack_bf16(acc[4 * i + 4], acc[4 * i + 5])),
-            "r"(pack_bf16(acc[4 * i + 6], acc[4 * i + 7]))
+            "r"(pack_bf16(acc[4 * (i0 + i)], acc[4 * (i0 + i) + 1])),
+            "r"(pack_bf16(acc[4 * (i0 + i) + 2], acc[4 * (i0 + i) + 3])),
+            "r"(pack_bf16(acc[4 * (i0 + i) + 4], acc[4 * (i0 + i) + 5])),
+            "r"(pack_bf16(acc[4 * (i0 + i) + 6], acc[4 * (i0 + i) + 7]))
             : "memory");
     }
 }
@@ -188,17 +201,20 @@ __device__ __forceinline__ void sts_chunk(uint32_t addr, const float (&v)[8]) {
                  "r"(pack_bf16(v[6], v[7]))
                  : "memory");
 }
-// The buffer's four boxes to the tensor `map` at (column x, row y), then wait until they have
-// been read (the buffer may be rewritten after this). One thread.
+// The buffer's kCols / 64 boxes to the tensor `map` at (column x, row y), then wait until they
+// have been read (the buffer may be rewritten after this). One thread.
+template <int kCols>
 __device__ __forceinline__ void store_buffer(const CUtensorMap* map, uint32_t buf, int x, int y) {
 #pragma unroll
-    for (int b = 0; b < kBN / 64; b++) tma_store(map, buf + b * (kBM * 128), x + 64 * b, y);
+    for (int b = 0; b < kCols / 64; b++) tma_store(map, buf + b * (kBM * 128), x + 64 * b, y);
     tma_store_commit();
     tma_store_wait_read();
 }
 
 // ---------------------------------------------------------------- shared memory
+template <class Cfg>
 struct Smem {
+    static constexpr int kStages = Cfg::kStages;
     uint32_t base, buf, bars;
     __device__ uint32_t a_tile(int s) const { return base + s * kStageBytes; }
     __device__ uint32_t b_tile(int s) const { return base + s * kStageBytes + kATileBytes; }
@@ -207,17 +223,18 @@ struct Smem {
     __device__ uint32_t buf_full() const { return bars + 16 * kStages; }
     __device__ uint32_t buf_empty() const { return bars + 16 * kStages + 8; }
 };
-// The ring, the tile buffer and the barriers in the dynamic shared memory (kSmemBytes), the
+// The ring, the tile buffer and the barriers in the dynamic shared memory (Cfg::kSmemBytes), the
 // barriers initialised (buf_empty takes one arrival from each of `epilogue_warps` warps); every
 // thread of the CTA calls it.
-__device__ __forceinline__ Smem setup_smem(unsigned char* raw,
-                                           int epilogue_warps = kEpilogueThreads / 32) {
-    Smem m;
+template <class Cfg>
+__device__ __forceinline__ Smem<Cfg> setup_smem(unsigned char* raw,
+                                                int epilogue_warps = kEpilogueThreads / 32) {
+    Smem<Cfg> m;
     m.base = (smem_u32(raw) + 1023u) & ~1023u;
-    m.buf = m.base + kStages * kStageBytes;
-    m.bars = m.buf + kBufBytes;
+    m.buf = m.base + Cfg::kStages * kStageBytes;
+    m.bars = m.buf + Cfg::kBufBytes;
     if (threadIdx.x == 0) {
-        for (int s = 0; s < kStages; s++) {
+        for (int s = 0; s < Cfg::kStages; s++) {
             bar_init(m.full(s), 1);
             bar_init(m.empty(s), 8);  // lane 0 of each consumer warp
         }
@@ -235,14 +252,15 @@ __device__ __forceinline__ Smem setup_smem(unsigned char* raw,
 //
 // All the CTA's loads from one thread outside the consumers (a producer): iteration j (tile j /
 // ksteps, k step j % ksteps) into stage j % S once the consumers have freed iteration j - S.
-template <class Tiles>
-__device__ __forceinline__ void produce(const Smem& sm, const CUtensorMap* map_a,
+template <class Cfg, class Tiles>
+__device__ __forceinline__ void produce(const Smem<Cfg>& sm, const CUtensorMap* map_a,
                                         const CUtensorMap* map_b, Tiles tiles, int ksteps) {
+    constexpr uint32_t S = Cfg::kStages;
     uint32_t j = 0;
     for (; !tiles.done(); tiles.next())
         for (int k = 0; k < ksteps; k++, j++) {
-            const int s = int(j % kStages);
-            if (j >= kStages) bar_wait(sm.empty(s), (j / kStages - 1) & 1);
+            const int s = int(j % S);
+            if (j >= S) bar_wait(sm.empty(s), (j / S - 1) & 1);
             bar_expect(sm.full(s), kStageBytes);
             tma_load(sm.a_tile(s), map_a, sm.full(s), k * kBK, tiles.row);
             tma_load(sm.b_tile(s), map_b, sm.full(s), k * kBK, tiles.col);
@@ -254,11 +272,11 @@ __device__ __forceinline__ void produce(const Smem& sm, const CUtensorMap* map_a
 // both warpgroups have freed it; without, produce() runs elsewhere), then transform(acc, tiles)
 // (what the kernel adds in fp32, such as a bias) and the accumulator into the tile buffer once the
 // epilogue has freed it. Called by warpgroups 1 and 2.
-template <bool kLoads, class Tiles, class Transform>
-__device__ __forceinline__ void consume(const Smem& sm, const CUtensorMap* map_a,
+template <class Cfg, bool kLoads, class Tiles, class Transform>
+__device__ __forceinline__ void consume(const Smem<Cfg>& sm, const CUtensorMap* map_a,
                                         const CUtensorMap* map_b, Tiles tiles, int ksteps,
                                         Transform&& transform) {
-    constexpr int S = kStages;
+    constexpr int S = Cfg::kStages;
     const int tid = threadIdx.x, cw = tid / 128 - 1, warp = tid % 128 / 32, lane = tid % 32;
     const bool loader = kLoads && tid == 128;
     Tiles next = tiles;  // where the loads are
@@ -279,8 +297,8 @@ __device__ __forceinline__ void consume(const Smem& sm, const CUtensorMap* map_a
     };
     if (loader)
         for (int s = 0; s < S && !next.done(); s++) load(s);
-    uint32_t it = 0, n = 0;
-    for (; !tiles.done(); tiles.next(), n++) {
+    uint32_t it = 0, n = 0;  // n: buffer fills so far
+    for (; !tiles.done(); tiles.next()) {
         float acc[128];
         for (int k = 0; k < ksteps; k++, it++) {
             const int s = int(it % S);
@@ -301,10 +319,13 @@ __device__ __forceinline__ void consume(const Smem& sm, const CUtensorMap* map_a
         if (lane == 0) bar_arrive(sm.empty(int((it - 1) % S)));
         refill(it - 1);
         transform(acc, tiles);
-        if (n > 0) bar_wait(sm.buf_empty(), (n - 1) & 1);  // the epilogue is done with tile n - 1
-        stage_tile(sm.buf, acc, cw * 64 + warp * 16, lane);
-        __syncwarp();
-        if (lane == 0) bar_arrive(sm.buf_full());
+        for (int part = 0; part < Cfg::kParts; part++, n++) {
+            if (n > 0)
+                bar_wait(sm.buf_empty(), (n - 1) & 1);  // the epilogue is done with fill n - 1
+            stage_tile<Cfg::kBufCols>(sm.buf, acc, cw * 64 + warp * 16, lane, part);
+            __syncwarp();
+            if (lane == 0) bar_arrive(sm.buf_full());
+        }
     }
 }
 

@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __trap();
 #else
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    const Smem sm = setup_smem(smem_raw);
+    const Smem<WholeTile> sm = setup_smem<WholeTile>(smem_raw);
     const uint32_t buf = sm.buf;
     const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32;
 
@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 if (kGrad && p.tma_store) {  // the whole tile, once every row is written
                     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
                     epilogue_sync();
-                    if (e == 0) store_buffer(&map_out, buf, int(col - p.c0), rt * kBM);
+                    if (e == 0) store_buffer<kBN>(&map_out, buf, int(col - p.c0), rt * kBM);
                     epilogue_sync();
                 }
                 __syncwarp();
@@ -191,8 +191,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         return;
     }
 
-    consume<true>(sm, &map_h, &map_w, ItemTiles(p), (p.C + kBK - 1) / kBK,
-                  [](float(&)[128], const ItemTiles&) {});
+    consume<WholeTile, true>(sm, &map_h, &map_w, ItemTiles(p), (p.C + kBK - 1) / kBK,
+                             [](float(&)[128], const ItemTiles&) {});
 #endif
 }
 
@@ -235,15 +235,16 @@ template <bool kGrad>
 void launch(const LinearCrossEntropyArgs& a, const Params& p, CUstream_st* s) {
     static std::once_flag once;
     std::call_once(once, [] {
-        ZG_CUDA_CHECK(cudaFuncSetAttribute(
-            logits_ce_kernel<kGrad>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+        ZG_CUDA_CHECK(cudaFuncSetAttribute(logits_ce_kernel<kGrad>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           WholeTile::kSmemBytes));
     });
     const CUtensorMap mh = tensor_map(a.hidden, a.N, a.C, kBM, kBK);
     const CUtensorMap mw = tensor_map(a.weight, a.local_vocab(), a.C, kBN, kBK);
     // the dlogits [nr, ld] in boxes of 128 x 64 (a placeholder where the stores are direct)
     const CUtensorMap mo = p.tma_store ? tensor_map(p.dlogits, p.nr, p.ld, kBM, 64) : mh;
     const int grid = std::min(p.items, current_device_sm_count());
-    logits_ce_kernel<kGrad><<<grid, kThreads, kSmemBytes, s>>>(mh, mw, mo, p);
+    logits_ce_kernel<kGrad><<<grid, kThreads, WholeTile::kSmemBytes, s>>>(mh, mw, mo, p);
     ZG_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <type_traits>
 
 #include "kernels/cuda_common.cuh"
 #include "kernels/cuda_device.h"
@@ -84,13 +85,21 @@ __device__ __forceinline__ void add_bias_columns(float (&acc)[128], const bf16* 
 template <bool kGelu>
 constexpr int kStoreThreads = kGelu ? 128 : 96;
 
+// Without GELU: four stages beside half a tile buffer. The epilogue only stores, so filling the
+// buffer twice per tile costs the consumers one short wait (the first half's store reading it), and
+// the ring covers half as much load latency again as three stages. With GELU the epilogue's work
+// on the first half would hold the consumers back: three stages and the whole tile.
+template <bool kGelu>
+using CfgOf = std::conditional_t<kGelu, WholeTile, HalfTile>;
+
 // The buffer to `map` at the tile, once every epilogue thread is done writing it.
-template <int kThreadsStoring>
-__device__ __forceinline__ void store_tile(const CUtensorMap* map, uint32_t buf,
-                                           const GridTiles& t) {
+template <class Cfg, int kThreadsStoring>
+__device__ __forceinline__ void store_tile(const CUtensorMap* map, uint32_t buf, const GridTiles& t,
+                                           int part) {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     epilogue_sync<kThreadsStoring>();
-    if (threadIdx.x == 0) store_buffer(map, buf, t.col, t.row);
+    if (threadIdx.x == 0)
+        store_buffer<Cfg::kBufCols>(map, buf, t.col + part * Cfg::kBufCols, t.row);
     epilogue_sync<kThreadsStoring>();
 }
 
@@ -104,39 +113,42 @@ __global__ void __launch_bounds__(kThreads, 1)
     __trap();
 #else
     extern __shared__ __align__(16) unsigned char smem_raw[];
+    using Cfg = CfgOf<kGelu>;
     constexpr int kStore = kStoreThreads<kGelu>;
-    const Smem sm = setup_smem(smem_raw, kStore / 32);
+    const Smem<Cfg> sm = setup_smem<Cfg>(smem_raw, kStore / 32);
     const int tid = threadIdx.x, lane = tid % 32;
     const int ksteps = (p.K + kBK - 1) / kBK;
     if (!kGelu && tid == kStore) produce(sm, &map_a, &map_b, GridTiles(p), ksteps);
     if (tid >= kStore && tid < kEpilogueThreads) return;
     if (tid < kStore) {  // the epilogue
-        uint32_t n = 0;
-        for (GridTiles t(p); !t.done(); t.next(), n++) {
-            bar_wait(sm.buf_full(), n & 1);
-            if constexpr (kGelu) {
-                store_tile<kStore>(&map_aux, sm.buf, t);
-                // 16-byte chunk i of the tile: row i / 32, chunk i % 32 (a warp: one row)
-                for (int i = tid; i < kBM * kBN / 8; i += kStore) {
-                    float v[8];
-                    const uint32_t a = buf_chunk(sm.buf, i / 32, i % 32);
-                    lds_chunk(a, v);
+        uint32_t n = 0;  // buffer fills so far
+        for (GridTiles t(p); !t.done(); t.next())
+            for (int part = 0; part < Cfg::kParts; part++, n++) {
+                bar_wait(sm.buf_full(), n & 1);
+                if constexpr (kGelu) {
+                    store_tile<Cfg, kStore>(&map_aux, sm.buf, t, part);
+                    // 16-byte chunk i of the buffer: row i / kChunks, chunk i % kChunks
+                    constexpr int kChunks = Cfg::kBufCols / 8;
+                    for (int i = tid; i < kBM * kChunks; i += kStore) {
+                        float v[8];
+                        const uint32_t a = buf_chunk(sm.buf, i / kChunks, i % kChunks);
+                        lds_chunk(a, v);
 #pragma unroll
-                    for (int k = 0; k < 8; k++) v[k] = gelu_f(v[k]);
-                    sts_chunk(a, v);
+                        for (int k = 0; k < 8; k++) v[k] = gelu_f(v[k]);
+                        sts_chunk(a, v);
+                    }
                 }
+                store_tile<Cfg, kStore>(&map_d, sm.buf, t, part);
+                __syncwarp();
+                if (lane == 0) bar_arrive(sm.buf_empty());
             }
-            store_tile<kStore>(&map_d, sm.buf, t);
-            __syncwarp();
-            if (lane == 0) bar_arrive(sm.buf_empty());
-        }
         if (tid == 0) tma_store_wait();  // the buffer must outlive the stores
         return;
     }
-    consume<kGelu>(sm, &map_a, &map_b, GridTiles(p), ksteps,
-                   [&](float(&acc)[128], const GridTiles& t) {
-                       if (p.bias) add_bias_columns(acc, p.bias, t.col, p.N);
-                   });
+    consume<Cfg, kGelu>(sm, &map_a, &map_b, GridTiles(p), ksteps,
+                        [&](float(&acc)[128], const GridTiles& t) {
+                            if (p.bias) add_bias_columns(acc, p.bias, t.col, p.N);
+                        });
 #endif
 }
 
@@ -162,9 +174,12 @@ bool try_gemm_wgmma(const Gemm& g, CUstream_st* stream) {
     if (!gemm_wgmma_usable(g)) return false;
     static std::once_flag once;
     std::call_once(once, [] {
-        for (auto* k : {gemm_kernel<false>, gemm_kernel<true>})
-            ZG_CUDA_CHECK(
-                cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+        ZG_CUDA_CHECK(cudaFuncSetAttribute(gemm_kernel<false>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           CfgOf<false>::kSmemBytes));
+        ZG_CUDA_CHECK(cudaFuncSetAttribute(gemm_kernel<true>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           CfgOf<true>::kSmemBytes));
     });
     Params p{};
     p.M = int(g.M);
@@ -191,9 +206,9 @@ bool try_gemm_wgmma(const Gemm& g, CUstream_st* stream) {
     const CUtensorMap mx = p.gelu ? tensor_map(g.aux, g.M, g.N, kBM, 64) : md;
     const int grid = std::min(p.tiles, current_device_sm_count());
     if (p.gelu)
-        gemm_kernel<true><<<grid, kThreads, kSmemBytes, stream>>>(ma, mb, md, mx, p);
+        gemm_kernel<true><<<grid, kThreads, CfgOf<true>::kSmemBytes, stream>>>(ma, mb, md, mx, p);
     else
-        gemm_kernel<false><<<grid, kThreads, kSmemBytes, stream>>>(ma, mb, md, mx, p);
+        gemm_kernel<false><<<grid, kThreads, CfgOf<false>::kSmemBytes, stream>>>(ma, mb, md, mx, p);
     ZG_CUDA_CHECK(cudaGetLastError());
     return true;
 }
