@@ -21,287 +21,286 @@
 #include "model/device_buffer.h"
 #include "model/gpt_cuda.h"
 
-    namespace zgpt {
+namespace zgpt {
 
-    // The pipelined loss head's row chunks (fewer when the batch is small). Chunking needs a
-    // per-row gradient that does not depend on the other rows, so `mean` runs in one piece.
-    constexpr int kMaxHeadChunks = 8;
-    constexpr int64_t kMinChunkRows = 1024;
+// The pipelined loss head's row chunks (fewer when the batch is small). Chunking needs a
+// per-row gradient that does not depend on the other rows, so `mean` runs in one piece.
+constexpr int kMaxHeadChunks = 8;
+constexpr int64_t kMinChunkRows = 1024;
 
-    struct GptCuda::Impl {
-        ModelConfig cfg;
-        CudaModelOptions opt;
-        GptLayout layout;
-        int64_t Vp;
-        DType t;  // storage type of weights in matmuls and of activations
-        size_t es;
-        // The residual stream (and its gradient), the LayerNorms' inputs and weights and the
-        // embeddings: t, or fp32 under bf16 activations (CudaModelOptions::fp32_residual)
-        DType rt;
-        size_t res_es;
-        cudaStream_t stream = nullptr;
-        // Weight gradients run on a second stream, beside the input gradients and the norms of the
-        // main stream: their GEMMs have few output tiles (768 x 768 at K = B x T), so on their own
-        // they leave SMs idle. A buffer they read is rewritten only after they are done with it.
-        cudaStream_t wstream = nullptr;
-        cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
-        // The loss head in row chunks: the cross-entropy of chunk c (memory-bound) runs on its own
-        // stream beside the logits GEMM of chunk c + 1 and the input-gradient GEMM of chunk c - 1
-        // (tensor-bound). Per chunk: an event after its logits GEMM and one after its
-        // cross-entropy.
-        cudaStream_t cestream = nullptr;
-        std::vector<cudaEvent_t> chunk_ev;
-        bool head_pending = false;    // forward() left the logits GEMM to loss() or logits()
-        bool head_dinp_done = false;  // loss() already wrote dlnf (the pipelined head)
-        // Vocab parallel: the group, and whether loss() already did the head's backward (dlnf, dW).
-        VocabGroup vgroup;
-        bool head_sharded_done = false;
-        // GptCuda::set_grad_ready_hook: the consumer stream, the hook, and the events it waits on.
-        cudaStream_t grad_consumer = nullptr;
-        std::function<void(int64_t, int64_t)> grad_ready;
-        cudaEvent_t ready_main_ev = nullptr, ready_side_ev = nullptr;
-        DeviceBuffer vp_h, vp_y, vp_logits, vp_stats, vp_gathered, vp_params, vp_nvalid, vp_rows;
-        DeviceBuffer vp_dh_all, vp_dh, vp_summary;
-        std::map<const void*, cudaEvent_t> read_done;  // last weight-gradient read of each buffer
-        const cuda::AttentionVariant* attention = nullptr;
-        LayernormVariant ln_variant = LayernormVariant::fused_residual;  // resolved once
-        MatmulVariant mm_variant = MatmulVariant::fused_epilogue;
-        const cuda::CrossEntropyVariant* ce = nullptr;  // null with fused_linear
-        const cuda::LinearCrossEntropyVariant* linear_ce = nullptr;
+struct GptCuda::Impl {
+    ModelConfig cfg;
+    CudaModelOptions opt;
+    GptLayout layout;
+    int64_t Vp;
+    DType t;  // storage type of weights in matmuls and of activations
+    size_t es;
+    // The residual stream (and its gradient), the LayerNorms' inputs and weights and the
+    // embeddings: t, or fp32 under bf16 activations (CudaModelOptions::fp32_residual)
+    DType rt;
+    size_t res_es;
+    cudaStream_t stream = nullptr;
+    // Weight gradients run on a second stream, beside the input gradients and the norms of the
+    // main stream: their GEMMs have few output tiles (768 x 768 at K = B x T), so on their own
+    // they leave SMs idle. A buffer they read is rewritten only after they are done with it.
+    cudaStream_t wstream = nullptr;
+    cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
+    // The loss head in row chunks: the cross-entropy of chunk c (memory-bound) runs on its own
+    // stream beside the logits GEMM of chunk c + 1 and the input-gradient GEMM of chunk c - 1
+    // (tensor-bound). Per chunk: an event after its logits GEMM and one after its cross-entropy.
+    cudaStream_t cestream = nullptr;
+    std::vector<cudaEvent_t> chunk_ev;
+    bool head_pending = false;    // forward() left the logits GEMM to loss() or logits()
+    bool head_dinp_done = false;  // loss() already wrote dlnf (the pipelined head)
+    // Vocab parallel: the group, and whether loss() already did the head's backward (dlnf, dW).
+    VocabGroup vgroup;
+    bool head_sharded_done = false;
+    // GptCuda::set_grad_ready_hook: the consumer stream, the hook, and the events it waits on.
+    cudaStream_t grad_consumer = nullptr;
+    std::function<void(int64_t, int64_t)> grad_ready;
+    cudaEvent_t ready_main_ev = nullptr, ready_side_ev = nullptr;
+    DeviceBuffer vp_h, vp_y, vp_logits, vp_stats, vp_gathered, vp_params, vp_nvalid, vp_rows;
+    DeviceBuffer vp_dh_all, vp_dh, vp_summary;
+    std::map<const void*, cudaEvent_t> read_done;  // last weight-gradient read of each buffer
+    const cuda::AttentionVariant* attention = nullptr;
+    LayernormVariant ln_variant = LayernormVariant::fused_residual;  // resolved once
+    MatmulVariant mm_variant = MatmulVariant::fused_epilogue;
+    const cuda::CrossEntropyVariant* ce = nullptr;  // null with fused_linear
+    const cuda::LinearCrossEntropyVariant* linear_ce = nullptr;
 
-        DeviceBuffer params, grads, params16;  // fp32 arenas; bf16 copy (bf16 precision only)
-        DeviceBuffer norm_scratch, norm_out;
+    DeviceBuffer params, grads, params16;  // fp32 arenas; bf16 copy (bf16 precision only)
+    DeviceBuffer norm_scratch, norm_out;
 
-        // activations, per (B, T)
-        int64_t B = 0, Tn = 0;
-        struct Layer {
-            DeviceBuffer ln1, ln1_mean, ln1_rstd, qkv_raw, q_mean, q_rstd, k_mean, k_rstd, qkv;
-            DeviceBuffer att_saved, atty, res_attn, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
-        };
-        std::vector<DeviceBuffer> residual;  // [L + 1]
-        std::vector<Layer> layers;
-        DeviceBuffer lnf, lnf_mean, lnf_rstd, logits;
-        DeviceBuffer tokens, targets, grad_out, summary;
-        DeviceBuffer bucket_token, bucket_offset, bucket_position;
-        int64_t n_distinct = 0;
-        PinnedBuffer<int32_t> h_tokens, h_targets, h_bucket;  // h_bucket: token, offset, position
-        PinnedBuffer<float> h_grad_out;
-        PinnedBuffer<cuda::LossSummaryF> h_summary;
-        std::vector<int32_t> last_tokens;
-        DeviceBuffer branch_out;  // projection outputs before the residual add
-        DeviceBuffer dres, dtmp, dqkv, dfch, gelu_tmp, att_scratch, ln_scratch, bias_scratch;
-        DeviceBuffer dres_act;  // dres rounded to t for the matmuls (an fp32 residual stream only)
-        // Partial column sums of dqkv written by the attention backward when it can (the qkv bias
-        // gradient without another pass over dqkv); empty otherwise.
-        DeviceBuffer qkv_colsums;
-        int64_t qkv_colsum_rows = 0;
-        DeviceBuffer ce_workspace;
-        bool have_logits = false;
-        bool profiling = false;
-        cudaEvent_t ev[6] = {};  // head: forward matmul, cross-entropy, backward matmuls
-        void mark(int i) {
-            if (profiling) ZG_CUDA_CHECK(cudaEventRecord(ev[i], stream));
-        }
-        // Per-op timing (profile_ops): an event after each op; the time since the previous event
-        // belongs to the op named. A null name starts a phase (host gaps are not attributed).
-        bool profile_ops = false;
-        std::vector<cudaEvent_t> pool;
-        std::vector<std::pair<const char*, cudaEvent_t>> ticks;
-        void tick(const char* name) {
-            if (!profile_ops) return;
-            if (ticks.size() == pool.size()) {
-                pool.emplace_back();
-                ZG_CUDA_CHECK(cudaEventCreate(&pool.back()));
-            }
-            cudaEvent_t e = pool[ticks.size()];
-            ZG_CUDA_CHECK(cudaEventRecord(e, stream));
-            ticks.emplace_back(name, e);
-        }
-
-        Impl(const ModelConfig& c, const CudaModelOptions& o);
-        ~Impl();
-
-        // Per-op timing puts its events on the main stream, so it runs everything there.
-        bool overlapping() const { return !profile_ops; }
-        // The main stream waits until the weight-gradient stream has read `buf`.
-        void before_write(const void* buf) {
-            auto it = read_done.find(buf);
-            if (overlapping() && it != read_done.end())
-                ZG_CUDA_CHECK(cudaStreamWaitEvent(stream, it->second));
-        }
-        void mark_read(const void* buf) {
-            cudaEvent_t& e = read_done[buf];
-            if (!e) ZG_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-            ZG_CUDA_CHECK(cudaEventRecord(e, wstream));
-        }
-
-        // Weights as the matmuls and norms read them (bf16 copy or the fp32 master).
-        const void* w(int idx) const {
-            if (idx < 0) return nullptr;
-            const int64_t off = layout.table[idx].offset;
-            return t == DType::bf16 ? static_cast<const void*>(params16.as<bf16_t>() + off)
-                                    : static_cast<const void*>(params.as<float>() + off);
-        }
-        // Weights as the residual stream's ops read them (LayerNorm, embeddings): type rt.
-        const void* wr(int idx) const {
-            if (rt == t || idx < 0) return w(idx);
-            return params.as<float>() + layout.table[idx].offset;
-        }
-        float* g(int idx) const {
-            return idx < 0 ? nullptr : grads.as<float>() + layout.table[idx].offset;
-        }
-        using bf16_t = __nv_bfloat16;
-
-        DeviceBuffer act(int64_t elems) const { return DeviceBuffer(size_t(elems) * es); }
-        DeviceBuffer res_act(int64_t elems) const { return DeviceBuffer(size_t(elems) * res_es); }
-        DeviceBuffer f32(int64_t elems) const { return DeviceBuffer(size_t(elems) * 4); }
-
-        void ensure(int64_t b, int64_t tn);
-
-        // out[M, N] = inp[M, K] @ W[N, K]^T, the forward GEMM of a linear layer (no epilogue).
-        cuda::Gemm forward_gemm(void* out, const void* inp, const void* W, int64_t M, int64_t K,
-                                int64_t N) const {
-            cuda::Gemm gm;
-            gm.D = out;
-            gm.d_type = t;
-            gm.ab_type = t;
-            gm.A = inp;
-            gm.B = W;
-            gm.trans_b = true;
-            gm.M = M;
-            gm.N = N;
-            gm.K = K;
-            return gm;
-        }
-        cuda::Gemm forward_gemm(void* out, const void* inp, int w_idx, int64_t M, int64_t K,
-                                int64_t N) const {
-            return forward_gemm(out, inp, w(w_idx), M, K, N);
-        }
-
-        // D[M, N] = A[M, K] @ W[N, K]^T (+ bias), the forward of a linear layer.
-        void linear_forward(void* out, const void* inp, int w_idx, int b_idx, int64_t M, int64_t K,
-                            int64_t N);
-
-        // fch = ln2 W_fc^T + b (pre-activation) and gelu = GELU(fch).
-        void fc_gelu_forward(void* fch, void* gelu, const void* inp, int w_idx, int b_idx,
-                             int64_t M, int64_t K, int64_t N);
-
-        // dinp[M, K] = dout[M, N] @ W[N, K], the input gradient of a linear layer (no epilogue).
-        cuda::Gemm input_grad_gemm(void* dinp, const void* dout, const void* W, int64_t M,
-                                   int64_t K, int64_t N) const {
-            cuda::Gemm gm;
-            gm.D = dinp;
-            gm.d_type = t;
-            gm.ab_type = t;
-            gm.A = dout;
-            gm.B = W;
-            gm.M = M;
-            gm.N = K;
-            gm.K = N;
-            return gm;
-        }
-        cuda::Gemm input_grad_gemm(void* dinp, const void* dout, int w_idx, int64_t M, int64_t K,
-                                   int64_t N) const {
-            return input_grad_gemm(dinp, dout, w(w_idx), M, K, N);
-        }
-        // dW[N, K] += dout[M, N]^T @ inp[M, K] in fp32, the weight gradient of a linear layer.
-        cuda::Gemm weight_grad_gemm(float* dW, const void* dout, const void* inp, int64_t M,
-                                    int64_t K, int64_t N) const {
-            cuda::Gemm gw;
-            gw.D = dW;
-            gw.d_type = DType::f32;
-            gw.ab_type = t;
-            gw.A = dout;
-            gw.trans_a = true;
-            gw.B = inp;
-            gw.M = N;
-            gw.N = K;
-            gw.K = M;
-            gw.beta = 1.0f;
-            return gw;
-        }
-
-        // dinp = dout @ W (written); dW += dout^T @ inp; db += column sums of dout (b_idx -1: no
-        // bias). With gelu_pre (the pre-activation of a GELU that fed this layer), dinp is
-        // multiplied by GELU' in the GEMM epilogue when the fused variant runs and cuBLASLt
-        // supports it; returns whether it was (else the caller runs gelu_backward). bias_parts:
-        // partial column sums of dout ([bias_part_rows, N]) that its producer wrote; the bias
-        // gradient is then summed from them instead of from dout.
-        bool linear_backward(void* dinp, const void* dout, const void* inp, int w_idx, int b_idx,
-                             int64_t M, int64_t K, int64_t N, const void* gelu_pre = nullptr,
-                             bool head = false, const float* bias_parts = nullptr,
-                             int64_t bias_part_rows = 0);
-
-        // res_out = a + b; norm_out = LayerNorm(res_out): fused or as two passes.
-        void add_norm(void* res_out, void* norm_out, float* mean, float* rstd, const void* a,
-                      const void* b, int w_idx, int b_idx, int64_t N, int64_t C);
-
-        void forward(const int32_t* host_tokens, int64_t b, int64_t tn);
-
-        // A vocab-parallel group holds wte split by rows: the token rows of this rank come from
-        // every shard. The group's tokens are all-gathered; each rank looks up the rows its shard
-        // holds (zeros elsewhere) for all of them, in fp32; a reduce-scatter gives each rank its
-        // own tokens' rows, each the sum of one row and zeros (exact); the positions are added as
-        // encoder_forward does. The wte gradient goes the other way in backward().
-        void embed_from_shards();
-
-        // The wte-gradient buckets of the last forward's tokens (sorted on the host); with a split
-        // table, of the group's tokens that this shard holds.
-        void upload_buckets();
-
-        CrossEntropySummary loss(const int32_t* host_targets, const CrossEntropyOptions& o,
-                                 double grad_output, bool compute_grad);
-        bool grads_ready = false;
-
-        // Rows of the LM head that vocab-parallel rank r owns: contiguous, the first V % size ranks
-        // one more (train/vocab_parallel_head.h splits the same way).
-        int64_t shard_rows(int r) const {
-            const int64_t V = cfg.vocab_size, P = vgroup.size;
-            return V / P + (r < V % P ? 1 : 0);
-        }
-        int64_t shard_v0(int r) const {
-            const int64_t V = cfg.vocab_size, P = vgroup.size;
-            return r * (V / P) + std::min<int64_t>(r, V % P);
-        }
-
-        // The vocab-parallel head (see GptCuda::set_vocab_group). targets and grad_out are on the
-        // device already.
-        CrossEntropySummary loss_sharded(const CrossEntropyOptions& o, bool compute_grad);
-
-        int64_t head_chunks(const CrossEntropyOptions& o) const {
-            if (linear_ce || !overlapping() || o.reduction != Reduction::sum) return 1;
-            return std::max<int64_t>(1, std::min<int64_t>(opt.head_chunks, B * Tn / kMinChunkRows));
-        }
-        // logits of rows [r0, r0 + n) (the forward's head GEMM, or a chunk of it)
-        void head_logits(int64_t r0, int64_t n);
-        // The cross-entropy of rows [r0, r0 + n): loss summary, dlogits in place.
-        void head_cross_entropy(int64_t r0, int64_t n, const CrossEntropyOptions& o,
-                                cuda::LossSummaryF* sum, cudaStream_t st);
-        // dlnf of rows [r0, r0 + n) = dlogits @ W_head
-        void head_input_grad(int64_t r0, int64_t n);
-        static CrossEntropySummary to_summary(const cuda::LossSummaryF& f);
-        // The chunks' summaries as one (sum reduction: every field adds, except the maximum).
-        static cuda::LossSummaryF combine_summaries(const cuda::LossSummaryF* s, int64_t n);
-
-        // Block l's gradients (block L - 1's with the final LayerNorm's) are enqueued: the consumer
-        // stream waits for both streams that wrote them, then the hook hears which elements.
-        void announce_block_grads(int64_t l);
-
-        // The residual gradient as the matmuls read it: dres itself, or (an fp32 residual stream) a
-        // copy rounded to t, as autocast rounds the gradient that enters a bf16 linear.
-        const void* dres_for_matmul();
-
-        void backward();
-
-        void refresh_bf16() {
-            if (t != DType::bf16) return;
-            // a plain conversion pass, rounding to nearest as the AdamW kernel does
-            cuda::cast_from_f32(params16.get(), params.as<float>(), layout.table.total(),
-                                DType::bf16, stream);
-            ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
-        }
-
-        size_t allocated() const;
+    // activations, per (B, T)
+    int64_t B = 0, Tn = 0;
+    struct Layer {
+        DeviceBuffer ln1, ln1_mean, ln1_rstd, qkv_raw, q_mean, q_rstd, k_mean, k_rstd, qkv;
+        DeviceBuffer att_saved, atty, res_attn, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
     };
+    std::vector<DeviceBuffer> residual;  // [L + 1]
+    std::vector<Layer> layers;
+    DeviceBuffer lnf, lnf_mean, lnf_rstd, logits;
+    DeviceBuffer tokens, targets, grad_out, summary;
+    DeviceBuffer bucket_token, bucket_offset, bucket_position;
+    int64_t n_distinct = 0;
+    PinnedBuffer<int32_t> h_tokens, h_targets, h_bucket;  // h_bucket: token, offset, position
+    PinnedBuffer<float> h_grad_out;
+    PinnedBuffer<cuda::LossSummaryF> h_summary;
+    std::vector<int32_t> last_tokens;
+    DeviceBuffer branch_out;  // projection outputs before the residual add
+    DeviceBuffer dres, dtmp, dqkv, dfch, gelu_tmp, att_scratch, ln_scratch, bias_scratch;
+    DeviceBuffer dres_act;  // dres rounded to t for the matmuls (an fp32 residual stream only)
+    // Partial column sums of dqkv written by the attention backward when it can (the qkv bias
+    // gradient without another pass over dqkv); empty otherwise.
+    DeviceBuffer qkv_colsums;
+    int64_t qkv_colsum_rows = 0;
+    DeviceBuffer ce_workspace;
+    bool have_logits = false;
+    bool profiling = false;
+    cudaEvent_t ev[6] = {};  // head: forward matmul, cross-entropy, backward matmuls
+    void mark(int i) {
+        if (profiling) ZG_CUDA_CHECK(cudaEventRecord(ev[i], stream));
+    }
+    // Per-op timing (profile_ops): an event after each op; the time since the previous event
+    // belongs to the op named. A null name starts a phase (host gaps are not attributed).
+    bool profile_ops = false;
+    std::vector<cudaEvent_t> pool;
+    std::vector<std::pair<const char*, cudaEvent_t>> ticks;
+    void tick(const char* name) {
+        if (!profile_ops) return;
+        if (ticks.size() == pool.size()) {
+            pool.emplace_back();
+            ZG_CUDA_CHECK(cudaEventCreate(&pool.back()));
+        }
+        cudaEvent_t e = pool[ticks.size()];
+        ZG_CUDA_CHECK(cudaEventRecord(e, stream));
+        ticks.emplace_back(name, e);
+    }
+
+    Impl(const ModelConfig& c, const CudaModelOptions& o);
+    ~Impl();
+
+    // Per-op timing puts its events on the main stream, so it runs everything there.
+    bool overlapping() const { return !profile_ops; }
+    // The main stream waits until the weight-gradient stream has read `buf`.
+    void before_write(const void* buf) {
+        auto it = read_done.find(buf);
+        if (overlapping() && it != read_done.end())
+            ZG_CUDA_CHECK(cudaStreamWaitEvent(stream, it->second));
+    }
+    void mark_read(const void* buf) {
+        cudaEvent_t& e = read_done[buf];
+        if (!e) ZG_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        ZG_CUDA_CHECK(cudaEventRecord(e, wstream));
+    }
+
+    // Weights as the matmuls and norms read them (bf16 copy or the fp32 master).
+    const void* w(int idx) const {
+        if (idx < 0) return nullptr;
+        const int64_t off = layout.table[idx].offset;
+        return t == DType::bf16 ? static_cast<const void*>(params16.as<bf16_t>() + off)
+                                : static_cast<const void*>(params.as<float>() + off);
+    }
+    // Weights as the residual stream's ops read them (LayerNorm, embeddings): type rt.
+    const void* wr(int idx) const {
+        if (rt == t || idx < 0) return w(idx);
+        return params.as<float>() + layout.table[idx].offset;
+    }
+    float* g(int idx) const {
+        return idx < 0 ? nullptr : grads.as<float>() + layout.table[idx].offset;
+    }
+    using bf16_t = __nv_bfloat16;
+
+    DeviceBuffer act(int64_t elems) const { return DeviceBuffer(size_t(elems) * es); }
+    DeviceBuffer res_act(int64_t elems) const { return DeviceBuffer(size_t(elems) * res_es); }
+    DeviceBuffer f32(int64_t elems) const { return DeviceBuffer(size_t(elems) * 4); }
+
+    void ensure(int64_t b, int64_t tn);
+
+    // out[M, N] = inp[M, K] @ W[N, K]^T, the forward GEMM of a linear layer (no epilogue).
+    cuda::Gemm forward_gemm(void* out, const void* inp, const void* W, int64_t M, int64_t K,
+                            int64_t N) const {
+        cuda::Gemm gm;
+        gm.D = out;
+        gm.d_type = t;
+        gm.ab_type = t;
+        gm.A = inp;
+        gm.B = W;
+        gm.trans_b = true;
+        gm.M = M;
+        gm.N = N;
+        gm.K = K;
+        return gm;
+    }
+    cuda::Gemm forward_gemm(void* out, const void* inp, int w_idx, int64_t M, int64_t K,
+                            int64_t N) const {
+        return forward_gemm(out, inp, w(w_idx), M, K, N);
+    }
+
+    // D[M, N] = A[M, K] @ W[N, K]^T (+ bias), the forward of a linear layer.
+    void linear_forward(void* out, const void* inp, int w_idx, int b_idx, int64_t M, int64_t K,
+                        int64_t N);
+
+    // fch = ln2 W_fc^T + b (pre-activation) and gelu = GELU(fch).
+    void fc_gelu_forward(void* fch, void* gelu, const void* inp, int w_idx, int b_idx, int64_t M,
+                         int64_t K, int64_t N);
+
+    // dinp[M, K] = dout[M, N] @ W[N, K], the input gradient of a linear layer (no epilogue).
+    cuda::Gemm input_grad_gemm(void* dinp, const void* dout, const void* W, int64_t M, int64_t K,
+                               int64_t N) const {
+        cuda::Gemm gm;
+        gm.D = dinp;
+        gm.d_type = t;
+        gm.ab_type = t;
+        gm.A = dout;
+        gm.B = W;
+        gm.M = M;
+        gm.N = K;
+        gm.K = N;
+        return gm;
+    }
+    cuda::Gemm input_grad_gemm(void* dinp, const void* dout, int w_idx, int64_t M, int64_t K,
+                               int64_t N) const {
+        return input_grad_gemm(dinp, dout, w(w_idx), M, K, N);
+    }
+    // dW[N, K] += dout[M, N]^T @ inp[M, K] in fp32, the weight gradient of a linear layer.
+    cuda::Gemm weight_grad_gemm(float* dW, const void* dout, const void* inp, int64_t M, int64_t K,
+                                int64_t N) const {
+        cuda::Gemm gw;
+        gw.D = dW;
+        gw.d_type = DType::f32;
+        gw.ab_type = t;
+        gw.A = dout;
+        gw.trans_a = true;
+        gw.B = inp;
+        gw.M = N;
+        gw.N = K;
+        gw.K = M;
+        gw.beta = 1.0f;
+        return gw;
+    }
+
+    // dinp = dout @ W (written); dW += dout^T @ inp; db += column sums of dout (b_idx -1: no
+    // bias). With gelu_pre (the pre-activation of a GELU that fed this layer), dinp is multiplied
+    // by GELU' in the GEMM epilogue when the fused variant runs and cuBLASLt supports it; returns
+    // whether it was (else the caller runs gelu_backward).
+    // bias_parts: partial column sums of dout ([bias_part_rows, N]) that its producer wrote; the
+    // bias gradient is then summed from them instead of from dout.
+    bool linear_backward(void* dinp, const void* dout, const void* inp, int w_idx, int b_idx,
+                         int64_t M, int64_t K, int64_t N, const void* gelu_pre = nullptr,
+                         bool head = false, const float* bias_parts = nullptr,
+                         int64_t bias_part_rows = 0);
+
+    // res_out = a + b; norm_out = LayerNorm(res_out): fused or as two passes.
+    void add_norm(void* res_out, void* norm_out, float* mean, float* rstd, const void* a,
+                  const void* b, int w_idx, int b_idx, int64_t N, int64_t C);
+
+    void forward(const int32_t* host_tokens, int64_t b, int64_t tn);
+
+    // A vocab-parallel group holds wte split by rows: the token rows of this rank come from every
+    // shard. The group's tokens are all-gathered; each rank looks up the rows its shard holds
+    // (zeros elsewhere) for all of them, in fp32; a reduce-scatter gives each rank its own tokens'
+    // rows, each the sum of one row and zeros (exact); the positions are added as
+    // encoder_forward does. The wte gradient goes the other way in backward().
+    void embed_from_shards();
+
+    // The wte-gradient buckets of the last forward's tokens (sorted on the host); with a split
+    // table, of the group's tokens that this shard holds.
+    void upload_buckets();
+
+    CrossEntropySummary loss(const int32_t* host_targets, const CrossEntropyOptions& o,
+                             double grad_output, bool compute_grad);
+    bool grads_ready = false;
+
+    // Rows of the LM head that vocab-parallel rank r owns: contiguous, the first V % size ranks
+    // one more (train/vocab_parallel_head.h splits the same way).
+    int64_t shard_rows(int r) const {
+        const int64_t V = cfg.vocab_size, P = vgroup.size;
+        return V / P + (r < V % P ? 1 : 0);
+    }
+    int64_t shard_v0(int r) const {
+        const int64_t V = cfg.vocab_size, P = vgroup.size;
+        return r * (V / P) + std::min<int64_t>(r, V % P);
+    }
+
+    // The vocab-parallel head (see GptCuda::set_vocab_group). targets and grad_out are on the
+    // device already.
+    CrossEntropySummary loss_sharded(const CrossEntropyOptions& o, bool compute_grad);
+
+    int64_t head_chunks(const CrossEntropyOptions& o) const {
+        if (linear_ce || !overlapping() || o.reduction != Reduction::sum) return 1;
+        return std::max<int64_t>(1, std::min<int64_t>(opt.head_chunks, B * Tn / kMinChunkRows));
+    }
+    // logits of rows [r0, r0 + n) (the forward's head GEMM, or a chunk of it)
+    void head_logits(int64_t r0, int64_t n);
+    // The cross-entropy of rows [r0, r0 + n): loss summary, dlogits in place.
+    void head_cross_entropy(int64_t r0, int64_t n, const CrossEntropyOptions& o,
+                            cuda::LossSummaryF* sum, cudaStream_t st);
+    // dlnf of rows [r0, r0 + n) = dlogits @ W_head
+    void head_input_grad(int64_t r0, int64_t n);
+    static CrossEntropySummary to_summary(const cuda::LossSummaryF& f);
+    // The chunks' summaries as one (sum reduction: every field adds, except the maximum).
+    static cuda::LossSummaryF combine_summaries(const cuda::LossSummaryF* s, int64_t n);
+
+    // Block l's gradients (block L - 1's with the final LayerNorm's) are enqueued: the consumer
+    // stream waits for both streams that wrote them, then the hook hears which elements.
+    void announce_block_grads(int64_t l);
+
+    // The residual gradient as the matmuls read it: dres itself, or (an fp32 residual stream) a
+    // copy rounded to t, as autocast rounds the gradient that enters a bf16 linear.
+    const void* dres_for_matmul();
+
+    void backward();
+
+    void refresh_bf16() {
+        if (t != DType::bf16) return;
+        // a plain conversion pass, rounding to nearest as the AdamW kernel does
+        cuda::cast_from_f32(params16.get(), params.as<float>(), layout.table.total(), DType::bf16,
+                            stream);
+        ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
+    }
+
+    size_t allocated() const;
+};
 
 }  // namespace zgpt
