@@ -12,23 +12,14 @@
 //           the caller's tile buffer, which cuBLASLt then multiplies into dh and dW as
 //           fused_linear does.
 //
-// The GEMM: a persistent grid (one CTA per SM) walks the work items (row tile, column tiles) in
-// order, rows fastest, so the CTAs running at one time share the same W columns in L2. Per CTA:
-//   - two consumer warpgroups (64 rows each) multiply with wgmma.m64n256k16 from shared memory
-//     and free each stage of a ring of kStages once the product that read it is done; one thread
-//     of the first refills a stage once both have freed it: 128 x 64 tiles of h and 256 x 64 tiles
-//     of W with the tensor memory accelerator (TMA, 128-byte swizzle, rows and columns past the
-//     end zero-filled), completing the stage's mbarrier. At the end of a tile they write the fp32
-//     accumulator as bf16 (the rounding cuBLASLt's tiles give fused_linear) into one tile buffer
-//     in shared memory and go on to the next tile;
-//   - the epilogue warpgroup (one row of the tile per thread) runs the cross-entropy on the tile
-//     buffer while the consumers multiply the next tile, so that the exponentials overlap the
-//     tensor cores instead of following them. With the epilogue inside the consumers the tensor
-//     pipe was 61% busy in the statistics pass and 44% in the gradient pass (ncu, H100), and a
-//     producer warpgroup beside an epilogue warpgroup does not fit: 512 threads get 128 registers
-//     each, and the m64n256 accumulator needs more (ptxas: 154).
-// The buffer has two mbarriers: full (the consumers wrote a tile) and empty (the epilogue is done
-// with it, and in the gradient pass its TMA stores have read it).
+// The GEMM is the persistent core of kernels/hopper_gemm.cuh (WholeTile: three stages beside the
+// whole 128 x 256 tile buffer, loads issued by a consumer thread, since every thread of the
+// epilogue warpgroup owns a row). The work items (a row tile and a run of column tiles) are walked
+// rows fastest, so the CTAs running at one time share the same W columns in L2. The epilogue
+// warpgroup (one row of the tile per thread) runs the cross-entropy on the tile buffer while the
+// consumers multiply the next tile, so that the exponentials overlap the tensor cores instead of
+// following them: with the epilogue inside the consumers the tensor pipe was 61% busy in the
+// statistics pass and 44% in the gradient pass (ncu, H100).
 #include "kernels/linear_cross_entropy_wgmma.h"
 
 #include <cuda.h>
