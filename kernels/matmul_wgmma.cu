@@ -152,6 +152,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+bool has_bias(Epilogue e) {
+    return e == Epilogue::bias || e == Epilogue::gelu_aux_bias;
+}
+bool has_gelu(Epilogue e) {
+    return e == Epilogue::gelu_aux || e == Epilogue::gelu_aux_bias;
+}
+
 bool aligned16(const void* q) {
     return reinterpret_cast<uintptr_t>(q) % 16 == 0;
 }
@@ -159,8 +166,7 @@ bool aligned16(const void* q) {
 }  // namespace
 
 bool gemm_wgmma_usable(const Gemm& g) {
-    const bool bias = g.epilogue == Epilogue::bias || g.epilogue == Epilogue::gelu_aux_bias;
-    const bool gelu = g.epilogue == Epilogue::gelu_aux || g.epilogue == Epilogue::gelu_aux_bias;
+    const bool bias = has_bias(g.epilogue), gelu = has_gelu(g.epilogue);
     const bool epilogue_ok = g.epilogue == Epilogue::none || bias || gelu;
     return epilogue_ok && g.ab_type == DType::bf16 && g.d_type == DType::bf16 && !g.trans_a &&
            g.trans_b && g.alpha == 1.0f && g.beta == 0.0f && g.M > 0 && g.N > 0 && g.K > 0 &&
@@ -196,9 +202,8 @@ bool try_gemm_wgmma(const Gemm& g, CUstream_st* stream) {
     // (the layers' weights: at most 4.7 MB). The LM head's weight (77 MB at V = 50304) is walked
     // the other way, as fused_linear_wgmma walks it.
     p.rows_fastest = g.N * g.K * 2 > (int64_t(16) << 20);
-    const bool bias = g.epilogue == Epilogue::bias || g.epilogue == Epilogue::gelu_aux_bias;
-    p.bias = bias ? static_cast<const bf16*>(g.bias) : nullptr;
-    p.gelu = g.epilogue == Epilogue::gelu_aux || g.epilogue == Epilogue::gelu_aux_bias;
+    p.bias = has_bias(g.epilogue) ? static_cast<const bf16*>(g.bias) : nullptr;
+    p.gelu = has_gelu(g.epilogue);
     using hopper_gemm::tensor_map;
     const CUtensorMap ma = tensor_map(g.A, g.M, g.K, kBM, kBK);
     const CUtensorMap mb = tensor_map(g.B, g.N, g.K, kBN, kBK);
