@@ -250,21 +250,38 @@ __device__ __forceinline__ Smem<Cfg> setup_smem(unsigned char* raw,
 // `Tiles` walks the CTA's tiles in order: done(), row (of A) and col (row of B) of the current
 // tile, next().
 //
-// All the CTA's loads from one thread outside the consumers (a producer): iteration j (tile j /
-// ksteps, k step j % ksteps) into stage j % S once the consumers have freed iteration j - S.
+// Where the loads are: the CTA's iterations (tile, k step) in the consumers' order; issue(s) loads
+// the next one into stage s, completing its full barrier.
+template <class Cfg, class Tiles>
+struct Loads {
+    const Smem<Cfg>& sm;
+    const CUtensorMap *map_a, *map_b;
+    Tiles next;
+    int ksteps, k = 0;
+    __device__ bool done() const { return next.done(); }
+    __device__ void issue(int s) {
+        bar_expect(sm.full(s), kStageBytes);
+        tma_load(sm.a_tile(s), map_a, sm.full(s), k * kBK, next.row);
+        tma_load(sm.b_tile(s), map_b, sm.full(s), k * kBK, next.col);
+        if (++k == ksteps) {
+            k = 0;
+            next.next();
+        }
+    }
+};
+
+// All the CTA's loads from one thread outside the consumers (a producer): iteration j into stage
+// j % S once the consumers have freed iteration j - S.
 template <class Cfg, class Tiles>
 __device__ __forceinline__ void produce(const Smem<Cfg>& sm, const CUtensorMap* map_a,
                                         const CUtensorMap* map_b, Tiles tiles, int ksteps) {
     constexpr uint32_t S = Cfg::kStages;
-    uint32_t j = 0;
-    for (; !tiles.done(); tiles.next())
-        for (int k = 0; k < ksteps; k++, j++) {
-            const int s = int(j % S);
-            if (j >= S) bar_wait(sm.empty(s), (j / S - 1) & 1);
-            bar_expect(sm.full(s), kStageBytes);
-            tma_load(sm.a_tile(s), map_a, sm.full(s), k * kBK, tiles.row);
-            tma_load(sm.b_tile(s), map_b, sm.full(s), k * kBK, tiles.col);
-        }
+    Loads<Cfg, Tiles> loads{sm, map_a, map_b, tiles, ksteps};
+    for (uint32_t j = 0; !loads.done(); j++) {
+        const int s = int(j % S);
+        if (j >= S) bar_wait(sm.empty(s), (j / S - 1) & 1);
+        loads.issue(s);
+    }
 }
 
 // The consumers' loop over the CTA's tiles. For each tile: the products over the ring (`ksteps`
@@ -279,24 +296,14 @@ __device__ __forceinline__ void consume(const Smem<Cfg>& sm, const CUtensorMap* 
     constexpr int S = Cfg::kStages;
     const int tid = threadIdx.x, cw = tid / 128 - 1, warp = tid % 128 / 32, lane = tid % 32;
     const bool loader = kLoads && tid == 128;
-    Tiles next = tiles;  // where the loads are
-    int next_k = 0;
-    auto load = [&](int s) {
-        bar_expect(sm.full(s), kStageBytes);
-        tma_load(sm.a_tile(s), map_a, sm.full(s), next_k * kBK, next.row);
-        tma_load(sm.b_tile(s), map_b, sm.full(s), next_k * kBK, next.col);
-        if (++next_k == ksteps) {
-            next_k = 0;
-            next.next();
-        }
-    };
+    Loads<Cfg, Tiles> loads{sm, map_a, map_b, tiles, ksteps};
     auto refill = [&](uint32_t j) {  // stage j % S was freed by this warpgroup after iteration j
-        if (!loader || next.done()) return;
+        if (!loader || loads.done()) return;
         bar_wait(sm.empty(int(j % S)), (j / S) & 1);
-        load(int(j % S));
+        loads.issue(int(j % S));
     };
     if (loader)
-        for (int s = 0; s < S && !next.done(); s++) load(s);
+        for (int s = 0; s < S && !loads.done(); s++) loads.issue(s);
     uint32_t it = 0, n = 0;  // n: buffer fills so far
     for (; !tiles.done(); tiles.next()) {
         float acc[128];

@@ -35,12 +35,19 @@ using namespace hopper_gemm;
 #endif
 
 struct Params {
-    int M, N, K;
+    int N, K;  // rows past M need no bound: the TMA loads zero-fill them and the stores clip them
     int row_tiles, col_tiles, tiles;
     bool rows_fastest;  // B too large to stay in L2 (the LM head's weight): walk rows fastest
     const bf16* bias;   // [N] or null
-    bool gelu;          // D = GELU(pre), pre stored through map_aux
 };
+
+bool has_bias(Epilogue e) {
+    return e == Epilogue::bias || e == Epilogue::gelu_aux_bias;
+}
+// D = GELU(pre), pre stored to aux: gemm_kernel<true>
+bool has_gelu(Epilogue e) {
+    return e == Epilogue::gelu_aux || e == Epilogue::gelu_aux_bias;
+}
 
 // The CTA's tiles (hopper_gemm::consume's walk): blockIdx.x, + gridDim.x, ..., columns fastest (or
 // rows, Params::rows_fastest).
@@ -152,13 +159,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-bool has_bias(Epilogue e) {
-    return e == Epilogue::bias || e == Epilogue::gelu_aux_bias;
-}
-bool has_gelu(Epilogue e) {
-    return e == Epilogue::gelu_aux || e == Epilogue::gelu_aux_bias;
-}
-
 bool aligned16(const void* q) {
     return reinterpret_cast<uintptr_t>(q) % 16 == 0;
 }
@@ -188,7 +188,6 @@ bool try_gemm_wgmma(const Gemm& g, CUstream_st* stream) {
                                            CfgOf<true>::kSmemBytes));
     });
     Params p{};
-    p.M = int(g.M);
     p.N = int(g.N);
     p.K = int(g.K);
     const int64_t row_tiles = (g.M + kBM - 1) / kBM;
@@ -203,14 +202,14 @@ bool try_gemm_wgmma(const Gemm& g, CUstream_st* stream) {
     // the other way, as fused_linear_wgmma walks it.
     p.rows_fastest = g.N * g.K * 2 > (int64_t(16) << 20);
     p.bias = has_bias(g.epilogue) ? static_cast<const bf16*>(g.bias) : nullptr;
-    p.gelu = has_gelu(g.epilogue);
+    const bool gelu = has_gelu(g.epilogue);
     using hopper_gemm::tensor_map;
     const CUtensorMap ma = tensor_map(g.A, g.M, g.K, kBM, kBK);
     const CUtensorMap mb = tensor_map(g.B, g.N, g.K, kBN, kBK);
     const CUtensorMap md = tensor_map(g.D, g.M, g.N, kBM, 64);
-    const CUtensorMap mx = p.gelu ? tensor_map(g.aux, g.M, g.N, kBM, 64) : md;
+    const CUtensorMap mx = gelu ? tensor_map(g.aux, g.M, g.N, kBM, 64) : md;
     const int grid = std::min(p.tiles, current_device_sm_count());
-    if (p.gelu)
+    if (gelu)
         gemm_kernel<true><<<grid, kThreads, CfgOf<true>::kSmemBytes, stream>>>(ma, mb, md, mx, p);
     else
         gemm_kernel<false><<<grid, kThreads, CfgOf<false>::kSmemBytes, stream>>>(ma, mb, md, mx, p);
