@@ -222,10 +222,6 @@ struct LinearCrossEntropyTuning {
     // gradients over every vocabulary chunk) before the next block, so dh needs only a row
     // block's fp32 accumulator; dW accumulates across blocks in dweight_acc.
     bool rows_outer = false;
-    // fused_linear_wgmma, vocabulary chunks outside: two tiles of half the memory budget each, the
-    // dlogits kernel of one on a side stream beside the dh and dW GEMMs of the other. The GEMMs
-    // keep their serial order, so the results are the serial schedule's bit for bit.
-    bool overlap = false;
     // The logits tiles on Hopper's wgmma with the CE in the GEMM's epilogue: set by the
     // fused_linear_wgmma variant (and by a caller of the shard functions that chose it), not a
     // config key. Where the kernels cannot run (not sm_90, C % 8 != 0) the cuBLASLt tiles do.

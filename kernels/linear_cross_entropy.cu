@@ -21,11 +21,7 @@
 //
 // fused_linear_wgmma runs this schedule with kernels/linear_cross_entropy_wgmma.cu's kernel in
 // place of "logits GEMM, then a CE pass over the tile": pass 1 in one launch per row block with
-// no tile in memory, pass 2 with the tile holding only dlogits. With the tuning's overlap
-// (vocabulary chunks outside), pass 2 has two tiles: the dlogits kernel of tile k + 1 runs on a
-// side stream beside the dh and dW GEMMs of tile k, which stay on the caller's stream in the serial
-// order (so the sums, and the bits, are the serial schedule's). Each tile then gets half the memory
-// budget.
+// no tile in memory, pass 2 with the tile holding only dlogits.
 //
 // Chunking over the vocabulary means dW is never re-read and re-written per row (with row chunks
 // alone the fp32 V x C accumulator would cross memory twice per chunk); the price is computing the
@@ -33,12 +29,7 @@
 // possible (docs/cross_entropy.md: "The floor of an exact fused linear head").
 #include <cuda_bf16.h>
 
-#include <cuda_runtime.h>
-
 #include <algorithm>
-#include <mutex>
-#include <optional>
-#include <vector>
 
 #include "kernels/cross_entropy.h"
 #include "kernels/cuda_check.h"
@@ -62,21 +53,12 @@ struct TileShape {
     int64_t rows, cols;
 };
 
-// Whether pass 2 double-buffers its tiles (tuning.overlap): the wgmma epilogues only, whose
-// dlogits kernel needs no cuBLASLt workspace on the side stream, with the vocabulary chunks
-// outside.
-bool overlapped(const LinearCrossEntropyTuning& tuning) {
-    return tuning.overlap && tuning.wgmma_epilogue && !tuning.rows_outer;
-}
-
 TileShape tile_shape(int64_t N, int64_t V, const LinearCrossEntropyTuning& tuning) {
-    // the tuning's 0s: kRowBlock rows, kChunkBudget bytes (when vocab_chunk is 0 too), halved per
-    // tile when two tiles exist
+    // the tuning's 0s: kRowBlock rows, kChunkBudget bytes (when vocab_chunk is 0 too)
     const int64_t rows = std::min(tuning.row_block > 0 ? tuning.row_block : kRowBlock, N);
     if (tuning.vocab_chunk > 0) return {rows, std::min(tuning.vocab_chunk, V)};
     size_t budget = kChunkBudget;
     if (tuning.chunk_mb > 0) budget = size_t(tuning.chunk_mb) << 20;
-    if (overlapped(tuning)) budget /= 2;
     const int64_t vc = int64_t(budget / (2 * size_t(rows))) / 128 * 128;
     return {rows, std::clamp<int64_t>(vc, 128, (V + 127) / 128 * 128)};
 }
@@ -86,15 +68,13 @@ TileShape tile_shape(int64_t N, int64_t V, const LinearCrossEntropyTuning& tunin
 // of one row block. The partials share the tile's memory: the wgmma statistics pass writes no
 // tile, and the passes run one after the other on the stream.
 struct TileBuffers {
-    __nv_bfloat16* chunk;   // [rows, cols]
-    __nv_bfloat16* chunk2;  // the second tile of pass 2 with overlap, else null
-    float* dw_acc;          // [cols, C], or null with one row block
-    RowStatsF* partials;    // wgmma epilogues only (in chunk's memory)
+    __nv_bfloat16* chunk;  // [rows, cols]
+    float* dw_acc;         // [cols, C], or null with one row block
+    RowStatsF* partials;   // wgmma epilogues only (in chunk's memory)
 };
 
 TileBuffers carve_tiles(WorkspaceLayout& l, int64_t N, int64_t C, int64_t V_local, TileShape t,
-                        const LinearCrossEntropyTuning& tuning) {
-    const bool wgmma = tuning.wgmma_epilogue;
+                        bool wgmma) {
     TileBuffers b;
     b.dw_acc = t.rows < N ? l.take<float>(size_t(t.cols) * C) : nullptr;
     const size_t chunk_bytes = size_t(t.rows) * t.cols * sizeof(__nv_bfloat16);
@@ -103,39 +83,8 @@ TileBuffers carve_tiles(WorkspaceLayout& l, int64_t N, int64_t C, int64_t V_loca
     unsigned char* shared = l.take<unsigned char>(std::max(chunk_bytes, partial_bytes));
     b.chunk = reinterpret_cast<__nv_bfloat16*>(shared);
     b.partials = wgmma ? reinterpret_cast<RowStatsF*>(shared) : nullptr;
-    b.chunk2 = overlapped(tuning) ? l.take<__nv_bfloat16>(size_t(t.rows) * t.cols) : nullptr;
     return b;
 }
-
-// The side stream of pass 2's overlap, one per device (created on first use, never destroyed:
-// streams live as long as the process's CUDA context).
-cudaStream_t side_stream() {
-    static std::mutex m;
-    static std::vector<cudaStream_t> streams;
-    int dev = 0;
-    ZG_CUDA_CHECK(cudaGetDevice(&dev));
-    std::lock_guard<std::mutex> lock(m);
-    if (streams.size() <= size_t(dev)) streams.resize(dev + 1, nullptr);
-    if (!streams[dev])
-        ZG_CUDA_CHECK(cudaStreamCreateWithFlags(&streams[dev], cudaStreamNonBlocking));
-    return streams[dev];
-}
-
-// Events of the overlapped pass 2: `start` (the caller's stream reached pass 2), and per tile
-// buffer `ready` (its dlogits are written) and `free` (its GEMMs are done). Created per call
-// (also inside a CUDA graph capture, where they become the graph's edges).
-struct OverlapEvents {
-    cudaEvent_t start, ready[2], free[2];
-    OverlapEvents() {
-        for (cudaEvent_t* e : {&start, &ready[0], &ready[1], &free[0], &free[1]})
-            ZG_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
-    }
-    ~OverlapEvents() {
-        for (cudaEvent_t e : {start, ready[0], ready[1], free[0], free[1]}) cudaEventDestroy(e);
-    }
-    OverlapEvents(const OverlapEvents&) = delete;
-    OverlapEvents& operator=(const OverlapEvents&) = delete;
-};
 
 struct Workspace {
     int* n_valid;
@@ -146,8 +95,7 @@ struct Workspace {
     TileBuffers tiles;
 };
 
-Workspace carve(WorkspaceLayout& l, int64_t N, int64_t C, int64_t V, TileShape t,
-                const LinearCrossEntropyTuning& tuning) {
+Workspace carve(WorkspaceLayout& l, int64_t N, int64_t C, int64_t V, TileShape t, bool wgmma) {
     Workspace ws;
     ws.n_valid = l.take<int>(1);
     ws.stats = l.take<RowStatsF>(N);
@@ -157,13 +105,13 @@ Workspace carve(WorkspaceLayout& l, int64_t N, int64_t C, int64_t V, TileShape t
     ws.z = l.take<float>(N);
     ws.lse = l.take<float>(N);
     ws.dh_acc = l.take<float>(size_t(N) * C);
-    ws.tiles = carve_tiles(l, N, C, V, t, tuning);
+    ws.tiles = carve_tiles(l, N, C, V, t, wgmma);
     return ws;
 }
 
 size_t workspace_bytes(int64_t N, int64_t C, int64_t V, const LinearCrossEntropyTuning& tuning) {
     WorkspaceLayout l(nullptr);
-    carve(l, N, C, V, tile_shape(N, V, tuning), tuning);
+    carve(l, N, C, V, tile_shape(N, V, tuning), tuning.wgmma_epilogue);
     return l.bytes();
 }
 
@@ -237,74 +185,40 @@ struct ShardSteps {
             ce_shard_stats(stats + r, tile_view(r, nr, v, vc), o, s, /*accumulate=*/v > 0);
         }
     }
-    // pass 2's dlogits of one tile into `tile`, on stream `st`
-    void dlogits(__nv_bfloat16* tile, const RowGradParams* params, int64_t r, int64_t nr, int64_t v,
-                 int64_t vc, CUstream_st* st) const {
-        if (tc) {
-            linear_ce_wgmma::dlogits_tile(tile, params, a, o, r, nr, v, vc, st);
-        } else {  // (tile_view's tile: b.chunk, on the caller's stream; no overlap here)
-            logits_tile(r, nr, v, vc);
-            ce_shard_backward(tile_view(r, nr, v, vc), params + r, o, st);
-        }
-    }
-    // dh_rows [nr, C] (+)= the tile's dlogits W_c; overwritten by the shard's first chunk unless
-    // dh_add
-    void dh_tile(const __nv_bfloat16* tile, int64_t nr, int64_t v, int64_t vc, float* dh_rows,
-                 bool dh_add) const {
-        gemm_bf16(dh_rows, MatType::f32, tile, false, W + v * C, false, nr, C, vc, 1.0f,
-                  dh_add || v > 0 ? 1.0f : 0.0f, s);
-    }
-    // pass 2 up to dh for one tile (b.chunk holds its dlogits afterwards)
+    // pass 2 up to dh for one tile (the tile holds its dlogits afterwards); dh_rows [nr, C] is
+    // overwritten by the shard's first chunk unless dh_add
     void grad_tile(const RowGradParams* params, int64_t r, int64_t nr, int64_t v, int64_t vc,
                    float* dh_rows, bool dh_add) const {
-        dlogits(b.chunk, params, r, nr, v, vc, s);
-        dh_tile(b.chunk, nr, v, vc, dh_rows, dh_add);
+        if (tc) {
+            linear_ce_wgmma::dlogits_tile(b.chunk, params, a, o, r, nr, v, vc, s);
+        } else {
+            logits_tile(r, nr, v, vc);
+            ce_shard_backward(tile_view(r, nr, v, vc), params + r, o, s);
+        }
+        gemm_bf16(dh_rows, MatType::f32, b.chunk, false, W + v * C, false, nr, C, vc, 1.0f,
+                  dh_add || v > 0 ? 1.0f : 0.0f, s);
     }
     // dW_c (+)= dlogits^T h_b into an fp32 buffer [vc, C]
-    void dw_tile(const __nv_bfloat16* tile, float* out, int64_t r, int64_t nr, int64_t vc,
-                 bool add) const {
-        gemm_bf16(out, MatType::f32, tile, true, h + r * C, false, vc, C, nr, 1.0f,
+    void dw_tile(float* out, int64_t r, int64_t nr, int64_t vc, bool add) const {
+        gemm_bf16(out, MatType::f32, b.chunk, true, h + r * C, false, vc, C, nr, 1.0f,
                   add ? 1.0f : 0.0f, s);
     }
     // pass 2 with the vocabulary chunks outside: dh_acc [N, C] fp32; the shard's dW rows written
-    // (dweight, bf16) or added (dweight_acc). With b.chunk2 (overlap) tile k's dlogits go to
-    // buffer k % 2 on the side stream, which waits until that buffer's previous GEMMs are done;
-    // the GEMMs wait for their dlogits. The caller's stream has waited for every tile at the end,
-    // so the side stream is joined (as a CUDA graph capture requires).
+    // (dweight, bf16) or added (dweight_acc)
     void backward(const RowGradParams* params, float* dh_acc, bool dh_add) const {
         const int64_t N = a.N;
-        const bool two = b.chunk2 != nullptr && tc;
-        std::optional<OverlapEvents> ev;
-        cudaStream_t side = s;
-        if (two) {
-            ev.emplace();
-            side = side_stream();
-            ZG_CUDA_CHECK(cudaEventRecord(ev->start, s));
-            ZG_CUDA_CHECK(cudaStreamWaitEvent(side, ev->start, 0));
-        }
-        int64_t k = 0;
         for (int64_t v = 0; v < V_local; v += t.cols) {
             const int64_t vc = std::min(t.cols, V_local - v);
             auto* dW = a.dweight ? static_cast<__nv_bfloat16*>(a.dweight) + v * C : nullptr;
-            for (int64_t r = 0; r < N; r += t.rows, k++) {
+            for (int64_t r = 0; r < N; r += t.rows) {
                 const int64_t nr = std::min(t.rows, N - r);
-                __nv_bfloat16* tile = two && k % 2 ? b.chunk2 : b.chunk;
-                if (two) {
-                    if (k >= 2) ZG_CUDA_CHECK(cudaStreamWaitEvent(side, ev->free[k % 2], 0));
-                    dlogits(tile, params, r, nr, v, vc, side);
-                    ZG_CUDA_CHECK(cudaEventRecord(ev->ready[k % 2], side));
-                    ZG_CUDA_CHECK(cudaStreamWaitEvent(s, ev->ready[k % 2], 0));
-                } else {
-                    dlogits(tile, params, r, nr, v, vc, s);
-                }
-                dh_tile(tile, nr, v, vc, dh_acc + r * C, dh_add);
+                grad_tile(params, r, nr, v, vc, dh_acc + r * C, dh_add);
                 if (a.dweight_acc)
-                    dw_tile(tile, a.dweight_acc + v * C, r, nr, vc, true);
+                    dw_tile(a.dweight_acc + v * C, r, nr, vc, true);
                 else if (nr == N)  // one row block: dW_c straight out of the GEMM as bf16
-                    gemm_bf16(dW, MatType::bf16, tile, true, h, false, vc, C, N, 1.0f, 0.0f, s);
+                    gemm_bf16(dW, MatType::bf16, b.chunk, true, h, false, vc, C, N, 1.0f, 0.0f, s);
                 else
-                    dw_tile(tile, b.dw_acc, r, nr, vc, r > 0);
-                if (two) ZG_CUDA_CHECK(cudaEventRecord(ev->free[k % 2], s));
+                    dw_tile(b.dw_acc, r, nr, vc, r > 0);
             }
             if (!a.dweight_acc && t.rows < N) to_bf16(dW, b.dw_acc, vc * C, s);
         }
@@ -352,7 +266,7 @@ void run_fused_linear(const LinearCrossEntropyArgs& a, const CrossEntropyOptions
     const TileShape t = tile_shape(N, a.V, a.tuning);
     const bool rows_outer = grads && t.rows < N && a.dweight_acc && a.tuning.rows_outer;
     WorkspaceLayout layout(w);
-    const Workspace ws = carve(layout, N, C, a.V, t, a.tuning);
+    const Workspace ws = carve(layout, N, C, a.V, t, a.tuning.wgmma_epilogue);
     const ShardSteps sh{a, o, ce_view(a, &ws), t, ws.tiles, s};
 
     ce_count_valid(ws.n_valid, a.targets, N, o.ignore_index, s);
@@ -365,7 +279,7 @@ void run_fused_linear(const LinearCrossEntropyArgs& a, const CrossEntropyOptions
                 const int64_t vc = std::min(t.cols, a.V - v);
                 // the block's dh in the first nr rows of dh_acc
                 sh.grad_tile(ws.params, r, nr, v, vc, ws.dh_acc, false);
-                sh.dw_tile(sh.b.chunk, a.dweight_acc + v * C, r, nr, vc, true);
+                sh.dw_tile(a.dweight_acc + v * C, r, nr, vc, true);
             }
             to_bf16(static_cast<__nv_bfloat16*>(a.dhidden) + r * C, ws.dh_acc, nr * C, s);
         }
@@ -399,7 +313,7 @@ void run_fused_linear_wgmma(const LinearCrossEntropyArgs& a, const CrossEntropyO
 size_t linear_ce_shard_workspace_bytes(int64_t N, int64_t C, int64_t V_local,
                                        const LinearCrossEntropyTuning& tuning) {
     WorkspaceLayout l(nullptr);
-    carve_tiles(l, N, C, V_local, tile_shape(N, V_local, tuning), tuning);
+    carve_tiles(l, N, C, V_local, tile_shape(N, V_local, tuning), tuning.wgmma_epilogue);
     return l.bytes();
 }
 
@@ -409,8 +323,12 @@ void linear_ce_shard_stats(RowStatsF* stats, const LinearCrossEntropyArgs& a,
     ZG_CHECK(stats, "linear_ce_shard_stats: stats are required");
     const TileShape t = tile_shape(a.N, a.local_vocab(), a.tuning);
     WorkspaceLayout l(workspace);
-    const ShardSteps sh{
-        a, o, ce_view(a, nullptr), t, carve_tiles(l, a.N, a.C, a.local_vocab(), t, a.tuning), s};
+    const ShardSteps sh{a,
+                        o,
+                        ce_view(a, nullptr),
+                        t,
+                        carve_tiles(l, a.N, a.C, a.local_vocab(), t, a.tuning.wgmma_epilogue),
+                        s};
     for (int64_t r = 0; r < a.N; r += t.rows) sh.stats_rows(stats, r, std::min(t.rows, a.N - r));
 }
 
@@ -422,8 +340,12 @@ void linear_ce_shard_backward(float* dh_acc, const RowGradParams* params,
              "linear_ce_shard_backward: needs dh_acc, params and one of dweight / dweight_acc");
     const TileShape t = tile_shape(a.N, a.local_vocab(), a.tuning);
     WorkspaceLayout l(workspace);
-    const ShardSteps sh{
-        a, o, ce_view(a, nullptr), t, carve_tiles(l, a.N, a.C, a.local_vocab(), t, a.tuning), s};
+    const ShardSteps sh{a,
+                        o,
+                        ce_view(a, nullptr),
+                        t,
+                        carve_tiles(l, a.N, a.C, a.local_vocab(), t, a.tuning.wgmma_epilogue),
+                        s};
     sh.backward(params, dh_acc, /*dh_add=*/true);
 }
 

@@ -36,7 +36,6 @@ struct KernelChoice {
     int linear_ce_row_block = 0;        // rows per tile; 0: 8192
     int linear_ce_vocab_chunk = 0;      // vocabulary columns per tile; 0: a 48 MB tile of logits
     bool linear_ce_rows_outer = false;  // each row block's whole head before the next block
-    bool linear_ce_overlap = false;     // fused_linear_wgmma: dlogits beside the dh / dW GEMMs
     int linear_ce_chunk_mb = 0;         // MB of bf16 logits per tile (vocab_chunk 0); 0: 48
     // The kernels' tuning knobs (kernels.cross_entropy_tuning.*, kernels.attention_tuning.*); the
     // defaults are the kernels' own choices.

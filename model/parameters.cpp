@@ -16,7 +16,6 @@ cuda::LinearCrossEntropyTuning linear_ce_tuning(const KernelChoice& k) {
     t.row_block = k.linear_ce_row_block;
     t.chunk_mb = k.linear_ce_chunk_mb;
     t.rows_outer = k.linear_ce_rows_outer;
-    t.overlap = k.linear_ce_overlap;
     t.wgmma_epilogue = k.cross_entropy == "fused_linear_wgmma";
     return t;
 }

@@ -162,24 +162,6 @@ TEST_CASE("fused_linear's schedule keys: set with that head only, rows_outer wit
     e = error_of(base + "  linear_ce_rows_outer: true\n");
     CHECK(e.find("kernels.linear_ce_rows_outer: needs kernels.linear_ce_row_block > 0") !=
           std::string::npos);
-    // the overlapped tiles: the wgmma head only, not with the row blocks outside
-    const Config o = load_config(
-        write_yaml("lceo", std::string(kBase) + "kernels:\n  cross_entropy: fused_linear_wgmma\n  "
-                                                "linear_ce_overlap: true\n"));
-    CHECK(linear_ce_tuning(o.kernels).overlap);
-    CHECK_FALSE(linear_ce_tuning(w.kernels).overlap);
-    e = error_of(base + "  linear_ce_overlap: true\n");
-    CHECK(e.find("kernels.linear_ce_overlap: applies to kernels.cross_entropy=fused_linear_wgmma "
-                 "only (it is fused_linear)") != std::string::npos);
-    e = error_of(kBase, {"kernels.linear_ce_overlap=true"});
-    CHECK(e.find("kernels.linear_ce_overlap: applies to the fused linear heads only") !=
-          std::string::npos);
-    e = error_of(std::string(kBase) + "kernels:\n  cross_entropy: fused_linear_wgmma\n",
-                 {"kernels.linear_ce_overlap=true", "kernels.linear_ce_rows_outer=true",
-                  "kernels.linear_ce_row_block=4096"});
-    CHECK(
-        e.find("kernels.linear_ce_overlap: overlaps the tiles of the vocabulary chunks outside") !=
-        std::string::npos);
     e = error_of(base + "  linear_ce_vocab_chunk: -1\n");
     CHECK(e.find("kernels.linear_ce_vocab_chunk: value -1 is out of range") != std::string::npos);
 }

@@ -159,10 +159,6 @@ std::vector<ConfigField> config_fields(Config& c) {
     add({"kernels", "linear_ce_rows_outer",
          "fused_linear: each row block's whole head before the next (with linear_ce_row_block)",
          &k.linear_ce_rows_outer});
-    add({"kernels", "linear_ce_overlap",
-         "fused_linear_wgmma: two half-size tiles, one's dlogits kernel beside the other's dh and "
-         "dW GEMMs (vocabulary chunks outside)",
-         &k.linear_ce_overlap});
     add({"kernels", "linear_ce_chunk_mb",
          "fused_linear: MB of bf16 logits per tile, with linear_ce_vocab_chunk 0 (0: 48)",
          &k.linear_ce_chunk_mb, 0, 1 << 20});
@@ -405,8 +401,7 @@ void check_cross(const Config& c, const Origins& origins) {
              {std::pair<const char*, bool>{"kernels.linear_ce_row_block",
                                            k.linear_ce_row_block != 0},
               {"kernels.linear_ce_vocab_chunk", k.linear_ce_vocab_chunk != 0},
-              {"kernels.linear_ce_rows_outer", k.linear_ce_rows_outer},
-              {"kernels.linear_ce_overlap", k.linear_ce_overlap}})
+              {"kernels.linear_ce_rows_outer", k.linear_ce_rows_outer}})
             if (set)
                 throw Error(
                     at(key) +
@@ -463,14 +458,6 @@ void check_cross(const Config& c, const Origins& origins) {
         throw Error(at("kernels.linear_ce_rows_outer") +
                     "needs kernels.linear_ce_row_block > 0 (the rows of each block it loops "
                     "over)");
-    if (k.linear_ce_overlap && linear_head && k.cross_entropy != "fused_linear_wgmma")
-        throw Error(at("kernels.linear_ce_overlap") +
-                    "applies to kernels.cross_entropy=fused_linear_wgmma only (it is " +
-                    k.cross_entropy + ")");
-    if (k.linear_ce_overlap && k.linear_ce_rows_outer)
-        throw Error(at("kernels.linear_ce_overlap") +
-                    "overlaps the tiles of the vocabulary chunks outside; it cannot run with "
-                    "kernels.linear_ce_rows_outer");
 }
 
 }  // namespace
