@@ -19,6 +19,7 @@ struct AttentionDims {
     int64_t B, T, C, NH;
     int dkdv_wgs = 0;           // kernels.attention_tuning.wgmma_dkdv_wgs (0: the default)
     bool fwd_pipeline = false;  // kernels.attention_tuning.wgmma_fwd_pipeline
+    bool dkdv_tma = false;      // kernels.attention_tuning.wgmma_dkdv_tma
 };
 struct LayernormDims {
     int64_t N, C;

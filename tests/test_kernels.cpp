@@ -229,7 +229,7 @@ const AttentionDims kAttentionShapes[] = {{2, 7, 12, 3},    {1, 65, 64, 1},   {2
 std::string text(const AttentionDims& s) {
     return dims({{"B", s.B}, {"T", s.T}, {"C", s.C}, {"NH", s.NH}}) +
            (s.dkdv_wgs ? " dkdv_wgs=" + std::to_string(s.dkdv_wgs) : "") +
-           (s.fwd_pipeline ? " fwd_pipeline=true" : "");
+           (s.fwd_pipeline ? " fwd_pipeline=true" : "") + (s.dkdv_tma ? " dkdv_tma=true" : "");
 }
 
 void attention_rows(const std::string& v, std::vector<Row>& rows) {
@@ -245,6 +245,11 @@ void attention_rows(const std::string& v, std::vector<Row>& rows) {
                 w.fwd_pipeline = true;
                 rows.push_back({"attention", v, text(w), dtype_name(t), true,
                                 GPU_CHECK(gpu::attention(v, w, t))});
+                // the dK/dV kernel on TMA loads (T % 4 != 0 runs the cp.async one)
+                AttentionDims m = s;
+                m.dkdv_tma = true;
+                rows.push_back({"attention", v, text(m), dtype_name(t), true,
+                                GPU_CHECK(gpu::attention(v, m, t))});
             }
         }
 }

@@ -209,6 +209,10 @@ std::vector<ConfigField> config_fields(Config& c) {
          "flash on Hopper: warpgroups per dK/dV block of the wgmma backward, 1 (blocks drift "
          "apart) or 2 (two share each tile) (0: 2)",
          &at.wgmma_dkdv_wgs, 0, 2});
+    add({"kernels", att + "wgmma_dkdv_tma",
+         "flash on Hopper: the dK/dV kernel's query tiles loaded by TMA into a ring handed over "
+         "by mbarriers (the default tiles and warpgroups; T a multiple of 4)",
+         &at.wgmma_dkdv_tma});
     return f;
 }
 
@@ -447,7 +451,8 @@ void check_cross(const Config& c, const Origins& origins) {
              {"wgmma_fwd_pipeline", tt.wgmma_fwd_pipeline != ad.wgmma_fwd_pipeline, "flash"},
              {"wgmma_dq_tile", tt.wgmma_dq_tile != ad.wgmma_dq_tile, "flash"},
              {"wgmma_dkdv_tile", tt.wgmma_dkdv_tile != ad.wgmma_dkdv_tile, "flash"},
-             {"wgmma_dkdv_wgs", tt.wgmma_dkdv_wgs != ad.wgmma_dkdv_wgs, "flash"}}) {
+             {"wgmma_dkdv_wgs", tt.wgmma_dkdv_wgs != ad.wgmma_dkdv_wgs, "flash"},
+             {"wgmma_dkdv_tma", tt.wgmma_dkdv_tma != ad.wgmma_dkdv_tma, "flash"}}) {
         const bool applies = k.attention == "flash" ||
                              (std::string(variants) == flashes && k.attention == "flash_mma");
         if (set && !applies)

@@ -31,6 +31,7 @@
 #include "kernels/attention/tc.cuh"
 #include "kernels/cuda_common.cuh"
 #include "kernels/cuda_device.h"
+#include "kernels/hopper_gemm.cuh"
 #include "kernels/wgmma.cuh"
 
 namespace zgpt::cuda::attention_wgmma {
@@ -615,6 +616,64 @@ __global__ void __launch_bounds__(kThreads, 2)
 // probably because in the step the backward runs beside the side stream's weight-gradient GEMMs
 // (not measured). Two stays
 // the default (no clearing of the column-sum rows); one is kept for ablation.
+// One query tile of a dK/dV warpgroup (its 64 keys' K and V rows at k_rows, v_rows; the tile's
+// Q and dO at q, d_o; its L and D at Lt, Dt; rel: the tile's first query from the warpgroup's
+// first key). Four products in three stages, each overlapping the tensor core with the
+// exponentials or dS of the stage before: S^T | dP^T with P^T, dV with dS^T, then dK. Returns
+// when every product has completed (the tile's shared memory is free again).
+template <int QT>
+__device__ __forceinline__ void dkdv_tile(float (&dk)[kD / 2], float (&dv)[kD / 2], uint32_t k_rows,
+                                          uint32_t v_rows, uint32_t q, uint32_t d_o,
+                                          const float* Lt, const float* Dt, int rel, float sl2,
+                                          int warp, int gq, int tq) {
+    float p[QT / 2], dp[QT / 2];
+    wg_fence();
+    product_smem<QT>(p, k_rows, q);
+    wg_commit();
+    product_smem<QT>(dp, v_rows, d_o);
+    wg_commit();
+    wg_wait<1>();  // S^T
+    hold(p);
+#pragma unroll
+    for (int n = 0; n < QT / 8; n++) {
+        const float2 L = *reinterpret_cast<const float2*>(Lt + n * 8 + 2 * tq);
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            p[4 * n + e] = ex2(fmaf(p[4 * n + e], sl2, -(e & 1 ? L.y : L.x) * kLog2e));
+    }
+    if (rel < kRows) {  // the tile straddles the diagonal: query rel + c sees key r if c >= r
+#pragma unroll
+        for (int n = 0; n < QT / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (rel + n * 8 + 2 * tq + (e & 1) < warp * 16 + gq + (e >> 1) * 8)
+                    p[4 * n + e] = 0;
+    }
+    uint32_t pa[QT / 16][4], sa[QT / 16][4];
+    acc_to_a<QT>(pa, p);
+    wg_fence();
+    product_nmajor<QT>(dv, pa, d_o);
+    wg_commit();
+    wg_wait<1>();  // dP^T
+    hold(dp);
+#pragma unroll
+    for (int n = 0; n < QT / 8; n++) {
+        const float2 D = *reinterpret_cast<const float2*>(Dt + n * 8 + 2 * tq);
+#pragma unroll
+        for (int e = 0; e < 4; e++)  // dS^T
+            dp[4 * n + e] = p[4 * n + e] * (dp[4 * n + e] - (e & 1 ? D.y : D.x));
+    }
+    acc_to_a<QT>(sa, dp);
+    wg_fence();
+    product_nmajor<QT>(dk, sa, q);
+    wg_commit();
+    wg_wait_all();
+    keep(pa);
+    keep(sa);
+    hold(dv);
+    hold(dk);
+}
+
 template <int QT, int WGS>
 constexpr int dkdv_smem_bytes() {
     return 1024 + 2 * WGS * kRows * 128 + kStages * 2 * QT * 128 + kStages * 2 * QT * 4;
@@ -674,55 +733,120 @@ __global__ void __launch_bounds__(WGS* kWG, (QT == 32 ? 2 : 1) * (2 / WGS))
         const int rel = int(i0 - key0);  // the tile's first query, from key0
         if (rel <= -QT) continue;        // every query of the tile precedes every key here
         const float* Lt = Fs + slot * 2 * QT;
-        const float* Dt = Lt + QT;
-        // Four products in three stages, each overlapping the tensor core with the exponentials
-        // or dS of the stage before: S^T | dP^T with P^T, dV with dS^T, then dK.
-        float p[QT / 2], dp[QT / 2];
-        wg_fence();
-        product_smem<QT>(p, k_rows, q_tile(slot));
-        wg_commit();
-        product_smem<QT>(dp, v_rows, do_tile(slot));
-        wg_commit();
-        wg_wait<1>();  // S^T
-        hold(p);
+        dkdv_tile<QT>(dk, dv, k_rows, v_rows, q_tile(slot), do_tile(slot), Lt, Lt + QT, rel, sl2,
+                      warp, gq, tq);
+    }
 #pragma unroll
-        for (int n = 0; n < QT / 8; n++) {
-            const float2 L = *reinterpret_cast<const float2*>(Lt + n * 8 + 2 * tq);
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                p[4 * n + e] = ex2(fmaf(p[4 * n + e], sl2, -(e & 1 ? L.y : L.x) * kLog2e));
+    for (int r = 0; r < 2; r++) {
+        const int64_t key = wkey0 + gq + r * 8;
+        if (key >= g.Tn) continue;
+        bf16* dkr = dqkv + (b * g.Tn + key) * stride + g.C + h * g.hs;
+        store_row(dkr, dk, r, g.scale);
+        store_row(dkr + g.C, dv, r, 1.0f);
+    }
+    if (colsum) {
+        __shared__ float red[kThreads / 32][kD];
+        float* dst = colsum + cr.row(b, blockIdx.x) * stride + g.C + h * g.hs;
+        masked_column_sums<kThreads>(dst, dk, wkey0, g.Tn, g.scale, red);
+        masked_column_sums<kThreads>(dst + g.C, dv, wkey0, g.Tn, 1.0f, red);
+    }
+#endif
+}
+
+// ---------------------------------------------------------------- backward: dK, dV with TMA
+// dkdv_kernel<64, 2> with its query tiles loaded by the tensor memory accelerator into a ring of
+// kTmaStages, each stage handed over by mbarriers instead of a block-wide barrier per tile: `full`
+// (the tile landed: one arrival with its bytes) and `empty` (both warpgroups are done with it:
+// one arrival from each of the 8 warps). Thread 0 issues the loads kTmaAhead tiles ahead, so the
+// two warpgroups can drift apart by up to kTmaAhead tiles (one's exponentials beside the other's
+// products) while still sharing each tile. Rows past Tn arrive as zeros (Q, dO, L and D), as the
+// cp.async kernel's zero-fill gives them. AttentionTuning::wgmma_dkdv_tma; needs Tn % 4 == 0
+// (the row stride of lse and Dsum in 16-byte units, a TMA rule).
+constexpr int kTmaStages = 4, kTmaAhead = 2, kTmaQT = 64;
+constexpr int kTmaTileBytes = kTmaQT * 128;                      // Q or dO: 64 rows of 128 bytes
+constexpr int kTmaStageBytes = 2 * kTmaTileBytes + 1024;         // + L and D (512 bytes), aligned
+constexpr int kTmaStageTx = 2 * kTmaTileBytes + 2 * kTmaQT * 4;  // bytes that land per stage
+constexpr int kTmaSmemBytes = 1024 + 2 * kBlockRows * 128 + kTmaStages * kTmaStageBytes + 64;
+
+// A box of a 3-D tensor map at (x, y, z) into shared memory, completing on mbarrier `bar`.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                            int x, int y, int z) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
+        "{%3, %4, %5}], [%2];\n" ::"r"(dst),
+        "l"(map), "r"(bar), "r"(x), "r"(y), "r"(z)
+        : "memory");
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    dkdv_tma_kernel(bf16* dqkv, const __grid_constant__ CUtensorMap q_map,
+                    const __grid_constant__ CUtensorMap do_map,
+                    const __grid_constant__ CUtensorMap l_map,
+                    const __grid_constant__ CUtensorMap d_map, const bf16* qkv, float* colsum,
+                    ColsumRows cr, Geo g) {
+#ifdef ZG_NO_WGMMA
+    __trap();
+#else
+    namespace hg = hopper_gemm;
+    constexpr int QT = kTmaQT;
+    extern __shared__ __align__(16) unsigned char smem[];
+    const uint32_t base = aligned_smem(smem), k_all = base, v_all = base + kBlockRows * 128;
+    const uint32_t ring = v_all + kBlockRows * 128;
+    auto q_tile = [&](int slot) { return ring + slot * kTmaStageBytes; };
+    auto do_tile = [&](int slot) { return q_tile(slot) + kTmaTileBytes; };
+    auto f_tile = [&](int slot) { return q_tile(slot) + 2 * kTmaTileBytes; };  // L then D
+    const uint32_t bars = ring + kTmaStages * kTmaStageBytes;
+    auto full = [&](int slot) { return bars + 8 * slot; };
+    auto empty = [&](int slot) { return bars + 8 * (kTmaStages + slot); };
+    const uint32_t smem0 = uint32_t(__cvta_generic_to_shared(smem));
+    const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
+    const int64_t k0 = int64_t(blockIdx.x) * kBlockRows;
+    const int tid = threadIdx.x, wg = tid / kWG, warp = tid % kWG / 32, lane = tid % 32;
+    const int gq = lane / 4, tq = lane % 4;
+    const int64_t stride = 3 * g.C;
+    const bf16* qbase = qkv + b * g.Tn * stride + h * g.hs;
+    const float sl2 = g.scale * kLog2e;
+    const int tiles = int((g.Tn - k0 + QT - 1) / QT);
+    // tile j: queries [k0 + j QT, ...) into slot j % kTmaStages
+    auto issue = [&](int j) {
+        const int slot = j % kTmaStages;
+        if (j >= kTmaStages) hg::bar_wait(empty(slot), unsigned((j / kTmaStages + 1) & 1));
+        const int y = int(k0 + int64_t(j) * QT);
+        hg::bar_expect(full(slot), kTmaStageTx);
+        tma_load_3d(q_tile(slot), &q_map, full(slot), int(h * g.hs), y, int(b));
+        tma_load_3d(do_tile(slot), &do_map, full(slot), int(h * g.hs), y, int(b));
+        hg::tma_load(f_tile(slot), &l_map, full(slot), y, int(bh));
+        hg::tma_load(f_tile(slot) + QT * 4, &d_map, full(slot), y, int(bh));
+    };
+    if (tid == 0) {
+        for (int s = 0; s < kTmaStages; s++) {
+            hg::bar_init(full(s), 1);
+            hg::bar_init(empty(s), 8);  // lane 0 of each warp
         }
-        if (rel < kRows) {  // the tile straddles the diagonal: query rel + c sees key r if c >= r
-#pragma unroll
-            for (int n = 0; n < QT / 8; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    if (rel + n * 8 + 2 * tq + (e & 1) < warp * 16 + gq + (e >> 1) * 8)
-                        p[4 * n + e] = 0;
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        for (int j = 0; j < kTmaAhead && j < tiles; j++) issue(j);
+    }
+    stage_tile<kBlockRows, kThreads>(k_all, qbase + g.C, stride, k0, g.Tn, tid);
+    stage_tile<kBlockRows, kThreads>(v_all, qbase + 2 * g.C, stride, k0, g.Tn, tid);
+    commit();
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();  // K and V landed; the barriers are initialised
+    const uint32_t k_rows = k_all + wg * kRows * 128, v_rows = v_all + wg * kRows * 128;
+    const int64_t key0 = k0 + wg * kRows, wkey0 = key0 + warp * 16;
+    float dk[kD / 2] = {}, dv[kD / 2] = {};
+    for (int j = 0; j < tiles; j++) {
+        if (tid == 0 && j + kTmaAhead < tiles) issue(j + kTmaAhead);
+        const int slot = j % kTmaStages;
+        hg::bar_wait(full(slot), unsigned((j / kTmaStages) & 1));
+        const int rel = int(k0 + int64_t(j) * QT - key0);  // the tile's first query, from key0
+        if (rel > -QT) {  // else every query of the tile precedes every key here
+            const float* Lt = reinterpret_cast<const float*>(smem + (f_tile(slot) - smem0));
+            dkdv_tile<QT>(dk, dv, k_rows, v_rows, q_tile(slot), do_tile(slot), Lt, Lt + QT, rel,
+                          sl2, warp, gq, tq);
         }
-        uint32_t pa[QT / 16][4], sa[QT / 16][4];
-        acc_to_a<QT>(pa, p);
-        wg_fence();
-        product_nmajor<QT>(dv, pa, do_tile(slot));
-        wg_commit();
-        wg_wait<1>();  // dP^T
-        hold(dp);
-#pragma unroll
-        for (int n = 0; n < QT / 8; n++) {
-            const float2 D = *reinterpret_cast<const float2*>(Dt + n * 8 + 2 * tq);
-#pragma unroll
-            for (int e = 0; e < 4; e++)  // dS^T
-                dp[4 * n + e] = p[4 * n + e] * (dp[4 * n + e] - (e & 1 ? D.y : D.x));
-        }
-        acc_to_a<QT>(sa, dp);
-        wg_fence();
-        product_nmajor<QT>(dk, sa, q_tile(slot));
-        wg_commit();
-        wg_wait_all();
-        keep(pa);
-        keep(sa);
-        hold(dv);
-        hold(dk);
+        __syncwarp();
+        if (lane == 0) hg::bar_arrive(empty(slot));
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -792,6 +916,44 @@ int64_t colsum_rows(const AttentionShape& s) {
 // Tile sizes of the backward kernels (keys per dQ tile, queries per dK/dV tile): 32 or 64, from
 // AttentionTuning::wgmma_dq_tile and wgmma_dkdv_tile (default 64 and 64, the fastest measured),
 // and the dK/dV kernel's warpgroups per block (wgmma_dkdv_wgs), for measuring.
+// A tensor map of `dims` (innermost first; rank 2 or 3) over dense rows, boxes of `box`: bf16
+// tiles in the 128-byte swizzle the wgmma kernels read, or fp32 rows unswizzled. Outside the
+// tensor the boxes read zeros.
+CUtensorMap tensor_map(const void* base, bool bf16_tile, int rank, const cuuint64_t* dims,
+                       const cuuint32_t* box) {
+    const cuuint64_t elem = bf16_tile ? 2 : 4;
+    cuuint64_t strides[2] = {dims[0] * elem, dims[0] * dims[1] * elem};
+    const cuuint32_t step[3] = {1, 1, 1};
+    CUtensorMap m;
+    const CUresult r = hopper_gemm::encoder()(
+        &m, bf16_tile ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+        cuuint32_t(rank), const_cast<void*>(base), dims, strides, box, step,
+        CU_TENSOR_MAP_INTERLEAVE_NONE,
+        bf16_tile ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    ZG_CHECK(r == CUDA_SUCCESS,
+             "attention: cuTensorMapEncodeTiled failed (" + std::to_string(int(r)) + ")");
+    return m;
+}
+
+// The TMA dK/dV kernel (AttentionTuning::wgmma_dkdv_tma) in place of dkdv_kernel<64, 2>.
+void dkdv_tma(bf16* dx, const bf16* dy, const bf16* x, const float* lse, const float* dsum,
+              float* colsums, ColsumRows cr, const Geo& g, const AttentionShape& s,
+              CUstream_st* st) {
+    static const bool smem_set = (allow_smem(dkdv_tma_kernel, kTmaSmemBytes), true);
+    (void)smem_set;
+    const cuuint64_t T = cuuint64_t(s.Tn), C = cuuint64_t(s.C), B = cuuint64_t(s.B);
+    const cuuint32_t tile[3] = {kD, kTmaQT, 1}, row[2] = {kTmaQT, 1};
+    const cuuint64_t q_dims[3] = {3 * C, T, B}, do_dims[3] = {C, T, B};
+    const cuuint64_t f_dims[2] = {T, cuuint64_t(s.B * s.NH)};
+    const CUtensorMap qm = tensor_map(x, true, 3, q_dims, tile);
+    const CUtensorMap dm = tensor_map(dy, true, 3, do_dims, tile);
+    const CUtensorMap lm = tensor_map(lse, false, 2, f_dims, row);
+    const CUtensorMap sm = tensor_map(dsum, false, 2, f_dims, row);
+    dkdv_tma_kernel<<<dim3(unsigned((s.Tn + kBlockRows - 1) / kBlockRows), unsigned(s.B * s.NH)),
+                      kThreads, kTmaSmemBytes, st>>>(dx, qm, dm, lm, sm, x, colsums, cr, g);
+}
+
 template <int KT, int QT, int WGS>
 void backward_tiles(bf16* dx, float* dsum, const bf16* dy, const bf16* out, const bf16* x,
                     const float* lse, float* colsums, const Geo& g, const AttentionShape& s,
@@ -808,6 +970,10 @@ void backward_tiles(bf16* dx, float* dsum, const bf16* dy, const bf16* out, cons
     dq_kernel<KT><<<dim3(unsigned((s.Tn + kBlockRows - 1) / kBlockRows), bh), kThreads,
                     dq_smem_bytes<KT>(), st>>>(dx, dsum, dy, out, x, lse, colsums, cr, g);
     const ColsumRows dkdv_rows{cr.per_batch, 1};
+    if (QT == kTmaQT && WGS == 2 && s.tuning.wgmma_dkdv_tma && s.Tn % 4 == 0) {
+        dkdv_tma(dx, dy, x, lse, dsum, colsums, dkdv_rows, g, s, st);
+        return;
+    }
     dkdv_kernel<QT, WGS>
         <<<dim3(unsigned((s.Tn + WGS * kRows - 1) / (WGS * kRows)), bh), WGS * kWG,
            dkdv_smem_bytes<QT, WGS>(), st>>>(dx, dy, x, lse, dsum, colsums, dkdv_rows, g);
