@@ -48,8 +48,10 @@ struct AttentionTuning {
     int wgmma_dq_tile = 0;            // wgmma backward: keys per dQ tile, 32 | 64; 0: 64
     int wgmma_dkdv_tile = 0;          // wgmma backward: queries per dK/dV tile, 32 | 64; 0: 64
     int wgmma_dkdv_wgs = 0;           // wgmma backward: warpgroups per dK/dV block, 1 | 2; 0: 2
-    // wgmma backward, 64-query tiles and 2 warpgroups: Q / dO tiles by TMA, mbarriers per tile
-    bool wgmma_dkdv_tma = false;
+    // wgmma backward: the streamed tiles by TMA into rings handed over by mbarriers (dK/dV: with
+    // 64-query tiles, 2 warpgroups and T % 4 == 0; dQ: with 64-key tiles)
+    bool wgmma_dkdv_tma = true;
+    bool wgmma_dq_tma = false;
 };
 
 // The launch's shape, and the tuning its kernels follow (they read it wherever they take the

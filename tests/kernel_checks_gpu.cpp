@@ -72,6 +72,7 @@ void attention(const std::string& variant, const AttentionDims& s, DType t) {
     sh.tuning.wgmma_dkdv_wgs = s.dkdv_wgs;
     sh.tuning.wgmma_fwd_pipeline = s.fwd_pipeline;
     sh.tuning.wgmma_dkdv_tma = s.dkdv_tma;
+    sh.tuning.wgmma_dq_tma = s.dq_tma;
     DevT d_qkv(t, qkv), d_out(t, BT * s.C), d_dout(t, dout), d_dqkv(t, BT * 3 * s.C);
     DevT saved(DType::f32, int64_t(v.saved_bytes(sh) / 4) + 1),
         scratch(DType::f32, int64_t(v.scratch_bytes(sh) / 4) + 1);
@@ -81,9 +82,10 @@ void attention(const std::string& variant, const AttentionDims& s, DType t) {
     v.backward(d_dqkv.p, d_dout.p, d_qkv.p, d_out.p, saved.p, scratch.p, nullptr, sh, t, nullptr);
     const std::vector<double> got = d_dqkv.get();
     check_close("dqkv", got, dqkv, t, t == DType::f32 ? 1e-5 : 1.0 / 128);
-    if (s.dkdv_tma) {  // the same products in the same order as the cp.async kernel: same bits
+    if (s.dkdv_tma || s.dq_tma) {  // the TMA rings change the loads only: the cp.async bits
         cuda::AttentionShape plain = sh;
         plain.tuning.wgmma_dkdv_tma = false;
+        plain.tuning.wgmma_dq_tma = false;
         DevT d_plain(t, BT * 3 * s.C);
         v.backward(d_plain.p, d_dout.p, d_qkv.p, d_out.p, saved.p, scratch.p, nullptr, plain, t,
                    nullptr);

@@ -229,7 +229,8 @@ const AttentionDims kAttentionShapes[] = {{2, 7, 12, 3},    {1, 65, 64, 1},   {2
 std::string text(const AttentionDims& s) {
     return dims({{"B", s.B}, {"T", s.T}, {"C", s.C}, {"NH", s.NH}}) +
            (s.dkdv_wgs ? " dkdv_wgs=" + std::to_string(s.dkdv_wgs) : "") +
-           (s.fwd_pipeline ? " fwd_pipeline=true" : "") + (s.dkdv_tma ? " dkdv_tma=true" : "");
+           (s.fwd_pipeline ? " fwd_pipeline=true" : "") + (s.dkdv_tma ? "" : " dkdv_tma=false") +
+           (s.dq_tma ? " dq_tma=true" : "");
 }
 
 void attention_rows(const std::string& v, std::vector<Row>& rows) {
@@ -245,9 +246,11 @@ void attention_rows(const std::string& v, std::vector<Row>& rows) {
                 w.fwd_pipeline = true;
                 rows.push_back({"attention", v, text(w), dtype_name(t), true,
                                 GPU_CHECK(gpu::attention(v, w, t))});
-                // the dK/dV kernel on TMA loads (T % 4 != 0 runs the cp.async one)
+                // the dQ kernel's TMA ring beside the cp.async dK/dV kernel (the default rows run
+                // the dK/dV kernel's TMA ring where T % 4 == 0)
                 AttentionDims m = s;
-                m.dkdv_tma = true;
+                m.dkdv_tma = false;
+                m.dq_tma = true;
                 rows.push_back({"attention", v, text(m), dtype_name(t), true,
                                 GPU_CHECK(gpu::attention(v, m, t))});
             }

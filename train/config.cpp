@@ -213,6 +213,10 @@ std::vector<ConfigField> config_fields(Config& c) {
          "flash on Hopper: the dK/dV kernel's query tiles loaded by TMA into a ring handed over "
          "by mbarriers (the default tiles and warpgroups; T a multiple of 4)",
          &at.wgmma_dkdv_tma});
+    add({"kernels", att + "wgmma_dq_tma",
+         "flash on Hopper: the dQ kernel's key tiles loaded by TMA into a ring handed over by "
+         "mbarriers (64-key tiles)",
+         &at.wgmma_dq_tma});
     return f;
 }
 
@@ -452,7 +456,8 @@ void check_cross(const Config& c, const Origins& origins) {
              {"wgmma_dq_tile", tt.wgmma_dq_tile != ad.wgmma_dq_tile, "flash"},
              {"wgmma_dkdv_tile", tt.wgmma_dkdv_tile != ad.wgmma_dkdv_tile, "flash"},
              {"wgmma_dkdv_wgs", tt.wgmma_dkdv_wgs != ad.wgmma_dkdv_wgs, "flash"},
-             {"wgmma_dkdv_tma", tt.wgmma_dkdv_tma != ad.wgmma_dkdv_tma, "flash"}}) {
+             {"wgmma_dkdv_tma", tt.wgmma_dkdv_tma != ad.wgmma_dkdv_tma, "flash"},
+             {"wgmma_dq_tma", tt.wgmma_dq_tma != ad.wgmma_dq_tma, "flash"}}) {
         const bool applies = k.attention == "flash" ||
                              (std::string(variants) == flashes && k.attention == "flash_mma");
         if (set && !applies)

@@ -479,25 +479,85 @@ __global__ void __launch_bounds__(kThreads, 2)
 // in shared memory as the left operands (registers would cost 32 per thread, and two blocks per
 // SM need at most 128). Per tile: S = Q K^T and dP = dO V^T, then dQ += dS K. Runs first and
 // writes Dsum = rowsum(dO * O), which the dK/dV kernel reads.
-template <int KT>
-constexpr int dq_smem_bytes() {
-    return 1024 + 2 * kBlockRows * 128 + kStages * 2 * KT * 128 + kBlockRows * int(sizeof(float));
+// ---------------------------------------------------------------- TMA tile rings
+// The backward kernels' streamed tiles (kernels.attention_tuning.wgmma_dkdv_tma / wgmma_dq_tma):
+// loaded by the tensor memory accelerator into a ring of kTmaStages stages, each handed over by
+// mbarriers instead of a block-wide barrier per tile: `full` (the tile landed: one arrival with
+// its bytes) and `empty` (every warp is done with it: one arrival from each of the block's 8
+// warps). Thread 0 issues the loads kTmaAhead tiles ahead, so the two warpgroups can drift apart
+// by up to kTmaAhead tiles (one's exponentials beside the other's products) while still sharing
+// each tile. Rows past Tn arrive as zeros, as the cp.async staging's zero-fill gives them. The
+// maps need Tn % 4 == 0 (lse and Dsum rows in 16-byte units, a TMA rule).
+constexpr int kTmaStages = 4, kTmaAhead = 2, kTmaRows = 64;
+constexpr int kTmaTileBytes = kTmaRows * 128;  // 64 rows of 128 bytes: a Q, dO, K or V tile
+
+// A box of a 3-D tensor map at (x, y, z) into shared memory, completing on mbarrier `bar`.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                            int x, int y, int z) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
+        "{%3, %4, %5}], [%2];\n" ::"r"(dst),
+        "l"(map), "r"(bar), "r"(x), "r"(y), "r"(z)
+        : "memory");
 }
 
-template <int KT>
+// Tile j lives in stage j % kTmaStages (stage_bytes each, from `ring`); the barriers at `bars`.
+struct TmaRing {
+    uint32_t ring, bars;
+    int stage_bytes;
+    __device__ uint32_t stage(int j) const { return ring + (j % kTmaStages) * stage_bytes; }
+    __device__ uint32_t full(int j) const { return bars + 8 * (j % kTmaStages); }
+    __device__ uint32_t empty(int j) const { return bars + 8 * (kTmaStages + j % kTmaStages); }
+    // thread 0, before any other use (a block barrier makes it visible to the others)
+    __device__ void init() const {
+        for (int s = 0; s < kTmaStages; s++) {
+            hopper_gemm::bar_init(full(s), 1);
+            hopper_gemm::bar_init(empty(s), kThreads / 32);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    // the issuing thread: tile j's stage, once every warp has released tile j - kTmaStages, set
+    // to expect `bytes`
+    __device__ uint32_t acquire(int j, unsigned bytes) const {
+        if (j >= kTmaStages) hopper_gemm::bar_wait(empty(j), unsigned((j / kTmaStages + 1) & 1));
+        hopper_gemm::bar_expect(full(j), bytes);
+        return stage(j);
+    }
+    __device__ void wait(int j) const {
+        hopper_gemm::bar_wait(full(j), unsigned((j / kTmaStages) & 1));
+    }
+    // every thread, once its warp is done with tile j (its wgmma groups waited for)
+    __device__ void release(int j) const {
+        __syncwarp();
+        if (threadIdx.x % 32 == 0) hopper_gemm::bar_arrive(empty(j));
+    }
+};
+
+// kTma: the key tiles through a TMA ring (kernels.attention_tuning.wgmma_dq_tma; KT = 64) instead
+// of the cp.async ring and its barrier per tile; kv_map is then qkv's [B, T, 3C] map.
+template <int KT, bool kTma>
+constexpr int dq_smem_bytes() {
+    return 1024 + 2 * kBlockRows * 128 + (kTma ? kTmaStages : kStages) * 2 * KT * 128 +
+           kBlockRows * int(sizeof(float)) + (kTma ? 2 * kTmaStages * 8 : 0);
+}
+
+template <int KT, bool kTma>
 __global__ void __launch_bounds__(kThreads, 2)
     dq_kernel(bf16* dqkv, float* dsum, const bf16* dout, const bf16* out, const bf16* qkv,
-              const float* lse, float* colsum, ColsumRows cr, Geo g) {
+              const float* lse, float* colsum, ColsumRows cr, Geo g,
+              const __grid_constant__ CUtensorMap kv_map) {
 #ifdef ZG_NO_WGMMA
     __trap();
 #else
-    constexpr int kTileBytes = KT * 128;
+    static_assert(!kTma || KT == kTmaRows, "the TMA ring holds 64-row tiles");
+    constexpr int kTileBytes = KT * 128, kRing = kTma ? kTmaStages : kStages;
     extern __shared__ __align__(16) unsigned char smem[];
     const uint32_t q_tile = aligned_smem(smem), do_tile = q_tile + kBlockRows * 128;
     auto k_tile = [&](int slot) { return do_tile + kBlockRows * 128 + slot * 2 * kTileBytes; };
     auto v_tile = [&](int slot) { return k_tile(slot) + kTileBytes; };
     const uint32_t smem0 = uint32_t(__cvta_generic_to_shared(smem));
-    float* Dsm = reinterpret_cast<float*>(smem + (k_tile(kStages) - smem0));
+    float* Dsm = reinterpret_cast<float*>(smem + (k_tile(kRing) - smem0));
+    const TmaRing ring{k_tile(0), k_tile(kRing) + kBlockRows * 4, 2 * kTileBytes};
     const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
     const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kBlockRows;  // heaviest first
     const int tid = threadIdx.x, wg = tid / kWG, warp = tid % kWG / 32, lane = tid % 32;
@@ -512,11 +572,21 @@ __global__ void __launch_bounds__(kThreads, 2)
         stage_tile<KT, kThreads>(k_tile(slot), qbase + g.C, stride, t * KT, g.Tn, tid);
         stage_tile<KT, kThreads>(v_tile(slot), qbase + 2 * g.C, stride, t * KT, g.Tn, tid);
     };
+    auto issue = [&](int j) {  // kTma: key tile j (K | V) into its stage
+        const uint32_t st = ring.acquire(j, 2 * kTileBytes);
+        const int x = int(g.C + h * g.hs), y = j * KT;
+        tma_load_3d(st, &kv_map, ring.full(j), x, y, int(b));
+        tma_load_3d(st + kTileBytes, &kv_map, ring.full(j), int(x + g.C), y, int(b));
+    };
+    if (kTma && tid == 0) {
+        ring.init();
+        for (int j = 0; j < kTmaAhead && j < tiles; j++) issue(j);
+    }
     stage_tile<kBlockRows, kThreads>(q_tile, qbase, stride, q0, g.Tn, tid);
     stage_tile<kBlockRows, kThreads>(do_tile, obase, g.C, q0, g.Tn, tid);
-    stage_kv(0, 0);
+    if (!kTma) stage_kv(0, 0);
     commit();
-    if (tiles > 1) stage_kv(1, 1);
+    if (!kTma && tiles > 1) stage_kv(1, 1);
     commit();
     {  // Dsum: two threads per row (32 columns each); the O loads overlap the tiles landing
         const int r = tid / 2, half = tid % 2;
@@ -527,7 +597,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
             for (int j = 0; j < 4; j++) ov[j] = *reinterpret_cast<const uint4*>(orow + 8 * j);
         }
-        wait_prev_and_sync();  // Q, dO and key tile 0
+        wait_prev_and_sync();  // Q, dO and (cp.async ring) key tile 0; the barriers initialised
         const unsigned char* dorow = smem + (do_tile - smem0);
         float acc = 0;
 #pragma unroll
@@ -552,12 +622,21 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     float dq[kD / 2] = {};
     int slot = 0;
-    for (int64_t t = 0; t < tiles; t++, slot = ring_next(slot)) {
-        if (t > 0) wait_prev_and_sync();
-        if (t + 2 < tiles) stage_kv(t + 2, ring_after_next(slot));
-        commit();
+    for (int64_t t = 0; t < tiles; t++, slot = kTma ? 0 : ring_next(slot)) {
+        if (kTma) {
+            if (tid == 0 && t + kTmaAhead < tiles) issue(int(t + kTmaAhead));
+            ring.wait(int(t));
+            slot = int(t % kTmaStages);
+        } else {
+            if (t > 0) wait_prev_and_sync();
+            if (t + 2 < tiles) stage_kv(t + 2, ring_after_next(slot));
+            commit();
+        }
         const int rel = int(t * KT - row0);  // the tile's first key, from row0
-        if (rel >= kRows) continue;
+        if (rel >= kRows) {
+            if (kTma) ring.release(int(t));
+            continue;
+        }
         float s[KT / 2], dp[KT / 2];
         wg_fence();
         product_smem<KT>(s, q_rows, k_tile(slot));
@@ -588,6 +667,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         wg_wait_all();
         keep(sa);
         hold(dq);
+        if (kTma) ring.release(int(t));
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -753,30 +833,12 @@ __global__ void __launch_bounds__(WGS* kWG, (QT == 32 ? 2 : 1) * (2 / WGS))
 #endif
 }
 
-// ---------------------------------------------------------------- backward: dK, dV with TMA
-// dkdv_kernel<64, 2> with its query tiles loaded by the tensor memory accelerator into a ring of
-// kTmaStages, each stage handed over by mbarriers instead of a block-wide barrier per tile: `full`
-// (the tile landed: one arrival with its bytes) and `empty` (both warpgroups are done with it:
-// one arrival from each of the 8 warps). Thread 0 issues the loads kTmaAhead tiles ahead, so the
-// two warpgroups can drift apart by up to kTmaAhead tiles (one's exponentials beside the other's
-// products) while still sharing each tile. Rows past Tn arrive as zeros (Q, dO, L and D), as the
-// cp.async kernel's zero-fill gives them. AttentionTuning::wgmma_dkdv_tma; needs Tn % 4 == 0
-// (the row stride of lse and Dsum in 16-byte units, a TMA rule).
-constexpr int kTmaStages = 4, kTmaAhead = 2, kTmaQT = 64;
-constexpr int kTmaTileBytes = kTmaQT * 128;                      // Q or dO: 64 rows of 128 bytes
-constexpr int kTmaStageBytes = 2 * kTmaTileBytes + 1024;         // + L and D (512 bytes), aligned
-constexpr int kTmaStageTx = 2 * kTmaTileBytes + 2 * kTmaQT * 4;  // bytes that land per stage
-constexpr int kTmaSmemBytes = 1024 + 2 * kBlockRows * 128 + kTmaStages * kTmaStageBytes + 64;
-
-// A box of a 3-D tensor map at (x, y, z) into shared memory, completing on mbarrier `bar`.
-__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
-                                            int x, int y, int z) {
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
-        "{%3, %4, %5}], [%2];\n" ::"r"(dst),
-        "l"(map), "r"(bar), "r"(x), "r"(y), "r"(z)
-        : "memory");
-}
+// dkdv_kernel<64, 2> on a TMA ring (kernels.attention_tuning.wgmma_dkdv_tma): a stage holds a
+// query tile's Q, dO, L and D.
+constexpr int kDkdvStageBytes = 2 * kTmaTileBytes + 1024;           // + L and D, 1024-aligned
+constexpr int kDkdvStageTx = 2 * kTmaTileBytes + 2 * kTmaRows * 4;  // bytes that land per stage
+constexpr int kDkdvTmaSmemBytes =
+    1024 + 2 * kBlockRows * 128 + kTmaStages * kDkdvStageBytes + 2 * kTmaStages * 8;
 
 __global__ void __launch_bounds__(kThreads, 1)
     dkdv_tma_kernel(bf16* dqkv, const __grid_constant__ CUtensorMap q_map,
@@ -787,17 +849,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #ifdef ZG_NO_WGMMA
     __trap();
 #else
-    namespace hg = hopper_gemm;
-    constexpr int QT = kTmaQT;
+    constexpr int QT = kTmaRows;
     extern __shared__ __align__(16) unsigned char smem[];
     const uint32_t base = aligned_smem(smem), k_all = base, v_all = base + kBlockRows * 128;
-    const uint32_t ring = v_all + kBlockRows * 128;
-    auto q_tile = [&](int slot) { return ring + slot * kTmaStageBytes; };
-    auto do_tile = [&](int slot) { return q_tile(slot) + kTmaTileBytes; };
-    auto f_tile = [&](int slot) { return q_tile(slot) + 2 * kTmaTileBytes; };  // L then D
-    const uint32_t bars = ring + kTmaStages * kTmaStageBytes;
-    auto full = [&](int slot) { return bars + 8 * slot; };
-    auto empty = [&](int slot) { return bars + 8 * (kTmaStages + slot); };
+    const TmaRing ring{v_all + kBlockRows * 128,
+                       v_all + kBlockRows * 128 + kTmaStages * kDkdvStageBytes, kDkdvStageBytes};
     const uint32_t smem0 = uint32_t(__cvta_generic_to_shared(smem));
     const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
     const int64_t k0 = int64_t(blockIdx.x) * kBlockRows;
@@ -807,23 +863,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bf16* qbase = qkv + b * g.Tn * stride + h * g.hs;
     const float sl2 = g.scale * kLog2e;
     const int tiles = int((g.Tn - k0 + QT - 1) / QT);
-    // tile j: queries [k0 + j QT, ...) into slot j % kTmaStages
-    auto issue = [&](int j) {
-        const int slot = j % kTmaStages;
-        if (j >= kTmaStages) hg::bar_wait(empty(slot), unsigned((j / kTmaStages + 1) & 1));
+    auto issue = [&](int j) {  // tile j: queries [k0 + j QT, ...): Q | dO | L | D
+        const uint32_t st = ring.acquire(j, kDkdvStageTx);
         const int y = int(k0 + int64_t(j) * QT);
-        hg::bar_expect(full(slot), kTmaStageTx);
-        tma_load_3d(q_tile(slot), &q_map, full(slot), int(h * g.hs), y, int(b));
-        tma_load_3d(do_tile(slot), &do_map, full(slot), int(h * g.hs), y, int(b));
-        hg::tma_load(f_tile(slot), &l_map, full(slot), y, int(bh));
-        hg::tma_load(f_tile(slot) + QT * 4, &d_map, full(slot), y, int(bh));
+        tma_load_3d(st, &q_map, ring.full(j), int(h * g.hs), y, int(b));
+        tma_load_3d(st + kTmaTileBytes, &do_map, ring.full(j), int(h * g.hs), y, int(b));
+        hopper_gemm::tma_load(st + 2 * kTmaTileBytes, &l_map, ring.full(j), y, int(bh));
+        hopper_gemm::tma_load(st + 2 * kTmaTileBytes + QT * 4, &d_map, ring.full(j), y, int(bh));
     };
     if (tid == 0) {
-        for (int s = 0; s < kTmaStages; s++) {
-            hg::bar_init(full(s), 1);
-            hg::bar_init(empty(s), 8);  // lane 0 of each warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        ring.init();
         for (int j = 0; j < kTmaAhead && j < tiles; j++) issue(j);
     }
     stage_tile<kBlockRows, kThreads>(k_all, qbase + g.C, stride, k0, g.Tn, tid);
@@ -837,16 +886,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     float dk[kD / 2] = {}, dv[kD / 2] = {};
     for (int j = 0; j < tiles; j++) {
         if (tid == 0 && j + kTmaAhead < tiles) issue(j + kTmaAhead);
-        const int slot = j % kTmaStages;
-        hg::bar_wait(full(slot), unsigned((j / kTmaStages) & 1));
+        ring.wait(j);
         const int rel = int(k0 + int64_t(j) * QT - key0);  // the tile's first query, from key0
         if (rel > -QT) {  // else every query of the tile precedes every key here
-            const float* Lt = reinterpret_cast<const float*>(smem + (f_tile(slot) - smem0));
-            dkdv_tile<QT>(dk, dv, k_rows, v_rows, q_tile(slot), do_tile(slot), Lt, Lt + QT, rel,
-                          sl2, warp, gq, tq);
+            const uint32_t st = ring.stage(j);
+            const float* Lt =
+                reinterpret_cast<const float*>(smem + (st + 2 * kTmaTileBytes - smem0));
+            dkdv_tile<QT>(dk, dv, k_rows, v_rows, st, st + kTmaTileBytes, Lt, Lt + QT, rel, sl2,
+                          warp, gq, tq);
         }
-        __syncwarp();
-        if (lane == 0) hg::bar_arrive(empty(slot));
+        ring.release(j);
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -936,22 +985,28 @@ CUtensorMap tensor_map(const void* base, bool bf16_tile, int rank, const cuuint6
     return m;
 }
 
+// qkv [B, T, 3C] as a map of 64-row tiles of one head (the TMA rings' Q, K and V tiles).
+CUtensorMap qkv_map(const bf16* x, const AttentionShape& s) {
+    const cuuint32_t tile[3] = {kD, kTmaRows, 1};
+    const cuuint64_t dims[3] = {3 * cuuint64_t(s.C), cuuint64_t(s.Tn), cuuint64_t(s.B)};
+    return tensor_map(x, true, 3, dims, tile);
+}
+
 // The TMA dK/dV kernel (AttentionTuning::wgmma_dkdv_tma) in place of dkdv_kernel<64, 2>.
-void dkdv_tma(bf16* dx, const bf16* dy, const bf16* x, const float* lse, const float* dsum,
-              float* colsums, ColsumRows cr, const Geo& g, const AttentionShape& s,
-              CUstream_st* st) {
-    static const bool smem_set = (allow_smem(dkdv_tma_kernel, kTmaSmemBytes), true);
+void dkdv_tma(bf16* dx, const bf16* dy, const bf16* x, const CUtensorMap& qm, const float* lse,
+              const float* dsum, float* colsums, ColsumRows cr, const Geo& g,
+              const AttentionShape& s, CUstream_st* st) {
+    static const bool smem_set = (allow_smem(dkdv_tma_kernel, kDkdvTmaSmemBytes), true);
     (void)smem_set;
     const cuuint64_t T = cuuint64_t(s.Tn), C = cuuint64_t(s.C), B = cuuint64_t(s.B);
-    const cuuint32_t tile[3] = {kD, kTmaQT, 1}, row[2] = {kTmaQT, 1};
-    const cuuint64_t q_dims[3] = {3 * C, T, B}, do_dims[3] = {C, T, B};
+    const cuuint32_t tile[3] = {kD, kTmaRows, 1}, row[2] = {kTmaRows, 1};
+    const cuuint64_t do_dims[3] = {C, T, B};
     const cuuint64_t f_dims[2] = {T, cuuint64_t(s.B * s.NH)};
-    const CUtensorMap qm = tensor_map(x, true, 3, q_dims, tile);
     const CUtensorMap dm = tensor_map(dy, true, 3, do_dims, tile);
     const CUtensorMap lm = tensor_map(lse, false, 2, f_dims, row);
     const CUtensorMap sm = tensor_map(dsum, false, 2, f_dims, row);
     dkdv_tma_kernel<<<dim3(unsigned((s.Tn + kBlockRows - 1) / kBlockRows), unsigned(s.B * s.NH)),
-                      kThreads, kTmaSmemBytes, st>>>(dx, qm, dm, lm, sm, x, colsums, cr, g);
+                      kThreads, kDkdvTmaSmemBytes, st>>>(dx, qm, dm, lm, sm, x, colsums, cr, g);
 }
 
 template <int KT, int QT, int WGS>
@@ -959,19 +1014,30 @@ void backward_tiles(bf16* dx, float* dsum, const bf16* dy, const bf16* out, cons
                     const float* lse, float* colsums, const Geo& g, const AttentionShape& s,
                     CUstream_st* st) {
     static const bool smem_set =
-        (allow_smem(dq_kernel<KT>, dq_smem_bytes<KT>()),
+        (allow_smem(dq_kernel<KT, false>, dq_smem_bytes<KT, false>()),
+         allow_smem(dq_kernel<KT, KT == kTmaRows>, dq_smem_bytes<KT, KT == kTmaRows>()),
          allow_smem(dkdv_kernel<QT, WGS>, dkdv_smem_bytes<QT, WGS>()), true);
     (void)smem_set;
+    const bool dq_tma = KT == kTmaRows && s.tuning.wgmma_dq_tma;
+    const bool dkdv_tma_on = QT == kTmaRows && WGS == 2 && s.tuning.wgmma_dkdv_tma && s.Tn % 4 == 0;
+    CUtensorMap qm{};  // the TMA kernels' map of qkv
+    if (dq_tma || dkdv_tma_on) qm = qkv_map(x, s);
     const ColsumRows cr = colsum_layout(s, WGS);
     if (colsums && cr.step > 1)  // dQ leaves every other row of its columns unwritten
         ZG_CUDA_CHECK(cudaMemsetAsync(colsums, 0, size_t(s.B * cr.per_batch) * 3 * s.C * 4, st));
     const unsigned bh = unsigned(s.B * s.NH);
     // dQ first: it writes the Dsum that the dK/dV kernel reads
-    dq_kernel<KT><<<dim3(unsigned((s.Tn + kBlockRows - 1) / kBlockRows), bh), kThreads,
-                    dq_smem_bytes<KT>(), st>>>(dx, dsum, dy, out, x, lse, colsums, cr, g);
+    const dim3 dq_grid(unsigned((s.Tn + kBlockRows - 1) / kBlockRows), bh);
+    if (dq_tma)
+        dq_kernel<KT, KT == kTmaRows>
+            <<<dq_grid, kThreads, dq_smem_bytes<KT, KT == kTmaRows>(), st>>>(
+                dx, dsum, dy, out, x, lse, colsums, cr, g, qm);
+    else
+        dq_kernel<KT, false><<<dq_grid, kThreads, dq_smem_bytes<KT, false>(), st>>>(
+            dx, dsum, dy, out, x, lse, colsums, cr, g, qm);
     const ColsumRows dkdv_rows{cr.per_batch, 1};
-    if (QT == kTmaQT && WGS == 2 && s.tuning.wgmma_dkdv_tma && s.Tn % 4 == 0) {
-        dkdv_tma(dx, dy, x, lse, dsum, colsums, dkdv_rows, g, s, st);
+    if (dkdv_tma_on) {
+        dkdv_tma(dx, dy, x, qm, lse, dsum, colsums, dkdv_rows, g, s, st);
         return;
     }
     dkdv_kernel<QT, WGS>
