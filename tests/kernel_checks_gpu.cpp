@@ -73,6 +73,7 @@ void attention(const std::string& variant, const AttentionDims& s, DType t) {
     sh.tuning.wgmma_fwd_pipeline = s.fwd_pipeline;
     sh.tuning.wgmma_dkdv_tma = s.dkdv_tma;
     sh.tuning.wgmma_dq_tma = s.dq_tma;
+    sh.tuning.wgmma_fwd_tma = s.fwd_tma;
     DevT d_qkv(t, qkv), d_out(t, BT * s.C), d_dout(t, dout), d_dqkv(t, BT * 3 * s.C);
     DevT saved(DType::f32, int64_t(v.saved_bytes(sh) / 4) + 1),
         scratch(DType::f32, int64_t(v.scratch_bytes(sh) / 4) + 1);
@@ -82,10 +83,16 @@ void attention(const std::string& variant, const AttentionDims& s, DType t) {
     v.backward(d_dqkv.p, d_dout.p, d_qkv.p, d_out.p, saved.p, scratch.p, nullptr, sh, t, nullptr);
     const std::vector<double> got = d_dqkv.get();
     check_close("dqkv", got, dqkv, t, t == DType::f32 ? 1e-5 : 1.0 / 128);
-    if (s.dkdv_tma || s.dq_tma) {  // the TMA rings change the loads only: the cp.async bits
+    // flash's TMA rings (the Hopper kernels) change the loads only: the cp.async kernels' bits
+    if (variant == "flash" && (s.dkdv_tma || s.dq_tma || s.fwd_tma)) {
         cuda::AttentionShape plain = sh;
         plain.tuning.wgmma_dkdv_tma = false;
         plain.tuning.wgmma_dq_tma = false;
+        plain.tuning.wgmma_fwd_tma = false;
+        DevT o_plain(t, BT * s.C);
+        v.forward(o_plain.p, saved.p, d_qkv.p, plain, t, nullptr);
+        CHECK(o_plain.get() == d_out.get());
+        v.forward(d_out.p, saved.p, d_qkv.p, sh, t, nullptr);  // its lse again in `saved`
         DevT d_plain(t, BT * 3 * s.C);
         v.backward(d_plain.p, d_dout.p, d_qkv.p, d_out.p, saved.p, scratch.p, nullptr, plain, t,
                    nullptr);

@@ -20,7 +20,8 @@ struct AttentionDims {
     int dkdv_wgs = 0;           // kernels.attention_tuning.wgmma_dkdv_wgs (0: the default)
     bool fwd_pipeline = false;  // kernels.attention_tuning.wgmma_fwd_pipeline
     bool dkdv_tma = true;       // kernels.attention_tuning.wgmma_dkdv_tma
-    bool dq_tma = false;        // kernels.attention_tuning.wgmma_dq_tma
+    bool dq_tma = true;         // kernels.attention_tuning.wgmma_dq_tma
+    bool fwd_tma = false;       // kernels.attention_tuning.wgmma_fwd_tma
 };
 struct LayernormDims {
     int64_t N, C;

@@ -217,6 +217,10 @@ std::vector<ConfigField> config_fields(Config& c) {
          "flash on Hopper: the dQ kernel's key tiles loaded by TMA into a ring handed over by "
          "mbarriers (64-key tiles)",
          &at.wgmma_dq_tma});
+    add({"kernels", att + "wgmma_fwd_tma",
+         "flash on Hopper: the forward kernel's key tiles loaded by TMA into a ring handed over "
+         "by mbarriers",
+         &at.wgmma_fwd_tma});
     return f;
 }
 
@@ -457,7 +461,8 @@ void check_cross(const Config& c, const Origins& origins) {
              {"wgmma_dkdv_tile", tt.wgmma_dkdv_tile != ad.wgmma_dkdv_tile, "flash"},
              {"wgmma_dkdv_wgs", tt.wgmma_dkdv_wgs != ad.wgmma_dkdv_wgs, "flash"},
              {"wgmma_dkdv_tma", tt.wgmma_dkdv_tma != ad.wgmma_dkdv_tma, "flash"},
-             {"wgmma_dq_tma", tt.wgmma_dq_tma != ad.wgmma_dq_tma, "flash"}}) {
+             {"wgmma_dq_tma", tt.wgmma_dq_tma != ad.wgmma_dq_tma, "flash"},
+             {"wgmma_fwd_tma", tt.wgmma_fwd_tma != ad.wgmma_fwd_tma, "flash"}}) {
         const bool applies = k.attention == "flash" ||
                              (std::string(variants) == flashes && k.attention == "flash_mma");
         if (set && !applies)

@@ -239,13 +239,72 @@ __device__ __forceinline__ uint32_t aligned_smem(unsigned char* raw) {
     return (uint32_t(__cvta_generic_to_shared(raw)) + 1023u) & ~1023u;
 }
 
+// ---------------------------------------------------------------- TMA tile rings
+// The streamed tiles of the kernels (kernels.attention_tuning.wgmma_fwd_tma, wgmma_dq_tma,
+// wgmma_dkdv_tma):
+// loaded by the tensor memory accelerator into a ring of kTmaStages stages, each handed over by
+// mbarriers instead of a block-wide barrier per tile: `full` (the tile landed: one arrival with
+// its bytes) and `empty` (every warp is done with it: one arrival from each of the block's 8
+// warps). Thread 0 issues the loads kTmaAhead tiles ahead, so the two warpgroups can drift apart
+// by up to kTmaAhead tiles (one's exponentials beside the other's products) while still sharing
+// each tile. Rows past Tn arrive as zeros, as the cp.async staging's zero-fill gives them. The
+// maps need Tn % 4 == 0 (lse and Dsum rows in 16-byte units, a TMA rule).
+constexpr int kTmaStages = 4, kTmaAhead = 2, kTmaRows = 64;
+constexpr int kTmaTileBytes = kTmaRows * 128;  // 64 rows of 128 bytes: a Q, dO, K or V tile
+
+// A box of a 3-D tensor map at (x, y, z) into shared memory, completing on mbarrier `bar`.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                            int x, int y, int z) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
+        "{%3, %4, %5}], [%2];\n" ::"r"(dst),
+        "l"(map), "r"(bar), "r"(x), "r"(y), "r"(z)
+        : "memory");
+}
+
+// Tile j lives in stage j % kTmaStages (stage_bytes each, from `ring`); the barriers at `bars`.
+struct TmaRing {
+    uint32_t ring, bars;
+    int stage_bytes;
+    __device__ uint32_t stage(int j) const { return ring + (j % kTmaStages) * stage_bytes; }
+    __device__ uint32_t full(int j) const { return bars + 8 * (j % kTmaStages); }
+    __device__ uint32_t empty(int j) const { return bars + 8 * (kTmaStages + j % kTmaStages); }
+    // thread 0, before any other use (a block barrier makes it visible to the others)
+    __device__ void init() const {
+        for (int s = 0; s < kTmaStages; s++) {
+            hopper_gemm::bar_init(full(s), 1);
+            hopper_gemm::bar_init(empty(s), kThreads / 32);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    // the issuing thread: tile j's stage, once every warp has released tile j - kTmaStages, set
+    // to expect `bytes`
+    __device__ uint32_t acquire(int j, unsigned bytes) const {
+        if (j >= kTmaStages) hopper_gemm::bar_wait(empty(j), unsigned((j / kTmaStages + 1) & 1));
+        hopper_gemm::bar_expect(full(j), bytes);
+        return stage(j);
+    }
+    __device__ void wait(int j) const {
+        hopper_gemm::bar_wait(full(j), unsigned((j / kTmaStages) & 1));
+    }
+    // every thread, once its warp is done with tile j (its wgmma groups waited for)
+    __device__ void release(int j) const {
+        __syncwarp();
+        if (threadIdx.x % 32 == 0) hopper_gemm::bar_arrive(empty(j));
+    }
+};
+
 // ---------------------------------------------------------------- forward
 // A block: 128 query rows (64 per warpgroup), key tiles of 64 streamed through the ring. Q stays
 // in shared memory; S = Q K^T reads Q and K from there, O += P V takes P from registers and V
 // from shared memory (N-major).
 constexpr int kFwdKeys = 64;
 constexpr int kFwdTileBytes = kFwdKeys * 128;  // 64 rows of one swizzled tile
-constexpr int kFwdSmemBytes = 1024 + kBlockRows * 128 + kStages * 2 * kFwdTileBytes;
+template <bool kTma>
+constexpr int fwd_smem_bytes() {
+    return 1024 + kBlockRows * 128 + (kTma ? kTmaStages : kStages) * 2 * kFwdTileBytes +
+           (kTma ? 2 * kTmaStages * 8 : 0);
+}
 
 // One key tile of a warpgroup's online softmax (this thread: rows gq and gq + 8 of its warp's
 // 16; m and l in log2 units of the scaled scores): the scores s become probabilities in place, m
@@ -299,15 +358,22 @@ __device__ __forceinline__ void store_forward_rows(bf16* out, float* lse, const 
     }
 }
 
+// kTma: the key tiles through a TMA ring (kernels.attention_tuning.wgmma_fwd_tma) instead of the
+// cp.async ring and its barrier per tile; kv_map is then qkv's [B, T, 3C] map.
+template <bool kTma>
 __global__ void __launch_bounds__(kThreads, 2)
-    forward_kernel(bf16* out, float* lse, const bf16* qkv, Geo g) {
+    forward_kernel(bf16* out, float* lse, const bf16* qkv, Geo g,
+                   const __grid_constant__ CUtensorMap kv_map) {
 #ifdef ZG_NO_WGMMA
     __trap();
 #else
+    static_assert(kFwdKeys == kTmaRows, "the TMA ring holds 64-row tiles");
+    constexpr int kRing = kTma ? kTmaStages : kStages;
     extern __shared__ __align__(16) unsigned char smem[];
     const uint32_t q_tile = aligned_smem(smem);
     auto k_tile = [&](int slot) { return q_tile + kBlockRows * 128 + slot * 2 * kFwdTileBytes; };
     auto v_tile = [&](int slot) { return k_tile(slot) + kFwdTileBytes; };
+    const TmaRing ring{k_tile(0), k_tile(kRing), 2 * kFwdTileBytes};
     const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
     const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kBlockRows;  // heaviest first
     const int tid = threadIdx.x, wg = tid / kWG, warp = tid % kWG / 32, lane = tid % 32;
@@ -321,12 +387,22 @@ __global__ void __launch_bounds__(kThreads, 2)
         stage_tile<kFwdKeys, kThreads>(v_tile(slot), qbase + 2 * g.C, stride, t * kFwdKeys, g.Tn,
                                        tid);
     };
+    auto issue = [&](int j) {  // kTma: key tile j (K | V) into its stage
+        const uint32_t st = ring.acquire(j, 2 * kFwdTileBytes);
+        const int x = int(g.C + h * g.hs), y = j * kFwdKeys;
+        tma_load_3d(st, &kv_map, ring.full(j), x, y, int(b));
+        tma_load_3d(st + kFwdTileBytes, &kv_map, ring.full(j), int(x + g.C), y, int(b));
+    };
+    if (kTma && tid == 0) {
+        ring.init();
+        for (int j = 0; j < kTmaAhead && j < tiles; j++) issue(j);
+    }
     stage_tile<kBlockRows, kThreads>(q_tile, qbase, stride, q0, g.Tn, tid);
-    stage_kv(0, 0);
+    if (!kTma) stage_kv(0, 0);
     commit();
-    if (tiles > 1) stage_kv(1, 1);
+    if (!kTma && tiles > 1) stage_kv(1, 1);
     commit();
-    wait_prev_and_sync();
+    wait_prev_and_sync();  // Q and (cp.async ring) key tile 0; the barriers initialised
     const uint32_t q_rows = q_tile + wg * kRows * 128;  // this warpgroup's rows of Q
 
     const float sl2 = g.scale * kLog2e;
@@ -334,12 +410,21 @@ __global__ void __launch_bounds__(kThreads, 2)
     float o[kD / 2] = {};
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};  // log2 units of the scaled scores
     int slot = 0;
-    for (int64_t t = 0; t < tiles; t++, slot = ring_next(slot)) {
-        if (t > 0) wait_prev_and_sync();
-        if (t + 2 < tiles) stage_kv(t + 2, ring_after_next(slot));
-        commit();
+    for (int64_t t = 0; t < tiles; t++, slot = kTma ? 0 : ring_next(slot)) {
+        if (kTma) {
+            if (tid == 0 && t + kTmaAhead < tiles) issue(int(t + kTmaAhead));
+            ring.wait(int(t));
+            slot = int(t % kTmaStages);
+        } else {
+            if (t > 0) wait_prev_and_sync();
+            if (t + 2 < tiles) stage_kv(t + 2, ring_after_next(slot));
+            commit();
+        }
         const int rel = int(t * kFwdKeys - row0);  // the tile's first key, from row0
-        if (rel >= kRows) continue;                // every key follows every row of this warpgroup
+        if (rel >= kRows) {                        // every key follows every row of this warpgroup
+            if (kTma) ring.release(int(t));
+            continue;
+        }
         float s[kFwdKeys / 2];
         wg_fence();
         product_smem<kFwdKeys>(s, q_rows, k_tile(slot));
@@ -358,6 +443,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         wg_wait_all();
         keep(pa);
         hold(o);
+        if (kTma) ring.release(int(t));
     }
     store_forward_rows(out, lse, o, m, l, row0, warp, gq, tq, b, h, bh, g);
 #endif
@@ -479,60 +565,6 @@ __global__ void __launch_bounds__(kThreads, 2)
 // in shared memory as the left operands (registers would cost 32 per thread, and two blocks per
 // SM need at most 128). Per tile: S = Q K^T and dP = dO V^T, then dQ += dS K. Runs first and
 // writes Dsum = rowsum(dO * O), which the dK/dV kernel reads.
-// ---------------------------------------------------------------- TMA tile rings
-// The backward kernels' streamed tiles (kernels.attention_tuning.wgmma_dkdv_tma / wgmma_dq_tma):
-// loaded by the tensor memory accelerator into a ring of kTmaStages stages, each handed over by
-// mbarriers instead of a block-wide barrier per tile: `full` (the tile landed: one arrival with
-// its bytes) and `empty` (every warp is done with it: one arrival from each of the block's 8
-// warps). Thread 0 issues the loads kTmaAhead tiles ahead, so the two warpgroups can drift apart
-// by up to kTmaAhead tiles (one's exponentials beside the other's products) while still sharing
-// each tile. Rows past Tn arrive as zeros, as the cp.async staging's zero-fill gives them. The
-// maps need Tn % 4 == 0 (lse and Dsum rows in 16-byte units, a TMA rule).
-constexpr int kTmaStages = 4, kTmaAhead = 2, kTmaRows = 64;
-constexpr int kTmaTileBytes = kTmaRows * 128;  // 64 rows of 128 bytes: a Q, dO, K or V tile
-
-// A box of a 3-D tensor map at (x, y, z) into shared memory, completing on mbarrier `bar`.
-__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
-                                            int x, int y, int z) {
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
-        "{%3, %4, %5}], [%2];\n" ::"r"(dst),
-        "l"(map), "r"(bar), "r"(x), "r"(y), "r"(z)
-        : "memory");
-}
-
-// Tile j lives in stage j % kTmaStages (stage_bytes each, from `ring`); the barriers at `bars`.
-struct TmaRing {
-    uint32_t ring, bars;
-    int stage_bytes;
-    __device__ uint32_t stage(int j) const { return ring + (j % kTmaStages) * stage_bytes; }
-    __device__ uint32_t full(int j) const { return bars + 8 * (j % kTmaStages); }
-    __device__ uint32_t empty(int j) const { return bars + 8 * (kTmaStages + j % kTmaStages); }
-    // thread 0, before any other use (a block barrier makes it visible to the others)
-    __device__ void init() const {
-        for (int s = 0; s < kTmaStages; s++) {
-            hopper_gemm::bar_init(full(s), 1);
-            hopper_gemm::bar_init(empty(s), kThreads / 32);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    // the issuing thread: tile j's stage, once every warp has released tile j - kTmaStages, set
-    // to expect `bytes`
-    __device__ uint32_t acquire(int j, unsigned bytes) const {
-        if (j >= kTmaStages) hopper_gemm::bar_wait(empty(j), unsigned((j / kTmaStages + 1) & 1));
-        hopper_gemm::bar_expect(full(j), bytes);
-        return stage(j);
-    }
-    __device__ void wait(int j) const {
-        hopper_gemm::bar_wait(full(j), unsigned((j / kTmaStages) & 1));
-    }
-    // every thread, once its warp is done with tile j (its wgmma groups waited for)
-    __device__ void release(int j) const {
-        __syncwarp();
-        if (threadIdx.x % 32 == 0) hopper_gemm::bar_arrive(empty(j));
-    }
-};
-
 // kTma: the key tiles through a TMA ring (kernels.attention_tuning.wgmma_dq_tma; KT = 64) instead
 // of the cp.async ring and its barrier per tile; kv_map is then qkv's [B, T, 3C] map.
 template <int KT, bool kTma>
@@ -923,48 +955,6 @@ void allow_smem(Kernel k, int bytes) {
     ZG_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
 }
 
-}  // namespace
-
-bool usable_forward(const AttentionShape& s, DType t) {
-    return s.tuning.wgmma_fwd && shape_ok(s, t);
-}
-bool usable_backward(const AttentionShape& s, DType t) {
-    return s.tuning.wgmma_bwd && shape_ok(s, t);
-}
-
-void forward(void* out, float* lse, const void* qkv, const AttentionShape& s, CUstream_st* st) {
-    static const bool smem_set = (allow_smem(forward_kernel, kFwdSmemBytes),
-                                  allow_smem(forward_pipelined_kernel, kFwdPipeSmemBytes), true);
-    (void)smem_set;
-    const Geo g = attention_geometry(s);
-    const dim3 grid(unsigned((s.Tn + kBlockRows - 1) / kBlockRows), unsigned(s.B * s.NH));
-    auto* y = static_cast<bf16*>(out);
-    const auto* x = static_cast<const bf16*>(qkv);
-    if (s.tuning.wgmma_fwd_pipeline)
-        forward_pipelined_kernel<<<grid, kThreads, kFwdPipeSmemBytes, st>>>(y, lse, x, g);
-    else
-        forward_kernel<<<grid, kThreads, kFwdSmemBytes, st>>>(y, lse, x, g);
-    ZG_LAUNCH_CHECK();
-}
-
-namespace {
-// Warpgroups per dK/dV block: AttentionTuning::wgmma_dkdv_wgs, 1 or 2 (0: the default).
-int dkdv_wgs(const AttentionShape& s) {
-    return s.tuning.wgmma_dkdv_wgs == 0 ? kDefaultDkdvWgs : s.tuning.wgmma_dkdv_wgs;
-}
-ColsumRows colsum_layout(const AttentionShape& s, int wgs) {
-    const int64_t fine = (s.Tn + wgs * kRows - 1) / (wgs * kRows);  // the dK/dV kernel's blocks
-    return {fine, wgs == 2 ? 1 : 2};                                // dQ's blocks: 128 rows
-}
-}  // namespace
-
-int64_t colsum_rows(const AttentionShape& s) {
-    return s.B * colsum_layout(s, dkdv_wgs(s)).per_batch;
-}
-
-// Tile sizes of the backward kernels (keys per dQ tile, queries per dK/dV tile): 32 or 64, from
-// AttentionTuning::wgmma_dq_tile and wgmma_dkdv_tile (default 64 and 64, the fastest measured),
-// and the dK/dV kernel's warpgroups per block (wgmma_dkdv_wgs), for measuring.
 // A tensor map of `dims` (innermost first; rank 2 or 3) over dense rows, boxes of `box`: bf16
 // tiles in the 128-byte swizzle the wgmma kernels read, or fp32 rows unswizzled. Outside the
 // tensor the boxes read zeros.
@@ -992,6 +982,52 @@ CUtensorMap qkv_map(const bf16* x, const AttentionShape& s) {
     return tensor_map(x, true, 3, dims, tile);
 }
 
+}  // namespace
+
+bool usable_forward(const AttentionShape& s, DType t) {
+    return s.tuning.wgmma_fwd && shape_ok(s, t);
+}
+bool usable_backward(const AttentionShape& s, DType t) {
+    return s.tuning.wgmma_bwd && shape_ok(s, t);
+}
+
+void forward(void* out, float* lse, const void* qkv, const AttentionShape& s, CUstream_st* st) {
+    static const bool smem_set = (allow_smem(forward_kernel<false>, fwd_smem_bytes<false>()),
+                                  allow_smem(forward_kernel<true>, fwd_smem_bytes<true>()),
+                                  allow_smem(forward_pipelined_kernel, kFwdPipeSmemBytes), true);
+    (void)smem_set;
+    const Geo g = attention_geometry(s);
+    const dim3 grid(unsigned((s.Tn + kBlockRows - 1) / kBlockRows), unsigned(s.B * s.NH));
+    auto* y = static_cast<bf16*>(out);
+    const auto* x = static_cast<const bf16*>(qkv);
+    if (s.tuning.wgmma_fwd_pipeline)
+        forward_pipelined_kernel<<<grid, kThreads, kFwdPipeSmemBytes, st>>>(y, lse, x, g);
+    else if (s.tuning.wgmma_fwd_tma)
+        forward_kernel<true>
+            <<<grid, kThreads, fwd_smem_bytes<true>(), st>>>(y, lse, x, g, qkv_map(x, s));
+    else
+        forward_kernel<false><<<grid, kThreads, fwd_smem_bytes<false>(), st>>>(y, lse, x, g, {});
+    ZG_LAUNCH_CHECK();
+}
+
+namespace {
+// Warpgroups per dK/dV block: AttentionTuning::wgmma_dkdv_wgs, 1 or 2 (0: the default).
+int dkdv_wgs(const AttentionShape& s) {
+    return s.tuning.wgmma_dkdv_wgs == 0 ? kDefaultDkdvWgs : s.tuning.wgmma_dkdv_wgs;
+}
+ColsumRows colsum_layout(const AttentionShape& s, int wgs) {
+    const int64_t fine = (s.Tn + wgs * kRows - 1) / (wgs * kRows);  // the dK/dV kernel's blocks
+    return {fine, wgs == 2 ? 1 : 2};                                // dQ's blocks: 128 rows
+}
+}  // namespace
+
+int64_t colsum_rows(const AttentionShape& s) {
+    return s.B * colsum_layout(s, dkdv_wgs(s)).per_batch;
+}
+
+// Tile sizes of the backward kernels (keys per dQ tile, queries per dK/dV tile): 32 or 64, from
+// AttentionTuning::wgmma_dq_tile and wgmma_dkdv_tile (default 64 and 64, the fastest measured),
+// and the dK/dV kernel's warpgroups per block (wgmma_dkdv_wgs), for measuring.
 // The TMA dK/dV kernel (AttentionTuning::wgmma_dkdv_tma) in place of dkdv_kernel<64, 2>.
 void dkdv_tma(bf16* dx, const bf16* dy, const bf16* x, const CUtensorMap& qm, const float* lse,
               const float* dsum, float* colsums, ColsumRows cr, const Geo& g,
