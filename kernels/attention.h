@@ -52,7 +52,7 @@ struct AttentionTuning {
     // 64-query tiles, 2 warpgroups and T % 4 == 0; dQ: with 64-key tiles)
     bool wgmma_dkdv_tma = true;
     bool wgmma_dq_tma = true;
-    bool wgmma_fwd_tma = false;  // wgmma forward: the key tiles by TMA (as the backward's rings)
+    bool wgmma_fwd_tma = true;  // wgmma forward: the key tiles by TMA (as the backward's rings)
 };
 
 // The launch's shape, and the tuning its kernels follow (they read it wherever they take the

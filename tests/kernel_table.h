@@ -21,7 +21,7 @@ struct AttentionDims {
     bool fwd_pipeline = false;  // kernels.attention_tuning.wgmma_fwd_pipeline
     bool dkdv_tma = true;       // kernels.attention_tuning.wgmma_dkdv_tma
     bool dq_tma = true;         // kernels.attention_tuning.wgmma_dq_tma
-    bool fwd_tma = false;       // kernels.attention_tuning.wgmma_fwd_tma
+    bool fwd_tma = true;        // kernels.attention_tuning.wgmma_fwd_tma
 };
 struct LayernormDims {
     int64_t N, C;
