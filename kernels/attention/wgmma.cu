@@ -20,8 +20,11 @@
 //   group has been waited for.
 // - The right operand is K-major (rows of the tile are the N index: K in Q K^T) or, with the
 //   transpose bit, N-major (V in P V: rows of the tile are the K index).
-// - Tiles are staged with cp.async in a ring of three, as in attention/mma.cu; a proxy fence
-//   makes the copies visible to wgmma, which reads shared memory through the async proxy.
+// - The streamed tiles come from the tensor memory accelerator into a ring of four stages handed
+//   over by mbarriers (TmaRing, the default), or (the kernels.attention_tuning.wgmma_*_tma keys
+//   false, and the tiles kept for the whole kernel) by cp.async with a proxy fence that makes the
+//   copies visible to wgmma, which reads shared memory through the async proxy; the cp.async ring
+//   (three stages, one block barrier per tile) is attention/mma.cu's.
 #include "kernels/attention/wgmma.h"
 
 #include <algorithm>
