@@ -718,19 +718,6 @@ __global__ void __launch_bounds__(kThreads, 2)
 #endif
 }
 
-// ---------------------------------------------------------------- backward: dK, dV
-// A block: WGS x 64 keys (64 per warpgroup); query tiles of QT rows from the block's first key
-// on. K and V stay in shared memory as left operands. Per tile: S^T = K Q^T and dP^T = V dO^T
-// (keys x queries), then dV += P^T dO and dK += dS^T Q. With WGS = 2 the two warpgroups share
-// each streamed tile and meet at every tile's barrier, so their exponentials and their products
-// fall at the same time; with WGS = 1 each block (two per SM at ~200 registers) streams its own
-// tiles and drifts freely against the other, which lets one's products overlap the other's
-// exponentials, for twice the tile loads from L2. Measured on an H200 (one call, alternated):
-// the backward 16.48 / 17.08 ms with one warpgroup against 17.49 / 18.06 ms with two (--ops,
-// 12 layers, each op alone), but the steps equal (112.40 / 112.50 against 112.47 / 112.34 ms),
-// probably because in the step the backward runs beside the side stream's weight-gradient GEMMs
-// (not measured). Two stays
-// the default (no clearing of the column-sum rows); one is kept for ablation.
 // One query tile of a dK/dV warpgroup (its 64 keys' K and V rows at k_rows, v_rows; the tile's
 // Q and dO at q, d_o; its L and D at Lt, Dt; rel: the tile's first query from the warpgroup's
 // first key). Four products in three stages, each overlapping the tensor core with the
@@ -789,6 +776,44 @@ __device__ __forceinline__ void dkdv_tile(float (&dk)[kD / 2], float (&dv)[kD / 
     hold(dk);
 }
 
+// The end of a dK/dV block: this thread's rows of dK (times the scale) and dV into dqkv, and with
+// colsum the block's column sums of both (the qkv bias gradient's k and v parts). Every thread of
+// the block (NT of them) calls it.
+template <int NT>
+__device__ __forceinline__ void store_dkdv(bf16* dqkv, float* colsum, const ColsumRows& cr,
+                                           const float (&dk)[kD / 2], const float (&dv)[kD / 2],
+                                           int64_t wkey0, int64_t b, int64_t h, int gq,
+                                           const Geo& g) {
+    const int64_t stride = 3 * g.C;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int64_t key = wkey0 + gq + r * 8;
+        if (key >= g.Tn) continue;
+        bf16* dkr = dqkv + (b * g.Tn + key) * stride + g.C + h * g.hs;
+        store_row(dkr, dk, r, g.scale);
+        store_row(dkr + g.C, dv, r, 1.0f);
+    }
+    if (colsum) {
+        __shared__ float red[NT / 32][kD];
+        float* dst = colsum + cr.row(b, blockIdx.x) * stride + g.C + h * g.hs;
+        masked_column_sums<NT>(dst, dk, wkey0, g.Tn, g.scale, red);
+        masked_column_sums<NT>(dst + g.C, dv, wkey0, g.Tn, 1.0f, red);
+    }
+}
+
+// ---------------------------------------------------------------- backward: dK, dV
+// A block: WGS x 64 keys (64 per warpgroup); query tiles of QT rows from the block's first key
+// on. K and V stay in shared memory as left operands. Per tile: S^T = K Q^T and dP^T = V dO^T
+// (keys x queries), then dV += P^T dO and dK += dS^T Q. With WGS = 2 the two warpgroups share
+// each streamed tile and meet at every tile's barrier, so their exponentials and their products
+// fall at the same time; with WGS = 1 each block (two per SM at ~200 registers) streams its own
+// tiles and drifts freely against the other, which lets one's products overlap the other's
+// exponentials, for twice the tile loads from L2. Measured on an H200 (one call, alternated):
+// the backward 16.48 / 17.08 ms with one warpgroup against 17.49 / 18.06 ms with two (--ops,
+// 12 layers, each op alone), but the steps equal (112.40 / 112.50 against 112.47 / 112.34 ms),
+// probably because in the step the backward runs beside the side stream's weight-gradient GEMMs
+// (not measured). Two stays
+// the default (no clearing of the column-sum rows); one is kept for ablation.
 template <int QT, int WGS>
 constexpr int dkdv_smem_bytes() {
     return 1024 + 2 * WGS * kRows * 128 + kStages * 2 * QT * 128 + kStages * 2 * QT * 4;
@@ -851,20 +876,7 @@ __global__ void __launch_bounds__(WGS* kWG, (QT == 32 ? 2 : 1) * (2 / WGS))
         dkdv_tile<QT>(dk, dv, k_rows, v_rows, q_tile(slot), do_tile(slot), Lt, Lt + QT, rel, sl2,
                       warp, gq, tq);
     }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int64_t key = wkey0 + gq + r * 8;
-        if (key >= g.Tn) continue;
-        bf16* dkr = dqkv + (b * g.Tn + key) * stride + g.C + h * g.hs;
-        store_row(dkr, dk, r, g.scale);
-        store_row(dkr + g.C, dv, r, 1.0f);
-    }
-    if (colsum) {
-        __shared__ float red[kThreads / 32][kD];
-        float* dst = colsum + cr.row(b, blockIdx.x) * stride + g.C + h * g.hs;
-        masked_column_sums<kThreads>(dst, dk, wkey0, g.Tn, g.scale, red);
-        masked_column_sums<kThreads>(dst + g.C, dv, wkey0, g.Tn, 1.0f, red);
-    }
+    store_dkdv<kThreads>(dqkv, colsum, cr, dk, dv, wkey0, b, h, gq, g);
 #endif
 }
 
@@ -932,20 +944,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         ring.release(j);
     }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int64_t key = wkey0 + gq + r * 8;
-        if (key >= g.Tn) continue;
-        bf16* dkr = dqkv + (b * g.Tn + key) * stride + g.C + h * g.hs;
-        store_row(dkr, dk, r, g.scale);
-        store_row(dkr + g.C, dv, r, 1.0f);
-    }
-    if (colsum) {
-        __shared__ float red[kThreads / 32][kD];
-        float* dst = colsum + cr.row(b, blockIdx.x) * stride + g.C + h * g.hs;
-        masked_column_sums<kThreads>(dst, dk, wkey0, g.Tn, g.scale, red);
-        masked_column_sums<kThreads>(dst + g.C, dv, wkey0, g.Tn, 1.0f, red);
-    }
+    store_dkdv<kThreads>(dqkv, colsum, cr, dk, dv, wkey0, b, h, gq, g);
 #endif
 }
 
