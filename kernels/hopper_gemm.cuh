@@ -352,21 +352,32 @@ inline EncodeTiled encoder() {
     return fn;
 }
 
+// A dense row-major tensor of `dims` (innermost first; rank 2 or 3) as a TMA map of boxes of
+// `box`: bf16 tiles in the 128-byte swizzle that wgmma reads, or fp32 rows unswizzled. Outside
+// the tensor the boxes read zeros.
+inline CUtensorMap tensor_map_nd(const void* base, bool bf16_tile, int rank, const cuuint64_t* dims,
+                                 const cuuint32_t* box) {
+    const cuuint64_t elem = bf16_tile ? 2 : 4;
+    const cuuint64_t strides[2] = {dims[0] * elem, dims[0] * dims[1] * elem};
+    const cuuint32_t step[3] = {1, 1, 1};
+    CUtensorMap m;
+    const CUresult r = encoder()(
+        &m, bf16_tile ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+        cuuint32_t(rank), const_cast<void*>(base), dims, strides, box, step,
+        CU_TENSOR_MAP_INTERLEAVE_NONE,
+        bf16_tile ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    ZG_CHECK(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed (" + std::to_string(int(r)) + ")");
+    return m;
+}
+
 // A [rows, cols] bf16 row-major matrix as a TMA map of boxes of box_rows x box_cols (box_cols x 2
 // = 128 bytes) in the 128-byte swizzle.
 inline CUtensorMap tensor_map(const void* base, int64_t rows, int64_t cols, int box_rows,
                               int box_cols) {
-    CUtensorMap m;
     const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
-    const cuuint64_t strides[1] = {cuuint64_t(cols) * 2};
     const cuuint32_t box[2] = {cuuint32_t(box_cols), cuuint32_t(box_rows)};
-    const cuuint32_t elem[2] = {1, 1};
-    const CUresult r =
-        encoder()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides,
-                  box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    ZG_CHECK(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed (" + std::to_string(int(r)) + ")");
-    return m;
+    return tensor_map_nd(base, true, 2, dims, box);
 }
 
 }  // namespace

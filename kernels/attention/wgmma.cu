@@ -957,31 +957,11 @@ void allow_smem(Kernel k, int bytes) {
     ZG_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
 }
 
-// A tensor map of `dims` (innermost first; rank 2 or 3) over dense rows, boxes of `box`: bf16
-// tiles in the 128-byte swizzle the wgmma kernels read, or fp32 rows unswizzled. Outside the
-// tensor the boxes read zeros.
-CUtensorMap tensor_map(const void* base, bool bf16_tile, int rank, const cuuint64_t* dims,
-                       const cuuint32_t* box) {
-    const cuuint64_t elem = bf16_tile ? 2 : 4;
-    cuuint64_t strides[2] = {dims[0] * elem, dims[0] * dims[1] * elem};
-    const cuuint32_t step[3] = {1, 1, 1};
-    CUtensorMap m;
-    const CUresult r = hopper_gemm::encoder()(
-        &m, bf16_tile ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
-        cuuint32_t(rank), const_cast<void*>(base), dims, strides, box, step,
-        CU_TENSOR_MAP_INTERLEAVE_NONE,
-        bf16_tile ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
-        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    ZG_CHECK(r == CUDA_SUCCESS,
-             "attention: cuTensorMapEncodeTiled failed (" + std::to_string(int(r)) + ")");
-    return m;
-}
-
 // qkv [B, T, 3C] as a map of 64-row tiles of one head (the TMA rings' Q, K and V tiles).
 CUtensorMap qkv_map(const bf16* x, const AttentionShape& s) {
     const cuuint32_t tile[3] = {kD, kTmaRows, 1};
     const cuuint64_t dims[3] = {3 * cuuint64_t(s.C), cuuint64_t(s.Tn), cuuint64_t(s.B)};
-    return tensor_map(x, true, 3, dims, tile);
+    return hopper_gemm::tensor_map_nd(x, true, 3, dims, tile);
 }
 
 }  // namespace
@@ -1040,9 +1020,9 @@ void dkdv_tma(bf16* dx, const bf16* dy, const bf16* x, const CUtensorMap& qm, co
     const cuuint32_t tile[3] = {kD, kTmaRows, 1}, row[2] = {kTmaRows, 1};
     const cuuint64_t do_dims[3] = {C, T, B};
     const cuuint64_t f_dims[2] = {T, cuuint64_t(s.B * s.NH)};
-    const CUtensorMap dm = tensor_map(dy, true, 3, do_dims, tile);
-    const CUtensorMap lm = tensor_map(lse, false, 2, f_dims, row);
-    const CUtensorMap sm = tensor_map(dsum, false, 2, f_dims, row);
+    const CUtensorMap dm = hopper_gemm::tensor_map_nd(dy, true, 3, do_dims, tile);
+    const CUtensorMap lm = hopper_gemm::tensor_map_nd(lse, false, 2, f_dims, row);
+    const CUtensorMap sm = hopper_gemm::tensor_map_nd(dsum, false, 2, f_dims, row);
     dkdv_tma_kernel<<<dim3(unsigned((s.Tn + kBlockRows - 1) / kBlockRows), unsigned(s.B * s.NH)),
                       kThreads, kDkdvTmaSmemBytes, st>>>(dx, qm, dm, lm, sm, x, colsums, cr, g);
 }
