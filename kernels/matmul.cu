@@ -1,8 +1,11 @@
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "kernels/cuda_common.cuh"
 #include "kernels/matmul.h"
@@ -12,6 +15,7 @@ namespace zgpt::cuda {
 namespace {
 
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+constexpr int kMaxCandidates = 32;
 
 #define ZG_CUBLAS_CHECK(expr)                                                              \
     do {                                                                                   \
@@ -29,6 +33,8 @@ struct Context {
     // weight gradients with the input gradients), and a shared workspace would be a race.
     std::map<CUstream_st*, void*> workspaces;
     std::map<AlgoKey, cublasLtMatmulAlgo_t> algos;
+    // the heuristic's longer lists (gemm_candidates), up to kMaxCandidates each
+    std::map<AlgoKey, std::vector<cublasLtMatmulHeuristicResult_t>> candidates;
     Context() { ZG_CUBLAS_CHECK(cublasLtCreate(&handle)); }
     void* workspace(CUstream_st* stream) {
         void*& w = workspaces[stream];
@@ -66,7 +72,29 @@ void gemm(const Gemm& g, CUstream_st* stream) {
                                       std::to_string(g.N) + "x" + std::to_string(g.K) + " matmul");
 }
 
-bool try_gemm(const Gemm& g, CUstream_st* stream) {
+namespace {
+
+// The cuBLASLt descriptors of one product and the key its algorithms are cached under.
+struct Plan {
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+    uint32_t al_a = 0, al_b = 0, al_d = 0;
+    AlgoKey key;
+    explicit Plan(const Gemm& g);
+    ~Plan() {
+        cublasLtMatrixLayoutDestroy(la);
+        cublasLtMatrixLayoutDestroy(lb);
+        cublasLtMatrixLayoutDestroy(ld);
+        cublasLtMatmulDescDestroy(op);
+    }
+    Plan(const Plan&) = delete;
+    Plan& operator=(const Plan&) = delete;
+    // Up to `count` algorithms from cuBLASLt's heuristic for this product, its best guess first.
+    std::vector<cublasLtMatmulHeuristicResult_t> heuristic(int count) const;
+    void run(const Gemm& g, const cublasLtMatmulAlgo_t& algo, CUstream_st* stream) const;
+};
+
+Plan::Plan(const Gemm& g) {
     ZG_CHECK(g.M > 0 && g.N > 0 && g.K > 0, "gemm: sizes must be positive");
     const bool needs_bias = g.epilogue == Epilogue::bias || g.epilogue == Epilogue::gelu_aux_bias ||
                             g.epilogue == Epilogue::bias_grad;
@@ -74,13 +102,11 @@ bool try_gemm(const Gemm& g, CUstream_st* stream) {
                            g.epilogue == Epilogue::gelu_aux_bias || g.epilogue == Epilogue::dgelu;
     ZG_CHECK(!needs_bias || g.bias, "gemm: this epilogue needs a bias");
     ZG_CHECK(!needs_aux || g.aux, "gemm: a GELU epilogue needs the aux buffer");
-    Context& ctx = context();
     // Row-major D[M,N] = op(A) op(B) is column-major D^T[N,M] = op(B)^T op(A)^T: cuBLASLt's A is
     // our B and its B is our A, with m = N, n = M.
     const cublasOperation_t ta = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t tb = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     const uint64_t m = uint64_t(g.N), n = uint64_t(g.M), k = uint64_t(g.K);
-    cublasLtMatmulDesc_t op;
     ZG_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     ZG_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
@@ -102,7 +128,7 @@ bool try_gemm(const Gemm& g, CUstream_st* stream) {
         case Epilogue::dgelu:
             epi = CUBLASLT_EPILOGUE_DGELU;
             break;
-        case Epilogue::bias_grad:  // cuBLASLt's B is our A (see the swap below)
+        case Epilogue::bias_grad:  // cuBLASLt's B is our A (see the swap above)
             epi = CUBLASLT_EPILOGUE_BGRADB;
             break;
     }
@@ -126,55 +152,105 @@ bool try_gemm(const Gemm& g, CUstream_st* stream) {
                 op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &dt, sizeof dt));
         }
     }
-    cublasLtMatrixLayout_t la, lb, ld;
     // column-major stored shapes: A (m x k or k x m), B (k x n or n x k), D (m x n)
     ZG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(
         &la, abt, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m, ta == CUBLAS_OP_N ? m : k));
     ZG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(
         &lb, abt, tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k, tb == CUBLAS_OP_N ? k : n));
     ZG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, dt, m, n, m));
-    const uint32_t al_a = alignment(g.B), al_b = alignment(g.A), al_d = alignment(g.D),
-                   al_aux = g.aux ? alignment(g.aux) : 256,
+    al_a = alignment(g.B);
+    al_b = alignment(g.A);
+    al_d = alignment(g.D);
+    const uint32_t al_aux = g.aux ? alignment(g.aux) : 256,
                    al_bias = g.bias ? alignment(g.bias) : 256;
     const uint32_t al_key = (al_a << 24) ^ (al_b << 16) ^ (al_d << 8) ^ (std::min(al_aux, al_bias));
-    const AlgoKey key{
+    key = AlgoKey{
         g.M,   g.N, g.K, g.trans_a, g.trans_b, int(g.d_type), int(g.ab_type), int(g.epilogue),
         al_key};
-    auto it = ctx.algos.find(key);
-    if (it == ctx.algos.end()) {
-        cublasLtMatmulPreference_t pref;
-        ZG_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-        ZG_CUBLAS_CHECK(
-            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                 &kWorkspaceBytes, sizeof kWorkspaceBytes));
-        const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
-            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_a},
-            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_b},
-            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_d},
-            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_d}};
-        for (const auto& [attr, v] : aligns)
-            ZG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &v, sizeof v));
-        cublasLtMatmulHeuristicResult_t h{};
-        int found = 0;
-        ZG_CUBLAS_CHECK(
-            cublasLtMatmulAlgoGetHeuristic(ctx.handle, op, la, lb, ld, ld, pref, 1, &h, &found));
-        cublasLtMatmulPreferenceDestroy(pref);
-        if (found == 0) {
-            cublasLtMatrixLayoutDestroy(la);
-            cublasLtMatrixLayoutDestroy(lb);
-            cublasLtMatrixLayoutDestroy(ld);
-            cublasLtMatmulDescDestroy(op);
-            return false;
-        }
-        it = ctx.algos.emplace(key, h.algo).first;
-    }
+}
+
+std::vector<cublasLtMatmulHeuristicResult_t> Plan::heuristic(int count) const {
+    cublasLtMatmulPreference_t pref;
+    ZG_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    ZG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspaceBytes, sizeof kWorkspaceBytes));
+    const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_a},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_b},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_d},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_d}};
+    for (const auto& [attr, v] : aligns)
+        ZG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &v, sizeof v));
+    std::vector<cublasLtMatmulHeuristicResult_t> h(size_t(std::max(count, 1)));
+    int found = 0;
+    ZG_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(context().handle, op, la, lb, ld, ld, pref,
+                                                   int(h.size()), h.data(), &found));
+    cublasLtMatmulPreferenceDestroy(pref);
+    h.resize(size_t(found));
+    return h;
+}
+
+void Plan::run(const Gemm& g, const cublasLtMatmulAlgo_t& algo, CUstream_st* stream) const {
+    Context& ctx = context();
     ZG_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, op, &g.alpha, g.B, la, g.A, lb, &g.beta, g.D, ld,
-                                   g.D, ld, &it->second, ctx.workspace(stream), kWorkspaceBytes,
-                                   stream));
-    cublasLtMatrixLayoutDestroy(la);
-    cublasLtMatrixLayoutDestroy(lb);
-    cublasLtMatrixLayoutDestroy(ld);
-    cublasLtMatmulDescDestroy(op);
+                                   g.D, ld, &algo, ctx.workspace(stream), kWorkspaceBytes, stream));
+}
+
+}  // namespace
+
+bool try_gemm(const Gemm& g, CUstream_st* stream) {
+    const Plan plan(g);
+    Context& ctx = context();
+    auto it = ctx.algos.find(plan.key);
+    if (it == ctx.algos.end()) {
+        const auto h = plan.heuristic(1);
+        if (h.empty()) return false;
+        it = ctx.algos.emplace(plan.key, h[0].algo).first;
+    }
+    plan.run(g, it->second, stream);
+    return true;
+}
+
+namespace {
+const std::vector<cublasLtMatmulHeuristicResult_t>& candidate_list(const Plan& plan) {
+    auto& c = context().candidates;
+    auto it = c.find(plan.key);
+    if (it == c.end()) it = c.emplace(plan.key, plan.heuristic(kMaxCandidates)).first;
+    return it->second;
+}
+}  // namespace
+
+int gemm_candidates(const Gemm& g) {
+    return int(candidate_list(Plan(g)).size());
+}
+
+std::string gemm_candidate_name(const Gemm& g, int index) {
+    const auto& h = candidate_list(Plan(g));
+    ZG_CHECK(index >= 0 && index < int(h.size()), "gemm_candidate_name: no such candidate");
+    const cublasLtMatmulAlgo_t& a = h[size_t(index)].algo;
+    auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr) {
+        unsigned char buf[8] = {};  // the attributes are 16, 32 or 64 bits wide (little endian)
+        size_t written = 0;
+        cublasLtMatmulAlgoConfigGetAttribute(&a, attr, buf, sizeof buf, &written);
+        uint64_t v = 0;
+        for (size_t i = 0; i < std::min(written, sizeof buf); i++) v |= uint64_t(buf[i]) << (8 * i);
+        return std::to_string(v);
+    };
+    char waves[32];
+    std::snprintf(waves, sizeof waves, "%.2f", h[size_t(index)].wavesCount);
+    return "algo " + get(CUBLASLT_ALGO_CONFIG_ID) + " tile " + get(CUBLASLT_ALGO_CONFIG_TILE_ID) +
+           " stages " + get(CUBLASLT_ALGO_CONFIG_STAGES_ID) + " splitk " +
+           get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM) + " reduction " +
+           get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME) + " swizzle " +
+           get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING) + " cluster " +
+           get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID) + " waves " + waves;
+}
+
+bool try_gemm_candidate(const Gemm& g, int index, CUstream_st* stream) {
+    const Plan plan(g);
+    const auto& h = candidate_list(plan);
+    if (index < 0 || index >= int(h.size())) return false;
+    plan.run(g, h[size_t(index)].algo, stream);
     return true;
 }
 

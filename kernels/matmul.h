@@ -24,6 +24,8 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
 // A and B are both bf16 or both fp32 (fp32 runs without TF32, for parity checks); D is bf16 or
 // fp32. One handle per thread and one workspace per stream (GEMMs on two streams may run at
 // once); algorithms cached per shape, type, epilogue and pointer alignment.
+#include <string>
+
 #include "kernels/dtype.h"
 struct CUstream_st;
 namespace zgpt::cuda {
@@ -57,6 +59,15 @@ void gemm(const Gemm& g, CUstream_st* stream);
 // The same, but false (nothing launched) when cuBLASLt has no algorithm for this epilogue and
 // these types, so the caller can fall back to separate kernels.
 bool try_gemm(const Gemm& g, CUstream_st* stream);
+
+// cuBLASLt's other candidate algorithms for g's shape, types, epilogue and alignment: its
+// heuristic's list (at most 32), best guess first; gemm() runs candidate 0. For measuring the
+// choice (tools/bench_gemm); each candidate is deterministic on its own.
+int gemm_candidates(const Gemm& g);
+// "algo 66 tile 31 stages 20 splitk 1 ...": the candidate's configuration, for reports.
+std::string gemm_candidate_name(const Gemm& g, int index);
+// Runs candidate index of g; false (nothing launched) when there is no such candidate.
+bool try_gemm_candidate(const Gemm& g, int index, CUstream_st* stream);
 
 void gemm_bf16(void* D, MatType d_type, const void* A, bool trans_a, const void* B, bool trans_b,
                int64_t M, int64_t N, int64_t K, float alpha, float beta, CUstream_st* stream);

@@ -1,0 +1,246 @@
+// bench_gemm: times each GEMM of the GPT trainer's step alone (bf16 operands, the trainer's
+// layouts and epilogues), against its FLOP floor at the bf16 matmul rate measured in the same
+// run (cuBLASLt, 8192^3), with every candidate algorithm cuBLASLt's heuristic offers for it
+// (the trainer runs the first) and, for the forward products, the `wgmma` matmul variant.
+//
+//   bench_gemm [--out results.json] [--shape BT,C,V] [--chunks 4] [--candidates 32] [--iters 20]
+//
+// Per layer: the forward of qkv, proj, fc (bias + GELU, the pre-activation stored) and fcproj;
+// the input gradients (fcproj's with GELU' from the stored pre-activation); the weight gradients
+// (fp32, accumulated: beta 1). The LM head: its logits and input gradient per row chunk (BT /
+// chunks rows), its weight gradient over all rows. A row's "step" column is the time of that
+// GEMM in one step (12 layers, or the head's chunks), for the candidate the trainer runs.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kernels/check.h"
+#include "kernels/cuda_device.h"
+#include "kernels/matmul.h"
+#include "kernels/matmul_wgmma.h"
+#include "tools/bench_util.h"
+#include "train/cli.h"
+
+using namespace zgpt::bench;
+using zgpt::DType;
+using zgpt::cuda::Epilogue;
+using zgpt::cuda::Gemm;
+
+namespace {
+
+struct Case {
+    std::string name;
+    Gemm g;
+    int per_step;  // how many of it a step runs
+};
+
+const char* epilogue_name(Epilogue e) {
+    switch (e) {
+        case Epilogue::none:
+            return "none";
+        case Epilogue::bias:
+            return "bias";
+        case Epilogue::gelu_aux_bias:
+            return "gelu_aux_bias";
+        case Epilogue::gelu_aux:
+            return "gelu_aux";
+        case Epilogue::dgelu:
+            return "dgelu";
+        case Epilogue::bias_grad:
+            return "bias_grad";
+    }
+    return "?";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"Time the GPT trainer's GEMMs, and cuBLASLt's candidate algorithms for each."};
+    zgpt::report_cli_errors(app);
+    std::string out, shape_arg = "65536,768,50257";
+    int iters = 20, max_candidates = 32, chunks = 4, layers = 12;
+    app.add_option("--out", out, "write the results as JSON here");
+    app.add_option("--shape", shape_arg,
+                   "BT,C,V: rows, width, vocabulary (GPT-2 124M, B=64 T=1024)")
+        ->capture_default_str();
+    app.add_option("--chunks", chunks, "the LM head's row chunks")->capture_default_str();
+    app.add_option("--layers", layers, "layers a step runs")->capture_default_str();
+    app.add_option("--candidates", max_candidates, "candidates timed per GEMM (at most 32)")
+        ->capture_default_str();
+    app.add_option("--iters", iters, "timed runs per candidate")->capture_default_str();
+    CLI11_PARSE(app, argc, argv);
+    int64_t BT = 0, C = 0, V = 0;
+    try {
+        std::stringstream ss(shape_arg);
+        std::vector<int64_t> v;
+        for (std::string item; std::getline(ss, item, ',');) v.push_back(std::stoll(item));
+        ZG_CHECK(v.size() == 3 && v[0] > 0 && v[1] > 0 && v[2] > 0,
+                 "--shape: expected BT,C,V, got '" + shape_arg + "'");
+        BT = v[0], C = v[1], V = v[2];
+        ZG_CHECK(chunks >= 1 && BT % chunks == 0, "--chunks must divide BT");
+        ZG_CHECK(max_candidates >= 1 && max_candidates <= 32, "--candidates: 1 to 32");
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "%s\n", e.what());
+        return 2;
+    }
+    const zgpt::cuda::DeviceInfo dev = zgpt::cuda::query_devices();
+    if (dev.count == 0) {
+        std::fprintf(stderr, "no CUDA device: %s\n", dev.error.c_str());
+        return 1;
+    }
+    const int64_t Vp = (V + 63) / 64 * 64, HR = BT / chunks;
+    const double rate = matmul_rate(iters);
+    std::printf("device %s, %d SMs; bf16 matmul 8192^3 through cuBLASLt: %.1f TFLOP/s\n",
+                dev.name.c_str(), dev.sm_count, rate / 1e12);
+
+    // Buffers large enough for every case: activations (rows x 4C), the head's (HR x Vp), a
+    // weight (max(4C, Vp) x C), fp32 weight gradients.
+    const size_t act = size_t(std::max(BT * 4 * C, HR * Vp));
+    const size_t wts = size_t(std::max(4 * C, Vp) * C);
+    __nv_bfloat16 *x, *y, *aux, *w, *bias;
+    float* dw;
+    CK(cudaMalloc(&x, act * 2));
+    CK(cudaMalloc(&y, act * 2));
+    CK(cudaMalloc(&aux, act * 2));
+    CK(cudaMalloc(&w, wts * 2));
+    CK(cudaMalloc(&bias, size_t(4 * C) * 2));
+    CK(cudaMalloc(&dw, wts * 4));
+    fill_logits(x, act, 31, 1.0);
+    fill_logits(aux, act, 33, 2.0);
+    fill_logits(w, wts, 35, 0.05);
+    fill_logits(bias, size_t(4 * C), 37, 0.1);
+    CK(cudaMemset(dw, 0, wts * 4));
+
+    auto fwd = [&](int64_t M, int64_t K, int64_t N, Epilogue e) {
+        Gemm g;
+        g.D = y;
+        g.A = x;
+        g.B = w;
+        g.trans_b = true;
+        g.M = M, g.N = N, g.K = K;
+        g.epilogue = e;
+        if (e == Epilogue::bias || e == Epilogue::gelu_aux_bias) g.bias = bias;
+        if (e == Epilogue::gelu_aux_bias || e == Epilogue::gelu_aux) g.aux = aux;
+        return g;
+    };
+    auto dinp = [&](int64_t M, int64_t K, int64_t N, Epilogue e) {  // D[M, K] = dout[M, N] W[N, K]
+        Gemm g;
+        g.D = y;
+        g.A = x;
+        g.B = w;
+        g.M = M, g.N = K, g.K = N;
+        g.epilogue = e;
+        if (e == Epilogue::dgelu) g.aux = aux;
+        return g;
+    };
+    auto dW = [&](int64_t M, int64_t K, int64_t N) {  // dW[N, K] += dout[M, N]^T inp[M, K]
+        Gemm g;
+        g.D = dw;
+        g.d_type = DType::f32;
+        g.A = x;
+        g.trans_a = true;
+        g.B = y;
+        g.M = N, g.N = K, g.K = M;
+        g.beta = 1;
+        return g;
+    };
+    const std::vector<Case> cases = {
+        {"fwd qkv", fwd(BT, C, 3 * C, Epilogue::bias), layers},
+        {"fwd proj", fwd(BT, C, C, Epilogue::bias), layers},
+        {"fwd fc + GELU", fwd(BT, C, 4 * C, Epilogue::gelu_aux_bias), layers},
+        {"fwd fc, no epilogue", fwd(BT, C, 4 * C, Epilogue::none), 0},
+        {"fwd fcproj", fwd(BT, 4 * C, C, Epilogue::bias), layers},
+        {"dinp qkv", dinp(BT, C, 3 * C, Epilogue::none), layers},
+        {"dinp proj", dinp(BT, C, C, Epilogue::none), layers},
+        {"dinp fc", dinp(BT, C, 4 * C, Epilogue::none), layers},
+        {"dinp fcproj + GELU'", dinp(BT, 4 * C, C, Epilogue::dgelu), layers},
+        {"dinp fcproj, no epilogue", dinp(BT, 4 * C, C, Epilogue::none), 0},
+        {"dW qkv", dW(BT, C, 3 * C), layers},
+        {"dW proj", dW(BT, C, C), layers},
+        {"dW fc", dW(BT, C, 4 * C), layers},
+        {"dW fcproj", dW(BT, 4 * C, C), layers},
+        {"head logits", fwd(HR, C, Vp, Epilogue::none), chunks},
+        {"head dinp", dinp(HR, C, Vp, Epilogue::none), chunks},
+        {"head dW", dW(BT, C, Vp), 1},
+    };
+
+    nlohmann::json rows = nlohmann::json::array();
+    double step_default = 0, step_best = 0, step_floor = 0;
+    for (const Case& c : cases) {
+        const Gemm& g = c.g;
+        const double flops = 2.0 * double(g.M) * double(g.N) * double(g.K);
+        const double floor_ms = flops / rate * 1e3;
+        const int n = std::min(max_candidates, zgpt::cuda::gemm_candidates(g));
+        nlohmann::json cand = nlohmann::json::array();
+        double first = 0, best = 1e30;
+        int best_i = -1;
+        for (int i = 0; i < n; i++) {
+            double ms = -1;
+            try {
+                ms = time_ms([&] { zgpt::cuda::try_gemm_candidate(g, i, nullptr); }, iters);
+            } catch (const std::exception& e) {  // a candidate that fails to launch: skip it
+                std::fprintf(stderr, "%s candidate %d: %s\n", c.name.c_str(), i, e.what());
+                continue;
+            }
+            if (i == 0) first = ms;
+            if (ms < best) best = ms, best_i = i;
+            cand.push_back(
+                {{"index", i}, {"ms", ms}, {"config", zgpt::cuda::gemm_candidate_name(g, i)}});
+        }
+        double wg = -1;
+        if (zgpt::cuda::gemm_wgmma_usable(g))
+            wg = time_ms([&] { zgpt::cuda::try_gemm_wgmma(g, nullptr); }, iters);
+        std::printf(
+            "%-26s M=%-6lld N=%-6lld K=%-6lld %-13s floor %7.1f us  first %7.1f us (%4.2fx)  "
+            "best #%-2d %7.1f us (%4.2fx)%s",
+            c.name.c_str(), (long long)g.M, (long long)g.N, (long long)g.K,
+            epilogue_name(g.epilogue), floor_ms * 1e3, first * 1e3, first / floor_ms, best_i,
+            best * 1e3, best / floor_ms, wg > 0 ? "" : "\n");
+        if (wg > 0) std::printf("  wgmma %7.1f us (%4.2fx)\n", wg * 1e3, wg / floor_ms);
+        if (best_i > 0)
+            std::printf("%28s best: %s\n", "", zgpt::cuda::gemm_candidate_name(g, best_i).c_str());
+        step_default += c.per_step * first;
+        step_best += c.per_step * best;
+        step_floor += c.per_step * floor_ms;
+        rows.push_back({{"gemm", c.name},
+                        {"M", g.M},
+                        {"N", g.N},
+                        {"K", g.K},
+                        {"epilogue", epilogue_name(g.epilogue)},
+                        {"per_step", c.per_step},
+                        {"floor_ms", floor_ms},
+                        {"first_ms", first},
+                        {"best_ms", best},
+                        {"best_index", best_i},
+                        {"wgmma_ms", wg},
+                        {"candidates", cand}});
+    }
+    std::printf(
+        "a step's GEMMs (%d layers, %d head chunks): floor %.2f ms, cuBLASLt's first choice %.2f "
+        "ms (%.2fx), the best candidate of each %.2f ms (%.2fx)\n",
+        layers, chunks, step_floor, step_default, step_default / step_floor, step_best,
+        step_best / step_floor);
+    for (void* p : {static_cast<void*>(x), static_cast<void*>(y), static_cast<void*>(aux),
+                    static_cast<void*>(w), static_cast<void*>(bias), static_cast<void*>(dw)})
+        cudaFree(p);
+    if (!out.empty()) {
+        std::ofstream f(out);
+        f << nlohmann::json{{"device", dev.name},
+                            {"matmul_TFLOPs", rate / 1e12},
+                            {"shape", {{"BT", BT}, {"C", C}, {"V", V}, {"chunks", chunks}}},
+                            {"step_floor_ms", step_floor},
+                            {"step_first_ms", step_default},
+                            {"step_best_ms", step_best},
+                            {"rows", rows}}
+                 .dump(2)
+          << "\n";
+    }
+    return 0;
+}
