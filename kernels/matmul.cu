@@ -25,7 +25,7 @@ constexpr int kMaxCandidates = 32;
                                std::string("cuBLASLt error ") + std::to_string(int(st_))); \
     } while (0)
 
-using AlgoKey = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, int, uint32_t>;
+using AlgoKey = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, int, uint32_t, int>;
 
 struct Context {
     cublasLtHandle_t handle = nullptr;
@@ -164,9 +164,16 @@ Plan::Plan(const Gemm& g) {
     const uint32_t al_aux = g.aux ? alignment(g.aux) : 256,
                    al_bias = g.bias ? alignment(g.bias) : 256;
     const uint32_t al_key = (al_a << 24) ^ (al_b << 16) ^ (al_d << 8) ^ (std::min(al_aux, al_bias));
-    key = AlgoKey{
-        g.M,   g.N, g.K, g.trans_a, g.trans_b, int(g.d_type), int(g.ab_type), int(g.epilogue),
-        al_key};
+    key = AlgoKey{g.M,
+                  g.N,
+                  g.K,
+                  g.trans_a,
+                  g.trans_b,
+                  int(g.d_type),
+                  int(g.ab_type),
+                  int(g.epilogue),
+                  al_key,
+                  std::max(0, std::min(g.search, kMaxCandidates))};
 }
 
 std::vector<cublasLtMatmulHeuristicResult_t> Plan::heuristic(int count) const {
@@ -198,27 +205,89 @@ void Plan::run(const Gemm& g, const cublasLtMatmulAlgo_t& algo, CUstream_st* str
 
 }  // namespace
 
-bool try_gemm(const Gemm& g, CUstream_st* stream) {
-    const Plan plan(g);
-    Context& ctx = context();
-    auto it = ctx.algos.find(plan.key);
-    if (it == ctx.algos.end()) {
-        const auto h = plan.heuristic(1);
-        if (h.empty()) return false;
-        it = ctx.algos.emplace(plan.key, h[0].algo).first;
-    }
-    plan.run(g, it->second, stream);
-    return true;
-}
-
 namespace {
+
 const std::vector<cublasLtMatmulHeuristicResult_t>& candidate_list(const Plan& plan) {
     auto& c = context().candidates;
     auto it = c.find(plan.key);
     if (it == c.end()) it = c.emplace(plan.key, plan.heuristic(kMaxCandidates)).first;
     return it->second;
 }
+
+// Runs candidate `algo` of plan; false where cuBLASLt refuses to launch it.
+bool launch(const Plan& plan, const Gemm& g, const cublasLtMatmulAlgo_t& algo,
+            CUstream_st* stream) {
+    Context& ctx = context();
+    return cublasLtMatmul(ctx.handle, plan.op, &g.alpha, g.B, plan.la, g.A, plan.lb, &g.beta, g.D,
+                          plan.ld, g.D, plan.ld, &algo, ctx.workspace(stream), kWorkspaceBytes,
+                          stream) == CUBLAS_STATUS_SUCCESS;
+}
+
+// The fastest of the first g.search candidates for g's shape, timed on the device alone (the
+// device is synchronised first: this runs once per shape). Each candidate runs once to warm up,
+// then three times timed (median). Candidate 0 (the heuristic's choice) is kept unless another
+// is at least 2% faster, so that timing noise does not swap near-equal algorithms. D is
+// overwritten by the runs; with beta != 0 it is saved first and restored.
+int search_candidates(const Plan& plan, const Gemm& g, CUstream_st* stream) {
+    const auto& list = candidate_list(plan);
+    const int n = std::min<int>(int(list.size()), g.search);
+    if (n <= 1) return 0;
+    ZG_CUDA_CHECK(cudaDeviceSynchronize());
+    const size_t d_bytes = size_t(g.M) * size_t(g.N) * dtype_bytes(g.d_type);
+    void* saved = nullptr;
+    if (g.beta != 0) {
+        ZG_CUDA_CHECK(cudaMalloc(&saved, d_bytes));
+        ZG_CUDA_CHECK(cudaMemcpyAsync(saved, g.D, d_bytes, cudaMemcpyDeviceToDevice, stream));
+    }
+    cudaEvent_t e[4];
+    for (cudaEvent_t& x : e) ZG_CUDA_CHECK(cudaEventCreate(&x));
+    int best = -1;
+    float best_ms = 0;
+    for (int i = 0; i < n; i++) {
+        const cublasLtMatmulAlgo_t& algo = list[size_t(i)].algo;
+        if (!launch(plan, g, algo, stream)) continue;  // warm-up; refused: not a candidate
+        float ms[3];
+        for (int r = 0; r < 3; r++) {
+            ZG_CUDA_CHECK(cudaEventRecord(e[0], stream));
+            launch(plan, g, algo, stream);
+            ZG_CUDA_CHECK(cudaEventRecord(e[1], stream));
+            ZG_CUDA_CHECK(cudaEventSynchronize(e[1]));
+            ZG_CUDA_CHECK(cudaEventElapsedTime(&ms[r], e[0], e[1]));
+        }
+        std::sort(ms, ms + 3);
+        if (best < 0 || ms[1] < (best == 0 ? 0.98f : 1.0f) * best_ms) best = i, best_ms = ms[1];
+    }
+    ZG_CUDA_CHECK(cudaGetLastError());
+    for (cudaEvent_t& x : e) cudaEventDestroy(x);
+    if (saved) {
+        ZG_CUDA_CHECK(cudaMemcpyAsync(g.D, saved, d_bytes, cudaMemcpyDeviceToDevice, stream));
+        ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
+        ZG_CUDA_CHECK(cudaFree(saved));
+    }
+    return std::max(best, 0);
+}
+
 }  // namespace
+
+bool try_gemm(const Gemm& g, CUstream_st* stream) {
+    const Plan plan(g);
+    Context& ctx = context();
+    auto it = ctx.algos.find(plan.key);
+    if (it == ctx.algos.end()) {
+        if (g.search > 1) {
+            const auto& list = candidate_list(plan);
+            if (list.empty()) return false;
+            it = ctx.algos.emplace(plan.key, list[size_t(search_candidates(plan, g, stream))].algo)
+                     .first;
+        } else {
+            const auto h = plan.heuristic(1);
+            if (h.empty()) return false;
+            it = ctx.algos.emplace(plan.key, h[0].algo).first;
+        }
+    }
+    plan.run(g, it->second, stream);
+    return true;
+}
 
 int gemm_candidates(const Gemm& g) {
     return int(candidate_list(Plan(g)).size());
@@ -229,11 +298,15 @@ std::string gemm_candidate_name(const Gemm& g, int index) {
     ZG_CHECK(index >= 0 && index < int(h.size()), "gemm_candidate_name: no such candidate");
     const cublasLtMatmulAlgo_t& a = h[size_t(index)].algo;
     auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr) {
-        unsigned char buf[8] = {};  // the attributes are 16, 32 or 64 bits wide (little endian)
-        size_t written = 0;
-        cublasLtMatmulAlgoConfigGetAttribute(&a, attr, buf, sizeof buf, &written);
+        size_t size = 0;  // the attribute's width (16, 32 or 64 bits), then its value
+        cublasLtMatmulAlgoConfigGetAttribute(&a, attr, nullptr, 0, &size);
+        unsigned char buf[8] = {};
+        if (size == 0 || size > sizeof buf ||
+            cublasLtMatmulAlgoConfigGetAttribute(&a, attr, buf, size, &size) !=
+                CUBLAS_STATUS_SUCCESS)
+            return std::string("?");
         uint64_t v = 0;
-        for (size_t i = 0; i < std::min(written, sizeof buf); i++) v |= uint64_t(buf[i]) << (8 * i);
+        for (size_t i = 0; i < size; i++) v |= uint64_t(buf[i]) << (8 * i);
         return std::to_string(v);
     };
     char waves[32];
@@ -242,7 +315,8 @@ std::string gemm_candidate_name(const Gemm& g, int index) {
            " stages " + get(CUBLASLT_ALGO_CONFIG_STAGES_ID) + " splitk " +
            get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM) + " reduction " +
            get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME) + " swizzle " +
-           get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING) + " cluster " +
+           get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING) + " custom " +
+           get(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION) + " cluster " +
            get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID) + " waves " + waves;
 }
 

@@ -54,6 +54,9 @@ struct Gemm {
     Epilogue epilogue = Epilogue::none;
     const void* bias = nullptr;
     void* aux = nullptr;
+    // Candidate algorithms to time at the first use of this shape (types, epilogue, alignment):
+    // the fastest of cuBLASLt's first `search` is kept for the process. 0: the heuristic's first.
+    int search = 0;
 };
 void gemm(const Gemm& g, CUstream_st* stream);
 // The same, but false (nothing launched) when cuBLASLt has no algorithm for this epilogue and

@@ -170,6 +170,7 @@ struct GptCuda::Impl {
         gm.M = M;
         gm.N = N;
         gm.K = K;
+        gm.search = opt.kernels.matmul_search;
         return gm;
     }
     cuda::Gemm forward_gemm(void* out, const void* inp, int w_idx, int64_t M, int64_t K,
@@ -197,6 +198,7 @@ struct GptCuda::Impl {
         gm.M = M;
         gm.N = K;
         gm.K = N;
+        gm.search = opt.kernels.matmul_search;
         return gm;
     }
     cuda::Gemm input_grad_gemm(void* dinp, const void* dout, int w_idx, int64_t M, int64_t K,
@@ -217,6 +219,7 @@ struct GptCuda::Impl {
         gw.N = K;
         gw.K = M;
         gw.beta = 1.0f;
+        gw.search = opt.kernels.matmul_search;
         return gw;
     }
 

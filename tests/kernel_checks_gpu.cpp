@@ -337,6 +337,23 @@ void matmul(const std::string& variant, const MatmulDims& s, DType t) {
     check_close("dx", d_gx.get(), gx, t);
     check_close("dW (+= into fp32)", d_gW.get(), gW, DType::f32);
     check_close("db", d_gb.get(), gb, DType::f32);
+    {
+        // the same products with cuBLASLt's candidates timed (kernels.matmul_search): the chosen
+        // algorithm's dx is as close, dW is added to once (what the timing runs added is undone),
+        // and a second run repeats the first bit for bit (the choice is kept)
+        cuda::Gemm gs = gd, gws = gw2;
+        DevT s_gx(t, N * C), s_gW(DType::f32, std::vector<double>(OC * C, 1.0));
+        gs.D = s_gx.p;
+        gws.D = s_gW.p;
+        gs.search = gws.search = 8;
+        cuda::gemm(gs, nullptr);
+        cuda::gemm(gws, nullptr);
+        check_close("dx, searched", s_gx.get(), gx, t);
+        check_close("dW (+= into fp32), searched", s_gW.get(), gW, DType::f32);
+        const std::vector<double> first = s_gx.get();
+        cuda::gemm(gs, nullptr);
+        CHECK(s_gx.get() == first);
+    }
     // GELU's backward at the pre-activation x (standing in for one): dx * GELU'(x)
     std::vector<double> gxg(N * C, 0.0);
     cpu::gelu_backward(gxg.data(), x.data(), gx.data(), N * C);

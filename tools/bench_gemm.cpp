@@ -100,20 +100,22 @@ int main(int argc, char** argv) {
     std::printf("device %s, %d SMs; bf16 matmul 8192^3 through cuBLASLt: %.1f TFLOP/s\n",
                 dev.name.c_str(), dev.sm_count, rate / 1e12);
 
-    // Buffers large enough for every case: activations (rows x 4C), the head's (HR x Vp), a
-    // weight (max(4C, Vp) x C), fp32 weight gradients.
-    const size_t act = size_t(std::max(BT * 4 * C, HR * Vp));
+    // Buffers large enough for every case: x the A operand (up to the head's whole BT x Vp
+    // gradient of the logits), y the output or second operand (rows x 4C, a head chunk's
+    // logits), aux a pre-activation, a weight (max(4C, Vp) x C), fp32 weight gradients.
+    const size_t act = size_t(std::max(BT * 4 * C, HR * Vp)), xs = size_t(BT * std::max(4 * C, Vp));
     const size_t wts = size_t(std::max(4 * C, Vp) * C);
     __nv_bfloat16 *x, *y, *aux, *w, *bias;
     float* dw;
-    CK(cudaMalloc(&x, act * 2));
+    CK(cudaMalloc(&x, xs * 2));
     CK(cudaMalloc(&y, act * 2));
-    CK(cudaMalloc(&aux, act * 2));
+    CK(cudaMalloc(&aux, size_t(BT * 4 * C) * 2));
     CK(cudaMalloc(&w, wts * 2));
     CK(cudaMalloc(&bias, size_t(4 * C) * 2));
     CK(cudaMalloc(&dw, wts * 4));
-    fill_logits(x, act, 31, 1.0);
-    fill_logits(aux, act, 33, 2.0);
+    fill_logits(x, xs, 31, 1.0);
+    fill_logits(y, act, 32, 1.0);
+    fill_logits(aux, size_t(BT * 4 * C), 33, 2.0);
     fill_logits(w, wts, 35, 0.05);
     fill_logits(bias, size_t(4 * C), 37, 0.1);
     CK(cudaMemset(dw, 0, wts * 4));

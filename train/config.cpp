@@ -162,6 +162,10 @@ std::vector<ConfigField> config_fields(Config& c) {
     add({"kernels", "linear_ce_chunk_mb",
          "fused_linear: MB of bf16 logits per tile, with linear_ce_vocab_chunk 0 (0: 48)",
          &k.linear_ce_chunk_mb, 0, 1 << 20});
+    add({"kernels", "matmul_search",
+         "cuBLASLt GEMMs: candidate algorithms timed at the first use of each shape, the "
+         "fastest kept for the run (0 or 1: cuBLASLt's first choice; at most 32)",
+         &k.matmul_search, 0, 32});
     // The kernels' tuning knobs (CrossEntropyTuning in kernels/cross_entropy.h, AttentionTuning
     // in kernels/attention.h): nested keys, kernels.<family>_tuning.<knob>, every default the
     // kernels' own choice. Values outside a knob's set are refused in check_cross.
