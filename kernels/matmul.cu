@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -35,6 +36,9 @@ struct Context {
     std::map<AlgoKey, cublasLtMatmulAlgo_t> algos;
     // the heuristic's longer lists (gemm_candidates), up to kMaxCandidates each
     std::map<AlgoKey, std::vector<cublasLtMatmulHeuristicResult_t>> candidates;
+    // Gemm::search: the candidate each searched shape runs, and the ones given by
+    // set_gemm_choices for shapes not yet run
+    std::map<AlgoKey, int> chosen, preset;
     Context() { ZG_CUBLAS_CHECK(cublasLtCreate(&handle)); }
     void* workspace(CUstream_st* stream) {
         void*& w = workspaces[stream];
@@ -277,8 +281,12 @@ bool try_gemm(const Gemm& g, CUstream_st* stream) {
         if (g.search > 1) {
             const auto& list = candidate_list(plan);
             if (list.empty()) return false;
-            it = ctx.algos.emplace(plan.key, list[size_t(search_candidates(plan, g, stream))].algo)
-                     .first;
+            const auto p = ctx.preset.find(plan.key);
+            const int i = p != ctx.preset.end() && p->second < int(list.size())
+                              ? p->second
+                              : search_candidates(plan, g, stream);
+            ctx.chosen[plan.key] = i;
+            it = ctx.algos.emplace(plan.key, list[size_t(i)].algo).first;
         } else {
             const auto h = plan.heuristic(1);
             if (h.empty()) return false;
@@ -287,6 +295,39 @@ bool try_gemm(const Gemm& g, CUstream_st* stream) {
     }
     plan.run(g, it->second, stream);
     return true;
+}
+
+std::string gemm_choices() {
+    std::string r;
+    for (const auto& [k, i] : context().chosen) {
+        const auto& [M, N, K, ta, tb, dt, abt, epi, al, search] = k;
+        for (int64_t v : {M, N, K, int64_t(ta), int64_t(tb), int64_t(dt), int64_t(abt),
+                          int64_t(epi), int64_t(al), int64_t(search), int64_t(i)})
+            r += std::to_string(v) + " ";
+        r.back() = '\n';
+    }
+    return r;
+}
+
+void set_gemm_choices(const std::string& text) {
+    Context& ctx = context();
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) {
+        if (line.empty()) continue;
+        std::istringstream f(line);
+        int64_t v[11];
+        for (int64_t& x : v)
+            ZG_CHECK(bool(f >> x), "set_gemm_choices: a line of 11 integers expected: " + line);
+        const AlgoKey key{v[0],      v[1],      v[2],      v[3] != 0,      v[4] != 0,
+                          int(v[5]), int(v[6]), int(v[7]), uint32_t(v[8]), int(v[9])};
+        ctx.preset[key] = int(v[10]);
+        // a shape already run with another choice switches at its next use
+        const auto c = ctx.chosen.find(key);
+        if (c != ctx.chosen.end() && c->second != int(v[10])) {
+            ctx.algos.erase(key);
+            ctx.chosen.erase(c);
+        }
+    }
 }
 
 int gemm_candidates(const Gemm& g) {

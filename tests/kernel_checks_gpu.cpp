@@ -353,6 +353,36 @@ void matmul(const std::string& variant, const MatmulDims& s, DType t) {
         const std::vector<double> first = s_gx.get();
         cuda::gemm(gs, nullptr);
         CHECK(s_gx.get() == first);
+        // the choice as text (gemm_choices), changed to another candidate and given back: the
+        // next run is that candidate's, bit for bit
+        const int n = std::min(8, cuda::gemm_candidates(gs));
+        const std::string prefix = std::to_string(N) + " " + std::to_string(C) + " " +
+                                   std::to_string(OC) + " 0 0 " + std::to_string(int(t)) + " " +
+                                   std::to_string(int(t)) + " 0 ";
+        // one line per shape, types and epilogue here (cudaMalloc's buffers: one alignment)
+        std::string text = cuda::gemm_choices(), needle = prefix;
+        text.insert(0, 1, '\n');
+        needle.insert(0, 1, '\n');
+        const size_t hit = text.find(needle);
+        REQUIRE(hit != std::string::npos);
+        const size_t at = hit + 1;
+        std::string line = text.substr(at, text.find('\n', at) - at);
+        const size_t last = line.rfind(' ');
+        const int chosen = std::stoi(line.substr(last + 1));
+        CHECK(chosen < n);
+        if (n > 1) {
+            const int other = (chosen + 1) % n;
+            line.resize(last + 1);
+            line.append(std::to_string(other)).push_back('\n');
+            cuda::set_gemm_choices(line);
+            cuda::gemm(gs, nullptr);
+            DevT c_gx(t, N * C);
+            cuda::Gemm gc = gs;
+            gc.D = c_gx.p;
+            REQUIRE(cuda::try_gemm_candidate(gc, other, nullptr));
+            CHECK(s_gx.get() == c_gx.get());
+            CHECK(cuda::gemm_choices().find(line) != std::string::npos);
+        }
     }
     // GELU's backward at the pre-activation x (standing in for one): dx * GELU'(x)
     std::vector<double> gxg(N * C, 0.0);

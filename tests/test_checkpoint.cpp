@@ -33,6 +33,7 @@ CheckpointState state_for(const ParameterTable& t, int64_t step) {
     s.loader = {2, 7};
     s.adam_steps = step;
     s.config_yaml = "train:\n  seed: 1\n";
+    s.timed_choices = "768 2304 65536 1 0 0 1 0 4294967295 16 2\n";
     s.params = test::random_vector<float>(rng, t.total());
     s.m = test::random_vector<float>(rng, t.total());
     s.v = test::random_vector<float>(rng, t.total());
@@ -63,6 +64,7 @@ TEST_CASE("checkpoint round trip is exact; only the newest K are kept") {
     CHECK(got.loader.batch == 7);
     CHECK(got.adam_steps == 20);
     CHECK(got.config_yaml == want.config_yaml);
+    CHECK(got.timed_choices == want.timed_choices);
     CHECK(got.params == want.params);  // bit for bit
     CHECK(got.m == want.m);
     CHECK(got.v == want.v);

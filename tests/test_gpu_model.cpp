@@ -19,6 +19,7 @@
 
 #include <filesystem>
 #include <map>
+#include <thread>
 
 #include "data/safetensors.h"
 #include "kernels/attention.h"
@@ -407,6 +408,35 @@ TEST_CASE("deterministic: two GPU runs are bit-identical and resume is bit-exact
         CHECK(first == la);
         CHECK(r2->params() == a->params());
     }
+}
+
+TEST_CASE("kernels.matmul_search: a fresh cuBLASLt context given the run's choices repeats it") {
+    // cuBLASLt's state (and the GEMM algorithms chosen by timing) is per host thread, as it is
+    // per process: a thread stands in for the resumed process
+    Config c = train_config("bf16");
+    c.kernels.matmul_search = 8;
+    const auto a = make_backend("cuda", c);
+    const auto la = train_steps(*a, c, 0, 12);
+    const std::string choices = a->timed_choices();
+    CHECK(!choices.empty());
+    std::vector<double> lb;
+    std::vector<float> pb;
+    std::string choices_b, error;
+    std::thread([&] {
+        try {
+            const auto b = make_backend("cuda", c);
+            b->set_timed_choices(choices);
+            lb = train_steps(*b, c, 0, 12);
+            pb = b->params();
+            choices_b = b->timed_choices();
+        } catch (const std::exception& e) {
+            error = e.what();
+        }
+    }).join();
+    REQUIRE(error.empty());
+    CHECK(choices_b == choices);
+    CHECK(lb == la);
+    CHECK(pb == a->params());
 }
 
 TEST_CASE("kernel choices are validated with the known names") {

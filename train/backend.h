@@ -69,6 +69,11 @@ class Backend {
     virtual void set_adam(const std::vector<float>& m, const std::vector<float>& v,
                           int64_t steps) = 0;
     virtual int64_t adam_steps() const = 0;
+    // The kernels' choices made by timing (kernels.matmul_search: the GEMM algorithm of each
+    // shape), as text; saved in checkpoints and handed to the other ranks, so that a resumed run
+    // and every rank run the same ones. Empty where nothing is chosen by timing.
+    virtual std::string timed_choices() const { return ""; }
+    virtual void set_timed_choices(const std::string& /*choices*/) {}
 
     virtual double device_memory_bytes() const { return 0; }  // 0: not tracked (CPU)
     // What the device reports in use now (all allocations of this process: the model, NCCL's

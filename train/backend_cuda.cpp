@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "kernels/cuda_check.h"
+#include "kernels/matmul.h"
 #include "model/gpt_cuda.h"
 #include "train/backend.h"
 #include "train/backend_init.h"
@@ -213,6 +214,8 @@ class CudaBackend final : public Backend {
         steps_ = steps;
     }
     int64_t adam_steps() const override { return steps_; }
+    std::string timed_choices() const override { return cuda::gemm_choices(); }
+    void set_timed_choices(const std::string& choices) override { cuda::set_gemm_choices(choices); }
     double device_memory_bytes() const override {
         return double(model_.allocated_bytes()) + 2.0 * 4.0 * double(hi_ - lo_);  // + m, v
     }

@@ -67,6 +67,7 @@ std::string save_checkpoint(const std::string& dir, const ParameterTable& table,
                        {"windows_per_batch", s.loader_windows_per_batch}}},
                      {"adam_steps", s.adam_steps},
                      {"config", s.config_yaml},
+                     {"timed_choices", s.timed_choices},
                      {"total", table.total()},
                      {"tensors", table_json(table)}};
     const std::string header = h.dump();
@@ -157,6 +158,7 @@ CheckpointState load_checkpoint(const std::string& path, const ParameterTable& t
         s.loader_windows_per_batch = h.at("loader").value("windows_per_batch", int64_t(0));
         s.adam_steps = h.at("adam_steps").get<int64_t>();
         s.config_yaml = h.at("config").get<std::string>();
+        s.timed_choices = h.value("timed_choices", std::string());
     } catch (const nlohmann::json::exception& e) {
         fail(std::string("header field: ") + e.what());
     }

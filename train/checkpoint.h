@@ -28,6 +28,8 @@ struct CheckpointState {
     int64_t loader_windows_per_batch = 0;
     int64_t adam_steps = 0;
     std::string config_yaml;
+    // Backend::timed_choices() when saved (empty in older files)
+    std::string timed_choices;
     std::vector<float> params, m, v;
 };
 

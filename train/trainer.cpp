@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -134,6 +135,16 @@ void check_host_memory(const Config& cfg, const std::string& device, int64_t B, 
                   bytes / 1e9, P / 1e6, (long long)B, (long long)T, have * local / 1e9,
                   local > 1 ? " for all its local ranks" : "");
     ZG_CHECK(have <= 0 || bytes <= 0.9 * have, msg);
+}
+
+// Rank 0's text on every rank (collective).
+std::string broadcast_text(Communicator& comm, const std::string& text) {
+    int64_t n = int64_t(text.size());
+    comm.broadcast(&n, 1, CommType::i64, 0);
+    std::vector<int64_t> words(size_t((n + 7) / 8));
+    if (comm.rank() == 0) std::memcpy(words.data(), text.data(), text.size());
+    if (!words.empty()) comm.broadcast(words.data(), int64_t(words.size()), CommType::i64, 0);
+    return std::string(reinterpret_cast<const char*>(words.data()), size_t(n));
 }
 
 }  // namespace
@@ -325,6 +336,8 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
             }
             model.set_params(st.params);
             model.set_adam(st.m, st.v, head[5]);
+            // the GEMM algorithms the run chose by timing, so that it goes on bit for bit
+            model.set_timed_choices(broadcast_text(world, st.timed_choices));
             train_loader.set_position(pos);
             start_step = head[1];
             tokens = head[2];
@@ -359,6 +372,7 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
         st.loader_windows_per_batch = windows_per_batch;
         st.adam_steps = model.adam_steps();
         st.config_yaml = yaml;
+        st.timed_choices = model.timed_choices();
         st.m = model.adam_m();
         st.v = model.adam_v();
         if (!lead && P == 1) return;  // params() is collective only over a split vocabulary
@@ -470,7 +484,8 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
     int64_t poison_step = -1;
     if (const char* f = std::getenv("ZGPT_TEST_POISON_WEIGHTS_AT_STEP"))
         std::sscanf(f, "%ld", &poison_step);
-    bool stop_all = false;  // a stop request seen by any rank, agreed by all
+    bool stop_all = false;        // a stop request seen by any rank, agreed by all
+    bool choices_shared = false;  // rank 0's timed kernel choices handed to the others
     for (int64_t step = start_step + 1; step <= max_steps && !stop_all; step++) {
         const auto t0 = Clock::now();
         if (fail_rank == rank && fail_step == step)  // test hook: a rank that fails mid-run
@@ -524,6 +539,12 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
         }
         const double norm = model.grad_norm();
         model.optimizer_step(lr, cpu::clip_scale(norm, cfg.optim.grad_clip));
+        // The GEMM algorithms this first step chose by timing (kernels.matmul_search) may differ
+        // between ranks: from the next step on every rank runs rank 0's, which the checkpoints
+        // keep.
+        if (!choices_shared && R > 1 && cfg.kernels.matmul_search > 1)
+            model.set_timed_choices(broadcast_text(world, model.timed_choices()));
+        choices_shared = true;
         const double dt = seconds_since(t0);
         tokens += step_tokens;
         const double inv = sum.n_valid ? 1.0 / double(sum.n_valid) : 0.0;
