@@ -246,6 +246,33 @@ TEST_CASE("exact resume: 10 steps, stop, resume to 20 gives bit-identical losses
     for (int64_t s = 1; s <= 20; s++) CHECK(a.at(s) == b.at(s));
 }
 
+TEST_CASE("resume with GEMM algorithms chosen by timing (GPU): the checkpoint's choices rerun") {
+    // kernels.matmul_search times cuBLASLt's candidates in each process, so two fresh processes
+    // may choose differently; two resumes of one checkpoint must not (2 local ranks: rank 0's
+    // choices are handed to rank 1 after the first step)
+    ResumeFixture f;
+    const std::string search = "--set kernels.matmul_search=8 --set parallel.local_ranks=2";
+    CommandOutput r0 = run_command(f.start("first", search + " --set train.max_steps=10"));
+    INFO(r0.text);
+    REQUIRE(r0.code == 0);
+    if (r0.text.find("training on CUDA device") == std::string::npos) {
+        MESSAGE("skipped: no CUDA device (the CPU backend chooses nothing by timing)");
+        return;
+    }
+    CHECK(!zgpt::load_run_checkpoint(f.run_dir("first").string(), "").state.timed_choices.empty());
+    fs::copy(f.run_dir("first"), f.run_dir("second"), fs::copy_options::recursive);
+    for (const char* name : {"first", "second"}) {
+        CommandOutput r = run_command(f.resume(name, "--set train.max_steps=20"));
+        INFO(r.text);
+        REQUIRE(r.code == 0);
+    }
+    const auto a = losses(f.run_dir("first") / "metrics.jsonl"),
+               b = losses(f.run_dir("second") / "metrics.jsonl");
+    REQUIRE(a.size() == 20);
+    REQUIRE(b.size() == 20);
+    for (int64_t s = 11; s <= 20; s++) CHECK(a.at(s) == b.at(s));
+}
+
 TEST_CASE("a non-finite loss stops the run: diverged in the summary, exit 0, no NaN checkpoint") {
     ResumeFixture f;
     REQUIRE(run_command(f.start("nan", "--set train.max_steps=5")).code == 0);
