@@ -297,8 +297,21 @@ bool try_gemm(const Gemm& g, CUstream_st* stream) {
     return true;
 }
 
+namespace {
+// The first line of gemm_choices(): the candidate lists are cuBLASLt's for this version and GPU
+std::string choices_context() {
+    int dev = 0;
+    cudaDeviceProp prop{};
+    ZG_CUDA_CHECK(cudaGetDevice(&dev));
+    ZG_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+    return "# cuBLASLt " + std::to_string(cublasLtGetVersion()) + ", " + prop.name + ", " +
+           std::to_string(prop.multiProcessorCount) + " SMs";
+}
+}  // namespace
+
 std::string gemm_choices() {
-    std::string r;
+    if (context().chosen.empty()) return "";
+    std::string r = choices_context() + "\n";
     for (const auto& [k, i] : context().chosen) {
         const auto& [M, N, K, ta, tb, dt, abt, epi, al, search] = k;
         for (int64_t v : {M, N, K, int64_t(ta), int64_t(tb), int64_t(dt), int64_t(abt),
@@ -309,10 +322,12 @@ std::string gemm_choices() {
     return r;
 }
 
-void set_gemm_choices(const std::string& text) {
+bool set_gemm_choices(const std::string& text) {
     Context& ctx = context();
     std::istringstream in(text);
-    for (std::string line; std::getline(in, line);) {
+    std::string line;
+    if (!std::getline(in, line) || line != choices_context()) return false;
+    while (std::getline(in, line)) {
         if (line.empty()) continue;
         std::istringstream f(line);
         int64_t v[11];
@@ -328,6 +343,7 @@ void set_gemm_choices(const std::string& text) {
             ctx.chosen.erase(c);
         }
     }
+    return true;
 }
 
 int gemm_candidates(const Gemm& g) {

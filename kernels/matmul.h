@@ -72,12 +72,14 @@ std::string gemm_candidate_name(const Gemm& g, int index);
 // Runs candidate index of g; false (nothing launched) when there is no such candidate.
 bool try_gemm_candidate(const Gemm& g, int index, CUstream_st* stream);
 
-// The candidates Gemm::search chose in this thread, one line per shape (text: its key and the
-// candidate's index); set_gemm_choices makes another thread or process run the same ones (a
-// resumed run, the other ranks), re-choosing shapes already run with another. Indices are into
-// cuBLASLt's heuristic list, which is the same for one cuBLASLt version and GPU model.
+// The candidates Gemm::search chose in this thread, as text: a first line naming the cuBLASLt
+// version and the GPU (model, SMs), then one line per shape (its key and the candidate's index).
+// set_gemm_choices makes another thread or process run the same ones (a resumed run, the other
+// ranks, the next run), re-choosing shapes already run with another; it returns false and changes
+// nothing when the text is for another cuBLASLt or GPU (the indices are into cuBLASLt's heuristic
+// list, which is the same for one version and GPU model).
 std::string gemm_choices();
-void set_gemm_choices(const std::string& choices);
+bool set_gemm_choices(const std::string& choices);
 
 void gemm_bf16(void* D, MatType d_type, const void* A, bool trans_a, const void* B, bool trans_b,
                int64_t M, int64_t N, int64_t K, float alpha, float beta, CUstream_st* stream);

@@ -374,7 +374,11 @@ void matmul(const std::string& variant, const MatmulDims& s, DType t) {
             const int other = (chosen + 1) % n;
             line.resize(last + 1);
             line.append(std::to_string(other)).push_back('\n');
-            cuda::set_gemm_choices(line);
+            // text names its cuBLASLt and GPU on its first line: for another, nothing changes
+            const std::string head = text.substr(1, text.find('\n', 1));
+            CHECK_FALSE(cuda::set_gemm_choices("# cuBLASLt 1, another GPU, 1 SMs\n" + line));
+            CHECK(cuda::gemm_choices().find(line) == std::string::npos);
+            CHECK(cuda::set_gemm_choices(head + line));
             cuda::gemm(gs, nullptr);
             DevT c_gx(t, N * C);
             cuda::Gemm gc = gs;

@@ -425,7 +425,8 @@ TEST_CASE("kernels.matmul_search: a fresh cuBLASLt context given the run's choic
     std::thread([&] {
         try {
             const auto b = make_backend("cuda", c);
-            b->set_timed_choices(choices);
+            if (!b->set_timed_choices(choices))
+                throw std::runtime_error("the choices were refused");
             lb = train_steps(*b, c, 0, 12);
             pb = b->params();
             choices_b = b->timed_choices();

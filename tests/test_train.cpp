@@ -246,19 +246,34 @@ TEST_CASE("exact resume: 10 steps, stop, resume to 20 gives bit-identical losses
     for (int64_t s = 1; s <= 20; s++) CHECK(a.at(s) == b.at(s));
 }
 
-TEST_CASE("resume with GEMM algorithms chosen by timing (GPU): the checkpoint's choices rerun") {
-    // kernels.matmul_search times cuBLASLt's candidates in each process, so two fresh processes
-    // may choose differently; two resumes of one checkpoint must not (2 local ranks: rank 0's
-    // choices are handed to rank 1 after the first step)
+TEST_CASE("GEMM algorithms chosen by timing (GPU): the next run and a resume run the same ones") {
+    // kernels.matmul_search times cuBLASLt's candidates in each process, so two processes could
+    // choose differently; the runs folder's gemm_choices.txt and the checkpoints keep the choices
     ResumeFixture f;
-    const std::string search = "--set kernels.matmul_search=8 --set parallel.local_ranks=2";
-    CommandOutput r0 = run_command(f.start("first", search + " --set train.max_steps=10"));
+    const std::string search = "--set kernels.matmul_search=8 --set train.max_steps=10";
+    const std::string solo = "--set train.out_dir=" + (f.dir / "solo").string();
+    CommandOutput r0 = run_command(f.start("solo1", search + " " + solo));
     INFO(r0.text);
     REQUIRE(r0.code == 0);
     if (r0.text.find("training on CUDA device") == std::string::npos) {
         MESSAGE("skipped: no CUDA device (the CPU backend chooses nothing by timing)");
         return;
     }
+    // a second run from step 0 runs the first's algorithms (the runs folder's file), bit for bit
+    CHECK(fs::exists(f.dir / "solo" / "gemm_choices.txt"));
+    CommandOutput r1 = run_command(f.start("solo2", search + " " + solo));
+    INFO(r1.text);
+    REQUIRE(r1.code == 0);
+    CHECK(r1.text.find("GEMM algorithms as earlier runs chose them") != std::string::npos);
+    const auto l0 = losses(f.dir / "solo" / "solo1" / "metrics.jsonl"),
+               l1 = losses(f.dir / "solo" / "solo2" / "metrics.jsonl");
+    REQUIRE(l0.size() == 10);
+    CHECK(l0 == l1);
+    // 2 local ranks (rank 0's choices handed to rank 1 after the first step), stopped at step 10:
+    // the checkpoint holds the choices, and two resumes of it give the same losses
+    CommandOutput r2 = run_command(f.start("first", search + " --set parallel.local_ranks=2"));
+    INFO(r2.text);
+    REQUIRE(r2.code == 0);
     CHECK(!zgpt::load_run_checkpoint(f.run_dir("first").string(), "").state.timed_choices.empty());
     fs::copy(f.run_dir("first"), f.run_dir("second"), fs::copy_options::recursive);
     for (const char* name : {"first", "second"}) {

@@ -70,10 +70,11 @@ class Backend {
                           int64_t steps) = 0;
     virtual int64_t adam_steps() const = 0;
     // The kernels' choices made by timing (kernels.matmul_search: the GEMM algorithm of each
-    // shape), as text; saved in checkpoints and handed to the other ranks, so that a resumed run
-    // and every rank run the same ones. Empty where nothing is chosen by timing.
+    // shape), as text; saved in checkpoints, in the runs folder and handed to the other ranks, so
+    // that a resumed run, the next run and every rank run the same ones. Empty where nothing is
+    // chosen by timing; set_timed_choices is false (nothing changed) for another GPU or library.
     virtual std::string timed_choices() const { return ""; }
-    virtual void set_timed_choices(const std::string& /*choices*/) {}
+    virtual bool set_timed_choices(const std::string& /*choices*/) { return false; }
 
     virtual double device_memory_bytes() const { return 0; }  // 0: not tracked (CPU)
     // What the device reports in use now (all allocations of this process: the model, NCCL's

@@ -215,7 +215,9 @@ class CudaBackend final : public Backend {
     }
     int64_t adam_steps() const override { return steps_; }
     std::string timed_choices() const override { return cuda::gemm_choices(); }
-    void set_timed_choices(const std::string& choices) override { cuda::set_gemm_choices(choices); }
+    bool set_timed_choices(const std::string& choices) override {
+        return cuda::set_gemm_choices(choices);
+    }
     double device_memory_bytes() const override {
         return double(model_.allocated_bytes()) + 2.0 * 4.0 * double(hi_ - lo_);  // + m, v
     }

@@ -11,7 +11,9 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
 #include "data/loader.h"
@@ -135,6 +137,41 @@ void check_host_memory(const Config& cfg, const std::string& device, int64_t B, 
                   bytes / 1e9, P / 1e6, (long long)B, (long long)T, have * local / 1e9,
                   local > 1 ? " for all its local ranks" : "");
     ZG_CHECK(have <= 0 || bytes <= 0.9 * have, msg);
+}
+
+// The GEMM algorithms chosen by timing (kernels.matmul_search), kept for the runs of one runs
+// folder so that two runs of a config run the same ones: a first line naming cuBLASLt and the GPU,
+// then one line per shape ending in the candidate's index (kernels/matmul.h).
+std::string gemm_choices_path(const Config& cfg) {
+    return cfg.train.out_dir + "/gemm_choices.txt";
+}
+
+std::string read_text_if_any(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    std::ostringstream s;
+    if (f) s << f.rdbuf();
+    return s.str();
+}
+
+// mine, with the lines of `other` whose shapes mine lacks (the same first line, else mine alone)
+std::string merge_gemm_choices(const std::string& mine, const std::string& other) {
+    auto lines = [](const std::string& t) {
+        std::vector<std::string> v;
+        std::istringstream in(t);
+        for (std::string l; std::getline(in, l);)
+            if (!l.empty()) v.push_back(l);
+        return v;
+    };
+    const std::vector<std::string> a = lines(mine), b = lines(other);
+    if (a.empty()) return other;
+    if (b.empty() || a[0] != b[0]) return mine;
+    std::map<std::string, std::string> by_shape;  // the line without its last field
+    for (const auto* v : {&a, &b})
+        for (size_t i = 1; i < v->size(); i++)
+            by_shape.emplace((*v)[i].substr(0, (*v)[i].rfind(' ')), (*v)[i]);
+    std::string r = a[0] + "\n";
+    for (const auto& [shape, line] : by_shape) r += line + "\n";
+    return r;
 }
 
 // Rank 0's text on every rank (collective).
@@ -277,6 +314,38 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
     int64_t start_step = 0, tokens = 0;
     std::string resumed_from;
     const int64_t windows_per_batch = B * R;
+    // The GEMM algorithms earlier runs in this runs folder chose by timing: rank 0's file, on
+    // every rank (a resumed run then takes its checkpoint's).
+    std::string gemm_choices_read;
+    if (cfg.kernels.matmul_search > 1) {
+        gemm_choices_read =
+            broadcast_text(world, lead ? read_text_if_any(gemm_choices_path(cfg)) : "");
+        if (!gemm_choices_read.empty()) {
+            const bool taken = model.set_timed_choices(gemm_choices_read);
+            if (lead)
+                std::printf("%s\n", taken ? ("GEMM algorithms as earlier runs chose them: " +
+                                             gemm_choices_path(cfg))
+                                                .c_str()
+                                          : ("note: " + gemm_choices_path(cfg) +
+                                             " is for another GPU or cuBLASLt; timing them again")
+                                                .c_str());
+        }
+    }
+    // Rank 0 keeps what this run chose for the next runs (merged with the file as it is now: runs
+    // of other shapes may have added to it); a failed write costs only the next run's timing.
+    auto save_gemm_choices = [&] {
+        if (!lead || cfg.kernels.matmul_search <= 1) return;
+        const std::string path = gemm_choices_path(cfg);
+        const std::string merged =
+            merge_gemm_choices(model.timed_choices(), read_text_if_any(path));
+        if (merged.empty() || merged == gemm_choices_read) return;
+        try {
+            write_text_file(path, merged);
+            gemm_choices_read = merged;
+        } catch (const std::exception& e) {
+            std::printf("warning: the GEMM algorithms were not saved: %s\n", e.what());
+        }
+    };
     if (cfg.train.resume == "auto") {
         // Rank 0 reads the checkpoint and hands it to the others (no shared file system needed).
         CheckpointState st;
@@ -542,8 +611,11 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
         // The GEMM algorithms this first step chose by timing (kernels.matmul_search) may differ
         // between ranks: from the next step on every rank runs rank 0's, which the checkpoints
         // keep.
-        if (!choices_shared && R > 1 && cfg.kernels.matmul_search > 1)
-            model.set_timed_choices(broadcast_text(world, model.timed_choices()));
+        if (!choices_shared) {
+            if (R > 1 && cfg.kernels.matmul_search > 1)
+                model.set_timed_choices(broadcast_text(world, model.timed_choices()));
+            save_gemm_choices();
+        }
         choices_shared = true;
         const double dt = seconds_since(t0);
         tokens += step_tokens;
@@ -595,6 +667,7 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
         if (cfg.train.sample_every > 0 && step % cfg.train.sample_every == 0) print_sample(step);
     }
     if (lead) progress.finish();
+    save_gemm_choices();  // shapes first met after the first step (evaluation's)
     std::signal(SIGINT, SIG_DFL);
     std::signal(SIGTERM, SIG_DFL);
     result.seconds = seconds_since(t_start);
