@@ -9,6 +9,7 @@
 #include "model/parameters.h"
 #include "tests/helpers.h"
 #include "train/checkpoint.h"
+#include "train/timed_choices.h"
 
 using namespace zgpt;
 namespace fs = std::filesystem;
@@ -178,4 +179,26 @@ TEST_CASE("a checkpoint with a non-finite weight or moment is refused, and resum
     CHECK(fs::path(got).filename() == "ckpt_5.bin");
     CHECK(st.step == 5);
     CHECK(refused.size() == 2);
+}
+
+TEST_CASE("timed kernel choices: the runs folder's file merges runs of other shapes, per GPU") {
+    const std::string head = "# cuBLASLt 130100, NVIDIA H100 80GB HBM3, 132 SMs\n";
+    const std::string mine = head + "8 8 8 0 1 1 1 1 0 16 3\n1 2 3 0 0 1 1 0 0 16 0\n";
+    const std::string other = head + "1 2 3 0 0 1 1 0 0 16 5\n4 5 6 1 0 0 1 0 0 16 2\n";
+    // mine wins where both have a shape; the other's extra shape is added; sorted by shape
+    CHECK(zgpt::merge_timed_choices(mine, other) ==
+          head + "1 2 3 0 0 1 1 0 0 16 0\n4 5 6 1 0 0 1 0 0 16 2\n8 8 8 0 1 1 1 1 0 16 3\n");
+    // another GPU's file is replaced by mine, not mixed in
+    CHECK(zgpt::merge_timed_choices(mine,
+                                    "# cuBLASLt 130100, NVIDIA H200, 132 SMs\n4 5 6 1 0 0 1 "
+                                    "0 0 16 2\n") == mine);
+    CHECK(zgpt::merge_timed_choices("", other) == other);
+    CHECK(zgpt::merge_timed_choices(mine, "") == mine);
+    zgpt::TrainConfig t;
+    t.out_dir = (std::filesystem::temp_directory_path() / "zgpt_test_choices").string();
+    std::filesystem::remove_all(t.out_dir);
+    CHECK(zgpt::read_timed_choices(zgpt::timed_choices_path(t)).empty());  // none yet
+    std::filesystem::create_directories(t.out_dir);
+    std::ofstream(zgpt::timed_choices_path(t)) << mine;
+    CHECK(zgpt::read_timed_choices(zgpt::timed_choices_path(t)) == mine);
 }

@@ -11,9 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <map>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <thread>
 
 #include "data/loader.h"
@@ -32,6 +30,7 @@
 #include "train/optimizer.h"
 #include "train/progress.h"
 #include "train/run_dir.h"
+#include "train/timed_choices.h"
 
 namespace zgpt {
 
@@ -137,41 +136,6 @@ void check_host_memory(const Config& cfg, const std::string& device, int64_t B, 
                   bytes / 1e9, P / 1e6, (long long)B, (long long)T, have * local / 1e9,
                   local > 1 ? " for all its local ranks" : "");
     ZG_CHECK(have <= 0 || bytes <= 0.9 * have, msg);
-}
-
-// The GEMM algorithms chosen by timing (kernels.matmul_search), kept for the runs of one runs
-// folder so that two runs of a config run the same ones: a first line naming cuBLASLt and the GPU,
-// then one line per shape ending in the candidate's index (kernels/matmul.h).
-std::string gemm_choices_path(const Config& cfg) {
-    return cfg.train.out_dir + "/gemm_choices.txt";
-}
-
-std::string read_text_if_any(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    std::ostringstream s;
-    if (f) s << f.rdbuf();
-    return s.str();
-}
-
-// mine, with the lines of `other` whose shapes mine lacks (the same first line, else mine alone)
-std::string merge_gemm_choices(const std::string& mine, const std::string& other) {
-    auto lines = [](const std::string& t) {
-        std::vector<std::string> v;
-        std::istringstream in(t);
-        for (std::string l; std::getline(in, l);)
-            if (!l.empty()) v.push_back(l);
-        return v;
-    };
-    const std::vector<std::string> a = lines(mine), b = lines(other);
-    if (a.empty()) return other;
-    if (b.empty() || a[0] != b[0]) return mine;
-    std::map<std::string, std::string> by_shape;  // the line without its last field
-    for (const auto* v : {&a, &b})
-        for (size_t i = 1; i < v->size(); i++)
-            by_shape.emplace((*v)[i].substr(0, (*v)[i].rfind(' ')), (*v)[i]);
-    std::string r = a[0] + "\n";
-    for (const auto& [shape, line] : by_shape) r += line + "\n";
-    return r;
 }
 
 // Rank 0's text on every rank (collective).
@@ -319,14 +283,14 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
     std::string gemm_choices_read;
     if (cfg.kernels.matmul_search > 1) {
         gemm_choices_read =
-            broadcast_text(world, lead ? read_text_if_any(gemm_choices_path(cfg)) : "");
+            broadcast_text(world, lead ? read_timed_choices(timed_choices_path(cfg.train)) : "");
         if (!gemm_choices_read.empty()) {
             const bool taken = model.set_timed_choices(gemm_choices_read);
             if (lead)
                 std::printf("%s\n", taken ? ("GEMM algorithms as earlier runs chose them: " +
-                                             gemm_choices_path(cfg))
+                                             timed_choices_path(cfg.train))
                                                 .c_str()
-                                          : ("note: " + gemm_choices_path(cfg) +
+                                          : ("note: " + timed_choices_path(cfg.train) +
                                              " is for another GPU or cuBLASLt; timing them again")
                                                 .c_str());
         }
@@ -335,9 +299,9 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
     // of other shapes may have added to it); a failed write costs only the next run's timing.
     auto save_gemm_choices = [&] {
         if (!lead || cfg.kernels.matmul_search <= 1) return;
-        const std::string path = gemm_choices_path(cfg);
+        const std::string path = timed_choices_path(cfg.train);
         const std::string merged =
-            merge_gemm_choices(model.timed_choices(), read_text_if_any(path));
+            merge_timed_choices(model.timed_choices(), read_timed_choices(path));
         if (merged.empty() || merged == gemm_choices_read) return;
         try {
             write_text_file(path, merged);
