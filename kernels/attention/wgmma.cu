@@ -297,6 +297,27 @@ struct TmaRing {
     }
 };
 
+// The forward and dQ kernels stream key tiles of kKeys rows of one head: its K rows, then its V
+// rows right after them (kKeys * 128 bytes each) in one slot of the cp.async ring or one stage of
+// the TMA ring. qbase: the head's q columns of row 0 of its batch in qkv [B, T, 3C].
+template <int kKeys>
+__device__ __forceinline__ void stage_kv_tile(uint32_t k_dst, const bf16* qbase, const Geo& g,
+                                              int64_t t, int tid) {
+    const int64_t stride = 3 * g.C;
+    stage_tile<kKeys, kThreads>(k_dst, qbase + g.C, stride, t * kKeys, g.Tn, tid);
+    stage_tile<kKeys, kThreads>(k_dst + kKeys * 128, qbase + 2 * g.C, stride, t * kKeys, g.Tn, tid);
+}
+// TMA: key tile j of batch b, head h, from qkv's [B, T, 3C] map into ring stage j.
+template <int kKeys>
+__device__ __forceinline__ void issue_kv_tile(const TmaRing& ring, int j, const CUtensorMap* map,
+                                              const Geo& g, int64_t b, int64_t h) {
+    constexpr int kBytes = kKeys * 128;
+    const uint32_t st = ring.acquire(j, 2 * kBytes);
+    const int x = int(g.C + h * g.hs), y = j * kKeys;
+    tma_load_3d(st, map, ring.full(j), x, y, int(b));
+    tma_load_3d(st + kBytes, map, ring.full(j), int(x + g.C), y, int(b));
+}
+
 // ---------------------------------------------------------------- forward
 // A block: 128 query rows (64 per warpgroup), key tiles of 64 streamed through the ring. Q stays
 // in shared memory; S = Q K^T reads Q and K from there, O += P V takes P from registers and V
@@ -386,16 +407,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int64_t key_tiles = (g.Tn + kFwdKeys - 1) / kFwdKeys;
     const int64_t tiles = std::min<int64_t>((q0 + kBlockRows) / kFwdKeys, key_tiles);
     auto stage_kv = [&](int64_t t, int slot) {
-        stage_tile<kFwdKeys, kThreads>(k_tile(slot), qbase + g.C, stride, t * kFwdKeys, g.Tn, tid);
-        stage_tile<kFwdKeys, kThreads>(v_tile(slot), qbase + 2 * g.C, stride, t * kFwdKeys, g.Tn,
-                                       tid);
+        stage_kv_tile<kFwdKeys>(k_tile(slot), qbase, g, t, tid);
     };
-    auto issue = [&](int j) {  // kTma: key tile j (K | V) into its stage
-        const uint32_t st = ring.acquire(j, 2 * kFwdTileBytes);
-        const int x = int(g.C + h * g.hs), y = j * kFwdKeys;
-        tma_load_3d(st, &kv_map, ring.full(j), x, y, int(b));
-        tma_load_3d(st + kFwdTileBytes, &kv_map, ring.full(j), int(x + g.C), y, int(b));
-    };
+    auto issue = [&](int j) { issue_kv_tile<kFwdKeys>(ring, j, &kv_map, g, b, h); };
     if (kTma && tid == 0) {
         ring.init();
         for (int j = 0; j < kTmaAhead && j < tiles; j++) issue(j);
@@ -603,16 +617,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     const float sl2 = g.scale * kLog2e;
     const int64_t last = std::min<int64_t>(q0 + kBlockRows, g.Tn);  // keys [0, last) are seen
     const int64_t tiles = (last + KT - 1) / KT;
-    auto stage_kv = [&](int64_t t, int slot) {
-        stage_tile<KT, kThreads>(k_tile(slot), qbase + g.C, stride, t * KT, g.Tn, tid);
-        stage_tile<KT, kThreads>(v_tile(slot), qbase + 2 * g.C, stride, t * KT, g.Tn, tid);
-    };
-    auto issue = [&](int j) {  // kTma: key tile j (K | V) into its stage
-        const uint32_t st = ring.acquire(j, 2 * kTileBytes);
-        const int x = int(g.C + h * g.hs), y = j * KT;
-        tma_load_3d(st, &kv_map, ring.full(j), x, y, int(b));
-        tma_load_3d(st + kTileBytes, &kv_map, ring.full(j), int(x + g.C), y, int(b));
-    };
+    auto stage_kv = [&](int64_t t, int slot) { stage_kv_tile<KT>(k_tile(slot), qbase, g, t, tid); };
+    auto issue = [&](int j) { issue_kv_tile<KT>(ring, j, &kv_map, g, b, h); };
     if (kTma && tid == 0) {
         ring.init();
         for (int j = 0; j < kTmaAhead && j < tiles; j++) issue(j);
