@@ -95,7 +95,12 @@ struct Plan {
     Plan& operator=(const Plan&) = delete;
     // Up to `count` algorithms from cuBLASLt's heuristic for this product, its best guess first.
     std::vector<cublasLtMatmulHeuristicResult_t> heuristic(int count) const;
-    void run(const Gemm& g, const cublasLtMatmulAlgo_t& algo, CUstream_st* stream) const;
+    // g with `algo` on stream; run() fails on an error, launch() returns it
+    cublasStatus_t launch(const Gemm& g, const cublasLtMatmulAlgo_t& algo,
+                          CUstream_st* stream) const;
+    void run(const Gemm& g, const cublasLtMatmulAlgo_t& algo, CUstream_st* stream) const {
+        ZG_CUBLAS_CHECK(launch(g, algo, stream));
+    }
 };
 
 Plan::Plan(const Gemm& g) {
@@ -201,30 +206,18 @@ std::vector<cublasLtMatmulHeuristicResult_t> Plan::heuristic(int count) const {
     return h;
 }
 
-void Plan::run(const Gemm& g, const cublasLtMatmulAlgo_t& algo, CUstream_st* stream) const {
+cublasStatus_t Plan::launch(const Gemm& g, const cublasLtMatmulAlgo_t& algo,
+                            CUstream_st* stream) const {
     Context& ctx = context();
-    ZG_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, op, &g.alpha, g.B, la, g.A, lb, &g.beta, g.D, ld,
-                                   g.D, ld, &algo, ctx.workspace(stream), kWorkspaceBytes, stream));
+    return cublasLtMatmul(ctx.handle, op, &g.alpha, g.B, la, g.A, lb, &g.beta, g.D, ld, g.D, ld,
+                          &algo, ctx.workspace(stream), kWorkspaceBytes, stream);
 }
-
-}  // namespace
-
-namespace {
 
 const std::vector<cublasLtMatmulHeuristicResult_t>& candidate_list(const Plan& plan) {
     auto& c = context().candidates;
     auto it = c.find(plan.key);
     if (it == c.end()) it = c.emplace(plan.key, plan.heuristic(kMaxCandidates)).first;
     return it->second;
-}
-
-// Runs candidate `algo` of plan; false where cuBLASLt refuses to launch it.
-bool launch(const Plan& plan, const Gemm& g, const cublasLtMatmulAlgo_t& algo,
-            CUstream_st* stream) {
-    Context& ctx = context();
-    return cublasLtMatmul(ctx.handle, plan.op, &g.alpha, g.B, plan.la, g.A, plan.lb, &g.beta, g.D,
-                          plan.ld, g.D, plan.ld, &algo, ctx.workspace(stream), kWorkspaceBytes,
-                          stream) == CUBLAS_STATUS_SUCCESS;
 }
 
 // The fastest of the first g.search candidates for g's shape, timed on the device alone (the
@@ -249,11 +242,12 @@ int search_candidates(const Plan& plan, const Gemm& g, CUstream_st* stream) {
     float best_ms = 0;
     for (int i = 0; i < n; i++) {
         const cublasLtMatmulAlgo_t& algo = list[size_t(i)].algo;
-        if (!launch(plan, g, algo, stream)) continue;  // warm-up; refused: not a candidate
+        // warm-up; a candidate cuBLASLt refuses to launch is not one
+        if (plan.launch(g, algo, stream) != CUBLAS_STATUS_SUCCESS) continue;
         float ms[3];
         for (int r = 0; r < 3; r++) {
             ZG_CUDA_CHECK(cudaEventRecord(e[0], stream));
-            launch(plan, g, algo, stream);
+            plan.launch(g, algo, stream);
             ZG_CUDA_CHECK(cudaEventRecord(e[1], stream));
             ZG_CUDA_CHECK(cudaEventSynchronize(e[1]));
             ZG_CUDA_CHECK(cudaEventElapsedTime(&ms[r], e[0], e[1]));

@@ -280,31 +280,29 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
     const int64_t windows_per_batch = B * R;
     // The GEMM algorithms earlier runs in this runs folder chose by timing: rank 0's file, on
     // every rank (a resumed run then takes its checkpoint's).
+    const std::string choices_path = timed_choices_path(cfg.train);
     std::string gemm_choices_read;
     if (cfg.kernels.matmul_search > 1) {
-        gemm_choices_read =
-            broadcast_text(world, lead ? read_timed_choices(timed_choices_path(cfg.train)) : "");
+        gemm_choices_read = broadcast_text(world, lead ? read_timed_choices(choices_path) : "");
         if (!gemm_choices_read.empty()) {
             const bool taken = model.set_timed_choices(gemm_choices_read);
-            if (lead)
-                std::printf("%s\n", taken ? ("GEMM algorithms as earlier runs chose them: " +
-                                             timed_choices_path(cfg.train))
-                                                .c_str()
-                                          : ("note: " + timed_choices_path(cfg.train) +
-                                             " is for another GPU or cuBLASLt; timing them again")
-                                                .c_str());
+            if (lead && taken)
+                std::printf("GEMM algorithms as earlier runs chose them: %s\n",
+                            choices_path.c_str());
+            else if (lead)
+                std::printf("note: %s is for another GPU or cuBLASLt; timing them again\n",
+                            choices_path.c_str());
         }
     }
     // Rank 0 keeps what this run chose for the next runs (merged with the file as it is now: runs
     // of other shapes may have added to it); a failed write costs only the next run's timing.
     auto save_gemm_choices = [&] {
         if (!lead || cfg.kernels.matmul_search <= 1) return;
-        const std::string path = timed_choices_path(cfg.train);
         const std::string merged =
-            merge_timed_choices(model.timed_choices(), read_timed_choices(path));
+            merge_timed_choices(model.timed_choices(), read_timed_choices(choices_path));
         if (merged.empty() || merged == gemm_choices_read) return;
         try {
-            write_text_file(path, merged);
+            write_text_file(choices_path, merged);
             gemm_choices_read = merged;
         } catch (const std::exception& e) {
             std::printf("warning: the GEMM algorithms were not saved: %s\n", e.what());
