@@ -106,9 +106,11 @@ struct Plan {
 Plan::Plan(const Gemm& g) {
     ZG_CHECK(g.M > 0 && g.N > 0 && g.K > 0, "gemm: sizes must be positive");
     const bool needs_bias = g.epilogue == Epilogue::bias || g.epilogue == Epilogue::gelu_aux_bias ||
-                            g.epilogue == Epilogue::bias_grad;
+                            g.epilogue == Epilogue::bias_grad ||
+                            g.epilogue == Epilogue::dgelu_bias_grad;
     const bool needs_aux = g.epilogue == Epilogue::gelu_aux ||
-                           g.epilogue == Epilogue::gelu_aux_bias || g.epilogue == Epilogue::dgelu;
+                           g.epilogue == Epilogue::gelu_aux_bias || g.epilogue == Epilogue::dgelu ||
+                           g.epilogue == Epilogue::dgelu_bias_grad;
     ZG_CHECK(!needs_bias || g.bias, "gemm: this epilogue needs a bias");
     ZG_CHECK(!needs_aux || g.aux, "gemm: a GELU epilogue needs the aux buffer");
     // Row-major D[M,N] = op(A) op(B) is column-major D^T[N,M] = op(B)^T op(A)^T: cuBLASLt's A is
@@ -137,6 +139,9 @@ Plan::Plan(const Gemm& g) {
         case Epilogue::dgelu:
             epi = CUBLASLT_EPILOGUE_DGELU;
             break;
+        case Epilogue::dgelu_bias_grad:  // D^T's rows are our columns: the sums are over our M
+            epi = CUBLASLT_EPILOGUE_DGELU_BGRAD;
+            break;
         case Epilogue::bias_grad:  // cuBLASLt's B is our A (see the swap above)
             epi = CUBLASLT_EPILOGUE_BGRADB;
             break;
@@ -146,10 +151,12 @@ Plan::Plan(const Gemm& g) {
         ZG_CUBLAS_CHECK(
             cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
         if (g.bias) {
+            // the bias is D's type, but a bias gradient beside a bf16 GELU' is summed in fp32
+            const cudaDataType_t bt = g.epilogue == Epilogue::dgelu_bias_grad ? CUDA_R_32F : dt;
             ZG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                            &g.bias, sizeof g.bias));
             ZG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-                                                           &dt, sizeof dt));
+                                                           &bt, sizeof bt));
         }
         if (g.aux) {
             const int64_t ld_aux = g.N;
@@ -172,7 +179,10 @@ Plan::Plan(const Gemm& g) {
     al_d = alignment(g.D);
     const uint32_t al_aux = g.aux ? alignment(g.aux) : 256,
                    al_bias = g.bias ? alignment(g.bias) : 256;
-    const uint32_t al_key = (al_a << 24) ^ (al_b << 16) ^ (al_d << 8) ^ (std::min(al_aux, al_bias));
+    // the four alignments (powers of two, 1 to 256) as their exponents, a hex digit each
+    const auto log2 = [](uint32_t a) { return uint32_t(__builtin_ctz(a)); };
+    const uint32_t al_key =
+        log2(al_a) << 12 | log2(al_b) << 8 | log2(al_d) << 4 | log2(std::min(al_aux, al_bias));
     key = AlgoKey{g.M,
                   g.N,
                   g.K,

@@ -49,6 +49,32 @@ uint64_t seed_of(std::initializer_list<int64_t> parts) {
     return h;
 }
 
+// A bias gradient summed beside a stored [rows, cols] result (a GEMM epilogue's): within
+// rounding of the column sums of what was stored. Each stored value is the summed one rounded
+// to t (a relative 2^-9 for bf16), and fp32 sums of `rows` terms add at most rows * 2^-24 of the
+// absolute sum; so per column |got - sum| <= (2^-9 + rows * 2^-24) * sum |stored| (2^-8 with
+// room for bf16, rows <= 2^15).
+void check_stored_colsums(const char* what, const std::vector<double>& got,
+                          const std::vector<double>& stored, int64_t rows, int64_t cols, DType t) {
+    REQUIRE(int64_t(got.size()) == cols);
+    std::vector<double> sum(size_t(cols), 0.0), abs_sum(size_t(cols), 0.0);
+    for (int64_t i = 0; i < rows * cols; i++) {
+        sum[size_t(i % cols)] += stored[size_t(i)];
+        abs_sum[size_t(i % cols)] += std::abs(stored[size_t(i)]);
+    }
+    const double rel = (t == DType::f32 ? 0.0 : 1.0 / 512) + double(rows) * 0x1p-24;
+    int bad = 0;
+    for (int64_t c = 0; c < cols; c++) {
+        const double err = std::abs(got[size_t(c)] - sum[size_t(c)]);
+        if (err > rel * abs_sum[size_t(c)] + 1e-30) {
+            if (bad++ < 3)
+                MESSAGE(what << ": column " << c << " " << got[size_t(c)] << " against "
+                             << sum[size_t(c)] << " (bound " << rel * abs_sum[size_t(c)] << ")");
+        }
+    }
+    CHECK(bad == 0);
+}
+
 // Token ids on the device that free themselves.
 struct DevInts {
     Dev d;
@@ -409,6 +435,19 @@ void matmul(const std::string& variant, const MatmulDims& s, DType t) {
         check_close("dgelu epilogue", d_gxg.get(), gxg, t, t == DType::f32 ? 1e-5 : 1.0 / 128);
     else
         MESSAGE("cuBLASLt offers no DGELU epilogue for " << dtype_name(t));
+    // GELU' with the GELU layer's bias gradient in the same epilogue (the trainer's fc bias)
+    gd.epilogue = cuda::Epilogue::dgelu_bias_grad;
+    DevT d_gxg2(t, N * C), d_gbg(DType::f32, C);
+    gd.D = d_gxg2.p;
+    gd.bias = d_gbg.p;
+    if (cuda::try_gemm(gd, nullptr)) {
+        check_close("dgelu_bias_grad epilogue", d_gxg2.get(), gxg, t,
+                    t == DType::f32 ? 1e-5 : 1.0 / 128);
+        check_stored_colsums("dgelu_bias_grad's bias gradient", d_gbg.get(), d_gxg2.get(), N, C, t);
+    } else {
+        MESSAGE("cuBLASLt offers no DGELU_BGRAD epilogue for " << dtype_name(t));
+    }
+    gd.bias = nullptr;
     gw2.D = d_gW3.p;
     gw2.beta = 0.0f;
     gw2.epilogue = cuda::Epilogue::bias_grad;
@@ -417,6 +456,39 @@ void matmul(const std::string& variant, const MatmulDims& s, DType t) {
         check_close("bias_grad epilogue", d_bg.get(), colsum, DType::f32);
     else
         MESSAGE("cuBLASLt offers no BGRADB epilogue for " << dtype_name(t));
+}
+
+// The trainer's fc bias gradient from the GELU' epilogue at a trainer-like width and more row
+// tiles than SMs (so the column sums are reduced across CTAs): within rounding of the column
+// sums of the stored result, and the same bits on every run (no atomics in the reduction).
+void dgelu_bias_grad(int64_t M, int64_t K, int64_t N) {
+    Rng rng(seed_of({M, K, N}));
+    const DType t = DType::bf16;
+    DevT dout(t, rnd(rng, M * N, t)), w(t, rnd(rng, N * K, t, 0.05)),
+        pre(t, rnd(rng, M * K, t, 2.0));
+    DevT d(t, M * K), db(DType::f32, K);
+    cuda::Gemm g;  // d[M, K] = (dout[M, N] @ w[N, K]) * GELU'(pre); db = column sums of d
+    g.D = d.p;
+    g.A = dout.p;
+    g.B = w.p;
+    g.M = M;
+    g.N = K;
+    g.K = N;
+    g.epilogue = cuda::Epilogue::dgelu_bias_grad;
+    g.aux = pre.p;
+    g.bias = db.p;
+    if (!cuda::try_gemm(g, nullptr)) {
+        MESSAGE("cuBLASLt offers no DGELU_BGRAD epilogue here; the trainer sums the bias itself");
+        return;
+    }
+    const std::vector<double> first_d = d.get(), first_b = db.get();
+    check_stored_colsums("bias gradient", first_b, first_d, M, K, t);
+    for (int run = 0; run < 3; run++) {
+        CUDA_OK(cudaMemset(db.p, 0, size_t(K) * 4));
+        cuda::gemm(g, nullptr);
+        CHECK(db.get() == first_b);
+        CHECK(d.get() == first_d);
+    }
 }
 
 void encoder(const EncoderDims& s, DType t) {

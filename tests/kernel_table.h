@@ -55,6 +55,8 @@ void cross_entropy(const std::string& variant, const CeDims& s, DType t);
 // The activations in t, the residual stream (a, res, dinp), weight and bias in res_t.
 void layernorm(const std::string& variant, const LayernormDims& s, DType t, DType res_t);
 void matmul(const std::string& variant, const MatmulDims& s, DType t);
+// fc's bias gradient from the GELU' epilogue: d[M, K] = (dout[M, N] w[N, K]) GELU'(pre)
+void dgelu_bias_grad(int64_t M, int64_t K, int64_t N);
 // Ops with one CUDA implementation.
 void qk_layernorm(const HeadsDims& s, DType t);
 void encoder(const EncoderDims& s, DType t);

@@ -330,6 +330,12 @@ void matmul_rows(const std::string& v, std::vector<Row>& rows) {
                 {"matmul", v, text(s), dtype_name(t), true, GPU_CHECK(gpu::matmul(v, s, t))});
 }
 
+void dgelu_bias_grad_rows(std::vector<Row>& rows) {
+    // the trainer's fc width, 65 row tiles of 128 and a ragged last one
+    rows.push_back({"matmul_dgelu_bias_grad", "cuda", dims({{"M", 8195}, {"K", 3072}, {"N", 768}}),
+                    "bf16", true, GPU_CHECK(gpu::dgelu_bias_grad(8195, 3072, 768))});
+}
+
 void matmul_cpu_rows(std::vector<Row>& rows) {
     // N not a multiple of the 4-row tile; C and OC odd; one GPT-like width
     for (const MatmulDims& s : {MatmulDims{7, 9, 5}, {33, 7, 5}, {64, 64, 256}, {129, 768, 65}})
@@ -403,6 +409,7 @@ std::vector<Runner> runners() {
     per_variant("layernorm", {"fused_residual", "separate"}, layernorm_rows);
     per_variant("matmul", {"fused_epilogue", "separate", "wgmma"}, matmul_rows);
     r.push_back({"matmul", "cpu", matmul_cpu_rows});
+    r.push_back({"matmul_dgelu_bias_grad", "cuda", dgelu_bias_grad_rows});
     r.push_back({"qk_layernorm", "cuda", qk_layernorm_rows});
     r.push_back({"encoder", "cuda", encoder_rows});
     r.push_back({"gelu", "cuda", gelu_rows});

@@ -55,6 +55,8 @@ const char* epilogue_name(Epilogue e) {
             return "dgelu";
         case Epilogue::bias_grad:
             return "bias_grad";
+        case Epilogue::dgelu_bias_grad:
+            return "dgelu_bias_grad";
     }
     return "?";
 }
@@ -106,13 +108,14 @@ int main(int argc, char** argv) {
     const size_t act = size_t(std::max(BT * 4 * C, HR * Vp)), xs = size_t(BT * std::max(4 * C, Vp));
     const size_t wts = size_t(std::max(4 * C, Vp) * C);
     __nv_bfloat16 *x, *y, *aux, *w, *bias;
-    float* dw;
+    float *dw, *dbias;
     CK(cudaMalloc(&x, xs * 2));
     CK(cudaMalloc(&y, act * 2));
     CK(cudaMalloc(&aux, size_t(BT * 4 * C) * 2));
     CK(cudaMalloc(&w, wts * 2));
     CK(cudaMalloc(&bias, size_t(4 * C) * 2));
     CK(cudaMalloc(&dw, wts * 4));
+    CK(cudaMalloc(&dbias, size_t(4 * C) * 4));
     fill_logits(x, xs, 31, 1.0);
     fill_logits(y, act, 32, 1.0);
     fill_logits(aux, size_t(BT * 4 * C), 33, 2.0);
@@ -139,7 +142,8 @@ int main(int argc, char** argv) {
         g.B = w;
         g.M = M, g.N = K, g.K = N;
         g.epilogue = e;
-        if (e == Epilogue::dgelu) g.aux = aux;
+        if (e == Epilogue::dgelu || e == Epilogue::dgelu_bias_grad) g.aux = aux;
+        if (e == Epilogue::dgelu_bias_grad) g.bias = dbias;
         return g;
     };
     auto dW = [&](int64_t M, int64_t K, int64_t N) {  // dW[N, K] += dout[M, N]^T inp[M, K]
@@ -163,6 +167,8 @@ int main(int argc, char** argv) {
         {"dinp proj", dinp(BT, C, C, Epilogue::none), layers},
         {"dinp fc", dinp(BT, C, 4 * C, Epilogue::none), layers},
         {"dinp fcproj + GELU'", dinp(BT, 4 * C, C, Epilogue::dgelu), layers},
+        // the same with fc's bias gradient summed in the epilogue (instead of its own pass)
+        {"dinp fcproj + GELU' + fc bias grad", dinp(BT, 4 * C, C, Epilogue::dgelu_bias_grad), 0},
         {"dinp fcproj, no epilogue", dinp(BT, 4 * C, C, Epilogue::none), 0},
         {"dW qkv", dW(BT, C, 3 * C), layers},
         {"dW proj", dW(BT, C, C), layers},
@@ -229,8 +235,18 @@ int main(int argc, char** argv) {
         "ms (%.2fx), the best candidate of each %.2f ms (%.2fx)\n",
         layers, chunks, step_floor, step_default, step_default / step_floor, step_best,
         step_best / step_floor);
+    // what the GELU' + bias-gradient epilogue replaces: fc's bias gradient as its own pass over
+    // the 4C-wide gradient (the trainer runs it on the weight-gradient stream)
+    void* scratch = nullptr;
+    CK(cudaMalloc(&scratch, zgpt::cuda::bias_backward_scratch_bytes(BT, 4 * C)));
+    const double bias_pass = time_ms(
+        [&] { zgpt::cuda::bias_backward(dbias, y, BT, 4 * C, DType::bf16, scratch, nullptr); },
+        iters);
+    std::printf("fc bias gradient as its own pass (%lld x %lld bf16): %.1f us\n", (long long)BT,
+                (long long)(4 * C), bias_pass * 1e3);
     for (void* p : {static_cast<void*>(x), static_cast<void*>(y), static_cast<void*>(aux),
-                    static_cast<void*>(w), static_cast<void*>(bias), static_cast<void*>(dw)})
+                    static_cast<void*>(w), static_cast<void*>(bias), static_cast<void*>(dw),
+                    static_cast<void*>(dbias), scratch})
         cudaFree(p);
     if (!out.empty()) {
         std::ofstream f(out);
@@ -240,6 +256,7 @@ int main(int argc, char** argv) {
                             {"step_floor_ms", step_floor},
                             {"step_first_ms", step_default},
                             {"step_best_ms", step_best},
+                            {"fc_bias_pass_ms", bias_pass},
                             {"rows", rows}}
                  .dump(2)
           << "\n";
