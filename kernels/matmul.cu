@@ -151,12 +151,10 @@ Plan::Plan(const Gemm& g) {
         ZG_CUBLAS_CHECK(
             cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
         if (g.bias) {
-            // the bias is D's type, but a bias gradient beside a bf16 GELU' is summed in fp32
-            const cudaDataType_t bt = g.epilogue == Epilogue::dgelu_bias_grad ? CUDA_R_32F : dt;
             ZG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                            &g.bias, sizeof g.bias));
             ZG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-                                                           &bt, sizeof bt));
+                                                           &dt, sizeof dt));
         }
         if (g.aux) {
             const int64_t ld_aux = g.N;
@@ -209,9 +207,14 @@ std::vector<cublasLtMatmulHeuristicResult_t> Plan::heuristic(int count) const {
         ZG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &v, sizeof v));
     std::vector<cublasLtMatmulHeuristicResult_t> h(size_t(std::max(count, 1)));
     int found = 0;
-    ZG_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(context().handle, op, la, lb, ld, ld, pref,
-                                                   int(h.size()), h.data(), &found));
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(context().handle, op, la, lb, ld, ld,
+                                                             pref, int(h.size()), h.data(), &found);
     cublasLtMatmulPreferenceDestroy(pref);
+    // a combination cuBLASLt does not offer (an epilogue with these types) has no algorithm
+    if (st == CUBLAS_STATUS_INVALID_VALUE || st == CUBLAS_STATUS_NOT_SUPPORTED)
+        found = 0;
+    else
+        ZG_CUBLAS_CHECK(st);
     h.resize(size_t(found));
     return h;
 }

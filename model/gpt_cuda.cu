@@ -159,7 +159,7 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
     ln_scratch = DeviceBuffer(std::max(cuda::layernorm_backward_scratch_bytes(BT, C),
                                        cuda::layernorm_backward_scratch_bytes(BT * NH, C / NH)));
     bias_scratch = DeviceBuffer(cuda::bias_backward_scratch_bytes(BT, 4 * C));
-    if (cfg.bias) fc_bias_grad = f32(4 * C);
+    if (cfg.bias) fc_bias_grad = act(4 * C);
     const KernelChoice& k = opt.kernels;
     const size_t ws =
         linear_ce && sharded
@@ -204,9 +204,8 @@ void GptCuda::Impl::fc_gelu_forward(void* fch, void* gelu, const void* inp, int 
 GptCuda::Impl::GeluDone GptCuda::Impl::linear_backward(void* dinp, const void* dout,
                                                        const void* inp, int w_idx, int b_idx,
                                                        int64_t M, int64_t K, int64_t N,
-                                                       const void* gelu_pre, float* gelu_bias_grad,
-                                                       bool head, const float* bias_parts,
-                                                       int64_t bias_part_rows) {
+                                                       const void* gelu_pre, void* gelu_bias_grad,
+                                                       bool head, BiasRows bias_rows) {
     const bool fused = mm_variant != MatmulVariant::separate;  // wgmma: cuBLASLt's backward
     GeluDone done = GeluDone::none;
     // the head's dW stays on the main stream: on the weight-gradient stream it measured no
@@ -248,16 +247,20 @@ GptCuda::Impl::GeluDone GptCuda::Impl::linear_backward(void* dinp, const void* d
     cuda::gemm(gw, ws);
     tick(head ? "head matmul bwd dW" : "matmul bwd dW");
     if (b_idx >= 0) {
-        if (bias_parts)
-            cuda::bias_backward_from_partials(g(b_idx), bias_parts, bias_part_rows, N, ws);
-        else
+        if (!bias_rows.rows)
             cuda::bias_backward(g(b_idx), dout, M, N, t, bias_scratch.get(), ws);
+        else if (bias_rows.f32)
+            cuda::bias_backward_from_partials(g(b_idx), static_cast<const float*>(bias_rows.rows),
+                                              bias_rows.n, N, ws);
+        else
+            cuda::bias_backward(g(b_idx), bias_rows.rows, bias_rows.n, N, t, bias_scratch.get(),
+                                ws);
         tick("bias bwd");
     }
     if (side) {
         mark_read(dout);
         mark_read(inp);
-        if (bias_parts) mark_read(bias_parts);
+        if (bias_rows.rows) mark_read(bias_rows.rows);
     }
     return done;
 }
@@ -445,17 +448,18 @@ void GptCuda::Impl::backward() {
         }
         before_write(dfch.get());
         // fc's bias gradient from the GELU' epilogue where it runs, else its own pass
-        float* fc_db =
-            p.fc_b >= 0 && opt.kernels.matmul_dgelu_bias_grad ? fc_bias_grad.as<float>() : nullptr;
+        void* fc_db =
+            p.fc_b >= 0 && opt.kernels.matmul_dgelu_bias_grad ? fc_bias_grad.get() : nullptr;
         const GeluDone done = linear_backward(dfch.get(), dres_for_matmul(), gelu, p.fcproj_w,
                                               p.fcproj_b, BT, 4 * C, C, a.fch.get(), fc_db);
         if (done == GeluDone::none) {
             cuda::gelu_backward(dfch.get(), a.fch.get(), dfch.get(), BT * 4 * C, t, stream);
             tick("GELU bwd");
         }
-        const bool fc_db_done = done == GeluDone::gelu_and_bias;
+        BiasRows fc_rows;
+        if (done == GeluDone::gelu_and_bias) fc_rows = {fc_db, 1, t == DType::f32};
         linear_backward(dtmp.get(), dfch.get(), a.ln2.get(), p.fc_w, p.fc_b, BT, C, 4 * C, nullptr,
-                        nullptr, false, fc_db_done ? fc_db : nullptr, fc_db_done ? 1 : 0);
+                        nullptr, false, fc_rows);
         before_write(dres.get());
         cuda::layernorm_backward(dres.get(), {1, C}, true, g(p.ln2_w), g(p.ln2_b), dtmp.get(),
                                  {1, C}, a.res_attn.get(), {1, C}, wr(p.ln2_w),
@@ -484,7 +488,7 @@ void GptCuda::Impl::backward() {
         }
         if (cfg.qk_norm) tick("qk_norm bwd");
         linear_backward(dtmp.get(), dqkv.get(), a.ln1.get(), p.qkv_w, p.qkv_b, BT, C, 3 * C,
-                        nullptr, nullptr, false, qkv_colsums.as<float>(), qkv_colsum_rows);
+                        nullptr, nullptr, false, {qkv_colsums.get(), qkv_colsum_rows, true});
         before_write(dres.get());
         cuda::layernorm_backward(dres.get(), {1, C}, true, g(p.ln1_w), g(p.ln1_b), dtmp.get(),
                                  {1, C}, residual[l].get(), {1, C}, wr(p.ln1_w),

@@ -49,11 +49,11 @@ uint64_t seed_of(std::initializer_list<int64_t> parts) {
     return h;
 }
 
-// A bias gradient summed beside a stored [rows, cols] result (a GEMM epilogue's): within
-// rounding of the column sums of what was stored. Each stored value is the summed one rounded
-// to t (a relative 2^-9 for bf16), and fp32 sums of `rows` terms add at most rows * 2^-24 of the
-// absolute sum; so per column |got - sum| <= (2^-9 + rows * 2^-24) * sum |stored| (2^-8 with
-// room for bf16, rows <= 2^15).
+// A bias gradient summed beside a stored [rows, cols] result (a GEMM epilogue's), both of type t:
+// within rounding of the column sums of what was stored. Each stored value is the summed one
+// rounded to t (a relative 2^-9 for bf16); fp32 sums of `rows` terms add at most rows * 2^-24 of
+// the absolute sum; the sum is rounded to t once more. So per column |got - sum| <=
+// (2^-9 + rows * 2^-24) * sum |stored| + 2^-9 |sum| for bf16 (without the 2^-9 terms for fp32).
 void check_stored_colsums(const char* what, const std::vector<double>& got,
                           const std::vector<double>& stored, int64_t rows, int64_t cols, DType t) {
     REQUIRE(int64_t(got.size()) == cols);
@@ -62,15 +62,13 @@ void check_stored_colsums(const char* what, const std::vector<double>& got,
         sum[size_t(i % cols)] += stored[size_t(i)];
         abs_sum[size_t(i % cols)] += std::abs(stored[size_t(i)]);
     }
-    const double rel = (t == DType::f32 ? 0.0 : 1.0 / 512) + double(rows) * 0x1p-24;
+    const double round = t == DType::f32 ? 0.0 : 1.0 / 512, rel = round + double(rows) * 0x1p-24;
     int bad = 0;
     for (int64_t c = 0; c < cols; c++) {
-        const double err = std::abs(got[size_t(c)] - sum[size_t(c)]);
-        if (err > rel * abs_sum[size_t(c)] + 1e-30) {
-            if (bad++ < 3)
-                MESSAGE(what << ": column " << c << " " << got[size_t(c)] << " against "
-                             << sum[size_t(c)] << " (bound " << rel * abs_sum[size_t(c)] << ")");
-        }
+        const double bound = rel * abs_sum[size_t(c)] + round * std::abs(sum[size_t(c)]) + 1e-30;
+        if (std::abs(got[size_t(c)] - sum[size_t(c)]) > bound && bad++ < 3)
+            MESSAGE(what << ": column " << c << " " << got[size_t(c)] << " against "
+                         << sum[size_t(c)] << " (bound " << bound << ")");
     }
     CHECK(bad == 0);
 }
@@ -437,7 +435,7 @@ void matmul(const std::string& variant, const MatmulDims& s, DType t) {
         MESSAGE("cuBLASLt offers no DGELU epilogue for " << dtype_name(t));
     // GELU' with the GELU layer's bias gradient in the same epilogue (the trainer's fc bias)
     gd.epilogue = cuda::Epilogue::dgelu_bias_grad;
-    DevT d_gxg2(t, N * C), d_gbg(DType::f32, C);
+    DevT d_gxg2(t, N * C), d_gbg(t, C);
     gd.D = d_gxg2.p;
     gd.bias = d_gbg.p;
     if (cuda::try_gemm(gd, nullptr)) {
@@ -466,7 +464,7 @@ void dgelu_bias_grad(int64_t M, int64_t K, int64_t N) {
     const DType t = DType::bf16;
     DevT dout(t, rnd(rng, M * N, t)), w(t, rnd(rng, N * K, t, 0.05)),
         pre(t, rnd(rng, M * K, t, 2.0));
-    DevT d(t, M * K), db(DType::f32, K);
+    DevT d(t, M * K), db(t, K);
     cuda::Gemm g;  // d[M, K] = (dout[M, N] @ w[N, K]) * GELU'(pre); db = column sums of d
     g.D = d.p;
     g.A = dout.p;
@@ -484,7 +482,7 @@ void dgelu_bias_grad(int64_t M, int64_t K, int64_t N) {
     const std::vector<double> first_d = d.get(), first_b = db.get();
     check_stored_colsums("bias gradient", first_b, first_d, M, K, t);
     for (int run = 0; run < 3; run++) {
-        CUDA_OK(cudaMemset(db.p, 0, size_t(K) * 4));
+        CUDA_OK(cudaMemset(db.p, 0, size_t(K) * dtype_bytes(t)));
         cuda::gemm(g, nullptr);
         CHECK(db.get() == first_b);
         CHECK(d.get() == first_d);
