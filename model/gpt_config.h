@@ -40,9 +40,6 @@ struct KernelChoice {
     // cuBLASLt candidates timed at the first use of each GEMM shape, the fastest kept (Gemm::search
     // in kernels/matmul.h); 0: the heuristic's first choice
     int matmul_search = 0;
-    // The GELU layer's bias gradient summed in the epilogue of the GEMM that applies GELU' (the
-    // fused matmul variant, where cuBLASLt offers it) instead of as its own pass
-    bool matmul_dgelu_bias_grad = true;
     // The kernels' tuning knobs (kernels.cross_entropy_tuning.*, kernels.attention_tuning.*); the
     // defaults are the kernels' own choices.
     cuda::CrossEntropyTuning cross_entropy_tuning;

@@ -159,7 +159,6 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
     ln_scratch = DeviceBuffer(std::max(cuda::layernorm_backward_scratch_bytes(BT, C),
                                        cuda::layernorm_backward_scratch_bytes(BT * NH, C / NH)));
     bias_scratch = DeviceBuffer(cuda::bias_backward_scratch_bytes(BT, 4 * C));
-    if (cfg.bias) fc_bias_grad = act(4 * C);
     const KernelChoice& k = opt.kernels;
     const size_t ws =
         linear_ce && sharded
@@ -201,35 +200,25 @@ void GptCuda::Impl::fc_gelu_forward(void* fch, void* gelu, const void* inp, int 
     }
 }
 
-GptCuda::Impl::GeluDone GptCuda::Impl::linear_backward(void* dinp, const void* dout,
-                                                       const void* inp, int w_idx, int b_idx,
-                                                       int64_t M, int64_t K, int64_t N,
-                                                       const void* gelu_pre, void* gelu_bias_grad,
-                                                       bool head, BiasRows bias_rows) {
+bool GptCuda::Impl::linear_backward(void* dinp, const void* dout, const void* inp, int w_idx,
+                                    int b_idx, int64_t M, int64_t K, int64_t N,
+                                    const void* gelu_pre, bool head, const float* bias_parts,
+                                    int64_t bias_part_rows) {
     const bool fused = mm_variant != MatmulVariant::separate;  // wgmma: cuBLASLt's backward
-    GeluDone done = GeluDone::none;
+    bool gelu_done = false;
     // the head's dW stays on the main stream: on the weight-gradient stream it measured no
     // better (H100, same call: 123.57 against 123.54 ms)
     const bool side = overlapping() && !head;
     if (dinp) {
         cuda::Gemm gm = input_grad_gemm(dinp, dout, w_idx, M, K, N);
         if (gelu_pre && fused) {
+            gm.epilogue = cuda::Epilogue::dgelu;
             gm.aux = const_cast<void*>(gelu_pre);
-            if (gelu_bias_grad) {
-                before_write(gelu_bias_grad);
-                gm.epilogue = cuda::Epilogue::dgelu_bias_grad;
-                gm.bias = gelu_bias_grad;
-                if (cuda::try_gemm(gm, stream)) done = GeluDone::gelu_and_bias;
-                gm.bias = nullptr;
-            }
-            if (done == GeluDone::none) {
-                gm.epilogue = cuda::Epilogue::dgelu;
-                if (cuda::try_gemm(gm, stream)) done = GeluDone::gelu;
-            }
+            gelu_done = cuda::try_gemm(gm, stream);
             gm.epilogue = cuda::Epilogue::none;
             gm.aux = nullptr;
         }
-        if (done == GeluDone::none) cuda::gemm(gm, stream);
+        if (!gelu_done) cuda::gemm(gm, stream);
         tick(head ? "head matmul bwd dinp" : "matmul bwd dinp");
     }
     // Forked after the dinp GEMM: forking before it (so that the two GEMMs of one layer run
@@ -243,26 +232,24 @@ GptCuda::Impl::GeluDone GptCuda::Impl::linear_backward(void* dinp, const void* d
     // The bias gradient is its own pass over dout, not cuBLASLt's BGRADB epilogue: that
     // epilogue sums inside the GEMM's main loop and cost the step 6 ms on the H100 (the dW
     // GEMMs 21.6 -> 15.6 ms without it), against 4.5 ms for the column sums, which on the
-    // side stream also overlap the input-gradient GEMMs.
+    // side stream also overlap the input-gradient GEMMs. Nor is fc's taken from the GELU' GEMM
+    // (Epilogue::dgelu_bias_grad): that GEMM took 1638 us against 588 us plus 100 us for the
+    // pass, and the step 115.1 against 106.7 ms (H200, bench_gemm and bench_train, e466be5).
     cuda::gemm(gw, ws);
     tick(head ? "head matmul bwd dW" : "matmul bwd dW");
     if (b_idx >= 0) {
-        if (!bias_rows.rows)
-            cuda::bias_backward(g(b_idx), dout, M, N, t, bias_scratch.get(), ws);
-        else if (bias_rows.f32)
-            cuda::bias_backward_from_partials(g(b_idx), static_cast<const float*>(bias_rows.rows),
-                                              bias_rows.n, N, ws);
+        if (bias_parts)
+            cuda::bias_backward_from_partials(g(b_idx), bias_parts, bias_part_rows, N, ws);
         else
-            cuda::bias_backward(g(b_idx), bias_rows.rows, bias_rows.n, N, t, bias_scratch.get(),
-                                ws);
+            cuda::bias_backward(g(b_idx), dout, M, N, t, bias_scratch.get(), ws);
         tick("bias bwd");
     }
     if (side) {
         mark_read(dout);
         mark_read(inp);
-        if (bias_rows.rows) mark_read(bias_rows.rows);
+        if (bias_parts) mark_read(bias_parts);
     }
-    return done;
+    return gelu_done;
 }
 
 void GptCuda::Impl::add_norm(void* res_out, void* norm_out, float* mean, float* rstd, const void* a,
@@ -426,7 +413,7 @@ void GptCuda::Impl::backward() {
     mark(4);
     if (!linear_ce && !head_sharded_done)
         linear_backward(head_dinp_done ? nullptr : dtmp.get(), logits.get(), lnf.get(),
-                        layout.lm_head, -1, BT, C, Vp, nullptr, nullptr, true);
+                        layout.lm_head, -1, BT, C, Vp, nullptr, true);
     head_sharded_done = false;
     mark(5);
     before_write(dres.get());
@@ -447,19 +434,12 @@ void GptCuda::Impl::backward() {
             tick("GELU recompute");
         }
         before_write(dfch.get());
-        // fc's bias gradient from the GELU' epilogue where it runs, else its own pass
-        void* fc_db =
-            p.fc_b >= 0 && opt.kernels.matmul_dgelu_bias_grad ? fc_bias_grad.get() : nullptr;
-        const GeluDone done = linear_backward(dfch.get(), dres_for_matmul(), gelu, p.fcproj_w,
-                                              p.fcproj_b, BT, 4 * C, C, a.fch.get(), fc_db);
-        if (done == GeluDone::none) {
+        if (!linear_backward(dfch.get(), dres_for_matmul(), gelu, p.fcproj_w, p.fcproj_b, BT, 4 * C,
+                             C, a.fch.get())) {
             cuda::gelu_backward(dfch.get(), a.fch.get(), dfch.get(), BT * 4 * C, t, stream);
             tick("GELU bwd");
         }
-        BiasRows fc_rows;
-        if (done == GeluDone::gelu_and_bias) fc_rows = {fc_db, 1, t == DType::f32};
-        linear_backward(dtmp.get(), dfch.get(), a.ln2.get(), p.fc_w, p.fc_b, BT, C, 4 * C, nullptr,
-                        nullptr, false, fc_rows);
+        linear_backward(dtmp.get(), dfch.get(), a.ln2.get(), p.fc_w, p.fc_b, BT, C, 4 * C);
         before_write(dres.get());
         cuda::layernorm_backward(dres.get(), {1, C}, true, g(p.ln2_w), g(p.ln2_b), dtmp.get(),
                                  {1, C}, a.res_attn.get(), {1, C}, wr(p.ln2_w),
@@ -488,7 +468,7 @@ void GptCuda::Impl::backward() {
         }
         if (cfg.qk_norm) tick("qk_norm bwd");
         linear_backward(dtmp.get(), dqkv.get(), a.ln1.get(), p.qkv_w, p.qkv_b, BT, C, 3 * C,
-                        nullptr, nullptr, false, {qkv_colsums.get(), qkv_colsum_rows, true});
+                        nullptr, false, qkv_colsums.as<float>(), qkv_colsum_rows);
         before_write(dres.get());
         cuda::layernorm_backward(dres.get(), {1, C}, true, g(p.ln1_w), g(p.ln1_b), dtmp.get(),
                                  {1, C}, residual[l].get(), {1, C}, wr(p.ln1_w),
@@ -535,8 +515,7 @@ size_t GptCuda::Impl::allocated() const {
                                   &branch_out,   &dres,          &dres_act,
                                   &dtmp,         &dqkv,          &dfch,
                                   &gelu_tmp,     &att_scratch,   &ln_scratch,
-                                  &bias_scratch, &qkv_colsums,   &ce_workspace,
-                                  &fc_bias_grad})
+                                  &bias_scratch, &qkv_colsums,   &ce_workspace})
         s += b->bytes();
     for (const DeviceBuffer* b : {&vp_h, &vp_y, &vp_logits, &vp_stats, &vp_gathered, &vp_params,
                                   &vp_nvalid, &vp_rows, &vp_dh_all, &vp_dh, &vp_summary})

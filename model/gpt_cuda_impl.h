@@ -28,15 +28,6 @@ namespace zgpt {
 constexpr int kMaxHeadChunks = 8;
 constexpr int64_t kMinChunkRows = 1024;
 
-// Where a layer's bias gradient is summed from, when not from the column sums of its dout:
-// rows [n, N] that another kernel wrote beside it, fp32 partial sums (the attention
-// backward's) or sums in the activation type (the GELU' epilogue's).
-struct BiasRows {
-    const void* rows = nullptr;
-    int64_t n = 0;
-    bool f32 = true;
-};
-
 struct GptCuda::Impl {
     ModelConfig cfg;
     CudaModelOptions opt;
@@ -102,7 +93,6 @@ struct GptCuda::Impl {
     // Partial column sums of dqkv written by the attention backward when it can (the qkv bias
     // gradient without another pass over dqkv); empty otherwise.
     DeviceBuffer qkv_colsums;
-    DeviceBuffer fc_bias_grad;  // fc's bias gradient from the GELU' epilogue, [4C] of type t
     int64_t qkv_colsum_rows = 0;
     DeviceBuffer ce_workspace;
     bool have_logits = false;
@@ -233,17 +223,16 @@ struct GptCuda::Impl {
         return gw;
     }
 
-    // dinp = dout @ W (written); dW += dout^T @ inp; db += column sums of dout, or of bias_rows
-    // (b_idx -1: no bias). With gelu_pre (the pre-activation of a GELU that fed this layer), dinp
-    // is multiplied by GELU' in the GEMM epilogue when the fused variant runs and cuBLASLt
-    // supports it, and with gelu_bias_grad as well the GELU layer's bias gradient (dinp's column
-    // sums, [K] in the activation type) is written there too; the result says which was done
-    // (the caller runs the rest).
-    enum class GeluDone { none, gelu, gelu_and_bias };
-    GeluDone linear_backward(void* dinp, const void* dout, const void* inp, int w_idx, int b_idx,
-                             int64_t M, int64_t K, int64_t N, const void* gelu_pre = nullptr,
-                             void* gelu_bias_grad = nullptr, bool head = false,
-                             BiasRows bias_rows = {});
+    // dinp = dout @ W (written); dW += dout^T @ inp; db += column sums of dout (b_idx -1: no
+    // bias). With gelu_pre (the pre-activation of a GELU that fed this layer), dinp is multiplied
+    // by GELU' in the GEMM epilogue when the fused variant runs and cuBLASLt supports it; returns
+    // whether it was (else the caller runs gelu_backward).
+    // bias_parts: partial column sums of dout ([bias_part_rows, N]) that its producer wrote; the
+    // bias gradient is then summed from them instead of from dout.
+    bool linear_backward(void* dinp, const void* dout, const void* inp, int w_idx, int b_idx,
+                         int64_t M, int64_t K, int64_t N, const void* gelu_pre = nullptr,
+                         bool head = false, const float* bias_parts = nullptr,
+                         int64_t bias_part_rows = 0);
 
     // res_out = a + b; norm_out = LayerNorm(res_out): fused or as two passes.
     void add_norm(void* res_out, void* norm_out, float* mean, float* rstd, const void* a,

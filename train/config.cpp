@@ -166,10 +166,6 @@ std::vector<ConfigField> config_fields(Config& c) {
          "cuBLASLt GEMMs: candidate algorithms timed at the first use of each shape, the "
          "fastest kept for the run (0 or 1: cuBLASLt's first choice; at most 32)",
          &k.matmul_search, 0, 32});
-    add({"kernels", "matmul_dgelu_bias_grad",
-         "fused matmul: the fc layer's bias gradient summed in the epilogue of the GEMM that "
-         "applies GELU' (cuBLASLt's DGELU_BGRAD) instead of its own pass over the gradient",
-         &k.matmul_dgelu_bias_grad});
     // The kernels' tuning knobs (CrossEntropyTuning in kernels/cross_entropy.h, AttentionTuning
     // in kernels/attention.h): nested keys, kernels.<family>_tuning.<knob>, every default the
     // kernels' own choice. Values outside a knob's set are refused in check_cross.
