@@ -237,12 +237,9 @@ __global__ void __launch_bounds__(32 * kVecWarps)
 }
 
 // Backward: a persistent grid; each warp owns rows r, r + stride, ... and loads the next row's
-// dout, input and (accumulating) old dinp while it works on this one: the kernel is
-// memory-bound, so bytes in flight are what counts, and a load of this row's dinp issued here
-// would stall the row on its latency. The weights are read again per row (from L1) rather than
-// held, which pays for the registers of the third prefetched tensor. Weight-gradient sums stay
-// in registers; the block's warps add theirs into shared memory one warp after another (a
-// fixed order).
+// dout and input while it works on this one (the kernel is memory-bound, so bytes in flight are
+// what counts). Weight-gradient sums stay in registers; the block's warps add theirs into shared
+// memory one warp after another (a fixed order).
 template <int NV, typename R>
 __global__ void __launch_bounds__(32 * kVecWarps)
     layernorm_backward_vec_kernel(R* dinp, bool accumulate, float* part_w, float* part_b,
@@ -253,27 +250,29 @@ __global__ void __launch_bounds__(32 * kVecWarps)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t stride = int64_t(gridDim.x) * kVecWarps;
     float aw[NV][8] = {}, ab[NV][8] = {};
-    Pack8<R> xv[NV], ov[NV];
+    Pack8<R> wraw[NV], xv[NV];
     uint4 dyv[NV];
+#pragma unroll
+    for (int j = 0; j < NV; j++) wraw[j] = load8(w + j * 256 + lane * 8);
     int64_t r = int64_t(blockIdx.x) * kVecWarps + warp;
     if (r < N)
 #pragma unroll
         for (int j = 0; j < NV; j++) {
             dyv[j] = ld16(dout + r * C + j * 256 + lane * 8);
             xv[j] = load8(inp + r * C + j * 256 + lane * 8);
-            if (accumulate) ov[j] = load8(dinp + r * C + j * 256 + lane * 8);
         }
     for (; r < N; r += stride) {
         const int64_t rn = r + stride;
-        Pack8<R> nx[NV], no[NV];
+        Pack8<R> old[NV], nx[NV];
         uint4 ndy[NV];
 #pragma unroll
-        for (int j = 0; j < NV; j++)
+        for (int j = 0; j < NV; j++) {
+            if (accumulate) old[j] = load8(dinp + r * C + j * 256 + lane * 8);
             if (rn < N) {
                 ndy[j] = ld16(dout + rn * C + j * 256 + lane * 8);
                 nx[j] = load8(inp + rn * C + j * 256 + lane * 8);
-                if (accumulate) no[j] = load8(dinp + rn * C + j * 256 + lane * 8);
             }
+        }
         const float m = mean[r], rs = rstd[r];
         float s1 = 0, s2 = 0;  // sums of dy*w and of dy*w*xhat
 #pragma unroll
@@ -281,7 +280,7 @@ __global__ void __launch_bounds__(32 * kVecWarps)
             float dy[8], xh[8], wv[8];
             unpack8(dyv[j], dy);
             unpack8(xv[j], xh);
-            unpack8(load8(w + j * 256 + lane * 8), wv);
+            unpack8(wraw[j], wv);
 #pragma unroll
             for (int k = 0; k < 8; k++) {
                 xh[k] = (xh[k] - m) * rs;
@@ -299,15 +298,14 @@ __global__ void __launch_bounds__(32 * kVecWarps)
             float dy[8], xh[8], wv[8], d[8], o[8] = {};
             unpack8(dyv[j], dy);
             unpack8(xv[j], xh);
-            unpack8(load8(w + j * 256 + lane * 8), wv);
-            if (accumulate) unpack8(ov[j], o);
+            unpack8(wraw[j], wv);
+            if (accumulate) unpack8(old[j], o);
 #pragma unroll
             for (int k = 0; k < 8; k++)
                 d[k] = o[k] + rs * (dy[k] * wv[k] - s1 - (xh[k] - m) * rs * s2);
             store8(dinp + r * C + j * 256 + lane * 8, d);
             dyv[j] = ndy[j];
             xv[j] = nx[j];
-            ov[j] = no[j];
         }
     }
     for (int c = threadIdx.x; c < C; c += blockDim.x) bw[c] = bb[c] = 0;
