@@ -128,18 +128,38 @@ __global__ void layernorm_backward_kernel(R* dinp, RowMap dinp_map, bool accumul
     }
 }
 
+// The blocks' partial weight-gradient sums, added in a fixed order: each of a block's kSumRows
+// thread rows sums every kSumRows-th partial of its column, then thread row 0 adds those in
+// order. (One thread per column walking all ~400 partials took longer than the sums need.)
+constexpr int kSumCols = 32, kSumRows = 8;
 __global__ void sum_partials_kernel(float* dw, float* db, const float* part_w, const float* part_b,
                                     int blocks, int64_t C) {
-    for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < C;
-         c += int64_t(gridDim.x) * blockDim.x) {
-        float aw = 0, ab = 0;
-        for (int k = 0; k < blocks; k++) {
+    __shared__ float sw[kSumRows][kSumCols], sb[kSumRows][kSumCols];
+    const int64_t c = int64_t(blockIdx.x) * kSumCols + threadIdx.x;
+    float aw = 0, ab = 0;
+    if (c < C)
+        for (int k = threadIdx.y; k < blocks; k += kSumRows) {
             aw += part_w[k * C + c];
             ab += part_b[k * C + c];
         }
-        dw[c] += aw;
-        if (db) db[c] += ab;
+    sw[threadIdx.y][threadIdx.x] = aw;
+    sb[threadIdx.y][threadIdx.x] = ab;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        float tw = 0, tb = 0;
+        for (int k = 0; k < kSumRows; k++) {
+            tw += sw[k][threadIdx.x];
+            tb += sb[k][threadIdx.x];
+        }
+        dw[c] += tw;
+        if (db) db[c] += tb;
     }
+}
+
+void sum_partials(float* dw, float* db, const float* part_w, const float* part_b, int blocks,
+                  int64_t C, CUstream_st* s) {
+    sum_partials_kernel<<<unsigned((C + kSumCols - 1) / kSumCols), dim3(kSumCols, kSumRows), 0,
+                          s>>>(dw, db, part_w, part_b, blocks, C);
 }
 
 // The bf16 fast paths for plain rows with C a multiple of 256 (GPT widths): one warp per row,
@@ -485,8 +505,7 @@ void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dwe
                 });
                 if (done) {
                     ZG_LAUNCH_CHECK();
-                    sum_partials_kernel<<<grid_for(C, 256), 256, 0, s>>>(dweight, dbias, pw, pb,
-                                                                         blocks, C);
+                    sum_partials(dweight, dbias, pw, pb, blocks, C, s);
                     return;
                 }
             }
@@ -505,8 +524,7 @@ void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dwe
                                                  dout_map, static_cast<const R*>(inp), in_map,
                                                  static_cast<const R*>(weight), mean, rstd, N, C);
         ZG_LAUNCH_CHECK();
-        sum_partials_kernel<<<grid_for(C, 256), 256, 0, s>>>(dweight, dbias, part_w, part_b, blocks,
-                                                             C);
+        sum_partials(dweight, dbias, part_w, part_b, blocks, C, s);
     });
     ZG_LAUNCH_CHECK();
 }
