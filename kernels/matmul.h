@@ -38,11 +38,11 @@ enum class Epilogue {
     gelu_aux_bias,  // GELU(x + bias); x + bias stored to aux [M, N] (type of D) for backward
     gelu_aux,       // GELU(x); x stored to aux
     dgelu,          // x * GELU'(aux): aux [M, N] holds the pre-activation (backward of GELU)
+    bias_grad,      // bias[M] = sum over k of op(A)[m, k], written (type of D); the GEMM as usual
     // dgelu, and bias[N] = the column sums of its result over the M rows, written (type of D;
     // cuBLASLt sums in fp32 and offers no fp32 bias beside a bf16 D): the gradient of the bias
     // that fed the GELU (cuBLASLt's DGELU_BGRAD)
     dgelu_bias_grad,
-    bias_grad,  // bias[M] = sum over k of op(A)[m, k], written (type of D); the GEMM as usual
 };
 
 struct Gemm {
