@@ -14,9 +14,14 @@ namespace zgpt {
 class DeviceBuffer {
   public:
     DeviceBuffer() = default;
+    // Zeroed, and the zeros have landed on return: cudaMemset on device memory returns before it
+    // runs, on the default stream, which the model's non-blocking streams do not wait for; a kernel
+    // on one of them could write the buffer before the memset ran and see its data zeroed.
     explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
-        if (bytes) ZG_CUDA_CHECK(cudaMalloc(&p_, bytes));
-        if (bytes) ZG_CUDA_CHECK(cudaMemset(p_, 0, bytes));
+        if (!bytes) return;
+        ZG_CUDA_CHECK(cudaMalloc(&p_, bytes));
+        ZG_CUDA_CHECK(cudaMemsetAsync(p_, 0, bytes, nullptr));
+        ZG_CUDA_CHECK(cudaStreamSynchronize(nullptr));
     }
     ~DeviceBuffer() {
         if (p_) cudaFree(p_);

@@ -46,9 +46,12 @@ struct DevT {
     DType t;
     int64_t n;
     void* p = nullptr;
+    // The zeros and set()'s values have landed when these return: cudaMemset and a pageable
+    // cudaMemcpy may return first, and kernels on a non-blocking stream are not ordered after them.
     DevT(DType type, int64_t count) : t(type), n(count) {
         CUDA_OK(cudaMalloc(&p, std::max<size_t>(size_t(n) * dtype_bytes(t), 16)));
         CUDA_OK(cudaMemset(p, 0, std::max<size_t>(size_t(n) * dtype_bytes(t), 16)));
+        CUDA_OK(cudaDeviceSynchronize());
     }
     DevT(DType type, const std::vector<double>& v) : DevT(type, int64_t(v.size())) { set(v); }
     ~DevT() { cudaFree(p); }
@@ -63,6 +66,7 @@ struct DevT {
             for (int64_t i = 0; i < n; i++) h[i] = __float2bfloat16_rn(float(v[i]));
             CUDA_OK(cudaMemcpy(p, h.data(), n * 2, cudaMemcpyHostToDevice));
         }
+        CUDA_OK(cudaDeviceSynchronize());
     }
     std::vector<double> get() const {
         CUDA_OK(cudaDeviceSynchronize());

@@ -19,9 +19,13 @@ namespace {
 
 class DeviceFloats {
   public:
+    // Zeroed before return (see DeviceBuffer: a plain cudaMemset is not ordered before the
+    // model's non-blocking streams).
     explicit DeviceFloats(int64_t n) : n_(n) {
-        ZG_CUDA_CHECK(cudaMalloc(&p_, size_t(std::max<int64_t>(n, 1)) * 4));
-        ZG_CUDA_CHECK(cudaMemset(p_, 0, size_t(std::max<int64_t>(n, 1)) * 4));
+        const size_t bytes = size_t(std::max<int64_t>(n, 1)) * 4;
+        ZG_CUDA_CHECK(cudaMalloc(&p_, bytes));
+        ZG_CUDA_CHECK(cudaMemsetAsync(p_, 0, bytes, nullptr));
+        ZG_CUDA_CHECK(cudaStreamSynchronize(nullptr));
     }
     ~DeviceFloats() { cudaFree(p_); }
     DeviceFloats(const DeviceFloats&) = delete;
