@@ -861,6 +861,9 @@ TEST_CASE("every variant runs inside a CUDA graph: no host sync, new device inpu
                                    cudaMemcpyHostToDevice));
                 CUDA_OK(cudaMemset(rows.p, 0xFF, rows.bytes));
                 CUDA_OK(cudaMemset(summary.p, 0xFF, summary.bytes));
+                // landed before the head runs: these calls return early, on the default stream,
+                // which the non-blocking capture stream does not wait for
+                CUDA_OK(cudaDeviceSynchronize());
             };
             auto outputs = [&] {
                 std::vector<uint8_t> o = device_bytes(logits), x = device_bytes(rows),
@@ -926,6 +929,7 @@ TEST_CASE("fused_linear runs inside a CUDA graph: no host sync, new device input
                 for (const Dev* d : {&dh, &dW, &rowsd, &sd})
                     CUDA_OK(cudaMemset(d->p, 0xFF, d->bytes));
                 CUDA_OK(cudaMemset(dWacc.p, 0, dWacc.bytes));  // the accumulator is added into
+                CUDA_OK(cudaDeviceSynchronize());  // landed before the head runs (as above)
             };
             auto outputs = [&] {
                 std::vector<uint8_t> r;
