@@ -8,6 +8,7 @@
 #include <string>
 #include <type_traits>
 
+#include "kernels/column_sums.cuh"
 #include "kernels/cuda_common.cuh"
 #include "kernels/layernorm.h"
 
@@ -126,40 +127,6 @@ __global__ void layernorm_backward_kernel(R* dinp, RowMap dinp_map, bool accumul
         part_w[blockIdx.x * C + c] = aw;
         part_b[blockIdx.x * C + c] = ab;
     }
-}
-
-// The blocks' partial weight-gradient sums, added in a fixed order: each of a block's kSumRows
-// thread rows sums every kSumRows-th partial of its column, then thread row 0 adds those in
-// order. (One thread per column walking all ~400 partials took longer than the sums need.)
-constexpr int kSumCols = 32, kSumRows = 8;
-__global__ void sum_partials_kernel(float* dw, float* db, const float* part_w, const float* part_b,
-                                    int blocks, int64_t C) {
-    __shared__ float sw[kSumRows][kSumCols], sb[kSumRows][kSumCols];
-    const int64_t c = int64_t(blockIdx.x) * kSumCols + threadIdx.x;
-    float aw = 0, ab = 0;
-    if (c < C)
-        for (int k = threadIdx.y; k < blocks; k += kSumRows) {
-            aw += part_w[k * C + c];
-            ab += part_b[k * C + c];
-        }
-    sw[threadIdx.y][threadIdx.x] = aw;
-    sb[threadIdx.y][threadIdx.x] = ab;
-    __syncthreads();
-    if (threadIdx.y == 0 && c < C) {
-        float tw = 0, tb = 0;
-        for (int k = 0; k < kSumRows; k++) {
-            tw += sw[k][threadIdx.x];
-            tb += sb[k][threadIdx.x];
-        }
-        dw[c] += tw;
-        if (db) db[c] += tb;
-    }
-}
-
-void sum_partials(float* dw, float* db, const float* part_w, const float* part_b, int blocks,
-                  int64_t C, CUstream_st* s) {
-    sum_partials_kernel<<<unsigned((C + kSumCols - 1) / kSumCols), dim3(kSumCols, kSumRows), 0,
-                          s>>>(dw, db, part_w, part_b, blocks, C);
 }
 
 // The bf16 fast paths for plain rows with C a multiple of 256 (GPT widths): one warp per row,
@@ -505,7 +472,7 @@ void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dwe
                 });
                 if (done) {
                     ZG_LAUNCH_CHECK();
-                    sum_partials(dweight, dbias, pw, pb, blocks, C, s);
+                    add_partial_column_sums(dweight, pw, dbias, pb, blocks, C, s);
                     return;
                 }
             }
@@ -524,7 +491,7 @@ void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dwe
                                                  dout_map, static_cast<const R*>(inp), in_map,
                                                  static_cast<const R*>(weight), mean, rstd, N, C);
         ZG_LAUNCH_CHECK();
-        sum_partials(dweight, dbias, part_w, part_b, blocks, C, s);
+        add_partial_column_sums(dweight, part_w, dbias, part_b, blocks, C, s);
     });
     ZG_LAUNCH_CHECK();
 }

@@ -8,6 +8,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/column_sums.cuh"
 #include "kernels/cuda_common.cuh"
 #include "kernels/matmul.h"
 
@@ -473,29 +474,6 @@ __global__ void bias_partial_vec_kernel(float* part, const bf16* dout, int64_t N
     }
 }
 
-// dbias += the chunks' partial sums: a block of 32 columns x 8 lanes, lane y summing chunks y,
-// y + 8, ..., then the 8 lanes in order (fixed order; 8 short chains instead of one long one).
-__global__ void bias_sum_kernel(float* dbias, const float* part, int chunks, int64_t OC) {
-    __shared__ float shm[kBiasRowThreads][kBiasCols];
-    const int64_t c = int64_t(blockIdx.x) * kBiasCols + threadIdx.x;
-    float s = 0;
-    if (c < OC)
-        for (int k = threadIdx.y; k < chunks; k += kBiasRowThreads) s += part[k * OC + c];
-    shm[threadIdx.y][threadIdx.x] = s;
-    __syncthreads();
-    if (threadIdx.y == 0 && c < OC) {
-        float t = 0;
-        for (int k = 0; k < kBiasRowThreads; k++) t += shm[k][threadIdx.x];
-        dbias[c] += t;
-    }
-}
-
-void bias_sum(float* dbias, const float* part, int chunks, int64_t OC, CUstream_st* stream) {
-    bias_sum_kernel<<<unsigned((OC + kBiasCols - 1) / kBiasCols), dim3(kBiasCols, kBiasRowThreads),
-                      0, stream>>>(dbias, part, chunks, OC);
-    ZG_LAUNCH_CHECK();
-}
-
 // Blocks of bias_partial_vec_kernel resident on the GPU at once.
 int vec_bias_wave() {
     static const int wave =
@@ -544,7 +522,7 @@ void bias_backward(float* dbias, const void* dout, int64_t N, int64_t OC, DType 
         bias_partial_vec_kernel<<<grid, dim3(kBiasCols, kBiasRowThreads), 0, stream>>>(
             part, static_cast<const bf16*>(dout), N, OC);
         ZG_LAUNCH_CHECK();
-        bias_sum(dbias, part, chunks, OC, stream);
+        add_partial_column_sums(dbias, part, nullptr, nullptr, chunks, OC, stream);
         return;
     }
     const dim3 grid(unsigned((OC + kBiasCols - 1) / kBiasCols), kBiasRowChunks);
@@ -553,14 +531,14 @@ void bias_backward(float* dbias, const void* dout, int64_t N, int64_t OC, DType 
                 bias_partial_kernel<T>
                 <<<grid, block, 0, stream>>>(part, static_cast<const T*>(dout), N, OC));
     ZG_LAUNCH_CHECK();
-    bias_sum(dbias, part, kBiasRowChunks, OC, stream);
+    add_partial_column_sums(dbias, part, nullptr, nullptr, kBiasRowChunks, OC, stream);
 }
 
 void bias_backward_from_partials(float* dbias, const float* parts, int64_t rows, int64_t OC,
                                  CUstream_st* stream) {
     ZG_CHECK(dbias && parts && rows > 0 && rows <= INT32_MAX && OC > 0,
              "bias_backward_from_partials: bad arguments");
-    bias_sum(dbias, parts, int(rows), OC, stream);
+    add_partial_column_sums(dbias, parts, nullptr, nullptr, int(rows), OC, stream);
 }
 
 }  // namespace zgpt::cuda

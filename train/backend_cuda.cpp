@@ -7,6 +7,7 @@
 
 #include "kernels/cuda_check.h"
 #include "kernels/matmul.h"
+#include "model/device_buffer.h"
 #include "model/gpt_cuda.h"
 #include "train/backend.h"
 #include "train/backend_init.h"
@@ -17,34 +18,25 @@ namespace zgpt {
 
 namespace {
 
+// n floats on the device, zeroed (a DeviceBuffer), with host copies of the whole.
 class DeviceFloats {
   public:
-    // Zeroed before return (see DeviceBuffer: a plain cudaMemset is not ordered before the
-    // model's non-blocking streams).
-    explicit DeviceFloats(int64_t n) : n_(n) {
-        const size_t bytes = size_t(std::max<int64_t>(n, 1)) * 4;
-        ZG_CUDA_CHECK(cudaMalloc(&p_, bytes));
-        ZG_CUDA_CHECK(cudaMemsetAsync(p_, 0, bytes, nullptr));
-        ZG_CUDA_CHECK(cudaStreamSynchronize(nullptr));
-    }
-    ~DeviceFloats() { cudaFree(p_); }
-    DeviceFloats(const DeviceFloats&) = delete;
-    DeviceFloats& operator=(const DeviceFloats&) = delete;
-    float* get() const { return p_; }
+    explicit DeviceFloats(int64_t n) : buf_(size_t(std::max<int64_t>(n, 1)) * 4), n_(n) {}
+    float* get() const { return buf_.as<float>(); }
     std::vector<float> download() const {
         std::vector<float> h(n_);
         ZG_CUDA_CHECK(cudaDeviceSynchronize());
-        ZG_CUDA_CHECK(cudaMemcpy(h.data(), p_, size_t(n_) * 4, cudaMemcpyDeviceToHost));
+        ZG_CUDA_CHECK(cudaMemcpy(h.data(), get(), size_t(n_) * 4, cudaMemcpyDeviceToHost));
         return h;
     }
     void upload(const std::vector<float>& h) {
         ZG_CHECK(int64_t(h.size()) == n_, "optimizer state has the wrong size");
-        ZG_CUDA_CHECK(cudaMemcpy(p_, h.data(), size_t(n_) * 4, cudaMemcpyHostToDevice));
+        ZG_CUDA_CHECK(cudaMemcpy(get(), h.data(), size_t(n_) * 4, cudaMemcpyHostToDevice));
         ZG_CUDA_CHECK(cudaDeviceSynchronize());  // the DMA from pageable memory has landed
     }
 
   private:
-    float* p_ = nullptr;
+    DeviceBuffer buf_;
     int64_t n_;
 };
 
