@@ -1,6 +1,7 @@
 // AdamW (decoupled weight decay, bias-corrected moments), as PyTorch's torch.optim.AdamW.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 namespace zgpt::cpu {
 
@@ -18,11 +19,25 @@ void adamw_update(T* params, const T* grads, T* m, T* v, int64_t n, const AdamWS
 
 }  // namespace zgpt::cpu
 
-// CUDA launcher (kernels/adamw.cu; CUDA builds only): the same update, fused over a contiguous
-// range of the fp32 master arena, optionally writing the bf16 working copy of the parameters.
+// CUDA launchers (kernels/adamw.cu; CUDA builds only): the same update over the fp32 master arena,
+// optionally writing the bf16 working copy of the parameters.
 struct CUstream_st;
 namespace zgpt::cuda {
 
+// A run of arena elements [begin, end) that share one weight-decay flag.
+struct AdamWSpan {
+    int64_t begin, end;
+    bool decay;
+};
+
+// The whole step in one launch (one per 128 spans): params, params_bf16 and grads are indexed by
+// arena element, m and v from `base` (the first element of the caller's range, as ZeRO-1 keeps
+// only its slice's moments). Spans with `decay` use s.weight_decay, the others none.
+void adamw_update(float* params, void* params_bf16, const float* grads, float* m, float* v,
+                  int64_t base, const std::vector<AdamWSpan>& spans, const cpu::AdamWStep& s,
+                  CUstream_st* stream);
+
+// n contiguous elements, all with s.weight_decay.
 void adamw_update(float* params, void* params_bf16, const float* grads, float* m, float* v,
                   int64_t n, const cpu::AdamWStep& s, CUstream_st* stream);
 

@@ -17,6 +17,26 @@ __global__ void encoder_forward_kernel(T* out, const int32_t* tokens, const T* w
     }
 }
 
+// The same sum, 16 bytes of channels a thread (C a multiple of the width, rows 16-byte aligned):
+// one index division per vector instead of per element.
+template <typename T>
+__global__ void encoder_forward_vec_kernel(T* out, const int32_t* tokens, const T* wte,
+                                           const T* wpe, int64_t BT, int64_t Tn, int64_t C) {
+    constexpr int W = 16 / sizeof(T);
+    const int64_t CW = C / W, stride = int64_t(gridDim.x) * blockDim.x;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < BT * CW; i += stride) {
+        const int64_t bt = i / CW, c = (i % CW) * W;
+        const uint4 a = *reinterpret_cast<const uint4*>(wte + int64_t(tokens[bt]) * C + c);
+        const uint4 b = *reinterpret_cast<const uint4*>(wpe + (bt % Tn) * C + c);
+        uint4 r;
+        const T *ea = reinterpret_cast<const T*>(&a), *eb = reinterpret_cast<const T*>(&b);
+        T* er = reinterpret_cast<T*>(&r);
+#pragma unroll
+        for (int k = 0; k < W; k++) er[k] = from_f<T>(to_f(ea[k]) + to_f(eb[k]));
+        *reinterpret_cast<uint4*>(out + bt * C + c) = r;
+    }
+}
+
 template <typename T>
 __global__ void add_positions_kernel(T* out, const float* rows, const T* wpe, int64_t BT,
                                      int64_t Tn, int64_t C) {
@@ -67,10 +87,20 @@ __global__ void wte_backward_kernel(float* dwte, const T* dout, const int32_t* t
 void encoder_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe, int64_t B,
                      int64_t Tn, int64_t C, DType t, CUstream_st* s) {
     ZG_CHECK(B > 0 && Tn > 0 && C > 0, "encoder_forward: sizes must be positive");
-    ZG_DISPATCH(t, T,
-                encoder_forward_kernel<T><<<grid_for(B * Tn * C, 256), 256, 0, s>>>(
+    const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    const bool vec = C % (16 / dtype_bytes(t)) == 0 && aligned(out) && aligned(wte) && aligned(wpe);
+    ZG_DISPATCH(t, T, {
+        if (vec) {
+            encoder_forward_vec_kernel<T>
+                <<<grid_for(B * Tn * C / (16 / sizeof(T)), 256), 256, 0, s>>>(
                     static_cast<T*>(out), tokens, static_cast<const T*>(wte),
-                    static_cast<const T*>(wpe), B * Tn, Tn, C));
+                    static_cast<const T*>(wpe), B * Tn, Tn, C);
+        } else {
+            encoder_forward_kernel<T><<<grid_for(B * Tn * C, 256), 256, 0, s>>>(
+                static_cast<T*>(out), tokens, static_cast<const T*>(wte),
+                static_cast<const T*>(wpe), B * Tn, Tn, C);
+        }
+    });
     ZG_LAUNCH_CHECK();
 }
 

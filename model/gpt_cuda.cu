@@ -601,8 +601,10 @@ double GptCuda::grad_norm() {
 
 double GptCuda::grad_sum_of_squares(int64_t lo, int64_t hi) {
     ZG_CHECK(0 <= lo && lo <= hi && hi <= num_parameters(), "grad_sum_of_squares: bad range");
+    impl_->tick(nullptr);
     cuda::sum_of_squares(impl_->norm_out.as<double>(), impl_->grads.as<float>() + lo, hi - lo,
                          impl_->norm_scratch.get(), impl_->stream);
+    impl_->tick("gradient norm");
     double s = 0;
     ZG_CUDA_CHECK(cudaMemcpyAsync(&s, impl_->norm_out.get(), sizeof s, cudaMemcpyDeviceToHost,
                                   impl_->stream));
@@ -631,23 +633,23 @@ void GptCuda::adamw_step_range(double lr, double beta1, double beta2, double eps
     s.eps = eps;
     s.t = t;
     s.grad_scale = grad_scale;
-    // Runs of consecutive tensors with the same decay flag: one launch each.
-    const auto& specs = im.layout.table.specs();
-    for (size_t i = 0; i < specs.size();) {
-        size_t j = i;
-        int64_t n = 0;
-        while (j < specs.size() && specs[j].decay == specs[i].decay) n += specs[j++].numel;
-        s.weight_decay = specs[i].decay ? weight_decay : 0.0;
-        // this run of tensors inside [lo, hi)
-        const int64_t off = std::max(specs[i].offset, lo);
-        const int64_t end = std::min(specs[i].offset + n, hi);
-        i = j;
+    s.weight_decay = weight_decay;
+    // The tensors inside [lo, hi), each with its decay flag: one launch for all of them.
+    std::vector<cuda::AdamWSpan> spans;
+    for (const auto& spec : im.layout.table.specs()) {
+        const int64_t off = std::max(spec.offset, lo), end = std::min(spec.offset + spec.numel, hi);
         if (off >= end) continue;
-        void* p16 = im.t == DType::bf16 ? static_cast<void*>(im.params16.as<Impl::bf16_t>() + off)
-                                        : nullptr;
-        cuda::adamw_update(im.params.as<float>() + off, p16, im.grads.as<float>() + off,
-                           m + (off - lo), v + (off - lo), end - off, s, im.stream);
+        if (!spans.empty() && spans.back().decay == spec.decay && spans.back().end == off) {
+            spans.back().end = end;  // runs of same-decay tensors as one span
+        } else {
+            spans.push_back({off, end, spec.decay});
+        }
     }
+    void* p16 = im.t == DType::bf16 ? static_cast<void*>(im.params16.as<Impl::bf16_t>()) : nullptr;
+    im.tick(nullptr);
+    cuda::adamw_update(im.params.as<float>(), p16, im.grads.as<float>(), m, v, lo, spans, s,
+                       im.stream);
+    im.tick("adamw");
 }
 
 std::vector<float> GptCuda::logits() const {

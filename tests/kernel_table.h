@@ -62,7 +62,7 @@ void qk_layernorm(const HeadsDims& s, DType t);
 void encoder(const EncoderDims& s, DType t);
 void gelu(int64_t n, DType t);
 void residual(int64_t n, DType t, DType res_t);
-void adamw(int64_t n);
+void adamw(int64_t n, int64_t base, int nspans);
 void global_norm(int64_t n);
 
 }  // namespace gpu

@@ -351,7 +351,8 @@ void qk_layernorm_rows(std::vector<Row>& rows) {
 
 void encoder_rows(std::vector<Row>& rows) {
     for (DType t : kTypes)
-        for (const EncoderDims& s : {EncoderDims{3, 7, 37, 11}, {4, 64, 769, 101}})
+        for (const EncoderDims& s :
+             {EncoderDims{3, 7, 37, 11}, {4, 64, 769, 101}, {2, 33, 768, 50}})
             rows.push_back({"encoder", "cuda",
                             dims({{"B", s.B}, {"T", s.T}, {"C", s.C}, {"V", s.V}}), dtype_name(t),
                             true, GPU_CHECK(gpu::encoder(s, t))});
@@ -377,8 +378,10 @@ void residual_rows(std::vector<Row>& rows) {
 
 void adamw_rows(std::vector<Row>& rows) {
     const int64_t n = 100003;
-    rows.push_back(
-        {"adamw", "cuda", dims({{"n", n}}), "fp32, bf16 copy", true, GPU_CHECK(gpu::adamw(n))});
+    // one span; 99 spans (the trainer's GPT-2 table); 300 spans (three launches); an odd base
+    for (auto [base, spans] : {std::pair<int64_t, int>{0, 1}, {0, 99}, {0, 300}, {5, 7}})
+        rows.push_back({"adamw", "cuda", dims({{"n", n}, {"base", base}, {"spans", spans}}),
+                        "fp32, bf16 copy", true, GPU_CHECK(gpu::adamw(n, base, spans))});
 }
 
 void global_norm_rows(std::vector<Row>& rows) {
