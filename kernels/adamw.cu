@@ -66,8 +66,11 @@ __global__ void __launch_bounds__(kThreads)
     const double decay = t.decay[s] ? c.decay : 1.0;
     const int64_t va = vec ? std::min<int64_t>(b, (a + 3) & ~int64_t(3)) : b;
     const int64_t vb = va + ((b - va) & ~int64_t(3));
-    if (a + threadIdx.x < va) update_one(p, p16, g, m, v, a + threadIdx.x, base, decay, c);
-    if (vb + threadIdx.x < b) update_one(p, p16, g, m, v, vb + threadIdx.x, base, decay, c);
+    // the scalar head and tail (the whole chunk where `vec` is false)
+    for (int64_t i = a + threadIdx.x; i < va; i += kThreads)
+        update_one(p, p16, g, m, v, i, base, decay, c);
+    for (int64_t i = vb + threadIdx.x; i < b; i += kThreads)
+        update_one(p, p16, g, m, v, i, base, decay, c);
 #pragma unroll 2
     for (int64_t i = va + 4 * int64_t(threadIdx.x); i < vb; i += 4 * kThreads) {
         float4 pp = *reinterpret_cast<const float4*>(p + i);
