@@ -1,8 +1,9 @@
-// Times training steps of the CUDA trainer on random tokens: tokens/s, MFU, device memory and the
-// loss head's share of the step (CUDA events around the LM-head matmuls and the cross-entropy).
+// Times training steps of the CUDA trainer on random tokens (or a token shard's, --data): tokens/s,
+// MFU, device memory and the loss head's share of the step (CUDA events around the LM-head matmuls
+// and the cross-entropy).
 //
 //   bench_train -c configs/gpt2-124m.yaml [--set kernels.cross_entropy=fused_linear]
-//               [--steps 40] [--from 10] [--out result.json]
+//               [--steps 40] [--from 10] [--data train_000000.bin] [--out result.json]
 //
 // A step is what the trainer does: zero_grad, forward + loss + backward per micro-batch, the
 // global grad norm, clipping and AdamW, then a device sync. Steps --from..--steps are averaged.
@@ -14,7 +15,9 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
+#include "data/shard.h"
 #include "kernels/cuda_check.h"
 #include "kernels/cuda_device.h"
 #include "kernels/global_norm.h"
@@ -44,6 +47,11 @@ int main(int argc, char** argv) {
     app.add_option("--head-chunks", head_chunks,
                    "row chunks of the pipelined loss head (1: in one piece)");
     app.add_flag("--ops", ops, "time each op family (an event after every op) in one extra step");
+    std::string data;
+    app.add_option("--data", data,
+                   "a token shard (prepare_data's .bin): consecutive windows of its text instead "
+                   "of random tokens (real text repeats tokens, which random tokens do not)")
+        ->check(CLI::ExistingFile);
     CLI11_PARSE(app, argc, argv);
     try {
         Config cfg = load_config(config_path, overrides);
@@ -75,6 +83,13 @@ int main(int argc, char** argv) {
         Rng rng(uint64_t(cfg.train.seed));
         // one row of B * T + 1 tokens per micro-batch
         std::vector<int32_t> x(size_t(cfg.train.grad_accum) * size_t(B * T + 1));
+        std::optional<TokenShard> shard;
+        int64_t shard_pos = 0;
+        if (!data.empty()) {
+            shard.emplace(data);
+            shard->check_vocab(cfg.model.vocab_size);
+            ZG_CHECK(shard->size() > 0, data + ": no tokens");
+        }
         std::vector<double> step_ms, head_ms;
         double loss = 0;
         nlohmann::json op_table = nlohmann::json::array();
@@ -87,7 +102,11 @@ int main(int argc, char** argv) {
             model.set_op_profiling(op_step);
             // The tokens are drawn before the clock starts: they stand for a data loader that
             // prepares the next batch while the GPU works (drawing 65,537 of them takes ~0.2 ms).
-            for (auto& t : x) t = int32_t(rng.below(uint64_t(cfg.model.vocab_size)));
+            if (shard) {
+                for (auto& t : x) t = int32_t((*shard)[shard_pos++ % shard->size()]);
+            } else {
+                for (auto& t : x) t = int32_t(rng.below(uint64_t(cfg.model.vocab_size)));
+            }
             ZG_CUDA_CHECK(cudaDeviceSynchronize());
             const auto t0 = std::chrono::steady_clock::now();
             model.zero_grad();
@@ -157,6 +176,7 @@ int main(int argc, char** argv) {
             nlohmann::json j{{"gpu", dev.name},
                              {"config", config_path},
                              {"overrides", overrides},
+                             {"data", data.empty() ? "random tokens" : data},
                              {"batch", B},
                              {"seq_len", T},
                              {"vocab_size", cfg.model.vocab_size},
