@@ -1,4 +1,4 @@
-#include <numeric>
+#include <algorithm>
 
 #include "kernels/cuda_common.cuh"
 #include "kernels/encoder.h"
@@ -68,16 +68,33 @@ __global__ void wpe_backward_kernel(float* dwpe, const T* dout, int64_t B, int64
     }
 }
 
-// One block per distinct token; threads over channels; positions summed in order.
+// One block per bucket entry; threads over channels; the entry's positions summed in order,
+// into the token's gradient row (its only entry) or into the entry's row of partials.
 template <typename T>
-__global__ void wte_backward_kernel(float* dwte, const T* dout, const int32_t* token,
-                                    const int32_t* offset, const int32_t* position, int64_t C) {
+__global__ void wte_backward_kernel(float* dwte, float* partials, const T* dout,
+                                    const int32_t* token, const int32_t* offset,
+                                    const int32_t* position, const int32_t* slot, int64_t C) {
     const int64_t i = blockIdx.x;
     const int32_t begin = offset[i], end = offset[i + 1];
-    float* row = dwte + int64_t(token[i]) * C;
+    float* row = slot[i] < 0 ? dwte + int64_t(token[i]) * C : partials + int64_t(slot[i]) * C;
+    const bool add = slot[i] < 0;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
         float acc = 0;
+#pragma unroll 4
         for (int32_t p = begin; p < end; p++) acc += to_f(dout[int64_t(position[p]) * C + c]);
+        row[c] = add ? row[c] + acc : acc;
+    }
+}
+
+// One block per split token: its entries' partials added into its row, in entry order.
+__global__ void wte_merge_kernel(float* dwte, const float* partials, const int32_t* token,
+                                 const int32_t* offset, int64_t C) {
+    const int64_t j = blockIdx.x;
+    float* row = dwte + int64_t(token[j]) * C;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+        float acc = 0;
+#pragma unroll 4
+        for (int32_t k = offset[j]; k < offset[j + 1]; k++) acc += partials[int64_t(k) * C + c];
         row[c] += acc;
     }
 }
@@ -123,35 +140,55 @@ void lookup_rows_in_shard(float* out, const int32_t* tokens, int64_t n, const vo
 }
 
 TokenBuckets bucket_tokens(const int32_t* tokens, int64_t n) {
-    ZG_CHECK(n >= 0 && n < INT32_MAX, "bucket_tokens: too many positions");
-    std::vector<int32_t> order(n);
-    std::iota(order.begin(), order.end(), 0);
+    ZG_CHECK(n >= 0 && n < INT32_MAX / 2, "bucket_tokens: too many positions");
+    std::vector<int32_t> order;
+    order.reserve(n);
+    for (int32_t i = 0; i < int32_t(n); i++)
+        if (tokens[i] >= 0) order.push_back(i);
     std::stable_sort(order.begin(), order.end(),
                      [&](int32_t a, int32_t b) { return tokens[a] < tokens[b]; });
     TokenBuckets r;
     r.position = std::move(order);
-    for (int64_t i = 0; i < n; i++) {
-        if (i == 0 || tokens[r.position[i]] != tokens[r.position[i - 1]]) {
-            r.token.push_back(tokens[r.position[i]]);
-            r.offset.push_back(int32_t(i));
+    const int32_t m = int32_t(r.position.size());
+    int32_t slots = 0;
+    for (int32_t a = 0; a < m;) {  // the run of one token: [a, b)
+        int32_t b = a + 1;
+        while (b < m && tokens[r.position[b]] == tokens[r.position[a]]) b++;
+        const int32_t tok = tokens[r.position[a]];
+        const bool split = b - a > kBucketSegment;
+        if (split) {
+            r.merge_token.push_back(tok);
+            r.merge_offset.push_back(slots);
         }
+        for (int32_t e = a; e < b; e += kBucketSegment) {
+            r.token.push_back(tok);
+            r.offset.push_back(e);
+            r.slot.push_back(split ? slots++ : -1);
+        }
+        a = b;
     }
-    r.offset.push_back(int32_t(n));
+    r.offset.push_back(m);
+    r.merge_offset.push_back(slots);
     return r;
 }
 
-void encoder_backward(float* dwte, float* dwpe, const void* dout, const int32_t* d_token,
-                      const int32_t* d_offset, const int32_t* d_position, int64_t n_distinct,
+void encoder_backward(float* dwte, float* dwpe, const void* dout, const DeviceBuckets& bk,
                       int64_t B, int64_t Tn, int64_t C, DType t, CUstream_st* s) {
     ZG_DISPATCH(t, T, {
         if (dwpe)
             wpe_backward_kernel<T>
                 <<<grid_for(Tn * C, 256), 256, 0, s>>>(dwpe, static_cast<const T*>(dout), B, Tn, C);
-        if (dwte && n_distinct > 0)
-            wte_backward_kernel<T><<<int(n_distinct), 256, 0, s>>>(
-                dwte, static_cast<const T*>(dout), d_token, d_offset, d_position, C);
+        if (dwte && bk.entries > 0)
+            wte_backward_kernel<T>
+                <<<int(bk.entries), 256, 0, s>>>(dwte, bk.partials, static_cast<const T*>(dout),
+                                                 bk.token, bk.offset, bk.position, bk.slot, C);
     });
     ZG_LAUNCH_CHECK();
+    if (dwte && bk.merged > 0) {
+        wte_merge_kernel<<<int(bk.merged), 256, 0, s>>>(dwte, bk.partials, bk.merge_token,
+                                                        bk.merge_offset, C);
+        ZG_LAUNCH_CHECK();
+    }
 }
 
 }  // namespace zgpt::cuda

@@ -136,12 +136,12 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
     targets = DeviceBuffer(BT * 4);
     // the wte gradient's buckets: of this rank's tokens, or of the group's in this shard
     const int64_t NB = vgroup.size * BT;
-    bucket_token = DeviceBuffer(NB * 4);
-    bucket_offset = DeviceBuffer((NB + 1) * 4);
-    bucket_position = DeviceBuffer(NB * 4);
+    // six arrays of at most NB + 1 ints: token, offset, position, slot, merge_token, merge_offset
+    bucket_ints = DeviceBuffer(6 * (NB + 1) * 4);
+    bucket_partials = f32(cuda::bucket_partial_rows(NB) * C);
     h_tokens = PinnedBuffer<int32_t>(NB);
     h_targets = PinnedBuffer<int32_t>(BT);
-    h_bucket = PinnedBuffer<int32_t>(3 * NB + 1);
+    h_bucket = PinnedBuffer<int32_t>(6 * (NB + 1));
     h_grad_out = PinnedBuffer<float>(1);
     h_summary = PinnedBuffer<cuda::LossSummaryF>(kMaxHeadChunks);
     branch_out = act(BT * C);
@@ -362,22 +362,24 @@ void GptCuda::Impl::embed_from_shards() {
 
 void GptCuda::Impl::upload_buckets() {
     const int64_t n = int64_t(last_tokens.size());
-    cuda::TokenBuckets bk = cuda::bucket_tokens(last_tokens.data(), n);
-    if (!bk.token.empty() && bk.token[0] < 0) {  // other shards' tokens: sorted first, dropped
-        bk.token.erase(bk.token.begin());
-        bk.offset.erase(bk.offset.begin());
+    // other shards' tokens (-1) get no entry
+    const cuda::TokenBuckets bk = cuda::bucket_tokens(last_tokens.data(), n);
+    const std::vector<int32_t>* arrays[6] = {&bk.token, &bk.offset,      &bk.position,
+                                             &bk.slot,  &bk.merge_token, &bk.merge_offset};
+    const int32_t* dev[6];
+    for (int k = 0; k < 6; k++) {
+        const std::vector<int32_t>& a = *arrays[k];
+        ZG_CHECK(int64_t(a.size()) <= n + 1, "upload_buckets: more entries than positions");
+        int32_t* h = h_bucket.get() + k * (n + 1);
+        int32_t* d = bucket_ints.as<int32_t>() + k * (n + 1);
+        std::copy(a.begin(), a.end(), h);
+        if (!a.empty())
+            ZG_CUDA_CHECK(cudaMemcpyAsync(d, h, a.size() * 4, cudaMemcpyHostToDevice, stream));
+        dev[k] = d;
     }
-    n_distinct = int64_t(bk.token.size());
-    int32_t* h = h_bucket.get();
-    std::copy(bk.token.begin(), bk.token.end(), h);
-    std::copy(bk.offset.begin(), bk.offset.end(), h + n);
-    std::copy(bk.position.begin(), bk.position.end(), h + 2 * n + 1);
-    ZG_CUDA_CHECK(
-        cudaMemcpyAsync(bucket_token.get(), h, n_distinct * 4, cudaMemcpyHostToDevice, stream));
-    ZG_CUDA_CHECK(cudaMemcpyAsync(bucket_offset.get(), h + n, (n_distinct + 1) * 4,
-                                  cudaMemcpyHostToDevice, stream));
-    ZG_CUDA_CHECK(cudaMemcpyAsync(bucket_position.get(), h + 2 * n + 1, n * 4,
-                                  cudaMemcpyHostToDevice, stream));
+    buckets = {dev[0],       dev[1],      dev[2],
+               dev[3],       dev[4],      dev[5],
+               bk.entries(), bk.merged(), bucket_partials.as<float>()};
 }
 
 void GptCuda::Impl::announce_block_grads(int64_t l) {
@@ -480,17 +482,14 @@ void GptCuda::Impl::backward() {
     if (vgroup.size > 1) {
         // wpe from this rank's rows; wte: the group's row gradients, of the tokens this
         // shard holds (vp_h is free once the head is done)
-        cuda::encoder_backward(nullptr, g(layout.wpe), dres.get(), nullptr, nullptr, nullptr, 0, B,
-                               Tn, C, rt, stream);
+        cuda::encoder_backward(nullptr, g(layout.wpe), dres.get(), {}, B, Tn, C, rt, stream);
         ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
         vgroup.all_gather(dres.get(), vp_h.get(), BT * C * int64_t(res_es));
-        cuda::encoder_backward(g(layout.wte), nullptr, vp_h.get(), bucket_token.as<int32_t>(),
-                               bucket_offset.as<int32_t>(), bucket_position.as<int32_t>(),
-                               n_distinct, vgroup.size * B, Tn, C, rt, stream);
+        cuda::encoder_backward(g(layout.wte), nullptr, vp_h.get(), buckets, vgroup.size * B, Tn, C,
+                               rt, stream);
     } else {
-        cuda::encoder_backward(g(layout.wte), g(layout.wpe), dres.get(), bucket_token.as<int32_t>(),
-                               bucket_offset.as<int32_t>(), bucket_position.as<int32_t>(),
-                               n_distinct, B, Tn, C, rt, stream);
+        cuda::encoder_backward(g(layout.wte), g(layout.wpe), dres.get(), buckets, B, Tn, C, rt,
+                               stream);
     }
     tick("encoder bwd");
     if (overlapping()) {  // the gradients are complete when the main stream goes on
@@ -509,13 +508,11 @@ size_t GptCuda::Impl::allocated() const {
               &a.k_rstd, &a.qkv, &a.att_saved, &a.atty, &a.res_attn, &a.ln2, &a.ln2_mean,
               &a.ln2_rstd, &a.fch, &a.fch_gelu})
             s += b->bytes();
-    for (const DeviceBuffer* b : {&lnf,          &lnf_mean,      &lnf_rstd,
-                                  &logits,       &tokens,        &targets,
-                                  &bucket_token, &bucket_offset, &bucket_position,
-                                  &branch_out,   &dres,          &dres_act,
-                                  &dtmp,         &dqkv,          &dfch,
-                                  &gelu_tmp,     &att_scratch,   &ln_scratch,
-                                  &bias_scratch, &qkv_colsums,   &ce_workspace})
+    for (const DeviceBuffer* b : {&lnf,        &lnf_mean,     &lnf_rstd,    &logits,
+                                  &tokens,     &targets,      &bucket_ints, &bucket_partials,
+                                  &branch_out, &dres,         &dres_act,    &dtmp,
+                                  &dqkv,       &dfch,         &gelu_tmp,    &att_scratch,
+                                  &ln_scratch, &bias_scratch, &qkv_colsums, &ce_workspace})
         s += b->bytes();
     for (const DeviceBuffer* b : {&vp_h, &vp_y, &vp_logits, &vp_stats, &vp_gathered, &vp_params,
                                   &vp_nvalid, &vp_rows, &vp_dh_all, &vp_dh, &vp_summary})

@@ -81,9 +81,11 @@ struct GptCuda::Impl {
     std::vector<Layer> layers;
     DeviceBuffer lnf, lnf_mean, lnf_rstd, logits;
     DeviceBuffer tokens, targets, grad_out, summary;
-    DeviceBuffer bucket_token, bucket_offset, bucket_position;
-    int64_t n_distinct = 0;
-    PinnedBuffer<int32_t> h_tokens, h_targets, h_bucket;  // h_bucket: token, offset, position
+    // the wte gradient's buckets (cuda::TokenBuckets): their six arrays in one buffer, at
+    // bucket_at(), on the device and in pinned host memory; the partials of split tokens
+    DeviceBuffer bucket_ints, bucket_partials;
+    cuda::DeviceBuckets buckets;
+    PinnedBuffer<int32_t> h_tokens, h_targets, h_bucket;
     PinnedBuffer<float> h_grad_out;
     PinnedBuffer<cuda::LossSummaryF> h_summary;
     std::vector<int32_t> last_tokens;

@@ -490,11 +490,13 @@ void dgelu_bias_grad(int64_t M, int64_t K, int64_t N) {
 }
 
 void encoder(const EncoderDims& s, DType t) {
-    // wte rows summed per token, in order; tokens repeat (ids below 5) and one is the last id
+    // wte rows summed per token, in order; tokens repeat (ids below 5, half the positions id 1,
+    // so that at B x T = 2048 every token's positions are split over several bucket entries and
+    // added from partials) and one is the last id
     const int64_t B = s.B, T = s.T, C = s.C, V = s.V;
     Rng rng(seed_of({B, T, C, V, int64_t(t)}));
     std::vector<int32_t> tok(B * T);
-    for (auto& x : tok) x = int32_t(rng.next_u64() % 5);
+    for (auto& x : tok) x = rng.next_u64() % 2 ? 1 : int32_t(rng.next_u64() % 5);
     tok[4] = int32_t(V - 1);
     const auto wte = rnd(rng, V * C, t), wpe = rnd(rng, T * C, t), dout = rnd(rng, B * T * C, t);
     std::vector<double> out(B * T * C), dwte(V * C, 0.5), dwpe(T * C, 0.25);
@@ -505,9 +507,13 @@ void encoder(const EncoderDims& s, DType t) {
     cpu::encoder_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
     check_close("out", d_out.get(), out, t);
     const cuda::TokenBuckets bk = cuda::bucket_tokens(tok.data(), B * T);
-    const DevInts bt(bk.token), bo(bk.offset), bp(bk.position);
-    cuda::encoder_backward(g_wte.f(), g_wpe.f(), d_dout.p, bt.p(), bo.p(), bp.p(),
-                           int64_t(bk.token.size()), B, T, C, t, nullptr);
+    if (B * T >= 2048) CHECK(bk.merged() == 5);  // every token split over entries
+    const DevInts bt(bk.token), bo(bk.offset), bp(bk.position), bs(bk.slot), mt(bk.merge_token),
+        mo(bk.merge_offset);
+    DevT partials(DType::f32, cuda::bucket_partial_rows(B * T) * C);
+    const cuda::DeviceBuckets dbk{bt.p(), bo.p(),       bp.p(),      bs.p(),      mt.p(),
+                                  mo.p(), bk.entries(), bk.merged(), partials.f()};
+    cuda::encoder_backward(g_wte.f(), g_wpe.f(), d_dout.p, dbk, B, T, C, t, nullptr);
     cpu::encoder_backward(dwte.data(), dwpe.data(), dout.data(), tok.data(), B, T, C);
     check_close("dwte", g_wte.get(), dwte, DType::f32);
     check_close("dwpe", g_wpe.get(), dwpe, DType::f32);

@@ -352,7 +352,7 @@ void qk_layernorm_rows(std::vector<Row>& rows) {
 void encoder_rows(std::vector<Row>& rows) {
     for (DType t : kTypes)
         for (const EncoderDims& s :
-             {EncoderDims{3, 7, 37, 11}, {4, 64, 769, 101}, {2, 33, 768, 50}})
+             {EncoderDims{3, 7, 37, 11}, {4, 64, 769, 101}, {2, 33, 768, 50}, {4, 512, 72, 9}})
             rows.push_back({"encoder", "cuda",
                             dims({{"B", s.B}, {"T", s.T}, {"C", s.C}, {"V", s.V}}), dtype_name(t),
                             true, GPU_CHECK(gpu::encoder(s, t))});
