@@ -163,9 +163,9 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
     const size_t ws =
         linear_ce && sharded
             ? cuda::linear_ce_shard_workspace_bytes(vgroup.size * BT, C, shard_rows(vgroup.rank),
-                                                    linear_ce_tuning(k))
+                                                    model_linear_ce_tuning(k))
         : linear_ce
-            ? linear_ce->workspace_bytes(BT, C, cfg.vocab_size, linear_ce_tuning(k))
+            ? linear_ce->workspace_bytes(BT, C, cfg.vocab_size, model_linear_ce_tuning(k))
             : ce->workspace_bytes(
                   BT, Vp, t == DType::bf16 ? cuda::LogitsType::bf16 : cuda::LogitsType::f32);
     ce_workspace = DeviceBuffer(ws);

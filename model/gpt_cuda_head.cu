@@ -36,7 +36,7 @@ CrossEntropySummary GptCuda::Impl::loss(const int32_t* host_targets, const Cross
         a.targets = targets.as<int32_t>();
         a.grad_output = grad_out.as<float>();
         a.summary = sum;
-        a.tuning = linear_ce_tuning(opt.kernels);
+        a.tuning = model_linear_ce_tuning(opt.kernels);
         if (compute_grad) {
             a.dhidden = dtmp.get();
             a.dweight_acc = g(layout.lm_head);
@@ -132,7 +132,7 @@ CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bo
         la.targets = y_all;
         la.grad_output = a.grad_output;
         la.summary = a.summary;
-        la.tuning = linear_ce_tuning(opt.kernels);  // (shards ignore rows_outer)
+        la.tuning = model_linear_ce_tuning(opt.kernels);  // (shards ignore rows_outer)
         if (compute_grad) la.dweight_acc = dW;
         cuda::linear_ce_shard_stats(stats, la, o, ce_workspace.get(), stream);
     } else {

@@ -20,6 +20,13 @@ cuda::LinearCrossEntropyTuning linear_ce_tuning(const KernelChoice& k) {
     return t;
 }
 
+cuda::LinearCrossEntropyTuning model_linear_ce_tuning(const KernelChoice& k) {
+    cuda::LinearCrossEntropyTuning t = linear_ce_tuning(k);
+    if (t.row_block == 0) t.row_block = kModelLinearCeRowBlock;
+    if (t.chunk_mb == 0) t.chunk_mb = kModelLinearCeChunkMb;
+    return t;
+}
+
 void validate(const ModelConfig& c) {
     ZG_CHECK(c.n_layer > 0 && c.n_head > 0 && c.n_embd > 0 && c.block_size > 0,
              "model sizes must be positive");

@@ -241,6 +241,11 @@ TEST_CASE("the kernels' tuning keys: overrides, nested YAML, sets, variants, rou
                     {"kernels.cross_entropy_tuning.smem_kb=96", "kernels.linear_ce_chunk_mb=24"});
     CHECK(b.kernels.cross_entropy_tuning.smem_kb == 96);
     CHECK(linear_ce_tuning(b.kernels).chunk_mb == 24);
+    // the model's tiles: keys left 0 take the trainer's, keys set are kept
+    CHECK(model_linear_ce_tuning(b.kernels).chunk_mb == 24);
+    CHECK(model_linear_ce_tuning(b.kernels).row_block == kModelLinearCeRowBlock);
+    CHECK(linear_ce_tuning(b.kernels).row_block == 0);  // bench_ce: the kernels' own default
+    CHECK(model_linear_ce_tuning(Config{}.kernels).chunk_mb == kModelLinearCeChunkMb);
     CHECK_THROWS_WITH_AS(apply_overrides(b, {"kernels.attention_tuning.fwd_m_tiles=3"}),
                          doctest::Contains("kernels.attention_tuning.fwd_m_tiles: value 3 is out "
                                            "of range [0, 2]"),

@@ -151,16 +151,18 @@ std::vector<ConfigField> config_fields(Config& c) {
     // one key per registered family (kernels/registry.h), its variants the allowed values
     for (const KernelFamily& f : kernel_families())
         add({"kernels", f.name, f.help, &kernel_choice(k, f.name), 0, 0, false, false, f.variants});
-    add({"kernels", "linear_ce_row_block", "fused_linear: rows per tile (0: 8192)",
+    add({"kernels", "linear_ce_row_block",
+         "fused_linear: rows per tile (0: 16384 in training, 8192 in bench_ce)",
          &k.linear_ce_row_block, 0, 1 << 30});
     add({"kernels", "linear_ce_vocab_chunk",
-         "fused_linear: vocabulary columns per tile (0: a 48 MB tile of bf16 logits)",
+         "fused_linear: vocabulary columns per tile (0: from linear_ce_chunk_mb)",
          &k.linear_ce_vocab_chunk, 0, 1 << 30});
     add({"kernels", "linear_ce_rows_outer",
          "fused_linear: each row block's whole head before the next (with linear_ce_row_block)",
          &k.linear_ce_rows_outer});
     add({"kernels", "linear_ce_chunk_mb",
-         "fused_linear: MB of bf16 logits per tile, with linear_ce_vocab_chunk 0 (0: 48)",
+         "fused_linear: MB of bf16 logits per tile, with linear_ce_vocab_chunk 0 (0: 192 in "
+         "training, 48 in bench_ce)",
          &k.linear_ce_chunk_mb, 0, 1 << 20});
     add({"kernels", "matmul_search",
          "cuBLASLt GEMMs: candidate algorithms timed at the first use of each shape, the "
