@@ -142,6 +142,7 @@ void adamw_update(float* params, void* params_bf16, const float* grads, float* m
 
 void adamw_update(float* params, void* params_bf16, const float* grads, float* m, float* v,
                   int64_t n, const cpu::AdamWStep& s, CUstream_st* stream) {
+    if (n <= 0) return;
     adamw_update(params, params_bf16, grads, m, v, 0, {{0, n, true}}, s, stream);
 }
 

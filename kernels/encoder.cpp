@@ -1,5 +1,9 @@
 #include "kernels/encoder.h"
 
+#include <algorithm>
+
+#include "kernels/check.h"
+
 namespace zgpt::cpu {
 
 template <typename T>
@@ -56,3 +60,42 @@ template void encoder_backward<double>(double*, double*, const double*, const in
                                        int64_t, int64_t);
 
 }  // namespace zgpt::cpu
+
+namespace zgpt::cuda {
+
+// Host code (the CUDA kernels' plan), in every build so that the CPU tests check it.
+TokenBuckets bucket_tokens(const int32_t* tokens, int64_t n) {
+    ZG_CHECK(n >= 0 && n < INT32_MAX, "bucket_tokens: too many positions");
+    std::vector<int32_t> order;
+    order.reserve(n);
+    for (int32_t i = 0; i < int32_t(n); i++)
+        if (tokens[i] >= 0) order.push_back(i);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return tokens[a] < tokens[b]; });
+    TokenBuckets r;
+    r.position = std::move(order);
+    const int32_t m = int32_t(r.position.size());
+    int32_t slots = 0;
+    for (int32_t a = 0; a < m;) {  // the run of one token: [a, b)
+        int32_t b = a + 1;
+        while (b < m && tokens[r.position[b]] == tokens[r.position[a]]) b++;
+        const int32_t tok = tokens[r.position[a]];
+        const bool split = b - a > kBucketSegment;
+        if (split) {
+            r.merge_token.push_back(tok);
+            r.merge_offset.push_back(slots);
+        }
+        for (int32_t e = a; e < b; e += kBucketSegment) {
+            r.token.push_back(tok);
+            r.offset.push_back(e);
+            r.slot.push_back(split ? slots++ : -1);
+        }
+        a = b;
+    }
+    r.offset.push_back(m);
+    r.merge_offset.push_back(slots);
+    ZG_CHECK(slots <= bucket_partial_rows(n), "bucket_tokens: more partials than the bound");
+    return r;
+}
+
+}  // namespace zgpt::cuda

@@ -1,5 +1,3 @@
-#include <algorithm>
-
 #include "kernels/cuda_common.cuh"
 #include "kernels/encoder.h"
 
@@ -137,39 +135,6 @@ void lookup_rows_in_shard(float* out, const int32_t* tokens, int64_t n, const vo
                 lookup_rows_kernel<T><<<grid_for(n * C, 256), 256, 0, s>>>(
                     out, tokens, n, static_cast<const T*>(table), v0, rows, C));
     ZG_LAUNCH_CHECK();
-}
-
-TokenBuckets bucket_tokens(const int32_t* tokens, int64_t n) {
-    ZG_CHECK(n >= 0 && n < INT32_MAX / 2, "bucket_tokens: too many positions");
-    std::vector<int32_t> order;
-    order.reserve(n);
-    for (int32_t i = 0; i < int32_t(n); i++)
-        if (tokens[i] >= 0) order.push_back(i);
-    std::stable_sort(order.begin(), order.end(),
-                     [&](int32_t a, int32_t b) { return tokens[a] < tokens[b]; });
-    TokenBuckets r;
-    r.position = std::move(order);
-    const int32_t m = int32_t(r.position.size());
-    int32_t slots = 0;
-    for (int32_t a = 0; a < m;) {  // the run of one token: [a, b)
-        int32_t b = a + 1;
-        while (b < m && tokens[r.position[b]] == tokens[r.position[a]]) b++;
-        const int32_t tok = tokens[r.position[a]];
-        const bool split = b - a > kBucketSegment;
-        if (split) {
-            r.merge_token.push_back(tok);
-            r.merge_offset.push_back(slots);
-        }
-        for (int32_t e = a; e < b; e += kBucketSegment) {
-            r.token.push_back(tok);
-            r.offset.push_back(e);
-            r.slot.push_back(split ? slots++ : -1);
-        }
-        a = b;
-    }
-    r.offset.push_back(m);
-    r.merge_offset.push_back(slots);
-    return r;
 }
 
 void encoder_backward(float* dwte, float* dwpe, const void* dout, const DeviceBuckets& bk,

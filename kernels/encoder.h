@@ -44,7 +44,8 @@ struct TokenBuckets {
     std::vector<int32_t> position;     // grouped by token, in position order
     std::vector<int32_t> slot;         // per entry: -1 (the token's only entry) or its partials row
     std::vector<int32_t> merge_token;  // the tokens split over entries
-    std::vector<int32_t> merge_offset;  // merge_token[j]'s partials rows: [offset[j], offset[j+1])
+    std::vector<int32_t>
+        merge_offset;  // merge_token[j]'s partials rows: [merge_offset[j], merge_offset[j+1])
     int64_t entries() const { return int64_t(token.size()); }
     int64_t merged() const { return int64_t(merge_token.size()); }
 };
@@ -53,7 +54,7 @@ struct TokenBuckets {
 inline int64_t bucket_partial_rows(int64_t n) {
     return 2 * n / kBucketSegment + 1;
 }
-// Negative tokens (a vocabulary shard's "not mine") get no entry.
+// Negative tokens (a vocabulary shard's "not mine") get no entry. Host code, in every build.
 TokenBuckets bucket_tokens(const int32_t* tokens, int64_t n);
 
 // out[b,t,:] = token_rows[b,t,:] (fp32) + wpe[t,:], rounded once to `t`: the same values as

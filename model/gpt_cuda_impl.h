@@ -81,8 +81,9 @@ struct GptCuda::Impl {
     std::vector<Layer> layers;
     DeviceBuffer lnf, lnf_mean, lnf_rstd, logits;
     DeviceBuffer tokens, targets, grad_out, summary;
-    // the wte gradient's buckets (cuda::TokenBuckets): their six arrays in one buffer, at
-    // bucket_at(), on the device and in pinned host memory; the partials of split tokens
+    // the wte gradient's buckets (cuda::TokenBuckets): their six arrays in one buffer, n + 1
+    // ints apart (upload_buckets()), on the device and in pinned host memory; the partials of
+    // split tokens
     DeviceBuffer bucket_ints, bucket_partials;
     cuda::DeviceBuckets buckets;
     PinnedBuffer<int32_t> h_tokens, h_targets, h_bucket;

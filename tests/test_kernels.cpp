@@ -379,7 +379,9 @@ void residual_rows(std::vector<Row>& rows) {
 void adamw_rows(std::vector<Row>& rows) {
     const int64_t n = 100003;
     // one span; 99 spans (the trainer's GPT-2 table); 300 spans (three launches); an odd base
-    for (auto [base, spans] : {std::pair<int64_t, int>{0, 1}, {0, 99}, {0, 300}, {5, 7}})
+    // (the scalar path); bases that are multiples of 4 (the vector path with m and v offset)
+    for (auto [base, spans] :
+         {std::pair<int64_t, int>{0, 1}, {0, 99}, {0, 300}, {5, 7}, {8, 7}, {4, 300}})
         rows.push_back({"adamw", "cuda", dims({{"n", n}, {"base", base}, {"spans", spans}}),
                         "fp32, bf16 copy", true, GPU_CHECK(gpu::adamw(n, base, spans))});
 }

@@ -52,6 +52,43 @@ TEST_CASE("encoder: forward values and finite-difference gradient") {
     check_grad("dwpe", loss, wpe, dwpe);
 }
 
+TEST_CASE("bucket_tokens: the wte gradient's plan (entries of at most 128, partials, merges)") {
+    // token 5: 129 positions (split 128 + 1), token 2: 256 (two full entries), token 9: 128
+    // (one entry, not split), token 4: once; -1 (another shard's) twice, dropped
+    const int seg = cuda::kBucketSegment;
+    std::vector<int32_t> tok;
+    for (int i = 0; i < 256; i++) tok.push_back(2);
+    for (int i = 0; i < seg; i++) tok.push_back(9);
+    for (int i = 0; i < seg + 1; i++) tok.push_back(5);
+    tok.push_back(4);
+    tok.push_back(-1);
+    tok.push_back(-1);
+    Rng rng(7);  // shuffled, so the positions of a token are not contiguous
+    for (size_t i = tok.size() - 1; i > 0; i--) std::swap(tok[i], tok[rng.below(i + 1)]);
+    const int64_t n = int64_t(tok.size());
+    const cuda::TokenBuckets bk = cuda::bucket_tokens(tok.data(), n);
+    CHECK(bk.token == std::vector<int32_t>{2, 2, 4, 5, 5, 9});
+    CHECK(bk.offset == std::vector<int32_t>{0, seg, 2 * seg, 2 * seg + 1, 3 * seg + 1, 3 * seg + 2,
+                                            4 * seg + 2});
+    CHECK(bk.slot == std::vector<int32_t>{0, 1, -1, 2, 3, -1});
+    CHECK(bk.merge_token == std::vector<int32_t>{2, 5});
+    CHECK(bk.merge_offset == std::vector<int32_t>{0, 2, 4});
+    CHECK(4 <= cuda::bucket_partial_rows(n));
+    // every position of a token >= 0 once, grouped by token, in position order within a token
+    REQUIRE(int64_t(bk.position.size()) == n - 2);
+    for (size_t e = 0; e < bk.token.size(); e++)
+        for (int32_t p = bk.offset[e]; p < bk.offset[e + 1]; p++) {
+            CHECK(tok[bk.position[p]] == bk.token[e]);
+            if (p > 0 && tok[bk.position[p - 1]] == bk.token[e])
+                CHECK(bk.position[p - 1] < bk.position[p]);
+        }
+    // nothing to bucket
+    const cuda::TokenBuckets none = cuda::bucket_tokens(tok.data(), 0);
+    CHECK(none.entries() == 0);
+    CHECK(none.offset == std::vector<int32_t>{0});
+    CHECK(none.merge_offset == std::vector<int32_t>{0});
+}
+
 TEST_CASE("layernorm: finite-difference gradient, with and without bias") {
     const int64_t N = 5, C = 13;
     for (bool with_bias : {true, false}) {
