@@ -3,7 +3,9 @@
 # random tokens): the default kernels with the per-op table, the loss head in one piece
 # (--head-chunks 1, against the default pipelined one), the fused_linear head, vocabulary
 # 128256 with both heads, the naive attention and recompute_gelu. One JSON per run in the folder.
-#   source .gpu-deps/env.sh && bash tools/gpu_train_bench.sh "$OUT" [build-gpu]
+# With DATA set to a GPT-2 token shard (prepare_data --tokenizer gpt2), the default kernels also
+# run on its text (real text repeats tokens, which random tokens do not).
+#   source .gpu-deps/env.sh && [DATA=shard.bin] bash tools/gpu_train_bench.sh "$OUT" [build-gpu]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-/tmp/gpu_train_bench}}
@@ -17,6 +19,7 @@ run() {  # name, steps, first timed step, then bench_train arguments
     | grep -v "^step " | tee "$out/train_$name.log"
 }
 run fast 40 10 --ops
+if [ -n "${DATA:-}" ]; then run real_text 40 10 --data "$DATA" --ops; fi
 run head_chunks1 40 10 --head-chunks 1
 run fused_linear 40 10 --set kernels.cross_entropy=fused_linear --ops
 run v128k_fast 40 10 --set model.vocab_size=128256
