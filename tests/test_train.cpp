@@ -18,6 +18,7 @@
 #include "model/parameters.h"
 #include "tests/helpers.h"
 #include "train/checkpoint.h"
+#include "train/progress.h"
 
 using nlohmann::json;
 namespace fs = std::filesystem;
@@ -153,6 +154,24 @@ TEST_CASE("prepare_data + train: run directory, metrics, falling loss, repeatabl
     REQUIRE(b.code == 0);
     const auto mb = read_metrics(dir / "runs/b/metrics.jsonl");
     for (size_t i = 1; i < m.size(); i++) CHECK(m[i]["loss"] == mb[i]["loss"]);  // bit-identical
+}
+
+TEST_CASE("the progress line's tokens/s is the recent steps' rate, not the run's average") {
+    zgpt::RecentRate r(3);
+    CHECK(r.tokens_per_s() == 0);
+    r.add(10.0, 1000);  // a slow first step (the GEMM search, a warm-up)
+    CHECK(r.tokens_per_s() == doctest::Approx(100));
+    r.add(1.0, 1000);
+    r.add(1.0, 1000);
+    CHECK(r.tokens_per_s() == doctest::Approx(3000.0 / 12.0));
+    r.add(1.0, 1000);  // the first step leaves the window
+    CHECK(r.tokens_per_s() == doctest::Approx(1000));
+    r.add(2.0, 1000);
+    CHECK(r.tokens_per_s() == doctest::Approx(3000.0 / 4.0));
+    zgpt::RecentRate one(0);  // a window below 1 is 1
+    one.add(2.0, 500);
+    one.add(1.0, 500);
+    CHECK(one.tokens_per_s() == doctest::Approx(500));
 }
 
 TEST_CASE("train --help lists options and config keys; a bad config fails with a clear message") {

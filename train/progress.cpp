@@ -1,5 +1,7 @@
 #include "train/progress.h"
 
+#include <algorithm>
+
 #include <unistd.h>
 
 #include <cstdio>
@@ -18,6 +20,23 @@ std::string format_duration(double s) {
     else
         std::snprintf(buf, sizeof buf, "%llds", (long long)t);
     return buf;
+}
+
+RecentRate::RecentRate(int64_t window) : window_(size_t(std::max<int64_t>(window, 1))) {}
+
+void RecentRate::add(double seconds, int64_t tokens) {
+    steps_.emplace_back(seconds, tokens);
+    seconds_ += seconds;
+    tokens_ += tokens;
+    if (steps_.size() > window_) {
+        seconds_ -= steps_.front().first;
+        tokens_ -= steps_.front().second;
+        steps_.pop_front();
+    }
+}
+
+double RecentRate::tokens_per_s() const {
+    return seconds_ > 0 ? double(tokens_) / seconds_ : 0.0;
 }
 
 std::string format_progress(const ProgressInfo& p) {

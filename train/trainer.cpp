@@ -502,8 +502,10 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
     const double flops_per_token = training_flops_per_token(cfg.model, T);
     const nlohmann::json kernels = kernels_json(cfg, device);
     const auto t_start = Clock::now();
-    const int64_t tokens_at_start = tokens;
     const int64_t step_tokens = B * T * cfg.train.grad_accum * R;  // over all ranks
+    // the progress line's tokens/s over the last max(log_every, 10) steps (in logs, with the
+    // default log_every, the steps since the previous line); the ETA keeps the whole run's pace
+    RecentRate recent(std::max<int64_t>(cfg.train.log_every, 10));
     // Test hooks (tests/test_parallel.cpp, tests/test_multi_gpu.cpp): a rank that throws, or one
     // that stops answering while its process stays alive, at a given step: ..._AT_STEP=rank:step.
     int64_t fail_rank = -1, fail_step = -1, hang_rank = -1, hang_step = -1;
@@ -605,7 +607,8 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
             rec["gpu_mem_in_use_gb"] = model.device_memory_in_use_bytes() / 1e9;
         if (R > 1) rec["grad_all_reduce_ms"] = comm_ms;
         rec["kernels"] = kernels;
-        const double tok_s = double(tokens - tokens_at_start) / seconds_since(t_start);
+        recent.add(dt, step_tokens);
+        const double tok_s = recent.tokens_per_s();
         if (lead)
             progress.update({step, max_steps, step - start_step, sum.sum_loss * inv,
                              sum.sum_ce * inv, sum.sum_z_loss * inv, lr, norm, tok_s,
