@@ -56,6 +56,11 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// Whether p is `bytes`-aligned: the vectorised paths' 16-byte accesses need 16.
+inline bool is_aligned(const void* p, uintptr_t bytes = 16) {
+    return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
 // Blocks for a grid-stride loop over n items.
 inline int grid_for(int64_t n, int threads, int64_t max_blocks = 65535) {
     return int(std::clamp<int64_t>((n + threads - 1) / threads, 1, max_blocks));

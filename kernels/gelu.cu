@@ -52,8 +52,7 @@ __global__ void gelu_backward_vec(bf16* dinp, const bf16* inp, const bf16* dout,
 }
 
 bool vec_ok(int64_t n, const void* a, const void* b, const void* c) {
-    auto al = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-    return n % 8 == 0 && al(a) && al(b) && al(c);
+    return n % 8 == 0 && is_aligned(a) && is_aligned(b) && is_aligned(c);
 }
 
 }  // namespace

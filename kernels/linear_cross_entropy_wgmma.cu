@@ -255,9 +255,8 @@ int gradient_tiles_per_item(int row_tiles, int col_tiles) {
 }  // namespace
 
 bool usable(const LinearCrossEntropyArgs& a) {
-    const auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
-    return current_device_is_sm90() && a.C % 8 == 0 && a.C <= INT32_MAX && aligned(a.hidden) &&
-           aligned(a.weight) && a.N < INT32_MAX - kBM && a.local_vocab() < INT32_MAX - kBN;
+    return current_device_is_sm90() && a.C % 8 == 0 && a.C <= INT32_MAX && is_aligned(a.hidden) &&
+           is_aligned(a.weight) && a.N < INT32_MAX - kBM && a.local_vocab() < INT32_MAX - kBN;
 }
 
 size_t partials_count(int64_t rows, int64_t V_local) {

@@ -159,10 +159,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-bool aligned16(const void* q) {
-    return reinterpret_cast<uintptr_t>(q) % 16 == 0;
-}
-
 }  // namespace
 
 bool gemm_wgmma_usable(const Gemm& g) {
@@ -171,9 +167,9 @@ bool gemm_wgmma_usable(const Gemm& g) {
     return epilogue_ok && g.ab_type == DType::bf16 && g.d_type == DType::bf16 && !g.trans_a &&
            g.trans_b && g.alpha == 1.0f && g.beta == 0.0f && g.M > 0 && g.N > 0 && g.K > 0 &&
            g.K % 8 == 0 && g.N % 8 == 0 && g.M < INT32_MAX - kBM && g.N < INT32_MAX - kBN &&
-           g.K < INT32_MAX && aligned16(g.A) && aligned16(g.B) && aligned16(g.D) &&
+           g.K < INT32_MAX && is_aligned(g.A) && is_aligned(g.B) && is_aligned(g.D) &&
            (!bias || (g.bias && reinterpret_cast<uintptr_t>(g.bias) % 4 == 0)) &&
-           (!gelu || (g.aux && aligned16(g.aux))) && current_device_is_sm90();
+           (!gelu || (g.aux && is_aligned(g.aux))) && current_device_is_sm90();
 }
 
 bool try_gemm_wgmma(const Gemm& g, CUstream_st* stream) {

@@ -51,8 +51,7 @@ int main(int argc, char** argv) {
     app.add_option("--data", data,
                    "a token shard (prepare_data's .bin): consecutive windows of its text instead "
                    "of random tokens (real text repeats tokens, which random tokens do not); after "
-                   "its last "
-                   "token it starts again from its first")
+                   "its last token it starts again from its first")
         ->check(CLI::ExistingFile);
     CLI11_PARSE(app, argc, argv);
     try {

@@ -26,17 +26,16 @@ RecentRate::RecentRate(int64_t window) : window_(size_t(std::max<int64_t>(window
 
 void RecentRate::add(double seconds, int64_t tokens) {
     steps_.emplace_back(seconds, tokens);
-    seconds_ += seconds;
-    tokens_ += tokens;
-    if (steps_.size() > window_) {
-        seconds_ -= steps_.front().first;
-        tokens_ -= steps_.front().second;
-        steps_.pop_front();
-    }
+    if (steps_.size() > window_) steps_.pop_front();
 }
 
 double RecentRate::tokens_per_s() const {
-    return seconds_ > 0 ? double(tokens_) / seconds_ : 0.0;
+    double seconds = 0, tokens = 0;
+    for (const auto& [s, n] : steps_) {
+        seconds += s;
+        tokens += double(n);
+    }
+    return seconds > 0 ? tokens / seconds : 0.0;
 }
 
 std::string format_progress(const ProgressInfo& p) {

@@ -25,9 +25,7 @@ class RecentRate {
     double tokens_per_s() const;  // 0 before the first step
 
   private:
-    std::deque<std::pair<double, int64_t>> steps_;
-    double seconds_ = 0;
-    int64_t tokens_ = 0;
+    std::deque<std::pair<double, int64_t>> steps_;  // (seconds, tokens), the newest last
     size_t window_;
 };
 
