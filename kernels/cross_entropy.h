@@ -226,6 +226,9 @@ struct LinearCrossEntropyTuning {
     // fused_linear_wgmma variant (and by a caller of the shard functions that chose it), not a
     // config key. Where the kernels cannot run (not sm_90, C % 8 != 0) the cuBLASLt tiles do.
     bool wgmma_epilogue = false;
+    // cuBLASLt candidates timed for the tiles' products (Gemm::search; the model passes
+    // kernels.matmul_search); 0: the heuristic's first
+    int gemm_search = 0;
 };
 
 struct LinearCrossEntropyArgs {

@@ -171,7 +171,7 @@ struct ShardSteps {
     }
     void logits_tile(int64_t r, int64_t nr, int64_t v, int64_t vc) const {
         gemm_bf16(b.chunk, MatType::bf16, h + r * C, false, W + v * C, true, nr, vc, C, 1.0f, 0.0f,
-                  s);
+                  s, a.tuning.gemm_search);
     }
     // pass 1 for rows [r, r + nr): the shard's statistics into stats[r, r + nr)
     void stats_rows(RowStatsF* stats, int64_t r, int64_t nr) const {
@@ -196,12 +196,12 @@ struct ShardSteps {
             ce_shard_backward(tile_view(r, nr, v, vc), params + r, o, s);
         }
         gemm_bf16(dh_rows, MatType::f32, b.chunk, false, W + v * C, false, nr, C, vc, 1.0f,
-                  dh_add || v > 0 ? 1.0f : 0.0f, s);
+                  dh_add || v > 0 ? 1.0f : 0.0f, s, a.tuning.gemm_search);
     }
     // dW_c (+)= dlogits^T h_b into an fp32 buffer [vc, C]
     void dw_tile(float* out, int64_t r, int64_t nr, int64_t vc, bool add) const {
         gemm_bf16(out, MatType::f32, b.chunk, true, h + r * C, false, vc, C, nr, 1.0f,
-                  add ? 1.0f : 0.0f, s);
+                  add ? 1.0f : 0.0f, s, a.tuning.gemm_search);
     }
     // pass 2 with the vocabulary chunks outside: dh_acc [N, C] fp32; the shard's dW rows written
     // (dweight, bf16) or added (dweight_acc)
@@ -216,7 +216,8 @@ struct ShardSteps {
                 if (a.dweight_acc)
                     dw_tile(a.dweight_acc + v * C, r, nr, vc, true);
                 else if (nr == N)  // one row block: dW_c straight out of the GEMM as bf16
-                    gemm_bf16(dW, MatType::bf16, b.chunk, true, h, false, vc, C, N, 1.0f, 0.0f, s);
+                    gemm_bf16(dW, MatType::bf16, b.chunk, true, h, false, vc, C, N, 1.0f, 0.0f, s,
+                              a.tuning.gemm_search);
                 else
                     dw_tile(b.dw_acc, r, nr, vc, r > 0);
             }

@@ -235,11 +235,19 @@ const std::vector<cublasLtMatmulHeuristicResult_t>& candidate_list(const Plan& p
 }
 
 // The fastest of the first g.search candidates for g's shape, timed on the device alone (the
-// device is synchronised first: this runs once per shape). Each candidate runs once to warm up,
-// then three times timed (median). Candidate 0 (the heuristic's choice) is kept unless another
-// is at least 2% faster, so that timing noise does not swap near-equal algorithms. D is
-// overwritten by the runs; with beta != 0 it is saved first and restored.
+// device is synchronised first: this runs once per shape). Every candidate runs once to warm up
+// (and to size its samples: one sample is as many back-to-back runs as take about kSampleMs),
+// then kRounds rounds each time one sample of every candidate, the order reversed every other
+// round; a candidate's time is its median sample. Why interleave: the GPU heats up and slows
+// down under the search, as it does in the step (which runs at its power cap), so timing the
+// candidates one after another gives the early ones a cooler GPU's clock; with three single runs
+// each, two runs with the same GEMM code took the LM head's logits GEMM in 6.29 and 7.41 ms a step.
+// Candidate 0 (the heuristic's choice) is kept unless another is at least 2% faster, so that timing
+// noise does not swap near-equal algorithms. D is overwritten by the runs; with beta != 0 it is
+// saved first and restored.
 int search_candidates(const Plan& plan, const Gemm& g, CUstream_st* stream) {
+    constexpr int kRounds = 5;
+    constexpr float kSampleMs = 1.0f;
     const auto& list = candidate_list(plan);
     const int n = std::min<int>(int(list.size()), g.search);
     if (n <= 1) return 0;
@@ -250,27 +258,44 @@ int search_candidates(const Plan& plan, const Gemm& g, CUstream_st* stream) {
         ZG_CUDA_CHECK(cudaMalloc(&saved, d_bytes));
         ZG_CUDA_CHECK(cudaMemcpyAsync(saved, g.D, d_bytes, cudaMemcpyDeviceToDevice, stream));
     }
-    cudaEvent_t e[4];
-    for (cudaEvent_t& x : e) ZG_CUDA_CHECK(cudaEventCreate(&x));
+    cudaEvent_t e0, e1;
+    ZG_CUDA_CHECK(cudaEventCreate(&e0));
+    ZG_CUDA_CHECK(cudaEventCreate(&e1));
+    // one sample of candidate i: `reps` runs back to back, ms per run
+    const auto sample = [&](int i, int reps) {
+        ZG_CUDA_CHECK(cudaEventRecord(e0, stream));
+        for (int r = 0; r < reps; r++) plan.launch(g, list[size_t(i)].algo, stream);
+        ZG_CUDA_CHECK(cudaEventRecord(e1, stream));
+        ZG_CUDA_CHECK(cudaEventSynchronize(e1));
+        float ms = 0;
+        ZG_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        return ms / float(reps);
+    };
+    std::vector<int> reps(static_cast<size_t>(n), 0);  // 0: cuBLASLt refused to launch it, not a candidate
+    for (int i = 0; i < n; i++) {
+        // the first launch pays lazy set-up; the second sizes the samples
+        if (plan.launch(g, list[size_t(i)].algo, stream) != CUBLAS_STATUS_SUCCESS) continue;
+        const float once = sample(i, 1);
+        reps[size_t(i)] = std::clamp(int(kSampleMs / std::max(once, 1e-3f)), 1, 64);
+    }
+    std::vector<std::vector<float>> ms(static_cast<size_t>(n));
+    for (int round = 0; round < kRounds; round++)
+        for (int j = 0; j < n; j++) {
+            const int i = round % 2 ? n - 1 - j : j;
+            if (reps[size_t(i)] > 0) ms[size_t(i)].push_back(sample(i, reps[size_t(i)]));
+        }
+    ZG_CUDA_CHECK(cudaGetLastError());
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
     int best = -1;
     float best_ms = 0;
     for (int i = 0; i < n; i++) {
-        const cublasLtMatmulAlgo_t& algo = list[size_t(i)].algo;
-        // warm-up; a candidate cuBLASLt refuses to launch is not one
-        if (plan.launch(g, algo, stream) != CUBLAS_STATUS_SUCCESS) continue;
-        float ms[3];
-        for (int r = 0; r < 3; r++) {
-            ZG_CUDA_CHECK(cudaEventRecord(e[0], stream));
-            plan.launch(g, algo, stream);
-            ZG_CUDA_CHECK(cudaEventRecord(e[1], stream));
-            ZG_CUDA_CHECK(cudaEventSynchronize(e[1]));
-            ZG_CUDA_CHECK(cudaEventElapsedTime(&ms[r], e[0], e[1]));
-        }
-        std::sort(ms, ms + 3);
-        if (best < 0 || ms[1] < (best == 0 ? 0.98f : 1.0f) * best_ms) best = i, best_ms = ms[1];
+        auto& m = ms[size_t(i)];
+        if (m.empty()) continue;
+        std::nth_element(m.begin(), m.begin() + m.size() / 2, m.end());
+        const float med = m[m.size() / 2];
+        if (best < 0 || med < (best == 0 ? 0.98f : 1.0f) * best_ms) best = i, best_ms = med;
     }
-    ZG_CUDA_CHECK(cudaGetLastError());
-    for (cudaEvent_t& x : e) cudaEventDestroy(x);
     if (saved) {
         ZG_CUDA_CHECK(cudaMemcpyAsync(g.D, saved, d_bytes, cudaMemcpyDeviceToDevice, stream));
         ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -394,7 +419,8 @@ bool try_gemm_candidate(const Gemm& g, int index, CUstream_st* stream) {
 }
 
 void gemm_bf16(void* D, MatType d_type, const void* A, bool trans_a, const void* B, bool trans_b,
-               int64_t M, int64_t N, int64_t K, float alpha, float beta, CUstream_st* stream) {
+               int64_t M, int64_t N, int64_t K, float alpha, float beta, CUstream_st* stream,
+               int search) {
     Gemm g;
     g.D = D;
     g.d_type = d_type;
@@ -407,6 +433,7 @@ void gemm_bf16(void* D, MatType d_type, const void* A, bool trans_a, const void*
     g.K = K;
     g.alpha = alpha;
     g.beta = beta;
+    g.search = search;
     gemm(g, stream);
 }
 

@@ -85,8 +85,10 @@ bool try_gemm_candidate(const Gemm& g, int index, CUstream_st* stream);
 std::string gemm_choices();
 bool set_gemm_choices(const std::string& choices);
 
+// search: Gemm::search
 void gemm_bf16(void* D, MatType d_type, const void* A, bool trans_a, const void* B, bool trans_b,
-               int64_t M, int64_t N, int64_t K, float alpha, float beta, CUstream_st* stream);
+               int64_t M, int64_t N, int64_t K, float alpha, float beta, CUstream_st* stream,
+               int search = 0);
 
 // Bytes of this thread's persistent cuBLASLt workspaces, one per stream used so far (at least
 // one; counted as extra memory by the benchmarks).

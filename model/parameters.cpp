@@ -24,6 +24,7 @@ cuda::LinearCrossEntropyTuning model_linear_ce_tuning(const KernelChoice& k) {
     cuda::LinearCrossEntropyTuning t = linear_ce_tuning(k);
     if (t.row_block == 0) t.row_block = kModelLinearCeRowBlock;
     if (t.chunk_mb == 0) t.chunk_mb = kModelLinearCeChunkMb;
+    t.gemm_search = k.matmul_search;  // the head's cuBLASLt products, as the layers' GEMMs
     return t;
 }
 

@@ -19,6 +19,7 @@
 
 #include <filesystem>
 #include <map>
+#include <sstream>
 #include <thread>
 
 #include "data/safetensors.h"
@@ -410,15 +411,32 @@ TEST_CASE("deterministic: two GPU runs are bit-identical and resume is bit-exact
     }
 }
 
-TEST_CASE("kernels.matmul_search: a fresh cuBLASLt context given the run's choices repeats it") {
-    // cuBLASLt's state (and the GEMM algorithms chosen by timing) is per host thread, as it is
-    // per process: a thread stands in for the resumed process
+namespace {
+
+// Trains 12 steps with kernels.matmul_search on and the given head, then the same in a fresh
+// thread given the first run's choices: bit for bit.
+void check_search_repeats(const std::string& head) {
     Config c = train_config("bf16");
     c.kernels.matmul_search = 8;
+    c.kernels.cross_entropy = head;
     const auto a = make_backend("cuda", c);
     const auto la = train_steps(*a, c, 0, 12);
     const std::string choices = a->timed_choices();
     CHECK(!choices.empty());
+    // The fused head's dh product (B x T rows, fp32 out, depth: the vocabulary's tile) is
+    // among the timed shapes; `fast` has no such product. Lines: M N K ta tb dt abt ...
+    const int64_t BT = c.train.batch_size * 32;
+    bool head_dh_timed = false;
+    std::istringstream lines(choices);
+    std::string line;
+    std::getline(lines, line);  // the cuBLASLt version and GPU
+    while (std::getline(lines, line)) {
+        std::istringstream f(line);
+        int64_t M = 0, N = 0, K = 0, ta = 0, tb = 0, dt = -1;
+        f >> M >> N >> K >> ta >> tb >> dt;
+        head_dh_timed |= M == BT && K >= c.model.vocab_size && dt == int64_t(DType::f32);
+    }
+    CHECK(head_dh_timed == (head == "fused_linear_wgmma"));
     std::vector<double> lb;
     std::vector<float> pb;
     std::string choices_b, error;
@@ -438,6 +456,18 @@ TEST_CASE("kernels.matmul_search: a fresh cuBLASLt context given the run's choic
     CHECK(choices_b == choices);
     CHECK(lb == la);
     CHECK(pb == a->params());
+}
+
+}  // namespace
+
+TEST_CASE("kernels.matmul_search: a fresh cuBLASLt context given the run's choices repeats it") {
+    // cuBLASLt's state (and the GEMM algorithms chosen by timing) is per host thread, as it is
+    // per process: a thread stands in for the resumed process. The fused heads time their
+    // tiles' cuBLASLt products too.
+    for (const std::string head : {"fast", "fused_linear_wgmma"}) {
+        CAPTURE(head);
+        check_search_repeats(head);
+    }
 }
 
 TEST_CASE("kernel choices are validated with the known names") {

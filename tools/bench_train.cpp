@@ -21,6 +21,7 @@
 #include "kernels/cuda_check.h"
 #include "kernels/cuda_device.h"
 #include "kernels/global_norm.h"
+#include "kernels/matmul.h"
 #include "kernels/registry.h"
 #include "model/gpt_cuda.h"
 #include "train/backend_init.h"
@@ -202,7 +203,10 @@ int main(int argc, char** argv) {
                              {"device_used_gb", double(total_b - free_b) / 1e9},
                              {"logits_gb", head_mem_gb},
                              {"final_loss", loss},
-                             {"ops", op_table}};
+                             {"ops", op_table},
+                             // kernels.matmul_search's picks (gemm_choices' text): which
+                             // candidate each GEMM shape ran, to tell runs apart
+                             {"gemm_choices", cuda::gemm_choices()}};
             std::ofstream(out) << j.dump(2) << "\n";
         }
         cudaFree(m);

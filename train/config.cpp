@@ -165,8 +165,9 @@ std::vector<ConfigField> config_fields(Config& c) {
          "training, 48 in bench_ce)",
          &k.linear_ce_chunk_mb, 0, 1 << 20});
     add({"kernels", "matmul_search",
-         "cuBLASLt GEMMs: candidate algorithms timed at the first use of each shape, the "
-         "fastest kept for the run (0 or 1: cuBLASLt's first choice; at most 32)",
+         "cuBLASLt GEMMs (the layers', the LM head's, and the fused heads' tile products): "
+         "candidate algorithms timed at the first use of each shape, the fastest kept for the "
+         "run (0 or 1: cuBLASLt's first choice; at most 32)",
          &k.matmul_search, 0, 32});
     // The kernels' tuning knobs (CrossEntropyTuning in kernels/cross_entropy.h, AttentionTuning
     // in kernels/attention.h): nested keys, kernels.<family>_tuning.<knob>, every default the
