@@ -413,49 +413,64 @@ TEST_CASE("deterministic: two GPU runs are bit-identical and resume is bit-exact
 
 namespace {
 
-// Trains 12 steps with kernels.matmul_search on and the given head, then the same in a fresh
-// thread given the first run's choices: bit for bit.
+// What one run of 12 steps leaves: losses, parameters and the GEMM choices.
+struct SearchRun {
+    std::vector<double> losses;
+    std::vector<float> params;
+    std::string choices, error;
+};
+
+// 12 steps of c in a fresh host thread (a fresh cuBLASLt context, as a new process has), given
+// `choices` first unless empty.
+SearchRun run_in_fresh_context(const Config& c, const std::string& choices) {
+    SearchRun r;
+    std::thread([&] {
+        try {
+            const auto b = make_backend("cuda", c);
+            if (!choices.empty() && !b->set_timed_choices(choices))
+                throw std::runtime_error("the choices were refused");
+            r.losses = train_steps(*b, c, 0, 12);
+            r.params = b->params();
+            r.choices = b->timed_choices();
+        } catch (const std::exception& e) {
+            r.error = e.what();
+        }
+    }).join();
+    return r;
+}
+
+// Trains with kernels.matmul_search on and the given head, then again in another fresh context
+// given the first run's choices: bit for bit.
 void check_search_repeats(const std::string& head) {
     Config c = train_config("bf16");
     c.kernels.matmul_search = 8;
     c.kernels.cross_entropy = head;
-    const auto a = make_backend("cuda", c);
-    const auto la = train_steps(*a, c, 0, 12);
-    const std::string choices = a->timed_choices();
-    CHECK(!choices.empty());
-    // The fused head's dh product (B x T rows, fp32 out, depth: the vocabulary's tile) is
-    // among the timed shapes; `fast` has no such product. Lines: M N K ta tb dt abt ...
+    const SearchRun a = run_in_fresh_context(c, "");
+    REQUIRE(a.error.empty());
+    CHECK(!a.choices.empty());
+    // The fused head's weight-gradient product over its tile (the vocabulary's V rows, unpadded;
+    // depth B x T; fp32 out) is among the timed shapes; `fast`'s runs over the padded vocabulary.
+    // Lines: M N K trans_a trans_b d_type ...
     const int64_t BT = c.train.batch_size * 32;
-    bool head_dh_timed = false;
-    std::istringstream lines(choices);
+    bool head_dw_timed = false;
+    std::istringstream lines(a.choices);
     std::string line;
     std::getline(lines, line);  // the cuBLASLt version and GPU
     while (std::getline(lines, line)) {
         std::istringstream f(line);
         int64_t M = 0, N = 0, K = 0, ta = 0, tb = 0, dt = -1;
         f >> M >> N >> K >> ta >> tb >> dt;
-        head_dh_timed |= M == BT && K >= c.model.vocab_size && dt == int64_t(DType::f32);
+        head_dw_timed |= M == c.model.vocab_size && N == c.model.n_embd && K == BT && ta == 1 &&
+                         dt == int64_t(DType::f32);
     }
-    CHECK(head_dh_timed == (head == "fused_linear_wgmma"));
-    std::vector<double> lb;
-    std::vector<float> pb;
-    std::string choices_b, error;
-    std::thread([&] {
-        try {
-            const auto b = make_backend("cuda", c);
-            if (!b->set_timed_choices(choices))
-                throw std::runtime_error("the choices were refused");
-            lb = train_steps(*b, c, 0, 12);
-            pb = b->params();
-            choices_b = b->timed_choices();
-        } catch (const std::exception& e) {
-            error = e.what();
-        }
-    }).join();
-    REQUIRE(error.empty());
-    CHECK(choices_b == choices);
-    CHECK(lb == la);
-    CHECK(pb == a->params());
+    // else the padded and unpadded shapes are one
+    CHECK(padded_vocab_size(c.model.vocab_size) != c.model.vocab_size);
+    CHECK(head_dw_timed == (head == "fused_linear_wgmma"));
+    const SearchRun b = run_in_fresh_context(c, a.choices);
+    REQUIRE(b.error.empty());
+    CHECK(b.choices == a.choices);
+    CHECK(b.losses == a.losses);
+    CHECK(b.params == a.params);
 }
 
 }  // namespace
