@@ -271,7 +271,8 @@ int search_candidates(const Plan& plan, const Gemm& g, CUstream_st* stream) {
         ZG_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
         return ms / float(reps);
     };
-    std::vector<int> reps(static_cast<size_t>(n), 0);  // 0: cuBLASLt refused to launch it, not a candidate
+    std::vector<int> reps(static_cast<size_t>(n),
+                          0);  // 0: cuBLASLt refused to launch it, not a candidate
     for (int i = 0; i < n; i++) {
         // the first launch pays lazy set-up; the second sizes the samples
         if (plan.launch(g, list[size_t(i)].algo, stream) != CUBLAS_STATUS_SUCCESS) continue;
@@ -343,9 +344,13 @@ std::string choices_context() {
 }  // namespace
 
 std::string gemm_choices() {
-    if (context().chosen.empty()) return "";
+    // what this thread chose, and what it was given for shapes it has not run (yet): given
+    // choices must survive a checkpoint taken on a rank that never runs their shapes
+    std::map<AlgoKey, int> all = context().chosen;
+    all.insert(context().preset.begin(), context().preset.end());  // chosen ones kept
+    if (all.empty()) return "";
     std::string r = choices_context() + "\n";
-    for (const auto& [k, i] : context().chosen) {
+    for (const auto& [k, i] : all) {
         const auto& [M, N, K, ta, tb, dt, abt, epi, al, search] = k;
         for (int64_t v : {M, N, K, int64_t(ta), int64_t(tb), int64_t(dt), int64_t(abt),
                           int64_t(epi), int64_t(al), int64_t(search), int64_t(i)})

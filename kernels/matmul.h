@@ -76,8 +76,9 @@ std::string gemm_candidate_name(const Gemm& g, int index);
 // Runs candidate index of g; false (nothing launched) when there is no such candidate.
 bool try_gemm_candidate(const Gemm& g, int index, CUstream_st* stream);
 
-// The candidates Gemm::search chose in this thread, as text: a first line naming the cuBLASLt
-// version and the GPU (model, SMs), then one line per shape (its key and the candidate's index).
+// The candidates Gemm::search chose in this thread (and those set_gemm_choices gave it for shapes
+// it has not run), as text: a first line naming the cuBLASLt version and the GPU (model, SMs),
+// then one line per shape (its key and the candidate's index).
 // set_gemm_choices makes another thread or process run the same ones (a resumed run, the other
 // ranks, the next run), re-choosing shapes already run with another; it returns false and changes
 // nothing when the text is for another cuBLASLt or GPU (the indices are into cuBLASLt's heuristic

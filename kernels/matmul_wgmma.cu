@@ -10,10 +10,9 @@
 // - The consumers add the bias to the fp32 accumulator (as cuBLASLt's epilogue does) before
 //   rounding it to bf16 into the tile buffer.
 // - The epilogue warpgroup stores the buffer with TMA (three warps; the fourth's lane 0 issues the
-//   loads); with GELU (all four warps; a consumer thread loads) it stores the buffer as the
-//   pre-activation (aux) by TMA while its threads take GELU of the stored bf16 values
-//   (kernels/gelu.cuh: the bits of the `separate` variant's GELU pass) and store them to D
-//   (gelu_epilogue).
+//   loads); with GELU it first stores it as the pre-activation (aux), then takes GELU of the stored
+//   bf16 values in place (kernels/gelu.cuh: the bits of the `separate` variant's GELU pass) and
+//   stores that (all four warps; a consumer thread loads).
 #include "kernels/matmul_wgmma.h"
 
 #include <algorithm>
@@ -36,8 +35,7 @@ using namespace hopper_gemm;
 #endif
 
 struct Params {
-    int M, N, K;  // the TMA loads zero-fill rows and columns past the end and its stores clip them
-    bf16* d;      // D itself, for the GELU epilogue's own stores (which are bounded by M and N)
+    int N, K;  // rows past M need no bound: the TMA loads zero-fill them and the stores clip them
     int row_tiles, col_tiles, tiles;
     bool rows_fastest;  // B too large to stay in L2 (the LM head's weight): walk rows fastest
     const bf16* bias;   // [N] or null
@@ -112,48 +110,6 @@ __device__ __forceinline__ void store_tile(const CUtensorMap* map, uint32_t buf,
     epilogue_sync<kThreadsStoring>();
 }
 
-// The GELU epilogue on one buffer fill: thread 0 stores the buffer (the pre-activation) to aux by
-// TMA, and meanwhile every thread takes GELU of its 16-byte chunks of the same buffer and stores
-// them to D itself (16-byte stores; a row's 256 columns are 16 threads' consecutive chunks). The
-// buffer is only read, so the two stores overlap; once both have read it, thread 0 frees it
-// (buf_empty counts one arrival). Until 212d18b the aux store was waited for, GELU
-// was written back into the buffer and a second TMA store sent it to D: three steps in a row.
-template <class Cfg>
-__device__ __forceinline__ void gelu_epilogue(const Smem<Cfg>& sm, const CUtensorMap* map_aux,
-                                              const GridTiles& t, int part, const Params& p) {
-    const int tid = threadIdx.x;
-    if (tid == 0) {  // the consumers' writes to the buffer, visible to the TMA (async proxy)
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#pragma unroll
-        for (int b = 0; b < Cfg::kBufCols / 64; b++)
-            tma_store(map_aux, sm.buf + b * (kBM * 128), t.col + part * Cfg::kBufCols + 64 * b,
-                      t.row);
-        tma_store_commit();
-    }
-    // 16-byte chunk i of the fill: row i / kChunks, chunk i % kChunks
-    constexpr int kChunks = Cfg::kBufCols / 8;
-    const int col0 = t.col + part * Cfg::kBufCols;
-    for (int i = tid; i < kBM * kChunks; i += kEpilogueThreads) {
-        const int r = i / kChunks, c = i % kChunks;
-        const int row = t.row + r, col = col0 + 8 * c;
-        if (row >= p.M || col >= p.N) continue;  // N % 8 == 0: a chunk is all in or all out
-        float v[8];
-        lds_chunk(buf_chunk(sm.buf, r, c), v);
-#pragma unroll
-        for (int k = 0; k < 8; k++) v[k] = gelu_f(v[k]);
-        bf16* dst = p.d + int64_t(row) * p.N + col;
-        asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst),
-                     "r"(pack_bf16(v[0], v[1])), "r"(pack_bf16(v[2], v[3])),
-                     "r"(pack_bf16(v[4], v[5])), "r"(pack_bf16(v[6], v[7]))
-                     : "memory");
-    }
-    epilogue_sync<kEpilogueThreads>();  // every thread is done reading the buffer
-    if (tid == 0) {
-        tma_store_wait_read();
-        bar_arrive(sm.buf_empty());
-    }
-}
-
 template <bool kGelu>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_kernel(const __grid_constant__ CUtensorMap map_a,
@@ -166,8 +122,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     extern __shared__ __align__(16) unsigned char smem_raw[];
     using Cfg = CfgOf<kGelu>;
     constexpr int kStore = kStoreThreads<kGelu>;
-    // buf_empty's arrivals: one per storing warp, or thread 0 alone after the GELU epilogue
-    const Smem<Cfg> sm = setup_smem<Cfg>(smem_raw, kGelu ? 1 : kStore / 32);
+    const Smem<Cfg> sm = setup_smem<Cfg>(smem_raw, kStore / 32);
     const int tid = threadIdx.x, lane = tid % 32;
     const int ksteps = (p.K + kBK - 1) / kBK;
     if (!kGelu && tid == kStore) produce(sm, &map_a, &map_b, GridTiles(p), ksteps);
@@ -178,8 +133,17 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (int part = 0; part < Cfg::kParts; part++, n++) {
                 bar_wait(sm.buf_full(), n & 1);
                 if constexpr (kGelu) {
-                    gelu_epilogue<Cfg>(sm, &map_aux, t, part, p);
-                    continue;
+                    store_tile<Cfg, kStore>(&map_aux, sm.buf, t, part);
+                    // 16-byte chunk i of the buffer: row i / kChunks, chunk i % kChunks
+                    constexpr int kChunks = Cfg::kBufCols / 8;
+                    for (int i = tid; i < kBM * kChunks; i += kStore) {
+                        float v[8];
+                        const uint32_t a = buf_chunk(sm.buf, i / kChunks, i % kChunks);
+                        lds_chunk(a, v);
+#pragma unroll
+                        for (int k = 0; k < 8; k++) v[k] = gelu_f(v[k]);
+                        sts_chunk(a, v);
+                    }
                 }
                 store_tile<Cfg, kStore>(&map_d, sm.buf, t, part);
                 __syncwarp();
@@ -220,9 +184,7 @@ bool try_gemm_wgmma(const Gemm& g, CUstream_st* stream) {
                                            CfgOf<true>::kSmemBytes));
     });
     Params p{};
-    p.M = int(g.M);
     p.N = int(g.N);
-    p.d = static_cast<bf16*>(g.D);
     p.K = int(g.K);
     const int64_t row_tiles = (g.M + kBM - 1) / kBM;
     p.row_tiles = int(row_tiles);

@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "data/tokenizer.h"
 #include "model/parameters.h"
 #include "tests/helpers.h"
 #include "train/checkpoint.h"
@@ -305,6 +306,50 @@ TEST_CASE("GEMM algorithms chosen by timing (GPU): the next run and a resume run
     REQUIRE(a.size() == 20);
     REQUIRE(b.size() == 20);
     for (int64_t s = 11; s <= 20; s++) CHECK(a.at(s) == b.at(s));
+}
+
+TEST_CASE(
+    "GEMM algorithms chosen by timing (GPU): a vocab-parallel checkpoint keeps every rank's") {
+    // Two vocabulary shards of different sizes run GEMM shapes of their own; rank 0's choices
+    // alone would leave rank 1's shapes to be timed again on resume (and maybe chosen otherwise)
+    ResumeFixture f;
+    const std::string args =
+        "--set kernels.matmul_search=8 --set train.max_steps=5 --set parallel.local_ranks=2 "
+        "--set parallel.vocab_parallel=2";
+    CommandOutput r = run_command(f.start("vp", args));
+    INFO(r.text);
+    REQUIRE(r.code == 0);
+    if (r.text.find("training on CUDA device") == std::string::npos) {
+        MESSAGE("skipped: no CUDA device (the CPU backend chooses nothing by timing)");
+        return;
+    }
+    zgpt::ModelConfig m;
+    m.n_layer = 2;
+    m.n_head = 2;
+    m.n_embd = 32;
+    m.block_size = 32;
+    m.vocab_size =
+        int(zgpt::Tokenizer::load((f.dir / "shards" / "tokenizer.json").string()).vocab_size());
+    const int64_t rows0 = zgpt::vocab_table_rows(m, 2), rows1 = m.vocab_size - rows0;
+    CAPTURE(rows0);
+    CAPTURE(rows1);
+    REQUIRE(rows0 != rows1);  // else the two shards run the same shapes
+    const std::string choices =
+        zgpt::load_run_checkpoint(f.run_dir("vp").string(), "").state.timed_choices;
+    auto has_dim = [&](int64_t d) {  // a line with M, N or K equal to d
+        std::istringstream in(choices);
+        std::string line;
+        std::getline(in, line);  // the cuBLASLt version and GPU
+        while (std::getline(in, line)) {
+            std::istringstream l(line);
+            int64_t M = 0, N = 0, K = 0;
+            l >> M >> N >> K;
+            if (M == d || N == d || K == d) return true;
+        }
+        return false;
+    };
+    CHECK(has_dim(rows0));
+    CHECK(has_dim(rows1));
 }
 
 TEST_CASE("a non-finite loss stops the run: diverged in the summary, exit 0, no NaN checkpoint") {

@@ -138,14 +138,25 @@ void check_host_memory(const Config& cfg, const std::string& device, int64_t B, 
     ZG_CHECK(have <= 0 || bytes <= 0.9 * have, msg);
 }
 
-// Rank 0's text on every rank (collective).
-std::string broadcast_text(Communicator& comm, const std::string& text) {
+// Rank `root`'s text on every rank (collective).
+std::string broadcast_text(Communicator& comm, const std::string& text, int root = 0) {
     int64_t n = int64_t(text.size());
-    comm.broadcast(&n, 1, CommType::i64, 0);
+    comm.broadcast(&n, 1, CommType::i64, root);
     std::vector<int64_t> words(size_t((n + 7) / 8));
-    if (comm.rank() == 0) std::memcpy(words.data(), text.data(), text.size());
-    if (!words.empty()) comm.broadcast(words.data(), int64_t(words.size()), CommType::i64, 0);
+    if (comm.rank() == root) std::memcpy(words.data(), text.data(), text.size());
+    if (!words.empty()) comm.broadcast(words.data(), int64_t(words.size()), CommType::i64, root);
     return std::string(reinterpret_cast<const char*>(words.data()), size_t(n));
+}
+
+// Every rank's GEMM choices merged, the same text on every rank (collective): rank 0's line for
+// a shape all ranks ran, and the only line for a shape that some ranks run and rank 0 does not
+// (a vocab-parallel shard of other size than rank 0's). With rank 0's text alone, such a rank
+// would time its own shapes again on resume, and might choose otherwise.
+std::string all_ranks_choices(Communicator& comm, const std::string& mine) {
+    std::string all = broadcast_text(comm, mine, 0);
+    for (int r = 1; r < comm.size(); r++)
+        all = merge_timed_choices(all, broadcast_text(comm, mine, r));
+    return all;
 }
 
 }  // namespace
@@ -573,11 +584,11 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
         const double norm = model.grad_norm();
         model.optimizer_step(lr, cpu::clip_scale(norm, cfg.optim.grad_clip));
         // The GEMM algorithms this first step chose by timing (kernels.matmul_search) may differ
-        // between ranks: from the next step on every rank runs rank 0's, which the checkpoints
-        // keep.
+        // between ranks: from the next step on every rank runs rank 0's for the shapes rank 0
+        // ran, and its own for the others; rank 0 holds them all, and the checkpoints keep them.
         if (!choices_shared) {
             if (R > 1 && cfg.kernels.matmul_search > 1)
-                model.set_timed_choices(broadcast_text(world, model.timed_choices()));
+                model.set_timed_choices(all_ranks_choices(world, model.timed_choices()));
             save_gemm_choices();
         }
         choices_shared = true;
