@@ -227,7 +227,7 @@ struct LinearCrossEntropyTuning {
     // config key. Where the kernels cannot run (not sm_90, C % 8 != 0) the cuBLASLt tiles do.
     bool wgmma_epilogue = false;
     // cuBLASLt candidates timed for the tiles' products (Gemm::search; the model passes
-    // kernels.matmul_search); 0: the heuristic's first
+    // kernels.matmul_search); 0 or 1: the heuristic's first
     int gemm_search = 0;
 };
 

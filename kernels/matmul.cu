@@ -49,7 +49,9 @@ struct Context {
 };
 
 Context& context() {
-    static thread_local Context c;  // one per host thread; lives for the process
+    // one per host thread, until the thread ends (its handle and workspaces are not freed then:
+    // a thread that ends leaks them, as the trainer's rank threads do at the end of a run)
+    static thread_local Context c;
     return c;
 }
 
@@ -236,17 +238,18 @@ const std::vector<cublasLtMatmulHeuristicResult_t>& candidate_list(const Plan& p
 
 // The fastest of the first g.search candidates for g's shape, timed on the device alone (the
 // device is synchronised first: this runs once per shape). Every candidate runs once to warm up
-// (and to size its samples: one sample is as many back-to-back runs as take about kSampleMs),
-// then kRounds rounds each time one sample of every candidate, the order reversed every other
-// round; a candidate's time is its median sample. Why interleave: the GPU heats up and slows
-// down under the search, as it does in the step (which runs at its power cap), so timing the
-// candidates one after another gives the early ones a cooler GPU's clock; with three single runs
-// each, two runs with the same GEMM code took the LM head's logits GEMM in 6.29 and 7.41 ms a step.
-// Candidate 0 (the heuristic's choice) is kept unless another is at least 2% faster, so that timing
-// noise does not swap near-equal algorithms. D is overwritten by the runs; with beta != 0 it is
-// saved first and restored.
+// and once more to size the samples: a sample is as many back-to-back runs (the same count for
+// every candidate, at most 64) as take the fastest candidate about kSampleMs. Then kRounds rounds
+// each time one sample of every candidate, the order reversed every other round; a candidate's
+// time is its median sample. Why interleave: the GPU heats up and slows down under the search,
+// as it does in the step (which runs at its power cap), so timing the candidates one after
+// another gives the early ones a cooler GPU's clock; with three single runs each, two runs with
+// the same GEMM code took the LM head's logits GEMM in 6.29 and 7.41 ms a step. Candidate 0 (the
+// heuristic's choice) is kept unless another is more than 2% faster, so that timing noise does
+// not swap near-equal algorithms. A candidate cuBLASLt refuses to launch is left out. D is
+// overwritten by the runs; with beta != 0 it is saved first and restored.
 int search_candidates(const Plan& plan, const Gemm& g, CUstream_st* stream) {
-    constexpr int kRounds = 5;
+    constexpr int kRounds = 5, kMaxReps = 64;
     constexpr float kSampleMs = 1.0f;
     const auto& list = candidate_list(plan);
     const int n = std::min<int>(int(list.size()), g.search);
@@ -261,29 +264,37 @@ int search_candidates(const Plan& plan, const Gemm& g, CUstream_st* stream) {
     cudaEvent_t e0, e1;
     ZG_CUDA_CHECK(cudaEventCreate(&e0));
     ZG_CUDA_CHECK(cudaEventCreate(&e1));
-    // one sample of candidate i: `reps` runs back to back, ms per run
+    // One sample of candidate i: `reps` runs back to back, ms per run; -1 if a launch was refused.
     const auto sample = [&](int i, int reps) {
+        bool launched = true;
         ZG_CUDA_CHECK(cudaEventRecord(e0, stream));
-        for (int r = 0; r < reps; r++) plan.launch(g, list[size_t(i)].algo, stream);
+        for (int r = 0; r < reps; r++)
+            launched &= plan.launch(g, list[size_t(i)].algo, stream) == CUBLAS_STATUS_SUCCESS;
         ZG_CUDA_CHECK(cudaEventRecord(e1, stream));
         ZG_CUDA_CHECK(cudaEventSynchronize(e1));
         float ms = 0;
         ZG_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-        return ms / float(reps);
+        return launched ? ms / float(reps) : -1.0f;
     };
-    std::vector<int> reps(static_cast<size_t>(n),
-                          0);  // 0: cuBLASLt refused to launch it, not a candidate
+    std::vector<bool> usable(static_cast<size_t>(n), false);
+    float fastest = 0;
     for (int i = 0; i < n; i++) {
         // the first launch pays lazy set-up; the second sizes the samples
         if (plan.launch(g, list[size_t(i)].algo, stream) != CUBLAS_STATUS_SUCCESS) continue;
         const float once = sample(i, 1);
-        reps[size_t(i)] = std::clamp(int(kSampleMs / std::max(once, 1e-3f)), 1, 64);
+        if (once < 0) continue;
+        usable[size_t(i)] = true;
+        if (fastest == 0 || once < fastest) fastest = once;
     }
-    std::vector<std::vector<float>> ms(static_cast<size_t>(n));
+    const int reps = std::clamp(int(kSampleMs / std::max(fastest, 1e-3f)), 1, kMaxReps);
+    std::vector<std::vector<float>> times(static_cast<size_t>(n));
     for (int round = 0; round < kRounds; round++)
         for (int j = 0; j < n; j++) {
             const int i = round % 2 ? n - 1 - j : j;
-            if (reps[size_t(i)] > 0) ms[size_t(i)].push_back(sample(i, reps[size_t(i)]));
+            if (!usable[size_t(i)]) continue;
+            const float t = sample(i, reps);
+            if (t < 0) usable[size_t(i)] = false;  // refused after all: not a candidate
+            times[size_t(i)].push_back(t);
         }
     ZG_CUDA_CHECK(cudaGetLastError());
     cudaEventDestroy(e0);
@@ -291,8 +302,8 @@ int search_candidates(const Plan& plan, const Gemm& g, CUstream_st* stream) {
     int best = -1;
     float best_ms = 0;
     for (int i = 0; i < n; i++) {
-        auto& m = ms[size_t(i)];
-        if (m.empty()) continue;
+        auto& m = times[size_t(i)];
+        if (!usable[size_t(i)] || m.empty()) continue;
         std::nth_element(m.begin(), m.begin() + m.size() / 2, m.end());
         const float med = m[m.size() / 2];
         if (best < 0 || med < (best == 0 ? 0.98f : 1.0f) * best_ms) best = i, best_ms = med;

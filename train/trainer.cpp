@@ -148,14 +148,24 @@ std::string broadcast_text(Communicator& comm, const std::string& text, int root
     return std::string(reinterpret_cast<const char*>(words.data()), size_t(n));
 }
 
-// Every rank's GEMM choices merged, the same text on every rank (collective): rank 0's line for
-// a shape all ranks ran, and the only line for a shape that some ranks run and rank 0 does not
-// (a vocab-parallel shard of other size than rank 0's). With rank 0's text alone, such a rank
-// would time its own shapes again on resume, and might choose otherwise.
+// Every rank's GEMM choices merged, the same text on every rank (collective): for each shape the
+// line of the lowest rank that ran it (rank 0's for a shape all ran; a vocab-parallel shard of
+// another size than rank 0's runs shapes of its own). With rank 0's text alone, such a rank would
+// time its own shapes again on resume, and might choose otherwise. A rank whose text is for
+// another GPU or cuBLASLt (its first line) is left out, and rank 0 says so.
 std::string all_ranks_choices(Communicator& comm, const std::string& mine) {
     std::string all = broadcast_text(comm, mine, 0);
-    for (int r = 1; r < comm.size(); r++)
-        all = merge_timed_choices(all, broadcast_text(comm, mine, r));
+    for (int r = 1; r < comm.size(); r++) {
+        const std::string theirs = broadcast_text(comm, mine, r);
+        const auto first_line = [](const std::string& t) { return t.substr(0, t.find('\n')); };
+        if (comm.rank() == 0 && !all.empty() && !theirs.empty() &&
+            first_line(all) != first_line(theirs))
+            std::printf(
+                "warning: rank %d's GEMM choices are for another GPU or cuBLASLt (%s); "
+                "its shapes are not kept in the checkpoints\n",
+                r, first_line(theirs).c_str());
+        all = merge_timed_choices(all, theirs);
+    }
     return all;
 }
 
@@ -584,8 +594,8 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
         const double norm = model.grad_norm();
         model.optimizer_step(lr, cpu::clip_scale(norm, cfg.optim.grad_clip));
         // The GEMM algorithms this first step chose by timing (kernels.matmul_search) may differ
-        // between ranks: from the next step on every rank runs rank 0's for the shapes rank 0
-        // ran, and its own for the others; rank 0 holds them all, and the checkpoints keep them.
+        // between ranks: from the next step on every rank runs, for each shape, the choice of
+        // the lowest rank that ran it; rank 0 holds them all, and the checkpoints keep them.
         if (!choices_shared) {
             if (R > 1 && cfg.kernels.matmul_search > 1)
                 model.set_timed_choices(all_ranks_choices(world, model.timed_choices()));
