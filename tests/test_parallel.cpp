@@ -22,6 +22,7 @@
 #include "train/checkpoint.h"
 #include "train/comm.h"
 #include "train/config.h"
+#include "train/timed_choices.h"
 #include "train/trainer.h"
 #include "train/vocab_parallel_head.h"
 
@@ -51,6 +52,38 @@ std::vector<std::string> run_ranks(int n, F fn, double timeout_s = 30) {
 }
 
 }  // namespace
+
+TEST_CASE("GEMM choices of every rank: the lowest rank's line for each shape, on every rank") {
+    // Lines: a shape key, then the candidate's index (train/timed_choices.h). Rank 1 runs a shape
+    // rank 0 does not (B: a vocab-parallel shard of its own size) and one both run (A, where it
+    // chose otherwise); rank 2 runs B and C; rank 3 is another GPU; rank 4 ran nothing.
+    const std::string gpu = "# cuBLASLt 1, GPU X, 132 SMs\n";
+    const std::vector<std::string> texts = {gpu + "1 1 1 a 0\n", gpu + "1 1 1 a 2\n2 2 2 b 3\n",
+                                            gpu + "2 2 2 b 4\n3 3 3 c 5\n",
+                                            "# cuBLASLt 1, GPU Y, 66 SMs\n4 4 4 d 6\n", ""};
+    const std::string want = gpu + "1 1 1 a 0\n2 2 2 b 3\n3 3 3 c 5\n";
+    std::vector<std::string> got(texts.size());
+    const auto err = run_ranks(int(texts.size()), [&](int r, Communicator& c) {
+        got[size_t(r)] = all_ranks_choices(c, texts[size_t(r)]);
+    });
+    for (size_t r = 0; r < texts.size(); r++) {
+        CAPTURE(r);
+        CHECK(err[r].empty());
+        CHECK(got[r] == want);
+    }
+    // one rank: its own text; rank 0 empty: the first non-empty rank's lines
+    std::string one;
+    CHECK(run_ranks(1, [&](int, Communicator& c) { one = all_ranks_choices(c, texts[1]); })[0]
+              .empty());
+    CHECK(one == texts[1]);
+    const std::vector<std::string> late = {"", texts[2]};
+    std::vector<std::string> got2(2);
+    const auto err2 = run_ranks(2, [&](int r, Communicator& c) {
+        got2[size_t(r)] = all_ranks_choices(c, late[size_t(r)]);
+    });
+    CHECK(err2 == std::vector<std::string>(2));
+    CHECK(got2 == std::vector<std::string>(2, texts[2]));
+}
 
 TEST_CASE("local communicator: every collective, in rank order, and sub-groups") {
     for (int n : {1, 2, 3}) {

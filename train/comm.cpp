@@ -2,6 +2,7 @@
 #include "train/comm.h"
 
 #include <algorithm>
+#include <cstring>
 
 namespace zgpt {
 
@@ -42,6 +43,15 @@ std::vector<float> all_gather_slices(Communicator& c, const float* mine, int64_t
     c.all_gather(send.data(), all.data(), S, CommType::f32);
     all.resize(n);
     return all;
+}
+
+std::string broadcast_text(Communicator& c, const std::string& text, int root) {
+    int64_t n = int64_t(text.size());
+    c.broadcast(&n, 1, CommType::i64, root);
+    std::vector<int64_t> words(size_t((n + 7) / 8));  // whole 8-byte words
+    if (c.rank() == root) std::memcpy(words.data(), text.data(), text.size());
+    if (!words.empty()) c.broadcast(words.data(), int64_t(words.size()), CommType::i64, root);
+    return std::string(reinterpret_cast<const char*>(words.data()), size_t(n));
 }
 
 }  // namespace zgpt

@@ -82,6 +82,9 @@ ArenaSlice arena_slice(int64_t n, int ranks, int rank);
 // The n elements from every rank's arena_slice, `mine` being this rank's (host memory). Collective.
 std::vector<float> all_gather_slices(Communicator& c, const float* mine, int64_t n);
 
+// Rank `root`'s text on every rank. Collective.
+std::string broadcast_text(Communicator& c, const std::string& text, int root = 0);
+
 // One rank of world size 1: every collective is the identity (what a plain run uses).
 std::unique_ptr<Communicator> make_single_rank_comm();
 

@@ -1,5 +1,6 @@
 #include "train/timed_choices.h"
 
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -36,6 +37,22 @@ std::string merge_timed_choices(const std::string& mine, const std::string& othe
     std::string r = a[0] + "\n";
     for (const auto& [shape, line] : by_shape) r += line + "\n";
     return r;
+}
+
+std::string all_ranks_choices(Communicator& comm, const std::string& mine) {
+    const auto first_line = [](const std::string& t) { return t.substr(0, t.find('\n')); };
+    std::string all = broadcast_text(comm, mine, 0);
+    for (int r = 1; r < comm.size(); r++) {
+        const std::string theirs = broadcast_text(comm, mine, r);
+        if (comm.rank() == 0 && !all.empty() && !theirs.empty() &&
+            first_line(all) != first_line(theirs))
+            std::printf(
+                "warning: rank %d's GEMM choices are for another GPU or cuBLASLt (%s); "
+                "its shapes are not kept in the checkpoints\n",
+                r, first_line(theirs).c_str());
+        all = merge_timed_choices(all, theirs);
+    }
+    return all;
 }
 
 }  // namespace zgpt

@@ -5,6 +5,7 @@
 #pragma once
 #include <string>
 
+#include "train/comm.h"
 #include "train/config.h"
 
 namespace zgpt {
@@ -17,5 +18,12 @@ std::string read_timed_choices(const std::string& path);
 // mine, with the lines of `other` whose shapes mine lacks; mine alone when the first lines (the
 // library and GPU) differ. Lines come out sorted by shape.
 std::string merge_timed_choices(const std::string& mine, const std::string& other);
+
+// Every rank's choices merged, the same text on every rank (collective): for each shape the line
+// of the lowest rank that ran it (rank 0's for a shape all ran; a vocab-parallel shard of another
+// size than rank 0's runs shapes of its own). With rank 0's text alone, such a rank would time its
+// own shapes again on resume, and might choose otherwise. A rank whose text is for another GPU or
+// cuBLASLt (its first line) is left out, and rank 0 says so.
+std::string all_ranks_choices(Communicator& comm, const std::string& mine);
 
 }  // namespace zgpt

@@ -138,37 +138,6 @@ void check_host_memory(const Config& cfg, const std::string& device, int64_t B, 
     ZG_CHECK(have <= 0 || bytes <= 0.9 * have, msg);
 }
 
-// Rank `root`'s text on every rank (collective).
-std::string broadcast_text(Communicator& comm, const std::string& text, int root = 0) {
-    int64_t n = int64_t(text.size());
-    comm.broadcast(&n, 1, CommType::i64, root);
-    std::vector<int64_t> words(size_t((n + 7) / 8));
-    if (comm.rank() == root) std::memcpy(words.data(), text.data(), text.size());
-    if (!words.empty()) comm.broadcast(words.data(), int64_t(words.size()), CommType::i64, root);
-    return std::string(reinterpret_cast<const char*>(words.data()), size_t(n));
-}
-
-// Every rank's GEMM choices merged, the same text on every rank (collective): for each shape the
-// line of the lowest rank that ran it (rank 0's for a shape all ran; a vocab-parallel shard of
-// another size than rank 0's runs shapes of its own). With rank 0's text alone, such a rank would
-// time its own shapes again on resume, and might choose otherwise. A rank whose text is for
-// another GPU or cuBLASLt (its first line) is left out, and rank 0 says so.
-std::string all_ranks_choices(Communicator& comm, const std::string& mine) {
-    std::string all = broadcast_text(comm, mine, 0);
-    for (int r = 1; r < comm.size(); r++) {
-        const std::string theirs = broadcast_text(comm, mine, r);
-        const auto first_line = [](const std::string& t) { return t.substr(0, t.find('\n')); };
-        if (comm.rank() == 0 && !all.empty() && !theirs.empty() &&
-            first_line(all) != first_line(theirs))
-            std::printf(
-                "warning: rank %d's GEMM choices are for another GPU or cuBLASLt (%s); "
-                "its shapes are not kept in the checkpoints\n",
-                r, first_line(theirs).c_str());
-        all = merge_timed_choices(all, theirs);
-    }
-    return all;
-}
-
 }  // namespace
 
 void resolve_vocab_size(Config& c) {
