@@ -74,8 +74,8 @@ __global__ void wte_backward_kernel(float* dwte, float* partials, const T* dout,
                                     const int32_t* position, const int32_t* slot, int64_t C) {
     const int64_t i = blockIdx.x;
     const int32_t begin = offset[i], end = offset[i + 1];
-    float* row = slot[i] < 0 ? dwte + int64_t(token[i]) * C : partials + int64_t(slot[i]) * C;
-    const bool add = slot[i] < 0;
+    const bool add = slot[i] < 0;  // the token's only entry: added into its gradient row
+    float* row = add ? dwte + int64_t(token[i]) * C : partials + int64_t(slot[i]) * C;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
         float acc = 0;
 #pragma unroll 4

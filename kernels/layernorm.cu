@@ -350,7 +350,7 @@ RowMap plain(RowMap m, int64_t C) {
 
 bool aligned16(std::initializer_list<const void*> ps) {
     for (const void* p : ps)
-        if (reinterpret_cast<uintptr_t>(p) % 16) return false;
+        if (!is_aligned(p)) return false;
     return true;
 }
 

@@ -282,7 +282,7 @@ void dlogits_tile(bf16* out, const RowGradParams* params, const LinearCrossEntro
     p.params = params;
     p.dlogits = out;
     p.ld = nc;
-    p.tma_store = nc % 8 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
+    p.tma_store = nc % 8 == 0 && is_aligned(out);
     launch<true>(a, p, s);
 }
 

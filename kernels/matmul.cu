@@ -293,8 +293,10 @@ int search_candidates(const Plan& plan, const Gemm& g, CUstream_st* stream) {
             const int i = round % 2 ? n - 1 - j : j;
             if (!usable[size_t(i)]) continue;
             const float t = sample(i, reps);
-            if (t < 0) usable[size_t(i)] = false;  // refused after all: not a candidate
-            times[size_t(i)].push_back(t);
+            if (t < 0)
+                usable[size_t(i)] = false;  // refused after all: not a candidate
+            else
+                times[size_t(i)].push_back(t);
         }
     ZG_CUDA_CHECK(cudaGetLastError());
     cudaEventDestroy(e0);
@@ -302,8 +304,8 @@ int search_candidates(const Plan& plan, const Gemm& g, CUstream_st* stream) {
     int best = -1;
     float best_ms = 0;
     for (int i = 0; i < n; i++) {
+        if (!usable[size_t(i)]) continue;  // a usable candidate has kRounds samples
         auto& m = times[size_t(i)];
-        if (!usable[size_t(i)] || m.empty()) continue;
         std::nth_element(m.begin(), m.begin() + m.size() / 2, m.end());
         const float med = m[m.size() / 2];
         if (best < 0 || med < (best == 0 ? 0.98f : 1.0f) * best_ms) best = i, best_ms = med;
@@ -559,7 +561,7 @@ void bias_backward(float* dbias, const void* dout, int64_t N, int64_t OC, DType 
                    CUstream_st* stream) {
     ZG_CHECK(N > 0 && OC > 0 && dbias && scratch, "bias_backward: bad arguments");
     auto* part = static_cast<float*>(scratch);
-    if (t == DType::bf16 && OC % 8 == 0 && reinterpret_cast<uintptr_t>(dout) % 16 == 0) {
+    if (t == DType::bf16 && OC % 8 == 0 && is_aligned(dout)) {
         const int chunks = vec_bias_chunks(N, OC);
         const dim3 grid(unsigned((OC / 8 + kBiasCols - 1) / kBiasCols), unsigned(chunks));
         bias_partial_vec_kernel<<<grid, dim3(kBiasCols, kBiasRowThreads), 0, stream>>>(

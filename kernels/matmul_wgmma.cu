@@ -168,7 +168,7 @@ bool gemm_wgmma_usable(const Gemm& g) {
            g.trans_b && g.alpha == 1.0f && g.beta == 0.0f && g.M > 0 && g.N > 0 && g.K > 0 &&
            g.K % 8 == 0 && g.N % 8 == 0 && g.M < INT32_MAX - kBM && g.N < INT32_MAX - kBN &&
            g.K < INT32_MAX && is_aligned(g.A) && is_aligned(g.B) && is_aligned(g.D) &&
-           (!bias || (g.bias && reinterpret_cast<uintptr_t>(g.bias) % 4 == 0)) &&
+           (!bias || (g.bias && is_aligned(g.bias, 4))) &&
            (!gelu || (g.aux && is_aligned(g.aux))) && current_device_is_sm90();
 }
 
