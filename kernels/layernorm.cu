@@ -85,15 +85,19 @@ int backward_blocks(int64_t N) {
 // Rows r = warp_global, warp_global + stride, ...: each warp owns a fixed set of rows.
 template <typename T, typename R>
 __global__ void layernorm_backward_kernel(R* dinp, RowMap dinp_map, bool accumulate, float* part_w,
-                                          float* part_b, const T* dout, RowMap dout_map,
-                                          const R* inp, RowMap in_map, const R* w,
+                                          float* part_b, float* part_d, const T* dout,
+                                          RowMap dout_map, const R* inp, RowMap in_map, const R* w,
                                           const float* mean, const float* rstd, int64_t N,
                                           int64_t C) {
-    extern __shared__ float smem[];  // [kWarps][C] dw, then [kWarps][C] db
+    extern __shared__ float smem[];  // [kWarps][C] dw, [kWarps][C] db, [kWarps][C] dinp sums
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     float* sw = smem + warp * C;
     float* sb = smem + (kWarps + warp) * C;
-    for (int64_t c = lane; c < C; c += 32) sw[c] = sb[c] = 0;
+    float* sd = part_d ? smem + (2 * kWarps + warp) * C : nullptr;
+    for (int64_t c = lane; c < C; c += 32) {
+        sw[c] = sb[c] = 0;
+        if (sd) sd[c] = 0;
+    }
     const int64_t stride = int64_t(gridDim.x) * kWarps;
     for (int64_t r = int64_t(blockIdx.x) * kWarps + warp; r < N; r += stride) {
         const T* dy = dout + row_offset(dout_map, r, C);
@@ -115,17 +119,20 @@ __global__ void layernorm_backward_kernel(R* dinp, RowMap dinp_map, bool accumul
             float d = rs * (to_f(dy[c]) * to_f(w[c]) - s1 - xh * s2);
             if (accumulate) d += to_f(dx[c]);
             dx[c] = from_f<R>(d);
+            if (sd) sd[c] += to_f(from_f<T>(from_f<R>(d)));  // as the matmuls read it
         }
     }
     __syncthreads();
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-        float aw = 0, ab = 0;
+        float aw = 0, ab = 0, ad = 0;
         for (int k = 0; k < kWarps; k++) {
             aw += smem[k * C + c];
             ab += smem[(kWarps + k) * C + c];
+            if (part_d) ad += smem[(2 * kWarps + k) * C + c];
         }
         part_w[blockIdx.x * C + c] = aw;
         part_b[blockIdx.x * C + c] = ab;
+        if (part_d) part_d[blockIdx.x * C + c] = ad;
     }
 }
 
@@ -226,17 +233,29 @@ __global__ void __launch_bounds__(32 * kVecWarps)
 // Backward: a persistent grid; each warp owns rows r, r + stride, ... and loads the next row's
 // dout and input while it works on this one (the kernel is memory-bound, so bytes in flight are
 // what counts). Weight-gradient sums stay in registers; the block's warps add theirs into shared
-// memory one warp after another (a fixed order).
-template <int NV, typename R>
+// memory one warp after another (a fixed order). SUMS: the column sums of dinp as well, of its
+// values rounded to bf16 (what the matmuls read), for the bias gradient of the projection whose
+// output gradient dinp is; each warp adds its rows into its own row of shared memory.
+template <int NV, bool SUMS, typename R>
 __global__ void __launch_bounds__(32 * kVecWarps)
     layernorm_backward_vec_kernel(R* dinp, bool accumulate, float* part_w, float* part_b,
-                                  const bf16* dout, const R* inp, const R* w, const float* mean,
-                                  const float* rstd, int64_t N) {
+                                  float* part_d, const bf16* dout, const R* inp, const R* w,
+                                  const float* mean, const float* rstd, int64_t N) {
     constexpr int C = NV * 256;
     __shared__ float bw[C], bb[C];
+    // dinp's column sums, per warp in shared memory rather than registers: that keeps the
+    // registers, and so the blocks per SM and the weight gradients' partials, of the kernel
+    // without them (two blocks per SM instead of three at C = 768 with them in registers)
+    __shared__ __align__(16) float wd[SUMS ? kVecWarps * C : 4];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t stride = int64_t(gridDim.x) * kVecWarps;
     float aw[NV][8] = {}, ab[NV][8] = {};
+    if constexpr (SUMS)  // each lane owns the columns it loads (no other lane touches them)
+#pragma unroll
+        for (int j = 0; j < NV; j++) {
+            float4* a4 = reinterpret_cast<float4*>(wd + warp * C + j * 256 + lane * 8);
+            a4[0] = a4[1] = make_float4(0, 0, 0, 0);
+        }
     Pack8<R> wraw[NV], xv[NV];
     uint4 dyv[NV];
 #pragma unroll
@@ -291,6 +310,15 @@ __global__ void __launch_bounds__(32 * kVecWarps)
             for (int k = 0; k < 8; k++)
                 d[k] = o[k] + rs * (dy[k] * wv[k] - s1 - (xh[k] - m) * rs * s2);
             store8(dinp + r * C + j * 256 + lane * 8, d);
+            if constexpr (SUMS) {  // of the values rounded to bf16, as the matmuls read them
+                float4* a4 = reinterpret_cast<float4*>(wd + warp * C + j * 256 + lane * 8);
+                float4 lo = a4[0], hi = a4[1];
+                lo.x += to_f(from_f<bf16>(d[0])), lo.y += to_f(from_f<bf16>(d[1]));
+                lo.z += to_f(from_f<bf16>(d[2])), lo.w += to_f(from_f<bf16>(d[3]));
+                hi.x += to_f(from_f<bf16>(d[4])), hi.y += to_f(from_f<bf16>(d[5]));
+                hi.z += to_f(from_f<bf16>(d[6])), hi.w += to_f(from_f<bf16>(d[7]));
+                a4[0] = lo, a4[1] = hi;
+            }
             dyv[j] = ndy[j];
             xv[j] = nx[j];
         }
@@ -311,6 +339,8 @@ __global__ void __launch_bounds__(32 * kVecWarps)
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
         part_w[int64_t(blockIdx.x) * C + c] = bw[c];
         part_b[int64_t(blockIdx.x) * C + c] = bb[c];
+        if constexpr (SUMS)
+            part_d[int64_t(blockIdx.x) * C + c] = wd[c] + wd[C + c] + wd[2 * C + c] + wd[3 * C + c];
     }
 }
 
@@ -355,10 +385,11 @@ bool aligned16(std::initializer_list<const void*> ps) {
 }
 
 // Enough blocks of the backward fast path to fill every SM once (a persistent grid).
-template <int NV, typename R>
+template <int NV, bool SUMS, typename R>
 int vec_backward_blocks() {
-    static const int blocks = std::clamp(
-        resident_blocks(layernorm_backward_vec_kernel<NV, R>, 32 * kVecWarps), 1, kVecMaxBlocks);
+    static const int blocks =
+        std::clamp(resident_blocks(layernorm_backward_vec_kernel<NV, SUMS, R>, 32 * kVecWarps), 1,
+                   kVecMaxBlocks);
     return blocks;
 }
 
@@ -443,19 +474,27 @@ void residual_layernorm_forward(void* res, void* out, float* mean, float* rstd, 
 }
 
 size_t layernorm_backward_scratch_bytes(int64_t N, int64_t C) {
-    return size_t(2) * std::max(backward_blocks(N), kVecMaxBlocks) * C * sizeof(float);
+    return size_t(2) * layernorm_backward_sums_bytes(N, C);
+}
+
+size_t layernorm_backward_sums_bytes(int64_t N, int64_t C) {
+    return size_t(std::max(backward_blocks(N), kVecMaxBlocks)) * C * sizeof(float);
 }
 
 void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dweight, float* dbias,
                         const void* dout, RowMap dout_map, const void* inp, RowMap in_map,
                         const void* weight, const float* mean, const float* rstd, int64_t N,
-                        int64_t C, void* scratch, DType t, DType in_t, CUstream_st* s) {
+                        int64_t C, void* scratch, DType t, DType in_t, CUstream_st* s,
+                        ColumnSumParts* dinp_sums) {
     ZG_CHECK(N > 0 && C > 0 && weight && dweight && scratch, "layernorm_backward: bad arguments");
     dinp_map = plain(dinp_map, C);
     dout_map = plain(dout_map, C);
     in_map = plain(in_map, C);
     const bool rows_plain = dinp_map.group == 1 && dout_map.group == 1 && in_map.group == 1 &&
                             dinp_map.ld == C && dout_map.ld == C && in_map.ld == C;
+    float* part_d = dinp_sums ? dinp_sums->parts : nullptr;
+    ZG_CHECK(!dinp_sums || (part_d && dinp_map.group == 1 && dinp_map.ld == C),
+             "layernorm_backward: dinp's column sums need a buffer and plain rows");
     dispatch_pair(t, in_t, "layernorm_backward", [&](auto tt, auto rr) {
         using T = typename decltype(tt)::type;
         using R = typename decltype(rr)::type;
@@ -465,20 +504,29 @@ void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dwe
                 float* pb = pw + size_t(kVecMaxBlocks) * C;
                 int blocks = 0;
                 const bool done = with_vec_width(C, [&](auto NV) {
-                    blocks = vec_backward_blocks<NV.value, R>();
-                    layernorm_backward_vec_kernel<NV.value, R><<<blocks, 32 * kVecWarps, 0, s>>>(
-                        static_cast<R*>(dinp), accumulate, pw, pb, static_cast<const bf16*>(dout),
-                        static_cast<const R*>(inp), static_cast<const R*>(weight), mean, rstd, N);
+                    auto launch = [&](auto sums) {
+                        blocks = vec_backward_blocks<NV.value, sums.value, R>();
+                        layernorm_backward_vec_kernel<NV.value, sums.value, R>
+                            <<<blocks, 32 * kVecWarps, 0, s>>>(
+                                static_cast<R*>(dinp), accumulate, pw, pb, part_d,
+                                static_cast<const bf16*>(dout), static_cast<const R*>(inp),
+                                static_cast<const R*>(weight), mean, rstd, N);
+                    };
+                    if (part_d)
+                        launch(std::true_type{});
+                    else
+                        launch(std::false_type{});
                 });
                 if (done) {
                     ZG_LAUNCH_CHECK();
                     add_partial_column_sums(dweight, pw, dbias, pb, blocks, C, s);
+                    if (dinp_sums) dinp_sums->rows = blocks;
                     return;
                 }
             }
         }
         const int blocks = backward_blocks(N);
-        const size_t smem = size_t(2) * kWarps * C * sizeof(float);
+        const size_t smem = size_t(part_d ? 3 : 2) * kWarps * C * sizeof(float);
         ZG_CHECK(smem <= 200 * 1024, "layernorm_backward: C too large for the shared-memory sums");
         float* part_w = static_cast<float*>(scratch);
         float* part_b = part_w + size_t(blocks) * C;
@@ -486,12 +534,13 @@ void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dwe
         if (smem > 48 * 1024)
             ZG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                int(smem)));
-        kernel<<<blocks, 32 * kWarps, smem, s>>>(static_cast<R*>(dinp), dinp_map, accumulate,
-                                                 part_w, part_b, static_cast<const T*>(dout),
-                                                 dout_map, static_cast<const R*>(inp), in_map,
-                                                 static_cast<const R*>(weight), mean, rstd, N, C);
+        kernel<<<blocks, 32 * kWarps, smem, s>>>(
+            static_cast<R*>(dinp), dinp_map, accumulate, part_w, part_b, part_d,
+            static_cast<const T*>(dout), dout_map, static_cast<const R*>(inp), in_map,
+            static_cast<const R*>(weight), mean, rstd, N, C);
         ZG_LAUNCH_CHECK();
         add_partial_column_sums(dweight, part_w, dbias, part_b, blocks, C, s);
+        if (dinp_sums) dinp_sums->rows = blocks;
     });
     ZG_LAUNCH_CHECK();
 }

@@ -55,12 +55,25 @@ inline void residual_layernorm_forward(void* res, void* out, float* mean, float*
 
 size_t layernorm_backward_scratch_bytes(int64_t N, int64_t C);
 
+// Partial column sums [rows, C] that a backward call leaves for a later reduction
+// (bias_backward_from_partials in kernels/matmul.h): `parts` holds
+// layernorm_backward_sums_bytes(N, C); the call sets `rows`.
+struct ColumnSumParts {
+    float* parts = nullptr;
+    int rows = 0;
+};
+size_t layernorm_backward_sums_bytes(int64_t N, int64_t C);
+
 // dinp = (accumulate ? dinp : 0) + dLN/dinp; dweight, dbias (may be null) added into. dinp may
 // alias dout (each row is read whole before it is written). dout in t; dinp, inp, weight in in_t.
+// dinp_sums (plain dinp rows only): also the column sums of dinp as stored and rounded to t, one
+// row of partials per block, in a fixed order. In a pre-LN block dinp is the output gradient of
+// the projection before the norm, so they are its bias gradient without a pass of their own.
 void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dweight, float* dbias,
                         const void* dout, RowMap dout_map, const void* inp, RowMap in_map,
                         const void* weight, const float* mean, const float* rstd, int64_t N,
-                        int64_t C, void* scratch, DType t, DType in_t, CUstream_st* s);
+                        int64_t C, void* scratch, DType t, DType in_t, CUstream_st* s,
+                        ColumnSumParts* dinp_sums = nullptr);
 inline void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dweight,
                                float* dbias, const void* dout, RowMap dout_map, const void* inp,
                                RowMap in_map, const void* weight, const float* mean,

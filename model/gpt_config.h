@@ -40,6 +40,9 @@ struct KernelChoice {
     // cuBLASLt candidates timed at the first use of each GEMM shape, the fastest kept (Gemm::search
     // in kernels/matmul.h); 0: the heuristic's first choice
     int matmul_search = 0;
+    // The attention and MLP projections' bias gradients as column sums inside the LayerNorm
+    // backward that writes their output gradient (kernels/layernorm.h), not a pass of their own
+    bool layernorm_bias_sums = true;
     // The kernels' tuning knobs (kernels.cross_entropy_tuning.*, kernels.attention_tuning.*); the
     // defaults are the kernels' own choices.
     cuda::CrossEntropyTuning cross_entropy_tuning;

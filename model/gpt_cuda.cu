@@ -156,6 +156,10 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
     if (cfg.bias && !cfg.qk_norm) qkv_colsum_rows = attention->colsum_rows(shape, t);
     if (qkv_colsum_rows > 0)
         qkv_colsums = DeviceBuffer(size_t(qkv_colsum_rows) * 3 * C * sizeof(float));
+    if (cfg.bias && opt.kernels.layernorm_bias_sums) {
+        mlp_bias_sums = DeviceBuffer(cuda::layernorm_backward_sums_bytes(BT, C));
+        attn_bias_sums = DeviceBuffer(cuda::layernorm_backward_sums_bytes(BT, C));
+    }
     ln_scratch = DeviceBuffer(std::max(cuda::layernorm_backward_scratch_bytes(BT, C),
                                        cuda::layernorm_backward_scratch_bytes(BT * NH, C / NH)));
     bias_scratch = DeviceBuffer(cuda::bias_backward_scratch_bytes(BT, 4 * C));
@@ -418,11 +422,16 @@ void GptCuda::Impl::backward() {
                         layout.lm_head, -1, BT, C, Vp, nullptr, true);
     head_sharded_done = false;
     mark(5);
+    // The residual gradient's column sums, when the LayerNorm backward leaves them: the bias
+    // gradients of the projections that add into the residual stream.
+    const bool ln_sums = mlp_bias_sums.bytes() > 0;
+    cuda::ColumnSumParts mlp_sums{mlp_bias_sums.as<float>()}, attn_sums{attn_bias_sums.as<float>()};
     before_write(dres.get());
+    before_write(mlp_sums.parts);
     cuda::layernorm_backward(dres.get(), {1, C}, false, g(layout.lnf_w), g(layout.lnf_b),
                              dtmp.get(), {1, C}, residual[L].get(), {1, C}, wr(layout.lnf_w),
                              lnf_mean.as<float>(), lnf_rstd.as<float>(), BT, C, ln_scratch.get(), t,
-                             rt, stream);
+                             rt, stream, ln_sums ? &mlp_sums : nullptr);
     tick("layernorm bwd");
     for (int64_t l = L - 1; l >= 0; l--) {
         const BlockParams& p = layout.blocks[l];
@@ -437,19 +446,22 @@ void GptCuda::Impl::backward() {
         }
         before_write(dfch.get());
         if (!linear_backward(dfch.get(), dres_for_matmul(), gelu, p.fcproj_w, p.fcproj_b, BT, 4 * C,
-                             C, a.fch.get())) {
+                             C, a.fch.get(), false, ln_sums ? mlp_sums.parts : nullptr,
+                             mlp_sums.rows)) {
             cuda::gelu_backward(dfch.get(), a.fch.get(), dfch.get(), BT * 4 * C, t, stream);
             tick("GELU bwd");
         }
         linear_backward(dtmp.get(), dfch.get(), a.ln2.get(), p.fc_w, p.fc_b, BT, C, 4 * C);
         before_write(dres.get());
+        before_write(attn_sums.parts);
         cuda::layernorm_backward(dres.get(), {1, C}, true, g(p.ln2_w), g(p.ln2_b), dtmp.get(),
                                  {1, C}, a.res_attn.get(), {1, C}, wr(p.ln2_w),
                                  a.ln2_mean.as<float>(), a.ln2_rstd.as<float>(), BT, C,
-                                 ln_scratch.get(), t, rt, stream);
+                                 ln_scratch.get(), t, rt, stream, ln_sums ? &attn_sums : nullptr);
         tick("layernorm bwd");
         // attention branch
-        linear_backward(dtmp.get(), dres_for_matmul(), a.atty.get(), p.proj_w, p.proj_b, BT, C, C);
+        linear_backward(dtmp.get(), dres_for_matmul(), a.atty.get(), p.proj_w, p.proj_b, BT, C, C,
+                        nullptr, false, ln_sums ? attn_sums.parts : nullptr, attn_sums.rows);
         before_write(dqkv.get());
         before_write(qkv_colsums.get());
         attention->backward(dqkv.get(), dtmp.get(), a.qkv.get(), a.atty.get(), a.att_saved.get(),
@@ -472,10 +484,11 @@ void GptCuda::Impl::backward() {
         linear_backward(dtmp.get(), dqkv.get(), a.ln1.get(), p.qkv_w, p.qkv_b, BT, C, 3 * C,
                         nullptr, false, qkv_colsums.as<float>(), qkv_colsum_rows);
         before_write(dres.get());
-        cuda::layernorm_backward(dres.get(), {1, C}, true, g(p.ln1_w), g(p.ln1_b), dtmp.get(),
-                                 {1, C}, residual[l].get(), {1, C}, wr(p.ln1_w),
-                                 a.ln1_mean.as<float>(), a.ln1_rstd.as<float>(), BT, C,
-                                 ln_scratch.get(), t, rt, stream);
+        before_write(mlp_sums.parts);  // block l - 1's MLP bias gradient (none below block 0)
+        cuda::layernorm_backward(
+            dres.get(), {1, C}, true, g(p.ln1_w), g(p.ln1_b), dtmp.get(), {1, C}, residual[l].get(),
+            {1, C}, wr(p.ln1_w), a.ln1_mean.as<float>(), a.ln1_rstd.as<float>(), BT, C,
+            ln_scratch.get(), t, rt, stream, ln_sums && l > 0 ? &mlp_sums : nullptr);
         tick("layernorm bwd");
         announce_block_grads(l);
     }
@@ -508,11 +521,12 @@ size_t GptCuda::Impl::allocated() const {
               &a.k_rstd, &a.qkv, &a.att_saved, &a.atty, &a.res_attn, &a.ln2, &a.ln2_mean,
               &a.ln2_rstd, &a.fch, &a.fch_gelu})
             s += b->bytes();
-    for (const DeviceBuffer* b : {&lnf,        &lnf_mean,     &lnf_rstd,    &logits,
-                                  &tokens,     &targets,      &bucket_ints, &bucket_partials,
-                                  &branch_out, &dres,         &dres_act,    &dtmp,
-                                  &dqkv,       &dfch,         &gelu_tmp,    &att_scratch,
-                                  &ln_scratch, &bias_scratch, &qkv_colsums, &ce_workspace})
+    for (const DeviceBuffer* b : {&lnf,           &lnf_mean,      &lnf_rstd,    &logits,
+                                  &tokens,        &targets,       &bucket_ints, &bucket_partials,
+                                  &branch_out,    &dres,          &dres_act,    &dtmp,
+                                  &dqkv,          &dfch,          &gelu_tmp,    &att_scratch,
+                                  &ln_scratch,    &bias_scratch,  &qkv_colsums, &ce_workspace,
+                                  &mlp_bias_sums, &attn_bias_sums})
         s += b->bytes();
     for (const DeviceBuffer* b : {&vp_h, &vp_y, &vp_logits, &vp_stats, &vp_gathered, &vp_params,
                                   &vp_nvalid, &vp_rows, &vp_dh_all, &vp_dh, &vp_summary})

@@ -97,6 +97,10 @@ struct GptCuda::Impl {
     // gradient without another pass over dqkv); empty otherwise.
     DeviceBuffer qkv_colsums;
     int64_t qkv_colsum_rows = 0;
+    // Partial column sums of the residual gradient, left by the LayerNorm backward that writes it
+    // (kernels.layernorm_bias_sums): the MLP projection's bias gradient (what LN1 of the next block
+    // or the final LN wrote) and the attention projection's (what LN2 wrote); empty when off.
+    DeviceBuffer mlp_bias_sums, attn_bias_sums;
     DeviceBuffer ce_workspace;
     bool have_logits = false;
     bool profiling = false;

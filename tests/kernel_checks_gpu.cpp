@@ -201,6 +201,26 @@ void layernorm(const std::string& variant, const LayernormDims& s, DType t, DTyp
     check_close("dinp", d_dinp.get(), dinp, r);
     check_close("dweight", d_gw.get(), gw, DType::f32, 1e-4);
     check_close("dbias", d_gb.get(), gb, DType::f32, 1e-4);
+    // Again, with dinp's column sums (the projections' bias gradient in the trainer): dinp the
+    // same bits, the sums those of the dinp written, rounded to t as the matmuls read it, summed
+    // in double here. fp32 sums of N values: 1e-5 of the largest sum (a dropped row or a sum of
+    // unrounded values is off by far more).
+    DevT d_dinp2(r, dinp0), d_gw2(DType::f32, C), d_gb2(DType::f32, C), d_sum(DType::f32, C);
+    DevT parts(DType::f32, int64_t(cuda::layernorm_backward_sums_bytes(N, C) / 4));
+    cuda::ColumnSumParts sums{parts.f()};
+    cuda::layernorm_backward(d_dinp2.p, {1, C}, true, d_gw2.f(), d_gb2.f(), d_dout.p, {1, C},
+                             dres_in.p, {1, C}, dw.p, dmean.f(), drstd.f(), N, C, scratch.p, t, r,
+                             nullptr, &sums);
+    REQUIRE(sums.rows > 0);
+    cuda::bias_backward_from_partials(d_sum.f(), sums.parts, sums.rows, C, nullptr);
+    const auto got_dinp = d_dinp.get(), got_dinp2 = d_dinp2.get();
+    CHECK(got_dinp2 == got_dinp);
+    check_close("dweight (with the sums)", d_gw2.get(), gw, DType::f32, 1e-4);
+    check_close("dbias (with the sums)", d_gb2.get(), gb, DType::f32, 1e-4);
+    std::vector<double> colsum(C, 0.0);
+    for (int64_t i = 0; i < N; i++)
+        for (int64_t c = 0; c < C; c++) colsum[c] += as_stored(got_dinp[i * C + c], t);
+    check_close("dinp column sums", d_sum.get(), colsum, DType::f32, 1e-5);
 }
 
 void qk_layernorm(const HeadsDims& s, DType t) {

@@ -207,6 +207,65 @@ TEST_CASE("whole model in bf16 at head size 64: tensor-core attention, qkv bias 
         }
 }
 
+TEST_CASE("kernels.layernorm_bias_sums: the projections' bias gradients as the separate pass's") {
+    // n_embd 256 takes the LayerNorm backward's vector kernel (the tiny config's 24 the scalar
+    // one, covered above against GPT<double>). With the sums on, the projections' bias gradients
+    // are summed in another order (fp32 sums of the same bf16 values: 1e-5 of the largest); every
+    // other gradient and the loss are the same bits.
+    for (bool fp32_residual : {false, true}) {
+        CAPTURE(fp32_residual);
+        ModelConfig c = tiny_config(false, true, false);
+        c.n_head = 4;
+        c.n_embd = 256;
+        c.block_size = 64;
+        const int64_t B = 3, T = 64;
+        Rng rng(5);
+        GPT<double> init(c);
+        init.init_weights(3);
+        std::vector<float> pf(init.params.begin(), init.params.end());
+        for (const ParamSpec& sp : init.layout().table.specs())
+            if (sp.init == Init::zeros)  // biases not zero, so every path carries them
+                for (int64_t i = sp.offset; i < sp.offset + sp.numel; i++)
+                    pf[i] = float(0.05 * rng.normal());
+        const auto tokens = random_tokens(rng, B * T, c.vocab_size),
+                   targets = random_tokens(rng, B * T, c.vocab_size);
+        CrossEntropyOptions ce;
+        ce.reduction = Reduction::sum;
+        std::map<bool, std::vector<float>> grads;
+        std::map<bool, double> loss;
+        for (bool sums : {false, true}) {
+            CudaModelOptions o;
+            o.precision = DType::bf16;
+            o.fp32_residual = fp32_residual;
+            o.kernels.layernorm_bias_sums = sums;
+            GptCuda m(c, o);
+            m.set_params(pf.data());
+            m.zero_grad();
+            m.forward(tokens.data(), B, T);
+            loss[sums] = m.loss(targets.data(), ce, 1.0 / double(B * T), true).sum_loss;
+            m.backward();
+            grads[sums].resize(m.num_parameters());
+            m.get_grads(grads[sums].data());
+        }
+        CHECK(loss[true] == loss[false]);
+        int projection_biases = 0;
+        for (const ParamSpec& sp : init.layout().table.specs()) {
+            CAPTURE(sp.name);
+            const auto first = grads[false].begin() + sp.offset;
+            const std::vector<double> off(first, first + sp.numel),
+                on(grads[true].begin() + sp.offset, grads[true].begin() + sp.offset + sp.numel);
+            if (sp.name.find("c_proj.bias") != std::string::npos) {
+                projection_biases++;
+                REQUIRE(max_abs(off) > 0);
+                check_close("projection bias gradient", on, off, DType::f32, 1e-5);
+            } else {
+                CHECK(on == off);
+            }
+        }
+        CHECK(projection_biases == 2 * c.n_layer);
+    }
+}
+
 TEST_CASE("the pipelined loss head (row chunks over two streams) equals GPT<double>") {
     // 257 x 13 = 3341 rows: 3 chunks of at least 1024 rows (1114, 1114, 1113), so chunk edges
     // fall inside sequences; targets[3] is ignored in the first chunk only.

@@ -169,6 +169,10 @@ std::vector<ConfigField> config_fields(Config& c) {
          "candidate algorithms timed at the first use of each shape, the fastest kept for the "
          "run (0 or 1: cuBLASLt's first choice; at most 32)",
          &k.matmul_search, 0, 32});
+    add({"kernels", "layernorm_bias_sums",
+         "GPU: the attention and MLP projections' bias gradients summed inside the LayerNorm "
+         "backward that writes their output gradient (false: a column-sum pass of their own)",
+         &k.layernorm_bias_sums});
     // The kernels' tuning knobs (CrossEntropyTuning in kernels/cross_entropy.h, AttentionTuning
     // in kernels/attention.h): nested keys, kernels.<family>_tuning.<knob>, every default the
     // kernels' own choice. Values outside a knob's set are refused in check_cross.
