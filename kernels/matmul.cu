@@ -169,15 +169,29 @@ Plan::Plan(const Gemm& g) {
                 op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &dt, sizeof dt));
         }
     }
-    // column-major stored shapes: A (m x k or k x m), B (k x n or n x k), D (m x n)
-    ZG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(
-        &la, abt, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m, ta == CUBLAS_OP_N ? m : k));
-    ZG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(
-        &lb, abt, tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k, tb == CUBLAS_OP_N ? k : n));
-    ZG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, dt, m, n, m));
-    al_a = alignment(g.B);
-    al_b = alignment(g.A);
-    al_d = alignment(g.D);
+    // column-major stored shapes: A (m x k or k x m), B (k x n or n x k), D (m x n); a row-major
+    // row stride is the column-major leading dimension
+    const uint64_t row_a = ta == CUBLAS_OP_N ? m : k, row_b = tb == CUBLAS_OP_N ? k : n;
+    const uint64_t ld_a = g.ldb ? uint64_t(g.ldb) : row_a, ld_b = g.lda ? uint64_t(g.lda) : row_b,
+                   ld_d = g.ldd ? uint64_t(g.ldd) : m;
+    ZG_CHECK(ld_a >= row_a && ld_b >= row_b && ld_d >= m,
+             "gemm: a row stride shorter than its row");
+    ZG_CHECK(!g.aux || !g.ldd, "gemm: the GELU epilogues take rows stored back to back");
+    ZG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, abt, row_a, ta == CUBLAS_OP_N ? k : m, ld_a));
+    ZG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, abt, row_b, tb == CUBLAS_OP_N ? n : k, ld_b));
+    ZG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, dt, m, n, ld_d));
+    // Every row's start, not only the first: the pointer's alignment and the stride's in bytes.
+    // (A stride that is not given is left out, as before: the key of shapes stored back to back
+    // is unchanged, and the GEMM choices saved with it still apply.)
+    const auto row_align = [](const void* p, int64_t stride, DType type) {
+        const uint32_t a = alignment(p);
+        if (!stride) return a;
+        const uint64_t bytes = uint64_t(stride) * (type == DType::f32 ? 4 : 2);
+        return uint32_t(std::min<uint64_t>(a, bytes & (~bytes + 1)));  // its lowest set bit
+    };
+    al_a = row_align(g.B, g.ldb, g.ab_type);
+    al_b = row_align(g.A, g.lda, g.ab_type);
+    al_d = row_align(g.D, g.ldd, g.d_type);
     const uint32_t al_aux = g.aux ? alignment(g.aux) : 256,
                    al_bias = g.bias ? alignment(g.bias) : 256;
     // the four alignments (powers of two, 1 to 256) as their exponents, a hex digit each

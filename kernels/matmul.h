@@ -54,6 +54,10 @@ struct Gemm {
     bool trans_b = false;
     DType ab_type = DType::bf16;
     int64_t M = 0, N = 0, K = 0;
+    // Row strides in elements of A, B and D as stored (row-major); 0: rows stored back to back.
+    // A padded stride keeps every row 16-byte aligned where the row length would not (a
+    // vocabulary shard of odd length), which cuBLASLt's fast kernels need.
+    int64_t lda = 0, ldb = 0, ldd = 0;
     float alpha = 1, beta = 0;
     Epilogue epilogue = Epilogue::none;
     const void* bias = nullptr;

@@ -122,7 +122,7 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
         // also the group's residual gradients in backward (type rt)
         vp_h = DeviceBuffer(size_t(NA * C) * std::max(es, res_es));
         vp_y = DeviceBuffer(NA * 4);
-        vp_logits = linear_ce ? DeviceBuffer() : act(NA * Vl);
+        vp_logits = linear_ce ? DeviceBuffer() : act(NA * shard_logits_ld(vgroup.rank));
         vp_stats = DeviceBuffer(NA * sizeof(cuda::RowStatsF));
         vp_gathered = DeviceBuffer(vgroup.size * NA * sizeof(cuda::RowStatsF));
         vp_params = DeviceBuffer(NA * sizeof(cuda::RowGradParams));

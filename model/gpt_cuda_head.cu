@@ -91,7 +91,7 @@ CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bo
              "the vocab-parallel head takes reduction sum (the trainer's)");
     const int P = vgroup.size, p = vgroup.rank;
     const int64_t BT = B * Tn, C = cfg.n_embd, NA = P * BT;
-    const int64_t v0 = shard_v0(p), Vl = shard_rows(p);
+    const int64_t v0 = shard_v0(p), Vl = shard_rows(p), ld = shard_logits_ld(p);
     const void* W = w(layout.lm_head);  // this shard's rows only
     float* dW = g(layout.lm_head);
     auto* stats = vp_stats.as<cuda::RowStatsF>();
@@ -136,11 +136,13 @@ CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bo
         if (compute_grad) la.dweight_acc = dW;
         cuda::linear_ce_shard_stats(stats, la, o, ce_workspace.get(), stream);
     } else {
-        // logits [NA, Vl] = H_all W_shard^T
-        cuda::gemm(forward_gemm(vp_logits.get(), vp_h.get(), W, NA, C, Vl), stream);
+        // logits [NA, Vl] = H_all W_shard^T, rows ld apart
+        cuda::Gemm gf = forward_gemm(vp_logits.get(), vp_h.get(), W, NA, C, Vl);
+        gf.ldd = ld;
+        cuda::gemm(gf, stream);
         a.logits = vp_logits.get();
         a.dlogits = vp_logits.get();
-        a.ld = Vl;
+        a.ld = ld;
         cuda::ce_shard_stats(stats, a, o, stream);
     }
     // One collective for the statistics; every rank merges them in rank order.
@@ -159,9 +161,12 @@ CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bo
         } else {
             cuda::ce_shard_backward(a, params_, o, stream);
             // dW_shard += dlogits^T H_all (fp32, into the arena)
-            cuda::gemm(weight_grad_gemm(dW, vp_logits.get(), vp_h.get(), NA, C, Vl), stream);
+            cuda::Gemm gw = weight_grad_gemm(dW, vp_logits.get(), vp_h.get(), NA, C, Vl);
+            gw.lda = ld;
+            cuda::gemm(gw, stream);
             // dH_all [NA, C] = dlogits W_shard, in fp32 for the sum over the shards
             cuda::Gemm gi = input_grad_gemm(vp_dh_all.get(), vp_logits.get(), W, NA, C, Vl);
+            gi.lda = ld;
             gi.d_type = DType::f32;
             cuda::gemm(gi, stream);
         }

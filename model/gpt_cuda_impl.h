@@ -268,6 +268,11 @@ struct GptCuda::Impl {
         const int64_t V = cfg.vocab_size, P = vgroup.size;
         return V / P + (r < V % P ? 1 : 0);
     }
+    // The row stride of a shard's logits: its rows rounded up to 128, as the whole head's are
+    // (padded_vocab_size). Shards of odd length (V = 50257 over 2 ranks: 25129 and 25128 rows)
+    // would otherwise put rows at unaligned addresses, where cuBLASLt and the cross-entropy take
+    // their slow paths and the other ranks wait for that one.
+    int64_t shard_logits_ld(int r) const { return padded_vocab_size(shard_rows(r)); }
     int64_t shard_v0(int r) const {
         const int64_t V = cfg.vocab_size, P = vgroup.size;
         return r * (V / P) + std::min<int64_t>(r, V % P);

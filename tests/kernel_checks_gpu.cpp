@@ -509,6 +509,81 @@ void dgelu_bias_grad(int64_t M, int64_t K, int64_t N) {
     }
 }
 
+void matmul_strided(int64_t M, int64_t K, int64_t N, int64_t ld, DType t) {
+    REQUIRE(ld >= N);
+    Rng rng(seed_of({M, K, N, ld, int64_t(t)}));
+    const auto h = rnd(rng, M * K, t), w = rnd(rng, N * K, t, 0.3), g = rnd(rng, M * N, t);
+    // the references, in double from the stored values
+    std::vector<double> logits(M * N, 0.0), dw(N * K, 0.5), dh(M * K, 0.0);
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++)
+            for (int64_t k = 0; k < K; k++) {
+                logits[i * N + j] += h[i * K + k] * w[j * K + k];
+                dw[j * K + k] += g[i * N + j] * h[i * K + k];
+                dh[i * K + k] += g[i * N + j] * w[j * K + k];
+            }
+    // g and the logits in rows ld apart; the padding holds a value no product writes
+    constexpr double kPad = 7.0;
+    std::vector<double> g_pad(M * ld, kPad);
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) g_pad[i * ld + j] = g[i * N + j];
+    DevT dH(t, h), dW(t, w), dG(t, g_pad), dL(t, std::vector<double>(M * ld, kPad));
+    DevT dWg(DType::f32, std::vector<double>(N * K, 0.5)), dHg(DType::f32, M * K);
+    cuda::Gemm f;  // logits = h w^T, rows ld apart
+    f.D = dL.p;
+    f.d_type = f.ab_type = t;
+    f.A = dH.p;
+    f.B = dW.p;
+    f.trans_b = true;
+    f.M = M;
+    f.N = N;
+    f.K = K;
+    f.ldd = ld;
+    cuda::gemm(f, nullptr);
+    cuda::Gemm gw;  // dw += g^T h (fp32)
+    gw.D = dWg.p;
+    gw.d_type = DType::f32;
+    gw.ab_type = t;
+    gw.A = dG.p;
+    gw.trans_a = true;
+    gw.B = dH.p;
+    gw.M = N;
+    gw.N = K;
+    gw.K = M;
+    gw.lda = ld;
+    gw.beta = 1;
+    cuda::gemm(gw, nullptr);
+    cuda::Gemm gi;  // dh = g w (fp32)
+    gi.D = dHg.p;
+    gi.d_type = DType::f32;
+    gi.ab_type = t;
+    gi.A = dG.p;
+    gi.B = dW.p;
+    gi.M = M;
+    gi.N = K;
+    gi.K = N;
+    gi.lda = ld;
+    cuda::gemm(gi, nullptr);
+    const auto got = dL.get();
+    std::vector<double> got_logits(M * N);
+    bool pad_kept = true;
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < ld; j++) {
+            if (j < N)
+                got_logits[i * N + j] = got[i * ld + j];
+            else
+                pad_kept &= got[i * ld + j] == kPad;
+        }
+    CHECK(pad_kept);
+    check_close("logits (rows ld apart)", got_logits, logits, t);
+    check_close("dw += g^T h (g's rows ld apart)", dWg.get(), dw, DType::f32);
+    check_close("dh = g w (g's rows ld apart)", dHg.get(), dh, DType::f32);
+    // a stride shorter than the row is refused
+    cuda::Gemm bad = f;
+    bad.ldd = N - 1;
+    CHECK_THROWS_AS(cuda::gemm(bad, nullptr), Error);
+}
+
 void encoder(const EncoderDims& s, DType t) {
     // wte rows summed per token, in order; tokens repeat (ids below 5, half the positions id 1,
     // so that at B x T = 2048 every token's positions are split over several bucket entries and

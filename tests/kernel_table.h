@@ -57,6 +57,9 @@ void layernorm(const std::string& variant, const LayernormDims& s, DType t, DTyp
 void matmul(const std::string& variant, const MatmulDims& s, DType t);
 // fc's bias gradient from the GELU' epilogue: d[M, K] = (dout[M, N] w[N, K]) GELU'(pre)
 void dgelu_bias_grad(int64_t M, int64_t K, int64_t N);
+// The vocab-parallel head's three products over a shard of N logits whose rows are ld apart
+// (Gemm::lda / ldd): logits [M, N] = h [M, K] w[N, K]^T, dw [N, K] += g^T h, dh [M, K] = g w
+void matmul_strided(int64_t M, int64_t K, int64_t N, int64_t ld, DType t);
 // Ops with one CUDA implementation.
 void qk_layernorm(const HeadsDims& s, DType t);
 void encoder(const EncoderDims& s, DType t);

@@ -336,6 +336,16 @@ void dgelu_bias_grad_rows(std::vector<Row>& rows) {
                     "bf16", true, GPU_CHECK(gpu::dgelu_bias_grad(8195, 3072, 768))});
 }
 
+void matmul_strided_rows(std::vector<Row>& rows) {
+    // a vocab-parallel shard of odd length (the head's 50257 rows over 2 ranks leave 25129), its
+    // logits' rows padded to 128 as the model pads them; and an odd stride (rows unaligned)
+    for (DType t : kTypes)
+        for (const auto& [N, ld] : {std::pair<int64_t, int64_t>{131, 256}, {131, 133}})
+            rows.push_back({"matmul_strided", "cuda",
+                            dims({{"M", 300}, {"K", 64}, {"N", N}, {"ld", ld}}), dtype_name(t),
+                            true, GPU_CHECK(gpu::matmul_strided(300, 64, N, ld, t))});
+}
+
 void matmul_cpu_rows(std::vector<Row>& rows) {
     // N not a multiple of the 4-row tile; C and OC odd; one GPT-like width
     for (const MatmulDims& s : {MatmulDims{7, 9, 5}, {33, 7, 5}, {64, 64, 256}, {129, 768, 65}})
@@ -415,6 +425,7 @@ std::vector<Runner> runners() {
     per_variant("matmul", {"fused_epilogue", "separate", "wgmma"}, matmul_rows);
     r.push_back({"matmul", "cpu", matmul_cpu_rows});
     r.push_back({"matmul_dgelu_bias_grad", "cuda", dgelu_bias_grad_rows});
+    r.push_back({"matmul_strided", "cuda", matmul_strided_rows});
     r.push_back({"qk_layernorm", "cuda", qk_layernorm_rows});
     r.push_back({"encoder", "cuda", encoder_rows});
     r.push_back({"gelu", "cuda", gelu_rows});
