@@ -526,8 +526,12 @@ void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dwe
             }
         }
         const int blocks = backward_blocks(N);
+        constexpr size_t kMaxSmem = 200 * 1024;
+        // dinp's sums need a third [kWarps][C] of shared memory; where that does not fit (C above
+        // about 4266) they are not computed and rows stays 0: the caller sums dinp itself
+        if (part_d && size_t(3) * kWarps * C * sizeof(float) > kMaxSmem) part_d = nullptr;
         const size_t smem = size_t(part_d ? 3 : 2) * kWarps * C * sizeof(float);
-        ZG_CHECK(smem <= 200 * 1024, "layernorm_backward: C too large for the shared-memory sums");
+        ZG_CHECK(smem <= kMaxSmem, "layernorm_backward: C too large for the shared-memory sums");
         float* part_w = static_cast<float*>(scratch);
         float* part_b = part_w + size_t(blocks) * C;
         auto kernel = layernorm_backward_kernel<T, R>;
@@ -540,7 +544,7 @@ void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dwe
             static_cast<const R*>(weight), mean, rstd, N, C);
         ZG_LAUNCH_CHECK();
         add_partial_column_sums(dweight, part_w, dbias, part_b, blocks, C, s);
-        if (dinp_sums) dinp_sums->rows = blocks;
+        if (dinp_sums) dinp_sums->rows = part_d ? blocks : 0;
     });
     ZG_LAUNCH_CHECK();
 }

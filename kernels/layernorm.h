@@ -57,7 +57,8 @@ size_t layernorm_backward_scratch_bytes(int64_t N, int64_t C);
 
 // Partial column sums [rows, C] that a backward call leaves for a later reduction
 // (bias_backward_from_partials in kernels/matmul.h): `parts` holds
-// layernorm_backward_sums_bytes(N, C); the call sets `rows`.
+// layernorm_backward_sums_bytes(N, C); the call sets `rows`, to 0 where it could not leave them
+// (the generic kernel's shared memory, C above about 4266).
 struct ColumnSumParts {
     float* parts = nullptr;
     int rows = 0;

@@ -269,7 +269,10 @@ int search_candidates(const Plan& plan, const Gemm& g, CUstream_st* stream) {
     const int n = std::min<int>(int(list.size()), g.search);
     if (n <= 1) return 0;
     ZG_CUDA_CHECK(cudaDeviceSynchronize());
-    const size_t d_bytes = size_t(g.M) * size_t(g.N) * dtype_bytes(g.d_type);
+    // D's span: M rows, ldd apart when a stride is given (what lies between the rows is saved
+    // and restored with them)
+    const size_t d_bytes =
+        (size_t(g.M - 1) * size_t(g.ldd ? g.ldd : g.N) + size_t(g.N)) * dtype_bytes(g.d_type);
     void* saved = nullptr;
     if (g.beta != 0) {
         ZG_CUDA_CHECK(cudaMalloc(&saved, d_bytes));

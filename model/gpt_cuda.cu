@@ -446,7 +446,7 @@ void GptCuda::Impl::backward() {
         }
         before_write(dfch.get());
         if (!linear_backward(dfch.get(), dres_for_matmul(), gelu, p.fcproj_w, p.fcproj_b, BT, 4 * C,
-                             C, a.fch.get(), false, ln_sums ? mlp_sums.parts : nullptr,
+                             C, a.fch.get(), false, mlp_sums.rows > 0 ? mlp_sums.parts : nullptr,
                              mlp_sums.rows)) {
             cuda::gelu_backward(dfch.get(), a.fch.get(), dfch.get(), BT * 4 * C, t, stream);
             tick("GELU bwd");
@@ -461,7 +461,8 @@ void GptCuda::Impl::backward() {
         tick("layernorm bwd");
         // attention branch
         linear_backward(dtmp.get(), dres_for_matmul(), a.atty.get(), p.proj_w, p.proj_b, BT, C, C,
-                        nullptr, false, ln_sums ? attn_sums.parts : nullptr, attn_sums.rows);
+                        nullptr, false, attn_sums.rows > 0 ? attn_sums.parts : nullptr,
+                        attn_sums.rows);
         before_write(dqkv.get());
         before_write(qkv_colsums.get());
         attention->backward(dqkv.get(), dtmp.get(), a.qkv.get(), a.atty.get(), a.att_saved.get(),

@@ -578,10 +578,44 @@ void matmul_strided(int64_t M, int64_t K, int64_t N, int64_t ld, DType t) {
     check_close("logits (rows ld apart)", got_logits, logits, t);
     check_close("dw += g^T h (g's rows ld apart)", dWg.get(), dw, DType::f32);
     check_close("dh = g w (g's rows ld apart)", dHg.get(), dh, DType::f32);
+    // w in rows ldw apart (Gemm::ldb), in both orientations: the logits again (w transposed) and
+    // dh again (w as stored)
+    const int64_t ldw = K + 8;
+    std::vector<double> w_pad(N * ldw, kPad);
+    for (int64_t j = 0; j < N; j++)
+        for (int64_t k = 0; k < K; k++) w_pad[j * ldw + k] = w[j * K + k];
+    DevT dWp(t, w_pad), dL2(t, M * N), dHg2(DType::f32, M * K);
+    cuda::Gemm f2 = f;
+    f2.D = dL2.p;
+    f2.B = dWp.p;
+    f2.ldb = ldw;
+    f2.ldd = 0;
+    cuda::gemm(f2, nullptr);
+    check_close("logits (w's rows ldw apart)", dL2.get(), logits, t);
+    cuda::Gemm gi2 = gi;
+    gi2.D = dHg2.p;
+    gi2.B = dWp.p;
+    gi2.ldb = ldw;
+    cuda::gemm(gi2, nullptr);
+    check_close("dh = g w (w's rows ldw apart)", dHg2.get(), dh, DType::f32);
     // a stride shorter than the row is refused
     cuda::Gemm bad = f;
     bad.ldd = N - 1;
     CHECK_THROWS_AS(cuda::gemm(bad, nullptr), Error);
+}
+
+void column_sums(int64_t rows, int64_t cols) {
+    // out[c] += the sum of parts[k][c] (kernels/column_sums.cuh, through the bias gradient's
+    // entry point): fp32 partials of either sign, summed here in double; fp32 sums of `rows`
+    // terms within 1e-5 of the largest
+    Rng rng(seed_of({rows, cols}));
+    const auto parts = rnd(rng, rows * cols, DType::f32, 3.0), out0 = rnd(rng, cols, DType::f32);
+    std::vector<double> want = out0;
+    for (int64_t k = 0; k < rows; k++)
+        for (int64_t c = 0; c < cols; c++) want[c] += parts[k * cols + c];
+    DevT d_parts(DType::f32, parts), d_out(DType::f32, out0);
+    cuda::bias_backward_from_partials(d_out.f(), d_parts.f(), rows, cols, nullptr);
+    check_close("column sums", d_out.get(), want, DType::f32);
 }
 
 void encoder(const EncoderDims& s, DType t) {

@@ -60,6 +60,9 @@ void dgelu_bias_grad(int64_t M, int64_t K, int64_t N);
 // The vocab-parallel head's three products over a shard of N logits whose rows are ld apart
 // (Gemm::lda / ldd): logits [M, N] = h [M, K] w[N, K]^T, dw [N, K] += g^T h, dh [M, K] = g w
 void matmul_strided(int64_t M, int64_t K, int64_t N, int64_t ld, DType t);
+// Partial column sums [rows, cols] added into a row (the reduction behind the bias gradients and
+// the LayerNorm weight gradients)
+void column_sums(int64_t rows, int64_t cols);
 // Ops with one CUDA implementation.
 void qk_layernorm(const HeadsDims& s, DType t);
 void encoder(const EncoderDims& s, DType t);

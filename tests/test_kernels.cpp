@@ -346,6 +346,14 @@ void matmul_strided_rows(std::vector<Row>& rows) {
                             true, GPU_CHECK(gpu::matmul_strided(300, 64, N, ld, t))});
 }
 
+void column_sums_rows(std::vector<Row>& rows) {
+    // 32 thread rows of 4 chains: fewer rows than thread rows, each tail length (1, 2 and 3 of the
+    // last 4-chain step), whole steps, a persistent grid's count; 37 columns (a partial block)
+    for (int64_t n : {1, 31, 33, 65, 97, 128, 129, 300, 396})
+        rows.push_back({"column_sums", "cuda", dims({{"rows", n}, {"cols", 37}}), "fp32", true,
+                        GPU_CHECK(gpu::column_sums(n, 37))});
+}
+
 void matmul_cpu_rows(std::vector<Row>& rows) {
     // N not a multiple of the 4-row tile; C and OC odd; one GPT-like width
     for (const MatmulDims& s : {MatmulDims{7, 9, 5}, {33, 7, 5}, {64, 64, 256}, {129, 768, 65}})
@@ -426,6 +434,7 @@ std::vector<Runner> runners() {
     r.push_back({"matmul", "cpu", matmul_cpu_rows});
     r.push_back({"matmul_dgelu_bias_grad", "cuda", dgelu_bias_grad_rows});
     r.push_back({"matmul_strided", "cuda", matmul_strided_rows});
+    r.push_back({"column_sums", "cuda", column_sums_rows});
     r.push_back({"qk_layernorm", "cuda", qk_layernorm_rows});
     r.push_back({"encoder", "cuda", encoder_rows});
     r.push_back({"gelu", "cuda", gelu_rows});
