@@ -66,6 +66,45 @@ struct Gemm {
     // the fastest of cuBLASLt's first `search` is kept for the process. 0: the heuristic's first.
     int search = 0;
 };
+// The three products of a linear layer y[M, N] = x[M, K] W[N, K]^T (row-major, operands of type
+// t, no epilogue, no search), as the trainer, the tests and bench_gemm run them:
+// out[M, N] = inp[M, K] W^T; dinp[M, K] = dout[M, N] W (D of type t); dW[N, K] += dout^T inp in
+// fp32 (beta = 1).
+inline Gemm linear_forward_gemm(void* out, const void* inp, const void* W, int64_t M, int64_t K,
+                                int64_t N, DType t) {
+    Gemm g;
+    g.D = out;
+    g.d_type = g.ab_type = t;
+    g.A = inp;
+    g.B = W;
+    g.trans_b = true;
+    g.M = M, g.N = N, g.K = K;
+    return g;
+}
+inline Gemm linear_input_grad_gemm(void* dinp, const void* dout, const void* W, int64_t M,
+                                   int64_t K, int64_t N, DType t) {
+    Gemm g;
+    g.D = dinp;
+    g.d_type = g.ab_type = t;
+    g.A = dout;
+    g.B = W;
+    g.M = M, g.N = K, g.K = N;
+    return g;
+}
+inline Gemm linear_weight_grad_gemm(float* dW, const void* dout, const void* inp, int64_t M,
+                                    int64_t K, int64_t N, DType t) {
+    Gemm g;
+    g.D = dW;
+    g.d_type = DType::f32;
+    g.ab_type = t;
+    g.A = dout;
+    g.trans_a = true;
+    g.B = inp;
+    g.M = N, g.N = K, g.K = M;
+    g.beta = 1.0f;
+    return g;
+}
+
 void gemm(const Gemm& g, CUstream_st* stream);
 // The same, but false (nothing launched) when cuBLASLt has no algorithm for this epilogue and
 // these types, so the caller can fall back to separate kernels.

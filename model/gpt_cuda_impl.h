@@ -167,16 +167,7 @@ struct GptCuda::Impl {
     // out[M, N] = inp[M, K] @ W[N, K]^T, the forward GEMM of a linear layer (no epilogue).
     cuda::Gemm forward_gemm(void* out, const void* inp, const void* W, int64_t M, int64_t K,
                             int64_t N) const {
-        cuda::Gemm gm;
-        gm.D = out;
-        gm.d_type = t;
-        gm.ab_type = t;
-        gm.A = inp;
-        gm.B = W;
-        gm.trans_b = true;
-        gm.M = M;
-        gm.N = N;
-        gm.K = K;
+        cuda::Gemm gm = cuda::linear_forward_gemm(out, inp, W, M, K, N, t);
         gm.search = opt.kernels.matmul_search;
         return gm;
     }
@@ -196,15 +187,7 @@ struct GptCuda::Impl {
     // dinp[M, K] = dout[M, N] @ W[N, K], the input gradient of a linear layer (no epilogue).
     cuda::Gemm input_grad_gemm(void* dinp, const void* dout, const void* W, int64_t M, int64_t K,
                                int64_t N) const {
-        cuda::Gemm gm;
-        gm.D = dinp;
-        gm.d_type = t;
-        gm.ab_type = t;
-        gm.A = dout;
-        gm.B = W;
-        gm.M = M;
-        gm.N = K;
-        gm.K = N;
+        cuda::Gemm gm = cuda::linear_input_grad_gemm(dinp, dout, W, M, K, N, t);
         gm.search = opt.kernels.matmul_search;
         return gm;
     }
@@ -215,17 +198,7 @@ struct GptCuda::Impl {
     // dW[N, K] += dout[M, N]^T @ inp[M, K] in fp32, the weight gradient of a linear layer.
     cuda::Gemm weight_grad_gemm(float* dW, const void* dout, const void* inp, int64_t M, int64_t K,
                                 int64_t N) const {
-        cuda::Gemm gw;
-        gw.D = dW;
-        gw.d_type = DType::f32;
-        gw.ab_type = t;
-        gw.A = dout;
-        gw.trans_a = true;
-        gw.B = inp;
-        gw.M = N;
-        gw.N = K;
-        gw.K = M;
-        gw.beta = 1.0f;
+        cuda::Gemm gw = cuda::linear_weight_grad_gemm(dW, dout, inp, M, K, N, t);
         gw.search = opt.kernels.matmul_search;
         return gw;
     }

@@ -283,15 +283,7 @@ void matmul(const std::string& variant, const MatmulDims& s, DType t) {
     // GELU after the GEMM: of the fp32 pre-activation (fused) or of the stored one (separate, one
     // more rounding of 2^-9 that GELU' <= 1.13 carries): the reference's gelu(y) within 2^-7
     const double gelu_tol = t == DType::f32 ? 1e-5 : 1.0 / 128;
-    cuda::Gemm gm;
-    gm.D = dY.p;
-    gm.d_type = gm.ab_type = t;
-    gm.A = dx.p;
-    gm.B = dw.p;
-    gm.trans_b = true;
-    gm.M = N;
-    gm.N = OC;
-    gm.K = C;
+    cuda::Gemm gm = cuda::linear_forward_gemm(dY.p, dx.p, dw.p, N, C, OC, t);
     // where the wgmma kernel must run: bf16, K and N multiples of 8, an sm_90 device
     const bool ours =
         wgmma && t == DType::bf16 && C % 8 == 0 && OC % 8 == 0 && cuda::current_device_is_sm90();
@@ -355,26 +347,9 @@ void matmul(const std::string& variant, const MatmulDims& s, DType t) {
     cpu::matmul_backward(gx.data(), gW.data(), gb.data(), dy.data(), x.data(), w.data(), N, C, OC);
     DevT d_dy(t, dy), d_gx(t, N * C), d_gW(DType::f32, std::vector<double>(OC * C, 1.0)),
         d_gb(DType::f32, std::vector<double>(OC, 1.0));
-    cuda::Gemm gd;
-    gd.D = d_gx.p;
-    gd.d_type = gd.ab_type = t;
-    gd.A = d_dy.p;
-    gd.B = dw.p;
-    gd.M = N;
-    gd.N = C;
-    gd.K = OC;
+    cuda::Gemm gd = cuda::linear_input_grad_gemm(d_gx.p, d_dy.p, dw.p, N, C, OC, t);
     cuda::gemm(gd, nullptr);
-    cuda::Gemm gw2;
-    gw2.D = d_gW.p;
-    gw2.d_type = DType::f32;
-    gw2.ab_type = t;
-    gw2.A = d_dy.p;
-    gw2.trans_a = true;
-    gw2.B = dx.p;
-    gw2.M = OC;
-    gw2.N = C;
-    gw2.K = N;
-    gw2.beta = 1.0f;
+    cuda::Gemm gw2 = cuda::linear_weight_grad_gemm(d_gW.f(), d_dy.p, dx.p, N, C, OC, t);
     cuda::gemm(gw2, nullptr);
     DevT scratch(DType::f32, int64_t(cuda::bias_backward_scratch_bytes(N, OC) / 4));
     cuda::bias_backward(d_gb.f(), d_dy.p, N, OC, t, scratch.p, nullptr);
@@ -485,13 +460,8 @@ void dgelu_bias_grad(int64_t M, int64_t K, int64_t N) {
     DevT dout(t, rnd(rng, M * N, t)), w(t, rnd(rng, N * K, t, 0.05)),
         pre(t, rnd(rng, M * K, t, 2.0));
     DevT d(t, M * K), db(t, K);
-    cuda::Gemm g;  // d[M, K] = (dout[M, N] @ w[N, K]) * GELU'(pre); db = column sums of d
-    g.D = d.p;
-    g.A = dout.p;
-    g.B = w.p;
-    g.M = M;
-    g.N = K;
-    g.K = N;
+    // d[M, K] = (dout[M, N] @ w[N, K]) * GELU'(pre); db = column sums of d
+    cuda::Gemm g = cuda::linear_input_grad_gemm(d.p, dout.p, w.p, M, K, N, t);
     g.epilogue = cuda::Epilogue::dgelu_bias_grad;
     g.aux = pre.p;
     g.bias = db.p;
@@ -529,39 +499,14 @@ void matmul_strided(int64_t M, int64_t K, int64_t N, int64_t ld, DType t) {
         for (int64_t j = 0; j < N; j++) g_pad[i * ld + j] = g[i * N + j];
     DevT dH(t, h), dW(t, w), dG(t, g_pad), dL(t, std::vector<double>(M * ld, kPad));
     DevT dWg(DType::f32, std::vector<double>(N * K, 0.5)), dHg(DType::f32, M * K);
-    cuda::Gemm f;  // logits = h w^T, rows ld apart
-    f.D = dL.p;
-    f.d_type = f.ab_type = t;
-    f.A = dH.p;
-    f.B = dW.p;
-    f.trans_b = true;
-    f.M = M;
-    f.N = N;
-    f.K = K;
+    cuda::Gemm f = cuda::linear_forward_gemm(dL.p, dH.p, dW.p, M, K, N, t);  // logits = h w^T
     f.ldd = ld;
     cuda::gemm(f, nullptr);
-    cuda::Gemm gw;  // dw += g^T h (fp32)
-    gw.D = dWg.p;
-    gw.d_type = DType::f32;
-    gw.ab_type = t;
-    gw.A = dG.p;
-    gw.trans_a = true;
-    gw.B = dH.p;
-    gw.M = N;
-    gw.N = K;
-    gw.K = M;
+    cuda::Gemm gw = cuda::linear_weight_grad_gemm(dWg.f(), dG.p, dH.p, M, K, N, t);  // dw += g^T h
     gw.lda = ld;
-    gw.beta = 1;
     cuda::gemm(gw, nullptr);
-    cuda::Gemm gi;  // dh = g w (fp32)
-    gi.D = dHg.p;
+    cuda::Gemm gi = cuda::linear_input_grad_gemm(dHg.p, dG.p, dW.p, M, K, N, t);  // dh = g w
     gi.d_type = DType::f32;
-    gi.ab_type = t;
-    gi.A = dG.p;
-    gi.B = dW.p;
-    gi.M = M;
-    gi.N = K;
-    gi.K = N;
     gi.lda = ld;
     cuda::gemm(gi, nullptr);
     const auto got = dL.get();

@@ -124,38 +124,21 @@ int main(int argc, char** argv) {
     CK(cudaMemset(dw, 0, wts * 4));
 
     auto fwd = [&](int64_t M, int64_t K, int64_t N, Epilogue e) {
-        Gemm g;
-        g.D = y;
-        g.A = x;
-        g.B = w;
-        g.trans_b = true;
-        g.M = M, g.N = N, g.K = K;
+        Gemm g = zgpt::cuda::linear_forward_gemm(y, x, w, M, K, N, DType::bf16);
         g.epilogue = e;
         if (e == Epilogue::bias || e == Epilogue::gelu_aux_bias) g.bias = bias;
         if (e == Epilogue::gelu_aux_bias || e == Epilogue::gelu_aux) g.aux = aux;
         return g;
     };
     auto dinp = [&](int64_t M, int64_t K, int64_t N, Epilogue e) {  // D[M, K] = dout[M, N] W[N, K]
-        Gemm g;
-        g.D = y;
-        g.A = x;
-        g.B = w;
-        g.M = M, g.N = K, g.K = N;
+        Gemm g = zgpt::cuda::linear_input_grad_gemm(y, x, w, M, K, N, DType::bf16);
         g.epilogue = e;
         if (e == Epilogue::dgelu || e == Epilogue::dgelu_bias_grad) g.aux = aux;
         if (e == Epilogue::dgelu_bias_grad) g.bias = dbias;
         return g;
     };
     auto dW = [&](int64_t M, int64_t K, int64_t N) {  // dW[N, K] += dout[M, N]^T inp[M, K]
-        Gemm g;
-        g.D = dw;
-        g.d_type = DType::f32;
-        g.A = x;
-        g.trans_a = true;
-        g.B = y;
-        g.M = N, g.N = K, g.K = M;
-        g.beta = 1;
-        return g;
+        return zgpt::cuda::linear_weight_grad_gemm(dw, x, y, M, K, N, DType::bf16);
     };
     const std::vector<Case> cases = {
         {"fwd qkv", fwd(BT, C, 3 * C, Epilogue::bias), layers},
