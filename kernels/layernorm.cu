@@ -339,8 +339,11 @@ __global__ void __launch_bounds__(32 * kVecWarps)
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
         part_w[int64_t(blockIdx.x) * C + c] = bw[c];
         part_b[int64_t(blockIdx.x) * C + c] = bb[c];
-        if constexpr (SUMS)
-            part_d[int64_t(blockIdx.x) * C + c] = wd[c] + wd[C + c] + wd[2 * C + c] + wd[3 * C + c];
+        if constexpr (SUMS) {
+            float ad = 0;
+            for (int k = 0; k < kVecWarps; k++) ad += wd[k * C + c];  // the warps in order
+            part_d[int64_t(blockIdx.x) * C + c] = ad;
+        }
     }
 }
 
