@@ -346,10 +346,12 @@ void GptCuda::Impl::embed_from_shards() {
     const int64_t BT = B * Tn, C = cfg.n_embd, NA = vgroup.size * BT;
     ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
     vgroup.all_gather(tokens.get(), vp_y.get(), BT * 4);
+    tick("encoder fwd (vp): all-gather tokens");
     cuda::lookup_rows_in_shard(vp_dh_all.as<float>(), vp_y.as<int32_t>(), NA, wr(layout.wte),
                                shard_v0(vgroup.rank), shard_rows(vgroup.rank), C, rt, stream);
     ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
     vgroup.reduce_scatter_sum(vp_dh_all.as<float>(), vp_dh.as<float>(), BT * C);
+    tick("encoder fwd (vp): rows, reduce-scatter");
     cuda::add_positions(residual[0].get(), vp_dh.as<float>(), wr(layout.wpe), B, Tn, C, rt, stream);
     // The group's tokens in this shard, as rows of the shard (-1: another shard's), for the
     // gradient's buckets.
@@ -499,6 +501,7 @@ void GptCuda::Impl::backward() {
         cuda::encoder_backward(nullptr, g(layout.wpe), dres.get(), {}, B, Tn, C, rt, stream);
         ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
         vgroup.all_gather(dres.get(), vp_h.get(), BT * C * int64_t(res_es));
+        tick("encoder bwd (vp): all-gather dres");
         cuda::encoder_backward(g(layout.wte), nullptr, vp_h.get(), buckets, vgroup.size * B, Tn, C,
                                rt, stream);
     } else {

@@ -92,7 +92,8 @@ CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bo
     const int P = vgroup.size, p = vgroup.rank;
     const int64_t BT = B * Tn, C = cfg.n_embd, NA = P * BT;
     const int64_t v0 = shard_v0(p), Vl = shard_rows(p), ld = shard_logits_ld(p);
-    const void* W = w(layout.lm_head);  // this shard's rows only
+    const int64_t Vg = shard_gemm_rows(p);  // the GEMMs' width: Vl rounded up to 8
+    const void* W = w(layout.lm_head);      // this shard's rows only
     float* dW = g(layout.lm_head);
     auto* stats = vp_stats.as<cuda::RowStatsF>();
     auto* gathered = vp_gathered.as<cuda::RowStatsF>();
@@ -105,6 +106,7 @@ CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bo
     ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
     vgroup.all_gather(lnf.get(), vp_h.get(), BT * C * int64_t(es));
     vgroup.all_gather(targets.get(), vp_y.get(), BT * 4);
+    tick("head (vp): all-gather h, targets");
     const int32_t* y_all = vp_y.as<int32_t>();
 
     cuda::CrossEntropyArgs a;  // this shard, every row of the group
@@ -135,15 +137,18 @@ CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bo
         la.tuning = model_linear_ce_tuning(opt.kernels);  // (shards ignore rows_outer)
         if (compute_grad) la.dweight_acc = dW;
         cuda::linear_ce_shard_stats(stats, la, o, ce_workspace.get(), stream);
+        tick("head (vp): fused linear statistics");
     } else {
-        // logits [NA, Vl] = H_all W_shard^T, rows ld apart
-        cuda::Gemm gf = forward_gemm(vp_logits.get(), vp_h.get(), W, NA, C, Vl);
+        // logits [NA, Vg] = H_all W_shard^T, rows ld apart (columns Vl.. unused by the loss)
+        cuda::Gemm gf = forward_gemm(vp_logits.get(), vp_h.get(), W, NA, C, Vg);
         gf.ldd = ld;
         cuda::gemm(gf, stream);
+        tick("head (vp): logits matmul");
         a.logits = vp_logits.get();
         a.dlogits = vp_logits.get();
         a.ld = ld;
         cuda::ce_shard_stats(stats, a, o, stream);
+        tick("head (vp): cross-entropy statistics");
     }
     // One collective for the statistics; every rank merges them in rank order.
     ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -153,27 +158,36 @@ CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bo
     for (int r = 1; r < P; r++) cuda::ce_merge_stats(stats, gathered + r * NA, NA, stream);
     cuda::ce_count_valid(n_all, y_all, NA, o.ignore_index, stream);
     cuda::ce_finalize(params_, stats, n_all, a, o, stream);
+    tick("head (vp): all-gather + merge statistics");
     if (compute_grad) {
         if (linear_ce) {  // it adds each vocabulary chunk's dh into vp_dh_all
             ZG_CUDA_CHECK(cudaMemsetAsync(vp_dh_all.get(), 0, vp_dh_all.bytes(), stream));
             cuda::linear_ce_shard_backward(vp_dh_all.as<float>(), params_, la, o,
                                            ce_workspace.get(), stream);
+            tick("head (vp): fused linear backward");
         } else {
             cuda::ce_shard_backward(a, params_, o, stream);
-            // dW_shard += dlogits^T H_all (fp32, into the arena)
-            cuda::Gemm gw = weight_grad_gemm(dW, vp_logits.get(), vp_h.get(), NA, C, Vl);
+            if (Vg > Vl)  // the GEMMs' extra columns carry no gradient
+                ZG_CUDA_CHECK(cudaMemset2DAsync(vp_logits.as<char>() + Vl * es, ld * es, 0,
+                                                (Vg - Vl) * es, NA, stream));
+            tick("head (vp): cross-entropy gradient");
+            // dW_shard += dlogits^T H_all (fp32, into the arena; its table has the Vg rows)
+            cuda::Gemm gw = weight_grad_gemm(dW, vp_logits.get(), vp_h.get(), NA, C, Vg);
             gw.lda = ld;
             cuda::gemm(gw, stream);
+            tick("head (vp): matmul dW");
             // dH_all [NA, C] = dlogits W_shard, in fp32 for the sum over the shards
-            cuda::Gemm gi = input_grad_gemm(vp_dh_all.get(), vp_logits.get(), W, NA, C, Vl);
+            cuda::Gemm gi = input_grad_gemm(vp_dh_all.get(), vp_logits.get(), W, NA, C, Vg);
             gi.lda = ld;
             gi.d_type = DType::f32;
             cuda::gemm(gi, stream);
+            tick("head (vp): matmul dinp");
         }
         // Each rank gets its own rows' gradient summed over the shards.
         ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
         vgroup.reduce_scatter_sum(vp_dh_all.as<float>(), vp_dh.as<float>(), BT * C);
         cuda::cast_from_f32(dtmp.get(), vp_dh.as<float>(), BT * C, t, stream);
+        tick("head (vp): reduce-scatter dinp");
     }
     // This rank's rows for what it reports (the group's loss adds up over the ranks).
     cuda::CrossEntropyArgs own = a;
@@ -185,7 +199,7 @@ CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bo
     own.lse_rows = rows + 3 * NA + p * BT;
     cuda::ce_count_valid(n_own, own.targets, BT, o.ignore_index, stream);
     cuda::ce_reduce(own, stats + p * BT, n_own, o, stream);
-    tick("head (vocab parallel)");
+    tick("head (vp): loss sums");
     ZG_CUDA_CHECK(cudaMemcpyAsync(h_summary.get(), a.summary, sizeof(cuda::LossSummaryF),
                                   cudaMemcpyDeviceToHost, stream));
     ZG_CUDA_CHECK(cudaStreamSynchronize(stream));

@@ -246,6 +246,11 @@ struct GptCuda::Impl {
     // would otherwise put rows at unaligned addresses, where cuBLASLt and the cross-entropy take
     // their slow paths and the other ranks wait for that one.
     int64_t shard_logits_ld(int r) const { return padded_vocab_size(shard_rows(r)); }
+    // The rows a shard's head GEMMs run over: its rows rounded up to 8, inside its table
+    // (vocab_table_rows rounds the same way). cuBLASLt runs an odd width (rank 0's 25129 at
+    // V = 50257) on slower kernels than an aligned one; the extra columns' dlogits are zeroed,
+    // so they add nothing to dW or dh.
+    int64_t shard_gemm_rows(int r) const { return (shard_rows(r) + 7) / 8 * 8; }
     int64_t shard_v0(int r) const {
         const int64_t V = cfg.vocab_size, P = vgroup.size;
         return r * (V / P) + std::min<int64_t>(r, V % P);

@@ -266,6 +266,46 @@ TEST_CASE("exact resume: 10 steps, stop, resume to 20 gives bit-identical losses
     for (int64_t s = 1; s <= 20; s++) CHECK(a.at(s) == b.at(s));
 }
 
+TEST_CASE("train.profile_step: each rank's op times in the run directory and the log") {
+    ResumeFixture f;
+    const std::string two = "--set train.max_steps=4 --set parallel.local_ranks=2";
+    CommandOutput plain = run_command(f.start("plain", two));
+    REQUIRE(plain.code == 0);
+    CommandOutput r = run_command(f.start("profiled", two + " --set train.profile_step=3"));
+    INFO(r.text);
+    REQUIRE(r.code == 0);
+    CHECK(r.text.find("per-op time of step 3 on each rank") != std::string::npos);
+    CHECK(plain.text.find("per-op time") == std::string::npos);
+    const fs::path file = f.run_dir("profiled") / "op_profile_step_3.json";
+    REQUIRE(fs::exists(file));
+    CHECK(list_dir_names(f.run_dir("plain")).size() + 1 ==
+          list_dir_names(f.run_dir("profiled")).size());
+    const json p = json::parse(std::ifstream(file));
+    CHECK(p["step"] == 3);
+    CHECK(double(p["step_ms"]) > 0);
+    REQUIRE(p["ranks"].size() == 2);
+    for (int k = 0; k < 2; k++) {
+        const json& rank = p["ranks"][k];
+        CHECK(rank["rank"] == k);
+        REQUIRE(rank["ops"].size() > 3);
+        double total = 0;
+        bool has_all_reduce = false;
+        for (const json& op : rank["ops"]) {
+            CHECK(double(op["ms"]) >= 0);
+            total += double(op["ms"]);
+            has_all_reduce |= op["op"] == "gradient all-reduce (host)";
+        }
+        CHECK(has_all_reduce);
+        CHECK(total == doctest::Approx(double(rank["ops_ms"])));
+        CHECK(total > 0);
+    }
+    // timing a step changes no result: the same losses as the run that did not
+    const auto a = losses(f.run_dir("plain") / "metrics.jsonl"),
+               b = losses(f.run_dir("profiled") / "metrics.jsonl");
+    REQUIRE(a.size() == 4);
+    CHECK(a == b);
+}
+
 TEST_CASE("GEMM algorithms chosen by timing (GPU): the next run and a resume run the same ones") {
     // kernels.matmul_search times cuBLASLt's candidates in each process, so two processes could
     // choose differently; the runs folder's gemm_choices.txt and the checkpoints keep the choices

@@ -5,6 +5,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cross_entropy.h"
@@ -75,6 +76,12 @@ class Backend {
     // chosen by timing; set_timed_choices is false (nothing changed) for another GPU or library.
     virtual std::string timed_choices() const { return ""; }
     virtual bool set_timed_choices(const std::string& /*choices*/) { return false; }
+
+    // Per-op times of the micro-batches run between set_op_profiling(true) and take_op_times()
+    // (train.profile_step): op family -> ms (GPU: events after each op, with every op on one
+    // stream; CPU: wall time).
+    virtual void set_op_profiling(bool on) = 0;
+    virtual std::vector<std::pair<std::string, double>> take_op_times() = 0;
 
     virtual double device_memory_bytes() const { return 0; }  // 0: not tracked (CPU)
     // What the device reports in use now (all allocations of this process: the model, NCCL's

@@ -116,6 +116,10 @@ class CpuBackend final : public Backend {
         opt_->v().assign(vl.begin() + opt_->lo(), vl.begin() + opt_->hi());
         opt_->set_steps_taken(steps);
     }
+    void set_op_profiling(bool on) override { model_.set_op_profiling(on); }
+    std::vector<std::pair<std::string, double>> take_op_times() override {
+        return model_.take_op_times();
+    }
     int64_t adam_steps() const override { return opt_->steps_taken(); }
     std::string describe() const override {
         return "CPU reference ops in fp32, " + std::to_string(omp_get_max_threads()) +

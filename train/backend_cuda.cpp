@@ -209,6 +209,10 @@ class CudaBackend final : public Backend {
         v_->upload(std::vector<float>(vl.begin() + lo_, vl.begin() + hi_));
         steps_ = steps;
     }
+    void set_op_profiling(bool on) override { model_.set_op_profiling(on); }
+    std::vector<std::pair<std::string, double>> take_op_times() override {
+        return model_.take_op_times();
+    }
     int64_t adam_steps() const override { return steps_; }
     std::string timed_choices() const override { return cuda::gemm_choices(); }
     bool set_timed_choices(const std::string& choices) override {

@@ -80,6 +80,9 @@ std::vector<ConfigField> config_fields(Config& c) {
          "print a sample (temperature 0.8, top-k 40) every N steps; 0: never", &t.sample_every, 0,
          1e15});
     add({"train", "sample_tokens", "tokens per printed sample", &t.sample_tokens, 1, 1e6});
+    add({"train", "profile_step",
+         "time each op of this step on every rank (op_profile_step_N.json); 0: never",
+         &t.profile_step, 0, 1e15});
     add({"train",
          "resume",
          "auto: continue from the run directory's newest valid checkpoint",

@@ -26,6 +26,7 @@
 #include "train/device.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
+#include "train/op_profile.h"
 #include "train/optimizer.h"
 #include "train/progress.h"
 #include "train/run_dir.h"
@@ -527,6 +528,8 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
         }
         n_valid = world.sum(n_valid);
         const double grad_out = n_valid ? 1.0 / double(n_valid) : 0.0;
+        const bool profile = step == cfg.train.profile_step;
+        model.set_op_profiling(profile);
         model.zero_grad();
         CrossEntropySummary sum;
         for (Batch& b : micro) {
@@ -571,6 +574,18 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
         }
         choices_shared = true;
         const double dt = seconds_since(t0);
+        if (profile) {
+            OpTimes ops = model.take_op_times();
+            if (R > 1) ops.emplace_back("gradient all-reduce (host)", comm_ms);
+            const nlohmann::json p = gather_op_profile(world, ops, step, dt * 1e3);
+            model.set_op_profiling(false);
+            if (lead) {
+                write_text_file(
+                    result.run_dir + "/op_profile_step_" + std::to_string(step) + ".json",
+                    p.dump(1) + "\n");
+                message(format_op_profile(p));
+            }
+        }
         tokens += step_tokens;
         const double inv = sum.n_valid ? 1.0 / double(sum.n_valid) : 0.0;
         result.train_loss = sum.sum_loss * inv;
