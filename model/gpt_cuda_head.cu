@@ -58,18 +58,24 @@ CrossEntropySummary GptCuda::Impl::loss(const int32_t* host_targets, const Cross
         // stream after its cross-entropy
         mark(0);
         const int64_t rows = (BT + chunks - 1) / chunks;
+        // Per-op timing runs the same chunks one after another on the main stream: the same
+        // GEMM shapes (no algorithm search of new ones in the timed step), each op on its own.
+        const bool serial = !overlapping();
         for (int64_t c = 0; c < chunks; c++) {
             const int64_t r0 = c * rows, n = std::min(rows, BT - r0);
             head_logits(r0, n);
+            tick("head matmul fwd");
             ZG_CUDA_CHECK(cudaEventRecord(chunk_ev[2 * c], stream));
-            ZG_CUDA_CHECK(cudaStreamWaitEvent(cestream, chunk_ev[2 * c]));
-            head_cross_entropy(r0, n, o, sum + c, cestream);
-            ZG_CUDA_CHECK(cudaEventRecord(chunk_ev[2 * c + 1], cestream));
+            if (!serial) ZG_CUDA_CHECK(cudaStreamWaitEvent(cestream, chunk_ev[2 * c]));
+            head_cross_entropy(r0, n, o, sum + c, serial ? stream : cestream);
+            tick("cross-entropy");
+            ZG_CUDA_CHECK(cudaEventRecord(chunk_ev[2 * c + 1], serial ? stream : cestream));
         }
         for (int64_t c = 0; c < chunks; c++) {
             const int64_t r0 = c * rows, n = std::min(rows, BT - r0);
             ZG_CUDA_CHECK(cudaStreamWaitEvent(stream, chunk_ev[2 * c + 1]));
             if (compute_grad) head_input_grad(r0, n);
+            tick("head matmul bwd dinp");
         }
         head_dinp_done = compute_grad;
         mark(1);

@@ -261,7 +261,7 @@ struct GptCuda::Impl {
     CrossEntropySummary loss_sharded(const CrossEntropyOptions& o, bool compute_grad);
 
     int64_t head_chunks(const CrossEntropyOptions& o) const {
-        if (linear_ce || !overlapping() || o.reduction != Reduction::sum) return 1;
+        if (linear_ce || o.reduction != Reduction::sum) return 1;
         return std::max<int64_t>(1, std::min<int64_t>(opt.head_chunks, B * Tn / kMinChunkRows));
     }
     // logits of rows [r0, r0 + n) (the forward's head GEMM, or a chunk of it)

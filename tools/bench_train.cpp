@@ -96,8 +96,7 @@ int main(int argc, char** argv) {
         double loss = 0;
         nlohmann::json op_table = nlohmann::json::array();
         // --ops: two extra steps, not in the averages, the op table from the second (the first
-        // meets the shapes of the profiled step's unpipelined head, which GEMM algorithm searches,
-        // kernels.matmul_search, time at first use)
+        // leaves the pipelined schedule for the one-stream one)
         const int last = steps + (ops ? 2 : 0);
         for (int step = 1; step <= last; step++) {
             const bool op_step = step > steps;
