@@ -107,6 +107,15 @@ CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bo
     int* n_all = vp_nvalid.as<int>();
     int* n_own = n_all + 1;
     float* rows = vp_rows.as<float>();
+    // Row chunks of the logits path (rows [c * chunk_rows, ...)), as head_chunks() cuts the
+    // one-GPU head, counted on the group's rows.
+    const int64_t chunks =
+        linear_ce ? 1
+                  : std::max<int64_t>(1, std::min<int64_t>(opt.head_chunks, NA / kMinChunkRows));
+    const int64_t chunk_rows = (NA + chunks - 1) / chunks;
+    const bool serial = !overlapping();
+    cudaStream_t ce_stream = serial ? stream : cestream;
+    auto logits_rows = [&](int64_t r0) { return vp_logits.as<char>() + r0 * ld * es; };
     tick(nullptr);
     // The group's hidden states and targets, in rank order.
     ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -128,6 +137,13 @@ CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bo
     a.z_rows = rows + 2 * NA;
     a.lse_rows = rows + 3 * NA;
     a.summary = vp_summary.as<cuda::LossSummaryF>();
+    auto rows_of = [&](int64_t r0, int64_t n) {  // a's rows [r0, r0 + n) of the group's
+        cuda::CrossEntropyArgs x = a;
+        x.logits = x.dlogits = logits_rows(r0);
+        x.N = n;
+        x.targets = y_all + r0;
+        return x;
+    };
     cuda::LinearCrossEntropyArgs la;  // fused_linear: the same shard from hidden states
     if (linear_ce) {
         la.hidden = vp_h.get();
@@ -145,16 +161,26 @@ CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bo
         cuda::linear_ce_shard_stats(stats, la, o, ce_workspace.get(), stream);
         tick("head (vp): fused linear statistics");
     } else {
-        // logits [NA, Vg] = H_all W_shard^T, rows ld apart (columns Vl.. unused by the loss)
-        cuda::Gemm gf = forward_gemm(vp_logits.get(), vp_h.get(), W, NA, C, Vg);
-        gf.ldd = ld;
-        cuda::gemm(gf, stream);
-        tick("head (vp): logits matmul");
+        // logits [NA, Vg] = H_all W_shard^T, rows ld apart (columns Vl.. unused by the loss), in
+        // row chunks: chunk c's statistics on cestream beside chunk c + 1's GEMM, as loss()
+        // pipelines the one-GPU head (per-op timing: one after another on the main stream)
         a.logits = vp_logits.get();
         a.dlogits = vp_logits.get();
         a.ld = ld;
-        cuda::ce_shard_stats(stats, a, o, stream);
-        tick("head (vp): cross-entropy statistics");
+        for (int64_t c = 0; c < chunks; c++) {
+            const int64_t r0 = c * chunk_rows, n = std::min(chunk_rows, NA - r0);
+            cuda::Gemm gf =
+                forward_gemm(logits_rows(r0), vp_h.as<char>() + r0 * C * es, W, n, C, Vg);
+            gf.ldd = ld;
+            cuda::gemm(gf, stream);
+            tick("head (vp): logits matmul");
+            ZG_CUDA_CHECK(cudaEventRecord(chunk_ev[c], stream));
+            if (!serial) ZG_CUDA_CHECK(cudaStreamWaitEvent(cestream, chunk_ev[c]));
+            cuda::ce_shard_stats(stats + r0, rows_of(r0, n), o, ce_stream);
+            tick("head (vp): cross-entropy statistics");
+        }
+        ZG_CUDA_CHECK(cudaEventRecord(chunk_ev[chunks], ce_stream));
+        ZG_CUDA_CHECK(cudaStreamWaitEvent(stream, chunk_ev[chunks]));
     }
     // One collective for the statistics; every rank merges them in rank order.
     ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -172,22 +198,35 @@ CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bo
                                            ce_workspace.get(), stream);
             tick("head (vp): fused linear backward");
         } else {
-            cuda::ce_shard_backward(a, params_, o, stream);
-            if (Vg > Vl)  // the GEMMs' extra columns carry no gradient
-                ZG_CUDA_CHECK(cudaMemset2DAsync(vp_logits.as<char>() + Vl * es, ld * es, 0,
-                                                (Vg - Vl) * es, NA, stream));
-            tick("head (vp): cross-entropy gradient");
+            // chunk c's dlogits on cestream beside chunk c - 1's dH GEMM; dW from all rows at
+            // the end
+            ZG_CUDA_CHECK(cudaEventRecord(chunk_ev[0], stream));
+            if (!serial) ZG_CUDA_CHECK(cudaStreamWaitEvent(cestream, chunk_ev[0]));
+            for (int64_t c = 0; c < chunks; c++) {
+                const int64_t r0 = c * chunk_rows, n = std::min(chunk_rows, NA - r0);
+                cuda::ce_shard_backward(rows_of(r0, n), params_ + r0, o, ce_stream);
+                if (Vg > Vl)  // the GEMMs' extra columns carry no gradient
+                    ZG_CUDA_CHECK(cudaMemset2DAsync(logits_rows(r0) + Vl * es, ld * es, 0,
+                                                    (Vg - Vl) * es, n, ce_stream));
+                tick("head (vp): cross-entropy gradient");
+                ZG_CUDA_CHECK(cudaEventRecord(chunk_ev[1 + c], ce_stream));
+            }
+            for (int64_t c = 0; c < chunks; c++) {
+                const int64_t r0 = c * chunk_rows, n = std::min(chunk_rows, NA - r0);
+                ZG_CUDA_CHECK(cudaStreamWaitEvent(stream, chunk_ev[1 + c]));
+                // dH_all [NA, C] = dlogits W_shard, in fp32 for the sum over the shards
+                cuda::Gemm gi = input_grad_gemm(vp_dh_all.as<char>() + r0 * C * 4, logits_rows(r0),
+                                                W, n, C, Vg);
+                gi.lda = ld;
+                gi.d_type = DType::f32;
+                cuda::gemm(gi, stream);
+                tick("head (vp): matmul dinp");
+            }
             // dW_shard += dlogits^T H_all (fp32, into the arena; its table has the Vg rows)
             cuda::Gemm gw = weight_grad_gemm(dW, vp_logits.get(), vp_h.get(), NA, C, Vg);
             gw.lda = ld;
             cuda::gemm(gw, stream);
             tick("head (vp): matmul dW");
-            // dH_all [NA, C] = dlogits W_shard, in fp32 for the sum over the shards
-            cuda::Gemm gi = input_grad_gemm(vp_dh_all.get(), vp_logits.get(), W, NA, C, Vg);
-            gi.lda = ld;
-            gi.d_type = DType::f32;
-            cuda::gemm(gi, stream);
-            tick("head (vp): matmul dinp");
         }
         // Each rank gets its own rows' gradient summed over the shards.
         ZG_CUDA_CHECK(cudaStreamSynchronize(stream));

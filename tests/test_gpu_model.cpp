@@ -619,7 +619,9 @@ TEST_CASE("vocab-parallel head with 2 and 4 local ranks on one GPU equals one ra
     mc.vocab_size = 1001;
     GPT<float> host(mc);
     host.init_weights(3);
-    const int64_t B = 2, T = 64;
+    // B = 25: the group's 3200 (P = 2) and 6400 (P = 4) rows run the logits head in 3 row chunks
+    // (a shorter last one) and 4, pipelined on two streams (GptCuda::Impl::loss_sharded)
+    const int64_t B = 25, T = 64;
     struct Case {
         DType t;
         const char* head;
