@@ -53,6 +53,7 @@ GptCuda::Impl::Impl(const ModelConfig& c, const CudaModelOptions& o)
     }
     ZG_CUDA_CHECK(cudaEventCreateWithFlags(&fork_ev, cudaEventDisableTiming));
     ZG_CUDA_CHECK(cudaEventCreateWithFlags(&join_ev, cudaEventDisableTiming));
+    ZG_CUDA_CHECK(cudaEventCreateWithFlags(&group_tokens_ev, cudaEventDisableTiming));
     ZG_CUDA_CHECK(cudaEventCreateWithFlags(&ready_main_ev, cudaEventDisableTiming));
     ZG_CUDA_CHECK(cudaEventCreateWithFlags(&ready_side_ev, cudaEventDisableTiming));
     const size_t n = size_t(layout.table.total());
@@ -72,6 +73,7 @@ GptCuda::Impl::~Impl() {
     for (auto& [buf, e] : read_done) cudaEventDestroy(e);
     if (fork_ev) cudaEventDestroy(fork_ev);
     if (join_ev) cudaEventDestroy(join_ev);
+    if (group_tokens_ev) cudaEventDestroy(group_tokens_ev);
     if (ready_main_ev) cudaEventDestroy(ready_main_ev);
     if (ready_side_ev) cudaEventDestroy(ready_side_ev);
     for (cudaEvent_t e : chunk_ev) cudaEventDestroy(e);
@@ -353,20 +355,27 @@ void GptCuda::Impl::embed_from_shards() {
     vgroup.reduce_scatter_sum(vp_dh_all.as<float>(), vp_dh.as<float>(), BT * C);
     tick("encoder fwd (vp): rows, reduce-scatter");
     cuda::add_positions(residual[0].get(), vp_dh.as<float>(), wr(layout.wpe), B, Tn, C, rt, stream);
-    // The group's tokens in this shard, as rows of the shard (-1: another shard's), for the
-    // gradient's buckets.
-    last_tokens.resize(NA);
+    // The group's tokens to the host for the gradient's buckets; upload_buckets reads them at
+    // the end of the forward pass, while the GPU runs it.
     ZG_CUDA_CHECK(
         cudaMemcpyAsync(h_tokens.get(), vp_y.get(), NA * 4, cudaMemcpyDeviceToHost, stream));
-    ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
-    const int64_t v0 = shard_v0(vgroup.rank), rows = shard_rows(vgroup.rank);
-    for (int64_t i = 0; i < NA; i++) {
-        const int64_t r = int64_t(h_tokens.get()[i]) - v0;
-        last_tokens[i] = r >= 0 && r < rows ? int32_t(r) : -1;
-    }
+    ZG_CUDA_CHECK(cudaEventRecord(group_tokens_ev, stream));
+    group_tokens_pending = true;
 }
 
 void GptCuda::Impl::upload_buckets() {
+    if (group_tokens_pending) {
+        // The group's tokens in this shard, as rows of the shard (-1: another shard's).
+        group_tokens_pending = false;
+        ZG_CUDA_CHECK(cudaEventSynchronize(group_tokens_ev));
+        const int64_t NA = vgroup.size * B * Tn;
+        const int64_t v0 = shard_v0(vgroup.rank), rows = shard_rows(vgroup.rank);
+        last_tokens.resize(NA);
+        for (int64_t i = 0; i < NA; i++) {
+            const int64_t r = int64_t(h_tokens.get()[i]) - v0;
+            last_tokens[i] = r >= 0 && r < rows ? int32_t(r) : -1;
+        }
+    }
     const int64_t n = int64_t(last_tokens.size());
     // other shards' tokens (-1) get no entry
     const cuda::TokenBuckets bk = cuda::bucket_tokens(last_tokens.data(), n);

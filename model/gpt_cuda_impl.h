@@ -226,6 +226,10 @@ struct GptCuda::Impl {
     // rows, each the sum of one row and zeros (exact); the positions are added as
     // encoder_forward does. The wte gradient goes the other way in backward().
     void embed_from_shards();
+    // The group's tokens on their way to h_tokens (embed_from_shards), read by upload_buckets
+    // once the copy is done: the host does not wait for it in the middle of the forward pass.
+    cudaEvent_t group_tokens_ev = nullptr;
+    bool group_tokens_pending = false;
 
     // The wte-gradient buckets of the last forward's tokens (sorted on the host); with a split
     // table, of the group's tokens that this shard holds.
