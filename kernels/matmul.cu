@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -31,9 +32,6 @@ using AlgoKey = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, int,
 
 struct Context {
     cublasLtHandle_t handle = nullptr;
-    // One workspace per stream: GEMMs on two streams may run at once (the model overlaps the
-    // weight gradients with the input gradients), and a shared workspace would be a race.
-    std::map<CUstream_st*, void*> workspaces;
     std::map<AlgoKey, cublasLtMatmulAlgo_t> algos;
     // the heuristic's longer lists (gemm_candidates), up to kMaxCandidates each
     std::map<AlgoKey, std::vector<cublasLtMatmulHeuristicResult_t>> candidates;
@@ -41,18 +39,32 @@ struct Context {
     // set_gemm_choices for shapes not yet run
     std::map<AlgoKey, int> chosen, preset;
     Context() { ZG_CUBLAS_CHECK(cublasLtCreate(&handle)); }
-    void* workspace(CUstream_st* stream) {
-        void*& w = workspaces[stream];
-        if (!w) ZG_CUDA_CHECK(cudaMalloc(&w, kWorkspaceBytes));
-        return w;
-    }
 };
 
 Context& context() {
-    // one per host thread, until the thread ends (its handle and workspaces are not freed then:
-    // a thread that ends leaks them, as the trainer's rank threads do at the end of a run)
+    // one per host thread, until the thread ends (its handle is not freed then)
     static thread_local Context c;
     return c;
+}
+
+// One workspace per stream, whichever thread enqueues: GEMMs on two streams may run at once (the
+// model overlaps the weight gradients with the input gradients), and a shared workspace would be
+// a race; one stream runs its GEMMs one after another. Freed by release_gemm_workspace when the
+// stream's owner destroys it (a model's streams), else kept to the end of the process.
+struct Workspaces {
+    std::mutex m;
+    std::map<CUstream_st*, void*> by_stream;
+};
+Workspaces& workspaces() {
+    static Workspaces* w = new Workspaces;  // never destroyed: streams may outlive static exit
+    return *w;
+}
+void* workspace(CUstream_st* stream) {
+    Workspaces& w = workspaces();
+    std::lock_guard<std::mutex> lock(w.m);
+    void*& p = w.by_stream[stream];
+    if (!p) ZG_CUDA_CHECK(cudaMalloc(&p, kWorkspaceBytes));
+    return p;
 }
 
 // The largest power of two (up to 256) dividing the address: cuBLASLt picks vectorised kernels
@@ -71,7 +83,31 @@ cudaDataType_t cuda_type(DType t) {
 }  // namespace
 
 size_t gemm_workspace_bytes() {
-    return kWorkspaceBytes * std::max<size_t>(1, context().workspaces.size());
+    Workspaces& w = workspaces();
+    std::lock_guard<std::mutex> lock(w.m);
+    return kWorkspaceBytes * w.by_stream.size();
+}
+
+size_t gemm_workspace_bytes(std::initializer_list<CUstream_st*> streams) {
+    Workspaces& w = workspaces();
+    std::lock_guard<std::mutex> lock(w.m);
+    size_t n = 0;
+    for (CUstream_st* s : streams) n += w.by_stream.count(s);
+    return kWorkspaceBytes * n;
+}
+
+void release_gemm_workspace(CUstream_st* stream) noexcept {
+    void* p = nullptr;
+    {
+        Workspaces& w = workspaces();
+        std::lock_guard<std::mutex> lock(w.m);
+        auto it = w.by_stream.find(stream);
+        if (it == w.by_stream.end()) return;
+        p = it->second;
+        w.by_stream.erase(it);
+    }
+    cudaStreamSynchronize(stream);  // its GEMMs are done with it (errors: the caller's to see)
+    cudaFree(p);
 }
 
 void gemm(const Gemm& g, CUstream_st* stream) {
@@ -240,7 +276,7 @@ cublasStatus_t Plan::launch(const Gemm& g, const cublasLtMatmulAlgo_t& algo,
                             CUstream_st* stream) const {
     Context& ctx = context();
     return cublasLtMatmul(ctx.handle, op, &g.alpha, g.B, la, g.A, lb, &g.beta, g.D, ld, g.D, ld,
-                          &algo, ctx.workspace(stream), kWorkspaceBytes, stream);
+                          &algo, workspace(stream), kWorkspaceBytes, stream);
 }
 
 const std::vector<cublasLtMatmulHeuristicResult_t>& candidate_list(const Plan& plan) {

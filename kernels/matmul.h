@@ -23,7 +23,9 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
 // with A stored [M, K] (or [K, M] when trans_a) and B stored [K, N] (or [N, K] when trans_b).
 // A and B are both bf16 or both fp32 (fp32 runs without TF32, for parity checks); D is bf16 or
 // fp32. One handle per thread and one workspace per stream (GEMMs on two streams may run at
-// once); algorithms cached per shape, type, epilogue and pointer alignment.
+// once; release_gemm_workspace frees one); algorithms cached per shape, type, epilogue and
+// pointer alignment.
+#include <initializer_list>
 #include <string>
 
 #include "kernels/dtype.h"
@@ -134,9 +136,13 @@ void gemm_bf16(void* D, MatType d_type, const void* A, bool trans_a, const void*
                int64_t M, int64_t N, int64_t K, float alpha, float beta, CUstream_st* stream,
                int search = 0);
 
-// Bytes of this thread's persistent cuBLASLt workspaces, one per stream used so far (at least
-// one; counted as extra memory by the benchmarks).
+// Bytes of the cuBLASLt workspaces alive: one per stream that has run a GEMM (counted as extra
+// memory by the benchmarks); or of those of the streams given.
 size_t gemm_workspace_bytes();
+size_t gemm_workspace_bytes(std::initializer_list<CUstream_st*> streams);
+// Frees the workspace of `stream`, if it has one, once its work is done: for an owner that
+// destroys the stream (a model's streams), so that its 32 MB do not outlive it.
+void release_gemm_workspace(CUstream_st* stream) noexcept;
 
 // out[N, OC] += bias[OC] (both type t): the bias as its own pass (the `separate` matmul variant).
 void add_bias(void* out, const void* bias, int64_t N, int64_t OC, DType t, CUstream_st* stream);

@@ -77,9 +77,11 @@ GptCuda::Impl::~Impl() {
     if (ready_main_ev) cudaEventDestroy(ready_main_ev);
     if (ready_side_ev) cudaEventDestroy(ready_side_ev);
     for (cudaEvent_t e : chunk_ev) cudaEventDestroy(e);
-    if (cestream) cudaStreamDestroy(cestream);
-    if (wstream) cudaStreamDestroy(wstream);
-    if (stream) cudaStreamDestroy(stream);
+    for (cudaStream_t s : {cestream, wstream, stream})
+        if (s) {
+            cuda::release_gemm_workspace(s);
+            cudaStreamDestroy(s);
+        }
 }
 
 void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
@@ -544,7 +546,7 @@ size_t GptCuda::Impl::allocated() const {
     for (const DeviceBuffer* b : {&vp_h, &vp_y, &vp_logits, &vp_stats, &vp_gathered, &vp_params,
                                   &vp_nvalid, &vp_rows, &vp_dh_all, &vp_dh, &vp_summary})
         s += b->bytes();
-    return s + cuda::gemm_workspace_bytes();
+    return s + cuda::gemm_workspace_bytes({stream, wstream, cestream});
 }
 GptCuda::GptCuda(const ModelConfig& config, const CudaModelOptions& options)
     : impl_(std::make_unique<Impl>(config, options)) {}

@@ -28,6 +28,7 @@
 #include "kernels/cuda_device.h"
 #include "kernels/global_norm.h"
 #include "kernels/layernorm.h"
+#include "kernels/matmul.h"
 #include "model/gpt.h"
 #include "model/gpt_cuda.h"
 #include "model/hf_gpt2.h"
@@ -541,6 +542,34 @@ TEST_CASE("kernels.matmul_search: a fresh cuBLASLt context given the run's choic
     for (const std::string head : {"fast", "fused_linear_wgmma"}) {
         CAPTURE(head);
         check_search_repeats(head);
+    }
+}
+
+TEST_CASE("a model's cuBLASLt workspaces (32 MB per stream) are freed with the model") {
+    // They were kept per host thread to the end of the process: a process that built many models
+    // (these tests, an in-process sweep) kept every one's.
+    const ModelConfig mc = tiny_config(true, true, false);
+    GPT<float> host(mc);
+    host.init_weights(1);
+    std::vector<int32_t> tok(4 * 16), tgt(4 * 16);
+    for (size_t i = 0; i < tok.size(); i++) {
+        tok[i] = int32_t(i * 7 % 61);
+        tgt[i] = int32_t(i * 5 % 61);
+    }
+    CrossEntropyOptions ce;
+    ce.reduction = Reduction::sum;
+    const size_t before = cuda::gemm_workspace_bytes();
+    for (int rep = 0; rep < 3; rep++) {
+        {
+            GptCuda m(mc, CudaModelOptions{});
+            m.set_params(host.params.data());
+            m.zero_grad();
+            m.forward(tok.data(), 4, 16);
+            m.loss(tgt.data(), ce, 1.0 / 64, true);
+            m.backward();
+            CHECK(cuda::gemm_workspace_bytes() > before);  // its streams' workspaces
+        }
+        CHECK(cuda::gemm_workspace_bytes() == before);  // gone with its streams
     }
 }
 
