@@ -17,6 +17,7 @@
 #include "data/safetensors.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/cuda_device.h"
+#include "kernels/matmul.h"
 #include "tests/ce_gpu.h"
 #include "tests/gpu_helpers.h"
 #include "tests/gpu_only.h"
@@ -803,7 +804,10 @@ namespace {
 struct GraphRun {
     cudaStream_t stream = nullptr;
     GraphRun() { CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)); }
-    ~GraphRun() { cudaStreamDestroy(stream); }
+    ~GraphRun() {
+        zgpt::cuda::release_gemm_workspace(stream);  // its 32 MB go with the stream
+        cudaStreamDestroy(stream);
+    }
     GraphRun(const GraphRun&) = delete;
     GraphRun& operator=(const GraphRun&) = delete;
     // Captures f(stream) into an executable graph.
