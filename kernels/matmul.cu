@@ -62,8 +62,11 @@ Workspaces& workspaces() {
 void* workspace(CUstream_st* stream) {
     Workspaces& w = workspaces();
     std::lock_guard<std::mutex> lock(w.m);
-    void*& p = w.by_stream[stream];
-    if (!p) ZG_CUDA_CHECK(cudaMalloc(&p, kWorkspaceBytes));
+    auto it = w.by_stream.find(stream);
+    if (it != w.by_stream.end()) return it->second;
+    void* p = nullptr;  // registered once allocated: a failed cudaMalloc leaves no entry
+    ZG_CUDA_CHECK(cudaMalloc(&p, kWorkspaceBytes));
+    w.by_stream[stream] = p;
     return p;
 }
 

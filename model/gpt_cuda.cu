@@ -510,6 +510,7 @@ void GptCuda::Impl::backward() {
         // wpe from this rank's rows; wte: the group's row gradients, of the tokens this
         // shard holds (vp_h is free once the head is done)
         cuda::encoder_backward(nullptr, g(layout.wpe), dres.get(), {}, B, Tn, C, rt, stream);
+        tick("encoder bwd");
         ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
         vgroup.all_gather(dres.get(), vp_h.get(), BT * C * int64_t(res_es));
         tick("encoder bwd (vp): all-gather dres");

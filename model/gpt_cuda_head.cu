@@ -205,7 +205,9 @@ CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bo
             for (int64_t c = 0; c < chunks; c++) {
                 const int64_t r0 = c * chunk_rows, n = std::min(chunk_rows, NA - r0);
                 cuda::ce_shard_backward(rows_of(r0, n), params_ + r0, o, ce_stream);
-                if (Vg > Vl)  // the GEMMs' extra columns carry no gradient
+                // The GEMMs' extra columns carry no gradient. The table's extra rows are zero,
+                // so their logits are too; zeroing them keeps dW and dh exact even if not.
+                if (Vg > Vl)
                     ZG_CUDA_CHECK(cudaMemset2DAsync(logits_rows(r0) + Vl * es, ld * es, 0,
                                                     (Vg - Vl) * es, n, ce_stream));
                 tick("head (vp): cross-entropy gradient");

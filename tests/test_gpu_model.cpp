@@ -692,6 +692,7 @@ TEST_CASE("vocab-parallel head with 2 and 4 local ranks on one GPU equals one ra
             std::vector<CrossEntropySummary> sr(P);
             std::vector<std::string> err(P);
             std::vector<size_t> bytes(P);
+            std::vector<char> same_bits(P, 0), timed(P, 0);
             std::vector<std::thread> th;
             CudaModelOptions os = o;  // each rank holds its shard of the vocabulary tables
             os.vocab_parts = P;
@@ -702,15 +703,28 @@ TEST_CASE("vocab-parallel head with 2 and 4 local ranks on one GPU equals one ra
                         GptCuda m(mc, os);
                         m.set_vocab_group(cuda_vocab_group(*comms[r], m.stream()));
                         m.set_params(arena.take_shard(host.params).data());
-                        // twice: the second step must not see the first one's buffers
+                        // twice: the second step must not see the first one's buffers. The
+                        // second one is timed per op (train.profile_step: every op on the main
+                        // stream, the chunks one after another) and must give the same bits.
+                        std::vector<float> first(m.num_parameters());
+                        double first_loss = 0;
                         for (int rep = 0; rep < 2; rep++) {
+                            m.set_op_profiling(rep == 1);
                             m.zero_grad();
                             m.forward(tok.data() + r * B * T, B, T);
                             sr[r] = m.loss(tgt.data() + r * B * T, ce, g, true);
                             m.backward();
+                            if (rep == 0) {
+                                m.get_grads(first.data());
+                                first_loss = sr[r].sum_loss;
+                            } else {
+                                timed[r] = !m.take_op_times().empty();
+                                m.set_op_profiling(false);
+                            }
                         }
                         std::vector<float> local(m.num_parameters());
                         m.get_grads(local.data());
+                        same_bits[r] = local == first && sr[r].sum_loss == first_loss;
                         // in the whole model's arena: this shard's rows, zeros in the others'
                         gr[r].assign(g1.size(), 0.0f);
                         arena.put(local.data(), r, true, gr[r]);
@@ -722,6 +736,11 @@ TEST_CASE("vocab-parallel head with 2 and 4 local ranks on one GPU equals one ra
                 });
             for (auto& x : th) x.join();
             for (int r = 0; r < P; r++) REQUIRE_MESSAGE(err[r] == "", err[r]);
+            for (int r = 0; r < P; r++) {
+                CAPTURE(r);
+                CHECK(timed[r]);
+                CHECK(same_bits[r]);  // the timed step: the same loss and gradients
+            }
             double loss = 0;
             int64_t nv = 0;
             std::vector<double> gsum(g1.size(), 0.0);

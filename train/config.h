@@ -40,7 +40,7 @@ struct TrainConfig {
     int64_t sample_every = 0;  // print a generated sample every N steps; 0: never
     int64_t sample_tokens = 200;
     // Time each op of this step on every rank and write the table (op_profile_step_N.json in the
-    // run directory, and the log); 0: never. That step runs every op on one stream (slower).
+    // run directory, and the log); 0: never. That step runs every op on one stream.
     int64_t profile_step = 0;
     std::string precision = "bf16";  // bf16 | fp32 (GPU; the CPU always trains in fp32)
     bool recompute_gelu = false;     // GPU: recompute GELU in backward instead of storing it
