@@ -21,7 +21,7 @@ CrossEntropySummary GptCuda::Impl::loss(const int32_t* host_targets, const Cross
         cudaMemcpyAsync(grad_out.get(), h_grad_out.get(), 4, cudaMemcpyHostToDevice, stream));
     if (vgroup.size > 1) return loss_sharded(o, compute_grad);
     auto* sum = summary.as<cuda::LossSummaryF>();
-    const int64_t chunks = head_chunks(o);
+    const int64_t chunks = head_chunks(o, BT);
     tick(nullptr);
     if (linear_ce) {
         mark(0);  // no logits GEMM: the head is one fused pass in [ev2, ev3]
@@ -107,11 +107,9 @@ CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bo
     int* n_all = vp_nvalid.as<int>();
     int* n_own = n_all + 1;
     float* rows = vp_rows.as<float>();
-    // Row chunks of the logits path (rows [c * chunk_rows, ...)), as head_chunks() cuts the
-    // one-GPU head, counted on the group's rows.
-    const int64_t chunks =
-        linear_ce ? 1
-                  : std::max<int64_t>(1, std::min<int64_t>(opt.head_chunks, NA / kMinChunkRows));
+    // Row chunks of the logits path (rows [c * chunk_rows, ...)), cut as the one-GPU head's,
+    // over the group's rows (the reduction is sum, checked above).
+    const int64_t chunks = head_chunks(o, NA);
     const int64_t chunk_rows = (NA + chunks - 1) / chunks;
     const bool serial = !overlapping();
     cudaStream_t ce_stream = serial ? stream : cestream;
