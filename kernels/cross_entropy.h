@@ -229,13 +229,20 @@ struct LinearCrossEntropyTuning {
     // cuBLASLt candidates timed for the tiles' products (Gemm::search; the model passes
     // kernels.matmul_search); 0 or 1: the heuristic's first
     int gemm_search = 0;
+    // fused_linear_rows: the caller passes dweight_acc (a trainer's fp32 gradient), so the
+    // workspace holds no fp32 [V, C] accumulator for a bf16 dweight over several row blocks
+    bool fp32_dweight_only = false;
 };
 
 struct LinearCrossEntropyArgs {
     const void* hidden = nullptr;  // [N, C] bf16
     const void* weight = nullptr;  // [V, C] bf16, or a shard's rows [V_local, C]
-    int64_t N = 0, C = 0, V = 0;   // V: the global vocabulary
-    int64_t v0 = 0, V_local = 0;   // the shard's rows of W: [v0, v0 + V_local); V_local 0: all V
+    // Rows the weight table has (0: V). fused_linear_rows runs its GEMMs over V rounded up to 8
+    // where weight_rows allows (those rows must be zero; cuBLASLt runs odd widths on slow
+    // kernels), and then writes or adds that many rows of dweight / dweight_acc (zeros past V).
+    int64_t weight_rows = 0;
+    int64_t N = 0, C = 0, V = 0;  // V: the global vocabulary
+    int64_t v0 = 0, V_local = 0;  // the shard's rows of W: [v0, v0 + V_local); V_local 0: all V
     const int32_t* targets = nullptr;
     const float* grad_output = nullptr;  // scalar, or per row when reduction is none
     // Gradients; all null: loss only (evaluation), the second pass is skipped.

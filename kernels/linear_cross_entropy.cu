@@ -33,6 +33,7 @@
 
 #include "kernels/cross_entropy.h"
 #include "kernels/cuda_check.h"
+#include "kernels/linear_cross_entropy_rows.h"
 #include "kernels/linear_cross_entropy_wgmma.h"
 #include "kernels/matmul.h"
 #include "kernels/workspace.h"
@@ -361,6 +362,11 @@ const std::vector<LinearCrossEntropyVariant>& linear_cross_entropy_variants() {
          "GEMM's epilogue: no logits in memory for the statistics, dlogits tiles for cuBLASLt's "
          "dh and dW (sm_90, C % 8 == 0; elsewhere fused_linear's cuBLASLt tiles)",
          workspace_bytes_wgmma, run_fused_linear_wgmma},
+        {"fused_linear_rows",
+         "blocks of whole rows (Liger's schedule): logits once per block, the fast "
+         "cross-entropy in place, dh and dW (added in fp32) from the block: 3 GEMMs, the block's "
+         "R x V logits in memory (kernels/linear_cross_entropy_rows.cu)",
+         linear_ce_rows::workspace_bytes, linear_ce_rows::run},
     };
     return v;
 }

@@ -11,7 +11,8 @@ const std::vector<KernelFamily>& kernel_families() {
         {"attention", "causal attention variant (GPU)", {"flash", "flash_mma", "naive"}, "flash"},
         {"cross_entropy",
          "loss-head variant (GPU)",
-         {"naive", "online", "fast", "fast_lockstep", "fused_linear", "fused_linear_wgmma"},
+         {"naive", "online", "fast", "fast_lockstep", "fused_linear", "fused_linear_wgmma",
+          "fused_linear_rows"},
          "fast"},
         {"layernorm",
          "LayerNorm with the residual add fused, or separate (GPU)",
@@ -43,7 +44,8 @@ int kernel_variant(const std::string& family, const std::string& variant) {
 }
 
 bool is_linear_cross_entropy(const std::string& variant) {
-    return variant == "fused_linear" || variant == "fused_linear_wgmma";
+    return variant == "fused_linear" || variant == "fused_linear_wgmma" ||
+           variant == "fused_linear_rows";
 }
 
 }  // namespace zgpt

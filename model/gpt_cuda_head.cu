@@ -30,6 +30,7 @@ CrossEntropySummary GptCuda::Impl::loss(const int32_t* host_targets, const Cross
         cuda::LinearCrossEntropyArgs a;
         a.hidden = lnf.get();
         a.weight = w(layout.lm_head);
+        a.weight_rows = Vp;  // the table's padded rows are zero (fused_linear_rows' GEMM width)
         a.N = BT;
         a.C = C;
         a.V = cfg.vocab_size;

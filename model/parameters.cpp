@@ -22,8 +22,13 @@ cuda::LinearCrossEntropyTuning linear_ce_tuning(const KernelChoice& k) {
 
 cuda::LinearCrossEntropyTuning model_linear_ce_tuning(const KernelChoice& k) {
     cuda::LinearCrossEntropyTuning t = linear_ce_tuning(k);
-    if (t.row_block == 0) t.row_block = kModelLinearCeRowBlock;
-    if (t.chunk_mb == 0) t.chunk_mb = kModelLinearCeChunkMb;
+    if (k.cross_entropy == "fused_linear_rows") {
+        // its own default (4096 rows) is the trainer's; the model passes dweight_acc
+        t.fp32_dweight_only = true;
+    } else {
+        if (t.row_block == 0) t.row_block = kModelLinearCeRowBlock;
+        if (t.chunk_mb == 0) t.chunk_mb = kModelLinearCeChunkMb;
+    }
     t.gemm_search = k.matmul_search;  // the head's cuBLASLt products, as the layers' GEMMs
     return t;
 }

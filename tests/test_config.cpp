@@ -144,9 +144,10 @@ TEST_CASE("fused_linear's schedule keys: set with that head only, rows_outer wit
     CHECK_FALSE(d.kernels.linear_ce_rows_outer);
     // with another head the keys would be silently ignored: an error instead, at the key's line
     std::string e = error_of(std::string(kBase) + "kernels:\n  linear_ce_row_block: 512\n");
-    CHECK(e.find(".yaml:4: kernels.linear_ce_row_block: applies to the fused linear heads only "
-                 "(kernels.cross_entropy=fused_linear or fused_linear_wgmma; it is fast)") !=
-          std::string::npos);
+    CHECK(e.find(
+              ".yaml:4: kernels.linear_ce_row_block: applies to the fused linear heads only "
+              "(kernels.cross_entropy=fused_linear, fused_linear_wgmma or fused_linear_rows; it is "
+              "fast)") != std::string::npos);
     e = error_of(kBase, {"kernels.cross_entropy=online", "kernels.linear_ce_rows_outer=true"});
     CHECK(e.find("kernels.linear_ce_rows_outer: applies to the fused linear heads only") !=
           std::string::npos);
@@ -164,6 +165,27 @@ TEST_CASE("fused_linear's schedule keys: set with that head only, rows_outer wit
           std::string::npos);
     e = error_of(base + "  linear_ce_vocab_chunk: -1\n");
     CHECK(e.find("kernels.linear_ce_vocab_chunk: value -1 is out of range") != std::string::npos);
+    // fused_linear_rows: whole rows, so no vocabulary chunks and no loop order; one GPU's
+    // vocabulary only
+    const Config r = load_config(write_yaml(
+        "lcer", std::string(kBase) +
+                    "kernels:\n  cross_entropy: fused_linear_rows\n  linear_ce_row_block: 2048\n"));
+    CHECK(r.kernels.linear_ce_row_block == 2048);
+    CHECK(model_linear_ce_tuning(r.kernels).row_block == 2048);
+    CHECK(model_linear_ce_tuning(r.kernels).fp32_dweight_only);
+    const Config r0 = load_config(
+        write_yaml("lcer0", std::string(kBase) + "kernels:\n  cross_entropy: fused_linear_rows\n"));
+    CHECK(model_linear_ce_tuning(r0.kernels).row_block == 0);  // the head's own 4096
+    CHECK(model_linear_ce_tuning(r0.kernels).chunk_mb == 0);
+    for (const char* key :
+         {"kernels.linear_ce_vocab_chunk=512", "kernels.linear_ce_rows_outer=true"}) {
+        CAPTURE(key);
+        e = error_of(kBase, {"kernels.cross_entropy=fused_linear_rows",
+                             "kernels.linear_ce_row_block=64", key});
+        CHECK(e.find("does not apply to fused_linear_rows") != std::string::npos);
+    }
+    e = error_of(kBase, {"kernels.cross_entropy=fused_linear_rows", "parallel.vocab_parallel=2"});
+    CHECK(e.find("fused_linear_rows runs the whole vocabulary on one GPU") != std::string::npos);
 }
 
 TEST_CASE("the kernels' tuning keys: overrides, nested YAML, sets, variants, round trip, JSON") {

@@ -171,6 +171,8 @@ TEST_CASE("whole model in bf16: loss within 2e-2 and gradients within bf16 accum
     compare_model(tiny_config(true, true, false), o, 5e-2);
     o.kernels.cross_entropy = "fused_linear_wgmma";
     compare_model(tiny_config(true, true, false), o, 5e-2);
+    o.kernels.cross_entropy = "fused_linear_rows";
+    compare_model(tiny_config(true, true, false), o, 5e-2);
     o.kernels.cross_entropy = "fused_linear";
     // An fp32 residual stream, with the fused and the separate residual add, untied with biases
     // and tied without. Not with qk_norm: the option does not touch the q/k path, and there the
@@ -427,7 +429,8 @@ TEST_CASE(
          {Head{"fast_lockstep", 0, 0, false}, Head{"fused_linear", 48, 0, false},
           Head{"fused_linear", 0, 16, false}, Head{"fused_linear", 48, 16, false},
           Head{"fused_linear", 48, 16, true}, Head{"fused_linear_wgmma", 0, 0, false},
-          Head{"fused_linear_wgmma", 48, 16, false}, Head{"fused_linear_wgmma", 48, 16, true}}) {
+          Head{"fused_linear_wgmma", 48, 16, false}, Head{"fused_linear_wgmma", 48, 16, true},
+          Head{"fused_linear_rows", 0, 0, false}, Head{"fused_linear_rows", 48, 0, false}}) {
         const std::string ce = h.ce;
         CAPTURE(ce);
         CAPTURE(h.row_block);

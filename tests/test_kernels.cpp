@@ -427,7 +427,8 @@ std::vector<Runner> runners() {
     per_variant("attention", {"flash", "flash_mma", "naive"}, attention_rows);
     r.push_back({"attention", "cpu", attention_cpu_rows});
     per_variant("cross_entropy",
-                {"naive", "online", "fast", "fast_lockstep", "fused_linear", "fused_linear_wgmma"},
+                {"naive", "online", "fast", "fast_lockstep", "fused_linear", "fused_linear_wgmma",
+                 "fused_linear_rows"},
                 cross_entropy_rows);
     per_variant("layernorm", {"fused_residual", "separate"}, layernorm_rows);
     per_variant("matmul", {"fused_epilogue", "separate", "wgmma"}, matmul_rows);

@@ -155,7 +155,8 @@ std::vector<ConfigField> config_fields(Config& c) {
     for (const KernelFamily& f : kernel_families())
         add({"kernels", f.name, f.help, &kernel_choice(k, f.name), 0, 0, false, false, f.variants});
     add({"kernels", "linear_ce_row_block",
-         "fused_linear: rows per tile (0: 16384 in training, 8192 in bench_ce)",
+         "fused_linear*: rows per tile (0: 16384 in training, 8192 in bench_ce; fused_linear_rows: "
+         "4096)",
          &k.linear_ce_row_block, 0, 1 << 30});
     add({"kernels", "linear_ce_vocab_chunk",
          "fused_linear: vocabulary columns per tile (0: from linear_ce_chunk_mb)",
@@ -164,8 +165,9 @@ std::vector<ConfigField> config_fields(Config& c) {
          "fused_linear: each row block's whole head before the next (with linear_ce_row_block)",
          &k.linear_ce_rows_outer});
     add({"kernels", "linear_ce_chunk_mb",
-         "fused_linear: MB of bf16 logits per tile, with linear_ce_vocab_chunk 0 (0: 192 in "
-         "training, 48 in bench_ce)",
+         "fused_linear*: MB of bf16 logits per tile, with linear_ce_vocab_chunk 0 (0: 192 in "
+         "training, 48 in bench_ce; fused_linear_rows: its rows from the MB when "
+         "linear_ce_row_block is 0)",
          &k.linear_ce_chunk_mb, 0, 1 << 20});
     add({"kernels", "matmul_search",
          "cuBLASLt GEMMs (the layers', the LM head's, and the fused heads' tile products): "
@@ -431,14 +433,27 @@ void check_cross(const Config& c, const Origins& origins) {
             if (set)
                 throw Error(
                     at(key) +
-                    "applies to the fused linear heads only (kernels.cross_entropy=fused_linear or "
-                    "fused_linear_wgmma; it is " +
+                    "applies to the fused linear heads only (kernels.cross_entropy=fused_linear, "
+                    "fused_linear_wgmma or fused_linear_rows; it is " +
                     k.cross_entropy + ")");
     }
+    if (k.cross_entropy == "fused_linear_rows" && c.parallel.vocab_parallel > 1)
+        throw Error(at("kernels.cross_entropy") +
+                    "fused_linear_rows runs the whole vocabulary on one GPU; with "
+                    "parallel.vocab_parallel > 1 take fast, fused_linear or fused_linear_wgmma");
+    if (k.cross_entropy == "fused_linear_rows")  // whole rows, each block's head before the next
+        for (const auto& [key, set] : {std::pair<const char*, bool>{"kernels.linear_ce_vocab_chunk",
+                                                                    k.linear_ce_vocab_chunk != 0},
+                                       {"kernels.linear_ce_rows_outer", k.linear_ce_rows_outer}})
+            if (set)
+                throw Error(at(key) +
+                            "does not apply to fused_linear_rows (its blocks hold whole rows, each "
+                            "block's whole head before the next); set linear_ce_row_block or "
+                            "linear_ce_chunk_mb");
     if (!linear_head && k.linear_ce_chunk_mb != 0)
         throw Error(at("kernels.linear_ce_chunk_mb") +
-                    "applies to the fused linear heads only (kernels.cross_entropy=fused_linear or "
-                    "fused_linear_wgmma; it is " +
+                    "applies to the fused linear heads only (kernels.cross_entropy=fused_linear, "
+                    "fused_linear_wgmma or fused_linear_rows; it is " +
                     k.cross_entropy + ")");
     // The tuning knobs: each in its set, and set only for the variants that read it.
     const std::string cet = "kernels.cross_entropy_tuning.", att = "kernels.attention_tuning.";

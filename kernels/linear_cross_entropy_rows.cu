@@ -1,0 +1,215 @@
+// fused_linear_rows: the linear + cross-entropy head in blocks of whole rows (the schedule Liger's
+// fused linear cross-entropy uses, on our kernels). Per block of R rows:
+//
+//   logits = h_b W^T over the whole vocabulary (cuBLASLt, bf16 out) into one R x V tile
+//   the `fast` cross-entropy on the tile: loss, per-row outputs and dlogits in place, one pass
+//   dh_b = dlogits W            (bf16 out, fp32 inside the GEMM)
+//   dW  += dlogits^T h_b        (fp32, added by the GEMM: beta = 1)
+//
+// Why: a block holds whole rows, so each row's lse is known before its dlogits leave the tile,
+// and the logits are computed once: 3 GEMMs, where fused_linear's vocabulary chunks need 4. The
+// price is the fp32 dW crossing memory once per block (the GEMM's epilogue reads and writes it)
+// and the tile's R x V bf16 logits. In a trainer the fp32 dW is the gradient arena it already
+// has (dweight_acc; tuning.fp32_dweight_only then leaves the workspace without one), so the tile
+// is all the head holds: at GPT-2's vocabulary 4096 rows are 0.41 GB where `fast` keeps all
+// B x T rows of logits (6.6 GB at B = 64, T = 1024). With a bf16 dweight over several blocks the
+// workspace carries an fp32 [V, C] accumulator, which is why the `bench_ce` memory targets
+// (<= 0.2 and 0.5 GB with the gradients) are fused_linear's, not this head's
+// (docs/cross_entropy.md).
+//
+// Contract: fused_linear's (every reduction, ignore_index, smoothing, z-loss, device
+// grad_output, no host sync, deterministic), on the whole vocabulary only (no shards). Each
+// block's cross-entropy runs with reduction sum; for mean its scalar is grad_output over the
+// valid rows of all N, computed on the device. The blocks' summaries are added up in block order.
+#include "kernels/linear_cross_entropy_rows.h"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "kernels/cuda_check.h"
+#include "kernels/matmul.h"
+#include "kernels/residual.h"
+#include "kernels/workspace.h"
+
+namespace zgpt::cuda::linear_ce_rows {
+
+namespace {
+
+// Rows per block when the tuning says nothing: 4096 (0.41 GB of logits at V = 50304, 1.05 GB at
+// 128256), the trainer's default (docs/cross_entropy.md, "fused_linear_rows").
+constexpr int64_t kBlockRows = 4096;
+
+// The tile's row stride: V rounded up to 8, so that every row starts 16-byte aligned (the fast
+// kernel's bulk copies and cuBLASLt's fast kernels need it).
+int64_t tile_ld(int64_t V) {
+    return (V + 7) / 8 * 8;
+}
+
+// Rows per block: tuning.row_block, or as many as tuning.chunk_mb of logits hold (a multiple of
+// 16), or kBlockRows; at most N.
+int64_t block_rows(int64_t N, int64_t V, const LinearCrossEntropyTuning& t) {
+    int64_t r = t.row_block;
+    if (r <= 0 && t.chunk_mb > 0)
+        r = std::max<int64_t>(
+            16, int64_t((size_t(t.chunk_mb) << 20) / (2 * size_t(tile_ld(V)))) / 16 * 16);
+    if (r <= 0) r = kBlockRows;
+    return std::min(r, N);
+}
+
+const CrossEntropyVariant& fast() {
+    static const CrossEntropyVariant& v = find_cross_entropy_variant("fast");
+    return v;
+}
+
+struct Workspace {
+    int* n_valid;
+    float* scale;         // mean: grad_output / n_valid
+    LossSummaryF* sums;   // one per block
+    __nv_bfloat16* tile;  // [R, ld]
+    void* ce;             // the fast kernel's workspace
+    float* dw_acc;        // [ld, C] fp32, with bf16 dW over several blocks; else null
+};
+
+Workspace carve(WorkspaceLayout& l, int64_t N, int64_t C, int64_t V,
+                const LinearCrossEntropyTuning& t) {
+    const int64_t R = block_rows(N, V, t), blocks = (N + R - 1) / R, ld = tile_ld(V);
+    Workspace w;
+    w.n_valid = l.take<int>(1);
+    w.scale = l.take<float>(1);
+    w.sums = l.take<LossSummaryF>(size_t(blocks));
+    w.tile = l.take<__nv_bfloat16>(size_t(R) * ld);
+    w.ce = l.take<unsigned char>(fast().workspace_bytes(R, V, LogitsType::bf16));
+    w.dw_acc = blocks > 1 && !t.fp32_dweight_only ? l.take<float>(size_t(ld) * C) : nullptr;
+    return w;
+}
+
+__global__ void mean_scale_kernel(float* scale, const float* grad_output, const int* n_valid) {
+    const int n = *n_valid;
+    *scale = n > 0 ? *grad_output / float(n) : 0.0f;
+}
+
+// The blocks' summaries added up in block order (double), the loss reduced as asked.
+__global__ void combine_kernel(LossSummaryF* out, const LossSummaryF* sums, int64_t blocks,
+                               Reduction red) {
+    double t[6] = {0, 0, 0, 0, 0, 0};
+    float mx = -__int_as_float(0x7f800000);
+    int n = 0;
+    for (int64_t b = 0; b < blocks; b++) {
+        const LossSummaryF& s = sums[b];
+        t[0] += s.loss;
+        t[1] += s.sum_loss;
+        t[2] += s.sum_ce;
+        t[3] += s.sum_z_loss;
+        t[4] += s.sum_lse;
+        t[5] += s.sum_lse_sq;
+        mx = fmaxf(mx, s.max_logit);
+        n += s.n_valid;
+    }
+    LossSummaryF r;
+    r.loss = red == Reduction::mean ? (n > 0 ? float(t[1] / n) : 0.0f) : float(t[0]);
+    r.sum_loss = float(t[1]);
+    r.sum_ce = float(t[2]);
+    r.sum_z_loss = float(t[3]);
+    r.sum_lse = float(t[4]);
+    r.sum_lse_sq = float(t[5]);
+    r.max_logit = mx;
+    r.n_valid = n;
+    *out = r;
+}
+
+template <typename T>
+T* offset(T* p, int64_t n) {
+    return p ? p + n : nullptr;
+}
+
+}  // namespace
+
+size_t workspace_bytes(int64_t N, int64_t C, int64_t V, const LinearCrossEntropyTuning& t) {
+    WorkspaceLayout l(nullptr);
+    carve(l, N, C, V, t);
+    return l.bytes();
+}
+
+void run(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, void* workspace,
+         CUstream_st* s) {
+    validate(o);
+    ZG_CHECK(a.hidden && a.weight && a.targets && a.grad_output && a.summary,
+             "fused_linear_rows: hidden, weight, targets, grad_output and summary are required");
+    ZG_CHECK(a.N > 0 && a.C > 0 && a.V > 0 && a.N <= INT32_MAX, "fused_linear_rows: bad sizes");
+    ZG_CHECK(a.v0 == 0 && a.local_vocab() == a.V,
+             "fused_linear_rows takes the whole vocabulary (no shards: use fused_linear's "
+             "linear_ce_shard_* for a vocabulary shard)");
+    const bool grads = a.dhidden || a.dweight || a.dweight_acc;
+    ZG_CHECK(!grads || (a.dhidden && (a.dweight || a.dweight_acc)),
+             "fused_linear_rows: gradients need dhidden and one of dweight / dweight_acc");
+    const int64_t N = a.N, C = a.C, V = a.V, ld = tile_ld(V);
+    const int64_t R = block_rows(N, V, a.tuning), blocks = (N + R - 1) / R;
+    ZG_CHECK(!grads || a.dweight_acc || blocks == 1 || !a.tuning.fp32_dweight_only,
+             "fused_linear_rows: a bf16 dweight over several row blocks needs the workspace's fp32 "
+             "accumulator, which tuning.fp32_dweight_only leaves out: pass dweight_acc");
+    // The GEMMs run over ld columns where the weight has that many rows (its rows past V zero):
+    // cuBLASLt's kernels for an odd width are far slower (docs/parallel.md, the split head).
+    const int64_t Vg = a.weight_rows >= ld ? ld : V;
+    WorkspaceLayout layout(workspace);
+    const Workspace w = carve(layout, N, C, V, a.tuning);
+    const auto* h = static_cast<const __nv_bfloat16*>(a.hidden);
+    const int search = a.tuning.gemm_search;
+
+    ce_count_valid(w.n_valid, a.targets, N, o.ignore_index, s);
+    CrossEntropyOptions ob = o;
+    const float* go = a.grad_output;
+    if (o.reduction == Reduction::mean) {  // every block scaled by all N rows' valid count
+        mean_scale_kernel<<<1, 1, 0, s>>>(w.scale, a.grad_output, w.n_valid);
+        ZG_CUDA_CHECK(cudaGetLastError());
+        go = w.scale;
+        ob.reduction = Reduction::sum;
+    }
+    for (int64_t b = 0; b < blocks; b++) {
+        const int64_t r = b * R, nr = std::min(R, N - r);
+        Gemm gl = linear_forward_gemm(w.tile, h + r * C, a.weight, nr, C, Vg, DType::bf16);
+        gl.ldd = ld;
+        gl.search = search;
+        gemm(gl, s);
+        CrossEntropyArgs ce;
+        ce.logits = ce.dlogits = w.tile;
+        ce.type = LogitsType::bf16;
+        ce.ld = ld;
+        ce.N = nr;
+        ce.V_local = ce.V = V;
+        ce.targets = a.targets + r;
+        ce.grad_output = o.reduction == Reduction::none ? go + r : go;
+        ce.loss_rows = offset(a.loss_rows, r);
+        ce.ce_rows = offset(a.ce_rows, r);
+        ce.z_rows = offset(a.z_rows, r);
+        ce.lse_rows = offset(a.lse_rows, r);
+        ce.summary = w.sums + b;
+        fast().run(ce, ob, w.ce, s);
+        if (!grads) continue;
+        if (Vg > V)  // the GEMMs' extra columns carry no gradient
+            ZG_CUDA_CHECK(cudaMemset2DAsync(w.tile + V, ld * 2, 0, (Vg - V) * 2, nr, s));
+        Gemm gi = linear_input_grad_gemm(static_cast<__nv_bfloat16*>(a.dhidden) + r * C, w.tile,
+                                         a.weight, nr, C, Vg, DType::bf16);
+        gi.lda = ld;
+        gi.search = search;
+        gemm(gi, s);
+        float* acc = a.dweight_acc ? a.dweight_acc : w.dw_acc;
+        Gemm gw = linear_weight_grad_gemm(acc, w.tile, h + r * C, nr, C, Vg, DType::bf16);
+        gw.lda = ld;
+        gw.search = search;
+        if (!acc) {  // one block, bf16 dW: straight out of the GEMM
+            gw.D = a.dweight;
+            gw.d_type = DType::bf16;
+            gw.beta = 0.0f;
+        } else if (!a.dweight_acc) {
+            gw.beta = b > 0 ? 1.0f : 0.0f;
+        }
+        gemm(gw, s);
+    }
+    if (grads && !a.dweight_acc && w.dw_acc)
+        cast_from_f32(a.dweight, w.dw_acc, Vg * C, DType::bf16, s);
+    combine_kernel<<<1, 1, 0, s>>>(a.summary, w.sums, blocks, o.reduction);
+    ZG_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace zgpt::cuda::linear_ce_rows

@@ -1,0 +1,15 @@
+// fused_linear_rows (kernels/linear_cross_entropy_rows.cu): the linear + cross-entropy head in
+// blocks of whole rows, 3 GEMMs; registered in linear_cross_entropy_variants().
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cross_entropy.h"
+
+namespace zgpt::cuda::linear_ce_rows {
+
+size_t workspace_bytes(int64_t N, int64_t C, int64_t V, const LinearCrossEntropyTuning& tuning);
+void run(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, void* workspace,
+         CUstream_st* stream);
+
+}  // namespace zgpt::cuda::linear_ce_rows
