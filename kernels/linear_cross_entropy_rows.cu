@@ -1,10 +1,8 @@
 // fused_linear_rows: the linear + cross-entropy head in blocks of whole rows (the schedule Liger's
 // fused linear cross-entropy uses, on our kernels). Per block of R rows:
 //
-//   logits = h_b W^T over the whole vocabulary (cuBLASLt, bf16 out) into one R x V tile, in
-//           kParts row parts; after each part, the `fast` cross-entropy on it (loss, per-row
-//           outputs and dlogits in place, one pass), on args.side_stream where one is given, so
-//           that it runs beside the next part's GEMM
+//   logits = h_b W^T over the whole vocabulary (cuBLASLt, bf16 out) into one R x V tile
+//   the `fast` cross-entropy on the tile: loss, per-row outputs and dlogits in place, one pass
 //   dh_b = dlogits W            (bf16 out, fp32 inside the GEMM)
 //   dW  += dlogits^T h_b        (fp32, added by the GEMM: beta = 1)
 //
@@ -22,7 +20,7 @@
 // Contract: fused_linear's (every reduction, ignore_index, smoothing, z-loss, device
 // grad_output, no host sync, deterministic), on the whole vocabulary only (no shards). Each
 // block's cross-entropy runs with reduction sum; for mean its scalar is grad_output over the
-// valid rows of all N, computed on the device. The parts' summaries are added up in order.
+// valid rows of all N, computed on the device. The blocks' summaries are added up in block order.
 #include "kernels/linear_cross_entropy_rows.h"
 
 #include <cuda_bf16.h>
@@ -41,10 +39,6 @@ namespace {
 // Rows per block when the tuning says nothing: 4096 (0.41 GB of logits at V = 50304, 1.05 GB at
 // 128256), the trainer's default (docs/cross_entropy.md, "fused_linear_rows").
 constexpr int64_t kBlockRows = 4096;
-// Row parts of a block's logits GEMM, each followed by its cross-entropy: with a side stream all
-// but the last part's cross-entropy run beside a GEMM. Always cut so, with or without the side
-// stream, so that both give the same bits.
-constexpr int64_t kParts = 4;
 
 // The tile's row stride: V rounded up to 8, so that every row starts 16-byte aligned (the fast
 // kernel's bulk copies and cuBLASLt's fast kernels need it).
@@ -83,10 +77,9 @@ Workspace carve(WorkspaceLayout& l, int64_t N, int64_t C, int64_t V,
     Workspace w;
     w.n_valid = l.take<int>(1);
     w.scale = l.take<float>(1);
-    w.sums = l.take<LossSummaryF>(size_t(blocks * kParts));
+    w.sums = l.take<LossSummaryF>(size_t(blocks));
     w.tile = l.take<__nv_bfloat16>(size_t(R) * ld);
-    w.ce = l.take<unsigned char>(
-        fast().workspace_bytes((R + kParts - 1) / kParts, V, LogitsType::bf16));
+    w.ce = l.take<unsigned char>(fast().workspace_bytes(R, V, LogitsType::bf16));
     w.dw_acc = blocks > 1 && !t.fp32_dweight_only ? l.take<float>(size_t(ld) * C) : nullptr;
     return w;
 }
@@ -96,14 +89,14 @@ __global__ void mean_scale_kernel(float* scale, const float* grad_output, const 
     *scale = n > 0 ? *grad_output / float(n) : 0.0f;
 }
 
-// The parts' summaries added up in order (double), the loss reduced as asked.
-__global__ void combine_kernel(LossSummaryF* out, const LossSummaryF* sums, int64_t count,
+// The blocks' summaries added up in block order (double), the loss reduced as asked.
+__global__ void combine_kernel(LossSummaryF* out, const LossSummaryF* sums, int64_t blocks,
                                Reduction red) {
     double t[6] = {0, 0, 0, 0, 0, 0};
     float mx = -__int_as_float(0x7f800000);
     int n = 0;
-    for (int64_t i = 0; i < count; i++) {
-        const LossSummaryF& s = sums[i];
+    for (int64_t b = 0; b < blocks; b++) {
+        const LossSummaryF& s = sums[b];
         t[0] += s.loss;
         t[1] += s.sum_loss;
         t[2] += s.sum_ce;
@@ -172,47 +165,26 @@ void run(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, void* wo
         go = w.scale;
         ob.reduction = Reduction::sum;
     }
-    // Fork and join of the side stream (made here: both are legal inside a graph capture).
-    CUstream_st* side = a.side_stream ? a.side_stream : s;
-    cudaEvent_t part_ev = nullptr, done_ev = nullptr;
-    if (side != s) {
-        ZG_CUDA_CHECK(cudaEventCreateWithFlags(&part_ev, cudaEventDisableTiming));
-        ZG_CUDA_CHECK(cudaEventCreateWithFlags(&done_ev, cudaEventDisableTiming));
-    }
-    int64_t parts_run = 0;  // summaries written, in order
     for (int64_t b = 0; b < blocks; b++) {
         const int64_t r = b * R, nr = std::min(R, N - r);
-        const int64_t pr = (nr + kParts - 1) / kParts;
-        for (int64_t q = 0; q < nr; q += pr) {
-            const int64_t rq = r + q, nq = std::min(pr, nr - q);
-            __nv_bfloat16* tq = w.tile + q * ld;
-            Gemm gl = linear_forward_gemm(tq, h + rq * C, a.weight, nq, C, Vg, DType::bf16);
-            gl.ldd = ld;
-            gl.search = search;
-            gemm(gl, s);
-            if (side != s) {
-                ZG_CUDA_CHECK(cudaEventRecord(part_ev, s));
-                ZG_CUDA_CHECK(cudaStreamWaitEvent(side, part_ev));
-            }
-            CrossEntropyArgs ce;
-            ce.logits = ce.dlogits = tq;
-            ce.type = LogitsType::bf16;
-            ce.ld = ld;
-            ce.N = nq;
-            ce.V_local = ce.V = V;
-            ce.targets = a.targets + rq;
-            ce.grad_output = o.reduction == Reduction::none ? go + rq : go;
-            ce.loss_rows = offset(a.loss_rows, rq);
-            ce.ce_rows = offset(a.ce_rows, rq);
-            ce.z_rows = offset(a.z_rows, rq);
-            ce.lse_rows = offset(a.lse_rows, rq);
-            ce.summary = w.sums + parts_run++;
-            fast().run(ce, ob, w.ce, side);
-        }
-        if (side != s) {  // the block's dlogits are all written before its GEMMs read them
-            ZG_CUDA_CHECK(cudaEventRecord(done_ev, side));
-            ZG_CUDA_CHECK(cudaStreamWaitEvent(s, done_ev));
-        }
+        Gemm gl = linear_forward_gemm(w.tile, h + r * C, a.weight, nr, C, Vg, DType::bf16);
+        gl.ldd = ld;
+        gl.search = search;
+        gemm(gl, s);
+        CrossEntropyArgs ce;
+        ce.logits = ce.dlogits = w.tile;
+        ce.type = LogitsType::bf16;
+        ce.ld = ld;
+        ce.N = nr;
+        ce.V_local = ce.V = V;
+        ce.targets = a.targets + r;
+        ce.grad_output = o.reduction == Reduction::none ? go + r : go;
+        ce.loss_rows = offset(a.loss_rows, r);
+        ce.ce_rows = offset(a.ce_rows, r);
+        ce.z_rows = offset(a.z_rows, r);
+        ce.lse_rows = offset(a.lse_rows, r);
+        ce.summary = w.sums + b;
+        fast().run(ce, ob, w.ce, s);
         if (!grads) continue;
         if (Vg > V)  // the GEMMs' extra columns carry no gradient
             ZG_CUDA_CHECK(cudaMemset2DAsync(w.tile + V, ld * 2, 0, (Vg - V) * 2, nr, s));
@@ -236,12 +208,8 @@ void run(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, void* wo
     }
     if (grads && !a.dweight_acc && w.dw_acc)
         cast_from_f32(a.dweight, w.dw_acc, Vg * C, DType::bf16, s);
-    combine_kernel<<<1, 1, 0, s>>>(a.summary, w.sums, parts_run, o.reduction);
+    combine_kernel<<<1, 1, 0, s>>>(a.summary, w.sums, blocks, o.reduction);
     ZG_CUDA_CHECK(cudaGetLastError());
-    if (part_ev) {  // released once the work recorded on them is done
-        ZG_CUDA_CHECK(cudaEventDestroy(part_ev));
-        ZG_CUDA_CHECK(cudaEventDestroy(done_ev));
-    }
 }
 
 }  // namespace zgpt::cuda::linear_ce_rows
