@@ -241,9 +241,6 @@ struct LinearCrossEntropyArgs {
     // where weight_rows allows (those rows must be zero; cuBLASLt runs odd widths on slow
     // kernels), and then writes or adds that many rows of dweight / dweight_acc (zeros past V).
     int64_t weight_rows = 0;
-    // fused_linear_rows: a second stream for each block's dh GEMM, beside its dW GEMM (the trainer
-    // passes its own); null: both on the run's stream. The same bits either way.
-    CUstream_st* side_stream = nullptr;
     int64_t N = 0, C = 0, V = 0;  // V: the global vocabulary
     int64_t v0 = 0, V_local = 0;  // the shard's rows of W: [v0, v0 + V_local); V_local 0: all V
     const int32_t* targets = nullptr;

@@ -3,12 +3,8 @@
 //
 //   logits = h_b W^T over the whole vocabulary (cuBLASLt, bf16 out) into one R x V tile
 //   the `fast` cross-entropy on the tile: loss, per-row outputs and dlogits in place, one pass
-//   dh_b = dlogits W            (bf16 out, fp32 inside the GEMM; on args.side_stream if given)
+//   dh_b = dlogits W            (bf16 out, fp32 inside the GEMM)
 //   dW  += dlogits^T h_b        (fp32, added by the GEMM: beta = 1)
-//
-// dh_b has only R x C outputs (4096 x 768: fewer 128 x 128 tiles than two waves of an H100's
-// SMs), so on a side stream it runs beside dW's many tiles instead of leaving SMs idle in its
-// last wave; the next block's logits wait for both.
 //
 // Why: a block holds whole rows, so each row's lse is known before its dlogits leave the tile,
 // and the logits are computed once: 3 GEMMs, where fused_linear's vocabulary chunks need 4. The
@@ -169,13 +165,6 @@ void run(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, void* wo
         go = w.scale;
         ob.reduction = Reduction::sum;
     }
-    // The side stream's fork and join (events made here: legal inside a graph capture too).
-    CUstream_st* side = a.side_stream ? a.side_stream : s;
-    cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
-    if (grads && side != s) {
-        ZG_CUDA_CHECK(cudaEventCreateWithFlags(&fork_ev, cudaEventDisableTiming));
-        ZG_CUDA_CHECK(cudaEventCreateWithFlags(&join_ev, cudaEventDisableTiming));
-    }
     for (int64_t b = 0; b < blocks; b++) {
         const int64_t r = b * R, nr = std::min(R, N - r);
         Gemm gl = linear_forward_gemm(w.tile, h + r * C, a.weight, nr, C, Vg, DType::bf16);
@@ -203,11 +192,7 @@ void run(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, void* wo
                                          a.weight, nr, C, Vg, DType::bf16);
         gi.lda = ld;
         gi.search = search;
-        if (fork_ev) {
-            ZG_CUDA_CHECK(cudaEventRecord(fork_ev, s));
-            ZG_CUDA_CHECK(cudaStreamWaitEvent(side, fork_ev));
-        }
-        gemm(gi, side);
+        gemm(gi, s);
         float* acc = a.dweight_acc ? a.dweight_acc : w.dw_acc;
         Gemm gw = linear_weight_grad_gemm(acc, w.tile, h + r * C, nr, C, Vg, DType::bf16);
         gw.lda = ld;
@@ -220,19 +205,11 @@ void run(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, void* wo
             gw.beta = b > 0 ? 1.0f : 0.0f;
         }
         gemm(gw, s);
-        if (join_ev) {  // the next block's logits overwrite the tile dh reads
-            ZG_CUDA_CHECK(cudaEventRecord(join_ev, side));
-            ZG_CUDA_CHECK(cudaStreamWaitEvent(s, join_ev));
-        }
     }
     if (grads && !a.dweight_acc && w.dw_acc)
         cast_from_f32(a.dweight, w.dw_acc, Vg * C, DType::bf16, s);
     combine_kernel<<<1, 1, 0, s>>>(a.summary, w.sums, blocks, o.reduction);
     ZG_CUDA_CHECK(cudaGetLastError());
-    if (fork_ev) {  // released once the work recorded on them is done
-        ZG_CUDA_CHECK(cudaEventDestroy(fork_ev));
-        ZG_CUDA_CHECK(cudaEventDestroy(join_ev));
-    }
 }
 
 }  // namespace zgpt::cuda::linear_ce_rows
