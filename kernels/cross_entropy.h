@@ -214,9 +214,11 @@ namespace zgpt::cuda {
 // fused_linear's schedule: tiles of row_block rows x vocab_chunk columns of bf16 logits. Every
 // default (0, false) is the H100 sweep's choice (kernels/linear_cross_entropy.cu). The config
 // keys are kernels.linear_ce_row_block, _vocab_chunk, _chunk_mb and _rows_outer.
+// fused_linear_rows reads row_block (0: 4096) or chunk_mb, and fp32_dweight_only. A variant's
+// workspace_bytes must be given the tuning its run() will get: the workspace's layout follows it.
 struct LinearCrossEntropyTuning {
     int64_t vocab_chunk = 0;  // vocabulary columns per tile; 0: from the tile's memory budget
-    int64_t row_block = 0;    // rows per tile; 0: 8192
+    int64_t row_block = 0;    // rows per tile; 0: 8192 (fused_linear_rows: 4096)
     int64_t chunk_mb = 0;     // the tile's MB of bf16 logits, when vocab_chunk is 0; 0: 48
     // With dweight_acc and several row blocks: each row block's whole head (statistics, then
     // gradients over every vocabulary chunk) before the next block, so dh needs only a row
@@ -246,8 +248,10 @@ struct LinearCrossEntropyArgs {
     const int32_t* targets = nullptr;
     const float* grad_output = nullptr;  // scalar, or per row when reduction is none
     // Gradients; all null: loss only (evaluation), the second pass is skipped.
-    void* dhidden = nullptr;       // [N, C] bf16, written
-    void* dweight = nullptr;       // [V_local, C] bf16, written (fp32 accumulation inside the GEMM)
+    void* dhidden = nullptr;  // [N, C] bf16, written
+    // [V_local, C] bf16, written (fp32 accumulation inside the GEMM); fused_linear_rows with
+    // weight_rows >= V rounded up to 8 writes that many rows (of dweight_acc too)
+    void* dweight = nullptr;
     float* dweight_acc = nullptr;  // or [V_local, C] fp32, added into (a trainer's gradient arena)
     float* loss_rows = nullptr;    // N each; optional
     float* ce_rows = nullptr;

@@ -67,6 +67,8 @@ cuda::LinearCrossEntropyTuning linear_ce_tuning(const KernelChoice& k);
 // The model's schedule: the same, with keys left 0 taking the trainer's tiles, 16384 rows of
 // 192 MB. They gave the fused heads 3-4% more tokens/s than 8192 x 48 MB (GPT-2 124M, B = 64,
 // T = 1024, H100 and H200) for about 0.2 GB more, within the trainer's memory target.
+// fused_linear_rows keeps its own default (4096 rows) and gets fp32_dweight_only: the model
+// always passes its fp32 gradient as dweight_acc.
 constexpr int kModelLinearCeRowBlock = 16384, kModelLinearCeChunkMb = 192;
 cuda::LinearCrossEntropyTuning model_linear_ce_tuning(const KernelChoice& k);
 

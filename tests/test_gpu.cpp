@@ -663,7 +663,7 @@ LinearRun run_linear(const std::vector<float>& h, const std::vector<float>& W,
         linear_ce_args(hd, Wd, td, god, dh, dW, acc, rowsd, sd, N, C, V, kSchedules[0]);
     a.tuning.vocab_chunk = 0;  // the default tile
     const auto& v = cuda::find_linear_cross_entropy_variant(variant);
-    Dev ws(v.workspace_bytes(N, C, V, {}));
+    Dev ws(v.workspace_bytes(N, C, V, a.tuning));
     v.run(a, o, ws.p, nullptr);
     CUDA_OK(cudaDeviceSynchronize());
     CUDA_OK(cudaGetLastError());

@@ -71,7 +71,10 @@ int main(int argc, char** argv) {
     }
     zgpt::cuda::CrossEntropyTuning ce_tuning = cfg.kernels.cross_entropy_tuning;
     ce_tuning.trace = trace;
-    const zgpt::cuda::LinearCrossEntropyTuning linear_tuning = zgpt::linear_ce_tuning(cfg.kernels);
+    zgpt::cuda::LinearCrossEntropyTuning linear_tuning = zgpt::linear_ce_tuning(cfg.kernels);
+    // with --dweight-acc the heads add into the tool's fp32 dW, so fused_linear_rows needs no fp32
+    // buffer of its own (as in the trainer)
+    linear_tuning.fp32_dweight_only = dweight_acc;
 
     const zgpt::cuda::DeviceInfo dev = zgpt::cuda::query_devices();
     if (dev.count == 0) {
