@@ -272,6 +272,11 @@ struct LinearCrossEntropyVariant {
                 CUstream_st* stream);
 };
 const std::vector<LinearCrossEntropyVariant>& linear_cross_entropy_variants();
+// The checks a fused linear head's run() makes, `who` (its name) in the messages: the arguments,
+// the options, a summary, gradients as dhidden with dweight or dweight_acc, the whole vocabulary.
+// Returns whether gradients are asked for.
+bool check_linear_ce_run(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o,
+                         const std::string& who);
 const LinearCrossEntropyVariant& find_linear_cross_entropy_variant(const std::string& name);
 
 // Vocab-parallel building blocks of fused_linear, for a shard holding the weight's rows

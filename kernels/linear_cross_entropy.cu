@@ -227,14 +227,15 @@ struct ShardSteps {
     }
 };
 
-// The checks every entry point makes.
-void check_linear_args(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o) {
+// The checks every entry point makes (`who` names it in the messages).
+void check_linear_args(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o,
+                       const std::string& who = "fused_linear") {
     validate(o);
     ZG_CHECK(a.hidden && a.weight && a.targets && a.grad_output,
-             "fused_linear: hidden, weight, targets and grad_output are required");
-    ZG_CHECK(a.N > 0 && a.C > 0 && a.V > 0 && a.N <= INT32_MAX, "fused_linear: bad sizes");
+             who + ": hidden, weight, targets and grad_output are required");
+    ZG_CHECK(a.N > 0 && a.C > 0 && a.V > 0 && a.N <= INT32_MAX, who + ": bad sizes");
     ZG_CHECK(a.v0 >= 0 && a.V_local >= 0 && a.v0 + a.local_vocab() <= a.V,
-             "fused_linear: the shard [v0, v0 + V_local) must lie in [0, V)");
+             who + ": the shard [v0, v0 + V_local) must lie in [0, V)");
 }
 
 CrossEntropyArgs ce_view(const LinearCrossEntropyArgs& a, const Workspace* ws) {
@@ -254,16 +255,9 @@ CrossEntropyArgs ce_view(const LinearCrossEntropyArgs& a, const Workspace* ws) {
 
 void run_fused_linear(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, void* w,
                       CUstream_st* s) {
-    check_linear_args(a, o);
-    ZG_CHECK(a.summary, "fused_linear: summary is required");
-    const bool grads = a.dhidden || a.dweight || a.dweight_acc;
-    ZG_CHECK(!grads || (a.dhidden && (a.dweight || a.dweight_acc)),
-             "fused_linear: gradients need dhidden and one of dweight / dweight_acc");
+    const bool grads = check_linear_ce_run(a, o, "fused_linear");
     ZG_CHECK(!a.tuning.rows_outer || !grads || a.dweight_acc,
              "fused_linear: rows_outer needs dweight_acc (dW adds up across row blocks in fp32)");
-    ZG_CHECK(a.v0 == 0 && a.local_vocab() == a.V,
-             "fused_linear: run() takes the whole vocabulary; shards use linear_ce_shard_stats "
-             "and linear_ce_shard_backward");
     const int64_t N = a.N, C = a.C;
     const TileShape t = tile_shape(N, a.V, a.tuning);
     const bool rows_outer = grads && t.rows < N && a.dweight_acc && a.tuning.rows_outer;
@@ -311,6 +305,20 @@ void run_fused_linear_wgmma(const LinearCrossEntropyArgs& a, const CrossEntropyO
 }
 
 }  // namespace
+
+bool check_linear_ce_run(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o,
+                         const std::string& who) {
+    check_linear_args(a, o, who);
+    ZG_CHECK(a.summary, who + ": summary is required");
+    const bool grads = a.dhidden || a.dweight || a.dweight_acc;
+    ZG_CHECK(!grads || (a.dhidden && (a.dweight || a.dweight_acc)),
+             who + ": gradients need dhidden and one of dweight / dweight_acc");
+    ZG_CHECK(a.v0 == 0 && a.local_vocab() == a.V,
+             who +
+                 ": run() takes the whole vocabulary; shards use linear_ce_shard_stats and "
+                 "linear_ce_shard_backward");
+    return grads;
+}
 
 size_t linear_ce_shard_workspace_bytes(int64_t N, int64_t C, int64_t V_local,
                                        const LinearCrossEntropyTuning& tuning) {

@@ -27,6 +27,7 @@
 
 #include <algorithm>
 
+#include "kernels/cross_entropy/common.cuh"
 #include "kernels/cuda_check.h"
 #include "kernels/matmul.h"
 #include "kernels/residual.h"
@@ -85,37 +86,27 @@ Workspace carve(WorkspaceLayout& l, int64_t N, int64_t C, int64_t V,
 }
 
 __global__ void mean_scale_kernel(float* scale, const float* grad_output, const int* n_valid) {
-    const int n = *n_valid;
-    *scale = n > 0 ? *grad_output / float(n) : 0.0f;
+    *scale = grad_scale(*grad_output, Reduction::mean, *n_valid);
 }
 
-// The blocks' summaries added up in block order (double), the loss reduced as asked.
+// The blocks' summaries added up in block order (double), the loss reduced as asked. A block's
+// loss is its sum_loss (its reduction is sum or none), so the sums of sum_loss serve both.
 __global__ void combine_kernel(LossSummaryF* out, const LossSummaryF* sums, int64_t blocks,
                                Reduction red) {
-    double t[6] = {0, 0, 0, 0, 0, 0};
-    float mx = -__int_as_float(0x7f800000);
+    double t[5] = {0, 0, 0, 0, 0};
+    float mx = kNegInf;
     int n = 0;
     for (int64_t b = 0; b < blocks; b++) {
         const LossSummaryF& s = sums[b];
-        t[0] += s.loss;
-        t[1] += s.sum_loss;
-        t[2] += s.sum_ce;
-        t[3] += s.sum_z_loss;
-        t[4] += s.sum_lse;
-        t[5] += s.sum_lse_sq;
+        t[0] += s.sum_loss;
+        t[1] += s.sum_ce;
+        t[2] += s.sum_z_loss;
+        t[3] += s.sum_lse;
+        t[4] += s.sum_lse_sq;
         mx = fmaxf(mx, s.max_logit);
         n += s.n_valid;
     }
-    LossSummaryF r;
-    r.loss = red == Reduction::mean ? (n > 0 ? float(t[1] / n) : 0.0f) : float(t[0]);
-    r.sum_loss = float(t[1]);
-    r.sum_ce = float(t[2]);
-    r.sum_z_loss = float(t[3]);
-    r.sum_lse = float(t[4]);
-    r.sum_lse_sq = float(t[5]);
-    r.max_logit = mx;
-    r.n_valid = n;
-    *out = r;
+    *out = summary_from_sums(t, mx, n, red);
 }
 
 template <typename T>
@@ -133,16 +124,7 @@ size_t workspace_bytes(int64_t N, int64_t C, int64_t V, const LinearCrossEntropy
 
 void run(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, void* workspace,
          CUstream_st* s) {
-    validate(o);
-    ZG_CHECK(a.hidden && a.weight && a.targets && a.grad_output && a.summary,
-             "fused_linear_rows: hidden, weight, targets, grad_output and summary are required");
-    ZG_CHECK(a.N > 0 && a.C > 0 && a.V > 0 && a.N <= INT32_MAX, "fused_linear_rows: bad sizes");
-    ZG_CHECK(a.v0 == 0 && a.local_vocab() == a.V,
-             "fused_linear_rows takes the whole vocabulary (no shards: use fused_linear's "
-             "linear_ce_shard_* for a vocabulary shard)");
-    const bool grads = a.dhidden || a.dweight || a.dweight_acc;
-    ZG_CHECK(!grads || (a.dhidden && (a.dweight || a.dweight_acc)),
-             "fused_linear_rows: gradients need dhidden and one of dweight / dweight_acc");
+    const bool grads = check_linear_ce_run(a, o, "fused_linear_rows");
     const int64_t N = a.N, C = a.C, V = a.V, ld = tile_ld(V);
     const int64_t R = block_rows(N, V, a.tuning), blocks = (N + R - 1) / R;
     ZG_CHECK(!grads || a.dweight_acc || blocks == 1 || !a.tuning.fp32_dweight_only,

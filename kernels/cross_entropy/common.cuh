@@ -244,6 +244,22 @@ __device__ __forceinline__ float grad_scale(float g, Reduction red, int n_valid)
     if (red == Reduction::mean) return n_valid > 0 ? g / float(n_valid) : 0.0f;
     return g;
 }
+// The summary from its sums over the valid rows (loss, ce, z-loss, lse, lse^2: double, added in
+// a fixed order), the largest logit and the valid count, with the loss reduced as asked: over the
+// valid rows for mean (0 when there are none), else their sum.
+__device__ __forceinline__ LossSummaryF summary_from_sums(const double (&t)[5], float max_logit,
+                                                          int n_valid, Reduction red) {
+    LossSummaryF s;
+    s.sum_loss = float(t[0]);
+    s.sum_ce = float(t[1]);
+    s.sum_z_loss = float(t[2]);
+    s.sum_lse = float(t[3]);
+    s.sum_lse_sq = float(t[4]);
+    s.max_logit = max_logit;
+    s.n_valid = n_valid;
+    s.loss = red == Reduction::mean ? (n_valid > 0 ? float(t[0] / n_valid) : 0.0f) : float(t[0]);
+    return s;
+}
 __device__ __forceinline__ float row_grad_scale(const float* grad_output, bool per_row, int64_t row,
                                                 Reduction red, int n_valid) {
     return grad_scale(grad_output[per_row ? row : 0], red, n_valid);

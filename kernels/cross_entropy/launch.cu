@@ -121,17 +121,7 @@ __global__ void reduce_kernel(LossSummaryF* out, const float* loss_rows, const f
             for (int k = 0; k < 5; k++) t[k] += part[k][w];
             m = fmaxf(m, part_max[w]);
         }
-        const int n = *n_valid;
-        LossSummaryF s;
-        s.sum_loss = float(t[0]);
-        s.sum_ce = float(t[1]);
-        s.sum_z_loss = float(t[2]);
-        s.sum_lse = float(t[3]);
-        s.sum_lse_sq = float(t[4]);
-        s.max_logit = m;
-        s.n_valid = n;
-        s.loss = red == Reduction::mean ? (n > 0 ? float(t[0] / n) : 0.0f) : float(t[0]);
-        *out = s;
+        *out = summary_from_sums(t, m, *n_valid, red);
     }
 }
 
