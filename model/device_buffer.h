@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <stdexcept>
 #include <utility>
 
 #include "kernels/cuda_check.h"
@@ -23,16 +24,28 @@ class DeviceBuffer {
         ZG_CUDA_CHECK(cudaMemsetAsync(p_, 0, bytes, nullptr));
         ZG_CUDA_CHECK(cudaStreamSynchronize(nullptr));
     }
-    ~DeviceBuffer() {
-        if (p_) cudaFree(p_);
+    // Bytes [offset, offset + bytes) of `owner`, which keeps the memory (the view never frees
+    // it): buffers that are never live at the same time can share one allocation.
+    static DeviceBuffer view(const DeviceBuffer& owner, size_t offset, size_t bytes) {
+        if (offset + bytes > owner.bytes_)
+            throw std::logic_error("DeviceBuffer::view past the end of its owner");
+        DeviceBuffer v;
+        v.p_ = bytes ? static_cast<char*>(owner.p_) + offset : nullptr;
+        v.bytes_ = bytes;
+        v.owned_ = false;
+        return v;
     }
-    DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), bytes_(o.bytes_) {
+    ~DeviceBuffer() {
+        if (p_ && owned_) cudaFree(p_);
+    }
+    DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), bytes_(o.bytes_), owned_(o.owned_) {
         o.p_ = nullptr;
         o.bytes_ = 0;
     }
     DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
         std::swap(p_, o.p_);
         std::swap(bytes_, o.bytes_);
+        std::swap(owned_, o.owned_);
         return *this;
     }
     void* get() const { return p_; }
@@ -41,10 +54,12 @@ class DeviceBuffer {
         return static_cast<T*>(p_);
     }
     size_t bytes() const { return bytes_; }
+    size_t owned_bytes() const { return owned_ ? bytes_ : 0; }  // 0 for a view
 
   private:
     void* p_ = nullptr;
     size_t bytes_ = 0;
+    bool owned_ = true;
 };
 
 // Page-locked host memory: copies from it are truly asynchronous (a copy from pageable memory

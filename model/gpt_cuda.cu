@@ -152,12 +152,9 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
     h_bucket = PinnedBuffer<int32_t>(6 * (NB + 1));
     h_grad_out = PinnedBuffer<float>(1);
     h_summary = PinnedBuffer<cuda::LossSummaryF>(kMaxHeadChunks);
-    branch_out = act(BT * C);
     dres = res_act(BT * C);
     if (rt != t) dres_act = act(BT * C);
     dtmp = act(BT * C);
-    dqkv = act(BT * 3 * C);
-    dfch = act(BT * 4 * C);
     if (opt.recompute_gelu) gelu_tmp = act(BT * 4 * C);
     att_scratch = DeviceBuffer(attention->scratch_bytes(shape));
     // with qk_norm the bias gradient is of the pre-norm q and k, not of what attention wrote
@@ -180,7 +177,21 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
             ? linear_ce->workspace_bytes(BT, C, cfg.vocab_size, model_linear_ce_tuning(k))
             : ce->workspace_bytes(
                   BT, Vp, t == DType::bf16 ? cuda::LogitsType::bf16 : cuda::LogitsType::f32);
-    ce_workspace = DeviceBuffer(ws);
+    // A fused linear head's workspace (fused_linear_rows: a block of logits, 1-2 GB) shares one
+    // allocation with branch_out, dqkv and dfch: the head runs after the forward's last read of
+    // branch_out (the final LayerNorm) and returns before the backward first writes dqkv or dfch.
+    // The head with its logits in memory keeps them into the backward, so it shares nothing.
+    const size_t nb = size_t(BT * C) * es, nq = size_t(BT * 3 * C) * es,
+                 nf = size_t(BT * 4 * C) * es;
+    const bool share = linear_ce && !sharded;
+    head_scratch = DeviceBuffer(share ? std::max(ws, nb + nq + nf) : 0);
+    auto part = [&](size_t offset, size_t bytes) {
+        return share ? DeviceBuffer::view(head_scratch, offset, bytes) : DeviceBuffer(bytes);
+    };
+    branch_out = part(0, nb);
+    dqkv = part(nb, nq);
+    dfch = part(nb + nq, nf);
+    ce_workspace = part(0, ws);
 }
 
 void GptCuda::Impl::linear_forward(void* out, const void* inp, int w_idx, int b_idx, int64_t M,
@@ -541,13 +552,13 @@ size_t GptCuda::Impl::allocated() const {
               &a.k_rstd, &a.qkv, &a.att_saved, &a.atty, &a.res_attn, &a.ln2, &a.ln2_mean,
               &a.ln2_rstd, &a.fch, &a.fch_gelu})
             s += b->bytes();
-    for (const DeviceBuffer* b : {&lnf,           &lnf_mean,      &lnf_rstd,    &logits,
-                                  &tokens,        &targets,       &bucket_ints, &bucket_partials,
-                                  &branch_out,    &dres,          &dres_act,    &dtmp,
-                                  &dqkv,          &dfch,          &gelu_tmp,    &att_scratch,
-                                  &ln_scratch,    &bias_scratch,  &qkv_colsums, &ce_workspace,
-                                  &mlp_bias_sums, &attn_bias_sums})
-        s += b->bytes();
+    for (const DeviceBuffer* b : {&lnf,          &lnf_mean,      &lnf_rstd,      &logits,
+                                  &tokens,       &targets,       &bucket_ints,   &bucket_partials,
+                                  &branch_out,   &dres,          &dres_act,      &dtmp,
+                                  &dqkv,         &dfch,          &gelu_tmp,      &att_scratch,
+                                  &ln_scratch,   &bias_scratch,  &qkv_colsums,   &ce_workspace,
+                                  &head_scratch, &mlp_bias_sums, &attn_bias_sums})
+        s += b->owned_bytes();  // views of head_scratch count once, in it
     for (const DeviceBuffer* b : {&vp_h, &vp_y, &vp_logits, &vp_stats, &vp_gathered, &vp_params,
                                   &vp_nvalid, &vp_rows, &vp_dh_all, &vp_dh, &vp_summary})
         s += b->bytes();

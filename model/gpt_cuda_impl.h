@@ -102,6 +102,8 @@ struct GptCuda::Impl {
     // or the final LN wrote) and the attention projection's (what LN2 wrote); empty when off.
     DeviceBuffer mlp_bias_sums, attn_bias_sums;
     DeviceBuffer ce_workspace;
+    // with a fused linear head: the memory its workspace shares with branch_out, dqkv and dfch
+    DeviceBuffer head_scratch;
     bool have_logits = false;
     bool profiling = false;
     cudaEvent_t ev[6] = {};  // head: forward matmul, cross-entropy, backward matmuls

@@ -16,6 +16,7 @@ cuda::LinearCrossEntropyTuning linear_ce_tuning(const KernelChoice& k) {
     t.row_block = k.linear_ce_row_block;
     t.chunk_mb = k.linear_ce_chunk_mb;
     t.rows_outer = k.linear_ce_rows_outer;
+    t.row_parts = k.linear_ce_row_parts;
     t.wgmma_epilogue = k.cross_entropy == "fused_linear_wgmma";
     return t;
 }
