@@ -214,12 +214,11 @@ namespace zgpt::cuda {
 // fused_linear's schedule: tiles of row_block rows x vocab_chunk columns of bf16 logits. Every
 // default (0, false) is the H100 sweep's choice (kernels/linear_cross_entropy.cu). The config
 // keys are kernels.linear_ce_row_block, _vocab_chunk, _chunk_mb and _rows_outer.
-// fused_linear_rows reads row_block (0: 4096) or chunk_mb, row_parts and fp32_dweight_only
-// (kernels.linear_ce_row_parts). A variant's
+// fused_linear_rows reads row_block (0: 8192) or chunk_mb, and fp32_dweight_only. A variant's
 // workspace_bytes must be given the tuning its run() will get: the workspace's layout follows it.
 struct LinearCrossEntropyTuning {
     int64_t vocab_chunk = 0;  // vocabulary columns per tile; 0: from the tile's memory budget
-    int64_t row_block = 0;    // rows per tile; 0: 8192 (fused_linear_rows: 4096)
+    int64_t row_block = 0;    // rows per tile; 0: 8192 (fused_linear_rows: 8192)
     int64_t chunk_mb = 0;     // the tile's MB of bf16 logits, when vocab_chunk is 0; 0: 48
     // With dweight_acc and several row blocks: each row block's whole head (statistics, then
     // gradients over every vocabulary chunk) before the next block, so dh needs only a row
@@ -235,10 +234,6 @@ struct LinearCrossEntropyTuning {
     // fused_linear_rows: the caller passes dweight_acc (a trainer's fp32 gradient), so the
     // workspace holds no fp32 [V, C] accumulator for a bf16 dweight over several row blocks
     bool fp32_dweight_only = false;
-    // fused_linear_rows: each block's logits GEMM, cross-entropy and dh GEMM in this many row
-    // parts (0 or 1: one), so that with args.side_stream a part's cross-entropy runs beside the
-    // next part's logits GEMM, or beside the previous part's dh GEMM
-    int row_parts = 0;
 };
 
 struct LinearCrossEntropyArgs {
@@ -248,9 +243,6 @@ struct LinearCrossEntropyArgs {
     // where weight_rows allows (those rows must be zero; cuBLASLt runs odd widths on slow
     // kernels), and then writes or adds that many rows of dweight / dweight_acc (zeros past V).
     int64_t weight_rows = 0;
-    // fused_linear_rows with tuning.row_parts > 1: a second stream for the parts' cross-entropy
-    // (the trainer passes its own); null: all on the run's stream. The same bits either way.
-    CUstream_st* side_stream = nullptr;
     int64_t N = 0, C = 0, V = 0;  // V: the global vocabulary
     int64_t v0 = 0, V_local = 0;  // the shard's rows of W: [v0, v0 + V_local); V_local 0: all V
     const int32_t* targets = nullptr;

@@ -6,19 +6,14 @@
 //   dh_b = dlogits W            (bf16 out, fp32 inside the GEMM)
 //   dW  += dlogits^T h_b        (fp32, added by the GEMM: beta = 1)
 //
-// With tuning.row_parts = P > 1 the first three steps run in P row parts of the block: the
-// logits GEMMs of all parts, then the dh GEMMs, each part's cross-entropy between its two. On
-// args.side_stream a part's cross-entropy (memory-bound) then runs beside the next part's logits
-// GEMM, or the last part's beside the first parts' dh GEMMs (tensor-bound); dW stays one GEMM
-// over the whole block. The cut is the same with or without the side stream: the same bits.
-//
 // Why: a block holds whole rows, so each row's lse is known before its dlogits leave the tile,
 // and the logits are computed once: 3 GEMMs, where fused_linear's vocabulary chunks need 4. The
 // price is the fp32 dW crossing memory once per block (the GEMM's epilogue reads and writes it)
 // and the tile's R x V bf16 logits. In a trainer the fp32 dW is the gradient arena it already
 // has (dweight_acc; tuning.fp32_dweight_only then leaves the workspace without one), so the tile
-// is all the head holds: at GPT-2's vocabulary 4096 rows are 0.41 GB where `fast` keeps all
-// B x T rows of logits (6.6 GB at B = 64, T = 1024). With a bf16 dweight over several blocks the
+// is all the head holds: at GPT-2's vocabulary 8192 rows are 0.82 GB where `fast` keeps all
+// B x T rows of logits (6.6 GB at B = 64, T = 1024); the model lends it the backward's scratch
+// for it (model/gpt_cuda.cu, head_scratch). With a bf16 dweight over several blocks the
 // workspace carries an fp32 [V, C] accumulator, which is why the `bench_ce` memory targets
 // (<= 0.2 and 0.5 GB with the gradients) are fused_linear's, not this head's
 // (docs/cross_entropy.md).
@@ -32,7 +27,6 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <vector>
 
 #include "kernels/cross_entropy/common.cuh"
 #include "kernels/cuda_check.h"
@@ -44,9 +38,11 @@ namespace zgpt::cuda::linear_ce_rows {
 
 namespace {
 
-// Rows per block when the tuning says nothing: 4096 (0.41 GB of logits at V = 50304, 1.05 GB at
-// 128256), the trainer's default (docs/cross_entropy.md, "fused_linear_rows").
-constexpr int64_t kBlockRows = 4096;
+// Rows per block when the tuning says nothing: 8192 (0.82 GB of logits at V = 50304, 2.1 GB at
+// 128256), the trainer's default: on an H100 it gave 0.8-1.7 ms faster steps than 4096 rows
+// (bench_ce at the trainer's shape: 67.8 against 73.0 ms), and 16384 only 0.3 ms more
+// (docs/cross_entropy.md, "fused_linear_rows").
+constexpr int64_t kBlockRows = 8192;
 
 // The tile's row stride: V rounded up to 8, so that every row starts 16-byte aligned (the fast
 // kernel's bulk copies and cuBLASLt's fast kernels need it).
@@ -65,11 +61,6 @@ int64_t block_rows(int64_t N, int64_t V, const LinearCrossEntropyTuning& t) {
     return std::min(r, N);
 }
 
-// Row parts of each block (tuning.row_parts; 0 or 1: one).
-int64_t row_parts(const LinearCrossEntropyTuning& t) {
-    return std::max(1, t.row_parts);
-}
-
 const CrossEntropyVariant& fast() {
     static const CrossEntropyVariant& v = find_cross_entropy_variant("fast");
     return v;
@@ -78,7 +69,7 @@ const CrossEntropyVariant& fast() {
 struct Workspace {
     int* n_valid;
     float* scale;         // mean: grad_output / n_valid
-    LossSummaryF* sums;   // one per block and part
+    LossSummaryF* sums;   // one per block
     __nv_bfloat16* tile;  // [R, ld]
     void* ce;             // the fast kernel's workspace
     float* dw_acc;        // [ld, C] fp32, with bf16 dW over several blocks; else null
@@ -87,14 +78,12 @@ struct Workspace {
 Workspace carve(WorkspaceLayout& l, int64_t N, int64_t C, int64_t V,
                 const LinearCrossEntropyTuning& t) {
     const int64_t R = block_rows(N, V, t), blocks = (N + R - 1) / R, ld = tile_ld(V);
-    const int64_t P = row_parts(t);
     Workspace w;
     w.n_valid = l.take<int>(1);
     w.scale = l.take<float>(1);
-    w.sums = l.take<LossSummaryF>(size_t(blocks * P));
+    w.sums = l.take<LossSummaryF>(size_t(blocks));
     w.tile = l.take<__nv_bfloat16>(size_t(R) * ld);
-    // the parts' cross-entropies run one after another (on one stream), so one workspace
-    w.ce = l.take<unsigned char>(fast().workspace_bytes((R + P - 1) / P, V, LogitsType::bf16));
+    w.ce = l.take<unsigned char>(fast().workspace_bytes(R, V, LogitsType::bf16));
     w.dw_acc = blocks > 1 && !t.fp32_dweight_only ? l.take<float>(size_t(ld) * C) : nullptr;
     return w;
 }
@@ -103,15 +92,15 @@ __global__ void mean_scale_kernel(float* scale, const float* grad_output, const 
     *scale = grad_scale(*grad_output, Reduction::mean, *n_valid);
 }
 
-// The parts' summaries added up in order (double), the loss reduced as asked. A part's loss is
-// its sum_loss (its reduction is sum or none), so the sums of sum_loss serve both.
-__global__ void combine_kernel(LossSummaryF* out, const LossSummaryF* sums, int64_t count,
+// The blocks' summaries added up in block order (double), the loss reduced as asked. A block's
+// loss is its sum_loss (its reduction is sum or none), so the sums of sum_loss serve both.
+__global__ void combine_kernel(LossSummaryF* out, const LossSummaryF* sums, int64_t blocks,
                                Reduction red) {
     double t[5] = {0, 0, 0, 0, 0};
     float mx = kNegInf;
     int n = 0;
-    for (int64_t i = 0; i < count; i++) {
-        const LossSummaryF& s = sums[i];
+    for (int64_t b = 0; b < blocks; b++) {
+        const LossSummaryF& s = sums[b];
         t[0] += s.sum_loss;
         t[1] += s.sum_ce;
         t[2] += s.sum_z_loss;
@@ -161,67 +150,34 @@ void run(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, void* wo
         go = w.scale;
         ob.reduction = Reduction::sum;
     }
-    // The side stream's fork and join (events made here: legal inside a graph capture too): one
-    // event per logits GEMM to fork on, one per part's cross-entropy to join on.
-    const int64_t P = row_parts(a.tuning);
-    CUstream_st* side = P > 1 && a.side_stream ? a.side_stream : s;
-    std::vector<cudaEvent_t> events;
-    auto signal = [&](CUstream_st* from, CUstream_st* to) {
-        if (from == to) return;
-        events.emplace_back();
-        ZG_CUDA_CHECK(cudaEventCreateWithFlags(&events.back(), cudaEventDisableTiming));
-        ZG_CUDA_CHECK(cudaEventRecord(events.back(), from));
-        ZG_CUDA_CHECK(cudaStreamWaitEvent(to, events.back()));
-    };
-    int64_t parts_run = 0;  // summaries written, in order
     for (int64_t b = 0; b < blocks; b++) {
-        const int64_t r = b * R, nr = std::min(R, N - r), pr = (nr + P - 1) / P;
-        std::vector<cudaEvent_t> ce_done;  // each part's cross-entropy, recorded on side
-        for (int64_t q = 0; q < nr; q += pr) {
-            const int64_t rq = r + q, nq = std::min(pr, nr - q);
-            __nv_bfloat16* tq = w.tile + q * ld;
-            Gemm gl = linear_forward_gemm(tq, h + rq * C, a.weight, nq, C, Vg, DType::bf16);
-            gl.ldd = ld;
-            gl.search = search;
-            gemm(gl, s);
-            signal(s, side);
-            CrossEntropyArgs ce;
-            ce.logits = ce.dlogits = tq;
-            ce.type = LogitsType::bf16;
-            ce.ld = ld;
-            ce.N = nq;
-            ce.V_local = ce.V = V;
-            ce.targets = a.targets + rq;
-            ce.grad_output = o.reduction == Reduction::none ? go + rq : go;
-            ce.loss_rows = offset(a.loss_rows, rq);
-            ce.ce_rows = offset(a.ce_rows, rq);
-            ce.z_rows = offset(a.z_rows, rq);
-            ce.lse_rows = offset(a.lse_rows, rq);
-            ce.summary = w.sums + parts_run++;
-            fast().run(ce, ob, w.ce, side);
-            if (grads && Vg > V)  // the GEMMs' extra columns carry no gradient
-                ZG_CUDA_CHECK(cudaMemset2DAsync(tq + V, ld * 2, 0, (Vg - V) * 2, nq, side));
-            if (side != s) {
-                ce_done.emplace_back();
-                ZG_CUDA_CHECK(cudaEventCreateWithFlags(&ce_done.back(), cudaEventDisableTiming));
-                ZG_CUDA_CHECK(cudaEventRecord(ce_done.back(), side));
-            }
-        }
-        if (!grads) {  // the next block's logits GEMMs rewrite the tile after these
-            if (side != s) ZG_CUDA_CHECK(cudaStreamWaitEvent(s, ce_done.back()));
-            events.insert(events.end(), ce_done.begin(), ce_done.end());
-            continue;
-        }
-        for (int64_t q = 0, i = 0; q < nr; q += pr, i++) {
-            if (side != s) ZG_CUDA_CHECK(cudaStreamWaitEvent(s, ce_done[size_t(i)]));
-            const int64_t rq = r + q, nq = std::min(pr, nr - q);
-            Gemm gi = linear_input_grad_gemm(static_cast<__nv_bfloat16*>(a.dhidden) + rq * C,
-                                             w.tile + q * ld, a.weight, nq, C, Vg, DType::bf16);
-            gi.lda = ld;
-            gi.search = search;
-            gemm(gi, s);
-        }
-        events.insert(events.end(), ce_done.begin(), ce_done.end());
+        const int64_t r = b * R, nr = std::min(R, N - r);
+        Gemm gl = linear_forward_gemm(w.tile, h + r * C, a.weight, nr, C, Vg, DType::bf16);
+        gl.ldd = ld;
+        gl.search = search;
+        gemm(gl, s);
+        CrossEntropyArgs ce;
+        ce.logits = ce.dlogits = w.tile;
+        ce.type = LogitsType::bf16;
+        ce.ld = ld;
+        ce.N = nr;
+        ce.V_local = ce.V = V;
+        ce.targets = a.targets + r;
+        ce.grad_output = o.reduction == Reduction::none ? go + r : go;
+        ce.loss_rows = offset(a.loss_rows, r);
+        ce.ce_rows = offset(a.ce_rows, r);
+        ce.z_rows = offset(a.z_rows, r);
+        ce.lse_rows = offset(a.lse_rows, r);
+        ce.summary = w.sums + b;
+        fast().run(ce, ob, w.ce, s);
+        if (!grads) continue;
+        if (Vg > V)  // the GEMMs' extra columns carry no gradient
+            ZG_CUDA_CHECK(cudaMemset2DAsync(w.tile + V, ld * 2, 0, (Vg - V) * 2, nr, s));
+        Gemm gi = linear_input_grad_gemm(static_cast<__nv_bfloat16*>(a.dhidden) + r * C, w.tile,
+                                         a.weight, nr, C, Vg, DType::bf16);
+        gi.lda = ld;
+        gi.search = search;
+        gemm(gi, s);
         float* acc = a.dweight_acc ? a.dweight_acc : w.dw_acc;
         Gemm gw = linear_weight_grad_gemm(acc, w.tile, h + r * C, nr, C, Vg, DType::bf16);
         gw.lda = ld;
@@ -237,10 +193,8 @@ void run(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, void* wo
     }
     if (grads && !a.dweight_acc && w.dw_acc)
         cast_from_f32(a.dweight, w.dw_acc, Vg * C, DType::bf16, s);
-    combine_kernel<<<1, 1, 0, s>>>(a.summary, w.sums, parts_run, o.reduction);
+    combine_kernel<<<1, 1, 0, s>>>(a.summary, w.sums, blocks, o.reduction);
     ZG_CUDA_CHECK(cudaGetLastError());
-    for (cudaEvent_t e : events)  // released once the work recorded on them is done
-        ZG_CUDA_CHECK(cudaEventDestroy(e));
 }
 
 }  // namespace zgpt::cuda::linear_ce_rows

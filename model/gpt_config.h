@@ -37,7 +37,6 @@ struct KernelChoice {
     int linear_ce_vocab_chunk = 0;      // vocabulary columns per tile; 0: a 48 MB tile of logits
     bool linear_ce_rows_outer = false;  // each row block's whole head before the next block
     int linear_ce_chunk_mb = 0;         // MB of bf16 logits per tile (vocab_chunk 0); 0: 48
-    int linear_ce_row_parts = 0;        // fused_linear_rows: row parts per block; 0: one
     // cuBLASLt candidates timed at the first use of each GEMM shape, the fastest kept (Gemm::search
     // in kernels/matmul.h); 0: the heuristic's first choice
     int matmul_search = 0;
@@ -68,7 +67,7 @@ cuda::LinearCrossEntropyTuning linear_ce_tuning(const KernelChoice& k);
 // The model's schedule: the same, with keys left 0 taking the trainer's tiles, 16384 rows of
 // 192 MB. They gave the fused heads 3-4% more tokens/s than 8192 x 48 MB (GPT-2 124M, B = 64,
 // T = 1024, H100 and H200) for about 0.2 GB more, within the trainer's memory target.
-// fused_linear_rows keeps its own default (4096 rows) and gets fp32_dweight_only: the model
+// fused_linear_rows keeps its own default (8192 rows) and gets fp32_dweight_only: the model
 // always passes its fp32 gradient as dweight_acc.
 constexpr int kModelLinearCeRowBlock = 16384, kModelLinearCeChunkMb = 192;
 cuda::LinearCrossEntropyTuning model_linear_ce_tuning(const KernelChoice& k);

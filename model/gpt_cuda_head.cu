@@ -31,9 +31,6 @@ CrossEntropySummary GptCuda::Impl::loss(const int32_t* host_targets, const Cross
         a.hidden = lnf.get();
         a.weight = w(layout.lm_head);
         a.weight_rows = Vp;  // the table's padded rows are zero (fused_linear_rows' GEMM width)
-        // fused_linear_rows' row parts: their cross-entropy beside the GEMMs (one stream when
-        // timing ops)
-        a.side_stream = overlapping() ? cestream : nullptr;
         a.N = BT;
         a.C = C;
         a.V = cfg.vocab_size;

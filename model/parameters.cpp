@@ -16,7 +16,6 @@ cuda::LinearCrossEntropyTuning linear_ce_tuning(const KernelChoice& k) {
     t.row_block = k.linear_ce_row_block;
     t.chunk_mb = k.linear_ce_chunk_mb;
     t.rows_outer = k.linear_ce_rows_outer;
-    t.row_parts = k.linear_ce_row_parts;
     t.wgmma_epilogue = k.cross_entropy == "fused_linear_wgmma";
     return t;
 }
@@ -24,7 +23,7 @@ cuda::LinearCrossEntropyTuning linear_ce_tuning(const KernelChoice& k) {
 cuda::LinearCrossEntropyTuning model_linear_ce_tuning(const KernelChoice& k) {
     cuda::LinearCrossEntropyTuning t = linear_ce_tuning(k);
     if (k.cross_entropy == "fused_linear_rows") {
-        // its own default (4096 rows) is the trainer's; the model passes dweight_acc
+        // its own default (8192 rows) is the trainer's; the model passes dweight_acc
         t.fp32_dweight_only = true;
     } else {
         if (t.row_block == 0) t.row_block = kModelLinearCeRowBlock;

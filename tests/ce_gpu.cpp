@@ -254,7 +254,6 @@ cuda::LinearCrossEntropyArgs linear_ce_args(const Dev& h, const Dev& W, const De
     a.tuning.vocab_chunk = 384;
     a.tuning.row_block = sc.row_block;
     a.tuning.rows_outer = sc.rows_outer;
-    a.tuning.row_parts = sc.row_parts;
     return a;
 }
 

@@ -86,13 +86,11 @@ Case make_case(uint64_t seed, int64_t N, int64_t V, LogitsType t, double z, doub
 // "f32" or "bf16".
 std::string type_name(LogitsType t);
 
-// fused_linear's schedules (LinearCrossEntropyTuning: row_block, rows_outer, row_parts;
-// dweight_acc). row_parts is fused_linear_rows' only (the others ignore it).
+// fused_linear's schedules (LinearCrossEntropyTuning: row_block, rows_outer; dweight_acc).
 struct Schedule {
     const char* name;
     int64_t row_block;
     bool rows_outer, fp32_dw;
-    int row_parts = 0;
 };
 inline constexpr Schedule kSchedules[] = {
     {"one row block, bf16 dW", 0, false, false},
@@ -100,8 +98,6 @@ inline constexpr Schedule kSchedules[] = {
     {"16-row blocks inside, bf16 dW", 16, false, false},
     {"16-row blocks inside, fp32 dW accumulator", 16, false, true},
     {"16-row blocks outside, fp32 dW accumulator", 16, true, true},
-    // parts of 6, 6 and 4 rows (a last block of 5 rows: 2, 2 and 1)
-    {"16-row blocks in 3 parts, fp32 dW accumulator", 16, false, true, 3},
 };
 
 // fused_linear's arguments over device buffers: h [N, C], W [V, C], targets, grad_output; outputs

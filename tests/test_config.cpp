@@ -175,7 +175,7 @@ TEST_CASE("fused_linear's schedule keys: set with that head only, rows_outer wit
     CHECK(model_linear_ce_tuning(r.kernels).fp32_dweight_only);
     const Config r0 = load_config(
         write_yaml("lcer0", std::string(kBase) + "kernels:\n  cross_entropy: fused_linear_rows\n"));
-    CHECK(model_linear_ce_tuning(r0.kernels).row_block == 0);  // the head's own 4096
+    CHECK(model_linear_ce_tuning(r0.kernels).row_block == 0);  // the head's own 8192
     CHECK(model_linear_ce_tuning(r0.kernels).chunk_mb == 0);
     for (const char* key :
          {"kernels.linear_ce_vocab_chunk=512", "kernels.linear_ce_rows_outer=true"}) {
@@ -186,24 +186,6 @@ TEST_CASE("fused_linear's schedule keys: set with that head only, rows_outer wit
     }
     e = error_of(kBase, {"kernels.cross_entropy=fused_linear_rows", "parallel.vocab_parallel=2"});
     CHECK(e.find("fused_linear_rows runs the whole vocabulary on one GPU") != std::string::npos);
-    // row parts: fused_linear_rows' key only
-    const Config rp = load_config(write_yaml(
-        "lcerp", std::string(kBase) +
-                     "kernels:\n  cross_entropy: fused_linear_rows\n  linear_ce_row_parts: 2\n"));
-    CHECK(rp.kernels.linear_ce_row_parts == 2);
-    CHECK(model_linear_ce_tuning(rp.kernels).row_parts == 2);
-    CHECK(model_linear_ce_tuning(r0.kernels).row_parts == 0);
-    for (const char* head : {"fast", "fused_linear", "fused_linear_wgmma"}) {
-        CAPTURE(head);
-        e = error_of(
-            kBase, {std::string("kernels.cross_entropy=") + head, "kernels.linear_ce_row_parts=2"});
-        CHECK(e.find("kernels.linear_ce_row_parts: applies to kernels.cross_entropy="
-                     "fused_linear_rows only (it is " +
-                     std::string(head) + ")") != std::string::npos);
-    }
-    e = error_of(kBase,
-                 {"kernels.cross_entropy=fused_linear_rows", "kernels.linear_ce_row_parts=65"});
-    CHECK(e.find("kernels.linear_ce_row_parts: value 65 is out of range") != std::string::npos);
 }
 
 TEST_CASE("the kernels' tuning keys: overrides, nested YAML, sets, variants, round trip, JSON") {

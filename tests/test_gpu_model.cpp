@@ -423,7 +423,6 @@ TEST_CASE(
         const char* ce;
         int row_block, vocab_chunk;
         bool rows_outer;
-        int row_parts = 0;
     };
     // 128 rows and V = 61: tiles of 48 rows (48, 48, 32) and 16 columns (16, 16, 16, 13)
     for (const Head& h :
@@ -431,20 +430,17 @@ TEST_CASE(
           Head{"fused_linear", 0, 16, false}, Head{"fused_linear", 48, 16, false},
           Head{"fused_linear", 48, 16, true}, Head{"fused_linear_wgmma", 0, 0, false},
           Head{"fused_linear_wgmma", 48, 16, false}, Head{"fused_linear_wgmma", 48, 16, true},
-          Head{"fused_linear_rows", 0, 0, false}, Head{"fused_linear_rows", 48, 0, false},
-          Head{"fused_linear_rows", 48, 0, false, 2}}) {
+          Head{"fused_linear_rows", 0, 0, false}, Head{"fused_linear_rows", 48, 0, false}}) {
         const std::string ce = h.ce;
         CAPTURE(ce);
         CAPTURE(h.row_block);
         CAPTURE(h.vocab_chunk);
         CAPTURE(h.rows_outer);
-        CAPTURE(h.row_parts);
         c.kernels = {};
         c.kernels.cross_entropy = ce;
         c.kernels.linear_ce_row_block = h.row_block;
         c.kernels.linear_ce_vocab_chunk = h.vocab_chunk;
         c.kernels.linear_ce_rows_outer = h.rows_outer;
-        c.kernels.linear_ce_row_parts = h.row_parts;
         const auto b = make_backend("cuda", c);
         const auto got = train_steps(*b, c, 0, 20);
         for (size_t i = 0; i < ref.size(); i++) {

@@ -156,7 +156,7 @@ std::vector<ConfigField> config_fields(Config& c) {
         add({"kernels", f.name, f.help, &kernel_choice(k, f.name), 0, 0, false, false, f.variants});
     add({"kernels", "linear_ce_row_block",
          "fused_linear*: rows per tile (0: 16384 in training, 8192 in bench_ce; fused_linear_rows: "
-         "4096)",
+         "8192)",
          &k.linear_ce_row_block, 0, 1 << 30});
     add({"kernels", "linear_ce_vocab_chunk",
          "fused_linear: vocabulary columns per tile (0: from linear_ce_chunk_mb)",
@@ -169,11 +169,6 @@ std::vector<ConfigField> config_fields(Config& c) {
          "training, 48 in bench_ce; fused_linear_rows: its rows from the MB when "
          "linear_ce_row_block is 0)",
          &k.linear_ce_chunk_mb, 0, 1 << 20});
-    add({"kernels", "linear_ce_row_parts",
-         "fused_linear_rows: each row block's logits GEMM, cross-entropy and dh GEMM in this many "
-         "row parts, a part's cross-entropy on its own stream beside the other parts' GEMMs (0 "
-         "or 1: one part)",
-         &k.linear_ce_row_parts, 0, 64});
     add({"kernels", "matmul_search",
          "cuBLASLt GEMMs (the layers', the LM head's, and the fused heads' tile products): "
          "candidate algorithms timed at the first use of each shape, the fastest kept for the "
@@ -446,10 +441,6 @@ void check_cross(const Config& c, const Origins& origins) {
         throw Error(at("kernels.cross_entropy") +
                     "fused_linear_rows runs the whole vocabulary on one GPU; with "
                     "parallel.vocab_parallel > 1 take fast, fused_linear or fused_linear_wgmma");
-    if (k.cross_entropy != "fused_linear_rows" && k.linear_ce_row_parts != 0)
-        throw Error(at("kernels.linear_ce_row_parts") +
-                    "applies to kernels.cross_entropy=fused_linear_rows only (it is " +
-                    k.cross_entropy + ")");
     if (k.cross_entropy == "fused_linear_rows")  // whole rows, each block's head before the next
         for (const auto& [key, set] : {std::pair<const char*, bool>{"kernels.linear_ce_vocab_chunk",
                                                                     k.linear_ce_vocab_chunk != 0},
