@@ -218,7 +218,7 @@ namespace zgpt::cuda {
 // workspace_bytes must be given the tuning its run() will get: the workspace's layout follows it.
 struct LinearCrossEntropyTuning {
     int64_t vocab_chunk = 0;  // vocabulary columns per tile; 0: from the tile's memory budget
-    int64_t row_block = 0;    // rows per tile; 0: 8192 (fused_linear_rows: 8192)
+    int64_t row_block = 0;    // rows per tile; 0: 8192 (fused_linear_rows too)
     int64_t chunk_mb = 0;     // the tile's MB of bf16 logits, when vocab_chunk is 0; 0: 48
     // With dweight_acc and several row blocks: each row block's whole head (statistics, then
     // gradients over every vocabulary chunk) before the next block, so dh needs only a row

@@ -181,16 +181,18 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
     // allocation with branch_out, dqkv and dfch: the head runs after the forward's last read of
     // branch_out (the final LayerNorm) and returns before the backward first writes dqkv or dfch.
     // The head with its logits in memory keeps them into the backward, so it shares nothing.
+    // Each part starts 256-byte aligned, as its own cudaMalloc would.
+    auto aligned = [](size_t n) { return (n + 255) / 256 * 256; };
     const size_t nb = size_t(BT * C) * es, nq = size_t(BT * 3 * C) * es,
-                 nf = size_t(BT * 4 * C) * es;
+                 nf = size_t(BT * 4 * C) * es, q0 = aligned(nb), f0 = q0 + aligned(nq);
     const bool share = linear_ce && !sharded;
-    head_scratch = DeviceBuffer(share ? std::max(ws, nb + nq + nf) : 0);
+    head_scratch = DeviceBuffer(share ? std::max(ws, f0 + nf) : 0);
     auto part = [&](size_t offset, size_t bytes) {
         return share ? DeviceBuffer::view(head_scratch, offset, bytes) : DeviceBuffer(bytes);
     };
     branch_out = part(0, nb);
-    dqkv = part(nb, nq);
-    dfch = part(nb + nq, nf);
+    dqkv = part(q0, nq);
+    dfch = part(f0, nf);
     ce_workspace = part(0, ws);
 }
 
