@@ -277,6 +277,10 @@ const std::vector<LinearCrossEntropyVariant>& linear_cross_entropy_variants();
 // Returns whether gradients are asked for.
 bool check_linear_ce_run(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o,
                          const std::string& who);
+// A fused linear head's CE view of all its rows, `all`, narrowed to rows [r, r + n): the
+// targets and the per-row outputs (those given) move with it, and the per-row grad_output for
+// reduction `red` none. Logits and summary stay the caller's to set.
+CrossEntropyArgs ce_rows_view(const CrossEntropyArgs& all, int64_t r, int64_t n, Reduction red);
 const LinearCrossEntropyVariant& find_linear_cross_entropy_variant(const std::string& name);
 
 // Vocab-parallel building blocks of fused_linear, for a shard holding the weight's rows

@@ -127,11 +127,6 @@ void to_bf16(void* out, const float* in, int64_t n, CUstream_st* s) {
     ZG_CUDA_CHECK(cudaGetLastError());
 }
 
-template <typename T>
-T* offset(T* p, int64_t n) {
-    return p ? p + n : nullptr;
-}
-
 // The schedule's steps over one shard of the weight: a.weight holds rows [a.v0, a.v0 + V_local)
 // of the global vocabulary a.V (the whole of it by default). `ce` is the CE view of all N rows.
 struct ShardSteps {
@@ -150,15 +145,7 @@ struct ShardSteps {
 
     // the CE view narrowed to rows [r, r + nr)
     CrossEntropyArgs rows_view(int64_t r, int64_t nr) const {
-        CrossEntropyArgs c = ce;
-        c.N = nr;
-        c.targets += r;
-        if (o.reduction == Reduction::none) c.grad_output += r;
-        c.loss_rows = offset(c.loss_rows, r);
-        c.ce_rows = offset(c.ce_rows, r);
-        c.z_rows = offset(c.z_rows, r);
-        c.lse_rows = offset(c.lse_rows, r);
-        return c;
+        return ce_rows_view(ce, r, nr, o.reduction);
     }
     // ... and to the shard's columns [v, v + vc), stored contiguously in the tile
     CrossEntropyArgs tile_view(int64_t r, int64_t nr, int64_t v, int64_t vc) const {
@@ -318,6 +305,19 @@ bool check_linear_ce_run(const LinearCrossEntropyArgs& a, const CrossEntropyOpti
                  ": run() takes the whole vocabulary; shards use linear_ce_shard_stats and "
                  "linear_ce_shard_backward");
     return grads;
+}
+
+CrossEntropyArgs ce_rows_view(const CrossEntropyArgs& all, int64_t r, int64_t n, Reduction red) {
+    auto from = [r](auto* p) { return p ? p + r : p; };
+    CrossEntropyArgs c = all;
+    c.N = n;
+    c.targets += r;
+    if (red == Reduction::none) c.grad_output += r;
+    c.loss_rows = from(c.loss_rows);
+    c.ce_rows = from(c.ce_rows);
+    c.z_rows = from(c.z_rows);
+    c.lse_rows = from(c.lse_rows);
+    return c;
 }
 
 size_t linear_ce_shard_workspace_bytes(int64_t N, int64_t C, int64_t V_local,

@@ -112,11 +112,6 @@ __global__ void combine_kernel(LossSummaryF* out, const LossSummaryF* sums, int6
     *out = summary_from_sums(t, mx, n, red);
 }
 
-template <typename T>
-T* offset(T* p, int64_t n) {
-    return p ? p + n : nullptr;
-}
-
 }  // namespace
 
 size_t workspace_bytes(int64_t N, int64_t C, int64_t V, const LinearCrossEntropyTuning& t) {
@@ -150,24 +145,25 @@ void run(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, void* wo
         go = w.scale;
         ob.reduction = Reduction::sum;
     }
+    CrossEntropyArgs all;  // the cross-entropy of all N rows on the tile; each block narrows it
+    all.logits = all.dlogits = w.tile;
+    all.type = LogitsType::bf16;
+    all.ld = ld;
+    all.N = N;
+    all.V_local = all.V = V;
+    all.targets = a.targets;
+    all.grad_output = go;
+    all.loss_rows = a.loss_rows;
+    all.ce_rows = a.ce_rows;
+    all.z_rows = a.z_rows;
+    all.lse_rows = a.lse_rows;
     for (int64_t b = 0; b < blocks; b++) {
         const int64_t r = b * R, nr = std::min(R, N - r);
         Gemm gl = linear_forward_gemm(w.tile, h + r * C, a.weight, nr, C, Vg, DType::bf16);
         gl.ldd = ld;
         gl.search = search;
         gemm(gl, s);
-        CrossEntropyArgs ce;
-        ce.logits = ce.dlogits = w.tile;
-        ce.type = LogitsType::bf16;
-        ce.ld = ld;
-        ce.N = nr;
-        ce.V_local = ce.V = V;
-        ce.targets = a.targets + r;
-        ce.grad_output = o.reduction == Reduction::none ? go + r : go;
-        ce.loss_rows = offset(a.loss_rows, r);
-        ce.ce_rows = offset(a.ce_rows, r);
-        ce.z_rows = offset(a.z_rows, r);
-        ce.lse_rows = offset(a.lse_rows, r);
+        CrossEntropyArgs ce = ce_rows_view(all, r, nr, o.reduction);
         ce.summary = w.sums + b;
         fast().run(ce, ob, w.ce, s);
         if (!grads) continue;
