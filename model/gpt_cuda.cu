@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/workspace.h"
 #include "model/gpt_cuda_impl.h"
 
 namespace zgpt {
@@ -181,12 +182,17 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
     // allocation with branch_out, dqkv and dfch: the head runs after the forward's last read of
     // branch_out (the final LayerNorm) and returns before the backward first writes dqkv or dfch.
     // The head with its logits in memory keeps them into the backward, so it shares nothing.
-    // Each part starts 256-byte aligned, as its own cudaMalloc would.
-    auto aligned = [](size_t n) { return (n + 255) / 256 * 256; };
+    // Their offsets come from a measuring WorkspaceLayout: each part 256-byte aligned.
     const size_t nb = size_t(BT * C) * es, nq = size_t(BT * 3 * C) * es,
-                 nf = size_t(BT * 4 * C) * es, q0 = aligned(nb), f0 = q0 + aligned(nq);
+                 nf = size_t(BT * 4 * C) * es;
+    WorkspaceLayout parts(nullptr);
+    parts.take<unsigned char>(nb);
+    const size_t q0 = parts.bytes();
+    parts.take<unsigned char>(nq);
+    const size_t f0 = parts.bytes();
+    parts.take<unsigned char>(nf);
     const bool share = linear_ce && !sharded;
-    head_scratch = DeviceBuffer(share ? std::max(ws, f0 + nf) : 0);
+    head_scratch = DeviceBuffer(share ? std::max(ws, parts.bytes()) : 0);
     auto part = [&](size_t offset, size_t bytes) {
         return share ? DeviceBuffer::view(head_scratch, offset, bytes) : DeviceBuffer(bytes);
     };
