@@ -23,6 +23,7 @@
 #include "kernels/cuda_device.h"
 #include "kernels/gelu.cuh"
 #include "kernels/hopper_gemm.cuh"
+#include "kernels/matmul_wgmma_internal.h"
 
 namespace zgpt::cuda {
 
@@ -40,14 +41,6 @@ struct Params {
     bool rows_fastest;  // B too large to stay in L2 (the LM head's weight): walk rows fastest
     const bf16* bias;   // [N] or null
 };
-
-bool has_bias(Epilogue e) {
-    return e == Epilogue::bias || e == Epilogue::gelu_aux_bias;
-}
-// D = GELU(pre), pre stored to aux: gemm_kernel<true>
-bool has_gelu(Epilogue e) {
-    return e == Epilogue::gelu_aux || e == Epilogue::gelu_aux_bias;
-}
 
 // The CTA's tiles (hopper_gemm::consume's walk): blockIdx.x, + gridDim.x, ..., columns fastest (or
 // rows, Params::rows_fastest).
@@ -162,7 +155,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 }  // namespace
 
 bool gemm_wgmma_usable(const Gemm& g) {
-    const bool bias = has_bias(g.epilogue), gelu = has_gelu(g.epilogue);
+    const bool bias = wgmma_has_bias(g.epilogue), gelu = wgmma_has_gelu(g.epilogue);
     const bool epilogue_ok = g.epilogue == Epilogue::none || bias || gelu;
     // rows stored back to back only (no Gemm::lda, ldb, ldd): the kernel's TMA maps assume them
     const bool packed = g.lda == 0 && g.ldb == 0 && g.ldd == 0;
@@ -174,8 +167,9 @@ bool gemm_wgmma_usable(const Gemm& g) {
            (!gelu || (g.aux && is_aligned(g.aux))) && current_device_is_sm90();
 }
 
-bool try_gemm_wgmma(const Gemm& g, CUstream_st* stream) {
+bool try_gemm_wgmma(const Gemm& g, CUstream_st* stream, WgmmaSchedule schedule) {
     if (!gemm_wgmma_usable(g)) return false;
+    if (schedule == WgmmaSchedule::pingpong) return gemm_wgmma_pingpong(g, stream);
     static std::once_flag once;
     std::call_once(once, [] {
         ZG_CUDA_CHECK(cudaFuncSetAttribute(gemm_kernel<false>,
@@ -199,8 +193,8 @@ bool try_gemm_wgmma(const Gemm& g, CUstream_st* stream) {
     // (the layers' weights: at most 4.7 MB). The LM head's weight (77 MB at V = 50304) is walked
     // the other way, as fused_linear_wgmma walks it.
     p.rows_fastest = g.N * g.K * 2 > (int64_t(16) << 20);
-    p.bias = has_bias(g.epilogue) ? static_cast<const bf16*>(g.bias) : nullptr;
-    const bool gelu = has_gelu(g.epilogue);
+    p.bias = wgmma_has_bias(g.epilogue) ? static_cast<const bf16*>(g.bias) : nullptr;
+    const bool gelu = wgmma_has_gelu(g.epilogue);
     using hopper_gemm::tensor_map;
     const CUtensorMap ma = tensor_map(g.A, g.M, g.K, kBM, kBK);
     const CUtensorMap mb = tensor_map(g.B, g.N, g.K, kBN, kBK);

@@ -11,9 +11,16 @@ namespace zgpt::cuda {
 // beta 0, epilogue none / bias / gelu_aux_bias / gelu_aux, K and N multiples of 8 and 16-byte
 // aligned matrices, on an sm_90 device.
 bool gemm_wgmma_usable(const Gemm& g);
+// How the kernel's two consumer warpgroups share the work (kernels.matmul_wgmma_schedule):
+// cooperative, both on each 128 x 256 tile beside an epilogue warpgroup (kernels/hopper_gemm.cuh),
+// or ping-pong, alternate 128 x 128 tiles, each warpgroup taking its own epilogue while the other
+// multiplies (kernels/matmul_wgmma_pingpong.cu). The same bits either way.
+enum class WgmmaSchedule { cooperative, pingpong };
+
 // Runs g when gemm_wgmma_usable(g); false (nothing launched) otherwise. With GELU, D is the GELU of
 // the pre-activation as stored to aux (rounded to bf16 first), as the `separate` variant computes
 // it.
-bool try_gemm_wgmma(const Gemm& g, CUstream_st* stream);
+bool try_gemm_wgmma(const Gemm& g, CUstream_st* stream,
+                    WgmmaSchedule schedule = WgmmaSchedule::cooperative);
 
 }  // namespace zgpt::cuda

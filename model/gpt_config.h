@@ -40,6 +40,9 @@ struct KernelChoice {
     // cuBLASLt candidates timed at the first use of each GEMM shape, the fastest kept (Gemm::search
     // in kernels/matmul.h); 0: the heuristic's first choice
     int matmul_search = 0;
+    // The `wgmma` matmul's schedule (WgmmaSchedule in kernels/matmul_wgmma.h): "cooperative" (both
+    // consumer warpgroups on each 128 x 256 tile) or "pingpong" (alternate 128 x 128 tiles)
+    std::string matmul_wgmma_schedule = "cooperative";
     // The attention and MLP projections' bias gradients as column sums inside the LayerNorm
     // backward that writes their output gradient (kernels/layernorm.h), not a pass of their own
     bool layernorm_bias_sums = true;

@@ -41,6 +41,13 @@ GptCuda::Impl::Impl(const ModelConfig& c, const CudaModelOptions& o)
     attention = &cuda::find_attention_variant(opt.kernels.attention);
     ln_variant = LayernormVariant(kernel_variant("layernorm", opt.kernels.layernorm));
     mm_variant = MatmulVariant(kernel_variant("matmul", opt.kernels.matmul));
+    ZG_CHECK(opt.kernels.matmul_wgmma_schedule == "cooperative" ||
+                 opt.kernels.matmul_wgmma_schedule == "pingpong",
+             "kernels.matmul_wgmma_schedule: cooperative or pingpong, not '" +
+                 opt.kernels.matmul_wgmma_schedule + "'");
+    wgmma_schedule = opt.kernels.matmul_wgmma_schedule == "pingpong"
+                         ? cuda::WgmmaSchedule::pingpong
+                         : cuda::WgmmaSchedule::cooperative;
     if (is_linear_cross_entropy(opt.kernels.cross_entropy))
         linear_ce = &cuda::find_linear_cross_entropy_variant(opt.kernels.cross_entropy);
     else
@@ -211,7 +218,7 @@ void GptCuda::Impl::linear_forward(void* out, const void* inp, int w_idx, int b_
         gm.bias = w(b_idx);
     }
     // the wgmma variant's kernel where it runs (sm_90, bf16, aligned), cuBLASLt elsewhere
-    if (!(mm_variant == MatmulVariant::wgmma && cuda::try_gemm_wgmma(gm, stream)))
+    if (!(mm_variant == MatmulVariant::wgmma && cuda::try_gemm_wgmma(gm, stream, wgmma_schedule)))
         cuda::gemm(gm, stream);
     if (b_idx >= 0 && !fused) cuda::add_bias(out, w(b_idx), M, N, t, stream);
 }
@@ -223,7 +230,8 @@ void GptCuda::Impl::fc_gelu_forward(void* fch, void* gelu, const void* inp, int 
         gm.epilogue = b_idx >= 0 ? cuda::Epilogue::gelu_aux_bias : cuda::Epilogue::gelu_aux;
         gm.bias = w(b_idx);
         gm.aux = fch;
-        if (!(mm_variant == MatmulVariant::wgmma && cuda::try_gemm_wgmma(gm, stream)))
+        if (!(mm_variant == MatmulVariant::wgmma &&
+              cuda::try_gemm_wgmma(gm, stream, wgmma_schedule)))
             cuda::gemm(gm, stream);
     } else {
         linear_forward(fch, inp, w_idx, b_idx, M, K, N);

@@ -65,6 +65,7 @@ struct GptCuda::Impl {
     const cuda::AttentionVariant* attention = nullptr;
     LayernormVariant ln_variant = LayernormVariant::fused_residual;  // resolved once
     MatmulVariant mm_variant = MatmulVariant::fused_epilogue;
+    cuda::WgmmaSchedule wgmma_schedule = cuda::WgmmaSchedule::cooperative;  // with mm_variant wgmma
     const cuda::CrossEntropyVariant* ce = nullptr;  // null with fused_linear
     const cuda::LinearCrossEntropyVariant* linear_ce = nullptr;
 

@@ -334,6 +334,35 @@ void matmul(const std::string& variant, const MatmulDims& s, DType t) {
             gm.D = dY.p;
             run(gm);
             check_close("x W^T", dY.get(), y0, t);
+            // the ping-pong schedule (kernels.matmul_wgmma_schedule): the reference's values and
+            // the cooperative kernel's bits, for each epilogue
+            using cuda::Epilogue;
+            for (Epilogue e :
+                 {Epilogue::none, Epilogue::bias, Epilogue::gelu_aux_bias, Epilogue::gelu_aux}) {
+                CAPTURE(int(e));
+                const bool bias = e == Epilogue::bias || e == Epilogue::gelu_aux_bias;
+                const bool gelu = e == Epilogue::gelu_aux || e == Epilogue::gelu_aux_bias;
+                DevT d_co(t, N * OC), x_co(t, N * OC), d_pp(t, N * OC), x_pp(t, N * OC);
+                cuda::Gemm ge = gm;
+                ge.epilogue = e;
+                ge.bias = bias ? db.p : nullptr;
+                ge.D = d_co.p;
+                ge.aux = gelu ? x_co.p : nullptr;
+                REQUIRE(cuda::try_gemm_wgmma(ge, nullptr, cuda::WgmmaSchedule::cooperative));
+                ge.D = d_pp.p;
+                ge.aux = gelu ? x_pp.p : nullptr;
+                REQUIRE(cuda::try_gemm_wgmma(ge, nullptr, cuda::WgmmaSchedule::pingpong));
+                const auto got = d_pp.get();
+                const std::vector<double>& pre = bias ? y : y0;
+                if (gelu) {
+                    check_close("ping-pong aux", x_pp.get(), pre, t);
+                    check_close("ping-pong GELU", got, bias ? g : g0, t, gelu_tol);
+                    CHECK(x_pp.get() == x_co.get());
+                } else {
+                    check_close("ping-pong D", got, pre, t);
+                }
+                CHECK(got == d_co.get());
+            }
         }
     } else {
         cuda::gemm(gm, nullptr);
@@ -454,6 +483,63 @@ void matmul(const std::string& variant, const MatmulDims& s, DType t) {
 // The trainer's fc bias gradient from the GELU' epilogue at a trainer-like width and more row
 // tiles than SMs (so the column sums are reduced across CTAs): within rounding of the column
 // sums of the stored result, and the same bits on every run (no atomics in the reduction).
+void matmul_wgmma_schedules(int64_t M, int64_t K, int64_t N) {
+    if (!cuda::current_device_is_sm90()) {
+        MESSAGE("the wgmma matmul runs on sm_90 devices only: nothing to compare here");
+        return;
+    }
+    Rng rng(seed_of({M, K, N}));
+    const DType t = DType::bf16;
+    const auto x = rnd(rng, M * K, t), w = rnd(rng, N * K, t, 0.3), b = rnd(rng, N, t);
+    DevT dx(t, x), dw(t, w), db(t, b);
+    // the reference of every 97th row and the last, in double, without and with the bias
+    std::vector<int64_t> rows;
+    for (int64_t r = 0; r < M; r += 97) rows.push_back(r);
+    rows.push_back(M - 1);
+    std::vector<double> ref(rows.size() * N, 0.0), ref_b(rows.size() * N), gelu_b(ref.size()),
+        gelu0(ref.size());
+    for (size_t i = 0; i < rows.size(); i++)
+        for (int64_t n = 0; n < N; n++) {
+            double acc = 0;
+            for (int64_t k = 0; k < K; k++) acc += x[rows[i] * K + k] * w[n * K + k];
+            ref[i * N + n] = acc;
+            ref_b[i * N + n] = acc + b[n];
+        }
+    cpu::gelu_forward(gelu0.data(), ref.data(), int64_t(ref.size()));
+    cpu::gelu_forward(gelu_b.data(), ref_b.data(), int64_t(ref.size()));
+    auto sampled = [&](const std::vector<double>& all) {
+        std::vector<double> v;
+        for (int64_t r : rows) v.insert(v.end(), all.begin() + r * N, all.begin() + (r + 1) * N);
+        return v;
+    };
+    using cuda::Epilogue;
+    for (Epilogue e :
+         {Epilogue::none, Epilogue::bias, Epilogue::gelu_aux_bias, Epilogue::gelu_aux}) {
+        CAPTURE(int(e));
+        const bool bias = e == Epilogue::bias || e == Epilogue::gelu_aux_bias;
+        const bool gelu = e == Epilogue::gelu_aux || e == Epilogue::gelu_aux_bias;
+        DevT d_co(t, M * N), x_co(t, M * N), d_pp(t, M * N), x_pp(t, M * N);
+        cuda::Gemm g = cuda::linear_forward_gemm(d_co.p, dx.p, dw.p, M, K, N, t);
+        g.epilogue = e;
+        g.bias = bias ? db.p : nullptr;
+        g.aux = gelu ? x_co.p : nullptr;
+        REQUIRE(cuda::try_gemm_wgmma(g, nullptr, cuda::WgmmaSchedule::cooperative));
+        g.D = d_pp.p;
+        g.aux = gelu ? x_pp.p : nullptr;
+        REQUIRE(cuda::try_gemm_wgmma(g, nullptr, cuda::WgmmaSchedule::pingpong));
+        const auto pp = d_pp.get();
+        CHECK(pp == d_co.get());
+        const auto pre = gelu ? x_pp.get() : pp;
+        if (gelu) CHECK(pre == x_co.get());
+        check_close("pre-activation, sampled rows", sampled(pre), bias ? ref_b : ref, t);
+        if (gelu)
+            check_close("GELU, sampled rows", sampled(pp), bias ? gelu_b : gelu0, t, 1.0 / 128);
+        // a second run repeats the bits (no atomics, a fixed order)
+        REQUIRE(cuda::try_gemm_wgmma(g, nullptr, cuda::WgmmaSchedule::pingpong));
+        CHECK(d_pp.get() == pp);
+    }
+}
+
 void dgelu_bias_grad(int64_t M, int64_t K, int64_t N) {
     Rng rng(seed_of({M, K, N}));
     const DType t = DType::bf16;

@@ -55,6 +55,9 @@ void cross_entropy(const std::string& variant, const CeDims& s, DType t);
 // The activations in t, the residual stream (a, res, dinp), weight and bias in res_t.
 void layernorm(const std::string& variant, const LayernormDims& s, DType t, DType res_t);
 void matmul(const std::string& variant, const MatmulDims& s, DType t);
+// The wgmma matmul's two schedules (kernels.matmul_wgmma_schedule) on random bf16 inputs, each
+// epilogue: the same bits, sampled rows against the double reference, repeated runs equal
+void matmul_wgmma_schedules(int64_t M, int64_t K, int64_t N);
 // fc's bias gradient from the GELU' epilogue: d[M, K] = (dout[M, N] w[N, K]) GELU'(pre)
 void dgelu_bias_grad(int64_t M, int64_t K, int64_t N);
 // The vocab-parallel head's three products over a shard of N logits whose rows are ld apart

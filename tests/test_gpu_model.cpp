@@ -414,6 +414,21 @@ TEST_CASE("every kernel-variant combination trains; losses agree within bf16 noi
     CHECK(combos == 144);
 }
 
+TEST_CASE("the wgmma matmul's ping-pong schedule trains bit for bit like the cooperative one") {
+    // n_embd 24: every forward GEMM of the tiny model (K and N multiples of 8) runs on the kernel
+    Config c = train_config("bf16");
+    c.kernels.matmul = "wgmma";
+    const auto co_b = make_backend("cuda", c);
+    const auto co = train_steps(*co_b, c, 0, 20);
+    c.kernels.matmul_wgmma_schedule = "pingpong";
+    const auto pp_b = make_backend("cuda", c);
+    const auto pp = train_steps(*pp_b, c, 0, 20);
+    CHECK(pp == co);
+    c.kernels.matmul_wgmma_schedule = "diagonal";
+    CHECK_THROWS_WITH(make_backend("cuda", c),
+                      doctest::Contains("kernels.matmul_wgmma_schedule: cooperative or pingpong"));
+}
+
 TEST_CASE(
     "fast_lockstep and fused_linear's schedules from the config train like the default head") {
     Config c = train_config("bf16");

@@ -319,7 +319,9 @@ std::string text(const MatmulDims& s) {
 // wgmma's own tiles (128 x 256, K in steps of 64): K past the last full step, a partial last row
 // and column tile, and more tiles than SMs (each CTA walks several: the ring and the tile buffer
 // go round more than once).
-const MatmulDims kWgmmaShapes[] = {{300, 200, 520}, {16411, 40, 776}};
+// {2056, 520, 1160}: more k steps (9) than the ping-pong ring's stages (5) and 170 tiles of 128
+// x 128, so some CTAs' two warpgroups take one tile each and wait for their turn.
+const MatmulDims kWgmmaShapes[] = {{300, 200, 520}, {16411, 40, 776}, {2056, 520, 1160}};
 
 void matmul_rows(const std::string& v, std::vector<Row>& rows) {
     std::vector<MatmulDims> shapes(std::begin(kMatmulShapes), std::end(kMatmulShapes));
@@ -328,6 +330,14 @@ void matmul_rows(const std::string& v, std::vector<Row>& rows) {
         for (const MatmulDims& s : shapes)
             rows.push_back(
                 {"matmul", v, text(s), dtype_name(t), true, GPU_CHECK(gpu::matmul(v, s, t))});
+}
+
+void matmul_wgmma_schedules_rows(std::vector<Row>& rows) {
+    // the trainer's fc + GELU product at a quarter of its rows: 128 x 24 tiles of 128 x 128, about
+    // 23 a CTA (each warpgroup's turn many times), 12 k steps a tile through 5 stages
+    rows.push_back({"matmul_wgmma_schedules", "wgmma",
+                    dims({{"M", 16384}, {"K", 768}, {"N", 3072}}), "bf16", true,
+                    GPU_CHECK(gpu::matmul_wgmma_schedules(16384, 768, 3072))});
 }
 
 void dgelu_bias_grad_rows(std::vector<Row>& rows) {
@@ -433,6 +443,7 @@ std::vector<Runner> runners() {
     per_variant("layernorm", {"fused_residual", "separate"}, layernorm_rows);
     per_variant("matmul", {"fused_epilogue", "separate", "wgmma"}, matmul_rows);
     r.push_back({"matmul", "cpu", matmul_cpu_rows});
+    r.push_back({"matmul_wgmma_schedules", "wgmma", matmul_wgmma_schedules_rows});
     r.push_back({"matmul_dgelu_bias_grad", "cuda", dgelu_bias_grad_rows});
     r.push_back({"matmul_strided", "cuda", matmul_strided_rows});
     r.push_back({"column_sums", "cuda", column_sums_rows});

@@ -185,16 +185,23 @@ int main(int argc, char** argv) {
             cand.push_back(
                 {{"index", i}, {"ms", ms}, {"config", zgpt::cuda::gemm_candidate_name(g, i)}});
         }
-        double wg = -1;
-        if (zgpt::cuda::gemm_wgmma_usable(g))
-            wg = time_ms([&] { zgpt::cuda::try_gemm_wgmma(g, nullptr); }, iters);
+        double wg = -1, pp = -1;  // our kernel's two schedules (kernels.matmul_wgmma_schedule)
+        if (zgpt::cuda::gemm_wgmma_usable(g)) {
+            using zgpt::cuda::WgmmaSchedule;
+            wg = time_ms(
+                [&] { zgpt::cuda::try_gemm_wgmma(g, nullptr, WgmmaSchedule::cooperative); }, iters);
+            pp = time_ms([&] { zgpt::cuda::try_gemm_wgmma(g, nullptr, WgmmaSchedule::pingpong); },
+                         iters);
+        }
         std::printf(
             "%-26s M=%-6lld N=%-6lld K=%-6lld %-13s floor %7.1f us  first %7.1f us (%4.2fx)  "
             "best #%-2d %7.1f us (%4.2fx)%s",
             c.name.c_str(), (long long)g.M, (long long)g.N, (long long)g.K,
             epilogue_name(g.epilogue), floor_ms * 1e3, first * 1e3, first / floor_ms, best_i,
             best * 1e3, best / floor_ms, wg > 0 ? "" : "\n");
-        if (wg > 0) std::printf("  wgmma %7.1f us (%4.2fx)\n", wg * 1e3, wg / floor_ms);
+        if (wg > 0)
+            std::printf("  wgmma %7.1f us (%4.2fx), ping-pong %7.1f us (%4.2fx)\n", wg * 1e3,
+                        wg / floor_ms, pp * 1e3, pp / floor_ms);
         if (best_i > 0)
             std::printf("%28s best: %s\n", "", zgpt::cuda::gemm_candidate_name(g, best_i).c_str());
         step_default += c.per_step * first;
@@ -211,6 +218,7 @@ int main(int argc, char** argv) {
                         {"best_ms", best},
                         {"best_index", best_i},
                         {"wgmma_ms", wg},
+                        {"wgmma_pingpong_ms", pp},
                         {"candidates", cand}});
     }
     std::printf(

@@ -174,6 +174,17 @@ std::vector<ConfigField> config_fields(Config& c) {
          "candidate algorithms timed at the first use of each shape, the fastest kept for the "
          "run (0 or 1: cuBLASLt's first choice; at most 32)",
          &k.matmul_search, 0, 32});
+    add({"kernels",
+         "matmul_wgmma_schedule",
+         "matmul=wgmma: both consumer warpgroups on each 128 x 256 tile beside an epilogue "
+         "warpgroup (cooperative), or alternate 128 x 128 tiles, each warpgroup storing its own "
+         "while the other multiplies (pingpong); the same bits",
+         &k.matmul_wgmma_schedule,
+         0,
+         0,
+         false,
+         false,
+         {"cooperative", "pingpong"}});
     add({"kernels", "layernorm_bias_sums",
          "GPU: the attention and MLP projections' bias gradients summed inside the LayerNorm "
          "backward that writes their output gradient (false: a column-sum pass of their own)",
@@ -246,8 +257,8 @@ nlohmann::json kernel_tuning_json(const Config& c0) {
     for (const ConfigField& f : config_fields(c)) {
         if (f.section != "kernels") continue;
         const size_t dot = f.key.find('.');
-        const bool linear = f.key.rfind("linear_ce_", 0) == 0;
-        if (dot == std::string::npos && !linear) continue;  // the variants: kernels_json's
+        const bool knob = f.key.rfind("linear_ce_", 0) == 0 || f.key == "matmul_wgmma_schedule";
+        if (dot == std::string::npos && !knob) continue;  // the variants: kernels_json's
         nlohmann::json& at = dot == std::string::npos ? j : j[f.key.substr(0, dot)];
         const std::string name = dot == std::string::npos ? f.key : f.key.substr(dot + 1);
         std::visit([&](auto* p) { at[name] = *p; }, f.value);
@@ -498,6 +509,9 @@ void check_cross(const Config& c, const Origins& origins) {
             throw Error(at(att + key) + "applies to kernels.attention=" + variants +
                         " only (it is " + k.attention + ")");
     }
+    if (k.matmul_wgmma_schedule != KernelChoice{}.matmul_wgmma_schedule && k.matmul != "wgmma")
+        throw Error(at("kernels.matmul_wgmma_schedule") +
+                    "applies to kernels.matmul=wgmma only (it is " + k.matmul + ")");
     if (k.linear_ce_rows_outer && k.linear_ce_row_block == 0)
         throw Error(at("kernels.linear_ce_rows_outer") +
                     "needs kernels.linear_ce_row_block > 0 (the rows of each block it loops "
