@@ -14,6 +14,13 @@
 // warpgroup (a producer) does not fit: a kernel of 512 threads gets 128 registers a thread, and
 // ptxas needs 154 for the m64n256 accumulator.
 //
+// Pairs (a 2-CTA cluster, Pair): the two CTAs of a cluster take row tiles 2q and 2q + 1 with the
+// same column tiles, so each loads its own A tile and half of the shared B tile, which the TMA
+// multicasts into both CTAs' stages: a CTA reads 32 KB a stage from L2 instead of 48. A stage is
+// then refilled once the consumers of both CTAs have freed it (each consumer warp arrives on its
+// own CTA's `empty` barrier and on the peer's), and the thread that loads waits for the last
+// stages' releases before its CTA may exit (the peer's arrivals land in its shared memory).
+//
 // In an anonymous namespace, as kernels/wgmma.cuh: each translation unit keeps its copies.
 #pragma once
 #include <cuda.h>
@@ -86,6 +93,39 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, u
         "l"(map), "r"(bar), "r"(x), "r"(y)
         : "memory");
 }
+// The same box into the shared memory of every CTA of the cluster in `mask`, at the same offset,
+// each completing its own mbarrier at `bar`'s offset.
+__device__ __forceinline__ void tma_load_multicast(uint32_t dst, const CUtensorMap* map,
+                                                   uint32_t bar, int x, int y, uint16_t mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::"
+        "cluster [%0], [%1, {%3, %4}], [%2], %5;\n" ::"r"(dst),
+        "l"(map), "r"(bar), "r"(x), "r"(y), "h"(mask)
+        : "memory");
+}
+// The CTA's rank in its cluster, the address of the same shared-memory word in CTA `rank`, an
+// arrival on an mbarrier there, and a barrier of every thread of the cluster.
+__device__ __forceinline__ uint32_t cluster_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ uint32_t peer_smem(uint32_t addr, uint32_t rank) {
+    uint32_t r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+    return r;
+}
+__device__ __forceinline__ void bar_arrive_cluster(uint32_t remote_bar) {
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote_bar)
+                 : "memory");
+}
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile(
+        "barrier.cluster.arrive.release.aligned;\n"
+        "barrier.cluster.wait.acquire.aligned;\n" ::
+            : "memory");
+}
+
 // One box of `map` (128 rows x 64 columns here) from shared memory at `src` to the tensor at
 // (x, y); the parts outside the tensor are not written. Completes in the thread's bulk group.
 __device__ __forceinline__ void tma_store(const CUtensorMap* map, uint32_t src, int x, int y) {
@@ -223,12 +263,21 @@ struct Smem {
     __device__ uint32_t buf_full() const { return bars + 16 * kStages; }
     __device__ uint32_t buf_empty() const { return bars + 16 * kStages + 8; }
 };
+// Whether the kernel runs in 2-CTA clusters (launched so), and this CTA's rank in its pair.
+struct Pair {
+    bool on = false;
+    uint32_t rank = 0;
+    __device__ static Pair of(bool on) { return Pair{on, on ? cluster_rank() : 0u}; }
+};
+
 // The ring, the tile buffer and the barriers in the dynamic shared memory (Cfg::kSmemBytes), the
-// barriers initialised (buf_empty takes one arrival from each of `epilogue_warps` warps); every
-// thread of the CTA calls it.
+// barriers initialised (buf_empty takes one arrival from each of `epilogue_warps` warps; in a pair,
+// `empty` takes the consumer warps of both CTAs) and, in a pair, visible to the peer; every thread
+// of the CTA calls it.
 template <class Cfg>
 __device__ __forceinline__ Smem<Cfg> setup_smem(unsigned char* raw,
-                                                int epilogue_warps = kEpilogueThreads / 32) {
+                                                int epilogue_warps = kEpilogueThreads / 32,
+                                                Pair pair = {}) {
     Smem<Cfg> m;
     m.base = (smem_u32(raw) + 1023u) & ~1023u;
     m.buf = m.base + Cfg::kStages * kStageBytes;
@@ -236,13 +285,16 @@ __device__ __forceinline__ Smem<Cfg> setup_smem(unsigned char* raw,
     if (threadIdx.x == 0) {
         for (int s = 0; s < Cfg::kStages; s++) {
             bar_init(m.full(s), 1);
-            bar_init(m.empty(s), 8);  // lane 0 of each consumer warp
+            bar_init(m.empty(s), pair.on ? 16 : 8);  // lane 0 of each consumer warp (of both)
         }
         bar_init(m.buf_full(), 8);  // lane 0 of each consumer warp
         bar_init(m.buf_empty(), unsigned(epilogue_warps));
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    __syncthreads();
+    if (pair.on)
+        cluster_sync();  // the peer's multicasts and arrivals find the barriers initialised
+    else
+        __syncthreads();
     return m;
 }
 
@@ -252,17 +304,28 @@ __device__ __forceinline__ Smem<Cfg> setup_smem(unsigned char* raw,
 //
 // Where the loads are: the CTA's iterations (tile, k step) in the consumers' order; issue(s) loads
 // the next one into stage s, completing its full barrier.
+//
+// In a pair, map_b's boxes are half a B tile (kBN / 2 rows): this CTA loads half `rank` into both
+// CTAs, and its `full` barrier counts the peer's half as well.
 template <class Cfg, class Tiles>
 struct Loads {
     const Smem<Cfg>& sm;
     const CUtensorMap *map_a, *map_b;
     Tiles next;
-    int ksteps, k = 0;
+    int ksteps;
+    Pair pair;
+    int k = 0;
     __device__ bool done() const { return next.done(); }
     __device__ void issue(int s) {
         bar_expect(sm.full(s), kStageBytes);
         tma_load(sm.a_tile(s), map_a, sm.full(s), k * kBK, next.row);
-        tma_load(sm.b_tile(s), map_b, sm.full(s), k * kBK, next.col);
+        if (pair.on) {
+            const int half = int(pair.rank) * (kBN / 2);
+            tma_load_multicast(sm.b_tile(s) + half * 128, map_b, sm.full(s), k * kBK,
+                               next.col + half, uint16_t(3));
+        } else {
+            tma_load(sm.b_tile(s), map_b, sm.full(s), k * kBK, next.col);
+        }
         if (++k == ksteps) {
             k = 0;
             next.next();
@@ -270,18 +333,30 @@ struct Loads {
     }
 };
 
+// In a pair: the releases of the last stages of the CTA's `n` iterations, which no refill waited
+// for. The peer's consumers arrive on this CTA's barriers, so the CTA must not exit before them.
+template <class Cfg>
+__device__ __forceinline__ void wait_last_releases(const Smem<Cfg>& sm, Pair pair, uint32_t n) {
+    constexpr uint32_t S = Cfg::kStages;
+    if (!pair.on) return;
+    for (uint32_t j = n > S ? n - S : 0; j < n; j++) bar_wait(sm.empty(int(j % S)), (j / S) & 1);
+}
+
 // All the CTA's loads from one thread outside the consumers (a producer): iteration j into stage
 // j % S once the consumers have freed iteration j - S.
 template <class Cfg, class Tiles>
 __device__ __forceinline__ void produce(const Smem<Cfg>& sm, const CUtensorMap* map_a,
-                                        const CUtensorMap* map_b, Tiles tiles, int ksteps) {
+                                        const CUtensorMap* map_b, Tiles tiles, int ksteps,
+                                        Pair pair = {}) {
     constexpr uint32_t S = Cfg::kStages;
-    Loads<Cfg, Tiles> loads{sm, map_a, map_b, tiles, ksteps};
-    for (uint32_t j = 0; !loads.done(); j++) {
+    Loads<Cfg, Tiles> loads{sm, map_a, map_b, tiles, ksteps, pair};
+    uint32_t j = 0;
+    for (; !loads.done(); j++) {
         const int s = int(j % S);
         if (j >= S) bar_wait(sm.empty(s), (j / S - 1) & 1);
         loads.issue(s);
     }
+    wait_last_releases<Cfg>(sm, pair, j);
 }
 
 // The consumers' loop over the CTA's tiles. For each tile: the products over the ring (`ksteps`
@@ -292,11 +367,18 @@ __device__ __forceinline__ void produce(const Smem<Cfg>& sm, const CUtensorMap* 
 template <class Cfg, bool kLoads, class Tiles, class Transform>
 __device__ __forceinline__ void consume(const Smem<Cfg>& sm, const CUtensorMap* map_a,
                                         const CUtensorMap* map_b, Tiles tiles, int ksteps,
-                                        Transform&& transform) {
+                                        Transform&& transform, Pair pair = {}) {
     constexpr int S = Cfg::kStages;
     const int tid = threadIdx.x, cw = tid / 128 - 1, warp = tid % 128 / 32, lane = tid % 32;
     const bool loader = kLoads && tid == 128;
-    Loads<Cfg, Tiles> loads{sm, map_a, map_b, tiles, ksteps};
+    Loads<Cfg, Tiles> loads{sm, map_a, map_b, tiles, ksteps, pair};
+    // stage s freed by this warp: in a pair, for the peer's loads into it as well
+    const uint32_t peer_empty0 = pair.on ? peer_smem(sm.empty(0), pair.rank ^ 1u) : 0u;
+    auto release = [&](int s) {
+        if (lane != 0) return;
+        bar_arrive(sm.empty(s));
+        if (pair.on) bar_arrive_cluster(peer_empty0 + 8 * s);
+    };
     auto refill = [&](uint32_t j) {  // stage j % S was freed by this warpgroup after iteration j
         if (!loader || loads.done()) return;
         bar_wait(sm.empty(int(j % S)), (j / S) & 1);
@@ -318,12 +400,12 @@ __device__ __forceinline__ void consume(const Smem<Cfg>& sm, const CUtensorMap* 
             wg_commit();
             if (k > 0) {
                 wg_wait<1>();  // the previous stage's products are done: free it
-                if (lane == 0) bar_arrive(sm.empty(int((it - 1) % S)));
+                release(int((it - 1) % S));
                 refill(it - 1);
             }
         }
         wg_wait<0>();
-        if (lane == 0) bar_arrive(sm.empty(int((it - 1) % S)));
+        release(int((it - 1) % S));
         refill(it - 1);
         transform(acc, tiles);
         for (int part = 0; part < Cfg::kParts; part++, n++) {
@@ -334,6 +416,7 @@ __device__ __forceinline__ void consume(const Smem<Cfg>& sm, const CUtensorMap* 
             if (lane == 0) bar_arrive(sm.buf_full());
         }
     }
+    if (loader) wait_last_releases<Cfg>(sm, pair, it);
 }
 
 // ---------------------------------------------------------------- host

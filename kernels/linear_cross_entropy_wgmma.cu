@@ -45,11 +45,15 @@ constexpr int kTilesPerGroup = 8;  // column tiles per statistics group (2048 co
 #endif
 
 struct Params {
+    bool pair;       // 2-CTA clusters: the CTAs of a pair take row tiles 2q and 2q + 1 of an item
     int64_t r0, nr;  // this launch's rows [r0, r0 + nr)
     int64_t c0, nc;  // and shard-local columns [c0, c0 + nc)
     int64_t v0;      // the shard's first global column (targets are global)
     int C;           // hidden size (the K of the GEMM)
-    int row_tiles, col_tiles, tiles_per_item, items;
+    // items: (row tile, group of tiles_per_item column tiles), rows fastest; in pairs, (pair of
+    // row tiles, group), pair_rows of them a group (the second of the last pair may lie past the
+    // launch's rows: its rows are all outside)
+    int row_tiles, col_tiles, tiles_per_item, items, pair_rows;
     const int32_t* targets;
     int64_t ignore_index;
     bool smooth;                  // statistics: sum the logits (label smoothing)
@@ -99,26 +103,43 @@ __device__ __forceinline__ void grad_row(uint32_t buf, int r, int64_t col, int64
 }
 
 // ---------------------------------------------------------------- the kernel
-// The CTA's tiles in order (hopper_gemm::consume's walk): work items blockIdx.x, + gridDim.x, ...,
-// each a row tile and its run of column tiles.
-struct ItemTiles {
+// The CTA's work items: blockIdx.x, + gridDim.x, ... (in pairs: the cluster's, + the clusters),
+// each a row tile (launch-relative) and a group of column tiles.
+struct Items {
     const Params* p;
+    int rank, first, stride;
+    __device__ explicit Items(const Params& q, Pair pr)
+        : p(&q),
+          rank(int(pr.rank)),
+          first(int(q.pair ? blockIdx.x / 2 : blockIdx.x)),
+          stride(int(q.pair ? gridDim.x / 2 : gridDim.x)) {}
+    __device__ int row_tile(int w) const {
+        return p->pair ? 2 * (w % p->pair_rows) + rank : w % p->row_tiles;
+    }
+    __device__ int group(int w) const { return w / (p->pair ? p->pair_rows : p->row_tiles); }
+};
+
+// The CTA's tiles in order (hopper_gemm::consume's walk): its items, each a row tile and its run
+// of column tiles.
+struct ItemTiles {
+    Items items;
     int w, t = 0, t1 = 0, row = 0, col = 0;
-    __device__ explicit ItemTiles(const Params& q) : p(&q), w(int(blockIdx.x)) { start(); }
-    __device__ bool done() const { return w >= p->items; }
+    __device__ explicit ItemTiles(const Items& it) : items(it), w(it.first) { start(); }
+    __device__ bool done() const { return w >= items.p->items; }
     __device__ void start() {  // the first tile of item w
         if (done()) return;
-        row = int(p->r0) + (w % p->row_tiles) * kBM;
-        t = (w / p->row_tiles) * p->tiles_per_item;
-        t1 = min(t + p->tiles_per_item, p->col_tiles);
-        col = int(p->c0) + t * kBN;
+        const Params& p = *items.p;
+        row = int(p.r0) + items.row_tile(w) * kBM;
+        t = items.group(w) * p.tiles_per_item;
+        t1 = min(t + p.tiles_per_item, p.col_tiles);
+        col = int(p.c0) + t * kBN;
     }
     __device__ void next() {
         if (++t < t1) {
-            col = int(p->c0) + t * kBN;
+            col = int(items.p->c0) + t * kBN;
             return;
         }
-        w += gridDim.x;
+        w += items.stride;
         start();
     }
 };
@@ -132,15 +153,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     __trap();
 #else
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    const Smem<WholeTile> sm = setup_smem<WholeTile>(smem_raw);
+    const Pair pair = Pair::of(p.pair);
+    const Smem<WholeTile> sm = setup_smem<WholeTile>(smem_raw, kEpilogueThreads / 32, pair);
     const uint32_t buf = sm.buf;
     const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32;
+    const Items items(p, pair);
 
     if (wg == 0) {  // the epilogue: thread e handles row e of each tile
         const int e = tid;
         uint32_t n = 0;  // tiles so far
-        for (int w = blockIdx.x; w < p.items; w += gridDim.x) {
-            const int rt = w % p.row_tiles, grp = w / p.row_tiles;
+        for (int w = items.first; w < p.items; w += items.stride) {
+            const int rt = items.row_tile(w), grp = items.group(w);
             const int t0 = grp * p.tiles_per_item, t1 = min(t0 + p.tiles_per_item, p.col_tiles);
             // the row's target (a launch-local column, -1 when ignored or outside the launch's
             // columns, which must not match a column past its end) and gradient parameters
@@ -182,8 +205,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         return;
     }
 
-    consume<WholeTile, true>(sm, &map_h, &map_w, ItemTiles(p), (p.C + kBK - 1) / kBK,
-                             [](float(&)[128], const ItemTiles&) {});
+    consume<WholeTile, true>(
+        sm, &map_h, &map_w, ItemTiles(items), (p.C + kBK - 1) / kBK,
+        [](float(&)[128], const ItemTiles&) {}, pair);
 #endif
 }
 
@@ -203,9 +227,12 @@ int column_groups(int64_t nc) {
     return int((tiles + kTilesPerGroup - 1) / kTilesPerGroup);
 }
 
+// Pairs unless the tuning asks for single CTAs (kernels.linear_ce_wgmma_cluster = 1) or there is
+// a single row tile.
 Params launch_params(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, int64_t r0,
                      int64_t nr, int64_t c0, int64_t nc, int tiles_per_item) {
     Params p{};
+    p.pair = a.tuning.wgmma_cluster != 1 && nr > kBM;
     p.r0 = r0;
     p.nr = nr;
     p.c0 = c0;
@@ -215,7 +242,9 @@ Params launch_params(const LinearCrossEntropyArgs& a, const CrossEntropyOptions&
     p.row_tiles = int((nr + kBM - 1) / kBM);
     p.col_tiles = int((nc + kBN - 1) / kBN);
     p.tiles_per_item = tiles_per_item;
-    p.items = p.row_tiles * ((p.col_tiles + tiles_per_item - 1) / tiles_per_item);
+    p.pair_rows = (p.row_tiles + 1) / 2;
+    p.items = (p.pair ? p.pair_rows : p.row_tiles) *
+              ((p.col_tiles + tiles_per_item - 1) / tiles_per_item);
     p.targets = a.targets;
     p.ignore_index = o.ignore_index;
     p.smooth = o.label_smoothing != 0.0;
@@ -225,18 +254,43 @@ Params launch_params(const LinearCrossEntropyArgs& a, const CrossEntropyOptions&
 template <bool kGrad>
 void launch(const LinearCrossEntropyArgs& a, const Params& p, CUstream_st* s) {
     static std::once_flag once;
+    static int pair_clusters = 0;  // 2-CTA clusters that fit on the device at once
     std::call_once(once, [] {
         ZG_CUDA_CHECK(cudaFuncSetAttribute(logits_ce_kernel<kGrad>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            WholeTile::kSmemBytes));
+        cudaLaunchConfig_t c{};
+        c.gridDim = dim3(unsigned(2 * current_device_sm_count()));
+        c.blockDim = dim3(kThreads);
+        c.dynamicSmemBytes = WholeTile::kSmemBytes;
+        cudaLaunchAttribute at{};
+        at.id = cudaLaunchAttributeClusterDimension;
+        at.val.clusterDim.x = 2;
+        at.val.clusterDim.y = at.val.clusterDim.z = 1;
+        c.attrs = &at;
+        c.numAttrs = 1;
+        ZG_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&pair_clusters, logits_ce_kernel<kGrad>, &c));
     });
     const CUtensorMap mh = tensor_map(a.hidden, a.N, a.C, kBM, kBK);
-    const CUtensorMap mw = tensor_map(a.weight, a.local_vocab(), a.C, kBN, kBK);
+    // in pairs, each CTA loads half of a weight tile into both
+    const CUtensorMap mw = tensor_map(a.weight, a.local_vocab(), a.C, p.pair ? kBN / 2 : kBN, kBK);
     // the dlogits [nr, ld] in boxes of 128 x 64 (a placeholder where the stores are direct)
     const CUtensorMap mo = p.tma_store ? tensor_map(p.dlogits, p.nr, p.ld, kBM, 64) : mh;
-    const int grid = std::min(p.items, current_device_sm_count());
-    logits_ce_kernel<kGrad><<<grid, kThreads, WholeTile::kSmemBytes, s>>>(mh, mw, mo, p);
-    ZG_CUDA_CHECK(cudaGetLastError());
+    const bool pair = p.pair && pair_clusters > 0;
+    ZG_CHECK(pair == p.pair, "fused_linear_wgmma: no 2-CTA cluster fits on this device");
+    cudaLaunchConfig_t c{};
+    c.gridDim = dim3(unsigned(pair ? 2 * std::min(p.items, pair_clusters)
+                                   : std::min(p.items, current_device_sm_count())));
+    c.blockDim = dim3(kThreads);
+    c.dynamicSmemBytes = WholeTile::kSmemBytes;
+    c.stream = s;
+    cudaLaunchAttribute at{};
+    at.id = cudaLaunchAttributeClusterDimension;
+    at.val.clusterDim.x = 2;
+    at.val.clusterDim.y = at.val.clusterDim.z = 1;
+    c.attrs = &at;
+    c.numAttrs = pair ? 1 : 0;
+    ZG_CUDA_CHECK(cudaLaunchKernelEx(&c, logits_ce_kernel<kGrad>, mh, mw, mo, p));
 }
 
 // Column tiles per work item of the gradient pass: the most (up to 4, so that each item's row

@@ -17,6 +17,7 @@ cuda::LinearCrossEntropyTuning linear_ce_tuning(const KernelChoice& k) {
     t.chunk_mb = k.linear_ce_chunk_mb;
     t.rows_outer = k.linear_ce_rows_outer;
     t.wgmma_epilogue = k.cross_entropy == "fused_linear_wgmma";
+    t.wgmma_cluster = k.linear_ce_wgmma_cluster;
     return t;
 }
 

@@ -249,6 +249,11 @@ TEST_CASE("the kernels' tuning keys: overrides, nested YAML, sets, variants, rou
                  "fused_epilogue)") != std::string::npos);
     CHECK(error_of(kBase, {"kernels.matmul=wgmma", "kernels.matmul_wgmma_schedule=pingpong"}) ==
           "(no error)");
+    e = error_of(kBase, {"kernels.linear_ce_wgmma_cluster=1"});
+    CHECK(e.find("kernels.linear_ce_wgmma_cluster: applies to kernels.cross_entropy="
+                 "fused_linear_wgmma only (it is fast)") != std::string::npos);
+    CHECK(error_of(kBase, {"kernels.cross_entropy=fused_linear_wgmma", "train.precision=bf16",
+                           "kernels.linear_ce_wgmma_cluster=1"}) == "(no error)");
     e = error_of(kBase, {"kernels.matmul=wgmma", "kernels.matmul_wgmma_schedule=split"});
     CHECK(e.find("kernels.matmul_wgmma_schedule: 'split' is not one of: cooperative, pingpong") !=
           std::string::npos);

@@ -645,14 +645,16 @@ TEST_CASE("fused_linear reproduces the PyTorch float64 oracle within bf16 roundi
 }
 
 // A fused linear head's run (a linear_cross_entropy_variants() name) with dW written as bf16 and
-// the default tile; returns the per-row loss, the summary, dh and dW.
+// the default tile (wgmma_cluster: LinearCrossEntropyTuning's); returns the per-row loss, the
+// summary, dh and dW.
 struct LinearRun {
     std::vector<float> rows, dh, dW;
     cuda::LossSummaryF summary;
 };
 LinearRun run_linear(const std::vector<float>& h, const std::vector<float>& W,
                      const std::vector<int32_t>& t, float grad_output, const CrossEntropyOptions& o,
-                     int64_t N, int64_t C, int64_t V, const std::string& variant) {
+                     int64_t N, int64_t C, int64_t V, const std::string& variant,
+                     int wgmma_cluster = 0) {
     Dev hd(N * C * 2), Wd(V * C * 2), td(N * 4), god(4), dh(N * C * 2), dW(V * C * 2), acc(0),
         rowsd(N * 4), sd(sizeof(cuda::LossSummaryF));
     upload(hd.p, h, LogitsType::bf16);
@@ -662,6 +664,7 @@ LinearRun run_linear(const std::vector<float>& h, const std::vector<float>& W,
     cuda::LinearCrossEntropyArgs a =
         linear_ce_args(hd, Wd, td, god, dh, dW, acc, rowsd, sd, N, C, V, kSchedules[0]);
     a.tuning.vocab_chunk = 0;  // the default tile
+    a.tuning.wgmma_cluster = wgmma_cluster;
     const auto& v = cuda::find_linear_cross_entropy_variant(variant);
     Dev ws(v.workspace_bytes(N, C, V, a.tuning));
     v.run(a, o, ws.p, nullptr);
@@ -756,6 +759,37 @@ TEST_CASE("fused_linear at V = 50257, 128256 and 256000 with peaked and large-lo
             check_linear_grads(got.dh, want.dh, got.dW, want.dW);
         }
     }
+}
+
+// fused_linear_wgmma's kernels in 2-CTA clusters (each CTA loads half of a weight tile into both)
+// against single CTAs: the same bits. 257 and 600 rows are 3 and 5 row tiles, so the last pair's
+// second tile lies past the rows; at V = 50304 both passes have more work items than clusters.
+TEST_CASE("fused_linear_wgmma in 2-CTA clusters gives the single CTAs' bits") {
+    const int64_t C = 64;
+    for (int64_t N : {257, 600})
+        for (int64_t V : {4099, 50304}) {
+            CAPTURE(N);
+            CAPTURE(V);
+            Rng rng{uint64_t(N * V)};
+            std::vector<float> h(N * C), W(V * C);
+            exact_inputs(rng, W, 31, 1.0f / 32);
+            exact_inputs(rng, h, 2, 1.0f);
+            std::vector<int32_t> t(N);
+            for (auto& y : t) y = rng.below(5) == 0 ? -100 : int32_t(rng.below(uint64_t(V)));
+            CrossEntropyOptions o;
+            o.z_loss_weight = 1e-4;
+            o.label_smoothing = 0.1;
+            const LinearRun one = run_linear(h, W, t, 0.37f, o, N, C, V, "fused_linear_wgmma", 1);
+            const LinearRun two = run_linear(h, W, t, 0.37f, o, N, C, V, "fused_linear_wgmma", 2);
+            CHECK(two.summary.loss == one.summary.loss);
+            CHECK(two.summary.n_valid == one.summary.n_valid);
+            CHECK(two.rows == one.rows);
+            CHECK(two.dh == one.dh);
+            CHECK(two.dW == one.dW);
+            // and the default is the pairs
+            const LinearRun def = run_linear(h, W, t, 0.37f, o, N, C, V, "fused_linear_wgmma");
+            CHECK(def.dW == two.dW);
+        }
 }
 
 // fused_linear with N x V above 2^31 (16400 x 131072) although no such buffer exists: all but

@@ -169,6 +169,10 @@ std::vector<ConfigField> config_fields(Config& c) {
          "training, 48 in bench_ce; fused_linear_rows: its rows from the MB when "
          "linear_ce_row_block is 0)",
          &k.linear_ce_chunk_mb, 0, 1 << 20});
+    add({"kernels", "linear_ce_wgmma_cluster",
+         "fused_linear_wgmma: CTAs per cluster of its kernels, 1 or 2 (a pair shares each weight "
+         "tile by TMA multicast, reading half as much of it from L2) (0: 2)",
+         &k.linear_ce_wgmma_cluster, 0, 2});
     add({"kernels", "matmul_search",
          "cuBLASLt GEMMs (the layers', the LM head's, and the fused heads' tile products): "
          "candidate algorithms timed at the first use of each shape, the fastest kept for the "
@@ -509,6 +513,10 @@ void check_cross(const Config& c, const Origins& origins) {
             throw Error(at(att + key) + "applies to kernels.attention=" + variants +
                         " only (it is " + k.attention + ")");
     }
+    if (k.linear_ce_wgmma_cluster != 0 && k.cross_entropy != "fused_linear_wgmma")
+        throw Error(at("kernels.linear_ce_wgmma_cluster") +
+                    "applies to kernels.cross_entropy=fused_linear_wgmma only (it is " +
+                    k.cross_entropy + ")");
     if (k.matmul_wgmma_schedule != KernelChoice{}.matmul_wgmma_schedule && k.matmul != "wgmma")
         throw Error(at("kernels.matmul_wgmma_schedule") +
                     "applies to kernels.matmul=wgmma only (it is " + k.matmul + ")");
