@@ -20,6 +20,9 @@
 // then refilled once the consumers of both CTAs have freed it (each consumer warp arrives on its
 // own CTA's `empty` barrier and on the peer's), and the thread that loads waits for the last
 // stages' releases before its CTA may exit (the peer's arrivals land in its shared memory).
+// fused_linear_wgmma runs pairs on request only (kernels.linear_ce_wgmma_cluster = 2): there the
+// loading thread is a consumer's, and pairs measured slower
+// (kernels/linear_cross_entropy_wgmma.cu).
 //
 // In an anonymous namespace, as kernels/wgmma.cuh: each translation unit keeps its copies.
 #pragma once

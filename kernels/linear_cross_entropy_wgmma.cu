@@ -227,12 +227,15 @@ int column_groups(int64_t nc) {
     return int((tiles + kTilesPerGroup - 1) / kTilesPerGroup);
 }
 
-// Pairs unless the tuning asks for single CTAs (kernels.linear_ce_wgmma_cluster = 1) or there is
-// a single row tile.
+// Pairs where the tuning asks for them (kernels.linear_ce_wgmma_cluster = 2) and there are two row
+// tiles or more. Not the default: on an H100 they made the head 18-26% slower (bench_ce 55.0
+// against 46.7 ms at 32768 x 128256, 5.40 against 4.29 ms at 8192 x 50304; docs/cross_entropy.md).
+// The thread that loads is a consumer's, so while it waits for the peer CTA's releases its
+// warpgroup issues no products, and a stage's data waits for the later of the two CTAs' loads.
 Params launch_params(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, int64_t r0,
                      int64_t nr, int64_t c0, int64_t nc, int tiles_per_item) {
     Params p{};
-    p.pair = a.tuning.wgmma_cluster != 1 && nr > kBM;
+    p.pair = a.tuning.wgmma_cluster == 2 && nr > kBM;
     p.r0 = r0;
     p.nr = nr;
     p.c0 = c0;
