@@ -20,9 +20,8 @@
 // then refilled once the consumers of both CTAs have freed it (each consumer warp arrives on its
 // own CTA's `empty` barrier and on the peer's), and the thread that loads waits for the last
 // stages' releases before its CTA may exit (the peer's arrivals land in its shared memory).
-// fused_linear_wgmma runs pairs on request only (kernels.linear_ce_wgmma_cluster = 2): there the
-// loading thread is a consumer's, and pairs measured slower
-// (kernels/linear_cross_entropy_wgmma.cu).
+// fused_linear_wgmma runs pairs on request only (kernels.linear_ce_wgmma_cluster = 2): there they
+// are as fast as single CTAs (kernels/linear_cross_entropy_wgmma.cu).
 //
 // In an anonymous namespace, as kernels/wgmma.cuh: each translation unit keeps its copies.
 #pragma once
@@ -118,9 +117,12 @@ __device__ __forceinline__ uint32_t peer_smem(uint32_t addr, uint32_t rank) {
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
     return r;
 }
+// The arrival keeps the default semantics (release at CTA scope), as CUTLASS's cluster barriers
+// do: with .release.cluster the pairs ran 18-26% slower than single CTAs, with the default as
+// fast (bench_ce, H100; docs/cross_entropy.md). The stage it frees was read by
+// wgmma, whose reads are complete once the warpgroup has waited for the products.
 __device__ __forceinline__ void bar_arrive_cluster(uint32_t remote_bar) {
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote_bar)
-                 : "memory");
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote_bar) : "memory");
 }
 __device__ __forceinline__ void cluster_sync() {
     asm volatile(

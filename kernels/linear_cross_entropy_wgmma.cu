@@ -228,10 +228,9 @@ int column_groups(int64_t nc) {
 }
 
 // Pairs where the tuning asks for them (kernels.linear_ce_wgmma_cluster = 2) and there are two row
-// tiles or more. Not the default: on an H100 they made the head 18-26% slower (bench_ce 55.0
-// against 46.7 ms at 32768 x 128256, 5.40 against 4.29 ms at 8192 x 50304; docs/cross_entropy.md).
-// The thread that loads is a consumer's, so while it waits for the peer CTA's releases its
-// warpgroup issues no products, and a stage's data waits for the later of the two CTAs' loads.
+// tiles or more. Not the default: on an H100 they read a third less from L2 but run as fast as
+// single CTAs (bench_ce within 1%, the step within its noise; docs/cross_entropy.md), so this
+// kernel is not limited by L2.
 Params launch_params(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, int64_t r0,
                      int64_t nr, int64_t c0, int64_t nc, int tiles_per_item) {
     Params p{};

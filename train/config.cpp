@@ -171,7 +171,7 @@ std::vector<ConfigField> config_fields(Config& c) {
          &k.linear_ce_chunk_mb, 0, 1 << 20});
     add({"kernels", "linear_ce_wgmma_cluster",
          "fused_linear_wgmma: CTAs per cluster of its kernels, 1 or 2 (a pair shares each weight "
-         "tile by TMA multicast, reading half as much of it from L2; slower on an H100 today) "
+         "tile by TMA multicast, reading half as much of it from L2; as fast on an H100) "
          "(0: 1)",
          &k.linear_ce_wgmma_cluster, 0, 2});
     add({"kernels", "matmul_search",
