@@ -228,7 +228,7 @@ int column_groups(int64_t nc) {
 }
 
 // Pairs where the tuning asks for them (kernels.linear_ce_wgmma_cluster = 2) and there are two row
-// tiles or more. Not the default: on an H100 they read a third less from L2 but run as fast as
+// tiles or more. Not the default: on an H100 they load a third less from L2 but run as fast as
 // single CTAs (bench_ce within 1%, the step within its noise; docs/cross_entropy.md), so this
 // kernel is not limited by L2.
 Params launch_params(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, int64_t r0,
