@@ -253,45 +253,52 @@ Params launch_params(const LinearCrossEntropyArgs& a, const CrossEntropyOptions&
     return p;
 }
 
-template <bool kGrad>
-void launch(const LinearCrossEntropyArgs& a, const Params& p, CUstream_st* s) {
-    static std::once_flag once;
-    static int pair_clusters = 0;  // 2-CTA clusters that fit on the device at once
-    std::call_once(once, [] {
-        ZG_CUDA_CHECK(cudaFuncSetAttribute(logits_ce_kernel<kGrad>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           WholeTile::kSmemBytes));
-        cudaLaunchConfig_t c{};
-        c.gridDim = dim3(unsigned(2 * current_device_sm_count()));
-        c.blockDim = dim3(kThreads);
-        c.dynamicSmemBytes = WholeTile::kSmemBytes;
-        cudaLaunchAttribute at{};
-        at.id = cudaLaunchAttributeClusterDimension;
-        at.val.clusterDim.x = 2;
-        at.val.clusterDim.y = at.val.clusterDim.z = 1;
-        c.attrs = &at;
-        c.numAttrs = 1;
-        ZG_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&pair_clusters, logits_ce_kernel<kGrad>, &c));
-    });
-    const CUtensorMap mh = tensor_map(a.hidden, a.N, a.C, kBM, kBK);
-    // in pairs, each CTA loads half of a weight tile into both
-    const CUtensorMap mw = tensor_map(a.weight, a.local_vocab(), a.C, p.pair ? kBN / 2 : kBN, kBK);
-    // the dlogits [nr, ld] in boxes of 128 x 64 (a placeholder where the stores are direct)
-    const CUtensorMap mo = p.tma_store ? tensor_map(p.dlogits, p.nr, p.ld, kBM, 64) : mh;
-    const bool pair = p.pair && pair_clusters > 0;
-    ZG_CHECK(pair == p.pair, "fused_linear_wgmma: no 2-CTA cluster fits on this device");
+// The kernel's launch over `grid` CTAs, in 2-CTA clusters when `pair` (at: storage for the
+// cluster attribute, which the config points to).
+cudaLaunchConfig_t launch_config(unsigned grid, bool pair, cudaLaunchAttribute& at,
+                                 CUstream_st* s = nullptr) {
     cudaLaunchConfig_t c{};
-    c.gridDim = dim3(unsigned(pair ? 2 * std::min(p.items, pair_clusters)
-                                   : std::min(p.items, current_device_sm_count())));
+    c.gridDim = dim3(grid);
     c.blockDim = dim3(kThreads);
     c.dynamicSmemBytes = WholeTile::kSmemBytes;
     c.stream = s;
-    cudaLaunchAttribute at{};
+    at = cudaLaunchAttribute{};
     at.id = cudaLaunchAttributeClusterDimension;
     at.val.clusterDim.x = 2;
     at.val.clusterDim.y = at.val.clusterDim.z = 1;
     c.attrs = &at;
     c.numAttrs = pair ? 1 : 0;
+    return c;
+}
+
+template <bool kGrad>
+void launch(const LinearCrossEntropyArgs& a, const Params& p, CUstream_st* s) {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        ZG_CUDA_CHECK(cudaFuncSetAttribute(logits_ce_kernel<kGrad>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           WholeTile::kSmemBytes));
+    });
+    int grid = std::min(p.items, current_device_sm_count());
+    if (p.pair) {  // as many pairs as fit on the device at once (asked the first time only)
+        static const int pair_clusters = [] {
+            cudaLaunchAttribute cluster;
+            const cudaLaunchConfig_t c =
+                launch_config(unsigned(2 * current_device_sm_count()), true, cluster);
+            int n = 0;
+            ZG_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, logits_ce_kernel<kGrad>, &c));
+            return n;
+        }();
+        ZG_CHECK(pair_clusters > 0, "fused_linear_wgmma: no 2-CTA cluster fits on this device");
+        grid = 2 * std::min(p.items, pair_clusters);
+    }
+    const CUtensorMap mh = tensor_map(a.hidden, a.N, a.C, kBM, kBK);
+    // in pairs, each CTA loads half of a weight tile into both
+    const CUtensorMap mw = tensor_map(a.weight, a.local_vocab(), a.C, p.pair ? kBN / 2 : kBN, kBK);
+    // the dlogits [nr, ld] in boxes of 128 x 64 (a placeholder where the stores are direct)
+    const CUtensorMap mo = p.tma_store ? tensor_map(p.dlogits, p.nr, p.ld, kBM, 64) : mh;
+    cudaLaunchAttribute at;
+    const cudaLaunchConfig_t c = launch_config(unsigned(grid), p.pair, at, s);
     ZG_CUDA_CHECK(cudaLaunchKernelEx(&c, logits_ce_kernel<kGrad>, mh, mw, mo, p));
 }
 

@@ -23,7 +23,7 @@
 #include "kernels/cuda_device.h"
 #include "kernels/gelu.cuh"
 #include "kernels/hopper_gemm.cuh"
-#include "kernels/matmul_wgmma_internal.h"
+#include "kernels/matmul_wgmma_internal.cuh"
 
 namespace zgpt::cuda {
 
@@ -35,30 +35,8 @@ using namespace hopper_gemm;
 #define ZG_NO_WGMMA 1  // device pass for another architecture: the kernel compiles to a trap
 #endif
 
-struct Params {
-    int N, K;  // rows past M need no bound: the TMA loads zero-fill them and the stores clip them
-    int row_tiles, col_tiles, tiles;
-    bool rows_fastest;  // B too large to stay in L2 (the LM head's weight): walk rows fastest
-    const bf16* bias;   // [N] or null
-};
-
-// The CTA's tiles (hopper_gemm::consume's walk): blockIdx.x, + gridDim.x, ..., columns fastest (or
-// rows, Params::rows_fastest).
-struct GridTiles {
-    const Params* p;
-    int t, row = 0, col = 0;
-    __device__ explicit GridTiles(const Params& q) : p(&q), t(int(blockIdx.x)) { place(); }
-    __device__ bool done() const { return t >= p->tiles; }
-    __device__ void place() {
-        const bool rf = p->rows_fastest;
-        row = (rf ? t % p->row_tiles : t / p->col_tiles) * kBM;
-        col = (rf ? t / p->row_tiles : t % p->col_tiles) * kBN;
-    }
-    __device__ void next() {
-        t += gridDim.x;
-        place();
-    }
-};
+using Params = WgmmaParams;
+using GridTiles = WgmmaTiles<kBM, kBN>;  // the cooperative kernel's 128 x 256 tiles
 
 // acc += bias of the tile's columns (from `col`); columns past N get 0 (their outputs are not
 // stored). The thread's element 4 i + 2 h + e is column 8 i + 2 tq + e.
@@ -179,21 +157,7 @@ bool try_gemm_wgmma(const Gemm& g, CUstream_st* stream, WgmmaSchedule schedule) 
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            CfgOf<true>::kSmemBytes));
     });
-    Params p{};
-    p.N = int(g.N);
-    p.K = int(g.K);
-    const int64_t row_tiles = (g.M + kBM - 1) / kBM;
-    p.row_tiles = int(row_tiles);
-    p.col_tiles = int((g.N + kBN - 1) / kBN);
-    const int64_t tiles = row_tiles * int64_t(p.col_tiles);
-    ZG_CHECK(tiles < INT32_MAX, "gemm_wgmma: too many tiles");
-    p.tiles = int(tiles);
-    // Columns fastest keeps each row tile of A in L2 while the CTAs take its column tiles; that
-    // re-reads B once per row tile, which stays in L2 only while B is small beside the 50 MB L2
-    // (the layers' weights: at most 4.7 MB). The LM head's weight (77 MB at V = 50304) is walked
-    // the other way, as fused_linear_wgmma walks it.
-    p.rows_fastest = g.N * g.K * 2 > (int64_t(16) << 20);
-    p.bias = wgmma_has_bias(g.epilogue) ? static_cast<const bf16*>(g.bias) : nullptr;
+    const Params p = wgmma_params<kBM, kBN>(g);
     const bool gelu = wgmma_has_gelu(g.epilogue);
     using hopper_gemm::tensor_map;
     const CUtensorMap ma = tensor_map(g.A, g.M, g.K, kBM, kBK);

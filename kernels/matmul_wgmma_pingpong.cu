@@ -30,7 +30,7 @@
 #include "kernels/cuda_device.h"
 #include "kernels/gelu.cuh"
 #include "kernels/hopper_gemm.cuh"
-#include "kernels/matmul_wgmma_internal.h"
+#include "kernels/matmul_wgmma_internal.cuh"
 
 namespace zgpt::cuda {
 
@@ -66,30 +66,9 @@ constexpr int kSmemBytes =
 static_assert(kSmemBytes <= 227 * 1024, "more than a CTA's shared memory");
 static_assert(kBM == hopper_gemm::kBM, "buf_chunk's boxes are 128 rows");
 
-struct Params {
-    int N, K;  // rows past M need no bound: the TMA loads zero-fill them and the stores clip them
-    int row_tiles, col_tiles, tiles;
-    bool rows_fastest;  // B too large to stay in L2 (the LM head's weight): walk rows fastest
-    const bf16* bias;   // [N] or null
-};
-
-// The CTA's tiles blockIdx.x, + gridDim.x, ... (tile t: columns fastest, or rows with
-// Params::rows_fastest). Consumer warpgroup w takes the CTA's tiles w, w + 2, ...
-struct Tiles {
-    const Params* p;
-    int t, row = 0, col = 0;
-    __device__ explicit Tiles(const Params& q) : p(&q), t(int(blockIdx.x)) { place(); }
-    __device__ bool done() const { return t >= p->tiles; }
-    __device__ void place() {
-        const bool rf = p->rows_fastest;
-        row = (rf ? t % p->row_tiles : t / p->col_tiles) * kBM;
-        col = (rf ? t / p->row_tiles : t % p->col_tiles) * kBN;
-    }
-    __device__ void next() {
-        t += gridDim.x;
-        place();
-    }
-};
+using Params = WgmmaParams;
+// The CTA's 128 x 128 tiles; consumer warpgroup w takes its tiles w, w + 2, ...
+using Tiles = WgmmaTiles<kBM, kBN>;
 
 // D (+)= A B^T over one k16 step: A 64 x 16, B 128 x 16, both K-major in shared memory; D a 64 x
 // 128 fp32 accumulator (64 floats a thread: element j is row gq + 8 ((j / 2) % 2), column 8 (j /
@@ -281,18 +260,7 @@ bool gemm_wgmma_pingpong(const Gemm& g, CUstream_st* stream) {
         ZG_CUDA_CHECK(cudaFuncSetAttribute(
             pingpong_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     });
-    Params p{};
-    p.N = int(g.N);
-    p.K = int(g.K);
-    const int64_t row_tiles = (g.M + kBM - 1) / kBM;
-    p.row_tiles = int(row_tiles);
-    p.col_tiles = int((g.N + kBN - 1) / kBN);
-    const int64_t tiles = row_tiles * int64_t(p.col_tiles);
-    ZG_CHECK(tiles < INT32_MAX, "gemm_wgmma (ping-pong): too many tiles");
-    p.tiles = int(tiles);
-    // as the cooperative kernel: B beyond 16 MB (the LM head's weight) is walked rows fastest
-    p.rows_fastest = g.N * g.K * 2 > (int64_t(16) << 20);
-    p.bias = wgmma_has_bias(g.epilogue) ? static_cast<const bf16*>(g.bias) : nullptr;
+    const Params p = wgmma_params<kBM, kBN>(g);
     const bool gelu = wgmma_has_gelu(g.epilogue);
     using hopper_gemm::tensor_map;
     const CUtensorMap ma = tensor_map(g.A, g.M, g.K, kBM, kBK);

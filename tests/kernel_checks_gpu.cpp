@@ -266,6 +266,39 @@ void qk_layernorm(const HeadsDims& s, DType t) {
     CHECK(rest_untouched);
 }
 
+// The wgmma product g (bf16) with epilogue e, its bias where e has one, on both schedules
+// (kernels.matmul_wgmma_schedule), each into fresh buffers of n elements: D, and aux with GELU.
+struct WgmmaSchedules {
+    bool bias, gelu;
+    std::vector<double> d_co, aux_co, d_pp, aux_pp;  // cooperative, ping-pong
+};
+WgmmaSchedules run_wgmma_schedules(cuda::Gemm g, cuda::Epilogue e, void* bias, int64_t n) {
+    using cuda::Epilogue;
+    WgmmaSchedules r;
+    r.bias = e == Epilogue::bias || e == Epilogue::gelu_aux_bias;
+    r.gelu = e == Epilogue::gelu_aux || e == Epilogue::gelu_aux_bias;
+    const DType t = DType::bf16;
+    DevT d_co(t, n), x_co(t, n), d_pp(t, n), x_pp(t, n);
+    g.epilogue = e;
+    g.bias = r.bias ? bias : nullptr;
+    g.D = d_co.p;
+    g.aux = r.gelu ? x_co.p : nullptr;
+    REQUIRE(cuda::try_gemm_wgmma(g, nullptr, cuda::WgmmaSchedule::cooperative));
+    g.D = d_pp.p;
+    g.aux = r.gelu ? x_pp.p : nullptr;
+    REQUIRE(cuda::try_gemm_wgmma(g, nullptr, cuda::WgmmaSchedule::pingpong));
+    r.d_co = d_co.get();
+    r.d_pp = d_pp.get();
+    if (r.gelu) {
+        r.aux_co = x_co.get();
+        r.aux_pp = x_pp.get();
+    }
+    return r;
+}
+constexpr cuda::Epilogue kWgmmaEpilogues[] = {cuda::Epilogue::none, cuda::Epilogue::bias,
+                                              cuda::Epilogue::gelu_aux_bias,
+                                              cuda::Epilogue::gelu_aux};
+
 void matmul(const std::string& variant, const MatmulDims& s, DType t) {
     // wgmma: the forward products on our Hopper kernel where it runs, cuBLASLt's otherwise (and
     // cuBLASLt's backward, as fused_epilogue)
@@ -336,32 +369,18 @@ void matmul(const std::string& variant, const MatmulDims& s, DType t) {
             check_close("x W^T", dY.get(), y0, t);
             // the ping-pong schedule (kernels.matmul_wgmma_schedule): the reference's values and
             // the cooperative kernel's bits, for each epilogue
-            using cuda::Epilogue;
-            for (Epilogue e :
-                 {Epilogue::none, Epilogue::bias, Epilogue::gelu_aux_bias, Epilogue::gelu_aux}) {
+            for (cuda::Epilogue e : kWgmmaEpilogues) {
                 CAPTURE(int(e));
-                const bool bias = e == Epilogue::bias || e == Epilogue::gelu_aux_bias;
-                const bool gelu = e == Epilogue::gelu_aux || e == Epilogue::gelu_aux_bias;
-                DevT d_co(t, N * OC), x_co(t, N * OC), d_pp(t, N * OC), x_pp(t, N * OC);
-                cuda::Gemm ge = gm;
-                ge.epilogue = e;
-                ge.bias = bias ? db.p : nullptr;
-                ge.D = d_co.p;
-                ge.aux = gelu ? x_co.p : nullptr;
-                REQUIRE(cuda::try_gemm_wgmma(ge, nullptr, cuda::WgmmaSchedule::cooperative));
-                ge.D = d_pp.p;
-                ge.aux = gelu ? x_pp.p : nullptr;
-                REQUIRE(cuda::try_gemm_wgmma(ge, nullptr, cuda::WgmmaSchedule::pingpong));
-                const auto got = d_pp.get();
-                const std::vector<double>& pre = bias ? y : y0;
-                if (gelu) {
-                    check_close("ping-pong aux", x_pp.get(), pre, t);
-                    check_close("ping-pong GELU", got, bias ? g : g0, t, gelu_tol);
-                    CHECK(x_pp.get() == x_co.get());
+                const WgmmaSchedules r = run_wgmma_schedules(gm, e, db.p, N * OC);
+                const std::vector<double>& pre = r.bias ? y : y0;
+                if (r.gelu) {
+                    check_close("ping-pong aux", r.aux_pp, pre, t);
+                    check_close("ping-pong GELU", r.d_pp, r.bias ? g : g0, t, gelu_tol);
+                    CHECK(r.aux_pp == r.aux_co);
                 } else {
-                    check_close("ping-pong D", got, pre, t);
+                    check_close("ping-pong D", r.d_pp, pre, t);
                 }
-                CHECK(got == d_co.get());
+                CHECK(r.d_pp == r.d_co);
             }
         }
     } else {
@@ -480,9 +499,8 @@ void matmul(const std::string& variant, const MatmulDims& s, DType t) {
         MESSAGE("cuBLASLt offers no BGRADB epilogue for " << dtype_name(t));
 }
 
-// The trainer's fc bias gradient from the GELU' epilogue at a trainer-like width and more row
-// tiles than SMs (so the column sums are reduced across CTAs): within rounding of the column
-// sums of the stored result, and the same bits on every run (no atomics in the reduction).
+// The wgmma matmul's two schedules at a trainer-like shape: the same bits for each epilogue,
+// sampled rows against the double reference, and a repeated run's bits.
 void matmul_wgmma_schedules(int64_t M, int64_t K, int64_t N) {
     if (!cuda::current_device_is_sm90()) {
         MESSAGE("the wgmma matmul runs on sm_90 devices only: nothing to compare here");
@@ -512,34 +530,26 @@ void matmul_wgmma_schedules(int64_t M, int64_t K, int64_t N) {
         for (int64_t r : rows) v.insert(v.end(), all.begin() + r * N, all.begin() + (r + 1) * N);
         return v;
     };
-    using cuda::Epilogue;
-    for (Epilogue e :
-         {Epilogue::none, Epilogue::bias, Epilogue::gelu_aux_bias, Epilogue::gelu_aux}) {
+    for (cuda::Epilogue e : kWgmmaEpilogues) {
         CAPTURE(int(e));
-        const bool bias = e == Epilogue::bias || e == Epilogue::gelu_aux_bias;
-        const bool gelu = e == Epilogue::gelu_aux || e == Epilogue::gelu_aux_bias;
-        DevT d_co(t, M * N), x_co(t, M * N), d_pp(t, M * N), x_pp(t, M * N);
-        cuda::Gemm g = cuda::linear_forward_gemm(d_co.p, dx.p, dw.p, M, K, N, t);
-        g.epilogue = e;
-        g.bias = bias ? db.p : nullptr;
-        g.aux = gelu ? x_co.p : nullptr;
-        REQUIRE(cuda::try_gemm_wgmma(g, nullptr, cuda::WgmmaSchedule::cooperative));
-        g.D = d_pp.p;
-        g.aux = gelu ? x_pp.p : nullptr;
-        REQUIRE(cuda::try_gemm_wgmma(g, nullptr, cuda::WgmmaSchedule::pingpong));
-        const auto pp = d_pp.get();
-        CHECK(pp == d_co.get());
-        const auto pre = gelu ? x_pp.get() : pp;
-        if (gelu) CHECK(pre == x_co.get());
-        check_close("pre-activation, sampled rows", sampled(pre), bias ? ref_b : ref, t);
-        if (gelu)
-            check_close("GELU, sampled rows", sampled(pp), bias ? gelu_b : gelu0, t, 1.0 / 128);
+        const cuda::Gemm g = cuda::linear_forward_gemm(nullptr, dx.p, dw.p, M, K, N, t);
+        const WgmmaSchedules r = run_wgmma_schedules(g, e, db.p, M * N);
+        CHECK(r.d_pp == r.d_co);
+        if (r.gelu) CHECK(r.aux_pp == r.aux_co);
+        const auto& pre = r.gelu ? r.aux_pp : r.d_pp;
+        check_close("pre-activation, sampled rows", sampled(pre), r.bias ? ref_b : ref, t);
+        if (r.gelu)
+            check_close("GELU, sampled rows", sampled(r.d_pp), r.bias ? gelu_b : gelu0, t,
+                        1.0 / 128);
         // a second run repeats the bits (no atomics, a fixed order)
-        REQUIRE(cuda::try_gemm_wgmma(g, nullptr, cuda::WgmmaSchedule::pingpong));
-        CHECK(d_pp.get() == pp);
+        const WgmmaSchedules again = run_wgmma_schedules(g, e, db.p, M * N);
+        CHECK(again.d_pp == r.d_pp);
     }
 }
 
+// The trainer's fc bias gradient from the GELU' epilogue at a trainer-like width and more row
+// tiles than SMs (so the column sums are reduced across CTAs): within rounding of the column
+// sums of the stored result, and the same bits on every run (no atomics in the reduction).
 void dgelu_bias_grad(int64_t M, int64_t K, int64_t N) {
     Rng rng(seed_of({M, K, N}));
     const DType t = DType::bf16;
