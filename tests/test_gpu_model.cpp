@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <map>
 #include <sstream>
@@ -27,6 +28,7 @@
 #include "kernels/check.h"
 #include "kernels/cuda_device.h"
 #include "kernels/global_norm.h"
+#include "kernels/gpu_power.h"
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
 #include "model/gpt.h"
@@ -589,6 +591,37 @@ TEST_CASE("a model's cuBLASLt workspaces (32 MB per stream) are freed with the m
         }
         CHECK(cuda::gemm_workspace_bytes() == before);  // gone with its streams
     }
+}
+
+TEST_CASE("the power sampler reads the board's power and SM clock while the GPU works") {
+    // bench_train reports these over its timed steps (kernels/gpu_power.h). A GPU machine has the
+    // driver, so NVML must be there.
+    cuda::PowerSampler sampler(20);
+    REQUIRE_MESSAGE(sampler.unavailable().empty(), sampler.unavailable());
+    CHECK(sampler.stop().samples == 0);  // nothing sampled before start()
+    const size_t bytes = size_t(1) << 30;
+    void* buf = nullptr;
+    REQUIRE(cudaMalloc(&buf, bytes) == cudaSuccess);
+    for (int round = 0; round < 2; round++) {  // start() clears what an earlier round sampled
+        sampler.start();
+        const auto t0 = std::chrono::steady_clock::now();
+        while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(400)) {
+            for (int i = 0; i < 8; i++) REQUIRE(cudaMemsetAsync(buf, i, bytes) == cudaSuccess);
+            REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+        }
+        const cuda::PowerSummary s = sampler.stop();
+        CAPTURE(round);
+        CHECK(s.samples >= 8);   // 400 ms at 20 ms a sample, with slack for a slow NVML call
+        CHECK(s.samples <= 25);  // and none from before start()
+        CHECK(s.power_w > 20.0);
+        CHECK(s.power_w < 2000.0);
+        CHECK(s.limit_w >= 100.0);
+        CHECK(s.sm_clock_mhz > 100.0);
+        CHECK(s.sm_clock_mhz < 4000.0);
+        MESSAGE("board " << s.power_w << " W of " << s.limit_w << " W, SM " << s.sm_clock_mhz
+                         << " MHz over " << s.samples << " samples");
+    }
+    cudaFree(buf);
 }
 
 TEST_CASE("kernel choices are validated with the known names") {

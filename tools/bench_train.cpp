@@ -6,7 +6,9 @@
 //               [--steps 40] [--from 10] [--data train_000000.bin] [--out result.json]
 //
 // A step is what the trainer does: zero_grad, forward + loss + backward per micro-batch, the
-// global grad norm, clipping and AdamW, then a device sync. Steps --from..--steps are averaged.
+// global grad norm, clipping and AdamW, then a device sync. Steps --from..--steps are averaged,
+// and the board's power and SM clock are sampled over them (NVML; kernels/gpu_power.h): at the
+// power limit a step's time is its energy over that limit.
 #include <cuda_runtime.h>
 
 #include <CLI/CLI.hpp>
@@ -21,6 +23,7 @@
 #include "kernels/cuda_check.h"
 #include "kernels/cuda_device.h"
 #include "kernels/global_norm.h"
+#include "kernels/gpu_power.h"
 #include "kernels/matmul.h"
 #include "kernels/registry.h"
 #include "model/gpt_cuda.h"
@@ -98,6 +101,8 @@ int main(int argc, char** argv) {
         // --ops: two extra steps, not in the averages, the op table from the second (the first
         // leaves the pipelined schedule for the one-stream one)
         const int last = steps + (ops ? 2 : 0);
+        cuda::PowerSampler power;
+        cuda::PowerSummary board;
         for (int step = 1; step <= last; step++) {
             const bool op_step = step > steps;
             model.set_op_profiling(op_step);
@@ -109,6 +114,7 @@ int main(int argc, char** argv) {
                 for (auto& t : x) t = int32_t(rng.below(uint64_t(cfg.model.vocab_size)));
             }
             ZG_CUDA_CHECK(cudaDeviceSynchronize());
+            if (step == from) power.start();
             const auto t0 = std::chrono::steady_clock::now();
             model.zero_grad();
             double head = 0;
@@ -129,6 +135,7 @@ int main(int argc, char** argv) {
             const double ms =
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
                     .count();
+            if (step == steps) board = power.stop();
             if (op_step) {
                 auto t2 = model.take_op_times();
                 if (step < last) continue;
@@ -167,6 +174,16 @@ int main(int argc, char** argv) {
                  ? 0.0
                  : double(B * T) * double(model.padded_vocab()) * dtype_bytes(mo.precision)) /
             1e9;
+        // before the summary, which stays the last line
+        if (board.samples > 0)
+            std::printf(
+                "board power %.0f W (limit %.0f W), SM clock %.0f MHz: means of %d samples "
+                "over the timed steps\n",
+                board.power_w, board.limit_w, board.sm_clock_mhz, board.samples);
+        else
+            std::printf("board power not sampled: %s\n", power.unavailable().empty()
+                                                             ? "the timed steps were too short"
+                                                             : power.unavailable().c_str());
         std::printf(
             "%s | %s | B=%lld T=%lld V=%d | step %.2f ms | %.0f tok/s | MFU %.1f%% | head %.2f ms "
             "(%.1f%%) | memory %.2f GB (device used %.2f GB; logits %.2f GB)\n",
@@ -202,6 +219,10 @@ int main(int argc, char** argv) {
                              {"device_used_gb", double(total_b - free_b) / 1e9},
                              {"logits_gb", head_mem_gb},
                              {"final_loss", loss},
+                             {"power_samples", board.samples},
+                             {"power_w", board.power_w},
+                             {"power_limit_w", board.limit_w},
+                             {"sm_clock_mhz", board.sm_clock_mhz},
                              {"ops", op_table},
                              // kernels.matmul_search's picks (gemm_choices' text): which
                              // candidate each GEMM shape ran, to tell runs apart
