@@ -886,3 +886,52 @@ TEST_CASE("ZeRO-1 on the GPU (2 local ranks) is bit-identical to replicated Adam
         CHECK(zero.st.v == plain.st.v);
     }
 }
+
+TEST_CASE("a GPU run's metrics carry the board's power and SM clock of its steps") {
+    // train.cpp's PowerMeter: a step's line has power_w and sm_clock_mhz when NVML sampled during
+    // it (every 20 ms; these steps take a few ms, so some lines have none)
+    namespace fs = std::filesystem;
+    const fs::path dir = fs::temp_directory_path() / "zgpt_test_gpu_power";
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    Rng rng(3);
+    std::vector<uint32_t> toks(20000);
+    for (auto& x : toks) x = uint32_t(rng.uniform() * 1001) % 1001;
+    write_shard((dir / "train_000.bin").string(), toks);
+    Config c;
+    c.model.n_layer = 2;
+    c.model.n_head = 2;
+    c.model.n_embd = 128;
+    c.model.block_size = 64;
+    c.model.vocab_size = 1001;
+    c.data.train = (dir / "train_*.bin").string();
+    c.train.batch_size = 8;
+    c.train.max_steps = 300;
+    c.train.eval_every = 0;
+    c.train.checkpoint_every = 0;
+    c.train.device = "cuda";
+    c.train.out_dir = (dir / "runs").string();
+    c.train.run_name = "power";
+    const TrainResult r = train(c, "", "test");
+    std::ifstream f(fs::path(r.run_dir) / "metrics.jsonl");
+    int steps = 0, sampled = 0;
+    double ms = 0;
+    for (std::string line; std::getline(f, line);) {
+        const auto j = nlohmann::json::parse(line);
+        if (!j.contains("step_ms")) continue;
+        steps++;
+        ms += double(j["step_ms"]);
+        CHECK(j.contains("power_w") == j.contains("sm_clock_mhz"));
+        if (!j.contains("power_w")) continue;
+        sampled++;
+        CHECK(double(j["power_w"]) > 20.0);
+        CHECK(double(j["power_w"]) < 2000.0);
+        CHECK(double(j["sm_clock_mhz"]) > 100.0);
+        CHECK(double(j["sm_clock_mhz"]) < 4000.0);
+    }
+    CHECK(steps == 300);
+    MESSAGE(sampled << " of " << steps << " steps sampled, " << ms << " ms of steps");
+    // a sample every 20 ms while the run steps, some landing between steps (on an H100: 15 of
+    // 300 steps sampled over 594 ms of steps); 3 leaves a wide margin
+    CHECK(sampled >= 3);
+}

@@ -125,6 +125,8 @@ TEST_CASE("prepare_data + train: run directory, metrics, falling loss, repeatabl
         CHECK(m[5].contains(k));
     CHECK(m[30].contains("val_loss"));
     CHECK(m[60].contains("val_ce"));
+    for (const json& row : m)  // the board's power: GPU steps only (test_gpu_model checks them)
+        if (!on_gpu) CHECK(!row.contains("power_w"));
     CHECK(m[60]["tokens"] == 60 * 8 * 32);
     const double z = m[60]["z_loss"], lse = m[60]["lse_mean"];
     CHECK(z > 0.0);

@@ -15,8 +15,10 @@ with or without the `kernels.` prefix, validated by `train` itself) and of
 `train.recompute_gelu=true`. Each variant
 trains N steps on the config's data (same seed, same batches) with build/train, then
 build/bench_train times one more step op by op. The table (ablation.md, .csv, .json in --out):
-tokens/s and step time (median of the steps after the first 20%), peak GPU memory, the final train
-loss and its difference from the reference, and the per-op times. Variants exist only on the GPU:
+tokens/s and step time (median of the steps after the first 20%), the board's power and the energy
+of a step (median power of those steps, times the step time: at the GPU's power limit a variant is
+faster only if it takes less energy), peak GPU memory, the final train loss and its difference
+from the reference, and the per-op times. Variants exist only on the GPU:
 on a CPU-only machine the tool stops after the reference run says so.
 """
 import argparse
@@ -96,10 +98,15 @@ def summarise(run_dir, warm_fraction=0.2):
     tokens_per_step = steps[-1]["tokens"] / steps[-1]["step"]
     last = steps[-1]
     val = [r["val_loss"] for r in rows if r.get("val_loss") is not None]
+    powered = [r for r in timed if r.get("power_w") is not None]  # GPU steps NVML sampled
+    power = statistics.median(r["power_w"] for r in powered) if powered else None
+    clock = statistics.median(r["sm_clock_mhz"] for r in powered) if powered else None
     prov = json.loads((run_dir / "provenance.json").read_text())
     return {"device": prov.get("device"), "gpu": prov.get("gpu"),
             "steps": last["step"], "step_ms": ms, "tok_per_s": tokens_per_step / (ms / 1e3),
             "mfu": statistics.median(r["mfu"] for r in timed) if last.get("mfu") is not None else None,
+            "power_w": power, "sm_clock_mhz": clock,
+            "energy_j": power * ms / 1e3 if power is not None else None,
             "peak_mem_gb": last.get("peak_mem_gb"), "final_loss": last.get("loss"),
             "final_val_loss": val[-1] if val else None, "kernels": last.get("kernels")}
 
@@ -208,7 +215,8 @@ def write_tables(out, results, args):
         for o in r.get("ops", []):
             if o["op"] not in op_names:
                 op_names.append(o["op"])
-    head = ["variant", "tok/s", "step ms", "vs reference", "peak GB", "final loss", "loss - ref"]
+    head = ["variant", "tok/s", "step ms", "vs reference", "board W", "J/step", "peak GB",
+            "final loss", "loss - ref"]
     lines = [f"Kernel ablation of `{args.config}` ({args.steps} steps each; "
              f"set: {' '.join(args.set) or 'none'}; GPU: {ok[0]['gpu'] if ok else '?'})", "",
              "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
@@ -217,7 +225,8 @@ def write_tables(out, results, args):
             lines.append(f"| {r['name']} | failed (exit {r['failed']}) |" + " |" * (len(head) - 2))
             continue
         lines.append(f"| {r['name']} | {r['tok_per_s']:.0f} | {r['step_ms']:.2f} | "
-                     f"{fmt(r.get('speedup'), '.3f')}x | {fmt(r['peak_mem_gb'], '.2f')} | "
+                     f"{fmt(r.get('speedup'), '.3f')}x | {fmt(r.get('power_w'), '.0f')} | "
+                     f"{fmt(r.get('energy_j'), '.1f')} | {fmt(r['peak_mem_gb'], '.2f')} | "
                      f"{r['final_loss']:.4f} | {fmt(r.get('loss_diff'), '+.4f')} |")
     if op_names:
         lines += ["", "Per-op GPU time in one step (ms, bench_train --ops):", "",
@@ -232,11 +241,12 @@ def write_tables(out, results, args):
     (out / "ablation.json").write_text(json.dumps(results, indent=1) + "\n")
     with open(out / "ablation.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["variant", "tok_per_s", "step_ms", "speedup", "peak_mem_gb", "final_loss",
-                    "loss_diff"] + op_names)
+        w.writerow(["variant", "tok_per_s", "step_ms", "speedup", "power_w", "sm_clock_mhz",
+                    "energy_j", "peak_mem_gb", "final_loss", "loss_diff"] + op_names)
         for r in ok:
             ops = {o["op"]: o["ms"] for o in r.get("ops", [])}
-            w.writerow([r["name"], r["tok_per_s"], r["step_ms"], r.get("speedup"), r["peak_mem_gb"],
+            w.writerow([r["name"], r["tok_per_s"], r["step_ms"], r.get("speedup"), r.get("power_w"),
+                        r.get("sm_clock_mhz"), r.get("energy_j"), r["peak_mem_gb"],
                         r["final_loss"], r.get("loss_diff")] + [ops.get(o) for o in op_names])
     print("\n".join(lines))
     print(f"wrote {out / 'ablation.md'}, ablation.csv, ablation.json")

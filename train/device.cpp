@@ -5,6 +5,7 @@
 #include "kernels/check.h"
 #ifdef ZGPT_HAVE_CUDA
 #include "kernels/cuda_device.h"
+#include "kernels/gpu_power.h"
 #endif
 
 namespace zgpt {
@@ -41,6 +42,34 @@ DeviceChoice choose_device(const std::string& requested) {
     }
     return c;
 }
+
+#ifdef ZGPT_HAVE_CUDA
+struct PowerMeter::Impl {
+    cuda::PowerSampler sampler{20};  // every 20 ms: a GPT-2 step (~110 ms) gets about 5 samples
+};
+PowerMeter::PowerMeter(bool gpu) {
+    if (!gpu) return;
+    impl_ = std::make_unique<Impl>();
+    if (!impl_->sampler.unavailable().empty()) {
+        impl_.reset();
+        return;
+    }
+    impl_->sampler.start();
+}
+PowerMeter::Reading PowerMeter::read() {
+    if (!impl_) return {};
+    const cuda::PowerSummary s = impl_->sampler.stop();
+    impl_->sampler.start();
+    return {s.samples, s.power_w, s.sm_clock_mhz};
+}
+#else
+struct PowerMeter::Impl {};
+PowerMeter::PowerMeter(bool) {}
+PowerMeter::Reading PowerMeter::read() {
+    return {};
+}
+#endif
+PowerMeter::~PowerMeter() = default;
 
 double peak_flops(const std::string& name, bool bf16) {
     struct Row {

@@ -1,5 +1,6 @@
 // Picks where to train from train.device (auto | cpu | cuda) and says why.
 #pragma once
+#include <memory>
 #include <string>
 
 namespace zgpt {
@@ -16,6 +17,24 @@ double host_memory_bytes();
 // auto: the GPU when this build has CUDA and a device is usable, else the CPU with a line that
 // says why. cuda: an error when no GPU can be used.
 DeviceChoice choose_device(const std::string& requested);
+
+// The GPU board's power and SM clock for a run's metrics (kernels/gpu_power.h, through NVML):
+// means over the time since the previous read(). On the CPU, in a build without CUDA or where NVML
+// is missing it samples nothing (samples == 0).
+class PowerMeter {
+  public:
+    explicit PowerMeter(bool gpu);
+    ~PowerMeter();
+    struct Reading {
+        int samples = 0;
+        double power_w = 0, sm_clock_mhz = 0;
+    };
+    Reading read();
+
+  private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
 
 // Dense peak FLOP/s of a GPU (by its name) for bf16 tensor-core or fp32 arithmetic, for MFU;
 // 0 when the GPU is not in the table.

@@ -509,7 +509,11 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
         std::sscanf(f, "%ld", &poison_step);
     bool stop_all = false;        // a stop request seen by any rank, agreed by all
     bool choices_shared = false;  // rank 0's timed kernel choices handed to the others
+    // the board's power and SM clock over each step (GPU only): at the power limit a step's time
+    // is its energy over that limit, so an ablation wants both
+    PowerMeter power(device.device == "cuda");
     for (int64_t step = start_step + 1; step <= max_steps && !stop_all; step++) {
+        power.read();  // not what ran between the steps (evaluation, checkpoints)
         const auto t0 = Clock::now();
         if (fail_rank == rank && fail_step == step)  // test hook: a rank that fails mid-run
             throw Error("test failure injected at step " + std::to_string(step));
@@ -610,6 +614,10 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
         if (model.device_memory_in_use_bytes() > 0)
             rec["gpu_mem_in_use_gb"] = model.device_memory_in_use_bytes() / 1e9;
         if (R > 1) rec["grad_all_reduce_ms"] = comm_ms;
+        if (const PowerMeter::Reading pw = power.read(); pw.samples > 0) {
+            rec["power_w"] = pw.power_w;  // this rank's GPU
+            rec["sm_clock_mhz"] = pw.sm_clock_mhz;
+        }
         rec["kernels"] = kernels;
         recent.add(dt, step_tokens);
         const double tok_s = recent.tokens_per_s();
