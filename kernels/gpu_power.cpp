@@ -21,6 +21,7 @@ struct PowerSampler::Nvml {
     int (*limit_mw)(Device, unsigned*) = nullptr;
     const char* (*error)(int) = nullptr;
     Device dev = nullptr;
+    double limit_w = 0;  // read once: the enforced limit does not change while a run samples
     static constexpr int kClockSm = 1;  // NVML_CLOCK_SM
 
     // empty when the device's handle was found; else why not
@@ -54,6 +55,7 @@ struct PowerSampler::Nvml {
             return std::string("NVML cannot read the board power: ") + error(r);
         if (const int r = clock_mhz(dev, kClockSm, &mhz); r != 0)
             return std::string("NVML cannot read the SM clock: ") + error(r);
+        if (limit_mw(dev, &mw) == 0) limit_w = mw / 1000.0;
         return "";
     }
     ~Nvml() {
@@ -93,8 +95,7 @@ PowerSummary PowerSampler::stop() {
         s.power_w = power_sum_ / samples_;
         s.sm_clock_mhz = clock_sum_ / samples_;
     }
-    unsigned mw = 0;
-    if (why_.empty() && nvml_->limit_mw(nvml_->dev, &mw) == 0) s.limit_w = mw / 1000.0;
+    s.limit_w = nvml_->limit_w;
     return s;
 }
 

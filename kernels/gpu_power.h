@@ -21,7 +21,7 @@ struct PowerSummary {
     int samples = 0;
     double power_w = 0;       // mean board power over the samples
     double sm_clock_mhz = 0;  // mean SM clock over the samples
-    double limit_w = 0;       // the power limit the driver enforces
+    double limit_w = 0;       // the power limit the driver enforces, read when the sampler was made
 };
 
 // Samples the current CUDA device every period_ms between start() and stop(), on a thread of its

@@ -830,12 +830,16 @@ TEST_CASE("vocab-parallel head with 2 and 4 local ranks on one GPU equals one ra
 #include "train/checkpoint.h"
 #include "train/trainer.h"
 
-TEST_CASE("ZeRO-1 on the GPU (2 local ranks) is bit-identical to replicated AdamW") {
+namespace {
+
+// A GPU training run of a 2-layer model (C = 128, T = 64, V = 1001) on 20,000 random tokens
+// (drawn with `seed`) in a fresh folder `name` of the temporary directory, without evaluation.
+Config tiny_gpu_run(const std::string& name, uint64_t seed) {
     namespace fs = std::filesystem;
-    const fs::path dir = fs::temp_directory_path() / "zgpt_test_gpu_zero1";
+    const fs::path dir = fs::temp_directory_path() / name;
     fs::remove_all(dir);
     fs::create_directories(dir);
-    Rng rng(9);
+    Rng rng(seed);
     std::vector<uint32_t> toks(20000);
     for (auto& x : toks) x = uint32_t(rng.uniform() * 1001) % 1001;
     write_shard((dir / "train_000.bin").string(), toks);
@@ -846,11 +850,19 @@ TEST_CASE("ZeRO-1 on the GPU (2 local ranks) is bit-identical to replicated Adam
     c.model.block_size = 64;
     c.model.vocab_size = 1001;
     c.data.train = (dir / "train_*.bin").string();
-    c.train.batch_size = 2;
-    c.train.max_steps = 5;
     c.train.eval_every = 0;
     c.train.device = "cuda";
     c.train.out_dir = (dir / "runs").string();
+    return c;
+}
+
+}  // namespace
+
+TEST_CASE("ZeRO-1 on the GPU (2 local ranks) is bit-identical to replicated AdamW") {
+    namespace fs = std::filesystem;
+    Config c = tiny_gpu_run("zgpt_test_gpu_zero1", 9);
+    c.train.batch_size = 2;
+    c.train.max_steps = 5;
     c.parallel.local_ranks = 2;
     struct Out {
         std::vector<double> loss;
@@ -891,26 +903,10 @@ TEST_CASE("a GPU run's metrics carry the board's power and SM clock of its steps
     // train.cpp's PowerMeter: a step's line has power_w and sm_clock_mhz when NVML sampled during
     // it (every 20 ms; these steps take a few ms, so some lines have none)
     namespace fs = std::filesystem;
-    const fs::path dir = fs::temp_directory_path() / "zgpt_test_gpu_power";
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-    Rng rng(3);
-    std::vector<uint32_t> toks(20000);
-    for (auto& x : toks) x = uint32_t(rng.uniform() * 1001) % 1001;
-    write_shard((dir / "train_000.bin").string(), toks);
-    Config c;
-    c.model.n_layer = 2;
-    c.model.n_head = 2;
-    c.model.n_embd = 128;
-    c.model.block_size = 64;
-    c.model.vocab_size = 1001;
-    c.data.train = (dir / "train_*.bin").string();
+    Config c = tiny_gpu_run("zgpt_test_gpu_power", 3);
     c.train.batch_size = 8;
     c.train.max_steps = 300;
-    c.train.eval_every = 0;
     c.train.checkpoint_every = 0;
-    c.train.device = "cuda";
-    c.train.out_dir = (dir / "runs").string();
     c.train.run_name = "power";
     const TrainResult r = train(c, "", "test");
     std::ifstream f(fs::path(r.run_dir) / "metrics.jsonl");
