@@ -231,6 +231,7 @@ Plan::Plan(const Gemm& g) {
     al_a = row_align(g.B, g.ldb, g.ab_type);
     al_b = row_align(g.A, g.lda, g.ab_type);
     al_d = row_align(g.D, g.ldd, g.d_type);
+    if (g.C) al_d = std::min(al_d, row_align(g.C, g.ldd, g.d_type));  // one alignment for C and D
     const uint32_t al_aux = g.aux ? alignment(g.aux) : 256,
                    al_bias = g.bias ? alignment(g.bias) : 256;
     // the four alignments (powers of two, 1 to 256) as their exponents, a hex digit each
@@ -278,8 +279,8 @@ std::vector<cublasLtMatmulHeuristicResult_t> Plan::heuristic(int count) const {
 cublasStatus_t Plan::launch(const Gemm& g, const cublasLtMatmulAlgo_t& algo,
                             CUstream_st* stream) const {
     Context& ctx = context();
-    return cublasLtMatmul(ctx.handle, op, &g.alpha, g.B, la, g.A, lb, &g.beta, g.D, ld, g.D, ld,
-                          &algo, workspace(stream), kWorkspaceBytes, stream);
+    return cublasLtMatmul(ctx.handle, op, &g.alpha, g.B, la, g.A, lb, &g.beta, g.C ? g.C : g.D, ld,
+                          g.D, ld, &algo, workspace(stream), kWorkspaceBytes, stream);
 }
 
 const std::vector<cublasLtMatmulHeuristicResult_t>& candidate_list(const Plan& plan) {
@@ -300,7 +301,7 @@ const std::vector<cublasLtMatmulHeuristicResult_t>& candidate_list(const Plan& p
 // the same GEMM code took the LM head's logits GEMM in 6.29 and 7.41 ms a step. Candidate 0 (the
 // heuristic's choice) is kept unless another is more than 2% faster, so that timing noise does
 // not swap near-equal algorithms. A candidate cuBLASLt refuses to launch is left out. D is
-// overwritten by the runs; with beta != 0 it is saved first and restored.
+// overwritten by the runs; when it is also the C that beta scales, it is saved first and restored.
 int search_candidates(const Plan& plan, const Gemm& g, CUstream_st* stream) {
     constexpr int kRounds = 5, kMaxReps = 64;
     constexpr float kSampleMs = 1.0f;
@@ -313,7 +314,7 @@ int search_candidates(const Plan& plan, const Gemm& g, CUstream_st* stream) {
     const size_t d_bytes =
         (size_t(g.M - 1) * size_t(g.ldd ? g.ldd : g.N) + size_t(g.N)) * dtype_bytes(g.d_type);
     void* saved = nullptr;
-    if (g.beta != 0) {
+    if (g.beta != 0 && (!g.C || g.C == g.D)) {
         ZG_CUDA_CHECK(cudaMalloc(&saved, d_bytes));
         ZG_CUDA_CHECK(cudaMemcpyAsync(saved, g.D, d_bytes, cudaMemcpyDeviceToDevice, stream));
     }

@@ -19,7 +19,7 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
 
 // CUDA matmul through cuBLASLt (kernels/matmul.cu; CUDA builds only). Row-major operands,
 // fp32 accumulation:
-//   D[M, N] = epilogue(alpha * op(A) @ op(B) + beta * D)
+//   D[M, N] = epilogue(alpha * op(A) @ op(B) + beta * C), C = D unless Gemm::C is given
 // with A stored [M, K] (or [K, M] when trans_a) and B stored [K, N] (or [N, K] when trans_b).
 // A and B are both bf16 or both fp32 (fp32 runs without TF32, for parity checks); D is bf16 or
 // fp32. One handle per thread and one workspace per stream (GEMMs on two streams may run at
@@ -61,6 +61,9 @@ struct Gemm {
     // vocabulary shard of odd length), which cuBLASLt's fast kernels need.
     int64_t lda = 0, ldb = 0, ldd = 0;
     float alpha = 1, beta = 0;
+    // With beta != 0, beta * C is added instead of beta * D: C has D's type and row stride and
+    // is only read (the residual stream added in a projection's epilogue). Null: C is D.
+    const void* C = nullptr;
     Epilogue epilogue = Epilogue::none;
     const void* bias = nullptr;
     void* aux = nullptr;

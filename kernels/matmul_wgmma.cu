@@ -138,8 +138,8 @@ bool gemm_wgmma_usable(const Gemm& g) {
     // rows stored back to back only (no Gemm::lda, ldb, ldd): the kernel's TMA maps assume them
     const bool packed = g.lda == 0 && g.ldb == 0 && g.ldd == 0;
     return epilogue_ok && packed && g.ab_type == DType::bf16 && g.d_type == DType::bf16 &&
-           !g.trans_a && g.trans_b && g.alpha == 1.0f && g.beta == 0.0f && g.M > 0 && g.N > 0 &&
-           g.K > 0 && g.K % 8 == 0 && g.N % 8 == 0 && g.M < INT32_MAX - kBM &&
+           !g.trans_a && g.trans_b && g.alpha == 1.0f && g.beta == 0.0f && !g.C && g.M > 0 &&
+           g.N > 0 && g.K > 0 && g.K % 8 == 0 && g.N % 8 == 0 && g.M < INT32_MAX - kBM &&
            g.N < INT32_MAX - kBN && g.K < INT32_MAX && is_aligned(g.A) && is_aligned(g.B) &&
            is_aligned(g.D) && (!bias || (g.bias && is_aligned(g.bias, 4))) &&
            (!gelu || (g.aux && is_aligned(g.aux))) && current_device_is_sm90();

@@ -15,9 +15,10 @@ const std::vector<KernelFamily>& kernel_families() {
           "fused_linear_rows"},
          "fast"},
         {"layernorm",
-         "LayerNorm with the residual add fused, or separate (GPU)",
-         {"fused_residual", "separate"},
-         "fused_residual"},
+         "LayerNorm with the residual add fused, or separate, or the add in the projection "
+         "GEMM's epilogue (GPU)",
+         {"fused_residual", "separate", "residual_in_matmul"},
+         "residual_in_matmul"},
         {"matmul",
          "bias and GELU in the cuBLASLt epilogue, or separate passes, or the forward GEMMs on "
          "our Hopper kernel (GPU)",

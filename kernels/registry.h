@@ -30,7 +30,9 @@ int kernel_variant(const std::string& family, const std::string& variant);
 bool is_linear_cross_entropy(const std::string& variant);
 
 // The ids the CUDA model branches on, resolved once from the names (never compared per step).
-enum class LayernormVariant { fused_residual, separate };
+// residual_in_matmul: the attention and MLP projections add the residual stream in their GEMM's
+// epilogue (cuBLASLt's C operand), so the LayerNorm after them reads one tensor, not two.
+enum class LayernormVariant { fused_residual, separate, residual_in_matmul };
 enum class MatmulVariant { fused_epilogue, separate, wgmma };
 
 }  // namespace zgpt

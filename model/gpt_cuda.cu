@@ -293,7 +293,9 @@ bool GptCuda::Impl::linear_backward(void* dinp, const void* dout, const void* in
 
 void GptCuda::Impl::add_norm(void* res_out, void* norm_out, float* mean, float* rstd, const void* a,
                              const void* b, int w_idx, int b_idx, int64_t N, int64_t C) {
-    if (ln_variant == LayernormVariant::fused_residual) {
+    // residual_in_matmul where its GEMM cannot take the add (fp32 residual stream, separate
+    // epilogues) falls back to the fused kernel
+    if (ln_variant != LayernormVariant::separate) {
         cuda::residual_layernorm_forward(res_out, norm_out, mean, rstd, a, b, wr(w_idx), wr(b_idx),
                                          N, C, cfg.ln_eps, t, rt, stream);
     } else {
@@ -301,6 +303,32 @@ void GptCuda::Impl::add_norm(void* res_out, void* norm_out, float* mean, float* 
         cuda::layernorm_forward(norm_out, {1, C}, mean, rstd, res_out, {1, C}, wr(w_idx), wr(b_idx),
                                 N, C, cfg.ln_eps, t, rt, stream);
     }
+}
+
+void GptCuda::Impl::project_add_norm(void* res_out, void* norm_out, float* mean, float* rstd,
+                                     const void* res_in, const void* inp, int w_idx, int b_idx,
+                                     int64_t K, int ln_w, int ln_b) {
+    const int64_t BT = B * Tn, C = cfg.n_embd;
+    if (!residual_in_matmul()) {
+        linear_forward(branch_out.get(), inp, w_idx, b_idx, BT, K, C);
+        tick("matmul fwd");
+        add_norm(res_out, norm_out, mean, rstd, res_in, branch_out.get(), ln_w, ln_b, BT, C);
+        tick("residual + layernorm fwd");
+        return;
+    }
+    // one rounding to bf16 of (product + bias + residual), where add_norm rounds the branch first
+    cuda::Gemm gm = forward_gemm(res_out, inp, w_idx, BT, K, C);
+    if (b_idx >= 0) {
+        gm.epilogue = cuda::Epilogue::bias;
+        gm.bias = w(b_idx);
+    }
+    gm.C = res_in;
+    gm.beta = 1.0f;
+    cuda::gemm(gm, stream);  // cuBLASLt: the wgmma kernel has no C operand
+    tick("matmul fwd");
+    cuda::layernorm_forward(norm_out, {1, C}, mean, rstd, res_out, {1, C}, wr(ln_w), wr(ln_b), BT,
+                            C, cfg.ln_eps, t, rt, stream);
+    tick("residual + layernorm fwd");
 }
 
 void GptCuda::Impl::forward(const int32_t* host_tokens, int64_t b, int64_t tn) {
@@ -353,23 +381,19 @@ void GptCuda::Impl::forward(const int32_t* host_tokens, int64_t b, int64_t tn) {
         tick("matmul fwd (qkv, qk_norm)");
         attention->forward(a.atty.get(), a.att_saved.get(), a.qkv.get(), shape, t, stream);
         tick("attention fwd");
-        linear_forward(branch_out.get(), a.atty.get(), p.proj_w, p.proj_b, BT, C, C);
-        tick("matmul fwd");
-        add_norm(a.res_attn.get(), a.ln2.get(), a.ln2_mean.as<float>(), a.ln2_rstd.as<float>(),
-                 residual[l].get(), branch_out.get(), p.ln2_w, p.ln2_b, BT, C);
-        tick("residual + layernorm fwd");
+        project_add_norm(a.res_attn.get(), a.ln2.get(), a.ln2_mean.as<float>(),
+                         a.ln2_rstd.as<float>(), residual[l].get(), a.atty.get(), p.proj_w,
+                         p.proj_b, C, p.ln2_w, p.ln2_b);
         void* gelu = opt.recompute_gelu ? gelu_tmp.get() : a.fch_gelu.get();
         fc_gelu_forward(a.fch.get(), gelu, a.ln2.get(), p.fc_w, p.fc_b, BT, C, 4 * C);
         tick("matmul fwd (fc + GELU)");
-        linear_forward(branch_out.get(), gelu, p.fcproj_w, p.fcproj_b, BT, 4 * C, C);
-        tick("matmul fwd");
         const bool last = l == L - 1;
-        add_norm(residual[l + 1].get(), last ? lnf.get() : layers[l + 1].ln1.get(),
-                 last ? lnf_mean.as<float>() : layers[l + 1].ln1_mean.as<float>(),
-                 last ? lnf_rstd.as<float>() : layers[l + 1].ln1_rstd.as<float>(), a.res_attn.get(),
-                 branch_out.get(), last ? layout.lnf_w : layout.blocks[l + 1].ln1_w,
-                 last ? layout.lnf_b : layout.blocks[l + 1].ln1_b, BT, C);
-        tick("residual + layernorm fwd");
+        project_add_norm(residual[l + 1].get(), last ? lnf.get() : layers[l + 1].ln1.get(),
+                         last ? lnf_mean.as<float>() : layers[l + 1].ln1_mean.as<float>(),
+                         last ? lnf_rstd.as<float>() : layers[l + 1].ln1_rstd.as<float>(),
+                         a.res_attn.get(), gelu, p.fcproj_w, p.fcproj_b, 4 * C,
+                         last ? layout.lnf_w : layout.blocks[l + 1].ln1_w,
+                         last ? layout.lnf_b : layout.blocks[l + 1].ln1_b);
     }
     head_pending = !linear_ce;  // loss() runs the logits GEMM, chunked with the cross-entropy
     head_dinp_done = false;

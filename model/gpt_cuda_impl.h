@@ -221,6 +221,19 @@ struct GptCuda::Impl {
     void add_norm(void* res_out, void* norm_out, float* mean, float* rstd, const void* a,
                   const void* b, int w_idx, int b_idx, int64_t N, int64_t C);
 
+    // A block's branch ends here: res_out = res_in + inp[M, K] W^T + bias, then norm_out =
+    // LayerNorm(res_out) with weights (ln_w, ln_b). Under `residual_in_matmul` (bf16 residual
+    // stream, GEMM epilogues on) the add is the GEMM's C operand and the LayerNorm reads one
+    // tensor; otherwise the branch goes through branch_out and add_norm. Ticks "matmul fwd" and
+    // "residual + layernorm fwd".
+    void project_add_norm(void* res_out, void* norm_out, float* mean, float* rstd,
+                          const void* res_in, const void* inp, int w_idx, int b_idx, int64_t K,
+                          int ln_w, int ln_b);
+    bool residual_in_matmul() const {
+        return ln_variant == LayernormVariant::residual_in_matmul && rt == t &&
+               mm_variant != MatmulVariant::separate;
+    }
+
     void forward(const int32_t* host_tokens, int64_t b, int64_t tn);
 
     // A vocab-parallel group holds wte split by rows: the token rows of this rank come from every

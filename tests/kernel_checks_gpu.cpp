@@ -166,15 +166,35 @@ void layernorm(const std::string& variant, const LayernormDims& s, DType t, DTyp
     Rng rng(seed_of({N, C, int64_t(t), int64_t(r)}));
     const auto a = rnd(rng, N * C, r, 2.0), b = rnd(rng, N * C, t), w = rnd(rng, C, r),
                bias = rnd(rng, C, r), dout = rnd(rng, N * C, t), dinp0 = rnd(rng, N * C, r);
-    // reference: res = a + b (rounded as the GPU stores it), then LayerNorm
+    // residual_in_matmul, where the residual stream has the activations' type: the branch is a
+    // projection, x [N, K] P [C, K]^T + pb, whose GEMM adds a as its C operand, then LayerNorm
+    // alone. (Over an fp32 stream of bf16 activations the model takes the fused kernel.)
+    const bool in_matmul = variant == "residual_in_matmul" && t == r;
+    constexpr int64_t K = 40;
+    const auto x = in_matmul ? rnd(rng, N * K, t) : std::vector<double>{},
+               proj = in_matmul ? rnd(rng, C * K, t, 0.3) : std::vector<double>{},
+               pb = in_matmul ? rnd(rng, C, t) : std::vector<double>{};
+    std::vector<double> branch = b;
+    if (in_matmul) cpu::matmul_forward(branch.data(), x.data(), proj.data(), pb.data(), N, K, C);
+    // reference: res = a + branch (rounded once, as the GPU stores it; the GEMM's unrounded: its
+    // fp32 sum may round either way), then LayerNorm
     std::vector<double> res(N * C);
-    for (int64_t i = 0; i < N * C; i++) res[i] = as_stored(a[i] + b[i], r);
-    std::vector<double> out(N * C), mean(N), rstd(N);
-    cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), res.data(), w.data(), bias.data(),
-                           N, C, 1e-5);
+    for (int64_t i = 0; i < N * C; i++)
+        res[i] = in_matmul ? a[i] + branch[i] : as_stored(a[i] + branch[i], r);
     DevT da(r, a), db(t, b), dw(r, w), dbias(r, bias), dres(r, N * C), dout_(t, N * C);
     DevT dmean(DType::f32, N), drstd(DType::f32, N);
-    if (variant == "fused_residual") {
+    if (in_matmul) {
+        DevT dx(t, x), dp(t, proj), dpb(t, pb);
+        cuda::Gemm g = cuda::linear_forward_gemm(dres.p, dx.p, dp.p, N, K, C, t);
+        g.epilogue = cuda::Epilogue::bias;
+        g.bias = dpb.p;
+        g.C = da.p;
+        g.beta = 1.0f;
+        cuda::gemm(g, nullptr);
+        CHECK(da.get() == a);  // C is only read
+        cuda::layernorm_forward(dout_.p, {1, C}, dmean.f(), drstd.f(), dres.p, {1, C}, dw.p,
+                                dbias.p, N, C, 1e-5, t, r, nullptr);
+    } else if (variant == "fused_residual" || variant == "residual_in_matmul") {
         cuda::residual_layernorm_forward(dres.p, dout_.p, dmean.f(), drstd.f(), da.p, db.p, dw.p,
                                          dbias.p, N, C, 1e-5, t, r, nullptr);
     } else {
@@ -183,7 +203,16 @@ void layernorm(const std::string& variant, const LayernormDims& s, DType t, DTyp
         cuda::layernorm_forward(dout_.p, {1, C}, dmean.f(), drstd.f(), dres.p, {1, C}, dw.p,
                                 dbias.p, N, C, 1e-5, t, r, nullptr);
     }
-    check_close("res", dres.get(), res, r);
+    const auto got_res = dres.get();
+    check_close("res", got_res, res, r);
+    // The GEMM sums its K products in fp32, so a stored value may round to the neighbour of the
+    // double reference's (within the check above). The LayerNorm is checked on the input it was
+    // given: a one-ulp flip of a residual value moves a row's mean by far more than fp32's
+    // tolerance. (The adds of the other variants are exact in fp32: the same res.)
+    if (in_matmul) res = got_res;
+    std::vector<double> out(N * C), mean(N), rstd(N);
+    cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), res.data(), w.data(), bias.data(),
+                           N, C, 1e-5);
     check_close("out", dout_.get(), out, t);
     check_close("mean", dmean.get(), mean, DType::f32);
     check_close("rstd", drstd.get(), rstd, DType::f32, 1e-5);

@@ -180,7 +180,8 @@ TEST_CASE("whole model in bf16: loss within 2e-2 and gradients within bf16 accum
     // and tied without. Not with qk_norm: the option does not touch the q/k path, and there the
     // layer-1 k_norm weight gradient is small by cancellation (as k_norm.bias is zero), so bf16
     // noise from the attention sits at this 5% bound of its own largest element either way.
-    for (const char* ln : {"fused_residual", "separate"}) {
+    // (residual_in_matmul takes the fused kernel there: cuBLASLt's C has D's type)
+    for (const char* ln : {"fused_residual", "separate", "residual_in_matmul"}) {
         CAPTURE(ln);
         CudaModelOptions f;
         f.precision = DType::bf16;
@@ -189,6 +190,28 @@ TEST_CASE("whole model in bf16: loss within 2e-2 and gradients within bf16 accum
         compare_model(tiny_config(false, true, false), f, 5e-2);
         compare_model(tiny_config(true, false, false), f, 5e-2);
     }
+}
+
+TEST_CASE("kernels.layernorm=residual_in_matmul: the model equals GPT<double> in fp32 and bf16") {
+    // the projections add the residual stream in their GEMM (with every matmul variant: wgmma's
+    // projections go to cuBLASLt, separate's take the fused kernel), untied with biases and tied
+    // without, with and without qk_norm
+    for (const char* mm : {"fused_epilogue", "wgmma", "separate"})
+        for (bool qk : {false, true}) {
+            CAPTURE(mm);
+            CAPTURE(qk);
+            CudaModelOptions o;
+            o.kernels.layernorm = "residual_in_matmul";
+            o.kernels.matmul = mm;
+            o.precision = DType::f32;
+            o.kernels.cross_entropy = "online";
+            compare_model(tiny_config(false, true, qk), o, 1e-5);
+            compare_model(tiny_config(true, false, qk), o, 1e-5);
+            o.precision = DType::bf16;
+            o.kernels.cross_entropy = "fast";
+            compare_model(tiny_config(false, true, qk), o, 5e-2);
+            compare_model(tiny_config(true, false, qk), o, 5e-2);
+        }
 }
 
 TEST_CASE("whole model in bf16 at head size 64: tensor-core attention, qkv bias from its sums") {
@@ -467,6 +490,27 @@ TEST_CASE(
     }
 }
 
+TEST_CASE(
+    "kernels.layernorm=residual_in_matmul trains like fused_residual, and bit for bit twice") {
+    Config c = train_config("bf16");
+    c.kernels.layernorm = "fused_residual";
+    const auto ref_b = make_backend("cuda", c);
+    const auto ref = train_steps(*ref_b, c, 0, 20);
+    for (const char* mm : {"fused_epilogue", "wgmma", "separate"}) {
+        CAPTURE(mm);
+        c.kernels = {};
+        c.kernels.layernorm = "residual_in_matmul";
+        c.kernels.matmul = mm;
+        const auto a = make_backend("cuda", c), b = make_backend("cuda", c);
+        const auto la = train_steps(*a, c, 0, 20), lb = train_steps(*b, c, 0, 20);
+        CHECK(la == lb);
+        for (size_t i = 0; i < ref.size(); i++) {
+            CAPTURE(i);
+            CHECK(close(la[i], ref[i], 2e-2, 0));
+        }
+    }
+}
+
 TEST_CASE("deterministic: two GPU runs are bit-identical and resume is bit-exact") {
     for (const char* prec : {"bf16", "fp32"}) {
         CAPTURE(prec);
@@ -641,7 +685,7 @@ TEST_CASE("kernel choices are validated with the known names") {
     k.layernorm = "apex";
     CHECK_THROWS_WITH_AS(validate_kernels(k, DType::bf16),
                          doctest::Contains("kernels.layernorm: unknown variant 'apex' (known: "
-                                           "fused_residual, separate)"),
+                                           "fused_residual, separate, residual_in_matmul)"),
                          zgpt::Error);
 }
 

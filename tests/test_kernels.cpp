@@ -440,7 +440,7 @@ std::vector<Runner> runners() {
                 {"naive", "online", "fast", "fast_lockstep", "fused_linear", "fused_linear_wgmma",
                  "fused_linear_rows"},
                 cross_entropy_rows);
-    per_variant("layernorm", {"fused_residual", "separate"}, layernorm_rows);
+    per_variant("layernorm", {"fused_residual", "separate", "residual_in_matmul"}, layernorm_rows);
     per_variant("matmul", {"fused_epilogue", "separate", "wgmma"}, matmul_rows);
     r.push_back({"matmul", "cpu", matmul_cpu_rows});
     r.push_back({"matmul_wgmma_schedules", "wgmma", matmul_wgmma_schedules_rows});
