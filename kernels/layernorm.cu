@@ -59,7 +59,7 @@ __global__ void layernorm_forward_kernel(T* out, RowMap out_map, float* mean, fl
 template <typename T, typename R>
 __global__ void residual_layernorm_forward_kernel(R* res, T* out, float* mean, float* rstd,
                                                   const R* a, const T* bb, const R* w, const R* b,
-                                                  int64_t N, int64_t C, float eps) {
+                                                  int64_t N, int64_t C, int64_t out_ld, float eps) {
     const int64_t r = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
     if (r >= N) return;
     R* x = res + r * C;
@@ -70,7 +70,7 @@ __global__ void residual_layernorm_forward_kernel(R* res, T* out, float* mean, f
     row_stats(x, C, eps, m, rs);
     for (int64_t c = threadIdx.x % 32; c < C; c += 32) {
         const float n = (to_f(x[c]) - m) * rs;
-        out[r * C + c] = from_f<T>(n * to_f(w[c]) + (b ? to_f(b[c]) : 0.0f));
+        out[r * out_ld + c] = from_f<T>(n * to_f(w[c]) + (b ? to_f(b[c]) : 0.0f));
     }
     if (threadIdx.x % 32 == 0) {
         mean[r] = m;
@@ -180,8 +180,9 @@ __device__ __forceinline__ void store8(float* p, const float (&v)[8]) {
 // registers.
 template <int NV, bool RESIDUAL, typename R>
 __global__ void __launch_bounds__(32 * kVecWarps)
-    layernorm_forward_vec_kernel(R* res, bf16* out, float* mean, float* rstd, const R* a,
-                                 const bf16* bb, const R* w, const R* b, int64_t N, float eps) {
+    layernorm_forward_vec_kernel(R* res, bf16* out, int64_t out_ld, float* mean, float* rstd,
+                                 const R* a, const bf16* bb, const R* w, const R* b, int64_t N,
+                                 float eps) {
     constexpr int C = NV * 256;
     const int64_t r = int64_t(blockIdx.x) * kVecWarps + threadIdx.x / 32;
     if (r >= N) return;
@@ -222,7 +223,7 @@ __global__ void __launch_bounds__(32 * kVecWarps)
         if (b) unpack8(load8(b + j * 256 + lane * 8), bv);
 #pragma unroll
         for (int k = 0; k < 8; k++) x[j][k] = (x[j][k] - m) * rs * wv[k] + bv[k];
-        *reinterpret_cast<uint4*>(out + r * C + j * 256 + lane * 8) = pack8(x[j]);
+        *reinterpret_cast<uint4*>(out + r * out_ld + j * 256 + lane * 8) = pack8(x[j]);
     }
     if (lane == 0) {
         mean[r] = m;
@@ -422,8 +423,9 @@ void layernorm_forward(void* out, RowMap out_map, float* mean, float* rstd, cons
     ZG_CHECK(N > 0 && C > 0 && weight, "layernorm_forward: sizes must be positive, weight set");
     out_map = plain(out_map, C);
     in_map = plain(in_map, C);
+    // the vectorised kernel: plain input rows; output rows C apart or further, 16-byte aligned
     const bool rows_plain =
-        out_map.group == 1 && in_map.group == 1 && out_map.ld == C && in_map.ld == C;
+        out_map.group == 1 && in_map.group == 1 && out_map.ld % 8 == 0 && in_map.ld == C;
     dispatch_pair(t, in_t, "layernorm_forward", [&](auto tt, auto rr) {
         using T = typename decltype(tt)::type;
         using R = typename decltype(rr)::type;
@@ -432,7 +434,7 @@ void layernorm_forward(void* out, RowMap out_map, float* mean, float* rstd, cons
                 const bool done = with_vec_width(C, [&](auto NV) {
                     layernorm_forward_vec_kernel<NV.value, false, R>
                         <<<unsigned((N + kVecWarps - 1) / kVecWarps), 32 * kVecWarps, 0, s>>>(
-                            nullptr, static_cast<bf16*>(out), mean, rstd,
+                            nullptr, static_cast<bf16*>(out), out_map.ld, mean, rstd,
                             static_cast<const R*>(inp), nullptr, static_cast<const R*>(weight),
                             static_cast<const R*>(bias), N, float(eps));
                 });
@@ -449,17 +451,19 @@ void layernorm_forward(void* out, RowMap out_map, float* mean, float* rstd, cons
 
 void residual_layernorm_forward(void* res, void* out, float* mean, float* rstd, const void* a,
                                 const void* b, const void* weight, const void* bias, int64_t N,
-                                int64_t C, double eps, DType t, DType res_t, CUstream_st* s) {
-    ZG_CHECK(N > 0 && C > 0 && weight, "residual_layernorm_forward: bad arguments");
+                                int64_t C, double eps, DType t, DType res_t, CUstream_st* s,
+                                int64_t out_ld) {
+    if (out_ld == 0) out_ld = C;
+    ZG_CHECK(N > 0 && C > 0 && weight && out_ld >= C, "residual_layernorm_forward: bad arguments");
     dispatch_pair(t, res_t, "residual_layernorm_forward", [&](auto tt, auto rr) {
         using T = typename decltype(tt)::type;
         using R = typename decltype(rr)::type;
         if constexpr (std::is_same_v<T, bf16>) {
-            if (aligned16({res, out, a, b, weight, bias})) {
+            if (out_ld % 8 == 0 && aligned16({res, out, a, b, weight, bias})) {
                 const bool done = with_vec_width(C, [&](auto NV) {
                     layernorm_forward_vec_kernel<NV.value, true, R>
                         <<<unsigned((N + kVecWarps - 1) / kVecWarps), 32 * kVecWarps, 0, s>>>(
-                            static_cast<R*>(res), static_cast<bf16*>(out), mean, rstd,
+                            static_cast<R*>(res), static_cast<bf16*>(out), out_ld, mean, rstd,
                             static_cast<const R*>(a), static_cast<const bf16*>(b),
                             static_cast<const R*>(weight), static_cast<const R*>(bias), N,
                             float(eps));
@@ -471,7 +475,7 @@ void residual_layernorm_forward(void* res, void* out, float* mean, float* rstd, 
         residual_layernorm_forward_kernel<T, R><<<blocks, 32 * kWarps, 0, s>>>(
             static_cast<R*>(res), static_cast<T*>(out), mean, rstd, static_cast<const R*>(a),
             static_cast<const T*>(b), static_cast<const R*>(weight), static_cast<const R*>(bias), N,
-            C, float(eps));
+            C, out_ld, float(eps));
     });
     ZG_LAUNCH_CHECK();
 }

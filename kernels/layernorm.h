@@ -42,10 +42,12 @@ inline void layernorm_forward(void* out, RowMap out_map, float* mean, float* rst
 }
 
 // res = a + b (rounded to res_t), out = LayerNorm(res): the residual add fused into the norm.
-// res, a, weight and bias in res_t; b and out in t.
+// res, a, weight and bias in res_t; b and out in t. out_ld: out's row stride (0: C), as
+// layernorm_forward's out_map.ld (the trainer's ln2 with a column of ones beside its rows).
 void residual_layernorm_forward(void* res, void* out, float* mean, float* rstd, const void* a,
                                 const void* b, const void* weight, const void* bias, int64_t N,
-                                int64_t C, double eps, DType t, DType res_t, CUstream_st* s);
+                                int64_t C, double eps, DType t, DType res_t, CUstream_st* s,
+                                int64_t out_ld = 0);
 inline void residual_layernorm_forward(void* res, void* out, float* mean, float* rstd,
                                        const void* a, const void* b, const void* weight,
                                        const void* bias, int64_t N, int64_t C, double eps, DType t,

@@ -636,6 +636,23 @@ void bias_backward(float* dbias, const void* dout, int64_t N, int64_t OC, DType 
     add_partial_column_sums(dbias, part, nullptr, nullptr, kBiasRowChunks, OC, stream);
 }
 
+namespace {
+__global__ void add_weight_and_bias_grad_kernel(float* dW, float* dbias, const float* P, int64_t K,
+                                                int64_t ldp) {
+    const int64_t n = blockIdx.x;  // one row a block
+    for (int64_t k = threadIdx.x; k < K; k += blockDim.x) dW[n * K + k] += P[n * ldp + k];
+    if (threadIdx.x == 0) dbias[n] += P[n * ldp + K];
+}
+}  // namespace
+
+void add_weight_and_bias_grad(float* dW, float* dbias, const float* P, int64_t N, int64_t K,
+                              int64_t ldp, CUstream_st* stream) {
+    ZG_CHECK(dW && dbias && P && N > 0 && N <= INT32_MAX && K > 0 && ldp > K,
+             "add_weight_and_bias_grad: bad arguments");
+    add_weight_and_bias_grad_kernel<<<unsigned(N), 256, 0, stream>>>(dW, dbias, P, K, ldp);
+    ZG_LAUNCH_CHECK();
+}
+
 void bias_backward_from_partials(float* dbias, const float* parts, int64_t rows, int64_t OC,
                                  CUstream_st* stream) {
     ZG_CHECK(dbias && parts && rows > 0 && rows <= INT32_MAX && OC > 0,

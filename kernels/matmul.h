@@ -158,5 +158,10 @@ void bias_backward(float* dbias, const void* dout, int64_t N, int64_t OC, DType 
 // beside dout, such as the attention backward's), in a fixed order.
 void bias_backward_from_partials(float* dbias, const float* parts, int64_t rows, int64_t OC,
                                  CUstream_st* stream);
+// dW[N, K] += P[n, :K] and dbias[N] += P[n, K] for P [N, ldp] fp32 (ldp > K): the result of a
+// weight-gradient GEMM whose input carried a column of ones after its K columns, so that the
+// GEMM's column K is the bias gradient (the trainer's fc layer: no pass of its own over dout).
+void add_weight_and_bias_grad(float* dW, float* dbias, const float* P, int64_t N, int64_t K,
+                              int64_t ldp, CUstream_st* stream);
 
 }  // namespace zgpt::cuda

@@ -47,6 +47,10 @@ struct KernelChoice {
     // The attention and MLP projections' bias gradients as column sums inside the LayerNorm
     // backward that writes their output gradient (kernels/layernorm.h), not a pass of their own
     bool layernorm_bias_sums = true;
+    // fc's bias gradient as one more column of its weight-gradient GEMM: ln2 is stored with a
+    // column of ones beside its rows (8 columns wider), so the GEMM's last column is the column
+    // sums of dfch and no pass of its own reads dfch again (matmul: fused_epilogue with biases)
+    bool fc_bias_in_dw = true;
     // The kernels' tuning knobs (kernels.cross_entropy_tuning.*, kernels.attention_tuning.*); the
     // defaults are the kernels' own choices.
     cuda::CrossEntropyTuning cross_entropy_tuning;

@@ -41,6 +41,8 @@ GptCuda::Impl::Impl(const ModelConfig& c, const CudaModelOptions& o)
     attention = &cuda::find_attention_variant(opt.kernels.attention);
     ln_variant = LayernormVariant(kernel_variant("layernorm", opt.kernels.layernorm));
     mm_variant = MatmulVariant(kernel_variant("matmul", opt.kernels.matmul));
+    fc_bias_in_dw =
+        opt.kernels.fc_bias_in_dw && cfg.bias && mm_variant == MatmulVariant::fused_epilogue;
     ZG_CHECK(opt.kernels.matmul_wgmma_schedule == "cooperative" ||
                  opt.kernels.matmul_wgmma_schedule == "pingpong",
              "kernels.matmul_wgmma_schedule: cooperative or pingpong, not '" +
@@ -92,6 +94,25 @@ GptCuda::Impl::~Impl() {
         }
 }
 
+namespace {
+// Column `col` of a rows x ld matrix of type t set to 1 (the rest as it was: zeros from
+// DeviceBuffer), once when the buffer is made.
+void set_ones_column(void* m, int64_t rows, int64_t col, int64_t ld, DType t) {
+    const size_t es = dtype_bytes(t);
+    std::vector<unsigned char> ones(size_t(rows) * es);
+    const float one_f = 1.0f;
+    const __nv_bfloat16 one_b = __float2bfloat16(1.0f);
+    for (int64_t r = 0; r < rows; r++)
+        std::memcpy(
+            ones.data() + size_t(r) * es,
+            t == DType::f32 ? static_cast<const void*>(&one_f) : static_cast<const void*>(&one_b),
+            es);
+    ZG_CUDA_CHECK(cudaMemcpy2D(static_cast<char*>(m) + size_t(col) * es, size_t(ld) * es,
+                               ones.data(), es, es, size_t(rows), cudaMemcpyHostToDevice));
+    ZG_CUDA_CHECK(cudaDeviceSynchronize());  // the model's streams do not wait for the copy
+}
+}  // namespace
+
 void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
     if (b == B && tn == Tn) return;
     B = b;
@@ -100,6 +121,8 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
     const cuda::AttentionShape shape{B, Tn, C, NH, opt.kernels.attention_tuning};
     residual.clear();
     layers.clear();
+    ln2_ld = fc_bias_in_dw ? C + 8 : C;
+    if (fc_bias_in_dw) fc_dw_scratch = f32(4 * C * ln2_ld);
     for (int64_t l = 0; l <= L; l++) residual.push_back(res_act(BT * C));
     for (int64_t l = 0; l < L; l++) {
         Layer a;
@@ -117,7 +140,8 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
         a.att_saved = DeviceBuffer(attention->saved_bytes(shape));
         a.atty = act(BT * C);
         a.res_attn = res_act(BT * C);
-        a.ln2 = act(BT * C);
+        a.ln2 = act(BT * ln2_ld);
+        if (ln2_ld > C) set_ones_column(a.ln2.get(), BT, C, ln2_ld, t);
         a.ln2_mean = f32(BT);
         a.ln2_rstd = f32(BT);
         a.fch = act(BT * 4 * C);
@@ -224,9 +248,12 @@ void GptCuda::Impl::linear_forward(void* out, const void* inp, int w_idx, int b_
 }
 
 void GptCuda::Impl::fc_gelu_forward(void* fch, void* gelu, const void* inp, int w_idx, int b_idx,
-                                    int64_t M, int64_t K, int64_t N) {
+                                    int64_t M, int64_t K, int64_t N, int64_t lda) {
+    ZG_CHECK(lda == 0 || lda == K || mm_variant == MatmulVariant::fused_epilogue,
+             "fc_gelu_forward: strided input rows only with cuBLASLt's epilogues");
     if (mm_variant != MatmulVariant::separate) {
         cuda::Gemm gm = forward_gemm(gelu, inp, w_idx, M, K, N);
+        if (lda != K) gm.lda = lda;
         gm.epilogue = b_idx >= 0 ? cuda::Epilogue::gelu_aux_bias : cuda::Epilogue::gelu_aux;
         gm.bias = w(b_idx);
         gm.aux = fch;
@@ -242,7 +269,7 @@ void GptCuda::Impl::fc_gelu_forward(void* fch, void* gelu, const void* inp, int 
 bool GptCuda::Impl::linear_backward(void* dinp, const void* dout, const void* inp, int w_idx,
                                     int b_idx, int64_t M, int64_t K, int64_t N,
                                     const void* gelu_pre, bool head, const float* bias_parts,
-                                    int64_t bias_part_rows) {
+                                    int64_t bias_part_rows, bool inp_ones) {
     const bool fused = mm_variant != MatmulVariant::separate;  // wgmma: cuBLASLt's backward
     bool gelu_done = false;
     // the head's dW stays on the main stream: on the weight-gradient stream it measured no
@@ -274,6 +301,21 @@ bool GptCuda::Impl::linear_backward(void* dinp, const void* dout, const void* in
     // side stream also overlap the input-gradient GEMMs. Nor is fc's taken from the GELU' GEMM
     // (Epilogue::dgelu_bias_grad): that GEMM took 1638 us against 588 us plus 100 us for the
     // pass, and the step 115.1 against 106.7 ms (H200, bench_gemm and bench_train, e466be5).
+    if (inp_ones) {  // [N, K + 8] with the bias gradient in column K (written, beta 0)
+        ZG_CHECK(b_idx >= 0 && fc_bias_in_dw, "linear_backward: a ones column without its bias");
+        gw.D = fc_dw_scratch.get();
+        gw.N = K + 8;
+        gw.beta = 0.0f;
+        cuda::gemm(gw, ws);  // the scratch is only used on ws: in stream order
+        cuda::add_weight_and_bias_grad(g(w_idx), g(b_idx), fc_dw_scratch.as<float>(), N, K, K + 8,
+                                       ws);
+        tick("matmul bwd dW");
+        if (side) {
+            mark_read(dout);
+            mark_read(inp);
+        }
+        return gelu_done;
+    }
     cuda::gemm(gw, ws);
     tick(head ? "head matmul bwd dW" : "matmul bwd dW");
     if (b_idx >= 0) {
@@ -292,27 +334,31 @@ bool GptCuda::Impl::linear_backward(void* dinp, const void* dout, const void* in
 }
 
 void GptCuda::Impl::add_norm(void* res_out, void* norm_out, float* mean, float* rstd, const void* a,
-                             const void* b, int w_idx, int b_idx, int64_t N, int64_t C) {
+                             const void* b, int w_idx, int b_idx, int64_t N, int64_t C,
+                             int64_t norm_ld) {
+    if (norm_ld == 0) norm_ld = C;
     // residual_in_matmul where its GEMM cannot take the add (fp32 residual stream, separate
     // epilogues) falls back to the fused kernel
     if (ln_variant != LayernormVariant::separate) {
         cuda::residual_layernorm_forward(res_out, norm_out, mean, rstd, a, b, wr(w_idx), wr(b_idx),
-                                         N, C, cfg.ln_eps, t, rt, stream);
+                                         N, C, cfg.ln_eps, t, rt, stream, norm_ld);
     } else {
         cuda::residual_forward(res_out, a, b, N * C, t, rt, stream);
-        cuda::layernorm_forward(norm_out, {1, C}, mean, rstd, res_out, {1, C}, wr(w_idx), wr(b_idx),
-                                N, C, cfg.ln_eps, t, rt, stream);
+        cuda::layernorm_forward(norm_out, {1, norm_ld}, mean, rstd, res_out, {1, C}, wr(w_idx),
+                                wr(b_idx), N, C, cfg.ln_eps, t, rt, stream);
     }
 }
 
 void GptCuda::Impl::project_add_norm(void* res_out, void* norm_out, float* mean, float* rstd,
                                      const void* res_in, const void* inp, int w_idx, int b_idx,
-                                     int64_t K, int ln_w, int ln_b) {
+                                     int64_t K, int ln_w, int ln_b, int64_t norm_ld) {
     const int64_t BT = B * Tn, C = cfg.n_embd;
+    if (norm_ld == 0) norm_ld = C;
     if (!residual_in_matmul()) {
         linear_forward(branch_out.get(), inp, w_idx, b_idx, BT, K, C);
         tick("matmul fwd");
-        add_norm(res_out, norm_out, mean, rstd, res_in, branch_out.get(), ln_w, ln_b, BT, C);
+        add_norm(res_out, norm_out, mean, rstd, res_in, branch_out.get(), ln_w, ln_b, BT, C,
+                 norm_ld);
         tick("residual + layernorm fwd");
         return;
     }
@@ -326,8 +372,8 @@ void GptCuda::Impl::project_add_norm(void* res_out, void* norm_out, float* mean,
     gm.beta = 1.0f;
     cuda::gemm(gm, stream);  // cuBLASLt: the wgmma kernel has no C operand
     tick("matmul fwd");
-    cuda::layernorm_forward(norm_out, {1, C}, mean, rstd, res_out, {1, C}, wr(ln_w), wr(ln_b), BT,
-                            C, cfg.ln_eps, t, rt, stream);
+    cuda::layernorm_forward(norm_out, {1, norm_ld}, mean, rstd, res_out, {1, C}, wr(ln_w), wr(ln_b),
+                            BT, C, cfg.ln_eps, t, rt, stream);
     tick("residual + layernorm fwd");
 }
 
@@ -383,9 +429,9 @@ void GptCuda::Impl::forward(const int32_t* host_tokens, int64_t b, int64_t tn) {
         tick("attention fwd");
         project_add_norm(a.res_attn.get(), a.ln2.get(), a.ln2_mean.as<float>(),
                          a.ln2_rstd.as<float>(), residual[l].get(), a.atty.get(), p.proj_w,
-                         p.proj_b, C, p.ln2_w, p.ln2_b);
+                         p.proj_b, C, p.ln2_w, p.ln2_b, ln2_ld);
         void* gelu = opt.recompute_gelu ? gelu_tmp.get() : a.fch_gelu.get();
-        fc_gelu_forward(a.fch.get(), gelu, a.ln2.get(), p.fc_w, p.fc_b, BT, C, 4 * C);
+        fc_gelu_forward(a.fch.get(), gelu, a.ln2.get(), p.fc_w, p.fc_b, BT, C, 4 * C, ln2_ld);
         tick("matmul fwd (fc + GELU)");
         const bool last = l == L - 1;
         project_add_norm(residual[l + 1].get(), last ? lnf.get() : layers[l + 1].ln1.get(),
@@ -519,7 +565,8 @@ void GptCuda::Impl::backward() {
             cuda::gelu_backward(dfch.get(), a.fch.get(), dfch.get(), BT * 4 * C, t, stream);
             tick("GELU bwd");
         }
-        linear_backward(dtmp.get(), dfch.get(), a.ln2.get(), p.fc_w, p.fc_b, BT, C, 4 * C);
+        linear_backward(dtmp.get(), dfch.get(), a.ln2.get(), p.fc_w, p.fc_b, BT, C, 4 * C, nullptr,
+                        false, nullptr, 0, fc_bias_in_dw);
         before_write(dres.get());
         before_write(attn_sums.parts);
         cuda::layernorm_backward(dres.get(), {1, C}, true, g(p.ln2_w), g(p.ln2_b), dtmp.get(),

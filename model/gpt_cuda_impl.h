@@ -64,6 +64,12 @@ struct GptCuda::Impl {
     std::map<const void*, cudaEvent_t> read_done;  // last weight-gradient read of each buffer
     const cuda::AttentionVariant* attention = nullptr;
     LayernormVariant ln_variant = LayernormVariant::fused_residual;  // resolved once
+    // kernels.fc_bias_in_dw in effect (with biases and cuBLASLt's epilogues): ln2's rows are
+    // ln2_ld = C + 8 apart, column C holds ones and C + 1.. zeros, and fc's weight-gradient GEMM
+    // writes [4C, C + 8] into fc_dw_scratch, whose column C is fc's bias gradient
+    bool fc_bias_in_dw = false;
+    int64_t ln2_ld = 0;
+    DeviceBuffer fc_dw_scratch;
     MatmulVariant mm_variant = MatmulVariant::fused_epilogue;
     cuda::WgmmaSchedule wgmma_schedule = cuda::WgmmaSchedule::cooperative;  // with mm_variant wgmma
     const cuda::CrossEntropyVariant* ce = nullptr;  // null with fused_linear
@@ -183,9 +189,9 @@ struct GptCuda::Impl {
     void linear_forward(void* out, const void* inp, int w_idx, int b_idx, int64_t M, int64_t K,
                         int64_t N);
 
-    // fch = ln2 W_fc^T + b (pre-activation) and gelu = GELU(fch).
+    // fch = ln2 W_fc^T + b (pre-activation) and gelu = GELU(fch); inp's rows lda apart (0: K).
     void fc_gelu_forward(void* fch, void* gelu, const void* inp, int w_idx, int b_idx, int64_t M,
-                         int64_t K, int64_t N);
+                         int64_t K, int64_t N, int64_t lda = 0);
 
     // dinp[M, K] = dout[M, N] @ W[N, K], the input gradient of a linear layer (no epilogue).
     cuda::Gemm input_grad_gemm(void* dinp, const void* dout, const void* W, int64_t M, int64_t K,
@@ -212,14 +218,16 @@ struct GptCuda::Impl {
     // whether it was (else the caller runs gelu_backward).
     // bias_parts: partial column sums of dout ([bias_part_rows, N]) that its producer wrote; the
     // bias gradient is then summed from them instead of from dout.
+    // inp_ones: inp's rows are K + 8 apart with ones in column K (fc under fc_bias_in_dw): dW and
+    // the bias gradient come from one GEMM over the K + 1 columns, through fc_dw_scratch.
     bool linear_backward(void* dinp, const void* dout, const void* inp, int w_idx, int b_idx,
                          int64_t M, int64_t K, int64_t N, const void* gelu_pre = nullptr,
                          bool head = false, const float* bias_parts = nullptr,
-                         int64_t bias_part_rows = 0);
+                         int64_t bias_part_rows = 0, bool inp_ones = false);
 
     // res_out = a + b; norm_out = LayerNorm(res_out): fused or as two passes.
     void add_norm(void* res_out, void* norm_out, float* mean, float* rstd, const void* a,
-                  const void* b, int w_idx, int b_idx, int64_t N, int64_t C);
+                  const void* b, int w_idx, int b_idx, int64_t N, int64_t C, int64_t norm_ld = 0);
 
     // A block's branch ends here: res_out = res_in + inp[M, K] W^T + bias, then norm_out =
     // LayerNorm(res_out) with weights (ln_w, ln_b). Under `residual_in_matmul` (bf16 residual
@@ -228,7 +236,7 @@ struct GptCuda::Impl {
     // "residual + layernorm fwd".
     void project_add_norm(void* res_out, void* norm_out, float* mean, float* rstd,
                           const void* res_in, const void* inp, int w_idx, int b_idx, int64_t K,
-                          int ln_w, int ln_b);
+                          int ln_w, int ln_b, int64_t norm_ld = 0);
     bool residual_in_matmul() const {
         return ln_variant == LayernormVariant::residual_in_matmul && rt == t &&
                mm_variant != MatmulVariant::separate;

@@ -213,7 +213,27 @@ void layernorm(const std::string& variant, const LayernormDims& s, DType t, DTyp
     std::vector<double> out(N * C), mean(N), rstd(N);
     cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), res.data(), w.data(), bias.data(),
                            N, C, 1e-5);
-    check_close("out", dout_.get(), out, t);
+    const auto got_out = dout_.get();
+    check_close("out", got_out, out, t);
+    // The same forward into rows C + 8 apart (the trainer's ln2 beside its column of ones): the
+    // same bits in the first C columns, the 8 after them untouched.
+    {
+        const int64_t ld = C + 8;
+        std::vector<double> sentinel(N * ld, 3.0);
+        DevT wide(t, sentinel), res2(r, N * C), m2(DType::f32, N), s2(DType::f32, N);
+        if (variant == "fused_residual" || (variant == "residual_in_matmul" && !in_matmul))
+            cuda::residual_layernorm_forward(res2.p, wide.p, m2.f(), s2.f(), da.p, db.p, dw.p,
+                                             dbias.p, N, C, 1e-5, t, r, nullptr, ld);
+        else
+            cuda::layernorm_forward(wide.p, {1, ld}, m2.f(), s2.f(), dres.p, {1, C}, dw.p, dbias.p,
+                                    N, C, 1e-5, t, r, nullptr);
+        const auto got_wide = wide.get();
+        int64_t bad = 0;
+        for (int64_t i = 0; i < N; i++)
+            for (int64_t c = 0; c < ld; c++)
+                bad += got_wide[i * ld + c] != (c < C ? got_out[i * C + c] : 3.0);
+        CHECK(bad == 0);
+    }
     check_close("mean", dmean.get(), mean, DType::f32);
     check_close("rstd", drstd.get(), rstd, DType::f32, 1e-5);
     // backward (the same kernel under both variants), adding into dinp, of the reference's res

@@ -214,6 +214,26 @@ TEST_CASE("kernels.layernorm=residual_in_matmul: the model equals GPT<double> in
         }
 }
 
+TEST_CASE("kernels.fc_bias_in_dw: fc's bias gradient from its weight-gradient GEMM") {
+    // with every LayerNorm variant (each writes ln2 beside its column of ones its own way), in
+    // fp32 and bf16, untied with biases (tied without: no fc bias, the flag has no effect)
+    for (const char* ln : {"residual_in_matmul", "fused_residual", "separate"})
+        for (bool on : {true, false}) {
+            CAPTURE(ln);
+            CAPTURE(on);
+            CudaModelOptions o;
+            o.kernels.layernorm = ln;
+            o.kernels.fc_bias_in_dw = on;
+            o.precision = DType::f32;
+            o.kernels.cross_entropy = "online";
+            compare_model(tiny_config(false, true, false), o, 1e-5);
+            o.precision = DType::bf16;
+            o.kernels.cross_entropy = "fast";
+            compare_model(tiny_config(false, true, false), o, 5e-2);
+            compare_model(tiny_config(true, false, false), o, 5e-2);
+        }
+}
+
 TEST_CASE("whole model in bf16 at head size 64: tensor-core attention, qkv bias from its sums") {
     // The tiny config's head size 8 takes the generic attention kernels; head size 64 in bf16
     // takes the tensor-core ones (flash: wgmma on Hopper; flash_mma: mma.sync), whose backward
@@ -508,6 +528,21 @@ TEST_CASE(
             CAPTURE(i);
             CHECK(close(la[i], ref[i], 2e-2, 0));
         }
+    }
+}
+
+TEST_CASE("kernels.fc_bias_in_dw trains like the column-sum pass, and bit for bit twice") {
+    Config c = train_config("bf16");
+    c.kernels.fc_bias_in_dw = false;
+    const auto ref_b = make_backend("cuda", c);
+    const auto ref = train_steps(*ref_b, c, 0, 20);
+    c.kernels.fc_bias_in_dw = true;
+    const auto a = make_backend("cuda", c), b = make_backend("cuda", c);
+    const auto la = train_steps(*a, c, 0, 20), lb = train_steps(*b, c, 0, 20);
+    CHECK(la == lb);
+    for (size_t i = 0; i < ref.size(); i++) {
+        CAPTURE(i);
+        CHECK(close(la[i], ref[i], 2e-2, 0));
     }
 }
 

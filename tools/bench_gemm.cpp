@@ -156,6 +156,8 @@ int main(int argc, char** argv) {
         {"dW qkv", dW(BT, C, 3 * C), layers},
         {"dW proj", dW(BT, C, C), layers},
         {"dW fc", dW(BT, C, 4 * C), layers},
+        // fc's bias gradient as the GEMM's last column: ln2 with a column of ones (padded to 8)
+        {"dW fc + a ones column", dW(BT, C + 8, 4 * C), 0},
         {"dW fcproj", dW(BT, 4 * C, C), layers},
         {"head logits", fwd(HR, C, Vp, Epilogue::none), chunks},
         {"head dinp", dinp(HR, C, Vp, Epilogue::none), chunks},

@@ -194,6 +194,10 @@ std::vector<ConfigField> config_fields(Config& c) {
          "GPU: the attention and MLP projections' bias gradients summed inside the LayerNorm "
          "backward that writes their output gradient (false: a column-sum pass of their own)",
          &k.layernorm_bias_sums});
+    add({"kernels", "fc_bias_in_dw",
+         "GPU, matmul: fused_epilogue: the MLP fc layer's bias gradient as one more column of its "
+         "weight-gradient GEMM (ln2 stored with a column of ones; false: a column-sum pass)",
+         &k.fc_bias_in_dw});
     // The kernels' tuning knobs (CrossEntropyTuning in kernels/cross_entropy.h, AttentionTuning
     // in kernels/attention.h): nested keys, kernels.<family>_tuning.<knob>, every default the
     // kernels' own choice. Values outside a knob's set are refused in check_cross.
