@@ -423,6 +423,8 @@ void layernorm_forward(void* out, RowMap out_map, float* mean, float* rstd, cons
     ZG_CHECK(N > 0 && C > 0 && weight, "layernorm_forward: sizes must be positive, weight set");
     out_map = plain(out_map, C);
     in_map = plain(in_map, C);
+    ZG_CHECK((out_map.group > 1 || out_map.ld >= C) && (in_map.group > 1 || in_map.ld >= C),
+             "layernorm_forward: a row stride shorter than its row");
     // the vectorised kernel: plain input rows; output rows C apart or further, 16-byte aligned
     const bool rows_plain =
         out_map.group == 1 && in_map.group == 1 && out_map.ld % 8 == 0 && in_map.ld == C;

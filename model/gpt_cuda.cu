@@ -227,7 +227,8 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
     auto part = [&](size_t offset, size_t bytes) {
         return share ? DeviceBuffer::view(head_scratch, offset, bytes) : DeviceBuffer(bytes);
     };
-    branch_out = part(0, nb);
+    // residual_in_matmul's projections write the residual stream itself: no branch buffer
+    branch_out = residual_in_matmul() && !share ? DeviceBuffer() : part(0, nb);
     dqkv = part(q0, nq);
     dfch = part(f0, nf);
     ce_workspace = part(0, ws);
@@ -307,9 +308,10 @@ bool GptCuda::Impl::linear_backward(void* dinp, const void* dout, const void* in
         gw.N = K + 8;
         gw.beta = 0.0f;
         cuda::gemm(gw, ws);  // the scratch is only used on ws: in stream order
+        tick("matmul bwd dW");
         cuda::add_weight_and_bias_grad(g(w_idx), g(b_idx), fc_dw_scratch.as<float>(), N, K, K + 8,
                                        ws);
-        tick("matmul bwd dW");
+        tick("bias bwd");  // with the weight gradient's add: what replaces the bias pass
         if (side) {
             mark_read(dout);
             mark_read(inp);
@@ -639,12 +641,12 @@ size_t GptCuda::Impl::allocated() const {
               &a.k_rstd, &a.qkv, &a.att_saved, &a.atty, &a.res_attn, &a.ln2, &a.ln2_mean,
               &a.ln2_rstd, &a.fch, &a.fch_gelu})
             s += b->bytes();
-    for (const DeviceBuffer* b : {&lnf,          &lnf_mean,      &lnf_rstd,      &logits,
-                                  &tokens,       &targets,       &bucket_ints,   &bucket_partials,
-                                  &branch_out,   &dres,          &dres_act,      &dtmp,
-                                  &dqkv,         &dfch,          &gelu_tmp,      &att_scratch,
-                                  &ln_scratch,   &bias_scratch,  &qkv_colsums,   &ce_workspace,
-                                  &head_scratch, &mlp_bias_sums, &attn_bias_sums})
+    for (const DeviceBuffer* b : {&lnf,          &lnf_mean,      &lnf_rstd,       &logits,
+                                  &tokens,       &targets,       &bucket_ints,    &bucket_partials,
+                                  &branch_out,   &dres,          &dres_act,       &dtmp,
+                                  &dqkv,         &dfch,          &gelu_tmp,       &att_scratch,
+                                  &ln_scratch,   &bias_scratch,  &qkv_colsums,    &ce_workspace,
+                                  &head_scratch, &mlp_bias_sums, &attn_bias_sums, &fc_dw_scratch})
         s += b->owned_bytes();  // views of head_scratch count once, in it
     for (const DeviceBuffer* b : {&vp_h, &vp_y, &vp_logits, &vp_stats, &vp_gathered, &vp_params,
                                   &vp_nvalid, &vp_rows, &vp_dh_all, &vp_dh, &vp_summary})

@@ -440,7 +440,7 @@ TEST_CASE("every kernel-variant combination trains; losses agree within bf16 noi
     int combos = 0;
     for (const char* att : {"flash", "flash_mma", "naive"})
         for (const char* ce : {"naive", "online", "fast", "fused_linear"})
-            for (const char* ln : {"fused_residual", "separate"})
+            for (const char* ln : {"fused_residual", "separate", "residual_in_matmul"})
                 for (const char* mm : {"fused_epilogue", "separate", "wgmma"})
                     for (bool recompute : {false, true}) {
                         c.kernels = {att, ce, ln, mm};
@@ -456,13 +456,15 @@ TEST_CASE("every kernel-variant combination trains; losses agree within bf16 noi
                             CHECK(close(got[i], ref[i], 2e-2, 0));
                         combos++;
                     }
-    CHECK(combos == 144);
+    CHECK(combos == 216);
 }
 
 TEST_CASE("the wgmma matmul's ping-pong schedule trains bit for bit like the cooperative one") {
     // n_embd 24: every forward GEMM of the tiny model (K and N multiples of 8) runs on the kernel
+    // (with fused_residual: under residual_in_matmul the projections take cuBLASLt for the add)
     Config c = train_config("bf16");
     c.kernels.matmul = "wgmma";
+    c.kernels.layernorm = "fused_residual";
     const auto co_b = make_backend("cuda", c);
     const auto co = train_steps(*co_b, c, 0, 20);
     c.kernels.matmul_wgmma_schedule = "pingpong";
