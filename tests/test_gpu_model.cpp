@@ -192,10 +192,23 @@ TEST_CASE("whole model in bf16: loss within 2e-2 and gradients within bf16 accum
     }
 }
 
+namespace {
+// o's kernels against GPT<double> in fp32 (the online head, 1e-5) and bf16 (the fast head, 5e-2),
+// untied with biases and tied without
+void compare_fp32_and_bf16(CudaModelOptions o, bool qk) {
+    for (DType p : {DType::f32, DType::bf16}) {
+        o.precision = p;
+        o.kernels.cross_entropy = p == DType::f32 ? "online" : "fast";
+        const double rtol = p == DType::f32 ? 1e-5 : 5e-2;
+        compare_model(tiny_config(false, true, qk), o, rtol);
+        compare_model(tiny_config(true, false, qk), o, rtol);
+    }
+}
+}  // namespace
+
 TEST_CASE("kernels.layernorm=residual_in_matmul: the model equals GPT<double> in fp32 and bf16") {
     // the projections add the residual stream in their GEMM (with every matmul variant: wgmma's
-    // projections go to cuBLASLt, separate's take the fused kernel), untied with biases and tied
-    // without, with and without qk_norm
+    // projections go to cuBLASLt, separate's take the fused kernel), with and without qk_norm
     for (const char* mm : {"fused_epilogue", "wgmma", "separate"})
         for (bool qk : {false, true}) {
             CAPTURE(mm);
@@ -203,20 +216,13 @@ TEST_CASE("kernels.layernorm=residual_in_matmul: the model equals GPT<double> in
             CudaModelOptions o;
             o.kernels.layernorm = "residual_in_matmul";
             o.kernels.matmul = mm;
-            o.precision = DType::f32;
-            o.kernels.cross_entropy = "online";
-            compare_model(tiny_config(false, true, qk), o, 1e-5);
-            compare_model(tiny_config(true, false, qk), o, 1e-5);
-            o.precision = DType::bf16;
-            o.kernels.cross_entropy = "fast";
-            compare_model(tiny_config(false, true, qk), o, 5e-2);
-            compare_model(tiny_config(true, false, qk), o, 5e-2);
+            compare_fp32_and_bf16(o, qk);
         }
 }
 
 TEST_CASE("kernels.fc_bias_in_dw: fc's bias gradient from its weight-gradient GEMM") {
-    // with every LayerNorm variant (each writes ln2 beside its column of ones its own way), in
-    // fp32 and bf16, untied with biases (tied without: no fc bias, the flag has no effect)
+    // with every LayerNorm variant (each writes ln2 beside its column of ones its own way); the
+    // tied configs have no biases, so there the flag must change nothing
     for (const char* ln : {"residual_in_matmul", "fused_residual", "separate"})
         for (bool on : {true, false}) {
             CAPTURE(ln);
@@ -224,13 +230,7 @@ TEST_CASE("kernels.fc_bias_in_dw: fc's bias gradient from its weight-gradient GE
             CudaModelOptions o;
             o.kernels.layernorm = ln;
             o.kernels.fc_bias_in_dw = on;
-            o.precision = DType::f32;
-            o.kernels.cross_entropy = "online";
-            compare_model(tiny_config(false, true, false), o, 1e-5);
-            o.precision = DType::bf16;
-            o.kernels.cross_entropy = "fast";
-            compare_model(tiny_config(false, true, false), o, 5e-2);
-            compare_model(tiny_config(true, false, false), o, 5e-2);
+            compare_fp32_and_bf16(o, false);
         }
 }
 
@@ -412,6 +412,17 @@ std::vector<double> train_steps(Backend& b, const Config& c, int64_t from, int64
     return losses;
 }
 
+// Two runs of c's 20 steps: the same bits, and within bf16 noise (2e-2) of the reference's losses.
+void check_trains_twice_like(const Config& c, const std::vector<double>& ref) {
+    const auto a = make_backend("cuda", c), b = make_backend("cuda", c);
+    const auto la = train_steps(*a, c, 0, 20), lb = train_steps(*b, c, 0, 20);
+    CHECK(la == lb);
+    for (size_t i = 0; i < ref.size(); i++) {
+        CAPTURE(i);
+        CHECK(close(la[i], ref[i], 2e-2, 0));
+    }
+}
+
 }  // namespace
 
 TEST_CASE("20 training steps: GPU fp32 tracks the CPU to 1e-4, bf16 to 2e-2") {
@@ -523,13 +534,7 @@ TEST_CASE(
         c.kernels = {};
         c.kernels.layernorm = "residual_in_matmul";
         c.kernels.matmul = mm;
-        const auto a = make_backend("cuda", c), b = make_backend("cuda", c);
-        const auto la = train_steps(*a, c, 0, 20), lb = train_steps(*b, c, 0, 20);
-        CHECK(la == lb);
-        for (size_t i = 0; i < ref.size(); i++) {
-            CAPTURE(i);
-            CHECK(close(la[i], ref[i], 2e-2, 0));
-        }
+        check_trains_twice_like(c, ref);
     }
 }
 
@@ -539,13 +544,7 @@ TEST_CASE("kernels.fc_bias_in_dw trains like the column-sum pass, and bit for bi
     const auto ref_b = make_backend("cuda", c);
     const auto ref = train_steps(*ref_b, c, 0, 20);
     c.kernels.fc_bias_in_dw = true;
-    const auto a = make_backend("cuda", c), b = make_backend("cuda", c);
-    const auto la = train_steps(*a, c, 0, 20), lb = train_steps(*b, c, 0, 20);
-    CHECK(la == lb);
-    for (size_t i = 0; i < ref.size(); i++) {
-        CAPTURE(i);
-        CHECK(close(la[i], ref[i], 2e-2, 0));
-    }
+    check_trains_twice_like(c, ref);
 }
 
 TEST_CASE("deterministic: two GPU runs are bit-identical and resume is bit-exact") {
