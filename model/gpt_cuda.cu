@@ -121,8 +121,7 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
     const cuda::AttentionShape shape{B, Tn, C, NH, opt.kernels.attention_tuning};
     residual.clear();
     layers.clear();
-    ln2_ld = fc_bias_in_dw ? C + 8 : C;
-    if (fc_bias_in_dw) fc_dw_scratch = f32(4 * C * ln2_ld);
+    if (fc_bias_in_dw) fc_dw_scratch = f32(4 * C * ln2_ld());
     for (int64_t l = 0; l <= L; l++) residual.push_back(res_act(BT * C));
     for (int64_t l = 0; l < L; l++) {
         Layer a;
@@ -140,8 +139,8 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
         a.att_saved = DeviceBuffer(attention->saved_bytes(shape));
         a.atty = act(BT * C);
         a.res_attn = res_act(BT * C);
-        a.ln2 = act(BT * ln2_ld);
-        if (ln2_ld > C) set_ones_column(a.ln2.get(), BT, C, ln2_ld, t);
+        a.ln2 = act(BT * ln2_ld());
+        if (fc_bias_in_dw) set_ones_column(a.ln2.get(), BT, C, ln2_ld(), t);
         a.ln2_mean = f32(BT);
         a.ln2_rstd = f32(BT);
         a.fch = act(BT * 4 * C);
@@ -302,15 +301,15 @@ bool GptCuda::Impl::linear_backward(void* dinp, const void* dout, const void* in
     // side stream also overlap the input-gradient GEMMs. Nor is fc's taken from the GELU' GEMM
     // (Epilogue::dgelu_bias_grad): that GEMM took 1638 us against 588 us plus 100 us for the
     // pass, and the step 115.1 against 106.7 ms (H200, bench_gemm and bench_train, e466be5).
-    if (inp_ones) {  // [N, K + 8] with the bias gradient in column K (written, beta 0)
+    if (inp_ones) {  // [N, K + kOnesPad] with the bias gradient in column K (written, beta 0)
         ZG_CHECK(b_idx >= 0 && fc_bias_in_dw, "linear_backward: a ones column without its bias");
         gw.D = fc_dw_scratch.get();
-        gw.N = K + 8;
+        gw.N = K + kOnesPad;
         gw.beta = 0.0f;
         cuda::gemm(gw, ws);  // the scratch is only used on ws: in stream order
         tick("matmul bwd dW");
-        cuda::add_weight_and_bias_grad(g(w_idx), g(b_idx), fc_dw_scratch.as<float>(), N, K, K + 8,
-                                       ws);
+        cuda::add_weight_and_bias_grad(g(w_idx), g(b_idx), fc_dw_scratch.as<float>(), N, K,
+                                       K + kOnesPad, ws);
         tick("bias bwd");  // with the weight gradient's add: what replaces the bias pass
         if (side) {
             mark_read(dout);
@@ -338,7 +337,6 @@ bool GptCuda::Impl::linear_backward(void* dinp, const void* dout, const void* in
 void GptCuda::Impl::add_norm(void* res_out, void* norm_out, float* mean, float* rstd, const void* a,
                              const void* b, int w_idx, int b_idx, int64_t N, int64_t C,
                              int64_t norm_ld) {
-    if (norm_ld == 0) norm_ld = C;
     // residual_in_matmul where its GEMM cannot take the add (fp32 residual stream, separate
     // epilogues) falls back to the fused kernel
     if (ln_variant != LayernormVariant::separate) {
@@ -355,7 +353,6 @@ void GptCuda::Impl::project_add_norm(void* res_out, void* norm_out, float* mean,
                                      const void* res_in, const void* inp, int w_idx, int b_idx,
                                      int64_t K, int ln_w, int ln_b, int64_t norm_ld) {
     const int64_t BT = B * Tn, C = cfg.n_embd;
-    if (norm_ld == 0) norm_ld = C;
     if (!residual_in_matmul()) {
         linear_forward(branch_out.get(), inp, w_idx, b_idx, BT, K, C);
         tick("matmul fwd");
@@ -431,9 +428,9 @@ void GptCuda::Impl::forward(const int32_t* host_tokens, int64_t b, int64_t tn) {
         tick("attention fwd");
         project_add_norm(a.res_attn.get(), a.ln2.get(), a.ln2_mean.as<float>(),
                          a.ln2_rstd.as<float>(), residual[l].get(), a.atty.get(), p.proj_w,
-                         p.proj_b, C, p.ln2_w, p.ln2_b, ln2_ld);
+                         p.proj_b, C, p.ln2_w, p.ln2_b, ln2_ld());
         void* gelu = opt.recompute_gelu ? gelu_tmp.get() : a.fch_gelu.get();
-        fc_gelu_forward(a.fch.get(), gelu, a.ln2.get(), p.fc_w, p.fc_b, BT, C, 4 * C, ln2_ld);
+        fc_gelu_forward(a.fch.get(), gelu, a.ln2.get(), p.fc_w, p.fc_b, BT, C, 4 * C, ln2_ld());
         tick("matmul fwd (fc + GELU)");
         const bool last = l == L - 1;
         project_add_norm(residual[l + 1].get(), last ? lnf.get() : layers[l + 1].ln1.get(),

@@ -65,10 +65,12 @@ struct GptCuda::Impl {
     const cuda::AttentionVariant* attention = nullptr;
     LayernormVariant ln_variant = LayernormVariant::fused_residual;  // resolved once
     // kernels.fc_bias_in_dw in effect (with biases and cuBLASLt's epilogues): ln2's rows are
-    // ln2_ld = C + 8 apart, column C holds ones and C + 1.. zeros, and fc's weight-gradient GEMM
-    // writes [4C, C + 8] into fc_dw_scratch, whose column C is fc's bias gradient
+    // ln2_ld() = C + kOnesPad apart, column C holds ones and C + 1.. zeros, and fc's
+    // weight-gradient GEMM writes [4C, C + kOnesPad] into fc_dw_scratch, whose column C is fc's
+    // bias gradient
     bool fc_bias_in_dw = false;
-    int64_t ln2_ld = 0;
+    static constexpr int64_t kOnesPad = 8;  // the ones column and 7 zeros: 16-byte bf16 rows
+    int64_t ln2_ld() const { return cfg.n_embd + (fc_bias_in_dw ? kOnesPad : 0); }
     DeviceBuffer fc_dw_scratch;
     MatmulVariant mm_variant = MatmulVariant::fused_epilogue;
     cuda::WgmmaSchedule wgmma_schedule = cuda::WgmmaSchedule::cooperative;  // with mm_variant wgmma
@@ -218,14 +220,15 @@ struct GptCuda::Impl {
     // whether it was (else the caller runs gelu_backward).
     // bias_parts: partial column sums of dout ([bias_part_rows, N]) that its producer wrote; the
     // bias gradient is then summed from them instead of from dout.
-    // inp_ones: inp's rows are K + 8 apart with ones in column K (fc under fc_bias_in_dw): dW and
-    // the bias gradient come from one GEMM over the K + 1 columns, through fc_dw_scratch.
+    // inp_ones: inp's rows are K + kOnesPad apart with ones in column K (fc under fc_bias_in_dw):
+    // dW and the bias gradient come from one GEMM over the K + 1 columns, through fc_dw_scratch.
     bool linear_backward(void* dinp, const void* dout, const void* inp, int w_idx, int b_idx,
                          int64_t M, int64_t K, int64_t N, const void* gelu_pre = nullptr,
                          bool head = false, const float* bias_parts = nullptr,
                          int64_t bias_part_rows = 0, bool inp_ones = false);
 
-    // res_out = a + b; norm_out = LayerNorm(res_out): fused or as two passes.
+    // res_out = a + b; norm_out = LayerNorm(res_out): fused or as two passes. norm_out's rows
+    // norm_ld apart (0: C, as the LayerNorm kernels read it).
     void add_norm(void* res_out, void* norm_out, float* mean, float* rstd, const void* a,
                   const void* b, int w_idx, int b_idx, int64_t N, int64_t C, int64_t norm_ld = 0);
 

@@ -170,6 +170,9 @@ void layernorm(const std::string& variant, const LayernormDims& s, DType t, DTyp
     // projection, x [N, K] P [C, K]^T + pb, whose GEMM adds a as its C operand, then LayerNorm
     // alone. (Over an fp32 stream of bf16 activations the model takes the fused kernel.)
     const bool in_matmul = variant == "residual_in_matmul" && t == r;
+    // the fused residual + LayerNorm kernel: fused_residual's, and residual_in_matmul's fallback
+    const bool fused_kernel =
+        !in_matmul && (variant == "fused_residual" || variant == "residual_in_matmul");
     constexpr int64_t K = 40;
     const auto x = in_matmul ? rnd(rng, N * K, t) : std::vector<double>{},
                proj = in_matmul ? rnd(rng, C * K, t, 0.3) : std::vector<double>{},
@@ -194,7 +197,7 @@ void layernorm(const std::string& variant, const LayernormDims& s, DType t, DTyp
         CHECK(da.get() == a);  // C is only read
         cuda::layernorm_forward(dout_.p, {1, C}, dmean.f(), drstd.f(), dres.p, {1, C}, dw.p,
                                 dbias.p, N, C, 1e-5, t, r, nullptr);
-    } else if (variant == "fused_residual" || variant == "residual_in_matmul") {
+    } else if (fused_kernel) {
         cuda::residual_layernorm_forward(dres.p, dout_.p, dmean.f(), drstd.f(), da.p, db.p, dw.p,
                                          dbias.p, N, C, 1e-5, t, r, nullptr);
     } else {
@@ -221,7 +224,7 @@ void layernorm(const std::string& variant, const LayernormDims& s, DType t, DTyp
         const int64_t ld = C + 8;
         std::vector<double> sentinel(N * ld, 3.0);
         DevT wide(t, sentinel), res2(r, N * C), m2(DType::f32, N), s2(DType::f32, N);
-        if (variant == "fused_residual" || (variant == "residual_in_matmul" && !in_matmul))
+        if (fused_kernel)
             cuda::residual_layernorm_forward(res2.p, wide.p, m2.f(), s2.f(), da.p, db.p, dw.p,
                                              dbias.p, N, C, 1e-5, t, r, nullptr, ld);
         else
