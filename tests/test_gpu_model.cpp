@@ -74,8 +74,12 @@ std::vector<int32_t> random_tokens(Rng& rng, int64_t n, int64_t V) {
 }
 
 // Compares the GPU model after forward + loss + backward with GPT<double> on the same weights.
+// With micro > 1 the GPU runs the batch as that many micro-batches of B / micro sequences into
+// one gradient (the trainer's gradient accumulation: zero_grad once, every backward adds), which
+// must give the reference's gradient of the whole batch.
 void compare_model(const ModelConfig& mc, const CudaModelOptions& o, double rtol, int64_t B = 2,
-                   int64_t T = 11) {
+                   int64_t T = 11, int64_t micro = 1) {
+    REQUIRE(B % micro == 0);
     Rng rng(7);
     GPT<double> ref(mc);
     ref.init_weights(11);
@@ -117,14 +121,21 @@ void compare_model(const ModelConfig& mc, const CudaModelOptions& o, double rtol
     GptCuda m(mc, o);
     m.set_params(pf.data());
     m.zero_grad();
-    m.forward(tokens.data(), B, T);
-    if (!is_linear_cross_entropy(o.kernels.cross_entropy)) {
-        const std::vector<float> lg = m.logits();
-        check_close("logits", std::vector<double>(lg.begin(), lg.end()), want_logits, o.precision,
-                    rtol);
+    CrossEntropySummary got;
+    const int64_t Bm = B / micro;
+    for (int64_t k = 0; k < micro; k++) {
+        m.forward(tokens.data() + k * Bm * T, Bm, T);
+        if (micro == 1 && !is_linear_cross_entropy(o.kernels.cross_entropy)) {
+            const std::vector<float> lg = m.logits();
+            check_close("logits", std::vector<double>(lg.begin(), lg.end()), want_logits,
+                        o.precision, rtol);
+        }
+        const CrossEntropySummary s = m.loss(targets.data() + k * Bm * T, ce, go, true);
+        m.backward();
+        got.n_valid += s.n_valid;
+        got.sum_loss += s.sum_loss;
+        got.sum_z_loss += s.sum_z_loss;
     }
-    const CrossEntropySummary got = m.loss(targets.data(), ce, go, true);
-    m.backward();
     CHECK(got.n_valid == want.n_valid);
     CHECK(close(got.sum_loss, want.sum_loss, rtol, 0));
     CHECK(close(got.sum_z_loss, want.sum_z_loss, rtol, 0));
@@ -232,6 +243,33 @@ TEST_CASE("kernels.fc_bias_in_dw: fc's bias gradient from its weight-gradient GE
             o.kernels.fc_bias_in_dw = on;
             compare_fp32_and_bf16(o, false);
         }
+}
+
+TEST_CASE("gradient accumulation: two micro-batches add up to the whole batch's gradient") {
+    // Every gradient writer must add into the gradients (zero_grad once a step), not overwrite
+    // them: the weight GEMMs (beta 1), fc's ones-column scratch, the bias sums, the LayerNorm and
+    // embedding backward, and each loss head's weight gradient. One sequence per micro-batch,
+    // against GPT<double> on both sequences at once, with the same tolerances as one batch
+    // (fp32 with the online head; bf16 with each head, the fused ones running only in bf16).
+    auto both_configs = [](const CudaModelOptions& o, double rtol) {
+        compare_model(tiny_config(false, true, true), o, rtol, 2, 11, 2);
+        compare_model(tiny_config(true, false, false), o, rtol, 2, 11, 2);
+    };
+    for (const char* ln : {"residual_in_matmul", "fused_residual"}) {
+        CAPTURE(ln);
+        CudaModelOptions o;
+        o.kernels.layernorm = ln;
+        o.precision = DType::f32;
+        o.kernels.cross_entropy = "online";
+        both_configs(o, 1e-5);
+        o.precision = DType::bf16;
+        for (const char* head :
+             {"fast", "fused_linear", "fused_linear_wgmma", "fused_linear_rows"}) {
+            CAPTURE(head);
+            o.kernels.cross_entropy = head;
+            both_configs(o, 5e-2);
+        }
+    }
 }
 
 TEST_CASE("whole model in bf16 at head size 64: tensor-core attention, qkv bias from its sums") {

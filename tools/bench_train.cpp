@@ -4,11 +4,18 @@
 //
 //   bench_train -c configs/gpt2-124m.yaml [--set kernels.cross_entropy=fused_linear]
 //               [--steps 40] [--from 10] [--data train_000000.bin] [--out result.json]
+//               [--timeline 3] [--ops]
 //
 // A step is what the trainer does: zero_grad, forward + loss + backward per micro-batch, the
 // global grad norm, clipping and AdamW, then a device sync. Steps --from..--steps are averaged,
 // and the board's power and SM clock are sampled over them (NVML; kernels/gpu_power.h): at the
 // power limit a step's time is its energy over that limit.
+//
+// --timeline N runs N more steps with CUPTI recording every kernel, copy and memset
+// (tools/gpu_timeline.h): how long the GPU was busy in each, how long it sat idle between its
+// first and last kernel (what launches, host synchronisations and a CUDA graph are about), the
+// longest of those gaps with their neighbours, and the kernels that took the time. --ops then
+// runs its two steps after those.
 #include <cuda_runtime.h>
 
 #include <CLI/CLI.hpp>
@@ -27,6 +34,7 @@
 #include "kernels/matmul.h"
 #include "kernels/registry.h"
 #include "model/gpt_cuda.h"
+#include "tools/gpu_timeline.h"
 #include "train/backend_init.h"
 #include "train/cli.h"
 #include "train/config.h"
@@ -34,6 +42,64 @@
 #include "train/trainer.h"
 
 using namespace zgpt;
+
+namespace {
+// Prints the recorded steps' timeline (means over the steps; the longest gaps of any step, the
+// kernels of the first) and returns it as JSON.
+nlohmann::json report_timeline(const GpuTimeline& tl, const std::vector<TimelineSummary>& r,
+                               const std::vector<double>& wall_ms) {
+    if (!tl.unavailable().empty() || r.empty()) {
+        std::printf("timeline not recorded: %s\n",
+                    tl.unavailable().empty() ? "no steps" : tl.unavailable().c_str());
+        return {{"unavailable", tl.unavailable()}};
+    }
+    double span = 0, busy = 0, idle = 0, wall = 0, kernels = 0, over5 = 0, dropped = 0;
+    std::vector<std::pair<int, TimelineGap>> gaps;  // (step, gap)
+    for (size_t i = 0; i < r.size(); i++) {
+        span += r[i].span_ms;
+        busy += r[i].busy_ms;
+        idle += r[i].idle_ms;
+        wall += wall_ms[i];
+        kernels += double(r[i].kernels + r[i].copies + r[i].memsets);
+        over5 += double(r[i].gaps_over_5us);
+        dropped += double(r[i].dropped);
+        for (const TimelineGap& g : r[i].largest_gaps) gaps.emplace_back(int(i), g);
+    }
+    const double n = double(r.size());
+    std::stable_sort(gaps.begin(), gaps.end(),
+                     [](const auto& a, const auto& b) { return a.second.us > b.second.us; });
+    if (gaps.size() > 8) gaps.resize(8);
+    std::printf(
+        "GPU timeline (CUPTI), means of %d steps: wall %.2f ms (host clock, from the first "
+        "launch to the final sync), GPU busy %.2f ms, first to last activity %.2f ms, idle "
+        "inside that %.3f ms (%.2f%%) in %.0f gaps over 5 us; %.0f kernels, copies and "
+        "memsets a step%s\n",
+        int(r.size()), wall / n, busy / n, span / n, idle / n, 100 * idle / span, over5 / n,
+        kernels / n, dropped > 0 ? " (CUPTI dropped records: the figures are low)" : "");
+    nlohmann::json jg = nlohmann::json::array();
+    for (const auto& [step, g] : gaps) {
+        std::printf("  idle %8.1f us at %7.2f ms of step %d: after %s, before %s\n", g.us, g.at_ms,
+                    step + 1, g.before.c_str(), g.after.c_str());
+        jg.push_back({{"us", g.us},
+                      {"at_ms", g.at_ms},
+                      {"step", step + 1},
+                      {"before", g.before},
+                      {"after", g.after}});
+    }
+    nlohmann::json jk = nlohmann::json::array();
+    std::printf("  kernels with the most time in the first recorded step (ms, calls):\n");
+    for (const TimelineKernel& k : r.front().top_kernels) {
+        std::printf("  %9.3f %5lld  %s\n", k.total_ms, (long long)k.calls, k.name.c_str());
+        jk.push_back({{"name", k.name}, {"calls", k.calls}, {"ms", k.total_ms}});
+    }
+    return {{"steps", r.size()},           {"wall_ms", wall / n},
+            {"busy_ms", busy / n},         {"span_ms", span / n},
+            {"idle_ms", idle / n},         {"idle_share", idle / span},
+            {"gaps_over_5us", over5 / n},  {"activities_per_step", kernels / n},
+            {"dropped_records", dropped},  {"largest_gaps", jg},
+            {"top_kernels_first_step", jk}};
+}
+}  // namespace
 
 int main(int argc, char** argv) {
     CLI::App app{"time CUDA training steps on random tokens"};
@@ -51,6 +117,11 @@ int main(int argc, char** argv) {
     app.add_option("--head-chunks", head_chunks,
                    "row chunks of the pipelined loss head (1: in one piece)");
     app.add_flag("--ops", ops, "time each op family (an event after every op) in one extra step");
+    int timeline_steps = 0;
+    app.add_option("--timeline", timeline_steps,
+                   "record N extra steps' kernels with CUPTI: busy and idle time, the longest "
+                   "idle gaps, the kernels with the most time")
+        ->check(CLI::Range(0, 100));
     std::string data;
     app.add_option("--data", data,
                    "a token shard (prepare_data's .bin): consecutive windows of its text instead "
@@ -98,13 +169,20 @@ int main(int argc, char** argv) {
         std::vector<double> step_ms, head_ms;
         double loss = 0;
         nlohmann::json op_table = nlohmann::json::array();
-        // --ops: two extra steps, not in the averages, the op table from the second (the first
-        // leaves the pipelined schedule for the one-stream one)
-        const int last = steps + (ops ? 2 : 0);
+        // --timeline: N extra steps, each recorded on its own (so the host's work between steps
+        // is not counted as idle); --ops: two more, not in the averages, the op table from the
+        // second (the first leaves the pipelined schedule for the one-stream one)
+        const int timeline_end = steps + timeline_steps;
+        const int last = timeline_end + (ops ? 2 : 0);
+        std::optional<GpuTimeline> timeline;
+        if (timeline_steps > 0) timeline.emplace();
+        std::vector<TimelineSummary> recorded;
+        std::vector<double> recorded_wall_ms;
         cuda::PowerSampler power;
         cuda::PowerSummary board;
         for (int step = 1; step <= last; step++) {
-            const bool op_step = step > steps;
+            const bool op_step = step > timeline_end;
+            const bool timeline_step = step > steps && !op_step;
             model.set_op_profiling(op_step);
             // The tokens are drawn before the clock starts: they stand for a data loader that
             // prepares the next batch while the GPU works (drawing 65,537 of them takes ~0.2 ms).
@@ -115,6 +193,7 @@ int main(int argc, char** argv) {
             }
             ZG_CUDA_CHECK(cudaDeviceSynchronize());
             if (step == from) power.start();
+            if (timeline_step) timeline->start();
             const auto t0 = std::chrono::steady_clock::now();
             model.zero_grad();
             double head = 0;
@@ -136,6 +215,11 @@ int main(int argc, char** argv) {
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
                     .count();
             if (step == steps) board = power.stop();
+            if (timeline_step) {
+                recorded.push_back(timeline->stop(8, 25));
+                recorded_wall_ms.push_back(ms);
+                continue;
+            }
             if (op_step) {
                 auto t2 = model.take_op_times();
                 if (step < last) continue;
@@ -174,6 +258,8 @@ int main(int argc, char** argv) {
                  ? 0.0
                  : double(B * T) * double(model.padded_vocab()) * dtype_bytes(mo.precision)) /
             1e9;
+        const nlohmann::json timeline_json =
+            timeline ? report_timeline(*timeline, recorded, recorded_wall_ms) : nlohmann::json();
         // before the summary, which stays the last line
         if (board.samples > 0)
             std::printf(
@@ -224,6 +310,7 @@ int main(int argc, char** argv) {
                              {"power_limit_w", board.limit_w},
                              {"sm_clock_mhz", board.sm_clock_mhz},
                              {"ops", op_table},
+                             {"timeline", timeline_json},
                              // kernels.matmul_search's picks (gemm_choices' text): which
                              // candidate each GEMM shape ran, to tell runs apart
                              {"gemm_choices", cuda::gemm_choices()}};

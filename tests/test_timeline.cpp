@@ -1,0 +1,70 @@
+// bench_train --timeline's summary (tools/gpu_timeline.h) on hand-made intervals: the busy time
+// is the union over streams, the idle gaps lie between busy stretches and name their neighbours,
+// and the kernel names are short. CUPTI itself runs only on a GPU machine (bench_train there).
+#include <doctest/doctest.h>
+
+#include "tools/gpu_timeline.h"
+
+using namespace zgpt;
+
+namespace {
+TimelineSummary summarise(const std::vector<TimelineInterval>& v, int gaps = 8, int top = 8) {
+    const std::vector<std::string> names = {"gemm", "softmax", "memset", "norm"};
+    TimelineSummary s;
+    summarise_intervals(v, names, gaps, top, s);
+    return s;
+}
+}  // namespace
+
+TEST_CASE("timeline: overlapping streams count once, gaps lie between busy stretches") {
+    // ns: gemm [0, 100) and softmax [50, 120) on two streams overlap; a 30 ns gap; memset
+    // [150, 160) inside nothing else; a 40 ns gap; norm [200, 300) with gemm [210, 250) inside it
+    const std::vector<TimelineInterval> v = {
+        {200, 300, 3}, {0, 100, 0}, {150, 160, 2}, {50, 120, 1}, {210, 250, 0}};
+    const TimelineSummary s = summarise(v);
+    CHECK(s.span_ms == doctest::Approx(300e-6));
+    CHECK(s.busy_ms == doctest::Approx((120 + 10 + 100) * 1e-6));
+    CHECK(s.idle_ms == doctest::Approx(70e-6));
+    REQUIRE(s.largest_gaps.size() == 2);
+    CHECK(s.largest_gaps[0].us == doctest::Approx(0.040));  // longest first
+    CHECK(s.largest_gaps[0].before == "memset");
+    CHECK(s.largest_gaps[0].after == "norm");
+    CHECK(s.largest_gaps[0].at_ms == doctest::Approx(160e-6));
+    CHECK(s.largest_gaps[1].us == doctest::Approx(0.030));
+    CHECK(s.largest_gaps[1].before == "softmax");  // it ends the first stretch, not gemm
+    CHECK(s.largest_gaps[1].after == "memset");
+    CHECK(s.gaps_over_5us == 0);
+    // per name: gemm twice (100 + 40 ns) is the longest
+    REQUIRE(s.top_kernels.size() == 4);
+    CHECK(s.top_kernels[0].name == "gemm");
+    CHECK(s.top_kernels[0].calls == 2);
+    CHECK(s.top_kernels[0].total_ms == doctest::Approx(140e-6));
+    CHECK(s.top_kernels[1].name == "norm");
+}
+
+TEST_CASE("timeline: back-to-back kernels leave no gap; long gaps are counted; lists are cut") {
+    // three kernels end to end, then a 10 us hole, then one more
+    const std::vector<TimelineInterval> v = {
+        {0, 1000, 0}, {1000, 2000, 1}, {2000, 3000, 0}, {13000, 14000, 3}};
+    const TimelineSummary s = summarise(v, 1, 2);
+    CHECK(s.busy_ms == doctest::Approx(4000e-6));
+    CHECK(s.idle_ms == doctest::Approx(10000e-6));
+    CHECK(s.gaps_over_5us == 1);
+    REQUIRE(s.largest_gaps.size() == 1);
+    CHECK(s.largest_gaps[0].before == "gemm");
+    CHECK(s.top_kernels.size() == 2);
+    const TimelineSummary none = summarise({});
+    CHECK(none.busy_ms == 0);
+    CHECK(none.largest_gaps.empty());
+}
+
+TEST_CASE("timeline: kernel names without templates, parameters or return types") {
+    // void zgpt::cuda::(anonymous namespace)::ln_bwd<64, true>(float*, int)
+    CHECK(short_kernel_name("_ZN4zgpt4cuda12_GLOBAL__N_16ln_bwdILi64ELb1EEEvPfi") ==
+          "zgpt::cuda::{anon}::ln_bwd");
+    // a plain C name (cuBLASLt's kernels are mostly these) stays as it is
+    CHECK(short_kernel_name("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64") ==
+          "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64");
+    CHECK(short_kernel_name(nullptr) == "?");
+    CHECK(short_kernel_name(std::string(200, 'k').c_str()).size() == 96);
+}

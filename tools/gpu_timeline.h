@@ -1,0 +1,79 @@
+// Every kernel, copy and memset the GPU ran between start() and stop(), from CUPTI's activity
+// records, reduced to what a step's schedule needs: how long the GPU was busy (the union of all
+// streams' intervals), where it sat idle between its first and last activity and next to which
+// kernels, and the kernels that took the time. The GPU machines have Nsight Compute but no Nsight
+// Systems; this is the timeline part of the latter, for bench_train --timeline.
+//
+// CUPTI (libcupti, part of the CUDA toolkit) is opened at run time, as NVML is in
+// kernels/gpu_power.cpp: without it bench_train still runs and unavailable() says why. Its records
+// must have the layout of the headers this was built with, so a CUPTI of another version is
+// refused by name. CUPTI's activity buffers are per process: one GpuTimeline at a time.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace zgpt {
+
+struct TimelineGap {
+    double us = 0;       // idle time between two activities (no stream running anything)
+    double at_ms = 0;    // where it starts, from the first activity
+    std::string before;  // the activity that ended last before the gap
+    std::string after;   // the one that started it again
+};
+
+struct TimelineKernel {
+    std::string name;  // demangled, without template and parameter lists
+    int64_t calls = 0;
+    double total_ms = 0;  // summed durations (streams overlap, so these can add up to > busy)
+};
+
+struct TimelineSummary {
+    int64_t kernels = 0, copies = 0, memsets = 0;  // records seen
+    int64_t dropped = 0;                           // records CUPTI could not keep
+    double span_ms = 0;                            // first activity's start to the last one's end
+    double busy_ms = 0;                            // union of all activity intervals
+    double idle_ms = 0;                            // span - busy: gaps with nothing running
+    int64_t gaps_over_5us = 0;                     // how many idle gaps exceed 5 us
+    std::vector<TimelineGap> largest_gaps;         // longest first
+    std::vector<TimelineKernel> top_kernels;       // by total time, longest first
+};
+
+class GpuTimeline {
+  public:
+    GpuTimeline();  // opens CUPTI; records nothing yet
+    ~GpuTimeline();
+    GpuTimeline(const GpuTimeline&) = delete;
+    GpuTimeline& operator=(const GpuTimeline&) = delete;
+
+    // empty when recording works
+    const std::string& unavailable() const { return why_; }
+    // clears what was recorded and starts recording kernels, copies and memsets
+    void start();
+    // stops recording (after the caller synchronised the device) and summarises what ran since
+    // start(): the `gaps` longest idle gaps and the `top` kernels with the most time
+    TimelineSummary stop(int gaps = 8, int top = 15);
+
+  private:
+    struct Cupti;
+    std::unique_ptr<Cupti> cupti_;
+    std::string why_;
+    bool on_ = false;
+};
+
+// A short kernel name: demangled, with template arguments and the parameter list dropped, and
+// the namespaces kept ("zgpt::cuda::(anonymous namespace)::ln_bwd", "sm90_xmma_gemm_...").
+std::string short_kernel_name(const char* mangled);
+
+// The pure part of stop(), tested on the CPU: [start, end) intervals in ns, each with a label.
+struct TimelineInterval {
+    uint64_t start = 0, end = 0;
+    int label = 0;  // index into the caller's names
+};
+// Fills span, busy, idle, gaps and the per-label totals of out (its record counts are the
+// caller's).
+void summarise_intervals(std::vector<TimelineInterval> v, const std::vector<std::string>& names,
+                         int gaps, int top, TimelineSummary& out);
+
+}  // namespace zgpt
