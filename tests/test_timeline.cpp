@@ -8,10 +8,12 @@
 using namespace zgpt;
 
 namespace {
-TimelineSummary summarise(const std::vector<TimelineInterval>& v, int gaps = 8, int top = 8) {
-    const std::vector<std::string> names = {"gemm", "softmax", "memset", "norm"};
+const std::vector<std::string> kNames = {"gemm", "softmax",         "memset",
+                                         "norm", "cudaMemcpyAsync", "cudaLaunchKernel"};
+TimelineSummary summarise(const std::vector<TimelineInterval>& v, int gaps = 8, int top = 8,
+                          const std::vector<TimelineInterval>& api = {}) {
     TimelineSummary s;
-    summarise_intervals(v, names, gaps, top, s);
+    summarise_intervals(v, api, kNames, gaps, top, s);
     return s;
 }
 }  // namespace
@@ -56,6 +58,23 @@ TEST_CASE("timeline: back-to-back kernels leave no gap; long gaps are counted; l
     const TimelineSummary none = summarise({});
     CHECK(none.busy_ms == 0);
     CHECK(none.largest_gaps.empty());
+}
+
+TEST_CASE("timeline: each gap names the host's runtime call that covered most of it") {
+    // GPU: [0, 1000) then [9000, 10000): an 8 us gap. Host: a launch [500, 2500) (1.5 us of the
+    // gap), a copy call [3000, 8500) (5.5 us of it), a launch after the gap
+    const std::vector<TimelineInterval> gpu = {{0, 1000, 0}, {9000, 10000, 3}};
+    const std::vector<TimelineInterval> api = {{500, 2500, 5}, {3000, 8500, 4}, {9500, 9600, 5}};
+    const TimelineSummary s = summarise(gpu, 8, 8, api);
+    REQUIRE(s.largest_gaps.size() == 1);
+    CHECK(s.largest_gaps[0].host_call == "cudaMemcpyAsync");
+    CHECK(s.largest_gaps[0].host_call_us == doctest::Approx(5.5));
+    CHECK(s.api_calls == 3);
+    CHECK(s.api_ms == doctest::Approx((2000 + 5500 + 100) * 1e-6));
+    // no host call inside a gap: none named
+    const TimelineSummary quiet = summarise(gpu, 8, 8, {{9500, 9600, 5}});
+    CHECK(quiet.largest_gaps[0].host_call.empty());
+    CHECK(quiet.largest_gaps[0].host_call_us == 0);
 }
 
 TEST_CASE("timeline: kernel names without templates, parameters or return types") {

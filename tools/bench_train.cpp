@@ -11,11 +11,12 @@
 // and the board's power and SM clock are sampled over them (NVML; kernels/gpu_power.h): at the
 // power limit a step's time is its energy over that limit.
 //
-// --timeline N runs N more steps with CUPTI recording every kernel, copy and memset
+// --timeline N runs N more steps with CUPTI recording every kernel, copy, memset and runtime call
 // (tools/gpu_timeline.h): how long the GPU was busy in each, how long it sat idle between its
 // first and last kernel (what launches, host synchronisations and a CUDA graph are about), the
-// longest of those gaps with their neighbours, and the kernels that took the time. --ops then
-// runs its two steps after those.
+// longest of those gaps with their neighbours and the host's runtime call during them, and the
+// kernels that took the time. Recording starts before those steps, with a synchronised no-op so
+// that CUPTI's own start-up is not in them. --ops then runs its two steps after those.
 #include <cuda_runtime.h>
 
 #include <CLI/CLI.hpp>
@@ -53,7 +54,7 @@ nlohmann::json report_timeline(const GpuTimeline& tl, const std::vector<Timeline
                     tl.unavailable().empty() ? "no steps" : tl.unavailable().c_str());
         return {{"unavailable", tl.unavailable()}};
     }
-    double span = 0, busy = 0, idle = 0, wall = 0, kernels = 0, over5 = 0, dropped = 0;
+    double span = 0, busy = 0, idle = 0, wall = 0, kernels = 0, over5 = 0, dropped = 0, api = 0;
     std::vector<std::pair<int, TimelineGap>> gaps;  // (step, gap)
     for (size_t i = 0; i < r.size(); i++) {
         span += r[i].span_ms;
@@ -62,7 +63,8 @@ nlohmann::json report_timeline(const GpuTimeline& tl, const std::vector<Timeline
         wall += wall_ms[i];
         kernels += double(r[i].kernels + r[i].copies + r[i].memsets);
         over5 += double(r[i].gaps_over_5us);
-        dropped += double(r[i].dropped);
+        dropped = double(r[i].dropped);  // CUPTI's count for the whole recording
+        api += r[i].api_ms;
         for (const TimelineGap& g : r[i].largest_gaps) gaps.emplace_back(int(i), g);
     }
     const double n = double(r.size());
@@ -73,18 +75,33 @@ nlohmann::json report_timeline(const GpuTimeline& tl, const std::vector<Timeline
         "GPU timeline (CUPTI), means of %d steps: wall %.2f ms (host clock, from the first "
         "launch to the final sync), GPU busy %.2f ms, first to last activity %.2f ms, idle "
         "inside that %.3f ms (%.2f%%) in %.0f gaps over 5 us; %.0f kernels, copies and "
-        "memsets a step%s\n",
+        "memsets a step; the host %.2f ms inside CUDA runtime calls%s\n",
         int(r.size()), wall / n, busy / n, span / n, idle / n, 100 * idle / span, over5 / n,
-        kernels / n, dropped > 0 ? " (CUPTI dropped records: the figures are low)" : "");
+        kernels / n, api / n, dropped > 0 ? " (CUPTI dropped records: the figures are low)" : "");
+    nlohmann::json steps_detail = nlohmann::json::array();
+    for (size_t i = 0; i < r.size(); i++) {
+        std::printf("  step %zu: wall %.2f, busy %.2f, first to last activity %.2f, idle %.3f ms\n",
+                    i + 1, wall_ms[i], r[i].busy_ms, r[i].span_ms, r[i].idle_ms);
+        steps_detail.push_back({{"wall_ms", wall_ms[i]},
+                                {"busy_ms", r[i].busy_ms},
+                                {"span_ms", r[i].span_ms},
+                                {"idle_ms", r[i].idle_ms},
+                                {"host_runtime_call_ms", r[i].api_ms}});
+    }
     nlohmann::json jg = nlohmann::json::array();
     for (const auto& [step, g] : gaps) {
-        std::printf("  idle %8.1f us at %7.2f ms of step %d: after %s, before %s\n", g.us, g.at_ms,
-                    step + 1, g.before.c_str(), g.after.c_str());
+        std::printf(
+            "  idle %8.1f us at %7.2f ms of step %d: after %s, before %s; the host in %s "
+            "for %.1f us of it\n",
+            g.us, g.at_ms, step + 1, g.before.c_str(), g.after.c_str(),
+            g.host_call.empty() ? "no runtime call" : g.host_call.c_str(), g.host_call_us);
         jg.push_back({{"us", g.us},
                       {"at_ms", g.at_ms},
                       {"step", step + 1},
                       {"before", g.before},
-                      {"after", g.after}});
+                      {"after", g.after},
+                      {"host_call", g.host_call},
+                      {"host_call_us", g.host_call_us}});
     }
     nlohmann::json jk = nlohmann::json::array();
     std::printf("  kernels with the most time in the first recorded step (ms, calls):\n");
@@ -92,12 +109,21 @@ nlohmann::json report_timeline(const GpuTimeline& tl, const std::vector<Timeline
         std::printf("  %9.3f %5lld  %s\n", k.total_ms, (long long)k.calls, k.name.c_str());
         jk.push_back({{"name", k.name}, {"calls", k.calls}, {"ms", k.total_ms}});
     }
-    return {{"steps", r.size()},           {"wall_ms", wall / n},
-            {"busy_ms", busy / n},         {"span_ms", span / n},
-            {"idle_ms", idle / n},         {"idle_share", idle / span},
-            {"gaps_over_5us", over5 / n},  {"activities_per_step", kernels / n},
-            {"dropped_records", dropped},  {"largest_gaps", jg},
-            {"top_kernels_first_step", jk}};
+    nlohmann::json j;
+    j["steps"] = r.size();
+    j["wall_ms"] = wall / n;
+    j["busy_ms"] = busy / n;
+    j["span_ms"] = span / n;
+    j["idle_ms"] = idle / n;
+    j["idle_share"] = idle / span;
+    j["gaps_over_5us"] = over5 / n;
+    j["activities_per_step"] = kernels / n;
+    j["host_runtime_call_ms"] = api / n;
+    j["dropped_records"] = dropped;
+    j["steps_detail"] = steps_detail;
+    j["largest_gaps"] = jg;
+    j["top_kernels_first_step"] = jk;
+    return j;
 }
 }  // namespace
 
@@ -169,9 +195,9 @@ int main(int argc, char** argv) {
         std::vector<double> step_ms, head_ms;
         double loss = 0;
         nlohmann::json op_table = nlohmann::json::array();
-        // --timeline: N extra steps, each recorded on its own (so the host's work between steps
-        // is not counted as idle); --ops: two more, not in the averages, the op table from the
-        // second (the first leaves the pipelined schedule for the one-stream one)
+        // --timeline: N extra steps, recorded together and summarised one by one (so the host's
+        // work between steps is not counted as idle); --ops: two more, not in the averages, the op
+        // table from the second (the first leaves the pipelined schedule for the one-stream one)
         const int timeline_end = steps + timeline_steps;
         const int last = timeline_end + (ops ? 2 : 0);
         std::optional<GpuTimeline> timeline;
@@ -193,7 +219,16 @@ int main(int argc, char** argv) {
             }
             ZG_CUDA_CHECK(cudaDeviceSynchronize());
             if (step == from) power.start();
-            if (timeline_step) timeline->start();
+            if (timeline_step && step == steps + 1) {
+                timeline->start();
+                // CUPTI sets itself up at the first calls after it starts: not inside a step
+                void* probe = nullptr;
+                ZG_CUDA_CHECK(cudaMalloc(&probe, 256));
+                ZG_CUDA_CHECK(cudaMemsetAsync(probe, 0, 256));
+                ZG_CUDA_CHECK(cudaDeviceSynchronize());
+                ZG_CUDA_CHECK(cudaFree(probe));
+            }
+            if (timeline_step) timeline->mark();
             const auto t0 = std::chrono::steady_clock::now();
             model.zero_grad();
             double head = 0;
@@ -216,8 +251,8 @@ int main(int argc, char** argv) {
                     .count();
             if (step == steps) board = power.stop();
             if (timeline_step) {
-                recorded.push_back(timeline->stop(8, 25));
                 recorded_wall_ms.push_back(ms);
+                if (step == timeline_end) recorded = timeline->stop(8, 25);
                 continue;
             }
             if (op_step) {

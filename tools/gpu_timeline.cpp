@@ -6,6 +6,7 @@
 #include <cupti_version.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -51,7 +52,18 @@ const char* copy_name(uint8_t kind) {
 }
 
 const CUpti_ActivityKind kKinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
-                                     CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET};
+                                     CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET,
+                                     CUPTI_ACTIVITY_KIND_RUNTIME};
+
+// "cudaMemcpyAsync_v3020" -> "cudaMemcpyAsync"
+std::string api_name(const char* n) {
+    std::string s = n != nullptr ? n : "cuda?";
+    const size_t v = s.rfind("_v");
+    if (v != std::string::npos && v + 2 < s.size() &&
+        s.find_first_not_of("0123456789", v + 2) == std::string::npos)
+        s.erase(v);
+    return s;
+}
 
 }  // namespace
 
@@ -64,6 +76,8 @@ struct GpuTimeline::Cupti {
     decltype(&cuptiActivityGetNextRecord) next_record = nullptr;
     decltype(&cuptiActivityGetNumDroppedRecords) dropped = nullptr;
     decltype(&cuptiGetVersion) version = nullptr;
+    decltype(&cuptiGetTimestamp) timestamp = nullptr;
+    decltype(&cuptiGetCallbackName) callback_name = nullptr;
     ~Cupti() {
         if (lib != nullptr) dlclose(lib);
     }
@@ -92,6 +106,8 @@ GpuTimeline::GpuTimeline() : cupti_(std::make_unique<Cupti>()) {
     sym(cupti_->next_record, "cuptiActivityGetNextRecord");
     sym(cupti_->dropped, "cuptiActivityGetNumDroppedRecords");
     sym(cupti_->version, "cuptiGetVersion");
+    sym(cupti_->timestamp, "cuptiGetTimestamp");
+    sym(cupti_->callback_name, "cuptiGetCallbackName");
     if (!why_.empty()) return;
     uint32_t v = 0;
     cupti_->version(&v);
@@ -115,6 +131,7 @@ void GpuTimeline::start() {
     if (!why_.empty()) return;
     cupti_->flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);  // drop what came before
     for (auto& [b, n] : take_buffers()) std::free(b);
+    marks_.clear();
     for (CUpti_ActivityKind k : kKinds)
         if (cupti_->enable(k) != CUPTI_SUCCESS) {
             why_ = "cuptiActivityEnable failed (another profiler attached?)";
@@ -123,13 +140,22 @@ void GpuTimeline::start() {
     on_ = true;
 }
 
-TimelineSummary GpuTimeline::stop(int gaps, int top) {
-    TimelineSummary out;
-    if (!on_) return out;
+void GpuTimeline::mark() {
+    uint64_t t = 0;
+    if (on_ && cupti_->timestamp(&t) == CUPTI_SUCCESS) marks_.push_back(t);
+}
+
+std::vector<TimelineSummary> GpuTimeline::stop(int gaps, int top) {
+    if (!on_) return {};
     for (CUpti_ActivityKind k : kKinds) cupti_->disable(k);
     on_ = false;
     cupti_->flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
-    std::vector<TimelineInterval> v;
+    enum Kind { gpu_kernel, gpu_copy, gpu_memset, host_call };
+    struct Rec {
+        TimelineInterval iv;
+        Kind kind;
+    };
+    std::vector<Rec> recs;
     std::vector<std::string> names;
     std::map<std::string, int> label_of;  // names copied: CUPTI's strings are its own
     auto label = [&](const std::string& n) {
@@ -142,23 +168,45 @@ TimelineSummary GpuTimeline::stop(int gaps, int top) {
         while (cupti_->next_record(buf, valid, &r) == CUPTI_SUCCESS) {
             if (r->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
                 const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(r);
-                v.push_back({k->start, k->end, label(short_kernel_name(k->name))});
-                out.kernels++;
+                recs.push_back({{k->start, k->end, label(short_kernel_name(k->name))}, gpu_kernel});
             } else if (r->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
                 const auto* c = reinterpret_cast<const CUpti_ActivityMemcpy6*>(r);
-                v.push_back({c->start, c->end, label(copy_name(c->copyKind))});
-                out.copies++;
+                recs.push_back({{c->start, c->end, label(copy_name(c->copyKind))}, gpu_copy});
             } else if (r->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
                 const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(r);
-                v.push_back({m->start, m->end, label("memset")});
-                out.memsets++;
+                recs.push_back({{m->start, m->end, label("memset")}, gpu_memset});
+            } else if (r->kind == CUPTI_ACTIVITY_KIND_RUNTIME) {
+                const auto* a = reinterpret_cast<const CUpti_ActivityAPI*>(r);
+                const char* n = nullptr;
+                cupti_->callback_name(CUPTI_CB_DOMAIN_RUNTIME_API, a->cbid, &n);
+                recs.push_back({{a->start, a->end, label(api_name(n))}, host_call});
             }
         }
         std::free(buf);
     }
     size_t dropped = 0;
-    if (cupti_->dropped(nullptr, 0, &dropped) == CUPTI_SUCCESS) out.dropped = int64_t(dropped);
-    summarise_intervals(std::move(v), names, gaps, top, out);
+    if (cupti_->dropped(nullptr, 0, &dropped) != CUPTI_SUCCESS) dropped = 0;
+    // windows: [mark k, mark k + 1), the last one open; without marks, one window of everything
+    std::vector<uint64_t> bounds = marks_.empty() ? std::vector<uint64_t>{0} : marks_;
+    std::vector<TimelineSummary> out(bounds.size());
+    std::vector<std::vector<TimelineInterval>> gpu(bounds.size()), host(bounds.size());
+    for (const Rec& r : recs) {
+        const auto up = std::upper_bound(bounds.begin(), bounds.end(), r.iv.start);
+        if (up == bounds.begin()) continue;  // before the first mark
+        const size_t w = size_t(up - bounds.begin()) - 1;
+        if (r.kind == host_call) {
+            host[w].push_back(r.iv);
+            continue;
+        }
+        gpu[w].push_back(r.iv);
+        (r.kind == gpu_kernel ? out[w].kernels
+         : r.kind == gpu_copy ? out[w].copies
+                              : out[w].memsets)++;
+    }
+    for (size_t w = 0; w < bounds.size(); w++) {
+        out[w].dropped = int64_t(dropped);
+        summarise_intervals(std::move(gpu[w]), host[w], names, gaps, top, out[w]);
+    }
     return out;
 }
 

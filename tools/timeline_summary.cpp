@@ -31,10 +31,13 @@ std::string short_kernel_name(const char* mangled) {
     return out.empty() ? s.substr(0, 96) : out;
 }
 
-void summarise_intervals(std::vector<TimelineInterval> v, const std::vector<std::string>& names,
-                         int gaps, int top, TimelineSummary& out) {
-    out.span_ms = out.busy_ms = out.idle_ms = 0;
+void summarise_intervals(std::vector<TimelineInterval> v, const std::vector<TimelineInterval>& api,
+                         const std::vector<std::string>& names, int gaps, int top,
+                         TimelineSummary& out) {
+    out.span_ms = out.busy_ms = out.idle_ms = out.api_ms = 0;
     out.gaps_over_5us = 0;
+    out.api_calls = int64_t(api.size());
+    for (const TimelineInterval& a : api) out.api_ms += double(a.end - a.start) / 1e6;
     out.largest_gaps.clear();
     out.top_kernels.clear();
     if (v.empty()) return;
@@ -52,8 +55,16 @@ void summarise_intervals(std::vector<TimelineInterval> v, const std::vector<std:
         pl.second += i.end > i.start ? i.end - i.start : 0;
         if (i.start > cur_end) {  // nothing ran in [cur_end, i.start)
             const double us = double(i.start - cur_end) / 1e3;
-            all.push_back({us, double(cur_end - first) / 1e6, names.at(size_t(last)),
-                           names.at(size_t(i.label))});
+            TimelineGap g{us, double(cur_end - first) / 1e6, names.at(size_t(last)),
+                          names.at(size_t(i.label))};
+            for (const TimelineInterval& a : api) {  // the host call covering most of the gap
+                const uint64_t lo = std::max(a.start, cur_end), hi = std::min(a.end, i.start);
+                if (hi > lo && double(hi - lo) / 1e3 > g.host_call_us) {
+                    g.host_call = names.at(size_t(a.label));
+                    g.host_call_us = double(hi - lo) / 1e3;
+                }
+            }
+            all.push_back(std::move(g));
             if (us > 5) out.gaps_over_5us++;
             busy += cur_end - cur_start;
             cur_start = i.start;
