@@ -84,6 +84,7 @@ GptCuda::Impl::~Impl() {
     if (fork_ev) cudaEventDestroy(fork_ev);
     if (join_ev) cudaEventDestroy(join_ev);
     if (group_tokens_ev) cudaEventDestroy(group_tokens_ev);
+    if (summary_ev) cudaEventDestroy(summary_ev);
     if (ready_main_ev) cudaEventDestroy(ready_main_ev);
     if (ready_side_ev) cudaEventDestroy(ready_side_ev);
     for (cudaEvent_t e : chunk_ev) cudaEventDestroy(e);
@@ -698,6 +699,24 @@ CrossEntropySummary GptCuda::loss(const int32_t* targets, const CrossEntropyOpti
 }
 void GptCuda::backward() {
     impl_->backward();
+}
+CrossEntropySummary GptCuda::forward_loss_backward(const int32_t* tokens, const int32_t* targets,
+                                                   int64_t B, int64_t Tn,
+                                                   const CrossEntropyOptions& opts,
+                                                   double grad_output) {
+    Impl& im = *impl_;
+    im.forward(tokens, B, Tn);
+    im.defer_summary = true;
+    CrossEntropySummary s;
+    try {
+        s = im.loss(targets, opts, grad_output, true);
+    } catch (...) {
+        im.defer_summary = false;
+        throw;
+    }
+    im.defer_summary = false;
+    im.backward();
+    return im.pending_chunks > 0 ? im.take_summary() : s;  // the vocab-parallel head did not defer
 }
 void GptCuda::set_vocab_group(VocabGroup group) {
     ZG_CHECK(group.size >= 1 && group.rank >= 0 && group.rank < group.size,

@@ -77,6 +77,14 @@ class GptCuda {
     CrossEntropySummary loss(const int32_t* targets, const CrossEntropyOptions& opts,
                              double grad_output, bool compute_grad);
     void backward();  // adds into the gradient arena
+    // forward(), loss(..., compute_grad=true) and backward() of one micro-batch, as the trainer
+    // runs them, with the same bits; but the host queues the backward pass before it waits for
+    // the loss summary, so the GPU does not sit idle between the head and the backward pass while
+    // the host reads the loss and launches again (0.1-0.25 ms a GPT-2 step, bench_train
+    // --timeline). The vocab-parallel head waits inside loss() as before (its collectives).
+    CrossEntropySummary forward_loss_backward(const int32_t* tokens, const int32_t* targets,
+                                              int64_t B, int64_t Tn,
+                                              const CrossEntropyOptions& opts, double grad_output);
     // Vocab parallel (size > 1, options.vocab_parts): the vocabulary tables hold this rank's
     // rows [v0, v0 + V / size) only (uneven when V does not divide). forward() takes the token
     // rows from the group's shards (all-gather of the tokens, a masked lookup, a reduce-scatter)

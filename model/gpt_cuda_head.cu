@@ -3,6 +3,7 @@
 // (embed_from_shards()) stays in gpt_cuda.cu: it is part of the forward pass, not of the head.
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "model/gpt_cuda_impl.h"
 
@@ -85,12 +86,24 @@ CrossEntropySummary GptCuda::Impl::loss(const int32_t* host_targets, const Cross
     }
     ZG_CUDA_CHECK(cudaMemcpyAsync(h_summary.get(), sum, chunks * sizeof(cuda::LossSummaryF),
                                   cudaMemcpyDeviceToHost, stream));
-    ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
-    const cuda::LossSummaryF f = combine_summaries(h_summary.get(), chunks);
     have_logits = compute_grad ? have_logits : false;
-    const CrossEntropySummary s = to_summary(f);
     grads_ready = compute_grad;
-    return s;
+    if (defer_summary) {
+        if (!summary_ev)
+            ZG_CUDA_CHECK(cudaEventCreateWithFlags(&summary_ev, cudaEventDisableTiming));
+        ZG_CUDA_CHECK(cudaEventRecord(summary_ev, stream));
+        pending_chunks = chunks;
+        return {};
+    }
+    ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return to_summary(combine_summaries(h_summary.get(), chunks));
+}
+
+CrossEntropySummary GptCuda::Impl::take_summary() {
+    ZG_CHECK(pending_chunks > 0, "take_summary: no loss summary on its way");
+    ZG_CUDA_CHECK(cudaEventSynchronize(summary_ev));
+    const int64_t chunks = std::exchange(pending_chunks, 0);
+    return to_summary(combine_summaries(h_summary.get(), chunks));
 }
 
 CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bool compute_grad) {

@@ -265,6 +265,12 @@ struct GptCuda::Impl {
     CrossEntropySummary loss(const int32_t* host_targets, const CrossEntropyOptions& o,
                              double grad_output, bool compute_grad);
     bool grads_ready = false;
+    // With defer_summary, loss() leaves its summary on the way to h_summary (summary_ev) and
+    // returns an empty one; take_summary() waits for it (forward_loss_backward()).
+    bool defer_summary = false;
+    int64_t pending_chunks = 0;  // > 0 while a deferred summary is on its way
+    cudaEvent_t summary_ev = nullptr;
+    CrossEntropySummary take_summary();
 
     // Rows of the LM head that vocab-parallel rank r owns: contiguous, the first V % size ranks
     // one more (train/vocab_parallel_head.h splits the same way).

@@ -272,6 +272,60 @@ TEST_CASE("gradient accumulation: two micro-batches add up to the whole batch's 
     }
 }
 
+TEST_CASE(
+    "forward_loss_backward (the loss read after the backward is queued) has the bits of "
+    "forward, loss and backward") {
+    // the trainer's call defers the host's wait for the loss summary; nothing on the GPU changes.
+    // Two micro-batches into one gradient, through one-chunk, chunked and fused heads.
+    struct Case {
+        const char* head;
+        DType p;
+        int64_t B, T;
+    };
+    for (const Case& c :
+         {Case{"online", DType::f32, 2, 11}, Case{"fast", DType::bf16, 2, 11},
+          Case{"fast", DType::bf16, 256, 16}, Case{"fused_linear", DType::bf16, 2, 11},
+          Case{"fused_linear_rows", DType::bf16, 2, 11}}) {
+        CAPTURE(c.head);
+        CAPTURE(c.B);
+        const ModelConfig mc = tiny_config(false, true, true);
+        CudaModelOptions o;
+        o.precision = c.p;
+        o.kernels.cross_entropy = c.head;
+        GptCuda a(mc, o), b(mc, o);
+        std::vector<float> w(size_t(a.num_parameters()));
+        Rng rng(5);
+        for (float& x : w) x = 0.02f * float(rng.normal());
+        a.set_params(w.data());
+        b.set_params(w.data());
+        CrossEntropyOptions ce;
+        ce.z_loss_weight = 1e-3;
+        ce.reduction = Reduction::sum;
+        const double go = 1.0 / double(2 * c.B * c.T);
+        a.zero_grad();
+        b.zero_grad();
+        for (int micro = 0; micro < 2; micro++) {
+            const auto x = random_tokens(rng, c.B * c.T, mc.vocab_size);
+            const auto y = random_tokens(rng, c.B * c.T, mc.vocab_size);
+            a.forward(x.data(), c.B, c.T);
+            const CrossEntropySummary sa = a.loss(y.data(), ce, go, true);
+            a.backward();
+            const CrossEntropySummary sb =
+                b.forward_loss_backward(x.data(), y.data(), c.B, c.T, ce, go);
+            CHECK(sb.n_valid == sa.n_valid);
+            CHECK(sb.sum_loss == sa.sum_loss);
+            CHECK(sb.sum_ce == sa.sum_ce);
+            CHECK(sb.sum_z_loss == sa.sum_z_loss);
+            CHECK(sb.sum_lse == sa.sum_lse);
+            CHECK(sb.max_logit == sa.max_logit);
+        }
+        std::vector<float> ga(w.size()), gb(w.size());
+        a.get_grads(ga.data());
+        b.get_grads(gb.data());
+        CHECK(ga == gb);
+    }
+}
+
 TEST_CASE("whole model in bf16 at head size 64: tensor-core attention, qkv bias from its sums") {
     // The tiny config's head size 8 takes the generic attention kernels; head size 64 in bf16
     // takes the tensor-core ones (flash: wgmma on Hopper; flash_mma: mma.sync), whose backward

@@ -6,8 +6,9 @@
 //               [--steps 40] [--from 10] [--data train_000000.bin] [--out result.json]
 //               [--timeline 3] [--ops]
 //
-// A step is what the trainer does: zero_grad, forward + loss + backward per micro-batch, the
-// global grad norm, clipping and AdamW, then a device sync. Steps --from..--steps are averaged,
+// A step is what the trainer does: zero_grad, forward + loss + backward per micro-batch (the
+// trainer's call, GptCuda::forward_loss_backward), the global grad norm, clipping and AdamW,
+// then a device sync. Steps --from..--steps are averaged,
 // and the board's power and SM clock are sampled over them (NVML; kernels/gpu_power.h): at the
 // power limit a step's time is its energy over that limit.
 //
@@ -143,6 +144,11 @@ int main(int argc, char** argv) {
     app.add_option("--head-chunks", head_chunks,
                    "row chunks of the pipelined loss head (1: in one piece)");
     app.add_flag("--ops", ops, "time each op family (an event after every op) in one extra step");
+    bool separate_calls = false;
+    app.add_flag("--separate-calls", separate_calls,
+                 "forward, loss and backward as three calls, the host waiting for the loss before "
+                 "it queues the backward pass (the schedule before forward_loss_backward), to "
+                 "compare");
     int timeline_steps = 0;
     app.add_option("--timeline", timeline_steps,
                    "record N extra steps' kernels with CUPTI: busy and idle time, the longest "
@@ -232,13 +238,22 @@ int main(int argc, char** argv) {
             const auto t0 = std::chrono::steady_clock::now();
             model.zero_grad();
             double head = 0;
+            // The trainer's micro-batch call; the head's events are read once the step is done
+            // (head_ms() waits for the stream), or after each micro-batch when there are several
+            // (each records them again), which leaves that wait in the step.
+            const bool accumulating = cfg.train.grad_accum > 1 || separate_calls;
             for (int a = 0; a < cfg.train.grad_accum; a++) {
                 const int32_t* xa = x.data() + size_t(a) * size_t(B * T + 1);
-                model.forward(xa, B, T);
-                const CrossEntropySummary s =
-                    model.loss(xa + 1, o, 1.0 / double(tokens_per_step), true);
-                model.backward();
-                head += model.head_ms();
+                const double go = 1.0 / double(tokens_per_step);
+                CrossEntropySummary s;
+                if (separate_calls) {
+                    model.forward(xa, B, T);
+                    s = model.loss(xa + 1, o, go, true);
+                    model.backward();
+                } else {
+                    s = model.forward_loss_backward(xa, xa + 1, B, T, o, go);
+                }
+                if (accumulating) head += model.head_ms();
                 loss = s.sum_loss / double(s.n_valid);
             }
             const double norm = model.grad_norm();
@@ -249,6 +264,7 @@ int main(int argc, char** argv) {
             const double ms =
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
                     .count();
+            if (!accumulating) head = model.head_ms();
             if (step == steps) board = power.stop();
             if (timeline_step) {
                 recorded_wall_ms.push_back(ms);

@@ -17,9 +17,16 @@ namespace zgpt {
 namespace {
 
 // CUPTI asks for buffers and hands them back full through C callbacks, from its own threads as
-// well: they are collected here, one list per process.
-std::mutex g_mu;
-std::vector<std::pair<uint8_t*, size_t>> g_done;  // full buffers and their valid bytes
+// well, and at process exit: they are collected here, one list per process, never destroyed (a
+// callback from CUPTI's exit handler must not find it gone).
+struct Buffers {
+    std::mutex mu;
+    std::vector<std::pair<uint8_t*, size_t>> done;  // full buffers and their valid bytes
+};
+Buffers& buffers() {
+    static Buffers* b = new Buffers;
+    return *b;
+}
 constexpr size_t kBufferBytes = size_t(8) << 20;
 
 void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
@@ -29,13 +36,13 @@ void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_recor
 }
 
 void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
-    std::lock_guard<std::mutex> lk(g_mu);
-    g_done.emplace_back(buffer, valid);
+    std::lock_guard<std::mutex> lk(buffers().mu);
+    buffers().done.emplace_back(buffer, valid);
 }
 
 std::vector<std::pair<uint8_t*, size_t>> take_buffers() {
-    std::lock_guard<std::mutex> lk(g_mu);
-    return std::exchange(g_done, {});
+    std::lock_guard<std::mutex> lk(buffers().mu);
+    return std::exchange(buffers().done, {});
 }
 
 const char* copy_name(uint8_t kind) {
@@ -78,9 +85,8 @@ struct GpuTimeline::Cupti {
     decltype(&cuptiGetVersion) version = nullptr;
     decltype(&cuptiGetTimestamp) timestamp = nullptr;
     decltype(&cuptiGetCallbackName) callback_name = nullptr;
-    ~Cupti() {
-        if (lib != nullptr) dlclose(lib);
-    }
+    // lib stays loaded: CUPTI has hooked the driver, which calls into it until the process ends
+    // (closing it made bench_train crash at exit)
 };
 
 GpuTimeline::GpuTimeline() : cupti_(std::make_unique<Cupti>()) {
@@ -122,8 +128,10 @@ GpuTimeline::GpuTimeline() : cupti_(std::make_unique<Cupti>()) {
 }
 
 GpuTimeline::~GpuTimeline() {
-    if (on_)
+    if (on_) {
         for (CUpti_ActivityKind k : kKinds) cupti_->disable(k);
+        cupti_->flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    }
     for (auto& [b, n] : take_buffers()) std::free(b);
 }
 

@@ -94,10 +94,7 @@ class CudaBackend final : public Backend {
     CrossEntropySummary train_micro_batch(const int32_t* inputs, const int32_t* targets, int64_t B,
                                           int64_t T, const CrossEntropyOptions& opts,
                                           double grad_output) override {
-        model_.forward(inputs, B, T);
-        const CrossEntropySummary s = model_.loss(targets, opts, grad_output, true);
-        model_.backward();
-        return s;
+        return model_.forward_loss_backward(inputs, targets, B, T, opts, grad_output);
     }
     CrossEntropySummary evaluate(const int32_t* inputs, const int32_t* targets, int64_t B,
                                  int64_t T, const CrossEntropyOptions& opts) override {
