@@ -13,6 +13,7 @@ CrossEntropySummary GptCuda::Impl::loss(const int32_t* host_targets, const Cross
                                         double grad_output, bool compute_grad) {
     ZG_CHECK(have_logits, "loss() needs a forward() first");
     validate(o);
+    pending_chunks = 0;  // a deferred summary not taken (its caller threw) is dropped
     const int64_t BT = B * Tn, C = cfg.n_embd;
     std::memcpy(h_targets.get(), host_targets, BT * 4);
     ZG_CUDA_CHECK(
@@ -101,8 +102,8 @@ CrossEntropySummary GptCuda::Impl::loss(const int32_t* host_targets, const Cross
 
 CrossEntropySummary GptCuda::Impl::take_summary() {
     ZG_CHECK(pending_chunks > 0, "take_summary: no loss summary on its way");
-    ZG_CUDA_CHECK(cudaEventSynchronize(summary_ev));
     const int64_t chunks = std::exchange(pending_chunks, 0);
+    ZG_CUDA_CHECK(cudaEventSynchronize(summary_ev));
     return to_summary(combine_summaries(h_summary.get(), chunks));
 }
 

@@ -241,7 +241,7 @@ int main(int argc, char** argv) {
             // The trainer's micro-batch call; the head's events are read once the step is done
             // (head_ms() waits for the stream), or after each micro-batch when there are several
             // (each records them again), which leaves that wait in the step.
-            const bool accumulating = cfg.train.grad_accum > 1 || separate_calls;
+            const bool accumulating = cfg.train.grad_accum > 1;
             for (int a = 0; a < cfg.train.grad_accum; a++) {
                 const int32_t* xa = x.data() + size_t(a) * size_t(B * T + 1);
                 const double go = 1.0 / double(tokens_per_step);

@@ -143,6 +143,7 @@ void GpuTimeline::start() {
     for (CUpti_ActivityKind k : kKinds)
         if (cupti_->enable(k) != CUPTI_SUCCESS) {
             why_ = "cuptiActivityEnable failed (another profiler attached?)";
+            for (CUpti_ActivityKind d : kKinds) cupti_->disable(d);  // those it did turn on
             return;
         }
     on_ = true;
