@@ -706,15 +706,7 @@ CrossEntropySummary GptCuda::forward_loss_backward(const int32_t* tokens, const 
                                                    double grad_output) {
     Impl& im = *impl_;
     im.forward(tokens, B, Tn);
-    im.defer_summary = true;
-    CrossEntropySummary s;
-    try {
-        s = im.loss(targets, opts, grad_output, true);
-    } catch (...) {
-        im.defer_summary = false;
-        throw;
-    }
-    im.defer_summary = false;
+    const CrossEntropySummary s = im.loss(targets, opts, grad_output, true, true);
     im.backward();
     return im.pending_chunks > 0 ? im.take_summary() : s;  // the vocab-parallel head did not defer
 }

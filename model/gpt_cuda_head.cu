@@ -10,7 +10,7 @@
 namespace zgpt {
 
 CrossEntropySummary GptCuda::Impl::loss(const int32_t* host_targets, const CrossEntropyOptions& o,
-                                        double grad_output, bool compute_grad) {
+                                        double grad_output, bool compute_grad, bool defer_summary) {
     ZG_CHECK(have_logits, "loss() needs a forward() first");
     validate(o);
     pending_chunks = 0;  // a deferred summary not taken (its caller threw) is dropped

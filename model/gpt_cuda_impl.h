@@ -262,12 +262,12 @@ struct GptCuda::Impl {
     // table, of the group's tokens that this shard holds.
     void upload_buckets();
 
-    CrossEntropySummary loss(const int32_t* host_targets, const CrossEntropyOptions& o,
-                             double grad_output, bool compute_grad);
-    bool grads_ready = false;
     // With defer_summary, loss() leaves its summary on the way to h_summary (summary_ev) and
-    // returns an empty one; take_summary() waits for it (forward_loss_backward()).
-    bool defer_summary = false;
+    // returns an empty one; take_summary() waits for it (forward_loss_backward()). The
+    // vocab-parallel head does not defer (its collectives synchronise anyway).
+    CrossEntropySummary loss(const int32_t* host_targets, const CrossEntropyOptions& o,
+                             double grad_output, bool compute_grad, bool defer_summary = false);
+    bool grads_ready = false;
     int64_t pending_chunks = 0;  // > 0 while a deferred summary is on its way
     cudaEvent_t summary_ev = nullptr;
     CrossEntropySummary take_summary();

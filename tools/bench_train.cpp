@@ -225,15 +225,7 @@ int main(int argc, char** argv) {
             }
             ZG_CUDA_CHECK(cudaDeviceSynchronize());
             if (step == from) power.start();
-            if (timeline_step && step == steps + 1) {
-                timeline->start();
-                // CUPTI sets itself up at the first calls after it starts: not inside a step
-                void* probe = nullptr;
-                ZG_CUDA_CHECK(cudaMalloc(&probe, 256));
-                ZG_CUDA_CHECK(cudaMemsetAsync(probe, 0, 256));
-                ZG_CUDA_CHECK(cudaDeviceSynchronize());
-                ZG_CUDA_CHECK(cudaFree(probe));
-            }
+            if (timeline_step && step == steps + 1) timeline->start();
             if (timeline_step) timeline->mark();
             const auto t0 = std::chrono::steady_clock::now();
             model.zero_grad();

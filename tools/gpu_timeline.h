@@ -54,7 +54,8 @@ class GpuTimeline {
 
     // empty when recording works
     const std::string& unavailable() const { return why_; }
-    // clears what was recorded and starts recording kernels, copies, memsets and runtime calls
+    // clears what was recorded and starts recording kernels, copies, memsets and runtime calls,
+    // then runs a synchronised probe so that CUPTI's start-up lies before the first mark()
     void start();
     // a window boundary on the records' clock (a step's start)
     void mark();
