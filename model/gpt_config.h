@@ -51,6 +51,11 @@ struct KernelChoice {
     // column of ones beside its rows (8 columns wider), so the GEMM's last column is the column
     // sums of dfch and no pass of its own reads dfch again (matmul: fused_epilogue with biases)
     bool fc_bias_in_dw = true;
+    // The CUDA streams' scheduling priorities: "equal" (all at the default), "main_first" (the
+    // main stream, which carries the layers' chain of input gradients, norms and attention, at
+    // the device's highest priority, so its blocks take SMs before the weight-gradient and
+    // cross-entropy streams' blocks that run beside it) or "side_first" (the other way round)
+    std::string stream_priority = "equal";
     // The kernels' tuning knobs (kernels.cross_entropy_tuning.*, kernels.attention_tuning.*); the
     // defaults are the kernels' own choices.
     cuda::CrossEntropyTuning cross_entropy_tuning;

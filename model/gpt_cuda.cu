@@ -54,9 +54,18 @@ GptCuda::Impl::Impl(const ModelConfig& c, const CudaModelOptions& o)
         linear_ce = &cuda::find_linear_cross_entropy_variant(opt.kernels.cross_entropy);
     else
         ce = &cuda::find_cross_entropy_variant(opt.kernels.cross_entropy);
-    ZG_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    ZG_CUDA_CHECK(cudaStreamCreateWithFlags(&wstream, cudaStreamNonBlocking));
-    ZG_CUDA_CHECK(cudaStreamCreateWithFlags(&cestream, cudaStreamNonBlocking));
+    // kernels.stream_priority: when both streams have blocks waiting for an SM, the block
+    // scheduler starts the higher priority's first (a lower number; 0 is the default and least).
+    const std::string& prio = opt.kernels.stream_priority;
+    ZG_CHECK(prio == "equal" || prio == "main_first" || prio == "side_first",
+             "kernels.stream_priority: equal, main_first or side_first, not '" + prio + "'");
+    int least = 0, greatest = 0;
+    ZG_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    const int main_prio = prio == "main_first" ? greatest : least;
+    const int side_prio = prio == "side_first" ? greatest : least;
+    ZG_CUDA_CHECK(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, main_prio));
+    ZG_CUDA_CHECK(cudaStreamCreateWithPriority(&wstream, cudaStreamNonBlocking, side_prio));
+    ZG_CUDA_CHECK(cudaStreamCreateWithPriority(&cestream, cudaStreamNonBlocking, side_prio));
     for (int i = 0; i < 2 * kMaxHeadChunks; i++) {
         chunk_ev.emplace_back();
         ZG_CUDA_CHECK(cudaEventCreateWithFlags(&chunk_ev.back(), cudaEventDisableTiming));

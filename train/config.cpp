@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -198,6 +199,16 @@ std::vector<ConfigField> config_fields(Config& c) {
          "GPU, matmul: fused_epilogue: the MLP fc layer's bias gradient as one more column of its "
          "weight-gradient GEMM (ln2 stored with a column of ones; false: a column-sum pass)",
          &k.fc_bias_in_dw});
+    add({"kernels",
+         "stream_priority",
+         "GPU: the streams' scheduling priorities: all equal, the main stream (input gradients, "
+         "norms, attention) first, or the weight-gradient and cross-entropy streams first",
+         &k.stream_priority,
+         0,
+         0,
+         false,
+         false,
+         {"equal", "main_first", "side_first"}});
     // The kernels' tuning knobs (CrossEntropyTuning in kernels/cross_entropy.h, AttentionTuning
     // in kernels/attention.h): nested keys, kernels.<family>_tuning.<knob>, every default the
     // kernels' own choice. Values outside a knob's set are refused in check_cross.
@@ -266,8 +277,11 @@ nlohmann::json kernel_tuning_json(const Config& c0) {
     for (const ConfigField& f : config_fields(c)) {
         if (f.section != "kernels") continue;
         const size_t dot = f.key.find('.');
-        const bool knob = f.key.rfind("linear_ce_", 0) == 0 || f.key == "matmul_wgmma_schedule";
-        if (dot == std::string::npos && !knob) continue;  // the variants: kernels_json's
+        // every key but the families' variant choices (kernels_json's)
+        const bool variant =
+            std::any_of(kernel_families().begin(), kernel_families().end(),
+                        [&](const KernelFamily& fam) { return fam.name == f.key; });
+        if (variant) continue;
         nlohmann::json& at = dot == std::string::npos ? j : j[f.key.substr(0, dot)];
         const std::string name = dot == std::string::npos ? f.key : f.key.substr(dot + 1);
         std::visit([&](auto* p) { at[name] = *p; }, f.value);
