@@ -548,13 +548,14 @@ void GptCuda::Impl::backward() {
     // The residual gradient's column sums, when the LayerNorm backward leaves them: the bias
     // gradients of the projections that add into the residual stream.
     const bool ln_sums = mlp_bias_sums.bytes() > 0;
+    const int ln_waves = opt.kernels.layernorm_backward_waves;
     cuda::ColumnSumParts mlp_sums{mlp_bias_sums.as<float>()}, attn_sums{attn_bias_sums.as<float>()};
     before_write(dres.get());
     before_write(mlp_sums.parts);
     cuda::layernorm_backward(dres.get(), {1, C}, false, g(layout.lnf_w), g(layout.lnf_b),
                              dtmp.get(), {1, C}, residual[L].get(), {1, C}, wr(layout.lnf_w),
                              lnf_mean.as<float>(), lnf_rstd.as<float>(), BT, C, ln_scratch.get(), t,
-                             rt, stream, ln_sums ? &mlp_sums : nullptr);
+                             rt, stream, ln_sums ? &mlp_sums : nullptr, ln_waves);
     tick("layernorm bwd");
     for (int64_t l = L - 1; l >= 0; l--) {
         const BlockParams& p = layout.blocks[l];
@@ -578,10 +579,10 @@ void GptCuda::Impl::backward() {
                         false, nullptr, 0, fc_bias_in_dw);
         before_write(dres.get());
         before_write(attn_sums.parts);
-        cuda::layernorm_backward(dres.get(), {1, C}, true, g(p.ln2_w), g(p.ln2_b), dtmp.get(),
-                                 {1, C}, a.res_attn.get(), {1, C}, wr(p.ln2_w),
-                                 a.ln2_mean.as<float>(), a.ln2_rstd.as<float>(), BT, C,
-                                 ln_scratch.get(), t, rt, stream, ln_sums ? &attn_sums : nullptr);
+        cuda::layernorm_backward(
+            dres.get(), {1, C}, true, g(p.ln2_w), g(p.ln2_b), dtmp.get(), {1, C}, a.res_attn.get(),
+            {1, C}, wr(p.ln2_w), a.ln2_mean.as<float>(), a.ln2_rstd.as<float>(), BT, C,
+            ln_scratch.get(), t, rt, stream, ln_sums ? &attn_sums : nullptr, ln_waves);
         tick("layernorm bwd");
         // attention branch
         linear_backward(dtmp.get(), dres_for_matmul(), a.atty.get(), p.proj_w, p.proj_b, BT, C, C,
@@ -613,7 +614,7 @@ void GptCuda::Impl::backward() {
         cuda::layernorm_backward(
             dres.get(), {1, C}, true, g(p.ln1_w), g(p.ln1_b), dtmp.get(), {1, C}, residual[l].get(),
             {1, C}, wr(p.ln1_w), a.ln1_mean.as<float>(), a.ln1_rstd.as<float>(), BT, C,
-            ln_scratch.get(), t, rt, stream, ln_sums && l > 0 ? &mlp_sums : nullptr);
+            ln_scratch.get(), t, rt, stream, ln_sums && l > 0 ? &mlp_sums : nullptr, ln_waves);
         tick("layernorm bwd");
         announce_block_grads(l);
     }
