@@ -139,7 +139,7 @@ __global__ void layernorm_backward_kernel(R* dinp, RowMap dinp_map, bool accumul
 // The bf16 fast paths for plain rows with C a multiple of 256 (GPT widths): one warp per row,
 // each lane owns 8 adjacent columns per 256 (16-byte loads and stores) and keeps them in registers.
 // The residual stream and weights (R) may be fp32: 8 of them are two 16-byte words.
-constexpr int kVecWarps = 4, kVecMaxBlocks = kLayernormBackwardMaxBlocks;
+constexpr int kVecWarps = 4, kVecMaxBlocks = 1056;
 
 using cuda::unpack8;  // the uint4 form, beside the Pack8 overloads below
 template <typename R>
@@ -494,8 +494,7 @@ void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dwe
                         const void* dout, RowMap dout_map, const void* inp, RowMap in_map,
                         const void* weight, const float* mean, const float* rstd, int64_t N,
                         int64_t C, void* scratch, DType t, DType in_t, CUstream_st* s,
-                        ColumnSumParts* dinp_sums, int waves) {
-    ZG_CHECK(waves >= 1, "layernorm_backward: waves must be at least 1");
+                        ColumnSumParts* dinp_sums) {
     ZG_CHECK(N > 0 && C > 0 && weight && dweight && scratch, "layernorm_backward: bad arguments");
     dinp_map = plain(dinp_map, C);
     dout_map = plain(dout_map, C);
@@ -515,9 +514,7 @@ void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dwe
                 int blocks = 0;
                 const bool done = with_vec_width(C, [&](auto NV) {
                     auto launch = [&](auto sums) {
-                        blocks = int(std::min<int64_t>(
-                            kVecMaxBlocks,
-                            int64_t(waves) * vec_backward_blocks<NV.value, sums.value, R>()));
+                        blocks = vec_backward_blocks<NV.value, sums.value, R>();
                         layernorm_backward_vec_kernel<NV.value, sums.value, R>
                             <<<blocks, 32 * kVecWarps, 0, s>>>(
                                 static_cast<R*>(dinp), accumulate, pw, pb, part_d,

@@ -72,15 +72,11 @@ size_t layernorm_backward_sums_bytes(int64_t N, int64_t C);
 // dinp_sums (plain dinp rows only): also the column sums of dinp as stored and rounded to t, one
 // row of partials per block, in a fixed order. In a pre-LN block dinp is the output gradient of
 // the projection before the norm, so they are its bias gradient without a pass of their own.
-// waves: the bf16 fast path's grid, in multiples of the blocks that fit the GPU at once (1: one
-// persistent wave; more: each block a smaller share of the rows, so that blocks that start late,
-// behind another stream's kernel, hold up the call less); at most kLayernormBackwardMaxBlocks.
-constexpr int kLayernormBackwardMaxBlocks = 1056;
 void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dweight, float* dbias,
                         const void* dout, RowMap dout_map, const void* inp, RowMap in_map,
                         const void* weight, const float* mean, const float* rstd, int64_t N,
                         int64_t C, void* scratch, DType t, DType in_t, CUstream_st* s,
-                        ColumnSumParts* dinp_sums = nullptr, int waves = 1);
+                        ColumnSumParts* dinp_sums = nullptr);
 inline void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dweight,
                                float* dbias, const void* dout, RowMap dout_map, const void* inp,
                                RowMap in_map, const void* weight, const float* mean,

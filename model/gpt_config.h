@@ -51,14 +51,6 @@ struct KernelChoice {
     // column of ones beside its rows (8 columns wider), so the GEMM's last column is the column
     // sums of dfch and no pass of its own reads dfch again (matmul: fused_epilogue with biases)
     bool fc_bias_in_dw = true;
-    // The CUDA streams' scheduling priorities: "equal" (all at the default), "main_first" (the
-    // main stream, which carries the layers' chain of input gradients, norms and attention, at
-    // the device's highest priority, so its blocks take SMs before the weight-gradient and
-    // cross-entropy streams' blocks that run beside it) or "side_first" (the other way round)
-    std::string stream_priority = "equal";
-    // The LayerNorm backward's grid in waves of the blocks that fit the GPU at once (1: one
-    // persistent wave, each block a fixed share of the rows; kernels/layernorm.h)
-    int layernorm_backward_waves = 1;
     // The kernels' tuning knobs (kernels.cross_entropy_tuning.*, kernels.attention_tuning.*); the
     // defaults are the kernels' own choices.
     cuda::CrossEntropyTuning cross_entropy_tuning;

@@ -54,18 +54,9 @@ GptCuda::Impl::Impl(const ModelConfig& c, const CudaModelOptions& o)
         linear_ce = &cuda::find_linear_cross_entropy_variant(opt.kernels.cross_entropy);
     else
         ce = &cuda::find_cross_entropy_variant(opt.kernels.cross_entropy);
-    // kernels.stream_priority: when both streams have blocks waiting for an SM, the block
-    // scheduler starts the higher priority's first (a lower number; 0 is the default and least).
-    const std::string& prio = opt.kernels.stream_priority;
-    ZG_CHECK(prio == "equal" || prio == "main_first" || prio == "side_first",
-             "kernels.stream_priority: equal, main_first or side_first, not '" + prio + "'");
-    int least = 0, greatest = 0;
-    ZG_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    const int main_prio = prio == "main_first" ? greatest : least;
-    const int side_prio = prio == "side_first" ? greatest : least;
-    ZG_CUDA_CHECK(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, main_prio));
-    ZG_CUDA_CHECK(cudaStreamCreateWithPriority(&wstream, cudaStreamNonBlocking, side_prio));
-    ZG_CUDA_CHECK(cudaStreamCreateWithPriority(&cestream, cudaStreamNonBlocking, side_prio));
+    ZG_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    ZG_CUDA_CHECK(cudaStreamCreateWithFlags(&wstream, cudaStreamNonBlocking));
+    ZG_CUDA_CHECK(cudaStreamCreateWithFlags(&cestream, cudaStreamNonBlocking));
     for (int i = 0; i < 2 * kMaxHeadChunks; i++) {
         chunk_ev.emplace_back();
         ZG_CUDA_CHECK(cudaEventCreateWithFlags(&chunk_ev.back(), cudaEventDisableTiming));
@@ -548,14 +539,13 @@ void GptCuda::Impl::backward() {
     // The residual gradient's column sums, when the LayerNorm backward leaves them: the bias
     // gradients of the projections that add into the residual stream.
     const bool ln_sums = mlp_bias_sums.bytes() > 0;
-    const int ln_waves = opt.kernels.layernorm_backward_waves;
     cuda::ColumnSumParts mlp_sums{mlp_bias_sums.as<float>()}, attn_sums{attn_bias_sums.as<float>()};
     before_write(dres.get());
     before_write(mlp_sums.parts);
     cuda::layernorm_backward(dres.get(), {1, C}, false, g(layout.lnf_w), g(layout.lnf_b),
                              dtmp.get(), {1, C}, residual[L].get(), {1, C}, wr(layout.lnf_w),
                              lnf_mean.as<float>(), lnf_rstd.as<float>(), BT, C, ln_scratch.get(), t,
-                             rt, stream, ln_sums ? &mlp_sums : nullptr, ln_waves);
+                             rt, stream, ln_sums ? &mlp_sums : nullptr);
     tick("layernorm bwd");
     for (int64_t l = L - 1; l >= 0; l--) {
         const BlockParams& p = layout.blocks[l];
@@ -579,10 +569,10 @@ void GptCuda::Impl::backward() {
                         false, nullptr, 0, fc_bias_in_dw);
         before_write(dres.get());
         before_write(attn_sums.parts);
-        cuda::layernorm_backward(
-            dres.get(), {1, C}, true, g(p.ln2_w), g(p.ln2_b), dtmp.get(), {1, C}, a.res_attn.get(),
-            {1, C}, wr(p.ln2_w), a.ln2_mean.as<float>(), a.ln2_rstd.as<float>(), BT, C,
-            ln_scratch.get(), t, rt, stream, ln_sums ? &attn_sums : nullptr, ln_waves);
+        cuda::layernorm_backward(dres.get(), {1, C}, true, g(p.ln2_w), g(p.ln2_b), dtmp.get(),
+                                 {1, C}, a.res_attn.get(), {1, C}, wr(p.ln2_w),
+                                 a.ln2_mean.as<float>(), a.ln2_rstd.as<float>(), BT, C,
+                                 ln_scratch.get(), t, rt, stream, ln_sums ? &attn_sums : nullptr);
         tick("layernorm bwd");
         // attention branch
         linear_backward(dtmp.get(), dres_for_matmul(), a.atty.get(), p.proj_w, p.proj_b, BT, C, C,
@@ -614,7 +604,7 @@ void GptCuda::Impl::backward() {
         cuda::layernorm_backward(
             dres.get(), {1, C}, true, g(p.ln1_w), g(p.ln1_b), dtmp.get(), {1, C}, residual[l].get(),
             {1, C}, wr(p.ln1_w), a.ln1_mean.as<float>(), a.ln1_rstd.as<float>(), BT, C,
-            ln_scratch.get(), t, rt, stream, ln_sums && l > 0 ? &mlp_sums : nullptr, ln_waves);
+            ln_scratch.get(), t, rt, stream, ln_sums && l > 0 ? &mlp_sums : nullptr);
         tick("layernorm bwd");
         announce_block_grads(l);
     }

@@ -273,21 +273,6 @@ void layernorm(const std::string& variant, const LayernormDims& s, DType t, DTyp
     for (int64_t i = 0; i < N; i++)
         for (int64_t c = 0; c < C; c++) colsum[c] += as_stored(got_dinp[i * C + c], t);
     check_close("dinp column sums", d_sum.get(), colsum, DType::f32, 1e-5);
-    // A grid of three waves (kernels.layernorm_backward_waves): each block a third of the rows,
-    // so the partials add in another order; dinp (row by row) the same bits.
-    DevT d_dinp3(r, dinp0), d_gw3(DType::f32, C), d_gb3(DType::f32, C), d_sum3(DType::f32, C);
-    cuda::ColumnSumParts sums3{parts.f()};
-    cuda::layernorm_backward(d_dinp3.p, {1, C}, true, d_gw3.f(), d_gb3.f(), d_dout.p, {1, C},
-                             dres_in.p, {1, C}, dw.p, dmean.f(), drstd.f(), N, C, scratch.p, t, r,
-                             nullptr, &sums3, 3);
-    REQUIRE(sums3.rows > 0);
-    const bool fast_path = t == DType::bf16 && (C == 256 || C == 768);  // its widths tested here
-    if (fast_path) CHECK(sums3.rows > sums.rows);  // the waves grow the fast path's grid only
-    cuda::bias_backward_from_partials(d_sum3.f(), sums3.parts, sums3.rows, C, nullptr);
-    CHECK(d_dinp3.get() == got_dinp);
-    check_close("dweight (three waves)", d_gw3.get(), gw, DType::f32, 1e-4);
-    check_close("dbias (three waves)", d_gb3.get(), gb, DType::f32, 1e-4);
-    check_close("dinp column sums (three waves)", d_sum3.get(), colsum, DType::f32, 1e-5);
 }
 
 void qk_layernorm(const HeadsDims& s, DType t) {

@@ -257,10 +257,6 @@ TEST_CASE("the kernels' tuning keys: overrides, nested YAML, sets, variants, rou
     e = error_of(kBase, {"kernels.matmul=wgmma", "kernels.matmul_wgmma_schedule=split"});
     CHECK(e.find("kernels.matmul_wgmma_schedule: 'split' is not one of: cooperative, pingpong") !=
           std::string::npos);
-    e = error_of(kBase, {"kernels.stream_priority=high"});
-    CHECK(e.find("kernels.stream_priority: 'high' is not one of: equal, main_first, "
-                 "side_first") != std::string::npos);
-    CHECK(error_of(kBase, {"kernels.stream_priority=main_first"}) == "(no error)");
     e = error_of(kBase, {"kernels.linear_ce_chunk_mb=24"});
     CHECK(e.find("kernels.linear_ce_chunk_mb: applies to the fused linear heads only") !=
           std::string::npos);
@@ -274,7 +270,6 @@ TEST_CASE("the kernels' tuning keys: overrides, nested YAML, sets, variants, rou
     CHECK(j["attention_tuning"]["wgmma_bwd"] == false);
     CHECK(j["linear_ce_row_block"] == 0);
     CHECK(j["matmul_wgmma_schedule"] == "cooperative");
-    CHECK(j["stream_priority"] == "equal");
     CHECK(j["fc_bias_in_dw"] == true);
     CHECK_FALSE(j.contains("attention"));
     // the bench tools' overrides: each value checked, the cross-field checks left out
@@ -325,9 +320,8 @@ TEST_CASE("kernel families: the config's keys, choices and defaults are the regi
     Config c;
     int seen = 0;
     for (const ConfigField& f : config_fields(c)) {
-        // the knobs with a set of names (not families)
-        if (f.section != "kernels" || f.choices.empty() || f.key == "matmul_wgmma_schedule" ||
-            f.key == "stream_priority")
+        // the one knob with a set of names (not a family)
+        if (f.section != "kernels" || f.choices.empty() || f.key == "matmul_wgmma_schedule")
             continue;
         CAPTURE(f.key);
         const KernelFamily& fam = kernel_family(f.key);  // throws for a key it does not register

@@ -199,21 +199,6 @@ std::vector<ConfigField> config_fields(Config& c) {
          "GPU, matmul: fused_epilogue: the MLP fc layer's bias gradient as one more column of its "
          "weight-gradient GEMM (ln2 stored with a column of ones; false: a column-sum pass)",
          &k.fc_bias_in_dw});
-    add({"kernels",
-         "stream_priority",
-         "GPU: the streams' scheduling priorities: all equal, the main stream (input gradients, "
-         "norms, attention) first, or the weight-gradient and cross-entropy streams first",
-         &k.stream_priority,
-         0,
-         0,
-         false,
-         false,
-         {"equal", "main_first", "side_first"}});
-    add({"kernels", "layernorm_backward_waves",
-         "GPU: the LayerNorm backward's grid in waves of the blocks that fit at once (1: one "
-         "persistent wave; more: smaller shares of rows, for blocks that start late beside the "
-         "weight-gradient GEMMs)",
-         &k.layernorm_backward_waves, 1, 4});
     // The kernels' tuning knobs (CrossEntropyTuning in kernels/cross_entropy.h, AttentionTuning
     // in kernels/attention.h): nested keys, kernels.<family>_tuning.<knob>, every default the
     // kernels' own choice. Values outside a knob's set are refused in check_cross.

@@ -117,8 +117,9 @@ void validate(const Config& c);
 // but not the cross-field ones: for tools that take a few keys without a whole config (bench_ce).
 void apply_overrides(Config& c, const std::vector<std::string>& overrides);
 
-// The kernels' tuning keys (kernels.linear_ce_*, kernels.<family>_tuning.*) as JSON, nested as in
-// the config, for metrics, provenance and the bench tools' results.
+// The kernels' keys other than the families' variant choices (kernels.linear_ce_*,
+// kernels.fc_bias_in_dw, kernels.<family>_tuning.*, ...) as JSON, nested as in the config, for
+// metrics, provenance and the bench tools' results.
 nlohmann::json kernel_tuning_json(const Config& c);
 
 // Why `name` cannot be a train.run_name (a run directory must stay inside out_dir); empty: it can.

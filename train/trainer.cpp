@@ -98,7 +98,7 @@ nlohmann::json kernels_json(const Config& c, const DeviceChoice& device) {
         {"layernorm", c.kernels.layernorm},      {"matmul", c.kernels.matmul},
         {"precision", c.train.precision},        {"recompute_gelu", c.train.recompute_gelu},
         {"fp32_residual", c.train.fp32_residual}};
-    j.update(kernel_tuning_json(c));  // linear_ce_*, cross_entropy_tuning, attention_tuning
+    j.update(kernel_tuning_json(c));  // every other kernels key, the tuning knobs nested
     return j;
 }
 
