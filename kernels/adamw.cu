@@ -1,6 +1,7 @@
 #include "kernels/adamw.h"
 #include "kernels/check.h"
 #include "kernels/cuda_common.cuh"
+#include "kernels/global_norm.h"
 
 namespace zgpt::cuda {
 
@@ -50,7 +51,9 @@ __device__ __forceinline__ void update_one(float* p, bf16* p16, const float* g, 
 // `vec`: the host checked that a multiple-of-4 element is 16-byte aligned in every array.
 __global__ void __launch_bounds__(kThreads)
     adamw_spans_kernel(float* p, bf16* p16, const float* g, float* m, float* v, int64_t base,
-                       bool vec, SpanTable t, Coefs c) {
+                       bool vec, SpanTable t, Coefs c, AdamWClip clip) {
+    if (clip.sum_of_squares)
+        c.grad_scale *= cpu::clip_scale(sqrt(*clip.sum_of_squares), clip.max_norm);
     int s = 0;  // the last span whose first block is at or before this one (uniform per block)
     for (int lo = 0, hi = t.count - 1; lo < hi;) {
         const int mid = (lo + hi + 1) / 2;
@@ -98,7 +101,7 @@ __global__ void __launch_bounds__(kThreads)
 
 void adamw_update(float* params, void* params_bf16, const float* grads, float* m, float* v,
                   int64_t base, const std::vector<AdamWSpan>& spans, const cpu::AdamWStep& s,
-                  CUstream_st* stream) {
+                  CUstream_st* stream, AdamWClip clip) {
     const double bc1 = 1.0 - std::pow(s.beta1, double(s.t));
     const double bc2 = 1.0 - std::pow(s.beta2, double(s.t));
     const Coefs c{s.lr,
@@ -117,8 +120,8 @@ void adamw_update(float* params, void* params_bf16, const float* grads, float* m
     SpanTable t{};
     auto launch = [&] {
         if (t.count == 0) return;
-        adamw_spans_kernel<<<t.first_block[t.count], kThreads, 0, stream>>>(params, p16, grads, m,
-                                                                            v, base, vec, t, c);
+        adamw_spans_kernel<<<t.first_block[t.count], kThreads, 0, stream>>>(
+            params, p16, grads, m, v, base, vec, t, c, clip);
         ZG_LAUNCH_CHECK();
         t = SpanTable{};
     };

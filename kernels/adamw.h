@@ -30,12 +30,21 @@ struct AdamWSpan {
     bool decay;
 };
 
+// Global-norm clipping with the norm left on the device: the gradient's sum of squares (fp64,
+// on the GPU, as cuda::sum_of_squares writes it) and the clip threshold. The kernel multiplies
+// s.grad_scale by cpu::clip_scale(sqrt(*sum_of_squares), max_norm), the host's bits, so the
+// update need not wait for a read of the norm by the host.
+struct AdamWClip {
+    const double* sum_of_squares = nullptr;  // null: no clipping on the device
+    double max_norm = 0.0;
+};
+
 // The whole step in one launch (one per 128 spans): params, params_bf16 and grads are indexed by
 // arena element, m and v from `base` (the first element of the caller's range, as ZeRO-1 keeps
 // only its slice's moments). Spans with `decay` use s.weight_decay, the others none.
 void adamw_update(float* params, void* params_bf16, const float* grads, float* m, float* v,
                   int64_t base, const std::vector<AdamWSpan>& spans, const cpu::AdamWStep& s,
-                  CUstream_st* stream);
+                  CUstream_st* stream, AdamWClip clip = {});
 
 // n contiguous elements, all with s.weight_decay.
 void adamw_update(float* params, void* params_bf16, const float* grads, float* m, float* v,

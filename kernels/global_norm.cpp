@@ -21,11 +21,6 @@ double sum_of_squares(const T* x, int64_t n) {
     return s;
 }
 
-double clip_scale(double norm, double max_norm) {
-    if (max_norm <= 0.0) return 1.0;
-    return std::min(1.0, max_norm / (norm + 1e-6));
-}
-
 template double sum_of_squares<float>(const float*, int64_t);
 template double sum_of_squares<double>(const double*, int64_t);
 

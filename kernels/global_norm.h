@@ -3,6 +3,12 @@
 #include <cstddef>
 #include <cstdint>
 
+#if defined(__CUDACC__)
+#define ZG_HOST_DEVICE __host__ __device__
+#else
+#define ZG_HOST_DEVICE
+#endif
+
 namespace zgpt::cpu {
 
 template <typename T>
@@ -10,7 +16,12 @@ double sum_of_squares(const T* x, int64_t n);
 
 // The factor that clips a gradient of norm `norm` to at most `max_norm` (PyTorch's
 // clip_grad_norm_: max_norm / (norm + 1e-6), capped at 1). max_norm <= 0 disables clipping.
-double clip_scale(double norm, double max_norm);
+// Host and device code: the AdamW kernel takes it on the GPU (cuda::AdamWClip) with the same bits.
+ZG_HOST_DEVICE inline double clip_scale(double norm, double max_norm) {
+    if (max_norm <= 0.0) return 1.0;
+    const double s = max_norm / (norm + 1e-6);
+    return s < 1.0 ? s : 1.0;  // std::min(1.0, s), NaN included: a NaN norm gives 1
+}
 
 }  // namespace zgpt::cpu
 

@@ -763,6 +763,29 @@ void GptCuda::refresh_bf16_copy() {
 void GptCuda::adamw_step_range(double lr, double beta1, double beta2, double eps,
                                double weight_decay, int64_t t, double grad_scale, float* m,
                                float* v, int64_t lo, int64_t hi) {
+    queue_adamw(lr, beta1, beta2, eps, weight_decay, t, grad_scale, {}, m, v, lo, hi);
+}
+
+double GptCuda::clip_and_adamw_step_range(double lr, double beta1, double beta2, double eps,
+                                          double weight_decay, int64_t t, double max_norm, float* m,
+                                          float* v, int64_t lo, int64_t hi) {
+    Impl& im = *impl_;
+    im.tick(nullptr);
+    cuda::sum_of_squares(im.norm_out.as<double>(), im.grads.as<float>(), num_parameters(),
+                         im.norm_scratch.get(), im.stream);
+    im.tick("gradient norm");
+    queue_adamw(lr, beta1, beta2, eps, weight_decay, t, 1.0, {im.norm_out.as<double>(), max_norm},
+                m, v, lo, hi);
+    double s = 0;
+    ZG_CUDA_CHECK(
+        cudaMemcpyAsync(&s, im.norm_out.get(), sizeof s, cudaMemcpyDeviceToHost, im.stream));
+    ZG_CUDA_CHECK(cudaStreamSynchronize(im.stream));
+    return std::sqrt(s);
+}
+
+void GptCuda::queue_adamw(double lr, double beta1, double beta2, double eps, double weight_decay,
+                          int64_t t, double grad_scale, const cuda::AdamWClip& clip, float* m,
+                          float* v, int64_t lo, int64_t hi) {
     Impl& im = *impl_;
     ZG_CHECK(0 <= lo && lo <= hi && hi <= num_parameters(), "adamw_step_range: bad range");
     cpu::AdamWStep s;
@@ -787,7 +810,7 @@ void GptCuda::adamw_step_range(double lr, double beta1, double beta2, double eps
     void* p16 = im.t == DType::bf16 ? static_cast<void*>(im.params16.as<Impl::bf16_t>()) : nullptr;
     im.tick(nullptr);
     cuda::adamw_update(im.params.as<float>(), p16, im.grads.as<float>(), m, v, lo, spans, s,
-                       im.stream);
+                       im.stream, clip);
     im.tick("adamw");
 }
 

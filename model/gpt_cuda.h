@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/adamw.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/dtype.h"
 #include "model/gpt_config.h"
@@ -116,6 +117,13 @@ class GptCuda {
     // other shards arrive, refresh_bf16_copy() brings the rest.
     void adamw_step_range(double lr, double beta1, double beta2, double eps, double weight_decay,
                           int64_t t, double grad_scale, float* m, float* v, int64_t lo, int64_t hi);
+    // Global-norm clipping and the same update with no host round trip between them: the whole
+    // arena's sum of squares, then AdamW over [lo, hi) scaled on the GPU by
+    // cpu::clip_scale(norm, max_norm), the bits of grad_norm() then adamw_step_range() with the
+    // host's scale. Returns the norm, read once the update is queued.
+    double clip_and_adamw_step_range(double lr, double beta1, double beta2, double eps,
+                                     double weight_decay, int64_t t, double max_norm, float* m,
+                                     float* v, int64_t lo, int64_t hi);
     void refresh_bf16_copy();  // the bf16 working weights from the fp32 master (stream-ordered)
 
     // [B * Tn, padded_vocab] of the last forward (not with fused_linear)
@@ -139,6 +147,9 @@ class GptCuda {
   private:
     struct Impl;
     std::unique_ptr<Impl> impl_;
+    void queue_adamw(double lr, double beta1, double beta2, double eps, double weight_decay,
+                     int64_t t, double grad_scale, const cuda::AdamWClip& clip, float* m, float* v,
+                     int64_t lo, int64_t hi);
 };
 
 }  // namespace zgpt

@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <map>
@@ -486,7 +487,11 @@ Config train_config(const std::string& precision) {
     return c;
 }
 
-std::vector<double> train_steps(Backend& b, const Config& c, int64_t from, int64_t to) {
+// Each step clipped to a global norm of max_norm: by the host's scale (grad_norm, then
+// optimizer_step) or on the device (clip_and_step); `norms` collects the norms before clipping.
+std::vector<double> train_steps(Backend& b, const Config& c, int64_t from, int64_t to,
+                                bool clip_on_device = false, double max_norm = 1.0,
+                                std::vector<double>* norms = nullptr) {
     const int64_t B = c.train.batch_size, T = 32;
     std::vector<double> losses;
     CrossEntropyOptions o;
@@ -500,8 +505,14 @@ std::vector<double> train_steps(Backend& b, const Config& c, int64_t from, int64
         b.zero_grad();
         const CrossEntropySummary s =
             b.train_micro_batch(in.data(), tg.data(), B, T, o, 1.0 / double(B * T));
-        const double norm = b.grad_norm();
-        b.optimizer_step(c.optim.lr, cpu::clip_scale(norm, 1.0));
+        double norm = 0;
+        if (clip_on_device) {
+            norm = b.clip_and_step(c.optim.lr, max_norm);
+        } else {
+            norm = b.grad_norm();
+            b.optimizer_step(c.optim.lr, cpu::clip_scale(norm, max_norm));
+        }
+        if (norms) norms->push_back(norm);
         losses.push_back(s.sum_loss / double(s.n_valid));
     }
     return losses;
@@ -537,6 +548,33 @@ TEST_CASE("20 training steps: GPU fp32 tracks the CPU to 1e-4, bf16 to 2e-2") {
             CHECK(close(got[i], want[i], tol, 0));
         }
     }
+}
+
+TEST_CASE("the clip factor taken on the GPU gives the host's bits") {
+    // the trainer's path (clip_and_step: the norm stays on the device until the update is queued)
+    // against the norm read first and the scale passed in; clipping on every step (0.05), off
+    // (0) and never reached (1e9)
+    for (const char* prec : {"fp32", "bf16"})
+        for (double max_norm : {0.05, 0.0, 1e9}) {
+            CAPTURE(prec);
+            CAPTURE(max_norm);
+            const Config c = train_config(prec);
+            const auto host = make_backend("cuda", c), device = make_backend("cuda", c);
+            std::vector<double> nh, nd;
+            const auto lh = train_steps(*host, c, 0, 8, false, max_norm, &nh);
+            const auto ld = train_steps(*device, c, 0, 8, true, max_norm, &nd);
+            CHECK(lh == ld);
+            CHECK(nh == nd);
+            CHECK(host->params() == device->params());
+            CHECK(host->adam_m() == device->adam_m());
+            if (max_norm == 0.05) CHECK(*std::min_element(nh.begin(), nh.end()) > 0.05);
+        }
+    // and clipping changes the run (the factor reaches the update)
+    const Config c = train_config("fp32");
+    const auto clipped = make_backend("cuda", c), unclipped = make_backend("cuda", c);
+    train_steps(*clipped, c, 0, 2, true, 0.05);
+    train_steps(*unclipped, c, 0, 2, true, 0.0);
+    CHECK(clipped->params() != unclipped->params());
 }
 
 TEST_CASE("every kernel-variant combination trains; losses agree within bf16 noise") {

@@ -98,7 +98,11 @@ TEST_CASE("clipping: the norm is computed over everything and clipped to grad_cl
     CHECK(close(cpu::clip_scale(13.0, 1.0), 1.0 / (13.0 + 1e-6), 1e-12, 0));
     CHECK(cpu::clip_scale(0.5, 1.0) == 1.0);
     CHECK(cpu::clip_scale(100.0, 0.0) == 1.0);  // 0: off
-    std::vector<float> big(100'003, 0.5f);      // not a multiple of the chunking
+    // a non-finite norm leaves the gradient unscaled (as std::min(1.0, NaN) did), so the NaN
+    // reaches the weights and the trainer stops the run as diverged
+    CHECK(cpu::clip_scale(std::nan(""), 1.0) == 1.0);
+    CHECK(cpu::clip_scale(INFINITY, 1.0) == 0.0);
+    std::vector<float> big(100'003, 0.5f);  // not a multiple of the chunking
     CHECK(close(cpu::sum_of_squares(big.data(), int64_t(big.size())), 0.25 * 100'003, 1e-12, 0));
 }
 

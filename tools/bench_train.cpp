@@ -147,7 +147,8 @@ int main(int argc, char** argv) {
     bool separate_calls = false;
     app.add_flag("--separate-calls", separate_calls,
                  "forward, loss and backward as three calls, the host waiting for the loss before "
-                 "it queues the backward pass (the schedule before forward_loss_backward), to "
+                 "it queues the backward pass, and the gradient norm read by the host before the "
+                 "update (the schedule before forward_loss_backward and the clip on the GPU), to "
                  "compare");
     int timeline_steps = 0;
     app.add_option("--timeline", timeline_steps,
@@ -248,10 +249,17 @@ int main(int argc, char** argv) {
                 if (accumulating) head += model.head_ms();
                 loss = s.sum_loss / double(s.n_valid);
             }
-            const double norm = model.grad_norm();
-            model.adamw_step(cfg.optim.lr, cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps,
-                             cfg.optim.weight_decay, step,
-                             cpu::clip_scale(norm, cfg.optim.grad_clip), m, v);
+            if (separate_calls) {  // the old schedule: the host reads the norm, then updates
+                const double norm = model.grad_norm();
+                model.adamw_step(cfg.optim.lr, cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps,
+                                 cfg.optim.weight_decay, step,
+                                 cpu::clip_scale(norm, cfg.optim.grad_clip), m, v);
+            } else {  // the trainer's: the clip factor taken on the GPU
+                model.clip_and_adamw_step_range(cfg.optim.lr, cfg.optim.beta1, cfg.optim.beta2,
+                                                cfg.optim.eps, cfg.optim.weight_decay, step,
+                                                cfg.optim.grad_clip, m, v, 0,
+                                                model.num_parameters());
+            }
             ZG_CUDA_CHECK(cudaDeviceSynchronize());
             const double ms =
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/cross_entropy.h"
+#include "kernels/global_norm.h"
 #include "model/parameters.h"
 #include "train/comm.h"
 #include "train/config.h"
@@ -59,6 +60,14 @@ class Backend {
     virtual void shard_optimizer(Communicator& comm) = 0;
     virtual double grad_norm() = 0;
     virtual void optimizer_step(double lr, double grad_scale) = 0;
+    // The step's update clipped to a global gradient norm of max_norm (0: no clipping); returns
+    // the norm before clipping. The CUDA backend takes the clip factor on the GPU, so the update
+    // does not wait for the host to read the norm; the same bits as this default.
+    virtual double clip_and_step(double lr, double max_norm) {
+        const double norm = grad_norm();
+        optimizer_step(lr, cpu::clip_scale(norm, max_norm));
+        return norm;
+    }
 
     // Checkpoint state, as host fp32 arenas of the whole model in parameter-table order.
     // Collective (every rank calls them): params() with a split vocabulary; adam_m() and adam_v()

@@ -165,26 +165,18 @@ class CudaBackend final : public Backend {
         const OptimConfig& o = cfg_.optim;
         model_.adamw_step_range(lr, o.beta1, o.beta2, o.eps, o.weight_decay, steps_, grad_scale,
                                 m_->get(), v_->get(), lo_, hi_);
-        if (!zero_) return;
-        // ZeRO-1: every rank updated its slice of the fp32 weights; gather the others' slices.
-        if (zero_->device_buffers()) {
-            // In place on the device: one broadcast per rank, from its slice (slices differ in
-            // size when the ranks do not divide the arena, which one all-gather cannot express).
-            give_stream(*zero_);
-            const int64_t n = model_.num_parameters();
-            for (int r = 0; r < zero_->size(); r++) {
-                const ArenaSlice s = arena_slice(n, zero_->size(), r);
-                if (s.hi > s.lo)
-                    zero_->broadcast(model_.params_device() + s.lo, s.hi - s.lo, CommType::f32, r);
-            }
-            model_.refresh_bf16_copy();
-            return;
-        }
-        std::vector<float> mine(hi_ - lo_);
-        to_host(mine.data(), model_.params_device() + lo_, mine.size() * 4, model_.stream());
-        const std::vector<float> all = gather(mine);
-        to_device(model_.params_device(), all.data(), all.size() * 4, model_.stream());
-        model_.refresh_bf16_copy();
+        gather_optimizer_slices();
+    }
+    double clip_and_step(double lr, double max_norm) override {
+        // a split vocabulary's norm adds the shards' parts over the group on the host
+        if (vocab_.split()) return Backend::clip_and_step(lr, max_norm);
+        steps_++;
+        const OptimConfig& o = cfg_.optim;
+        const double norm =
+            model_.clip_and_adamw_step_range(lr, o.beta1, o.beta2, o.eps, o.weight_decay, steps_,
+                                             max_norm, m_->get(), v_->get(), lo_, hi_);
+        gather_optimizer_slices();
+        return norm;
     }
     std::vector<float> params() const override {
         std::vector<float> p(model_.num_parameters());
@@ -234,6 +226,28 @@ class CudaBackend final : public Backend {
     }
 
   private:
+    // ZeRO-1: every rank updated its slice of the fp32 weights; gather the others' slices.
+    void gather_optimizer_slices() {
+        if (!zero_) return;
+        if (zero_->device_buffers()) {
+            // In place on the device: one broadcast per rank, from its slice (slices differ in
+            // size when the ranks do not divide the arena, which one all-gather cannot express).
+            give_stream(*zero_);
+            const int64_t n = model_.num_parameters();
+            for (int r = 0; r < zero_->size(); r++) {
+                const ArenaSlice s = arena_slice(n, zero_->size(), r);
+                if (s.hi > s.lo)
+                    zero_->broadcast(model_.params_device() + s.lo, s.hi - s.lo, CommType::f32, r);
+            }
+            model_.refresh_bf16_copy();
+            return;
+        }
+        std::vector<float> mine(hi_ - lo_);
+        to_host(mine.data(), model_.params_device() + lo_, mine.size() * 4, model_.stream());
+        const std::vector<float> all = gather(mine);
+        to_device(model_.params_device(), all.data(), all.size() * 4, model_.stream());
+        model_.refresh_bf16_copy();
+    }
     // A device communicator orders its collectives on the model's stream (or on `stream`: the
     // overlapped gradient all-reduce's side stream).
     void give_stream(Communicator& comm, void* stream = nullptr) {

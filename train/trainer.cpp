@@ -566,8 +566,7 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
             world.all_gather(&sum.max_logit, maxes.data(), 1, CommType::f64);
             sum.max_logit = *std::max_element(maxes.begin(), maxes.end());
         }
-        const double norm = model.grad_norm();
-        model.optimizer_step(lr, cpu::clip_scale(norm, cfg.optim.grad_clip));
+        const double norm = model.clip_and_step(lr, cfg.optim.grad_clip);
         // The GEMM algorithms this first step chose by timing (kernels.matmul_search) may differ
         // between ranks: from the next step on every rank runs, for each shape, the choice of
         // the lowest rank that ran it; rank 0 holds them all, and the checkpoints keep them.
