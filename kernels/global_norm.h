@@ -3,11 +3,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define ZG_HOST_DEVICE __host__ __device__
-#else
-#define ZG_HOST_DEVICE
-#endif
+#include "kernels/host_device.h"
 
 namespace zgpt::cpu {
 

@@ -66,12 +66,14 @@ GptCuda::Impl::Impl(const ModelConfig& c, const CudaModelOptions& o)
     ZG_CUDA_CHECK(cudaEventCreateWithFlags(&group_tokens_ev, cudaEventDisableTiming));
     ZG_CUDA_CHECK(cudaEventCreateWithFlags(&ready_main_ev, cudaEventDisableTiming));
     ZG_CUDA_CHECK(cudaEventCreateWithFlags(&ready_side_ev, cudaEventDisableTiming));
+    ZG_CUDA_CHECK(cudaEventCreateWithFlags(&norm_ev, cudaEventDisableTiming));
     const size_t n = size_t(layout.table.total());
     params = DeviceBuffer(n * 4);
     grads = DeviceBuffer(n * 4);
     if (t == DType::bf16) params16 = DeviceBuffer(n * 2);
     norm_scratch = DeviceBuffer(cuda::sum_of_squares_scratch_bytes());
     norm_out = DeviceBuffer(sizeof(double));
+    h_norm = PinnedBuffer<double>(1);
     grad_out = DeviceBuffer(sizeof(float));
     summary = DeviceBuffer(kMaxHeadChunks * sizeof(cuda::LossSummaryF));
 }
@@ -87,6 +89,7 @@ GptCuda::Impl::~Impl() {
     if (summary_ev) cudaEventDestroy(summary_ev);
     if (ready_main_ev) cudaEventDestroy(ready_main_ev);
     if (ready_side_ev) cudaEventDestroy(ready_side_ev);
+    if (norm_ev) cudaEventDestroy(norm_ev);
     for (cudaEvent_t e : chunk_ev) cudaEventDestroy(e);
     for (cudaStream_t s : {cestream, wstream, stream})
         if (s) {
@@ -770,24 +773,29 @@ double GptCuda::clip_and_adamw_step_range(double lr, double beta1, double beta2,
                                           double weight_decay, int64_t t, double max_norm, float* m,
                                           float* v, int64_t lo, int64_t hi) {
     Impl& im = *impl_;
+    ZG_CHECK(im.vgroup.size == 1,
+             "clip_and_adamw_step_range: a vocab-parallel model's norm is summed over its group "
+             "(grad_sum_of_squares per rank)");
     im.tick(nullptr);
     cuda::sum_of_squares(im.norm_out.as<double>(), im.grads.as<float>(), num_parameters(),
                          im.norm_scratch.get(), im.stream);
     im.tick("gradient norm");
+    // The norm on its way to the host before the update is queued: the host then waits for the
+    // copy alone, and its work between steps runs beside the update.
+    ZG_CUDA_CHECK(cudaMemcpyAsync(im.h_norm.get(), im.norm_out.get(), sizeof(double),
+                                  cudaMemcpyDeviceToHost, im.stream));
+    ZG_CUDA_CHECK(cudaEventRecord(im.norm_ev, im.stream));
     queue_adamw(lr, beta1, beta2, eps, weight_decay, t, 1.0, {im.norm_out.as<double>(), max_norm},
                 m, v, lo, hi);
-    double s = 0;
-    ZG_CUDA_CHECK(
-        cudaMemcpyAsync(&s, im.norm_out.get(), sizeof s, cudaMemcpyDeviceToHost, im.stream));
-    ZG_CUDA_CHECK(cudaStreamSynchronize(im.stream));
-    return std::sqrt(s);
+    ZG_CUDA_CHECK(cudaEventSynchronize(im.norm_ev));
+    return std::sqrt(*im.h_norm.get());
 }
 
 void GptCuda::queue_adamw(double lr, double beta1, double beta2, double eps, double weight_decay,
                           int64_t t, double grad_scale, const cuda::AdamWClip& clip, float* m,
                           float* v, int64_t lo, int64_t hi) {
     Impl& im = *impl_;
-    ZG_CHECK(0 <= lo && lo <= hi && hi <= num_parameters(), "adamw_step_range: bad range");
+    ZG_CHECK(0 <= lo && lo <= hi && hi <= num_parameters(), "adamw: bad range of the arena");
     cpu::AdamWStep s;
     s.lr = lr;
     s.beta1 = beta1;

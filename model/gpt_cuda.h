@@ -120,7 +120,8 @@ class GptCuda {
     // Global-norm clipping and the same update with no host round trip between them: the whole
     // arena's sum of squares, then AdamW over [lo, hi) scaled on the GPU by
     // cpu::clip_scale(norm, max_norm), the bits of grad_norm() then adamw_step_range() with the
-    // host's scale. Returns the norm, read once the update is queued.
+    // host's scale. Returns the norm, which the host reads while the update runs (it waits for the
+    // norm's copy only). Not for a vocab-parallel model, whose norm sums over its group.
     double clip_and_adamw_step_range(double lr, double beta1, double beta2, double eps,
                                      double weight_decay, int64_t t, double max_norm, float* m,
                                      float* v, int64_t lo, int64_t hi);

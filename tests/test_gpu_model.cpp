@@ -32,6 +32,7 @@
 #include "kernels/gpu_power.h"
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
+#include "model/device_buffer.h"
 #include "model/gpt.h"
 #include "model/gpt_cuda.h"
 #include "model/hf_gpt2.h"
@@ -567,8 +568,49 @@ TEST_CASE("the clip factor taken on the GPU gives the host's bits") {
             CHECK(nh == nd);
             CHECK(host->params() == device->params());
             CHECK(host->adam_m() == device->adam_m());
+            CHECK(host->adam_v() == device->adam_v());
             if (max_norm == 0.05) CHECK(*std::min_element(nh.begin(), nh.end()) > 0.05);
         }
+    // The model's own call against the host's (the backend above may fall back to the host
+    // path): three steps each, the norm and the weights the same bits, over a ZeRO-1 slice too.
+    for (const auto& [lo_frac, hi_frac] : {std::pair{0.0, 1.0}, std::pair{0.25, 0.75}}) {
+        CAPTURE(lo_frac);
+        const ModelConfig mc = tiny_config(false, true, true);
+        CudaModelOptions o;
+        o.precision = DType::bf16;
+        GptCuda a(mc, o), b(mc, o);
+        const int64_t n = a.num_parameters();
+        const int64_t lo = int64_t(lo_frac * double(n)), hi = int64_t(hi_frac * double(n));
+        std::vector<float> w(static_cast<size_t>(n));
+        Rng rng(11);
+        for (float& x : w) x = 0.02f * float(rng.normal());
+        a.set_params(w.data());
+        b.set_params(w.data());
+        DeviceBuffer ma((hi - lo) * 4), va((hi - lo) * 4), mb((hi - lo) * 4), vb((hi - lo) * 4);
+        CrossEntropyOptions ce;
+        ce.reduction = Reduction::sum;
+        for (int64_t step = 1; step <= 3; step++) {
+            const auto x = random_tokens(rng, 2 * 11, mc.vocab_size);
+            const auto y = random_tokens(rng, 2 * 11, mc.vocab_size);
+            for (GptCuda* m : {&a, &b}) {
+                m->zero_grad();
+                m->forward_loss_backward(x.data(), y.data(), 2, 11, ce, 1.0);
+            }
+            const double na = a.grad_norm();
+            a.adamw_step_range(1e-2, 0.9, 0.95, 1e-8, 0.1, step, cpu::clip_scale(na, 0.5),
+                               ma.as<float>(), va.as<float>(), lo, hi);
+            const double nb = b.clip_and_adamw_step_range(1e-2, 0.9, 0.95, 1e-8, 0.1, step, 0.5,
+                                                          mb.as<float>(), vb.as<float>(), lo, hi);
+            CAPTURE(step);
+            CHECK(na == nb);
+            CHECK(na > 0.5);  // the factor clips
+            std::vector<float> pa(w.size()), pb(w.size());
+            a.get_params(pa.data());
+            b.get_params(pb.data());
+            CHECK(pa == pb);
+            CHECK(pa != w);
+        }
+    }
     // and clipping changes the run (the factor reaches the update)
     const Config c = train_config("fp32");
     const auto clipped = make_backend("cuda", c), unclipped = make_backend("cuda", c);

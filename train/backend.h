@@ -62,7 +62,8 @@ class Backend {
     virtual void optimizer_step(double lr, double grad_scale) = 0;
     // The step's update clipped to a global gradient norm of max_norm (0: no clipping); returns
     // the norm before clipping. The CUDA backend takes the clip factor on the GPU, so the update
-    // does not wait for the host to read the norm; the same bits as this default.
+    // does not wait for the host to read the norm (the same bits as this default), except with a
+    // split vocabulary, whose norm is a host sum over the group.
     virtual double clip_and_step(double lr, double max_norm) {
         const double norm = grad_norm();
         optimizer_step(lr, cpu::clip_scale(norm, max_norm));

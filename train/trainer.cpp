@@ -17,7 +17,6 @@
 #include "data/shard.h"
 #include "data/tokenizer.h"
 #include "kernels/check.h"
-#include "kernels/global_norm.h"
 #include "model/gpt.h"
 #include "model/parameters.h"
 #include "model/sample.h"
