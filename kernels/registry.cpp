@@ -28,9 +28,14 @@ const std::vector<KernelFamily>& kernel_families() {
     return families;
 }
 
-const KernelFamily& kernel_family(const std::string& name) {
+const KernelFamily* find_kernel_family(const std::string& name) {
     for (const KernelFamily& f : kernel_families())
-        if (f.name == name) return f;
+        if (f.name == name) return &f;
+    return nullptr;
+}
+
+const KernelFamily& kernel_family(const std::string& name) {
+    if (const KernelFamily* f = find_kernel_family(name)) return *f;
     throw Error("no kernel family '" + name + "'");
 }
 

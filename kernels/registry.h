@@ -21,6 +21,8 @@ struct KernelFamily {
 const std::vector<KernelFamily>& kernel_families();
 // Throws zgpt::Error for a family that is not registered.
 const KernelFamily& kernel_family(const std::string& name);
+// nullptr for a name that is not a registered family.
+const KernelFamily* find_kernel_family(const std::string& name);
 // The id of `variant` in `family`; throws zgpt::Error "kernels.<family>: unknown variant 'x'
 // (known: a, b, c)".
 int kernel_variant(const std::string& family, const std::string& variant);

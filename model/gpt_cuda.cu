@@ -742,16 +742,21 @@ double GptCuda::grad_norm() {
 }
 
 double GptCuda::grad_sum_of_squares(int64_t lo, int64_t hi) {
+    queue_sum_of_squares(lo, hi);
+    ZG_CUDA_CHECK(cudaEventSynchronize(impl_->norm_ev));
+    return *impl_->h_norm.get();
+}
+
+void GptCuda::queue_sum_of_squares(int64_t lo, int64_t hi) {
+    Impl& im = *impl_;
     ZG_CHECK(0 <= lo && lo <= hi && hi <= num_parameters(), "grad_sum_of_squares: bad range");
-    impl_->tick(nullptr);
-    cuda::sum_of_squares(impl_->norm_out.as<double>(), impl_->grads.as<float>() + lo, hi - lo,
-                         impl_->norm_scratch.get(), impl_->stream);
-    impl_->tick("gradient norm");
-    double s = 0;
-    ZG_CUDA_CHECK(cudaMemcpyAsync(&s, impl_->norm_out.get(), sizeof s, cudaMemcpyDeviceToHost,
-                                  impl_->stream));
-    ZG_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
-    return s;
+    im.tick(nullptr);
+    cuda::sum_of_squares(im.norm_out.as<double>(), im.grads.as<float>() + lo, hi - lo,
+                         im.norm_scratch.get(), im.stream);
+    im.tick("gradient norm");
+    ZG_CUDA_CHECK(cudaMemcpyAsync(im.h_norm.get(), im.norm_out.get(), sizeof(double),
+                                  cudaMemcpyDeviceToHost, im.stream));
+    ZG_CUDA_CHECK(cudaEventRecord(im.norm_ev, im.stream));
 }
 
 void GptCuda::adamw_step(double lr, double beta1, double beta2, double eps, double weight_decay,
@@ -776,15 +781,9 @@ double GptCuda::clip_and_adamw_step_range(double lr, double beta1, double beta2,
     ZG_CHECK(im.vgroup.size == 1,
              "clip_and_adamw_step_range: a vocab-parallel model's norm is summed over its group "
              "(grad_sum_of_squares per rank)");
-    im.tick(nullptr);
-    cuda::sum_of_squares(im.norm_out.as<double>(), im.grads.as<float>(), num_parameters(),
-                         im.norm_scratch.get(), im.stream);
-    im.tick("gradient norm");
     // The norm on its way to the host before the update is queued: the host then waits for the
     // copy alone, and its work between steps runs beside the update.
-    ZG_CUDA_CHECK(cudaMemcpyAsync(im.h_norm.get(), im.norm_out.get(), sizeof(double),
-                                  cudaMemcpyDeviceToHost, im.stream));
-    ZG_CUDA_CHECK(cudaEventRecord(im.norm_ev, im.stream));
+    queue_sum_of_squares(0, num_parameters());
     queue_adamw(lr, beta1, beta2, eps, weight_decay, t, 1.0, {im.norm_out.as<double>(), max_norm},
                 m, v, lo, hi);
     ZG_CUDA_CHECK(cudaEventSynchronize(im.norm_ev));

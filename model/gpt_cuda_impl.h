@@ -79,8 +79,8 @@ struct GptCuda::Impl {
 
     DeviceBuffer params, grads, params16;  // fp32 arenas; bf16 copy (bf16 precision only)
     DeviceBuffer norm_scratch, norm_out;
-    // clip_and_adamw_step_range: the norm's copy for the host, and its event (the host waits for
-    // the copy alone while the update runs)
+    // The sum of squares' copy for the host and its event: the host waits for the copy alone
+    // (with clip_and_adamw_step_range, while the update runs)
     PinnedBuffer<double> h_norm;
     cudaEvent_t norm_ev = nullptr;
 

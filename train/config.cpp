@@ -267,11 +267,7 @@ nlohmann::json kernel_tuning_json(const Config& c0) {
     for (const ConfigField& f : config_fields(c)) {
         if (f.section != "kernels") continue;
         const size_t dot = f.key.find('.');
-        // every key but the families' variant choices (kernels_json's)
-        const bool variant =
-            std::any_of(kernel_families().begin(), kernel_families().end(),
-                        [&](const KernelFamily& fam) { return fam.name == f.key; });
-        if (variant) continue;
+        if (find_kernel_family(f.key)) continue;  // a variant choice: kernels_json's
         nlohmann::json& at = dot == std::string::npos ? j : j[f.key.substr(0, dot)];
         const std::string name = dot == std::string::npos ? f.key : f.key.substr(dot + 1);
         std::visit([&](auto* p) { at[name] = *p; }, f.value);
