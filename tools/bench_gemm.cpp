@@ -66,7 +66,7 @@ const char* epilogue_name(Epilogue e) {
 int main(int argc, char** argv) {
     CLI::App app{"Time the GPT trainer's GEMMs, and cuBLASLt's candidate algorithms for each."};
     zgpt::report_cli_errors(app);
-    std::string out, shape_arg = "65536,768,50257";
+    std::string out, only, shape_arg = "65536,768,50257";
     int iters = 20, max_candidates = 32, chunks = 4, layers = 12;
     app.add_option("--out", out, "write the results as JSON here");
     app.add_option("--shape", shape_arg,
@@ -77,6 +77,7 @@ int main(int argc, char** argv) {
     app.add_option("--candidates", max_candidates, "candidates timed per GEMM (at most 32)")
         ->capture_default_str();
     app.add_option("--iters", iters, "timed runs per candidate")->capture_default_str();
+    app.add_option("--only", only, "time only the GEMMs whose name contains this");
     CLI11_PARSE(app, argc, argv);
     int64_t BT = 0, C = 0, V = 0;
     try {
@@ -107,13 +108,14 @@ int main(int argc, char** argv) {
     // logits), aux a pre-activation, a weight (max(4C, Vp) x C), fp32 weight gradients.
     const size_t act = size_t(std::max(BT * 4 * C, HR * Vp)), xs = size_t(BT * std::max(4 * C, Vp));
     const size_t wts = size_t(std::max(4 * C, Vp) * C);
-    __nv_bfloat16 *x, *y, *aux, *w, *bias;
+    __nv_bfloat16 *x, *y, *aux, *w, *bias, *res;
     float *dw, *dbias;
     CK(cudaMalloc(&x, xs * 2));
     CK(cudaMalloc(&y, act * 2));
     CK(cudaMalloc(&aux, size_t(BT * 4 * C) * 2));
     CK(cudaMalloc(&w, wts * 2));
     CK(cudaMalloc(&bias, size_t(4 * C) * 2));
+    CK(cudaMalloc(&res, size_t(BT * C) * 2));
     CK(cudaMalloc(&dw, wts * 4));
     CK(cudaMalloc(&dbias, size_t(4 * C) * 4));
     fill_logits(x, xs, 31, 1.0);
@@ -121,6 +123,7 @@ int main(int argc, char** argv) {
     fill_logits(aux, size_t(BT * 4 * C), 33, 2.0);
     fill_logits(w, wts, 35, 0.05);
     fill_logits(bias, size_t(4 * C), 37, 0.1);
+    fill_logits(res, size_t(BT * C), 39, 1.0);
     CK(cudaMemset(dw, 0, wts * 4));
 
     auto fwd = [&](int64_t M, int64_t K, int64_t N, Epilogue e) {
@@ -128,6 +131,11 @@ int main(int argc, char** argv) {
         g.epilogue = e;
         if (e == Epilogue::bias || e == Epilogue::gelu_aux_bias) g.bias = bias;
         if (e == Epilogue::gelu_aux_bias || e == Epilogue::gelu_aux) g.aux = aux;
+        return g;
+    };
+    auto with_residual = [&](Gemm g) {  // residual_in_matmul's projections: + C, beta 1
+        g.C = res;
+        g.beta = 1.0f;
         return g;
     };
     auto dinp = [&](int64_t M, int64_t K, int64_t N, Epilogue e) {  // D[M, K] = dout[M, N] W[N, K]
@@ -151,6 +159,10 @@ int main(int argc, char** argv) {
         {"fwd fc + GELU", fwd(BT, C, 4 * C, Epilogue::gelu_aux_bias), layers},
         {"fwd fc, no epilogue", fwd(BT, C, 4 * C, Epilogue::none), 0},
         {"fwd fcproj", fwd(BT, 4 * C, C, Epilogue::bias), layers},
+        // what the trainer runs (residual_in_matmul), and fc with kernels.gelu_on_load: its
+        // pre-activation only (fcproj takes GELU on its load, below)
+        {"fwd fcproj + residual", with_residual(fwd(BT, 4 * C, C, Epilogue::bias)), 0},
+        {"fwd fc + bias, pre-activation only", fwd(BT, C, 4 * C, Epilogue::bias), 0},
         {"dinp qkv", dinp(BT, C, 3 * C, Epilogue::none), layers},
         {"dinp proj", dinp(BT, C, C, Epilogue::none), layers},
         {"dinp fc", dinp(BT, C, 4 * C, Epilogue::none), layers},
@@ -172,6 +184,7 @@ int main(int argc, char** argv) {
     nlohmann::json rows = nlohmann::json::array();
     double step_default = 0, step_best = 0, step_floor = 0;
     for (const Case& c : cases) {
+        if (!only.empty() && c.name.find(only) == std::string::npos) continue;
         const Gemm& g = c.g;
         const double flops = 2.0 * double(g.M) * double(g.N) * double(g.K);
         const double floor_ms = flops / rate * 1e3;
@@ -233,6 +246,34 @@ int main(int argc, char** argv) {
         "ms (%.2fx), the best candidate of each %.2f ms (%.2fx)\n",
         layers, chunks, step_floor, step_default, step_default / step_floor, step_best,
         step_best / step_floor);
+    // kernels.gelu_on_load: fcproj on the wgmma kernel taking GELU of the pre-activation on its
+    // A load (aux here), with the bias and the residual, the GELU values stored (for fcproj's
+    // weight gradient) or not; against the same kernel on GELU's output
+    nlohmann::json on_load = nlohmann::json::object();
+    {
+        Gemm g = with_residual(fwd(BT, 4 * C, C, Epilogue::bias));
+        g.A = aux;  // the pre-activation; x: GELU's output for the plain product, and where
+                    // the GELU values are stored
+        const double floor_ms = 2.0 * double(BT) * double(C) * double(4 * C) / rate * 1e3;
+        auto timed = [&](const char* what, auto&& fn) {
+            const double ms = time_ms(fn, iters);
+            std::printf("fcproj (wgmma) %-44s %7.1f us (%4.2fx)\n", what, ms * 1e3, ms / floor_ms);
+            on_load[what] = ms;
+        };
+        Gemm plain = g;
+        plain.A = x;
+        timed("plain, bias + residual", [&] { zgpt::cuda::try_gemm_wgmma(plain, nullptr); });
+        timed("GELU on load, bias + residual",
+              [&] { zgpt::cuda::try_gemm_wgmma_gelu_input(g, nullptr, nullptr); });
+        timed("GELU on load, bias + residual, GELU stored",
+              [&] { zgpt::cuda::try_gemm_wgmma_gelu_input(g, x, nullptr); });
+        Gemm nores = g;
+        nores.C = nullptr;
+        nores.beta = 0.0f;
+        timed("GELU on load, bias, GELU stored",
+              [&] { zgpt::cuda::try_gemm_wgmma_gelu_input(nores, x, nullptr); });
+        on_load["floor_ms"] = floor_ms;
+    }
     // what the GELU' + bias-gradient epilogue replaces: fc's bias gradient as its own pass over
     // the 4C-wide gradient (the trainer runs it on the weight-gradient stream)
     void* scratch = nullptr;
@@ -243,8 +284,8 @@ int main(int argc, char** argv) {
     std::printf("fc bias gradient as its own pass (%lld x %lld bf16): %.1f us\n", (long long)BT,
                 (long long)(4 * C), bias_pass * 1e3);
     for (void* p : {static_cast<void*>(x), static_cast<void*>(y), static_cast<void*>(aux),
-                    static_cast<void*>(w), static_cast<void*>(bias), static_cast<void*>(dw),
-                    static_cast<void*>(dbias), scratch})
+                    static_cast<void*>(res), static_cast<void*>(w), static_cast<void*>(bias),
+                    static_cast<void*>(dw), static_cast<void*>(dbias), scratch})
         cudaFree(p);
     if (!out.empty()) {
         std::ofstream f(out);
@@ -255,6 +296,7 @@ int main(int argc, char** argv) {
                             {"step_first_ms", step_default},
                             {"step_best_ms", step_best},
                             {"fc_bias_pass_ms", bias_pass},
+                            {"fcproj_gelu_on_load_ms", on_load},
                             {"rows", rows}}
                  .dump(2)
           << "\n";
