@@ -364,28 +364,15 @@ __device__ __forceinline__ void produce(const Smem<Cfg>& sm, const CUtensorMap* 
     wait_last_releases<Cfg>(sm, pair, j);
 }
 
-// What a consumer warpgroup does to its 64 rows of a stage's A tile before its products read them:
-// nothing (the plain GEMM), or rewrite them in place (kernels/matmul_wgmma.cu: GELU on the load).
-// prepare(a_rows, tiles, k) is called by the whole warpgroup once the stage has arrived;
-// before_release() by lane 0 of each of its warps before that warp frees a stage (a copy the
-// warpgroup started from the stage must have read it first).
-struct KeepA {
-    template <class Tiles>
-    __device__ void operator()(uint32_t, const Tiles&, int) const {}
-    __device__ void before_release() const {}
-};
-
 // The consumers' loop over the CTA's tiles. For each tile: the products over the ring (`ksteps`
 // stages of kBK per tile; with kLoads, thread 128 also issues the loads, refilling each stage once
 // both warpgroups have freed it; without, produce() runs elsewhere), then transform(acc, tiles)
 // (what the kernel adds in fp32, such as a bias) and the accumulator into the tile buffer once the
-// epilogue has freed it. Called by warpgroups 1 and 2. `prepare` (KeepA) may rewrite each stage's
-// A rows first; it runs while the previous stage's products are still on the tensor cores.
-template <class Cfg, bool kLoads, class Tiles, class Transform, class PrepareA = KeepA>
+// epilogue has freed it. Called by warpgroups 1 and 2.
+template <class Cfg, bool kLoads, class Tiles, class Transform>
 __device__ __forceinline__ void consume(const Smem<Cfg>& sm, const CUtensorMap* map_a,
                                         const CUtensorMap* map_b, Tiles tiles, int ksteps,
-                                        Transform&& transform, Pair pair = {},
-                                        PrepareA prepare = {}) {
+                                        Transform&& transform, Pair pair = {}) {
     constexpr int S = Cfg::kStages;
     const int tid = threadIdx.x, cw = tid / 128 - 1, warp = tid % 128 / 32, lane = tid % 32;
     const bool loader = kLoads && tid == 128;
@@ -394,7 +381,6 @@ __device__ __forceinline__ void consume(const Smem<Cfg>& sm, const CUtensorMap* 
     const uint32_t peer_empty0 = pair.on ? peer_smem(sm.empty(0), pair.rank ^ 1u) : 0u;
     auto release = [&](int s) {
         if (lane != 0) return;
-        prepare.before_release();
         bar_arrive(sm.empty(s));
         if (pair.on) bar_arrive_cluster(peer_empty0 + 8 * s);
     };
@@ -411,7 +397,6 @@ __device__ __forceinline__ void consume(const Smem<Cfg>& sm, const CUtensorMap* 
         for (int k = 0; k < ksteps; k++, it++) {
             const int s = int(it % S);
             bar_wait(sm.full(s), (it / S) & 1);
-            prepare(sm.a_tile(s) + cw * (kATileBytes / 2), tiles, k);
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < kBK / 16; kk++)

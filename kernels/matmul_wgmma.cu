@@ -55,62 +55,6 @@ __device__ __forceinline__ void add_bias_columns(float (&acc)[128], const bf16* 
     }
 }
 
-// acc += the residual (Gemm::C, [M, N] bf16) at the tile's rows and columns, in fp32 before the
-// one rounding to bf16, as cuBLASLt's beta = 1 (residual_in_matmul's projections). The consumer
-// warp's rows are r0 .. r0 + 15 of the tile; element 4 i + 2 h + e is row gq + 8 h, column
-// 8 i + 2 tq + e. Rows past M and columns past N read nothing (their outputs are not stored).
-__device__ __forceinline__ void add_residual(float (&acc)[128], const bf16* res, int row0, int col,
-                                             int M, int N) {
-    const int lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int r = row0 + gq + 8 * h;
-        if (r >= M) continue;
-        const bf16* rp = res + int64_t(r) * N;
-#pragma unroll
-        for (int i = 0; i < 32; i++) {
-            const int c = col + 8 * i + 2 * tq;
-            if (c >= N) continue;
-            const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(rp + c));
-            acc[4 * i + 2 * h] += v.x;
-            acc[4 * i + 2 * h + 1] += v.y;
-        }
-    }
-}
-
-// GELU of A on its load (try_gemm_wgmma_gelu_input): each consumer warpgroup rewrites its 64 rows
-// of the stage's A tile in place (kernels/gelu.cuh, the bits of the GELU pass) before its products
-// read them. The 128-byte swizzle permutes 16-byte chunks within a row, so an elementwise map
-// ignores it. With `out`, the GELU values are also stored (the weight gradient's input): the CTA
-// of column tile c stores the k steps with k % col_tiles == c, so each value is stored once and
-// the stores are spread over the CTAs that share the row tile.
-struct GeluOnLoad {
-    const CUtensorMap* out;  // [M, K] bf16, boxes of 64 rows x 64 columns; null: not stored
-    int col_tiles;
-    __device__ void operator()(uint32_t a_rows, const GridTiles& t, int k) const {
-        const int i = threadIdx.x % 128, cw = threadIdx.x / 128 - 1;
-#pragma unroll
-        for (int c = i; c < 64 * 8; c += 128) {  // 64 rows x 8 chunks of 8 values
-            float v[8];
-            lds_chunk(a_rows + 16 * c, v);
-#pragma unroll
-            for (int e = 0; e < 8; e++) v[e] = gelu_f(v[e]);
-            sts_chunk(a_rows + 16 * c, v);
-        }
-        // the writes before the products (and the store) read the rows through the async proxy
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        asm volatile("bar.sync %0, 128;\n" ::"r"(2 + cw) : "memory");
-        if (out && i == 0 && k % col_tiles == t.col / kBN) {
-            tma_store(out, a_rows, k * kBK, t.row + 64 * cw);
-            tma_store_commit();
-        }
-    }
-    // lane 0 of warp 0 started the store: the stage is refilled only after it has been read
-    __device__ void before_release() const {
-        if (out && threadIdx.x % 128 == 0) tma_store_wait_read();
-    }
-};
-
 // Warpgroup 0 without GELU: warps 0-2 store, lane 0 of warp 3 issues the loads (produce()), so
 // that a consumer never waits for the other to free a stage before its own next products (H100,
 // ncu, layer 0: qkv 371.7 -> 354.9 us, fcproj 470.2 -> 450.3 us). With GELU all four warps take
@@ -137,13 +81,12 @@ __device__ __forceinline__ void store_tile(const CUtensorMap* map, uint32_t buf,
     epilogue_sync<kThreadsStoring>();
 }
 
-// kGeluA: D = GELU(A) B^T (GeluOnLoad), with map_aux the GELU values' output when store_a.
-template <bool kGelu, bool kGeluA = false>
+template <bool kGelu>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_kernel(const __grid_constant__ CUtensorMap map_a,
                 const __grid_constant__ CUtensorMap map_b,
                 const __grid_constant__ CUtensorMap map_d,
-                const __grid_constant__ CUtensorMap map_aux, const Params p, bool store_a = false) {
+                const __grid_constant__ CUtensorMap map_aux, const Params p) {
 #ifdef ZG_NO_WGMMA
     __trap();
 #else
@@ -180,18 +123,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (tid == 0) tma_store_wait();  // the buffer must outlive the stores
         return;
     }
-    auto transform = [&](float(&acc)[128], const GridTiles& t) {
-        if (p.bias) add_bias_columns(acc, p.bias, t.col, p.N);
-        if (p.residual)
-            add_residual(acc, p.residual, t.row + (tid / 128 - 1) * 64 + (tid % 128 / 32) * 16,
-                         t.col, p.M, p.N);
-    };
-    if constexpr (kGeluA) {
-        consume<Cfg, kGelu>(sm, &map_a, &map_b, GridTiles(p), ksteps, transform, Pair{},
-                            GeluOnLoad{store_a ? &map_aux : nullptr, p.col_tiles});
-        if (store_a && tid % 128 == 0) tma_store_wait();  // the GELU values' stores are done
-    } else
-        consume<Cfg, kGelu>(sm, &map_a, &map_b, GridTiles(p), ksteps, transform);
+    consume<Cfg, kGelu>(sm, &map_a, &map_b, GridTiles(p), ksteps,
+                        [&](float(&acc)[128], const GridTiles& t) {
+                            if (p.bias) add_bias_columns(acc, p.bias, t.col, p.N);
+                        });
 #endif
 }
 
@@ -202,18 +137,17 @@ bool gemm_wgmma_usable(const Gemm& g) {
     const bool epilogue_ok = g.epilogue == Epilogue::none || bias || gelu;
     // rows stored back to back only (no Gemm::lda, ldb, ldd): the kernel's TMA maps assume them
     const bool packed = g.lda == 0 && g.ldb == 0 && g.ldd == 0;
-    // a residual C (beta 1) beside the bias epilogues, not GELU's
-    const bool c_ok = g.C ? g.beta == 1.0f && !gelu && is_aligned(g.C, 4) : g.beta == 0.0f;
-    return epilogue_ok && packed && c_ok && g.ab_type == DType::bf16 && g.d_type == DType::bf16 &&
-           !g.trans_a && g.trans_b && g.alpha == 1.0f && g.M > 0 && g.N > 0 && g.K > 0 &&
-           g.K % 8 == 0 && g.N % 8 == 0 && g.M < INT32_MAX - kBM && g.N < INT32_MAX - kBN &&
-           g.K < INT32_MAX && is_aligned(g.A) && is_aligned(g.B) && is_aligned(g.D) &&
-           (!bias || (g.bias && is_aligned(g.bias, 4))) &&
+    return epilogue_ok && packed && g.ab_type == DType::bf16 && g.d_type == DType::bf16 &&
+           !g.trans_a && g.trans_b && g.alpha == 1.0f && g.beta == 0.0f && !g.C && g.M > 0 &&
+           g.N > 0 && g.K > 0 && g.K % 8 == 0 && g.N % 8 == 0 && g.M < INT32_MAX - kBM &&
+           g.N < INT32_MAX - kBN && g.K < INT32_MAX && is_aligned(g.A) && is_aligned(g.B) &&
+           is_aligned(g.D) && (!bias || (g.bias && is_aligned(g.bias, 4))) &&
            (!gelu || (g.aux && is_aligned(g.aux))) && current_device_is_sm90();
 }
 
-namespace {
-void set_smem_attributes() {
+bool try_gemm_wgmma(const Gemm& g, CUstream_st* stream, WgmmaSchedule schedule) {
+    if (!gemm_wgmma_usable(g)) return false;
+    if (schedule == WgmmaSchedule::pingpong) return gemm_wgmma_pingpong(g, stream);
     static std::once_flag once;
     std::call_once(once, [] {
         ZG_CUDA_CHECK(cudaFuncSetAttribute(gemm_kernel<false>,
@@ -222,18 +156,7 @@ void set_smem_attributes() {
         ZG_CUDA_CHECK(cudaFuncSetAttribute(gemm_kernel<true>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            CfgOf<true>::kSmemBytes));
-        ZG_CUDA_CHECK(cudaFuncSetAttribute(gemm_kernel<false, true>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           CfgOf<false>::kSmemBytes));
     });
-}
-}  // namespace
-
-bool try_gemm_wgmma(const Gemm& g, CUstream_st* stream, WgmmaSchedule schedule) {
-    if (!gemm_wgmma_usable(g)) return false;
-    if (schedule == WgmmaSchedule::pingpong)  // its epilogue has no residual
-        return !g.C && gemm_wgmma_pingpong(g, stream);
-    set_smem_attributes();
     const Params p = wgmma_params<kBM, kBN>(g);
     const bool gelu = wgmma_has_gelu(g.epilogue);
     using hopper_gemm::tensor_map;
@@ -246,23 +169,6 @@ bool try_gemm_wgmma(const Gemm& g, CUstream_st* stream, WgmmaSchedule schedule) 
         gemm_kernel<true><<<grid, kThreads, CfgOf<true>::kSmemBytes, stream>>>(ma, mb, md, mx, p);
     else
         gemm_kernel<false><<<grid, kThreads, CfgOf<false>::kSmemBytes, stream>>>(ma, mb, md, mx, p);
-    ZG_CUDA_CHECK(cudaGetLastError());
-    return true;
-}
-
-bool try_gemm_wgmma_gelu_input(const Gemm& g, void* gelu_out, CUstream_st* stream) {
-    if (!gemm_wgmma_usable(g) || wgmma_has_gelu(g.epilogue) || !is_aligned(gelu_out)) return false;
-    set_smem_attributes();
-    const Params p = wgmma_params<kBM, kBN>(g);
-    using hopper_gemm::tensor_map;
-    const CUtensorMap ma = tensor_map(g.A, g.M, g.K, kBM, kBK);
-    const CUtensorMap mb = tensor_map(g.B, g.N, g.K, kBN, kBK);
-    const CUtensorMap md = tensor_map(g.D, g.M, g.N, kBM, 64);
-    // a consumer warpgroup's 64 rows of a stage's A tile, in the layout the loads left them
-    const CUtensorMap mg = gelu_out ? tensor_map(gelu_out, g.M, g.K, 64, kBK) : md;
-    const int grid = std::min(p.tiles, current_device_sm_count());
-    gemm_kernel<false, true>
-        <<<grid, kThreads, CfgOf<false>::kSmemBytes, stream>>>(ma, mb, md, mg, p, gelu_out);
     ZG_CUDA_CHECK(cudaGetLastError());
     return true;
 }

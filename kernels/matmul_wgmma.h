@@ -8,8 +8,7 @@
 namespace zgpt::cuda {
 
 // The forward products the kernel takes: bf16 A [M, K] and B [N, K] (trans_b), bf16 D, alpha 1,
-// beta 0 (or 1 with a residual C beside no GELU: the cooperative schedule only), epilogue none /
-// bias / gelu_aux_bias / gelu_aux, K and N multiples of 8 and 16-byte
+// beta 0, epilogue none / bias / gelu_aux_bias / gelu_aux, K and N multiples of 8 and 16-byte
 // aligned matrices, on an sm_90 device.
 bool gemm_wgmma_usable(const Gemm& g);
 // How the kernel's two consumer warpgroups share the work (kernels.matmul_wgmma_schedule):
@@ -23,12 +22,5 @@ enum class WgmmaSchedule { cooperative, pingpong };
 // it.
 bool try_gemm_wgmma(const Gemm& g, CUstream_st* stream,
                     WgmmaSchedule schedule = WgmmaSchedule::cooperative);
-
-// D = GELU(A) B^T (+ bias) (+ C) with A the pre-activation: GELU taken on A's load (the
-// cooperative kernel; kernels.gelu_on_load), so that the GEMM that made A needs no GELU epilogue.
-// GELU has the bits of the GELU pass (kernels/gelu.cuh). With gelu_out, the GELU values are also
-// written there ([M, K] bf16, the weight gradient's input). Takes what try_gemm_wgmma takes but
-// the GELU epilogues; false (nothing launched) otherwise.
-bool try_gemm_wgmma_gelu_input(const Gemm& g, void* gelu_out, CUstream_st* stream);
 
 }  // namespace zgpt::cuda

@@ -27,18 +27,16 @@ bool gemm_wgmma_pingpong(const Gemm& g, CUstream_st* stream);
 namespace {
 
 struct WgmmaParams {
-    int M, N, K;  // the TMA loads zero-fill rows past M and the stores clip them
+    int N, K;  // rows past M need no bound: the TMA loads zero-fill them and the stores clip them
     int row_tiles, col_tiles, tiles;
     bool rows_fastest;  // B too large to stay in L2 (the LM head's weight): walk rows fastest
-    const __nv_bfloat16* bias;      // [N] or null
-    const __nv_bfloat16* residual;  // Gemm::C with beta 1 ([M, N], added in fp32), or null
+    const __nv_bfloat16* bias;  // [N] or null
 };
 
 // g's parameters for output tiles of kRows x kCols.
 template <int kRows, int kCols>
 WgmmaParams wgmma_params(const Gemm& g) {
     WgmmaParams p{};
-    p.M = int(g.M);
     p.N = int(g.N);
     p.K = int(g.K);
     const int64_t row_tiles = (g.M + kRows - 1) / kRows;
@@ -53,7 +51,6 @@ WgmmaParams wgmma_params(const Gemm& g) {
     // the other way, as fused_linear_wgmma walks it.
     p.rows_fastest = g.N * g.K * 2 > (int64_t(16) << 20);
     p.bias = wgmma_has_bias(g.epilogue) ? static_cast<const __nv_bfloat16*>(g.bias) : nullptr;
-    p.residual = static_cast<const __nv_bfloat16*>(g.C);
     return p;
 }
 

@@ -51,11 +51,6 @@ struct KernelChoice {
     // column of ones beside its rows (8 columns wider), so the GEMM's last column is the column
     // sums of dfch and no pass of its own reads dfch again (matmul: fused_epilogue with biases)
     bool fc_bias_in_dw = true;
-    // GELU taken on fcproj's operand load instead of in fc's GEMM epilogue: fc stores its
-    // pre-activation only, and our Hopper kernel (kernels/matmul_wgmma.h) multiplies GELU of it,
-    // writing the GELU values beside for fcproj's weight gradient (a GEMM-epilogue matmul variant;
-    // elsewhere than sm_90 and bf16, the GELU pass runs before fcproj)
-    bool gelu_on_load = false;
     // The kernels' tuning knobs (kernels.cross_entropy_tuning.*, kernels.attention_tuning.*); the
     // defaults are the kernels' own choices.
     cuda::CrossEntropyTuning cross_entropy_tuning;

@@ -43,7 +43,6 @@ GptCuda::Impl::Impl(const ModelConfig& c, const CudaModelOptions& o)
     mm_variant = MatmulVariant(kernel_variant("matmul", opt.kernels.matmul));
     fc_bias_in_dw =
         opt.kernels.fc_bias_in_dw && cfg.bias && mm_variant == MatmulVariant::fused_epilogue;
-    gelu_on_load = opt.kernels.gelu_on_load && mm_variant != MatmulVariant::separate;
     ZG_CHECK(opt.kernels.matmul_wgmma_schedule == "cooperative" ||
                  opt.kernels.matmul_wgmma_schedule == "pingpong",
              "kernels.matmul_wgmma_schedule: cooperative or pingpong, not '" +
@@ -256,17 +255,7 @@ void GptCuda::Impl::fc_gelu_forward(void* fch, void* gelu, const void* inp, int 
                                     int64_t M, int64_t K, int64_t N, int64_t lda) {
     ZG_CHECK(lda == 0 || lda == K || mm_variant == MatmulVariant::fused_epilogue,
              "fc_gelu_forward: strided input rows only with cuBLASLt's epilogues");
-    if (gelu_on_load) {  // the pre-activation only: fcproj takes its GELU
-        cuda::Gemm gm = forward_gemm(fch, inp, w_idx, M, K, N);
-        if (lda != K) gm.lda = lda;
-        if (b_idx >= 0) {
-            gm.epilogue = cuda::Epilogue::bias;
-            gm.bias = w(b_idx);
-        }
-        if (!(mm_variant == MatmulVariant::wgmma &&
-              cuda::try_gemm_wgmma(gm, stream, wgmma_schedule)))
-            cuda::gemm(gm, stream);
-    } else if (mm_variant != MatmulVariant::separate) {
+    if (mm_variant != MatmulVariant::separate) {
         cuda::Gemm gm = forward_gemm(gelu, inp, w_idx, M, K, N);
         if (lda != K) gm.lda = lda;
         gm.epilogue = b_idx >= 0 ? cuda::Epilogue::gelu_aux_bias : cuda::Epilogue::gelu_aux;
@@ -364,33 +353,10 @@ void GptCuda::Impl::add_norm(void* res_out, void* norm_out, float* mean, float* 
     }
 }
 
-void GptCuda::Impl::gemm_gelu_input(cuda::Gemm gm, const GeluInput& gi) {
-    if (cuda::try_gemm_wgmma_gelu_input(gm, gi.out, stream)) return;
-    void* gelu = gi.out ? gi.out : gi.scratch;
-    ZG_CHECK(gelu, "gemm_gelu_input: no buffer for the GELU pass");
-    cuda::gelu_forward(gelu, gm.A, gm.M * gm.K, t, stream);
-    gm.A = gelu;
-    cuda::gemm(gm, stream);
-}
-
 void GptCuda::Impl::project_add_norm(void* res_out, void* norm_out, float* mean, float* rstd,
                                      const void* res_in, const void* inp, int w_idx, int b_idx,
-                                     int64_t K, int ln_w, int ln_b, int64_t norm_ld,
-                                     const GeluInput& gi) {
+                                     int64_t K, int ln_w, int ln_b, int64_t norm_ld) {
     const int64_t BT = B * Tn, C = cfg.n_embd;
-    if (!residual_in_matmul() && gi.on) {
-        cuda::Gemm gm = forward_gemm(branch_out.get(), inp, w_idx, BT, K, C);
-        if (b_idx >= 0) {
-            gm.epilogue = cuda::Epilogue::bias;
-            gm.bias = w(b_idx);
-        }
-        gemm_gelu_input(gm, gi);
-        tick("matmul fwd");
-        add_norm(res_out, norm_out, mean, rstd, res_in, branch_out.get(), ln_w, ln_b, BT, C,
-                 norm_ld);
-        tick("residual + layernorm fwd");
-        return;
-    }
     if (!residual_in_matmul()) {
         linear_forward(branch_out.get(), inp, w_idx, b_idx, BT, K, C);
         tick("matmul fwd");
@@ -407,11 +373,7 @@ void GptCuda::Impl::project_add_norm(void* res_out, void* norm_out, float* mean,
     }
     gm.C = res_in;
     gm.beta = 1.0f;
-    if (gi.on)
-        gemm_gelu_input(gm, gi);
-    else if (!(mm_variant == MatmulVariant::wgmma &&
-               cuda::try_gemm_wgmma(gm, stream, wgmma_schedule)))
-        cuda::gemm(gm, stream);
+    cuda::gemm(gm, stream);  // cuBLASLt: the wgmma kernel has no C operand
     tick("matmul fwd");
     cuda::layernorm_forward(norm_out, {1, norm_ld}, mean, rstd, res_out, {1, C}, wr(ln_w), wr(ln_b),
                             BT, C, cfg.ln_eps, t, rt, stream);
@@ -475,15 +437,12 @@ void GptCuda::Impl::forward(const int32_t* host_tokens, int64_t b, int64_t tn) {
         fc_gelu_forward(a.fch.get(), gelu, a.ln2.get(), p.fc_w, p.fc_b, BT, C, 4 * C, ln2_ld());
         tick("matmul fwd (fc + GELU)");
         const bool last = l == L - 1;
-        // under gelu_on_load fcproj reads the pre-activation and keeps GELU's values for its
-        // weight gradient (recompute_gelu: not kept; the backward computes them again)
-        const GeluInput gi{gelu_on_load, opt.recompute_gelu ? nullptr : gelu, gelu};
         project_add_norm(residual[l + 1].get(), last ? lnf.get() : layers[l + 1].ln1.get(),
                          last ? lnf_mean.as<float>() : layers[l + 1].ln1_mean.as<float>(),
                          last ? lnf_rstd.as<float>() : layers[l + 1].ln1_rstd.as<float>(),
-                         a.res_attn.get(), gelu_on_load ? a.fch.get() : gelu, p.fcproj_w,
-                         p.fcproj_b, 4 * C, last ? layout.lnf_w : layout.blocks[l + 1].ln1_w,
-                         last ? layout.lnf_b : layout.blocks[l + 1].ln1_b, 0, gi);
+                         a.res_attn.get(), gelu, p.fcproj_w, p.fcproj_b, 4 * C,
+                         last ? layout.lnf_w : layout.blocks[l + 1].ln1_w,
+                         last ? layout.lnf_b : layout.blocks[l + 1].ln1_b);
     }
     head_pending = !linear_ce;  // loss() runs the logits GEMM, chunked with the cross-entropy
     head_dinp_done = false;

@@ -196,24 +196,8 @@ struct GptCuda::Impl {
                         int64_t N);
 
     // fch = ln2 W_fc^T + b (pre-activation) and gelu = GELU(fch); inp's rows lda apart (0: K).
-    // Under gelu_on_load only fch: fcproj's product takes GELU (project_add_norm's GeluInput).
     void fc_gelu_forward(void* fch, void* gelu, const void* inp, int w_idx, int b_idx, int64_t M,
                          int64_t K, int64_t N, int64_t lda = 0);
-
-    // kernels.gelu_on_load in effect (a GEMM-epilogue variant): fc stores its pre-activation
-    // only, and fcproj's product takes GELU of it on its load (cuda::try_gemm_wgmma_gelu_input),
-    // writing the GELU values for fcproj's weight gradient unless recompute_gelu.
-    bool gelu_on_load = false;
-    // A projection's input given as a pre-activation: the product takes GELU(inp), writing the
-    // GELU values to `out` (null: not kept). `scratch`: where they go when the GELU-on-load
-    // kernel cannot run (not sm_90, fp32) and the GELU pass runs first.
-    struct GeluInput {  // no member initialisers: a default argument below builds one
-        bool on;
-        void* out;
-        void* scratch;
-    };
-    // gm with A = GELU(gm.A) (gi.on): on the wgmma kernel, or the GELU pass and then gm.
-    void gemm_gelu_input(cuda::Gemm gm, const GeluInput& gi);
 
     // dinp[M, K] = dout[M, N] @ W[N, K], the input gradient of a linear layer (no epilogue).
     cuda::Gemm input_grad_gemm(void* dinp, const void* dout, const void* W, int64_t M, int64_t K,
@@ -257,11 +241,9 @@ struct GptCuda::Impl {
     // stream, GEMM epilogues on) the add is the GEMM's C operand and the LayerNorm reads one
     // tensor; otherwise the branch goes through branch_out and add_norm. Ticks "matmul fwd" and
     // "residual + layernorm fwd".
-    // With gi.on, inp is a pre-activation whose GELU the product takes (gelu_on_load).
     void project_add_norm(void* res_out, void* norm_out, float* mean, float* rstd,
                           const void* res_in, const void* inp, int w_idx, int b_idx, int64_t K,
-                          int ln_w, int ln_b, int64_t norm_ld = 0,
-                          const GeluInput& gi = GeluInput{false, nullptr, nullptr});
+                          int ln_w, int ln_b, int64_t norm_ld = 0);
     bool residual_in_matmul() const {
         return ln_variant == LayernormVariant::residual_in_matmul && rt == t &&
                mm_variant != MatmulVariant::separate;

@@ -599,69 +599,6 @@ void matmul_wgmma_schedules(int64_t M, int64_t K, int64_t N) {
     }
 }
 
-// GELU on the wgmma kernel's A load (try_gemm_wgmma_gelu_input; kernels.gelu_on_load): D =
-// GELU(pre) W^T (+ b) (+ residual), the GELU values stored beside when asked. Against the same
-// kernel on the GELU pass's output: the same bits (the GELU of the pass and the products in the
-// same order), with and without the store; the stored values are the pass's bits; sampled rows
-// against the double reference of the stored GELU values; a repeated run's bits.
-void matmul_gelu_on_load(int64_t M, int64_t K, int64_t N) {
-    if (!cuda::current_device_is_sm90()) {
-        MESSAGE("the wgmma matmul runs on sm_90 devices only: nothing to compare here");
-        return;
-    }
-    Rng rng(seed_of({M, K, N, 7}));
-    const DType t = DType::bf16;
-    // pre-activations of both signs well past GELU's bend; small weights keep sums O(1)
-    const auto x = rnd(rng, M * K, t, 2.0), w = rnd(rng, N * K, t, 0.1), b = rnd(rng, N, t),
-               res = rnd(rng, M * N, t);
-    DevT dx(t, x), dw(t, w), db(t, b), dres(t, res), dg(t, M * K);
-    cuda::gelu_forward(dg.p, dx.p, M * K, t, nullptr);
-    const std::vector<double> gelu = dg.get();
-    std::vector<double> gelu_ref(M * K);
-    cpu::gelu_forward(gelu_ref.data(), x.data(), M * K);
-    check_close("the GELU pass", gelu, gelu_ref, t, 1.0 / 128);
-    std::vector<int64_t> rows;
-    for (int64_t r = 0; r < M; r += 61) rows.push_back(r);
-    rows.push_back(M - 1);
-    for (int form = 0; form < 3; form++) {  // no bias; bias; bias and residual
-        CAPTURE(form);
-        cuda::Gemm g = cuda::linear_forward_gemm(nullptr, dg.p, dw.p, M, K, N, t);
-        if (form > 0) {
-            g.epilogue = cuda::Epilogue::bias;
-            g.bias = db.p;
-        }
-        if (form == 2) {
-            g.C = dres.p;
-            g.beta = 1.0f;
-        }
-        DevT d_pass(t, M * N), d_load(t, M * N), d_store(t, M * N), g_out(t, M * K);
-        g.D = d_pass.p;
-        REQUIRE(cuda::try_gemm_wgmma(g, nullptr));
-        g.A = dx.p;
-        g.D = d_load.p;
-        REQUIRE(cuda::try_gemm_wgmma_gelu_input(g, nullptr, nullptr));
-        g.D = d_store.p;
-        REQUIRE(cuda::try_gemm_wgmma_gelu_input(g, g_out.p, nullptr));
-        const std::vector<double> want = d_pass.get(), got = d_load.get();
-        CHECK(got == want);
-        CHECK(d_store.get() == want);
-        CHECK(g_out.get() == gelu);
-        std::vector<double> ref(rows.size() * N), got_rows(rows.size() * N);
-        for (size_t i = 0; i < rows.size(); i++)
-            for (int64_t n = 0; n < N; n++) {
-                double acc = form > 0 ? b[n] : 0.0;
-                if (form == 2) acc += res[rows[i] * N + n];
-                for (int64_t k = 0; k < K; k++) acc += gelu[rows[i] * K + k] * w[n * K + k];
-                ref[i * N + n] = acc;
-                got_rows[i * N + n] = got[rows[i] * N + n];
-            }
-        check_close("GELU(pre) W^T, sampled rows", got_rows, ref, t);
-        g.D = d_load.p;
-        REQUIRE(cuda::try_gemm_wgmma_gelu_input(g, g_out.p, nullptr));
-        CHECK(d_load.get() == want);
-    }
-}
-
 // The trainer's fc bias gradient from the GELU' epilogue at a trainer-like width and more row
 // tiles than SMs (so the column sums are reduced across CTAs): within rounding of the column
 // sums of the stored result, and the same bits on every run (no atomics in the reduction).

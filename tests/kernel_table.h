@@ -58,9 +58,6 @@ void matmul(const std::string& variant, const MatmulDims& s, DType t);
 // The wgmma matmul's two schedules (kernels.matmul_wgmma_schedule) on random bf16 inputs, each
 // epilogue: the same bits, sampled rows against the double reference, repeated runs equal
 void matmul_wgmma_schedules(int64_t M, int64_t K, int64_t N);
-// GELU taken on the wgmma kernel's A load (kernels.gelu_on_load): D = GELU(pre[M, K]) w[N, K]^T
-// (+ b) (+ residual), the GELU values stored beside, against the GELU pass and the plain kernel
-void matmul_gelu_on_load(int64_t M, int64_t K, int64_t N);
 // fc's bias gradient from the GELU' epilogue: d[M, K] = (dout[M, N] w[N, K]) GELU'(pre)
 void dgelu_bias_grad(int64_t M, int64_t K, int64_t N);
 // The vocab-parallel head's three products over a shard of N logits whose rows are ld apart

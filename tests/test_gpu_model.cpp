@@ -722,32 +722,6 @@ TEST_CASE("kernels.fc_bias_in_dw trains like the column-sum pass, and bit for bi
     check_trains_twice_like(c, ref);
 }
 
-TEST_CASE("kernels.gelu_on_load trains like GELU in fc's epilogue, and bit for bit twice") {
-    // fcproj takes GELU of fc's pre-activation on its load (our Hopper kernel on sm_90 in bf16,
-    // the GELU pass before the product otherwise): with the residual in the GEMM or not, with
-    // GELU's values kept for the weight gradient or recomputed, on cuBLASLt's or our forward
-    // GEMMs, and in fp32 (the GELU pass)
-    for (const char* prec : {"bf16", "fp32"}) {
-        CAPTURE(prec);
-        Config c = train_config(prec);
-        const auto ref_b = make_backend("cuda", c);
-        const auto ref = train_steps(*ref_b, c, 0, 20);
-        for (const char* mm : {"fused_epilogue", "wgmma"})
-            for (const char* ln : {"residual_in_matmul", "fused_residual"})
-                for (bool recompute : {false, true}) {
-                    CAPTURE(mm);
-                    CAPTURE(ln);
-                    CAPTURE(recompute);
-                    c.kernels = {};
-                    c.kernels.matmul = mm;
-                    c.kernels.layernorm = ln;
-                    c.kernels.gelu_on_load = true;
-                    c.train.recompute_gelu = recompute;
-                    check_trains_twice_like(c, ref);
-                }
-    }
-}
-
 TEST_CASE("deterministic: two GPU runs are bit-identical and resume is bit-exact") {
     for (const char* prec : {"bf16", "fp32"}) {
         CAPTURE(prec);

@@ -340,15 +340,6 @@ void matmul_wgmma_schedules_rows(std::vector<Row>& rows) {
                     GPU_CHECK(gpu::matmul_wgmma_schedules(16384, 768, 3072))});
 }
 
-void matmul_gelu_on_load_rows(std::vector<Row>& rows) {
-    // odd sizes (a partial row tile, K past the last full step, N past the last full column
-    // tile), then fcproj's shape at a quarter of its rows: 3 column tiles share each row tile's
-    // GELU stores, 48 k steps a tile, more tiles than SMs
-    for (const MatmulDims& s : {MatmulDims{300, 200, 520}, MatmulDims{16384, 3072, 768}})
-        rows.push_back({"matmul_gelu_on_load", "wgmma", dims({{"M", s.N}, {"K", s.C}, {"N", s.OC}}),
-                        "bf16", true, GPU_CHECK(gpu::matmul_gelu_on_load(s.N, s.C, s.OC))});
-}
-
 void dgelu_bias_grad_rows(std::vector<Row>& rows) {
     // the trainer's fc width, 65 row tiles of 128 and a ragged last one
     rows.push_back({"matmul_dgelu_bias_grad", "cuda", dims({{"M", 8195}, {"K", 3072}, {"N", 768}}),
@@ -453,7 +444,6 @@ std::vector<Runner> runners() {
     per_variant("matmul", {"fused_epilogue", "separate", "wgmma"}, matmul_rows);
     r.push_back({"matmul", "cpu", matmul_cpu_rows});
     r.push_back({"matmul_wgmma_schedules", "wgmma", matmul_wgmma_schedules_rows});
-    r.push_back({"matmul_gelu_on_load", "wgmma", matmul_gelu_on_load_rows});
     r.push_back({"matmul_dgelu_bias_grad", "cuda", dgelu_bias_grad_rows});
     r.push_back({"matmul_strided", "cuda", matmul_strided_rows});
     r.push_back({"column_sums", "cuda", column_sums_rows});

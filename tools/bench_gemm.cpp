@@ -159,10 +159,18 @@ int main(int argc, char** argv) {
         {"fwd fc + GELU", fwd(BT, C, 4 * C, Epilogue::gelu_aux_bias), layers},
         {"fwd fc, no epilogue", fwd(BT, C, 4 * C, Epilogue::none), 0},
         {"fwd fcproj", fwd(BT, 4 * C, C, Epilogue::bias), layers},
-        // what the trainer runs (residual_in_matmul), and fc with kernels.gelu_on_load: its
-        // pre-activation only (fcproj takes GELU on its load, below)
+        // what the trainer runs (residual_in_matmul); fc with its bias alone (GELU elsewhere)
         {"fwd fcproj + residual", with_residual(fwd(BT, 4 * C, C, Epilogue::bias)), 0},
         {"fwd fc + bias, pre-activation only", fwd(BT, C, 4 * C, Epilogue::bias), 0},
+        // the bias as one more column of the product instead of an epilogue: the input with a
+        // column of ones (and 7 zeros, K + 8), the weight with the bias in that column
+        {"fwd qkv, no epilogue", fwd(BT, C, 3 * C, Epilogue::none), 0},
+        {"fwd qkv, bias as a ones column", fwd(BT, C + 8, 3 * C, Epilogue::none), 0},
+        {"fwd proj, bias as a ones column", with_residual(fwd(BT, C + 8, C, Epilogue::none)), 0},
+        {"fwd proj + residual", with_residual(fwd(BT, C, C, Epilogue::bias)), 0},
+        {"fwd fc + GELU, bias as a ones column", fwd(BT, C + 8, 4 * C, Epilogue::gelu_aux), 0},
+        {"fwd fcproj + residual, bias as a ones column",
+         with_residual(fwd(BT, 4 * C + 8, C, Epilogue::none)), 0},
         {"dinp qkv", dinp(BT, C, 3 * C, Epilogue::none), layers},
         {"dinp proj", dinp(BT, C, C, Epilogue::none), layers},
         {"dinp fc", dinp(BT, C, 4 * C, Epilogue::none), layers},
@@ -246,34 +254,6 @@ int main(int argc, char** argv) {
         "ms (%.2fx), the best candidate of each %.2f ms (%.2fx)\n",
         layers, chunks, step_floor, step_default, step_default / step_floor, step_best,
         step_best / step_floor);
-    // kernels.gelu_on_load: fcproj on the wgmma kernel taking GELU of the pre-activation on its
-    // A load (aux here), with the bias and the residual, the GELU values stored (for fcproj's
-    // weight gradient) or not; against the same kernel on GELU's output
-    nlohmann::json on_load = nlohmann::json::object();
-    {
-        Gemm g = with_residual(fwd(BT, 4 * C, C, Epilogue::bias));
-        g.A = aux;  // the pre-activation; x: GELU's output for the plain product, and where
-                    // the GELU values are stored
-        const double floor_ms = 2.0 * double(BT) * double(C) * double(4 * C) / rate * 1e3;
-        auto timed = [&](const char* what, auto&& fn) {
-            const double ms = time_ms(fn, iters);
-            std::printf("fcproj (wgmma) %-44s %7.1f us (%4.2fx)\n", what, ms * 1e3, ms / floor_ms);
-            on_load[what] = ms;
-        };
-        Gemm plain = g;
-        plain.A = x;
-        timed("plain, bias + residual", [&] { zgpt::cuda::try_gemm_wgmma(plain, nullptr); });
-        timed("GELU on load, bias + residual",
-              [&] { zgpt::cuda::try_gemm_wgmma_gelu_input(g, nullptr, nullptr); });
-        timed("GELU on load, bias + residual, GELU stored",
-              [&] { zgpt::cuda::try_gemm_wgmma_gelu_input(g, x, nullptr); });
-        Gemm nores = g;
-        nores.C = nullptr;
-        nores.beta = 0.0f;
-        timed("GELU on load, bias, GELU stored",
-              [&] { zgpt::cuda::try_gemm_wgmma_gelu_input(nores, x, nullptr); });
-        on_load["floor_ms"] = floor_ms;
-    }
     // what the GELU' + bias-gradient epilogue replaces: fc's bias gradient as its own pass over
     // the 4C-wide gradient (the trainer runs it on the weight-gradient stream)
     void* scratch = nullptr;
@@ -296,7 +276,6 @@ int main(int argc, char** argv) {
                             {"step_first_ms", step_default},
                             {"step_best_ms", step_best},
                             {"fc_bias_pass_ms", bias_pass},
-                            {"fcproj_gelu_on_load_ms", on_load},
                             {"rows", rows}}
                  .dump(2)
           << "\n";

@@ -199,11 +199,6 @@ std::vector<ConfigField> config_fields(Config& c) {
          "GPU, matmul: fused_epilogue: the MLP fc layer's bias gradient as one more column of its "
          "weight-gradient GEMM (ln2 stored with a column of ones; false: a column-sum pass)",
          &k.fc_bias_in_dw});
-    add({"kernels", "gelu_on_load",
-         "GPU, a GEMM-epilogue matmul: fc stores its pre-activation only and fcproj's GEMM (our "
-         "Hopper kernel, bf16 on sm_90) takes GELU of it as it loads it (false: GELU in fc's "
-         "GEMM epilogue)",
-         &k.gelu_on_load});
     // The kernels' tuning knobs (CrossEntropyTuning in kernels/cross_entropy.h, AttentionTuning
     // in kernels/attention.h): nested keys, kernels.<family>_tuning.<knob>, every default the
     // kernels' own choice. Values outside a knob's set are refused in check_cross.
