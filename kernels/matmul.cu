@@ -38,6 +38,8 @@ struct Context {
     // Gemm::search: the candidate each searched shape runs, and the ones given by
     // set_gemm_choices for shapes not yet run
     std::map<AlgoKey, int> chosen, preset;
+    // gemm_configs: every configuration cuBLASLt accepts beyond its heuristic's list
+    std::map<AlgoKey, std::vector<cublasLtMatmulAlgo_t>> configs;
     Context() { ZG_CUBLAS_CHECK(cublasLtCreate(&handle)); }
 };
 
@@ -483,6 +485,119 @@ std::string gemm_candidate_name(const Gemm& g, int index) {
            get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING) + " custom " +
            get(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION) + " cluster " +
            get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID) + " waves " + waves;
+}
+
+namespace {
+
+// A capability of `algo` that is an array of 32-bit ids (tiles, stages), empty if none.
+std::vector<uint32_t> cap_ids(const cublasLtMatmulAlgo_t& algo,
+                              cublasLtMatmulAlgoCapAttributes_t a) {
+    size_t bytes = 0;
+    if (cublasLtMatmulAlgoCapGetAttribute(&algo, a, nullptr, 0, &bytes) != CUBLAS_STATUS_SUCCESS ||
+        bytes == 0)
+        return {};
+    std::vector<uint32_t> ids(bytes / 4);
+    if (cublasLtMatmulAlgoCapGetAttribute(&algo, a, ids.data(), bytes, &bytes) !=
+        CUBLAS_STATUS_SUCCESS)
+        return {};
+    return ids;
+}
+
+const std::vector<cublasLtMatmulAlgo_t>& config_list(const Gemm& g, const Plan& plan) {
+    auto& c = context().configs;
+    auto it = c.find(plan.key);
+    if (it != c.end()) return it->second;
+    Context& ctx = context();
+    const cudaDataType_t abt = cuda_type(g.ab_type), dt = cuda_type(g.d_type);
+    std::vector<int> ids(256);
+    int n = 0;
+    ZG_CUBLAS_CHECK(cublasLtMatmulAlgoGetIds(ctx.handle, CUBLAS_COMPUTE_32F, CUDA_R_32F, abt, abt,
+                                             dt, dt, int(ids.size()), ids.data(), &n));
+    ids.resize(size_t(n));
+    // clusters: cuBLASLt's own choice, one CTA, and pairs along either dimension
+    const uint16_t clusters[] = {CUBLASLT_CLUSTER_SHAPE_AUTO, CUBLASLT_CLUSTER_SHAPE_1x1x1,
+                                 CUBLASLT_CLUSTER_SHAPE_2x1x1, CUBLASLT_CLUSTER_SHAPE_1x2x1};
+    std::vector<cublasLtMatmulAlgo_t> out;
+    for (int id : ids) {
+        cublasLtMatmulAlgo_t algo;
+        if (cublasLtMatmulAlgoInit(ctx.handle, CUBLAS_COMPUTE_32F, CUDA_R_32F, abt, abt, dt, dt, id,
+                                   &algo) != CUBLAS_STATUS_SUCCESS)
+            continue;
+        std::vector<uint32_t> tiles = cap_ids(algo, CUBLASLT_ALGO_CAP_TILE_IDS),
+                              stages = cap_ids(algo, CUBLASLT_ALGO_CAP_STAGES_IDS);
+        if (tiles.empty()) tiles.push_back(CUBLASLT_MATMUL_TILE_UNDEFINED);
+        if (stages.empty()) stages.push_back(CUBLASLT_MATMUL_STAGES_UNDEFINED);
+        const int32_t splitk = 1;
+        for (uint32_t tile : tiles)
+            for (uint32_t st : stages)
+                for (uint16_t cl : clusters) {
+                    cublasLtMatmulAlgo_t a = algo;
+                    const bool set = cublasLtMatmulAlgoConfigSetAttribute(
+                                         &a, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile) ==
+                                         CUBLAS_STATUS_SUCCESS &&
+                                     cublasLtMatmulAlgoConfigSetAttribute(
+                                         &a, CUBLASLT_ALGO_CONFIG_STAGES_ID, &st, sizeof st) ==
+                                         CUBLAS_STATUS_SUCCESS &&
+                                     cublasLtMatmulAlgoConfigSetAttribute(
+                                         &a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
+                                         sizeof splitk) == CUBLAS_STATUS_SUCCESS;
+                    if (!set) continue;
+                    uint16_t c16 = cl;  // older algorithms have no cluster attribute: skip theirs
+                    if (cl != CUBLASLT_CLUSTER_SHAPE_AUTO &&
+                        cublasLtMatmulAlgoConfigSetAttribute(
+                            &a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &c16, sizeof c16) !=
+                            CUBLAS_STATUS_SUCCESS)
+                        continue;
+                    cublasLtMatmulHeuristicResult_t r{};
+                    if (cublasLtMatmulAlgoCheck(ctx.handle, plan.op, plan.la, plan.lb, plan.ld,
+                                                plan.ld, &a, &r) == CUBLAS_STATUS_SUCCESS &&
+                        r.workspaceSize <= kWorkspaceBytes)
+                        out.push_back(a);
+                }
+    }
+    return c.emplace(plan.key, std::move(out)).first->second;
+}
+
+std::string config_name(const cublasLtMatmulAlgo_t& a) {
+    auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr) {
+        size_t size = 0;
+        cublasLtMatmulAlgoConfigGetAttribute(&a, attr, nullptr, 0, &size);
+        unsigned char buf[8] = {};
+        if (size == 0 || size > sizeof buf ||
+            cublasLtMatmulAlgoConfigGetAttribute(&a, attr, buf, size, &size) !=
+                CUBLAS_STATUS_SUCCESS)
+            return std::string("?");
+        uint64_t v = 0;
+        for (size_t i = 0; i < size; i++) v |= uint64_t(buf[i]) << (8 * i);
+        return std::to_string(v);
+    };
+    return "algo " + get(CUBLASLT_ALGO_CONFIG_ID) + " tile " + get(CUBLASLT_ALGO_CONFIG_TILE_ID) +
+           " stages " + get(CUBLASLT_ALGO_CONFIG_STAGES_ID) + " splitk " +
+           get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM) + " swizzle " +
+           get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING) + " custom " +
+           get(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION) + " cluster " +
+           get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID);
+}
+
+}  // namespace
+
+int gemm_configs(const Gemm& g) {
+    const Plan plan(g);
+    return int(config_list(g, plan).size());
+}
+
+std::string gemm_config_name(const Gemm& g, int index) {
+    const Plan plan(g);
+    const auto& c = config_list(g, plan);
+    ZG_CHECK(index >= 0 && index < int(c.size()), "gemm_config_name: no such configuration");
+    return config_name(c[size_t(index)]);
+}
+
+bool try_gemm_config(const Gemm& g, int index, CUstream_st* stream) {
+    const Plan plan(g);
+    const auto& c = config_list(g, plan);
+    if (index < 0 || index >= int(c.size())) return false;
+    return plan.launch(g, c[size_t(index)], stream) == CUBLAS_STATUS_SUCCESS;
 }
 
 bool try_gemm_candidate(const Gemm& g, int index, CUstream_st* stream) {

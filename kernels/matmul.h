@@ -123,6 +123,14 @@ int gemm_candidates(const Gemm& g);
 std::string gemm_candidate_name(const Gemm& g, int index);
 // Runs candidate index of g; false (nothing launched) when there is no such candidate.
 bool try_gemm_candidate(const Gemm& g, int index, CUstream_st* stream);
+// Configurations beyond the heuristic's list, for measuring (tools/bench_gemm --configs): each
+// algorithm id cuBLASLt has for g's types, with each tile and stages count its capabilities list
+// and the cluster shapes auto, 1x1, 2x1 and 1x2, without split-K, that cublasLtMatmulAlgoCheck
+// accepts within the workspace. try_gemm_config returns false when there is no such
+// configuration or cuBLASLt refuses to launch it.
+int gemm_configs(const Gemm& g);
+std::string gemm_config_name(const Gemm& g, int index);
+bool try_gemm_config(const Gemm& g, int index, CUstream_st* stream);
 
 // The candidates Gemm::search chose in this thread (and those set_gemm_choices gave it for shapes
 // it has not run), as text: a first line naming the cuBLASLt version and the GPU (model, SMs),

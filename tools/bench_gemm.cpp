@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -78,6 +79,12 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     app.add_option("--iters", iters, "timed runs per candidate")->capture_default_str();
     app.add_option("--only", only, "time only the GEMMs whose name contains this");
+    int configs = 0;
+    app.add_option("--configs", configs,
+                   "also time up to this many of cuBLASLt's configurations beyond its heuristic's "
+                   "list (every algorithm's tiles, stages and cluster shapes) and re-time the 8 "
+                   "fastest beside the best candidate")
+        ->capture_default_str();
     CLI11_PARSE(app, argc, argv);
     int64_t BT = 0, C = 0, V = 0;
     try {
@@ -232,6 +239,51 @@ int main(int argc, char** argv) {
                         wg / floor_ms, pp * 1e3, pp / floor_ms);
         if (best_i > 0)
             std::printf("%28s best: %s\n", "", zgpt::cuda::gemm_candidate_name(g, best_i).c_str());
+        nlohmann::json beyond = nlohmann::json::object();
+        if (configs > 0 && best_i >= 0) {
+            // a quick pass over (a spread of) the configurations, then the 8 fastest and the
+            // best candidate again, alternated, with the usual iterations
+            const int nc = zgpt::cuda::gemm_configs(g);
+            const int step = std::max(1, (nc + configs - 1) / configs);
+            std::vector<std::pair<double, int>> quick;
+            for (int i = 0; i < nc; i += step) {
+                double ms = -1;
+                try {
+                    bool ok = zgpt::cuda::try_gemm_config(g, i, nullptr);
+                    CK(cudaDeviceSynchronize());
+                    if (!ok) continue;
+                    ms = time_ms([&] { zgpt::cuda::try_gemm_config(g, i, nullptr); }, 3);
+                } catch (const std::exception& e) {
+                    std::fprintf(stderr, "%s config %d: %s\n", c.name.c_str(), i, e.what());
+                    continue;
+                }
+                quick.push_back({ms, i});
+            }
+            std::sort(quick.begin(), quick.end());
+            if (quick.size() > 8) quick.resize(8);
+            double cand = 1e30, conf = 1e30;
+            int conf_i = -1;
+            for (int round = 0; round < 2; round++) {
+                cand = std::min(
+                    cand,
+                    time_ms([&] { zgpt::cuda::try_gemm_candidate(g, best_i, nullptr); }, iters));
+                for (const auto& q : quick) {
+                    const double ms =
+                        time_ms([&] { zgpt::cuda::try_gemm_config(g, q.second, nullptr); }, iters);
+                    if (ms < conf) conf = ms, conf_i = q.second;
+                }
+            }
+            std::printf(
+                "%28s %d configurations (%zu timed again): best %7.1f us (%4.2fx) against "
+                "the best candidate's %7.1f us: %s\n",
+                "", nc, quick.size(), conf * 1e3, conf / floor_ms, cand * 1e3,
+                conf_i >= 0 ? zgpt::cuda::gemm_config_name(g, conf_i).c_str() : "none");
+            beyond = {{"configs", nc},
+                      {"best_config_ms", conf},
+                      {"best_candidate_ms", cand},
+                      {"best_config",
+                       conf_i >= 0 ? zgpt::cuda::gemm_config_name(g, conf_i) : std::string()}};
+        }
         step_default += c.per_step * first;
         step_best += c.per_step * best;
         step_floor += c.per_step * floor_ms;
@@ -247,6 +299,7 @@ int main(int argc, char** argv) {
                         {"best_index", best_i},
                         {"wgmma_ms", wg},
                         {"wgmma_pingpong_ms", pp},
+                        {"beyond_heuristic", beyond},
                         {"candidates", cand}});
     }
     std::printf(
