@@ -456,16 +456,12 @@ bool set_gemm_choices(const std::string& text) {
     return true;
 }
 
-int gemm_candidates(const Gemm& g) {
-    return int(candidate_list(Plan(g)).size());
-}
+namespace {
 
-std::string gemm_candidate_name(const Gemm& g, int index) {
-    const auto& h = candidate_list(Plan(g));
-    ZG_CHECK(index >= 0 && index < int(h.size()), "gemm_candidate_name: no such candidate");
-    const cublasLtMatmulAlgo_t& a = h[size_t(index)].algo;
+// "algo 66 tile 31 stages 20 splitk 1 ...": a configuration, for reports.
+std::string config_name(const cublasLtMatmulAlgo_t& a) {
     auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr) {
-        size_t size = 0;  // the attribute's width (16, 32 or 64 bits), then its value
+        size_t size = 0;
         cublasLtMatmulAlgoConfigGetAttribute(&a, attr, nullptr, 0, &size);
         unsigned char buf[8] = {};
         if (size == 0 || size > sizeof buf ||
@@ -476,15 +472,27 @@ std::string gemm_candidate_name(const Gemm& g, int index) {
         for (size_t i = 0; i < size; i++) v |= uint64_t(buf[i]) << (8 * i);
         return std::to_string(v);
     };
-    char waves[32];
-    std::snprintf(waves, sizeof waves, "%.2f", h[size_t(index)].wavesCount);
     return "algo " + get(CUBLASLT_ALGO_CONFIG_ID) + " tile " + get(CUBLASLT_ALGO_CONFIG_TILE_ID) +
            " stages " + get(CUBLASLT_ALGO_CONFIG_STAGES_ID) + " splitk " +
            get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM) + " reduction " +
            get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME) + " swizzle " +
            get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING) + " custom " +
            get(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION) + " cluster " +
-           get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID) + " waves " + waves;
+           get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID);
+}
+
+}  // namespace
+
+int gemm_candidates(const Gemm& g) {
+    return int(candidate_list(Plan(g)).size());
+}
+
+std::string gemm_candidate_name(const Gemm& g, int index) {
+    const auto& h = candidate_list(Plan(g));
+    ZG_CHECK(index >= 0 && index < int(h.size()), "gemm_candidate_name: no such candidate");
+    char waves[32];
+    std::snprintf(waves, sizeof waves, "%.2f", h[size_t(index)].wavesCount);
+    return config_name(h[size_t(index)].algo) + " waves " + waves;
 }
 
 namespace {
@@ -556,27 +564,6 @@ const std::vector<cublasLtMatmulAlgo_t>& config_list(const Gemm& g, const Plan& 
                 }
     }
     return c.emplace(plan.key, std::move(out)).first->second;
-}
-
-std::string config_name(const cublasLtMatmulAlgo_t& a) {
-    auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr) {
-        size_t size = 0;
-        cublasLtMatmulAlgoConfigGetAttribute(&a, attr, nullptr, 0, &size);
-        unsigned char buf[8] = {};
-        if (size == 0 || size > sizeof buf ||
-            cublasLtMatmulAlgoConfigGetAttribute(&a, attr, buf, size, &size) !=
-                CUBLAS_STATUS_SUCCESS)
-            return std::string("?");
-        uint64_t v = 0;
-        for (size_t i = 0; i < size; i++) v |= uint64_t(buf[i]) << (8 * i);
-        return std::to_string(v);
-    };
-    return "algo " + get(CUBLASLT_ALGO_CONFIG_ID) + " tile " + get(CUBLASLT_ALGO_CONFIG_TILE_ID) +
-           " stages " + get(CUBLASLT_ALGO_CONFIG_STAGES_ID) + " splitk " +
-           get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM) + " swizzle " +
-           get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING) + " custom " +
-           get(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION) + " cluster " +
-           get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID);
 }
 
 }  // namespace
