@@ -461,7 +461,7 @@ namespace {
 // "algo 66 tile 31 stages 20 splitk 1 ...": a configuration, for reports.
 std::string config_name(const cublasLtMatmulAlgo_t& a) {
     auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr) {
-        size_t size = 0;
+        size_t size = 0;  // the attribute's width (16, 32 or 64 bits), then its value
         cublasLtMatmulAlgoConfigGetAttribute(&a, attr, nullptr, 0, &size);
         unsigned char buf[8] = {};
         if (size == 0 || size > sizeof buf ||
