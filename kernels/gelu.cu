@@ -1,3 +1,5 @@
+#include <type_traits>
+
 #include "kernels/cuda_common.cuh"
 #include "kernels/gelu.cuh"
 #include "kernels/gelu.h"
@@ -11,7 +13,11 @@ __global__ void gelu_forward_kernel(T* out, const T* inp, int64_t n) {
     const int64_t stride = int64_t(gridDim.x) * blockDim.x;
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
         const float x = to_f(inp[i]);
-        out[i] = from_f<T>(gelu_f(x));
+        // bf16 results take the form the GEMM epilogues take (the same bits on either path)
+        if constexpr (std::is_same_v<T, bf16>)
+            out[i] = from_f<T>(gelu_bf16(x));
+        else
+            out[i] = from_f<T>(gelu_f(x));
     }
 }
 
@@ -31,7 +37,7 @@ __global__ void gelu_forward_vec(bf16* out, const bf16* inp, int64_t n8) {
         uint4 u = reinterpret_cast<const uint4*>(inp)[i];
         bf16* e = reinterpret_cast<bf16*>(&u);
 #pragma unroll
-        for (int k = 0; k < 8; k++) e[k] = __float2bfloat16_rn(gelu_f(__bfloat162float(e[k])));
+        for (int k = 0; k < 8; k++) e[k] = __float2bfloat16_rn(gelu_bf16(__bfloat162float(e[k])));
         reinterpret_cast<uint4*>(out)[i] = u;
     }
 }

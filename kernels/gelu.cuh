@@ -17,6 +17,16 @@ __device__ __forceinline__ float gelu_f(float x) {
     const float u = kSqrt2OverPi * (x + kCubic * x * x * x);
     return __fdividef(x, 1.0f + __expf(-2.0f * u));
 }
+// For a result rounded to bf16: one tanh.approx (a single special-function op, relative error
+// about 2^-11, under bf16's 2^-9 rounding) instead of an exponential and a reciprocal: GELU
+// works the special-function units of the GEMM epilogues that take it (kernels/matmul_wgmma*.cu).
+__device__ __forceinline__ float gelu_bf16(float x) {
+    const float u = kSqrt2OverPi * (x + kCubic * x * x * x);
+    float t;
+    asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(u));
+    const float h = 0.5f * x;
+    return fmaf(h, t, h);
+}
 __device__ __forceinline__ float gelu_grad(float x) {
     const float th = tanhf(kSqrt2OverPi * (x + kCubic * x * x * x));
     const float du = kSqrt2OverPi * (1.0f + 3.0f * kCubic * x * x);

@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                         const uint32_t a = buf_chunk(sm.buf, i / kChunks, i % kChunks);
                         lds_chunk(a, v);
 #pragma unroll
-                        for (int k = 0; k < 8; k++) v[k] = gelu_f(v[k]);
+                        for (int k = 0; k < 8; k++) v[k] = gelu_bf16(v[k]);
                         sts_chunk(a, v);
                     }
                 }

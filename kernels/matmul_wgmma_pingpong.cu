@@ -134,7 +134,7 @@ __device__ __forceinline__ void add_bias(float (&lo)[64], float (&hi)[64], const
 // GELU of each value as bf16 would store it (the pre-activation the aux output holds).
 __device__ __forceinline__ void gelu_of_rounded(float (&v)[64]) {
 #pragma unroll
-    for (int j = 0; j < 64; j++) v[j] = gelu_f(__bfloat162float(__float2bfloat16_rn(v[j])));
+    for (int j = 0; j < 64; j++) v[j] = gelu_bf16(__bfloat162float(__float2bfloat16_rn(v[j])));
 }
 
 // The buffer's two 64-column boxes to `map` at (col, row), committed as one bulk group.
