@@ -1,6 +1,6 @@
 // GELU (tanh approximation, GPT-2's form) and its derivative on the device, shared by the GELU
-// kernels (kernels/gelu.cu) and the GEMM epilogue of kernels/matmul_wgmma.cu, so that both
-// compute the same bits.
+// kernels (kernels/gelu.cu) and the GEMM epilogues of kernels/matmul_wgmma*.cu, so that both
+// compute the same bits: gelu_bf16 for bf16 results, gelu_f for fp32 ones.
 #pragma once
 
 namespace zgpt::cuda {
@@ -9,17 +9,17 @@ namespace {
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kCubic = 0.044715f;
 
-// In its sigmoid form, 0.5 (1 + tanh u) = 1 / (1 + e^(-2u)): one ex2 and one reciprocal, where
-// tanhf took ~20 instructions an element and made GELU the bottleneck of the GEMM epilogue
-// (kernels/matmul_wgmma.cu). For very negative x the denominator overflows and the result is a
-// signed 0, as GELU's limit.
+// For fp32 results, in its sigmoid form, 0.5 (1 + tanh u) = 1 / (1 + e^(-2u)): one ex2 and one
+// reciprocal, within fp32 tests' 1e-5 where tanhf took ~20 instructions an element. For very
+// negative x the denominator overflows and the result is a signed 0, as GELU's limit.
 __device__ __forceinline__ float gelu_f(float x) {
     const float u = kSqrt2OverPi * (x + kCubic * x * x * x);
     return __fdividef(x, 1.0f + __expf(-2.0f * u));
 }
 // For a result rounded to bf16: one tanh.approx (a single special-function op, relative error
-// about 2^-11, under bf16's 2^-9 rounding) instead of an exponential and a reciprocal: GELU
-// works the special-function units of the GEMM epilogues that take it (kernels/matmul_wgmma*.cu).
+// about 2^-11, under bf16's 2^-9 rounding) instead of an exponential and a reciprocal. The GEMM
+// epilogues' GELU is bound by those units: the wgmma fc + GELU took 581-625 us against 640-725 us
+// in the sigmoid form (H100, bench_gemm, docs/cuda_trainer.md).
 __device__ __forceinline__ float gelu_bf16(float x) {
     const float u = kSqrt2OverPi * (x + kCubic * x * x * x);
     float t;
