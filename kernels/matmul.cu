@@ -512,10 +512,9 @@ std::vector<uint32_t> cap_ids(const cublasLtMatmulAlgo_t& algo,
 }
 
 const std::vector<cublasLtMatmulAlgo_t>& config_list(const Gemm& g, const Plan& plan) {
-    auto& c = context().configs;
-    auto it = c.find(plan.key);
-    if (it != c.end()) return it->second;
     Context& ctx = context();
+    auto it = ctx.configs.find(plan.key);
+    if (it != ctx.configs.end()) return it->second;
     const cudaDataType_t abt = cuda_type(g.ab_type), dt = cuda_type(g.d_type);
     std::vector<int> ids(256);
     int n = 0;
@@ -563,7 +562,7 @@ const std::vector<cublasLtMatmulAlgo_t>& config_list(const Gemm& g, const Plan& 
                         out.push_back(a);
                 }
     }
-    return c.emplace(plan.key, std::move(out)).first->second;
+    return ctx.configs.emplace(plan.key, std::move(out)).first->second;
 }
 
 }  // namespace

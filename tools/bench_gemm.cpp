@@ -273,16 +273,17 @@ int main(int argc, char** argv) {
                     if (ms < conf) conf = ms, conf_i = q.second;
                 }
             }
+            const std::string conf_name =
+                conf_i >= 0 ? zgpt::cuda::gemm_config_name(g, conf_i) : std::string();
             std::printf(
                 "%28s %d configurations (%zu timed again): best %7.1f us (%4.2fx) against "
                 "the best candidate's %7.1f us: %s\n",
                 "", nc, quick.size(), conf * 1e3, conf / floor_ms, cand * 1e3,
-                conf_i >= 0 ? zgpt::cuda::gemm_config_name(g, conf_i).c_str() : "none");
+                conf_i >= 0 ? conf_name.c_str() : "none");
             beyond = {{"configs", nc},
                       {"best_config_ms", conf},
                       {"best_candidate_ms", cand},
-                      {"best_config",
-                       conf_i >= 0 ? zgpt::cuda::gemm_config_name(g, conf_i) : std::string()}};
+                      {"best_config", conf_name}};
         }
         step_default += c.per_step * first;
         step_best += c.per_step * best;
