@@ -36,4 +36,11 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
     OUT="$out" python3 .gpu-deps/ce_anchors.py > "$out/anchors.log" 2>&1
     tail -12 "$out/anchors.log"
   fi
+  # Apple's Cut Cross-Entropy, where tools/gpu_extra_deps.sh put its wheel
+  if ls .gpu-deps/cut_cross_entropy-*.whl > /dev/null 2>&1 && [ "${SKIP_ANCHORS:-0}" != 1 ]; then
+    python3 -m pip install -q --no-index --no-deps --target /tmp/gpu-deps/site .gpu-deps/cut_cross_entropy-*.whl
+    PYTHONPATH=/tmp/gpu-deps/site${PYTHONPATH:+:$PYTHONPATH} python3 tools/cce_anchor.py \
+      --out "$out/cce_anchor.json" > "$out/cce_anchor.log" 2>&1
+    tail -9 "$out/cce_anchor.log"
+  fi
 fi
