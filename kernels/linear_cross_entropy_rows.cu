@@ -22,6 +22,12 @@
 // grad_output, no host sync, deterministic), on the whole vocabulary only (no shards). Each
 // block's cross-entropy runs with reduction sum; for mean its scalar is grad_output over the
 // valid rows of all N, computed on the device. The blocks' summaries are added up in block order.
+//
+// fused_linear_rows_filtered (issue 30's gradient-filtering variant, off by default; not exact):
+// the same blocks, with dh and dW on kernels/filtered_gemm.cu, which skips every 64 x 16 piece of
+// dlogits whose |values| are all below tuning.filter_eps times the gradient's scale (Cut
+// Cross-Entropy's filter: such softmax entries are below bf16 resolution). Everything else,
+// the loss and per-row outputs included, is fused_linear_rows' own.
 #include "kernels/linear_cross_entropy_rows.h"
 
 #include <cuda_bf16.h>
@@ -30,6 +36,7 @@
 
 #include "kernels/cross_entropy/common.cuh"
 #include "kernels/cuda_check.h"
+#include "kernels/filtered_gemm.h"
 #include "kernels/matmul.h"
 #include "kernels/residual.h"
 #include "kernels/workspace.h"
@@ -69,6 +76,7 @@ const CrossEntropyVariant& fast() {
 struct Workspace {
     int* n_valid;
     float* scale;         // mean: grad_output / n_valid
+    float* threshold;     // the filtered variant's: filter_eps times the largest |scale|
     LossSummaryF* sums;   // one per block
     __nv_bfloat16* tile;  // [R, ld]
     void* ce;             // the fast kernel's workspace
@@ -81,6 +89,7 @@ Workspace carve(WorkspaceLayout& l, int64_t N, int64_t C, int64_t V,
     Workspace w;
     w.n_valid = l.take<int>(1);
     w.scale = l.take<float>(1);
+    w.threshold = l.take<float>(1);
     w.sums = l.take<LossSummaryF>(size_t(blocks));
     w.tile = l.take<__nv_bfloat16>(size_t(R) * ld);
     w.ce = l.take<unsigned char>(fast().workspace_bytes(R, V, LogitsType::bf16));
@@ -120,14 +129,19 @@ size_t workspace_bytes(int64_t N, int64_t C, int64_t V, const LinearCrossEntropy
     return l.bytes();
 }
 
-void run(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, void* workspace,
-         CUstream_st* s) {
-    const bool grads = check_linear_ce_run(a, o, "fused_linear_rows");
+namespace {
+
+void run_blocks(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, void* workspace,
+                CUstream_st* s, const char* name, bool filtered) {
+    const bool grads = check_linear_ce_run(a, o, name);
     const int64_t N = a.N, C = a.C, V = a.V, ld = tile_ld(V);
     const int64_t R = block_rows(N, V, a.tuning), blocks = (N + R - 1) / R;
     ZG_CHECK(!grads || a.dweight_acc || blocks == 1 || !a.tuning.fp32_dweight_only,
-             "fused_linear_rows: a bf16 dweight over several row blocks needs the workspace's fp32 "
-             "accumulator, which tuning.fp32_dweight_only leaves out: pass dweight_acc");
+             std::string(name) +
+                 ": a bf16 dweight over several row blocks needs the workspace's fp32 "
+                 "accumulator, which tuning.fp32_dweight_only leaves out: pass dweight_acc");
+    ZG_CHECK(!filtered || a.tuning.filter_eps >= 0.0f,
+             std::string(name) + ": tuning.filter_eps must be >= 0 (0 skips nothing)");
     // The GEMMs run over ld columns where the weight has that many rows (its rows past V zero):
     // cuBLASLt's kernels for an odd width are far slower (docs/parallel.md, the split head).
     const int64_t Vg = a.weight_rows >= ld ? ld : V;
@@ -157,6 +171,11 @@ void run(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, void* wo
     all.ce_rows = a.ce_rows;
     all.z_rows = a.z_rows;
     all.lse_rows = a.lse_rows;
+    // The filter's threshold: filter_eps times the dlogits' scale (per row for reduction none:
+    // the largest), so that a piece is skipped where every |softmax - target| < filter_eps.
+    if (filtered && grads)
+        filter_threshold(w.threshold, go, o.reduction == Reduction::none ? N : 1,
+                         a.tuning.filter_eps, s);
     for (int64_t b = 0; b < blocks; b++) {
         const int64_t r = b * R, nr = std::min(R, N - r);
         Gemm gl = linear_forward_gemm(w.tile, h + r * C, a.weight, nr, C, Vg, DType::bf16);
@@ -167,14 +186,50 @@ void run(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, void* wo
         ce.summary = w.sums + b;
         fast().run(ce, ob, w.ce, s);
         if (!grads) continue;
-        if (Vg > V)  // the GEMMs' extra columns carry no gradient
-            ZG_CUDA_CHECK(cudaMemset2DAsync(w.tile + V, ld * 2, 0, (Vg - V) * 2, nr, s));
+        // The GEMMs' extra columns carry no gradient; the filtered GEMM reads A's rows in
+        // 16-byte pieces, so it needs the tile's columns up to ld zero too.
+        const int64_t zero_to = filtered ? ld : Vg;
+        if (zero_to > V)
+            ZG_CUDA_CHECK(cudaMemset2DAsync(w.tile + V, ld * 2, 0, (zero_to - V) * 2, nr, s));
+        float* acc = a.dweight_acc ? a.dweight_acc : w.dw_acc;
+        if (filtered) {
+            FilteredGemm fi;  // dh_b = dlogits W
+            fi.A = w.tile;
+            fi.lda = ld;
+            fi.B = a.weight;
+            fi.ldb = C;
+            fi.D = static_cast<__nv_bfloat16*>(a.dhidden) + r * C;
+            fi.ldd = C;
+            fi.M = nr;
+            fi.N = C;
+            fi.K = Vg;
+            fi.threshold = w.threshold;
+            FilteredGemm fw;  // dW (+)= dlogits^T h_b: the tile is A transposed
+            fw.A = w.tile;
+            fw.lda = ld;
+            fw.a_transposed = true;
+            fw.B = h + r * C;
+            fw.ldb = C;
+            fw.D = acc ? static_cast<void*>(acc) : a.dweight;
+            fw.ldd = C;
+            fw.d_fp32 = acc != nullptr;
+            fw.beta = acc && (a.dweight_acc || b > 0) ? 1.0f : 0.0f;
+            fw.M = Vg;
+            fw.N = C;
+            fw.K = nr;
+            fw.threshold = w.threshold;
+            if (filtered_gemm_usable(fi) && filtered_gemm_usable(fw)) {
+                filtered_gemm(fi, s);
+                filtered_gemm(fw, s);
+                continue;
+            }
+            // C % 8 != 0 or an older GPU: the exact products below
+        }
         Gemm gi = linear_input_grad_gemm(static_cast<__nv_bfloat16*>(a.dhidden) + r * C, w.tile,
                                          a.weight, nr, C, Vg, DType::bf16);
         gi.lda = ld;
         gi.search = search;
         gemm(gi, s);
-        float* acc = a.dweight_acc ? a.dweight_acc : w.dw_acc;
         Gemm gw = linear_weight_grad_gemm(acc, w.tile, h + r * C, nr, C, Vg, DType::bf16);
         gw.lda = ld;
         gw.search = search;
@@ -191,6 +246,18 @@ void run(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, void* wo
         cast_from_f32(a.dweight, w.dw_acc, Vg * C, DType::bf16, s);
     combine_kernel<<<1, 1, 0, s>>>(a.summary, w.sums, blocks, o.reduction);
     ZG_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void run(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, void* workspace,
+         CUstream_st* s) {
+    run_blocks(a, o, workspace, s, "fused_linear_rows", false);
+}
+
+void run_filtered(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, void* workspace,
+                  CUstream_st* s) {
+    run_blocks(a, o, workspace, s, "fused_linear_rows_filtered", true);
 }
 
 }  // namespace zgpt::cuda::linear_ce_rows

@@ -12,7 +12,7 @@ const std::vector<KernelFamily>& kernel_families() {
         {"cross_entropy",
          "loss-head variant (GPU)",
          {"naive", "online", "fast", "fast_lockstep", "fused_linear", "fused_linear_wgmma",
-          "fused_linear_rows"},
+          "fused_linear_rows", "fused_linear_rows_filtered"},
          "fast"},
         {"layernorm",
          "LayerNorm with the residual add fused, or separate, or the add in the projection "
@@ -51,7 +51,11 @@ int kernel_variant(const std::string& family, const std::string& variant) {
 
 bool is_linear_cross_entropy(const std::string& variant) {
     return variant == "fused_linear" || variant == "fused_linear_wgmma" ||
-           variant == "fused_linear_rows";
+           is_whole_rows_linear_cross_entropy(variant);
+}
+
+bool is_whole_rows_linear_cross_entropy(const std::string& variant) {
+    return variant == "fused_linear_rows" || variant == "fused_linear_rows_filtered";
 }
 
 }  // namespace zgpt

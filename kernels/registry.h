@@ -30,6 +30,9 @@ int kernel_variant(const std::string& family, const std::string& variant);
 // The cross_entropy variants that take hidden states and the LM-head weight instead of logits
 // (linear_cross_entropy_variants(); bf16 only, the kernels.linear_ce_* keys apply to them).
 bool is_linear_cross_entropy(const std::string& variant);
+// fused_linear_rows and its filtered variant: blocks of whole rows on one GPU (no vocabulary
+// chunks, no loop order, no vocab-parallel shards).
+bool is_whole_rows_linear_cross_entropy(const std::string& variant);
 
 // The ids the CUDA model branches on, resolved once from the names (never compared per step).
 // residual_in_matmul: the attention and MLP projections add the residual stream in their GEMM's

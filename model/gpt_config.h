@@ -38,6 +38,8 @@ struct KernelChoice {
     bool linear_ce_rows_outer = false;  // each row block's whole head before the next block
     int linear_ce_chunk_mb = 0;         // MB of bf16 logits per tile (vocab_chunk 0); 0: 48
     int linear_ce_wgmma_cluster = 0;    // fused_linear_wgmma: CTAs per cluster, 1 or 2; 0: 1
+    // fused_linear_rows_filtered: the filter's threshold (LinearCrossEntropyTuning::filter_eps)
+    double linear_ce_filter_eps = 0x1p-12;
     // cuBLASLt candidates timed at the first use of each GEMM shape, the fastest kept (Gemm::search
     // in kernels/matmul.h); 0: the heuristic's first choice
     int matmul_search = 0;

@@ -155,10 +155,11 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
     lnf_mean = f32(BT);
     lnf_rstd = f32(BT);
     const bool sharded = vgroup.size > 1;
-    ZG_CHECK(!sharded || opt.kernels.cross_entropy != "fused_linear_rows",
-             "kernels.cross_entropy=fused_linear_rows runs the whole vocabulary on one GPU; the "
-             "vocab-parallel head (parallel.vocab_parallel > 1) takes fast, fused_linear or "
-             "fused_linear_wgmma");
+    ZG_CHECK(!sharded || !is_whole_rows_linear_cross_entropy(opt.kernels.cross_entropy),
+             "kernels.cross_entropy=" + opt.kernels.cross_entropy +
+                 " runs the whole vocabulary on one GPU; the "
+                 "vocab-parallel head (parallel.vocab_parallel > 1) takes fast, fused_linear or "
+                 "fused_linear_wgmma");
     logits = linear_ce || sharded ? DeviceBuffer() : act(BT * Vp);
     if (sharded) {  // the group's rows: NA = size x BT
         const int64_t NA = vgroup.size * BT, Vl = shard_rows(vgroup.rank);

@@ -18,12 +18,13 @@ cuda::LinearCrossEntropyTuning linear_ce_tuning(const KernelChoice& k) {
     t.rows_outer = k.linear_ce_rows_outer;
     t.wgmma_epilogue = k.cross_entropy == "fused_linear_wgmma";
     t.wgmma_cluster = k.linear_ce_wgmma_cluster;
+    t.filter_eps = float(k.linear_ce_filter_eps);
     return t;
 }
 
 cuda::LinearCrossEntropyTuning model_linear_ce_tuning(const KernelChoice& k) {
     cuda::LinearCrossEntropyTuning t = linear_ce_tuning(k);
-    if (k.cross_entropy == "fused_linear_rows") {
+    if (is_whole_rows_linear_cross_entropy(k.cross_entropy)) {
         // its own default (8192 rows) is the trainer's; the model passes dweight_acc
         t.fp32_dweight_only = true;
     } else {

@@ -186,6 +186,30 @@ TEST_CASE("fused_linear's schedule keys: set with that head only, rows_outer wit
     }
     e = error_of(kBase, {"kernels.cross_entropy=fused_linear_rows", "parallel.vocab_parallel=2"});
     CHECK(e.find("fused_linear_rows runs the whole vocabulary on one GPU") != std::string::npos);
+    // fused_linear_rows_filtered: the same blocks, and the filter's threshold (its key only)
+    const Config f = load_config(write_yaml(
+        "lcef", std::string(kBase) + "kernels:\n  cross_entropy: fused_linear_rows_filtered\n  "
+                                     "linear_ce_filter_eps: 0.001\n"));
+    CHECK(model_linear_ce_tuning(f.kernels).filter_eps == doctest::Approx(0.001));
+    CHECK(model_linear_ce_tuning(f.kernels).fp32_dweight_only);
+    CHECK(model_linear_ce_tuning(f.kernels).row_block == 0);
+    const Config f0 = load_config(write_yaml(
+        "lcef0", std::string(kBase) + "kernels:\n  cross_entropy: fused_linear_rows_filtered\n"));
+    CHECK(model_linear_ce_tuning(f0.kernels).filter_eps == 0x1p-12f);  // Cut Cross-Entropy's
+    e = error_of(kBase,
+                 {"kernels.cross_entropy=fused_linear_rows", "kernels.linear_ce_filter_eps=0"});
+    CHECK(e.find("kernels.linear_ce_filter_eps: applies to "
+                 "kernels.cross_entropy=fused_linear_rows_filtered only") != std::string::npos);
+    e = error_of(kBase, {"kernels.cross_entropy=fused_linear_rows_filtered",
+                         "kernels.linear_ce_vocab_chunk=512", "kernels.linear_ce_row_block=64"});
+    CHECK(e.find("does not apply to fused_linear_rows_filtered") != std::string::npos);
+    e = error_of(kBase,
+                 {"kernels.cross_entropy=fused_linear_rows_filtered", "parallel.vocab_parallel=2"});
+    CHECK(e.find("fused_linear_rows_filtered runs the whole vocabulary on one GPU") !=
+          std::string::npos);
+    e = error_of(kBase, {"kernels.cross_entropy=fused_linear_rows_filtered",
+                         "kernels.linear_ce_filter_eps=-1"});
+    CHECK(e.find("kernels.linear_ce_filter_eps: value -1 is out of range") != std::string::npos);
 }
 
 TEST_CASE("the kernels' tuning keys: overrides, nested YAML, sets, variants, round trip, JSON") {

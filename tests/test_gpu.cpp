@@ -792,6 +792,100 @@ TEST_CASE("fused_linear_wgmma in 2-CTA clusters gives the single CTAs' bits") {
         }
 }
 
+// fused_linear_rows_filtered (Cut Cross-Entropy's gradient filtering; not exact) against its own
+// run with filter_eps = 0, which the tests above hold to the fp64 head. The rows are peaked
+// (logits of standard deviation ~24), so most 64 x 16 pieces of dlogits are below 2^-12 of the
+// gradient's scale. The forward is not filtered: the loss and per-row loss are the same bits. A
+// skipped piece's every |dlogit| is below thr = 2^-12 x the largest |scale|, so each dh entry
+// moves by at most thr x sum_v |W[v][c]| (plus one bf16 rounding of dh) and each dW entry by at
+// most thr x sum_i |h[i][c]| (plus fp32 rounding). The filter must have skipped something (dW
+// differs), and two runs give the same bits.
+TEST_CASE("fused_linear_rows_filtered drops no more than its threshold allows") {
+    const float eps = 0x1p-12f;
+    for (Reduction r : {Reduction::mean, Reduction::none})
+        for (int64_t V : {2048, 4099}) {
+            const int64_t N = 300, C = 64;
+            const std::string reduction = reduction_name(r);
+            CAPTURE(reduction);
+            CAPTURE(V);
+            Rng rng(uint64_t(V) + 11);
+            std::vector<float> h(N * C), W(V * C);
+            for (auto& x : h) x = bf16_round(float(rng.normal()));
+            for (auto& x : W) x = bf16_round(float(3.0 * rng.normal()));
+            std::vector<int32_t> t(N);
+            for (auto& y : t) y = int32_t(rng.below(uint64_t(V)));
+            t[7] = -100;
+            CrossEntropyOptions o;
+            o.z_loss_weight = 1e-3;
+            o.label_smoothing = 0.05;
+            o.reduction = r;
+            const std::vector<float> go =
+                r == Reduction::none ? random_vector<float>(rng, N) : std::vector<float>{0.5f};
+            float scale = 0.5f / float(N - 1);  // mean: grad_output over the valid rows
+            if (r == Reduction::none) {
+                scale = 0;
+                for (float g : go) scale = std::max(scale, std::fabs(g));
+            }
+            const double thr = double(eps) * scale;
+            struct Out {
+                std::vector<float> rows, dh, dW;
+                cuda::LossSummaryF summary;
+            };
+            auto run = [&](float filter_eps) {
+                Dev hd(N * C * 2), Wd(V * C * 2), td(N * 4), god(go.size() * 4), dh(N * C * 2),
+                    dW(0), acc(V * C * 4), rowsd(N * 4), sd(sizeof(cuda::LossSummaryF));
+                upload(hd.p, h, LogitsType::bf16);
+                upload(Wd.p, W, LogitsType::bf16);
+                CUDA_OK(cudaMemcpy(td.p, t.data(), N * 4, cudaMemcpyHostToDevice));
+                CUDA_OK(cudaMemcpy(god.p, go.data(), go.size() * 4, cudaMemcpyHostToDevice));
+                const std::vector<float> acc0(V * C, 0.125f);
+                CUDA_OK(cudaMemcpy(acc.p, acc0.data(), acc.bytes, cudaMemcpyHostToDevice));
+                // 128-row blocks (300 = 128 + 128 + 44), dW added to an fp32 accumulator
+                const Schedule sc{"128-row blocks, fp32 dW", 128, false, true};
+                cuda::LinearCrossEntropyArgs a =
+                    linear_ce_args(hd, Wd, td, god, dh, dW, acc, rowsd, sd, N, C, V, sc);
+                a.tuning.filter_eps = filter_eps;
+                const auto& v =
+                    cuda::find_linear_cross_entropy_variant("fused_linear_rows_filtered");
+                Dev ws(v.workspace_bytes(N, C, V, a.tuning));
+                v.run(a, o, ws.p, nullptr);
+                CUDA_OK(cudaDeviceSynchronize());
+                CUDA_OK(cudaGetLastError());
+                Out out;
+                CUDA_OK(cudaMemcpy(&out.summary, sd.p, sizeof out.summary, cudaMemcpyDeviceToHost));
+                out.rows.resize(N);
+                CUDA_OK(cudaMemcpy(out.rows.data(), rowsd.p, N * 4, cudaMemcpyDeviceToHost));
+                out.dh = download(dh.p, N * C, LogitsType::bf16);
+                out.dW = download(acc.p, V * C, LogitsType::f32);
+                return out;
+            };
+            const Out exact = run(0.0f), filtered = run(eps), again = run(eps);
+            CHECK(filtered.summary.loss == exact.summary.loss);
+            CHECK(filtered.rows == exact.rows);
+            CHECK(again.dh == filtered.dh);
+            CHECK(again.dW == filtered.dW);
+            std::vector<double> w_cols(C, 0.0), h_cols(C, 0.0);
+            for (int64_t v = 0; v < V; v++)
+                for (int64_t c = 0; c < C; c++) w_cols[c] += std::fabs(W[v * C + c]);
+            for (int64_t i = 0; i < N; i++)
+                for (int64_t c = 0; c < C; c++) h_cols[c] += std::fabs(h[i * C + c]);
+            int64_t dh_over = 0, dW_over = 0, dW_moved = 0;
+            for (int64_t i = 0; i < N * C; i++) {
+                const double d = std::fabs(double(filtered.dh[i]) - exact.dh[i]);
+                dh_over += d > thr * w_cols[i % C] + 0x1p-8 * std::fabs(exact.dh[i]) + 1e-30;
+            }
+            for (int64_t i = 0; i < V * C; i++) {
+                const double d = std::fabs(double(filtered.dW[i]) - exact.dW[i]);
+                dW_over += d > thr * h_cols[i % C] + 1e-5 * std::fabs(exact.dW[i] - 0.125) + 1e-7;
+                dW_moved += filtered.dW[i] != exact.dW[i];
+            }
+            INFO("dW entries the filter moved: " << dW_moved << " of " << V * C);
+            CHECK(dh_over == 0);
+            CHECK(dW_over == 0);
+            CHECK(dW_moved > 0);
+        }
+}
+
 // fused_linear with N x V above 2^31 (16400 x 131072) although no such buffer exists: all but
 // 64 rows are ignored, so that the fp64 answer stays cheap; every row still goes through every
 // tile. The ignored rows' dh must be exactly 0.

@@ -438,7 +438,7 @@ std::vector<Runner> runners() {
     r.push_back({"attention", "cpu", attention_cpu_rows});
     per_variant("cross_entropy",
                 {"naive", "online", "fast", "fast_lockstep", "fused_linear", "fused_linear_wgmma",
-                 "fused_linear_rows"},
+                 "fused_linear_rows", "fused_linear_rows_filtered"},
                 cross_entropy_rows);
     per_variant("layernorm", {"fused_residual", "separate", "residual_in_matmul"}, layernorm_rows);
     per_variant("matmul", {"fused_epilogue", "separate", "wgmma"}, matmul_rows);

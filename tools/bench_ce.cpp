@@ -42,6 +42,13 @@ int main(int argc, char** argv) {
     app.add_option("--variants", only,
                    "comma-separated variant names, fused_linear included (default: all)");
     app.add_option("--iters", iters, "timed iterations per variant")->capture_default_str();
+    double weight_std = 0.02;
+    app.add_option("--weight-std", weight_std,
+                   "the fused linear heads' W spread (h's is 0.5): 0.02, the anchors', gives "
+                   "near-uniform softmax rows; 0.2 peaked ones (what gradient filtering skips "
+                   "depends on it)")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
     app.add_option("--shapes", shapes_arg,
                    "CE shapes as NxV or NxV:LD (rows of stride LD >= V, as the trainer's padded "
                    "logits), comma-separated (default: 32768x128256,8192x50304); the fused "
@@ -212,7 +219,8 @@ int main(int argc, char** argv) {
                 CK(cudaMalloc(&summary, sizeof(zgpt::cuda::LossSummaryF)));
                 fill_logits(static_cast<__nv_bfloat16*>(h), N * C, 3,
                             1.22);  // std 0.5, as the anchors
-                fill_logits(static_cast<__nv_bfloat16*>(w), V * C, 5, 0.049);  // std 0.02
+                // two uniforms summed: std half_width / sqrt(6), so 0.049 gives 0.02
+                fill_logits(static_cast<__nv_bfloat16*>(w), V * C, 5, 0.049 * weight_std / 0.02);
                 std::vector<int32_t> ht(N);
                 for (int64_t i = 0; i < N; i++) ht[i] = int32_t((i * 2654435761ull) % uint64_t(V));
                 CK(cudaMemcpy(targets, ht.data(), N * 4, cudaMemcpyHostToDevice));
@@ -271,6 +279,7 @@ int main(int argc, char** argv) {
                                    {"dweight", dweight_acc ? "fp32_acc" : "bf16"},
                                    {"extra_GB", extra},
                                    {"matmul_TFLOPs", flops / 1e12},
+                                   {"weight_std", weight_std},
                                    {"loss", s.loss}});
                 for (void* p : {h, w, dh, dw, ws}) cudaFree(p);
                 cudaFree(targets);

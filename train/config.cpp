@@ -170,6 +170,11 @@ std::vector<ConfigField> config_fields(Config& c) {
          "training, 48 in bench_ce; fused_linear_rows: its rows from the MB when "
          "linear_ce_row_block is 0)",
          &k.linear_ce_chunk_mb, 0, 1 << 20});
+    add({"kernels", "linear_ce_filter_eps",
+         "fused_linear_rows_filtered: dh and dW skip each 64 x 16 piece of dlogits whose "
+         "|softmax - target| are all below this (Cut Cross-Entropy's filter; not exact); 0 skips "
+         "nothing",
+         &k.linear_ce_filter_eps, 0, 1});
     add({"kernels", "linear_ce_wgmma_cluster",
          "fused_linear_wgmma: CTAs per cluster of its kernels, 1 or 2 (a pair shares each weight "
          "tile by TMA multicast, reading half as much of it from L2; as fast on an H100) "
@@ -457,17 +462,23 @@ void check_cross(const Config& c, const Origins& origins) {
                     "fused_linear_wgmma or fused_linear_rows; it is " +
                     k.cross_entropy + ")");
     }
-    if (k.cross_entropy == "fused_linear_rows" && c.parallel.vocab_parallel > 1)
-        throw Error(at("kernels.cross_entropy") +
-                    "fused_linear_rows runs the whole vocabulary on one GPU; with "
+    const bool whole_rows = is_whole_rows_linear_cross_entropy(k.cross_entropy);
+    if (whole_rows && c.parallel.vocab_parallel > 1)
+        throw Error(at("kernels.cross_entropy") + k.cross_entropy +
+                    " runs the whole vocabulary on one GPU; with "
                     "parallel.vocab_parallel > 1 take fast, fused_linear or fused_linear_wgmma");
-    if (k.cross_entropy == "fused_linear_rows")  // whole rows, each block's head before the next
+    if (k.cross_entropy != "fused_linear_rows_filtered" &&
+        k.linear_ce_filter_eps != KernelChoice().linear_ce_filter_eps)
+        throw Error(at("kernels.linear_ce_filter_eps") +
+                    "applies to kernels.cross_entropy=fused_linear_rows_filtered only (it is " +
+                    k.cross_entropy + ")");
+    if (whole_rows)  // whole rows, each block's head before the next
         for (const auto& [key, set] : {std::pair<const char*, bool>{"kernels.linear_ce_vocab_chunk",
                                                                     k.linear_ce_vocab_chunk != 0},
                                        {"kernels.linear_ce_rows_outer", k.linear_ce_rows_outer}})
             if (set)
-                throw Error(at(key) +
-                            "does not apply to fused_linear_rows (its blocks hold whole rows, each "
+                throw Error(at(key) + "does not apply to " + k.cross_entropy +
+                            " (its blocks hold whole rows, each "
                             "block's whole head before the next); set linear_ce_row_block or "
                             "linear_ce_chunk_mb");
     if (!linear_head && k.linear_ce_chunk_mb != 0)
