@@ -1,7 +1,8 @@
 // The filtered GEMM (kernels/filtered_gemm.h): mma.sync tensor cores (m16n8k16, bf16 in, fp32
 // accumulators), a ring of cp.async stages, and a skip per warp and k16 step.
 //
-// Tiles: a CTA of 8 warps computes a 128 x 128 block of D over k steps of 32; warp (wm, wn) owns
+// Tiles: a CTA of 8 warps computes a 128 x 128 block of D over k steps of 32 (with filter_blocks'
+// flags, only the k steps whose piece of A holds a value above the threshold); warp (wm, wn) owns
 // rows wm * 64 .. + 64 and columns wn * 32 .. + 32 (4 x 4 products of 16 x 8 per k16 step).
 // Shared-memory rows are padded by 8 values so that ldmatrix reads no bank twice. A comes in as
 // [m][k] (ldmatrix) or, transposed in memory, as [k][m] (ldmatrix.trans gives the same
@@ -34,7 +35,11 @@ constexpr int kLdAT = kBM + 8;  // A stored [k][m]
 constexpr int kLdB = kBN + 8;   // B stored [k][n]
 constexpr int kAStage = kBM * kLdA > kBK* kLdAT ? kBM* kLdA : kBK* kLdAT;
 constexpr int kBStage = kBK * kLdB;
-constexpr int kSmemBytes = kStages * (kAStage + kBStage) * int(sizeof(bf16));
+// The CTA's list of k steps to run (int16), built from filter_blocks' flags; problems with more
+// k steps run them all (the warps still skip their pieces).
+constexpr int kMaxSteps = 8192;
+constexpr int kSmemBytes =
+    kStages * (kAStage + kBStage) * int(sizeof(bf16)) + kMaxSteps * int(sizeof(int16_t));
 
 struct Params {
     const bf16* A;
@@ -43,6 +48,8 @@ struct Params {
     int64_t lda, ldb, ldd, M, N, K;
     int64_t Ma, Ka;  // M and K rounded up to 8: how far a 16-byte piece of A may reach
     const float* threshold;
+    const unsigned char* keep;  // filter_blocks' flags of A's storage, or null
+    int64_t keep_ld, keep_rows;
     bool d_fp32;
     float beta;
 };
@@ -111,7 +118,9 @@ __global__ void __launch_bounds__(kThreads) filtered_gemm_kernel(const Params p)
     bf16* As = reinterpret_cast<bf16*>(smem);
     bf16* Bs = As + kStages * kAStage;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, wm = warp / 4, wn = warp % 4;
-    const int64_t m0 = int64_t(blockIdx.x) * kBM, n0 = int64_t(blockIdx.y) * kBN;
+    // column tiles fastest: the CTAs that share a row tile of A (N is the model width, a few
+    // tiles) run together, so A crosses DRAM once
+    const int64_t m0 = int64_t(blockIdx.y) * kBM, n0 = int64_t(blockIdx.x) * kBN;
     // the threshold as bf16 bits in both halves, rounded toward zero: a skipped value is below
     // the float threshold too
     const uint32_t tb = __bfloat16_as_ushort(__float2bfloat16_rz(*p.threshold));
@@ -125,19 +134,52 @@ __global__ void __launch_bounds__(kThreads) filtered_gemm_kernel(const Params p)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
 
+    // The k steps this CTA runs: with the flags, those whose 128 x 32 piece of A holds a flagged
+    // 32 x 32 block (rows m0 / 32 .. + 3 of A's blocks, k step kt one block), listed in order by
+    // warp 0; without them, all.
     const int64_t KT = (p.K + kBK - 1) / kBK;
+    const bool listed = p.keep && KT <= kMaxSteps;
+    int16_t* steps = reinterpret_cast<int16_t*>(Bs + kStages * kBStage);
+    __shared__ int n_listed;
+    int64_t n_steps = KT;
+    if (listed) {
+        if (warp == 0) {
+            int n = 0;
+            const int64_t b0 = m0 / 32;
+            for (int64_t base = 0; base < KT; base += 32) {
+                const int64_t kt = base + lane;
+                bool keep = false;
+                if (kt < KT)
+#pragma unroll
+                    for (int i = 0; i < kBM / 32; i++) {
+                        const int64_t b = b0 + i;
+                        if (!kAT)
+                            keep |= b < p.keep_rows && p.keep[b * p.keep_ld + kt];
+                        else
+                            keep |= b < p.keep_ld && p.keep[kt * p.keep_ld + b];
+                    }
+                const unsigned mask = __ballot_sync(0xffffffffu, keep);
+                if (keep) steps[n + __popc(mask & ((1u << lane) - 1u))] = int16_t(kt);
+                n += __popc(mask);
+            }
+            if (lane == 0) n_listed = n;
+        }
+        __syncthreads();
+        n_steps = n_listed;
+    }
+    auto k0_of = [&](int64_t i) { return (listed ? int64_t(steps[i]) : i) * kBK; };
 #pragma unroll
     for (int s = 0; s < kStages - 1; s++) {
-        if (s < KT) load_stage<kAT>(As + s * kAStage, Bs + s * kBStage, p, m0, n0, s * kBK);
+        if (s < n_steps) load_stage<kAT>(As + s * kAStage, Bs + s * kBStage, p, m0, n0, k0_of(s));
         commit();
     }
-    for (int64_t kt = 0; kt < KT; kt++) {
+    for (int64_t kt = 0; kt < n_steps; kt++) {
         wait_group<kStages - 2>();  // step kt's copies are in
         __syncthreads();            // and every warp is done with step kt - 1's stage
         const int64_t nk = kt + kStages - 1;
-        if (nk < KT) {
+        if (nk < n_steps) {
             const int s = int(nk % kStages);
-            load_stage<kAT>(As + s * kAStage, Bs + s * kBStage, p, m0, n0, nk * kBK);
+            load_stage<kAT>(As + s * kAStage, Bs + s * kBStage, p, m0, n0, k0_of(nk));
         }
         commit();
         const int s = int(kt % kStages);
@@ -202,6 +244,31 @@ __global__ void __launch_bounds__(kThreads) filtered_gemm_kernel(const Params p)
             }
 }
 
+// One warp per 32 x 32 block of X: lane l reads row 32 rb + l's four 16-byte pieces.
+__global__ void blocks_kernel(unsigned char* keep, const bf16* X, int64_t ldx, int64_t rows,
+                              int64_t cols, int64_t n_rb, int64_t n_cb, const float* threshold) {
+    const int lane = threadIdx.x % 32;
+    const int64_t blk = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+    if (blk >= n_rb * n_cb) return;  // a whole warp
+    const int64_t rb = blk / n_cb, cb = blk % n_cb, r = rb * 32 + lane;
+    const uint32_t tb = __bfloat16_as_ushort(__float2bfloat16_rz(*threshold));
+    const uint32_t thr2 = tb | (tb << 16);
+    bool big = false;
+    if (r < rows)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int64_t c = cb * 32 + j * 8;
+            if (c >= cols) break;
+            const uint4 v = *reinterpret_cast<const uint4*>(X + r * ldx + c);
+            const uint32_t small =
+                __vcmpltu2(v.x & 0x7fff7fffu, thr2) & __vcmpltu2(v.y & 0x7fff7fffu, thr2) &
+                __vcmpltu2(v.z & 0x7fff7fffu, thr2) & __vcmpltu2(v.w & 0x7fff7fffu, thr2);
+            big |= small != 0xffffffffu;
+        }
+    const bool any = __any_sync(0xffffffffu, big);
+    if (lane == 0) keep[blk] = any ? 1 : 0;
+}
+
 __global__ void threshold_kernel(float* out, const float* g, int64_t n, float eps) {
     __shared__ float red[32];
     float m = 0.0f;
@@ -236,8 +303,8 @@ bool filtered_gemm_usable(const FilteredGemm& g) {
     return g.A && g.B && g.D && g.threshold && g.M > 0 && g.N > 0 && g.K > 0 && g.lda % 8 == 0 &&
            g.ldb % 8 == 0 && g.ldd % 8 == 0 && g.N % 8 == 0 && g.ldb >= g.N && g.ldd >= g.N &&
            g.lda >= (g.a_transposed ? g.M : g.K) && aligned16(g.A) && aligned16(g.B) &&
-           aligned16(g.D) && (g.d_fp32 || g.beta == 0.0f) && (g.M + kBM - 1) / kBM < INT32_MAX &&
-           device_has_mma_bf16();
+           aligned16(g.D) && (g.d_fp32 || g.beta == 0.0f) && (g.M + kBM - 1) / kBM < 65536 &&
+           (g.N + kBN - 1) / kBN < INT32_MAX && device_has_mma_bf16();
 }
 
 void filtered_gemm(const FilteredGemm& g, CUstream_st* stream) {
@@ -264,13 +331,34 @@ void filtered_gemm(const FilteredGemm& g, CUstream_st* stream) {
     p.Ma = (g.M + 7) / 8 * 8;
     p.Ka = (g.K + 7) / 8 * 8;
     p.threshold = g.threshold;
+    p.keep = g.keep;
+    // A's storage: [M][K] (blocks of rows of M, columns of K rounded up to 8) or [K][M]
+    p.keep_ld = ((g.a_transposed ? p.Ma : p.Ka) + 31) / 32;
+    p.keep_rows = ((g.a_transposed ? g.K : g.M) + 31) / 32;
     p.d_fp32 = g.d_fp32;
     p.beta = g.beta;
-    const dim3 grid(unsigned((g.M + kBM - 1) / kBM), unsigned((g.N + kBN - 1) / kBN));
+    const dim3 grid(unsigned((g.N + kBN - 1) / kBN), unsigned((g.M + kBM - 1) / kBM));
     if (g.a_transposed)
         filtered_gemm_kernel<true><<<grid, kThreads, kSmemBytes, stream>>>(p);
     else
         filtered_gemm_kernel<false><<<grid, kThreads, kSmemBytes, stream>>>(p);
+    ZG_CUDA_CHECK(cudaGetLastError());
+}
+
+int64_t filter_blocks_bytes(int64_t rows, int64_t cols) {
+    return (rows + 31) / 32 * ((cols + 31) / 32);
+}
+
+void filter_blocks(unsigned char* keep, const void* X, int64_t ldx, int64_t rows, int64_t cols,
+                   const float* threshold, CUstream_st* stream) {
+    ZG_CHECK(keep && X && threshold && rows > 0 && cols > 0 && cols % 8 == 0 && ldx >= cols &&
+                 ldx % 8 == 0 && aligned16(X),
+             "filter_blocks: needs a 16-byte aligned X, cols and ldx multiples of 8, ldx >= cols");
+    const int64_t n_rb = (rows + 31) / 32, n_cb = (cols + 31) / 32, warps = 8;
+    const int64_t grid = (n_rb * n_cb + warps - 1) / warps;
+    ZG_CHECK(grid < INT32_MAX, "filter_blocks: too many blocks");
+    blocks_kernel<<<unsigned(grid), 32 * warps, 0, stream>>>(keep, static_cast<const bf16*>(X), ldx,
+                                                             rows, cols, n_rb, n_cb, threshold);
     ZG_CUDA_CHECK(cudaGetLastError());
 }
 

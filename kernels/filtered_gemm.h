@@ -30,12 +30,23 @@ struct FilteredGemm {
     // Device scalar: a 64 x 16 piece of A whose |values| are all below it is skipped; 0 skips
     // nothing.
     const float* threshold = nullptr;
+    // Optional: filter_blocks' flags of A's storage (the [M][K] or, a_transposed, [K][M] matrix
+    // at A with row stride lda), for this threshold. A CTA then neither loads nor multiplies a
+    // k step whose 128 x 32 piece of A has no flagged 32 x 32 block.
+    const unsigned char* keep = nullptr;
 };
 
 // Whether filtered_gemm runs this problem: lda, ldb, ldd and N multiples of 8, 16-byte aligned
 // pointers, a device of compute capability 8.0 or more. The caller runs a plain GEMM otherwise.
 bool filtered_gemm_usable(const FilteredGemm& g);
 void filtered_gemm(const FilteredGemm& g, CUstream_st* stream);
+
+// The 32 x 32 block flags of a row-major bf16 matrix X [rows, cols] (row stride ldx, cols a
+// multiple of 8): keep[(r / 32) * ceil(cols / 32) + c / 32] = 1 where the block holds a value
+// with |x| >= *threshold (or a NaN), else 0. filter_blocks_bytes is the flags' size.
+int64_t filter_blocks_bytes(int64_t rows, int64_t cols);
+void filter_blocks(unsigned char* keep, const void* X, int64_t ldx, int64_t rows, int64_t cols,
+                   const float* threshold, CUstream_st* stream);
 
 // *threshold = eps * max |g[i]| over i < n (n = 1: a scalar gradient scale), on the device.
 void filter_threshold(float* threshold, const float* g, int64_t n, float eps, CUstream_st* stream);

@@ -81,10 +81,11 @@ struct Workspace {
     __nv_bfloat16* tile;  // [R, ld]
     void* ce;             // the fast kernel's workspace
     float* dw_acc;        // [ld, C] fp32, with bf16 dW over several blocks; else null
+    unsigned char* keep;  // the filtered variant's 32 x 32 block flags of the tile; else null
 };
 
 Workspace carve(WorkspaceLayout& l, int64_t N, int64_t C, int64_t V,
-                const LinearCrossEntropyTuning& t) {
+                const LinearCrossEntropyTuning& t, bool filtered) {
     const int64_t R = block_rows(N, V, t), blocks = (N + R - 1) / R, ld = tile_ld(V);
     Workspace w;
     w.n_valid = l.take<int>(1);
@@ -94,6 +95,7 @@ Workspace carve(WorkspaceLayout& l, int64_t N, int64_t C, int64_t V,
     w.tile = l.take<__nv_bfloat16>(size_t(R) * ld);
     w.ce = l.take<unsigned char>(fast().workspace_bytes(R, V, LogitsType::bf16));
     w.dw_acc = blocks > 1 && !t.fp32_dweight_only ? l.take<float>(size_t(ld) * C) : nullptr;
+    w.keep = filtered ? l.take<unsigned char>(size_t(filter_blocks_bytes(R, ld))) : nullptr;
     return w;
 }
 
@@ -125,7 +127,14 @@ __global__ void combine_kernel(LossSummaryF* out, const LossSummaryF* sums, int6
 
 size_t workspace_bytes(int64_t N, int64_t C, int64_t V, const LinearCrossEntropyTuning& t) {
     WorkspaceLayout l(nullptr);
-    carve(l, N, C, V, t);
+    carve(l, N, C, V, t, false);
+    return l.bytes();
+}
+
+size_t workspace_bytes_filtered(int64_t N, int64_t C, int64_t V,
+                                const LinearCrossEntropyTuning& t) {
+    WorkspaceLayout l(nullptr);
+    carve(l, N, C, V, t, true);
     return l.bytes();
 }
 
@@ -146,7 +155,7 @@ void run_blocks(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, v
     // cuBLASLt's kernels for an odd width are far slower (docs/parallel.md, the split head).
     const int64_t Vg = a.weight_rows >= ld ? ld : V;
     WorkspaceLayout layout(workspace);
-    const Workspace w = carve(layout, N, C, V, a.tuning);
+    const Workspace w = carve(layout, N, C, V, a.tuning, filtered);
     const auto* h = static_cast<const __nv_bfloat16*>(a.hidden);
     const int search = a.tuning.gemm_search;
 
@@ -192,6 +201,9 @@ void run_blocks(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, v
         if (zero_to > V)
             ZG_CUDA_CHECK(cudaMemset2DAsync(w.tile + V, ld * 2, 0, (zero_to - V) * 2, nr, s));
         float* acc = a.dweight_acc ? a.dweight_acc : w.dw_acc;
+        const int64_t Vg8 = (Vg + 7) / 8 * 8;  // the filtered GEMMs read the tile's rows this far
+        if (filtered && C % 8 == 0)  // which 32 x 32 blocks hold a value above the threshold
+            filter_blocks(w.keep, w.tile, ld, nr, Vg8, w.threshold, s);
         if (filtered) {
             FilteredGemm fi;  // dh_b = dlogits W
             fi.A = w.tile;
@@ -204,6 +216,7 @@ void run_blocks(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, v
             fi.N = C;
             fi.K = Vg;
             fi.threshold = w.threshold;
+            fi.keep = w.keep;
             FilteredGemm fw;  // dW (+)= dlogits^T h_b: the tile is A transposed
             fw.A = w.tile;
             fw.lda = ld;
@@ -218,6 +231,7 @@ void run_blocks(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, v
             fw.N = C;
             fw.K = nr;
             fw.threshold = w.threshold;
+            fw.keep = w.keep;
             if (filtered_gemm_usable(fi) && filtered_gemm_usable(fw)) {
                 filtered_gemm(fi, s);
                 filtered_gemm(fw, s);

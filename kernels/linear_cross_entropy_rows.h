@@ -10,6 +10,8 @@
 namespace zgpt::cuda::linear_ce_rows {
 
 size_t workspace_bytes(int64_t N, int64_t C, int64_t V, const LinearCrossEntropyTuning& tuning);
+size_t workspace_bytes_filtered(int64_t N, int64_t C, int64_t V,
+                                const LinearCrossEntropyTuning& tuning);
 void run(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, void* workspace,
          CUstream_st* stream);
 void run_filtered(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, void* workspace,
