@@ -1,10 +1,10 @@
 // A GEMM that skips the products of negligible pieces of its left operand
 // (kernels/filtered_gemm.cu): the dh and dW products of fused_linear_rows_filtered, where A is a
 // block of dlogits. Cut Cross-Entropy's gradient filtering: a softmax entry below bf16 resolution
-// adds almost nothing to dh or dW, so a 64 x 16 piece of dlogits whose |values| are all below the
-// threshold is not multiplied at all. Not exact: what it drops is bounded by the threshold times
-// the B rows it would have met (tests/test_gpu.cpp checks that bound). A threshold of 0 skips
-// nothing.
+// adds almost nothing to dh or dW. filter_blocks flags the 32 x 32 blocks of A that hold a value at
+// or above a threshold, and the GEMM neither loads nor multiplies a k step whose 128 x 32 piece of
+// A has no flagged block. Not exact: what it drops is bounded by the threshold times the B rows it
+// would have met (tests/test_gpu.cpp checks that bound). A threshold of 0 flags every block.
 #pragma once
 #include <cstdint>
 
@@ -27,12 +27,9 @@ struct FilteredGemm {
     bool d_fp32 = false;
     float beta = 0.0f;  // 0 or 1 (fp32 D only)
     int64_t M = 0, N = 0, K = 0;
-    // Device scalar: a 64 x 16 piece of A whose |values| are all below it is skipped; 0 skips
-    // nothing.
-    const float* threshold = nullptr;
-    // Optional: filter_blocks' flags of A's storage (the [M][K] or, a_transposed, [K][M] matrix
-    // at A with row stride lda), for this threshold. A CTA then neither loads nor multiplies a
-    // k step whose 128 x 32 piece of A has no flagged 32 x 32 block.
+    // filter_blocks' flags of A's storage (the [M][K] or, a_transposed, [K][M] matrix at A with
+    // row stride lda, its columns rounded up to 8): a CTA neither loads nor multiplies a k step
+    // whose 128 x 32 piece of A has no flagged 32 x 32 block. Null: every k step (a plain GEMM).
     const unsigned char* keep = nullptr;
 };
 

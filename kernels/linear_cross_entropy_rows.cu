@@ -24,9 +24,9 @@
 // valid rows of all N, computed on the device. The blocks' summaries are added up in block order.
 //
 // fused_linear_rows_filtered (issue 30's gradient-filtering variant, off by default; not exact):
-// the same blocks, with dh and dW on kernels/filtered_gemm.cu, which skips every 64 x 16 piece of
-// dlogits whose |values| are all below tuning.filter_eps times the gradient's scale (Cut
-// Cross-Entropy's filter: such softmax entries are below bf16 resolution). Everything else,
+// the same blocks, with dh and dW on kernels/filtered_gemm.cu, which skips the pieces of dlogits
+// whose |values| are all below tuning.filter_eps times the gradient's scale (Cut Cross-Entropy's
+// filter: such softmax entries are below bf16 resolution). Everything else,
 // the loss and per-row outputs included, is fused_linear_rows' own.
 #include "kernels/linear_cross_entropy_rows.h"
 
@@ -215,7 +215,6 @@ void run_blocks(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, v
             fi.M = nr;
             fi.N = C;
             fi.K = Vg;
-            fi.threshold = w.threshold;
             fi.keep = w.keep;
             FilteredGemm fw;  // dW (+)= dlogits^T h_b: the tile is A transposed
             fw.A = w.tile;
@@ -230,7 +229,6 @@ void run_blocks(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, v
             fw.M = Vg;
             fw.N = C;
             fw.K = nr;
-            fw.threshold = w.threshold;
             fw.keep = w.keep;
             if (filtered_gemm_usable(fi) && filtered_gemm_usable(fw)) {
                 filtered_gemm(fi, s);
