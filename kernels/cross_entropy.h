@@ -237,7 +237,7 @@ struct LinearCrossEntropyTuning {
     // fused_linear_rows: the caller passes dweight_acc (a trainer's fp32 gradient), so the
     // workspace holds no fp32 [V, C] accumulator for a bf16 dweight over several row blocks
     bool fp32_dweight_only = false;
-    // fused_linear_rows_filtered: dh and dW skip each 64 x 16 piece of dlogits whose
+    // fused_linear_rows_filtered: dh and dW skip each 128 x 32 piece of dlogits whose
     // |softmax - target| are all below this (2^-12, Cut Cross-Entropy's bf16 threshold, by
     // default; kernels.linear_ce_filter_eps); 0 skips nothing. The other heads ignore it.
     float filter_eps = 0x1p-12f;

@@ -377,7 +377,7 @@ const std::vector<LinearCrossEntropyVariant>& linear_cross_entropy_variants() {
          linear_ce_rows::workspace_bytes, linear_ce_rows::run},
         {"fused_linear_rows_filtered",
          "fused_linear_rows with Cut Cross-Entropy's gradient filtering: dh and dW skip every "
-         "64 x 16 piece of dlogits below tuning.filter_eps (2^-12) of the gradient's scale, on "
+         "128 x 32 piece of dlogits below tuning.filter_eps (2^-12) of the gradient's scale, on "
          "mma.sync GEMMs of ours (kernels/filtered_gemm.cu); not exact, off by default",
          linear_ce_rows::workspace_bytes_filtered, linear_ce_rows::run_filtered},
     };

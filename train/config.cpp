@@ -171,7 +171,7 @@ std::vector<ConfigField> config_fields(Config& c) {
          "linear_ce_row_block is 0)",
          &k.linear_ce_chunk_mb, 0, 1 << 20});
     add({"kernels", "linear_ce_filter_eps",
-         "fused_linear_rows_filtered: dh and dW skip each 64 x 16 piece of dlogits whose "
+         "fused_linear_rows_filtered: dh and dW skip each 128 x 32 piece of dlogits whose "
          "|softmax - target| are all below this (Cut Cross-Entropy's filter; not exact); 0 skips "
          "nothing",
          &k.linear_ce_filter_eps, 0, 1});
