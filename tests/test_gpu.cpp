@@ -880,7 +880,7 @@ TEST_CASE("fused_linear_rows_filtered drops no more than its threshold allows") 
                 dW_over += d > thr * h_cols[i % C] + 1e-5 * std::fabs(exact.dW[i] - 0.125) + 1e-7;
                 dW_moved += filtered.dW[i] != exact.dW[i];
             }
-            INFO("dW entries the filter moved: " << dW_moved << " of " << V * C);
+            MESSAGE("dW entries the filter moved: " << dW_moved << " of " << V * C);
             CHECK(dh_over == 0);
             CHECK(dW_over == 0);
             CHECK(dW_moved > 0);
