@@ -1,5 +1,5 @@
 // The filtered GEMM (kernels/filtered_gemm.h): mma.sync tensor cores (m16n8k16, bf16 in, fp32
-// accumulators), a ring of cp.async stages, and a skip per warp and k16 step.
+// accumulators), a ring of cp.async stages, and each CTA's list of the k steps it runs.
 //
 // Tiles: a CTA of 8 warps computes a 128 x 128 block of D over k steps of 32 (with filter_blocks'
 // flags, only the k steps whose piece of A holds a value above the threshold); warp (wm, wn) owns
@@ -37,8 +37,8 @@ constexpr int kLdAT = kBM + 8;  // A stored [k][m]
 constexpr int kLdB = kBN + 8;   // B stored [k][n]
 constexpr int kAStage = kBM * kLdA > kBK* kLdAT ? kBM* kLdA : kBK* kLdAT;
 constexpr int kBStage = kBK * kLdB;
-// The CTA's list of k steps to run (int16), built from filter_blocks' flags; problems with more
-// k steps run them all (the warps still skip their pieces).
+// The CTA's list of k steps to run (int16), built from filter_blocks' flags; a problem with more
+// k steps (K above 262,144) runs them all, unfiltered.
 constexpr int kMaxSteps = 8192;
 constexpr int kSmemBytes =
     kStages * (kAStage + kBStage) * int(sizeof(bf16)) + kMaxSteps * int(sizeof(int16_t));

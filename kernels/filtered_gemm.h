@@ -29,7 +29,8 @@ struct FilteredGemm {
     int64_t M = 0, N = 0, K = 0;
     // filter_blocks' flags of A's storage (the [M][K] or, a_transposed, [K][M] matrix at A with
     // row stride lda, its columns rounded up to 8): a CTA neither loads nor multiplies a k step
-    // whose 128 x 32 piece of A has no flagged 32 x 32 block. Null: every k step (a plain GEMM).
+    // whose 128 x 32 piece of A has no flagged 32 x 32 block. Null, or K above 262,144: every k
+    // step (a plain GEMM).
     const unsigned char* keep = nullptr;
 };
 

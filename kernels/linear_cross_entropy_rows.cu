@@ -201,9 +201,6 @@ void run_blocks(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, v
         if (zero_to > V)
             ZG_CUDA_CHECK(cudaMemset2DAsync(w.tile + V, ld * 2, 0, (zero_to - V) * 2, nr, s));
         float* acc = a.dweight_acc ? a.dweight_acc : w.dw_acc;
-        const int64_t Vg8 = (Vg + 7) / 8 * 8;  // the filtered GEMMs read the tile's rows this far
-        if (filtered && C % 8 == 0)  // which 32 x 32 blocks hold a value above the threshold
-            filter_blocks(w.keep, w.tile, ld, nr, Vg8, w.threshold, s);
         if (filtered) {
             FilteredGemm fi;  // dh_b = dlogits W
             fi.A = w.tile;
@@ -231,6 +228,9 @@ void run_blocks(const LinearCrossEntropyArgs& a, const CrossEntropyOptions& o, v
             fw.K = nr;
             fw.keep = w.keep;
             if (filtered_gemm_usable(fi) && filtered_gemm_usable(fw)) {
+                // which 32 x 32 blocks of the tile hold a value above the threshold, over the
+                // columns the GEMMs read (Vg rounded up to 8)
+                filter_blocks(w.keep, w.tile, ld, nr, (Vg + 7) / 8 * 8, w.threshold, s);
                 filtered_gemm(fi, s);
                 filtered_gemm(fw, s);
                 continue;
