@@ -294,14 +294,15 @@ bool filtered_gemm_usable(const FilteredGemm& g) {
     return g.A && g.B && g.D && g.M > 0 && g.N > 0 && g.K > 0 && g.lda % 8 == 0 && g.ldb % 8 == 0 &&
            g.ldd % 8 == 0 && g.N % 8 == 0 && g.ldb >= g.N && g.ldd >= g.N &&
            g.lda >= (g.a_transposed ? g.M : g.K) && aligned16(g.A) && aligned16(g.B) &&
-           aligned16(g.D) && (g.d_fp32 || g.beta == 0.0f) && (g.M + kBM - 1) / kBM < 65536 &&
-           (g.N + kBN - 1) / kBN < INT32_MAX && device_has_mma_bf16();
+           aligned16(g.D) && (g.beta == 0.0f || (g.d_fp32 && g.beta == 1.0f)) &&
+           (g.M + kBM - 1) / kBM < 65536 && (g.N + kBN - 1) / kBN < INT32_MAX &&
+           device_has_mma_bf16();
 }
 
 void filtered_gemm(const FilteredGemm& g, CUstream_st* stream) {
     ZG_CHECK(filtered_gemm_usable(g),
              "filtered_gemm: needs lda, ldb, ldd and N multiples of 8, 16-byte aligned operands, "
-             "bf16 D only with beta 0, and a device of compute capability 8.0 or more");
+             "beta 0 (or 1 with an fp32 D), and a device of compute capability 8.0 or more");
     static std::once_flag once;
     std::call_once(once, [] {
         ZG_CUDA_CHECK(cudaFuncSetAttribute(

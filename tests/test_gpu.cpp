@@ -17,6 +17,7 @@
 #include "data/safetensors.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/cuda_device.h"
+#include "kernels/filtered_gemm.h"
 #include "kernels/matmul.h"
 #include "tests/ce_gpu.h"
 #include "tests/gpu_helpers.h"
@@ -790,6 +791,149 @@ TEST_CASE("fused_linear_wgmma in 2-CTA clusters gives the single CTAs' bits") {
             const LinearRun def = run_linear(h, W, t, 0.37f, o, N, C, V, "fused_linear_wgmma");
             CHECK(def.dW == one.dW);
         }
+}
+
+// filter_blocks: each 32 x 32 block of a 70 x 200 matrix (row stride 208) flagged where some
+// |x| >= the threshold (0.5) or x is NaN, as the host finds.
+TEST_CASE("filter_blocks flags the blocks that hold a value at or above the threshold") {
+    const int64_t rows = 70, cols = 200, ld = 208, n_rb = 3, n_cb = 7;
+    Rng rng(17);
+    std::vector<float> X(rows * ld);
+    for (auto& x : X) x = bf16_round(float(0.1 * rng.normal()));  // |x| < 0.5 almost surely
+    for (int i = 0; i < 12; i++)
+        X[rng.below(uint64_t(rows)) * ld + rng.below(uint64_t(cols))] = -0.5f;
+    X[3 * ld + 199] = std::nanf("");
+    X[69 * ld + 100] = 0.49f;                                   // just below: not flagged by itself
+    for (int64_t r = 0; r < rows; r++) X[r * ld + 205] = 9.0f;  // past cols: never read
+    std::vector<unsigned char> want(n_rb * n_cb, 0);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) {
+            const float x = X[r * ld + c];
+            if (!(std::fabs(x) < 0.5f)) want[(r / 32) * n_cb + c / 32] = 1;
+        }
+    Dev xd(X.size() * 2), kd(want.size()), td(4);
+    upload(xd.p, X, LogitsType::bf16);
+    const float thr = 0.5f;
+    CUDA_OK(cudaMemcpy(td.p, &thr, 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(kd.p, 7, kd.bytes));
+    REQUIRE(cuda::filter_blocks_bytes(rows, cols) == int64_t(want.size()));
+    cuda::filter_blocks(kd.as<unsigned char>(), xd.p, ld, rows, cols, td.as<float>(), nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<unsigned char> got(want.size());
+    CUDA_OK(cudaMemcpy(got.data(), kd.p, got.size(), cudaMemcpyDeviceToHost));
+    CHECK(got == want);
+    int flagged = 0;
+    for (unsigned char f : want) flagged += f;
+    CHECK(flagged > 0);
+    CHECK(flagged < int(want.size()));
+}
+
+// filtered_gemm on its own: D is the sum over exactly the k steps each CTA lists from hand-made
+// flags, in both layouts of A, for sizes that are not multiples of the tiles (M, K; N a multiple
+// of 8), lists longer than one ballot round (K = 1100: 35 steps), bf16 and fp32 D, beta 0 and 1,
+// no flags (every step), and more k steps than the list holds (K = 262,176: every step). A's
+// values in unflagged blocks are x 1000, so a step run by mistake shows; its values past K (or M)
+// are finite noise that must not matter.
+TEST_CASE("filtered_gemm runs exactly the k steps its flags list") {
+    struct Shape {
+        int64_t M, N, K;
+    };
+    for (bool at : {false, true})
+        for (const Shape sh :
+             {Shape{200, 72, 300}, Shape{130, 8, 1100}, Shape{257, 136, 45}, Shape{16, 8, 262176}})
+            for (int mode = 0; mode < 4; mode++) {  // bf16 D; fp32 D; fp32 D += ; no flags
+                const int64_t M = sh.M, N = sh.N, K = sh.K;
+                const bool huge = K > 262144;
+                if (huge && mode != 1) continue;
+                CAPTURE(at);
+                CAPTURE(M);
+                CAPTURE(N);
+                CAPTURE(K);
+                CAPTURE(mode);
+                Rng rng(uint64_t(M * 7 + K + mode + (at ? 100 : 0)));
+                const int64_t rows = at ? K : M, cols = at ? M : K;  // A's storage
+                const int64_t cols8 = (cols + 7) / 8 * 8, lda = cols8 + 8;
+                const int64_t n_rb = (rows + 31) / 32, n_cb = (cols8 + 31) / 32;
+                std::vector<unsigned char> keep(n_rb * n_cb);
+                for (auto& f : keep) f = (unsigned char)(rng.below(2));
+                std::vector<float> A(rows * lda), B(K * N);
+                for (int64_t r = 0; r < rows; r++)
+                    for (int64_t c = 0; c < lda; c++) {
+                        float v = bf16_round(float(rng.normal()));
+                        if (c < cols && !keep[(r / 32) * n_cb + c / 32]) v = bf16_round(1000 * v);
+                        A[r * lda + c] = v;
+                    }
+                for (auto& x : B) x = bf16_round(float(rng.normal()));
+                auto kept = [&](int64_t mt, int64_t kt) {
+                    if (mode == 3 || huge) return true;
+                    for (int64_t b = mt * 4; b < mt * 4 + 4; b++)
+                        if (!at ? b < n_rb && keep[b * n_cb + kt] : b < n_cb && keep[kt * n_cb + b])
+                            return true;
+                    return false;
+                };
+                const float d0 = mode == 2 ? 0.25f : 0.0f;
+                std::vector<double> want(M * N, d0), mag(M * N, 0.0);
+                for (int64_t m = 0; m < M; m++)
+                    for (int64_t kt = 0; kt * 32 < K; kt++) {
+                        if (!kept(m / 128, kt)) continue;
+                        for (int64_t k = kt * 32; k < std::min(K, kt * 32 + 32); k++) {
+                            const double a = at ? A[k * lda + m] : A[m * lda + k];
+                            for (int64_t n = 0; n < N; n++) {
+                                want[m * N + n] += a * B[k * N + n];
+                                mag[m * N + n] += std::fabs(a * B[k * N + n]);
+                            }
+                        }
+                    }
+                const bool fp32 = mode != 0;
+                Dev Ad(A.size() * 2), Bd(B.size() * 2), Dd(M * N * 4), kd(keep.size());
+                upload(Ad.p, A, LogitsType::bf16);
+                upload(Bd.p, B, LogitsType::bf16);
+                CUDA_OK(cudaMemcpy(kd.p, keep.data(), keep.size(), cudaMemcpyHostToDevice));
+                const std::vector<float> init(M * N, fp32 ? 0.25f : 0.0f);
+                if (fp32)
+                    CUDA_OK(cudaMemcpy(Dd.p, init.data(), M * N * 4, cudaMemcpyHostToDevice));
+                else
+                    CUDA_OK(cudaMemset(Dd.p, 0xFF, Dd.bytes));  // poison: every output written
+                cuda::FilteredGemm g;
+                g.A = Ad.p;
+                g.lda = lda;
+                g.a_transposed = at;
+                g.B = Bd.p;
+                g.ldb = N;
+                g.D = Dd.p;
+                g.ldd = N;
+                g.d_fp32 = fp32;
+                g.beta = mode == 2 ? 1.0f : 0.0f;
+                g.M = M;
+                g.N = N;
+                g.K = K;
+                g.keep = mode == 3 ? nullptr : kd.as<unsigned char>();
+                REQUIRE(cuda::filtered_gemm_usable(g));
+                cuda::filtered_gemm(g, nullptr);
+                CUDA_OK(cudaDeviceSynchronize());
+                CUDA_OK(cudaGetLastError());
+                const std::vector<float> got =
+                    download(Dd.p, M * N, fp32 ? LogitsType::f32 : LogitsType::bf16);
+                int64_t bad = 0;
+                for (int64_t i = 0; i < M * N; i++) {
+                    // fp32 accumulation (the tensor cores' adds) and, for bf16 D, one rounding
+                    const double tol =
+                        1e-5 * mag[i] + (fp32 ? 0.0 : 0x1p-8 * std::fabs(want[i])) + 1e-6;
+                    bad += !(std::fabs(got[i] - want[i]) <= tol);
+                }
+                CHECK(bad == 0);
+            }
+    // beta other than 0 or 1 is refused
+    cuda::FilteredGemm g;
+    Dev d(4096);
+    g.A = g.B = g.D = d.p;
+    g.lda = g.ldb = g.ldd = g.N = 8;
+    g.M = g.K = 8;
+    g.d_fp32 = true;
+    g.beta = 0.5f;
+    CHECK_FALSE(cuda::filtered_gemm_usable(g));
+    g.beta = 1.0f;
+    CHECK(cuda::filtered_gemm_usable(g));
 }
 
 // fused_linear_rows_filtered (Cut Cross-Entropy's gradient filtering; not exact) against its own
