@@ -24,12 +24,14 @@
 
 #include "kernels/check.h"
 #include "kernels/cuda_check.h"
+#include "kernels/mma_sync.cuh"
 
 namespace zgpt::cuda {
 
 namespace {
 
 using bf16 = __nv_bfloat16;
+using namespace mma_sync;
 
 constexpr int kBM = 128, kBN = 128, kBK = 32, kStages = 4, kThreads = 256;
 constexpr int kLdA = kBK + 8;   // A stored [m][k]
@@ -55,39 +57,6 @@ struct Params {
     float beta;
 };
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-    return uint32_t(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void copy16(bf16* dst, const bf16* src, bool in) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-                 "r"(in ? 16 : 0));
-}
-__device__ __forceinline__ void commit() {
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int N>
-__device__ __forceinline__ void wait_group() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                    uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // One k step's A and B tiles into stage buffers; pieces past the operands are zero-filled.
 template <bool kAT>
 __device__ __forceinline__ void load_stage(bf16* As, bf16* Bs, const Params& p, int64_t m0,
@@ -99,17 +68,17 @@ __device__ __forceinline__ void load_stage(bf16* As, bf16* Bs, const Params& p, 
             const int r = c / 4, kc = c % 4 * 8;
             const int64_t m = m0 + r, k = k0 + kc;
             const bool in = m < p.M && k < p.Ka;
-            copy16(As + r * kLdA + kc, in ? p.A + m * p.lda + k : p.A, in);
+            cp_async16(As + r * kLdA + kc, in ? p.A + m * p.lda + k : p.A, in);
         } else {  // [k][m]: 32 rows of 16 pieces
             const int r = c / 16, mc = c % 16 * 8;
             const int64_t k = k0 + r, m = m0 + mc;
             const bool in = k < p.K && m < p.Ma;
-            copy16(As + r * kLdAT + mc, in ? p.A + k * p.lda + m : p.A, in);
+            cp_async16(As + r * kLdAT + mc, in ? p.A + k * p.lda + m : p.A, in);
         }
         const int r = c / 16, nc = c % 16 * 8;
         const int64_t k = k0 + r, n = n0 + nc;
         const bool in = k < p.K && n < p.N;
-        copy16(Bs + r * kLdB + nc, in ? p.B + k * p.ldb + n : p.B, in);
+        cp_async16(Bs + r * kLdB + nc, in ? p.B + k * p.ldb + n : p.B, in);
     }
 }
 
@@ -168,17 +137,17 @@ __global__ void __launch_bounds__(kThreads) filtered_gemm_kernel(const Params p)
 #pragma unroll
     for (int s = 0; s < kStages - 1; s++) {
         if (s < n_steps) load_stage<kAT>(As + s * kAStage, Bs + s * kBStage, p, m0, n0, k0_of(s));
-        commit();
+        cp_async_commit();
     }
     for (int64_t kt = 0; kt < n_steps; kt++) {
-        wait_group<kStages - 2>();  // step kt's copies are in
-        __syncthreads();            // and every warp is done with step kt - 1's stage
+        cp_async_wait<kStages - 2>();  // step kt's copies are in
+        __syncthreads();               // and every warp is done with step kt - 1's stage
         const int64_t nk = kt + kStages - 1;
         if (nk < n_steps) {
             const int s = int(nk % kStages);
             load_stage<kAT>(As + s * kAStage, Bs + s * kBStage, p, m0, n0, k0_of(nk));
         }
-        commit();
+        cp_async_commit();
         const int s = int(kt % kStages);
         const bf16* a_s = As + s * kAStage;
         const bf16* b_s = Bs + s * kBStage;
@@ -207,7 +176,7 @@ __global__ void __launch_bounds__(kThreads) filtered_gemm_kernel(const Params p)
                     mma(acc[mt][nt], a[mt], b[nt / 2][nt % 2 * 2], b[nt / 2][nt % 2 * 2 + 1]);
         }
     }
-    wait_group<0>();
+    cp_async_wait<0>();
 
     const int g = lane / 4, c = lane % 4;
 #pragma unroll

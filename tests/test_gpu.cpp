@@ -645,27 +645,36 @@ TEST_CASE("fused_linear reproduces the PyTorch float64 oracle within bf16 roundi
     }
 }
 
-// A fused linear head's run (a linear_cross_entropy_variants() name) with dW written as bf16 and
-// the default tile (wgmma_cluster: LinearCrossEntropyTuning's); returns the per-row loss, the
-// summary, dh and dW.
+// A fused linear head's run (a linear_cross_entropy_variants() name) in schedule `sc` (default: one
+// row block, dW written as bf16; with an fp32 dW accumulator it starts at 0.125 and dW is the
+// accumulator as it ends), the default tile, grad_output a scalar or one per row (reduction
+// none), wgmma_cluster and filter_eps as LinearCrossEntropyTuning's; returns the per-row loss,
+// the summary, dh and dW.
 struct LinearRun {
     std::vector<float> rows, dh, dW;
     cuda::LossSummaryF summary;
 };
 LinearRun run_linear(const std::vector<float>& h, const std::vector<float>& W,
-                     const std::vector<int32_t>& t, float grad_output, const CrossEntropyOptions& o,
-                     int64_t N, int64_t C, int64_t V, const std::string& variant,
-                     int wgmma_cluster = 0) {
-    Dev hd(N * C * 2), Wd(V * C * 2), td(N * 4), god(4), dh(N * C * 2), dW(V * C * 2), acc(0),
-        rowsd(N * 4), sd(sizeof(cuda::LossSummaryF));
+                     const std::vector<int32_t>& t, const std::vector<float>& go,
+                     const CrossEntropyOptions& o, int64_t N, int64_t C, int64_t V,
+                     const std::string& variant, int wgmma_cluster = 0,
+                     const Schedule& sc = kSchedules[0], float filter_eps = 0.0f) {
+    Dev hd(N * C * 2), Wd(V * C * 2), td(N * 4), god(go.size() * 4), dh(N * C * 2),
+        dW(sc.fp32_dw ? 0 : V * C * 2), acc(sc.fp32_dw ? V * C * 4 : 0), rowsd(N * 4),
+        sd(sizeof(cuda::LossSummaryF));
     upload(hd.p, h, LogitsType::bf16);
     upload(Wd.p, W, LogitsType::bf16);
     CUDA_OK(cudaMemcpy(td.p, t.data(), N * 4, cudaMemcpyHostToDevice));
-    CUDA_OK(cudaMemcpy(god.p, &grad_output, 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(god.p, go.data(), go.size() * 4, cudaMemcpyHostToDevice));
+    if (sc.fp32_dw) {
+        const std::vector<float> acc0(V * C, 0.125f);
+        CUDA_OK(cudaMemcpy(acc.p, acc0.data(), acc.bytes, cudaMemcpyHostToDevice));
+    }
     cuda::LinearCrossEntropyArgs a =
-        linear_ce_args(hd, Wd, td, god, dh, dW, acc, rowsd, sd, N, C, V, kSchedules[0]);
+        linear_ce_args(hd, Wd, td, god, dh, dW, acc, rowsd, sd, N, C, V, sc);
     a.tuning.vocab_chunk = 0;  // the default tile
     a.tuning.wgmma_cluster = wgmma_cluster;
+    a.tuning.filter_eps = filter_eps;
     const auto& v = cuda::find_linear_cross_entropy_variant(variant);
     Dev ws(v.workspace_bytes(N, C, V, a.tuning));
     v.run(a, o, ws.p, nullptr);
@@ -676,7 +685,8 @@ LinearRun run_linear(const std::vector<float>& h, const std::vector<float>& W,
     r.rows.resize(N);
     CUDA_OK(cudaMemcpy(r.rows.data(), rowsd.p, N * 4, cudaMemcpyDeviceToHost));
     r.dh = download(dh.p, N * C, LogitsType::bf16);
-    r.dW = download(dW.p, V * C, LogitsType::bf16);
+    r.dW = sc.fp32_dw ? download(acc.p, V * C, LogitsType::f32)
+                      : download(dW.p, V * C, LogitsType::bf16);
     return r;
 }
 
@@ -753,7 +763,7 @@ TEST_CASE("fused_linear at V = 50257, 128256 and 256000 with peaked and large-lo
         for (const auto& v : cuda::linear_cross_entropy_variants()) {
             const std::string variant = v.name;
             CAPTURE(variant);
-            const LinearRun got = run_linear(h, W, t, 0.37f, o, N, C, V, variant);
+            const LinearRun got = run_linear(h, W, t, {0.37f}, o, N, C, V, variant);
             CHECK(got.summary.n_valid == N - 1);
             CHECK(close(got.summary.loss, want.summary.loss, 2e-5, 1e-6));
             for (int64_t i = 0; i < N; i++) CHECK(close(got.rows[i], want.rows[i], 2e-5, 1e-6));
@@ -780,15 +790,15 @@ TEST_CASE("fused_linear_wgmma in 2-CTA clusters gives the single CTAs' bits") {
             CrossEntropyOptions o;
             o.z_loss_weight = 1e-4;
             o.label_smoothing = 0.1;
-            const LinearRun one = run_linear(h, W, t, 0.37f, o, N, C, V, "fused_linear_wgmma", 1);
-            const LinearRun two = run_linear(h, W, t, 0.37f, o, N, C, V, "fused_linear_wgmma", 2);
+            const LinearRun one = run_linear(h, W, t, {0.37f}, o, N, C, V, "fused_linear_wgmma", 1);
+            const LinearRun two = run_linear(h, W, t, {0.37f}, o, N, C, V, "fused_linear_wgmma", 2);
             CHECK(two.summary.loss == one.summary.loss);
             CHECK(two.summary.n_valid == one.summary.n_valid);
             CHECK(two.rows == one.rows);
             CHECK(two.dh == one.dh);
             CHECK(two.dW == one.dW);
             // and the default is single CTAs
-            const LinearRun def = run_linear(h, W, t, 0.37f, o, N, C, V, "fused_linear_wgmma");
+            const LinearRun def = run_linear(h, W, t, {0.37f}, o, N, C, V, "fused_linear_wgmma");
             CHECK(def.dW == one.dW);
         }
 }
@@ -972,39 +982,13 @@ TEST_CASE("fused_linear_rows_filtered drops no more than its threshold allows") 
                 for (float g : go) scale = std::max(scale, std::fabs(g));
             }
             const double thr = double(eps) * scale;
-            struct Out {
-                std::vector<float> rows, dh, dW;
-                cuda::LossSummaryF summary;
-            };
+            // 128-row blocks (300 = 128 + 128 + 44), dW added to an fp32 accumulator
+            const Schedule sc{"128-row blocks, fp32 dW", 128, false, true};
             auto run = [&](float filter_eps) {
-                Dev hd(N * C * 2), Wd(V * C * 2), td(N * 4), god(go.size() * 4), dh(N * C * 2),
-                    dW(0), acc(V * C * 4), rowsd(N * 4), sd(sizeof(cuda::LossSummaryF));
-                upload(hd.p, h, LogitsType::bf16);
-                upload(Wd.p, W, LogitsType::bf16);
-                CUDA_OK(cudaMemcpy(td.p, t.data(), N * 4, cudaMemcpyHostToDevice));
-                CUDA_OK(cudaMemcpy(god.p, go.data(), go.size() * 4, cudaMemcpyHostToDevice));
-                const std::vector<float> acc0(V * C, 0.125f);
-                CUDA_OK(cudaMemcpy(acc.p, acc0.data(), acc.bytes, cudaMemcpyHostToDevice));
-                // 128-row blocks (300 = 128 + 128 + 44), dW added to an fp32 accumulator
-                const Schedule sc{"128-row blocks, fp32 dW", 128, false, true};
-                cuda::LinearCrossEntropyArgs a =
-                    linear_ce_args(hd, Wd, td, god, dh, dW, acc, rowsd, sd, N, C, V, sc);
-                a.tuning.filter_eps = filter_eps;
-                const auto& v =
-                    cuda::find_linear_cross_entropy_variant("fused_linear_rows_filtered");
-                Dev ws(v.workspace_bytes(N, C, V, a.tuning));
-                v.run(a, o, ws.p, nullptr);
-                CUDA_OK(cudaDeviceSynchronize());
-                CUDA_OK(cudaGetLastError());
-                Out out;
-                CUDA_OK(cudaMemcpy(&out.summary, sd.p, sizeof out.summary, cudaMemcpyDeviceToHost));
-                out.rows.resize(N);
-                CUDA_OK(cudaMemcpy(out.rows.data(), rowsd.p, N * 4, cudaMemcpyDeviceToHost));
-                out.dh = download(dh.p, N * C, LogitsType::bf16);
-                out.dW = download(acc.p, V * C, LogitsType::f32);
-                return out;
+                return run_linear(h, W, t, go, o, N, C, V, "fused_linear_rows_filtered", 0, sc,
+                                  filter_eps);
             };
-            const Out exact = run(0.0f), filtered = run(eps), again = run(eps);
+            const LinearRun exact = run(0.0f), filtered = run(eps), again = run(eps);
             CHECK(filtered.summary.loss == exact.summary.loss);
             CHECK(filtered.rows == exact.rows);
             CHECK(again.dh == filtered.dh);
@@ -1052,7 +1036,7 @@ TEST_CASE("fused_linear with BT x V above 2^31 elements (all but 64 rows ignored
     for (const auto& v : cuda::linear_cross_entropy_variants()) {
         const std::string variant = v.name;
         CAPTURE(variant);
-        const LinearRun got = run_linear(h, W, t, 1.0f, o, N, C, V, variant);
+        const LinearRun got = run_linear(h, W, t, {1.0f}, o, N, C, V, variant);
         CHECK(got.summary.n_valid == int(valid.size()));
         CHECK(close(got.summary.loss, want.summary.loss, 2e-5, 1e-6));
         for (size_t m = 0; m < valid.size(); m++)

@@ -11,26 +11,12 @@ train_gpt2.py; the gradients are taken with respect to those views (no concatena
 """
 import argparse
 import json
-import statistics
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-
-def time_ms(fn, iters, before=None):
-    times = []
-    for i in range(iters + 3):
-        if before:
-            before()
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        fn()
-        e1.record()
-        e1.synchronize()
-        if i >= 3:
-            times.append(e0.elapsed_time(e1))
-    return statistics.median(times)
+from torch_timing import bf16_matmul_flops, time_ms
 
 
 def main():
@@ -42,10 +28,7 @@ def main():
     B, T, C, NH = (int(x) for x in a.shape.split(","))
     hd = C // NH
     dev = torch.device("cuda")
-    m = torch.randn(3, 8192, 8192, device=dev, dtype=torch.bfloat16)
-    mm = time_ms(lambda: torch.matmul(m[0], m[1], out=m[2]), a.iters)
-    rate = 2 * 8192**3 / (mm * 1e-3)
-    del m
+    rate = bf16_matmul_flops(a.iters)
     pairs = B * NH * T * (T + 1) / 2
     fwd_flops = 4 * hd * pairs
     bwd_flops = 2.5 * fwd_flops

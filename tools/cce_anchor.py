@@ -16,30 +16,10 @@ backward adds under locks, in arrival order), for the filtered mode what filteri
 import argparse
 import gc
 import json
-import statistics
 
 import torch
 
-
-def time_ms(fn, iters):
-    times = []
-    for i in range(iters + 3):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        fn()
-        e1.record()
-        e1.synchronize()
-        if i >= 3:
-            times.append(e0.elapsed_time(e1))
-    return statistics.median(times)
-
-
-def matmul_tflops():
-    m = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    for _ in range(3):
-        m @ m
-    ms = time_ms(lambda: m @ m, 20)
-    return 2 * 8192**3 / (ms * 1e-3) / 1e12
+from torch_timing import bf16_matmul_flops, time_ms
 
 
 def main():
@@ -51,7 +31,7 @@ def main():
 
     from cut_cross_entropy import linear_cross_entropy
 
-    tflops = matmul_tflops()
+    tflops = bf16_matmul_flops() / 1e12
     dev = torch.cuda.get_device_name()
     print(json.dumps(dict(device=dev, bf16_tflops=round(tflops, 1),
                           cce=__import__("importlib.metadata").metadata.version("cut-cross-entropy"))), flush=True)

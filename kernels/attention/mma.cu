@@ -22,37 +22,18 @@
 #include "kernels/attention/geo.cuh"
 #include "kernels/attention/tc.cuh"
 #include "kernels/cuda_common.cuh"
+#include "kernels/mma_sync.cuh"
 
 namespace zgpt::cuda::attention_mma {
 
 namespace {
 
 using namespace attention_tc;
+using namespace mma_sync;
 using Geo = AttentionGeo;
 constexpr int kD = 64, kLD = kD + 8;  // head size; padded shared-memory row
 constexpr int kTile = 64, kWarps = 4, kThreads = 32 * kWarps;
 
-__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                    uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ uint32_t smem_addr(const bf16* p) {
-    return uint32_t(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
-}
 // A fragment (16 x 16) of a row-major matrix at (r0, k0), row stride kLD.
 __device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16* m, int r0, int k0) {
     const int l = threadIdx.x % 32;
@@ -121,10 +102,7 @@ __device__ void stage_async(bf16* rows, const bf16* base, int64_t stride, int64_
     for (int c = threadIdx.x; c < ROWS * CH; c += kThreads) {
         const int r = c / CH, col = c % CH * 8;
         const bool in = r0 + r < Tn;
-        const bf16* src = in ? base + (r0 + r) * stride + col : base;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                         smem_addr(rows + r * kLD + col)),
-                     "l"(src), "r"(in ? 16 : 0));
+        cp_async16(rows + r * kLD + col, in ? base + (r0 + r) * stride + col : base, in);
     }
 }
 // The K and V tiles of keys [k0, k0 + ROWS) of one head (qkv rows from qbase, the head's q).

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "kernels/mma_sync.cuh"
+
 namespace zgpt::cuda::attention_tc {
 
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
@@ -46,11 +48,11 @@ __device__ __forceinline__ int ring_after_next(int i) {
     return ring_next(ring_next(i));
 }
 __device__ __forceinline__ void commit() {
-    asm volatile("cp.async.commit_group;\n" ::);
+    mma_sync::cp_async_commit();
 }
 // Waits for all but the newest copy group.
 __device__ __forceinline__ void wait_prev() {
-    asm volatile("cp.async.wait_group 1;\n" ::);
+    mma_sync::cp_async_wait<1>();
 }
 // n floats from src into shared memory at shared address dst, 4 bytes per copy, zero past
 // `valid`; copied by the block's first n threads, so no thread waits on the loads (they join the

@@ -1,0 +1,29 @@
+"""Timing helpers of the PyTorch anchor scripts (attention_anchor.py, cce_anchor.py): a function's
+median time over CUDA events, and the bf16 matmul rate their floors are taken at."""
+import statistics
+
+import torch
+
+
+def time_ms(fn, iters, before=None):
+    """Median milliseconds of fn() over `iters` runs after 3 warm-up runs; before() runs ahead of
+    each run, outside the timed events."""
+    times = []
+    for i in range(iters + 3):
+        if before:
+            before()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        fn()
+        e1.record()
+        e1.synchronize()
+        if i >= 3:
+            times.append(e0.elapsed_time(e1))
+    return statistics.median(times)
+
+
+def bf16_matmul_flops(iters=20):
+    """FLOP/s of an 8192^3 bf16 matmul on the current GPU."""
+    m = torch.randn(3, 8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = time_ms(lambda: torch.matmul(m[0], m[1], out=m[2]), iters)
+    return 2 * 8192**3 / (ms * 1e-3)
