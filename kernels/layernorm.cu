@@ -136,10 +136,18 @@ __global__ void layernorm_backward_kernel(R* dinp, RowMap dinp_map, bool accumul
     }
 }
 
-// The bf16 fast paths for plain rows with C a multiple of 256 (GPT widths): one warp per row,
-// each lane owns 8 adjacent columns per 256 (16-byte loads and stores) and keeps them in registers.
+// The bf16 fast paths for plain rows with C a multiple of 8 up to 2048: one warp per row, each
+// lane owns 8 adjacent columns per 256 (16-byte loads and stores) and keeps them in registers.
+// NV = ceil(C / 256) chunks; where C is not a multiple of 256 (GPT-2 1558M's 1600) the last chunk
+// is partly empty: its dead lanes load zeros and store nothing (`live`).
 // The residual stream and weights (R) may be fp32: 8 of them are two 16-byte words.
 constexpr int kVecWarps = 4, kVecMaxBlocks = 1056;
+
+// Whether this lane's 8 columns of chunk j lie inside the row (only the last chunk can end early).
+template <int NV>
+__device__ __forceinline__ bool live(int j, int lane, int C) {
+    return j < NV - 1 || j * 256 + lane * 8 < C;
+}
 
 using cuda::unpack8;  // the uint4 form, beside the Pack8 overloads below
 template <typename R>
@@ -182,22 +190,23 @@ template <int NV, bool RESIDUAL, typename R>
 __global__ void __launch_bounds__(32 * kVecWarps)
     layernorm_forward_vec_kernel(R* res, bf16* out, int64_t out_ld, float* mean, float* rstd,
                                  const R* a, const bf16* bb, const R* w, const R* b, int64_t N,
-                                 float eps) {
-    constexpr int C = NV * 256;
+                                 int C, float eps) {
     const int64_t r = int64_t(blockIdx.x) * kVecWarps + threadIdx.x / 32;
     if (r >= N) return;
     const int lane = threadIdx.x % 32;
-    float x[NV][8];
+    float x[NV][8] = {};
     Pack8<R> ua[NV];
     uint4 ub[NV];
 #pragma unroll
     for (int j = 0; j < NV; j++) {
+        if (!live<NV>(j, lane, C)) continue;
         ua[j] = load8(a + r * C + j * 256 + lane * 8);
         if (RESIDUAL) ub[j] = ld16(bb + r * C + j * 256 + lane * 8);
     }
     float sum = 0;
 #pragma unroll
     for (int j = 0; j < NV; j++) {
+        if (!live<NV>(j, lane, C)) continue;
         unpack8(ua[j], x[j]);
         if (RESIDUAL) {
             float y[8];
@@ -213,11 +222,13 @@ __global__ void __launch_bounds__(32 * kVecWarps)
     float var = 0;
 #pragma unroll
     for (int j = 0; j < NV; j++)
+        if (live<NV>(j, lane, C))
 #pragma unroll
-        for (int k = 0; k < 8; k++) var += (x[j][k] - m) * (x[j][k] - m);
+            for (int k = 0; k < 8; k++) var += (x[j][k] - m) * (x[j][k] - m);
     const float rs = rsqrtf(warp_sum(var) / float(C) + eps);
 #pragma unroll
     for (int j = 0; j < NV; j++) {
+        if (!live<NV>(j, lane, C)) continue;
         float wv[8], bv[8] = {};
         unpack8(load8(w + j * 256 + lane * 8), wv);
         if (b) unpack8(load8(b + j * 256 + lane * 8), bv);
@@ -241,39 +252,43 @@ template <int NV, bool SUMS, typename R>
 __global__ void __launch_bounds__(32 * kVecWarps)
     layernorm_backward_vec_kernel(R* dinp, bool accumulate, float* part_w, float* part_b,
                                   float* part_d, const bf16* dout, const R* inp, const R* w,
-                                  const float* mean, const float* rstd, int64_t N) {
-    constexpr int C = NV * 256;
-    __shared__ float bw[C], bb[C];
+                                  const float* mean, const float* rstd, int64_t N, int C) {
+    constexpr int CP = NV * 256;  // the row rounded up to whole chunks
+    __shared__ float bw[CP], bb[CP];
     // dinp's column sums, per warp in shared memory rather than registers: that keeps the
     // registers, and so the blocks per SM and the weight gradients' partials, of the kernel
     // without them (two blocks per SM instead of three at C = 768 with them in registers)
-    __shared__ __align__(16) float wd[SUMS ? kVecWarps * C : 4];
+    __shared__ __align__(16) float wd[SUMS ? kVecWarps * CP : 4];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t stride = int64_t(gridDim.x) * kVecWarps;
     float aw[NV][8] = {}, ab[NV][8] = {};
     if constexpr (SUMS)  // each lane owns the columns it loads (no other lane touches them)
 #pragma unroll
         for (int j = 0; j < NV; j++) {
-            float4* a4 = reinterpret_cast<float4*>(wd + warp * C + j * 256 + lane * 8);
+            float4* a4 = reinterpret_cast<float4*>(wd + warp * CP + j * 256 + lane * 8);
             a4[0] = a4[1] = make_float4(0, 0, 0, 0);
         }
-    Pack8<R> wraw[NV], xv[NV];
-    uint4 dyv[NV];
+    // dead columns stay zero: dy = 0 adds nothing to the row's sums or the weight gradients
+    Pack8<R> wraw[NV] = {}, xv[NV] = {};
+    uint4 dyv[NV] = {};
 #pragma unroll
-    for (int j = 0; j < NV; j++) wraw[j] = load8(w + j * 256 + lane * 8);
+    for (int j = 0; j < NV; j++)
+        if (live<NV>(j, lane, C)) wraw[j] = load8(w + j * 256 + lane * 8);
     int64_t r = int64_t(blockIdx.x) * kVecWarps + warp;
     if (r < N)
 #pragma unroll
         for (int j = 0; j < NV; j++) {
+            if (!live<NV>(j, lane, C)) continue;
             dyv[j] = ld16(dout + r * C + j * 256 + lane * 8);
             xv[j] = load8(inp + r * C + j * 256 + lane * 8);
         }
     for (; r < N; r += stride) {
         const int64_t rn = r + stride;
-        Pack8<R> old[NV], nx[NV];
-        uint4 ndy[NV];
+        Pack8<R> old[NV] = {}, nx[NV] = {};
+        uint4 ndy[NV] = {};
 #pragma unroll
         for (int j = 0; j < NV; j++) {
+            if (!live<NV>(j, lane, C)) continue;
             if (accumulate) old[j] = load8(dinp + r * C + j * 256 + lane * 8);
             if (rn < N) {
                 ndy[j] = ld16(dout + rn * C + j * 256 + lane * 8);
@@ -310,9 +325,12 @@ __global__ void __launch_bounds__(32 * kVecWarps)
 #pragma unroll
             for (int k = 0; k < 8; k++)
                 d[k] = o[k] + rs * (dy[k] * wv[k] - s1 - (xh[k] - m) * rs * s2);
+            dyv[j] = ndy[j];
+            xv[j] = nx[j];
+            if (!live<NV>(j, lane, C)) continue;
             store8(dinp + r * C + j * 256 + lane * 8, d);
             if constexpr (SUMS) {  // of the values rounded to bf16, as the matmuls read them
-                float4* a4 = reinterpret_cast<float4*>(wd + warp * C + j * 256 + lane * 8);
+                float4* a4 = reinterpret_cast<float4*>(wd + warp * CP + j * 256 + lane * 8);
                 float4 lo = a4[0], hi = a4[1];
                 lo.x += to_f(from_f<bf16>(d[0])), lo.y += to_f(from_f<bf16>(d[1]));
                 lo.z += to_f(from_f<bf16>(d[2])), lo.w += to_f(from_f<bf16>(d[3]));
@@ -320,11 +338,9 @@ __global__ void __launch_bounds__(32 * kVecWarps)
                 hi.z += to_f(from_f<bf16>(d[6])), hi.w += to_f(from_f<bf16>(d[7]));
                 a4[0] = lo, a4[1] = hi;
             }
-            dyv[j] = ndy[j];
-            xv[j] = nx[j];
         }
     }
-    for (int c = threadIdx.x; c < C; c += blockDim.x) bw[c] = bb[c] = 0;
+    for (int c = threadIdx.x; c < CP; c += blockDim.x) bw[c] = bb[c] = 0;
     __syncthreads();
     for (int k = 0; k < kVecWarps; k++) {
         if (warp == k)
@@ -342,38 +358,41 @@ __global__ void __launch_bounds__(32 * kVecWarps)
         part_b[int64_t(blockIdx.x) * C + c] = bb[c];
         if constexpr (SUMS) {
             float ad = 0;
-            for (int k = 0; k < kVecWarps; k++) ad += wd[k * C + c];  // the warps in order
+            for (int k = 0; k < kVecWarps; k++) ad += wd[k * CP + c];  // the warps in order
             part_d[int64_t(blockIdx.x) * C + c] = ad;
         }
     }
 }
 
+// Calls f(NV) for the vectorised kernels' chunk count: C a multiple of 8 (16-byte rows) up to 2048.
 template <typename F>
 bool with_vec_width(int64_t C, F&& f) {
-    switch (C) {
-        case 256:
+    if (C % 8 != 0 || C > 2048) return false;
+    switch ((C + 255) / 256) {
+        case 1:
             f(std::integral_constant<int, 1>{});
             return true;
-        case 512:
+        case 2:
             f(std::integral_constant<int, 2>{});
             return true;
-        case 768:
+        case 3:
             f(std::integral_constant<int, 3>{});
             return true;
-        case 1024:
+        case 4:
             f(std::integral_constant<int, 4>{});
             return true;
-        case 1280:
+        case 5:
             f(std::integral_constant<int, 5>{});
             return true;
-        case 1536:
+        case 6:
             f(std::integral_constant<int, 6>{});
             return true;
-        case 2048:
-            f(std::integral_constant<int, 8>{});
+        case 7:
+            f(std::integral_constant<int, 7>{});
             return true;
         default:
-            return false;
+            f(std::integral_constant<int, 8>{});
+            return true;
     }
 }
 
@@ -438,7 +457,7 @@ void layernorm_forward(void* out, RowMap out_map, float* mean, float* rstd, cons
                         <<<unsigned((N + kVecWarps - 1) / kVecWarps), 32 * kVecWarps, 0, s>>>(
                             nullptr, static_cast<bf16*>(out), out_map.ld, mean, rstd,
                             static_cast<const R*>(inp), nullptr, static_cast<const R*>(weight),
-                            static_cast<const R*>(bias), N, float(eps));
+                            static_cast<const R*>(bias), N, int(C), float(eps));
                 });
                 if (done) return;
             }
@@ -467,7 +486,7 @@ void residual_layernorm_forward(void* res, void* out, float* mean, float* rstd, 
                         <<<unsigned((N + kVecWarps - 1) / kVecWarps), 32 * kVecWarps, 0, s>>>(
                             static_cast<R*>(res), static_cast<bf16*>(out), out_ld, mean, rstd,
                             static_cast<const R*>(a), static_cast<const bf16*>(b),
-                            static_cast<const R*>(weight), static_cast<const R*>(bias), N,
+                            static_cast<const R*>(weight), static_cast<const R*>(bias), N, int(C),
                             float(eps));
                 });
                 if (done) return;
@@ -519,7 +538,7 @@ void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dwe
                             <<<blocks, 32 * kVecWarps, 0, s>>>(
                                 static_cast<R*>(dinp), accumulate, pw, pb, part_d,
                                 static_cast<const bf16*>(dout), static_cast<const R*>(inp),
-                                static_cast<const R*>(weight), mean, rstd, N);
+                                static_cast<const R*>(weight), mean, rstd, N, int(C));
                     };
                     if (part_d)
                         launch(std::true_type{});

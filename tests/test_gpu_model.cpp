@@ -350,6 +350,26 @@ TEST_CASE("whole model in bf16 at head size 64: tensor-core attention, qkv bias 
         }
 }
 
+TEST_CASE("GPT-2 1558M's width and heads (C = 1600, 25 heads of 64) equal GPT<double>") {
+    // C = 1600 is not a multiple of 128 or 256: the LayerNorms' vector kernels end on a partial
+    // chunk, the GEMMs' K and N are off the tiles, and 25 heads are an odd count. One layer,
+    // short sequences (T = 70 cuts the attention's last block short).
+    for (bool tie : {true, false}) {
+        CAPTURE(tie);
+        ModelConfig c = tiny_config(tie, true, false);
+        c.n_layer = 1;
+        c.n_head = 25;
+        c.n_embd = 1600;
+        c.block_size = 128;
+        CudaModelOptions o;
+        o.precision = DType::bf16;
+        compare_model(c, o, 5e-2, 2, 70);
+        o.precision = DType::f32;
+        o.kernels.cross_entropy = "online";
+        compare_model(c, o, 1e-5, 2, 70);
+    }
+}
+
 TEST_CASE("kernels.layernorm_bias_sums: the projections' bias gradients as the separate pass's") {
     // n_embd 256 takes the LayerNorm backward's vector kernel (the tiny config's 24 the scalar
     // one, covered above against GPT<double>). With the sums on, the projections' bias gradients
