@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "data/file_read.h"
 #include "data/tokenizer.h"
 #include "kernels/check.h"
 
@@ -35,14 +36,6 @@ std::vector<uint32_t> gpt2_byte_to_code_point() {
 }
 
 namespace {
-
-std::string read_file(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    ZG_CHECK(f.good(), "cannot read " + path);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-}
 
 std::string pair_key(std::string_view a, std::string_view b) {
     std::string k;
@@ -131,15 +124,24 @@ std::shared_ptr<const Gpt2Bpe> Gpt2Bpe::load(const std::string& encoder_json,
     };
     nlohmann::json enc;
     try {
-        enc = nlohmann::json::parse(read_file(encoder_json));
+        enc = nlohmann::json::parse(read_regular_file(encoder_json, "GPT-2 encoder file"));
     } catch (const nlohmann::json::exception& e) {
         throw Error(encoder_json + ": not valid JSON: " + e.what());
     }
     ZG_CHECK(enc.is_object() && !enc.empty(), encoder_json + ": expected a token -> id object");
     t->bytes_of_.resize(enc.size());
+    std::vector<const std::string*> token_of(enc.size(), nullptr);  // each id given once
     for (auto it = enc.begin(); it != enc.end(); ++it) {
+        // an integer id below the token count: get<uint32_t> would wrap 2^40 and truncate 3.5
+        ZG_CHECK(it.value().is_number_integer() && it.value().get<int64_t>() >= 0 &&
+                     it.value().get<int64_t>() < int64_t(enc.size()),
+                 encoder_json + ": token '" + it.key() + "' has id " + it.value().dump() +
+                     ", not an integer from 0 to " + std::to_string(enc.size() - 1));
         const uint32_t id = it.value().get<uint32_t>();
-        ZG_CHECK(id < enc.size(), encoder_json + ": id " + std::to_string(id) + " out of range");
+        ZG_CHECK(!token_of[id], encoder_json + ": id " + std::to_string(id) +
+                                    " is given to two tokens, '" + *token_of[id] + "' and '" +
+                                    it.key() + "'");
+        token_of[id] = &it.key();
         if (it.key() == "<|endoftext|>") {
             t->eot_ = id;
             t->bytes_of_[id] = it.key();  // decodes to its text
@@ -154,7 +156,7 @@ std::shared_ptr<const Gpt2Bpe> Gpt2Bpe::load(const std::string& encoder_json,
         ZG_CHECK(it != t->id_of_.end(), encoder_json + ": no token for byte " + std::to_string(b));
         t->byte_id_[b] = it->second;
     }
-    std::istringstream merges(read_file(vocab_bpe));
+    std::istringstream merges(read_regular_file(vocab_bpe, "GPT-2 merges file"));
     std::string line;
     int rank = 0;
     while (std::getline(merges, line)) {

@@ -7,6 +7,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include <unistd.h>
+
+#include "data/file_read.h"
 #include "kernels/check.h"
 
 namespace zgpt {
@@ -69,19 +72,36 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
     std::filesystem::rename(tmp, path);
 }
 
-SafeTensors SafeTensors::load(const std::string& path) {
+SafeTensors SafeTensors::load(const std::string& path, uint64_t max_bytes) {
     SafeTensors st;
     st.path_ = path;
-    std::ifstream f(path, std::ios::binary);
-    ZG_CHECK(f.good(), "cannot open " + path);
+    uint64_t bytes = 0;
+    const int fd = open_regular_file(path, "safetensors file", max_bytes, &bytes);
+    auto read_all = [&](void* p, uint64_t n) {
+        uint64_t done = 0;
+        while (done < n) {
+            const ssize_t r = ::read(fd, static_cast<char*>(p) + done, size_t(n - done));
+            if (r > 0)
+                done += uint64_t(r);
+            else if (!(r < 0 && errno == EINTR))
+                break;
+        }
+        return done == n;
+    };
     uint64_t header_len = 0;
-    f.read(reinterpret_cast<char*>(&header_len), 8);
-    ZG_CHECK(f.gcount() == 8, path + ": truncated (no header length)");
-    ZG_CHECK(header_len < (1ull << 27), path + ": implausible header length");
-    std::string header(header_len, '\0');
-    f.read(header.data(), std::streamsize(header_len));
-    ZG_CHECK(uint64_t(f.gcount()) == header_len, path + ": truncated header");
-    st.data_.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    std::string header, why;
+    if (!read_all(&header_len, 8)) {
+        why = "truncated (no header length)";
+    } else if (header_len >= (1ull << 27) || header_len > bytes - 8) {
+        why = "implausible header length " + std::to_string(header_len);
+    } else {
+        header.resize(header_len);
+        st.data_.resize(bytes - 8 - header_len);
+        if (!read_all(header.data(), header_len) || !read_all(st.data_.data(), st.data_.size()))
+            why = "shorter than its size (changed while read?)";
+    }
+    ::close(fd);
+    ZG_CHECK(why.empty(), path + ": " + why);
     nlohmann::json h;
     try {
         h = nlohmann::json::parse(header);
@@ -102,8 +122,17 @@ SafeTensors SafeTensors::load(const std::string& path) {
             ZG_CHECK(e.is_object(), "not an object");
             TensorInfo t;
             t.dtype = e.at("dtype").get<std::string>();
-            t.shape = e.at("shape").get<std::vector<int64_t>>();
-            const auto off = e.at("data_offsets").get<std::vector<uint64_t>>();
+            // integers only: get<> would truncate 96.5 to 96
+            auto integers = [&](const char* field) {
+                const nlohmann::json& a = e.at(field);
+                ZG_CHECK(a.is_array(), std::string(field) + " is not a list");
+                for (const nlohmann::json& v : a)
+                    ZG_CHECK(v.is_number_integer(),
+                             std::string(field) + " holds " + v.dump() + ", not an integer");
+                return a;
+            };
+            t.shape = integers("shape").get<std::vector<int64_t>>();
+            const auto off = integers("data_offsets").get<std::vector<uint64_t>>();
             ZG_CHECK(off.size() == 2 && off[0] <= off[1] && off[1] <= st.data_.size(),
                      "lies outside the file (truncated?)");
             t.begin = off[0];

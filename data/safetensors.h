@@ -29,8 +29,10 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
 
 class SafeTensors {
   public:
-    // Throws naming the file if it is truncated or its header is malformed.
-    static SafeTensors load(const std::string& path);
+    // Throws naming the file if it is not a regular file of at most max_bytes, is truncated or
+    // its header is malformed.
+    static SafeTensors load(const std::string& path, uint64_t max_bytes = kMaxBytes);
+    static constexpr uint64_t kMaxBytes = uint64_t(64) << 30;
 
     bool has(const std::string& name) const { return tensors_.count(name) > 0; }
     const TensorInfo& info(const std::string& name) const;

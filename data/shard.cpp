@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "data/file_read.h"
 #include "kernels/check.h"
 
 namespace zgpt {
@@ -40,16 +41,12 @@ void write_shard(const std::string& path, const std::vector<uint32_t>& tokens) {
 }
 
 TokenShard::TokenShard(const std::string& path) : path_(path) {
-    // O_NONBLOCK: opening a FIFO named like a shard must not wait for a writer
-    const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK);
-    ZG_CHECK(fd >= 0, "cannot open token shard " + path + ": " + std::strerror(errno));
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        ::close(fd);
-        throw Error(path + ": not a token shard (not a regular file)");
-    }
-    const size_t bytes = size_t(st.st_size);
     const size_t header_bytes = kShardHeaderInts * sizeof(int32_t);
+    // at most INT32_MAX tokens of 4 bytes
+    uint64_t size = 0;
+    const int fd =
+        open_regular_file(path, "token shard", header_bytes + 4 * uint64_t(INT32_MAX), &size);
+    const size_t bytes = size_t(size);
     if (bytes < header_bytes) {
         ::close(fd);
         throw Error(path + ": not a token shard (" + std::to_string(bytes) +

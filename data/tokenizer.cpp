@@ -1,10 +1,12 @@
 #include "data/tokenizer.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "data/file_read.h"
 #include "data/gpt2_bpe.h"
 #include "kernels/check.h"
 
@@ -114,8 +116,9 @@ std::vector<uint32_t> Tokenizer::encode(std::string_view text) const {
         if (id < 0) {
             std::string ch;
             utf8_append(ch, cp);
-            throw Error("character '" + ch + "' (U+" + std::to_string(cp) +
-                        ") is not in the char vocabulary");
+            char code[16];
+            std::snprintf(code, sizeof code, "U+%04X", unsigned(cp));
+            throw Error("character '" + ch + "' (" + code + ") is not in the char vocabulary");
         }
         ids[i] = uint32_t(id);
     }
@@ -165,12 +168,10 @@ void Tokenizer::save(const std::string& path) const {
 }
 
 Tokenizer Tokenizer::load(const std::string& path) {
-    ZG_CHECK(!std::filesystem::is_directory(path), path + ": is a directory, not a tokenizer file");
-    std::ifstream f(path);
-    ZG_CHECK(f.good(), "cannot read tokenizer file " + path);
+    const std::string text = read_regular_file(path, "tokenizer file");
     nlohmann::json j;
     try {
-        j = nlohmann::json::parse(f);
+        j = nlohmann::json::parse(text);
     } catch (const std::exception& e) {
         throw Error(path + ": not valid JSON: " + e.what());
     }

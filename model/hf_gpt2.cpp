@@ -7,6 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "data/file_read.h"
 #include "data/safetensors.h"
 #include "kernels/check.h"
 
@@ -90,7 +91,11 @@ template <typename T>
 void import_hf_gpt2(GPT<T>& model, const std::string& path, const std::string& prefix) {
     const ModelConfig& c = model.config();
     check_hf_compatible(c);
-    const SafeTensors st = SafeTensors::load(path);
+    // Larger than the model's weights in float64 with a generous header and extras (a sparse
+    // file) is not read whole to find that out.
+    const uint64_t most =
+        8 + (uint64_t(1) << 27) + 8 * uint64_t(model.layout().table.total()) + (uint64_t(1) << 30);
+    const SafeTensors st = SafeTensors::load(path, most);
     for (const ParamSpec& s : model.layout().table.specs()) {
         const std::string key = prefix + s.name;
         ZG_CHECK(st.has(key), path + ": no tensor " + key);
@@ -113,9 +118,7 @@ void import_hf_gpt2(GPT<T>& model, const std::string& path, const std::string& p
 }
 
 ModelConfig read_hf_config(const std::string& path) {
-    std::ifstream f(path);
-    ZG_CHECK(f.good(), "cannot read " + path);
-    const nlohmann::json j = nlohmann::json::parse(f);
+    const nlohmann::json j = nlohmann::json::parse(read_regular_file(path, "config.json"));
     ModelConfig c;
     c.vocab_size = j.at("vocab_size");
     c.block_size = j.at("n_positions");

@@ -1,9 +1,13 @@
 // Checkpoint files: exact round trip, and every way a file can be wrong is refused with its reason.
 #include <doctest/doctest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
 
 #include "kernels/check.h"
 #include "model/parameters.h"
@@ -201,4 +205,114 @@ TEST_CASE("timed kernel choices: the runs folder's file merges runs of other sha
     std::filesystem::create_directories(t.out_dir);
     std::ofstream(zgpt::timed_choices_path(t)) << mine;
     CHECK(zgpt::read_timed_choices(zgpt::timed_choices_path(t)) == mine);
+}
+
+namespace {
+
+// Rewrites a checkpoint's JSON header (and its checksum, so only the header is wrong).
+void rewrite_header(const std::string& path, const std::function<void(nlohmann::json&)>& edit) {
+    std::ifstream in(path, std::ios::binary);
+    std::string raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    uint64_t hlen = 0;
+    std::memcpy(&hlen, raw.data() + 16, 8);
+    nlohmann::json h = nlohmann::json::parse(raw.substr(24, hlen));
+    edit(h);
+    const std::string nh = h.dump();
+    std::string out = raw.substr(0, 16);
+    const uint64_t n = nh.size();
+    out.append(reinterpret_cast<const char*>(&n), 8);
+    out += nh;
+    out += raw.substr(24 + hlen, raw.size() - 24 - hlen - 8);
+    uint64_t sum = 0xcbf29ce484222325ull;
+    for (unsigned char c : out) sum = (sum ^ c) * 0x100000001b3ull;
+    out.append(reinterpret_cast<const char*>(&sum), 8);
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << out;
+}
+
+}  // namespace
+
+TEST_CASE("checksum-valid headers of the wrong shape are refused, and resume falls back") {
+    const GptLayout g = make_gpt_layout(small());
+    const fs::path d = fresh_dir("header_shape");
+    save_checkpoint(d.string(), g.table, state_for(g.table, 5), 10);  // the valid one
+    const std::vector<std::pair<int, std::function<void(nlohmann::json&)>>> bad = {
+        {6,
+         [](nlohmann::json& h) {
+             h = nlohmann::json::array({1, 2});
+         }},
+        {7, [](nlohmann::json& h) { h = nullptr; }},
+        {8, [](nlohmann::json& h) { h.erase("tensors"); }},
+        {9, [](nlohmann::json& h) { h["step"] = 9.5; }},  // an integer written as a float
+        {10, [](nlohmann::json& h) { h["loader"]["batch"] = 1.5; }},
+        {11, [](nlohmann::json& h) { h["loader"] = "x"; }},
+    };
+    for (const auto& [step, edit] : bad) {
+        const std::string p = save_checkpoint(d.string(), g.table, state_for(g.table, step), 10);
+        rewrite_header(p, edit);
+        CHECK_THROWS_WITH_AS(load_checkpoint(p, g.table), doctest::Contains("refused"), Error);
+    }
+    CHECK_THROWS_WITH_AS(load_checkpoint((d / "ckpt_9.bin").string(), g.table),
+                         doctest::Contains("step = 9.5 is not an integer"), Error);
+    std::vector<std::string> refused;
+    CheckpointState st;
+    const std::string got = latest_valid_checkpoint(d.string(), g.table, &refused, &st);
+    CHECK(fs::path(got).filename() == "ckpt_5.bin");
+    CHECK(st.step == 5);
+    REQUIRE(refused.size() == bad.size());
+    for (const std::string& r : refused) {  // one line each, naming the file
+        CHECK(r.find('\n') == std::string::npos);
+        CHECK(r.find(d.string() + "/ckpt_") != std::string::npos);
+    }
+    // whatever the loader throws (here a plain std::exception), the next older one is tried
+    refused.clear();
+    const std::string older = latest_valid_checkpoint(
+        d.string(),
+        [&](const std::string& p) {
+            if (p.find("ckpt_5") == std::string::npos) throw std::runtime_error("not this one");
+            return load_checkpoint(p, g.table);
+        },
+        &refused, &st);
+    CHECK(fs::path(older).filename() == "ckpt_5.bin");
+    CHECK(refused.size() == bad.size());
+    CHECK(refused[0].find("ckpt_11.bin refused: not this one") != std::string::npos);
+}
+
+TEST_CASE("a run folder's readers take its newest checkpoint that loads, of the run's model") {
+    const ModelConfig m = small();
+    const GptLayout g = make_gpt_layout(m);
+    const fs::path run = fresh_dir("run_fallback");
+    const std::string model_yaml =
+        "model: {n_layer: 1, n_head: 2, n_embd: 16, block_size: 8, vocab_size: 11}\n"
+        "data: {train: shards/train_*.bin}\n";
+    fs::create_directories(run / "checkpoints");
+    std::ofstream(run / "config.yaml") << model_yaml;
+    const std::string ck = (run / "checkpoints").string();
+    CheckpointState good = state_for(g.table, 5);
+    good.config_yaml = model_yaml;
+    save_checkpoint(ck, g.table, good, 10);
+    // newer ones that must each be refused: another model, a bad header, a link to /dev/null,
+    // a FIFO and a directory
+    const GptLayout wide = make_gpt_layout(small(24));
+    CheckpointState other = state_for(wide.table, 6);
+    other.config_yaml =
+        "model: {n_layer: 1, n_head: 2, n_embd: 24, block_size: 8, vocab_size: 11}\n"
+        "data: {train: shards/train_*.bin}\n";
+    save_checkpoint(ck, wide.table, other, 10);
+    CheckpointState bad_header = good;
+    bad_header.step = 7;
+    rewrite_header(save_checkpoint(ck, g.table, bad_header, 10),
+                   [](nlohmann::json& h) { h.erase("tensors"); });
+    fs::create_symlink("/dev/null", run / "checkpoints/ckpt_8.bin");
+    REQUIRE(mkfifo((run / "checkpoints/ckpt_9.bin").c_str(), 0600) == 0);
+    fs::create_directories(run / "checkpoints/ckpt_10.bin");
+    const RunCheckpoint r = load_run_checkpoint(run.string(), "");
+    CHECK(fs::path(r.path).filename() == "ckpt_5.bin");
+    CHECK(r.state.step == 5);
+    CHECK(r.state.params == good.params);
+    CHECK(r.config.model.n_embd == 16);
+    // the file itself, asked for by name, is read as it is: its own model
+    const RunCheckpoint w = load_run_checkpoint("", ck + "/ckpt_6.bin");
+    CHECK(w.config.model.n_embd == 24);
+    CHECK_THROWS_WITH_AS(load_run_checkpoint("", ck + "/ckpt_7.bin"),
+                         doctest::Contains("ckpt_7.bin refused"), Error);
 }

@@ -597,6 +597,48 @@ TEST_CASE("a write that fails (a full disk: /dev/full) leaves the previous file 
     CHECK_FALSE(fs::exists(fs::symlink_status(dir / "metrics.jsonl.tmp")));
 }
 
+#include <sys/resource.h>
+
+#include "train/metrics.h"
+
+TEST_CASE("metrics.jsonl keeps whole lines when the disk fills up in the middle of one") {
+    const fs::path file = fs::temp_directory_path() / "zgpt_test_metrics_full.jsonl";
+    fs::remove(file);
+    // A child process with a file size limit: a write past it stops part-way (EFBIG), as on a
+    // disk that fills up in the middle of a line.
+    const pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        signal(SIGXFSZ, SIG_IGN);
+        const rlimit lim{1000, 1000};
+        setrlimit(RLIMIT_FSIZE, &lim);
+        zgpt::MetricsWriter w(file.string());
+        int code = 1;  // the writer never said it failed
+        try {
+            for (int step = 0; step < 100; step++)
+                w.write({{"step", step}, {"loss", 1.5}, {"pad", std::string(90, 'x')}});
+        } catch (const zgpt::Error& e) {
+            code = std::string(e.what()).find("failed writing") != std::string::npos ? 0 : 2;
+        }
+        _exit(code);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    std::ifstream f(file);
+    const std::string text(std::istreambuf_iterator<char>(f), {});
+    REQUIRE(!text.empty());
+    CHECK(text.back() == '\n');
+    std::istringstream lines(text);
+    int n = 0;
+    for (std::string line; std::getline(lines, line); n++) {
+        CAPTURE(line);
+        CHECK(nlohmann::json::parse(line)["step"] == n);
+    }
+    CHECK(n > 0);
+}
+
 namespace {
 
 // A tmpfs of `size` mounted at `at` for one test (root only; the CI and development machines run

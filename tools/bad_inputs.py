@@ -28,6 +28,7 @@ import sys
 import tempfile
 
 SHARD_MAGIC = 20240520
+SAME = object()
 
 
 def shard_bytes(tokens, magic=SHARD_MAGIC, version=1, count=None):
@@ -53,8 +54,8 @@ class Checkpoint:
         self.header = json.loads(raw[24:24 + hlen])
         self.data = bytearray(raw[24 + hlen:-8])
 
-    def bytes(self, header=None, data=None):
-        h = json.dumps(self.header if header is None else header).encode()
+    def bytes(self, header=SAME, data=None):
+        h = json.dumps(self.header if header is SAME else header).encode()
         body = struct.pack("<8sIIQ", self.magic, self.version, self.zero, len(h)) + h + \
             bytes(self.data if data is None else data)
         return body + struct.pack("<Q", fnv1a64(body))
@@ -65,17 +66,32 @@ def safetensors_bytes(header, data):
     return struct.pack("<Q", len(h)) + h + data
 
 
+def gpt2_byte_chars():
+    """OpenAI's bytes_to_unicode: the printable character that stands for each byte."""
+    bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
 def read_safetensors(raw):
     (n,) = struct.unpack_from("<Q", raw, 0)
     return json.loads(raw[8:8 + n]), raw[8 + n:]
 
 
 class Case:
-    def __init__(self, kind, name, argv, files=None, names=(), mkfifo=None, mkdir=None):
+    def __init__(self, kind, name, argv, files=None, names=(), mkfifo=None, mkdir=None, absent=(),
+                 symlink=None):
         self.kind, self.name, self.argv = kind, name, argv
         self.files = files or {}  # path -> bytes, written before the run
         self.names = names  # strings the message must contain (the file, the key)
+        self.absent = absent  # strings it must not contain (a misleading reason)
         self.mkfifo, self.mkdir = mkfifo, mkdir
+        self.symlink = symlink  # (link, target), made before the run
 
 
 def snapshot(root):
@@ -167,12 +183,20 @@ def main():
     config("unknown_kernel", base + "kernels: {attention: bogus}\n", "bogus")
     config("glob_matches_nothing", base.replace("train_*.bin", "nothing_*.bin"), "nothing_*.bin",
            "data.train")
+    config("glob_matches_nothing_auto_vocab",
+           base.replace("train_*.bin", "nothing_*.bin").replace(f"vocab_size: {vocab}", "vocab_size: 0"),
+           "nothing_*.bin", "data.train")
     config("top_level_list", "- model\n- data\n")
     config("section_scalar", base + "optim: 3\n", "optim")
     config("binary_garbage", bytes(rng.randrange(256) for _ in range(4000)))
     config("bool_for_int", base.replace("n_layer: 1", "n_layer: true"), "n_layer")
     config("string_for_bool", base.replace("vocab_size:", "tie_embeddings: maybe, vocab_size:"),
            "tie_embeddings")
+    for name, how in [("fifo", "fifo"), ("dev_zero_link", "/dev/zero")]:  # no hang, no endless read
+        p = bad / "config" / f"{name}.yaml"
+        cases.append(Case("config", name, ["train", "-c", p], names=(p.name,),
+                          mkfifo=p if how == "fifo" else None,
+                          symlink=None if how == "fifo" else (p, pathlib.Path(how))))
     # --set overrides: name the key
     for name, kv, key in [("set_no_equals", "model.n_layer", "model.n_layer"),
                           ("set_unknown_key", "model.n_layers=2", "n_layers"),
@@ -208,13 +232,14 @@ def main():
     raw = ckpt.read_bytes()
     n_params = len(ck.data) // 12  # params, m, v
 
-    def checkpoint(name, body=None, fifo=False, directory=False):
+    def checkpoint(name, body=None, fifo=False, directory=False, link=None):
         p = bad / "checkpoint" / name / "ckpt_2.bin"
         for t, args in [("sample", ["--checkpoint", p, "-n", "4"]),
                         ("export_hf", ["--checkpoint", p, "-o", bad / "checkpoint" / name / "hf"])]:
             cases.append(Case("checkpoint", f"{name} ({t})", [t, *args],
                               {p: body} if body is not None else {}, (p.name,),
-                              mkfifo=p if fifo else None, mkdir=p if directory else None))
+                              mkfifo=p if fifo else None, mkdir=p if directory else None,
+                              symlink=(p, pathlib.Path(link)) if link else None))
     checkpoint("empty", b"")
     checkpoint("random_bytes", bytes(rng.randrange(256) for _ in range(len(raw))))
     checkpoint("truncated_half", raw[:len(raw) // 2])
@@ -241,6 +266,15 @@ def main():
     checkpoint("short_data", ck.bytes(data=ck.data[:-400]))
     checkpoint("directory", directory=True)
     checkpoint("fifo", fifo=True)
+    checkpoint("dev_zero_link", link="/dev/zero")
+    # checksum-valid headers of the wrong shape, and integers written as floats
+    checkpoint("header_array", ck.bytes(header=[1, 2]))
+    checkpoint("header_null", ck.bytes(header=None))
+    checkpoint("header_no_tensors", ck.bytes(header={k: v for k, v in ck.header.items() if k != "tensors"}))
+    checkpoint("header_tensors_not_list", ck.bytes(header=dict(ck.header, tensors=7)))
+    checkpoint("header_step_float", ck.bytes(header=dict(ck.header, step=ck.header["step"] + 0.5)))
+    checkpoint("header_loader_batch_float", ck.bytes(header=dict(
+        ck.header, loader=dict(ck.header["loader"], batch=ck.header["loader"]["batch"] + 0.5))))
 
     # --- tokenizer files: sample --tokenizer names the file ---
     def tokenizer(name, body):
@@ -260,13 +294,25 @@ def main():
     tokenizer("vocab_smaller_than_model", dict(tok, chars=tok["chars"][:3], vocab_size=3))
     tokenizer("empty_file", b"")
     tokenizer("invalid_utf8", b'{"type": "char", "chars": ["\xff"]}')
+    p = bad / "tokenizer" / "fifo" / "tokenizer.json"
+    cases.append(Case("tokenizer", "fifo", ["sample", "--checkpoint", ckpt, "--tokenizer", p, "-n", "4"],
+                      names=(p.name,), mkfifo=p))
+    # train with model.vocab_size 0 reads tokenizer.json beside the shards
+    p = bad / "tokenizer" / "fifo_beside_shards" / "tokenizer.json"
+    cases.append(Case("tokenizer", "fifo_beside_shards (train)",
+                      ["train", "-c", good / "base.yaml", "--set", "model.vocab_size=0", "--set",
+                       f"data.train={p.parent}/train_*.bin", "--set", "train.run_name=t_fifo"],
+                      {p.parent / "train_000000.bin": (good / "shards/train_000000.bin").read_bytes()},
+                      (p.name,), mkfifo=p))
 
     # --- safetensors: model.init_from names the file ---
-    def safetensors(name, body):
-        p = bad / "safetensors" / name / "model.safetensors"
+    def safetensors(name, body=None, fifo=False, directory=False, path=None, absent=()):
+        p = path or bad / "safetensors" / name / "model.safetensors"
+        # the message names the file, the key and the config that set it
         cases.append(Case("safetensors", name, ["train", "-c", good / "base.yaml", "--set",
                                                 f"model.init_from={p}", "--set", f"train.run_name=h_{name}"],
-                          {p: body}, (p.name,)))
+                          {p: body} if body is not None else {}, (p.name, "model.init_from", "base.yaml"),
+                          mkfifo=p if fifo else None, mkdir=p if directory else None, absent=absent))
     names = [k for k in st_header if k != "__metadata__"]
     first = names[0]
 
@@ -298,6 +344,13 @@ def main():
     nan_st[o:o + 4] = struct.pack("<f", float("nan"))
     safetensors("nan_weight", safetensors_bytes(st_header, bytes(nan_st)))
     safetensors("truncated_data", raw_st[:len(raw_st) - 100])
+    # floats that truncate to the right shape and offsets
+    shape0, off0 = st_header[first]["shape"], st_header[first]["data_offsets"]
+    safetensors("float_shape_exact", with_entry("", shape=[shape0[0] + 0.5] + shape0[1:]))
+    safetensors("float_offsets_exact", with_entry("", data_offsets=[off0[0] + 0.5, off0[1] + 0.5]))
+    safetensors("fifo", fifo=True)
+    safetensors("directory", directory=True, absent=("truncated",))
+    safetensors("dev_zero", path=pathlib.Path("/dev/zero"))
 
     # --- sweep files: sweep --dry-run names the file ---
     def sweep(name, body, *extra):
@@ -315,6 +368,13 @@ def main():
     sweep("set_unknown_key", so + "set: [model.layers=3]\n", "layers")
     sweep("unknown_top_key", so + "grids: {}\n", "grids")
     sweep("bad_yaml", so + "grid: {optim.lr: [1, 2}\n")
+    sweep("grid_value_nested_list", so + "grid: {data.val: [[a], b]}\n", "data.val")
+    sweep("grid_value_map", so + "grid: {optim.lr: [{a: 1}]}\n", "optim.lr")
+    p = bad / "sweep" / "fifo.yaml"
+    cases.append(Case("sweep", "fifo", ["sweep", "--dry-run", p], names=(p.name,), mkfifo=p))
+    p = bad / "sweep" / "gpus_huge.yaml"
+    cases.append(Case("sweep", "gpus_huge", ["sweep", "--dry-run", "--gpus", "99999999999999999999", p],
+                      {p: (so + "grid: {optim.lr: [1.0e-3]}\n").encode()}, ("--gpus", "99999999999999999999")))
     sweep("out_dir_is_file", f"base: {good}/base.yaml\nout_dir: {good}/base.yaml\ngrid: {{optim.lr: [1]}}\n",
           "base.yaml")
 
@@ -334,8 +394,30 @@ def main():
             files={pd / "bad.txt": b"abc\xff\xfedef\n" * 50})
     prepare("gpt2_without_dir", ["--input", good / "text.txt", "--out", pd / "o6", "--tokenizer", "gpt2",
                                  "--gpt2-dir", pd / "nogpt2"], ("nogpt2",))
-    prepare("shard_tokens_zero", ["--input", good / "text.txt", "--out", pd / "o7", "--shard-tokens", "0"],
+    cases.append(Case("prepare_data", "shard_tokens_zero",
+                      ["prepare_data", "--input", good / "text.txt", "--out", pd / "o7", "--shard-tokens", "0"],
+                      names=("shard-tokens",), absent=("e308", "0.000000")))
+    prepare("shard_tokens_huge", ["--input", good / "text.txt", "--out", pd / "o8", "--shard-tokens", "1e20"],
             ("shard-tokens",))
+    # GPT-2 tokenizer files (OpenAI's encoder.json and vocab.bpe), a small valid pair mutated
+    u = gpt2_byte_chars()
+    enc = {u[b]: b for b in range(256)}
+    enc.update({"th": 256, "<|endoftext|>": 257})
+    merges = b"#version: 0.2\nt h\n"
+
+    def gpt2_files(name, encoder=None, vocab_bpe=merges, fifo=None):
+        d = pd / "gpt2" / name
+        files = {d / "vocab.bpe": vocab_bpe} if fifo != "vocab.bpe" else {}
+        if fifo != "encoder.json":
+            files[d / "encoder.json"] = json.dumps(encoder).encode()
+        prepare(f"gpt2_{name}", ["--input", good / "text.txt", "--out", d / "out", "--tokenizer", "gpt2",
+                                 "--gpt2-dir", d], (fifo or "encoder.json",), files=files,
+                fifo=d / fifo if fifo else None)
+    gpt2_files("duplicate_id", dict(enc, th=5))
+    gpt2_files("id_above_2_32", dict(enc, th=2 ** 40 + 256))
+    gpt2_files("id_float", dict(enc, th=256.5))
+    gpt2_files("encoder_fifo", fifo="encoder.json")
+    gpt2_files("vocab_bpe_fifo", enc, fifo="vocab.bpe")
 
     # --- the other tools' arguments: runs, outputs, prompts, BPE training ---
     def other(name, argv, names=(), files=None, mkdir=None):
@@ -346,6 +428,10 @@ def main():
           mkdir=ot / "empty_run")
     other("sample_run_missing", ["sample", "--run", ot / "no_run", "-n", "4"], ("no_run",))
     other("sample_prompt_outside_vocab", ["sample", "--checkpoint", ckpt, "-p", "QZX#", "-n", "4"], ("Q",))
+    other("sample_prompt_outside_vocab_cjk", ["sample", "--checkpoint", ckpt, "-p", "\u4e2d", "-n", "4"],
+          ("U+4E2D",))
+    other("sample_logits_out_unwritable", ["sample", "--checkpoint", ckpt, "-n", "4", "--logits-out",
+                                           ot / "no_dir" / "logits.json"], ("logits.json",))
     other("resume_without_config", ["train", "--resume", ot / "not_a_run"], ("not_a_run",), mkdir=ot / "not_a_run")
     other("resume_a_file", ["train", "--resume", good / "text.txt"], ("text.txt",))
     other("bpe_empty_input", ["train_bpe", "-i", ot / "empty.txt", "-o", ot / "bpe1", "-v", "300"], ("empty.txt",),
@@ -367,6 +453,9 @@ def main():
             p.write_bytes(body)
         if c.mkdir:
             c.mkdir.mkdir(parents=True, exist_ok=True)
+        if c.symlink and not c.symlink[0].is_symlink():
+            c.symlink[0].parent.mkdir(parents=True, exist_ok=True)
+            c.symlink[0].symlink_to(c.symlink[1])
         if c.mkfifo:
             c.mkfifo.parent.mkdir(parents=True, exist_ok=True)
             if not c.mkfifo.exists():
@@ -391,6 +480,9 @@ def main():
         missing = [n for n in c.names if n not in out]
         if code is not None and missing:
             why.append("the message does not name " + ", ".join(repr(n) for n in missing))
+        misleading = [n for n in c.absent if n in out]
+        if code is not None and misleading:
+            why.append("the message says " + ", ".join(repr(n) for n in misleading))
         changed = [str(p) for p, h in before.items()
                    if not p.exists() or hashlib.sha256(p.read_bytes()).hexdigest() != h]
         if changed:

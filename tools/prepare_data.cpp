@@ -5,6 +5,7 @@
 // each input file is one document and starts with <|endoftext|>.
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -54,7 +55,7 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(0.0, 0.5))
         ->capture_default_str();
     app.add_option("--shard-tokens", shard_tokens, "tokens per shard file")
-        ->check(CLI::PositiveNumber)
+        ->check(CLI::Range(int64_t(1), int64_t(INT32_MAX)))
         ->capture_default_str();
     CLI11_PARSE(app, argc, argv);
     try {

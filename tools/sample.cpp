@@ -15,6 +15,7 @@
 #include "train/checkpoint.h"
 #include "train/cli.h"
 #include "train/config.h"
+#include "train/run_dir.h"
 
 int main(int argc, char** argv) {
     CLI::App app{"Generate text from a trained checkpoint."};
@@ -65,7 +66,7 @@ int main(int argc, char** argv) {
             const nlohmann::json j{
                 {"prompt_ids", ids},
                 {"logits", std::vector<float>(last, last + cfg.model.vocab_size)}};
-            std::ofstream(logits_out) << j.dump() << "\n";
+            zgpt::write_text_file(logits_out, j.dump() + "\n");  // a failed write is an error
         }
         zgpt::Rng rng(seed);
         o.stop_token = tok.document_separator();

@@ -29,9 +29,12 @@
 #include <sstream>
 #include <thread>
 
+#include "data/file_read.h"
 #include "kernels/check.h"
 #include "train/checkpoint.h"
 #include "train/cli.h"
+#include "train/device.h"
+#include "train/run_dir.h"
 
 namespace fs = std::filesystem;
 
@@ -62,10 +65,9 @@ std::string run_name(const std::vector<std::pair<std::string, std::string>>& com
 }
 
 bool finished(const fs::path& run) {
-    std::ifstream f(run / "summary.json");
-    if (!f.good()) return false;
     try {
-        const auto s = nlohmann::json::parse(f);
+        const auto s =
+            nlohmann::json::parse(zgpt::read_regular_file(run / "summary.json", "summary"));
         return !s.value("stopped_early", true);
     } catch (...) {
         return false;
@@ -96,9 +98,39 @@ int main(int argc, char** argv) {
     CLI11_PARSE(app, argc, argv);
     try {
         if (train_bin.empty()) train_bin = (fs::path(argv[0]).parent_path() / "train").string();
+        std::vector<std::string> devices;  // empty: sequential, environment untouched
+        {
+            std::stringstream ss(gpus);
+            for (std::string id; std::getline(ss, id, ',');) {
+                ZG_CHECK(!id.empty() && id.find_first_not_of("0123456789") == std::string::npos,
+                         "--gpus '" + gpus + "': expected comma-separated GPU ids such as 0,1");
+                ZG_CHECK(id.size() <= 4,
+                         "--gpus '" + gpus + "': GPU id " + id + " is out of range (0 to 9999)");
+                devices.push_back(id);
+            }
+            if (nproc > 1 && !devices.empty()) {  // groups of nproc GPUs, one run on each group
+                ZG_CHECK(devices.size() % size_t(nproc) == 0,
+                         "--gpus '" + gpus + "' does not split into groups of --nproc " +
+                             std::to_string(nproc));
+                std::vector<std::string> groups;
+                for (size_t i = 0; i < devices.size(); i += size_t(nproc)) {
+                    std::string g = devices[i];
+                    for (int k = 1; k < nproc; k++) g += "," + devices[i + k];
+                    groups.push_back(g);
+                }
+                devices = groups;
+            }
+        }
+        // Without a usable GPU the runs still go one per listed id at once, on the CPU: say so,
+        // rather than name GPUs that do not train them.
+        const zgpt::DeviceChoice where = zgpt::choose_device("auto");
+        const bool on_gpus = where.device == "cuda";
+        if (!devices.empty() && !on_gpus)
+            std::printf("note: --gpus %s: %s; %zu runs at a time, each on the CPU\n", gpus.c_str(),
+                        where.reason.c_str(), devices.size());
         YAML::Node root;
         try {
-            root = YAML::LoadFile(sweep_file);
+            root = YAML::Load(zgpt::read_regular_file(sweep_file, "sweep file"));
         } catch (const YAML::Exception& e) {
             throw zgpt::Error(sweep_file + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);
         }
@@ -128,7 +160,12 @@ int main(int argc, char** argv) {
                 Axis a{kv.first.as<std::string>(), {}};
                 ZG_CHECK(kv.second.IsSequence() && kv.second.size() > 0,
                          at(kv.second) + "grid." + a.key + " must be a non-empty list");
-                for (const auto& v : kv.second) a.values.push_back(v.Scalar());
+                for (const auto& v : kv.second) {
+                    // a list or a map has no scalar: it would become an empty value
+                    ZG_CHECK(v.IsScalar(), at(v) + "grid." + a.key +
+                                               ": each value must be a scalar, not a list or map");
+                    a.values.push_back(v.Scalar());
+                }
                 axes.push_back(a);
             }
         // every combination, the last axis varying fastest; each is checked as a config up front
@@ -157,6 +194,7 @@ int main(int argc, char** argv) {
         fs::create_directories(out_dir);
         nlohmann::json manifest{
             {"sweep", sweep_file}, {"base", base}, {"runs", nlohmann::json::array()}};
+        std::vector<char> on_cpu;  // train.device=cpu: --gpus only sets how many run at once
         for (const auto& c : combos) {
             std::vector<std::string> sets = fixed;
             nlohmann::json over = nlohmann::json::object();
@@ -164,31 +202,11 @@ int main(int argc, char** argv) {
                 sets.push_back(k + "=" + v);
                 over[k] = v;
             }
-            zgpt::load_config(base, sets);  // a bad combination fails before anything runs
+            // a bad combination fails before anything runs
+            on_cpu.push_back(zgpt::load_config(base, sets).train.device == "cpu");
             manifest["runs"].push_back({{"name", run_name(c)}, {"overrides", over}});
         }
-        std::ofstream(out_dir / "sweep.json") << manifest.dump(2) << "\n";
-        std::vector<std::string> devices;  // empty: sequential, environment untouched
-        {
-            std::stringstream ss(gpus);
-            for (std::string id; std::getline(ss, id, ',');) {
-                ZG_CHECK(!id.empty() && id.find_first_not_of("0123456789") == std::string::npos,
-                         "--gpus '" + gpus + "': expected comma-separated GPU ids such as 0,1");
-                devices.push_back(id);
-            }
-            if (nproc > 1 && !devices.empty()) {  // groups of nproc GPUs, one run on each group
-                ZG_CHECK(devices.size() % size_t(nproc) == 0,
-                         "--gpus '" + gpus + "' does not split into groups of --nproc " +
-                             std::to_string(nproc));
-                std::vector<std::string> groups;
-                for (size_t i = 0; i < devices.size(); i += size_t(nproc)) {
-                    std::string g = devices[i];
-                    for (int k = 1; k < nproc; k++) g += "," + devices[i + k];
-                    groups.push_back(g);
-                }
-                devices = groups;
-            }
-        }
+        zgpt::write_text_file((out_dir / "sweep.json").string(), manifest.dump(2) + "\n");
         std::atomic<int> failures{0};
         std::atomic<size_t> next{0};
         std::mutex print;
@@ -218,9 +236,12 @@ int main(int argc, char** argv) {
                 if (!cmd.empty() && nproc > 0) cmd += " --nproc " + std::to_string(nproc);
                 {
                     std::lock_guard<std::mutex> lock(print);
-                    std::printf(
-                        "[%zu/%zu] %s: %s%s\n", i + 1, combos.size(), name.c_str(), state,
-                        device.empty() || cmd.empty() || dry ? "" : (" on GPU " + device).c_str());
+                    const std::string where_to = device.empty() || cmd.empty() || dry ? ""
+                                                 : on_gpus && !on_cpu[i]
+                                                     ? " on GPU " + device
+                                                     : " (CPU, slot " + device + ")";
+                    std::printf("[%zu/%zu] %s: %s%s\n", i + 1, combos.size(), name.c_str(), state,
+                                where_to.c_str());
                     std::fflush(stdout);
                 }
                 if (cmd.empty() || dry) continue;

@@ -182,7 +182,13 @@ std::unique_ptr<Backend> make_backend(const std::string& device, const Config& c
 std::vector<float> initial_params(const Config& cfg) {
     GPT<float> m(cfg.model);
     m.init_weights(uint64_t(cfg.train.seed));
-    if (!cfg.model.init_from.empty()) import_hf_gpt2(m, cfg.model.init_from);
+    if (!cfg.model.init_from.empty()) {
+        try {
+            import_hf_gpt2(m, cfg.model.init_from);
+        } catch (const std::exception& e) {
+            throw Error(std::string("model.init_from: ") + e.what());
+        }
+    }
     return std::move(m.params);
 }
 

@@ -13,7 +13,9 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
+#include "data/file_read.h"
 #include "kernels/check.h"
 #include "train/run_dir.h"
 
@@ -49,6 +51,28 @@ int64_t step_of(const fs::path& p) {  // ckpt_<step>.bin
     } catch (...) {
         return -1;
     }
+}
+
+// A header field that must be an integer: 1.5 or "2" is refused, not truncated or converted.
+int64_t header_int(const nlohmann::json& h, const char* key) {
+    const nlohmann::json& v = h.at(key);
+    if (!v.is_number_integer())
+        throw Error(std::string(key) + " = " + v.dump() + " is not an integer");
+    return v.get<int64_t>();
+}
+
+// The same model: every option that shapes its weights or its forward pass.
+bool same_model(const ModelConfig& a, const ModelConfig& b) {
+    return a.n_layer == b.n_layer && a.n_head == b.n_head && a.n_embd == b.n_embd &&
+           a.block_size == b.block_size && a.vocab_size == b.vocab_size &&
+           a.tie_embeddings == b.tie_embeddings && a.bias == b.bias && a.qk_norm == b.qk_norm &&
+           a.ln_eps == b.ln_eps;
+}
+
+// One line: a refusal is reported on one line of the log, whatever its message holds.
+std::string one_line(std::string s) {
+    std::replace(s.begin(), s.end(), '\n', ' ');
+    return s;
 }
 
 }  // namespace
@@ -97,8 +121,15 @@ std::string save_checkpoint(const std::string& dir, const ParameterTable& table,
         std::raise(SIGKILL);
     }
     write_file_atomic(final_path.string(), buf.data(), buf.size(), true);
-    const std::vector<std::string> all = list_checkpoints(dir);
-    for (size_t i = size_t(std::max(keep, 1)); i < all.size(); i++) fs::remove(all[i]);
+    // The newest `keep` of this one and the older ones stay. Files named like newer steps are
+    // left alone: they are what a resume refused (damaged, another model), and a prune by name
+    // would keep them and delete the checkpoint just written.
+    int kept = 1;
+    for (const std::string& p : list_checkpoints(dir)) {
+        if (step_of(p) >= s.step) continue;
+        std::error_code ec;
+        if (++kept > std::max(keep, 1)) fs::remove(p, ec);
+    }
     return final_path.string();
 }
 
@@ -106,16 +137,11 @@ CheckpointState load_checkpoint(const std::string& path, const ParameterTable& t
     auto fail = [&](const std::string& why) {
         throw Error("checkpoint " + path + " refused: " + why);
     };
-    // Before reading: a FIFO or a device would block or never end, and a file far larger than
-    // any checkpoint of this model (a sparse file, say) is not read whole to find that out.
-    std::error_code ec;
-    if (!fs::is_regular_file(path, ec)) fail("not a regular file");
+    // A FIFO or a device would block or never end, and a file far larger than any checkpoint of
+    // this model (a sparse file, say) is not read whole to find that out.
     const uint64_t most = 24 + (uint64_t(1) << 30) + 12 * uint64_t(table.total()) + 8;
-    if (fs::file_size(path, ec) > most || ec) fail("larger than any checkpoint of this model");
-    std::ifstream f(path, std::ios::binary);
-    ZG_CHECK(f.good(), "cannot read checkpoint " + path);
-    std::vector<unsigned char> buf((std::istreambuf_iterator<char>(f)),
-                                   std::istreambuf_iterator<char>());
+    const std::string raw = read_regular_file(path, "checkpoint", most);
+    const std::vector<unsigned char> buf(raw.begin(), raw.end());
     if (buf.size() < 32 || std::memcmp(buf.data(), kMagic, 8) != 0) fail("not a zgpt checkpoint");
     uint32_t version;
     uint64_t hlen;
@@ -138,9 +164,11 @@ CheckpointState load_checkpoint(const std::string& path, const ParameterTable& t
     } catch (const std::exception& e) {
         fail(std::string("unreadable header: ") + e.what());
     }
+    if (!h.is_object()) fail("the header is not a JSON object");
+    if (!h.contains("tensors") || !h["tensors"].is_array())
+        fail("the header has no tensor table (\"tensors\": a list)");
     const nlohmann::json want = table_json(table);
-    if (h.at("tensors") != want) {
-        const auto& got = h.at("tensors");
+    if (const nlohmann::json& got = h["tensors"]; got != want) {
         for (size_t i = 0; i < std::max(got.size(), want.size()); i++) {
             if (i >= got.size() || i >= want.size() || got[i] != want[i])
                 fail("another model shape: the checkpoint has " +
@@ -151,15 +179,18 @@ CheckpointState load_checkpoint(const std::string& path, const ParameterTable& t
     }
     CheckpointState s;
     try {  // a field missing or of another type: refused like any other corruption
-        s.step = h.at("step").get<int64_t>();
-        s.tokens = h.at("tokens").get<int64_t>();
-        s.loader.epoch = h.at("loader").at("epoch").get<int64_t>();
-        s.loader.batch = h.at("loader").at("batch").get<int64_t>();
-        s.loader_windows_per_batch = h.at("loader").value("windows_per_batch", int64_t(0));
-        s.adam_steps = h.at("adam_steps").get<int64_t>();
+        s.step = header_int(h, "step");
+        s.tokens = header_int(h, "tokens");
+        const nlohmann::json& loader = h.at("loader");
+        if (!loader.is_object()) throw Error("loader is not an object");
+        s.loader.epoch = header_int(loader, "epoch");
+        s.loader.batch = header_int(loader, "batch");
+        s.loader_windows_per_batch =
+            loader.contains("windows_per_batch") ? header_int(loader, "windows_per_batch") : 0;
+        s.adam_steps = header_int(h, "adam_steps");
         s.config_yaml = h.at("config").get<std::string>();
         s.timed_choices = h.value("timed_choices", std::string());
-    } catch (const nlohmann::json::exception& e) {
+    } catch (const std::exception& e) {
         fail(std::string("header field: ") + e.what());
     }
     const int64_t kHuge = int64_t(1) << 48;  // beyond any run; keeps the loader's products exact
@@ -188,24 +219,37 @@ CheckpointState load_checkpoint(const std::string& path, const ParameterTable& t
 }
 
 CheckpointHeader read_checkpoint_header(const std::string& path) {
-    std::error_code ec;
-    ZG_CHECK(fs::is_regular_file(path, ec), "checkpoint " + path + " refused: not a regular file");
-    std::ifstream f(path, std::ios::binary);
-    ZG_CHECK(f.good(), "cannot read checkpoint " + path);
+    const int fd = open_regular_file(path, "checkpoint", UINT64_MAX, nullptr);
+    auto read_all = [&](void* p, size_t n) {
+        size_t done = 0;
+        while (done < n) {
+            const ssize_t r = ::read(fd, static_cast<char*>(p) + done, n - done);
+            if (r > 0)
+                done += size_t(r);
+            else if (!(r < 0 && errno == EINTR))
+                break;
+        }
+        return done == n;
+    };
     char fixed[24] = {};
-    f.read(fixed, 24);
-    ZG_CHECK(f.gcount() == 24 && std::memcmp(fixed, kMagic, 8) == 0,
-             "checkpoint " + path + " refused: not a zgpt checkpoint");
+    const bool whole = read_all(fixed, 24) && std::memcmp(fixed, kMagic, 8) == 0;
     uint64_t hlen = 0;
     std::memcpy(&hlen, fixed + 16, 8);
-    ZG_CHECK(hlen < (uint64_t(1) << 30), "checkpoint " + path + " refused: implausible header");
-    std::string header(hlen, '\0');
-    f.read(header.data(), std::streamsize(hlen));
-    ZG_CHECK(uint64_t(f.gcount()) == hlen, "checkpoint " + path + " refused: truncated header");
+    std::string header;
+    std::string why = !whole                        ? "not a zgpt checkpoint"
+                      : hlen >= (uint64_t(1) << 30) ? "implausible header"
+                                                    : "";
+    if (why.empty()) {
+        header.resize(hlen);
+        if (!read_all(header.data(), hlen)) why = "truncated header";
+    }
+    ::close(fd);
+    if (!why.empty()) throw Error("checkpoint " + path + " refused: " + why);
     try {
         const nlohmann::json h = nlohmann::json::parse(header);
-        return {h.at("step").get<int64_t>(), h.at("config").get<std::string>()};
-    } catch (const nlohmann::json::exception& e) {
+        if (!h.is_object()) throw Error("not a JSON object");
+        return {header_int(h, "step"), h.at("config").get<std::string>()};
+    } catch (const std::exception& e) {
         throw Error("checkpoint " + path + " refused: unreadable header: " + e.what());
     }
 }
@@ -222,18 +266,27 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
     return out;
 }
 
-std::string latest_valid_checkpoint(const std::string& dir, const ParameterTable& table,
+std::string latest_valid_checkpoint(const std::string& dir, const CheckpointLoader& load,
                                     std::vector<std::string>* refused, CheckpointState* state) {
     for (const std::string& p : list_checkpoints(dir)) {
         try {
-            CheckpointState s = load_checkpoint(p, table);
+            CheckpointState s = load(p);
             if (state) *state = std::move(s);
             return p;
-        } catch (const Error& e) {
-            if (refused) refused->push_back(e.what());
+        } catch (const std::exception& e) {  // ours, the JSON and YAML parsers', the file system's
+            std::string why = one_line(e.what());
+            if (why.find(p) == std::string::npos) why = "checkpoint " + p + " refused: " + why;
+            std::fprintf(stderr, "warning: %s\n", why.c_str());
+            if (refused) refused->push_back(why);
         }
     }
     return "";
+}
+
+std::string latest_valid_checkpoint(const std::string& dir, const ParameterTable& table,
+                                    std::vector<std::string>* refused, CheckpointState* state) {
+    return latest_valid_checkpoint(
+        dir, [&](const std::string& p) { return load_checkpoint(p, table); }, refused, state);
 }
 
 RunCheckpoint load_run_checkpoint(const std::string& run_dir, const std::string& checkpoint_file) {
@@ -241,24 +294,28 @@ RunCheckpoint load_run_checkpoint(const std::string& run_dir, const std::string&
              "give a run directory or a checkpoint file");
     const std::string dir = run_dir.empty() ? fs::path(checkpoint_file).parent_path().string()
                                             : run_dir + "/checkpoints";
+    std::optional<ModelConfig> run_model;
+    if (const fs::path c = fs::path(run_dir) / "config.yaml"; !run_dir.empty() && fs::exists(c))
+        run_model = load_config(c.string()).model;
     RunCheckpoint r;
-    r.path = checkpoint_file;
-    if (r.path.empty()) {
-        const auto all = list_checkpoints(dir);
-        ZG_CHECK(!all.empty(), "no checkpoint in " + dir);
-        r.path = all.front();
-    }
-    // the model's shape comes from the config inside the checkpoint
-    r.config = load_config_text(read_checkpoint_header(r.path).config_yaml, r.path);
-    const GptLayout layout = make_gpt_layout(r.config.model);
+    // The model comes from the config inside the checkpoint; in a run folder it must be the run's
+    // own (config.yaml): a checkpoint of another model there is refused like a damaged one.
+    auto load = [&](const std::string& path) {
+        r.config = load_config_text(read_checkpoint_header(path).config_yaml, path);
+        if (!run_dir.empty() && run_model)
+            ZG_CHECK(same_model(r.config.model, *run_model),
+                     "checkpoint " + path + " refused: its model is not the run's (" + run_dir +
+                         "/config.yaml)");
+        return load_checkpoint(path, make_gpt_layout(r.config.model).table);
+    };
     if (!checkpoint_file.empty()) {
-        r.state = load_checkpoint(r.path, layout.table);
-    } else {  // the newest that loads (an older one if the newest is damaged)
-        std::vector<std::string> refused;
-        r.path = latest_valid_checkpoint(dir, layout.table, &refused, &r.state);
-        for (const auto& why : refused) std::fprintf(stderr, "warning: %s\n", why.c_str());
-        ZG_CHECK(!r.path.empty(), "no valid checkpoint in " + dir);
+        r.path = checkpoint_file;
+        r.state = load(r.path);
+        return r;
     }
+    ZG_CHECK(!list_checkpoints(dir).empty(), "no checkpoint in " + dir);
+    r.path = latest_valid_checkpoint(dir, load, nullptr, &r.state);
+    ZG_CHECK(!r.path.empty(), "no valid checkpoint in " + dir);
     return r;
 }
 

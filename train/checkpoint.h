@@ -8,6 +8,7 @@
 // (the table's total each), then a u64 FNV-1a checksum of everything before it.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -50,13 +51,20 @@ CheckpointHeader read_checkpoint_header(const std::string& path);
 // Checkpoint files in dir, newest step first (temporary files of interrupted writes are ignored).
 std::vector<std::string> list_checkpoints(const std::string& dir);
 
-// The newest checkpoint in dir that loads (its contents in *state); each refused one is reported
-// in `refused` with its reason. Empty path when there is none.
+// The rule of every reader of a run folder (train --resume, sample --run, export_hf --run): the
+// newest checkpoint in dir that loads completely. `load` reads one and throws (any exception) when
+// it cannot be used; each newer one it refuses is named with its reason in one line on stderr and
+// in *refused, and the next older one is tried. Empty path when none loads.
+using CheckpointLoader = std::function<CheckpointState(const std::string& path)>;
+std::string latest_valid_checkpoint(const std::string& dir, const CheckpointLoader& load,
+                                    std::vector<std::string>* refused, CheckpointState* state);
+// The same with load_checkpoint(path, table) as the loader.
 std::string latest_valid_checkpoint(const std::string& dir, const ParameterTable& table,
                                     std::vector<std::string>* refused, CheckpointState* state);
 
 // A run's newest valid checkpoint (or the given file), with the config saved inside it: what the
-// tools (sample, export_hf) start from.
+// tools (sample, export_hf) start from. In a run folder the checkpoint's model must be the one
+// of the run's config.yaml.
 struct RunCheckpoint {
     Config config;
     CheckpointState state;

@@ -49,7 +49,8 @@ std::string broadcast_text(Communicator& c, const std::string& text, int root) {
     int64_t n = int64_t(text.size());
     c.broadcast(&n, 1, CommType::i64, root);
     std::vector<int64_t> words(size_t((n + 7) / 8));  // whole 8-byte words
-    if (c.rank() == root) std::memcpy(words.data(), text.data(), text.size());
+    // (an empty text has no words: memcpy with the null pointer of an empty vector is undefined)
+    if (c.rank() == root && !text.empty()) std::memcpy(words.data(), text.data(), text.size());
     if (!words.empty()) c.broadcast(words.data(), int64_t(words.size()), CommType::i64, root);
     return std::string(reinterpret_cast<const char*>(words.data()), size_t(n));
 }

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "data/file_read.h"
 #include "kernels/check.h"
 
 namespace zgpt {
@@ -617,11 +618,10 @@ Config config_from_yaml(const YAML::Node& root, const std::string& path,
 }  // namespace
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+    const std::string text = read_regular_file(path, "config file");
     std::vector<YAML::Node> docs;
     try {
-        docs = YAML::LoadAllFromFile(path);
-    } catch (const YAML::BadFile&) {
-        throw Error("cannot read config file " + path);
+        docs = YAML::LoadAll(text);
     } catch (const YAML::Exception& e) {
         throw Error(path + ":" + std::to_string(e.mark.line + 1) + ": YAML syntax error: " + e.msg);
     }

@@ -1,6 +1,5 @@
-// metrics.jsonl: one JSON object per line, flushed as written so a crash loses nothing logged.
+// metrics.jsonl: one JSON object per line, written as it comes so a crash loses nothing logged.
 #pragma once
-#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -12,11 +11,13 @@ class MetricsWriter {
     ~MetricsWriter();
     MetricsWriter(const MetricsWriter&) = delete;
     MetricsWriter& operator=(const MetricsWriter&) = delete;
+    // Appends one line. A line that cannot be written whole (a full disk) is cut off again, so
+    // the file keeps whole lines only, and zgpt::Error says why.
     void write(const nlohmann::json& record);
 
   private:
     std::string path_;
-    FILE* f_ = nullptr;
+    int fd_ = -1;
 };
 
 }  // namespace zgpt

@@ -1,10 +1,13 @@
 #include "train/timed_choices.h"
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
 #include <vector>
+
+#include "data/file_read.h"
 
 namespace zgpt {
 
@@ -13,10 +16,9 @@ std::string timed_choices_path(const TrainConfig& t) {
 }
 
 std::string read_timed_choices(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    std::ostringstream s;
-    if (f) s << f.rdbuf();
-    return s.str();
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec)) return "";
+    return read_regular_file(path, "GEMM choices file");
 }
 
 std::string merge_timed_choices(const std::string& mine, const std::string& other) {

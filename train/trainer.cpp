@@ -11,8 +11,10 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
+#include "data/file_read.h"
 #include "data/loader.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
@@ -103,7 +105,10 @@ nlohmann::json kernels_json(const Config& c, const DeviceChoice& device) {
 
 // Keeps the metrics lines of steps <= step (a resumed run re-does the steps after its checkpoint).
 void truncate_metrics(const std::string& path, int64_t step) {
-    std::ifstream in(path);
+    std::error_code ec;
+    std::istringstream in(std::filesystem::exists(path, ec)
+                              ? read_regular_file(path, "metrics file", uint64_t(1) << 36)
+                              : std::string());
     std::string kept, line;
     while (std::getline(in, line)) {
         if (line.empty()) continue;
@@ -206,7 +211,12 @@ LoaderOptions train_loader_options(const Config& cfg, int rank, int world_size) 
 
 TrainResult train(Config cfg, const std::string& config_path, const std::string& command_line,
                   Communicator& world) {
-    resolve_vocab_size(cfg);
+    try {
+        resolve_vocab_size(cfg);
+    } catch (const Error& e) {  // data.train's glob or its tokenizer.json: name the config too
+        if (config_path.empty()) throw;
+        throw Error(config_path + ": " + e.what());
+    }
     validate(cfg.model);
     // Ranks that are threads of this process share its CPU threads.
     const int local = world.name() == "local" ? std::max(1, cfg.parallel.local_ranks) : 1;
@@ -256,8 +266,13 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
     const std::string yaml = config_to_yaml(cfg);
     const std::string ckpt_dir = result.run_dir + "/checkpoints";
 
-    std::unique_ptr<Backend> backend =
-        make_backend(device.device, cfg, {vocab_group.get(), vocab_peers.get()});
+    std::unique_ptr<Backend> backend;
+    try {
+        backend = make_backend(device.device, cfg, {vocab_group.get(), vocab_peers.get()});
+    } catch (const Error& e) {  // what it refuses comes from this config (model.init_from, say)
+        if (config_path.empty()) throw;
+        throw Error(config_path + ": " + e.what());
+    }
     Backend& model = *backend;
     // ZeRO-1 shares the optimizer state between ranks that store the same tensors: all of them,
     // or with a split vocabulary the peers (each shard's rows are already 1/P of the head).
@@ -301,24 +316,47 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
         // Rank 0 reads the checkpoint and hands it to the others (no shared file system needed).
         CheckpointState st;
         std::vector<std::string> refused;
-        if (lead) {
-            resumed_from = latest_valid_checkpoint(ckpt_dir, model.layout().table, &refused, &st);
-            for (const std::string& r : refused) std::printf("warning: %s\n", r.c_str());
-        }
+        // Where the data goes on from, checked as part of loading a checkpoint: one whose
+        // position this run's data cannot take is refused like a damaged one.
+        LoaderPosition pos;
+        int64_t old_windows = 0;
+        auto load = [&](const std::string& path) {
+            CheckpointState s = load_checkpoint(path, model.layout().table);
+            old_windows = s.loader_windows_per_batch;
+            if (old_windows == 0)  // written by one rank, before
+                old_windows = load_config_text(s.config_yaml, path).train.batch_size;
+            pos = s.loader;
+            // The same point of the data on another rank count or batch size.
+            if (old_windows > 0 && old_windows != windows_per_batch) {
+                const int64_t done = pos.batch * old_windows;
+                // random sampling has no order to keep: its position only seeds the draws
+                const bool ordered = cfg.data.sampling != "random";
+                ZG_CHECK(!ordered || done % windows_per_batch == 0,
+                         "cannot resume: the checkpoint stopped after " + std::to_string(done) +
+                             " windows of its epoch, not a whole number of this run's global "
+                             "batches of " +
+                             std::to_string(windows_per_batch) + " (train.batch_size x ranks)");
+                pos.batch = done / windows_per_batch;
+            }
+            if (pos.batch > train_loader.batches_per_epoch())
+                throw Error("its data position (epoch " + std::to_string(pos.epoch) + ", batch " +
+                            std::to_string(pos.batch) + ") is past the end of an " +
+                            "epoch of data.train (" +
+                            std::to_string(train_loader.batches_per_epoch()) + " batches)");
+            return s;
+        };
+        if (lead) resumed_from = latest_valid_checkpoint(ckpt_dir, load, &refused, &st);
         // Checkpoints that are all refused (another model shape, corruption) are never replaced
         // by a run from step 0: that would destroy what the user asked to continue.
         const bool refused_all = resumed_from.empty() && !refused.empty();
-        int64_t head[6] = {refused_all ? -1 : int64_t(!resumed_from.empty()),
+        int64_t head[7] = {refused_all ? -1 : int64_t(!resumed_from.empty()),
                            st.step,
                            st.tokens,
-                           st.loader.epoch,
-                           st.loader.batch,
-                           st.adam_steps};
-        int64_t old_windows = st.loader_windows_per_batch;
-        if (lead && !resumed_from.empty() && old_windows == 0)  // written by one rank, before
-            old_windows = load_config_text(st.config_yaml, resumed_from).train.batch_size;
-        world.broadcast(head, 6, CommType::i64, 0);
-        world.broadcast(&old_windows, 1, CommType::i64, 0);
+                           pos.epoch,
+                           pos.batch,
+                           st.adam_steps,
+                           old_windows};
+        world.broadcast(head, 7, CommType::i64, 0);
         if (head[0] < 0) {
             std::string why;
             for (const std::string& r : refused) why += "\n  " + r;
@@ -335,30 +373,17 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
                 v->resize(n);
                 world.broadcast(v->data(), n, CommType::f32, 0);
             }
-            LoaderPosition pos{head[3], head[4]};
-            // The same point of the data on another rank count or batch size.
-            if (old_windows > 0 && old_windows != windows_per_batch) {
-                const int64_t done = pos.batch * old_windows;
-                if (lead)
-                    std::printf(
-                        "warning: the checkpoint's global batch was %lld windows, this "
-                        "run's is %lld (train.batch_size x ranks): the data continues "
-                        "where it stopped, the steps are of another size\n",
-                        (long long)old_windows, (long long)windows_per_batch);
-                // random sampling has no order to keep: its position only seeds the draws
-                const bool ordered = cfg.data.sampling != "random";
-                ZG_CHECK(!ordered || done % windows_per_batch == 0,
-                         "cannot resume: the checkpoint stopped after " + std::to_string(done) +
-                             " windows of its epoch, not a whole number of this run's global "
-                             "batches of " +
-                             std::to_string(windows_per_batch) + " (train.batch_size x ranks)");
-                pos.batch = done / windows_per_batch;
-            }
+            if (lead && head[6] > 0 && head[6] != windows_per_batch)
+                std::printf(
+                    "warning: the checkpoint's global batch was %lld windows, this "
+                    "run's is %lld (train.batch_size x ranks): the data continues "
+                    "where it stopped, the steps are of another size\n",
+                    (long long)head[6], (long long)windows_per_batch);
             model.set_params(st.params);
             model.set_adam(st.m, st.v, head[5]);
             // the GEMM algorithms the run chose by timing, so that it goes on bit for bit
             model.set_timed_choices(broadcast_text(world, st.timed_choices));
-            train_loader.set_position(pos);
+            train_loader.set_position({head[3], head[4]});
             start_step = head[1];
             tokens = head[2];
         }
