@@ -66,14 +66,14 @@ inline int grid_for(int64_t n, int threads, int64_t max_blocks = 65535) {
     return int(std::clamp<int64_t>((n + threads - 1) / threads, 1, max_blocks));
 }
 
-// Blocks of `kernel` (`threads` each, no dynamic shared memory) resident on the current GPU at
-// once: one full wave, the size of a persistent grid.
+// Blocks of `kernel` (`threads` each, `smem` bytes of dynamic shared memory) resident on the
+// current GPU at once: one full wave, the size of a persistent grid.
 template <typename Kernel>
-int resident_blocks(Kernel kernel, int threads) {
+int resident_blocks(Kernel kernel, int threads, size_t smem = 0) {
     int dev = 0, sms = 0, per_sm = 0;
     ZG_CUDA_CHECK(cudaGetDevice(&dev));
     ZG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    ZG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+    ZG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
     return sms * per_sm;
 }
 

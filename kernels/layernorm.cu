@@ -244,10 +244,20 @@ __global__ void __launch_bounds__(32 * kVecWarps)
 
 // Backward: a persistent grid; each warp owns rows r, r + stride, ... and loads the next row's
 // dout and input while it works on this one (the kernel is memory-bound, so bytes in flight are
-// what counts). Weight-gradient sums stay in registers; the block's warps add theirs into shared
-// memory one warp after another (a fixed order). SUMS: the column sums of dinp as well, of its
-// values rounded to bf16 (what the matmuls read), for the bias gradient of the projection whose
-// output gradient dinp is; each warp adds its rows into its own row of shared memory.
+// what counts). Weight-gradient sums stay in registers up to C = 1280; the block's warps add
+// theirs into shared memory one warp after another (a fixed order). Wider rows keep them in
+// dynamic shared memory instead, one row per warp (kSmemSums: in registers they spilled, and at
+// C = 1600 the kernel ran at 5x its memory floor); the same sums in the same order. SUMS: the
+// column sums of dinp as well, of its values rounded to bf16 (what the matmuls read), for the bias
+// gradient of the projection whose output gradient dinp is; each warp adds its rows into its own
+// row of shared memory.
+template <int NV>
+constexpr bool kSmemSums = NV > 5;
+template <int NV, bool SUMS>
+constexpr size_t vec_backward_smem() {
+    return kSmemSums<NV> ? size_t(2) * kVecWarps * NV * 256 * sizeof(float) : 0;
+}
+
 template <int NV, bool SUMS, typename R>
 __global__ void __launch_bounds__(32 * kVecWarps)
     layernorm_backward_vec_kernel(R* dinp, bool accumulate, float* part_w, float* part_b,
@@ -261,7 +271,15 @@ __global__ void __launch_bounds__(32 * kVecWarps)
     __shared__ __align__(16) float wd[SUMS ? kVecWarps * CP : 4];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t stride = int64_t(gridDim.x) * kVecWarps;
-    float aw[NV][8] = {}, ab[NV][8] = {};
+    constexpr bool kSmem = kSmemSums<NV>;
+    float aw[kSmem ? 1 : NV][8] = {}, ab[kSmem ? 1 : NV][8] = {};
+    extern __shared__ __align__(16) float sums[];  // kSmem: [kVecWarps][CP] dw, then db
+    if constexpr (kSmem)
+        for (int c = lane * 4; c < CP; c += 128) {
+            *reinterpret_cast<float4*>(sums + warp * CP + c) = make_float4(0, 0, 0, 0);
+            *reinterpret_cast<float4*>(sums + (kVecWarps + warp) * CP + c) =
+                make_float4(0, 0, 0, 0);
+        }
     if constexpr (SUMS)  // each lane owns the columns it loads (no other lane touches them)
 #pragma unroll
         for (int j = 0; j < NV; j++) {
@@ -309,8 +327,25 @@ __global__ void __launch_bounds__(32 * kVecWarps)
                 const float gw = dy[k] * wv[k];
                 s1 += gw;
                 s2 += gw * xh[k];
-                aw[j][k] += dy[k] * xh[k];
-                ab[j][k] += dy[k];
+                if constexpr (!kSmem) {
+                    aw[j][k] += dy[k] * xh[k];
+                    ab[j][k] += dy[k];
+                }
+            }
+            if constexpr (kSmem) {  // this lane's own columns: no other lane touches them
+                float* pw = sums + warp * CP + j * 256 + lane * 8;
+                float* pb = sums + (kVecWarps + warp) * CP + j * 256 + lane * 8;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    float4 w4 = reinterpret_cast<float4*>(pw)[h];
+                    float4 b4 = reinterpret_cast<float4*>(pb)[h];
+                    w4.x += dy[4 * h] * xh[4 * h], w4.y += dy[4 * h + 1] * xh[4 * h + 1];
+                    w4.z += dy[4 * h + 2] * xh[4 * h + 2], w4.w += dy[4 * h + 3] * xh[4 * h + 3];
+                    b4.x += dy[4 * h], b4.y += dy[4 * h + 1];
+                    b4.z += dy[4 * h + 2], b4.w += dy[4 * h + 3];
+                    reinterpret_cast<float4*>(pw)[h] = w4;
+                    reinterpret_cast<float4*>(pb)[h] = b4;
+                }
             }
         }
         s1 = warp_sum(s1) / float(C);
@@ -343,7 +378,12 @@ __global__ void __launch_bounds__(32 * kVecWarps)
     for (int c = threadIdx.x; c < CP; c += blockDim.x) bw[c] = bb[c] = 0;
     __syncthreads();
     for (int k = 0; k < kVecWarps; k++) {
-        if (warp == k)
+        if constexpr (kSmem) {  // the warps in order, as below
+            for (int c = threadIdx.x; c < CP; c += blockDim.x) {
+                bw[c] += sums[k * CP + c];
+                bb[c] += sums[(kVecWarps + k) * CP + c];
+            }
+        } else if (warp == k)
 #pragma unroll
             for (int j = 0; j < NV; j++)
 #pragma unroll
@@ -410,9 +450,14 @@ bool aligned16(std::initializer_list<const void*> ps) {
 // Enough blocks of the backward fast path to fill every SM once (a persistent grid).
 template <int NV, bool SUMS, typename R>
 int vec_backward_blocks() {
-    static const int blocks =
-        std::clamp(resident_blocks(layernorm_backward_vec_kernel<NV, SUMS, R>, 32 * kVecWarps), 1,
-                   kVecMaxBlocks);
+    static const int blocks = [] {
+        auto kernel = layernorm_backward_vec_kernel<NV, SUMS, R>;
+        constexpr size_t smem = vec_backward_smem<NV, SUMS>();
+        if (smem > 0)
+            ZG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               int(smem)));
+        return std::clamp(resident_blocks(kernel, 32 * kVecWarps, smem), 1, kVecMaxBlocks);
+    }();
     return blocks;
 }
 
@@ -535,10 +580,10 @@ void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dwe
                     auto launch = [&](auto sums) {
                         blocks = vec_backward_blocks<NV.value, sums.value, R>();
                         layernorm_backward_vec_kernel<NV.value, sums.value, R>
-                            <<<blocks, 32 * kVecWarps, 0, s>>>(
-                                static_cast<R*>(dinp), accumulate, pw, pb, part_d,
-                                static_cast<const bf16*>(dout), static_cast<const R*>(inp),
-                                static_cast<const R*>(weight), mean, rstd, N, int(C));
+                            <<<blocks, 32 * kVecWarps, vec_backward_smem<NV.value, sums.value>(),
+                               s>>>(static_cast<R*>(dinp), accumulate, pw, pb, part_d,
+                                    static_cast<const bf16*>(dout), static_cast<const R*>(inp),
+                                    static_cast<const R*>(weight), mean, rstd, N, int(C));
                     };
                     if (part_d)
                         launch(std::true_type{});

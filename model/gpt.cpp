@@ -44,26 +44,28 @@ GPT<T>::GPT(const ModelConfig& config, int vocab_parts)
 template <typename T>
 void GPT<T>::init_weights(uint64_t seed) {
     ZG_CHECK(vocab_parts_ == 1, "init_weights: initialise the whole model, then take the shard");
-    Rng rng(seed);
     const double residual_std = cfg_.init_std / std::sqrt(2.0 * cfg_.n_layer);
+    // One normal stream over the tensors in table order. The generator is a counter, so each
+    // block of values starts from its own offset into the stream and the blocks run in parallel
+    // (GPT-2 1558M's 1.6G values took about a minute on one core), with the same bits as one pass.
+    int64_t draws = 0;  // normal values before this tensor's
     for (const ParamSpec& s : layout_.table.specs()) {
         T* p = params.data() + s.offset;
-        for (int64_t i = 0; i < s.numel; i++) {
-            switch (s.init) {
-                case Init::normal:
-                    p[i] = T(cfg_.init_std * rng.normal());
-                    break;
-                case Init::residual_normal:
-                    p[i] = T(residual_std * rng.normal());
-                    break;
-                case Init::zeros:
-                    p[i] = T(0);
-                    break;
-                case Init::ones:
-                    p[i] = T(1);
-                    break;
-            }
+        if (s.init == Init::zeros || s.init == Init::ones) {
+            std::fill(p, p + s.numel, T(s.init == Init::ones ? 1 : 0));
+            continue;
         }
+        const double std = s.init == Init::normal ? cfg_.init_std : residual_std;
+        constexpr int64_t kBlock = int64_t(1) << 16;
+        const int64_t blocks = (s.numel + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static)
+        for (int64_t b = 0; b < blocks; b++) {
+            Rng rng(seed);
+            rng.skip_normals(uint64_t(draws + b * kBlock));
+            const int64_t end = std::min(s.numel, (b + 1) * kBlock);
+            for (int64_t i = b * kBlock; i < end; i++) p[i] = T(std * rng.normal());
+        }
+        draws += s.numel;
     }
     // Padded vocabulary rows never see a token; keep them at zero so their logits are inert.
     for (int idx : {layout_.wte, layout_.lm_head}) {

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "kernels/check.h"
+#include "kernels/rng.h"
 #include "model/gpt.h"
 #include "model/sample.h"
 #include "tests/helpers.h"
@@ -72,6 +73,30 @@ TEST_CASE("GPT-2 initialisation: std 0.02 and 0.02 / sqrt(2 n_layer) on residual
     const int64_t padded =
         m.layout().table[m.layout().wte].offset + int64_t(c.vocab_size) * c.n_embd;
     CHECK(m.params[padded] == 0.0f);
+}
+
+TEST_CASE("initialisation in parallel blocks gives one sequential stream's values") {
+    // fc's 4C x C = 147,456 values span three of init_weights' blocks of 65,536
+    ModelConfig c = tiny(false, true, false);
+    c.n_embd = 192;
+    c.n_head = 4;
+    GPT<float> m(c);
+    m.init_weights(9);
+    Rng rng(9);
+    const double residual_std = c.init_std / std::sqrt(2.0 * c.n_layer);
+    int64_t mismatches = 0;
+    for (const ParamSpec& s : m.layout().table.specs()) {
+        if (s.init != Init::normal && s.init != Init::residual_normal) continue;
+        const double sd = s.init == Init::normal ? c.init_std : residual_std;
+        for (int64_t i = 0; i < s.numel; i++) {
+            const float want = float(sd * rng.normal());
+            const bool padded =
+                (s.name == "transformer.wte.weight" || s.name == "lm_head.weight") &&
+                i >= int64_t(c.vocab_size) * c.n_embd;
+            mismatches += m.params[s.offset + i] != (padded ? 0.0f : want);
+        }
+    }
+    CHECK(mismatches == 0);
 }
 
 TEST_CASE("whole-model finite-difference gradient in double, every option combination") {

@@ -163,6 +163,13 @@ int main(int argc, char** argv) {
         ->check(CLI::ExistingFile);
     CLI11_PARSE(app, argc, argv);
     try {
+        // start-up phases, printed before the first step: the weights' initialisation on the
+        // host, the model's device allocation and copy, and the first step (cuBLASLt's
+        // heuristics and kernels.matmul_search's timing of each GEMM shape happen there)
+        const auto started = std::chrono::steady_clock::now();
+        auto seconds_since = [](std::chrono::steady_clock::time_point t) {
+            return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+        };
         Config cfg = load_config(config_path, overrides);
         resolve_vocab_size(cfg);  // 0: from tokenizer.json beside data.train, as train does
         ZG_CHECK(from >= 1 && from <= steps, "--from must be in [1, --steps]");
@@ -174,8 +181,12 @@ int main(int argc, char** argv) {
         mo.recompute_gelu = cfg.train.recompute_gelu;
         mo.fp32_residual = cfg.train.fp32_residual;
         mo.head_chunks = head_chunks;
+        auto phase = std::chrono::steady_clock::now();
+        const std::vector<float> init = initial_params(cfg);
+        const double init_s = seconds_since(phase);
+        phase = std::chrono::steady_clock::now();
         GptCuda model(cfg.model, mo);
-        model.set_params(initial_params(cfg).data());
+        model.set_params(init.data());
         model.set_profiling(true);
         const int64_t n = model.num_parameters();
         float *m = nullptr, *v = nullptr;
@@ -189,6 +200,9 @@ int main(int argc, char** argv) {
         CrossEntropyOptions o;
         o.z_loss_weight = cfg.loss.z_loss_weight;
         o.reduction = Reduction::sum;
+        ZG_CUDA_CHECK(cudaDeviceSynchronize());
+        const double model_s = seconds_since(phase);
+        double first_step_s = 0;
         Rng rng(uint64_t(cfg.train.seed));
         // one row of B * T + 1 tokens per micro-batch
         std::vector<int32_t> x(size_t(cfg.train.grad_accum) * size_t(B * T + 1));
@@ -266,6 +280,13 @@ int main(int argc, char** argv) {
                     .count();
             if (!accumulating) head = model.head_ms();
             if (step == steps) board = power.stop();
+            if (step == 1) {
+                first_step_s = ms / 1e3;
+                std::printf(
+                    "start-up: %.1f s to the end of the first step (weights initialised on the "
+                    "host %.1f s, the model on the device %.1f s, first step %.1f s)\n",
+                    seconds_since(started), init_s, model_s, first_step_s);
+            }
             if (timeline_step) {
                 recorded_wall_ms.push_back(ms);
                 if (step == timeline_end) recorded = timeline->stop(8, 25);
@@ -356,6 +377,10 @@ int main(int argc, char** argv) {
                              {"device_used_gb", double(total_b - free_b) / 1e9},
                              {"logits_gb", head_mem_gb},
                              {"final_loss", loss},
+                             {"startup_s",
+                              {{"init_weights", init_s},
+                               {"model_to_device", model_s},
+                               {"first_step", first_step_s}}},
                              {"power_samples", board.samples},
                              {"power_w", board.power_w},
                              {"power_limit_w", board.limit_w},

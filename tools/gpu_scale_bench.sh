@@ -23,7 +23,7 @@ for s in $sizes; do
     --steps ${STEPS:-30} --from ${FROM:-10} --ops --out "$out/ours_$name.json" ${EXTRA:-} 2>&1 \
     | grep -v "^step " > "$out/ours_$name.log"
   echo "wall $((SECONDS - t0)) s (start-up included)"
-  grep -iE "tokens/s|mfu|memory|GB" "$out/ours_$name.log" | head -6
+  grep -E "start-up|tok/s" "$out/ours_$name.log" | head -4
   if [ "${SKIP_ANCHORS:-0}" != 1 ]; then
     echo "== torch.compile $name B=$B"
     MODEL=d${layers[$name]} B=$B STEPS=${ASTEPS:-30} bash "$anchor" "$llmc" > "$out/anchor_$name.log" 2>&1
