@@ -126,6 +126,8 @@ nlohmann::json kernel_tuning_json(const Config& c);
 std::string run_name_problem(const std::string& name);
 
 std::string config_to_yaml(const Config& c);
-std::string config_reference();  // every key with its default and meaning, for --help and docs
+std::string config_reference();  // every key with its default and meaning, for --help
+// The same as the Markdown of docs/config.md (`train --config-reference`).
+std::string config_reference_markdown();
 
 }  // namespace zgpt

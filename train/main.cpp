@@ -40,8 +40,16 @@ int main(int argc, char** argv) {
                    "joins through RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (or "
                    "SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID)")
         ->check(CLI::Range(1, 1024));
+    bool config_reference = false;
+    app.add_flag("--config-reference", config_reference,
+                 "print every config key with its default and meaning as Markdown (docs/config.md) "
+                 "and exit");
     app.footer("Config keys (section: key: default  # meaning):\n" + zgpt::config_reference());
     CLI11_PARSE(app, argc, argv);
+    if (config_reference) {
+        std::printf("%s", zgpt::config_reference_markdown().c_str());
+        return 0;
+    }
     if (list_kernels) {
         nlohmann::json j = nlohmann::json::object();
         for (const zgpt::KernelFamily& f : zgpt::kernel_families())
