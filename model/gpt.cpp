@@ -42,20 +42,19 @@ GPT<T>::GPT(const ModelConfig& config, int vocab_parts)
 }
 
 template <typename T>
-void GPT<T>::init_weights(uint64_t seed) {
-    ZG_CHECK(vocab_parts_ == 1, "init_weights: initialise the whole model, then take the shard");
-    const double residual_std = cfg_.init_std / std::sqrt(2.0 * cfg_.n_layer);
+void init_gpt_weights(const ModelConfig& c, const GptLayout& layout, uint64_t seed, T* params) {
+    const double residual_std = c.init_std / std::sqrt(2.0 * c.n_layer);
     // One normal stream over the tensors in table order. The generator is a counter, so each
     // block of values starts from its own offset into the stream and the blocks run in parallel
     // (GPT-2 1558M's 1.6G values took about a minute on one core), with the same bits as one pass.
     int64_t draws = 0;  // normal values before this tensor's
-    for (const ParamSpec& s : layout_.table.specs()) {
-        T* p = params.data() + s.offset;
+    for (const ParamSpec& s : layout.table.specs()) {
+        T* p = params + s.offset;
         if (s.init == Init::zeros || s.init == Init::ones) {
             std::fill(p, p + s.numel, T(s.init == Init::ones ? 1 : 0));
             continue;
         }
-        const double std = s.init == Init::normal ? cfg_.init_std : residual_std;
+        const double std = s.init == Init::normal ? c.init_std : residual_std;
         constexpr int64_t kBlock = int64_t(1) << 16;
         const int64_t blocks = (s.numel + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static)
@@ -68,10 +67,19 @@ void GPT<T>::init_weights(uint64_t seed) {
         draws += s.numel;
     }
     // Padded vocabulary rows never see a token; keep them at zero so their logits are inert.
-    for (int idx : {layout_.wte, layout_.lm_head}) {
-        T* w = param(idx);
-        std::fill(w + int64_t(cfg_.vocab_size) * cfg_.n_embd, w + Vp_ * cfg_.n_embd, T(0));
+    const int64_t Vp = vocab_table_rows(c);
+    for (int idx : {layout.wte, layout.lm_head}) {
+        T* w = params + layout.table[idx].offset;
+        std::fill(w + int64_t(c.vocab_size) * c.n_embd, w + Vp * c.n_embd, T(0));
     }
+}
+template void init_gpt_weights<float>(const ModelConfig&, const GptLayout&, uint64_t, float*);
+template void init_gpt_weights<double>(const ModelConfig&, const GptLayout&, uint64_t, double*);
+
+template <typename T>
+void GPT<T>::init_weights(uint64_t seed) {
+    ZG_CHECK(vocab_parts_ == 1, "init_weights: initialise the whole model, then take the shard");
+    init_gpt_weights(cfg_, layout_, seed, params.data());
 }
 
 template <typename T>

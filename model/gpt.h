@@ -13,6 +13,12 @@
 
 namespace zgpt {
 
+// GPT-2 initialisation of a whole model's parameters (layout of make_gpt_layout(c), one vocabulary
+// part) into params: N(0, init_std), residual projections N(0, init_std / sqrt(2 n_layer)),
+// LayerNorm weight 1, biases 0, padded vocabulary rows 0. Every element is written.
+template <typename T>
+void init_gpt_weights(const ModelConfig& c, const GptLayout& layout, uint64_t seed, T* params);
+
 template <typename T>
 class GPT {
   public:

@@ -180,6 +180,12 @@ std::unique_ptr<Backend> make_backend(const std::string& device, const Config& c
 }
 
 std::vector<float> initial_params(const Config& cfg) {
+    if (cfg.model.init_from.empty()) {  // without a GPT<float>, whose gradients would double
+        const GptLayout layout = make_gpt_layout(cfg.model);  // the host memory of start-up
+        std::vector<float> p(size_t(layout.table.total()));
+        init_gpt_weights(cfg.model, layout, uint64_t(cfg.train.seed), p.data());
+        return p;
+    }
     GPT<float> m(cfg.model);
     m.init_weights(uint64_t(cfg.train.seed));
     if (!cfg.model.init_from.empty()) {
