@@ -23,7 +23,7 @@
 // block's cross-entropy runs with reduction sum; for mean its scalar is grad_output over the
 // valid rows of all N, computed on the device. The blocks' summaries are added up in block order.
 //
-// fused_linear_rows_filtered (issue 30's gradient-filtering variant, off by default; not exact):
+// fused_linear_rows_filtered (the gradient-filtering variant, off by default; not exact):
 // the same blocks, with dh and dW on kernels/filtered_gemm.cu, which skips the pieces of dlogits
 // whose |values| are all below tuning.filter_eps times the gradient's scale (Cut Cross-Entropy's
 // filter: such softmax entries are below bf16 resolution). Everything else,
@@ -46,9 +46,9 @@ namespace zgpt::cuda::linear_ce_rows {
 namespace {
 
 // Rows per block when the tuning says nothing: 8192 (0.82 GB of logits at V = 50304, 2.1 GB at
-// 128256), the trainer's default: on an H100 it gave 0.8-1.7 ms faster steps than 4096 rows
-// (bench_ce at the trainer's shape: 67.8 against 73.0 ms), and 16384 only 0.3 ms more
-// (docs/cross_entropy.md, "fused_linear_rows").
+// 128256), the trainer's default: on an H100 its steps were faster than with 4096 rows, and
+// 16384 rows gained little more for twice the memory
+// (docs/results/linear_ce_rows_h100_acacf1c.json).
 constexpr int64_t kBlockRows = 8192;
 
 // The tile's row stride: V rounded up to 8, so that every row starts 16-byte aligned (the fast

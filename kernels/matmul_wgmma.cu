@@ -1,8 +1,7 @@
 // The forward GEMM of the `wgmma` matmul variant: D = epilogue(A B^T) on the persistent Hopper
 // core of kernels/hopper_gemm.cuh. Why: at the trainer's shapes cuBLASLt's GELU-epilogue GEMM ran
-// at 1.66x its FLOP floor (fc + GELU 7.86 ms against 4.74 ms for 12 layers, H100, a8b7ce4), and
-// the plain and bias GEMMs at 1.2-1.3x, while this core ran the fused head's logits at 96% of
-// cuBLASLt's 8192^3 rate.
+// well above its FLOP floor, and the plain and bias GEMMs less so, while this core ran the fused
+// head's logits close to cuBLASLt's 8192^3 rate.
 //
 // - Tiles walk columns fastest (tile t: row tile t / col_tiles, column tile t % col_tiles), so the
 //   CTAs running together share A's rows in L2 and the layers' weights (at most 3072 x 768) stay
@@ -56,10 +55,9 @@ __device__ __forceinline__ void add_bias_columns(float (&acc)[128], const bf16* 
 }
 
 // Warpgroup 0 without GELU: warps 0-2 store, lane 0 of warp 3 issues the loads (produce()), so
-// that a consumer never waits for the other to free a stage before its own next products (H100,
-// ncu, layer 0: qkv 371.7 -> 354.9 us, fcproj 470.2 -> 450.3 us). With GELU all four warps take
-// the GELU and a consumer thread loads, as in the fused cross-entropy: on three warps the GELU
-// became the bottleneck (fc 637 -> 770 us).
+// that a consumer never waits for the other to free a stage before its own next products (faster
+// under ncu on the H100). With GELU all four warps take the GELU and a consumer thread loads, as
+// in the fused cross-entropy: on three warps the GELU became the bottleneck.
 template <bool kGelu>
 constexpr int kStoreThreads = kGelu ? 128 : 96;
 

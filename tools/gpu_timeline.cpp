@@ -148,8 +148,8 @@ void GpuTimeline::start() {
             return;
         }
     on_ = true;
-    // CUPTI sets itself up at the first calls after it starts (0.9-4.9 ms in a GPT-2 step when
-    // that was inside one): a synchronised probe takes that before anything is recorded
+    // CUPTI sets itself up at the first calls after it starts (milliseconds, when that was inside
+    // a recorded step): a synchronised probe takes that before anything is recorded
     void* probe = nullptr;
     if (cudaMalloc(&probe, 256) == cudaSuccess) {
         cudaMemsetAsync(probe, 0, 256);

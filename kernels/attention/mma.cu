@@ -397,7 +397,7 @@ __global__ void __launch_bounds__(kThreads)
                     acc_to_a(sa[mt], dp[mt][2 * kk], dp[mt][2 * kk + 1]);
                 }
                 // dV and dK interleaved: as two separate loops the kernel needs 254 registers
-                // instead of 247 and the step was 0.6 ms slower (H100, same call)
+                // instead of 247 and the step was slower (H100, same call)
 #pragma unroll
                 for (int n = 0; n < kD / 8; n += 2) {
                     uint32_t ob[4], qb[4];

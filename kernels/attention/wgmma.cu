@@ -5,8 +5,8 @@
 // (4 warps, 64 rows) as wgmma.m64nNk16 instead of per-warp mma.sync m16n8k16. Why it pays: the
 // tensor core reads its operands straight from shared memory, so the ldmatrix traffic and much
 // of the instruction issue of the mma.sync kernels (which are issue-bound, see there) go.
-// Measured on the H100 in one call (--ops, 12 layers): forward 6.54 -> 5.99 ms, backward
-// 22.04 -> 19.86 ms, the step 1.8 ms faster (docs/cuda_trainer.md).
+// Measured faster than the mma.sync kernels in both directions and in the step (the ablation's
+// flash_mma row, docs/experiments/ablate-124m).
 //
 // - Tiles live in shared memory in the 128-byte swizzle that wgmma reads: a row of 64 bf16 is
 //   128 bytes, and its 16-byte chunk c sits at chunk c ^ (row % 8). Tiles start 1024-aligned.
@@ -471,8 +471,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 // S_{t+1} = Q K_{t+1}^T has been issued ahead of it and the warpgroup computes the
 // exponentials of tile t + 1; O is rescaled once P_t V_t is done. K/V tiles stream through a
 // ring of four (tile t + 3 is staged while t + 1 is awaited) since K_{t+1} is needed one tile
-// earlier than in forward_kernel. Measured on an H200 (--ops, 12 layers, one call): 5.22 / 5.28
-// ms against 5.07 / 4.97 ms for forward_kernel, the steps equal within noise: with two blocks of
+// earlier than in forward_kernel. Measured on an H200 (--ops, one call): no faster than
+// forward_kernel alone, the steps equal within noise: with two blocks of
 // two warpgroups per SM the scheduler already overlaps one warpgroup's exponentials with
 // another's products, and this kernel adds a ring slot and more issue work. So it is off by
 // default (kernels.attention_tuning.wgmma_fwd_pipeline), kept for ablation.
@@ -815,8 +815,7 @@ __device__ __forceinline__ void store_dkdv(bf16* dqkv, float* colsum, const Cols
 // fall at the same time; with WGS = 1 each block (two per SM at ~200 registers) streams its own
 // tiles and drifts freely against the other, which lets one's products overlap the other's
 // exponentials, for twice the tile loads from L2. Measured on an H200 (one call, alternated):
-// the backward 16.48 / 17.08 ms with one warpgroup against 17.49 / 18.06 ms with two (--ops,
-// 12 layers, each op alone), but the steps equal (112.40 / 112.50 against 112.47 / 112.34 ms),
+// the backward alone was faster with one warpgroup (--ops, each op alone), but the steps equal,
 // probably because in the step the backward runs beside the side stream's weight-gradient GEMMs
 // (not measured). Two stays
 // the default (no clearing of the column-sum rows); one is kept for ablation.

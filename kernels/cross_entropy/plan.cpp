@@ -23,15 +23,15 @@ FastPlan plan_fast(const CrossEntropyArgs& a, bool pingpong, int max_smem) {
     // Measured on an H100 (docs/cross_entropy.md). Warp groups (fast): one CTA per SM with a
     // buffer per group, in the smallest cluster that holds them (more stages with more CTAs per
     // cluster were slower: fewer clusters fit at once); groups of 512 threads for rows of up to
-    // 128 KB (0.639 against 0.651 ms at V = 50304), of 256 above. One group
+    // 128 KB (measured faster at V = 50304), of 256 above. One group
     // (fast_lockstep): rows of up to 128 KB run best as two 256-thread CTAs per SM with two stages
     // each; longer rows as one 512-thread CTA per SM holding three. Static shared memory (barriers,
     // statistics, reductions) takes < 2 KB.
     const bool short_rows = size_t(a.V) * es <= (size_t(128) << 10);
     // fast: each buffer in two copies, so a group refills the first half while its dlogits pass
-    // is on the second. Rows of up to 128 KB: two groups of 512 threads (0.634 against 0.642 ms
-    // at V = 50304 with one copy); longer rows: three groups of 256 in 4-CTA clusters (6.20
-    // against 6.40 ms for two groups at V = 128256). Four copies measured no better.
+    // is on the second. Rows of up to 128 KB: two groups of 512 threads (faster than one copy at
+    // V = 50304); longer rows: three groups of 256 in 4-CTA clusters (faster than two groups at
+    // V = 128256; docs/results/ce_sweep_h100_87a3ef2.json). Four copies measured no better.
     int groups = pingpong ? (short_rows ? 2 : 3) : 1;
     int parts = pingpong ? 2 : 1;
     // knobs for sweeps and tests (CrossEntropyTuning; 0: the choices here): groups (2 | 3 warp
@@ -81,7 +81,7 @@ FastPlan plan_fast_helper(const CrossEntropyArgs& a, const FastPlan& main, int m
     const int64_t stages = std::min<int64_t>(kMaxStages, int64_t(budget) / (slice * int64_t(es)));
     if (stages < 1) return {};
     // one copy per buffer: with two or four, the main grid slowed more than the helper gained
-    // (V = 128256 on the H100: two copies 7.13-7.48 ms at weights 40-55, one 6.11-6.13)
+    // (V = 128256 on the H100, docs/results/ce_fast_helper_h100_99dcc22.json)
     int parts = 1;
     if (const int p = a.tuning.helper_parts; p == 1 || p == 2 || p == 4) parts = p;
     return FastPlan{kCluster, 512,         true,  1,

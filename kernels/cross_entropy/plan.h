@@ -17,8 +17,8 @@ constexpr int kMaxStages = 8;
 constexpr int kMinStages = 3;
 
 // The helper's rows per SM against the main grid's, in percent. Swept on the H100 at V = 128256
-// (docs/cross_entropy.md): 0 (no helper) 6.18 ms, 50 6.11, 60 6.09, 75 6.06-6.08, 90 6.45 (the
-// helper's rows now the tail), 110 7.45. 70 leaves a margin before that cliff.
+// (docs/results/ce_fast_helper_h100_99dcc22.json): the time falls up to about 75 and jumps from
+// 90, where the helper's rows become the tail. 70 leaves a margin before that cliff.
 constexpr int kHelperWeight = 70;
 
 size_t type_size(LogitsType t);
