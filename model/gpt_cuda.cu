@@ -278,7 +278,7 @@ bool GptCuda::Impl::linear_backward(void* dinp, const void* dout, const void* in
     const bool fused = mm_variant != MatmulVariant::separate;  // wgmma: cuBLASLt's backward
     bool gelu_done = false;
     // the head's dW stays on the main stream: on the weight-gradient stream it measured no
-    // better (H100, same call: 123.57 against 123.54 ms)
+    // better (H100, same call)
     const bool side = overlapping() && !head;
     if (dinp) {
         cuda::Gemm gm = input_grad_gemm(dinp, dout, w_idx, M, K, N);
@@ -293,7 +293,7 @@ bool GptCuda::Impl::linear_backward(void* dinp, const void* dout, const void* in
         tick(head ? "head matmul bwd dinp" : "matmul bwd dinp");
     }
     // Forked after the dinp GEMM: forking before it (so that the two GEMMs of one layer run
-    // together) measured no better on the H100 (124.3-125.0 against 124.0-124.9 ms).
+    // together) measured no better on the H100.
     cudaStream_t ws = side ? wstream : stream;
     if (side) {
         ZG_CUDA_CHECK(cudaEventRecord(fork_ev, stream));
@@ -301,11 +301,10 @@ bool GptCuda::Impl::linear_backward(void* dinp, const void* dout, const void* in
     }
     cuda::Gemm gw = weight_grad_gemm(g(w_idx), dout, inp, M, K, N);
     // The bias gradient is its own pass over dout, not cuBLASLt's BGRADB epilogue: that
-    // epilogue sums inside the GEMM's main loop and cost the step 6 ms on the H100 (the dW
-    // GEMMs 21.6 -> 15.6 ms without it), against 4.5 ms for the column sums, which on the
-    // side stream also overlap the input-gradient GEMMs. Nor is fc's taken from the GELU' GEMM
-    // (Epilogue::dgelu_bias_grad): that GEMM took 1638 us against 588 us plus 100 us for the
-    // pass, and the step 115.1 against 106.7 ms (H200, bench_gemm and bench_train, e466be5).
+    // epilogue sums inside the GEMM's main loop and slowed the weight-gradient GEMMs by more than
+    // the column sums cost, which on the side stream also overlap the input-gradient GEMMs. Nor
+    // is fc's taken from the GELU' GEMM (Epilogue::dgelu_bias_grad): that GEMM became several
+    // times slower than the plain one and its bias pass together (H200, bench_gemm, e466be5).
     if (inp_ones) {  // [N, K + kOnesPad] with the bias gradient in column K (written, beta 0)
         ZG_CHECK(b_idx >= 0 && fc_bias_in_dw, "linear_backward: a ones column without its bias");
         gw.D = fc_dw_scratch.get();
