@@ -93,6 +93,10 @@ size_t gemm_workspace_bytes() {
     return kWorkspaceBytes * w.by_stream.size();
 }
 
+size_t gemm_workspace_bytes_per_stream() {
+    return kWorkspaceBytes;
+}
+
 size_t gemm_workspace_bytes(std::initializer_list<CUstream_st*> streams) {
     Workspaces& w = workspaces();
     std::lock_guard<std::mutex> lock(w.m);

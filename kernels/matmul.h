@@ -151,6 +151,7 @@ void gemm_bf16(void* D, MatType d_type, const void* A, bool trans_a, const void*
 // memory by the benchmarks); or of those of the streams given.
 size_t gemm_workspace_bytes();
 size_t gemm_workspace_bytes(std::initializer_list<CUstream_st*> streams);
+size_t gemm_workspace_bytes_per_stream();  // what a stream's first GEMM allocates
 // Frees the workspace of `stream`, if it has one, once its work is done: for an owner that
 // destroys the stream (a model's streams), so that its 32 MB do not outlive it.
 void release_gemm_workspace(CUstream_st* stream) noexcept;

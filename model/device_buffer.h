@@ -19,7 +19,7 @@ class DeviceBuffer {
     // runs, on the default stream, which the model's non-blocking streams do not wait for; a kernel
     // on one of them could write the buffer before the memset ran and see its data zeroed.
     explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
-        if (!bytes) return;
+        if (!bytes || sizing_only()) return;
         ZG_CUDA_CHECK(cudaMalloc(&p_, bytes));
         ZG_CUDA_CHECK(cudaMemsetAsync(p_, 0, bytes, nullptr));
         ZG_CUDA_CHECK(cudaStreamSynchronize(nullptr));
@@ -30,7 +30,7 @@ class DeviceBuffer {
         if (offset + bytes > owner.bytes_)
             throw std::logic_error("DeviceBuffer::view past the end of its owner");
         DeviceBuffer v;
-        v.p_ = bytes ? static_cast<char*>(owner.p_) + offset : nullptr;
+        v.p_ = bytes && owner.p_ ? static_cast<char*>(owner.p_) + offset : nullptr;
         v.bytes_ = bytes;
         v.owned_ = false;
         return v;
@@ -54,6 +54,18 @@ class DeviceBuffer {
         return static_cast<T*>(p_);
     }
     size_t bytes() const { return bytes_; }
+    // While a SizingOnly lives, buffers made on this thread only record their size (no memory,
+    // a null pointer): the model is built once that way to tell what it will allocate.
+    struct SizingOnly {
+        SizingOnly() { sizing_only() = true; }
+        ~SizingOnly() { sizing_only() = false; }
+        SizingOnly(const SizingOnly&) = delete;
+        SizingOnly& operator=(const SizingOnly&) = delete;
+    };
+    static bool& sizing_only() {
+        static thread_local bool on = false;
+        return on;
+    }
     size_t owned_bytes() const { return owned_ ? bytes_ : 0; }  // 0 for a view
 
   private:

@@ -144,7 +144,7 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
         a.atty = act(BT * C);
         a.res_attn = res_act(BT * C);
         a.ln2 = act(BT * ln2_ld());
-        if (fc_bias_in_dw) set_ones_column(a.ln2.get(), BT, C, ln2_ld(), t);
+        if (fc_bias_in_dw && a.ln2.get()) set_ones_column(a.ln2.get(), BT, C, ln2_ld(), t);
         a.ln2_mean = f32(BT);
         a.ln2_rstd = f32(BT);
         a.fch = act(BT * 4 * C);
@@ -848,6 +848,13 @@ float* GptCuda::grads_device() {
 }
 size_t GptCuda::allocated_bytes() const {
     return impl_->allocated();
+}
+size_t GptCuda::device_bytes_needed(const ModelConfig& config, const CudaModelOptions& options,
+                                    int64_t B, int64_t T) {
+    DeviceBuffer::SizingOnly sizing;  // outlives the model below
+    Impl m(config, options);
+    m.ensure(B, T);
+    return m.allocated() + 3 * cuda::gemm_workspace_bytes_per_stream();  // its three streams
 }
 
 }  // namespace zgpt

@@ -134,6 +134,12 @@ class GptCuda {
     float* grads_device();
 
     size_t allocated_bytes() const;  // everything this model holds on the device now
+    // What a model of this config allocates on the device for micro-batches of B x T, without
+    // allocating it: weights, gradients, activations, workspaces and a cuBLASLt workspace per
+    // stream (allocated_bytes() after a step). Of one GPU's whole model: without the
+    // vocab-parallel group's buffers.
+    static size_t device_bytes_needed(const ModelConfig& config, const CudaModelOptions& options,
+                                      int64_t B, int64_t T);
 
     // With profiling on, the loss head (LM-head matmuls + cross-entropy, forward and backward)
     // is bracketed by CUDA events; head_ms() is its time in the last step (after a sync). When

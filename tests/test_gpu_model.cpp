@@ -871,6 +871,49 @@ TEST_CASE("a model's cuBLASLt workspaces (32 MB per stream) are freed with the m
     }
 }
 
+TEST_CASE("device_bytes_needed counts, without allocating, what a model holds after a step") {
+    // The trainer prints this count before the first step and refuses a config it cannot fit.
+    // After a step the model holds exactly the counted buffers, and a cuBLASLt workspace for each
+    // stream that ran a GEMM (the count takes all three).
+    const ModelConfig tiny = tiny_config(true, true, false);
+    GPT<float> host(tiny);
+    host.init_weights(1);
+    const int64_t B = 4, T = 16;
+    std::vector<int32_t> tok(B * T), tgt(B * T);
+    for (size_t i = 0; i < tok.size(); i++) {
+        tok[i] = int32_t(i * 7 % 61);
+        tgt[i] = int32_t(i * 5 % 61);
+    }
+    CrossEntropyOptions ce;
+    ce.reduction = Reduction::sum;
+    const size_t ws = cuda::gemm_workspace_bytes_per_stream();
+    for (int variant = 0; variant < 6; variant++) {
+        CAPTURE(variant);
+        ModelConfig mc = tiny;
+        CudaModelOptions o;
+        if (variant == 1) o.kernels.cross_entropy = "fused_linear_rows";
+        if (variant == 2) o.recompute_gelu = true;
+        if (variant == 3) mc.qk_norm = true;
+        if (variant == 4) o.precision = DType::f32, o.kernels.cross_entropy = "online";
+        if (variant == 5) o.fp32_residual = true;
+        const size_t before = cuda::gemm_workspace_bytes();
+        const size_t need = GptCuda::device_bytes_needed(mc, o, B, T);
+        CHECK(cuda::gemm_workspace_bytes() == before);  // counting ran no GEMM
+        GptCuda m(mc, o);
+        CHECK(m.allocated_bytes() < need);  // the weights alone, before the first forward
+        m.set_params(host.params.data());
+        m.zero_grad();
+        m.forward(tok.data(), B, T);
+        m.loss(tgt.data(), ce, 1.0 / double(B * T), true);
+        m.backward();
+        ZG_CUDA_CHECK(cudaDeviceSynchronize());
+        const size_t held = m.allocated_bytes();
+        CHECK(held <= need);
+        CHECK(need - held <= 3 * ws);
+        CHECK((need - held) % ws == 0);
+    }
+}
+
 TEST_CASE("the power sampler reads the board's power and SM clock while the GPU works") {
     // bench_train reports these over its timed steps (kernels/gpu_power.h). A GPU machine has the
     // driver, so NVML must be there.

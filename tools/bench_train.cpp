@@ -181,6 +181,13 @@ int main(int argc, char** argv) {
         mo.recompute_gelu = cfg.train.recompute_gelu;
         mo.fp32_residual = cfg.train.fp32_residual;
         mo.head_chunks = head_chunks;
+        // the trainer's count, printed before it allocates (train/backend_cuda.cpp); the
+        // summary's memory is what the model then holds (plus the moments)
+        const double estimate_gb =
+            double(GptCuda::device_bytes_needed(
+                cfg.model, mo, cfg.train.batch_size,
+                cfg.train.seq_len > 0 ? cfg.train.seq_len : cfg.model.block_size)) /
+            1e9;
         auto phase = std::chrono::steady_clock::now();
         const std::vector<float> init = initial_params(cfg);
         const double init_s = seconds_since(phase);
@@ -374,6 +381,7 @@ int main(int argc, char** argv) {
                              {"head_ms", hms},
                              {"head_share", hms / ms},
                              {"model_memory_gb", model_gb},
+                             {"model_memory_counted_before_gb", estimate_gb + 8e-9 * double(n)},
                              {"device_used_gb", double(total_b - free_b) / 1e9},
                              {"logits_gb", head_mem_gb},
                              {"final_loss", loss},

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 
 #include "kernels/cuda_check.h"
 #include "kernels/matmul.h"
@@ -353,7 +354,37 @@ VocabGroup cuda_vocab_group(Communicator& group, void* stream) {
     return g;
 }
 
+// The device memory a config takes, printed before anything is allocated, and a config that
+// cannot fit refused with it (rather than an out-of-memory error part way into the first step).
+// The model's own count of its buffers (GptCuda::device_bytes_needed) plus whole AdamW moments
+// (ZeRO-1 later shards them). Not for a vocab-parallel group, whose buffers the count leaves out.
+void check_device_memory(const Config& cfg) {
+    const int64_t B = cfg.train.batch_size;
+    const int64_t T = cfg.train.seq_len > 0 ? cfg.train.seq_len : cfg.model.block_size;
+    const double params = double(make_gpt_layout(cfg.model).table.total());
+    const double model =
+        double(GptCuda::device_bytes_needed(cfg.model, model_options(cfg, 1), B, T));
+    const double need = model + 8.0 * params;
+    // fp32 weights and gradients, their bf16 copy, two AdamW moments
+    const double state = (cfg.train.precision == "fp32" ? 16.0 : 18.0) * params;
+    size_t free_b = 0, total_b = 0;
+    ZG_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    char msg[512];
+    std::snprintf(msg, sizeof msg,
+                  "this config needs about %.1f GB of GPU memory (weights, gradients and AdamW "
+                  "moments %.1f GB; activations and workspaces of a %lld x %lld micro-batch "
+                  "%.1f GB) and the GPU has %.1f GB free",
+                  need / 1e9, state / 1e9, (long long)B, (long long)T, (need - state) / 1e9,
+                  double(free_b) / 1e9);
+    if (need > double(free_b))
+        throw Error(std::string(msg) +
+                    ": lower train.batch_size (train.grad_accum keeps the step's tokens) or set "
+                    "train.recompute_gelu");
+    std::printf("%s\n", msg);
+}
+
 std::unique_ptr<Backend> make_cuda_backend(const Config& cfg, VocabParallel vocab) {
+    if (!vocab.split()) check_device_memory(cfg);
     return std::make_unique<CudaBackend>(cfg, vocab);
 }
 
