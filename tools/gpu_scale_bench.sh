@@ -24,9 +24,12 @@ for s in $sizes; do
     | grep -v "^step " > "$out/ours_$name.log"
   echo "wall $((SECONDS - t0)) s (start-up included)"
   grep -E "start-up|tok/s" "$out/ours_$name.log" | head -4
+  { echo "== ours $name B=$B"; cat "$out/ours_$name.log"; } >> "$out/bench.log"
+  rm "$out/ours_$name.log"  # one log for every size: the device tool returns a few files
   if [ "${SKIP_ANCHORS:-0}" != 1 ]; then
     echo "== torch.compile $name B=$B"
-    MODEL=d${layers[$name]} B=$B STEPS=${ASTEPS:-30} bash "$anchor" "$llmc" > "$out/anchor_$name.log" 2>&1
-    tail -1 "$out/anchor_$name.log"
+    MODEL=d${layers[$name]} B=$B STEPS=${ASTEPS:-30} bash "$anchor" "$llmc" > "$out/anchor.log" 2>&1
+    { echo "== torch.compile $name B=$B"; tail -3 "$out/anchor.log"; } >> "$out/bench.log"
+    tail -1 "$out/anchor.log"
   fi
 done
