@@ -3,6 +3,7 @@
 
 #include <cstdio>
 
+#include "kernels/cpu_blas.h"
 #include "tests/helpers.h"
 
 #include <cstring>
@@ -10,6 +11,7 @@
 // `--why-skip` prints whether this binary would skip and why, then exits (tools/test.sh shows it,
 // since ctest's summary says only "Skipped").
 int main(int argc, char** argv) {
+    zgpt::cpu::ensure_blas_kernel(argv);  // the float matmuls on the CPU's own kernel
     if (argc > 1 && std::strcmp(argv[1], "--why-skip") == 0) {
         const std::string reason = zgpt::test::skip_reason();
         if (!reason.empty()) std::printf("%s: SKIPPED: %s\n", argv[0], reason.c_str());

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/check.h"
+#include "kernels/cpu_blas.h"
 #include "kernels/global_norm.h"
 #include "kernels/rng.h"
 #include "model/gpt.h"
@@ -28,6 +29,7 @@
 using namespace zgpt;
 
 int main(int argc, char** argv) {
+    cpu::ensure_blas_kernel(argv);  // first: it may restart the program
     CLI::App app{"time CPU training steps on random tokens, op by op"};
     zgpt::report_cli_errors(app);
     std::string config_path, out;
@@ -97,6 +99,7 @@ int main(int argc, char** argv) {
             "%d threads, B=%lld T=%lld, %d timed steps: %.2f ms/step, %.0f tokens/s (loss "
             "%.4f)\n",
             omp_get_max_threads(), (long long)B, (long long)T, timed, step_ms, tok_s, loss);
+        std::printf("%s\n", cpu::cpu_blas_summary().c_str());
         std::printf("%-18s %10s %7s\n", "op", "ms/step", "share");
         double listed = 0;
         nlohmann::json jops = nlohmann::json::array();
@@ -116,6 +119,9 @@ int main(int argc, char** argv) {
                              {"timed_steps", timed},
                              {"step_ms", step_ms},
                              {"tok_per_s", tok_s},
+                             {"cpu_isa", cpu::isa_name(cpu::cpu_vector_isa())},
+                             {"blas_kernel", cpu::blas_info().kernel},
+                             {"blas", cpu::cpu_blas_summary()},
                              {"ops", jops}};
             std::ofstream(out) << j.dump(2) << "\n";
         }

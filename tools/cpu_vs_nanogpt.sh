@@ -6,7 +6,8 @@
 # NANOGPT_DIR holds nanoGPT's train.py, model.py, configurator.py and
 # config/train_shakespeare_char.py (the search tool's fetch of karpathy/nanoGPT, then
 # `git --git-dir=... archive HEAD ... | tar -x -C NANOGPT_DIR`). PYTHON must have torch and numpy.
-# STEPS (default 200), ROUNDS (default 2) and THREADS (default 2) may be set. The quickstart's model
+# STEPS (default 200), ROUNDS (default 2), THREADS (default 2) and BUILD_DIR (default build) may
+# be set. The quickstart's model
 # (configs/kjv-char.yaml: the same shape without biases, on the King James Bible):
 #   TEXT=data/shards/kjv.txt CONFIG=configs/kjv-char.yaml NANO_EXTRA=--bias=False bash tools/cpu_vs_nanogpt.sh ...
 set -euo pipefail
@@ -15,6 +16,7 @@ nano=$(cd "$1" && pwd)
 out=${2:-$here/cpu_vs_nanogpt.json}
 py=${3:-python3}
 steps=${STEPS:-200} rounds=${ROUNDS:-2} threads=${THREADS:-2}
+bin=$(cd "$here/${BUILD_DIR:-build}" && pwd)
 text=$(realpath "${TEXT:-$here/../shared/data/tinyshakespeare/input.txt}")
 config=$(realpath "${CONFIG:-$here/configs/shakespeare-char-cpu.yaml}")
 nano_extra=${NANO_EXTRA:-}
@@ -29,13 +31,13 @@ ids = np.array([stoi[c] for c in text], dtype=np.uint16); n = int(0.9 * len(ids)
 ids[:n].tofile(f"{d}/train.bin"); ids[n:].tofile(f"{d}/val.bin")
 pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": stoi}, open(f"{d}/meta.pkl", "wb"))
 EOF
-"$here/build/prepare_data" --input "$text" --out "$work/shards" > /dev/null
+"$bin/prepare_data" --input "$text" --out "$work/shards" > /dev/null
 for r in $(seq 1 "$rounds"); do
   (cd "$nano" && OMP_NUM_THREADS=$threads "$py" train.py config/train_shakespeare_char.py --device=cpu \
      --compile=False --eval_iters=20 --log_interval=1 --block_size=64 --batch_size=12 --n_layer=4 \
      --n_head=4 --n_embd=128 --max_iters=$steps --lr_decay_iters=2000 --dropout=0.0 \
      --eval_interval=100000 --out_dir="$work/nano_out" $nano_extra) > "$work/nano_$r.log" 2>&1
-  OMP_NUM_THREADS=$threads "$here/build/train" -c "$config" \
+  OMP_NUM_THREADS=$threads "$bin/train" -c "$config" \
     --set data.train="$work/shards/train_*.bin" --set data.val= --set train.max_steps=$steps \
     --set train.threads=$threads --set train.out_dir="$work/runs" --set train.run_name=ours_$r \
     > "$work/ours_$r.log" 2>&1

@@ -11,6 +11,7 @@
 
 #include "data/tokenizer.h"
 #include "kernels/check.h"
+#include "kernels/cpu_blas.h"
 #include "model/sample.h"
 #include "train/checkpoint.h"
 #include "train/cli.h"
@@ -18,6 +19,7 @@
 #include "train/run_dir.h"
 
 int main(int argc, char** argv) {
+    zgpt::cpu::ensure_blas_kernel(argv);  // first: it may restart the program
     CLI::App app{"Generate text from a trained checkpoint."};
     zgpt::report_cli_errors(app);
     std::string run_dir, checkpoint, tokenizer_path, prompt, logits_out;

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "kernels/check.h"
+#include "kernels/cpu_blas.h"
 #include "kernels/registry.h"
 #include "train/cli.h"
 #include "train/config.h"
@@ -16,6 +17,7 @@
 #include "train/trainer.h"
 
 int main(int argc, char** argv) {
+    zgpt::cpu::ensure_blas_kernel(argv);  // first: it may restart the program
     CLI::App app{"Train a small GPT from a YAML config (CPU reference backend)."};
     zgpt::report_cli_errors(app);
     std::string config_path, resume_dir;

@@ -15,6 +15,7 @@
 #include <fstream>
 
 #include "kernels/check.h"
+#include "kernels/cpu_blas.h"
 
 namespace zgpt {
 
@@ -131,6 +132,13 @@ nlohmann::json provenance(const DeviceChoice& device, const std::string& command
     j["host"] = host;
     j["cpu"] = run_command("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-");
     j["cpu_threads"] = omp_get_max_threads();
+    const cpu::BlasInfo blas = cpu::blas_info();
+    j["cpu_isa"] = cpu::isa_name(cpu::cpu_vector_isa());
+    j["blas"] = {{"library", blas.library},
+                 {"kernel", blas.kernel},
+                 {"kernel_isa", cpu::isa_name(blas.kernel_isa)},
+                 {"chosen_by", blas.chosen_by},
+                 {"library_choice", blas.library_choice}};
     j["compiler"] = __VERSION__;
     j["device"] = device.device;
     j["device_reason"] = device.reason;

@@ -19,6 +19,7 @@
 #include "data/shard.h"
 #include "data/tokenizer.h"
 #include "kernels/check.h"
+#include "kernels/cpu_blas.h"
 #include "model/gpt.h"
 #include "model/parameters.h"
 #include "model/sample.h"
@@ -429,6 +430,7 @@ TrainResult train(Config cfg, const std::string& config_path, const std::string&
     if (lead) {
         std::printf("resolved config:\n%s", yaml.c_str());
         std::printf("%s\n", device.reason.c_str());
+        if (device.device == "cpu") std::printf("%s\n", cpu::cpu_blas_summary().c_str());
         std::printf("model: %.3fM parameters (vocab %d padded to %lld); %s\n",
                     double(model.num_parameters()) / 1e6, cfg.model.vocab_size,
                     (long long)model.padded_vocab(), model.describe().c_str());
