@@ -64,6 +64,8 @@ res = {"what": "nanoGPT's CPU recipe shape (4 layers, 4 heads, 128 channels, con
        "nanogpt_ms_per_step": nano, "ours_ms_per_step": ours,
        "nanogpt_tok_per_s": T / (statistics.median(nano) / 1e3), "ours_tok_per_s": T / (statistics.median(ours) / 1e3)}
 res["ratio_vs_nanogpt"] = res["ours_tok_per_s"] / res["nanogpt_tok_per_s"]
+prov = json.load(open(f"{work}/runs/ours_1/provenance.json"))  # the CPU and the BLAS kernel in use
+res.update(cpu=prov["cpu"].strip(), cpu_isa=prov.get("cpu_isa"), blas=prov.get("blas"))
 json.dump(res, open(out, "w"), indent=1)
 print(f"nanoGPT {res['nanogpt_tok_per_s']:.0f} tok/s ({nano} ms), ours {res['ours_tok_per_s']:.0f} tok/s ({ours} ms): "
       f"ratio {res['ratio_vs_nanogpt']:.3f}")
