@@ -10,11 +10,26 @@
 
 namespace zgpt {
 
+// What a variant is, as data: config validation and the model read these properties instead of
+// comparing names, so a new variant is an entry here and its kernels (docs/architecture.md says
+// which files).
+struct VariantTraits {
+    std::string name;
+    bool takes_hidden = false;  // cross_entropy: from hidden states and the LM-head weight, not
+                                // logits (bf16 only; the kernels.linear_ce_* keys)
+    bool whole_rows = false;    // cross_entropy: blocks of whole rows on one GPU (no vocabulary
+                                // chunks, no vocab-parallel shards)
+    bool ce_in_gemm_epilogue = false;  // cross_entropy: the statistics in our GEMM's epilogue
+    bool sm90_kernels = false;  // has kernels for compute capability 9.0 (elsewhere a fallback)
+    std::vector<std::string> reads;  // the tuning keys (kernels.<key>) it reads
+};
+
 struct KernelFamily {
     std::string name;                   // the config key: kernels.<name>
     std::string help;                   // what --help says
     std::vector<std::string> variants;  // a variant's id is its index
     std::string default_variant;
+    std::vector<VariantTraits> traits;  // one per variant, in the same order
 };
 
 // attention, cross_entropy, layernorm, matmul
@@ -27,11 +42,16 @@ const KernelFamily* find_kernel_family(const std::string& name);
 // (known: a, b, c)".
 int kernel_variant(const std::string& family, const std::string& variant);
 
+// The properties of a registered variant; throws zgpt::Error as kernel_variant does.
+const VariantTraits& variant_traits(const std::string& family, const std::string& variant);
+// The variants of `family` that read tuning key `key`, as "a, b or c".
+std::string variants_reading(const std::string& family, const std::string& key);
+
 // The cross_entropy variants that take hidden states and the LM-head weight instead of logits
 // (linear_cross_entropy_variants(); bf16 only, the kernels.linear_ce_* keys apply to them).
 bool is_linear_cross_entropy(const std::string& variant);
-// fused_linear_rows and its filtered variant: blocks of whole rows on one GPU (no vocabulary
-// chunks, no loop order, no vocab-parallel shards).
+// Blocks of whole rows on one GPU (no vocabulary chunks, no loop order, no vocab-parallel
+// shards).
 bool is_whole_rows_linear_cross_entropy(const std::string& variant);
 
 // The ids the CUDA model branches on, resolved once from the names (never compared per step).

@@ -16,7 +16,7 @@ cuda::LinearCrossEntropyTuning linear_ce_tuning(const KernelChoice& k) {
     t.row_block = k.linear_ce_row_block;
     t.chunk_mb = k.linear_ce_chunk_mb;
     t.rows_outer = k.linear_ce_rows_outer;
-    t.wgmma_epilogue = k.cross_entropy == "fused_linear_wgmma";
+    t.wgmma_epilogue = variant_traits("cross_entropy", k.cross_entropy).ce_in_gemm_epilogue;
     t.wgmma_cluster = k.linear_ce_wgmma_cluster;
     t.filter_eps = float(k.linear_ce_filter_eps);
     return t;

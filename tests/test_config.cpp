@@ -1,6 +1,8 @@
 // Config: every kind of error names the key path and file:line; overrides; the saved config loads.
 #include <doctest/doctest.h>
 
+#include <set>
+
 #include <filesystem>
 #include <fstream>
 
@@ -144,13 +146,12 @@ TEST_CASE("fused_linear's schedule keys: set with that head only, rows_outer wit
     CHECK_FALSE(d.kernels.linear_ce_rows_outer);
     // with another head the keys would be silently ignored: an error instead, at the key's line
     std::string e = error_of(std::string(kBase) + "kernels:\n  linear_ce_row_block: 512\n");
-    CHECK(e.find(
-              ".yaml:4: kernels.linear_ce_row_block: applies to the fused linear heads only "
-              "(kernels.cross_entropy=fused_linear, fused_linear_wgmma or fused_linear_rows; it is "
-              "fast)") != std::string::npos);
+    CHECK(e.find(".yaml:4: kernels.linear_ce_row_block: applies to kernels.cross_entropy="
+                 "fused_linear, fused_linear_wgmma, fused_linear_rows or "
+                 "fused_linear_rows_filtered only (it is fast)") != std::string::npos);
     e = error_of(kBase, {"kernels.cross_entropy=online", "kernels.linear_ce_rows_outer=true"});
-    CHECK(e.find("kernels.linear_ce_rows_outer: applies to the fused linear heads only") !=
-          std::string::npos);
+    CHECK(e.find("kernels.linear_ce_rows_outer: applies to kernels.cross_entropy=fused_linear or "
+                 "fused_linear_wgmma only") != std::string::npos);
     CHECK(e.find("it is online)") != std::string::npos);
     // the wgmma head takes the same keys
     const Config w = load_config(write_yaml(
@@ -182,7 +183,8 @@ TEST_CASE("fused_linear's schedule keys: set with that head only, rows_outer wit
         CAPTURE(key);
         e = error_of(kBase, {"kernels.cross_entropy=fused_linear_rows",
                              "kernels.linear_ce_row_block=64", key});
-        CHECK(e.find("does not apply to fused_linear_rows") != std::string::npos);
+        CHECK(e.find("applies to kernels.cross_entropy=fused_linear or fused_linear_wgmma only "
+                     "(it is fused_linear_rows)") != std::string::npos);
     }
     e = error_of(kBase, {"kernels.cross_entropy=fused_linear_rows", "parallel.vocab_parallel=2"});
     CHECK(e.find("fused_linear_rows runs the whole vocabulary on one GPU") != std::string::npos);
@@ -202,7 +204,9 @@ TEST_CASE("fused_linear's schedule keys: set with that head only, rows_outer wit
                  "kernels.cross_entropy=fused_linear_rows_filtered only") != std::string::npos);
     e = error_of(kBase, {"kernels.cross_entropy=fused_linear_rows_filtered",
                          "kernels.linear_ce_vocab_chunk=512", "kernels.linear_ce_row_block=64"});
-    CHECK(e.find("does not apply to fused_linear_rows_filtered") != std::string::npos);
+    CHECK(e.find("kernels.linear_ce_vocab_chunk: applies to kernels.cross_entropy=fused_linear "
+                 "or fused_linear_wgmma only (it is fused_linear_rows_filtered)") !=
+          std::string::npos);
     e = error_of(kBase,
                  {"kernels.cross_entropy=fused_linear_rows_filtered", "parallel.vocab_parallel=2"});
     CHECK(e.find("fused_linear_rows_filtered runs the whole vocabulary on one GPU") !=
@@ -282,7 +286,8 @@ TEST_CASE("the kernels' tuning keys: overrides, nested YAML, sets, variants, rou
     CHECK(e.find("kernels.matmul_wgmma_schedule: 'split' is not one of: cooperative, pingpong") !=
           std::string::npos);
     e = error_of(kBase, {"kernels.linear_ce_chunk_mb=24"});
-    CHECK(e.find("kernels.linear_ce_chunk_mb: applies to the fused linear heads only") !=
+    CHECK(e.find("kernels.linear_ce_chunk_mb: applies to kernels.cross_entropy=fused_linear, "
+                 "fused_linear_wgmma, fused_linear_rows or fused_linear_rows_filtered only") !=
           std::string::npos);
     // train --help lists them with their defaults
     const std::string ref = config_reference();
@@ -387,4 +392,42 @@ TEST_CASE("kernel families: the config's keys, choices and defaults are the regi
                          "naive)",
                          Error);
     CHECK_THROWS_AS(apply_overrides(c, {"kernels.matmul=cublas"}), Error);
+}
+
+TEST_CASE("every variant's properties: the tuning keys it reads are config keys it accepts") {
+    // A key a variant reads must be settable with that variant chosen, and refused with every
+    // variant that does not read it (validation reads the registry's lists, not names).
+    std::set<std::string> keys;
+    Config c;
+    for (const ConfigField& f : config_fields(c))
+        if (f.section == "kernels") keys.insert(f.key);
+    for (const KernelFamily& fam : kernel_families()) {
+        CAPTURE(fam.name);
+        REQUIRE(fam.traits.size() == fam.variants.size());
+        for (size_t i = 0; i < fam.traits.size(); i++) {
+            CHECK(fam.traits[i].name == fam.variants[i]);
+            for (const std::string& key : fam.traits[i].reads) {
+                CAPTURE(key);
+                CHECK(keys.count(key) == 1);
+            }
+        }
+    }
+    // linear_ce_filter_eps: read by one variant; its value is what marks it set
+    CHECK(variants_reading("cross_entropy", "linear_ce_filter_eps") ==
+          "fused_linear_rows_filtered");
+    CHECK(variants_reading("attention", "attention_tuning.fwd_m_tiles") == "flash or flash_mma");
+    for (const std::string& v : kernel_family("cross_entropy").variants) {
+        CAPTURE(v);
+        const std::string e =
+            error_of(kBase, {"kernels.cross_entropy=" + v, "kernels.linear_ce_filter_eps=0.01"});
+        if (v == "fused_linear_rows_filtered")
+            CHECK(e == "(no error)");
+        else
+            CHECK(
+                e.find("applies to kernels.cross_entropy=fused_linear_rows_filtered only (it is " +
+                       v + ")") != std::string::npos);
+    }
+    CHECK(variant_traits("cross_entropy", "fused_linear_wgmma").ce_in_gemm_epilogue);
+    CHECK(is_whole_rows_linear_cross_entropy("fused_linear_rows"));
+    CHECK_FALSE(is_linear_cross_entropy("fast"));
 }

@@ -450,93 +450,61 @@ void check_cross(const Config& c, const Origins& origins) {
     if (linear_head && c.train.precision == "fp32")
         throw Error(at("kernels.cross_entropy") + k.cross_entropy +
                     " runs in bf16 only; set train.precision=bf16 or another head");
-    if (!linear_head) {
-        for (const auto& [key, set] :
-             {std::pair<const char*, bool>{"kernels.linear_ce_row_block",
-                                           k.linear_ce_row_block != 0},
-              {"kernels.linear_ce_vocab_chunk", k.linear_ce_vocab_chunk != 0},
-              {"kernels.linear_ce_rows_outer", k.linear_ce_rows_outer}})
-            if (set)
-                throw Error(
-                    at(key) +
-                    "applies to the fused linear heads only (kernels.cross_entropy=fused_linear, "
-                    "fused_linear_wgmma or fused_linear_rows; it is " +
-                    k.cross_entropy + ")");
-    }
-    const bool whole_rows = is_whole_rows_linear_cross_entropy(k.cross_entropy);
-    if (whole_rows && c.parallel.vocab_parallel > 1)
+    if (is_whole_rows_linear_cross_entropy(k.cross_entropy) && c.parallel.vocab_parallel > 1)
         throw Error(at("kernels.cross_entropy") + k.cross_entropy +
                     " runs the whole vocabulary on one GPU; with "
                     "parallel.vocab_parallel > 1 take fast, fused_linear or fused_linear_wgmma");
-    if (k.cross_entropy != "fused_linear_rows_filtered" &&
-        k.linear_ce_filter_eps != KernelChoice().linear_ce_filter_eps)
-        throw Error(at("kernels.linear_ce_filter_eps") +
-                    "applies to kernels.cross_entropy=fused_linear_rows_filtered only (it is " +
-                    k.cross_entropy + ")");
-    if (whole_rows)  // whole rows, each block's head before the next
-        for (const auto& [key, set] : {std::pair<const char*, bool>{"kernels.linear_ce_vocab_chunk",
-                                                                    k.linear_ce_vocab_chunk != 0},
-                                       {"kernels.linear_ce_rows_outer", k.linear_ce_rows_outer}})
-            if (set)
-                throw Error(at(key) + "does not apply to " + k.cross_entropy +
-                            " (its blocks hold whole rows, each "
-                            "block's whole head before the next); set linear_ce_row_block or "
-                            "linear_ce_chunk_mb");
-    if (!linear_head && k.linear_ce_chunk_mb != 0)
-        throw Error(at("kernels.linear_ce_chunk_mb") +
-                    "applies to the fused linear heads only (kernels.cross_entropy=fused_linear, "
-                    "fused_linear_wgmma or fused_linear_rows; it is " +
-                    k.cross_entropy + ")");
-    // The tuning knobs: each in its set, and set only for the variants that read it.
-    const std::string cet = "kernels.cross_entropy_tuning.", att = "kernels.attention_tuning.";
+    check_tuning_sets(k, at);
+    // Each tuning key away from its default must be one the chosen variant of its family reads
+    // (the registry's data, kernels/registry.cpp): with another variant it would be silently
+    // ignored.
+    const std::string cet = "cross_entropy_tuning.", att = "attention_tuning.";
     const cuda::CrossEntropyTuning& ct = k.cross_entropy_tuning;
     const cuda::AttentionTuning& tt = k.attention_tuning;
-    check_tuning_sets(k, at);
-    // knob, whether it is set, the variants that read it
-    using Knob = std::tuple<const char*, bool, const char*>;
     const cuda::CrossEntropyTuning cd;
-    const char* both = "fast or fast_lockstep";
-    for (const auto& [key, set, variants] : std::initializer_list<Knob>{
-             {"cluster", ct.cluster != cd.cluster, both},
-             {"threads", ct.threads != cd.threads, both},
-             {"smem_kb", ct.smem_kb != cd.smem_kb, both},
-             {"min_stages", ct.min_stages != cd.min_stages, both},
-             {"groups", ct.groups != cd.groups, "fast"},
-             {"parts", ct.parts != cd.parts, "fast"},
-             {"helper_parts", ct.helper_parts != cd.helper_parts, "fast"},
-             {"helper_weight", ct.helper_weight != cd.helper_weight, "fast"}}) {
-        const bool applies = k.cross_entropy == "fast" ||
-                             (std::string(variants) == both && k.cross_entropy == "fast_lockstep");
-        if (set && !applies)
-            throw Error(at(cet + key) + "applies to kernels.cross_entropy=" + variants +
-                        " only (it is " + k.cross_entropy + ")");
-    }
     const cuda::AttentionTuning ad;
-    const char* flashes = "flash or flash_mma";
-    for (const auto& [key, set, variants] : std::initializer_list<Knob>{
-             {"fwd_m_tiles", tt.fwd_m_tiles != ad.fwd_m_tiles, flashes},
-             {"wgmma_fwd", tt.wgmma_fwd != ad.wgmma_fwd, "flash"},
-             {"wgmma_bwd", tt.wgmma_bwd != ad.wgmma_bwd, "flash"},
-             {"wgmma_fwd_pipeline", tt.wgmma_fwd_pipeline != ad.wgmma_fwd_pipeline, "flash"},
-             {"wgmma_dq_tile", tt.wgmma_dq_tile != ad.wgmma_dq_tile, "flash"},
-             {"wgmma_dkdv_tile", tt.wgmma_dkdv_tile != ad.wgmma_dkdv_tile, "flash"},
-             {"wgmma_dkdv_wgs", tt.wgmma_dkdv_wgs != ad.wgmma_dkdv_wgs, "flash"},
-             {"wgmma_dkdv_tma", tt.wgmma_dkdv_tma != ad.wgmma_dkdv_tma, "flash"},
-             {"wgmma_dq_tma", tt.wgmma_dq_tma != ad.wgmma_dq_tma, "flash"},
-             {"wgmma_fwd_tma", tt.wgmma_fwd_tma != ad.wgmma_fwd_tma, "flash"}}) {
-        const bool applies = k.attention == "flash" ||
-                             (std::string(variants) == flashes && k.attention == "flash_mma");
-        if (set && !applies)
-            throw Error(at(att + key) + "applies to kernels.attention=" + variants +
-                        " only (it is " + k.attention + ")");
+    const KernelChoice kd;
+    struct Knob {
+        std::string key;
+        const char* family;
+        bool set;
+    };
+    const std::vector<Knob> knobs = {
+        {"linear_ce_row_block", "cross_entropy", k.linear_ce_row_block != 0},
+        {"linear_ce_vocab_chunk", "cross_entropy", k.linear_ce_vocab_chunk != 0},
+        {"linear_ce_rows_outer", "cross_entropy", k.linear_ce_rows_outer},
+        {"linear_ce_chunk_mb", "cross_entropy", k.linear_ce_chunk_mb != 0},
+        {"linear_ce_filter_eps", "cross_entropy",
+         k.linear_ce_filter_eps != kd.linear_ce_filter_eps},
+        {"linear_ce_wgmma_cluster", "cross_entropy", k.linear_ce_wgmma_cluster != 0},
+        {cet + "cluster", "cross_entropy", ct.cluster != cd.cluster},
+        {cet + "threads", "cross_entropy", ct.threads != cd.threads},
+        {cet + "smem_kb", "cross_entropy", ct.smem_kb != cd.smem_kb},
+        {cet + "min_stages", "cross_entropy", ct.min_stages != cd.min_stages},
+        {cet + "groups", "cross_entropy", ct.groups != cd.groups},
+        {cet + "parts", "cross_entropy", ct.parts != cd.parts},
+        {cet + "helper_parts", "cross_entropy", ct.helper_parts != cd.helper_parts},
+        {cet + "helper_weight", "cross_entropy", ct.helper_weight != cd.helper_weight},
+        {att + "fwd_m_tiles", "attention", tt.fwd_m_tiles != ad.fwd_m_tiles},
+        {att + "wgmma_fwd", "attention", tt.wgmma_fwd != ad.wgmma_fwd},
+        {att + "wgmma_bwd", "attention", tt.wgmma_bwd != ad.wgmma_bwd},
+        {att + "wgmma_fwd_pipeline", "attention", tt.wgmma_fwd_pipeline != ad.wgmma_fwd_pipeline},
+        {att + "wgmma_dq_tile", "attention", tt.wgmma_dq_tile != ad.wgmma_dq_tile},
+        {att + "wgmma_dkdv_tile", "attention", tt.wgmma_dkdv_tile != ad.wgmma_dkdv_tile},
+        {att + "wgmma_dkdv_wgs", "attention", tt.wgmma_dkdv_wgs != ad.wgmma_dkdv_wgs},
+        {att + "wgmma_dkdv_tma", "attention", tt.wgmma_dkdv_tma != ad.wgmma_dkdv_tma},
+        {att + "wgmma_dq_tma", "attention", tt.wgmma_dq_tma != ad.wgmma_dq_tma},
+        {att + "wgmma_fwd_tma", "attention", tt.wgmma_fwd_tma != ad.wgmma_fwd_tma},
+        {"matmul_wgmma_schedule", "matmul", k.matmul_wgmma_schedule != kd.matmul_wgmma_schedule},
+    };
+    for (const Knob& n : knobs) {
+        if (!n.set) continue;
+        const std::string& chosen = kernel_choice(k, n.family);
+        const std::vector<std::string>& reads = variant_traits(n.family, chosen).reads;
+        if (std::find(reads.begin(), reads.end(), n.key) == reads.end())
+            throw Error(at("kernels." + n.key) + "applies to kernels." + n.family + "=" +
+                        variants_reading(n.family, n.key) + " only (it is " + chosen + ")");
     }
-    if (k.linear_ce_wgmma_cluster != 0 && k.cross_entropy != "fused_linear_wgmma")
-        throw Error(at("kernels.linear_ce_wgmma_cluster") +
-                    "applies to kernels.cross_entropy=fused_linear_wgmma only (it is " +
-                    k.cross_entropy + ")");
-    if (k.matmul_wgmma_schedule != KernelChoice{}.matmul_wgmma_schedule && k.matmul != "wgmma")
-        throw Error(at("kernels.matmul_wgmma_schedule") +
-                    "applies to kernels.matmul=wgmma only (it is " + k.matmul + ")");
     if (k.linear_ce_rows_outer && k.linear_ce_row_block == 0)
         throw Error(at("kernels.linear_ce_rows_outer") +
                     "needs kernels.linear_ce_row_block > 0 (the rows of each block it loops "
