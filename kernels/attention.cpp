@@ -10,18 +10,21 @@
 namespace zgpt::cpu {
 
 template <typename T>
-void attention_forward(T* out, T* att, const T* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH) {
-    const int64_t hs = C / NH, C3 = 3 * C;
+void attention_forward(T* out, T* att, const T* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH,
+                       int64_t NKV) {
+    if (NKV == 0) NKV = NH;
+    const int64_t hs = C / NH, KVC = NKV * hs, C3 = C + 2 * KVC, group = NH / NKV;
     const double scale = 1.0 / std::sqrt(double(hs));
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < B; b++) {
         for (int64_t h = 0; h < NH; h++) {
+            const int64_t kv = (h / group) * hs;  // this head's key and value columns
             for (int64_t t = 0; t < Tn; t++) {
                 const T* q = qkv + (b * Tn + t) * C3 + h * hs;
                 T* a = att + ((b * NH + h) * Tn + t) * Tn;
                 double maxv = -INFINITY;
                 for (int64_t t2 = 0; t2 <= t; t2++) {
-                    const T* k = qkv + (b * Tn + t2) * C3 + C + h * hs;
+                    const T* k = qkv + (b * Tn + t2) * C3 + C + kv;
                     T s = 0;
                     for (int64_t i = 0; i < hs; i++) s += q[i] * k[i];
                     a[t2] = T(s * scale);
@@ -37,7 +40,7 @@ void attention_forward(T* out, T* att, const T* qkv, int64_t B, int64_t Tn, int6
                 T* o = out + (b * Tn + t) * C + h * hs;
                 for (int64_t i = 0; i < hs; i++) o[i] = 0;
                 for (int64_t t2 = 0; t2 <= t; t2++) {
-                    const T* v = qkv + (b * Tn + t2) * C3 + 2 * C + h * hs;
+                    const T* v = qkv + (b * Tn + t2) * C3 + C + KVC + kv;
                     for (int64_t i = 0; i < hs; i++) o[i] += a[t2] * v[i];
                 }
             }
@@ -47,40 +50,45 @@ void attention_forward(T* out, T* att, const T* qkv, int64_t B, int64_t Tn, int6
 
 template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, int64_t B, int64_t Tn,
-                        int64_t C, int64_t NH) {
-    const int64_t hs = C / NH, C3 = 3 * C;
+                        int64_t C, int64_t NH, int64_t NKV) {
+    if (NKV == 0) NKV = NH;
+    const int64_t hs = C / NH, KVC = NKV * hs, C3 = C + 2 * KVC, group = NH / NKV;
     const double scale = 1.0 / std::sqrt(double(hs));
-    // One thread owns one (b, h): it is the only writer of that head's slice of dqkv.
+    // One thread owns one (b, key/value head): it is the only writer of that head's slice of dqkv
+    // and of its group's query heads', which it takes in order.
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < B; b++) {
-        for (int64_t h = 0; h < NH; h++) {
-            std::vector<T> datt(Tn);
-            for (int64_t t = 0; t < Tn; t++) {
-                const T* a = att + ((b * NH + h) * Tn + t) * Tn;
-                const T* dy = dout + (b * Tn + t) * C + h * hs;
-                // out = sum_t2 a[t2] v[t2]: gradients for a and v
-                for (int64_t t2 = 0; t2 <= t; t2++) {
-                    const T* v = qkv + (b * Tn + t2) * C3 + 2 * C + h * hs;
-                    T* dv = dqkv + (b * Tn + t2) * C3 + 2 * C + h * hs;
-                    T s = 0;
-                    for (int64_t i = 0; i < hs; i++) {
-                        s += v[i] * dy[i];
-                        dv[i] += a[t2] * dy[i];
+        for (int64_t g = 0; g < NKV; g++) {
+            const int64_t kv = g * hs;
+            for (int64_t h = g * group; h < (g + 1) * group; h++) {
+                std::vector<T> datt(Tn);
+                for (int64_t t = 0; t < Tn; t++) {
+                    const T* a = att + ((b * NH + h) * Tn + t) * Tn;
+                    const T* dy = dout + (b * Tn + t) * C + h * hs;
+                    // out = sum_t2 a[t2] v[t2]: gradients for a and v
+                    for (int64_t t2 = 0; t2 <= t; t2++) {
+                        const T* v = qkv + (b * Tn + t2) * C3 + C + KVC + kv;
+                        T* dv = dqkv + (b * Tn + t2) * C3 + C + KVC + kv;
+                        T s = 0;
+                        for (int64_t i = 0; i < hs; i++) {
+                            s += v[i] * dy[i];
+                            dv[i] += a[t2] * dy[i];
+                        }
+                        datt[t2] = s;
                     }
-                    datt[t2] = s;
-                }
-                // softmax backward: dpre = a * (datt - sum(a * datt))
-                T dot = 0;
-                for (int64_t t2 = 0; t2 <= t; t2++) dot += a[t2] * datt[t2];
-                const T* q = qkv + (b * Tn + t) * C3 + h * hs;
-                T* dq = dqkv + (b * Tn + t) * C3 + h * hs;
-                for (int64_t t2 = 0; t2 <= t; t2++) {
-                    const T dpre = T(a[t2] * (datt[t2] - dot) * scale);
-                    const T* k = qkv + (b * Tn + t2) * C3 + C + h * hs;
-                    T* dk = dqkv + (b * Tn + t2) * C3 + C + h * hs;
-                    for (int64_t i = 0; i < hs; i++) {
-                        dq[i] += dpre * k[i];
-                        dk[i] += dpre * q[i];
+                    // softmax backward: dpre = a * (datt - sum(a * datt))
+                    T dot = 0;
+                    for (int64_t t2 = 0; t2 <= t; t2++) dot += a[t2] * datt[t2];
+                    const T* q = qkv + (b * Tn + t) * C3 + h * hs;
+                    T* dq = dqkv + (b * Tn + t) * C3 + h * hs;
+                    for (int64_t t2 = 0; t2 <= t; t2++) {
+                        const T dpre = T(a[t2] * (datt[t2] - dot) * scale);
+                        const T* k = qkv + (b * Tn + t2) * C3 + C + kv;
+                        T* dk = dqkv + (b * Tn + t2) * C3 + C + kv;
+                        for (int64_t i = 0; i < hs; i++) {
+                            dq[i] += dpre * k[i];
+                            dk[i] += dpre * q[i];
+                        }
                     }
                 }
             }
@@ -167,8 +175,10 @@ void gather_rows(float* xr, const float* x, int64_t stride, int64_t t0, int64_t 
 
 template <>
 void attention_forward<float>(float* out, float* att, const float* qkv, int64_t B, int64_t Tn,
-                              int64_t C, int64_t NH) {
-    const int64_t hs = C / NH, C3 = 3 * C, Tp = round_up(Tn, kLanes);
+                              int64_t C, int64_t NH, int64_t NKV) {
+    if (NKV == 0) NKV = NH;
+    const int64_t hs = C / NH, KVC = NKV * hs, C3 = C + 2 * KVC, group = NH / NKV,
+                  Tp = round_up(Tn, kLanes);
     const float scale = float(1.0 / std::sqrt(double(hs)));
 #pragma omp parallel
     {
@@ -179,11 +189,12 @@ void attention_forward<float>(float* out, float* att, const float* qkv, int64_t 
         for (int64_t b = 0; b < B; b++) {
             for (int64_t h = 0; h < NH; h++) {
                 const float* head = qkv + b * Tn * C3 + h * hs;  // q of row t at head + t * C3
+                const float* kvh = qkv + b * Tn * C3 + C + (h / group) * hs;  // k; v at + KVC
                 std::fill(kt.begin(), kt.end(), 0.0f);
                 for (int64_t t2 = 0; t2 < Tn; t2++) {
-                    const float* k = head + t2 * C3 + C;
+                    const float* k = kvh + t2 * C3;
                     for (int64_t i = 0; i < hs; i++) kt[i * Tp + t2] = k[i];
-                    const float* v = head + t2 * C3 + 2 * C;
+                    const float* v = kvh + t2 * C3 + KVC;
                     std::copy(v, v + hs, vh.data() + t2 * hsp);
                     std::fill(vh.data() + t2 * hsp + hs, vh.data() + (t2 + 1) * hsp, 0.0f);
                 }
@@ -231,11 +242,14 @@ void attention_forward<float>(float* out, float* att, const float* qkv, int64_t 
 
 template <>
 void attention_backward<float>(float* dqkv, const float* dout, const float* qkv, const float* att,
-                               int64_t B, int64_t Tn, int64_t C, int64_t NH) {
-    const int64_t hs = C / NH, C3 = 3 * C, Tp = round_up(Tn, kLanes), hsp = round_up(hs, kLanes);
+                               int64_t B, int64_t Tn, int64_t C, int64_t NH, int64_t NKV) {
+    if (NKV == 0) NKV = NH;
+    const int64_t hs = C / NH, KVC = NKV * hs, C3 = C + 2 * KVC, group = NH / NKV;
+    const int64_t Tp = round_up(Tn, kLanes), hsp = round_up(hs, kLanes);
     const int64_t Tr = round_up(Tn, kRows);  // rows of the per-head buffers: whole blocks
     const float scale = float(1.0 / std::sqrt(double(hs)));
-    // One thread owns one (b, h): it is the only writer of that head's slice of dqkv. Per head:
+    // One thread owns one (b, key/value head) and its group's query heads, in order: it is the
+    // only writer of their slices of dqkv. Per query head:
     // P (att) and dS (the scores' gradient) as [Tr, Tp], Q, K and dY as [Tr, hsp], all
     // zero-padded, then dQ = dS K, dK = dS^T Q and dV = P^T dY by blocks of kRows rows.
 #pragma omp parallel
@@ -244,64 +258,68 @@ void attention_backward<float>(float* dqkv, const float* dout, const float* qkv,
             kh(Tr * hsp), dyh(Tr * hsp), o(kRows * hsp);
 #pragma omp for collapse(2) schedule(static)
         for (int64_t b = 0; b < B; b++) {
-            for (int64_t h = 0; h < NH; h++) {
-                const float* head = qkv + b * Tn * C3 + h * hs;
-                std::fill(vt.begin(), vt.end(), 0.0f);
-                std::fill(ph.begin(), ph.end(), 0.0f);
-                std::fill(ds.begin(), ds.end(), 0.0f);
-                std::fill(qh.begin(), qh.end(), 0.0f);
-                std::fill(kh.begin(), kh.end(), 0.0f);
-                std::fill(dyh.begin(), dyh.end(), 0.0f);
-                for (int64_t t = 0; t < Tn; t++) {
-                    const float* q = head + t * C3;
-                    std::copy(q, q + hs, qh.data() + t * hsp);
-                    std::copy(q + C, q + C + hs, kh.data() + t * hsp);
-                    for (int64_t i = 0; i < hs; i++) vt[i * Tp + t] = q[2 * C + i];
-                    const float* dy = dout + (b * Tn + t) * C + h * hs;
-                    std::copy(dy, dy + hs, dyh.data() + t * hsp);
-                    const float* a = att + ((b * NH + h) * Tn + t) * Tn;
-                    std::copy(a, a + t + 1, ph.data() + t * Tp);
-                }
-                for (int64_t t0 = 0; t0 < Tn; t0 += kRows) {
-                    const int64_t rows = std::min(kRows, Tn - t0);
-                    // out = sum_t2 a[t2] v[t2]: datt[t2] = v[t2] . dy
-                    rows_times_transposed(datt.data(), dyh.data() + t0 * hsp, hsp, vt.data(), hs,
-                                          Tp, round_up(t0 + rows, kLanes));
-                    for (int64_t r = 0; r < rows; r++) {
-                        const int64_t n = t0 + r + 1;
-                        const float* a = ph.data() + (t0 + r) * Tp;
-                        const float* dr = datt.data() + r * Tp;
-                        // softmax backward: dpre = a * (datt - sum(a * datt))
-                        float dot = 0;
+            for (int64_t g = 0; g < NKV; g++) {
+                for (int64_t h = g * group; h < (g + 1) * group; h++) {
+                    const float* head = qkv + b * Tn * C3 + h * hs;
+                    const float* kvh = qkv + b * Tn * C3 + C + g * hs;  // k of row t; v at + KVC
+                    std::fill(vt.begin(), vt.end(), 0.0f);
+                    std::fill(ph.begin(), ph.end(), 0.0f);
+                    std::fill(ds.begin(), ds.end(), 0.0f);
+                    std::fill(qh.begin(), qh.end(), 0.0f);
+                    std::fill(kh.begin(), kh.end(), 0.0f);
+                    std::fill(dyh.begin(), dyh.end(), 0.0f);
+                    for (int64_t t = 0; t < Tn; t++) {
+                        const float* q = head + t * C3;
+                        const float* k = kvh + t * C3;
+                        std::copy(q, q + hs, qh.data() + t * hsp);
+                        std::copy(k, k + hs, kh.data() + t * hsp);
+                        for (int64_t i = 0; i < hs; i++) vt[i * Tp + t] = k[KVC + i];
+                        const float* dy = dout + (b * Tn + t) * C + h * hs;
+                        std::copy(dy, dy + hs, dyh.data() + t * hsp);
+                        const float* a = att + ((b * NH + h) * Tn + t) * Tn;
+                        std::copy(a, a + t + 1, ph.data() + t * Tp);
+                    }
+                    for (int64_t t0 = 0; t0 < Tn; t0 += kRows) {
+                        const int64_t rows = std::min(kRows, Tn - t0);
+                        // out = sum_t2 a[t2] v[t2]: datt[t2] = v[t2] . dy
+                        rows_times_transposed(datt.data(), dyh.data() + t0 * hsp, hsp, vt.data(),
+                                              hs, Tp, round_up(t0 + rows, kLanes));
+                        for (int64_t r = 0; r < rows; r++) {
+                            const int64_t n = t0 + r + 1;
+                            const float* a = ph.data() + (t0 + r) * Tp;
+                            const float* dr = datt.data() + r * Tp;
+                            // softmax backward: dpre = a * (datt - sum(a * datt))
+                            float dot = 0;
 #pragma omp simd reduction(+ : dot)
-                        for (int64_t j = 0; j < n; j++) dot += a[j] * dr[j];
-                        float* dsr = ds.data() + (t0 + r) * Tp;
+                            for (int64_t j = 0; j < n; j++) dot += a[j] * dr[j];
+                            float* dsr = ds.data() + (t0 + r) * Tp;
 #pragma omp simd
-                        for (int64_t j = 0; j < n; j++) dsr[j] = a[j] * (dr[j] - dot) * scale;
+                            for (int64_t j = 0; j < n; j++) dsr[j] = a[j] * (dr[j] - dot) * scale;
+                        }
+                        // dQ of the block's rows: dS K (dS is 0 past each row's diagonal)
+                        coeffs_times_rows(o.data(), ds.data() + t0 * Tp, Tp, 1, kh.data(), hsp,
+                                          t0 + rows);
+                        for (int64_t r = 0; r < rows; r++) {
+                            float* dq = dqkv + (b * Tn + t0 + r) * C3 + h * hs;
+#pragma omp simd
+                            for (int64_t i = 0; i < hs; i++) dq[i] += o[r * hsp + i];
+                        }
                     }
-                    // dQ of the block's rows: dS K (dS is 0 past each row's diagonal)
-                    coeffs_times_rows(o.data(), ds.data() + t0 * Tp, Tp, 1, kh.data(), hsp,
-                                      t0 + rows);
-                    for (int64_t r = 0; r < rows; r++) {
-                        float* dq = dqkv + (b * Tn + t0 + r) * C3 + h * hs;
+                    for (int64_t t0 = 0; t0 < Tn; t0 += kRows) {
+                        const int64_t rows = std::min(kRows, Tn - t0);
+                        // keys t0 .. t0 + kRows - 1: only queries t >= t0 see them
+                        float* dk = dqkv + (b * Tn + t0) * C3 + C + g * hs;
+                        coeffs_times_rows(o.data(), ds.data() + t0 * Tp + t0, 1, Tp,
+                                          qh.data() + t0 * hsp, hsp, Tn - t0);
+                        for (int64_t r = 0; r < rows; r++)
 #pragma omp simd
-                        for (int64_t i = 0; i < hs; i++) dq[i] += o[r * hsp + i];
+                            for (int64_t i = 0; i < hs; i++) dk[r * C3 + i] += o[r * hsp + i];
+                        coeffs_times_rows(o.data(), ph.data() + t0 * Tp + t0, 1, Tp,
+                                          dyh.data() + t0 * hsp, hsp, Tn - t0);
+                        for (int64_t r = 0; r < rows; r++)
+#pragma omp simd
+                            for (int64_t i = 0; i < hs; i++) dk[r * C3 + KVC + i] += o[r * hsp + i];
                     }
-                }
-                for (int64_t t0 = 0; t0 < Tn; t0 += kRows) {
-                    const int64_t rows = std::min(kRows, Tn - t0);
-                    // keys t0 .. t0 + kRows - 1: only queries t >= t0 see them
-                    float* dk = dqkv + (b * Tn + t0) * C3 + C + h * hs;
-                    coeffs_times_rows(o.data(), ds.data() + t0 * Tp + t0, 1, Tp,
-                                      qh.data() + t0 * hsp, hsp, Tn - t0);
-                    for (int64_t r = 0; r < rows; r++)
-#pragma omp simd
-                        for (int64_t i = 0; i < hs; i++) dk[r * C3 + i] += o[r * hsp + i];
-                    coeffs_times_rows(o.data(), ph.data() + t0 * Tp + t0, 1, Tp,
-                                      dyh.data() + t0 * hsp, hsp, Tn - t0);
-                    for (int64_t r = 0; r < rows; r++)
-#pragma omp simd
-                        for (int64_t i = 0; i < hs; i++) dk[r * C3 + C + i] += o[r * hsp + i];
                 }
             }
         }
@@ -309,8 +327,8 @@ void attention_backward<float>(float* dqkv, const float* dout, const float* qkv,
 }
 
 template void attention_forward<double>(double*, double*, const double*, int64_t, int64_t, int64_t,
-                                        int64_t);
+                                        int64_t, int64_t);
 template void attention_backward<double>(double*, const double*, const double*, const double*,
-                                         int64_t, int64_t, int64_t, int64_t);
+                                         int64_t, int64_t, int64_t, int64_t, int64_t);
 
 }  // namespace zgpt::cpu

@@ -4,23 +4,26 @@
 
 namespace zgpt::cpu {
 
-// qkv: [B, T, 3C] with q, k, v side by side; out: [B, T, C]; att: [B, NH, T, T] softmax
+// qkv: [B, T, C + 2 KVC] with q (NH heads of hs = C / NH), k and v (NKV heads each, KVC = NKV hs)
+// side by side; NKV 0 means NH (then [B, T, 3C]). With NKV < NH (grouped-query attention) query
+// head h reads key/value head h / (NH / NKV). out: [B, T, C]; att: [B, NH, T, T] softmax
 // probabilities saved for backward (entries above the diagonal are written as 0).
 template <typename T>
-void attention_forward(T* out, T* att, const T* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH);
+void attention_forward(T* out, T* att, const T* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH,
+                       int64_t NKV = 0);
 
-// Adds into dqkv.
+// Adds into dqkv. The gradient of a shared key/value head sums its group's heads in order.
 template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, int64_t B, int64_t Tn,
-                        int64_t C, int64_t NH);
+                        int64_t C, int64_t NH, int64_t NKV = 0);
 
 // float (training) has its own vectorised layout of the same sums (attention.cpp).
 template <>
 void attention_forward<float>(float* out, float* att, const float* qkv, int64_t B, int64_t Tn,
-                              int64_t C, int64_t NH);
+                              int64_t C, int64_t NH, int64_t NKV);
 template <>
 void attention_backward<float>(float* dqkv, const float* dout, const float* qkv, const float* att,
-                               int64_t B, int64_t Tn, int64_t C, int64_t NH);
+                               int64_t B, int64_t Tn, int64_t C, int64_t NH, int64_t NKV);
 
 }  // namespace zgpt::cpu
 

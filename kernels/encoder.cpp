@@ -12,8 +12,12 @@ void encoder_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, 
 #pragma omp parallel for
     for (int64_t bt = 0; bt < B * Tn; bt++) {
         const T* e = wte + int64_t(tokens[bt]) * C;
-        const T* p = wpe + (bt % Tn) * C;
         T* o = out + bt * C;
+        if (!wpe) {  // rotary positions: no table
+            for (int64_t c = 0; c < C; c++) o[c] = e[c];
+            continue;
+        }
+        const T* p = wpe + (bt % Tn) * C;
         for (int64_t c = 0; c < C; c++) o[c] = e[c] + p[c];
     }
 }
@@ -23,8 +27,12 @@ void add_positions(T* out, const T* token_rows, const T* wpe, int64_t B, int64_t
 #pragma omp parallel for
     for (int64_t bt = 0; bt < B * Tn; bt++) {
         const T* e = token_rows + bt * C;
-        const T* p = wpe + (bt % Tn) * C;
         T* o = out + bt * C;
+        if (!wpe) {
+            for (int64_t c = 0; c < C; c++) o[c] = e[c];
+            continue;
+        }
+        const T* p = wpe + (bt % Tn) * C;
         for (int64_t c = 0; c < C; c++) o[c] = e[c] + p[c];
     }
 }

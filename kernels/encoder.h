@@ -5,7 +5,7 @@
 
 namespace zgpt::cpu {
 
-// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
+// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:] (wpe null: no position table, rotary positions)
 template <typename T>
 void encoder_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t B,
                      int64_t Tn, int64_t C);

@@ -11,7 +11,10 @@
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
 #include "kernels/residual.h"
+#include "kernels/rmsnorm.h"
 #include "kernels/rng.h"
+#include "kernels/rope.h"
+#include "kernels/swiglu.h"
 
 namespace zgpt {
 
@@ -115,11 +118,32 @@ void GPT<T>::zero_grad() {
 }
 
 template <typename T>
+void GPT<T>::norm_forward(T* out, T* mean, T* rstd, const T* inp, int w, int b, int64_t N,
+                          int64_t C) {
+    if (cfg_.norm == "rmsnorm")
+        cpu::rmsnorm_forward(out, rstd, inp, maybe(w), N, C, cfg_.ln_eps);
+    else
+        cpu::layernorm_forward(out, mean, rstd, inp, maybe(w), maybe(b), N, C, cfg_.ln_eps);
+}
+
+template <typename T>
+void GPT<T>::norm_backward(T* dinp, const T* dout, const T* inp, int w, int b, const T* mean,
+                           const T* rstd, int64_t N, int64_t C) {
+    if (cfg_.norm == "rmsnorm")
+        cpu::rmsnorm_backward(dinp, maybe_grad(w), dout, inp, maybe(w), rstd, N, C);
+    else
+        cpu::layernorm_backward(dinp, maybe_grad(w), maybe_grad(b), dout, inp, maybe(w), mean, rstd,
+                                N, C);
+}
+
+template <typename T>
 void GPT<T>::ensure_activations(int64_t B, int64_t Tn) {
     if (B == B_ && Tn == T_) return;
     B_ = B;
     T_ = Tn;
     const int64_t BT = B * Tn, C = cfg_.n_embd, NH = cfg_.n_head, L = cfg_.n_layer;
+    const int64_t NKV = kv_heads(cfg_), KVC = NKV * (C / NH), Cq = C + 2 * KVC;
+    const int64_t H = mlp_hidden_size(cfg_), Fw = cfg_.mlp == "swiglu" ? 2 * H : H;
     residual_.assign(L + 1, std::vector<T>(BT * C));
     blocks_.assign(L, BlockActs{});
     for (BlockActs& a : blocks_) {
@@ -127,26 +151,29 @@ void GPT<T>::ensure_activations(int64_t B, int64_t Tn) {
         a.ln1_mean.resize(BT);
         a.ln1_rstd.resize(BT);
         if (cfg_.qk_norm) {
-            a.qkv_raw.resize(BT * 3 * C);
-            for (auto* v : {&a.q_in, &a.k_in}) v->resize(BT * C);
-            for (auto* v : {&a.q_mean, &a.q_rstd, &a.k_mean, &a.k_rstd}) v->resize(BT * NH);
+            a.qkv_raw.resize(BT * Cq);
+            a.q_in.resize(BT * C);
+            a.k_in.resize(BT * KVC);
+            for (auto* v : {&a.q_mean, &a.q_rstd}) v->resize(BT * NH);
+            for (auto* v : {&a.k_mean, &a.k_rstd}) v->resize(BT * NKV);
         }
-        a.qkv.resize(BT * 3 * C);
+        a.qkv.resize(BT * Cq);
         a.att.resize(B * NH * Tn * Tn);
         a.atty.resize(BT * C);
         a.res_attn.resize(BT * C);
         a.ln2.resize(BT * C);
         a.ln2_mean.resize(BT);
         a.ln2_rstd.resize(BT);
-        a.fch.resize(BT * 4 * C);
-        a.fch_gelu.resize(BT * 4 * C);
+        a.fch.resize(BT * Fw);
+        a.fch_gelu.resize(BT * H);
     }
     lnf_.resize(BT * C);
     lnf_mean_.resize(BT);
     lnf_rstd_.resize(BT);
     for (auto* v : {&dres_, &dtmp_c_, &dq_, &dk_}) v->resize(BT * C);
-    for (auto* v : {&dqkv_, &dqkv_raw_}) v->resize(BT * 3 * C);
-    for (auto* v : {&dfch_, &dgelu_}) v->resize(BT * 4 * C);
+    for (auto* v : {&dqkv_, &dqkv_raw_}) v->resize(BT * Cq);
+    dfch_.resize(BT * Fw);
+    dgelu_.resize(BT * H);
 }
 
 template <typename T>
@@ -172,7 +199,9 @@ void GPT<T>::forward_hidden(const int32_t* tokens, int64_t B, int64_t Tn, const 
     tick(nullptr);
     tokens_.assign(tokens, tokens + B * Tn);
     const int64_t BT = B * Tn, C = cfg_.n_embd, NH = cfg_.n_head, hs = C / NH;
-    const double eps = cfg_.ln_eps;
+    const int64_t NKV = kv_heads(cfg_), KVC = NKV * hs, Cq = C + 2 * KVC;
+    const int64_t H = mlp_hidden_size(cfg_), Fw = cfg_.mlp == "swiglu" ? 2 * H : H;
+    const bool rope = cfg_.position == "rope";
     outside_rows_ = token_rows != nullptr;
     if (outside_rows_)
         cpu::add_positions(residual_[0].data(), token_rows, maybe(layout_.wpe), B, Tn, C);
@@ -185,53 +214,64 @@ void GPT<T>::forward_hidden(const int32_t* tokens, int64_t B, int64_t Tn, const 
         const BlockParams& p = layout_.blocks[l];
         BlockActs& a = blocks_[l];
         const T* x = residual_[l].data();
-        cpu::layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x,
-                               maybe(p.ln1_w), maybe(p.ln1_b), BT, C, eps);
+        norm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, p.ln1_w, p.ln1_b, BT,
+                     C);
         tick("layernorm fwd");
+        // q, k and v: one matmul (their weights are one [Cq, C] matrix, BlockParams)
         if (cfg_.qk_norm) {
             cpu::matmul_forward(a.qkv_raw.data(), a.ln1.data(), maybe(p.qkv_w), maybe(p.qkv_b), BT,
-                                C, 3 * C);
+                                C, Cq);
             tick("matmul fwd");
             a.qkv = a.qkv_raw;
-            // q and k of each token are NH contiguous rows of hs: normalise each row.
-            copy_block(a.q_in.data(), C, a.qkv_raw.data(), 3 * C, BT, C);
-            copy_block(a.k_in.data(), C, a.qkv_raw.data() + C, 3 * C, BT, C);
-            cpu::layernorm_forward(scratch.data(), a.q_mean.data(), a.q_rstd.data(), a.q_in.data(),
-                                   maybe(p.q_norm_w), maybe(p.q_norm_b), BT * NH, hs, eps);
+            // q and k of each token are NH (NKV) contiguous rows of hs: normalise each row.
+            copy_block(a.q_in.data(), C, a.qkv_raw.data(), Cq, BT, C);
+            copy_block(a.k_in.data(), KVC, a.qkv_raw.data() + C, Cq, BT, KVC);
+            norm_forward(scratch.data(), a.q_mean.data(), a.q_rstd.data(), a.q_in.data(),
+                         p.q_norm_w, p.q_norm_b, BT * NH, hs);
             tick("layernorm fwd");
-            copy_block(a.qkv.data(), 3 * C, scratch.data(), C, BT, C);
-            cpu::layernorm_forward(scratch.data(), a.k_mean.data(), a.k_rstd.data(), a.k_in.data(),
-                                   maybe(p.k_norm_w), maybe(p.k_norm_b), BT * NH, hs, eps);
+            copy_block(a.qkv.data(), Cq, scratch.data(), C, BT, C);
+            norm_forward(scratch.data(), a.k_mean.data(), a.k_rstd.data(), a.k_in.data(),
+                         p.k_norm_w, p.k_norm_b, BT * NKV, hs);
             tick("layernorm fwd");
-            copy_block(a.qkv.data() + C, 3 * C, scratch.data(), C, BT, C);
+            copy_block(a.qkv.data() + C, Cq, scratch.data(), KVC, BT, KVC);
         } else {
             cpu::matmul_forward(a.qkv.data(), a.ln1.data(), maybe(p.qkv_w), maybe(p.qkv_b), BT, C,
-                                3 * C);
+                                Cq);
             tick("matmul fwd");
         }
-        cpu::attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), B, Tn, C, NH);
+        if (rope) {  // q's NH heads and k's NKV heads, after qk_norm as in Qwen3 and OLMo 2
+            cpu::rope_forward(a.qkv.data(), B, Tn, NH, hs, Cq, cfg_.rope_theta);
+            cpu::rope_forward(a.qkv.data() + C, B, Tn, NKV, hs, Cq, cfg_.rope_theta);
+            tick("rope fwd");
+        }
+        cpu::attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), B, Tn, C, NH, NKV);
         tick("attention fwd");
         cpu::matmul_forward(scratch.data(), a.atty.data(), maybe(p.proj_w), maybe(p.proj_b), BT, C,
                             C);
         tick("matmul fwd");
         cpu::residual_forward(a.res_attn.data(), x, scratch.data(), BT * C);
         tick("residual fwd");
-        cpu::layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(),
-                               a.res_attn.data(), maybe(p.ln2_w), maybe(p.ln2_b), BT, C, eps);
+        norm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res_attn.data(), p.ln2_w,
+                     p.ln2_b, BT, C);
         tick("layernorm fwd");
-        cpu::matmul_forward(a.fch.data(), a.ln2.data(), maybe(p.fc_w), maybe(p.fc_b), BT, C, 4 * C);
+        // fc: [H, C] (gelu) or gate and up as one [2H, C] matrix (swiglu)
+        cpu::matmul_forward(a.fch.data(), a.ln2.data(), maybe(p.fc_w), maybe(p.fc_b), BT, C, Fw);
         tick("matmul fwd");
-        cpu::gelu_forward(a.fch_gelu.data(), a.fch.data(), BT * 4 * C);
-        tick("gelu fwd");
+        if (cfg_.mlp == "swiglu") {
+            cpu::swiglu_forward(a.fch_gelu.data(), a.fch.data(), BT, H);
+            tick("swiglu fwd");
+        } else {
+            cpu::gelu_forward(a.fch_gelu.data(), a.fch.data(), BT * H);
+            tick("gelu fwd");
+        }
         cpu::matmul_forward(scratch.data(), a.fch_gelu.data(), maybe(p.fcproj_w), maybe(p.fcproj_b),
-                            BT, 4 * C, C);
+                            BT, H, C);
         tick("matmul fwd");
         cpu::residual_forward(residual_[l + 1].data(), a.res_attn.data(), scratch.data(), BT * C);
         tick("residual fwd");
     }
-    cpu::layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(),
-                           residual_[cfg_.n_layer].data(), maybe(layout_.lnf_w),
-                           maybe(layout_.lnf_b), BT, C, eps);
+    norm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), residual_[cfg_.n_layer].data(),
+                 layout_.lnf_w, layout_.lnf_b, BT, C);
     tick("layernorm fwd");
 }
 
@@ -269,68 +309,75 @@ void GPT<T>::backward() {
 template <typename T>
 void GPT<T>::backward_from_hidden(const T* dhidden) {
     const int64_t B = B_, Tn = T_, BT = B * Tn, C = cfg_.n_embd, NH = cfg_.n_head, hs = C / NH;
+    const int64_t NKV = kv_heads(cfg_), KVC = NKV * hs, Cq = C + 2 * KVC;
+    const int64_t H = mlp_hidden_size(cfg_), Fw = cfg_.mlp == "swiglu" ? 2 * H : H;
     ZG_CHECK(BT > 0, "backward() needs forward() first");
     if (dhidden != dtmp_c_.data()) tick(nullptr);  // called alone (a sharded head ran before)
     fill_zero(dres_);
-    cpu::layernorm_backward(dres_.data(), maybe_grad(layout_.lnf_w), maybe_grad(layout_.lnf_b),
-                            dhidden, residual_[cfg_.n_layer].data(), maybe(layout_.lnf_w),
-                            lnf_mean_.data(), lnf_rstd_.data(), BT, C);
+    norm_backward(dres_.data(), dhidden, residual_[cfg_.n_layer].data(), layout_.lnf_w,
+                  layout_.lnf_b, lnf_mean_.data(), lnf_rstd_.data(), BT, C);
     tick("layernorm bwd");
     // dres_ is the gradient of the residual stream; each block adds its branch's input gradient.
     for (int l = cfg_.n_layer - 1; l >= 0; l--) {
         const BlockParams& p = layout_.blocks[l];
         BlockActs& a = blocks_[l];
-        // MLP branch: residual_[l+1] = res_attn + fcproj(gelu(fc(ln2(res_attn))))
+        // MLP branch: residual_[l+1] = res_attn + fcproj(act(fc(ln2(res_attn))))
         fill_zero(dgelu_);
         cpu::matmul_backward(dgelu_.data(), maybe_grad(p.fcproj_w), maybe_grad(p.fcproj_b),
-                             dres_.data(), a.fch_gelu.data(), maybe(p.fcproj_w), BT, 4 * C, C);
+                             dres_.data(), a.fch_gelu.data(), maybe(p.fcproj_w), BT, H, C);
         tick("matmul bwd");
         fill_zero(dfch_);
-        cpu::gelu_backward(dfch_.data(), a.fch.data(), dgelu_.data(), BT * 4 * C);
-        tick("gelu bwd");
+        if (cfg_.mlp == "swiglu") {
+            cpu::swiglu_backward(dfch_.data(), a.fch.data(), dgelu_.data(), BT, H);
+            tick("swiglu bwd");
+        } else {
+            cpu::gelu_backward(dfch_.data(), a.fch.data(), dgelu_.data(), BT * H);
+            tick("gelu bwd");
+        }
         fill_zero(dtmp_c_);
         cpu::matmul_backward(dtmp_c_.data(), maybe_grad(p.fc_w), maybe_grad(p.fc_b), dfch_.data(),
-                             a.ln2.data(), maybe(p.fc_w), BT, C, 4 * C);
+                             a.ln2.data(), maybe(p.fc_w), BT, C, Fw);
         tick("matmul bwd");
-        cpu::layernorm_backward(dres_.data(), maybe_grad(p.ln2_w), maybe_grad(p.ln2_b),
-                                dtmp_c_.data(), a.res_attn.data(), maybe(p.ln2_w),
-                                a.ln2_mean.data(), a.ln2_rstd.data(), BT, C);
+        norm_backward(dres_.data(), dtmp_c_.data(), a.res_attn.data(), p.ln2_w, p.ln2_b,
+                      a.ln2_mean.data(), a.ln2_rstd.data(), BT, C);
         tick("layernorm bwd");
-        // attention branch: res_attn = x + proj(attn(qkv(ln1(x))))
+        // attention branch: res_attn = x + proj(attn(rope(qk_norm(qkv(ln1(x))))))
         fill_zero(dtmp_c_);
         cpu::matmul_backward(dtmp_c_.data(), maybe_grad(p.proj_w), maybe_grad(p.proj_b),
                              dres_.data(), a.atty.data(), maybe(p.proj_w), BT, C, C);
         tick("matmul bwd");
         fill_zero(dqkv_);
         cpu::attention_backward(dqkv_.data(), dtmp_c_.data(), a.qkv.data(), a.att.data(), B, Tn, C,
-                                NH);
+                                NH, NKV);
         tick("attention bwd");
+        if (cfg_.position == "rope") {
+            cpu::rope_backward(dqkv_.data(), B, Tn, NH, hs, Cq, cfg_.rope_theta);
+            cpu::rope_backward(dqkv_.data() + C, B, Tn, NKV, hs, Cq, cfg_.rope_theta);
+            tick("rope bwd");
+        }
         T* dqkv_in = dqkv_.data();
         if (cfg_.qk_norm) {
             dqkv_raw_ = dqkv_;  // v passes through unchanged; q and k are replaced below
-            copy_block(dtmp_c_.data(), C, dqkv_.data(), 3 * C, BT, C);
+            copy_block(dtmp_c_.data(), C, dqkv_.data(), Cq, BT, C);
             fill_zero(dq_);
-            cpu::layernorm_backward(dq_.data(), maybe_grad(p.q_norm_w), maybe_grad(p.q_norm_b),
-                                    dtmp_c_.data(), a.q_in.data(), maybe(p.q_norm_w),
-                                    a.q_mean.data(), a.q_rstd.data(), BT * NH, hs);
+            norm_backward(dq_.data(), dtmp_c_.data(), a.q_in.data(), p.q_norm_w, p.q_norm_b,
+                          a.q_mean.data(), a.q_rstd.data(), BT * NH, hs);
             tick("layernorm bwd");
-            copy_block(dqkv_raw_.data(), 3 * C, dq_.data(), C, BT, C);
-            copy_block(dtmp_c_.data(), C, dqkv_.data() + C, 3 * C, BT, C);
+            copy_block(dqkv_raw_.data(), Cq, dq_.data(), C, BT, C);
+            copy_block(dtmp_c_.data(), KVC, dqkv_.data() + C, Cq, BT, KVC);
             fill_zero(dk_);
-            cpu::layernorm_backward(dk_.data(), maybe_grad(p.k_norm_w), maybe_grad(p.k_norm_b),
-                                    dtmp_c_.data(), a.k_in.data(), maybe(p.k_norm_w),
-                                    a.k_mean.data(), a.k_rstd.data(), BT * NH, hs);
+            norm_backward(dk_.data(), dtmp_c_.data(), a.k_in.data(), p.k_norm_w, p.k_norm_b,
+                          a.k_mean.data(), a.k_rstd.data(), BT * NKV, hs);
             tick("layernorm bwd");
-            copy_block(dqkv_raw_.data() + C, 3 * C, dk_.data(), C, BT, C);
+            copy_block(dqkv_raw_.data() + C, Cq, dk_.data(), KVC, BT, KVC);
             dqkv_in = dqkv_raw_.data();
         }
         fill_zero(dtmp_c_);
         cpu::matmul_backward(dtmp_c_.data(), maybe_grad(p.qkv_w), maybe_grad(p.qkv_b), dqkv_in,
-                             a.ln1.data(), maybe(p.qkv_w), BT, C, 3 * C);
+                             a.ln1.data(), maybe(p.qkv_w), BT, C, Cq);
         tick("matmul bwd");
-        cpu::layernorm_backward(dres_.data(), maybe_grad(p.ln1_w), maybe_grad(p.ln1_b),
-                                dtmp_c_.data(), residual_[l].data(), maybe(p.ln1_w),
-                                a.ln1_mean.data(), a.ln1_rstd.data(), BT, C);
+        norm_backward(dres_.data(), dtmp_c_.data(), residual_[l].data(), p.ln1_w, p.ln1_b,
+                      a.ln1_mean.data(), a.ln1_rstd.data(), BT, C);
         tick("layernorm bwd");
     }
     // dres_ now holds the gradient of the embedding rows (dtoken_rows()).

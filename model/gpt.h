@@ -1,4 +1,5 @@
-// GPT-2 style model on the CPU reference ops: forward to logits, the loss head, backward.
+// GPT-2 style model on the CPU reference ops: forward to logits, the loss head, backward; with the
+// Llama-style options (RMSNorm, rotary positions, SwiGLU, grouped-query attention) too.
 // T is float for training and double for gradient checks.
 #pragma once
 #include <chrono>
@@ -76,11 +77,16 @@ class GPT {
         std::vector<T> ln1, ln1_mean, ln1_rstd;
         std::vector<T> qkv_raw;  // qkv matmul output (qk_norm only)
         std::vector<T> q_in, q_mean, q_rstd, k_in, k_mean, k_rstd;  // qk_norm only
-        std::vector<T> qkv;                                         // attention input
+        std::vector<T> qkv;  // attention input [BT, C + 2 KVC] (after qk_norm and rope)
         std::vector<T> att, atty, res_attn;  // probabilities, output, residual after attn
-        std::vector<T> ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
+        std::vector<T> ln2, ln2_mean, ln2_rstd;
+        std::vector<T> fch, fch_gelu;  // fc output [BT, H] (swiglu: [BT, 2 H]); activation [BT, H]
     };
     void ensure_activations(int64_t B, int64_t Tn);
+    // model.norm (LayerNorm or RMSNorm, whose mean is not written) with table tensors w and b.
+    void norm_forward(T* out, T* mean, T* rstd, const T* inp, int w, int b, int64_t N, int64_t C);
+    void norm_backward(T* dinp, const T* dout, const T* inp, int w, int b, const T* mean,
+                       const T* rstd, int64_t N, int64_t C);
     const T* maybe(int idx) const {
         return idx < 0 ? nullptr : params.data() + layout_.table[idx].offset;
     }

@@ -18,11 +18,30 @@ struct ModelConfig {
     int vocab_size = 0;     // 0: taken from the data's tokenizer.json
     bool tie_embeddings = true;
     bool bias = true;      // biases in linear layers and LayerNorms
-    bool qk_norm = false;  // LayerNorm on each head's q and k
+    bool qk_norm = false;  // model.norm on each head's q and k
     double init_std = 0.02;
-    double ln_eps = 1e-5;
-    std::string init_from;  // a Hugging Face GPT-2 model.safetensors to start from; "": random init
+    double ln_eps = 1e-5;   // epsilon of every norm (LayerNorm or RMSNorm)
+    std::string init_from;  // a Hugging Face GPT-2 or Llama model.safetensors; "": random init
+    // Llama-style options (docs/llama.md); the defaults are GPT-2's block. CPU only for now.
+    std::string norm = "layernorm";    // layernorm | rmsnorm (RMSNorm has a weight and no bias)
+    std::string position = "learned";  // learned (wpe) | rope (rotary, on q and k)
+    double rope_theta = 10000.0;       // rope: the base of the rotation frequencies
+    std::string mlp = "gelu";          // gelu: fc, GELU, proj | swiglu: down(silu(gate) * up)
+    int mlp_hidden = 0;                // hidden width; 0: 4 C (gelu), Llama's rule (swiglu)
+    int mlp_multiple_of = 256;         // swiglu, mlp_hidden 0: 2/3 of 4 C rounded up to this
+    int n_kv_head = 0;                 // key/value heads (grouped-query attention); 0: n_head
 };
+
+// The key/value heads (n_kv_head, or n_head when 0).
+int kv_heads(const ModelConfig& c);
+// The MLP's hidden width: mlp_hidden, else 4 C (gelu) or 2/3 of 4 C rounded up to a multiple of
+// mlp_multiple_of (swiglu, as Llama).
+int64_t mlp_hidden_size(const ModelConfig& c);
+// True when any Llama-style option is away from GPT-2's default: the parameter table then takes
+// Hugging Face Llama's names (model/parameters.cpp).
+bool llama_style(const ModelConfig& c);
+// Throws naming the first option that only the CPU model implements (the CUDA model's check).
+void check_gpt2_block(const ModelConfig& c, const std::string& who);
 
 // The kernel variant chosen for each op family on the GPU (the config's `kernels:` section; the
 // CPU backend has one reference implementation of each and records the choice only).
@@ -85,7 +104,8 @@ cuda::LinearCrossEntropyTuning model_linear_ce_tuning(const KernelChoice& k);
 // The vocabulary rounded up to a multiple of 128 (padded logits are masked out of the loss).
 int64_t padded_vocab_size(int64_t vocab_size);
 
-// Throws zgpt::Error on an inconsistent shape (n_embd % n_head, sizes <= 0).
+// Throws zgpt::Error on an inconsistent shape (n_embd % n_head, sizes <= 0) or option (names the
+// key: n_head % n_kv_head, an odd head size with rope, an unknown norm / position / mlp).
 void validate(const ModelConfig& c);
 
 }  // namespace zgpt

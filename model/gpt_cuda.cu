@@ -35,6 +35,7 @@ GptCuda::Impl::Impl(const ModelConfig& c, const CudaModelOptions& o)
       rt(o.fp32_residual ? DType::f32 : o.precision),
       res_es(dtype_bytes(rt)) {
     validate(cfg);
+    check_gpt2_block(cfg, "the CUDA model");
     validate_kernels(opt.kernels, t);
     ZG_CHECK(opt.head_chunks >= 1 && opt.head_chunks <= kMaxHeadChunks,
              "head_chunks must be in [1, " + std::to_string(kMaxHeadChunks) + "]");

@@ -28,7 +28,9 @@ bool is_conv1d(const std::string& name) {
 
 std::vector<int64_t> hf_shape(const ParamSpec& s, int64_t vocab) {
     if (is_conv1d(s.name)) return {s.shape[1], s.shape[0]};
-    if (s.name == "transformer.wte.weight") return {vocab, s.shape[1]};
+    if (s.name == "transformer.wte.weight" || s.name == "model.embed_tokens.weight" ||
+        s.name == "lm_head.weight")
+        return {vocab, s.shape[1]};
     return s.shape;
 }
 
@@ -46,7 +48,15 @@ std::vector<T> to_hf_layout(const ParamSpec& s, const T* p, int64_t vocab) {
     return t;
 }
 
+void check_hf_llama_compatible(const ModelConfig& c) {
+    ZG_CHECK(c.norm == "rmsnorm", "Hugging Face Llama needs model.norm: rmsnorm");
+    ZG_CHECK(c.position == "rope", "Hugging Face Llama needs model.position: rope");
+    ZG_CHECK(c.mlp == "swiglu", "Hugging Face Llama needs model.mlp: swiglu");
+    ZG_CHECK(!c.qk_norm, "Hugging Face Llama has no qk_norm (model.qk_norm must be false)");
+}
+
 void check_hf_compatible(const ModelConfig& c) {
+    if (llama_style(c)) return check_hf_llama_compatible(c);
     ZG_CHECK(c.tie_embeddings, "Hugging Face GPT-2 export needs model.tie_embeddings: true");
     ZG_CHECK(c.bias, "Hugging Face GPT-2 export needs model.bias: true");
     ZG_CHECK(!c.qk_norm, "Hugging Face GPT-2 has no qk_norm (model.qk_norm must be false)");
@@ -63,6 +73,27 @@ void export_hf_gpt2(GPT<float>& model, const std::string& dir) {
     }
     std::filesystem::create_directories(dir);
     write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
+    if (llama_style(c)) {
+        const nlohmann::json cfg{{"architectures", {"LlamaForCausalLM"}},
+                                 {"model_type", "llama"},
+                                 {"vocab_size", c.vocab_size},
+                                 {"max_position_embeddings", c.block_size},
+                                 {"hidden_size", c.n_embd},
+                                 {"intermediate_size", mlp_hidden_size(c)},
+                                 {"num_hidden_layers", c.n_layer},
+                                 {"num_attention_heads", c.n_head},
+                                 {"num_key_value_heads", kv_heads(c)},
+                                 {"hidden_act", "silu"},
+                                 {"rms_norm_eps", c.ln_eps},
+                                 {"rope_theta", c.rope_theta},
+                                 {"attention_bias", c.bias},
+                                 {"mlp_bias", c.bias},
+                                 {"initializer_range", c.init_std},
+                                 {"tie_word_embeddings", c.tie_embeddings},
+                                 {"torch_dtype", "float32"}};
+        std::ofstream(dir + "/config.json") << cfg.dump(2) << "\n";
+        return;
+    }
     const nlohmann::json cfg{
         {"architectures", {"GPT2LMHeadModel"}},
         {"model_type", "gpt2"},
@@ -120,6 +151,25 @@ void import_hf_gpt2(GPT<T>& model, const std::string& path, const std::string& p
 ModelConfig read_hf_config(const std::string& path) {
     const nlohmann::json j = nlohmann::json::parse(read_regular_file(path, "config.json"));
     ModelConfig c;
+    if (j.value("model_type", "") == "llama") {
+        c.vocab_size = j.at("vocab_size");
+        c.block_size = j.at("max_position_embeddings");
+        c.n_embd = j.at("hidden_size");
+        c.mlp_hidden = j.at("intermediate_size");
+        c.n_layer = j.at("num_hidden_layers");
+        c.n_head = j.at("num_attention_heads");
+        c.n_kv_head = j.value("num_key_value_heads", c.n_head);
+        c.ln_eps = j.value("rms_norm_eps", 1e-6);
+        c.rope_theta = j.value("rope_theta", 10000.0);
+        c.bias = j.value("attention_bias", false);
+        ZG_CHECK(c.bias == j.value("mlp_bias", false),
+                 path + ": attention_bias and mlp_bias differ (model.bias sets both)");
+        c.tie_embeddings = j.value("tie_word_embeddings", false);
+        c.norm = "rmsnorm";
+        c.position = "rope";
+        c.mlp = "swiglu";
+        return c;
+    }
     c.vocab_size = j.at("vocab_size");
     c.block_size = j.at("n_positions");
     c.n_embd = j.at("n_embd");

@@ -36,9 +36,14 @@ class ParameterTable {
 };
 
 // Indices into the table of one transformer block's tensors; -1 where the config has none.
+// Llama-style tables (llama_style) hold q, k and v as three tensors, one after another, so
+// qkv_w (q_proj) starts the [C + 2 KVC, C] matrix of all three (qkv_b likewise), and SwiGLU's
+// gate and up the same way: fc_w (gate_proj) starts the [2 H, C] matrix of both.
 struct BlockParams {
     int ln1_w = -1, ln1_b = -1;
     int qkv_w = -1, qkv_b = -1;
+    int k_w = -1, v_w = -1, k_b = -1, v_b = -1;  // Llama-style tables only
+    int up_w = -1, up_b = -1;                    // swiglu only (up_proj; fc_w is gate_proj)
     int q_norm_w = -1, q_norm_b = -1, k_norm_w = -1, k_norm_b = -1;
     int proj_w = -1, proj_b = -1;
     int ln2_w = -1, ln2_b = -1;
@@ -62,7 +67,8 @@ int64_t vocab_table_rows(const ModelConfig& c, int vocab_parts = 1);
 GptLayout make_gpt_layout(const ModelConfig& c, int vocab_parts = 1);
 
 // Model FLOPs per token of one training step (forward + backward) at sequence length Tn, as
-// nanoGPT and llm.c count them for MFU: 6 N (N without the position table) + 12 L C Tn.
+// nanoGPT and llm.c count them for MFU: 6 N (N without the position table) + 12 L C Tn (the
+// attention's scores and P V: q has n_head heads of C / n_head under grouped-query attention too).
 double training_flops_per_token(const ModelConfig& c, int64_t Tn);
 
 }  // namespace zgpt

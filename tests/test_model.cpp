@@ -1,4 +1,5 @@
-// The whole GPT: finite-difference gradient in double for each option combination on odd sizes,
+// The whole GPT: finite-difference gradient in double for each option combination on odd sizes
+// (GPT-2's and the Llama-style ones),
 // padded-vocabulary masking, parameter table, and overfitting one batch in float.
 #include <doctest/doctest.h>
 
@@ -99,53 +100,187 @@ TEST_CASE("initialisation in parallel blocks gives one sequential stream's value
     CHECK(mismatches == 0);
 }
 
-TEST_CASE("whole-model finite-difference gradient in double, every option combination") {
+// Finite differences in double of a sample of every tensor's parameters (all of the small ones).
+static void check_model_gradient(const ModelConfig& c) {
     const int64_t B = 2, T = 5;  // T < block_size
     std::vector<int32_t> tok = {1, 18, 3, 3, 7, 0, 12, 5, 9, 2};
     std::vector<int32_t> tgt = {18, 3, -100, 7, 0, 12, 5, 9, 2, 11};
     CrossEntropyOptions o;
     o.z_loss_weight = 1e-2;  // large enough that the z-loss gradient is checked too
     o.label_smoothing = 0.05;
+    GPT<double> m(c);
+    m.init_weights(42);
+    Rng rng(7);  // perturb norm weights and biases away from 1 / 0
+    for (const ParamSpec& s : m.layout().table.specs())
+        if (s.shape.size() == 1)
+            for (int64_t i = 0; i < s.numel; i++) m.params[s.offset + i] += 0.3 * rng.normal();
+    const double one = 1.0;
+    m.zero_grad();
+    m.forward(tok.data(), B, T);
+    m.loss(tgt.data(), o, {&one, false}, true);
+    m.backward();
+    int checked = 0;
+    for (const ParamSpec& s : m.layout().table.specs()) {
+        const int64_t step = std::max<int64_t>(1, s.numel / 12);
+        for (int64_t i = 0; i < s.numel; i += step) {
+            const int64_t k = s.offset + i;
+            const double old = m.params[k], h = 1e-5;
+            auto f = [&](double v) {
+                m.params[k] = v;
+                m.forward(tok.data(), B, T);
+                return m.loss(tgt.data(), o, {&one, false}, false).loss;
+            };
+            const double num = (f(old + h) - f(old - h)) / (2 * h);
+            m.params[k] = old;
+            INFO(s.name << "[" << i << "]: analytic " << m.grads[k] << " numeric " << num);
+            CHECK(close(m.grads[k], num, 1e-5, 1e-8));
+            checked++;
+        }
+    }
+    CHECK(checked > 100);
+}
+
+TEST_CASE("whole-model finite-difference gradient in double, every option combination") {
     for (bool tie : {true, false})
         for (bool bias : {true, false})
             for (bool qk : {false, true}) {
                 CAPTURE(tie);
                 CAPTURE(bias);
                 CAPTURE(qk);
-                GPT<double> m(tiny(tie, bias, qk));
-                m.init_weights(42);
-                Rng rng(7);  // perturb LayerNorm weights and biases away from 1 / 0
-                for (const ParamSpec& s : m.layout().table.specs())
-                    if (s.shape.size() == 1)
-                        for (int64_t i = 0; i < s.numel; i++)
-                            m.params[s.offset + i] += 0.3 * rng.normal();
-                const double one = 1.0;
-                m.zero_grad();
-                m.forward(tok.data(), B, T);
-                m.loss(tgt.data(), o, {&one, false}, true);
-                m.backward();
-                // Check a sample of parameters of every tensor (all of the small ones).
-                int checked = 0;
-                for (const ParamSpec& s : m.layout().table.specs()) {
-                    const int64_t step = std::max<int64_t>(1, s.numel / 12);
-                    for (int64_t i = 0; i < s.numel; i += step) {
-                        const int64_t k = s.offset + i;
-                        const double old = m.params[k], h = 1e-5;
-                        auto f = [&](double v) {
-                            m.params[k] = v;
-                            m.forward(tok.data(), B, T);
-                            return m.loss(tgt.data(), o, {&one, false}, false).loss;
-                        };
-                        const double num = (f(old + h) - f(old - h)) / (2 * h);
-                        m.params[k] = old;
-                        INFO(s.name << "[" << i << "]: analytic " << m.grads[k] << " numeric "
-                                    << num);
-                        CHECK(close(m.grads[k], num, 1e-5, 1e-8));
-                        checked++;
-                    }
-                }
-                CHECK(checked > 100);
+                check_model_gradient(tiny(tie, bias, qk));
             }
+}
+
+// Llama-style options on 4 heads of 4 channels: each new layer alone beside GPT-2's, and together.
+static ModelConfig tiny_llama(const std::string& norm, const std::string& pos,
+                              const std::string& mlp, int kv, bool tie, bool bias, bool qk) {
+    ModelConfig c = tiny(tie, bias, qk);
+    c.n_head = 4;
+    c.n_embd = 16;
+    c.norm = norm;
+    c.position = pos;
+    c.rope_theta = 100.0;  // positions 0..4 turn the slow pairs by a visible angle too
+    c.mlp = mlp;
+    c.mlp_multiple_of = 8;  // swiglu: 2/3 of 64 = 42, rounded up to 48
+    c.n_kv_head = kv;
+    return c;
+}
+
+TEST_CASE("whole-model finite-difference gradient in double, Llama-style options") {
+    struct Case {
+        const char *norm, *pos, *mlp;
+        int kv;
+        bool tie, bias, qk;
+    };
+    for (const Case& k : {Case{"rmsnorm", "rope", "swiglu", 2, false, false, false},
+                          Case{"rmsnorm", "rope", "swiglu", 1, true, true, true},
+                          Case{"rmsnorm", "learned", "gelu", 0, true, true, false},
+                          Case{"layernorm", "rope", "gelu", 0, false, true, true},
+                          Case{"layernorm", "learned", "swiglu", 4, true, false, false},
+                          Case{"layernorm", "learned", "gelu", 2, false, true, true}}) {
+        CAPTURE(k.norm);
+        CAPTURE(k.pos);
+        CAPTURE(k.mlp);
+        CAPTURE(k.kv);
+        CAPTURE(k.tie);
+        CAPTURE(k.bias);
+        CAPTURE(k.qk);
+        check_model_gradient(tiny_llama(k.norm, k.pos, k.mlp, k.kv, k.tie, k.bias, k.qk));
+    }
+}
+
+TEST_CASE("Llama-style parameter table: Hugging Face Llama's names, stacked q/k/v and gate/up") {
+    ModelConfig c = tiny_llama("rmsnorm", "rope", "swiglu", 2, false, false, false);
+    CHECK(mlp_hidden_size(c) == 48);
+    GptLayout g = make_gpt_layout(c);
+    CHECK(g.wpe == -1);
+    CHECK(g.lnf_b == -1);
+    const BlockParams& b = g.blocks[1];
+    CHECK(g.table.find("model.layers.1.self_attn.k_proj.weight") == b.k_w);
+    CHECK(g.table[b.k_w].shape == std::vector<int64_t>{8, 16});  // 2 kv heads of 4
+    CHECK(g.table[b.k_w].offset == g.table[b.qkv_w].offset + 16 * 16);
+    CHECK(g.table[b.v_w].offset == g.table[b.k_w].offset + 8 * 16);
+    CHECK(g.table.find("model.layers.1.mlp.gate_proj.weight") == b.fc_w);
+    CHECK(g.table[b.up_w].offset == g.table[b.fc_w].offset + 48 * 16);
+    CHECK(g.table[b.fcproj_w].shape == std::vector<int64_t>{16, 48});
+    CHECK(g.table.find("model.layers.0.input_layernorm.bias") == -1);
+    CHECK(g.table.find("lm_head.weight") == g.lm_head);
+    CHECK(g.table.find("model.norm.weight") == g.lnf_w);
+    // Llama's own rule: 2/3 of 4 C rounded up to 256 (C = 768: 2048)
+    ModelConfig l = c;
+    l.n_embd = 768;
+    l.n_head = 12;
+    l.mlp_multiple_of = 256;
+    CHECK(mlp_hidden_size(l) == 2048);
+    l.mlp_hidden = 1000;
+    CHECK(mlp_hidden_size(l) == 1000);
+    // the defaults are GPT-2's table
+    CHECK_FALSE(llama_style(tiny(true, true, false)));
+    CHECK(make_gpt_layout(tiny(true, true, false)).table.find("transformer.wpe.weight") >= 0);
+}
+
+TEST_CASE("Llama-style options: bad combinations name the key") {
+    auto refused = [](ModelConfig c, const std::string& key) {
+        try {
+            make_gpt_layout(c);
+        } catch (const Error& e) {
+            INFO(e.what());
+            CHECK(std::string(e.what()).find(key) != std::string::npos);
+            return;
+        }
+        FAIL("accepted a bad " << key);
+    };
+    ModelConfig c = tiny_llama("rmsnorm", "rope", "swiglu", 3, false, false, false);
+    refused(c, "model.n_kv_head");  // 4 heads, 3 kv heads
+    c.n_kv_head = 8;
+    refused(c, "model.n_kv_head");
+    c = tiny_llama("rmsnorm", "rope", "swiglu", 0, false, false, false);
+    c.n_embd = 12;
+    c.n_head = 4;  // head size 3
+    refused(c, "model.position");
+    c = tiny_llama("batchnorm", "learned", "gelu", 0, false, false, false);
+    refused(c, "model.norm");
+    c = tiny_llama("rmsnorm", "alibi", "gelu", 0, false, false, false);
+    refused(c, "model.position");
+    c = tiny_llama("rmsnorm", "learned", "relu", 0, false, false, false);
+    refused(c, "model.mlp");
+    // the CUDA model's refusal, until its kernels exist
+    c = tiny_llama("layernorm", "learned", "gelu", 2, false, false, false);
+    CHECK_THROWS_WITH_AS(check_gpt2_block(c, "the CUDA model"),
+                         doctest::Contains("model.n_kv_head"), Error);
+    c = tiny_llama("rmsnorm", "learned", "gelu", 0, false, false, false);
+    CHECK_THROWS_WITH_AS(check_gpt2_block(c, "the CUDA model"), doctest::Contains("model.norm"),
+                         Error);
+    CHECK_NOTHROW(check_gpt2_block(tiny(false, false, true), "the CUDA model"));
+}
+
+TEST_CASE("a tiny Llama-style model overfits one batch (loss < 0.05)") {
+    ModelConfig c = tiny_llama("rmsnorm", "rope", "swiglu", 2, false, false, false);
+    c.n_embd = 32;
+    c.block_size = 16;
+    c.vocab_size = 23;
+    c.init_std = 0.02;
+    GPT<float> m(c);
+    m.init_weights(3);
+    OptimConfig oc;
+    oc.weight_decay = 0.0;
+    AdamW opt(m.layout().table, oc);
+    const int64_t B = 2, T = 16;
+    Rng rng(9);
+    std::vector<int32_t> tok(B * T), tgt(B * T);
+    for (auto& x : tok) x = int32_t(rng.below(23));
+    for (auto& x : tgt) x = int32_t(rng.below(23));
+    const double one = 1.0;
+    double loss = 1e9;
+    for (int step = 0; step < 300 && loss >= 0.05; step++) {
+        m.zero_grad();
+        m.forward(tok.data(), B, T);
+        loss = m.loss(tgt.data(), CrossEntropyOptions{}, {&one, false}, true).loss;
+        m.backward();
+        opt.step(m.params.data(), m.grads.data(), 3e-3, 1.0);
+    }
+    INFO("final loss " << loss);
+    CHECK(loss < 0.05);
 }
 
 TEST_CASE("padded vocabulary columns never receive probability or gradient") {

@@ -9,6 +9,9 @@
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
 #include "kernels/residual.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+#include "kernels/swiglu.h"
 #include "tests/helpers.h"
 
 using namespace zgpt;
@@ -195,4 +198,134 @@ TEST_CASE("residual: forward and finite-difference gradient") {
     cpu::residual_backward(da.data(), db.data(), R.data(), n);
     check_grad("da", loss, a, da);
     check_grad("db", loss, b, db);
+}
+
+TEST_CASE("rmsnorm: the formula and finite-difference gradient") {
+    const int64_t N = 3, C = 7;
+    const double eps = 1e-5;
+    Rng rng(11);
+    Vec x = random_vector<double>(rng, N * C), w = random_vector<double>(rng, C),
+        R = random_vector<double>(rng, N * C), out(N * C), rstd(N);
+    cpu::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, eps);
+    for (int64_t n = 0; n < N; n++) {
+        double ss = 0;
+        for (int64_t c = 0; c < C; c++) ss += x[n * C + c] * x[n * C + c];
+        const double r = 1.0 / std::sqrt(ss / C + eps);
+        for (int64_t c = 0; c < C; c++)
+            CHECK(close(out[n * C + c], x[n * C + c] * r * w[c], 1e-14, 0));
+    }
+    auto loss = [&] {
+        cpu::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, eps);
+        return dot(out, R);
+    };
+    Vec dx(N * C, 0), dw(C, 0);
+    cpu::rmsnorm_backward(dx.data(), dw.data(), R.data(), x.data(), w.data(), rstd.data(), N, C);
+    check_grad("dinp", loss, x, dx);
+    check_grad("dweight", loss, w, dw);
+}
+
+TEST_CASE(
+    "rope: Hugging Face's rotate_half pairs, position 0 unchanged, finite-difference gradient") {
+    const int64_t B = 2, T = 4, heads = 3, hs = 6, ld = 20;  // ld > heads * hs: strided rows
+    const double theta = 50.0;
+    Rng rng(12);
+    Vec x = random_vector<double>(rng, B * T * ld), y = x;
+    cpu::rope_forward(y.data(), B, T, heads, hs, ld, theta);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++) {
+            const int64_t row = (b * T + t) * ld;
+            for (int64_t i = heads * hs; i < ld; i++) CHECK(y[row + i] == x[row + i]);
+            for (int64_t h = 0; h < heads; h++)
+                for (int64_t i = 0; i < hs / 2; i++) {
+                    const double a = double(t) / std::pow(theta, 2.0 * i / hs);
+                    const double x1 = x[row + h * hs + i], x2 = x[row + h * hs + i + hs / 2];
+                    CHECK(close(y[row + h * hs + i], x1 * std::cos(a) - x2 * std::sin(a), 1e-14,
+                                1e-15));
+                    CHECK(close(y[row + h * hs + i + hs / 2], x2 * std::cos(a) + x1 * std::sin(a),
+                                1e-14, 1e-15));
+                }
+        }
+    for (int64_t i = 0; i < heads * hs; i++) CHECK(y[i] == x[i]);  // b 0, t 0: angle 0
+    Vec R = random_vector<double>(rng, B * T * ld);
+    auto loss = [&] {
+        y = x;
+        cpu::rope_forward(y.data(), B, T, heads, hs, ld, theta);
+        return dot(y, R);
+    };
+    Vec dx = R;
+    cpu::rope_backward(dx.data(), B, T, heads, hs, ld, theta);
+    check_grad("dx", loss, x, dx);
+}
+
+TEST_CASE("swiglu: silu(gate) * up and finite-difference gradient") {
+    const int64_t N = 3, H = 5;
+    Rng rng(13);
+    Vec x = random_vector<double>(rng, N * 2 * H), R = random_vector<double>(rng, N * H),
+        out(N * H);
+    for (double& v : x) v *= 3.0;  // reach the flat and the linear parts of silu
+    cpu::swiglu_forward(out.data(), x.data(), N, H);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t i = 0; i < H; i++) {
+            const double g = x[n * 2 * H + i], u = x[n * 2 * H + H + i];
+            CHECK(close(out[n * H + i], g / (1 + std::exp(-g)) * u, 1e-14, 1e-15));
+        }
+    auto loss = [&] {
+        cpu::swiglu_forward(out.data(), x.data(), N, H);
+        return dot(out, R);
+    };
+    Vec dx(N * 2 * H, 0);
+    cpu::swiglu_backward(dx.data(), x.data(), R.data(), N, H);
+    check_grad("dinp", loss, x, dx);
+}
+
+TEST_CASE("grouped-query attention: multi-head attention on repeated k/v heads; gradient") {
+    const int64_t B = 2, T = 5, NH = 4, hs = 3, C = NH * hs;
+    for (int64_t NKV : {1, 2}) {
+        CAPTURE(NKV);
+        const int64_t KVC = NKV * hs, Cq = C + 2 * KVC, group = NH / NKV;
+        Rng rng(14);
+        Vec qkv = random_vector<double>(rng, B * T * Cq), R = random_vector<double>(rng, B * T * C);
+        // The same inputs for full multi-head attention: kv head g copied to heads g * group ...
+        Vec full(B * T * 3 * C);
+        for (int64_t bt = 0; bt < B * T; bt++)
+            for (int64_t h = 0; h < NH; h++)
+                for (int64_t i = 0; i < hs; i++) {
+                    full[bt * 3 * C + h * hs + i] = qkv[bt * Cq + h * hs + i];
+                    full[bt * 3 * C + C + h * hs + i] = qkv[bt * Cq + C + (h / group) * hs + i];
+                    full[bt * 3 * C + 2 * C + h * hs + i] =
+                        qkv[bt * Cq + C + KVC + (h / group) * hs + i];
+                }
+        Vec out(B * T * C), att(B * NH * T * T), want(B * T * C), att2(B * NH * T * T);
+        cpu::attention_forward(want.data(), att2.data(), full.data(), B, T, C, NH);
+        cpu::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, NKV);
+        for (int64_t i = 0; i < B * T * C; i++) CHECK(close(out[i], want[i], 1e-13, 1e-14));
+        // ... and the shared heads' gradients are their group's sums
+        Vec dfull(B * T * 3 * C, 0), dqkv(B * T * Cq, 0);
+        cpu::attention_backward(dfull.data(), R.data(), full.data(), att2.data(), B, T, C, NH);
+        cpu::attention_backward(dqkv.data(), R.data(), qkv.data(), att.data(), B, T, C, NH, NKV);
+        for (int64_t bt = 0; bt < B * T; bt++)
+            for (int64_t g = 0; g < NKV; g++)
+                for (int64_t i = 0; i < hs; i++) {
+                    double dk = 0, dv = 0;
+                    for (int64_t h = g * group; h < (g + 1) * group; h++) {
+                        dk += dfull[bt * 3 * C + C + h * hs + i];
+                        dv += dfull[bt * 3 * C + 2 * C + h * hs + i];
+                    }
+                    CHECK(close(dqkv[bt * Cq + C + g * hs + i], dk, 1e-12, 1e-14));
+                    CHECK(close(dqkv[bt * Cq + C + KVC + g * hs + i], dv, 1e-12, 1e-14));
+                }
+        auto loss = [&] {
+            cpu::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, NKV);
+            return dot(out, R);
+        };
+        check_grad("dqkv", loss, qkv, dqkv);
+        // float's vectorised layout against the double reference, GQA included
+        std::vector<float> qf(qkv.begin(), qkv.end()), of(B * T * C), af(B * NH * T * T),
+            Rf(R.begin(), R.end()), dqf(B * T * Cq, 0.0f);
+        cpu::attention_forward(of.data(), af.data(), qf.data(), B, T, C, NH, NKV);
+        cpu::attention_backward(dqf.data(), Rf.data(), qf.data(), af.data(), B, T, C, NH, NKV);
+        loss();
+        for (int64_t i = 0; i < B * T * C; i++) CHECK(close(of[i], out[i], 1e-5, 1e-6));
+        for (int64_t i = 0; i < B * T * Cq; i++) CHECK(close(dqf[i], dqkv[i], 1e-4, 1e-5));
+    }
 }

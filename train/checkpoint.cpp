@@ -66,7 +66,9 @@ bool same_model(const ModelConfig& a, const ModelConfig& b) {
     return a.n_layer == b.n_layer && a.n_head == b.n_head && a.n_embd == b.n_embd &&
            a.block_size == b.block_size && a.vocab_size == b.vocab_size &&
            a.tie_embeddings == b.tie_embeddings && a.bias == b.bias && a.qk_norm == b.qk_norm &&
-           a.ln_eps == b.ln_eps;
+           a.ln_eps == b.ln_eps && a.norm == b.norm && a.position == b.position &&
+           a.rope_theta == b.rope_theta && a.mlp == b.mlp &&
+           mlp_hidden_size(a) == mlp_hidden_size(b) && kv_heads(a) == kv_heads(b);
 }
 
 // One line: a refusal is reported on one line of the log, whatever its message holds.

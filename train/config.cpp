@@ -32,11 +32,48 @@ std::vector<ConfigField> config_fields(Config& c) {
          &m.vocab_size, 0, 1 << 30});
     add({"model", "tie_embeddings", "share wte with the LM head", &m.tie_embeddings});
     add({"model", "bias", "biases in linear layers and LayerNorms", &m.bias});
-    add({"model", "qk_norm", "LayerNorm on each head's q and k", &m.qk_norm});
+    add({"model", "qk_norm", "model.norm on each head's q and k", &m.qk_norm});
     add({"model", "init_std", "std of the normal initialisation", &m.init_std, 0, 10, true});
-    add({"model", "ln_eps", "LayerNorm epsilon", &m.ln_eps, 0, 1, true});
+    add({"model", "ln_eps", "epsilon of the norms (LayerNorm or RMSNorm)", &m.ln_eps, 0, 1, true});
     add({"model", "init_from", "start from a Hugging Face GPT-2 model.safetensors (export_hf's)",
          &m.init_from});
+    add({"model",
+         "norm",
+         "the block's norms: GPT-2's LayerNorm, or RMSNorm (weight only; CPU only for now)",
+         &m.norm,
+         0,
+         0,
+         false,
+         false,
+         {"layernorm", "rmsnorm"}});
+    add({"model",
+         "position",
+         "positions: a learned table (wpe), or rotary embeddings on q and k (CPU only for now)",
+         &m.position,
+         0,
+         0,
+         false,
+         false,
+         {"learned", "rope"}});
+    add({"model", "rope_theta", "rope: base of the rotation frequencies", &m.rope_theta, 1, 1e12});
+    add({"model",
+         "mlp",
+         "MLP: fc, GELU, proj; or SwiGLU, down(silu(gate) * up) (CPU only for now)",
+         &m.mlp,
+         0,
+         0,
+         false,
+         false,
+         {"gelu", "swiglu"}});
+    add({"model", "mlp_hidden",
+         "MLP hidden width; 0: 4 n_embd (gelu), 2/3 of 4 n_embd rounded up to mlp_multiple_of "
+         "(swiglu)",
+         &m.mlp_hidden, 0, 1 << 20});
+    add({"model", "mlp_multiple_of", "swiglu with mlp_hidden 0: the hidden width's multiple",
+         &m.mlp_multiple_of, 1, 1 << 16});
+    add({"model", "n_kv_head",
+         "key/value heads, grouped-query attention (divides n_head; CPU only for now); 0: n_head",
+         &m.n_kv_head, 0, 1024});
     DataConfig& d = c.data;
     add({"data", "train", "glob of training token shards (.bin)", &d.train});
     add({"data", "val", "glob of validation shards; empty: no validation", &d.val});
@@ -437,6 +474,15 @@ void check_cross(const Config& c, const Origins& origins) {
     if (c.model.n_embd % c.model.n_head != 0)
         throw Error(at("model.n_embd") + std::to_string(c.model.n_embd) +
                     " is not divisible by model.n_head = " + std::to_string(c.model.n_head));
+    const ModelConfig& m = c.model;
+    const int kv = m.n_kv_head == 0 ? m.n_head : m.n_kv_head;
+    if (m.n_kv_head > m.n_head || m.n_head % kv != 0)
+        throw Error(at("model.n_kv_head") + std::to_string(m.n_kv_head) +
+                    " does not divide model.n_head = " + std::to_string(m.n_head));
+    if (m.position == "rope" && (m.n_embd / m.n_head) % 2 != 0)
+        throw Error(at("model.position") + "rope rotates pairs of channels: the head size " +
+                    "model.n_embd / model.n_head = " + std::to_string(m.n_embd / m.n_head) +
+                    " must be even");
     if (c.train.seq_len > c.model.block_size)
         throw Error(at("train.seq_len") + std::to_string(c.train.seq_len) +
                     " exceeds model.block_size = " + std::to_string(c.model.block_size));
