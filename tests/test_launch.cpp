@@ -818,6 +818,71 @@ TEST_CASE("launch_local: each rank gets its environment") {
     fs::remove_all(dir);
 }
 
+TEST_CASE("launch_local: node 1 of 2 starts the ranks N..2N-1 of 2N at the given master") {
+    const fs::path dir = temp_dir("launch_node");
+    const std::string script =
+        "test \"$WORLD_SIZE\" = 4 && test \"$LOCAL_WORLD_SIZE\" = 2 && "
+        "test \"$GROUP_RANK\" = 1 && test \"$RANK\" = $((LOCAL_RANK + 2)) && "
+        "test \"$MASTER_ADDR\" = 10.1.2.3 && test \"$MASTER_PORT\" = 29555 && "
+        "touch \"$0/rank$RANK\"";
+    NodeSpec node;
+    node.nnodes = 2;
+    node.node_rank = 1;
+    node.master_addr = "10.1.2.3";
+    node.master_port = 29555;
+    const ChildRun c = run_in_child(
+        [&] {
+            return launch_local(2, "/bin/sh", {"sh", "-c", script, dir.string()}, 2, node);
+        },
+        20);
+    CHECK(exit_status(c.status) == 0);
+    CHECK(c.err == "");
+    CHECK(fs::exists(dir / "rank2"));
+    CHECK(fs::exists(dir / "rank3"));
+    fs::remove_all(dir);
+}
+
+TEST_CASE("launch_local: a failing rank of node 1 is named by its global rank") {
+    NodeSpec node;
+    node.nnodes = 2;
+    node.node_rank = 1;
+    node.master_addr = "127.0.0.1";
+    node.master_port = 29556;
+    const ChildRun c = run_in_child(
+        [&] {
+            return launch_local(
+                2, "/bin/sh", {"sh", "-c", "if [ \"$RANK\" = 3 ]; then exit 3; fi; exec sleep 30"},
+                5, node);
+        },
+        20);
+    CHECK(exit_status(c.status) == 3);
+    CHECK(contains(c.err, "launch: rank 3 exited with status 3; stopping rank 2"));
+}
+
+TEST_CASE("launch_local: a node spec that cannot describe a run names the option") {
+    auto error = [](int nnodes, int node_rank, const std::string& addr, int port) {
+        NodeSpec n;
+        n.nnodes = nnodes;
+        n.node_rank = node_rank;
+        n.master_addr = addr;
+        n.master_port = port;
+        try {
+            check_node_spec(n);
+        } catch (const Error& e) {
+            return std::string(e.what());
+        }
+        return std::string();
+    };
+    CHECK(error(1, 0, "", 0) == "");
+    CHECK(error(2, 1, "node0", 29500) == "");
+    CHECK(contains(error(0, 0, "", 0), "--nnodes must be at least 1, not 0"));
+    CHECK(contains(error(2, 2, "node0", 29500), "--node-rank 2 is not a node of 2 (0..1)"));
+    CHECK(contains(error(2, -1, "node0", 29500), "--node-rank -1 is not a node of 2"));
+    CHECK(contains(error(2, 0, "", 29500), "no --master-addr or MASTER_ADDR"));
+    CHECK(contains(error(2, 0, "node0", 0), "no --master-port or MASTER_PORT"));
+    CHECK(contains(error(1, 0, "", 70000), "--master-port 70000 is out of range"));
+}
+
 TEST_CASE("launch_local: a failing rank stops the others") {
     const ChildRun c = run_in_child(
         [] {

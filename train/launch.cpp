@@ -198,13 +198,16 @@ int exit_code(int status) {
     return 1;
 }
 
-// The environment of rank r: ours, with the rank variables replaced.
-std::vector<std::string> rank_environment(int r, int nproc, int port) {
-    const std::map<std::string, std::string> set = {{"RANK", std::to_string(r)},
-                                                    {"WORLD_SIZE", std::to_string(nproc)},
-                                                    {"LOCAL_RANK", std::to_string(r)},
-                                                    {"MASTER_ADDR", "127.0.0.1"},
-                                                    {"MASTER_PORT", std::to_string(port)}};
+// The environment of this node's rank r: ours, with the rank variables replaced.
+std::vector<std::string> rank_environment(int r, int nproc, const NodeSpec& node) {
+    const std::map<std::string, std::string> set = {
+        {"RANK", std::to_string(node.node_rank * nproc + r)},
+        {"WORLD_SIZE", std::to_string(node.nnodes * nproc)},
+        {"LOCAL_RANK", std::to_string(r)},
+        {"LOCAL_WORLD_SIZE", std::to_string(nproc)},
+        {"GROUP_RANK", std::to_string(node.node_rank)},
+        {"MASTER_ADDR", node.master_addr},
+        {"MASTER_PORT", std::to_string(node.master_port)}};
     std::vector<std::string> env;
     for (char** e = environ; *e; e++) {
         const std::string kv = *e;
@@ -225,18 +228,45 @@ std::vector<char*> c_strings(std::vector<std::string>& v) {
 
 }  // namespace
 
+void check_node_spec(const NodeSpec& node) {
+    ZG_CHECK(node.nnodes >= 1,
+             "launch: --nnodes must be at least 1, not " + std::to_string(node.nnodes));
+    ZG_CHECK(node.node_rank >= 0 && node.node_rank < node.nnodes,
+             "launch: --node-rank " + std::to_string(node.node_rank) + " is not a node of " +
+                 std::to_string(node.nnodes) + " (0.." + std::to_string(node.nnodes - 1) + ")");
+    ZG_CHECK(node.master_port >= 0 && node.master_port <= 65535,
+             "launch: --master-port " + std::to_string(node.master_port) +
+                 " is out of range (1..65535)");
+    if (node.nnodes > 1) {
+        const std::string why = " (with --nnodes " + std::to_string(node.nnodes) +
+                                " every node must name node 0's address and a port free there)";
+        ZG_CHECK(!node.master_addr.empty(), "launch: no --master-addr or MASTER_ADDR" + why);
+        ZG_CHECK(node.master_port > 0, "launch: no --master-port or MASTER_PORT" + why);
+    }
+}
+
 int launch_local(int nproc, const std::string& program, const std::vector<std::string>& argv,
-                 double grace_s) {
+                 double grace_s, const NodeSpec& node_in) {
     ZG_CHECK(nproc >= 1, "launch: --nproc must be at least 1, not " + std::to_string(nproc));
     ZG_CHECK(!argv.empty(), "launch: empty argv");
+    check_node_spec(node_in);
     ZG_CHECK(::access(program.c_str(), X_OK) == 0, "launch: cannot execute " + program);
-    const int port = net::free_tcp_port();
+    NodeSpec node = node_in;
+    if (node.master_addr.empty()) node.master_addr = "127.0.0.1";
+    if (node.master_port == 0) node.master_port = net::free_tcp_port();
+    const int first = node.node_rank * nproc;  // this node's first global rank
+    if (node.nnodes > 1) {
+        std::printf("launch: node %d of %d starts ranks %d..%d of %d; they meet at %s:%d\n",
+                    node.node_rank, node.nnodes, first, first + nproc - 1, node.nnodes * nproc,
+                    node.master_addr.c_str(), node.master_port);
+        std::fflush(stdout);
+    }
     // Everything the children need is built before fork: between fork and exec only
     // async-signal-safe calls are allowed.
     std::vector<std::string> args = argv;
     std::vector<char*> c_args = c_strings(args);
     std::vector<std::vector<std::string>> envs;
-    for (int r = 0; r < nproc; r++) envs.push_back(rank_environment(r, nproc, port));
+    for (int r = 0; r < nproc; r++) envs.push_back(rank_environment(r, nproc, node));
     std::vector<std::vector<char*>> c_envs;
     for (auto& e : envs) c_envs.push_back(c_strings(e));
 
@@ -297,10 +327,10 @@ int launch_local(int nproc, const std::string& program, const std::vector<std::s
         for (int r = 0; r < nproc; r++)
             if (alive[size_t(r)]) kill(pids[size_t(r)], sig);
     };
-    auto alive_ranks = [&] {
+    auto alive_ranks = [&] {  // as global ranks
         std::vector<int> v;
         for (int r = 0; r < nproc; r++)
-            if (alive[size_t(r)]) v.push_back(r);
+            if (alive[size_t(r)]) v.push_back(first + r);
         return v;
     };
     while (running > 0) {
@@ -319,7 +349,7 @@ int launch_local(int nproc, const std::string& program, const std::vector<std::s
             result = exit_code(status);
             stopping = true;
             const std::vector<int> rest = alive_ranks();
-            std::fprintf(stderr, "launch: rank %d %s%s%s\n", r, describe(status).c_str(),
+            std::fprintf(stderr, "launch: rank %d %s%s%s\n", first + r, describe(status).c_str(),
                          rest.empty()       ? ""
                          : rest.size() == 1 ? "; stopping rank "
                                             : "; stopping ranks ",

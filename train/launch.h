@@ -113,13 +113,26 @@ void report_rank_failure(Communicator& world, const std::string& reason);
 // The orderly end of a joined run (every rank); a no-op for other communicators.
 void finish_run(Communicator& world);
 
+// Where one launcher's ranks sit in a run over several nodes (machines), as torchrun's --nnodes,
+// --node_rank, --master_addr and --master_port: with N ranks a node, node k runs the ranks
+// k N .. k N + N - 1 of nnodes N, and every node names the same master (node 0's address and a
+// port that is free there). One node needs neither: it takes 127.0.0.1 and a free port.
+struct NodeSpec {
+    int nnodes = 1, node_rank = 0;
+    std::string master_addr;
+    int master_port = 0;
+};
+// Throws zgpt::Error naming the option when the spec cannot describe a run.
+void check_node_spec(const NodeSpec& node);
+
 // `train --nproc N`: starts `program` N times with argv (argv[0] included) and RANK, WORLD_SIZE,
-// LOCAL_RANK, MASTER_ADDR=127.0.0.1, MASTER_PORT (a free port) and, unless set,
+// LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK (the node), MASTER_ADDR, MASTER_PORT and, unless set,
 // NCCL_NVLS_ENABLE=0 in each one's environment, then waits for them. When one rank exits non-zero
 // or by a signal, the others get SIGTERM, and SIGKILL grace_s seconds later. SIGINT and SIGTERM
 // sent to the launcher go to the ranks. Returns 0 when every rank exited 0, else the first failed
-// rank's exit status (128 + signal for a signal).
+// rank's exit status (128 + signal for a signal). With several nodes it prints one line saying
+// which ranks it starts and where they meet, and names ranks by their global number.
 int launch_local(int nproc, const std::string& program, const std::vector<std::string>& argv,
-                 double grace_s = 5);
+                 double grace_s = 5, const NodeSpec& node = {});
 
 }  // namespace zgpt

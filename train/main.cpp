@@ -42,6 +42,25 @@ int main(int argc, char** argv) {
                    "joins through RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (or "
                    "SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID)")
         ->check(CLI::Range(1, 1024));
+    // Several machines, as torchrun names them: one `train --nproc N` on each.
+    zgpt::NodeSpec node;
+    std::string master_port_text;
+    auto* nnodes_opt = app.add_option("--nnodes", node.nnodes,
+                                      "with --nproc N: the run spans this many nodes (machines), "
+                                      "one launcher on each, N ranks a node")
+                           ->check(CLI::Range(1, 65536));
+    auto* node_rank_opt =
+        app.add_option("--node-rank,--node_rank", node.node_rank,
+                       "with --nnodes: this node's number, 0..nnodes-1 (its ranks are "
+                       "node_rank x N ..)");
+    auto* master_addr_opt =
+        app.add_option("--master-addr,--master_addr", node.master_addr,
+                       "with --nnodes: node 0's address, the same on every node (default: "
+                       "MASTER_ADDR)");
+    auto* master_port_opt =
+        app.add_option("--master-port,--master_port", master_port_text,
+                       "with --nnodes: a free TCP port on node 0, the same on every node "
+                       "(default: MASTER_PORT)");
     bool config_reference = false;
     app.add_flag("--config-reference", config_reference,
                  "print every config key with its default and meaning as Markdown (docs/config.md) "
@@ -82,6 +101,25 @@ int main(int argc, char** argv) {
             return 0;
         }
         const bool in_run = std::getenv("RANK") || std::getenv("SLURM_PROCID");
+        for (CLI::Option* o : {nnodes_opt, node_rank_opt, master_addr_opt, master_port_opt})
+            if (o->count() > 0 && nproc == 0)
+                throw zgpt::Error(
+                    o->get_name() +
+                    " is an option of the launcher: give --nproc N (ranks a node) too");
+        if (nproc > 0 && !in_run && node.nnodes > 1) {
+            if (node.master_addr.empty() && std::getenv("MASTER_ADDR"))
+                node.master_addr = std::getenv("MASTER_ADDR");
+            if (master_port_text.empty() && std::getenv("MASTER_PORT"))
+                master_port_text = std::getenv("MASTER_PORT");
+        }
+        if (!master_port_text.empty()) {
+            char* end = nullptr;
+            const long port = std::strtol(master_port_text.c_str(), &end, 10);
+            if (*end != '\0' || port < 1 || port > 65535)
+                throw zgpt::Error("--master-port (or MASTER_PORT) '" + master_port_text +
+                                  "' is not a TCP port (1..65535)");
+            node.master_port = int(port);
+        }
         if (nproc > 0 && !in_run) {  // the launcher: this process only starts and watches ranks
             // The ranks share this machine's cores (train.threads, when set, still decides).
             if (!std::getenv("OMP_NUM_THREADS")) {
@@ -89,12 +127,13 @@ int main(int argc, char** argv) {
                 setenv("OMP_NUM_THREADS", std::to_string(std::max(1u, cores / nproc)).c_str(), 1);
             }
             return zgpt::launch_local(nproc, "/proc/self/exe",
-                                      std::vector<std::string>(argv, argv + argc));
+                                      std::vector<std::string>(argv, argv + argc), 5, node);
         }
         if (nproc > 0 || in_run) {
             const zgpt::RankEnv env = zgpt::rank_env_from_environment();
-            if (nproc > 0 && env.world_size != nproc)
-                throw zgpt::Error("--nproc " + std::to_string(nproc) + " but WORLD_SIZE is " +
+            if (nproc > 0 && env.world_size != nproc * node.nnodes)
+                throw zgpt::Error("--nproc " + std::to_string(nproc) + " x --nnodes " +
+                                  std::to_string(node.nnodes) + " but WORLD_SIZE is " +
                                   std::to_string(env.world_size));
             ZG_CHECK(cfg.parallel.local_ranks == 1,
                      "parallel.local_ranks > 1 is for one process; with several processes each is "
