@@ -148,7 +148,7 @@ def main():
     if len(ref1) != steps or len(ref4) != steps:
         sys.exit(f"FAIL reference runs: {len(ref1)} and {len(ref4)} of {steps} steps logged")
 
-    def compare(run, outs):
+    def compare(run):
         got, got_val = losses(run)
         check(len(got) == steps, f"{run}: {len(got)} of {steps} steps logged")
         same = got == ref4 and got_val == ref_val4
@@ -167,7 +167,7 @@ def main():
                     "two launchers")
     check("launch: node 1 of 2 starts ranks 2..3 of 4; they meet at 127.0.0.1:" in outs[1],
           "node 1's launcher says which ranks it starts and where they meet")
-    compare("torchrun", outs)
+    compare("torchrun")
 
     # 1b. four processes as srun starts them: 2 nodes x 2 tasks
     port = free_port()
@@ -179,10 +179,10 @@ def main():
         data = "shifted" if a.offset_node1 and r >= 2 else "text"
         procs.append(start(argv("slurm", steps, ["train.batch_size=2"], data), env,
                            work / f"slurm_rank{r}.log"))
-    outs = wait_all(procs, "srun-style ranks")
+    wait_all(procs, "srun-style ranks")
     check(all(p.returncode == 0 for p, _ in procs),
           f"srun-style ranks exit 0 ({[p.returncode for p, _ in procs]})")
-    compare("slurm", outs)
+    compare("slurm")
 
     # 2. a node killed mid-run: the other stops within parallel.timeout_s, naming a dead rank
     def children(pid):
