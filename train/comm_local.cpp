@@ -93,16 +93,21 @@ struct LocalGroup {
         while (root->parent) root = root->parent.get();
         root->abort_tree(reason);
     }
+    // The first reason wins in every group of the tree: a second abort (a peer reporting the
+    // first one's failure as its own) passes the root's reason on, not its own, to sub-groups the
+    // first abort has not reached yet.
     void abort_tree(const std::string& reason) {
         std::vector<std::shared_ptr<LocalGroup>> kids;
+        std::string first;
         {
             std::lock_guard<std::mutex> lock(mu);
             if (failure.empty()) failure = reason;
+            first = failure;
             cv.notify_all();
             for (auto& w : children)
                 if (auto k = w.lock()) kids.push_back(k);
         }
-        for (auto& k : kids) k->abort_tree(reason);
+        for (auto& k : kids) k->abort_tree(first);
     }
 
     const int n;
