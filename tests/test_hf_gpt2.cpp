@@ -97,3 +97,48 @@ TEST_CASE("export refuses models Hugging Face GPT-2 cannot express; import check
     CHECK_THROWS_WITH_AS(import_hf_gpt2(o, (dir / "model.safetensors").string()),
                          doctest::Contains("transformer.wpe.weight has another shape"), Error);
 }
+
+TEST_CASE("Llama-style export then import: identical weights, LlamaForCausalLM's config") {
+    ModelConfig c = gpt2_like();
+    c.n_head = 4;
+    c.n_kv_head = 2;
+    c.norm = "rmsnorm";
+    c.position = "rope";
+    c.mlp = "swiglu";
+    c.rope_theta = 500000;
+    c.mlp_multiple_of = 16;  // 2/3 of 96 = 64
+    c.tie_embeddings = false;
+    c.bias = false;
+    GPT<float> m(c);
+    m.init_weights(5);
+    const fs::path dir = fs::temp_directory_path() / "zgpt_hf_llama";
+    fs::remove_all(dir);
+    export_hf_gpt2(m, dir.string());
+    const SafeTensors st = SafeTensors::load((dir / "model.safetensors").string());
+    CHECK(st.names().size() == m.layout().table.specs().size());
+    CHECK(st.info("model.embed_tokens.weight").shape == std::vector<int64_t>{101, 24});
+    CHECK(st.info("lm_head.weight").shape == std::vector<int64_t>{101, 24});
+    CHECK(st.info("model.layers.1.self_attn.k_proj.weight").shape == std::vector<int64_t>{12, 24});
+    CHECK(st.info("model.layers.0.mlp.down_proj.weight").shape == std::vector<int64_t>{24, 64});
+    const auto cfg = nlohmann::json::parse(std::ifstream(dir / "config.json"));
+    CHECK(cfg["model_type"] == "llama");
+    CHECK(cfg["num_key_value_heads"] == 2);
+    CHECK(cfg["intermediate_size"] == 64);
+    const ModelConfig rc = read_hf_config((dir / "config.json").string());
+    CHECK(rc.n_kv_head == 2);
+    CHECK(rc.mlp_hidden == 64);
+    CHECK(rc.rope_theta == 500000);
+    CHECK(llama_style(rc));
+    GPT<float> back(rc);
+    import_hf_gpt2(back, (dir / "model.safetensors").string());
+    CHECK(back.params == m.params);  // bit for bit, padded vocabulary rows zero in both
+    // a Llama-style model Hugging Face Llama cannot express is refused, naming the option
+    c.qk_norm = true;
+    GPT<float> q(c);
+    CHECK_THROWS_WITH_AS(export_hf_gpt2(q, dir.string()), doctest::Contains("qk_norm"), Error);
+    c.qk_norm = false;
+    c.position = "learned";
+    GPT<float> l(c);
+    CHECK_THROWS_WITH_AS(export_hf_gpt2(l, dir.string()), doctest::Contains("model.position"),
+                         Error);
+}

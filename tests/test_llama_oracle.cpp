@@ -29,8 +29,8 @@ std::vector<int32_t> as_int32(const std::vector<double>& v) {
     return std::vector<int32_t>(v.begin(), v.end());
 }
 
-void check_all(const char* what, const std::vector<double>& got, const std::vector<double>& want,
-               double rtol, double atol) {
+void check_all(const std::string& what, const std::vector<double>& got,
+               const std::vector<double>& want, double rtol, double atol) {
     REQUIRE(got.size() == want.size());
     const MaxError e = compare(got.data(), want.data(), int64_t(got.size()), rtol, atol);
     INFO(what << ": max abs err " << e.abs << ", max rel err " << e.rel << " (worst index "
@@ -101,7 +101,7 @@ TEST_CASE("tiny Llama reproduces llama_tiny.safetensors: logits, loss and every 
             CAPTURE(s2.name);
             const std::vector<double> want = st.as_double("grad." + s2.name);
             const auto g = to_hf_layout(s2, model.grads.data() + s2.offset, V);
-            check_all(s2.name.c_str(), std::vector<double>(g.begin(), g.end()), want, rtol,
+            check_all("grad " + s2.name, std::vector<double>(g.begin(), g.end()), want, rtol,
                       atol_scale * max_abs(want));
             tensors++;
         }

@@ -35,8 +35,8 @@ std::vector<ConfigField> config_fields(Config& c) {
     add({"model", "qk_norm", "model.norm on each head's q and k", &m.qk_norm});
     add({"model", "init_std", "std of the normal initialisation", &m.init_std, 0, 10, true});
     add({"model", "ln_eps", "epsilon of the norms (LayerNorm or RMSNorm)", &m.ln_eps, 0, 1, true});
-    add({"model", "init_from", "start from a Hugging Face GPT-2 model.safetensors (export_hf's)",
-         &m.init_from});
+    add({"model", "init_from",
+         "start from a Hugging Face GPT-2 or Llama model.safetensors (export_hf's)", &m.init_from});
     add({"model",
          "norm",
          "the block's norms: GPT-2's LayerNorm, or RMSNorm (weight only; CPU only for now)",
