@@ -1,6 +1,7 @@
 // export_hf: a checkpoint -> Hugging Face GPT-2 (model.safetensors + config.json), loadable by
 // transformers' GPT2LMHeadModel.from_pretrained(DIR). Only GPT-2-compatible models (tied
-// embeddings, biases, no qk_norm). Start training from such a file with model.init_from.
+// embeddings, biases, no qk_norm), or Llama-style ones that LlamaForCausalLM expresses (rmsnorm,
+// rope, swiglu, no qk_norm; docs/llama.md). Start training from such a file with model.init_from.
 //   export_hf --run runs/my-run --out exported/my-run
 #include <CLI/CLI.hpp>
 #include <cstdio>
