@@ -483,6 +483,14 @@ void check_cross(const Config& c, const Origins& origins) {
         throw Error(at("model.position") + "rope rotates pairs of channels: the head size " +
                     "model.n_embd / model.n_head = " + std::to_string(m.n_embd / m.n_head) +
                     " must be even");
+    if (c.train.device == "cuda") {  // the CUDA model's refusal, before anything starts
+        try {
+            check_gpt2_block(m, "the CUDA model");
+        } catch (const Error& e) {
+            const std::string msg = e.what(), key = msg.substr(0, msg.find(':'));
+            throw Error(at(key) + msg.substr(msg.find(':') + 2));
+        }
+    }
     if (c.train.seq_len > c.model.block_size)
         throw Error(at("train.seq_len") + std::to_string(c.train.seq_len) +
                     " exceeds model.block_size = " + std::to_string(c.model.block_size));
@@ -705,25 +713,33 @@ std::string config_to_yaml(const Config& c0) {
     return std::string(e.c_str()) + "\n";
 }
 
+// A field's default as the references print it: strings quoted, doubles as the stream writes
+// them (--help) or in the fewest digits that read back the same (docs/config.md).
+static std::string default_text(const ConfigField& f, bool shortest_doubles) {
+    std::ostringstream def;
+    std::visit(
+        [&](auto* p) {
+            using P = std::remove_pointer_t<decltype(p)>;
+            if constexpr (std::is_same_v<P, bool>)
+                def << (*p ? "true" : "false");
+            else if constexpr (std::is_same_v<P, std::string>)
+                def << '"' << *p << '"';
+            else if constexpr (std::is_same_v<P, double>)
+                shortest_doubles ? def << shortest(*p) : def << *p;
+            else
+                def << *p;
+        },
+        f.value);
+    return def.str();
+}
+
 std::string config_reference() {
     Config c;
     std::ostringstream s;
     std::string section;
     for (const ConfigField& f : config_fields(c)) {
         if (f.section != section) s << "\n" << (section = f.section) << ":\n";
-        std::ostringstream def;
-        std::visit(
-            [&](auto* p) {
-                using P = std::remove_pointer_t<decltype(p)>;
-                if constexpr (std::is_same_v<P, bool>)
-                    def << (*p ? "true" : "false");
-                else if constexpr (std::is_same_v<P, std::string>)
-                    def << '"' << *p << '"';
-                else
-                    def << *p;
-            },
-            f.value);
-        std::string line = "  " + f.key + ": " + def.str();
+        std::string line = "  " + f.key + ": " + default_text(f, false);
         line.resize(std::max<size_t>(line.size() + 1, 34), ' ');
         s << line << "# " << f.help;
         if (!f.choices.empty()) {
@@ -757,21 +773,7 @@ std::string config_reference_markdown() {
         if (f.section != section)
             s << "\n## " << (section = f.section) << "\n\n| key | default | meaning |\n"
               << "| --- | --- | --- |\n";
-        std::ostringstream def;
-        std::visit(
-            [&](auto* p) {
-                using P = std::remove_pointer_t<decltype(p)>;
-                if constexpr (std::is_same_v<P, bool>)
-                    def << (*p ? "true" : "false");
-                else if constexpr (std::is_same_v<P, std::string>)
-                    def << '"' << *p << '"';
-                else if constexpr (std::is_same_v<P, double>)
-                    def << shortest(*p);
-                else
-                    def << *p;
-            },
-            f.value);
-        s << "| `" << f.path() << "` | `" << def.str() << "` | " << cell(f.help);
+        s << "| `" << f.path() << "` | `" << default_text(f, true) << "` | " << cell(f.help);
         if (!f.choices.empty()) {
             s << " (";
             for (size_t i = 0; i < f.choices.size(); i++)
