@@ -53,8 +53,8 @@ bool llama_style(const ModelConfig& c) {
 
 void check_gpt2_block(const ModelConfig& c, const std::string& who) {
     auto refuse = [&](const std::string& key, const std::string& value) {
-        throw Error(key + ": " + value + " runs on the CPU only: " + who +
-                    " has no kernels for it yet (train.device=cpu)");
+        throw Error(key + ": " + value + " runs on the CPU only (train.device: cpu): " + who +
+                    " has no kernels for it yet");
     };
     if (c.norm != "layernorm") refuse("model.norm", c.norm);
     if (c.position != "learned") refuse("model.position", c.position);

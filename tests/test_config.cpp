@@ -431,3 +431,34 @@ TEST_CASE("every variant's properties: the tuning keys it reads are config keys 
     CHECK(is_whole_rows_linear_cross_entropy("fused_linear_rows"));
     CHECK_FALSE(is_linear_cross_entropy("fast"));
 }
+
+TEST_CASE("Llama-style options: choices, bad combinations and the CUDA refusal name the key") {
+    const Config c = load_config(write_yaml("llama", std::string(kBase) +
+                                                         "model:\n  norm: rmsnorm\n"
+                                                         "  position: rope\n  mlp: swiglu\n"
+                                                         "  n_kv_head: 4\n  rope_theta: 5.0e5\n"));
+    CHECK(c.model.norm == "rmsnorm");
+    CHECK(c.model.position == "rope");
+    CHECK(c.model.mlp == "swiglu");
+    CHECK(c.model.n_kv_head == 4);
+    CHECK(c.model.rope_theta == 5.0e5);
+    const std::string base = std::string(kBase) + "model:\n";
+    CHECK(error_of(base + "  norm: batchnorm\n").find("model.norm") != std::string::npos);
+    CHECK(error_of(base + "  mlp: relu\n").find("model.mlp") != std::string::npos);
+    // 12 heads, 5 key/value heads
+    const std::string kv = error_of(base + "  n_kv_head: 5\n");
+    INFO(kv);
+    CHECK(kv.find("zgpt_cfg_err.yaml:4: model.n_kv_head: 5 does not divide model.n_head = 12") !=
+          std::string::npos);
+    // head size 768 / 256 = 3 is odd
+    const std::string odd = error_of(base + "  n_head: 256\n  position: rope\n");
+    INFO(odd);
+    CHECK(odd.find("model.position") != std::string::npos);
+    CHECK(odd.find("must be even") != std::string::npos);
+    const std::string cuda = error_of(base + "  norm: rmsnorm\ntrain:\n  device: cuda\n");
+    INFO(cuda);
+    CHECK(cuda.find("model.norm: rmsnorm runs on the CPU only") != std::string::npos);
+    CHECK(error_of(base + "  n_kv_head: 4\ntrain:\n  device: cuda\n").find("model.n_kv_head") !=
+          std::string::npos);
+    CHECK(error_of(base + "  qk_norm: true\ntrain:\n  device: cuda\n") == "(no error)");
+}
