@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Checks that Hugging Face transformers loads a tools/export_hf directory and computes what zgpt
 computes: the next-token logits after a prompt (from `sample --logits-out`) and the greedy
-continuation (from `sample -k 1`).
+continuation (from `sample -k 1`). GPT-2 exports load as GPT2LMHeadModel, Llama-style ones as
+LlamaForCausalLM (AutoModelForCausalLM reads config.json's model_type).
 
     python3 tools/hf_check.py EXPORT_DIR --logits ours_logits.json --greedy ours.txt --tokenizer tokenizer.json
 """
@@ -9,7 +10,7 @@ import argparse
 import json
 
 import torch
-from transformers import GPT2LMHeadModel
+from transformers import AutoModelForCausalLM
 
 
 def main():
@@ -19,7 +20,7 @@ def main():
     ap.add_argument("--greedy", required=True, help="text that `sample -k 1` printed")
     ap.add_argument("--tokenizer", required=True, help="the char tokenizer.json of the run")
     args = ap.parse_args()
-    model = GPT2LMHeadModel.from_pretrained(args.export_dir, torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(args.export_dir, torch_dtype=torch.float32).eval()
     ours = json.load(open(args.logits))
     ids = torch.tensor([ours["prompt_ids"]])
     with torch.no_grad():
@@ -30,9 +31,9 @@ def main():
     chars = json.load(open(args.tokenizer))["chars"]
     text = open(args.greedy, encoding="utf-8").read().rstrip("\n")
     n_prompt = len(ours["prompt_ids"])
-    # within the context length (our sampler slides its window past it; HF's GPT-2 cannot)
-    n_new = min(len(text) - sum(len(chars[i]) for i in ours["prompt_ids"]),
-                model.config.n_positions - n_prompt)
+    # within the context length (our sampler slides its window past it; HF's models do not)
+    context = getattr(model.config, "n_positions", None) or model.config.max_position_embeddings
+    n_new = min(len(text) - sum(len(chars[i]) for i in ours["prompt_ids"]), context - n_prompt)
     text = text[: sum(len(chars[i]) for i in ours["prompt_ids"]) + n_new]  # char vocab: 1 char each
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=n_new, do_sample=False, pad_token_id=0)[0].tolist()
