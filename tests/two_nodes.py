@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Two nodes on one machine, on the CPU: two `train --nproc 2 --nnodes 2 --node-rank 0|1` launchers
-(torchrun's layout), and four processes started with the variables srun sets (SLURM_PROCID,
-SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID), each a run of 4 ranks over the tcp communicator.
+(torchrun's layout), four processes started with the variables srun sets (SLURM_PROCID,
+SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID), and two `train --nproc 2` launchers as srun starts
+them with one task a node, each a run of 4 ranks over the tcp communicator.
 
   1. Their per-step losses equal, bit for bit, 4 thread ranks of one process (parallel.local_ranks),
      which add in the same rank order; and one rank with the same global batch within 1e-6
@@ -183,6 +184,24 @@ def main():
     check(all(p.returncode == 0 for p, _ in procs),
           f"srun-style ranks exit 0 ({[p.returncode for p, _ in procs]})")
     compare("slurm")
+
+    # 1c. srun starting one launcher a node (one task a node): `train --nproc 2`, the node count
+    # and this node's number from SLURM_NTASKS / SLURM_NNODES and SLURM_NODEID
+    port = free_port()
+    procs = []
+    for n in (0, 1):
+        env = dict(base_env, SLURM_PROCID=str(n), SLURM_NTASKS="2", SLURM_LOCALID="0",
+                   SLURM_NODEID=str(n), SLURM_NNODES="2", SLURM_NTASKS_PER_NODE="1",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        data = "shifted" if a.offset_node1 and n == 1 else "text"
+        procs.append(start(argv("srun_launchers", steps, ["train.batch_size=2"], data) +
+                           ["--nproc", "2"], env, work / f"srun_launcher{n}.log"))
+    outs = wait_all(procs, "srun-started launchers")
+    check(all(p.returncode == 0 for p, _ in procs),
+          f"srun-started launchers exit 0 ({[p.returncode for p, _ in procs]})")
+    check("launch: node 1 of 2 starts ranks 2..3 of 4" in outs[1],
+          "an srun task with --nproc is its node's launcher, numbered by SLURM_NODEID")
+    compare("srun_launchers")
 
     # 2. a node killed mid-run: the other stops within parallel.timeout_s, naming a dead rank
     def children(pid):

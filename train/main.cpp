@@ -40,7 +40,8 @@ int main(int argc, char** argv) {
                    "start N processes on this machine, one rank each (one per GPU; on the CPU they "
                    "talk over TCP). Under torchrun, srun or mpirun leave it out: each process "
                    "joins through RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (or "
-                   "SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID)")
+                   "SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID). Under srun with one task a node, "
+                   "each task is its node's launcher (--nnodes and --node-rank from SLURM)")
         ->check(CLI::Range(1, 1024));
     // Several machines, as torchrun names them: one `train --nproc N` on each.
     zgpt::NodeSpec node;
@@ -100,7 +101,28 @@ int main(int argc, char** argv) {
             std::printf("%s", zgpt::config_to_yaml(cfg).c_str());
             return 0;
         }
-        const bool in_run = std::getenv("RANK") || std::getenv("SLURM_PROCID");
+        // srun starting one launcher a node (`srun --ntasks-per-node 1 train --nproc N`): with
+        // one task a node, SLURM_PROCID numbers the node, not a rank; the node count and this
+        // node's number come from SLURM unless given. srun starting every rank itself
+        // (SLURM_NTASKS = ranks) runs ranks, as does any process with RANK set.
+        const auto env_int = [](const char* name) {
+            const char* v = std::getenv(name);
+            return v && *v ? std::atoi(v) : 0;
+        };
+        // (The launcher's ranks inherit the SLURM variables and this command line, with RANK set:
+        // they take the node count the same way.)
+        const bool slurm_node_tasks =
+            std::getenv("SLURM_PROCID") && nproc > 1 &&
+            env_int("SLURM_NTASKS") ==
+                (nnodes_opt->count() > 0 ? node.nnodes : env_int("SLURM_NNODES"));
+        const bool slurm_launcher = slurm_node_tasks && !std::getenv("RANK");
+        if (slurm_node_tasks && nnodes_opt->count() == 0) node.nnodes = env_int("SLURM_NTASKS");
+        if (slurm_launcher) {
+            if (node_rank_opt->count() == 0)
+                node.node_rank =
+                    env_int(std::getenv("SLURM_NODEID") ? "SLURM_NODEID" : "SLURM_PROCID");
+        }
+        const bool in_run = !slurm_launcher && (std::getenv("RANK") || std::getenv("SLURM_PROCID"));
         for (CLI::Option* o : {nnodes_opt, node_rank_opt, master_addr_opt, master_port_opt})
             if (o->count() > 0 && nproc == 0)
                 throw zgpt::Error(
