@@ -32,6 +32,34 @@ ModelConfig tiny(bool tie, bool bias, bool qk_norm) {
     return c;
 }
 
+// Trains c (context 16, vocabulary 23, init std 0.02) with AdamW on one random batch of 2 x 16
+// tokens until its loss is below 0.05 or 300 steps have run; returns the last loss.
+double overfit_one_batch(ModelConfig c) {
+    c.block_size = 16;
+    c.vocab_size = 23;
+    c.init_std = 0.02;
+    GPT<float> m(c);
+    m.init_weights(3);
+    OptimConfig oc;
+    oc.weight_decay = 0.0;
+    AdamW opt(m.layout().table, oc);
+    const int64_t B = 2, T = 16;
+    Rng rng(9);
+    std::vector<int32_t> tok(B * T), tgt(B * T);
+    for (auto& x : tok) x = int32_t(rng.below(23));
+    for (auto& x : tgt) x = int32_t(rng.below(23));
+    const double one = 1.0;
+    double loss = 1e9;
+    for (int step = 0; step < 300 && loss >= 0.05; step++) {
+        m.zero_grad();
+        m.forward(tok.data(), B, T);
+        loss = m.loss(tgt.data(), CrossEntropyOptions{}, {&one, false}, true).loss;
+        m.backward();
+        opt.step(m.params.data(), m.grads.data(), 3e-3, 1.0);
+    }
+    return loss;
+}
+
 }  // namespace
 
 TEST_CASE("parameter table: GPT-2 names, sizes, decay on matrices, tied head") {
@@ -257,28 +285,7 @@ TEST_CASE("Llama-style options: bad combinations name the key") {
 TEST_CASE("a tiny Llama-style model overfits one batch (loss < 0.05)") {
     ModelConfig c = tiny_llama("rmsnorm", "rope", "swiglu", 2, false, false, false);
     c.n_embd = 32;
-    c.block_size = 16;
-    c.vocab_size = 23;
-    c.init_std = 0.02;
-    GPT<float> m(c);
-    m.init_weights(3);
-    OptimConfig oc;
-    oc.weight_decay = 0.0;
-    AdamW opt(m.layout().table, oc);
-    const int64_t B = 2, T = 16;
-    Rng rng(9);
-    std::vector<int32_t> tok(B * T), tgt(B * T);
-    for (auto& x : tok) x = int32_t(rng.below(23));
-    for (auto& x : tgt) x = int32_t(rng.below(23));
-    const double one = 1.0;
-    double loss = 1e9;
-    for (int step = 0; step < 300 && loss >= 0.05; step++) {
-        m.zero_grad();
-        m.forward(tok.data(), B, T);
-        loss = m.loss(tgt.data(), CrossEntropyOptions{}, {&one, false}, true).loss;
-        m.backward();
-        opt.step(m.params.data(), m.grads.data(), 3e-3, 1.0);
-    }
+    const double loss = overfit_one_batch(c);
     INFO("final loss " << loss);
     CHECK(loss < 0.05);
 }
@@ -302,28 +309,7 @@ TEST_CASE("a tiny model overfits one batch (loss < 0.05)") {
     ModelConfig c = tiny(true, true, false);
     c.n_embd = 32;
     c.n_head = 4;
-    c.block_size = 16;
-    c.vocab_size = 23;
-    c.init_std = 0.02;
-    GPT<float> m(c);
-    m.init_weights(3);
-    OptimConfig oc;
-    oc.weight_decay = 0.0;
-    AdamW opt(m.layout().table, oc);
-    const int64_t B = 2, T = 16;
-    Rng rng(9);
-    std::vector<int32_t> tok(B * T), tgt(B * T);
-    for (auto& x : tok) x = int32_t(rng.below(23));
-    for (auto& x : tgt) x = int32_t(rng.below(23));
-    const double one = 1.0;
-    double loss = 1e9;
-    for (int step = 0; step < 300 && loss >= 0.05; step++) {
-        m.zero_grad();
-        m.forward(tok.data(), B, T);
-        loss = m.loss(tgt.data(), CrossEntropyOptions{}, {&one, false}, true).loss;
-        m.backward();
-        opt.step(m.params.data(), m.grads.data(), 3e-3, 1.0);
-    }
+    const double loss = overfit_one_batch(c);
     INFO("final loss " << loss);
     CHECK(loss < 0.05);
 }
