@@ -183,11 +183,9 @@ int main(int argc, char** argv) {
         mo.head_chunks = head_chunks;
         // the trainer's count, printed before it allocates (train/backend_cuda.cpp); the
         // summary's memory is what the model then holds (plus the moments)
-        const double estimate_gb =
-            double(GptCuda::device_bytes_needed(
-                cfg.model, mo, cfg.train.batch_size,
-                cfg.train.seq_len > 0 ? cfg.train.seq_len : cfg.model.block_size)) /
-            1e9;
+        const int64_t B = cfg.train.batch_size;
+        const int64_t T = cfg.train.seq_len > 0 ? cfg.train.seq_len : cfg.model.block_size;
+        const double estimate_gb = double(GptCuda::device_bytes_needed(cfg.model, mo, B, T)) / 1e9;
         auto phase = std::chrono::steady_clock::now();
         const std::vector<float> init = initial_params(cfg);
         const double init_s = seconds_since(phase);
@@ -201,8 +199,6 @@ int main(int argc, char** argv) {
         ZG_CUDA_CHECK(cudaMalloc(&v, n * 4));
         ZG_CUDA_CHECK(cudaMemset(m, 0, n * 4));
         ZG_CUDA_CHECK(cudaMemset(v, 0, n * 4));
-        const int64_t B = cfg.train.batch_size;
-        const int64_t T = cfg.train.seq_len > 0 ? cfg.train.seq_len : cfg.model.block_size;
         const int64_t tokens_per_step = B * T * cfg.train.grad_accum;
         CrossEntropyOptions o;
         o.z_loss_weight = cfg.loss.z_loss_weight;

@@ -268,7 +268,7 @@ class TrainingRun {
     void print_sample(int64_t step);
     void evaluate_into(int64_t step, nlohmann::json& rec);
     // One optimizer step; false when the run must stop (a non-finite loss).
-    bool step(int64_t step, const std::vector<Batch*>& micro);
+    bool step(int64_t step, std::vector<Batch>& micro);
 
     Config cfg_;
     const std::string config_path_, command_line_;
@@ -615,8 +615,6 @@ void TrainingRun::run_steps() {
     std::signal(SIGTERM, on_signal);
     std::vector<Batch> micro(cfg_.train.grad_accum,
                              Batch{std::vector<int32_t>(B_ * T_), std::vector<int32_t>(B_ * T_)});
-    std::vector<Batch*> micro_ptrs;
-    for (Batch& b : micro) micro_ptrs.push_back(&b);
     train_opts_ = loss_options(cfg_.loss, Reduction::sum);
     peak_ = device_.device == "cuda" ? peak_flops(device_.gpu_name, cfg_.train.precision == "bf16")
                                      : 0.0;
@@ -627,14 +625,14 @@ void TrainingRun::run_steps() {
     power_ = std::make_unique<PowerMeter>(device_.device == "cuda");
     t_start_ = Clock::now();
     for (int64_t s = start_step_ + 1; s <= max_steps_ && !stop_all_; s++)
-        if (!step(s, micro_ptrs)) break;
+        if (!step(s, micro)) break;
     if (lead_) progress_.finish();
     save_gemm_choices();  // shapes first met after the first step (evaluation's)
     std::signal(SIGINT, SIG_DFL);
     std::signal(SIGTERM, SIG_DFL);
 }
 
-bool TrainingRun::step(int64_t step, const std::vector<Batch*>& micro) {
+bool TrainingRun::step(int64_t step, std::vector<Batch>& micro) {
     power_->read();  // not what ran between the steps (evaluation, checkpoints)
     const auto t0 = Clock::now();
     hooks_.before_step(step, rank_, model());
@@ -642,9 +640,9 @@ bool TrainingRun::step(int64_t step, const std::vector<Batch*>& micro) {
     // Normalise once by the valid tokens of the whole step on all ranks, not per micro-batch or
     // per rank (x1/n1 + x2/n2 is not (x1 + x2)/(n1 + n2)).
     int64_t n_valid = 0;
-    for (Batch* b : micro) {
-        train_loader_->next_batch(b->inputs.data(), b->targets.data());
-        for (int32_t y : b->targets) n_valid += y != cfg_.loss.ignore_index;
+    for (Batch& b : micro) {
+        train_loader_->next_batch(b.inputs.data(), b.targets.data());
+        for (int32_t y : b.targets) n_valid += y != cfg_.loss.ignore_index;
     }
     n_valid = world_.sum(n_valid);
     const double grad_out = n_valid ? 1.0 / double(n_valid) : 0.0;
@@ -652,10 +650,10 @@ bool TrainingRun::step(int64_t step, const std::vector<Batch*>& micro) {
     model().set_op_profiling(profile);
     model().zero_grad();
     CrossEntropySummary sum;
-    for (Batch* b : micro) {
+    for (Batch& b : micro) {
         // the last micro-batch's backward pass may start the gradient all-reduce
-        if (R_ > 1 && b == micro.back()) model().begin_grad_sync(world_);
-        const CrossEntropySummary s = model().train_micro_batch(b->inputs.data(), b->targets.data(),
+        if (R_ > 1 && &b == &micro.back()) model().begin_grad_sync(world_);
+        const CrossEntropySummary s = model().train_micro_batch(b.inputs.data(), b.targets.data(),
                                                                 B_, T_, train_opts_, grad_out);
         sum.sum_loss += s.sum_loss;
         sum.sum_ce += s.sum_ce;
