@@ -59,7 +59,8 @@ std::vector<double> numeric_gradient(const std::function<double()>& f, std::vect
 std::string oracle_dir();
 
 // The model an oracle file was made with: its metadata's "config" (n_layer, n_head, n_embd,
-// block_size, vocab_size, tie_embeddings, bias, layer_norm_eps).
+// block_size, vocab_size, tie_embeddings, bias, layer_norm_eps; a Llama oracle's n_kv_head,
+// mlp_hidden, rms_norm_eps and rope_theta instead of layer_norm_eps).
 ModelConfig oracle_model_config(const SafeTensors& st);
 
 // A shell command's exit code and its stdout + stderr.
