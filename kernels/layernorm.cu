@@ -253,7 +253,7 @@ __global__ void __launch_bounds__(32 * kVecWarps)
 // row of shared memory.
 template <int NV>
 constexpr bool kSmemSums = NV > 5;
-template <int NV, bool SUMS>
+template <int NV>
 constexpr size_t vec_backward_smem() {
     return kSmemSums<NV> ? size_t(2) * kVecWarps * NV * 256 * sizeof(float) : 0;
 }
@@ -452,7 +452,7 @@ template <int NV, bool SUMS, typename R>
 int vec_backward_blocks() {
     static const int blocks = [] {
         auto kernel = layernorm_backward_vec_kernel<NV, SUMS, R>;
-        constexpr size_t smem = vec_backward_smem<NV, SUMS>();
+        constexpr size_t smem = vec_backward_smem<NV>();
         if (smem > 0)
             ZG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                int(smem)));
@@ -580,10 +580,10 @@ void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dwe
                     auto launch = [&](auto sums) {
                         blocks = vec_backward_blocks<NV.value, sums.value, R>();
                         layernorm_backward_vec_kernel<NV.value, sums.value, R>
-                            <<<blocks, 32 * kVecWarps, vec_backward_smem<NV.value, sums.value>(),
-                               s>>>(static_cast<R*>(dinp), accumulate, pw, pb, part_d,
-                                    static_cast<const bf16*>(dout), static_cast<const R*>(inp),
-                                    static_cast<const R*>(weight), mean, rstd, N, int(C));
+                            <<<blocks, 32 * kVecWarps, vec_backward_smem<NV.value>(), s>>>(
+                                static_cast<R*>(dinp), accumulate, pw, pb, part_d,
+                                static_cast<const bf16*>(dout), static_cast<const R*>(inp),
+                                static_cast<const R*>(weight), mean, rstd, N, int(C));
                     };
                     if (part_d)
                         launch(std::true_type{});
