@@ -9,7 +9,7 @@
 
 #include "data/gpt2_bpe.h"
 #include "data/tokenizer.h"
-#include "kernels/check.h"
+#include "kernels/core/check.h"
 
 namespace zgpt {
 

@@ -8,7 +8,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "kernels/check.h"
+#include "kernels/core/check.h"
 
 namespace zgpt {
 

@@ -12,7 +12,7 @@
 
 #include "data/file_read.h"
 #include "data/tokenizer.h"
-#include "kernels/check.h"
+#include "kernels/core/check.h"
 
 namespace zgpt {
 

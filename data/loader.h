@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "data/shard.h"
-#include "kernels/rng.h"
+#include "kernels/core/rng.h"
 
 namespace zgpt {
 

@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "data/file_read.h"
-#include "kernels/check.h"
+#include "kernels/core/check.h"
 
 namespace zgpt {
 

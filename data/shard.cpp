@@ -11,7 +11,7 @@
 #include <cstring>
 
 #include "data/file_read.h"
-#include "kernels/check.h"
+#include "kernels/core/check.h"
 
 namespace zgpt {
 

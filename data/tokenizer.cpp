@@ -8,7 +8,7 @@
 
 #include "data/file_read.h"
 #include "data/gpt2_bpe.h"
-#include "kernels/check.h"
+#include "kernels/core/check.h"
 
 namespace zgpt {
 

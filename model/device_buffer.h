@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <utility>
 
-#include "kernels/cuda_check.h"
+#include "kernels/core/cuda_check.h"
 
 namespace zgpt {
 

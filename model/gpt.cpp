@@ -4,17 +4,17 @@
 #include <cmath>
 #include <utility>
 
-#include "kernels/attention.h"
-#include "kernels/check.h"
-#include "kernels/encoder.h"
-#include "kernels/gelu.h"
-#include "kernels/layernorm.h"
-#include "kernels/matmul.h"
-#include "kernels/residual.h"
-#include "kernels/rmsnorm.h"
-#include "kernels/rng.h"
-#include "kernels/rope.h"
-#include "kernels/swiglu.h"
+#include "kernels/attention/attention.h"
+#include "kernels/core/check.h"
+#include "kernels/core/rng.h"
+#include "kernels/gemm/matmul.h"
+#include "kernels/norms/layernorm.h"
+#include "kernels/norms/rmsnorm.h"
+#include "kernels/ops/encoder.h"
+#include "kernels/ops/gelu.h"
+#include "kernels/ops/residual.h"
+#include "kernels/ops/rope.h"
+#include "kernels/ops/swiglu.h"
 
 namespace zgpt {
 

@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/cross_entropy.h"
+#include "kernels/loss_head/cross_entropy.h"
 #include "model/gpt_config.h"
 #include "model/parameters.h"
 
@@ -42,9 +42,9 @@ class GPT {
     // Forward B x Tn tokens (Tn <= block_size) to logits [B * Tn, padded_vocab].
     void forward(const int32_t* tokens, int64_t B, int64_t Tn);
     // The same up to the final LayerNorm's output, hidden() [B * Tn, n_embd]: where a
-    // vocab-parallel loss head (train/vocab_parallel_head.h) takes over. token_rows
+    // vocab-parallel loss head (train/vocab_parallel/vocab_parallel_head.h) takes over. token_rows
     // [B * Tn, n_embd]: the tokens' wte rows, looked up elsewhere (a table split over ranks,
-    // train/vocab_parallel_embedding.h); null: looked up in this model's wte.
+    // train/vocab_parallel/vocab_parallel_embedding.h); null: looked up in this model's wte.
     void forward_hidden(const int32_t* tokens, int64_t B, int64_t Tn,
                         const T* token_rows = nullptr);
     const T* hidden() const { return lnf_.data(); }

@@ -3,10 +3,10 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/attention.h"
-#include "kernels/check.h"
-#include "kernels/cross_entropy.h"
-#include "kernels/registry.h"
+#include "kernels/attention/attention.h"
+#include "kernels/core/check.h"
+#include "kernels/core/registry.h"
+#include "kernels/loss_head/cross_entropy.h"
 
 namespace zgpt {
 
@@ -46,12 +46,13 @@ void check_gpt2_block(const ModelConfig& c, const std::string& who);
 // The kernel variant chosen for each op family on the GPU (the config's `kernels:` section; the
 // CPU backend has one reference implementation of each and records the choice only).
 struct KernelChoice {
-    // a variant name of each family of kernels/registry.h, its default there
+    // a variant name of each family of kernels/core/registry.h, its default there
     std::string attention = kernel_family("attention").default_variant;
     std::string cross_entropy = kernel_family("cross_entropy").default_variant;
     std::string layernorm = kernel_family("layernorm").default_variant;
     std::string matmul = kernel_family("matmul").default_variant;
-    // fused_linear's schedule (LinearCrossEntropyArgs in kernels/cross_entropy.h); 0: its default
+    // fused_linear's schedule (LinearCrossEntropyArgs in kernels/loss_head/cross_entropy.h); 0: its
+    // default
     int linear_ce_row_block = 0;        // rows per tile; 0: 8192
     int linear_ce_vocab_chunk = 0;      // vocabulary columns per tile; 0: a 48 MB tile of logits
     bool linear_ce_rows_outer = false;  // each row block's whole head before the next block
@@ -60,13 +61,14 @@ struct KernelChoice {
     // fused_linear_rows_filtered: the filter's threshold (LinearCrossEntropyTuning::filter_eps)
     double linear_ce_filter_eps = 0x1p-12;
     // cuBLASLt candidates timed at the first use of each GEMM shape, the fastest kept (Gemm::search
-    // in kernels/matmul.h); 0: the heuristic's first choice
+    // in kernels/gemm/matmul.h); 0: the heuristic's first choice
     int matmul_search = 0;
-    // The `wgmma` matmul's schedule (WgmmaSchedule in kernels/matmul_wgmma.h): "cooperative" (both
-    // consumer warpgroups on each 128 x 256 tile) or "pingpong" (alternate 128 x 128 tiles)
+    // The `wgmma` matmul's schedule (WgmmaSchedule in kernels/gemm/matmul_wgmma.h): "cooperative"
+    // (both consumer warpgroups on each 128 x 256 tile) or "pingpong" (alternate 128 x 128 tiles)
     std::string matmul_wgmma_schedule = "cooperative";
     // The attention and MLP projections' bias gradients as column sums inside the LayerNorm
-    // backward that writes their output gradient (kernels/layernorm.h), not a pass of their own
+    // backward that writes their output gradient (kernels/norms/layernorm.h), not a pass of their
+    // own
     bool layernorm_bias_sums = true;
     // fc's bias gradient as one more column of its weight-gradient GEMM: ln2 is stored with a
     // column of ones beside its rows (8 columns wider), so the GEMM's last column is the column
@@ -78,7 +80,7 @@ struct KernelChoice {
     cuda::AttentionTuning attention_tuning;
 };
 
-// The choice of a registered family (kernels/registry.h), by its name.
+// The choice of a registered family (kernels/core/registry.h), by its name.
 inline std::string& kernel_choice(KernelChoice& k, const std::string& family) {
     if (family == "attention") return k.attention;
     if (family == "cross_entropy") return k.cross_entropy;

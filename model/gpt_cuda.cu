@@ -6,13 +6,13 @@
 #include <algorithm>
 #include <cstring>
 
-#include "kernels/workspace.h"
+#include "kernels/core/workspace.h"
 #include "model/gpt_cuda_impl.h"
 
 namespace zgpt {
 
 void validate_kernels(const KernelChoice& k, DType precision) {
-    // the names against the registry (kernels/registry.h), then the CUDA entries behind them
+    // the names against the registry (kernels/core/registry.h), then the CUDA entries behind them
     for (const KernelFamily& f : kernel_families())
         kernel_variant(f.name, kernel_choice(k, f.name));
     cuda::find_attention_variant(k.attention);

@@ -1,5 +1,5 @@
 // The GPT of model/gpt.h on one GPU: the same parameter table, forward, loss head and backward,
-// built from the registered CUDA kernels (kernels/*.cu). Plain C++ header; the implementation
+// built from the registered CUDA kernels (kernels/*/*.cu). Plain C++ header; the implementation
 // is model/gpt_cuda.cu (with gpt_cuda_head.cu, gpt_cuda_profile.cu; Impl in gpt_cuda_impl.h)
 // and exists only in CUDA builds.
 //
@@ -14,9 +14,9 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/adamw.h"
-#include "kernels/cross_entropy.h"
-#include "kernels/dtype.h"
+#include "kernels/core/dtype.h"
+#include "kernels/loss_head/cross_entropy.h"
+#include "kernels/ops/adamw.h"
 #include "model/gpt_config.h"
 #include "model/parameters.h"
 

@@ -8,16 +8,16 @@
 #include <algorithm>
 #include <map>
 
-#include "kernels/adamw.h"
-#include "kernels/attention.h"
-#include "kernels/cuda_check.h"
-#include "kernels/encoder.h"
-#include "kernels/gelu.h"
-#include "kernels/global_norm.h"
-#include "kernels/layernorm.h"
-#include "kernels/matmul.h"
-#include "kernels/matmul_wgmma.h"
-#include "kernels/residual.h"
+#include "kernels/attention/attention.h"
+#include "kernels/core/cuda_check.h"
+#include "kernels/gemm/matmul.h"
+#include "kernels/gemm/matmul_wgmma.h"
+#include "kernels/norms/layernorm.h"
+#include "kernels/ops/adamw.h"
+#include "kernels/ops/encoder.h"
+#include "kernels/ops/gelu.h"
+#include "kernels/ops/global_norm.h"
+#include "kernels/ops/residual.h"
 #include "model/device_buffer.h"
 #include "model/gpt_cuda.h"
 
@@ -277,7 +277,7 @@ struct GptCuda::Impl {
     CrossEntropySummary take_summary();
 
     // Rows of the LM head that vocab-parallel rank r owns: contiguous, the first V % size ranks
-    // one more (train/vocab_parallel_head.h splits the same way).
+    // one more (train/vocab_parallel/vocab_parallel_head.h splits the same way).
     int64_t shard_rows(int r) const {
         const int64_t V = cfg.vocab_size, P = vgroup.size;
         return V / P + (r < V % P ? 1 : 0);

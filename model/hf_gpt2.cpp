@@ -9,7 +9,7 @@
 
 #include "data/file_read.h"
 #include "data/safetensors.h"
-#include "kernels/check.h"
+#include "kernels/core/check.h"
 
 namespace zgpt {
 

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "kernels/check.h"
+#include "kernels/core/check.h"
 
 namespace zgpt {
 

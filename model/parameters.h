@@ -60,8 +60,9 @@ struct GptLayout {
 
 // The rows of a vocabulary table (wte; lm_head when untied). One part: the vocabulary padded to
 // a multiple of 128. Split by rows over `vocab_parts` vocab-parallel ranks: each rank's table
-// holds its shard (train/vocab_parallel_head.h says which rows) in the rows of the largest shard
-// rounded up to a multiple of 8, so that every rank of the group has the same arena layout.
+// holds its shard (train/vocab_parallel/vocab_parallel_head.h says which rows) in the rows of the
+// largest shard rounded up to a multiple of 8, so that every rank of the group has the same arena
+// layout.
 int64_t vocab_table_rows(const ModelConfig& c, int vocab_parts = 1);
 
 GptLayout make_gpt_layout(const ModelConfig& c, int vocab_parts = 1);

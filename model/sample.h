@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels/rng.h"
+#include "kernels/core/rng.h"
 #include "model/gpt.h"
 
 namespace zgpt {

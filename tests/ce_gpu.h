@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cross_entropy.h"
+#include "kernels/loss_head/cross_entropy.h"
 #include "tests/gpu_helpers.h"
 #include "tests/helpers.h"
 
@@ -49,7 +49,7 @@ struct Result {
     bool padding_written = false;
 };
 
-// The CPU head (kernels/cross_entropy.cpp, in double) on the values the device sees.
+// The CPU head (kernels/loss_head/cross_entropy.cpp, in double) on the values the device sees.
 struct Reference {
     std::vector<double> dlogits, loss, ce, z, lse;
     CrossEntropySummary summary;

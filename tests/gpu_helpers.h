@@ -10,8 +10,8 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/dtype.h"
-#include "kernels/rng.h"
+#include "kernels/core/dtype.h"
+#include "kernels/core/rng.h"
 #include "tests/helpers.h"
 
 namespace zgpt::test {

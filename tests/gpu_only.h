@@ -2,7 +2,7 @@
 // main() exits 77 (ctest: skipped) with the reason. test_kernels does not include it: it runs its
 // CPU rows anyway and reports the GPU rows it skipped.
 #pragma once
-#include "kernels/cuda_device.h"
+#include "kernels/core/cuda_device.h"
 #include "tests/helpers.h"
 
 namespace zgpt::test {

@@ -73,7 +73,7 @@ ModelConfig oracle_model_config(const SafeTensors& st) {
     mc.vocab_size = cfg.at("vocab_size");
     mc.tie_embeddings = cfg.at("tie_embeddings");
     mc.bias = cfg.at("bias");
-    if (cfg.contains("n_kv_head")) {  // a LlamaForCausalLM oracle (tools/llama_oracle.py)
+    if (cfg.contains("n_kv_head")) {  // a LlamaForCausalLM oracle (tools/dev/llama_oracle.py)
         mc.n_kv_head = cfg.at("n_kv_head");
         mc.mlp_hidden = cfg.at("mlp_hidden");
         mc.ln_eps = cfg.at("rms_norm_eps");

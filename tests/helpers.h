@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "data/safetensors.h"
-#include "kernels/rng.h"
+#include "kernels/core/rng.h"
 #include "model/gpt_config.h"
 
 namespace zgpt::test {

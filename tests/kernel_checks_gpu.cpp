@@ -1,5 +1,5 @@
 // The GPU checks of test_kernels' rows (tests/kernel_table.h): one CUDA op against the CPU
-// reference (kernels/*.cpp, run in double) on the same inputs. CUDA builds only.
+// reference (kernels/*/*.cpp, run in double) on the same inputs. CUDA builds only.
 //
 // Tolerances, one per type (rtol_of and check_close in gpu_helpers.h), argued from the rounding:
 // - fp32: the GPU and the reference read the same fp32 inputs; the GPU's sums of up to a few
@@ -23,16 +23,16 @@
 #include <string>
 #include <vector>
 
-#include "kernels/adamw.h"
-#include "kernels/attention.h"
-#include "kernels/cuda_device.h"
-#include "kernels/encoder.h"
-#include "kernels/gelu.h"
-#include "kernels/global_norm.h"
-#include "kernels/layernorm.h"
-#include "kernels/matmul.h"
-#include "kernels/matmul_wgmma.h"
-#include "kernels/residual.h"
+#include "kernels/attention/attention.h"
+#include "kernels/core/cuda_device.h"
+#include "kernels/gemm/matmul.h"
+#include "kernels/gemm/matmul_wgmma.h"
+#include "kernels/norms/layernorm.h"
+#include "kernels/ops/adamw.h"
+#include "kernels/ops/encoder.h"
+#include "kernels/ops/gelu.h"
+#include "kernels/ops/global_norm.h"
+#include "kernels/ops/residual.h"
 #include "tests/ce_gpu.h"
 #include "tests/gpu_helpers.h"
 #include "tests/helpers.h"
@@ -698,7 +698,7 @@ void matmul_strided(int64_t M, int64_t K, int64_t N, int64_t ld, DType t) {
 }
 
 void column_sums(int64_t rows, int64_t cols) {
-    // out[c] += the sum of parts[k][c] (kernels/column_sums.cuh, through the bias gradient's
+    // out[c] += the sum of parts[k][c] (kernels/core/column_sums.cuh, through the bias gradient's
     // entry point): fp32 partials of either sign, summed here in double; fp32 sums of `rows`
     // terms within 1e-5 of the largest
     Rng rng(seed_of({rows, cols}));

@@ -10,8 +10,8 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/cross_entropy.h"
-#include "kernels/dtype.h"
+#include "kernels/core/dtype.h"
+#include "kernels/loss_head/cross_entropy.h"
 
 namespace zgpt::test {
 
@@ -49,7 +49,7 @@ struct CeDims {
 
 namespace gpu {
 
-// variant: a name of kernels/registry.h's family of the same name
+// variant: a name of kernels/core/registry.h's family of the same name
 void attention(const std::string& variant, const AttentionDims& s, DType t);
 void cross_entropy(const std::string& variant, const CeDims& s, DType t);
 // The activations in t, the residual stream (a, res, dinp), weight and bias in res_t.

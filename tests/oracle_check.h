@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "data/safetensors.h"
-#include "kernels/cross_entropy.h"
+#include "kernels/loss_head/cross_entropy.h"
 #include "model/hf_gpt2.h"
 #include "tests/helpers.h"
 

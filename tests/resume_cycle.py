@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tools"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tools" / "dev"))
 from bad_inputs import Checkpoint  # noqa: E402  (the checkpoint layout, read and rewritten)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

@@ -1,13 +1,13 @@
-// The CUDA loss head's planners (kernels/cross_entropy/plan.h) on the CPU: the cluster, stages,
-// warp groups and helper grid that `fast` and `fast_lockstep` choose for a few shapes and
+// The CUDA loss head's planners (kernels/loss_head/cross_entropy/plan.h) on the CPU: the cluster,
+// stages, warp groups and helper grid that `fast` and `fast_lockstep` choose for a few shapes and
 // devices. Each expected value is worked out here from the rules the planner documents, not
 // copied from a run.
 #include <doctest/doctest.h>
 
 #include <cstdint>
 
-#include "kernels/cross_entropy.h"
-#include "kernels/cross_entropy/plan.h"
+#include "kernels/loss_head/cross_entropy.h"
+#include "kernels/loss_head/cross_entropy/plan.h"
 
 using namespace zgpt;
 using namespace zgpt::cuda;

@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
-#include "kernels/check.h"
+#include "kernels/core/check.h"
 #include "model/parameters.h"
 #include "tests/helpers.h"
 #include "train/checkpoint.h"

@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "kernels/check.h"
+#include "kernels/core/check.h"
 #include "train/config.h"
 
 using namespace zgpt;

@@ -6,8 +6,8 @@
 #include <cstdlib>
 #include <vector>
 
-#include "kernels/cpu_blas.h"
-#include "kernels/matmul.h"
+#include "kernels/gemm/cpu_blas.h"
+#include "kernels/gemm/matmul.h"
 
 using namespace zgpt::cpu;
 

@@ -6,9 +6,9 @@
 
 #include <cmath>
 
-#include "kernels/check.h"
-#include "kernels/cross_entropy.h"
-#include "kernels/slice_parts.h"
+#include "kernels/core/check.h"
+#include "kernels/loss_head/cross_entropy.h"
+#include "kernels/loss_head/cross_entropy/slice_parts.h"
 #include "tests/helpers.h"
 
 using namespace zgpt;

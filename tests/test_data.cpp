@@ -10,7 +10,7 @@
 #include "data/safetensors.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
-#include "kernels/check.h"
+#include "kernels/core/check.h"
 
 using namespace zgpt;
 namespace fs = std::filesystem;

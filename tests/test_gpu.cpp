@@ -15,10 +15,10 @@
 #include <sstream>
 
 #include "data/safetensors.h"
-#include "kernels/cross_entropy.h"
-#include "kernels/cuda_device.h"
-#include "kernels/filtered_gemm.h"
-#include "kernels/matmul.h"
+#include "kernels/core/cuda_device.h"
+#include "kernels/gemm/filtered_gemm.h"
+#include "kernels/gemm/matmul.h"
+#include "kernels/loss_head/cross_entropy.h"
 #include "tests/ce_gpu.h"
 #include "tests/gpu_helpers.h"
 #include "tests/gpu_only.h"

@@ -25,13 +25,13 @@
 #include <thread>
 
 #include "data/safetensors.h"
-#include "kernels/attention.h"
-#include "kernels/check.h"
-#include "kernels/cuda_device.h"
-#include "kernels/global_norm.h"
-#include "kernels/gpu_power.h"
-#include "kernels/layernorm.h"
-#include "kernels/matmul.h"
+#include "kernels/attention/attention.h"
+#include "kernels/core/check.h"
+#include "kernels/core/cuda_device.h"
+#include "kernels/core/gpu_power.h"
+#include "kernels/gemm/matmul.h"
+#include "kernels/norms/layernorm.h"
+#include "kernels/ops/global_norm.h"
 #include "model/device_buffer.h"
 #include "model/gpt.h"
 #include "model/gpt_cuda.h"
@@ -39,7 +39,7 @@
 #include "tests/gpu_helpers.h"
 #include "tests/gpu_only.h"
 #include "tests/helpers.h"
-#include "train/backend.h"
+#include "train/backends/backend.h"
 
 using namespace zgpt;
 using namespace zgpt::test;
@@ -915,8 +915,8 @@ TEST_CASE("device_bytes_needed counts, without allocating, what a model holds af
 }
 
 TEST_CASE("the power sampler reads the board's power and SM clock while the GPU works") {
-    // bench_train reports these over its timed steps (kernels/gpu_power.h). A GPU machine has the
-    // driver, so NVML must be there.
+    // bench_train reports these over its timed steps (kernels/core/gpu_power.h). A GPU machine has
+    // the driver, so NVML must be there.
     cuda::PowerSampler sampler(20);
     REQUIRE_MESSAGE(sampler.unavailable().empty(), sampler.unavailable());
     CHECK(sampler.stop().samples == 0);  // nothing sampled before start()
@@ -967,8 +967,8 @@ TEST_CASE("kernel choices are validated with the known names") {
 }
 
 TEST_CASE("the registry's names and the CUDA entries are the same lists") {
-    // kernels/registry.h names every variant; the CUDA tables hold one entry per name (fused_linear
-    // in its own table), and no entry the registry does not name
+    // kernels/core/registry.h names every variant; the CUDA tables hold one entry per name
+    // (fused_linear in its own table), and no entry the registry does not name
     std::vector<std::string> att, ce;
     for (const cuda::AttentionVariant& v : cuda::attention_variants()) att.push_back(v.name);
     for (const cuda::CrossEntropyVariant& v : cuda::cross_entropy_variants()) ce.push_back(v.name);
@@ -1007,9 +1007,9 @@ TEST_CASE("the registry's names and the CUDA entries are the same lists") {
 
 #include <thread>
 
-#include "train/comm.h"
-#include "train/cuda_vocab_group.h"
-#include "train/vocab_sharded_arena.h"
+#include "train/dist/comm.h"
+#include "train/vocab_parallel/cuda_vocab_group.h"
+#include "train/vocab_parallel/vocab_sharded_arena.h"
 
 TEST_CASE("vocab-parallel head with 2 and 4 local ranks on one GPU equals one rank") {
     ModelConfig mc;

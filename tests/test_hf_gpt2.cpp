@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/safetensors.h"
-#include "kernels/check.h"
+#include "kernels/core/check.h"
 #include "model/hf_gpt2.h"
 #include "tests/helpers.h"
 

@@ -1,8 +1,8 @@
 // The kernel table: every op family x variant x shape x type against the CPU reference (ggml's
 // test-backend-ops is the model). The variants of the registered families come from
-// kernel_families() (kernels/registry.h), so a newly registered variant gets its rows at once, and
-// one the table has no runner for fails by name. Ops without a registry family (the encoder, the
-// qk LayerNorm, GELU, the residual add, AdamW, the global norm) have one variant, "cuda". The
+// kernel_families() (kernels/core/registry.h), so a newly registered variant gets its rows at once,
+// and one the table has no runner for fails by name. Ops without a registry family (the encoder,
+// the qk LayerNorm, GELU, the residual add, AdamW, the global norm) have one variant, "cuda". The
 // variant "cpu" is a family's vectorised float CPU path against the same reference in double.
 //
 // Built in every build. Where CUDA is not built, or no GPU is usable, the CPU rows run and the GPU
@@ -19,11 +19,11 @@
 #include <string>
 #include <vector>
 
-#include "kernels/attention.h"
-#include "kernels/cuda_device.h"
-#include "kernels/gelu.h"
-#include "kernels/matmul.h"
-#include "kernels/registry.h"
+#include "kernels/attention/attention.h"
+#include "kernels/core/cuda_device.h"
+#include "kernels/core/registry.h"
+#include "kernels/gemm/matmul.h"
+#include "kernels/ops/gelu.h"
 #include "tests/helpers.h"
 #include "tests/kernel_table.h"
 
@@ -480,7 +480,7 @@ Table build_table() {
             for (const Runner& r : all) found |= r.family == f.name && r.variant == v;
             if (!found)
                 t.problems.push_back("no runner for " + f.name + " variant " + v +
-                                     " (kernels/registry.cpp registers it; add its rows to "
+                                     " (kernels/core/registry.cpp registers it; add its rows to "
                                      "tests/test_kernels.cpp)");
         }
     }
@@ -489,7 +489,7 @@ Table build_table() {
         if (f && r.variant != "cpu" &&
             std::find(f->variants.begin(), f->variants.end(), r.variant) == f->variants.end())
             t.problems.push_back("a runner for " + r.family + " variant " + r.variant +
-                                 ", which kernels/registry.cpp does not register");
+                                 ", which kernels/core/registry.cpp does not register");
         if (std::find(t.families.begin(), t.families.end(), r.family) == t.families.end())
             t.families.push_back(r.family);
         r.add_rows(t.rows);

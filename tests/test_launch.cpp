@@ -23,10 +23,10 @@
 #include <sstream>
 #include <thread>
 
-#include "kernels/check.h"
-#include "train/comm_tcp.h"
-#include "train/launch.h"
-#include "train/net.h"
+#include "kernels/core/check.h"
+#include "train/dist/comm_tcp.h"
+#include "train/dist/launch.h"
+#include "train/dist/net.h"
 
 using namespace zgpt;
 namespace fs = std::filesystem;

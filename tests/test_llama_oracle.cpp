@@ -1,4 +1,4 @@
-// The Llama-style oracles (tools/llama_oracle.py writes llama_tiny*.safetensors into
+// The Llama-style oracles (tools/dev/llama_oracle.py writes llama_tiny*.safetensors into
 // $ZGPT_ORACLES, or ../shared/data/oracles): tiny Hugging Face LlamaForCausalLM models in float64
 // (RMSNorm, rotary positions, SwiGLU, grouped-query attention). The CPU model, loaded through the
 // Hugging Face importer, reproduces its logits, loss and every parameter gradient.
@@ -28,7 +28,7 @@ const bool kHaveOracle = [] {
     for (const std::string& name : kCases)
         if (!std::filesystem::exists(oracle_file(name)))
             skip_binary(oracle_file(name) +
-                        " not found: make it with tools/llama_oracle.py --out " +
+                        " not found: make it with tools/dev/llama_oracle.py --out " +
                         "DIR (torch and transformers from PyPI) and set ZGPT_ORACLES=DIR");
     return true;
 }();

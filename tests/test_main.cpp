@@ -3,7 +3,7 @@
 
 #include <cstdio>
 
-#include "kernels/cpu_blas.h"
+#include "kernels/gemm/cpu_blas.h"
 #include "tests/helpers.h"
 
 #include <cstring>

@@ -5,8 +5,8 @@
 
 #include <cmath>
 
-#include "kernels/check.h"
-#include "kernels/rng.h"
+#include "kernels/core/check.h"
+#include "kernels/core/rng.h"
 #include "model/gpt.h"
 #include "model/sample.h"
 #include "tests/helpers.h"

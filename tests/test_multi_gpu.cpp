@@ -29,7 +29,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/shard.h"
-#include "kernels/cuda_device.h"
+#include "kernels/core/cuda_device.h"
 #include "model/parameters.h"
 #include "tests/helpers.h"
 #include "train/checkpoint.h"

@@ -3,15 +3,15 @@
 // Each op's scalar test loss is sum(out * R) for a fixed random R, so dL/dout = R.
 #include <doctest/doctest.h>
 
-#include "kernels/attention.h"
-#include "kernels/encoder.h"
-#include "kernels/gelu.h"
-#include "kernels/layernorm.h"
-#include "kernels/matmul.h"
-#include "kernels/residual.h"
-#include "kernels/rmsnorm.h"
-#include "kernels/rope.h"
-#include "kernels/swiglu.h"
+#include "kernels/attention/attention.h"
+#include "kernels/gemm/matmul.h"
+#include "kernels/norms/layernorm.h"
+#include "kernels/norms/rmsnorm.h"
+#include "kernels/ops/encoder.h"
+#include "kernels/ops/gelu.h"
+#include "kernels/ops/residual.h"
+#include "kernels/ops/rope.h"
+#include "kernels/ops/swiglu.h"
 #include "tests/helpers.h"
 
 using namespace zgpt;

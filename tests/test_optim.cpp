@@ -3,8 +3,8 @@
 
 #include <cmath>
 
-#include "kernels/adamw.h"
-#include "kernels/global_norm.h"
+#include "kernels/ops/adamw.h"
+#include "kernels/ops/global_norm.h"
 #include "model/gpt.h"
 #include "tests/helpers.h"
 #include "train/lr_schedule.h"

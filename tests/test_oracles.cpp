@@ -6,7 +6,7 @@
 #include <filesystem>
 
 #include "data/safetensors.h"
-#include "kernels/cross_entropy.h"
+#include "kernels/loss_head/cross_entropy.h"
 #include "model/gpt.h"
 #include "model/hf_gpt2.h"
 #include "tests/helpers.h"

@@ -13,18 +13,18 @@
 #include <thread>
 
 #include "data/shard.h"
-#include "kernels/check.h"
-#include "kernels/matmul.h"
+#include "kernels/core/check.h"
+#include "kernels/gemm/matmul.h"
 #include "model/parameters.h"
 #include "tests/helpers.h"
-#include "train/backend.h"
-#include "train/backend_init.h"
+#include "train/backends/backend.h"
+#include "train/backends/backend_init.h"
 #include "train/checkpoint.h"
-#include "train/comm.h"
 #include "train/config.h"
+#include "train/dist/comm.h"
 #include "train/timed_choices.h"
 #include "train/trainer.h"
-#include "train/vocab_parallel_head.h"
+#include "train/vocab_parallel/vocab_parallel_head.h"
 
 using namespace zgpt;
 using namespace zgpt::test;

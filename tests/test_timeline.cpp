@@ -1,9 +1,10 @@
-// bench_train --timeline's summary (tools/gpu_timeline.h) on hand-made intervals: the busy time
-// is the union over streams, the idle gaps lie between busy stretches and name their neighbours,
-// and the kernel names are short. CUPTI itself runs only on a GPU machine (bench_train there).
+// bench_train --timeline's summary (tools/bench/gpu_timeline.h) on hand-made intervals: the busy
+// time is the union over streams, the idle gaps lie between busy stretches and name their
+// neighbours, and the kernel names are short. CUPTI itself runs only on a GPU machine (bench_train
+// there).
 #include <doctest/doctest.h>
 
-#include "tools/gpu_timeline.h"
+#include "tools/bench/gpu_timeline.h"
 
 using namespace zgpt;
 

@@ -579,7 +579,7 @@ TEST_CASE("a run stopped before its first checkpoint starts again without duplic
     CHECK(seen.size() == 4);  // step 0 (evaluation) and 1..3
 }
 
-#include "kernels/check.h"
+#include "kernels/core/check.h"
 #include "train/run_dir.h"
 
 TEST_CASE("a write that fails (a full disk: /dev/full) leaves the previous file and no .tmp") {

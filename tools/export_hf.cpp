@@ -6,7 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
-#include "kernels/check.h"
+#include "kernels/core/check.h"
 #include "model/hf_gpt2.h"
 #include "train/checkpoint.h"
 #include "train/cli.h"

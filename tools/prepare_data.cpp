@@ -13,7 +13,7 @@
 
 #include "data/shard.h"
 #include "data/tokenizer.h"
-#include "kernels/check.h"
+#include "kernels/core/check.h"
 #include "train/cli.h"
 
 namespace fs = std::filesystem;

@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "data/tokenizer.h"
-#include "kernels/check.h"
-#include "kernels/cpu_blas.h"
+#include "kernels/core/check.h"
+#include "kernels/gemm/cpu_blas.h"
 #include "model/sample.h"
 #include "train/checkpoint.h"
 #include "train/cli.h"
@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
     app.add_option("-s,--seed", seed, "seed of the sampler")->capture_default_str();
     app.add_option("--logits-out", logits_out,
                    "also write the prompt ids and the next-token logits after it as JSON (for "
-                   "comparisons with other implementations, e.g. tools/hf_check.py)");
+                   "comparisons with other implementations, e.g. tools/dev/hf_check.py)");
     CLI11_PARSE(app, argc, argv);
     try {
         ZG_CHECK(run_dir.empty() != checkpoint.empty(),

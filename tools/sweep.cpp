@@ -30,7 +30,7 @@
 #include <thread>
 
 #include "data/file_read.h"
-#include "kernels/check.h"
+#include "kernels/core/check.h"
 #include "train/checkpoint.h"
 #include "train/cli.h"
 #include "train/device.h"

@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "data/bpe_trainer.h"
-#include "kernels/check.h"
+#include "kernels/core/check.h"
 #include "train/cli.h"
 
 int main(int argc, char** argv) {

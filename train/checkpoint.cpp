@@ -16,7 +16,7 @@
 #include <optional>
 
 #include "data/file_read.h"
-#include "kernels/check.h"
+#include "kernels/core/check.h"
 #include "train/run_dir.h"
 
 namespace zgpt {

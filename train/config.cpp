@@ -14,7 +14,7 @@
 #include <tuple>
 
 #include "data/file_read.h"
-#include "kernels/check.h"
+#include "kernels/core/check.h"
 
 namespace zgpt {
 
@@ -190,7 +190,7 @@ std::vector<ConfigField> config_fields(Config& c) {
          "seconds; keep it above the longest step, checkpoint write or printed sample",
          &par.timeout_s, 0, 1e7, true});
     KernelChoice& k = c.kernels;
-    // one key per registered family (kernels/registry.h), its variants the allowed values
+    // one key per registered family (kernels/core/registry.h), its variants the allowed values
     for (const KernelFamily& f : kernel_families())
         add({"kernels", f.name, f.help, &kernel_choice(k, f.name), 0, 0, false, false, f.variants});
     add({"kernels", "linear_ce_row_block",
@@ -242,9 +242,10 @@ std::vector<ConfigField> config_fields(Config& c) {
          "GPU, matmul: fused_epilogue: the MLP fc layer's bias gradient as one more column of its "
          "weight-gradient GEMM (ln2 stored with a column of ones; false: a column-sum pass)",
          &k.fc_bias_in_dw});
-    // The kernels' tuning knobs (CrossEntropyTuning in kernels/cross_entropy.h, AttentionTuning
-    // in kernels/attention.h): nested keys, kernels.<family>_tuning.<knob>, every default the
-    // kernels' own choice. Values outside a knob's set are refused in check_cross.
+    // The kernels' tuning knobs (CrossEntropyTuning in kernels/loss_head/cross_entropy.h,
+    // AttentionTuning in kernels/attention/attention.h): nested keys,
+    // kernels.<family>_tuning.<knob>, every default the kernels' own choice. Values outside a
+    // knob's set are refused in check_cross.
     cuda::CrossEntropyTuning& ct = k.cross_entropy_tuning;
     const std::string ce = "cross_entropy_tuning.";
     add({"kernels", ce + "cluster", "fast*: CTAs per cluster (0: the fewest that fit the stages)",
@@ -510,7 +511,7 @@ void check_cross(const Config& c, const Origins& origins) {
                     "parallel.vocab_parallel > 1 take fast, fused_linear or fused_linear_wgmma");
     check_tuning_sets(k, at);
     // Each tuning key away from its default must be one the chosen variant of its family reads
-    // (the registry's data, kernels/registry.cpp): with another variant it would be silently
+    // (the registry's data, kernels/core/registry.cpp): with another variant it would be silently
     // ignored.
     const std::string cet = "cross_entropy_tuning.", att = "attention_tuning.";
     const cuda::CrossEntropyTuning& ct = k.cross_entropy_tuning;

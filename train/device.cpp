@@ -2,10 +2,10 @@
 
 #include <unistd.h>
 
-#include "kernels/check.h"
+#include "kernels/core/check.h"
 #ifdef ZGPT_HAVE_CUDA
-#include "kernels/cuda_device.h"
-#include "kernels/gpu_power.h"
+#include "kernels/core/cuda_device.h"
+#include "kernels/core/gpu_power.h"
 #endif
 
 namespace zgpt {

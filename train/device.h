@@ -18,7 +18,7 @@ double host_memory_bytes();
 // says why. cuda: an error when no GPU can be used.
 DeviceChoice choose_device(const std::string& requested);
 
-// The GPU board's power and SM clock for a run's metrics (kernels/gpu_power.h, through NVML):
+// The GPU board's power and SM clock for a run's metrics (kernels/core/gpu_power.h, through NVML):
 // means over the time since the previous read(). On the CPU, in a build without CUDA or where NVML
 // is missing it samples nothing (samples == 0).
 class PowerMeter {

@@ -7,13 +7,13 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "kernels/check.h"
-#include "kernels/cpu_blas.h"
-#include "kernels/registry.h"
+#include "kernels/core/check.h"
+#include "kernels/core/registry.h"
+#include "kernels/gemm/cpu_blas.h"
 #include "train/cli.h"
 #include "train/config.h"
 #include "train/device.h"
-#include "train/launch.h"
+#include "train/dist/launch.h"
 #include "train/trainer.h"
 
 int main(int argc, char** argv) {

@@ -7,7 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "kernels/check.h"
+#include "kernels/core/check.h"
 
 namespace zgpt {
 

@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "train/comm.h"
+#include "train/dist/comm.h"
 
 namespace zgpt {
 

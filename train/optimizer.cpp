@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/check.h"
+#include "kernels/core/check.h"
 
-#include "kernels/adamw.h"
-#include "kernels/global_norm.h"
+#include "kernels/ops/adamw.h"
+#include "kernels/ops/global_norm.h"
 
 namespace zgpt {
 

@@ -14,8 +14,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "kernels/check.h"
-#include "kernels/cpu_blas.h"
+#include "kernels/core/check.h"
+#include "kernels/gemm/cpu_blas.h"
 
 namespace zgpt {
 

@@ -5,8 +5,8 @@
 #pragma once
 #include <string>
 
-#include "train/comm.h"
 #include "train/config.h"
+#include "train/dist/comm.h"
 
 namespace zgpt {
 

@@ -3,8 +3,8 @@
 #include <string>
 
 #include "data/loader.h"
-#include "train/comm.h"
 #include "train/config.h"
+#include "train/dist/comm.h"
 
 namespace zgpt {
 
@@ -21,7 +21,7 @@ struct TrainResult {
 void resolve_vocab_size(Config& c);
 
 // The training loader's options of `rank` of `world_size` ranks: what the trainer reads, batch
-// by batch (tools/parity_inputs.cpp dumps the same batches for the PyTorch parity check).
+// by batch (tools/dev/parity_inputs.cpp dumps the same batches for the PyTorch parity check).
 LoaderOptions train_loader_options(const Config& cfg, int rank, int world_size);
 
 // One run. With parallel.local_ranks > 1, that many ranks as threads of this process.

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/attention.h"
+#include "kernels/attention/attention.h"
 
 namespace zgpt::cuda {
 

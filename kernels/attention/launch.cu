@@ -1,7 +1,7 @@
-// The attention variants' registry on the GPU (kernels/attention.h): flash and flash_mma
+// The attention variants' registry on the GPU (kernels/attention/attention.h): flash and flash_mma
 // (flash.cu, with the tensor-core kernels of mma.cu and wgmma.cu), naive (naive.cu).
 #include "kernels/attention/scalar.cuh"
-#include "kernels/check.h"
+#include "kernels/core/check.h"
 
 namespace zgpt::cuda {
 

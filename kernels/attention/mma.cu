@@ -21,8 +21,8 @@
 
 #include "kernels/attention/geo.cuh"
 #include "kernels/attention/tc.cuh"
-#include "kernels/cuda_common.cuh"
-#include "kernels/mma_sync.cuh"
+#include "kernels/core/cuda_common.cuh"
+#include "kernels/gemm/mma_sync.cuh"
 
 namespace zgpt::cuda::attention_mma {
 

@@ -2,8 +2,8 @@
 // variant for bf16 with head size 64. Same contract as flash: lse [B, NH, T] (natural log) saved
 // by forward; backward writes dqkv and uses dsum [B, NH, T] as scratch.
 #pragma once
-#include "kernels/attention.h"
-#include "kernels/dtype.h"
+#include "kernels/attention/attention.h"
+#include "kernels/core/dtype.h"
 
 struct CUstream_st;
 namespace zgpt::cuda::attention_mma {

@@ -1,9 +1,9 @@
 // What the scalar attention kernels (flash.cu, naive.cu) share: where a head's q row lives, and
 // the shape check of their launchers.
 #pragma once
-#include "kernels/attention.h"
+#include "kernels/attention/attention.h"
 #include "kernels/attention/geo.cuh"
-#include "kernels/cuda_common.cuh"
+#include "kernels/core/cuda_common.cuh"
 
 namespace zgpt::cuda {
 

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "kernels/mma_sync.cuh"
+#include "kernels/gemm/mma_sync.cuh"
 
 namespace zgpt::cuda::attention_tc {
 

@@ -32,10 +32,10 @@
 
 #include "kernels/attention/geo.cuh"
 #include "kernels/attention/tc.cuh"
-#include "kernels/cuda_common.cuh"
-#include "kernels/cuda_device.h"
-#include "kernels/hopper_gemm.cuh"
-#include "kernels/wgmma.cuh"
+#include "kernels/core/cuda_common.cuh"
+#include "kernels/core/cuda_device.h"
+#include "kernels/gemm/hopper_gemm.cuh"
+#include "kernels/gemm/wgmma.cuh"
 
 namespace zgpt::cuda::attention_wgmma {
 
@@ -90,7 +90,7 @@ __device__ __forceinline__ void wait_prev_and_sync() {
     __syncthreads();
 }
 // ---------------------------------------------------------------- wgmma
-// desc(), wg_fence(), wg_commit(), wg_wait<N>(): kernels/wgmma.cuh
+// desc(), wg_fence(), wg_commit(), wg_wait<N>(): kernels/gemm/wgmma.cuh
 __device__ __forceinline__ void wg_wait_all() {
     wg_wait<0>();
 }

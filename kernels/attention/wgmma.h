@@ -3,8 +3,8 @@
 // size 64. Same contract and column-sum layout as attention/mma.h, which stays the path on other
 // GPUs and is the `flash_mma` variant everywhere.
 #pragma once
-#include "kernels/attention.h"
-#include "kernels/dtype.h"
+#include "kernels/attention/attention.h"
+#include "kernels/core/dtype.h"
 
 struct CUstream_st;
 namespace zgpt::cuda::attention_wgmma {

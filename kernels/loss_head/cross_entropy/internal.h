@@ -1,0 +1,47 @@
+// What the loss head's files share on the host side (not part of the public interface,
+// kernels/loss_head/cross_entropy.h): argument checks, the workspace layout, and each variant's
+// run(), which launch.cu registers. Each .cu launches only its own kernels (they are private to
+// it); the shared steps go through the public building blocks (ce_count_valid, ce_finalize, ...).
+//
+//   launch.cu        the public building blocks' small kernels (count, merge, finalize, reduce),
+//                    the workspace, the registry
+//   naive_online.cu  naive; online and its building blocks ce_shard_stats / ce_shard_backward
+//   fast.cu          fast (pingpong schedule) and fast_lockstep, their launches and trace
+//   plan.h / .cpp    the planners (plain C++): block sizes, fast's cluster and helper layout
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/core/workspace.h"
+#include "kernels/loss_head/cross_entropy.h"
+
+namespace zgpt::cuda::ce {
+
+// Throws zgpt::Error on bad options or sizes; full_row: the variant needs v0 = 0, V_local = V.
+void check_args(const CrossEntropyArgs& a, const CrossEntropyOptions& o, bool full_row);
+
+// Workspace layout shared by the variants: what the caller did not provide lives here.
+struct Workspace {
+    int* n_valid;
+    RowStatsF* stats;
+    RowGradParams* params;
+    float *loss, *ce, *z, *lse;
+    float* row_max;  // naive
+    float* probs;    // naive
+};
+
+// The layout of every variant's workspace; on a measuring layout (null base) it gives the size.
+Workspace carve(WorkspaceLayout& l, int64_t N, int64_t V, bool naive);
+Workspace carve(void* w, int64_t N, int64_t V, bool naive);
+
+// The args with row outputs pointing into the workspace where the caller gave none.
+CrossEntropyArgs with_rows(CrossEntropyArgs a, const Workspace& ws);
+
+// The variants' run() (CrossEntropyVariant::run).
+void run_naive(const CrossEntropyArgs& a, const CrossEntropyOptions& o, void* w, CUstream_st* s);
+void run_online(const CrossEntropyArgs& a, const CrossEntropyOptions& o, void* w, CUstream_st* s);
+void run_fast(const CrossEntropyArgs& a, const CrossEntropyOptions& o, void* w, CUstream_st* s);
+void run_fast_lockstep(const CrossEntropyArgs& a, const CrossEntropyOptions& o, void* w,
+                       CUstream_st* s);
+
+}  // namespace zgpt::cuda::ce

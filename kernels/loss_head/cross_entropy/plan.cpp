@@ -1,0 +1,101 @@
+#include "kernels/loss_head/cross_entropy/plan.h"
+
+#include <algorithm>
+
+namespace zgpt::cuda::ce {
+
+size_t type_size(LogitsType t) {
+    return t == LogitsType::bf16 ? 2 : 4;
+}
+
+bool rows_aligned(const void* a, const void* b, int64_t ld, LogitsType t) {
+    return reinterpret_cast<uintptr_t>(a) % 16 == 0 && reinterpret_cast<uintptr_t>(b) % 16 == 0 &&
+           (ld * int64_t(type_size(t))) % 16 == 0;
+}
+
+int num_threads_for(int64_t V) {
+    return V >= 4096 ? 512 : V >= 512 ? 256 : 64;
+}
+
+FastPlan plan_fast(const CrossEntropyArgs& a, bool pingpong, int max_smem) {
+    if (!rows_aligned(a.logits, a.dlogits ? a.dlogits : a.logits, a.ld, a.type)) return {};
+    const size_t es = type_size(a.type);
+    // Measured on an H100 (docs/cross_entropy.md). Warp groups (fast): one CTA per SM with a
+    // buffer per group, in the smallest cluster that holds them (more stages with more CTAs per
+    // cluster were slower: fewer clusters fit at once); groups of 512 threads for rows of up to
+    // 128 KB (measured faster at V = 50304), of 256 above. One group
+    // (fast_lockstep): rows of up to 128 KB run best as two 256-thread CTAs per SM with two stages
+    // each; longer rows as one 512-thread CTA per SM holding three. Static shared memory (barriers,
+    // statistics, reductions) takes < 2 KB.
+    const bool short_rows = size_t(a.V) * es <= (size_t(128) << 10);
+    // fast: each buffer in two copies, so a group refills the first half while its dlogits pass
+    // is on the second. Rows of up to 128 KB: two groups of 512 threads (faster than one copy at
+    // V = 50304); longer rows: three groups of 256 in 4-CTA clusters (faster than two groups at
+    // V = 128256; docs/results/ce_sweep_h100_87a3ef2.json). Four copies measured no better.
+    int groups = pingpong ? (short_rows ? 2 : 3) : 1;
+    int parts = pingpong ? 2 : 1;
+    // knobs for sweeps and tests (CrossEntropyTuning; 0: the choices here): groups (2 | 3 warp
+    // groups), parts (1 | 2 | 4 copies per buffer), threads (256 | 512 | 1024; with two groups,
+    // 512 or 1024 in all; three groups have 768), smem_kb (the buffers' budget per CTA),
+    // min_stages (the stages the cluster size is chosen for), cluster (a fixed cluster size)
+    const CrossEntropyTuning& k = a.tuning;
+    if (pingpong) {
+        if (const int g = k.groups; g == 2 || g == 3) groups = g;
+        if (const int p = k.parts; p == 1 || p == 2 || p == 4) parts = p;
+    }
+    const bool wide_groups = pingpong && groups == 2 && short_rows;
+    int threads = pingpong ? groups * (wide_groups ? 512 : 256) : short_rows ? 256 : kFastThreads;
+    size_t budget = pingpong || !short_rows ? size_t(max_smem) - 2048 : size_t(110) << 10;
+    int want = pingpong ? groups : short_rows ? 2 : kMinStages;
+    if (const int t = k.threads; t == 256 || t == 512 || t == 1024)
+        threads = !pingpong ? t : groups == 2 ? std::max(t, 512) : threads;
+    if (pingpong && threads != 512) parts = std::min(parts, 2);  // the kernels instantiated
+    if (const int kb = k.smem_kb; kb > 0) budget = size_t(kb) << 10;
+    budget = std::min(budget, size_t(max_smem) - 2048);
+    if (const int m = k.min_stages; m > 0) want = m;
+    const int forced = std::clamp(k.cluster, 0, kMaxCluster);
+    const int64_t per = 16 / int64_t(es);
+    for (const int min_stages : {want, 2}) {
+        for (int c = forced ? forced : 1; c <= (forced ? forced : kMaxCluster); c++) {
+            int64_t slice = (a.V + c - 1) / c;
+            slice = (slice + per - 1) / per * per;
+            const int64_t stages =
+                std::min<int64_t>(kMaxStages, int64_t(budget) / (slice * int64_t(es)));
+            if (stages >= min_stages) {
+                return FastPlan{c,     threads,     pingpong, groups,
+                                parts, int(stages), slice,    size_t(stages) * size_t(slice) * es};
+            }
+        }
+    }
+    return {};
+}
+
+FastPlan plan_fast_helper(const CrossEntropyArgs& a, const FastPlan& main, int max_smem) {
+    constexpr int kCluster = 2;
+    // only behind a grid of one CTA per SM, whose idle SMs are then whole
+    if (!main.pingpong || main.cluster <= kCluster || 2 * main.smem <= size_t(max_smem)) return {};
+    const size_t es = type_size(a.type);
+    const int64_t per = 16 / int64_t(es);
+    const int64_t slice = ((a.V + kCluster - 1) / kCluster + per - 1) / per * per;
+    const size_t budget = size_t(max_smem) - 2048;
+    const int64_t stages = std::min<int64_t>(kMaxStages, int64_t(budget) / (slice * int64_t(es)));
+    if (stages < 1) return {};
+    // one copy per buffer: with two or four, the main grid slowed more than the helper gained
+    // (V = 128256 on the H100, docs/results/ce_fast_helper_h100_99dcc22.json)
+    int parts = 1;
+    if (const int p = a.tuning.helper_parts; p == 1 || p == 2 || p == 4) parts = p;
+    return FastPlan{kCluster, 512,         true,  1,
+                    parts,    int(stages), slice, size_t(stages) * size_t(slice) * es};
+}
+
+HelperSplit split_helper(int64_t N, int sm_count, int main_clusters, const FastPlan& main,
+                         const FastPlan& help, int helper_fit, int weight) {
+    HelperSplit r;
+    const int idle = sm_count - main_clusters * main.cluster;
+    r.clusters = std::clamp(idle / help.cluster, 0, helper_fit);
+    const double h = double(r.clusters * help.cluster) * std::max(weight, 0) / 100.0;
+    r.rows = int64_t(double(N) * h / (h + double(main_clusters * main.cluster)));
+    return r;
+}
+
+}  // namespace zgpt::cuda::ce

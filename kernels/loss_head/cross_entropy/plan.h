@@ -1,0 +1,71 @@
+// The CUDA loss head's host-side planners: plain arithmetic on the shapes, the alignment, the
+// device's shared memory and SM count, deciding the grids, clusters and helper layout of the
+// `fast` variants and the block sizes of the others. No CUDA here: the CPU library builds it too,
+// and tests/test_ce_plan.cpp checks its decisions without a GPU. The launchers that follow the
+// plans are in kernels/loss_head/cross_entropy/*.cu.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/loss_head/cross_entropy.h"
+
+namespace zgpt::cuda::ce {
+
+constexpr int kFastThreads = 512;
+constexpr int kMaxCluster = 8;
+constexpr int kMaxStages = 8;
+constexpr int kMinStages = 3;
+
+// The helper's rows per SM against the main grid's, in percent. Swept on the H100 at V = 128256
+// (docs/results/ce_fast_helper_h100_99dcc22.json): the time falls up to about 75 and jumps from
+// 90, where the helper's rows become the tail. 70 leaves a margin before that cliff.
+constexpr int kHelperWeight = 70;
+
+size_t type_size(LogitsType t);
+
+// Whole 16-byte chunks are possible when every row of both buffers starts 16-byte aligned.
+bool rows_aligned(const void* a, const void* b, int64_t ld, LogitsType t);
+
+// Threads per block of the block-per-row kernels (naive, online).
+int num_threads_for(int64_t V);
+
+// The fast kernel's shape. Each CTA keeps `stages` slices of rows in shared memory; the plan
+// takes the fewest CTAs per cluster (<= 8) whose slices fit the wanted number of stages in the
+// budget (else 2), so that rows stream in while one is worked on. As many persistent clusters are
+// launched as fit on the GPU at once.
+struct FastPlan {
+    int cluster = 0;  // 0: not possible (unaligned rows or rows too long): use online
+    int threads = kFastThreads;
+    bool pingpong = false;  // fast_pingpong_kernel (threads: all of its groups)
+    int groups = 1;         // warp groups per CTA
+    int parts = 1;          // bulk copies per buffer
+    int stages = 0;
+    int64_t slice = 0;
+    size_t smem = 0;
+};
+
+// max_smem: the device's opt-in shared memory per block (cudaDevAttrMaxSharedMemoryPerBlockOptin).
+// Follows the knobs of a.tuning (CrossEntropyTuning; its defaults: the choices below).
+FastPlan plan_fast(const CrossEntropyArgs& a, bool pingpong, int max_smem);
+
+// The helper of a `fast` launch whose clusters leave SMs idle. Clusters live inside one GPC, and
+// on the H100 (132 SMs) at most 30 clusters of 4 one-CTA-per-SM CTAs fit at once: 120 SMs, while
+// 66 clusters of 2 take all 132 (measured, docs/cross_entropy.md). The helper is one warp group
+// of 512 threads per CTA in 2-CTA clusters, one buffer of half a row each (so rows of up to two
+// CTAs' shared memory), launched after the main grid onto the SMs it left idle. Its copies per
+// buffer: a.tuning.helper_parts.
+FastPlan plan_fast_helper(const CrossEntropyArgs& a, const FastPlan& main, int max_smem);
+
+// The helper grid's share of N rows. The SMs (of sm_count) that the main grid leaves idle, with
+// main_clusters clusters of its plan resident at once, take rows [N - rows, N) in `clusters`
+// clusters of the helper's shape (at most helper_fit, those that fit at once), in proportion to
+// their rate per SM against the main grid's: `weight` percent (kHelperWeight, or
+// CrossEntropyTuning::helper_weight).
+struct HelperSplit {
+    int clusters = 0;
+    int64_t rows = 0;
+};
+HelperSplit split_helper(int64_t N, int sm_count, int main_clusters, const FastPlan& main,
+                         const FastPlan& help, int helper_fit, int weight);
+
+}  // namespace zgpt::cuda::ce

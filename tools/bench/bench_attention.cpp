@@ -1,0 +1,143 @@
+// bench_attention: times the registered CUDA attention variants alone (bf16, causal), forward and
+// backward separately, at the trainer's shape, against the FLOP floor at the bf16 matmul rate
+// measured in the same run (cuBLASLt, 8192^3).
+//
+//   bench_attention [--out results.json] [--variants flash,flash_mma] [--iters 20]
+//                   [--shape B,T,C,NH] [--set kernels.attention_tuning.wgmma_dkdv_wgs=1 ...]
+//
+// The floor counts the products a causal attention needs: forward S = Q K^T and O = P V over the
+// T (T + 1) / 2 query-key pairs of each head (4 hd FLOPs a pair), backward 2.5 times that (S is
+// recomputed; dP = dO V^T, dV = P^T dO, dK = dS^T Q, dQ = dS K). Kernels that recompute more
+// (ours compute S and dP twice, so that dQ needs no atomics) are still held to that floor.
+// The backward is timed with the colsum rows the trainer passes (the qkv bias gradient).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "kernels/attention/attention.h"
+#include "kernels/core/check.h"
+#include "kernels/core/cuda_device.h"
+#include "tools/bench/bench_util.h"
+#include "train/cli.h"
+#include "train/config.h"
+
+using namespace zgpt::bench;
+
+int main(int argc, char** argv) {
+    CLI::App app{"Time the registered CUDA attention variants against their FLOP floor."};
+    zgpt::report_cli_errors(app);
+    std::string out, only, shape_arg = "64,1024,768,12";
+    int iters = 20;
+    std::vector<std::string> sets;
+    app.add_option("--out", out, "write the results as JSON here");
+    app.add_option("--variants", only, "comma-separated variant names (default: flash,flash_mma)");
+    app.add_option("--iters", iters, "timed iterations per direction")->capture_default_str();
+    app.add_option("--shape", shape_arg, "B,T,C,NH (GPT-2 124M's by default)")
+        ->capture_default_str();
+    app.add_option("--set", sets,
+                   "kernels.attention_tuning.key=value (train --help lists them), applied to "
+                   "every variant timed");
+    CLI11_PARSE(app, argc, argv);
+    zgpt::Config cfg;
+    zgpt::cuda::AttentionShape sh;
+    try {
+        for (const std::string& o : sets)
+            ZG_CHECK(o.rfind("kernels.attention_tuning.", 0) == 0,
+                     "--set " + o + ": bench_attention takes kernels.attention_tuning.* keys only");
+        zgpt::apply_overrides(cfg, sets);
+        std::stringstream ss(shape_arg);
+        std::vector<int64_t> v;
+        for (std::string item; std::getline(ss, item, ',');) v.push_back(std::stoll(item));
+        ZG_CHECK(v.size() == 4 && v[0] > 0 && v[1] > 0 && v[2] > 0 && v[3] > 0 && v[2] % v[3] == 0,
+                 "--shape: expected B,T,C,NH with C a multiple of NH, got '" + shape_arg + "'");
+        sh.B = v[0], sh.Tn = v[1], sh.C = v[2], sh.NH = v[3];
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "%s\n", e.what());
+        return 2;
+    }
+    sh.tuning = cfg.kernels.attention_tuning;
+    if (only.empty()) only = "flash,flash_mma";
+
+    const zgpt::cuda::DeviceInfo dev = zgpt::cuda::query_devices();
+    if (dev.count == 0) {
+        std::fprintf(stderr, "no CUDA device: %s\n", dev.error.c_str());
+        return 1;
+    }
+    const double rate = matmul_rate(iters);
+    const double hd = double(sh.C / sh.NH);
+    const double pairs = double(sh.B) * sh.NH * double(sh.Tn) * double(sh.Tn + 1) / 2;
+    const double fwd_flops = 4.0 * hd * pairs, bwd_flops = 2.5 * fwd_flops;
+    const double fwd_floor = fwd_flops / rate * 1e3, bwd_floor = bwd_flops / rate * 1e3;
+    std::printf(
+        "device %s, %d SMs; bf16 matmul 8192^3 through cuBLASLt: %.1f TFLOP/s\n"
+        "B=%lld T=%lld C=%lld NH=%lld: forward %.3f TFLOP (floor %.3f ms), backward %.3f TFLOP "
+        "(floor %.3f ms)\n",
+        dev.name.c_str(), dev.sm_count, rate / 1e12, (long long)sh.B, (long long)sh.Tn,
+        (long long)sh.C, (long long)sh.NH, fwd_flops / 1e12, fwd_floor, bwd_flops / 1e12,
+        bwd_floor);
+
+    const size_t n_qkv = size_t(sh.B) * sh.Tn * 3 * sh.C, n_out = size_t(sh.B) * sh.Tn * sh.C;
+    void *qkv, *o, *dout, *dqkv;
+    CK(cudaMalloc(&qkv, n_qkv * 2));
+    CK(cudaMalloc(&dqkv, n_qkv * 2));
+    CK(cudaMalloc(&o, n_out * 2));
+    CK(cudaMalloc(&dout, n_out * 2));
+    fill_logits(static_cast<__nv_bfloat16*>(qkv), n_qkv, 21, 2.0);
+    fill_logits(static_cast<__nv_bfloat16*>(dout), n_out, 23, 0.01);
+    nlohmann::json rows = nlohmann::json::array();
+    for (const zgpt::cuda::AttentionVariant& v : zgpt::cuda::attention_variants()) {
+        if (("," + only + ",").find("," + std::string(v.name) + ",") == std::string::npos) continue;
+        void *saved = nullptr, *scratch = nullptr;
+        float* colsums = nullptr;
+        const size_t saved_b = v.saved_bytes(sh), scratch_b = v.scratch_bytes(sh);
+        const int64_t cs_rows = v.colsum_rows(sh, zgpt::DType::bf16);
+        if (saved_b) CK(cudaMalloc(&saved, saved_b));
+        if (scratch_b) CK(cudaMalloc(&scratch, scratch_b));
+        if (cs_rows) CK(cudaMalloc(&colsums, size_t(cs_rows) * 3 * sh.C * 4));
+        auto forward = [&] { v.forward(o, saved, qkv, sh, zgpt::DType::bf16, nullptr); };
+        const double fwd_ms = time_ms(forward, iters);
+        const double bwd_ms = time_ms(
+            [&] {
+                v.backward(dqkv, dout, qkv, o, saved, scratch, colsums, sh, zgpt::DType::bf16,
+                           nullptr);
+            },
+            iters, forward);
+        std::printf(
+            "%-10s forward %7.3f ms %6.1f TFLOP/s %5.2fx floor   backward %7.3f ms %6.1f TFLOP/s "
+            "%5.2fx floor   both %5.2fx\n",
+            v.name, fwd_ms, fwd_flops / fwd_ms / 1e9, fwd_ms / fwd_floor, bwd_ms,
+            bwd_flops / bwd_ms / 1e9, bwd_ms / bwd_floor,
+            (fwd_ms + bwd_ms) / (fwd_floor + bwd_floor));
+        rows.push_back({{"variant", v.name},
+                        {"fwd_ms", fwd_ms},
+                        {"bwd_ms", bwd_ms},
+                        {"fwd_x_floor", fwd_ms / fwd_floor},
+                        {"bwd_x_floor", bwd_ms / bwd_floor},
+                        {"both_x_floor", (fwd_ms + bwd_ms) / (fwd_floor + bwd_floor)}});
+        cudaFree(saved);
+        cudaFree(scratch);
+        cudaFree(colsums);
+    }
+    cudaFree(qkv);
+    cudaFree(dqkv);
+    cudaFree(o);
+    cudaFree(dout);
+    if (!out.empty()) {
+        std::ofstream f(out);
+        f << nlohmann::json{{"device", dev.name},
+                            {"matmul_TFLOPs", rate / 1e12},
+                            {"shape", {{"B", sh.B}, {"T", sh.Tn}, {"C", sh.C}, {"NH", sh.NH}}},
+                            {"sets", sets},
+                            {"fwd_floor_ms", fwd_floor},
+                            {"bwd_floor_ms", bwd_floor},
+                            {"rows", rows}}
+                 .dump(2)
+          << "\n";
+    }
+    return 0;
+}

@@ -1,0 +1,338 @@
+// bench_gemm: times each GEMM of the GPT trainer's step alone (bf16 operands, the trainer's
+// layouts and epilogues), against its FLOP floor at the bf16 matmul rate measured in the same
+// run (cuBLASLt, 8192^3), with every candidate algorithm cuBLASLt's heuristic offers for it
+// (the trainer runs the first) and, for the forward products, the `wgmma` matmul variant.
+//
+//   bench_gemm [--out results.json] [--shape BT,C,V] [--chunks 4] [--candidates 32] [--iters 20]
+//
+// Per layer: the forward of qkv, proj, fc (bias + GELU, the pre-activation stored) and fcproj;
+// the input gradients (fcproj's with GELU' from the stored pre-activation); the weight gradients
+// (fp32, accumulated: beta 1). The LM head: its logits and input gradient per row chunk (BT /
+// chunks rows), its weight gradient over all rows. A row's "step" column is the time of that
+// GEMM in one step (12 layers, or the head's chunks), for the candidate the trainer runs.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kernels/core/check.h"
+#include "kernels/core/cuda_device.h"
+#include "kernels/gemm/matmul.h"
+#include "kernels/gemm/matmul_wgmma.h"
+#include "tools/bench/bench_util.h"
+#include "train/cli.h"
+
+using namespace zgpt::bench;
+using zgpt::DType;
+using zgpt::cuda::Epilogue;
+using zgpt::cuda::Gemm;
+
+namespace {
+
+struct Case {
+    std::string name;
+    Gemm g;
+    int per_step;  // how many of it a step runs
+};
+
+const char* epilogue_name(Epilogue e) {
+    switch (e) {
+        case Epilogue::none:
+            return "none";
+        case Epilogue::bias:
+            return "bias";
+        case Epilogue::gelu_aux_bias:
+            return "gelu_aux_bias";
+        case Epilogue::gelu_aux:
+            return "gelu_aux";
+        case Epilogue::dgelu:
+            return "dgelu";
+        case Epilogue::bias_grad:
+            return "bias_grad";
+        case Epilogue::dgelu_bias_grad:
+            return "dgelu_bias_grad";
+    }
+    return "?";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"Time the GPT trainer's GEMMs, and cuBLASLt's candidate algorithms for each."};
+    zgpt::report_cli_errors(app);
+    std::string out, only, shape_arg = "65536,768,50257";
+    int iters = 20, max_candidates = 32, chunks = 4, layers = 12;
+    app.add_option("--out", out, "write the results as JSON here");
+    app.add_option("--shape", shape_arg,
+                   "BT,C,V: rows, width, vocabulary (GPT-2 124M, B=64 T=1024)")
+        ->capture_default_str();
+    app.add_option("--chunks", chunks, "the LM head's row chunks")->capture_default_str();
+    app.add_option("--layers", layers, "layers a step runs")->capture_default_str();
+    app.add_option("--candidates", max_candidates, "candidates timed per GEMM (at most 32)")
+        ->capture_default_str();
+    app.add_option("--iters", iters, "timed runs per candidate")->capture_default_str();
+    app.add_option("--only", only, "time only the GEMMs whose name contains this");
+    int configs = 0;
+    app.add_option("--configs", configs,
+                   "also time up to this many of cuBLASLt's configurations beyond its heuristic's "
+                   "list (every algorithm's tiles, stages and cluster shapes) and re-time the 8 "
+                   "fastest beside the best candidate")
+        ->capture_default_str();
+    CLI11_PARSE(app, argc, argv);
+    int64_t BT = 0, C = 0, V = 0;
+    try {
+        std::stringstream ss(shape_arg);
+        std::vector<int64_t> v;
+        for (std::string item; std::getline(ss, item, ',');) v.push_back(std::stoll(item));
+        ZG_CHECK(v.size() == 3 && v[0] > 0 && v[1] > 0 && v[2] > 0,
+                 "--shape: expected BT,C,V, got '" + shape_arg + "'");
+        BT = v[0], C = v[1], V = v[2];
+        ZG_CHECK(chunks >= 1 && BT % chunks == 0, "--chunks must divide BT");
+        ZG_CHECK(max_candidates >= 1 && max_candidates <= 32, "--candidates: 1 to 32");
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "%s\n", e.what());
+        return 2;
+    }
+    const zgpt::cuda::DeviceInfo dev = zgpt::cuda::query_devices();
+    if (dev.count == 0) {
+        std::fprintf(stderr, "no CUDA device: %s\n", dev.error.c_str());
+        return 1;
+    }
+    const int64_t Vp = (V + 63) / 64 * 64, HR = BT / chunks;
+    const double rate = matmul_rate(iters);
+    std::printf("device %s, %d SMs; bf16 matmul 8192^3 through cuBLASLt: %.1f TFLOP/s\n",
+                dev.name.c_str(), dev.sm_count, rate / 1e12);
+
+    // Buffers large enough for every case: x the A operand (up to the head's whole BT x Vp
+    // gradient of the logits), y the output or second operand (rows x 4C, a head chunk's
+    // logits), aux a pre-activation, a weight (max(4C, Vp) x C), fp32 weight gradients.
+    const size_t act = size_t(std::max(BT * 4 * C, HR * Vp)), xs = size_t(BT * std::max(4 * C, Vp));
+    const size_t wts = size_t(std::max(4 * C, Vp) * C);
+    __nv_bfloat16 *x, *y, *aux, *w, *bias, *res;
+    float *dw, *dbias;
+    CK(cudaMalloc(&x, xs * 2));
+    CK(cudaMalloc(&y, act * 2));
+    CK(cudaMalloc(&aux, size_t(BT * 4 * C) * 2));
+    CK(cudaMalloc(&w, wts * 2));
+    CK(cudaMalloc(&bias, size_t(4 * C) * 2));
+    CK(cudaMalloc(&res, size_t(BT * C) * 2));
+    CK(cudaMalloc(&dw, wts * 4));
+    CK(cudaMalloc(&dbias, size_t(4 * C) * 4));
+    fill_logits(x, xs, 31, 1.0);
+    fill_logits(y, act, 32, 1.0);
+    fill_logits(aux, size_t(BT * 4 * C), 33, 2.0);
+    fill_logits(w, wts, 35, 0.05);
+    fill_logits(bias, size_t(4 * C), 37, 0.1);
+    fill_logits(res, size_t(BT * C), 39, 1.0);
+    CK(cudaMemset(dw, 0, wts * 4));
+
+    auto fwd = [&](int64_t M, int64_t K, int64_t N, Epilogue e) {
+        Gemm g = zgpt::cuda::linear_forward_gemm(y, x, w, M, K, N, DType::bf16);
+        g.epilogue = e;
+        if (e == Epilogue::bias || e == Epilogue::gelu_aux_bias) g.bias = bias;
+        if (e == Epilogue::gelu_aux_bias || e == Epilogue::gelu_aux) g.aux = aux;
+        return g;
+    };
+    auto with_residual = [&](Gemm g) {  // residual_in_matmul's projections: + C, beta 1
+        g.C = res;
+        g.beta = 1.0f;
+        return g;
+    };
+    auto dinp = [&](int64_t M, int64_t K, int64_t N, Epilogue e) {  // D[M, K] = dout[M, N] W[N, K]
+        Gemm g = zgpt::cuda::linear_input_grad_gemm(y, x, w, M, K, N, DType::bf16);
+        g.epilogue = e;
+        if (e == Epilogue::dgelu || e == Epilogue::dgelu_bias_grad) g.aux = aux;
+        if (e == Epilogue::dgelu_bias_grad) g.bias = dbias;
+        return g;
+    };
+    auto dW = [&](int64_t M, int64_t K, int64_t N) {  // dW[N, K] += dout[M, N]^T inp[M, K]
+        return zgpt::cuda::linear_weight_grad_gemm(dw, x, y, M, K, N, DType::bf16);
+    };
+    auto dW_written = [&](int64_t M, int64_t K, int64_t N) {  // into a scratch, as the trainer
+        Gemm g = dW(M, K, N);
+        g.beta = 0;
+        return g;
+    };
+    const std::vector<Case> cases = {
+        {"fwd qkv", fwd(BT, C, 3 * C, Epilogue::bias), layers},
+        {"fwd proj", fwd(BT, C, C, Epilogue::bias), layers},
+        {"fwd fc + GELU", fwd(BT, C, 4 * C, Epilogue::gelu_aux_bias), layers},
+        {"fwd fc, no epilogue", fwd(BT, C, 4 * C, Epilogue::none), 0},
+        {"fwd fcproj", fwd(BT, 4 * C, C, Epilogue::bias), layers},
+        // what the trainer runs (residual_in_matmul); fc with its bias alone (GELU elsewhere)
+        {"fwd fcproj + residual", with_residual(fwd(BT, 4 * C, C, Epilogue::bias)), 0},
+        {"fwd fc + bias, pre-activation only", fwd(BT, C, 4 * C, Epilogue::bias), 0},
+        // the bias as one more column of the product instead of an epilogue: the input with a
+        // column of ones (and 7 zeros, K + 8), the weight with the bias in that column
+        {"fwd qkv, no epilogue", fwd(BT, C, 3 * C, Epilogue::none), 0},
+        {"fwd qkv, bias as a ones column", fwd(BT, C + 8, 3 * C, Epilogue::none), 0},
+        {"fwd proj, bias as a ones column", with_residual(fwd(BT, C + 8, C, Epilogue::none)), 0},
+        {"fwd proj + residual", with_residual(fwd(BT, C, C, Epilogue::bias)), 0},
+        {"fwd fc + GELU, bias as a ones column", fwd(BT, C + 8, 4 * C, Epilogue::gelu_aux), 0},
+        {"fwd fcproj + residual, bias as a ones column",
+         with_residual(fwd(BT, 4 * C + 8, C, Epilogue::none)), 0},
+        {"dinp qkv", dinp(BT, C, 3 * C, Epilogue::none), layers},
+        {"dinp proj", dinp(BT, C, C, Epilogue::none), layers},
+        {"dinp fc", dinp(BT, C, 4 * C, Epilogue::none), layers},
+        {"dinp fcproj + GELU'", dinp(BT, 4 * C, C, Epilogue::dgelu), layers},
+        // the same with fc's bias gradient summed in the epilogue (instead of its own pass)
+        {"dinp fcproj + GELU' + fc bias grad", dinp(BT, 4 * C, C, Epilogue::dgelu_bias_grad), 0},
+        {"dinp fcproj, no epilogue", dinp(BT, 4 * C, C, Epilogue::none), 0},
+        {"dW qkv", dW(BT, C, 3 * C), layers},
+        {"dW proj", dW(BT, C, C), layers},
+        {"dW fc", dW(BT, C, 4 * C), layers},
+        // fc's bias gradient as the GEMM's last column: ln2 with a column of ones (padded to 8)
+        {"dW fc + a ones column", dW_written(BT, C + 8, 4 * C), 0},
+        {"dW fcproj", dW(BT, 4 * C, C), layers},
+        {"head logits", fwd(HR, C, Vp, Epilogue::none), chunks},
+        {"head dinp", dinp(HR, C, Vp, Epilogue::none), chunks},
+        {"head dW", dW(BT, C, Vp), 1},
+    };
+
+    nlohmann::json rows = nlohmann::json::array();
+    double step_default = 0, step_best = 0, step_floor = 0;
+    for (const Case& c : cases) {
+        if (!only.empty() && c.name.find(only) == std::string::npos) continue;
+        const Gemm& g = c.g;
+        const double flops = 2.0 * double(g.M) * double(g.N) * double(g.K);
+        const double floor_ms = flops / rate * 1e3;
+        const int n = std::min(max_candidates, zgpt::cuda::gemm_candidates(g));
+        nlohmann::json cand = nlohmann::json::array();
+        double first = 0, best = 1e30;
+        int best_i = -1;
+        for (int i = 0; i < n; i++) {
+            double ms = -1;
+            try {
+                ms = time_ms([&] { zgpt::cuda::try_gemm_candidate(g, i, nullptr); }, iters);
+            } catch (const std::exception& e) {  // a candidate that fails to launch: skip it
+                std::fprintf(stderr, "%s candidate %d: %s\n", c.name.c_str(), i, e.what());
+                continue;
+            }
+            if (i == 0) first = ms;
+            if (ms < best) best = ms, best_i = i;
+            cand.push_back(
+                {{"index", i}, {"ms", ms}, {"config", zgpt::cuda::gemm_candidate_name(g, i)}});
+        }
+        double wg = -1, pp = -1;  // our kernel's two schedules (kernels.matmul_wgmma_schedule)
+        if (zgpt::cuda::gemm_wgmma_usable(g)) {
+            using zgpt::cuda::WgmmaSchedule;
+            wg = time_ms(
+                [&] { zgpt::cuda::try_gemm_wgmma(g, nullptr, WgmmaSchedule::cooperative); }, iters);
+            pp = time_ms([&] { zgpt::cuda::try_gemm_wgmma(g, nullptr, WgmmaSchedule::pingpong); },
+                         iters);
+        }
+        std::printf(
+            "%-26s M=%-6lld N=%-6lld K=%-6lld %-13s floor %7.1f us  first %7.1f us (%4.2fx)  "
+            "best #%-2d %7.1f us (%4.2fx)%s",
+            c.name.c_str(), (long long)g.M, (long long)g.N, (long long)g.K,
+            epilogue_name(g.epilogue), floor_ms * 1e3, first * 1e3, first / floor_ms, best_i,
+            best * 1e3, best / floor_ms, wg > 0 ? "" : "\n");
+        if (wg > 0)
+            std::printf("  wgmma %7.1f us (%4.2fx), ping-pong %7.1f us (%4.2fx)\n", wg * 1e3,
+                        wg / floor_ms, pp * 1e3, pp / floor_ms);
+        if (best_i > 0)
+            std::printf("%28s best: %s\n", "", zgpt::cuda::gemm_candidate_name(g, best_i).c_str());
+        nlohmann::json beyond = nlohmann::json::object();
+        if (configs > 0 && best_i >= 0) {
+            // a quick pass over (a spread of) the configurations, then the 8 fastest and the
+            // best candidate again, alternated, with the usual iterations
+            const int nc = zgpt::cuda::gemm_configs(g);
+            const int step = std::max(1, (nc + configs - 1) / configs);
+            std::vector<std::pair<double, int>> quick;
+            for (int i = 0; i < nc; i += step) {
+                double ms = -1;
+                try {
+                    bool ok = zgpt::cuda::try_gemm_config(g, i, nullptr);
+                    CK(cudaDeviceSynchronize());
+                    if (!ok) continue;
+                    ms = time_ms([&] { zgpt::cuda::try_gemm_config(g, i, nullptr); }, 3);
+                } catch (const std::exception& e) {
+                    std::fprintf(stderr, "%s config %d: %s\n", c.name.c_str(), i, e.what());
+                    continue;
+                }
+                quick.push_back({ms, i});
+            }
+            std::sort(quick.begin(), quick.end());
+            if (quick.size() > 8) quick.resize(8);
+            double cand = 1e30, conf = 1e30;
+            int conf_i = -1;
+            for (int round = 0; round < 2; round++) {
+                cand = std::min(
+                    cand,
+                    time_ms([&] { zgpt::cuda::try_gemm_candidate(g, best_i, nullptr); }, iters));
+                for (const auto& q : quick) {
+                    const double ms =
+                        time_ms([&] { zgpt::cuda::try_gemm_config(g, q.second, nullptr); }, iters);
+                    if (ms < conf) conf = ms, conf_i = q.second;
+                }
+            }
+            const std::string conf_name =
+                conf_i >= 0 ? zgpt::cuda::gemm_config_name(g, conf_i) : std::string();
+            std::printf(
+                "%28s %d configurations (%zu timed again): best %7.1f us (%4.2fx) against "
+                "the best candidate's %7.1f us: %s\n",
+                "", nc, quick.size(), conf * 1e3, conf / floor_ms, cand * 1e3,
+                conf_i >= 0 ? conf_name.c_str() : "none");
+            beyond = {{"configs", nc},
+                      {"best_config_ms", conf},
+                      {"best_candidate_ms", cand},
+                      {"best_config", conf_name}};
+        }
+        step_default += c.per_step * first;
+        step_best += c.per_step * best;
+        step_floor += c.per_step * floor_ms;
+        rows.push_back({{"gemm", c.name},
+                        {"M", g.M},
+                        {"N", g.N},
+                        {"K", g.K},
+                        {"epilogue", epilogue_name(g.epilogue)},
+                        {"per_step", c.per_step},
+                        {"floor_ms", floor_ms},
+                        {"first_ms", first},
+                        {"best_ms", best},
+                        {"best_index", best_i},
+                        {"wgmma_ms", wg},
+                        {"wgmma_pingpong_ms", pp},
+                        {"beyond_heuristic", beyond},
+                        {"candidates", cand}});
+    }
+    std::printf(
+        "a step's GEMMs (%d layers, %d head chunks): floor %.2f ms, cuBLASLt's first choice %.2f "
+        "ms (%.2fx), the best candidate of each %.2f ms (%.2fx)\n",
+        layers, chunks, step_floor, step_default, step_default / step_floor, step_best,
+        step_best / step_floor);
+    // what the GELU' + bias-gradient epilogue replaces: fc's bias gradient as its own pass over
+    // the 4C-wide gradient (the trainer runs it on the weight-gradient stream)
+    void* scratch = nullptr;
+    CK(cudaMalloc(&scratch, zgpt::cuda::bias_backward_scratch_bytes(BT, 4 * C)));
+    const double bias_pass = time_ms(
+        [&] { zgpt::cuda::bias_backward(dbias, y, BT, 4 * C, DType::bf16, scratch, nullptr); },
+        iters);
+    std::printf("fc bias gradient as its own pass (%lld x %lld bf16): %.1f us\n", (long long)BT,
+                (long long)(4 * C), bias_pass * 1e3);
+    for (void* p : {static_cast<void*>(x), static_cast<void*>(y), static_cast<void*>(aux),
+                    static_cast<void*>(res), static_cast<void*>(w), static_cast<void*>(bias),
+                    static_cast<void*>(dw), static_cast<void*>(dbias), scratch})
+        cudaFree(p);
+    if (!out.empty()) {
+        std::ofstream f(out);
+        f << nlohmann::json{{"device", dev.name},
+                            {"matmul_TFLOPs", rate / 1e12},
+                            {"shape", {{"BT", BT}, {"C", C}, {"V", V}, {"chunks", chunks}}},
+                            {"step_floor_ms", step_floor},
+                            {"step_first_ms", step_default},
+                            {"step_best_ms", step_best},
+                            {"fc_bias_pass_ms", bias_pass},
+                            {"rows", rows}}
+                 .dump(2)
+          << "\n";
+    }
+    return 0;
+}

@@ -1,0 +1,269 @@
+#!/usr/bin/env python3
+"""Loss parity with PyTorch: trains one of our configs twice from the same initial weights on the
+same batches, once with our `train` and once with a small PyTorch GPT written here, and prints the
+per-step loss of both and their difference.
+
+The PyTorch side reads what `parity_inputs` dumps (the trainer's initial weights, parameter table
+and loader batches, one rank) and follows our recipe: the same architecture (bias, tied
+embeddings, qk_norm, tanh GELU, padded vocabulary masked out of the loss), cross-entropy with
+label smoothing and z-loss (kernels/loss_head/cross_entropy.h), one normalisation by the step's valid
+tokens over all micro-batches, global-norm clipping, AdamW with weight decay on the tensors our
+table marks, and our LR schedule. fp32, or bf16 autocast (PyTorch keeps fp32 weights and a fp32
+residual stream; ours is set by train.precision).
+
+    python3 tools/dev/parity_torch.py -c configs/shakespeare-char-cpu.yaml --steps 20 \
+        [--set k=v ...] [--bin build] [--device cpu|cuda] [--out parity.json] [--tolerance 1e-5]
+
+With --tolerance, exits 1 when a step's losses differ by more than that, relatively.
+"""
+import argparse
+import json
+import math
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+
+try:
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+except ImportError as e:  # the test reports this as a skip (exit 77)
+    print(f"skip: {e.name} is not installed for {sys.executable} (the tool needs numpy and torch)")
+    sys.exit(77)
+
+
+def run(cmd):
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode != 0:
+        sys.exit(f"error: {' '.join(cmd)} failed:\n{r.stdout}")
+    return r.stdout
+
+
+def learning_rate(o, step, max_steps):  # train/lr_schedule.cpp; step is 0-based
+    if step < o["warmup_steps"]:
+        return o["lr"] * (step + 1) / o["warmup_steps"]
+    if o["decay"] == "constant":
+        return o["lr"]
+    end = o["decay_steps"] if o["decay_steps"] > 0 else max_steps
+    if step >= end:
+        return o["min_lr"]
+    progress = (step - o["warmup_steps"]) / max(1, end - o["warmup_steps"])
+    shape = 1.0 - progress if o["decay"] == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+    return o["min_lr"] + shape * (o["lr"] - o["min_lr"])
+
+
+class RoundBF16(torch.autograd.Function):
+    """x rounded to bf16 and kept in fp32, and so its gradient: the residual stream as our trainer
+    stores it without train.fp32_residual (the `bf16_residual` variant)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.to(torch.bfloat16).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.to(torch.bfloat16).to(g.dtype)
+
+
+class TorchGPT:
+    """Our GPT over named tensors cut from our weight arena (matrices are [out, in], as F.linear)."""
+
+    def __init__(self, run, arena, device, round_residual=False):
+        self.round_residual = round_residual
+        self.m = run["model"]
+        self.P = {}
+        for p in run["params"]:
+            n = int(np.prod(p["shape"]))
+            t = torch.from_numpy(arena[p["offset"]: p["offset"] + n].reshape(p["shape"]).copy())
+            self.P[p["name"]] = t.to(device).requires_grad_(True)
+        self.decay = {p["name"]: p["decay"] for p in run["params"]}
+
+    def get(self, name):
+        return self.P.get(name)
+
+    def forward(self, idx):
+        m, P, g = self.m, self.P, self.get
+        B, T = idx.shape
+        C, H, eps = m["n_embd"], m["n_head"], m["ln_eps"]
+        hs = C // H
+        r = RoundBF16.apply if self.round_residual else (lambda z: z)
+        x = r(P["transformer.wte.weight"][idx] + P["transformer.wpe.weight"][:T])
+        for l in range(m["n_layer"]):
+            p = f"transformer.h.{l}."
+            h = F.layer_norm(x, (C,), P[p + "ln_1.weight"], g(p + "ln_1.bias"), eps)
+            qkv = F.linear(h, P[p + "attn.c_attn.weight"], g(p + "attn.c_attn.bias"))
+            q, k, v = (z.view(B, T, H, hs) for z in qkv.split(C, dim=2))
+            if m["qk_norm"]:
+                q = F.layer_norm(q, (hs,), P[p + "attn.q_norm.weight"], g(p + "attn.q_norm.bias"), eps)
+                k = F.layer_norm(k, (hs,), P[p + "attn.k_norm.weight"], g(p + "attn.k_norm.bias"), eps)
+            y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                               is_causal=True)
+            y = y.transpose(1, 2).reshape(B, T, C)
+            x = r(x + F.linear(y, P[p + "attn.c_proj.weight"], g(p + "attn.c_proj.bias")))
+            h = F.layer_norm(x, (C,), P[p + "ln_2.weight"], g(p + "ln_2.bias"), eps)
+            h = F.gelu(F.linear(h, P[p + "mlp.c_fc.weight"], g(p + "mlp.c_fc.bias")), approximate="tanh")
+            x = r(x + F.linear(h, P[p + "mlp.c_proj.weight"], g(p + "mlp.c_proj.bias")))
+        x = F.layer_norm(x, (C,), P["transformer.ln_f.weight"], g("transformer.ln_f.bias"), eps)
+        head = P["transformer.wte.weight"] if m["tie_embeddings"] else P["lm_head.weight"]
+        return F.linear(x, head)[..., : m["vocab_size"]]  # padded rows never enter the softmax
+
+
+def loss_sum(logits, y, lossc):
+    """Sum over valid rows of (1 - eps)(lse - x_y) + eps(lse - mean x) + z lse^2, in fp32."""
+    x = logits.float()
+    lse = torch.logsumexp(x, dim=-1)
+    valid = y != lossc["ignore_index"]
+    xy = x.gather(-1, torch.where(valid, y, 0).unsqueeze(-1)).squeeze(-1)
+    eps = lossc["label_smoothing"]
+    ce = (1 - eps) * (lse - xy) + eps * (lse - x.mean(dim=-1))
+    per_row = ce + lossc["z_loss_weight"] * lse * lse
+    return torch.where(valid, per_row, torch.zeros_like(per_row)).sum()
+
+
+def train_torch(run, arena, batches, device, dtype, steps):
+    model = TorchGPT(run, arena, device, round_residual=dtype == "bf16_residual")
+    if dtype == "bf16_residual":
+        dtype = "bf16"
+    if dtype == "jitter":  # bf16 from weights moved by 1e-6 relative: another, equally valid rounding
+        with torch.no_grad():
+            g = torch.Generator(device=device).manual_seed(1)
+            for p in model.P.values():
+                p.mul_(1 + 1e-6 * torch.randn(p.shape, generator=g, device=device))
+        dtype = "bf16"
+    o, lossc, tr = run["optim"], run["loss"], run["train"]
+    names = list(model.P)
+    state = {n: (torch.zeros_like(model.P[n]), torch.zeros_like(model.P[n])) for n in names}
+    autocast = torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=dtype == "bf16")
+    losses = []
+    for s in range(steps):
+        micro = batches[s]
+        n_valid = int((micro[:, 1] != lossc["ignore_index"]).sum())
+        for p in model.P.values():
+            p.grad = None
+        total = 0.0
+        for a in range(micro.shape[0]):
+            x = torch.from_numpy(micro[a, 0].astype(np.int64)).to(device)
+            y = torch.from_numpy(micro[a, 1].astype(np.int64)).to(device)
+            with autocast:
+                logits = model.forward(x)
+            ls = loss_sum(logits, y, lossc)
+            (ls / max(n_valid, 1)).backward()
+            total += float(ls)
+        losses.append(total / max(n_valid, 1))
+        with torch.no_grad():
+            grads = [model.P[n].grad for n in names]
+            norm = math.sqrt(sum(float((g.double() ** 2).sum()) for g in grads))
+            scale = min(1.0, o["grad_clip"] / (norm + 1e-6)) if o["grad_clip"] > 0 else 1.0
+            lr = learning_rate(o, s, tr["max_steps"])
+            b1, b2, t = o["beta1"], o["beta2"], s + 1
+            bc1, bc2 = 1 - b1 ** t, 1 - b2 ** t
+            for n in names:  # AdamW as kernels/ops/adamw.cpp (decoupled decay, bias-corrected)
+                p, g = model.P[n], model.P[n].grad * scale
+                m, v = state[n]
+                m.mul_(b1).add_(g, alpha=1 - b1)
+                v.mul_(b2).addcmul_(g, g, value=1 - b2)
+                if model.decay[n]:
+                    p.mul_(1 - lr * o["weight_decay"])
+                p.sub_(lr * (m / bc1) / ((v / bc2).sqrt() + o["eps"]))
+    return losses
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-c", "--config", required=True)
+    ap.add_argument("--set", action="append", default=[], help="config override, as for train")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--bin", default="build", help="folder with train and parity_inputs")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--work", help="scratch folder (default: a temporary one)")
+    ap.add_argument("--out", help="write the per-step losses and the gaps as JSON here")
+    ap.add_argument("--tolerance", type=float, help="fail when a step's relative difference exceeds it")
+    ap.add_argument("--torch-variants", default="",
+                    help="comma-separated extra PyTorch runs that show its own spread: fp32, bf16, "
+                         "jitter (bf16 from weights moved by 1e-6 relative), bf16_residual (bf16 "
+                         "autocast with the residual stream and its gradient rounded to bf16, as "
+                         "our trainer stores them without train.fp32_residual)")
+    ap.add_argument("--ours-variant", action="append", default=[], metavar="K=V[,K=V]",
+                    help="train ours once more with these overrides (same weights and batches); "
+                         "repeatable")
+    a = ap.parse_args()
+    if a.device == "cuda" and not torch.cuda.is_available():
+        print("skip: no CUDA device for PyTorch here")
+        sys.exit(77)
+    work = pathlib.Path(a.work or tempfile.mkdtemp(prefix="zgpt_parity_"))
+    work.mkdir(parents=True, exist_ok=True)
+    sets = []
+    for kv in a.set + [f"train.max_steps={a.steps}", f"train.device={a.device}"]:
+        sets += ["--set", kv]
+    run([f"{a.bin}/parity_inputs", "-c", a.config, *sets, "--steps", str(a.steps), "-o", str(work / "inputs")])
+    runj = json.loads((work / "inputs/run.json").read_text())
+    tr = runj["train"]
+    arena = np.fromfile(work / "inputs/init.f32", dtype=np.float32)
+    assert arena.size == runj["num_parameters"], "init.f32 does not match the parameter table"
+    batches = np.fromfile(work / "inputs/batches.i32", dtype=np.int32).reshape(
+        a.steps, tr["grad_accum"], 2, tr["batch_size"], tr["seq_len"])
+
+    # Ours: the same config and overrides, no evaluation or sampling in between.
+    ours_sets = sets + ["--set", "train.eval_every=0", "--set", "train.sample_every=0", "--set", "data.val=",
+                        "--set", f"train.out_dir={work}"]
+
+    def train_ours(name, extra):
+        shutil.rmtree(work / name, ignore_errors=True)  # a run directory is appended to, never reset
+        run([f"{a.bin}/train", "-c", a.config, *ours_sets, "--set", f"train.run_name={name}", *extra])
+        return [json.loads(l)["loss"] for l in open(work / name / "metrics.jsonl") if '"loss"' in l]
+
+    ours = train_ours("ours", [])
+    ours_variants = {}
+    for v in a.ours_variant:  # the same weights and batches, other settings of ours
+        extra = [x for kv in filter(None, v.split(",")) for x in ("--set", kv)]
+        ours_variants[v] = train_ours(f"ours_{len(ours_variants) + 1}", extra)
+
+    if a.device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    torch.manual_seed(0)
+    theirs = train_torch(runj, arena, batches, a.device, tr["precision"], a.steps)
+    assert len(ours) == len(theirs) == a.steps, (len(ours), len(theirs))
+
+    rel = [abs(x - y) / abs(y) for x, y in zip(ours, theirs)]
+    w = min(100, a.steps)
+    window = lambda c: [sum(c[i:i + w]) / w for i in range(0, a.steps - w + 1, w)]
+    means = list(zip(window(ours), window(theirs)))
+    max_gap = max(abs(x - y) for x, y in means)
+    gap = lambda c, d: max(abs(x - y) for x, y in zip(window(c), window(d)))
+    variants = {}
+    for v in filter(None, a.torch_variants.split(",")):
+        torch.manual_seed(0)
+        c = train_torch(runj, arena, batches, a.device, v, a.steps)
+        variants[v] = {"losses": c, "means": window(c), "max_gap_vs_pytorch": gap(c, theirs),
+                       "max_gap_vs_ours": gap(c, ours)}
+        print(f"PyTorch {v}: {w}-step means differ from PyTorch {tr['precision']} by at most "
+              f"{gap(c, theirs):.4f}, from ours by at most {gap(c, ours):.4f}")
+    for v, c in ours_variants.items():
+        ours_variants[v] = {"losses": c, "means": window(c), "max_gap_vs_pytorch": gap(c, theirs),
+                            "max_gap_vs_ours": gap(c, ours)}
+        print(f"ours with {v}: {w}-step means differ from PyTorch {tr['precision']} by at most "
+              f"{gap(c, theirs):.4f}, from ours by at most {gap(c, ours):.4f}")
+    print(f"{'step':>6} {'ours':>12} {'pytorch':>12} {'rel diff':>10}")
+    for i, (x, y, r) in enumerate(zip(ours, theirs, rel)):
+        if a.steps <= 40 or i % max(1, a.steps // 40) == 0 or i == a.steps - 1:
+            print(f"{i + 1:6d} {x:12.6f} {y:12.6f} {r:10.2e}")
+    print(f"{a.steps} steps, {tr['precision']} on {a.device}: largest relative difference {max(rel):.2e}; "
+          f"{w}-step means differ by at most {max_gap:.4f}")
+    if a.out:
+        pathlib.Path(a.out).write_text(json.dumps({
+            "config": a.config, "overrides": a.set, "device": a.device, "precision": tr["precision"],
+            "steps": a.steps, "window": w, "max_gap": max_gap, "max_rel_diff": max(rel),
+            "means": means, "ours": ours, "pytorch": theirs, "pytorch_variants": variants,
+            "ours_variants": ours_variants,
+            "torch_version": torch.__version__}, indent=1))
+    if a.tolerance is not None and max(rel) > a.tolerance:
+        print(f"FAIL: a step differs by {max(rel):.2e} > {a.tolerance:g}")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

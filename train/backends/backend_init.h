@@ -1,0 +1,17 @@
+// Shared by the backends (not part of the trainer's interface).
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "train/backends/backend.h"
+
+namespace zgpt {
+
+// The initial weights of a run: GPT-2 init from train.seed, then model.init_from if set.
+std::vector<float> initial_params(const Config& cfg);
+
+std::unique_ptr<Backend> make_cpu_backend(const Config& cfg, VocabParallel vocab);
+// CUDA builds only
+std::unique_ptr<Backend> make_cuda_backend(const Config& cfg, VocabParallel vocab);
+
+}  // namespace zgpt

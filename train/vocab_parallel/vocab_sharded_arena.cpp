@@ -1,0 +1,80 @@
+#include "train/vocab_parallel/vocab_sharded_arena.h"
+
+#include <algorithm>
+
+#include "kernels/core/check.h"
+
+namespace zgpt {
+
+VocabShardedArena::VocabShardedArena(const ModelConfig& c, int parts, int index)
+    : parts_(parts),
+      vocab_size_(c.vocab_size),
+      shard_(vocab_shard(c.vocab_size, parts, index)),
+      whole_(make_gpt_layout(c)),
+      local_(make_gpt_layout(c, parts)) {
+    const auto& specs = local_.table.specs();
+    for (size_t i = 0; i < specs.size(); i++) {
+        std::vector<ArenaSlice>& to = is_vocab_table(int(i)) ? vocab_ : replicated_;
+        const int64_t lo = specs[i].offset, hi = lo + specs[i].numel;
+        if (!to.empty() && to.back().hi == lo)
+            to.back().hi = hi;  // runs of neighbours: one collective each
+        else
+            to.push_back({lo, hi});
+    }
+}
+
+bool VocabShardedArena::is_vocab_table(int idx) const {
+    return idx == local_.wte || idx == local_.lm_head;
+}
+
+std::vector<float> VocabShardedArena::take_shard(const std::vector<float>& whole) const {
+    ZG_CHECK(int64_t(whole.size()) == whole_.table.total(),
+             "take_shard: the arena has " + std::to_string(whole.size()) + " elements, the model " +
+                 std::to_string(whole_.table.total()));
+    std::vector<float> local(local_.table.total(), 0.0f);
+    for (size_t i = 0; i < local_.table.specs().size(); i++) {
+        const ParamSpec& l = local_.table[int(i)];
+        const ParamSpec& w = whole_.table[int(i)];
+        if (is_vocab_table(int(i))) {
+            const int64_t C = l.shape[1];
+            std::copy_n(whole.begin() + w.offset + shard_.v0 * C, shard_.V_local * C,
+                        local.begin() + l.offset);
+        } else {
+            std::copy_n(whole.begin() + w.offset, w.numel, local.begin() + l.offset);
+        }
+    }
+    return local;
+}
+
+void VocabShardedArena::put(const float* local, int p, bool replicated,
+                            std::vector<float>& whole) const {
+    ZG_CHECK(int64_t(whole.size()) == whole_.table.total(),
+             "put: the whole arena has the wrong size");
+    const VocabShard s = vocab_shard(vocab_size_, parts_, p);
+    for (size_t i = 0; i < local_.table.specs().size(); i++) {
+        const ParamSpec& l = local_.table[int(i)];
+        const ParamSpec& w = whole_.table[int(i)];
+        if (is_vocab_table(int(i)))
+            std::copy_n(local + l.offset, s.V_local * l.shape[1],
+                        whole.begin() + w.offset + s.v0 * l.shape[1]);
+        else if (replicated)
+            std::copy_n(local + l.offset, l.numel, whole.begin() + w.offset);
+    }
+}
+
+std::vector<float> VocabShardedArena::gather(Communicator* group, const float* local) const {
+    const int64_t n = local_.table.total();
+    if (parts_ == 1) return std::vector<float>(local, local + n);  // the local arena is whole
+    ZG_CHECK(group && group->size() == parts_,
+             "gather: the arena has " + std::to_string(parts_) + " parts and the group " +
+                 std::to_string(group ? group->size() : 0) + " ranks");
+    std::vector<float> all(size_t(n) * parts_);
+    group->all_gather(local, all.data(), n, CommType::f32);
+    // the whole table's padding rows (past the vocabulary) stay zero; the replicated tensors are
+    // the same on every rank
+    std::vector<float> whole(whole_.table.total(), 0.0f);
+    for (int p = 0; p < parts_; p++) put(all.data() + int64_t(p) * n, p, p == 0, whole);
+    return whole;
+}
+
+}  // namespace zgpt
