@@ -27,6 +27,8 @@
 #include "train/dist/comm_tcp.h"
 #include "train/dist/launch.h"
 #include "train/dist/net.h"
+#include "train/dist/rank_env.h"
+#include "train/dist/rendezvous.h"
 
 using namespace zgpt;
 namespace fs = std::filesystem;

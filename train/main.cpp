@@ -14,6 +14,7 @@
 #include "train/config.h"
 #include "train/device.h"
 #include "train/dist/launch.h"
+#include "train/dist/rank_env.h"
 #include "train/trainer.h"
 
 int main(int argc, char** argv) {

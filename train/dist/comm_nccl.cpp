@@ -142,7 +142,7 @@ class NcclComm final : public Communicator {
     // makes the matching call (hung, or in another collective) would otherwise block this rank
     // forever inside NCCL. On timeout or an asynchronous NCCL error the communicator is aborted
     // and the error names the collective. (Dead peers and silent hosts are also caught by the
-    // rendezvous' watchdog, train/dist/launch.h.)
+    // rendezvous' watchdog, train/dist/rendezvous.h.)
     void finish(const char* op) {
         if (timeout_s_ <= 0) return;
         using Clock = std::chrono::steady_clock;

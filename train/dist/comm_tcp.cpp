@@ -13,8 +13,8 @@
 #include <cstring>
 
 #include "kernels/core/check.h"
-#include "train/dist/launch.h"
 #include "train/dist/net.h"
+#include "train/dist/rendezvous.h"
 
 namespace zgpt {
 

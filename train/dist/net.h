@@ -1,7 +1,7 @@
-// TCP plumbing for multi-process runs, shared by the rendezvous (train/dist/launch.h) and the tcp
-// communicator (train/dist/comm_tcp.h): IPv4 sockets, every wait bounded by poll, framed messages,
-// and the "star" (rank 0 of a group accepts one connection from each other member). Peers are
-// assumed to share the byte order (every supported host is little-endian).
+// TCP plumbing for multi-process runs, shared by the rendezvous (train/dist/rendezvous.h) and the
+// tcp communicator (train/dist/comm_tcp.h): IPv4 sockets, every wait bounded by poll, framed
+// messages, and the "star" (rank 0 of a group accepts one connection from each other member). Peers
+// are assumed to share the byte order (every supported host is little-endian).
 #pragma once
 #include <chrono>
 #include <cstdint>

@@ -1,5 +1,5 @@
-// Rendezvous (train/dist/launch.h): the join at MASTER_ADDR:MASTER_PORT and the watchdog that keeps
-// the control connections (rank 0 to each other rank) until the orderly end of the run.
+// Rendezvous (train/dist/rendezvous.h): the join at MASTER_ADDR:MASTER_PORT and the watchdog that
+// keeps the control connections (rank 0 to each other rank) until the orderly end of the run.
 #include <fcntl.h>
 #include <poll.h>
 #include <unistd.h>
@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "kernels/core/check.h"
-#include "train/dist/launch.h"
+#include "train/dist/rendezvous.h"
 
 namespace zgpt {
 
