@@ -8,7 +8,7 @@
 #include <unordered_set>
 
 #include "data/gpt2_bpe.h"
-#include "data/tokenizer.h"
+#include "data/utf8.h"
 #include "kernels/core/check.h"
 
 namespace zgpt {

@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "data/file_read.h"
-#include "data/tokenizer.h"
+#include "data/utf8.h"
 #include "kernels/core/check.h"
 
 namespace zgpt {

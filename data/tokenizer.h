@@ -39,8 +39,4 @@ class Tokenizer {
     std::vector<int32_t> id_of_char_;     // char: code point -> id, -1 if absent
 };
 
-// Decodes UTF-8; throws naming the byte offset of an invalid sequence.
-std::vector<uint32_t> utf8_decode(std::string_view s);
-void utf8_append(std::string& out, uint32_t code_point);
-
 }  // namespace zgpt

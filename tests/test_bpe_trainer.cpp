@@ -9,7 +9,7 @@
 
 #include "data/bpe_trainer.h"
 #include "data/gpt2_bpe.h"
-#include "data/tokenizer.h"
+#include "data/utf8.h"
 #include "tests/helpers.h"
 
 using namespace zgpt;
