@@ -40,7 +40,10 @@ TEST_CASE("z-loss sweep on Tiny Shakespeare: sweep, skip, resume, plots, CSV") {
         << ", val: " << (dir / "shards/val_*.bin").string() << "}\n"
         << "train: {batch_size: 4, max_steps: 40, eval_every: 20, "
            "eval_batches: 2, checkpoint_every: 10, threads: 1}\n"
-        << "optim: {warmup_steps: 4, weight_decay: 0.0}\n";
+        << "optim: {warmup_steps: 4, weight_decay: 0.0}\n"
+        // on a GPU, cuBLASLt's first choice for every GEMM: timed choices are kept per runs
+        // folder, and two folders could time different algorithms (and differ in the last bits)
+        << "kernels: {matmul_search: 0}\n";
     std::ofstream(dir / "sweep.yaml")
         << "base: " << (dir / "base.yaml").string() << "\n"
         << "out_dir: " << (dir / "runs").string() << "\n"
@@ -63,19 +66,23 @@ TEST_CASE("z-loss sweep on Tiny Shakespeare: sweep, skip, resume, plots, CSV") {
     CHECK(again.text.find(": resuming") != std::string::npos);
     CHECK(fs::exists(interrupted / "summary.json"));
 
-    // --gpus: two runs at a time (here on the CPU, CUDA_VISIBLE_DEVICES unused), the same results
+    // --gpus: two runs at a time, the same results. Without a GPU they run on the CPU
+    // (CUDA_VISIBLE_DEVICES unused); on a machine of one GPU both slots share it.
+    const zgpt::DeviceChoice where = zgpt::choose_device("auto");
+    const bool gpu = where.device == "cuda";
+    const std::string slots = gpu && where.gpus < 2 ? "0,0" : "0,1";
     std::ofstream(dir / "sweep2.yaml")
         << "base: " << (dir / "base.yaml").string() << "\n"
         << "out_dir: " << (dir / "runs2").string() << "\n"
         << "grid:\n  optim.lr: [3.0e-3, 3.0e-2]\n  loss.z_loss_weight: [0, 1.0e-4]\n";
     CommandOutput par = run_command(built_binary("ZGPT_SWEEP_BIN") + " " +
-                                    (dir / "sweep2.yaml").string() + " --gpus 0,1");
+                                    (dir / "sweep2.yaml").string() + " --gpus " + slots);
     INFO(par.text);
     REQUIRE(par.code == 0);
     CHECK(par.text.find("4 runs, 0 failed") != std::string::npos);
     // where no GPU trains them, the runs do not name GPUs
-    const bool gpu = zgpt::choose_device("auto").device == "cuda";
-    CHECK(par.text.find(gpu ? "on GPU 1" : "(CPU, slot 1)") != std::string::npos);
+    const std::string second = slots.substr(2);
+    CHECK(par.text.find(gpu ? "on GPU " + second : "(CPU, slot 1)") != std::string::npos);
     if (!gpu) CHECK(par.text.find("on GPU") == std::string::npos);
     for (const auto& r : manifest["runs"]) {
         const std::string name = r["name"].get<std::string>();
@@ -88,6 +95,18 @@ TEST_CASE("z-loss sweep on Tiny Shakespeare: sweep, skip, resume, plots, CSV") {
         };
         CAPTURE(name);
         CHECK(last_loss(dir / "runs2" / name) == last_loss(dir / "runs" / name));
+    }
+
+    // a GPU that does not exist is refused before anything runs (its runs would see no GPU and
+    // train on the CPU)
+    if (gpu && !std::getenv("CUDA_VISIBLE_DEVICES")) {
+        CommandOutput missing =
+            run_command(built_binary("ZGPT_SWEEP_BIN") + " " + (dir / "sweep2.yaml").string() +
+                        " --gpus 0," + std::to_string(where.gpus));
+        INFO(missing.text);
+        CHECK(missing.code != 0);
+        CHECK(missing.text.find("GPU " + std::to_string(where.gpus) + " does not exist") !=
+              std::string::npos);
     }
 
     // values that differ only in a sign of the exponent are two runs; values that would make one
@@ -114,7 +133,8 @@ TEST_CASE("z-loss sweep on Tiny Shakespeare: sweep, skip, resume, plots, CSV") {
     // --nproc 2: every run as 2 processes (CPU: the tcp communicator), each with its own data
     std::ofstream(dir / "sweep3.yaml") << "base: " << (dir / "base.yaml").string() << "\n"
                                        << "out_dir: " << (dir / "runs3").string() << "\n"
-                                       << "set: [train.batch_size=2, train.max_steps=10]\n"
+                                       << "set: [train.batch_size=2, train.max_steps=10, "
+                                          "train.device=cpu]\n"
                                        << "grid:\n  loss.z_loss_weight: [0, 1.0e-4]\n";
     CommandOutput np = run_command(built_binary("ZGPT_SWEEP_BIN") + " " +
                                    (dir / "sweep3.yaml").string() + " --nproc 2");

@@ -18,6 +18,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -206,6 +207,20 @@ int main(int argc, char** argv) {
             on_cpu.push_back(zgpt::load_config(base, sets).train.device == "cpu");
             manifest["runs"].push_back({{"name", run_name(c)}, {"overrides", over}});
         }
+        // A listed GPU that does not exist would leave its runs with no visible device, and they
+        // would train on the CPU instead: refuse. (Ids are physical; where CUDA_VISIBLE_DEVICES
+        // already hides GPUs from this process, the count says nothing about them.)
+        if (on_gpus && !std::getenv("CUDA_VISIBLE_DEVICES") &&
+            std::count(on_cpu.begin(), on_cpu.end(), 0) > 0)
+            for (const std::string& group : devices) {
+                std::stringstream ids(group);
+                for (std::string id; std::getline(ids, id, ',');)
+                    ZG_CHECK(std::stoi(id) < where.gpus,
+                             "--gpus '" + gpus + "': GPU " + id +
+                                 " does not exist (this machine has " + std::to_string(where.gpus) +
+                                 (where.gpus == 1 ? " GPU" : " GPUs") + ", 0 to " +
+                                 std::to_string(where.gpus - 1) + ")");
+            }
         zgpt::write_text_file((out_dir / "sweep.json").string(), manifest.dump(2) + "\n");
         std::atomic<int> failures{0};
         std::atomic<size_t> next{0};

@@ -23,6 +23,7 @@ DeviceChoice choose_device(const std::string& requested) {
     c.driver = std::to_string(d.driver_version);
     c.runtime = std::to_string(d.runtime_version);
     c.gpu_name = d.name;
+    c.gpus = d.count;
     const bool has_gpu = d.count > 0;
     const std::string gpu = has_gpu ? "CUDA device " + d.name : d.error;
 #else

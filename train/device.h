@@ -9,6 +9,7 @@ struct DeviceChoice {
     std::string device;                     // "cpu" | "cuda"
     std::string reason;                     // one line for the log
     std::string gpu_name, driver, runtime;  // provenance; empty when unknown
+    int gpus = 0;                           // usable CUDA devices (0 in a build without CUDA)
 };
 
 // Physical memory of this machine in bytes (0 when unknown).
