@@ -39,6 +39,7 @@ FastPlan plan_fast(const CrossEntropyArgs& a, bool pingpong, int max_smem) {
     // 512 or 1024 in all; three groups have 768), smem_kb (the buffers' budget per CTA),
     // min_stages (the stages the cluster size is chosen for), cluster (a fixed cluster size)
     const CrossEntropyTuning& k = a.tuning;
+    if (pingpong && k.cluster == 0 && size_t(a.V) * es <= kFastOnlineMaxRowBytes) return {};
     if (pingpong) {
         if (const int g = k.groups; g == 2 || g == 3) groups = g;
         if (const int p = k.parts; p == 1 || p == 2 || p == 4) parts = p;

@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""Joins `bench_ce --sweep` with the anchors of tools/bench/ce_sweep_anchors.py into one results
+file (a row per head, mode, V and C with the anchors' times and memory beside ours), draws its
+figure, and prints each point against the loss head's targets:
+- the default head (`fast`) forward + backward faster than Liger and torch.compile at every V, with
+  no more extra memory than Liger;
+- at V >= 32768, within 1.15x of its copy floor;
+- the exact fused linear head (fused_linear_rows) faster than torch.compile at every V and C, with
+  at most a tenth of its extra memory.
+
+    python3 tools/bench/ce_sweep_table.py --bench bench_ce_sweep.json \\
+        --anchors anchors_logits.json anchors_linear.json --out docs/results/ce_vocab_sweep_h200.json \\
+        [--figure docs/results/ce_vocab_sweep_h200.png] [--meta key=value ...]
+"""
+import argparse
+import json
+
+ANCHORS = ("liger", "torch_compile", "cce")
+
+
+def key(head, mode, V, C):
+    return (head, mode, int(V), int(C) if C else None)
+
+
+def join(bench, anchor_docs):
+    anchors = {}
+    for doc in anchor_docs:
+        for r in doc["rows"]:
+            anchors.setdefault(key(r["head"], r["mode"], r["V"], r.get("C")), {})[r["anchor"]] = r
+    rows = []
+    for r in bench["results"]:
+        if "ms" not in r:
+            continue
+        head = "linear" if "C" in r else "logits"
+        row = dict(head=head, mode=r.get("mode", "fwd_bwd"), V=r["V"], N=r["N"], C=r.get("C"),
+                   variant=r["variant"], ms=round(r["ms"], 4), extra_gb=round(r["extra_GB"], 4),
+                   floor_ms=round(r["floor_ms"], 4), latency_floor_ms=round(r["latency_floor_ms"], 4),
+                   x_floor=round(r["x_floor"], 3))
+        for name, a in anchors.get(key(head, row["mode"], r["V"], r.get("C")), {}).items():
+            row[f"{name}_ms"] = a.get("ms")
+            row[f"{name}_extra_gb"] = a.get("extra_GB")
+        rows.append(row)
+    return rows
+
+
+def check_targets(rows):
+    """Lines saying where each target holds and where it does not."""
+    out = []
+    fast = [r for r in rows if r["variant"] == "fast" and r["mode"] == "fwd_bwd"]
+    for r in fast:
+        beats = all(r.get(f"{a}_ms") is not None and r["ms"] < r[f"{a}_ms"]
+                    for a in ("liger", "torch_compile"))
+        mem = r.get("liger_extra_gb") is not None and r["extra_gb"] <= r["liger_extra_gb"]
+        floor = "" if r["V"] < 32768 else f", {r['x_floor']:.2f}x copy floor" + \
+            (" (<= 1.15)" if r["x_floor"] <= 1.15 else " (> 1.15)")
+        out.append(f"fast V={r['V']}: {r['ms']:.3f} ms vs liger {r.get('liger_ms')} compile "
+                   f"{r.get('torch_compile_ms')}: {'faster' if beats else 'NOT faster'}; extra "
+                   f"{r['extra_gb'] * 1e3:.2f} MB vs liger {r.get('liger_extra_gb', 0) * 1e3:.2f} MB: "
+                   f"{'ok' if mem else 'more'}{floor}")
+    exact = [r for r in rows if r["variant"] == "fused_linear_rows" and r["mode"] == "fwd_bwd"]
+    for r in exact:
+        c = r.get("torch_compile_ms")
+        cm = r.get("torch_compile_extra_gb")
+        out.append(f"fused_linear_rows C={r['C']} V={r['V']}: {r['ms']:.3f} ms vs compile {c}: "
+                   f"{'faster' if c and r['ms'] < c else 'NOT faster'}; extra {r['extra_gb']:.3f} GB "
+                   f"vs compile {cm}: {'<= a tenth' if cm and r['extra_gb'] <= cm / 10 else 'more than a tenth'}")
+    return out
+
+
+def figure(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    panels = [("logits", None), ("linear", 768), ("linear", 2048)]
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    for ax, (head, C) in zip(axes, panels):
+        sel = [r for r in rows if r["head"] == head and r["mode"] == "fwd_bwd" and r["C"] == C]
+        ours = ["fast", "online"] if head == "logits" else ["fused_linear_rows", "fused_linear"]
+        for v in ours:
+            pts = sorted((r["V"], r["ms"]) for r in sel if r["variant"] == v)
+            ax.plot(*zip(*pts), "o-", label=f"zgpt {v}")
+        ref = [r for r in sel if r["variant"] == ours[0]]
+        for a in ANCHORS:
+            pts = sorted((r["V"], r[f"{a}_ms"]) for r in ref if r.get(f"{a}_ms"))
+            if pts:
+                ax.plot(*zip(*pts), "s--", label=a.replace("_", "."))
+        pts = sorted((r["V"], max(r["floor_ms"], r["latency_floor_ms"])) for r in ref)
+        ax.plot(*zip(*pts), "k:", label="floor (copy or GEMMs; latency)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("vocabulary V")
+        ax.set_ylabel("ms, forward + backward")
+        ax.set_title("logits head, N = 16384" if head == "logits" else f"from hidden states, C = {C}")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bench", required=True)
+    ap.add_argument("--anchors", nargs="+", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--figure")
+    ap.add_argument("--meta", nargs="*", default=[], help="key=value pairs recorded in the file")
+    args = ap.parse_args()
+    bench = json.load(open(args.bench))
+    anchor_docs = [json.load(open(p)) for p in args.anchors]
+    rows = join(bench, anchor_docs)
+    targets = check_targets(rows)
+    doc = dict(device=bench["device"], copy_TBps=round(bench["copy_TBps"], 3),
+               anchors={k: anchor_docs[0].get(k) for k in ("torch", "liger", "cce")},
+               **dict(m.split("=", 1) for m in args.meta), targets=targets, rows=rows)
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    print("\n".join(targets))
+    if args.figure:
+        figure(rows, args.figure)
+
+
+if __name__ == "__main__":
+    main()
