@@ -368,9 +368,11 @@ void run_linear_heads(Bench& b, Shape sh, int64_t C, bool with_grad) {
         const double floor_ms = gemms * 2.0 * N * C * V / b.matmul_flops * 1e3;
         const double floor4_ms = floor_ms * 4.0 / 3.0;
         const double floor_max = std::max(floor_ms, latency.first);
-        // everything the head allocates beyond its inputs: workspace, the gradients, cuBLASLt's
+        // everything the head allocates beyond its inputs: workspace, the gradients, and the
+        // cuBLASLt workspace of the one stream it runs on
         const double extra =
-            double(ws_bytes + dh_bytes + dw_bytes + zgpt::cuda::gemm_workspace_bytes()) / 1e9;
+            double(ws_bytes + dh_bytes + dw_bytes + zgpt::cuda::gemm_workspace_bytes_per_stream()) /
+            1e9;
         const char* mode = with_grad ? "fwd_bwd" : "fwd";
         std::printf(
             "%-12s %-7s N=%-6lld V=%-7lld C=%-5lld dW %s %8.3f ms  %5.2fx floor (%.3f ms, %g "

@@ -1,5 +1,6 @@
 #include "tools/bench/bench_latency.h"
 
+#include "kernels/gemm/matmul.h"
 #include "tools/bench/bench_util.h"
 
 namespace zgpt::bench {
@@ -42,6 +43,9 @@ std::vector<LaunchShape> captured_launches(const std::function<void(cudaStream_t
         }
         CK(cudaGraphDestroy(g));
     }
+    // a GEMM captured here took a cuBLASLt workspace for this stream (kernels/gemm/matmul.h):
+    // give it back, or every capture would keep one more
+    zgpt::cuda::release_gemm_workspace(s);
     CK(cudaStreamDestroy(s));
     return out;
 }
