@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "kernels/attention/attention.h"
@@ -27,117 +28,189 @@
 #include "train/config.h"
 
 using namespace zgpt::bench;
+using zgpt::cuda::AttentionShape;
+using zgpt::cuda::AttentionVariant;
 
-int main(int argc, char** argv) {
-    CLI::App app{"Time the registered CUDA attention variants against their FLOP floor."};
-    zgpt::report_cli_errors(app);
-    std::string out, only, shape_arg = "64,1024,768,12";
+namespace {
+
+struct Options {
+    std::string out, only, shape = "64,1024,768,12";
     int iters = 20;
     std::vector<std::string> sets;
-    app.add_option("--out", out, "write the results as JSON here");
-    app.add_option("--variants", only, "comma-separated variant names (default: flash,flash_mma)");
-    app.add_option("--iters", iters, "timed iterations per direction")->capture_default_str();
-    app.add_option("--shape", shape_arg, "B,T,C,NH (GPT-2 124M's by default)")
-        ->capture_default_str();
-    app.add_option("--set", sets,
+};
+
+// A shape's FLOPs and their floors (ms) at the measured bf16 matmul rate.
+struct Floors {
+    double rate = 0;  // FLOP/s
+    double fwd_flops = 0, bwd_flops = 0, fwd_ms = 0, bwd_ms = 0;
+};
+
+// ---- parse -------------------------------------------------------------------------------------
+
+std::optional<Options> parse(int argc, char** argv, int& exit_code) {
+    CLI::App app{"Time the registered CUDA attention variants against their FLOP floor."};
+    zgpt::report_cli_errors(app);
+    Options o;
+    app.add_option("--out", o.out, "write the results as JSON here");
+    app.add_option("--variants", o.only,
+                   "comma-separated variant names (default: flash,flash_mma)");
+    app.add_option("--iters", o.iters, "timed iterations per direction")->capture_default_str();
+    app.add_option("--shape", o.shape, "B,T,C,NH (GPT-2 124M's by default)")->capture_default_str();
+    app.add_option("--set", o.sets,
                    "kernels.attention_tuning.key=value (train --help lists them), applied to "
                    "every variant timed");
-    CLI11_PARSE(app, argc, argv);
-    zgpt::Config cfg;
-    zgpt::cuda::AttentionShape sh;
     try {
-        for (const std::string& o : sets)
-            ZG_CHECK(o.rfind("kernels.attention_tuning.", 0) == 0,
-                     "--set " + o + ": bench_attention takes kernels.attention_tuning.* keys only");
-        zgpt::apply_overrides(cfg, sets);
-        std::stringstream ss(shape_arg);
-        std::vector<int64_t> v;
-        for (std::string item; std::getline(ss, item, ',');) v.push_back(std::stoll(item));
-        ZG_CHECK(v.size() == 4 && v[0] > 0 && v[1] > 0 && v[2] > 0 && v[3] > 0 && v[2] % v[3] == 0,
-                 "--shape: expected B,T,C,NH with C a multiple of NH, got '" + shape_arg + "'");
-        sh.B = v[0], sh.Tn = v[1], sh.C = v[2], sh.NH = v[3];
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        exit_code = app.exit(e);
+        return std::nullopt;
+    }
+    return o;
+}
+
+// ---- cases -------------------------------------------------------------------------------------
+
+// --shape with the --set tuning; throws on a key outside kernels.attention_tuning or a bad shape
+AttentionShape shape_of(const Options& o) {
+    zgpt::Config cfg;
+    for (const std::string& s : o.sets)
+        ZG_CHECK(s.rfind("kernels.attention_tuning.", 0) == 0,
+                 "--set " + s + ": bench_attention takes kernels.attention_tuning.* keys only");
+    zgpt::apply_overrides(cfg, o.sets);
+    std::stringstream ss(o.shape);
+    std::vector<int64_t> v;
+    for (std::string item; std::getline(ss, item, ',');) v.push_back(std::stoll(item));
+    ZG_CHECK(v.size() == 4 && v[0] > 0 && v[1] > 0 && v[2] > 0 && v[3] > 0 && v[2] % v[3] == 0,
+             "--shape: expected B,T,C,NH with C a multiple of NH, got '" + o.shape + "'");
+    AttentionShape sh;
+    sh.B = v[0], sh.Tn = v[1], sh.C = v[2], sh.NH = v[3];
+    sh.tuning = cfg.kernels.attention_tuning;
+    return sh;
+}
+
+// the registered variants --variants names (default: flash,flash_mma), in registry order
+std::vector<const AttentionVariant*> variants_of(const Options& o) {
+    const std::string only = o.only.empty() ? "flash,flash_mma" : o.only;
+    std::vector<const AttentionVariant*> out;
+    for (const AttentionVariant& v : zgpt::cuda::attention_variants())
+        if (("," + only + ",").find("," + std::string(v.name) + ",") != std::string::npos)
+            out.push_back(&v);
+    return out;
+}
+
+// ---- run ---------------------------------------------------------------------------------------
+
+Floors floors_of(const AttentionShape& sh, double rate) {
+    Floors f;
+    f.rate = rate;
+    const double hd = double(sh.C / sh.NH);
+    const double pairs = double(sh.B) * sh.NH * double(sh.Tn) * double(sh.Tn + 1) / 2;
+    f.fwd_flops = 4.0 * hd * pairs, f.bwd_flops = 2.5 * f.fwd_flops;
+    f.fwd_ms = f.fwd_flops / rate * 1e3, f.bwd_ms = f.bwd_flops / rate * 1e3;
+    return f;
+}
+
+// The inputs and outputs every variant shares: qkv and dout filled, o and dqkv written.
+struct Buffers {
+    void *qkv, *o, *dout, *dqkv;
+    explicit Buffers(const AttentionShape& sh) {
+        const size_t n_qkv = size_t(sh.B) * sh.Tn * 3 * sh.C, n_out = size_t(sh.B) * sh.Tn * sh.C;
+        CK(cudaMalloc(&qkv, n_qkv * 2));
+        CK(cudaMalloc(&dqkv, n_qkv * 2));
+        CK(cudaMalloc(&o, n_out * 2));
+        CK(cudaMalloc(&dout, n_out * 2));
+        fill_logits(static_cast<__nv_bfloat16*>(qkv), n_qkv, 21, 2.0);
+        fill_logits(static_cast<__nv_bfloat16*>(dout), n_out, 23, 0.01);
+    }
+    ~Buffers() {
+        cudaFree(qkv);
+        cudaFree(dqkv);
+        cudaFree(o);
+        cudaFree(dout);
+    }
+};
+
+// Times v's forward and backward, prints its line and returns its row.
+nlohmann::json run_variant(const AttentionVariant& v, const Buffers& b, const AttentionShape& sh,
+                           const Floors& f, int iters) {
+    void *saved = nullptr, *scratch = nullptr;
+    float* colsums = nullptr;
+    const size_t saved_b = v.saved_bytes(sh), scratch_b = v.scratch_bytes(sh);
+    const int64_t cs_rows = v.colsum_rows(sh, zgpt::DType::bf16);
+    if (saved_b) CK(cudaMalloc(&saved, saved_b));
+    if (scratch_b) CK(cudaMalloc(&scratch, scratch_b));
+    if (cs_rows) CK(cudaMalloc(&colsums, size_t(cs_rows) * 3 * sh.C * 4));
+    auto forward = [&] { v.forward(b.o, saved, b.qkv, sh, zgpt::DType::bf16, nullptr); };
+    const double fwd_ms = time_ms(forward, iters);
+    const double bwd_ms = time_ms(
+        [&] {
+            v.backward(b.dqkv, b.dout, b.qkv, b.o, saved, scratch, colsums, sh, zgpt::DType::bf16,
+                       nullptr);
+        },
+        iters, forward);
+    std::printf(
+        "%-10s forward %7.3f ms %6.1f TFLOP/s %5.2fx floor   backward %7.3f ms %6.1f TFLOP/s "
+        "%5.2fx floor   both %5.2fx\n",
+        v.name, fwd_ms, f.fwd_flops / fwd_ms / 1e9, fwd_ms / f.fwd_ms, bwd_ms,
+        f.bwd_flops / bwd_ms / 1e9, bwd_ms / f.bwd_ms, (fwd_ms + bwd_ms) / (f.fwd_ms + f.bwd_ms));
+    cudaFree(saved);
+    cudaFree(scratch);
+    cudaFree(colsums);
+    return {{"variant", v.name},
+            {"fwd_ms", fwd_ms},
+            {"bwd_ms", bwd_ms},
+            {"fwd_x_floor", fwd_ms / f.fwd_ms},
+            {"bwd_x_floor", bwd_ms / f.bwd_ms},
+            {"both_x_floor", (fwd_ms + bwd_ms) / (f.fwd_ms + f.bwd_ms)}};
+}
+
+void write_json(const std::string& path, const zgpt::cuda::DeviceInfo& dev,
+                const AttentionShape& sh, const Options& o, const Floors& f,
+                const nlohmann::json& rows) {
+    std::ofstream out(path);
+    out << nlohmann::json{{"device", dev.name},
+                          {"matmul_TFLOPs", f.rate / 1e12},
+                          {"shape", {{"B", sh.B}, {"T", sh.Tn}, {"C", sh.C}, {"NH", sh.NH}}},
+                          {"sets", o.sets},
+                          {"fwd_floor_ms", f.fwd_ms},
+                          {"bwd_floor_ms", f.bwd_ms},
+                          {"rows", rows}}
+               .dump(2)
+        << "\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    int code = 0;
+    const std::optional<Options> opt = parse(argc, argv, code);
+    if (!opt) return code;
+    AttentionShape sh;
+    try {
+        sh = shape_of(*opt);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "%s\n", e.what());
         return 2;
     }
-    sh.tuning = cfg.kernels.attention_tuning;
-    if (only.empty()) only = "flash,flash_mma";
-
     const zgpt::cuda::DeviceInfo dev = zgpt::cuda::query_devices();
     if (dev.count == 0) {
         std::fprintf(stderr, "no CUDA device: %s\n", dev.error.c_str());
         return 1;
     }
-    const double rate = matmul_rate(iters);
-    const double hd = double(sh.C / sh.NH);
-    const double pairs = double(sh.B) * sh.NH * double(sh.Tn) * double(sh.Tn + 1) / 2;
-    const double fwd_flops = 4.0 * hd * pairs, bwd_flops = 2.5 * fwd_flops;
-    const double fwd_floor = fwd_flops / rate * 1e3, bwd_floor = bwd_flops / rate * 1e3;
+    const Floors f = floors_of(sh, matmul_rate(opt->iters));
     std::printf(
         "device %s, %d SMs; bf16 matmul 8192^3 through cuBLASLt: %.1f TFLOP/s\n"
         "B=%lld T=%lld C=%lld NH=%lld: forward %.3f TFLOP (floor %.3f ms), backward %.3f TFLOP "
         "(floor %.3f ms)\n",
-        dev.name.c_str(), dev.sm_count, rate / 1e12, (long long)sh.B, (long long)sh.Tn,
-        (long long)sh.C, (long long)sh.NH, fwd_flops / 1e12, fwd_floor, bwd_flops / 1e12,
-        bwd_floor);
-
-    const size_t n_qkv = size_t(sh.B) * sh.Tn * 3 * sh.C, n_out = size_t(sh.B) * sh.Tn * sh.C;
-    void *qkv, *o, *dout, *dqkv;
-    CK(cudaMalloc(&qkv, n_qkv * 2));
-    CK(cudaMalloc(&dqkv, n_qkv * 2));
-    CK(cudaMalloc(&o, n_out * 2));
-    CK(cudaMalloc(&dout, n_out * 2));
-    fill_logits(static_cast<__nv_bfloat16*>(qkv), n_qkv, 21, 2.0);
-    fill_logits(static_cast<__nv_bfloat16*>(dout), n_out, 23, 0.01);
+        dev.name.c_str(), dev.sm_count, f.rate / 1e12, (long long)sh.B, (long long)sh.Tn,
+        (long long)sh.C, (long long)sh.NH, f.fwd_flops / 1e12, f.fwd_ms, f.bwd_flops / 1e12,
+        f.bwd_ms);
     nlohmann::json rows = nlohmann::json::array();
-    for (const zgpt::cuda::AttentionVariant& v : zgpt::cuda::attention_variants()) {
-        if (("," + only + ",").find("," + std::string(v.name) + ",") == std::string::npos) continue;
-        void *saved = nullptr, *scratch = nullptr;
-        float* colsums = nullptr;
-        const size_t saved_b = v.saved_bytes(sh), scratch_b = v.scratch_bytes(sh);
-        const int64_t cs_rows = v.colsum_rows(sh, zgpt::DType::bf16);
-        if (saved_b) CK(cudaMalloc(&saved, saved_b));
-        if (scratch_b) CK(cudaMalloc(&scratch, scratch_b));
-        if (cs_rows) CK(cudaMalloc(&colsums, size_t(cs_rows) * 3 * sh.C * 4));
-        auto forward = [&] { v.forward(o, saved, qkv, sh, zgpt::DType::bf16, nullptr); };
-        const double fwd_ms = time_ms(forward, iters);
-        const double bwd_ms = time_ms(
-            [&] {
-                v.backward(dqkv, dout, qkv, o, saved, scratch, colsums, sh, zgpt::DType::bf16,
-                           nullptr);
-            },
-            iters, forward);
-        std::printf(
-            "%-10s forward %7.3f ms %6.1f TFLOP/s %5.2fx floor   backward %7.3f ms %6.1f TFLOP/s "
-            "%5.2fx floor   both %5.2fx\n",
-            v.name, fwd_ms, fwd_flops / fwd_ms / 1e9, fwd_ms / fwd_floor, bwd_ms,
-            bwd_flops / bwd_ms / 1e9, bwd_ms / bwd_floor,
-            (fwd_ms + bwd_ms) / (fwd_floor + bwd_floor));
-        rows.push_back({{"variant", v.name},
-                        {"fwd_ms", fwd_ms},
-                        {"bwd_ms", bwd_ms},
-                        {"fwd_x_floor", fwd_ms / fwd_floor},
-                        {"bwd_x_floor", bwd_ms / bwd_floor},
-                        {"both_x_floor", (fwd_ms + bwd_ms) / (fwd_floor + bwd_floor)}});
-        cudaFree(saved);
-        cudaFree(scratch);
-        cudaFree(colsums);
+    {
+        const Buffers buf(sh);
+        for (const AttentionVariant* v : variants_of(*opt))
+            rows.push_back(run_variant(*v, buf, sh, f, opt->iters));
     }
-    cudaFree(qkv);
-    cudaFree(dqkv);
-    cudaFree(o);
-    cudaFree(dout);
-    if (!out.empty()) {
-        std::ofstream f(out);
-        f << nlohmann::json{{"device", dev.name},
-                            {"matmul_TFLOPs", rate / 1e12},
-                            {"shape", {{"B", sh.B}, {"T", sh.Tn}, {"C", sh.C}, {"NH", sh.NH}}},
-                            {"sets", sets},
-                            {"fwd_floor_ms", fwd_floor},
-                            {"bwd_floor_ms", bwd_floor},
-                            {"rows", rows}}
-                 .dump(2)
-          << "\n";
-    }
+    if (!opt->out.empty()) write_json(opt->out, dev, sh, *opt, f, rows);
     return 0;
 }
