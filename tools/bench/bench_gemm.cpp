@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -35,6 +36,17 @@ using zgpt::cuda::Epilogue;
 using zgpt::cuda::Gemm;
 
 namespace {
+
+struct Options {
+    std::string out, only, shape = "65536,768,50257";
+    int iters = 20, max_candidates = 32, chunks = 4, layers = 12, configs = 0;
+};
+
+// --shape: the step's rows, width and vocabulary
+struct Shape {
+    int64_t BT = 0, C = 0, V = 0;
+    int64_t Vp() const { return (V + 63) / 64 * 64; }  // the padded vocabulary
+};
 
 struct Case {
     std::string name;
@@ -62,105 +74,117 @@ const char* epilogue_name(Epilogue e) {
     return "?";
 }
 
-}  // namespace
+// ---- parse -------------------------------------------------------------------------------------
 
-int main(int argc, char** argv) {
+std::optional<Options> parse(int argc, char** argv, int& exit_code) {
     CLI::App app{"Time the GPT trainer's GEMMs, and cuBLASLt's candidate algorithms for each."};
     zgpt::report_cli_errors(app);
-    std::string out, only, shape_arg = "65536,768,50257";
-    int iters = 20, max_candidates = 32, chunks = 4, layers = 12;
-    app.add_option("--out", out, "write the results as JSON here");
-    app.add_option("--shape", shape_arg,
-                   "BT,C,V: rows, width, vocabulary (GPT-2 124M, B=64 T=1024)")
+    Options o;
+    app.add_option("--out", o.out, "write the results as JSON here");
+    app.add_option("--shape", o.shape, "BT,C,V: rows, width, vocabulary (GPT-2 124M, B=64 T=1024)")
         ->capture_default_str();
-    app.add_option("--chunks", chunks, "the LM head's row chunks")->capture_default_str();
-    app.add_option("--layers", layers, "layers a step runs")->capture_default_str();
-    app.add_option("--candidates", max_candidates, "candidates timed per GEMM (at most 32)")
+    app.add_option("--chunks", o.chunks, "the LM head's row chunks")->capture_default_str();
+    app.add_option("--layers", o.layers, "layers a step runs")->capture_default_str();
+    app.add_option("--candidates", o.max_candidates, "candidates timed per GEMM (at most 32)")
         ->capture_default_str();
-    app.add_option("--iters", iters, "timed runs per candidate")->capture_default_str();
-    app.add_option("--only", only, "time only the GEMMs whose name contains this");
-    int configs = 0;
-    app.add_option("--configs", configs,
+    app.add_option("--iters", o.iters, "timed runs per candidate")->capture_default_str();
+    app.add_option("--only", o.only, "time only the GEMMs whose name contains this");
+    app.add_option("--configs", o.configs,
                    "also time up to this many of cuBLASLt's configurations beyond its heuristic's "
                    "list (every algorithm's tiles, stages and cluster shapes) and re-time the 8 "
                    "fastest beside the best candidate")
         ->capture_default_str();
-    CLI11_PARSE(app, argc, argv);
-    int64_t BT = 0, C = 0, V = 0;
     try {
-        std::stringstream ss(shape_arg);
-        std::vector<int64_t> v;
-        for (std::string item; std::getline(ss, item, ',');) v.push_back(std::stoll(item));
-        ZG_CHECK(v.size() == 3 && v[0] > 0 && v[1] > 0 && v[2] > 0,
-                 "--shape: expected BT,C,V, got '" + shape_arg + "'");
-        BT = v[0], C = v[1], V = v[2];
-        ZG_CHECK(chunks >= 1 && BT % chunks == 0, "--chunks must divide BT");
-        ZG_CHECK(max_candidates >= 1 && max_candidates <= 32, "--candidates: 1 to 32");
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "%s\n", e.what());
-        return 2;
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        exit_code = app.exit(e);
+        return std::nullopt;
     }
-    const zgpt::cuda::DeviceInfo dev = zgpt::cuda::query_devices();
-    if (dev.count == 0) {
-        std::fprintf(stderr, "no CUDA device: %s\n", dev.error.c_str());
-        return 1;
-    }
-    const int64_t Vp = (V + 63) / 64 * 64, HR = BT / chunks;
-    const double rate = matmul_rate(iters);
-    std::printf("device %s, %d SMs; bf16 matmul 8192^3 through cuBLASLt: %.1f TFLOP/s\n",
-                dev.name.c_str(), dev.sm_count, rate / 1e12);
+    return o;
+}
 
-    // Buffers large enough for every case: x the A operand (up to the head's whole BT x Vp
-    // gradient of the logits), y the output or second operand (rows x 4C, a head chunk's
-    // logits), aux a pre-activation, a weight (max(4C, Vp) x C), fp32 weight gradients.
-    const size_t act = size_t(std::max(BT * 4 * C, HR * Vp)), xs = size_t(BT * std::max(4 * C, Vp));
-    const size_t wts = size_t(std::max(4 * C, Vp) * C);
+// --shape, checked with --chunks and --candidates; throws on a bad one
+Shape shape_of(const Options& o) {
+    std::stringstream ss(o.shape);
+    std::vector<int64_t> v;
+    for (std::string item; std::getline(ss, item, ',');) v.push_back(std::stoll(item));
+    ZG_CHECK(v.size() == 3 && v[0] > 0 && v[1] > 0 && v[2] > 0,
+             "--shape: expected BT,C,V, got '" + o.shape + "'");
+    const Shape s{v[0], v[1], v[2]};
+    ZG_CHECK(o.chunks >= 1 && s.BT % o.chunks == 0, "--chunks must divide BT");
+    ZG_CHECK(o.max_candidates >= 1 && o.max_candidates <= 32, "--candidates: 1 to 32");
+    return s;
+}
+
+// ---- cases -------------------------------------------------------------------------------------
+
+// Buffers large enough for every case: x the A operand (up to the head's whole BT x Vp
+// gradient of the logits), y the output or second operand (rows x 4C, a head chunk's
+// logits), aux a pre-activation, a weight (max(4C, Vp) x C), fp32 weight gradients.
+struct Buffers {
     __nv_bfloat16 *x, *y, *aux, *w, *bias, *res;
     float *dw, *dbias;
-    CK(cudaMalloc(&x, xs * 2));
-    CK(cudaMalloc(&y, act * 2));
-    CK(cudaMalloc(&aux, size_t(BT * 4 * C) * 2));
-    CK(cudaMalloc(&w, wts * 2));
-    CK(cudaMalloc(&bias, size_t(4 * C) * 2));
-    CK(cudaMalloc(&res, size_t(BT * C) * 2));
-    CK(cudaMalloc(&dw, wts * 4));
-    CK(cudaMalloc(&dbias, size_t(4 * C) * 4));
-    fill_logits(x, xs, 31, 1.0);
-    fill_logits(y, act, 32, 1.0);
-    fill_logits(aux, size_t(BT * 4 * C), 33, 2.0);
-    fill_logits(w, wts, 35, 0.05);
-    fill_logits(bias, size_t(4 * C), 37, 0.1);
-    fill_logits(res, size_t(BT * C), 39, 1.0);
-    CK(cudaMemset(dw, 0, wts * 4));
+    Buffers(const Shape& s, int chunks) {
+        const int64_t BT = s.BT, C = s.C, Vp = s.Vp(), HR = BT / chunks;
+        const size_t act = size_t(std::max(BT * 4 * C, HR * Vp)),
+                     xs = size_t(BT * std::max(4 * C, Vp));
+        const size_t wts = size_t(std::max(4 * C, Vp) * C);
+        CK(cudaMalloc(&x, xs * 2));
+        CK(cudaMalloc(&y, act * 2));
+        CK(cudaMalloc(&aux, size_t(BT * 4 * C) * 2));
+        CK(cudaMalloc(&w, wts * 2));
+        CK(cudaMalloc(&bias, size_t(4 * C) * 2));
+        CK(cudaMalloc(&res, size_t(BT * C) * 2));
+        CK(cudaMalloc(&dw, wts * 4));
+        CK(cudaMalloc(&dbias, size_t(4 * C) * 4));
+        fill_logits(x, xs, 31, 1.0);
+        fill_logits(y, act, 32, 1.0);
+        fill_logits(aux, size_t(BT * 4 * C), 33, 2.0);
+        fill_logits(w, wts, 35, 0.05);
+        fill_logits(bias, size_t(4 * C), 37, 0.1);
+        fill_logits(res, size_t(BT * C), 39, 1.0);
+        CK(cudaMemset(dw, 0, wts * 4));
+    }
+    ~Buffers() {
+        for (void* p : {static_cast<void*>(x), static_cast<void*>(y), static_cast<void*>(aux),
+                        static_cast<void*>(res), static_cast<void*>(w), static_cast<void*>(bias),
+                        static_cast<void*>(dw), static_cast<void*>(dbias)})
+            cudaFree(p);
+    }
+};
 
+// A step's GEMMs (per_step > 0) and the alternatives to some of them (per_step 0), on b.
+std::vector<Case> cases_of(const Buffers& b, const Shape& s, const Options& o) {
+    const int64_t BT = s.BT, C = s.C, Vp = s.Vp(), HR = BT / o.chunks;
+    const int layers = o.layers, chunks = o.chunks;
     auto fwd = [&](int64_t M, int64_t K, int64_t N, Epilogue e) {
-        Gemm g = zgpt::cuda::linear_forward_gemm(y, x, w, M, K, N, DType::bf16);
+        Gemm g = zgpt::cuda::linear_forward_gemm(b.y, b.x, b.w, M, K, N, DType::bf16);
         g.epilogue = e;
-        if (e == Epilogue::bias || e == Epilogue::gelu_aux_bias) g.bias = bias;
-        if (e == Epilogue::gelu_aux_bias || e == Epilogue::gelu_aux) g.aux = aux;
+        if (e == Epilogue::bias || e == Epilogue::gelu_aux_bias) g.bias = b.bias;
+        if (e == Epilogue::gelu_aux_bias || e == Epilogue::gelu_aux) g.aux = b.aux;
         return g;
     };
     auto with_residual = [&](Gemm g) {  // residual_in_matmul's projections: + C, beta 1
-        g.C = res;
+        g.C = b.res;
         g.beta = 1.0f;
         return g;
     };
     auto dinp = [&](int64_t M, int64_t K, int64_t N, Epilogue e) {  // D[M, K] = dout[M, N] W[N, K]
-        Gemm g = zgpt::cuda::linear_input_grad_gemm(y, x, w, M, K, N, DType::bf16);
+        Gemm g = zgpt::cuda::linear_input_grad_gemm(b.y, b.x, b.w, M, K, N, DType::bf16);
         g.epilogue = e;
-        if (e == Epilogue::dgelu || e == Epilogue::dgelu_bias_grad) g.aux = aux;
-        if (e == Epilogue::dgelu_bias_grad) g.bias = dbias;
+        if (e == Epilogue::dgelu || e == Epilogue::dgelu_bias_grad) g.aux = b.aux;
+        if (e == Epilogue::dgelu_bias_grad) g.bias = b.dbias;
         return g;
     };
     auto dW = [&](int64_t M, int64_t K, int64_t N) {  // dW[N, K] += dout[M, N]^T inp[M, K]
-        return zgpt::cuda::linear_weight_grad_gemm(dw, x, y, M, K, N, DType::bf16);
+        return zgpt::cuda::linear_weight_grad_gemm(b.dw, b.x, b.y, M, K, N, DType::bf16);
     };
     auto dW_written = [&](int64_t M, int64_t K, int64_t N) {  // into a scratch, as the trainer
         Gemm g = dW(M, K, N);
         g.beta = 0;
         return g;
     };
-    const std::vector<Case> cases = {
+    return {
         {"fwd qkv", fwd(BT, C, 3 * C, Epilogue::bias), layers},
         {"fwd proj", fwd(BT, C, C, Epilogue::bias), layers},
         {"fwd fc + GELU", fwd(BT, C, 4 * C, Epilogue::gelu_aux_bias), layers},
@@ -195,144 +219,202 @@ int main(int argc, char** argv) {
         {"head dinp", dinp(HR, C, Vp, Epilogue::none), chunks},
         {"head dW", dW(BT, C, Vp), 1},
     };
+}
 
+// ---- run ---------------------------------------------------------------------------------------
+
+// What the cases record: a row each, and a step's GEMM time summed over them (per_step times).
+struct Bench {
+    Options opt;
+    double rate = 0;  // bf16 matmul FLOP/s
     nlohmann::json rows = nlohmann::json::array();
     double step_default = 0, step_best = 0, step_floor = 0;
-    for (const Case& c : cases) {
-        if (!only.empty() && c.name.find(only) == std::string::npos) continue;
-        const Gemm& g = c.g;
-        const double flops = 2.0 * double(g.M) * double(g.N) * double(g.K);
-        const double floor_ms = flops / rate * 1e3;
-        const int n = std::min(max_candidates, zgpt::cuda::gemm_candidates(g));
-        nlohmann::json cand = nlohmann::json::array();
-        double first = 0, best = 1e30;
-        int best_i = -1;
-        for (int i = 0; i < n; i++) {
-            double ms = -1;
-            try {
-                ms = time_ms([&] { zgpt::cuda::try_gemm_candidate(g, i, nullptr); }, iters);
-            } catch (const std::exception& e) {  // a candidate that fails to launch: skip it
-                std::fprintf(stderr, "%s candidate %d: %s\n", c.name.c_str(), i, e.what());
-                continue;
-            }
-            if (i == 0) first = ms;
-            if (ms < best) best = ms, best_i = i;
-            cand.push_back(
-                {{"index", i}, {"ms", ms}, {"config", zgpt::cuda::gemm_candidate_name(g, i)}});
+};
+
+// cuBLASLt's heuristic candidates for one GEMM, timed: the first is what the trainer runs.
+struct Candidates {
+    double first = 0, best = 1e30;
+    int best_i = -1;
+    nlohmann::json rows = nlohmann::json::array();
+};
+
+Candidates time_candidates(const Bench& b, const Case& c) {
+    Candidates r;
+    const int n = std::min(b.opt.max_candidates, zgpt::cuda::gemm_candidates(c.g));
+    for (int i = 0; i < n; i++) {
+        double ms = -1;
+        try {
+            ms = time_ms([&] { zgpt::cuda::try_gemm_candidate(c.g, i, nullptr); }, b.opt.iters);
+        } catch (const std::exception& e) {  // a candidate that fails to launch: skip it
+            std::fprintf(stderr, "%s candidate %d: %s\n", c.name.c_str(), i, e.what());
+            continue;
         }
-        double wg = -1, pp = -1;  // our kernel's two schedules (kernels.matmul_wgmma_schedule)
-        if (zgpt::cuda::gemm_wgmma_usable(g)) {
-            using zgpt::cuda::WgmmaSchedule;
-            wg = time_ms(
-                [&] { zgpt::cuda::try_gemm_wgmma(g, nullptr, WgmmaSchedule::cooperative); }, iters);
-            pp = time_ms([&] { zgpt::cuda::try_gemm_wgmma(g, nullptr, WgmmaSchedule::pingpong); },
-                         iters);
-        }
-        std::printf(
-            "%-26s M=%-6lld N=%-6lld K=%-6lld %-13s floor %7.1f us  first %7.1f us (%4.2fx)  "
-            "best #%-2d %7.1f us (%4.2fx)%s",
-            c.name.c_str(), (long long)g.M, (long long)g.N, (long long)g.K,
-            epilogue_name(g.epilogue), floor_ms * 1e3, first * 1e3, first / floor_ms, best_i,
-            best * 1e3, best / floor_ms, wg > 0 ? "" : "\n");
-        if (wg > 0)
-            std::printf("  wgmma %7.1f us (%4.2fx), ping-pong %7.1f us (%4.2fx)\n", wg * 1e3,
-                        wg / floor_ms, pp * 1e3, pp / floor_ms);
-        if (best_i > 0)
-            std::printf("%28s best: %s\n", "", zgpt::cuda::gemm_candidate_name(g, best_i).c_str());
-        nlohmann::json beyond = nlohmann::json::object();
-        if (configs > 0 && best_i >= 0) {
-            // a quick pass over (a spread of) the configurations, then the 8 fastest and the
-            // best candidate again, alternated, with the usual iterations
-            const int nc = zgpt::cuda::gemm_configs(g);
-            const int step = std::max(1, (nc + configs - 1) / configs);
-            std::vector<std::pair<double, int>> quick;
-            for (int i = 0; i < nc; i += step) {
-                double ms = -1;
-                try {
-                    bool ok = zgpt::cuda::try_gemm_config(g, i, nullptr);
-                    CK(cudaDeviceSynchronize());
-                    if (!ok) continue;
-                    ms = time_ms([&] { zgpt::cuda::try_gemm_config(g, i, nullptr); }, 3);
-                } catch (const std::exception& e) {
-                    std::fprintf(stderr, "%s config %d: %s\n", c.name.c_str(), i, e.what());
-                    continue;
-                }
-                quick.push_back({ms, i});
-            }
-            std::sort(quick.begin(), quick.end());
-            if (quick.size() > 8) quick.resize(8);
-            double cand = 1e30, conf = 1e30;
-            int conf_i = -1;
-            for (int round = 0; round < 2; round++) {
-                cand = std::min(
-                    cand,
-                    time_ms([&] { zgpt::cuda::try_gemm_candidate(g, best_i, nullptr); }, iters));
-                for (const auto& q : quick) {
-                    const double ms =
-                        time_ms([&] { zgpt::cuda::try_gemm_config(g, q.second, nullptr); }, iters);
-                    if (ms < conf) conf = ms, conf_i = q.second;
-                }
-            }
-            const std::string conf_name =
-                conf_i >= 0 ? zgpt::cuda::gemm_config_name(g, conf_i) : std::string();
-            std::printf(
-                "%28s %d configurations (%zu timed again): best %7.1f us (%4.2fx) against "
-                "the best candidate's %7.1f us: %s\n",
-                "", nc, quick.size(), conf * 1e3, conf / floor_ms, cand * 1e3,
-                conf_i >= 0 ? conf_name.c_str() : "none");
-            beyond = {{"configs", nc},
-                      {"best_config_ms", conf},
-                      {"best_candidate_ms", cand},
-                      {"best_config", conf_name}};
-        }
-        step_default += c.per_step * first;
-        step_best += c.per_step * best;
-        step_floor += c.per_step * floor_ms;
-        rows.push_back({{"gemm", c.name},
-                        {"M", g.M},
-                        {"N", g.N},
-                        {"K", g.K},
-                        {"epilogue", epilogue_name(g.epilogue)},
-                        {"per_step", c.per_step},
-                        {"floor_ms", floor_ms},
-                        {"first_ms", first},
-                        {"best_ms", best},
-                        {"best_index", best_i},
-                        {"wgmma_ms", wg},
-                        {"wgmma_pingpong_ms", pp},
-                        {"beyond_heuristic", beyond},
-                        {"candidates", cand}});
+        if (i == 0) r.first = ms;
+        if (ms < r.best) r.best = ms, r.best_i = i;
+        r.rows.push_back(
+            {{"index", i}, {"ms", ms}, {"config", zgpt::cuda::gemm_candidate_name(c.g, i)}});
     }
+    return r;
+}
+
+// Beyond the heuristic's list: a quick pass over (a spread of) the configurations, then the 8
+// fastest and the best candidate again, alternated, with the usual iterations. Prints its line.
+nlohmann::json time_configs(const Bench& b, const Case& c, int best_i, double floor_ms) {
+    const Gemm& g = c.g;
+    const int nc = zgpt::cuda::gemm_configs(g);
+    const int step = std::max(1, (nc + b.opt.configs - 1) / b.opt.configs);
+    std::vector<std::pair<double, int>> quick;
+    for (int i = 0; i < nc; i += step) {
+        double ms = -1;
+        try {
+            bool ok = zgpt::cuda::try_gemm_config(g, i, nullptr);
+            CK(cudaDeviceSynchronize());
+            if (!ok) continue;
+            ms = time_ms([&] { zgpt::cuda::try_gemm_config(g, i, nullptr); }, 3);
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "%s config %d: %s\n", c.name.c_str(), i, e.what());
+            continue;
+        }
+        quick.push_back({ms, i});
+    }
+    std::sort(quick.begin(), quick.end());
+    if (quick.size() > 8) quick.resize(8);
+    double cand = 1e30, conf = 1e30;
+    int conf_i = -1;
+    for (int round = 0; round < 2; round++) {
+        cand = std::min(cand, time_ms([&] { zgpt::cuda::try_gemm_candidate(g, best_i, nullptr); },
+                                      b.opt.iters));
+        for (const auto& q : quick) {
+            const double ms =
+                time_ms([&] { zgpt::cuda::try_gemm_config(g, q.second, nullptr); }, b.opt.iters);
+            if (ms < conf) conf = ms, conf_i = q.second;
+        }
+    }
+    const std::string conf_name =
+        conf_i >= 0 ? zgpt::cuda::gemm_config_name(g, conf_i) : std::string();
+    std::printf(
+        "%28s %d configurations (%zu timed again): best %7.1f us (%4.2fx) against "
+        "the best candidate's %7.1f us: %s\n",
+        "", nc, quick.size(), conf * 1e3, conf / floor_ms, cand * 1e3,
+        conf_i >= 0 ? conf_name.c_str() : "none");
+    return {{"configs", nc},
+            {"best_config_ms", conf},
+            {"best_candidate_ms", cand},
+            {"best_config", conf_name}};
+}
+
+// One GEMM: its candidates, our wgmma kernel where it applies, the configurations with
+// --configs; prints its lines and records its row and its part of the step.
+void run_case(Bench& b, const Case& c) {
+    const Gemm& g = c.g;
+    const double flops = 2.0 * double(g.M) * double(g.N) * double(g.K);
+    const double floor_ms = flops / b.rate * 1e3;
+    const Candidates cand = time_candidates(b, c);
+    double wg = -1, pp = -1;  // our kernel's two schedules (kernels.matmul_wgmma_schedule)
+    if (zgpt::cuda::gemm_wgmma_usable(g)) {
+        using zgpt::cuda::WgmmaSchedule;
+        wg = time_ms([&] { zgpt::cuda::try_gemm_wgmma(g, nullptr, WgmmaSchedule::cooperative); },
+                     b.opt.iters);
+        pp = time_ms([&] { zgpt::cuda::try_gemm_wgmma(g, nullptr, WgmmaSchedule::pingpong); },
+                     b.opt.iters);
+    }
+    std::printf(
+        "%-26s M=%-6lld N=%-6lld K=%-6lld %-13s floor %7.1f us  first %7.1f us (%4.2fx)  "
+        "best #%-2d %7.1f us (%4.2fx)%s",
+        c.name.c_str(), (long long)g.M, (long long)g.N, (long long)g.K, epilogue_name(g.epilogue),
+        floor_ms * 1e3, cand.first * 1e3, cand.first / floor_ms, cand.best_i, cand.best * 1e3,
+        cand.best / floor_ms, wg > 0 ? "" : "\n");
+    if (wg > 0)
+        std::printf("  wgmma %7.1f us (%4.2fx), ping-pong %7.1f us (%4.2fx)\n", wg * 1e3,
+                    wg / floor_ms, pp * 1e3, pp / floor_ms);
+    if (cand.best_i > 0)
+        std::printf("%28s best: %s\n", "", zgpt::cuda::gemm_candidate_name(g, cand.best_i).c_str());
+    const nlohmann::json beyond = b.opt.configs > 0 && cand.best_i >= 0
+                                      ? time_configs(b, c, cand.best_i, floor_ms)
+                                      : nlohmann::json::object();
+    b.step_default += c.per_step * cand.first;
+    b.step_best += c.per_step * cand.best;
+    b.step_floor += c.per_step * floor_ms;
+    b.rows.push_back({{"gemm", c.name},
+                      {"M", g.M},
+                      {"N", g.N},
+                      {"K", g.K},
+                      {"epilogue", epilogue_name(g.epilogue)},
+                      {"per_step", c.per_step},
+                      {"floor_ms", floor_ms},
+                      {"first_ms", cand.first},
+                      {"best_ms", cand.best},
+                      {"best_index", cand.best_i},
+                      {"wgmma_ms", wg},
+                      {"wgmma_pingpong_ms", pp},
+                      {"beyond_heuristic", beyond},
+                      {"candidates", cand.rows}});
+}
+
+// What the GELU' + bias-gradient epilogue replaces: fc's bias gradient as its own pass over
+// the 4C-wide gradient (the trainer runs it on the weight-gradient stream). Prints its line.
+double run_bias_pass(const Bench& b, const Buffers& buf, const Shape& s) {
+    const int64_t BT = s.BT, C = s.C;
+    void* scratch = nullptr;
+    CK(cudaMalloc(&scratch, zgpt::cuda::bias_backward_scratch_bytes(BT, 4 * C)));
+    const double ms = time_ms(
+        [&] {
+            zgpt::cuda::bias_backward(buf.dbias, buf.y, BT, 4 * C, DType::bf16, scratch, nullptr);
+        },
+        b.opt.iters);
+    std::printf("fc bias gradient as its own pass (%lld x %lld bf16): %.1f us\n", (long long)BT,
+                (long long)(4 * C), ms * 1e3);
+    cudaFree(scratch);
+    return ms;
+}
+
+void write_json(const Bench& b, const zgpt::cuda::DeviceInfo& dev, const Shape& s,
+                double bias_pass) {
+    std::ofstream f(b.opt.out);
+    f << nlohmann::json{{"device", dev.name},
+                        {"matmul_TFLOPs", b.rate / 1e12},
+                        {"shape", {{"BT", s.BT}, {"C", s.C}, {"V", s.V}, {"chunks", b.opt.chunks}}},
+                        {"step_floor_ms", b.step_floor},
+                        {"step_first_ms", b.step_default},
+                        {"step_best_ms", b.step_best},
+                        {"fc_bias_pass_ms", bias_pass},
+                        {"rows", b.rows}}
+             .dump(2)
+      << "\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    int code = 0;
+    const std::optional<Options> opt = parse(argc, argv, code);
+    if (!opt) return code;
+    Bench b;
+    b.opt = *opt;
+    Shape shape;
+    try {
+        shape = shape_of(b.opt);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "%s\n", e.what());
+        return 2;
+    }
+    const zgpt::cuda::DeviceInfo dev = zgpt::cuda::query_devices();
+    if (dev.count == 0) {
+        std::fprintf(stderr, "no CUDA device: %s\n", dev.error.c_str());
+        return 1;
+    }
+    b.rate = matmul_rate(b.opt.iters);
+    std::printf("device %s, %d SMs; bf16 matmul 8192^3 through cuBLASLt: %.1f TFLOP/s\n",
+                dev.name.c_str(), dev.sm_count, b.rate / 1e12);
+    const Buffers buf(shape, b.opt.chunks);
+    for (const Case& c : cases_of(buf, shape, b.opt))
+        if (b.opt.only.empty() || c.name.find(b.opt.only) != std::string::npos) run_case(b, c);
     std::printf(
         "a step's GEMMs (%d layers, %d head chunks): floor %.2f ms, cuBLASLt's first choice %.2f "
         "ms (%.2fx), the best candidate of each %.2f ms (%.2fx)\n",
-        layers, chunks, step_floor, step_default, step_default / step_floor, step_best,
-        step_best / step_floor);
-    // what the GELU' + bias-gradient epilogue replaces: fc's bias gradient as its own pass over
-    // the 4C-wide gradient (the trainer runs it on the weight-gradient stream)
-    void* scratch = nullptr;
-    CK(cudaMalloc(&scratch, zgpt::cuda::bias_backward_scratch_bytes(BT, 4 * C)));
-    const double bias_pass = time_ms(
-        [&] { zgpt::cuda::bias_backward(dbias, y, BT, 4 * C, DType::bf16, scratch, nullptr); },
-        iters);
-    std::printf("fc bias gradient as its own pass (%lld x %lld bf16): %.1f us\n", (long long)BT,
-                (long long)(4 * C), bias_pass * 1e3);
-    for (void* p : {static_cast<void*>(x), static_cast<void*>(y), static_cast<void*>(aux),
-                    static_cast<void*>(res), static_cast<void*>(w), static_cast<void*>(bias),
-                    static_cast<void*>(dw), static_cast<void*>(dbias), scratch})
-        cudaFree(p);
-    if (!out.empty()) {
-        std::ofstream f(out);
-        f << nlohmann::json{{"device", dev.name},
-                            {"matmul_TFLOPs", rate / 1e12},
-                            {"shape", {{"BT", BT}, {"C", C}, {"V", V}, {"chunks", chunks}}},
-                            {"step_floor_ms", step_floor},
-                            {"step_first_ms", step_default},
-                            {"step_best_ms", step_best},
-                            {"fc_bias_pass_ms", bias_pass},
-                            {"rows", rows}}
-                 .dump(2)
-          << "\n";
-    }
+        b.opt.layers, b.opt.chunks, b.step_floor, b.step_default, b.step_default / b.step_floor,
+        b.step_best, b.step_best / b.step_floor);
+    const double bias_pass = run_bias_pass(b, buf, shape);
+    if (!b.opt.out.empty()) write_json(b, dev, shape, bias_pass);
     return 0;
 }
