@@ -25,6 +25,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -46,6 +47,320 @@
 using namespace zgpt;
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+    std::string config_path, out, data;
+    std::vector<std::string> overrides;
+    int steps = 40, from = 10, timeline_steps = 0;
+    int head_chunks = CudaModelOptions{}.head_chunks;
+    bool ops = false, separate_calls = false;
+};
+
+// Which steps do what: 1..--steps train (from --from on they are averaged); --timeline: N extra
+// steps, recorded together and summarised one by one (so the host's work between steps is not
+// counted as idle); --ops: two more, not in the averages, the op table from the second (the first
+// leaves the pipelined schedule for the one-stream one).
+struct Schedule {
+    int steps = 0, timeline_end = 0, last = 0;
+    bool op_step(int step) const { return step > timeline_end; }
+    bool timeline_step(int step) const { return step > steps && !op_step(step); }
+};
+
+// The model on the device and its AdamW moments.
+struct Model {
+    GptCuda gpt;
+    float *m = nullptr, *v = nullptr;
+    Model(const Config& cfg, const CudaModelOptions& mo, const std::vector<float>& init)
+        : gpt(cfg.model, mo) {
+        gpt.set_params(init.data());
+        gpt.set_profiling(true);
+        const int64_t n = gpt.num_parameters();
+        ZG_CUDA_CHECK(cudaMalloc(&m, n * 4));
+        ZG_CUDA_CHECK(cudaMalloc(&v, n * 4));
+        ZG_CUDA_CHECK(cudaMemset(m, 0, n * 4));
+        ZG_CUDA_CHECK(cudaMemset(v, 0, n * 4));
+    }
+    ~Model() {
+        cudaFree(m);
+        cudaFree(v);
+    }
+};
+
+// The steps' tokens: random, or consecutive windows of --data's shard (after its last token it
+// starts again from its first).
+class Tokens {
+  public:
+    Tokens(const Options& o, const Config& cfg)
+        : rng_(uint64_t(cfg.train.seed)), vocab_(uint64_t(cfg.model.vocab_size)) {
+        if (o.data.empty()) return;
+        shard_.emplace(o.data);
+        shard_->check_vocab(cfg.model.vocab_size);
+        ZG_CHECK(shard_->size() > 0, o.data + ": no tokens");
+    }
+    void fill(std::vector<int32_t>& x) {
+        if (shard_) {
+            for (auto& t : x) t = int32_t((*shard_)[pos_++ % shard_->size()]);
+        } else {
+            for (auto& t : x) t = int32_t(rng_.below(vocab_));
+        }
+    }
+
+  private:
+    Rng rng_;
+    uint64_t vocab_;
+    std::optional<TokenShard> shard_;
+    int64_t pos_ = 0;
+};
+
+// What the steps share, and what they record.
+struct Bench {
+    Options opt;
+    Config cfg;
+    CudaModelOptions mo;
+    CrossEntropyOptions ce;
+    double estimate_gb = 0;  // the model's device memory as counted before it allocates
+    double init_s = 0, model_s = 0, first_step_s = 0;  // start-up phases
+    std::vector<double> step_ms, head_ms;              // the averaged steps'
+    double loss = 0;                                   // the last micro-batch's
+    nlohmann::json op_table = nlohmann::json::array();
+    std::optional<GpuTimeline> timeline;
+    std::vector<TimelineSummary> recorded;
+    std::vector<double> recorded_wall_ms;
+    std::optional<cuda::PowerSampler> power;
+    cuda::PowerSummary board;
+
+    int64_t B() const { return cfg.train.batch_size; }
+    int64_t T() const { return cfg.train.seq_len > 0 ? cfg.train.seq_len : cfg.model.block_size; }
+    int64_t tokens_per_step() const { return B() * T() * cfg.train.grad_accum; }
+};
+
+// The timed steps' means, and the memory they ran in.
+struct Summary {
+    double ms = 0, head_ms = 0, tok_s = 0, mfu = 0;
+    double model_gb = 0, device_used_gb = 0, logits_gb = 0;
+};
+
+double seconds_since(Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// ---- parse -------------------------------------------------------------------------------------
+
+std::optional<Options> parse(int argc, char** argv, int& exit_code) {
+    CLI::App app{"time CUDA training steps on random tokens"};
+    zgpt::report_cli_errors(app);
+    Options o;
+    app.add_option("-c,--config", o.config_path, "run config (YAML)")->required();
+    app.add_option("--set", o.overrides, "section.key=value overrides");
+    app.add_option("--steps", o.steps, "steps to run");
+    app.add_option("--from", o.from, "first step that is timed (earlier ones warm up)");
+    app.add_option("--out", o.out, "write the result as JSON here");
+    app.add_option("--head-chunks", o.head_chunks,
+                   "row chunks of the pipelined loss head (1: in one piece)");
+    app.add_flag("--ops", o.ops, "time each op family (an event after every op) in one extra step");
+    app.add_flag("--separate-calls", o.separate_calls,
+                 "forward, loss and backward as three calls, the host waiting for the loss before "
+                 "it queues the backward pass, and the gradient norm read by the host before the "
+                 "update (the schedule before forward_loss_backward and the clip on the GPU), to "
+                 "compare");
+    app.add_option("--timeline", o.timeline_steps,
+                   "record N extra steps' kernels with CUPTI: busy and idle time, the longest "
+                   "idle gaps, the kernels with the most time")
+        ->check(CLI::Range(0, 100));
+    app.add_option("--data", o.data,
+                   "a token shard (prepare_data's .bin): consecutive windows of its text instead "
+                   "of random tokens (real text repeats tokens, which random tokens do not); after "
+                   "its last token it starts again from its first")
+        ->check(CLI::ExistingFile);
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        exit_code = app.exit(e);
+        return std::nullopt;
+    }
+    return o;
+}
+
+// ---- cases -------------------------------------------------------------------------------------
+
+Config config_of(const Options& o) {
+    Config cfg = load_config(o.config_path, o.overrides);
+    resolve_vocab_size(cfg);  // 0: from tokenizer.json beside data.train, as train does
+    ZG_CHECK(o.from >= 1 && o.from <= o.steps, "--from must be in [1, --steps]");
+    return cfg;
+}
+
+CudaModelOptions model_options(const Config& cfg, const Options& o) {
+    CudaModelOptions mo;
+    mo.precision = cfg.train.precision == "fp32" ? DType::f32 : DType::bf16;
+    mo.kernels = cfg.kernels;
+    mo.recompute_gelu = cfg.train.recompute_gelu;
+    mo.fp32_residual = cfg.train.fp32_residual;
+    mo.head_chunks = o.head_chunks;
+    return mo;
+}
+
+CrossEntropyOptions loss_options(const Config& cfg) {
+    CrossEntropyOptions o;
+    o.z_loss_weight = cfg.loss.z_loss_weight;
+    o.reduction = Reduction::sum;
+    return o;
+}
+
+Schedule schedule_of(const Options& o) {
+    Schedule s;
+    s.steps = o.steps;
+    s.timeline_end = o.steps + o.timeline_steps;
+    s.last = s.timeline_end + (o.ops ? 2 : 0);
+    return s;
+}
+
+// ---- run ---------------------------------------------------------------------------------------
+
+// The weights initialised on the host, then the model on the device, each phase timed into b.
+std::unique_ptr<Model> start_model(Bench& b) {
+    // the trainer's count, printed before it allocates (train/backends/backend_cuda.cpp); the
+    // summary's memory is what the model then holds (plus the moments)
+    b.estimate_gb = double(GptCuda::device_bytes_needed(b.cfg.model, b.mo, b.B(), b.T())) / 1e9;
+    auto phase = Clock::now();
+    const std::vector<float> init = initial_params(b.cfg);
+    b.init_s = seconds_since(phase);
+    phase = Clock::now();
+    auto model = std::make_unique<Model>(b.cfg, b.mo, init);
+    ZG_CUDA_CHECK(cudaDeviceSynchronize());
+    b.model_s = seconds_since(phase);
+    return model;
+}
+
+// One step as the trainer runs it (or as it did, --separate-calls), through its final sync: its
+// wall time (ms) and the loss head's (ms); the loss goes into b.
+std::pair<double, double> train_step(Bench& b, Model& model, const std::vector<int32_t>& x,
+                                     int step) {
+    const Config& cfg = b.cfg;
+    const int64_t B = b.B(), T = b.T();
+    GptCuda& gpt = model.gpt;
+    const auto t0 = Clock::now();
+    gpt.zero_grad();
+    double head = 0;
+    // The trainer's micro-batch call; the head's events are read once the step is done
+    // (head_ms() waits for the stream), or after each micro-batch when there are several
+    // (each records them again), which leaves that wait in the step.
+    const bool accumulating = cfg.train.grad_accum > 1;
+    for (int a = 0; a < cfg.train.grad_accum; a++) {
+        const int32_t* xa = x.data() + size_t(a) * size_t(B * T + 1);
+        const double go = 1.0 / double(b.tokens_per_step());
+        CrossEntropySummary s;
+        if (b.opt.separate_calls) {
+            gpt.forward(xa, B, T);
+            s = gpt.loss(xa + 1, b.ce, go, true);
+            gpt.backward();
+        } else {
+            s = gpt.forward_loss_backward(xa, xa + 1, B, T, b.ce, go);
+        }
+        if (accumulating) head += gpt.head_ms();
+        b.loss = s.sum_loss / double(s.n_valid);
+    }
+    if (b.opt.separate_calls) {  // the old schedule: the host reads the norm, then updates
+        const double norm = gpt.grad_norm();
+        gpt.adamw_step(cfg.optim.lr, cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps,
+                       cfg.optim.weight_decay, step, cpu::clip_scale(norm, cfg.optim.grad_clip),
+                       model.m, model.v);
+    } else {  // the trainer's: the clip factor taken on the GPU
+        gpt.clip_and_adamw_step_range(cfg.optim.lr, cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps,
+                                      cfg.optim.weight_decay, step, cfg.optim.grad_clip, model.m,
+                                      model.v, 0, gpt.num_parameters());
+    }
+    ZG_CUDA_CHECK(cudaDeviceSynchronize());
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    if (!accumulating) head = gpt.head_ms();
+    return {ms, head};
+}
+
+// --ops' last step: each op family's GPU time, printed and recorded in b.op_table.
+void record_ops(Bench& b, std::vector<std::pair<std::string, double>> t2, double ms) {
+    std::sort(t2.begin(), t2.end(),
+              [](const auto& a2, const auto& b2) { return a2.second > b2.second; });
+    double total = 0;
+    for (const auto& [name, v2] : t2) total += v2;
+    std::printf("per-op GPU time in one step (%.2f ms of ops, %.2f ms wall):\n", total, ms);
+    for (const auto& [name, v2] : t2) {
+        std::printf("  %-28s %8.2f ms %5.1f%%\n", name.c_str(), v2, 100 * v2 / total);
+        b.op_table.push_back({{"op", name}, {"ms", v2}});
+    }
+}
+
+// Every step of the schedule; start-up ends with the first, printed then.
+void run_steps(Bench& b, Model& model, Clock::time_point started) {
+    const Schedule sched = schedule_of(b.opt);
+    Tokens tokens(b.opt, b.cfg);
+    // one row of B * T + 1 tokens per micro-batch
+    std::vector<int32_t> x(size_t(b.cfg.train.grad_accum) * size_t(b.B() * b.T() + 1));
+    if (b.opt.timeline_steps > 0) b.timeline.emplace();
+    b.power.emplace();
+    for (int step = 1; step <= sched.last; step++) {
+        const bool op_step = sched.op_step(step);
+        const bool timeline_step = sched.timeline_step(step);
+        model.gpt.set_op_profiling(op_step);
+        // The tokens are drawn before the clock starts: they stand for a data loader that
+        // prepares the next batch while the GPU works (drawing 65,537 of them takes ~0.2 ms).
+        tokens.fill(x);
+        ZG_CUDA_CHECK(cudaDeviceSynchronize());
+        if (step == b.opt.from) b.power->start();
+        if (timeline_step && step == b.opt.steps + 1) b.timeline->start();
+        if (timeline_step) b.timeline->mark();
+        const auto [ms, head] = train_step(b, model, x, step);
+        if (step == b.opt.steps) b.board = b.power->stop();
+        if (step == 1) {
+            b.first_step_s = ms / 1e3;
+            std::printf(
+                "start-up: %.1f s to the end of the first step (weights initialised on the "
+                "host %.1f s, the model on the device %.1f s, first step %.1f s)\n",
+                seconds_since(started), b.init_s, b.model_s, b.first_step_s);
+        }
+        if (timeline_step) {
+            b.recorded_wall_ms.push_back(ms);
+            if (step == sched.timeline_end) b.recorded = b.timeline->stop(8, 25);
+            continue;
+        }
+        if (op_step) {
+            auto t2 = model.gpt.take_op_times();
+            if (step == sched.last) record_ops(b, std::move(t2), ms);
+            continue;
+        }
+        if (step >= b.opt.from) {
+            b.step_ms.push_back(ms);
+            b.head_ms.push_back(head);
+        }
+        std::printf("step %d: %.2f ms, loss %.4f, head %.2f ms\n", step, ms, b.loss, head);
+    }
+}
+
+Summary summarise(const Bench& b, const Model& model, const cuda::DeviceInfo& dev) {
+    auto mean = [](const std::vector<double>& a) {
+        double s = 0;
+        for (double x2 : a) s += x2;
+        return s / double(a.size());
+    };
+    Summary s;
+    s.ms = mean(b.step_ms), s.head_ms = mean(b.head_ms);
+    s.tok_s = double(b.tokens_per_step()) / (s.ms / 1e3);
+    const double peak = peak_flops(dev.name, b.mo.precision == DType::bf16);
+    s.mfu = peak > 0 ? training_flops_per_token(b.cfg.model, b.T()) * s.tok_s / peak : 0;
+    size_t free_b = 0, total_b = 0;
+    ZG_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    s.device_used_gb = double(total_b - free_b) / 1e9;
+    s.model_gb =
+        (double(model.gpt.allocated_bytes()) + 8.0 * double(model.gpt.num_parameters())) / 1e9;
+    s.logits_gb = (is_linear_cross_entropy(b.cfg.kernels.cross_entropy)
+                       ? 0.0
+                       : double(b.B() * b.T()) * double(model.gpt.padded_vocab()) *
+                             dtype_bytes(b.mo.precision)) /
+                  1e9;
+    return s;
+}
+
 // Prints the recorded steps' timeline (means over the steps; the longest gaps of any step, the
 // kernels of the first) and returns it as JSON.
 nlohmann::json report_timeline(const GpuTimeline& tl, const std::vector<TimelineSummary>& r,
@@ -126,278 +441,105 @@ nlohmann::json report_timeline(const GpuTimeline& tl, const std::vector<Timeline
     j["top_kernels_first_step"] = jk;
     return j;
 }
+
+void print_power(const Bench& b) {
+    if (b.board.samples > 0)
+        std::printf(
+            "board power %.0f W (limit %.0f W), SM clock %.0f MHz: means of %d samples "
+            "over the timed steps\n",
+            b.board.power_w, b.board.limit_w, b.board.sm_clock_mhz, b.board.samples);
+    else
+        std::printf("board power not sampled: %s\n", b.power->unavailable().empty()
+                                                         ? "the timed steps were too short"
+                                                         : b.power->unavailable().c_str());
+}
+
+void print_summary(const Bench& b, const cuda::DeviceInfo& dev, const Summary& s) {
+    std::printf(
+        "%s | %s | B=%lld T=%lld V=%d | step %.2f ms | %.0f tok/s | MFU %.1f%% | head %.2f ms "
+        "(%.1f%%) | memory %.2f GB (device used %.2f GB; logits %.2f GB)\n",
+        dev.name.c_str(), b.cfg.kernels.cross_entropy.c_str(), (long long)b.B(), (long long)b.T(),
+        b.cfg.model.vocab_size, s.ms, s.tok_s, 100 * s.mfu, s.head_ms, 100 * s.head_ms / s.ms,
+        s.model_gb, s.device_used_gb, s.logits_gb);
+}
+
+void write_json(const Bench& b, const cuda::DeviceInfo& dev, const Summary& s,
+                const nlohmann::json& timeline, int64_t n_params) {
+    const Config& cfg = b.cfg;
+    const Options& o = b.opt;
+    nlohmann::json j{{"gpu", dev.name},
+                     {"config", o.config_path},
+                     {"overrides", o.overrides},
+                     {"data", o.data.empty() ? "random tokens" : o.data},
+                     {"batch", b.B()},
+                     {"seq_len", b.T()},
+                     {"vocab_size", cfg.model.vocab_size},
+                     {"precision", cfg.train.precision},
+                     {"kernels",
+                      {{"attention", cfg.kernels.attention},
+                       {"cross_entropy", cfg.kernels.cross_entropy},
+                       {"layernorm", cfg.kernels.layernorm},
+                       {"matmul", cfg.kernels.matmul}}},
+                     {"kernel_tuning", kernel_tuning_json(cfg)},
+                     {"recompute_gelu", cfg.train.recompute_gelu},
+                     {"fp32_residual", cfg.train.fp32_residual},
+                     {"head_chunks", o.head_chunks},
+                     {"steps_timed", b.step_ms.size()},
+                     {"step_ms", s.ms},
+                     {"step_ms_min", *std::min_element(b.step_ms.begin(), b.step_ms.end())},
+                     {"tok_per_s", s.tok_s},
+                     {"mfu", s.mfu},
+                     {"head_ms", s.head_ms},
+                     {"head_share", s.head_ms / s.ms},
+                     {"model_memory_gb", s.model_gb},
+                     {"model_memory_counted_before_gb", b.estimate_gb + 8e-9 * double(n_params)},
+                     {"device_used_gb", s.device_used_gb},
+                     {"logits_gb", s.logits_gb},
+                     {"final_loss", b.loss},
+                     {"startup_s",
+                      {{"init_weights", b.init_s},
+                       {"model_to_device", b.model_s},
+                       {"first_step", b.first_step_s}}},
+                     {"power_samples", b.board.samples},
+                     {"power_w", b.board.power_w},
+                     {"power_limit_w", b.board.limit_w},
+                     {"sm_clock_mhz", b.board.sm_clock_mhz},
+                     {"ops", b.op_table},
+                     {"timeline", timeline},
+                     // kernels.matmul_search's picks (gemm_choices' text): which
+                     // candidate each GEMM shape ran, to tell runs apart
+                     {"gemm_choices", cuda::gemm_choices()}};
+    std::ofstream(o.out) << j.dump(2) << "\n";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-    CLI::App app{"time CUDA training steps on random tokens"};
-    zgpt::report_cli_errors(app);
-    std::string config_path, out;
-    std::vector<std::string> overrides;
-    int steps = 40, from = 10;
-    app.add_option("-c,--config", config_path, "run config (YAML)")->required();
-    app.add_option("--set", overrides, "section.key=value overrides");
-    app.add_option("--steps", steps, "steps to run");
-    app.add_option("--from", from, "first step that is timed (earlier ones warm up)");
-    app.add_option("--out", out, "write the result as JSON here");
-    bool ops = false;
-    int head_chunks = CudaModelOptions{}.head_chunks;
-    app.add_option("--head-chunks", head_chunks,
-                   "row chunks of the pipelined loss head (1: in one piece)");
-    app.add_flag("--ops", ops, "time each op family (an event after every op) in one extra step");
-    bool separate_calls = false;
-    app.add_flag("--separate-calls", separate_calls,
-                 "forward, loss and backward as three calls, the host waiting for the loss before "
-                 "it queues the backward pass, and the gradient norm read by the host before the "
-                 "update (the schedule before forward_loss_backward and the clip on the GPU), to "
-                 "compare");
-    int timeline_steps = 0;
-    app.add_option("--timeline", timeline_steps,
-                   "record N extra steps' kernels with CUPTI: busy and idle time, the longest "
-                   "idle gaps, the kernels with the most time")
-        ->check(CLI::Range(0, 100));
-    std::string data;
-    app.add_option("--data", data,
-                   "a token shard (prepare_data's .bin): consecutive windows of its text instead "
-                   "of random tokens (real text repeats tokens, which random tokens do not); after "
-                   "its last token it starts again from its first")
-        ->check(CLI::ExistingFile);
-    CLI11_PARSE(app, argc, argv);
+    int code = 0;
+    const std::optional<Options> opt = parse(argc, argv, code);
+    if (!opt) return code;
     try {
         // start-up phases, printed before the first step: the weights' initialisation on the
         // host, the model's device allocation and copy, and the first step (cuBLASLt's
         // heuristics and kernels.matmul_search's timing of each GEMM shape happen there)
-        const auto started = std::chrono::steady_clock::now();
-        auto seconds_since = [](std::chrono::steady_clock::time_point t) {
-            return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-        };
-        Config cfg = load_config(config_path, overrides);
-        resolve_vocab_size(cfg);  // 0: from tokenizer.json beside data.train, as train does
-        ZG_CHECK(from >= 1 && from <= steps, "--from must be in [1, --steps]");
+        const auto started = Clock::now();
+        Bench b;
+        b.opt = *opt;
+        b.cfg = config_of(b.opt);
         const cuda::DeviceInfo dev = cuda::query_devices();
         ZG_CHECK(dev.count > 0, "no CUDA device: " + dev.error);
-        CudaModelOptions mo;
-        mo.precision = cfg.train.precision == "fp32" ? DType::f32 : DType::bf16;
-        mo.kernels = cfg.kernels;
-        mo.recompute_gelu = cfg.train.recompute_gelu;
-        mo.fp32_residual = cfg.train.fp32_residual;
-        mo.head_chunks = head_chunks;
-        // the trainer's count, printed before it allocates (train/backends/backend_cuda.cpp); the
-        // summary's memory is what the model then holds (plus the moments)
-        const int64_t B = cfg.train.batch_size;
-        const int64_t T = cfg.train.seq_len > 0 ? cfg.train.seq_len : cfg.model.block_size;
-        const double estimate_gb = double(GptCuda::device_bytes_needed(cfg.model, mo, B, T)) / 1e9;
-        auto phase = std::chrono::steady_clock::now();
-        const std::vector<float> init = initial_params(cfg);
-        const double init_s = seconds_since(phase);
-        phase = std::chrono::steady_clock::now();
-        GptCuda model(cfg.model, mo);
-        model.set_params(init.data());
-        model.set_profiling(true);
-        const int64_t n = model.num_parameters();
-        float *m = nullptr, *v = nullptr;
-        ZG_CUDA_CHECK(cudaMalloc(&m, n * 4));
-        ZG_CUDA_CHECK(cudaMalloc(&v, n * 4));
-        ZG_CUDA_CHECK(cudaMemset(m, 0, n * 4));
-        ZG_CUDA_CHECK(cudaMemset(v, 0, n * 4));
-        const int64_t tokens_per_step = B * T * cfg.train.grad_accum;
-        CrossEntropyOptions o;
-        o.z_loss_weight = cfg.loss.z_loss_weight;
-        o.reduction = Reduction::sum;
-        ZG_CUDA_CHECK(cudaDeviceSynchronize());
-        const double model_s = seconds_since(phase);
-        double first_step_s = 0;
-        Rng rng(uint64_t(cfg.train.seed));
-        // one row of B * T + 1 tokens per micro-batch
-        std::vector<int32_t> x(size_t(cfg.train.grad_accum) * size_t(B * T + 1));
-        std::optional<TokenShard> shard;
-        int64_t shard_pos = 0;
-        if (!data.empty()) {
-            shard.emplace(data);
-            shard->check_vocab(cfg.model.vocab_size);
-            ZG_CHECK(shard->size() > 0, data + ": no tokens");
-        }
-        std::vector<double> step_ms, head_ms;
-        double loss = 0;
-        nlohmann::json op_table = nlohmann::json::array();
-        // --timeline: N extra steps, recorded together and summarised one by one (so the host's
-        // work between steps is not counted as idle); --ops: two more, not in the averages, the op
-        // table from the second (the first leaves the pipelined schedule for the one-stream one)
-        const int timeline_end = steps + timeline_steps;
-        const int last = timeline_end + (ops ? 2 : 0);
-        std::optional<GpuTimeline> timeline;
-        if (timeline_steps > 0) timeline.emplace();
-        std::vector<TimelineSummary> recorded;
-        std::vector<double> recorded_wall_ms;
-        cuda::PowerSampler power;
-        cuda::PowerSummary board;
-        for (int step = 1; step <= last; step++) {
-            const bool op_step = step > timeline_end;
-            const bool timeline_step = step > steps && !op_step;
-            model.set_op_profiling(op_step);
-            // The tokens are drawn before the clock starts: they stand for a data loader that
-            // prepares the next batch while the GPU works (drawing 65,537 of them takes ~0.2 ms).
-            if (shard) {
-                for (auto& t : x) t = int32_t((*shard)[shard_pos++ % shard->size()]);
-            } else {
-                for (auto& t : x) t = int32_t(rng.below(uint64_t(cfg.model.vocab_size)));
-            }
-            ZG_CUDA_CHECK(cudaDeviceSynchronize());
-            if (step == from) power.start();
-            if (timeline_step && step == steps + 1) timeline->start();
-            if (timeline_step) timeline->mark();
-            const auto t0 = std::chrono::steady_clock::now();
-            model.zero_grad();
-            double head = 0;
-            // The trainer's micro-batch call; the head's events are read once the step is done
-            // (head_ms() waits for the stream), or after each micro-batch when there are several
-            // (each records them again), which leaves that wait in the step.
-            const bool accumulating = cfg.train.grad_accum > 1;
-            for (int a = 0; a < cfg.train.grad_accum; a++) {
-                const int32_t* xa = x.data() + size_t(a) * size_t(B * T + 1);
-                const double go = 1.0 / double(tokens_per_step);
-                CrossEntropySummary s;
-                if (separate_calls) {
-                    model.forward(xa, B, T);
-                    s = model.loss(xa + 1, o, go, true);
-                    model.backward();
-                } else {
-                    s = model.forward_loss_backward(xa, xa + 1, B, T, o, go);
-                }
-                if (accumulating) head += model.head_ms();
-                loss = s.sum_loss / double(s.n_valid);
-            }
-            if (separate_calls) {  // the old schedule: the host reads the norm, then updates
-                const double norm = model.grad_norm();
-                model.adamw_step(cfg.optim.lr, cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps,
-                                 cfg.optim.weight_decay, step,
-                                 cpu::clip_scale(norm, cfg.optim.grad_clip), m, v);
-            } else {  // the trainer's: the clip factor taken on the GPU
-                model.clip_and_adamw_step_range(cfg.optim.lr, cfg.optim.beta1, cfg.optim.beta2,
-                                                cfg.optim.eps, cfg.optim.weight_decay, step,
-                                                cfg.optim.grad_clip, m, v, 0,
-                                                model.num_parameters());
-            }
-            ZG_CUDA_CHECK(cudaDeviceSynchronize());
-            const double ms =
-                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                    .count();
-            if (!accumulating) head = model.head_ms();
-            if (step == steps) board = power.stop();
-            if (step == 1) {
-                first_step_s = ms / 1e3;
-                std::printf(
-                    "start-up: %.1f s to the end of the first step (weights initialised on the "
-                    "host %.1f s, the model on the device %.1f s, first step %.1f s)\n",
-                    seconds_since(started), init_s, model_s, first_step_s);
-            }
-            if (timeline_step) {
-                recorded_wall_ms.push_back(ms);
-                if (step == timeline_end) recorded = timeline->stop(8, 25);
-                continue;
-            }
-            if (op_step) {
-                auto t2 = model.take_op_times();
-                if (step < last) continue;
-                std::sort(t2.begin(), t2.end(),
-                          [](const auto& a2, const auto& b2) { return a2.second > b2.second; });
-                double total = 0;
-                for (const auto& [name, v2] : t2) total += v2;
-                std::printf("per-op GPU time in one step (%.2f ms of ops, %.2f ms wall):\n", total,
-                            ms);
-                for (const auto& [name, v2] : t2) {
-                    std::printf("  %-28s %8.2f ms %5.1f%%\n", name.c_str(), v2, 100 * v2 / total);
-                    op_table.push_back({{"op", name}, {"ms", v2}});
-                }
-                continue;
-            }
-            if (step >= from) {
-                step_ms.push_back(ms);
-                head_ms.push_back(head);
-            }
-            std::printf("step %d: %.2f ms, loss %.4f, head %.2f ms\n", step, ms, loss, head);
-        }
-        auto mean = [](const std::vector<double>& a) {
-            double s = 0;
-            for (double x2 : a) s += x2;
-            return s / double(a.size());
-        };
-        const double ms = mean(step_ms), hms = mean(head_ms);
-        const double tok_s = double(tokens_per_step) / (ms / 1e3);
-        const double peak = peak_flops(dev.name, mo.precision == DType::bf16);
-        const double mfu = peak > 0 ? training_flops_per_token(cfg.model, T) * tok_s / peak : 0;
-        size_t free_b = 0, total_b = 0;
-        ZG_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-        const double model_gb = (double(model.allocated_bytes()) + 8.0 * double(n)) / 1e9;
-        const double head_mem_gb =
-            (is_linear_cross_entropy(cfg.kernels.cross_entropy)
-                 ? 0.0
-                 : double(B * T) * double(model.padded_vocab()) * dtype_bytes(mo.precision)) /
-            1e9;
+        b.mo = model_options(b.cfg, b.opt);
+        b.ce = loss_options(b.cfg);
+        const std::unique_ptr<Model> model = start_model(b);
+        run_steps(b, *model, started);
+        const Summary s = summarise(b, *model, dev);
         const nlohmann::json timeline_json =
-            timeline ? report_timeline(*timeline, recorded, recorded_wall_ms) : nlohmann::json();
+            b.timeline ? report_timeline(*b.timeline, b.recorded, b.recorded_wall_ms)
+                       : nlohmann::json();
         // before the summary, which stays the last line
-        if (board.samples > 0)
-            std::printf(
-                "board power %.0f W (limit %.0f W), SM clock %.0f MHz: means of %d samples "
-                "over the timed steps\n",
-                board.power_w, board.limit_w, board.sm_clock_mhz, board.samples);
-        else
-            std::printf("board power not sampled: %s\n", power.unavailable().empty()
-                                                             ? "the timed steps were too short"
-                                                             : power.unavailable().c_str());
-        std::printf(
-            "%s | %s | B=%lld T=%lld V=%d | step %.2f ms | %.0f tok/s | MFU %.1f%% | head %.2f ms "
-            "(%.1f%%) | memory %.2f GB (device used %.2f GB; logits %.2f GB)\n",
-            dev.name.c_str(), cfg.kernels.cross_entropy.c_str(), (long long)B, (long long)T,
-            cfg.model.vocab_size, ms, tok_s, 100 * mfu, hms, 100 * hms / ms, model_gb,
-            double(total_b - free_b) / 1e9, head_mem_gb);
-        if (!out.empty()) {
-            nlohmann::json j{{"gpu", dev.name},
-                             {"config", config_path},
-                             {"overrides", overrides},
-                             {"data", data.empty() ? "random tokens" : data},
-                             {"batch", B},
-                             {"seq_len", T},
-                             {"vocab_size", cfg.model.vocab_size},
-                             {"precision", cfg.train.precision},
-                             {"kernels",
-                              {{"attention", cfg.kernels.attention},
-                               {"cross_entropy", cfg.kernels.cross_entropy},
-                               {"layernorm", cfg.kernels.layernorm},
-                               {"matmul", cfg.kernels.matmul}}},
-                             {"kernel_tuning", kernel_tuning_json(cfg)},
-                             {"recompute_gelu", cfg.train.recompute_gelu},
-                             {"fp32_residual", cfg.train.fp32_residual},
-                             {"head_chunks", head_chunks},
-                             {"steps_timed", step_ms.size()},
-                             {"step_ms", ms},
-                             {"step_ms_min", *std::min_element(step_ms.begin(), step_ms.end())},
-                             {"tok_per_s", tok_s},
-                             {"mfu", mfu},
-                             {"head_ms", hms},
-                             {"head_share", hms / ms},
-                             {"model_memory_gb", model_gb},
-                             {"model_memory_counted_before_gb", estimate_gb + 8e-9 * double(n)},
-                             {"device_used_gb", double(total_b - free_b) / 1e9},
-                             {"logits_gb", head_mem_gb},
-                             {"final_loss", loss},
-                             {"startup_s",
-                              {{"init_weights", init_s},
-                               {"model_to_device", model_s},
-                               {"first_step", first_step_s}}},
-                             {"power_samples", board.samples},
-                             {"power_w", board.power_w},
-                             {"power_limit_w", board.limit_w},
-                             {"sm_clock_mhz", board.sm_clock_mhz},
-                             {"ops", op_table},
-                             {"timeline", timeline_json},
-                             // kernels.matmul_search's picks (gemm_choices' text): which
-                             // candidate each GEMM shape ran, to tell runs apart
-                             {"gemm_choices", cuda::gemm_choices()}};
-            std::ofstream(out) << j.dump(2) << "\n";
-        }
-        cudaFree(m);
-        cudaFree(v);
+        print_power(b);
+        print_summary(b, dev, s);
+        if (!b.opt.out.empty()) write_json(b, dev, s, timeline_json, model->gpt.num_parameters());
     } catch (const std::exception& e) {
         std::fprintf(stderr, "bench_train: %s\n", e.what());
         return 1;
