@@ -1,6 +1,6 @@
-// Helpers the CUDA benchmarks share (bench_ce, bench_attention): device-event timing, the copy
-// bandwidth and bf16 matmul rate of the GPU they run on (the floors' denominators), and cheap
-// deterministic bf16 fills.
+// Helpers the CUDA benchmarks share (bench_ce, bench_attention, bench_gemm): device-event
+// timing, the copy bandwidth and bf16 matmul rate of the GPU they run on (the floors'
+// denominators), and cheap deterministic bf16 fills.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
