@@ -54,7 +54,7 @@ TEST_CASE("tiny Llamas reproduce llama_tiny*.safetensors: logits, loss and every
         };
         // double: the same math as transformers' in float64; what is left is rounding in a
         // different order (about 1e-15 relative per op), far inside 1e-6.
-        SUBCASE("double: to 1e-6 (the issue's bar), and in fact to rounding") {
+        SUBCASE("double: to 1e-6, and in fact to rounding") {
             GPT<double> m(mc);
             run(m, 1e-6, 1e-9);
         }
