@@ -66,7 +66,7 @@ class GPT {
     const T* logits() const { return logits_.data(); }
 
     // Per-op wall time (ms) of forward, loss and backward since set_op_profiling(true) or the
-    // last take, by op family (tools/bench_cpu). Off: one branch per op.
+    // last take, by op family (tools/bench/bench_cpu). Off: one branch per op.
     void set_op_profiling(bool on);
     std::vector<std::pair<std::string, double>> take_op_times();
 

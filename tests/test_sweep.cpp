@@ -41,8 +41,9 @@ TEST_CASE("z-loss sweep on Tiny Shakespeare: sweep, skip, resume, plots, CSV") {
         << "train: {batch_size: 4, max_steps: 40, eval_every: 20, "
            "eval_batches: 2, checkpoint_every: 10, threads: 1}\n"
         << "optim: {warmup_steps: 4, weight_decay: 0.0}\n"
-        // on a GPU, cuBLASLt's first choice for every GEMM: timed choices are kept per runs
-        // folder, and two folders could time different algorithms (and differ in the last bits)
+        // the runs of two folders are compared bit for bit: on a GPU, cuBLASLt's first choice
+        // for every GEMM (the default, kept if that changes), since each runs folder keeps the
+        // algorithms it timed and two folders could time different ones
         << "kernels: {matmul_search: 0}\n";
     std::ofstream(dir / "sweep.yaml")
         << "base: " << (dir / "base.yaml").string() << "\n"

@@ -281,24 +281,32 @@ void run_logits_heads(Bench& b, Shape sh) {
         cudaFree(ws);
     }
     if (!b.opt.sweep) return;
-    // forward alone: the statistics pass (the loss without a gradient), one read of the logits
+    // forward alone: the vocab shards' pipeline on one shard (statistics, the per-row results,
+    // their reduction), the loss without a gradient: one read of the logits
     zgpt::cuda::RowStatsF* stats;
+    zgpt::cuda::RowGradParams* params;
     int* n_valid;
     CK(cudaMalloc(&stats, sh.N * sizeof(zgpt::cuda::RowStatsF)));
+    CK(cudaMalloc(&params, sh.N * sizeof(zgpt::cuda::RowGradParams)));
     CK(cudaMalloc(&n_valid, sizeof(int)));
     zgpt::cuda::CrossEntropyArgs fa = a;
     fa.dlogits = nullptr;
     auto forward = [&](cudaStream_t s) {
         zgpt::cuda::ce_count_valid(n_valid, fa.targets, sh.N, o.ignore_index, s);
         zgpt::cuda::ce_shard_stats(stats, fa, o, s);
+        zgpt::cuda::ce_finalize(params, stats, n_valid, fa, o, s);  // writes the per-row results
         zgpt::cuda::ce_reduce(fa, stats, n_valid, o, s);
     };
+    CK(cudaMemset(buf.summary, 0xff, sizeof(zgpt::cuda::LossSummaryF)));  // no stale loss
     const double ms = time_ms([&] { forward(nullptr); }, b.opt.iters);
-    // its buffers beyond the inputs: the row statistics and the four per-row outputs
-    const double extra = double(sh.N) * (sizeof(zgpt::cuda::RowStatsF) + 4 * 4) + 4;
+    // its buffers beyond the inputs (the per-row outputs are the caller's, as for the variants)
+    const double extra =
+        double(sh.N) * (sizeof(zgpt::cuda::RowStatsF) + sizeof(zgpt::cuda::RowGradParams)) + 4;
+    // the floor: one read at the copy rate (a read alone may run faster: not a lower bound)
     record_ce(b, buf, "stats", "fwd", ms, used_bytes / b.copy_bw * 1e3, b.latency_floor(forward),
               extra);
     cudaFree(stats);
+    cudaFree(params);
     cudaFree(n_valid);
 }
 

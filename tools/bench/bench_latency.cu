@@ -1,5 +1,7 @@
 #include "tools/bench/bench_latency.h"
 
+#include <exception>
+
 #include "kernels/gemm/matmul.h"
 #include "tools/bench/bench_util.h"
 
@@ -14,9 +16,18 @@ std::vector<LaunchShape> captured_launches(const std::function<void(cudaStream_t
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     std::vector<LaunchShape> out;
     cudaGraph_t g = nullptr;
+    // Relaxed: cuBLASLt may allocate its workspace for this stream while it is captured.
     if (cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) == cudaSuccess) {
-        fn(s);
-        if (cudaStreamEndCapture(s, &g) != cudaSuccess) g = nullptr;
+        bool ok = true;
+        try {
+            fn(s);
+        } catch (const std::exception&) {  // a launch refused under capture (a host sync)
+            ok = false;
+        }
+        if (cudaStreamEndCapture(s, &g) != cudaSuccess || !ok) {
+            if (g) cudaGraphDestroy(g);
+            g = nullptr;
+        }
     }
     cudaGetLastError();  // a head that cannot be captured: no floor, and no sticky error
     if (g) {
@@ -33,8 +44,9 @@ std::vector<LaunchShape> captured_launches(const std::function<void(cudaStream_t
                     out.push_back({p.gridDim, p.blockDim, p.sharedMemBytes});
                 else {  // a kernel the runtime cannot describe (a library's): one wave of 128
                     cudaGetLastError();
-                    int sms = 0;
-                    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+                    int dev = 0, sms = 0;
+                    CK(cudaGetDevice(&dev));
+                    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
                     out.push_back({dim3(unsigned(sms)), dim3(128), 0});
                 }
             } else if (t == cudaGraphNodeTypeMemset || t == cudaGraphNodeTypeMemcpy) {
@@ -51,8 +63,9 @@ std::vector<LaunchShape> captured_launches(const std::function<void(cudaStream_t
 }
 
 double empty_chain_ms(const std::vector<LaunchShape>& chain, int iters) {
-    int max_smem = 0;
-    CK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+    int dev = 0, max_smem = 0;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     CK(cudaFuncSetAttribute(empty_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem));
     return time_ms(
         [&] {

@@ -16,7 +16,9 @@ struct LaunchShape {
 };
 
 // What fn launches on the stream it is given, recorded by stream capture (kernels in launch
-// order; a memset or copy counts as one one-block launch). Empty when fn cannot be captured.
+// order; a memset or copy counts as one one-block launch, and a kernel the runtime cannot
+// describe, such as cuBLASLt's, as one wave of 128-thread blocks). Empty when fn cannot be
+// captured (it synchronises, or throws).
 std::vector<LaunchShape> captured_launches(const std::function<void(cudaStream_t)>& fn);
 
 // Median milliseconds of the empty chain (after warm-ups), timed with device events.

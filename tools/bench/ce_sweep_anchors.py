@@ -110,12 +110,12 @@ def main():
     torch.manual_seed(0)
     N = args.rows
     doc = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, rows=[])
-    try:
-        import importlib.metadata as md
-        doc["liger"] = md.version("liger-kernel")
-        doc["cce"] = md.version("cut-cross-entropy")
-    except Exception:
-        pass
+    import importlib.metadata as md
+    for name, dist in (("liger", "liger-kernel"), ("cce", "cut-cross-entropy")):
+        try:
+            doc[name] = md.version(dist)
+        except md.PackageNotFoundError:
+            pass
     doc["bf16_TFLOPs"] = round(bf16_matmul_flops() / 1e12, 1)
 
     def record(row):

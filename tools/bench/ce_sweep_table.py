@@ -18,15 +18,16 @@ import json
 ANCHORS = ("liger", "torch_compile", "cce")
 
 
-def key(head, mode, V, C):
-    return (head, mode, int(V), int(C) if C else None)
+def key(head, mode, N, V, C):
+    return (head, mode, int(N), int(V), int(C) if C else None)
 
 
 def join(bench, anchor_docs):
     anchors = {}
     for doc in anchor_docs:
         for r in doc["rows"]:
-            anchors.setdefault(key(r["head"], r["mode"], r["V"], r.get("C")), {})[r["anchor"]] = r
+            anchors.setdefault(key(r["head"], r["mode"], r["N"], r["V"], r.get("C")),
+                               {})[r["anchor"]] = r
     rows = []
     for r in bench["results"]:
         if "ms" not in r:
@@ -35,8 +36,9 @@ def join(bench, anchor_docs):
         row = dict(head=head, mode=r.get("mode", "fwd_bwd"), V=r["V"], N=r["N"], C=r.get("C"),
                    variant=r["variant"], ms=round(r["ms"], 4), extra_gb=round(r["extra_GB"], 4),
                    floor_ms=round(r["floor_ms"], 4), latency_floor_ms=round(r["latency_floor_ms"], 4),
-                   x_floor=round(r["x_floor"], 3))
-        for name, a in anchors.get(key(head, row["mode"], r["V"], r.get("C")), {}).items():
+                   launches=r["launches"], x_floor=round(r["x_floor"], 3),
+                   x_max_floor=round(r["x_max_floor"], 3), loss=round(r["loss"], 5))
+        for name, a in anchors.get(key(head, row["mode"], r["N"], r["V"], r.get("C")), {}).items():
             row[f"{name}_ms"] = a.get("ms")
             row[f"{name}_extra_gb"] = a.get("extra_GB")
         rows.append(row)
@@ -55,7 +57,7 @@ def check_targets(rows):
             (" (<= 1.15)" if r["x_floor"] <= 1.15 else " (> 1.15)")
         out.append(f"fast V={r['V']}: {r['ms']:.3f} ms vs liger {r.get('liger_ms')} compile "
                    f"{r.get('torch_compile_ms')}: {'faster' if beats else 'NOT faster'}; extra "
-                   f"{r['extra_gb'] * 1e3:.2f} MB vs liger {r.get('liger_extra_gb', 0) * 1e3:.2f} MB: "
+                   f"{r['extra_gb'] * 1e3:.2f} MB vs liger {(r.get('liger_extra_gb') or 0) * 1e3:.2f} MB: "
                    f"{'ok' if mem else 'more'}{floor}")
     exact = [r for r in rows if r["variant"] == "fused_linear_rows" and r["mode"] == "fwd_bwd"]
     for r in exact:
@@ -109,9 +111,15 @@ def main():
     anchor_docs = [json.load(open(p)) for p in args.anchors]
     rows = join(bench, anchor_docs)
     targets = check_targets(rows)
-    doc = dict(device=bench["device"], copy_TBps=round(bench["copy_TBps"], 3),
-               anchors={k: anchor_docs[0].get(k) for k in ("torch", "liger", "cce")},
-               **dict(m.split("=", 1) for m in args.meta), targets=targets, rows=rows)
+    versions = {k: next((d[k] for d in anchor_docs if d.get(k)), None)
+                for k in ("torch", "liger", "cce")}
+    doc = dict(device=bench["device"], copy_TBps=round(bench["copy_TBps"], 3), anchors=versions)
+    for m in args.meta:
+        k, v = m.split("=", 1)
+        if k in ("rows", "targets", "device", "copy_TBps", "anchors"):
+            ap.error(f"--meta {k}: that key is the tool's own")
+        doc[k] = v
+    doc.update(targets=targets, rows=rows)
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
         f.write("\n")

@@ -22,10 +22,10 @@ constexpr int kMinStages = 3;
 constexpr int kHelperWeight = 70;
 // `fast` leaves rows of at most this many bytes to the two-pass (online) kernels. On short rows a
 // row's time in the cluster kernels is latency (its copies in, the barriers between the warp
-// groups), not bytes: bf16, N = 16384 on an H200, online took 0.055 ms against fast's 0.351 at
-// V = 1024 and 0.459 against 0.539 at V = 16384 (32 KB rows), and fast led from V = 32768
-// (docs/results/ce_vocab_sweep_h200.json). A fixed cluster size (CrossEntropyTuning::cluster)
-// keeps the cluster kernels, and fast_lockstep keeps them at every length, for the ablations.
+// groups), not bytes: on an H200 (bf16, N = 16384) online was ahead at every V up to 16384 (32 KB
+// rows) and fast from 32768 (docs/results/ce_vocab_sweep_h200.json, before_short_row_rule).
+// A fixed cluster size (CrossEntropyTuning::cluster) keeps the cluster kernels, and
+// fast_lockstep keeps them at every length, for the ablations.
 constexpr size_t kFastOnlineMaxRowBytes = size_t(32) << 10;
 
 size_t type_size(LogitsType t);
