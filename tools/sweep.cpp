@@ -99,7 +99,8 @@ int main(int argc, char** argv) {
     CLI11_PARSE(app, argc, argv);
     try {
         if (train_bin.empty()) train_bin = (fs::path(argv[0]).parent_path() / "train").string();
-        std::vector<std::string> devices;  // empty: sequential, environment untouched
+        std::vector<std::string> ids;      // the GPU ids listed
+        std::vector<std::string> devices;  // one entry per run at once; empty: sequential
         {
             std::stringstream ss(gpus);
             for (std::string id; std::getline(ss, id, ',');) {
@@ -107,8 +108,9 @@ int main(int argc, char** argv) {
                          "--gpus '" + gpus + "': expected comma-separated GPU ids such as 0,1");
                 ZG_CHECK(id.size() <= 4,
                          "--gpus '" + gpus + "': GPU id " + id + " is out of range (0 to 9999)");
-                devices.push_back(id);
+                ids.push_back(id);
             }
+            devices = ids;
             if (nproc > 1 && !devices.empty()) {  // groups of nproc GPUs, one run on each group
                 ZG_CHECK(devices.size() % size_t(nproc) == 0,
                          "--gpus '" + gpus + "' does not split into groups of --nproc " +
@@ -212,15 +214,11 @@ int main(int argc, char** argv) {
         // already hides GPUs from this process, the count says nothing about them.)
         if (on_gpus && !std::getenv("CUDA_VISIBLE_DEVICES") &&
             std::count(on_cpu.begin(), on_cpu.end(), 0) > 0)
-            for (const std::string& group : devices) {
-                std::stringstream ids(group);
-                for (std::string id; std::getline(ids, id, ',');)
-                    ZG_CHECK(std::stoi(id) < where.gpus,
-                             "--gpus '" + gpus + "': GPU " + id +
-                                 " does not exist (this machine has " + std::to_string(where.gpus) +
-                                 (where.gpus == 1 ? " GPU" : " GPUs") + ", 0 to " +
-                                 std::to_string(where.gpus - 1) + ")");
-            }
+            for (const std::string& id : ids)
+                ZG_CHECK(std::stoi(id) < where.gpus,
+                         "--gpus '" + gpus + "': GPU " + id + " does not exist (this machine has " +
+                             std::to_string(where.gpus) + (where.gpus == 1 ? " GPU" : " GPUs") +
+                             ", 0 to " + std::to_string(where.gpus - 1) + ")");
         zgpt::write_text_file((out_dir / "sweep.json").string(), manifest.dump(2) + "\n");
         std::atomic<int> failures{0};
         std::atomic<size_t> next{0};

@@ -59,10 +59,8 @@ std::optional<Options> parse(int argc, char** argv, int& exit_code) {
     app.add_option("--set", o.sets,
                    "kernels.attention_tuning.key=value (train --help lists them), applied to "
                    "every variant timed");
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
-        exit_code = app.exit(e);
+    if (const std::optional<int> code = zgpt::parse_cli(app, argc, argv)) {
+        exit_code = *code;
         return std::nullopt;
     }
     return o;

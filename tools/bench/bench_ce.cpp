@@ -121,10 +121,8 @@ std::optional<Options> parse(int argc, char** argv, int& exit_code) {
     app.add_flag("--trace", o.trace,
                  "fast, bf16: record where a row's time goes and print it to stderr after each "
                  "launch (synchronises; CrossEntropyTuning::trace)");
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
-        exit_code = app.exit(e);
+    if (const std::optional<int> code = zgpt::parse_cli(app, argc, argv)) {
+        exit_code = *code;
         return std::nullopt;
     }
     return o;

@@ -61,10 +61,8 @@ std::optional<Options> parse(int argc, char** argv, int& exit_code) {
     app.add_option("--steps", o.steps, "steps to run");
     app.add_option("--from", o.from, "first step that is timed (earlier ones warm up)");
     app.add_option("--out", o.out, "write the result as JSON here");
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
-        exit_code = app.exit(e);
+    if (const std::optional<int> code = zgpt::parse_cli(app, argc, argv)) {
+        exit_code = *code;
         return std::nullopt;
     }
     return o;

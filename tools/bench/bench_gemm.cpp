@@ -94,10 +94,8 @@ std::optional<Options> parse(int argc, char** argv, int& exit_code) {
                    "list (every algorithm's tiles, stages and cluster shapes) and re-time the 8 "
                    "fastest beside the best candidate")
         ->capture_default_str();
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
-        exit_code = app.exit(e);
+    if (const std::optional<int> code = zgpt::parse_cli(app, argc, argv)) {
+        exit_code = *code;
         return std::nullopt;
     }
     return o;

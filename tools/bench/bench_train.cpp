@@ -174,10 +174,8 @@ std::optional<Options> parse(int argc, char** argv, int& exit_code) {
                    "of random tokens (real text repeats tokens, which random tokens do not); after "
                    "its last token it starts again from its first")
         ->check(CLI::ExistingFile);
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
-        exit_code = app.exit(e);
+    if (const std::optional<int> code = zgpt::parse_cli(app, argc, argv)) {
+        exit_code = *code;
         return std::nullopt;
     }
     return o;
