@@ -84,25 +84,33 @@ struct DevInts {
 
 }  // namespace
 
+// qkv rows of W = C + 2 KVC (3C for multi-head attention); dqkv's k and v columns of a shared
+// head are the sums over its group, as the reference sums them.
 void attention(const std::string& variant, const AttentionDims& s, DType t) {
     const cuda::AttentionVariant& v = cuda::find_attention_variant(variant);
-    Rng rng(seed_of({s.B, s.T, s.C, s.NH, int64_t(t)}));
-    const int64_t BT = s.B * s.T;
-    const auto qkv = rnd(rng, BT * 3 * s.C, t), dout = rnd(rng, BT * s.C, t);
-    std::vector<double> out(BT * s.C), att(s.B * s.NH * s.T * s.T), dqkv(BT * 3 * s.C, 0.0);
-    cpu::attention_forward(out.data(), att.data(), qkv.data(), s.B, s.T, s.C, s.NH);
-    cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), s.B, s.T, s.C, s.NH);
+    Rng rng(s.NKV ? seed_of({s.B, s.T, s.C, s.NH, s.NKV, int64_t(t)})
+                  : seed_of({s.B, s.T, s.C, s.NH, int64_t(t)}));
+    const int64_t BT = s.B * s.T, W = s.C + 2 * (s.NKV ? s.NKV : s.NH) * (s.C / s.NH);
+    const auto qkv = rnd(rng, BT * W, t), dout = rnd(rng, BT * s.C, t);
+    std::vector<double> out(BT * s.C), att(s.B * s.NH * s.T * s.T), dqkv(BT * W, 0.0);
+    cpu::attention_forward(out.data(), att.data(), qkv.data(), s.B, s.T, s.C, s.NH, s.NKV);
+    cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), s.B, s.T, s.C, s.NH,
+                            s.NKV);
     cuda::AttentionShape sh{s.B, s.T, s.C, s.NH};
+    sh.NKV = s.NKV;
     sh.tuning.wgmma_dkdv_wgs = s.dkdv_wgs;
     sh.tuning.wgmma_fwd_pipeline = s.fwd_pipeline;
     sh.tuning.wgmma_dkdv_tma = s.dkdv_tma;
     sh.tuning.wgmma_dq_tma = s.dq_tma;
     sh.tuning.wgmma_fwd_tma = s.fwd_tma;
-    DevT d_qkv(t, qkv), d_out(t, BT * s.C), d_dout(t, dout), d_dqkv(t, BT * 3 * s.C);
+    DevT d_qkv(t, qkv), d_out(t, BT * s.C), d_dout(t, dout), d_dqkv(t, BT * W);
     DevT saved(DType::f32, int64_t(v.saved_bytes(sh) / 4) + 1),
         scratch(DType::f32, int64_t(v.scratch_bytes(sh) / 4) + 1);
     v.forward(d_out.p, saved.p, d_qkv.p, sh, t, nullptr);
     check_close("out", d_out.get(), out, t);
+    // dqkv is written, not added: NaN in every element first, so one left unwritten fails
+    CUDA_OK(cudaMemset(d_dqkv.p, 0xff, size_t(BT * W) * dtype_bytes(t)));
+    CUDA_OK(cudaDeviceSynchronize());
     // the GPU's backward reads the output it produced (its rounding, as in training)
     v.backward(d_dqkv.p, d_dout.p, d_qkv.p, d_out.p, saved.p, scratch.p, nullptr, sh, t, nullptr);
     const std::vector<double> got = d_dqkv.get();
@@ -117,7 +125,7 @@ void attention(const std::string& variant, const AttentionDims& s, DType t) {
         v.forward(o_plain.p, saved.p, d_qkv.p, plain, t, nullptr);
         CHECK(o_plain.get() == d_out.get());
         v.forward(d_out.p, saved.p, d_qkv.p, sh, t, nullptr);  // its lse again in `saved`
-        DevT d_plain(t, BT * 3 * s.C);
+        DevT d_plain(t, BT * W);
         v.backward(d_plain.p, d_dout.p, d_qkv.p, d_out.p, saved.p, scratch.p, nullptr, plain, t,
                    nullptr);
         CHECK(d_plain.get() == got);
@@ -128,20 +136,20 @@ void attention(const std::string& variant, const AttentionDims& s, DType t) {
     // fp32 values before bf16 rounding, and each stored value is within 2^-8 of its fp32 value
     // (relative), so a column may differ by 2^-8 sum |dqkv|, plus fp32 summation error (< 1e-4 of
     // that sum for these lengths).
-    DevT parts(DType::f32, rows * 3 * s.C);
-    CUDA_OK(cudaMemset(parts.p, 0xff, size_t(rows) * 3 * s.C * 4));  // NaN: unwritten
+    DevT parts(DType::f32, rows * W);
+    CUDA_OK(cudaMemset(parts.p, 0xff, size_t(rows) * W * 4));  // NaN: unwritten
     v.backward(d_dqkv.p, d_dout.p, d_qkv.p, d_out.p, saved.p, scratch.p,
                static_cast<float*>(parts.p), sh, t, nullptr);
     CHECK(d_dqkv.get() == got);  // the sums change nothing else
     const std::vector<double> part = parts.get();
-    std::vector<double> want(3 * s.C, 0.0), mag(3 * s.C, 0.0), sum(3 * s.C, 0.0);
-    for (int64_t i = 0; i < BT * 3 * s.C; i++) {
-        want[i % (3 * s.C)] += got[i];
-        mag[i % (3 * s.C)] += std::fabs(got[i]);
+    std::vector<double> want(W, 0.0), mag(W, 0.0), sum(W, 0.0);
+    for (int64_t i = 0; i < BT * W; i++) {
+        want[i % W] += got[i];
+        mag[i % W] += std::fabs(got[i]);
     }
-    for (int64_t i = 0; i < rows * 3 * s.C; i++) sum[i % (3 * s.C)] += part[i];
+    for (int64_t i = 0; i < rows * W; i++) sum[i % W] += part[i];
     int bad = 0;
-    for (int64_t c = 0; c < 3 * s.C; c++)
+    for (int64_t c = 0; c < W; c++)
         if (!(std::fabs(sum[c] - want[c]) <= (0.00390625 + 1e-4) * mag[c] + 1e-30)) bad++;
     CHECK(bad == 0);
 }

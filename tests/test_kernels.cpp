@@ -223,11 +223,18 @@ void cpu_matmul(const MatmulDims& s) {
 // ---------------------------------------------------------------------------------------------
 // The runners: the rows of one (family, variant).
 
-const AttentionDims kAttentionShapes[] = {{2, 7, 12, 3},    {1, 65, 64, 1},   {2, 130, 128, 2},
-                                          {1, 33, 256, 2},  {2, 256, 128, 2}, {1, 200, 64, 1},
-                                          {1, 1024, 128, 2}};
+// Multi-head, then grouped-query (NKV of NH key/value heads: a third, one, and NH given
+// explicitly) at head sizes 4, 32, 64 (the tensor-core kernels) and 128, odd and even T (the
+// Hopper dK/dV kernel's TMA ring runs where T % 4 == 0, its cp.async one elsewhere).
+const AttentionDims kAttentionShapes[] = {
+    {2, 7, 12, 3},        {1, 65, 64, 1},      {2, 130, 128, 2},     {1, 33, 256, 2},
+    {2, 256, 128, 2},     {1, 200, 64, 1},     {1, 1024, 128, 2},    {2, 7, 48, 12, 4},
+    {2, 67, 192, 6, 2},   {1, 1, 768, 12, 4},  {2, 129, 768, 12, 4}, {1, 1000, 768, 12, 4},
+    {1, 1025, 256, 4, 1}, {2, 256, 256, 4, 1}, {1, 130, 256, 2, 1},  {2, 130, 128, 2, 2},
+    {1, 7, 384, 6, 1}};
 std::string text(const AttentionDims& s) {
     return dims({{"B", s.B}, {"T", s.T}, {"C", s.C}, {"NH", s.NH}}) +
+           (s.NKV ? " NKV=" + std::to_string(s.NKV) : "") +
            (s.dkdv_wgs ? " dkdv_wgs=" + std::to_string(s.dkdv_wgs) : "") +
            (s.fwd_pipeline ? " fwd_pipeline=true" : "") + (s.dkdv_tma ? "" : " dkdv_tma=false") +
            (s.dq_tma ? "" : " dq_tma=false") + (s.fwd_tma ? "" : " fwd_tma=false");

@@ -32,7 +32,10 @@ void attention_backward<float>(float* dqkv, const float* dout, const float* qkv,
 //              bf16 at head size 64: wgmma kernels on Hopper, mma.sync ones elsewhere
 //   flash_mma  flash with the mma.sync kernels on every GPU (ablation of the Hopper kernels)
 //   naive  scores and probabilities materialised ([B, NH, T, T] fp32 saved for backward)
-// qkv [B, T, 3C], out [B, T, C], dqkv written (not added). Backward sums in a fixed order.
+// qkv [B, T, C + 2 KVC] (q: NH heads of hs = C / NH, then k and v: NKV heads each, KVC = NKV hs;
+// [B, T, 3C] when NKV = NH), out [B, T, C], dqkv written (not added) in qkv's layout. Query head h
+// reads key/value head h / (NH / NKV); a shared head's dK/dV sums its group's query heads in head
+// order, inside the block that owns its keys. Backward sums in a fixed order (deterministic).
 #include <string>
 #include <vector>
 
@@ -63,6 +66,9 @@ struct AttentionTuning {
 struct AttentionShape {
     int64_t B = 0, Tn = 0, C = 0, NH = 0;
     AttentionTuning tuning;  // the defaults: the kernels' choices
+    // key/value heads (grouped-query attention), a divisor of NH; 0 means NH. Last, so that
+    // {B, Tn, C, NH, tuning} still reads as multi-head attention.
+    int64_t NKV = 0;
 };
 
 struct AttentionVariant {
@@ -76,7 +82,7 @@ struct AttentionVariant {
     // Summed over their rows they are the column sums, the qkv bias gradient, so the layer needs
     // no pass over dqkv for it.
     int64_t (*colsum_rows)(const AttentionShape&, DType);
-    // dqkv_colsums: [colsum_rows, 3C] or null (must be null when colsum_rows is 0)
+    // dqkv_colsums: [colsum_rows, C + 2 KVC] or null (must be null when colsum_rows is 0)
     void (*backward)(void* dqkv, const void* dout, const void* qkv, const void* out, void* saved,
                      void* scratch, float* dqkv_colsums, const AttentionShape&, DType,
                      CUstream_st*);

@@ -1,7 +1,9 @@
 // flash attention on the GPU: one thread per query row, key/value tiles staged in shared memory
 // and read by the whole block (broadcast); online softmax with one rescale per tile. Backward
 // recomputes the probabilities from the saved lse: one kernel per key tile for dK/dV and one per
-// query tile for dQ, so every output has exactly one writer (deterministic, no atomics). fp32
+// query tile for dQ, so every output has exactly one writer (deterministic, no atomics). With
+// grouped-query attention a dK/dV block owns a key/value head's keys and walks its group's query
+// heads in order, summing in registers (every kernel here, the tensor-core ones too). fp32
 // arithmetic for both storage types. bf16 with head size 64 runs tensor-core kernels: wgmma ones
 // (attention/wgmma.cu) on Hopper, the mma.sync ones of attention/mma.cu elsewhere. flash_mma is
 // flash with the mma.sync kernels everywhere, to measure what the Hopper kernels gain.
@@ -21,7 +23,7 @@ constexpr int kBQ = 64, kBK = 32;
 template <typename T, int HS>
 __global__ void flash_forward_kernel(T* out, float* lse, const T* qkv, Geo g) {
     __shared__ float Ks[kBK][HS], Vs[kBK][HS];
-    const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
+    const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH, kvh = h / g.group;
     const int64_t q0 = int64_t(blockIdx.x) * kBQ, i = q0 + threadIdx.x;
     const int hs = int(g.hs);
     float q[HS], o[HS];
@@ -38,9 +40,8 @@ __global__ void flash_forward_kernel(T* out, float* lse, const T* qkv, Geo g) {
         for (int e = threadIdx.x; e < kBK * HS; e += blockDim.x) {
             const int j = e / HS, d = e % HS;
             const bool in = k0 + j < g.Tn && d < hs;
-            const T* kr = q_row(qkv, g, b, h, k0 + j) + g.C;
-            Ks[j][d] = in ? to_f(kr[d]) : 0.0f;
-            Vs[j][d] = in ? to_f(kr[g.C + d]) : 0.0f;
+            Ks[j][d] = in ? to_f(k_row(qkv, g, b, kvh, k0 + j)[d]) : 0.0f;
+            Vs[j][d] = in ? to_f(v_row(qkv, g, b, kvh, k0 + j)[d]) : 0.0f;
         }
         __syncthreads();
         if (!active || k0 > i) continue;
@@ -93,63 +94,66 @@ __global__ void row_dot_kernel(float* dsum, const T* dout, const T* out, int64_t
 
 constexpr int kBQ2 = 16;
 
-// One thread per key row j: dK_j and dV_j summed over the query tiles in order.
+// One thread per key row j of a key/value head: dK_j and dV_j summed over its group's query heads
+// in order, and for each over the query tiles in order.
 template <typename T, int HS>
 __global__ void flash_dkdv_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse,
                                   const float* dsum, Geo g) {
     __shared__ float Qs[kBQ2][HS], dOs[kBQ2][HS], Ls[kBQ2], Ds[kBQ2];
-    const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
+    const int64_t b = blockIdx.y / g.NKV, kvh = blockIdx.y % g.NKV;
     const int64_t k0 = int64_t(blockIdx.x) * kBQ, j = k0 + threadIdx.x;
     const int hs = int(g.hs);
     const bool active = j < g.Tn;
     float k[HS], v[HS], dk[HS], dv[HS];
 #pragma unroll
     for (int d = 0; d < HS; d++) {
-        const T* kr = q_row(qkv, g, b, h, active ? j : 0) + g.C;
-        k[d] = active && d < hs ? to_f(kr[d]) : 0.0f;
-        v[d] = active && d < hs ? to_f(kr[g.C + d]) : 0.0f;
+        k[d] = active && d < hs ? to_f(k_row(qkv, g, b, kvh, j)[d]) : 0.0f;
+        v[d] = active && d < hs ? to_f(v_row(qkv, g, b, kvh, j)[d]) : 0.0f;
         dk[d] = dv[d] = 0;
     }
-    for (int64_t i0 = k0; i0 < g.Tn; i0 += kBQ2) {
-        __syncthreads();
-        for (int e = threadIdx.x; e < kBQ2 * HS; e += blockDim.x) {
-            const int r = e / HS, d = e % HS;
-            const bool in = i0 + r < g.Tn && d < hs;
-            Qs[r][d] = in ? to_f(q_row(qkv, g, b, h, i0 + r)[d]) : 0.0f;
-            dOs[r][d] = in ? to_f(dout[(b * g.Tn + i0 + r) * g.C + h * g.hs + d]) : 0.0f;
-        }
-        for (int r = threadIdx.x; r < kBQ2; r += blockDim.x) {
-            const bool in = i0 + r < g.Tn;
-            Ls[r] = in ? lse[bh * g.Tn + i0 + r] : 0.0f;
-            Ds[r] = in ? dsum[bh * g.Tn + i0 + r] : 0.0f;
-        }
-        __syncthreads();
-        if (!active) continue;
-        for (int r = 0; r < kBQ2; r++) {
-            const int64_t i = i0 + r;
-            if (i < j || i >= g.Tn) continue;
-            float s = 0, dp = 0;
-#pragma unroll
-            for (int d = 0; d < HS; d++) {
-                s += Qs[r][d] * k[d];
-                dp += dOs[r][d] * v[d];
+    for (int64_t h = kvh * g.group; h < (kvh + 1) * g.group; h++) {
+        const int64_t bh = b * g.NH + h;
+        for (int64_t i0 = k0; i0 < g.Tn; i0 += kBQ2) {
+            __syncthreads();
+            for (int e = threadIdx.x; e < kBQ2 * HS; e += blockDim.x) {
+                const int r = e / HS, d = e % HS;
+                const bool in = i0 + r < g.Tn && d < hs;
+                Qs[r][d] = in ? to_f(q_row(qkv, g, b, h, i0 + r)[d]) : 0.0f;
+                dOs[r][d] = in ? to_f(dout[(b * g.Tn + i0 + r) * g.C + h * g.hs + d]) : 0.0f;
             }
-            const float p = __expf(s * g.scale - Ls[r]);
-            const float ds = p * (dp - Ds[r]) * g.scale;
+            for (int r = threadIdx.x; r < kBQ2; r += blockDim.x) {
+                const bool in = i0 + r < g.Tn;
+                Ls[r] = in ? lse[bh * g.Tn + i0 + r] : 0.0f;
+                Ds[r] = in ? dsum[bh * g.Tn + i0 + r] : 0.0f;
+            }
+            __syncthreads();
+            if (!active) continue;
+            for (int r = 0; r < kBQ2; r++) {
+                const int64_t i = i0 + r;
+                if (i < j || i >= g.Tn) continue;
+                float s = 0, dp = 0;
 #pragma unroll
-            for (int d = 0; d < HS; d++) {
-                dv[d] += p * dOs[r][d];
-                dk[d] += ds * Qs[r][d];
+                for (int d = 0; d < HS; d++) {
+                    s += Qs[r][d] * k[d];
+                    dp += dOs[r][d] * v[d];
+                }
+                const float p = __expf(s * g.scale - Ls[r]);
+                const float ds = p * (dp - Ds[r]) * g.scale;
+#pragma unroll
+                for (int d = 0; d < HS; d++) {
+                    dv[d] += p * dOs[r][d];
+                    dk[d] += ds * Qs[r][d];
+                }
             }
         }
     }
     if (!active) return;
-    T* dkr = dqkv + (b * g.Tn + j) * 3 * g.C + g.C + h * g.hs;
+    T* dkr = dqkv + (b * g.Tn + j) * g.ld + g.k_col(kvh);
 #pragma unroll
     for (int d = 0; d < HS; d++)
         if (d < hs) {
             dkr[d] = from_f<T>(dk[d]);
-            dkr[g.C + d] = from_f<T>(dv[d]);
+            dkr[g.KVC + d] = from_f<T>(dv[d]);
         }
 }
 
@@ -158,7 +162,7 @@ template <typename T, int HS>
 __global__ void flash_dq_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse,
                                 const float* dsum, Geo g) {
     __shared__ float Ks[kBK][HS], Vs[kBK][HS];
-    const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
+    const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH, kvh = h / g.group;
     const int64_t q0 = int64_t(blockIdx.x) * kBQ, i = q0 + threadIdx.x;
     const int hs = int(g.hs);
     const bool active = i < g.Tn;
@@ -176,9 +180,8 @@ __global__ void flash_dq_kernel(T* dqkv, const T* dout, const T* qkv, const floa
         for (int e = threadIdx.x; e < kBK * HS; e += blockDim.x) {
             const int jj = e / HS, d = e % HS;
             const bool in = k0 + jj < g.Tn && d < hs;
-            const T* kr = q_row(qkv, g, b, h, k0 + jj) + g.C;
-            Ks[jj][d] = in ? to_f(kr[d]) : 0.0f;
-            Vs[jj][d] = in ? to_f(kr[g.C + d]) : 0.0f;
+            Ks[jj][d] = in ? to_f(k_row(qkv, g, b, kvh, k0 + jj)[d]) : 0.0f;
+            Vs[jj][d] = in ? to_f(v_row(qkv, g, b, kvh, k0 + jj)[d]) : 0.0f;
         }
         __syncthreads();
         if (!active) continue;
@@ -197,7 +200,7 @@ __global__ void flash_dq_kernel(T* dqkv, const T* dout, const T* qkv, const floa
         }
     }
     if (!active) return;
-    T* dqr = dqkv + (b * g.Tn + i) * 3 * g.C + h * g.hs;
+    T* dqr = dqkv + (b * g.Tn + i) * g.ld + h * g.hs;
 #pragma unroll
     for (int d = 0; d < HS; d++)
         if (d < hs) dqr[d] = from_f<T>(dq[d]);
@@ -272,6 +275,7 @@ void flash_backward(void* dqkv, const void* dout, const void* qkv, const void* o
     auto* dsum = static_cast<float*>(scratch);
     const auto* lse = static_cast<const float*>(saved);
     const dim3 grid(unsigned((s.Tn + kBQ - 1) / kBQ), unsigned(s.B * s.NH));
+    const dim3 kv_grid(grid.x, unsigned(s.B * g.NKV));  // dK/dV: one block row per key/value head
     if (wgmma_backward(s, t, Hopper)) {
         attention_wgmma::backward(dqkv, dout, qkv, out, lse, dsum, dqkv_colsums, s, st);
         return;
@@ -287,7 +291,7 @@ void flash_backward(void* dqkv, const void* dout, const void* qkv, const void* o
             auto* dx = static_cast<T*>(dqkv);
             row_dot_kernel<T><<<grid_for(s.B * s.NH * s.Tn, 256), 256, 0, st>>>(
                 dsum, dy, static_cast<const T*>(out), s.B, g);
-            flash_dkdv_kernel<T, HS.value><<<grid, kBQ, 0, st>>>(dx, dy, x, lse, dsum, g);
+            flash_dkdv_kernel<T, HS.value><<<kv_grid, kBQ, 0, st>>>(dx, dy, x, lse, dsum, g);
             flash_dq_kernel<T, HS.value><<<grid, kBQ, 0, st>>>(dx, dy, x, lse, dsum, g);
         });
     });

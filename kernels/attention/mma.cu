@@ -6,7 +6,9 @@
 // accumulator's register layout is exactly the A operand layout of the next product, so P (and dS)
 // never leave registers. Backward: a kernel over key blocks for dK/dV and one over query blocks for
 // dQ, so every output has one writer (deterministic, no atomics); each warp there owns two m-tiles
-// of 16 rows.
+// of 16 rows. Grouped-query attention: the dK/dV blocks own a key/value head's keys and walk its
+// group's query heads in turn (dkdv_kernel<true>); multi-head attention runs the <false> kernels,
+// whose group of one is known at compile time.
 //
 // What keeps the instruction count down (these kernels are issue-bound, not tensor-bound):
 // - only tiles that straddle the diagonal are masked; the others take a compare-free path;
@@ -105,11 +107,25 @@ __device__ void stage_async(bf16* rows, const bf16* base, int64_t stride, int64_
         cp_async16(rows + r * kLD + col, in ? base + (r0 + r) * stride + col : base, in);
     }
 }
-// The K and V tiles of keys [k0, k0 + ROWS) of one head (qkv rows from qbase, the head's q).
-template <int ROWS = kTile>
-__device__ void stage_kv_async(bf16* Ks, bf16* Vs, const bf16* qbase, int64_t k0, const Geo& g) {
-    stage_async<ROWS>(Ks, qbase + g.C, 3 * g.C, k0, g.Tn);
-    stage_async<ROWS>(Vs, qbase + 2 * g.C, 3 * g.C, k0, g.Tn);
+// qkv's row width and k's width in it, C + 2 KVC and KVC. Multi-head attention (kGroup false)
+// spells them 3C and C: ptxas then shares the address arithmetic with dout's rows of C, which
+// keeps the backward kernels (at the register limit) from spilling.
+template <bool kGroup>
+__device__ __forceinline__ int64_t qkv_stride(const Geo& g) {
+    return kGroup ? g.ld : 3 * g.C;
+}
+template <bool kGroup>
+__device__ __forceinline__ int64_t kv_width(const Geo& g) {
+    return kGroup ? g.KVC : g.C;
+}
+// The K and V tiles of keys [k0, k0 + ROWS) of key/value head kvh, whose k columns start C after
+// `head` = qkv + row 0 of the batch + kvh hs (for multi-head attention, the head's q), and its v
+// columns C + KVC after. (Written as 2C without groups: that form spills nothing.)
+template <int ROWS = kTile, bool kGroup = true>
+__device__ void stage_kv_async(bf16* Ks, bf16* Vs, const bf16* head, int64_t k0, const Geo& g) {
+    const int64_t stride = qkv_stride<kGroup>(g);
+    stage_async<ROWS>(Ks, head + g.C, stride, k0, g.Tn);
+    stage_async<ROWS>(Vs, head + (kGroup ? g.C + g.KVC : 2 * g.C), stride, k0, g.Tn);
 }
 
 // ---------------------------------------------------------------- forward
@@ -127,17 +143,17 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
     const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * BQ;  // heaviest blocks first
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
-    const bf16* qbase = qkv + b * g.Tn * 3 * g.C + h * g.hs;
+    const bf16* qbase = qkv + b * g.Tn * g.ld + h * g.hs;
+    const bf16* kvhead = qkv + b * g.Tn * g.ld + h / g.group * g.hs;
     const int64_t key_tiles = (g.Tn + kTile - 1) / kTile;
     const int64_t tiles = (q0 + BQ) / kTile < key_tiles ? (q0 + BQ) / kTile : key_tiles;
 
     auto stage_tile = [&](int64_t t, int slot) {
-        stage_kv_async(buf[slot][0], buf[slot][1], qbase, t * kTile, g);
+        stage_kv_async(buf[slot][0], buf[slot][1], kvhead, t * kTile, g);
     };
     stage_tile(0, 0);
     commit();
-    for (int r = 0; r < BQ; r += kTile)
-        stage_async(buf[2][0] + r * kLD, qbase, 3 * g.C, q0 + r, g.Tn);
+    for (int r = 0; r < BQ; r += kTile) stage_async(buf[2][0] + r * kLD, qbase, g.ld, q0 + r, g.Tn);
     commit();
     if (tiles > 1) stage_tile(1, 1);
     commit();
@@ -302,8 +318,13 @@ __device__ __forceinline__ void scores_tiles2(float (&s)[2][kBwdTile / 8][4], co
 constexpr int kDkdvSmemBytes = (2 * kBwdRows + 2 * kStages * kBwdTile) * kLD * int(sizeof(bf16)) +
                                2 * kStages * kBwdTile * int(sizeof(float));
 
+// A block owns 128 keys of one key/value head. With kGroup (grouped-query attention) it walks
+// the query tiles of each of the head's group of query heads in turn, K and V staged once and dK
+// and dV summed in registers in head order; without, the group is the one head, known at compile
+// time, so multi-head attention runs the same code as before.
 // colsum (optional): this block's column sums of dK and dV (fp32, as stored but before rounding)
-// into row b * gridDim.x + blockIdx.x of [B * blocks][3C], columns C + h hs and 2C + h hs.
+// into row b * gridDim.x + blockIdx.x of [B * blocks][C + 2 KVC], the head's k and v columns.
+template <bool kGroup>
 __global__ void __launch_bounds__(kThreads)
     dkdv_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* dsum,
                 float* colsum, Geo g) {
@@ -314,101 +335,109 @@ __global__ void __launch_bounds__(kThreads)
     bf16* dOs = Qs + kStages * kBwdTile * kLD;
     float* Ls = reinterpret_cast<float*>(dOs + kStages * kBwdTile * kLD);  // [kStages][kBwdTile]
     float* Ds = Ls + kStages * kBwdTile;
-    const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
+    const int64_t b = blockIdx.y / g.NKV, kvh = blockIdx.y % g.NKV;
     const int64_t k0 = int64_t(blockIdx.x) * kBwdRows;  // early keys see the most queries: first
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
-    const int64_t stride = 3 * g.C;
-    const bf16* qbase = qkv + b * g.Tn * stride + h * g.hs;
-    const bf16* obase = dout + b * g.Tn * g.C + h * g.hs;
+    const int64_t stride = qkv_stride<kGroup>(g), kvc = kv_width<kGroup>(g);
     const float sl2 = g.scale * kLog2e;
     const int64_t wk0 = k0 + warp * kWarpRows;  // this warp's first key
     float dk[2][kD / 8][4] = {}, dv[2][kD / 8][4] = {};
-    auto issue = [&](int64_t i0, int buf) {
-        stage_async<kBwdTile>(Qs + buf * kBwdTile * kLD, qbase, stride, i0, g.Tn);
-        stage_async<kBwdTile>(dOs + buf * kBwdTile * kLD, obase, g.C, i0, g.Tn);
-        // Plain loads here stalled warp 0, and with it the block's next barrier, on every tile.
-        // Queries past Tn get L = D = 0: their Q and dO rows are zero, so P dO and dS Q vanish.
-        const int valid = int(std::min<int64_t>(kBwdTile, g.Tn - i0));
-        stage_floats(uint32_t(__cvta_generic_to_shared(Ls + buf * kBwdTile)), lse + bh * g.Tn + i0,
-                     kBwdTile, valid);
-        stage_floats(uint32_t(__cvta_generic_to_shared(Ds + buf * kBwdTile)), dsum + bh * g.Tn + i0,
-                     kBwdTile, valid);
-        commit();
-    };
-    stage_kv_async<kBwdRows>(Ks, Vs, qbase, k0, g);  // committed with the first tile
-    issue(k0, 0);
-    if (k0 + kBwdTile < g.Tn)
-        issue(k0 + kBwdTile, 1);
-    else
-        commit();  // an empty group keeps wait_prev() counting right
-    int slot = 0;  // the ring slot of the tile at i0
-    for (int64_t i0 = k0; i0 < g.Tn; i0 += kBwdTile, slot = ring_next(slot)) {
-        wait_prev();
-        __syncthreads();
-        if (i0 + 2 * kBwdTile < g.Tn)
-            issue(i0 + 2 * kBwdTile, ring_after_next(slot));
-        else
+    const int group = kGroup ? g.group : 1;
+    for (int hq = 0; hq < group; hq++) {
+        const int64_t h = kvh * group + hq, bh = b * g.NH + h;
+        const bf16* qbase = qkv + b * g.Tn * stride + h * g.hs;
+        const bf16* obase = dout + b * g.Tn * g.C + h * g.hs;
+        auto issue = [&](int64_t i0, int buf) {
+            stage_async<kBwdTile>(Qs + buf * kBwdTile * kLD, qbase, stride, i0, g.Tn);
+            stage_async<kBwdTile>(dOs + buf * kBwdTile * kLD, obase, g.C, i0, g.Tn);
+            // Plain loads here stalled warp 0, and with it the block's next barrier, on every tile.
+            // Queries past Tn get L = D = 0: their Q and dO rows are zero, so P dO and dS Q vanish.
+            const int valid = int(std::min<int64_t>(kBwdTile, g.Tn - i0));
+            stage_floats(uint32_t(__cvta_generic_to_shared(Ls + buf * kBwdTile)),
+                         lse + bh * g.Tn + i0, kBwdTile, valid);
+            stage_floats(uint32_t(__cvta_generic_to_shared(Ds + buf * kBwdTile)),
+                         dsum + bh * g.Tn + i0, kBwdTile, valid);
             commit();
-        // The tile's first query relative to this warp's first key; query q sees key k if q >= k.
-        const int rel = int(i0 - wk0);
-        if (rel > -kBwdTile) {  // the tile's last query sees at least this warp's first key
-            const bf16* Qt = Qs + slot * kBwdTile * kLD;
-            const bf16* dOt = dOs + slot * kBwdTile * kLD;
-            const float* Lt = Ls + slot * kBwdTile;
-            const float* Dt = Ds + slot * kBwdTile;
-            // S^T and dP^T: keys x queries
-            float p[2][kBwdTile / 8][4] = {}, dp[2][kBwdTile / 8][4] = {};
-            scores_tiles2(p, Ks, Qt, dp, Vs, dOt, warp * kWarpRows);
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                for (int n = 0; n < kBwdTile / 8; n++) {
-                    const float2 L = *reinterpret_cast<const float2*>(Lt + n * 8 + 2 * tq);
-                    const float l2[2] = {L.x * kLog2e, L.y * kLog2e};
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        p[mt][n][e] = ex2(fmaf(p[mt][n][e], sl2, -l2[e & 1]));
-                }
-            if (rel < kWarpRows) {  // the tile straddles this warp's diagonal
+        };
+        if (hq == 0)  // K and V once, committed with the first tile
+            stage_kv_async<kBwdRows, kGroup>(Ks, Vs, qkv + b * g.Tn * stride + kvh * g.hs, k0, g);
+        else
+            __syncthreads();  // every warp is done with the last head's tiles: the ring restarts
+        issue(k0, 0);
+        if (k0 + kBwdTile < g.Tn)
+            issue(k0 + kBwdTile, 1);
+        else
+            commit();  // an empty group keeps wait_prev() counting right
+        int slot = 0;  // the ring slot of the tile at i0
+        for (int64_t i0 = k0; i0 < g.Tn; i0 += kBwdTile, slot = ring_next(slot)) {
+            wait_prev();
+            __syncthreads();
+            if (i0 + 2 * kBwdTile < g.Tn)
+                issue(i0 + 2 * kBwdTile, ring_after_next(slot));
+            else
+                commit();
+            // The tile's first query relative to this warp's first key; query q sees key k if q >=
+            // k.
+            const int rel = int(i0 - wk0);
+            if (rel > -kBwdTile) {  // the tile's last query sees at least this warp's first key
+                const bf16* Qt = Qs + slot * kBwdTile * kLD;
+                const bf16* dOt = dOs + slot * kBwdTile * kLD;
+                const float* Lt = Ls + slot * kBwdTile;
+                const float* Dt = Ds + slot * kBwdTile;
+                // S^T and dP^T: keys x queries
+                float p[2][kBwdTile / 8][4] = {}, dp[2][kBwdTile / 8][4] = {};
+                scores_tiles2(p, Ks, Qt, dp, Vs, dOt, warp * kWarpRows);
 #pragma unroll
                 for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-                    for (int n = 0; n < kBwdTile / 8; n++)
+                    for (int n = 0; n < kBwdTile / 8; n++) {
+                        const float2 L = *reinterpret_cast<const float2*>(Lt + n * 8 + 2 * tq);
+                        const float l2[2] = {L.x * kLog2e, L.y * kLog2e};
 #pragma unroll
                         for (int e = 0; e < 4; e++)
-                            if (rel + n * 8 + 2 * tq + (e & 1) < mt * 16 + gq + (e >> 1) * 8)
-                                p[mt][n][e] = 0;
-            }
+                            p[mt][n][e] = ex2(fmaf(p[mt][n][e], sl2, -l2[e & 1]));
+                    }
+                if (rel < kWarpRows) {  // the tile straddles this warp's diagonal
 #pragma unroll
-            for (int mt = 0; mt < 2; mt++)
+                    for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-                for (int n = 0; n < kBwdTile / 8; n++) {
-                    const float2 Dv = *reinterpret_cast<const float2*>(Dt + n * 8 + 2 * tq);
+                        for (int n = 0; n < kBwdTile / 8; n++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++)  // dS^T (unscaled)
-                        dp[mt][n][e] = p[mt][n][e] * (dp[mt][n][e] - (e & 1 ? Dv.y : Dv.x));
+                            for (int e = 0; e < 4; e++)
+                                if (rel + n * 8 + 2 * tq + (e & 1) < mt * 16 + gq + (e >> 1) * 8)
+                                    p[mt][n][e] = 0;
                 }
 #pragma unroll
-            for (int kk = 0; kk < kBwdTile / 16; kk++) {
-                uint32_t pa[2][4], sa[2][4];
+                for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-                for (int mt = 0; mt < 2; mt++) {
-                    acc_to_a(pa[mt], p[mt][2 * kk], p[mt][2 * kk + 1]);
-                    acc_to_a(sa[mt], dp[mt][2 * kk], dp[mt][2 * kk + 1]);
-                }
-                // dV and dK interleaved: as two separate loops the kernel needs 254 registers
-                // instead of 247 and the step was slower (H100, same call)
+                    for (int n = 0; n < kBwdTile / 8; n++) {
+                        const float2 Dv = *reinterpret_cast<const float2*>(Dt + n * 8 + 2 * tq);
 #pragma unroll
-                for (int n = 0; n < kD / 8; n += 2) {
-                    uint32_t ob[4], qb[4];
-                    load_bt2(ob, dOt, kk * 16, n * 8);
-                    load_bt2(qb, Qt, kk * 16, n * 8);
+                        for (int e = 0; e < 4; e++)  // dS^T (unscaled)
+                            dp[mt][n][e] = p[mt][n][e] * (dp[mt][n][e] - (e & 1 ? Dv.y : Dv.x));
+                    }
+#pragma unroll
+                for (int kk = 0; kk < kBwdTile / 16; kk++) {
+                    uint32_t pa[2][4], sa[2][4];
 #pragma unroll
                     for (int mt = 0; mt < 2; mt++) {
-                        mma(dv[mt][n], pa[mt], ob[0], ob[1]);
-                        mma(dv[mt][n + 1], pa[mt], ob[2], ob[3]);
-                        mma(dk[mt][n], sa[mt], qb[0], qb[1]);
-                        mma(dk[mt][n + 1], sa[mt], qb[2], qb[3]);
+                        acc_to_a(pa[mt], p[mt][2 * kk], p[mt][2 * kk + 1]);
+                        acc_to_a(sa[mt], dp[mt][2 * kk], dp[mt][2 * kk + 1]);
+                    }
+                    // dV and dK interleaved: as two separate loops the kernel needs 254 registers
+                    // instead of 247 and the step was slower (H100, same call)
+#pragma unroll
+                    for (int n = 0; n < kD / 8; n += 2) {
+                        uint32_t ob[4], qb[4];
+                        load_bt2(ob, dOt, kk * 16, n * 8);
+                        load_bt2(qb, Qt, kk * 16, n * 8);
+#pragma unroll
+                        for (int mt = 0; mt < 2; mt++) {
+                            mma(dv[mt][n], pa[mt], ob[0], ob[1]);
+                            mma(dv[mt][n + 1], pa[mt], ob[2], ob[3]);
+                            mma(dk[mt][n], sa[mt], qb[0], qb[1]);
+                            mma(dk[mt][n + 1], sa[mt], qb[2], qb[3]);
+                        }
                     }
                 }
             }
@@ -420,18 +449,18 @@ __global__ void __launch_bounds__(kThreads)
         for (int r = 0; r < 2; r++) {
             const int64_t key = wk0 + mt * 16 + gq + r * 8;
             if (key >= g.Tn) continue;
-            bf16* dkr = dqkv + (b * g.Tn + key) * stride + g.C + h * g.hs;
+            bf16* dkr = dqkv + (b * g.Tn + key) * stride + g.C + kvh * g.hs;
             store_acc_row(dkr, dk[mt], r, g.scale);
-            store_acc_row(dkr + g.C, dv[mt], r, 1.0f);
+            store_acc_row(dkr + kvc, dv[mt], r, 1.0f);
         }
     if (colsum) {  // the qkv bias gradient's share, so that no pass over dqkv is needed for it
         __shared__ float red[2][kWarps][kD];
-        float* dst = colsum + (b * gridDim.x + blockIdx.x) * stride + g.C + h * g.hs;
+        float* dst = colsum + (b * gridDim.x + blockIdx.x) * stride + g.C + kvh * g.hs;
         float cs[kD / 8][2];
         lane_column_sums(cs, dk, wk0, g.Tn);
         block_column_sums<kD, kWarps>(dst, cs, g.scale, red[0]);
         lane_column_sums(cs, dv, wk0, g.Tn);
-        block_column_sums<kD, kWarps>(dst + g.C, cs, 1.0f, red[1]);
+        block_column_sums<kD, kWarps>(dst + kvc, cs, 1.0f, red[1]);
     }
 }
 
@@ -445,6 +474,8 @@ constexpr int kDqSmemBytes = (2 * kBwdRows + 2 * kStages * kBwdTile) * kLD * int
 static_assert(kThreads == kBwdRows, "one thread per query row computes its Dsum");
 
 // colsum (optional): as in dkdv_kernel, for dQ (columns h hs), row b * gridDim.x + the query block.
+// Query head h reads key/value head h / group; kGroup false: the group is 1 (multi-head).
+template <bool kGroup>
 __global__ void __launch_bounds__(kThreads, 3)
     dq_kernel(bf16* dqkv, float* dsum, const bf16* dout, const bf16* out, const bf16* qkv,
               const float* lse, float* colsum, Geo g) {
@@ -457,8 +488,9 @@ __global__ void __launch_bounds__(kThreads, 3)
     const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
     const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kBwdRows;  // heaviest blocks first
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
-    const int64_t stride = 3 * g.C;
+    const int64_t stride = qkv_stride<kGroup>(g);
     const bf16* qbase = qkv + b * g.Tn * stride + h * g.hs;
+    const bf16* kvhead = kGroup ? qkv + b * g.Tn * stride + h / g.group * g.hs : qbase;
     const bf16* obase = dout + b * g.Tn * g.C + h * g.hs;
     const float sl2 = g.scale * kLog2e;
     const int64_t wq0 = q0 + warp * kWarpRows;  // this warp's first row
@@ -466,8 +498,8 @@ __global__ void __launch_bounds__(kThreads, 3)
     const int64_t last = std::min<int64_t>(q0 + kBwdRows, g.Tn);  // keys [0, last) are seen
     const int64_t tiles = (last + kBwdTile - 1) / kBwdTile;
     auto stage_kv = [&](int64_t t, int slot) {
-        stage_kv_async<kBwdTile>(Ks + slot * kBwdTile * kLD, Vs + slot * kBwdTile * kLD, qbase,
-                                 t * kBwdTile, g);
+        stage_kv_async<kBwdTile, kGroup>(Ks + slot * kBwdTile * kLD, Vs + slot * kBwdTile * kLD,
+                                         kvhead, t * kBwdTile, g);
     };
     stage_async<kBwdRows>(Qs, qbase, stride, q0, g.Tn);  // committed with the first tile
     stage_async<kBwdRows>(dOs, obase, g.C, q0, g.Tn);
@@ -620,18 +652,34 @@ void backward(void* dqkv, const void* dout, const void* qkv, const void* out, co
     const auto* x = static_cast<const bf16*>(qkv);
     auto* dx = static_cast<bf16*>(dqkv);
     static const bool smem_set = [] {  // both take more than the default 48 KB
-        ZG_CUDA_CHECK(cudaFuncSetAttribute(dkdv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           kDkdvSmemBytes));
-        ZG_CUDA_CHECK(cudaFuncSetAttribute(dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           kDqSmemBytes));
+        ZG_CUDA_CHECK(cudaFuncSetAttribute(
+            dkdv_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kDkdvSmemBytes));
+        ZG_CUDA_CHECK(cudaFuncSetAttribute(
+            dkdv_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kDkdvSmemBytes));
+        ZG_CUDA_CHECK(cudaFuncSetAttribute(
+            dq_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kDqSmemBytes));
+        ZG_CUDA_CHECK(cudaFuncSetAttribute(
+            dq_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kDqSmemBytes));
         return true;
     }();
     (void)smem_set;
     const dim3 grid(unsigned((s.Tn + kBwdRows - 1) / kBwdRows), unsigned(s.B * s.NH));
     // dQ first: it writes the Dsum that the dK/dV kernel reads
-    dq_kernel<<<grid, kThreads, kDqSmemBytes, st>>>(dx, dsum, dy, static_cast<const bf16*>(out), x,
-                                                    lse, dqkv_colsums, g);
-    dkdv_kernel<<<grid, kThreads, kDkdvSmemBytes, st>>>(dx, dy, x, lse, dsum, dqkv_colsums, g);
+    const auto* o = static_cast<const bf16*>(out);
+    if (g.group == 1)
+        dq_kernel<false>
+            <<<grid, kThreads, kDqSmemBytes, st>>>(dx, dsum, dy, o, x, lse, dqkv_colsums, g);
+    else
+        dq_kernel<true>
+            <<<grid, kThreads, kDqSmemBytes, st>>>(dx, dsum, dy, o, x, lse, dqkv_colsums, g);
+    // dK/dV: one block row per key/value head
+    const dim3 kv_grid(grid.x, unsigned(s.B * g.NKV));
+    if (g.group == 1)
+        dkdv_kernel<false>
+            <<<kv_grid, kThreads, kDkdvSmemBytes, st>>>(dx, dy, x, lse, dsum, dqkv_colsums, g);
+    else
+        dkdv_kernel<true>
+            <<<kv_grid, kThreads, kDkdvSmemBytes, st>>>(dx, dy, x, lse, dsum, dqkv_colsums, g);
     ZG_LAUNCH_CHECK();
 }
 

@@ -13,10 +13,11 @@ __global__ void naive_forward_kernel(T* out, float* att, const T* qkv, Geo g) {
     extern __shared__ float row[];
     __shared__ float red[32];
     const int64_t r = blockIdx.x, t = r % g.Tn, bh = r / g.Tn, b = bh / g.NH, h = bh % g.NH;
+    const int64_t kvh = h / g.group;
     const T* q = q_row(qkv, g, b, h, t);
     float mx = -INFINITY;
     for (int64_t t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) {
-        const T* k = q_row(qkv, g, b, h, t2) + g.C;
+        const T* k = k_row(qkv, g, b, kvh, t2);
         float acc = 0;
         for (int64_t d = 0; d < g.hs; d++) acc += to_f(q[d]) * to_f(k[d]);
         row[t2] = acc * g.scale;
@@ -59,22 +60,25 @@ __global__ void naive_forward_kernel(T* out, float* att, const T* qkv, Geo g) {
     T* y = out + (b * g.Tn + t) * g.C + h * g.hs;
     for (int64_t d = threadIdx.x; d < g.hs; d += blockDim.x) {
         float acc = 0;
-        for (int64_t t2 = 0; t2 <= t; t2++)
-            acc += row[t2] * to_f(q_row(qkv, g, b, h, t2)[2 * g.C + d]);
+        for (int64_t t2 = 0; t2 <= t; t2++) acc += row[t2] * to_f(v_row(qkv, g, b, kvh, t2)[d]);
         y[d] = from_f<T>(acc);
     }
 }
 
-// One block per key row t2: dV[t2] = sum_{t >= t2} att[t, t2] dout[t].
+// One block per key row t2 of a key/value head: dV[t2] = sum over the group's query heads h (in
+// order) of sum_{t >= t2} att[h, t, t2] dout[h, t].
 template <typename T>
 __global__ void naive_dv_kernel(T* dqkv, const T* dout, const float* att, Geo g) {
-    const int64_t r = blockIdx.x, t2 = r % g.Tn, bh = r / g.Tn, b = bh / g.NH, h = bh % g.NH;
+    const int64_t r = blockIdx.x, t2 = r % g.Tn, bkv = r / g.Tn, b = bkv / g.NKV, kvh = bkv % g.NKV;
     for (int64_t d = threadIdx.x; d < g.hs; d += blockDim.x) {
         float acc = 0;
-        for (int64_t t = t2; t < g.Tn; t++)
-            acc +=
-                att[(bh * g.Tn + t) * g.Tn + t2] * to_f(dout[(b * g.Tn + t) * g.C + h * g.hs + d]);
-        dqkv[(b * g.Tn + t2) * 3 * g.C + 2 * g.C + h * g.hs + d] = from_f<T>(acc);
+        for (int64_t h = kvh * g.group; h < (kvh + 1) * g.group; h++) {
+            const int64_t bh = b * g.NH + h;
+            for (int64_t t = t2; t < g.Tn; t++)
+                acc += att[(bh * g.Tn + t) * g.Tn + t2] *
+                       to_f(dout[(b * g.Tn + t) * g.C + h * g.hs + d]);
+        }
+        dqkv[(b * g.Tn + t2) * g.ld + g.v_col(kvh) + d] = from_f<T>(acc);
     }
 }
 
@@ -84,11 +88,12 @@ __global__ void naive_ds_dq_kernel(T* dqkv, const T* dout, const T* qkv, float* 
     extern __shared__ float dp[];
     __shared__ float red[32];
     const int64_t r = blockIdx.x, t = r % g.Tn, bh = r / g.Tn, b = bh / g.NH, h = bh % g.NH;
+    const int64_t kvh = h / g.group;
     const T* dy = dout + (b * g.Tn + t) * g.C + h * g.hs;
     float* a = att + r * g.Tn;
     float dot = 0;
     for (int64_t t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) {
-        const T* v = q_row(qkv, g, b, h, t2) + 2 * g.C;
+        const T* v = v_row(qkv, g, b, kvh, t2);
         float acc = 0;
         for (int64_t d = 0; d < g.hs; d++) acc += to_f(dy[d]) * to_f(v[d]);
         dp[t2] = acc;
@@ -112,20 +117,24 @@ __global__ void naive_ds_dq_kernel(T* dqkv, const T* dout, const T* qkv, float* 
     __syncthreads();
     for (int64_t d = threadIdx.x; d < g.hs; d += blockDim.x) {
         float acc = 0;
-        for (int64_t t2 = 0; t2 <= t; t2++) acc += dp[t2] * to_f(q_row(qkv, g, b, h, t2)[g.C + d]);
-        dqkv[(b * g.Tn + t) * 3 * g.C + h * g.hs + d] = from_f<T>(acc);
+        for (int64_t t2 = 0; t2 <= t; t2++) acc += dp[t2] * to_f(k_row(qkv, g, b, kvh, t2)[d]);
+        dqkv[(b * g.Tn + t) * g.ld + h * g.hs + d] = from_f<T>(acc);
     }
 }
 
-// One block per key row t2: dK[t2] = sum_{t >= t2} dS[t, t2] q[t].
+// One block per key row t2 of a key/value head: dK[t2] = sum over the group's query heads h (in
+// order) of sum_{t >= t2} dS[h, t, t2] q[h, t].
 template <typename T>
 __global__ void naive_dk_kernel(T* dqkv, const T* qkv, const float* ds, Geo g) {
-    const int64_t r = blockIdx.x, t2 = r % g.Tn, bh = r / g.Tn, b = bh / g.NH, h = bh % g.NH;
+    const int64_t r = blockIdx.x, t2 = r % g.Tn, bkv = r / g.Tn, b = bkv / g.NKV, kvh = bkv % g.NKV;
     for (int64_t d = threadIdx.x; d < g.hs; d += blockDim.x) {
         float acc = 0;
-        for (int64_t t = t2; t < g.Tn; t++)
-            acc += ds[(bh * g.Tn + t) * g.Tn + t2] * to_f(q_row(qkv, g, b, h, t)[d]);
-        dqkv[(b * g.Tn + t2) * 3 * g.C + g.C + h * g.hs + d] = from_f<T>(acc);
+        for (int64_t h = kvh * g.group; h < (kvh + 1) * g.group; h++) {
+            const int64_t bh = b * g.NH + h;
+            for (int64_t t = t2; t < g.Tn; t++)
+                acc += ds[(bh * g.Tn + t) * g.Tn + t2] * to_f(q_row(qkv, g, b, h, t)[d]);
+        }
+        dqkv[(b * g.Tn + t2) * g.ld + g.k_col(kvh) + d] = from_f<T>(acc);
     }
 }
 
@@ -163,15 +172,15 @@ void naive_backward(void* dqkv, const void* dout, const void* qkv, const void*, 
     ZG_CHECK(!dqkv_colsums, "naive attention: no column sums");
     naive_smem_check(s);
     const Geo g = attention_geometry(s);
-    const int64_t rows = s.B * s.NH * s.Tn;
+    const int64_t rows = s.B * s.NH * s.Tn, kv_rows = s.B * g.NKV * s.Tn;
     auto* att = static_cast<float*>(saved);
     ZG_DISPATCH(t, T, {
         auto* dx = static_cast<T*>(dqkv);
         const auto* dy = static_cast<const T*>(dout);
         const auto* x = static_cast<const T*>(qkv);
-        naive_dv_kernel<T><<<unsigned(rows), 64, 0, st>>>(dx, dy, att, g);
+        naive_dv_kernel<T><<<unsigned(kv_rows), 64, 0, st>>>(dx, dy, att, g);
         naive_ds_dq_kernel<T><<<unsigned(rows), 128, s.Tn * 4, st>>>(dx, dy, x, att, g);
-        naive_dk_kernel<T><<<unsigned(rows), 64, 0, st>>>(dx, x, att, g);
+        naive_dk_kernel<T><<<unsigned(kv_rows), 64, 0, st>>>(dx, x, att, g);
     });
     ZG_LAUNCH_CHECK();
 }

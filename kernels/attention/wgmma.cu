@@ -25,6 +25,10 @@
 //   false, and the tiles kept for the whole kernel) by cp.async with a proxy fence that makes the
 //   copies visible to wgmma, which reads shared memory through the async proxy; the cp.async ring
 //   (three stages, one block barrier per tile) is attention/mma.cu's.
+// - Grouped-query attention: query head h reads key/value head h / group; a dK/dV block owns one
+//   key/value head's keys and walks the query tiles of its group's heads in turn (kGroup), dK and
+//   dV summed in registers in head order. Without groups (kGroup false) the group of one is known
+//   at compile time, and the kernels are multi-head attention's.
 #include "kernels/attention/wgmma.h"
 
 #include <algorithm>
@@ -228,8 +232,8 @@ __device__ __forceinline__ void masked_column_sums(float* dst, const float (&acc
 }
 
 // Where a block writes its partial column sums (the qkv bias gradient): row b * per_batch +
-// block * step of the [B * per_batch, 3C] buffer. per_batch counts the blocks of the kernel with
-// the most (64-row blocks when the dK/dV kernel has one warpgroup); the other kernel's blocks
+// block * step of the [B * per_batch, C + 2 KVC] buffer. per_batch counts the blocks of the kernel
+// with the most (64-row blocks when the dK/dV kernel has one warpgroup); the other kernel's blocks
 // are `step` rows apart and the rows between them stay zero (backward clears the buffer then).
 struct ColsumRows {
     int64_t per_batch, step;
@@ -297,25 +301,26 @@ struct TmaRing {
     }
 };
 
-// The forward and dQ kernels stream key tiles of kKeys rows of one head: its K rows, then its V
-// rows right after them (kKeys * 128 bytes each) in one slot of the cp.async ring or one stage of
-// the TMA ring. qbase: the head's q columns of row 0 of its batch in qkv [B, T, 3C].
+// The forward and dQ kernels stream key tiles of kKeys rows of one key/value head: its K rows,
+// then its V rows right after them (kKeys * 128 bytes each) in one slot of the cp.async ring or
+// one stage of the TMA ring. kvbase: the head's k columns of row 0 of its batch in qkv
+// [B, T, C + 2 KVC] (its v columns are KVC further).
 template <int kKeys>
-__device__ __forceinline__ void stage_kv_tile(uint32_t k_dst, const bf16* qbase, const Geo& g,
+__device__ __forceinline__ void stage_kv_tile(uint32_t k_dst, const bf16* kvbase, const Geo& g,
                                               int64_t t, int tid) {
-    const int64_t stride = 3 * g.C;
-    stage_tile<kKeys, kThreads>(k_dst, qbase + g.C, stride, t * kKeys, g.Tn, tid);
-    stage_tile<kKeys, kThreads>(k_dst + kKeys * 128, qbase + 2 * g.C, stride, t * kKeys, g.Tn, tid);
+    stage_tile<kKeys, kThreads>(k_dst, kvbase, g.ld, t * kKeys, g.Tn, tid);
+    stage_tile<kKeys, kThreads>(k_dst + kKeys * 128, kvbase + g.KVC, g.ld, t * kKeys, g.Tn, tid);
 }
-// TMA: key tile j of batch b, head h, from qkv's [B, T, 3C] map into ring stage j.
+// TMA: key tile j of batch b, key/value head kvh, from qkv's [B, T, C + 2 KVC] map into ring
+// stage j.
 template <int kKeys>
 __device__ __forceinline__ void issue_kv_tile(const TmaRing& ring, int j, const CUtensorMap* map,
-                                              const Geo& g, int64_t b, int64_t h) {
+                                              const Geo& g, int64_t b, int64_t kvh) {
     constexpr int kBytes = kKeys * 128;
     const uint32_t st = ring.acquire(j, 2 * kBytes);
-    const int x = int(g.C + h * g.hs), y = j * kKeys;
+    const int x = int(g.k_col(kvh)), y = j * kKeys;
     tma_load_3d(st, map, ring.full(j), x, y, int(b));
-    tma_load_3d(st + kBytes, map, ring.full(j), int(x + g.C), y, int(b));
+    tma_load_3d(st + kBytes, map, ring.full(j), int(x + g.KVC), y, int(b));
 }
 
 // ---------------------------------------------------------------- forward
@@ -383,7 +388,7 @@ __device__ __forceinline__ void store_forward_rows(bf16* out, float* lse, const 
 }
 
 // kTma: the key tiles through a TMA ring (kernels.attention_tuning.wgmma_fwd_tma) instead of the
-// cp.async ring and its barrier per tile; kv_map is then qkv's [B, T, 3C] map.
+// cp.async ring and its barrier per tile; kv_map is then qkv's [B, T, C + 2 KVC] map.
 template <bool kTma>
 __global__ void __launch_bounds__(kThreads, 2)
     forward_kernel(bf16* out, float* lse, const bf16* qkv, Geo g,
@@ -402,14 +407,15 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kBlockRows;  // heaviest first
     const int tid = threadIdx.x, wg = tid / kWG, warp = tid % kWG / 32, lane = tid % 32;
     const int gq = lane / 4, tq = lane % 4;
-    const int64_t stride = 3 * g.C;
+    const int64_t stride = g.ld, kvh = h / g.group;
     const bf16* qbase = qkv + b * g.Tn * stride + h * g.hs;
+    const bf16* kvbase = qkv + b * g.Tn * stride + g.k_col(kvh);
     const int64_t key_tiles = (g.Tn + kFwdKeys - 1) / kFwdKeys;
     const int64_t tiles = std::min<int64_t>((q0 + kBlockRows) / kFwdKeys, key_tiles);
     auto stage_kv = [&](int64_t t, int slot) {
-        stage_kv_tile<kFwdKeys>(k_tile(slot), qbase, g, t, tid);
+        stage_kv_tile<kFwdKeys>(k_tile(slot), kvbase, g, t, tid);
     };
-    auto issue = [&](int j) { issue_kv_tile<kFwdKeys>(ring, j, &kv_map, g, b, h); };
+    auto issue = [&](int j) { issue_kv_tile<kFwdKeys>(ring, j, &kv_map, g, b, kvh); };
     if (kTma && tid == 0) {
         ring.init();
         for (int j = 0; j < kTmaAhead && j < tiles; j++) issue(j);
@@ -494,8 +500,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kBlockRows;  // heaviest first
     const int tid = threadIdx.x, wg = tid / kWG, warp = tid % kWG / 32, lane = tid % 32;
     const int gq = lane / 4, tq = lane % 4;
-    const int64_t stride = 3 * g.C;
+    const int64_t stride = g.ld;
     const bf16* qbase = qkv + b * g.Tn * stride + h * g.hs;
+    const bf16* kvbase = qkv + b * g.Tn * stride + g.k_col(h / g.group);
     const int64_t key_tiles = (g.Tn + kFwdKeys - 1) / kFwdKeys;
     const int64_t tiles = std::min<int64_t>((q0 + kBlockRows) / kFwdKeys, key_tiles);
     const int64_t row0 = q0 + wg * kRows;  // this warpgroup's first row
@@ -503,8 +510,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int64_t mine = std::min<int64_t>((row0 + kRows) / kFwdKeys, tiles);
     auto stage_kv = [&](int64_t t) {
         if (t < tiles) {
-            stage_tile<kFwdKeys, kThreads>(k_tile(t), qbase + g.C, stride, t * kFwdKeys, g.Tn, tid);
-            stage_tile<kFwdKeys, kThreads>(v_tile(t), qbase + 2 * g.C, stride, t * kFwdKeys, g.Tn,
+            stage_tile<kFwdKeys, kThreads>(k_tile(t), kvbase, stride, t * kFwdKeys, g.Tn, tid);
+            stage_tile<kFwdKeys, kThreads>(v_tile(t), kvbase + g.KVC, stride, t * kFwdKeys, g.Tn,
                                            tid);
         }
         commit();  // one group per tile, empty past the last, so the wait counts hold
@@ -583,7 +590,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 // SM need at most 128). Per tile: S = Q K^T and dP = dO V^T, then dQ += dS K. Runs first and
 // writes Dsum = rowsum(dO * O), which the dK/dV kernel reads.
 // kTma: the key tiles through a TMA ring (kernels.attention_tuning.wgmma_dq_tma; KT = 64) instead
-// of the cp.async ring and its barrier per tile; kv_map is then qkv's [B, T, 3C] map.
+// of the cp.async ring and its barrier per tile; kv_map is then qkv's [B, T, C + 2 KVC] map.
 template <int KT, bool kTma>
 constexpr int dq_smem_bytes() {
     return 1024 + 2 * kBlockRows * 128 + (kTma ? kTmaStages : kStages) * 2 * KT * 128 +
@@ -611,14 +618,17 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kBlockRows;  // heaviest first
     const int tid = threadIdx.x, wg = tid / kWG, warp = tid % kWG / 32, lane = tid % 32;
     const int gq = lane / 4, tq = lane % 4;
-    const int64_t stride = 3 * g.C;
+    const int64_t stride = g.ld, kvh = h / g.group;
     const bf16* qbase = qkv + b * g.Tn * stride + h * g.hs;
+    const bf16* kvbase = qkv + b * g.Tn * stride + g.k_col(kvh);
     const bf16* obase = dout + b * g.Tn * g.C + h * g.hs;
     const float sl2 = g.scale * kLog2e;
     const int64_t last = std::min<int64_t>(q0 + kBlockRows, g.Tn);  // keys [0, last) are seen
     const int64_t tiles = (last + KT - 1) / KT;
-    auto stage_kv = [&](int64_t t, int slot) { stage_kv_tile<KT>(k_tile(slot), qbase, g, t, tid); };
-    auto issue = [&](int j) { issue_kv_tile<KT>(ring, j, &kv_map, g, b, h); };
+    auto stage_kv = [&](int64_t t, int slot) {
+        stage_kv_tile<KT>(k_tile(slot), kvbase, g, t, tid);
+    };
+    auto issue = [&](int j) { issue_kv_tile<KT>(ring, j, &kv_map, g, b, kvh); };
     if (kTma && tid == 0) {
         ring.init();
         for (int j = 0; j < kTmaAhead && j < tiles; j++) issue(j);
@@ -782,28 +792,28 @@ __device__ __forceinline__ void dkdv_tile(float (&dk)[kD / 2], float (&dv)[kD / 
     hold(dk);
 }
 
-// The end of a dK/dV block: this thread's rows of dK (times the scale) and dV into dqkv, and with
-// colsum the block's column sums of both (the qkv bias gradient's k and v parts). Every thread of
-// the block (NT of them) calls it.
+// The end of a dK/dV block: this thread's rows of dK (times the scale) and dV of key/value head
+// kvh into dqkv, and with colsum the block's column sums of both (the qkv bias gradient's k and v
+// parts). Every thread of the block (NT of them) calls it.
 template <int NT>
 __device__ __forceinline__ void store_dkdv(bf16* dqkv, float* colsum, const ColsumRows& cr,
                                            const float (&dk)[kD / 2], const float (&dv)[kD / 2],
-                                           int64_t wkey0, int64_t b, int64_t h, int gq,
+                                           int64_t wkey0, int64_t b, int64_t kvh, int gq,
                                            const Geo& g) {
-    const int64_t stride = 3 * g.C;
+    const int64_t stride = g.ld;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int64_t key = wkey0 + gq + r * 8;
         if (key >= g.Tn) continue;
-        bf16* dkr = dqkv + (b * g.Tn + key) * stride + g.C + h * g.hs;
+        bf16* dkr = dqkv + (b * g.Tn + key) * stride + g.k_col(kvh);
         store_row(dkr, dk, r, g.scale);
-        store_row(dkr + g.C, dv, r, 1.0f);
+        store_row(dkr + g.KVC, dv, r, 1.0f);
     }
     if (colsum) {
         __shared__ float red[NT / 32][kD];
-        float* dst = colsum + cr.row(b, blockIdx.x) * stride + g.C + h * g.hs;
+        float* dst = colsum + cr.row(b, blockIdx.x) * stride + g.k_col(kvh);
         masked_column_sums<NT>(dst, dk, wkey0, g.Tn, g.scale, red);
-        masked_column_sums<NT>(dst + g.C, dv, wkey0, g.Tn, 1.0f, red);
+        masked_column_sums<NT>(dst + g.KVC, dv, wkey0, g.Tn, 1.0f, red);
     }
 }
 
@@ -819,12 +829,16 @@ __device__ __forceinline__ void store_dkdv(bf16* dqkv, float* colsum, const Cols
 // probably because in the step the backward runs beside the side stream's weight-gradient GEMMs
 // (not measured). Two stays
 // the default (no clearing of the column-sum rows); one is kept for ablation.
+// A block owns keys of one key/value head. kGroup (grouped-query attention): it walks the query
+// tiles of each query head of the group in turn (the ring restarting per head), K and V staged
+// once and dK, dV summed in registers in head order; without, the group is one head at compile
+// time and multi-head attention runs the code it ran before.
 template <int QT, int WGS>
 constexpr int dkdv_smem_bytes() {
     return 1024 + 2 * WGS * kRows * 128 + kStages * 2 * QT * 128 + kStages * 2 * QT * 4;
 }
 
-template <int QT, int WGS>
+template <int QT, int WGS, bool kGroup>
 __global__ void __launch_bounds__(WGS* kWG, (QT == 32 ? 2 : 1) * (2 / WGS))
     dkdv_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* dsum,
                 float* colsum, ColsumRows cr, Geo g) {
@@ -840,58 +854,67 @@ __global__ void __launch_bounds__(WGS* kWG, (QT == 32 ? 2 : 1) * (2 / WGS))
     const uint32_t f_base = q_tile(kStages);  // [kStages][2][QT] floats: L, D
     const float* Fs =
         reinterpret_cast<const float*>(smem + (f_base - uint32_t(__cvta_generic_to_shared(smem))));
-    const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
+    const int64_t b = blockIdx.y / g.NKV, kvh = blockIdx.y % g.NKV;
     const int64_t k0 = int64_t(blockIdx.x) * kBlockRows;
     const int tid = threadIdx.x, wg = tid / kWG, warp = tid % kWG / 32, lane = tid % 32;
     const int gq = lane / 4, tq = lane % 4;
-    const int64_t stride = 3 * g.C;
-    const bf16* qbase = qkv + b * g.Tn * stride + h * g.hs;
-    const bf16* obase = dout + b * g.Tn * g.C + h * g.hs;
+    const int64_t stride = g.ld;
+    const bf16* kvbase = qkv + b * g.Tn * stride + g.k_col(kvh);
     const float sl2 = g.scale * kLog2e;
-    auto issue = [&](int64_t i0, int slot) {
-        stage_tile<QT, kThreads>(q_tile(slot), qbase, stride, i0, g.Tn, tid);
-        stage_tile<QT, kThreads>(do_tile(slot), obase, g.C, i0, g.Tn, tid);
-        // queries past Tn get L = D = 0: their Q and dO rows are zero, so P dO and dS Q vanish
-        const int valid = int(std::min<int64_t>(QT, g.Tn - i0));
-        const uint32_t f = f_base + slot * 2 * QT * 4;
-        stage_floats(f, lse + bh * g.Tn + i0, QT, valid);
-        stage_floats(f + QT * 4, dsum + bh * g.Tn + i0, QT, valid);
-        commit();
-    };
-    stage_tile<kBlockRows, kThreads>(k_all, qbase + g.C, stride, k0, g.Tn, tid);
-    stage_tile<kBlockRows, kThreads>(v_all, qbase + 2 * g.C, stride, k0, g.Tn, tid);
-    issue(k0, 0);  // K and V are committed with the first tile
-    if (k0 + QT < g.Tn)
-        issue(k0 + QT, 1);
-    else
-        commit();  // an empty group keeps the wait count right
+    stage_tile<kBlockRows, kThreads>(k_all, kvbase, stride, k0, g.Tn, tid);
+    stage_tile<kBlockRows, kThreads>(v_all, kvbase + g.KVC, stride, k0, g.Tn, tid);
     const uint32_t k_rows = k_all + wg * kRows * 128, v_rows = v_all + wg * kRows * 128;
     const int64_t key0 = k0 + wg * kRows, wkey0 = key0 + warp * 16;
     float dk[kD / 2] = {}, dv[kD / 2] = {};
-    int slot = 0;
-    for (int64_t i0 = k0; i0 < g.Tn; i0 += QT, slot = ring_next(slot)) {
-        wait_prev_and_sync();
-        if (i0 + 2 * QT < g.Tn)
-            issue(i0 + 2 * QT, ring_after_next(slot));
-        else
+    const int group = kGroup ? g.group : 1;
+    for (int hq = 0; hq < group; hq++) {
+        const int64_t h = kvh * group + hq, bh = b * g.NH + h;
+        const bf16* qbase = qkv + b * g.Tn * stride + h * g.hs;
+        const bf16* obase = dout + b * g.Tn * g.C + h * g.hs;
+        auto issue = [&](int64_t i0, int slot) {
+            stage_tile<QT, kThreads>(q_tile(slot), qbase, stride, i0, g.Tn, tid);
+            stage_tile<QT, kThreads>(do_tile(slot), obase, g.C, i0, g.Tn, tid);
+            // queries past Tn get L = D = 0: their Q and dO rows are zero, so P dO and dS Q vanish
+            const int valid = int(std::min<int64_t>(QT, g.Tn - i0));
+            const uint32_t f = f_base + slot * 2 * QT * 4;
+            stage_floats(f, lse + bh * g.Tn + i0, QT, valid);
+            stage_floats(f + QT * 4, dsum + bh * g.Tn + i0, QT, valid);
             commit();
-        const int rel = int(i0 - key0);  // the tile's first query, from key0
-        if (rel <= -QT) continue;        // every query of the tile precedes every key here
-        const float* Lt = Fs + slot * 2 * QT;
-        dkdv_tile<QT>(dk, dv, k_rows, v_rows, q_tile(slot), do_tile(slot), Lt, Lt + QT, rel, sl2,
-                      warp, gq, tq);
+        };
+        if (hq > 0)
+            __syncthreads();  // every warp is done with the last head's tiles: the ring restarts
+        issue(k0, 0);         // K and V are committed with the first tile
+        if (k0 + QT < g.Tn)
+            issue(k0 + QT, 1);
+        else
+            commit();  // an empty group keeps the wait count right
+        int slot = 0;
+        for (int64_t i0 = k0; i0 < g.Tn; i0 += QT, slot = ring_next(slot)) {
+            wait_prev_and_sync();
+            if (i0 + 2 * QT < g.Tn)
+                issue(i0 + 2 * QT, ring_after_next(slot));
+            else
+                commit();
+            const int rel = int(i0 - key0);  // the tile's first query, from key0
+            if (rel <= -QT) continue;        // every query of the tile precedes every key here
+            const float* Lt = Fs + slot * 2 * QT;
+            dkdv_tile<QT>(dk, dv, k_rows, v_rows, q_tile(slot), do_tile(slot), Lt, Lt + QT, rel,
+                          sl2, warp, gq, tq);
+        }
     }
-    store_dkdv<kThreads>(dqkv, colsum, cr, dk, dv, wkey0, b, h, gq, g);
+    store_dkdv<kThreads>(dqkv, colsum, cr, dk, dv, wkey0, b, kvh, gq, g);
 #endif
 }
 
 // dkdv_kernel<64, 2> on a TMA ring (kernels.attention_tuning.wgmma_dkdv_tma): a stage holds a
-// query tile's Q, dO, L and D.
+// query tile's Q, dO, L and D. kGroup: the ring runs on through the query tiles of each query head
+// of the group in turn (tile j: head j / per_head), dK and dV summed in head order.
 constexpr int kDkdvStageBytes = 2 * kTmaTileBytes + 1024;           // + L and D, 1024-aligned
 constexpr int kDkdvStageTx = 2 * kTmaTileBytes + 2 * kTmaRows * 4;  // bytes that land per stage
 constexpr int kDkdvTmaSmemBytes =
     1024 + 2 * kBlockRows * 128 + kTmaStages * kDkdvStageBytes + 2 * kTmaStages * 8;
 
+template <bool kGroup>
 __global__ void __launch_bounds__(kThreads, 1)
     dkdv_tma_kernel(bf16* dqkv, const __grid_constant__ CUtensorMap q_map,
                     const __grid_constant__ CUtensorMap do_map,
@@ -907,17 +930,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     const TmaRing ring{v_all + kBlockRows * 128,
                        v_all + kBlockRows * 128 + kTmaStages * kDkdvStageBytes, kDkdvStageBytes};
     const uint32_t smem0 = uint32_t(__cvta_generic_to_shared(smem));
-    const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
+    const int64_t b = blockIdx.y / g.NKV, kvh = blockIdx.y % g.NKV;
     const int64_t k0 = int64_t(blockIdx.x) * kBlockRows;
     const int tid = threadIdx.x, wg = tid / kWG, warp = tid % kWG / 32, lane = tid % 32;
     const int gq = lane / 4, tq = lane % 4;
-    const int64_t stride = 3 * g.C;
-    const bf16* qbase = qkv + b * g.Tn * stride + h * g.hs;
+    const int64_t stride = g.ld;
+    const bf16* kvbase = qkv + b * g.Tn * stride + g.k_col(kvh);
     const float sl2 = g.scale * kLog2e;
-    const int tiles = int((g.Tn - k0 + QT - 1) / QT);
-    auto issue = [&](int j) {  // tile j: queries [k0 + j QT, ...): Q | dO | L | D
+    const int per_head = int((g.Tn - k0 + QT - 1) / QT);  // query tiles of one query head
+    const int tiles = kGroup ? per_head * g.group : per_head;
+    // tile j: query head kvh group + head_of(j), its tile first_of(j) from k0
+    auto head_of = [&](int j) { return kGroup ? j / per_head : 0; };
+    auto first_of = [&](int j) { return kGroup ? j - head_of(j) * per_head : j; };
+    auto issue = [&](int j) {  // tile j: queries [k0 + first_of(j) QT, ...): Q | dO | L | D
         const uint32_t st = ring.acquire(j, kDkdvStageTx);
-        const int y = int(k0 + int64_t(j) * QT);
+        const int64_t h = kvh * (kGroup ? g.group : 1) + head_of(j), bh = b * g.NH + h;
+        const int y = int(k0 + int64_t(first_of(j)) * QT);
         tma_load_3d(st, &q_map, ring.full(j), int(h * g.hs), y, int(b));
         tma_load_3d(st + kTmaTileBytes, &do_map, ring.full(j), int(h * g.hs), y, int(b));
         hopper_gemm::tma_load(st + 2 * kTmaTileBytes, &l_map, ring.full(j), y, int(bh));
@@ -927,8 +955,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         ring.init();
         for (int j = 0; j < kTmaAhead && j < tiles; j++) issue(j);
     }
-    stage_tile<kBlockRows, kThreads>(k_all, qbase + g.C, stride, k0, g.Tn, tid);
-    stage_tile<kBlockRows, kThreads>(v_all, qbase + 2 * g.C, stride, k0, g.Tn, tid);
+    stage_tile<kBlockRows, kThreads>(k_all, kvbase, stride, k0, g.Tn, tid);
+    stage_tile<kBlockRows, kThreads>(v_all, kvbase + g.KVC, stride, k0, g.Tn, tid);
     commit();
     asm volatile("cp.async.wait_all;\n" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -939,7 +967,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int j = 0; j < tiles; j++) {
         if (tid == 0 && j + kTmaAhead < tiles) issue(j + kTmaAhead);
         ring.wait(j);
-        const int rel = int(k0 + int64_t(j) * QT - key0);  // the tile's first query, from key0
+        const int rel = int(k0 + int64_t(first_of(j)) * QT - key0);  // its first query, from key0
         if (rel > -QT) {  // else every query of the tile precedes every key here
             const uint32_t st = ring.stage(j);
             const float* Lt =
@@ -949,7 +977,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         ring.release(j);
     }
-    store_dkdv<kThreads>(dqkv, colsum, cr, dk, dv, wkey0, b, h, gq, g);
+    store_dkdv<kThreads>(dqkv, colsum, cr, dk, dv, wkey0, b, kvh, gq, g);
 #endif
 }
 
@@ -962,10 +990,11 @@ void allow_smem(Kernel k, int bytes) {
     ZG_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
 }
 
-// qkv [B, T, 3C] as a map of 64-row tiles of one head (the TMA rings' Q, K and V tiles).
+// qkv [B, T, C + 2 KVC] as a map of 64-row tiles of one head (the TMA rings' Q, K and V tiles).
 CUtensorMap qkv_map(const bf16* x, const AttentionShape& s) {
     const cuuint32_t tile[3] = {kD, kTmaRows, 1};
-    const cuuint64_t dims[3] = {3 * cuuint64_t(s.C), cuuint64_t(s.Tn), cuuint64_t(s.B)};
+    const cuuint64_t dims[3] = {cuuint64_t(attention_geometry(s).ld), cuuint64_t(s.Tn),
+                                cuuint64_t(s.B)};
     return hopper_gemm::tensor_map_nd(x, true, 3, dims, tile);
 }
 
@@ -1019,7 +1048,8 @@ int64_t colsum_rows(const AttentionShape& s) {
 void dkdv_tma(bf16* dx, const bf16* dy, const bf16* x, const CUtensorMap& qm, const float* lse,
               const float* dsum, float* colsums, ColsumRows cr, const Geo& g,
               const AttentionShape& s, CUstream_st* st) {
-    static const bool smem_set = (allow_smem(dkdv_tma_kernel, kDkdvTmaSmemBytes), true);
+    static const bool smem_set = (allow_smem(dkdv_tma_kernel<false>, kDkdvTmaSmemBytes),
+                                  allow_smem(dkdv_tma_kernel<true>, kDkdvTmaSmemBytes), true);
     (void)smem_set;
     const cuuint64_t T = cuuint64_t(s.Tn), C = cuuint64_t(s.C), B = cuuint64_t(s.B);
     const cuuint32_t tile[3] = {kD, kTmaRows, 1}, row[2] = {kTmaRows, 1};
@@ -1028,8 +1058,13 @@ void dkdv_tma(bf16* dx, const bf16* dy, const bf16* x, const CUtensorMap& qm, co
     const CUtensorMap dm = hopper_gemm::tensor_map_nd(dy, true, 3, do_dims, tile);
     const CUtensorMap lm = hopper_gemm::tensor_map_nd(lse, false, 2, f_dims, row);
     const CUtensorMap sm = hopper_gemm::tensor_map_nd(dsum, false, 2, f_dims, row);
-    dkdv_tma_kernel<<<dim3(unsigned((s.Tn + kBlockRows - 1) / kBlockRows), unsigned(s.B * s.NH)),
-                      kThreads, kDkdvTmaSmemBytes, st>>>(dx, qm, dm, lm, sm, x, colsums, cr, g);
+    const dim3 grid(unsigned((s.Tn + kBlockRows - 1) / kBlockRows), unsigned(s.B * g.NKV));
+    if (g.group == 1)
+        dkdv_tma_kernel<false>
+            <<<grid, kThreads, kDkdvTmaSmemBytes, st>>>(dx, qm, dm, lm, sm, x, colsums, cr, g);
+    else
+        dkdv_tma_kernel<true>
+            <<<grid, kThreads, kDkdvTmaSmemBytes, st>>>(dx, qm, dm, lm, sm, x, colsums, cr, g);
 }
 
 template <int KT, int QT, int WGS>
@@ -1039,7 +1074,8 @@ void backward_tiles(bf16* dx, float* dsum, const bf16* dy, const bf16* out, cons
     static const bool smem_set =
         (allow_smem(dq_kernel<KT, false>, dq_smem_bytes<KT, false>()),
          allow_smem(dq_kernel<KT, KT == kTmaRows>, dq_smem_bytes<KT, KT == kTmaRows>()),
-         allow_smem(dkdv_kernel<QT, WGS>, dkdv_smem_bytes<QT, WGS>()), true);
+         allow_smem(dkdv_kernel<QT, WGS, false>, dkdv_smem_bytes<QT, WGS>()),
+         allow_smem(dkdv_kernel<QT, WGS, true>, dkdv_smem_bytes<QT, WGS>()), true);
     (void)smem_set;
     const bool dq_tma = KT == kTmaRows && s.tuning.wgmma_dq_tma;
     const bool dkdv_tma_on = QT == kTmaRows && WGS == 2 && s.tuning.wgmma_dkdv_tma && s.Tn % 4 == 0;
@@ -1047,7 +1083,7 @@ void backward_tiles(bf16* dx, float* dsum, const bf16* dy, const bf16* out, cons
     if (dq_tma || dkdv_tma_on) qm = qkv_map(x, s);
     const ColsumRows cr = colsum_layout(s, WGS);
     if (colsums && cr.step > 1)  // dQ leaves every other row of its columns unwritten
-        ZG_CUDA_CHECK(cudaMemsetAsync(colsums, 0, size_t(s.B * cr.per_batch) * 3 * s.C * 4, st));
+        ZG_CUDA_CHECK(cudaMemsetAsync(colsums, 0, size_t(s.B * cr.per_batch) * g.ld * 4, st));
     const unsigned bh = unsigned(s.B * s.NH);
     // dQ first: it writes the Dsum that the dK/dV kernel reads
     const dim3 dq_grid(unsigned((s.Tn + kBlockRows - 1) / kBlockRows), bh);
@@ -1063,9 +1099,14 @@ void backward_tiles(bf16* dx, float* dsum, const bf16* dy, const bf16* out, cons
         dkdv_tma(dx, dy, x, qm, lse, dsum, colsums, dkdv_rows, g, s, st);
         return;
     }
-    dkdv_kernel<QT, WGS>
-        <<<dim3(unsigned((s.Tn + WGS * kRows - 1) / (WGS * kRows)), bh), WGS * kWG,
-           dkdv_smem_bytes<QT, WGS>(), st>>>(dx, dy, x, lse, dsum, colsums, dkdv_rows, g);
+    // dK/dV: one block row per key/value head
+    const dim3 kv_grid(unsigned((s.Tn + WGS * kRows - 1) / (WGS * kRows)), unsigned(s.B * g.NKV));
+    if (g.group == 1)
+        dkdv_kernel<QT, WGS, false><<<kv_grid, WGS * kWG, dkdv_smem_bytes<QT, WGS>(), st>>>(
+            dx, dy, x, lse, dsum, colsums, dkdv_rows, g);
+    else
+        dkdv_kernel<QT, WGS, true><<<kv_grid, WGS * kWG, dkdv_smem_bytes<QT, WGS>(), st>>>(
+            dx, dy, x, lse, dsum, colsums, dkdv_rows, g);
 }
 
 void backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,

@@ -14,7 +14,7 @@ namespace zgpt::cuda::attention_wgmma {
 bool usable_forward(const AttentionShape& s, DType t);
 bool usable_backward(const AttentionShape& s, DType t);
 void forward(void* out, float* lse, const void* qkv, const AttentionShape& s, CUstream_st* st);
-// dqkv_colsums (optional): [colsum_rows(s), 3C], as attention_mma::backward writes them.
+// dqkv_colsums (optional): [colsum_rows(s), C + 2 KVC], as attention_mma::backward writes them.
 int64_t colsum_rows(const AttentionShape& s);
 void backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
               float* dsum, float* dqkv_colsums, const AttentionShape& s, CUstream_st* st);

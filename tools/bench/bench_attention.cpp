@@ -3,7 +3,8 @@
 // measured in the same run (cuBLASLt, 8192^3).
 //
 //   bench_attention [--out results.json] [--variants flash,flash_mma] [--iters 20]
-//                   [--shape B,T,C,NH] [--set kernels.attention_tuning.wgmma_dkdv_wgs=1 ...]
+//                   [--shape B,T,C,NH] [--kv-heads NKV]
+//                   [--set kernels.attention_tuning.wgmma_dkdv_wgs=1 ...]
 //
 // The floor counts the products a causal attention needs: forward S = Q K^T and O = P V over the
 // T (T + 1) / 2 query-key pairs of each head (4 hd FLOPs a pair), backward 2.5 times that (S is
@@ -36,6 +37,7 @@ namespace {
 struct Options {
     std::string out, only, shape = "64,1024,768,12";
     int iters = 20;
+    int64_t kv_heads = 0;  // grouped-query attention's key/value heads; 0: NH
     std::vector<std::string> sets;
 };
 
@@ -56,6 +58,9 @@ std::optional<Options> parse(int argc, char** argv, int& exit_code) {
                    "comma-separated variant names (default: flash,flash_mma)");
     app.add_option("--iters", o.iters, "timed iterations per direction")->capture_default_str();
     app.add_option("--shape", o.shape, "B,T,C,NH (GPT-2 124M's by default)")->capture_default_str();
+    app.add_option("--kv-heads", o.kv_heads,
+                   "key/value heads for grouped-query attention, a divisor of NH (0: NH)")
+        ->capture_default_str();
     app.add_option("--set", o.sets,
                    "kernels.attention_tuning.key=value (train --help lists them), applied to "
                    "every variant timed");
@@ -80,10 +85,19 @@ AttentionShape shape_of(const Options& o) {
     for (std::string item; std::getline(ss, item, ',');) v.push_back(std::stoll(item));
     ZG_CHECK(v.size() == 4 && v[0] > 0 && v[1] > 0 && v[2] > 0 && v[3] > 0 && v[2] % v[3] == 0,
              "--shape: expected B,T,C,NH with C a multiple of NH, got '" + o.shape + "'");
+    ZG_CHECK(o.kv_heads >= 0 && (o.kv_heads == 0 || v[3] % o.kv_heads == 0),
+             "--kv-heads: expected a divisor of NH (" + std::to_string(v[3]) + "), got " +
+                 std::to_string(o.kv_heads));
     AttentionShape sh;
     sh.B = v[0], sh.Tn = v[1], sh.C = v[2], sh.NH = v[3];
+    sh.NKV = o.kv_heads;
     sh.tuning = cfg.kernels.attention_tuning;
     return sh;
+}
+
+// A row of qkv: C + 2 KVC (3C without grouped-query attention)
+int64_t qkv_width(const AttentionShape& sh) {
+    return sh.C + 2 * (sh.NKV ? sh.NKV : sh.NH) * (sh.C / sh.NH);
 }
 
 // the registered variants --variants names (default: flash,flash_mma), in registry order
@@ -112,7 +126,8 @@ Floors floors_of(const AttentionShape& sh, double rate) {
 struct Buffers {
     void *qkv, *o, *dout, *dqkv;
     explicit Buffers(const AttentionShape& sh) {
-        const size_t n_qkv = size_t(sh.B) * sh.Tn * 3 * sh.C, n_out = size_t(sh.B) * sh.Tn * sh.C;
+        const size_t n_qkv = size_t(sh.B) * sh.Tn * qkv_width(sh),
+                     n_out = size_t(sh.B) * sh.Tn * sh.C;
         CK(cudaMalloc(&qkv, n_qkv * 2));
         CK(cudaMalloc(&dqkv, n_qkv * 2));
         CK(cudaMalloc(&o, n_out * 2));
@@ -137,7 +152,7 @@ nlohmann::json run_variant(const AttentionVariant& v, const Buffers& b, const At
     const int64_t cs_rows = v.colsum_rows(sh, zgpt::DType::bf16);
     if (saved_b) CK(cudaMalloc(&saved, saved_b));
     if (scratch_b) CK(cudaMalloc(&scratch, scratch_b));
-    if (cs_rows) CK(cudaMalloc(&colsums, size_t(cs_rows) * 3 * sh.C * 4));
+    if (cs_rows) CK(cudaMalloc(&colsums, size_t(cs_rows) * qkv_width(sh) * 4));
     auto forward = [&] { v.forward(b.o, saved, b.qkv, sh, zgpt::DType::bf16, nullptr); };
     const double fwd_ms = time_ms(forward, iters);
     const double bwd_ms = time_ms(
@@ -168,7 +183,12 @@ void write_json(const std::string& path, const zgpt::cuda::DeviceInfo& dev,
     std::ofstream out(path);
     out << nlohmann::json{{"device", dev.name},
                           {"matmul_TFLOPs", f.rate / 1e12},
-                          {"shape", {{"B", sh.B}, {"T", sh.Tn}, {"C", sh.C}, {"NH", sh.NH}}},
+                          {"shape",
+                           {{"B", sh.B},
+                            {"T", sh.Tn},
+                            {"C", sh.C},
+                            {"NH", sh.NH},
+                            {"NKV", sh.NKV ? sh.NKV : sh.NH}}},
                           {"sets", o.sets},
                           {"fwd_floor_ms", f.fwd_ms},
                           {"bwd_floor_ms", f.bwd_ms},
@@ -198,11 +218,11 @@ int main(int argc, char** argv) {
     const Floors f = floors_of(sh, matmul_rate(opt->iters));
     std::printf(
         "device %s, %d SMs; bf16 matmul 8192^3 through cuBLASLt: %.1f TFLOP/s\n"
-        "B=%lld T=%lld C=%lld NH=%lld: forward %.3f TFLOP (floor %.3f ms), backward %.3f TFLOP "
-        "(floor %.3f ms)\n",
+        "B=%lld T=%lld C=%lld NH=%lld NKV=%lld: forward %.3f TFLOP (floor %.3f ms), backward "
+        "%.3f TFLOP (floor %.3f ms)\n",
         dev.name.c_str(), dev.sm_count, f.rate / 1e12, (long long)sh.B, (long long)sh.Tn,
-        (long long)sh.C, (long long)sh.NH, f.fwd_flops / 1e12, f.fwd_ms, f.bwd_flops / 1e12,
-        f.bwd_ms);
+        (long long)sh.C, (long long)sh.NH, (long long)(sh.NKV ? sh.NKV : sh.NH), f.fwd_flops / 1e12,
+        f.fwd_ms, f.bwd_flops / 1e12, f.bwd_ms);
     nlohmann::json rows = nlohmann::json::array();
     {
         const Buffers buf(sh);
