@@ -5,7 +5,8 @@ per-step loss of both and their difference.
 
 The PyTorch side reads what `parity_inputs` dumps (the trainer's initial weights, parameter table
 and loader batches, one rank) and follows our recipe: the same architecture (bias, tied
-embeddings, qk_norm, tanh GELU, padded vocabulary masked out of the loss), cross-entropy with
+embeddings, qk_norm, tanh GELU, padded vocabulary masked out of the loss, and docs/llama.md's
+options: RMSNorm, rotary positions, SwiGLU, grouped-query attention), cross-entropy with
 label smoothing and z-loss (kernels/loss_head/cross_entropy.h), one normalisation by the step's valid
 tokens over all micro-batches, global-norm clipping, AdamW with weight decay on the tensors our
 table marks, and our LR schedule. fp32, or bf16 autocast (PyTorch keeps fp32 weights and a fp32
@@ -68,8 +69,54 @@ class RoundBF16(torch.autograd.Function):
         return g.to(torch.bfloat16).to(g.dtype)
 
 
+def rms_norm(x, w, eps):  # kernels/norms/rmsnorm.cpp: (x / sqrt(mean(x^2) + eps)) w, in fp32
+    xf = x.float()
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rope(x, theta):
+    """Rotary embedding of x [B, T, heads, hs] as kernels/ops/rope.cpp: channel i pairs with
+    i + hs/2 (Hugging Face's rotate_half), angle t theta^(-2i/hs), cos/sin and the rotation in
+    double, rounded once to x's dtype."""
+    T, hs = x.shape[1], x.shape[3]
+    half = hs // 2
+    i = torch.arange(half, dtype=torch.float64, device=x.device)
+    t = torch.arange(T, dtype=torch.float64, device=x.device)
+    a = t[:, None] * theta ** (-2.0 * i / hs)
+    c, s = a.cos()[None, :, None, :], a.sin()[None, :, None, :]
+    xd = x.double()
+    x1, x2 = xd[..., :half], xd[..., half:]
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)
+
+
+def param_names(m, llama):
+    """Where each tensor lives in our table (model/parameters.cpp): GPT-2's names, or Hugging Face
+    Llama's when any Llama-style option is on. qkv and fc list the matrices that lie one after
+    another in our arena and act as one (q, k, v; SwiGLU's gate and up)."""
+    if not llama:
+        def layer(l):
+            p = f"transformer.h.{l}."
+            return dict(ln1=p + "ln_1", qkv=[p + "attn.c_attn"], q_norm=p + "attn.q_norm",
+                        k_norm=p + "attn.k_norm", proj=p + "attn.c_proj", ln2=p + "ln_2",
+                        fc=[p + "mlp.c_fc"], fcproj=p + "mlp.c_proj")
+        return dict(wte="transformer.wte.weight", wpe="transformer.wpe.weight", lnf="transformer.ln_f",
+                    lm_head="lm_head.weight", layer=layer)
+
+    def layer(l):
+        p = f"model.layers.{l}."
+        a = p + "self_attn."
+        fc = [p + "mlp.gate_proj", p + "mlp.up_proj"] if m["mlp"] == "swiglu" else [p + "mlp.up_proj"]
+        return dict(ln1=p + "input_layernorm", qkv=[a + "q_proj", a + "k_proj", a + "v_proj"],
+                    q_norm=a + "q_norm", k_norm=a + "k_norm", proj=a + "o_proj",
+                    ln2=p + "post_attention_layernorm", fc=fc, fcproj=p + "mlp.down_proj")
+    return dict(wte="model.embed_tokens.weight", wpe="model.embed_positions.weight", lnf="model.norm",
+                lm_head="lm_head.weight", layer=layer)
+
+
 class TorchGPT:
-    """Our GPT over named tensors cut from our weight arena (matrices are [out, in], as F.linear)."""
+    """Our GPT over named tensors cut from our weight arena (matrices are [out, in], as F.linear),
+    with the Llama-style options of docs/llama.md: RMSNorm, rotary positions, SwiGLU and
+    grouped-query attention."""
 
     def __init__(self, run, arena, device, round_residual=False):
         self.round_residual = round_residual
@@ -80,34 +127,60 @@ class TorchGPT:
             t = torch.from_numpy(arena[p["offset"]: p["offset"] + n].reshape(p["shape"]).copy())
             self.P[p["name"]] = t.to(device).requires_grad_(True)
         self.decay = {p["name"]: p["decay"] for p in run["params"]}
+        self.names = param_names(self.m, "model.embed_tokens.weight" in self.P)
 
     def get(self, name):
         return self.P.get(name)
 
+    def joined(self, names, suffix):
+        """The tensors that our arena holds as one matrix (or bias), as one tensor; None if absent."""
+        ts = [self.P[n + suffix] for n in names if n + suffix in self.P]
+        return None if not ts else ts[0] if len(ts) == 1 else torch.cat(ts)
+
+    def norm(self, x, name, n):
+        m, g = self.m, self.get
+        if m["norm"] == "rmsnorm":
+            return rms_norm(x, self.P[name + ".weight"], m["ln_eps"])
+        return F.layer_norm(x, (n,), self.P[name + ".weight"], g(name + ".bias"), m["ln_eps"])
+
     def forward(self, idx):
-        m, P, g = self.m, self.P, self.get
+        m, P, N = self.m, self.P, self.names
         B, T = idx.shape
-        C, H, eps = m["n_embd"], m["n_head"], m["ln_eps"]
+        C, H = m["n_embd"], m["n_head"]
+        KV = m["n_kv_head"] or H
         hs = C // H
+        rotary = m["position"] == "rope"
         r = RoundBF16.apply if self.round_residual else (lambda z: z)
-        x = r(P["transformer.wte.weight"][idx] + P["transformer.wpe.weight"][:T])
+        x = P[N["wte"]][idx]
+        if not rotary:
+            x = x + P[N["wpe"]][:T]
+        x = r(x)
         for l in range(m["n_layer"]):
-            p = f"transformer.h.{l}."
-            h = F.layer_norm(x, (C,), P[p + "ln_1.weight"], g(p + "ln_1.bias"), eps)
-            qkv = F.linear(h, P[p + "attn.c_attn.weight"], g(p + "attn.c_attn.bias"))
-            q, k, v = (z.view(B, T, H, hs) for z in qkv.split(C, dim=2))
+            L = N["layer"](l)
+            h = self.norm(x, L["ln1"], C)
+            qkv = F.linear(h, self.joined(L["qkv"], ".weight"), self.joined(L["qkv"], ".bias"))
+            q, k, v = qkv.split([C, KV * hs, KV * hs], dim=2)
+            q, k, v = q.view(B, T, H, hs), k.view(B, T, KV, hs), v.view(B, T, KV, hs)
             if m["qk_norm"]:
-                q = F.layer_norm(q, (hs,), P[p + "attn.q_norm.weight"], g(p + "attn.q_norm.bias"), eps)
-                k = F.layer_norm(k, (hs,), P[p + "attn.k_norm.weight"], g(p + "attn.k_norm.bias"), eps)
-            y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                               is_causal=True)
+                q, k = self.norm(q, L["q_norm"], hs), self.norm(k, L["k_norm"], hs)
+            if rotary:  # after qk_norm (Qwen3, OLMo 2)
+                q, k = rope(q, m["rope_theta"]), rope(k, m["rope_theta"])
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            if KV != H:  # query head h reads key/value head h / (H / KV)
+                k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             y = y.transpose(1, 2).reshape(B, T, C)
-            x = r(x + F.linear(y, P[p + "attn.c_proj.weight"], g(p + "attn.c_proj.bias")))
-            h = F.layer_norm(x, (C,), P[p + "ln_2.weight"], g(p + "ln_2.bias"), eps)
-            h = F.gelu(F.linear(h, P[p + "mlp.c_fc.weight"], g(p + "mlp.c_fc.bias")), approximate="tanh")
-            x = r(x + F.linear(h, P[p + "mlp.c_proj.weight"], g(p + "mlp.c_proj.bias")))
-        x = F.layer_norm(x, (C,), P["transformer.ln_f.weight"], g("transformer.ln_f.bias"), eps)
-        head = P["transformer.wte.weight"] if m["tie_embeddings"] else P["lm_head.weight"]
+            x = r(x + F.linear(y, P[L["proj"] + ".weight"], self.get(L["proj"] + ".bias")))
+            h = self.norm(x, L["ln2"], C)
+            h = F.linear(h, self.joined(L["fc"], ".weight"), self.joined(L["fc"], ".bias"))
+            if m["mlp"] == "swiglu":  # gate and up: one [2H, C] matrix
+                gate, up = h.chunk(2, dim=-1)
+                h = F.silu(gate) * up
+            else:
+                h = F.gelu(h, approximate="tanh")
+            x = r(x + F.linear(h, P[L["fcproj"] + ".weight"], self.get(L["fcproj"] + ".bias")))
+        x = self.norm(x, N["lnf"], C)
+        head = P[N["wte"]] if m["tie_embeddings"] else P[N["lm_head"]]
         return F.linear(x, head)[..., : m["vocab_size"]]  # padded rows never enter the softmax
 
 
@@ -121,6 +194,26 @@ def loss_sum(logits, y, lossc):
     ce = (1 - eps) * (lse - xy) + eps * (lse - x.mean(dim=-1))
     per_row = ce + lossc["z_loss_weight"] * lse * lse
     return torch.where(valid, per_row, torch.zeros_like(per_row)).sum()
+
+
+def model_options(bin_dir, config, sets):
+    """The model section of the resolved config (`train --print-config`: flat `key: value` lines),
+    for the Llama-style options that run.json does not list."""
+    out, section = {}, None
+    for line in run([f"{bin_dir}/train", "-c", config, *sets, "--print-config"]).splitlines():
+        if line and not line.startswith(" "):
+            section = line.rstrip(":")
+        elif section == "model" and ":" in line:
+            k, v = (z.strip() for z in line.split(":", 1))
+            v = v.strip('"')
+            for conv in (int, float):
+                try:
+                    v = conv(v)
+                    break
+                except ValueError:
+                    pass
+            out[k] = {"true": True, "false": False}.get(v, v) if isinstance(v, str) else v
+    return out
 
 
 def train_torch(run, arena, batches, device, dtype, steps):
@@ -200,6 +293,8 @@ def main():
         sets += ["--set", kv]
     run([f"{a.bin}/parity_inputs", "-c", a.config, *sets, "--steps", str(a.steps), "-o", str(work / "inputs")])
     runj = json.loads((work / "inputs/run.json").read_text())
+    for k, v in model_options(a.bin, a.config, sets).items():  # run.json's keys win
+        runj["model"].setdefault(k, v)
     tr = runj["train"]
     arena = np.fromfile(work / "inputs/init.f32", dtype=np.float32)
     assert arena.size == runj["num_parameters"], "init.f32 does not match the parameter table"
