@@ -22,7 +22,7 @@ struct ModelConfig {
     double init_std = 0.02;
     double ln_eps = 1e-5;   // epsilon of every norm (LayerNorm or RMSNorm)
     std::string init_from;  // a Hugging Face GPT-2 or Llama model.safetensors; "": random init
-    // Llama-style options (docs/llama.md); the defaults are GPT-2's block. CPU only for now.
+    // Llama-style options (docs/llama.md); the defaults are GPT-2's block.
     std::string norm = "layernorm";    // layernorm | rmsnorm (RMSNorm has a weight and no bias)
     std::string position = "learned";  // learned (wpe) | rope (rotary, on q and k)
     double rope_theta = 10000.0;       // rope: the base of the rotation frequencies
@@ -40,8 +40,6 @@ int64_t mlp_hidden_size(const ModelConfig& c);
 // True when any Llama-style option is away from GPT-2's default: the parameter table then takes
 // Hugging Face Llama's names (model/parameters.cpp).
 bool llama_style(const ModelConfig& c);
-// Throws naming the first option that only the CPU model implements (the CUDA model's check).
-void check_gpt2_block(const ModelConfig& c, const std::string& who);
 
 // The kernel variant chosen for each op family on the GPU (the config's `kernels:` section; the
 // CPU backend has one reference implementation of each and records the choice only).

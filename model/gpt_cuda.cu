@@ -35,15 +35,22 @@ GptCuda::Impl::Impl(const ModelConfig& c, const CudaModelOptions& o)
       rt(o.fp32_residual ? DType::f32 : o.precision),
       res_es(dtype_bytes(rt)) {
     validate(cfg);
-    check_gpt2_block(cfg, "the CUDA model");
+    NKV = kv_heads(cfg);
+    Cq = cfg.n_embd + 2 * NKV * (cfg.n_embd / cfg.n_head);
+    Hm = mlp_hidden_size(cfg);
+    swiglu = cfg.mlp == "swiglu";
+    Fw = swiglu ? 2 * Hm : Hm;
+    rms = cfg.norm == "rmsnorm";
+    rope = cfg.position == "rope";
     validate_kernels(opt.kernels, t);
     ZG_CHECK(opt.head_chunks >= 1 && opt.head_chunks <= kMaxHeadChunks,
              "head_chunks must be in [1, " + std::to_string(kMaxHeadChunks) + "]");
     attention = &cuda::find_attention_variant(opt.kernels.attention);
     ln_variant = LayernormVariant(kernel_variant("layernorm", opt.kernels.layernorm));
     mm_variant = MatmulVariant(kernel_variant("matmul", opt.kernels.matmul));
-    fc_bias_in_dw =
-        opt.kernels.fc_bias_in_dw && cfg.bias && mm_variant == MatmulVariant::fused_epilogue;
+    // the ones column rides on fc's input rows into the GELU GEMM's epilogue path only
+    fc_bias_in_dw = opt.kernels.fc_bias_in_dw && cfg.bias && !swiglu &&
+                    mm_variant == MatmulVariant::fused_epilogue;
     ZG_CHECK(opt.kernels.matmul_wgmma_schedule == "cooperative" ||
                  opt.kernels.matmul_wgmma_schedule == "pingpong",
              "kernels.matmul_wgmma_schedule: cooperative or pingpong, not '" +
@@ -123,10 +130,10 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
     B = b;
     Tn = tn;
     const int64_t BT = B * Tn, C = cfg.n_embd, NH = cfg.n_head, L = cfg.n_layer;
-    const cuda::AttentionShape shape{B, Tn, C, NH, opt.kernels.attention_tuning};
+    const cuda::AttentionShape shape = attention_shape();
     residual.clear();
     layers.clear();
-    if (fc_bias_in_dw) fc_dw_scratch = f32(4 * C * ln2_ld());
+    if (fc_bias_in_dw) fc_dw_scratch = f32(Fw * ln2_ld());
     for (int64_t l = 0; l <= L; l++) residual.push_back(res_act(BT * C));
     for (int64_t l = 0; l < L; l++) {
         Layer a;
@@ -134,13 +141,13 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
         a.ln1_mean = f32(BT);
         a.ln1_rstd = f32(BT);
         if (cfg.qk_norm) {
-            a.qkv_raw = act(BT * 3 * C);
+            a.qkv_raw = act(BT * Cq);
             a.q_mean = f32(BT * NH);
             a.q_rstd = f32(BT * NH);
-            a.k_mean = f32(BT * NH);
-            a.k_rstd = f32(BT * NH);
+            a.k_mean = f32(BT * NKV);
+            a.k_rstd = f32(BT * NKV);
         }
-        a.qkv = act(BT * 3 * C);
+        a.qkv = act(BT * Cq);
         a.att_saved = DeviceBuffer(attention->saved_bytes(shape));
         a.atty = act(BT * C);
         a.res_attn = res_act(BT * C);
@@ -148,8 +155,8 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
         if (fc_bias_in_dw && a.ln2.get()) set_ones_column(a.ln2.get(), BT, C, ln2_ld(), t);
         a.ln2_mean = f32(BT);
         a.ln2_rstd = f32(BT);
-        a.fch = act(BT * 4 * C);
-        if (!opt.recompute_gelu) a.fch_gelu = act(BT * 4 * C);
+        a.fch = act(BT * Fw);
+        if (!opt.recompute_gelu) a.fch_gelu = act(BT * Hm);
         layers.push_back(std::move(a));
     }
     lnf = act(BT * C);
@@ -192,19 +199,29 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
     dres = res_act(BT * C);
     if (rt != t) dres_act = act(BT * C);
     dtmp = act(BT * C);
-    if (opt.recompute_gelu) gelu_tmp = act(BT * 4 * C);
+    if (opt.recompute_gelu) gelu_tmp = act(BT * Hm);
+    dact = swiglu ? act(BT * Hm) : DeviceBuffer();
+    if (rope) {
+        const std::vector<float> tab = cuda::rope_table(Tn, C / NH, cfg.rope_theta);
+        rope_tab = DeviceBuffer(tab.size() * 4);
+        if (rope_tab.get())  // (not when only sizing)
+            ZG_CUDA_CHECK(
+                cudaMemcpy(rope_tab.get(), tab.data(), tab.size() * 4, cudaMemcpyHostToDevice));
+    }
     att_scratch = DeviceBuffer(attention->scratch_bytes(shape));
-    // with qk_norm the bias gradient is of the pre-norm q and k, not of what attention wrote
-    if (cfg.bias && !cfg.qk_norm) qkv_colsum_rows = attention->colsum_rows(shape, t);
+    // with qk_norm or rotary positions the bias gradient is of the q and k the qkv matmul wrote,
+    // not of what attention read
+    qkv_colsum_rows = 0;
+    if (cfg.bias && !cfg.qk_norm && !rope) qkv_colsum_rows = attention->colsum_rows(shape, t);
     if (qkv_colsum_rows > 0)
-        qkv_colsums = DeviceBuffer(size_t(qkv_colsum_rows) * 3 * C * sizeof(float));
+        qkv_colsums = DeviceBuffer(size_t(qkv_colsum_rows) * Cq * sizeof(float));
     if (cfg.bias && opt.kernels.layernorm_bias_sums) {
         mlp_bias_sums = DeviceBuffer(cuda::layernorm_backward_sums_bytes(BT, C));
         attn_bias_sums = DeviceBuffer(cuda::layernorm_backward_sums_bytes(BT, C));
     }
     ln_scratch = DeviceBuffer(std::max(cuda::layernorm_backward_scratch_bytes(BT, C),
                                        cuda::layernorm_backward_scratch_bytes(BT * NH, C / NH)));
-    bias_scratch = DeviceBuffer(cuda::bias_backward_scratch_bytes(BT, 4 * C));
+    bias_scratch = DeviceBuffer(cuda::bias_backward_scratch_bytes(BT, std::max({C, Cq, Fw})));
     const KernelChoice& k = opt.kernels;
     const size_t ws =
         linear_ce && sharded
@@ -219,8 +236,7 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
     // branch_out (the final LayerNorm) and returns before the backward first writes dqkv or dfch.
     // The head with its logits in memory keeps them into the backward, so it shares nothing.
     // Their offsets come from a measuring WorkspaceLayout: each part 256-byte aligned.
-    const size_t nb = size_t(BT * C) * es, nq = size_t(BT * 3 * C) * es,
-                 nf = size_t(BT * 4 * C) * es;
+    const size_t nb = size_t(BT * C) * es, nq = size_t(BT * Cq) * es, nf = size_t(BT * Fw) * es;
     WorkspaceLayout parts(nullptr);
     parts.take<unsigned char>(nb);
     const size_t q0 = parts.bytes();
@@ -344,13 +360,16 @@ void GptCuda::Impl::add_norm(void* res_out, void* norm_out, float* mean, float* 
                              int64_t norm_ld) {
     // residual_in_matmul where its GEMM cannot take the add (fp32 residual stream, separate
     // epilogues) falls back to the fused kernel
-    if (ln_variant != LayernormVariant::separate) {
+    if (ln_variant != LayernormVariant::separate && rms) {
+        cuda::residual_rmsnorm_forward(res_out, norm_out, rstd, a, b, wr(w_idx), N, C, cfg.ln_eps,
+                                       t, rt, stream, norm_ld);
+    } else if (ln_variant != LayernormVariant::separate) {
         cuda::residual_layernorm_forward(res_out, norm_out, mean, rstd, a, b, wr(w_idx), wr(b_idx),
                                          N, C, cfg.ln_eps, t, rt, stream, norm_ld);
     } else {
         cuda::residual_forward(res_out, a, b, N * C, t, rt, stream);
-        cuda::layernorm_forward(norm_out, {1, norm_ld}, mean, rstd, res_out, {1, C}, wr(w_idx),
-                                wr(b_idx), N, C, cfg.ln_eps, t, rt, stream);
+        norm_forward(norm_out, {1, norm_ld}, mean, rstd, res_out, {1, C}, wr(w_idx), wr(b_idx), N,
+                     C, rt);
     }
 }
 
@@ -376,8 +395,8 @@ void GptCuda::Impl::project_add_norm(void* res_out, void* norm_out, float* mean,
     gm.beta = 1.0f;
     cuda::gemm(gm, stream);  // cuBLASLt: the wgmma kernel has no C operand
     tick("matmul fwd");
-    cuda::layernorm_forward(norm_out, {1, norm_ld}, mean, rstd, res_out, {1, C}, wr(ln_w), wr(ln_b),
-                            BT, C, cfg.ln_eps, t, rt, stream);
+    norm_forward(norm_out, {1, norm_ld}, mean, rstd, res_out, {1, C}, wr(ln_w), wr(ln_b), BT, C,
+                 rt);
     tick("residual + layernorm fwd");
 }
 
@@ -402,46 +421,56 @@ void GptCuda::Impl::forward(const int32_t* host_tokens, int64_t b, int64_t tn) {
                               wr(layout.wpe), B, Tn, C, rt, stream);
     }
     tick("encoder fwd");
-    const cuda::AttentionShape shape{B, Tn, C, NH, opt.kernels.attention_tuning};
-    cuda::layernorm_forward(layers[0].ln1.get(), {1, C}, layers[0].ln1_mean.as<float>(),
-                            layers[0].ln1_rstd.as<float>(), residual[0].get(), {1, C},
-                            wr(layout.blocks[0].ln1_w), wr(layout.blocks[0].ln1_b), BT, C,
-                            cfg.ln_eps, t, rt, stream);
+    const cuda::AttentionShape shape = attention_shape();
+    norm_forward(layers[0].ln1.get(), {1, C}, layers[0].ln1_mean.as<float>(),
+                 layers[0].ln1_rstd.as<float>(), residual[0].get(), {1, C},
+                 wr(layout.blocks[0].ln1_w), wr(layout.blocks[0].ln1_b), BT, C, rt);
     tick("layernorm fwd");
     for (int64_t l = 0; l < L; l++) {
         const BlockParams& p = layout.blocks[l];
         Layer& a = layers[l];
+        const int64_t KVC = NKV * hs;
         if (cfg.qk_norm) {
-            linear_forward(a.qkv_raw.get(), a.ln1.get(), p.qkv_w, p.qkv_b, BT, C, 3 * C);
-            const cuda::RowMap heads{NH, 3 * C};
+            linear_forward(a.qkv_raw.get(), a.ln1.get(), p.qkv_w, p.qkv_b, BT, C, Cq);
+            const cuda::RowMap qh{NH, Cq}, kh{NKV, Cq};
             const char* raw = a.qkv_raw.as<char>();
             char* qkv = a.qkv.as<char>();
-            cuda::layernorm_forward(qkv, heads, a.q_mean.as<float>(), a.q_rstd.as<float>(), raw,
-                                    heads, w(p.q_norm_w), w(p.q_norm_b), BT * NH, hs, cfg.ln_eps, t,
-                                    stream);
-            cuda::layernorm_forward(qkv + C * es, heads, a.k_mean.as<float>(), a.k_rstd.as<float>(),
-                                    raw + C * es, heads, w(p.k_norm_w), w(p.k_norm_b), BT * NH, hs,
-                                    cfg.ln_eps, t, stream);
-            ZG_CUDA_CHECK(cudaMemcpy2DAsync(qkv + 2 * C * es, 3 * C * es, raw + 2 * C * es,
-                                            3 * C * es, C * es, BT, cudaMemcpyDeviceToDevice,
+            norm_forward(qkv, qh, a.q_mean.as<float>(), a.q_rstd.as<float>(), raw, qh,
+                         w(p.q_norm_w), w(p.q_norm_b), BT * NH, hs, t);
+            norm_forward(qkv + C * es, kh, a.k_mean.as<float>(), a.k_rstd.as<float>(), raw + C * es,
+                         kh, w(p.k_norm_w), w(p.k_norm_b), BT * NKV, hs, t);
+            ZG_CUDA_CHECK(cudaMemcpy2DAsync(qkv + (C + KVC) * es, Cq * es, raw + (C + KVC) * es,
+                                            Cq * es, KVC * es, BT, cudaMemcpyDeviceToDevice,
                                             stream));
         } else {
-            linear_forward(a.qkv.get(), a.ln1.get(), p.qkv_w, p.qkv_b, BT, C, 3 * C);
+            linear_forward(a.qkv.get(), a.ln1.get(), p.qkv_w, p.qkv_b, BT, C, Cq);
         }
         tick("matmul fwd (qkv, qk_norm)");
+        if (rope) {  // q's and k's heads, side by side at the start of each row
+            cuda::rope_forward(a.qkv.get(), rope_tab.as<float>(), B, Tn, NH + NKV, hs, Cq, t,
+                               stream);
+            tick("rope fwd");
+        }
         attention->forward(a.atty.get(), a.att_saved.get(), a.qkv.get(), shape, t, stream);
         tick("attention fwd");
         project_add_norm(a.res_attn.get(), a.ln2.get(), a.ln2_mean.as<float>(),
                          a.ln2_rstd.as<float>(), residual[l].get(), a.atty.get(), p.proj_w,
                          p.proj_b, C, p.ln2_w, p.ln2_b, ln2_ld());
-        void* gelu = opt.recompute_gelu ? gelu_tmp.get() : a.fch_gelu.get();
-        fc_gelu_forward(a.fch.get(), gelu, a.ln2.get(), p.fc_w, p.fc_b, BT, C, 4 * C, ln2_ld());
-        tick("matmul fwd (fc + GELU)");
+        void* gelu = opt.recompute_gelu ? gelu_tmp.get() : a.fch_gelu.get();  // or SwiGLU's
+        if (swiglu) {  // gate and up: one matmul, then the elementwise gate
+            linear_forward(a.fch.get(), a.ln2.get(), p.fc_w, p.fc_b, BT, C, Fw);
+            tick("matmul fwd");
+            cuda::swiglu_forward(gelu, a.fch.get(), BT, Hm, t, stream);
+            tick("swiglu fwd");
+        } else {
+            fc_gelu_forward(a.fch.get(), gelu, a.ln2.get(), p.fc_w, p.fc_b, BT, C, Hm, ln2_ld());
+            tick("matmul fwd (fc + GELU)");
+        }
         const bool last = l == L - 1;
         project_add_norm(residual[l + 1].get(), last ? lnf.get() : layers[l + 1].ln1.get(),
                          last ? lnf_mean.as<float>() : layers[l + 1].ln1_mean.as<float>(),
                          last ? lnf_rstd.as<float>() : layers[l + 1].ln1_rstd.as<float>(),
-                         a.res_attn.get(), gelu, p.fcproj_w, p.fcproj_b, 4 * C,
+                         a.res_attn.get(), gelu, p.fcproj_w, p.fcproj_b, Hm,
                          last ? layout.lnf_w : layout.blocks[l + 1].ln1_w,
                          last ? layout.lnf_b : layout.blocks[l + 1].ln1_b);
     }
@@ -531,7 +560,7 @@ void GptCuda::Impl::backward() {
     ZG_CHECK(grads_ready, "backward() needs forward() and loss(..., compute_grad=true) first");
     grads_ready = false;
     const int64_t BT = B * Tn, C = cfg.n_embd, NH = cfg.n_head, hs = C / NH, L = cfg.n_layer;
-    const cuda::AttentionShape shape{B, Tn, C, NH, opt.kernels.attention_tuning};
+    const cuda::AttentionShape shape = attention_shape();
     // head: dtmp = dlnf
     tick(nullptr);
     mark(4);
@@ -546,37 +575,46 @@ void GptCuda::Impl::backward() {
     cuda::ColumnSumParts mlp_sums{mlp_bias_sums.as<float>()}, attn_sums{attn_bias_sums.as<float>()};
     before_write(dres.get());
     before_write(mlp_sums.parts);
-    cuda::layernorm_backward(dres.get(), {1, C}, false, g(layout.lnf_w), g(layout.lnf_b),
-                             dtmp.get(), {1, C}, residual[L].get(), {1, C}, wr(layout.lnf_w),
-                             lnf_mean.as<float>(), lnf_rstd.as<float>(), BT, C, ln_scratch.get(), t,
-                             rt, stream, ln_sums ? &mlp_sums : nullptr);
+    norm_backward(dres.get(), {1, C}, false, g(layout.lnf_w), g(layout.lnf_b), dtmp.get(), {1, C},
+                  residual[L].get(), {1, C}, wr(layout.lnf_w), lnf_mean.as<float>(),
+                  lnf_rstd.as<float>(), BT, C, rt, ln_sums ? &mlp_sums : nullptr);
     tick("layernorm bwd");
     for (int64_t l = L - 1; l >= 0; l--) {
         const BlockParams& p = layout.blocks[l];
         Layer& a = layers[l];
         // MLP branch
-        void* gelu = a.fch_gelu.get();
+        void* gelu = a.fch_gelu.get();  // or SwiGLU's output
         if (opt.recompute_gelu) {
             gelu = gelu_tmp.get();
             before_write(gelu);
-            cuda::gelu_forward(gelu, a.fch.get(), BT * 4 * C, t, stream);
+            if (swiglu)
+                cuda::swiglu_forward(gelu, a.fch.get(), BT, Hm, t, stream);
+            else
+                cuda::gelu_forward(gelu, a.fch.get(), BT * Hm, t, stream);
             tick("GELU recompute");
         }
-        before_write(dfch.get());
-        if (!linear_backward(dfch.get(), dres_for_matmul(), gelu, p.fcproj_w, p.fcproj_b, BT, 4 * C,
-                             C, a.fch.get(), false, mlp_sums.rows > 0 ? mlp_sums.parts : nullptr,
-                             mlp_sums.rows)) {
-            cuda::gelu_backward(dfch.get(), a.fch.get(), dfch.get(), BT * 4 * C, t, stream);
-            tick("GELU bwd");
+        const float* mlp_parts = mlp_sums.rows > 0 ? mlp_sums.parts : nullptr;
+        if (swiglu) {
+            linear_backward(dact.get(), dres_for_matmul(), gelu, p.fcproj_w, p.fcproj_b, BT, Hm, C,
+                            nullptr, false, mlp_parts, mlp_sums.rows);
+            before_write(dfch.get());
+            cuda::swiglu_backward(dfch.get(), a.fch.get(), dact.get(), BT, Hm, t, stream);
+            tick("swiglu bwd");
+        } else {
+            before_write(dfch.get());
+            if (!linear_backward(dfch.get(), dres_for_matmul(), gelu, p.fcproj_w, p.fcproj_b, BT,
+                                 Hm, C, a.fch.get(), false, mlp_parts, mlp_sums.rows)) {
+                cuda::gelu_backward(dfch.get(), a.fch.get(), dfch.get(), BT * Hm, t, stream);
+                tick("GELU bwd");
+            }
         }
-        linear_backward(dtmp.get(), dfch.get(), a.ln2.get(), p.fc_w, p.fc_b, BT, C, 4 * C, nullptr,
+        linear_backward(dtmp.get(), dfch.get(), a.ln2.get(), p.fc_w, p.fc_b, BT, C, Fw, nullptr,
                         false, nullptr, 0, fc_bias_in_dw);
         before_write(dres.get());
         before_write(attn_sums.parts);
-        cuda::layernorm_backward(dres.get(), {1, C}, true, g(p.ln2_w), g(p.ln2_b), dtmp.get(),
-                                 {1, C}, a.res_attn.get(), {1, C}, wr(p.ln2_w),
-                                 a.ln2_mean.as<float>(), a.ln2_rstd.as<float>(), BT, C,
-                                 ln_scratch.get(), t, rt, stream, ln_sums ? &attn_sums : nullptr);
+        norm_backward(dres.get(), {1, C}, true, g(p.ln2_w), g(p.ln2_b), dtmp.get(), {1, C},
+                      a.res_attn.get(), {1, C}, wr(p.ln2_w), a.ln2_mean.as<float>(),
+                      a.ln2_rstd.as<float>(), BT, C, rt, ln_sums ? &attn_sums : nullptr);
         tick("layernorm bwd");
         // attention branch
         linear_backward(dtmp.get(), dres_for_matmul(), a.atty.get(), p.proj_w, p.proj_b, BT, C, C,
@@ -587,28 +625,29 @@ void GptCuda::Impl::backward() {
         attention->backward(dqkv.get(), dtmp.get(), a.qkv.get(), a.atty.get(), a.att_saved.get(),
                             att_scratch.get(), qkv_colsums.as<float>(), shape, t, stream);
         tick("attention bwd");
+        if (rope) {  // the inverse rotation, in place on q's and k's heads
+            cuda::rope_backward(dqkv.get(), rope_tab.as<float>(), B, Tn, NH + NKV, hs, Cq, t,
+                                stream);
+            tick("rope bwd");
+        }
         if (cfg.qk_norm) {  // in place: dqkv's q and k parts become the pre-norm gradients
-            const cuda::RowMap heads{NH, 3 * C};
+            const cuda::RowMap qh{NH, Cq}, kh{NKV, Cq};
             char* d = dqkv.as<char>();
             const char* raw = a.qkv_raw.as<char>();
-            cuda::layernorm_backward(d, heads, false, g(p.q_norm_w), g(p.q_norm_b), d, heads, raw,
-                                     heads, w(p.q_norm_w), a.q_mean.as<float>(),
-                                     a.q_rstd.as<float>(), BT * NH, hs, ln_scratch.get(), t,
-                                     stream);
-            cuda::layernorm_backward(d + C * es, heads, false, g(p.k_norm_w), g(p.k_norm_b),
-                                     d + C * es, heads, raw + C * es, heads, w(p.k_norm_w),
-                                     a.k_mean.as<float>(), a.k_rstd.as<float>(), BT * NH, hs,
-                                     ln_scratch.get(), t, stream);
+            norm_backward(d, qh, false, g(p.q_norm_w), g(p.q_norm_b), d, qh, raw, qh, w(p.q_norm_w),
+                          a.q_mean.as<float>(), a.q_rstd.as<float>(), BT * NH, hs, t);
+            norm_backward(d + C * es, kh, false, g(p.k_norm_w), g(p.k_norm_b), d + C * es, kh,
+                          raw + C * es, kh, w(p.k_norm_w), a.k_mean.as<float>(),
+                          a.k_rstd.as<float>(), BT * NKV, hs, t);
         }
         if (cfg.qk_norm) tick("qk_norm bwd");
-        linear_backward(dtmp.get(), dqkv.get(), a.ln1.get(), p.qkv_w, p.qkv_b, BT, C, 3 * C,
-                        nullptr, false, qkv_colsums.as<float>(), qkv_colsum_rows);
+        linear_backward(dtmp.get(), dqkv.get(), a.ln1.get(), p.qkv_w, p.qkv_b, BT, C, Cq, nullptr,
+                        false, qkv_colsums.as<float>(), qkv_colsum_rows);
         before_write(dres.get());
         before_write(mlp_sums.parts);  // block l - 1's MLP bias gradient (none below block 0)
-        cuda::layernorm_backward(
-            dres.get(), {1, C}, true, g(p.ln1_w), g(p.ln1_b), dtmp.get(), {1, C}, residual[l].get(),
-            {1, C}, wr(p.ln1_w), a.ln1_mean.as<float>(), a.ln1_rstd.as<float>(), BT, C,
-            ln_scratch.get(), t, rt, stream, ln_sums && l > 0 ? &mlp_sums : nullptr);
+        norm_backward(dres.get(), {1, C}, true, g(p.ln1_w), g(p.ln1_b), dtmp.get(), {1, C},
+                      residual[l].get(), {1, C}, wr(p.ln1_w), a.ln1_mean.as<float>(),
+                      a.ln1_rstd.as<float>(), BT, C, rt, ln_sums && l > 0 ? &mlp_sums : nullptr);
         tick("layernorm bwd");
         announce_block_grads(l);
     }
@@ -648,7 +687,8 @@ size_t GptCuda::Impl::allocated() const {
                                   &branch_out,   &dres,          &dres_act,       &dtmp,
                                   &dqkv,         &dfch,          &gelu_tmp,       &att_scratch,
                                   &ln_scratch,   &bias_scratch,  &qkv_colsums,    &ce_workspace,
-                                  &head_scratch, &mlp_bias_sums, &attn_bias_sums, &fc_dw_scratch})
+                                  &head_scratch, &mlp_bias_sums, &attn_bias_sums, &fc_dw_scratch,
+                                  &dact,         &rope_tab})
         s += b->owned_bytes();  // views of head_scratch count once, in it
     for (const DeviceBuffer* b : {&vp_h, &vp_y, &vp_logits, &vp_stats, &vp_gathered, &vp_params,
                                   &vp_nvalid, &vp_rows, &vp_dh_all, &vp_dh, &vp_summary})

@@ -29,7 +29,7 @@ void validate_kernels(const KernelChoice& k, DType precision);
 struct CudaModelOptions {
     DType precision = DType::bf16;
     KernelChoice kernels;
-    bool recompute_gelu = false;  // keep only the pre-GELU activation; recompute GELU in backward
+    bool recompute_gelu = false;  // keep only the MLP's pre-activation; recompute GELU/SwiGLU
     // bf16: keep the residual stream, its gradient, the LayerNorms' inputs and weights and the
     // embeddings' outputs in fp32 (as PyTorch autocast does); the matmuls still read bf16.
     bool fp32_residual = false;

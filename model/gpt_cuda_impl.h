@@ -13,11 +13,14 @@
 #include "kernels/gemm/matmul.h"
 #include "kernels/gemm/matmul_wgmma.h"
 #include "kernels/norms/layernorm.h"
+#include "kernels/norms/rmsnorm.h"
 #include "kernels/ops/adamw.h"
 #include "kernels/ops/encoder.h"
 #include "kernels/ops/gelu.h"
 #include "kernels/ops/global_norm.h"
 #include "kernels/ops/residual.h"
+#include "kernels/ops/rope.h"
+#include "kernels/ops/swiglu.h"
 #include "model/device_buffer.h"
 #include "model/gpt_cuda.h"
 
@@ -39,6 +42,10 @@ struct GptCuda::Impl {
     // embeddings: t, or fp32 under bf16 activations (CudaModelOptions::fp32_residual)
     DType rt;
     size_t res_es;
+    // The block's widths (docs/llama.md): key/value heads, the qkv row C + 2 NKV hs, the MLP's
+    // hidden width H and its first matmul's output (2H: SwiGLU's gate and up side by side).
+    int64_t NKV, Cq, Hm, Fw;
+    bool rms, rope, swiglu;  // model.norm rmsnorm, model.position rope, model.mlp swiglu
     cudaStream_t stream = nullptr;
     // Weight gradients run on a second stream, beside the input gradients and the norms of the
     // main stream: their GEMMs have few output tiles (768 x 768 at K = B x T), so on their own
@@ -106,6 +113,8 @@ struct GptCuda::Impl {
     DeviceBuffer branch_out;  // projection outputs before the residual add
     DeviceBuffer dres, dtmp, dqkv, dfch, gelu_tmp, att_scratch, ln_scratch, bias_scratch;
     DeviceBuffer dres_act;  // dres rounded to t for the matmuls (an fp32 residual stream only)
+    DeviceBuffer dact;      // SwiGLU's output gradient [BT, H] (GELU's is computed in place)
+    DeviceBuffer rope_tab;  // cuda::rope_table(Tn, hs, theta) on the device
     // Partial column sums of dqkv written by the attention backward when it can (the qkv bias
     // gradient without another pass over dqkv); empty otherwise.
     DeviceBuffer qkv_colsums;
@@ -178,6 +187,38 @@ struct GptCuda::Impl {
     DeviceBuffer f32(int64_t elems) const { return DeviceBuffer(size_t(elems) * 4); }
 
     void ensure(int64_t b, int64_t tn);
+
+    // The attention kernels' shape of this batch.
+    cuda::AttentionShape attention_shape() const {
+        cuda::AttentionShape sh{B, Tn, cfg.n_embd, cfg.n_head, opt.kernels.attention_tuning};
+        sh.NKV = NKV;
+        return sh;
+    }
+
+    // model.norm's forward and backward: LayerNorm or RMSNorm (which takes no mean and no bias).
+    // in_t: the type of inp (and dinp) and of the weights, t or rt.
+    void norm_forward(void* out, cuda::RowMap om, float* mean, float* rstd, const void* inp,
+                      cuda::RowMap im, const void* weight, const void* bias, int64_t N, int64_t C,
+                      DType in_t) {
+        if (rms)
+            cuda::rmsnorm_forward(out, om, rstd, inp, im, weight, N, C, cfg.ln_eps, t, in_t,
+                                  stream);
+        else
+            cuda::layernorm_forward(out, om, mean, rstd, inp, im, weight, bias, N, C, cfg.ln_eps, t,
+                                    in_t, stream);
+    }
+    void norm_backward(void* dinp, cuda::RowMap dm, bool accumulate, float* dweight, float* dbias,
+                       const void* dout, cuda::RowMap dom, const void* inp, cuda::RowMap im,
+                       const void* weight, const float* mean, const float* rstd, int64_t N,
+                       int64_t C, DType in_t, cuda::ColumnSumParts* dinp_sums = nullptr) {
+        if (rms)
+            cuda::rmsnorm_backward(dinp, dm, accumulate, dweight, dout, dom, inp, im, weight, rstd,
+                                   N, C, ln_scratch.get(), t, in_t, stream, dinp_sums);
+        else
+            cuda::layernorm_backward(dinp, dm, accumulate, dweight, dbias, dout, dom, inp, im,
+                                     weight, mean, rstd, N, C, ln_scratch.get(), t, in_t, stream,
+                                     dinp_sums);
+    }
 
     // out[M, N] = inp[M, K] @ W[N, K]^T, the forward GEMM of a linear layer (no epilogue).
     cuda::Gemm forward_gemm(void* out, const void* inp, const void* W, int64_t M, int64_t K,

@@ -51,18 +51,6 @@ bool llama_style(const ModelConfig& c) {
            kv_heads(c) != c.n_head || c.mlp_hidden != 0;
 }
 
-void check_gpt2_block(const ModelConfig& c, const std::string& who) {
-    auto refuse = [&](const std::string& key, const std::string& value) {
-        throw Error(key + ": " + value + " runs on the CPU only (train.device: cpu): " + who +
-                    " has no kernels for it yet");
-    };
-    if (c.norm != "layernorm") refuse("model.norm", c.norm);
-    if (c.position != "learned") refuse("model.position", c.position);
-    if (c.mlp != "gelu") refuse("model.mlp", c.mlp);
-    if (kv_heads(c) != c.n_head) refuse("model.n_kv_head", std::to_string(c.n_kv_head));
-    if (c.mlp_hidden != 0) refuse("model.mlp_hidden", std::to_string(c.mlp_hidden));
-}
-
 void validate(const ModelConfig& c) {
     ZG_CHECK(c.n_layer > 0 && c.n_head > 0 && c.n_embd > 0 && c.block_size > 0,
              "model sizes must be positive");

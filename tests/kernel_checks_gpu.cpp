@@ -28,11 +28,14 @@
 #include "kernels/gemm/matmul.h"
 #include "kernels/gemm/matmul_wgmma.h"
 #include "kernels/norms/layernorm.h"
+#include "kernels/norms/rmsnorm.h"
 #include "kernels/ops/adamw.h"
 #include "kernels/ops/encoder.h"
 #include "kernels/ops/gelu.h"
 #include "kernels/ops/global_norm.h"
 #include "kernels/ops/residual.h"
+#include "kernels/ops/rope.h"
+#include "kernels/ops/swiglu.h"
 #include "tests/ce_gpu.h"
 #include "tests/gpu_helpers.h"
 #include "tests/helpers.h"
@@ -760,6 +763,134 @@ void gelu(int64_t n, DType t) {
     cuda::gelu_backward(dDX.p, dX.p, dDY.p, n, t, nullptr);
     check_close("gelu", dY.get(), y, t);
     check_close("dgelu", dDX.get(), dx, t);
+}
+
+void rmsnorm(const RmsnormDims& s, DType t, DType r) {
+    // Plain rows (NH 1): the norm alone and with the residual add fused, then the backward adding
+    // into dinp, with and without dinp's column sums. Heads (NH > 1, qk_norm): rows of hs inside
+    // rows of ld, in t, backward in place; the columns between the heads untouched.
+    const int64_t N = s.N, C = s.C, NH = s.NH, ld = s.ld ? s.ld : NH * C, rows = N * NH;
+    const bool heads = NH > 1;
+    Rng rng(seed_of({N, C, NH, ld, int64_t(t), int64_t(r)}));
+    const auto a = rnd(rng, N * ld, r, 2.0), b = rnd(rng, N * ld, t), w = rnd(rng, C, r),
+               dout = rnd(rng, N * ld, t), dinp0 = rnd(rng, N * ld, r);
+    // the rows the norm reads: a + b (rounded once to r) for plain rows, a itself for heads
+    std::vector<double> x(rows * C), dy(rows * C), d0(rows * C);
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t c = 0; c < C; c++) {
+            const int64_t at = (i / NH) * ld + (i % NH) * C + c;
+            x[i * C + c] = heads ? a[at] : as_stored(a[at] + b[at], r);
+            dy[i * C + c] = dout[at];
+            d0[i * C + c] = dinp0[at];
+        }
+    std::vector<double> y(rows * C), rstd(rows);
+    cpu::rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), rows, C, 1e-5);
+    const cuda::RowMap map{NH, ld};
+    DevT da(r, a), db(t, b), dw(r, w), dres(r, N * ld), dy_(t, N * ld), drstd(DType::f32, rows);
+    const void* xin = da.p;
+    if (heads) {
+        cuda::rmsnorm_forward(dy_.p, map, drstd.f(), da.p, map, dw.p, rows, C, 1e-5, t, r, nullptr);
+    } else {
+        cuda::residual_rmsnorm_forward(dres.p, dy_.p, drstd.f(), da.p, db.p, dw.p, N, C, 1e-5, t, r,
+                                       nullptr);
+        check_close("res", dres.get(), x, r);
+        xin = dres.p;
+        // the unfused forward on the stored sum: the same bits
+        DevT y2(t, N * C), r2(DType::f32, N);
+        cuda::rmsnorm_forward(y2.p, {1, C}, r2.f(), dres.p, {1, C}, dw.p, N, C, 1e-5, t, r,
+                              nullptr);
+        CHECK(y2.get() == dy_.get());
+    }
+    const auto got = dy_.get();
+    std::vector<double> got_y(rows * C);
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t c = 0; c < C; c++) got_y[i * C + c] = got[(i / NH) * ld + (i % NH) * C + c];
+    check_close("out", got_y, y, t);
+    check_close("rstd", drstd.get(), rstd, DType::f32, 1e-5);
+    std::vector<double> dx = heads ? std::vector<double>(rows * C, 0.0) : d0, gw(C, 0.0);
+    cpu::rmsnorm_backward(dx.data(), gw.data(), dy.data(), x.data(), w.data(), rstd.data(), rows,
+                          C);
+    DevT scratch(DType::f32, int64_t(cuda::layernorm_backward_scratch_bytes(rows, C) / 4));
+    DevT d_gw(DType::f32, C);
+    if (heads) {  // in place on dout's heads, as the model runs qk_norm's backward
+        DevT d(t, dout);
+        cuda::rmsnorm_backward(d.p, map, false, d_gw.f(), d.p, map, xin, map, dw.p, drstd.f(), rows,
+                               C, scratch.p, t, t, nullptr);
+        const auto gd = d.get();
+        std::vector<double> got_dx(rows * C);
+        int64_t moved = 0;
+        for (int64_t i = 0; i < N; i++)
+            for (int64_t c = 0; c < ld; c++) {
+                if (c < NH * C)
+                    got_dx[i * NH * C + c] = gd[i * ld + c];
+                else
+                    moved += gd[i * ld + c] != dout[i * ld + c];
+            }
+        CHECK(moved == 0);
+        check_close("dinp", got_dx, dx, t);
+        check_close("dweight", d_gw.get(), gw, DType::f32, 1e-4);
+        return;
+    }
+    DevT d_dinp(r, dinp0), d_dout(t, dout);
+    cuda::rmsnorm_backward(d_dinp.p, {1, C}, true, d_gw.f(), d_dout.p, {1, C}, xin, {1, C}, dw.p,
+                           drstd.f(), N, C, scratch.p, t, r, nullptr);
+    check_close("dinp", d_dinp.get(), dx, r);
+    check_close("dweight", d_gw.get(), gw, DType::f32, 1e-4);
+    // with dinp's column sums: dinp the same bits, the sums those of the stored dinp
+    DevT d_dinp2(r, dinp0), d_gw2(DType::f32, C), d_sum(DType::f32, C);
+    DevT parts(DType::f32, int64_t(cuda::layernorm_backward_sums_bytes(N, C) / 4));
+    cuda::ColumnSumParts sums{parts.f()};
+    cuda::rmsnorm_backward(d_dinp2.p, {1, C}, true, d_gw2.f(), d_dout.p, {1, C}, xin, {1, C}, dw.p,
+                           drstd.f(), N, C, scratch.p, t, r, nullptr, &sums);
+    REQUIRE(sums.rows > 0);
+    cuda::bias_backward_from_partials(d_sum.f(), sums.parts, sums.rows, C, nullptr);
+    const auto got_dinp = d_dinp.get();
+    CHECK(d_dinp2.get() == got_dinp);
+    check_close("dweight (with the sums)", d_gw2.get(), gw, DType::f32, 1e-4);
+    std::vector<double> colsum(C, 0.0);
+    for (int64_t i = 0; i < N; i++)
+        for (int64_t c = 0; c < C; c++) colsum[c] += as_stored(got_dinp[i * C + c], t);
+    check_close("dinp column sums", d_sum.get(), colsum, DType::f32, 1e-5);
+}
+
+void rope(const RopeDims& s, DType t) {
+    // In place on the heads; the columns after them (v, in the model) untouched. Angles up to
+    // T radians on the fastest pair: cos and sin come from the table in fp32 (2^-24 relative),
+    // so fp32 is within 1e-5 and bf16 within one rounding.
+    const int64_t B = s.B, T = s.T, heads = s.heads, hs = s.hs, ld = s.ld, n = B * T * ld;
+    const double theta = 10000.0;
+    Rng rng(seed_of({B, T, heads, hs, ld, int64_t(t)}));
+    const auto x = rnd(rng, n, t), dy = rnd(rng, n, t);
+    std::vector<double> y = x, dx = dy;
+    cpu::rope_forward(y.data(), B, T, heads, hs, ld, theta);
+    cpu::rope_backward(dx.data(), B, T, heads, hs, ld, theta);
+    const std::vector<float> tab = cuda::rope_table(T, hs, theta);
+    DevT dt(DType::f32, std::vector<double>(tab.begin(), tab.end())), dX(t, x), dDY(t, dy);
+    cuda::rope_forward(dX.p, dt.f(), B, T, heads, hs, ld, t, nullptr);
+    cuda::rope_backward(dDY.p, dt.f(), B, T, heads, hs, ld, t, nullptr);
+    const auto gy = dX.get(), gd = dDY.get();
+    int64_t moved = 0;
+    for (int64_t i = 0; i < B * T; i++)
+        for (int64_t c = heads * hs; c < ld; c++)
+            moved += gy[i * ld + c] != x[i * ld + c] || gd[i * ld + c] != dy[i * ld + c];
+    CHECK(moved == 0);
+    check_close("rope", gy, y, t);
+    check_close("rope backward", gd, dx, t);
+}
+
+void swiglu(int64_t N, int64_t H, DType t) {
+    // gates up to +-12 (silu's tails); one rounding of an fp32 result: the type's bounds, and
+    // 2^-7 for the gate's gradient in bf16 (the product of two fp32 factors of the stored values)
+    Rng rng(seed_of({N, H, int64_t(t)}));
+    const auto x = rnd(rng, N * 2 * H, t, 4.0), dy = rnd(rng, N * H, t);
+    std::vector<double> y(N * H), dx(N * 2 * H, 0.0);
+    cpu::swiglu_forward(y.data(), x.data(), N, H);
+    cpu::swiglu_backward(dx.data(), x.data(), dy.data(), N, H);
+    DevT dX(t, x), dY(t, N * H), dDY(t, dy), dDX(t, N * 2 * H);
+    cuda::swiglu_forward(dY.p, dX.p, N, H, t, nullptr);
+    cuda::swiglu_backward(dDX.p, dX.p, dDY.p, N, H, t, nullptr);
+    check_close("swiglu", dY.get(), y, t);
+    check_close("dswiglu", dDX.get(), dx, t, t == DType::bf16 ? 1.0 / 128 : -1);
 }
 
 void residual(int64_t n, DType t, DType r) {

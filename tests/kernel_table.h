@@ -31,6 +31,14 @@ struct LayernormDims {
 struct HeadsDims {
     int64_t BT, NH, hs;
 };
+// RMSNorm rows: N rows of C; with NH > 1 the heads of q inside qkv rows of ld (qk_norm).
+struct RmsnormDims {
+    int64_t N, C, NH = 1, ld = 0;
+};
+// Rotary embedding on `heads` heads of hs inside rows of ld, B x T tokens.
+struct RopeDims {
+    int64_t B, T, heads, hs, ld;
+};
 struct MatmulDims {
     int64_t N, C, OC;
 };
@@ -71,6 +79,9 @@ void column_sums(int64_t rows, int64_t cols);
 void qk_layernorm(const HeadsDims& s, DType t);
 void encoder(const EncoderDims& s, DType t);
 void gelu(int64_t n, DType t);
+void rmsnorm(const RmsnormDims& s, DType t, DType res_t);
+void rope(const RopeDims& s, DType t);
+void swiglu(int64_t N, int64_t H, DType t);
 void residual(int64_t n, DType t, DType res_t);
 void adamw(int64_t n, int64_t base, int nspans);
 void global_norm(int64_t n);

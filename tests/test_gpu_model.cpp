@@ -101,9 +101,13 @@ void compare_model(const ModelConfig& mc, const CudaModelOptions& o, double rtol
     // master (a tied wte is also the head's bf16 matrix: there the two reads differ by a rounding)
     if (o.fp32_residual)
         for (const ParamSpec& s : ref.layout().table.specs()) {
-            const bool residual_side = s.name.find(".ln_") != std::string::npos ||
-                                       s.name == "transformer.wpe.weight" ||
-                                       (s.name == "transformer.wte.weight" && !mc.tie_embeddings);
+            const bool residual_side =
+                s.name.find(".ln_") != std::string::npos ||
+                s.name.find("layernorm.") != std::string::npos || s.name == "model.norm.weight" ||
+                s.name == "model.norm.bias" || s.name == "transformer.wpe.weight" ||
+                s.name == "model.embed_positions.weight" ||
+                ((s.name == "transformer.wte.weight" || s.name == "model.embed_tokens.weight") &&
+                 !mc.tie_embeddings);
             if (residual_side)
                 for (int64_t i = s.offset; i < s.offset + s.numel; i++) ref.params[i] = pf[i];
         }
@@ -348,6 +352,100 @@ TEST_CASE("whole model in bf16 at head size 64: tensor-core attention, qkv bias 
             o.kernels.attention = att;
             compare_model(c, o, 5e-2, 2, 200);
         }
+}
+
+namespace {
+// The tiny config with Llama-style options (docs/llama.md): 4 heads of 8, rotary angles that turn
+// visibly within 11 positions, SwiGLU's derived width 2/3 of 4 x 32 rounded up to 8: 88.
+ModelConfig tiny_llama(const char* norm, const char* pos, const char* mlp, int kv, bool tie,
+                       bool bias, bool qk) {
+    ModelConfig c = tiny_config(tie, bias, qk);
+    c.n_head = 4;
+    c.n_embd = 32;
+    c.norm = norm;
+    c.position = pos;
+    c.rope_theta = 100.0;
+    c.mlp = mlp;
+    c.mlp_multiple_of = 8;
+    c.n_kv_head = kv;
+    return c;
+}
+struct LlamaCase {
+    const char *norm, *pos, *mlp;
+    int kv;
+    bool tie, bias, qk;
+};
+// Each option on its own and together, with and without biases, tied embeddings and qk_norm;
+// 1, 2 and 4 key/value heads for 4 query heads.
+const LlamaCase kLlamaCases[] = {
+    {"rmsnorm", "rope", "swiglu", 2, false, false, false},
+    {"rmsnorm", "rope", "swiglu", 1, true, true, true},
+    {"rmsnorm", "learned", "gelu", 0, true, true, false},
+    {"layernorm", "rope", "gelu", 0, false, true, true},
+    {"layernorm", "learned", "swiglu", 4, true, false, false},
+    {"layernorm", "learned", "gelu", 2, false, true, false},
+    {"rmsnorm", "rope", "gelu", 1, false, false, true},
+};
+}  // namespace
+
+TEST_CASE("Llama-style options on the GPU equal GPT<double> in fp32 and bf16") {
+    for (const LlamaCase& k : kLlamaCases) {
+        CAPTURE(k.norm);
+        CAPTURE(k.pos);
+        CAPTURE(k.mlp);
+        CAPTURE(k.kv);
+        CAPTURE(k.tie);
+        CAPTURE(k.bias);
+        CAPTURE(k.qk);
+        const ModelConfig c = tiny_llama(k.norm, k.pos, k.mlp, k.kv, k.tie, k.bias, k.qk);
+        CudaModelOptions o;
+        o.precision = DType::f32;
+        o.kernels.cross_entropy = "online";
+        compare_model(c, o, 1e-5);
+        o.precision = DType::bf16;
+        o.kernels.cross_entropy = "fast";
+        compare_model(c, o, 5e-2);
+    }
+}
+
+TEST_CASE("Llama-style options in bf16 at head size 64 with every kernel path equal GPT<double>") {
+    // Head size 64 takes the tensor-core attention (flash: wgmma on Hopper; flash_mma: mma.sync)
+    // with grouped key/value heads; T = 200 cuts the last block short. Then the residual and
+    // matmul variants the GPT-2 block has, the GELU/SwiGLU recompute and an fp32 residual stream.
+    for (const char* att : {"flash", "flash_mma"})
+        for (int kv : {1, 2, 4})
+            for (bool qk : {false, true}) {
+                CAPTURE(att);
+                CAPTURE(kv);
+                CAPTURE(qk);
+                // without qk_norm: learned positions and biases, so the qkv bias gradient comes
+                // from the attention backward's column sums over the grouped heads
+                ModelConfig c =
+                    tiny_llama("rmsnorm", qk ? "rope" : "learned", "swiglu", kv, false, !qk, qk);
+                c.n_embd = 256;
+                c.block_size = 256;
+                CudaModelOptions o;
+                o.precision = DType::bf16;
+                o.kernels.attention = att;
+                compare_model(c, o, 5e-2, 2, 200);
+            }
+    for (const char* ln : {"fused_residual", "separate", "residual_in_matmul"})
+        for (const char* mm : {"fused_epilogue", "wgmma", "separate"})
+            for (bool fp32_res : {false, true}) {
+                CAPTURE(ln);
+                CAPTURE(mm);
+                CAPTURE(fp32_res);
+                ModelConfig c = tiny_llama("rmsnorm", "rope", "swiglu", 2, false, true, false);
+                c.n_embd = 256;
+                c.block_size = 128;
+                CudaModelOptions o;
+                o.precision = DType::bf16;
+                o.kernels.layernorm = ln;
+                o.kernels.matmul = mm;
+                o.fp32_residual = fp32_res;
+                o.recompute_gelu = fp32_res;  // the recompute, with SwiGLU, half the time
+                compare_model(c, o, 5e-2, 2, 70);
+            }
 }
 
 TEST_CASE("GPT-2 1558M's width and heads (C = 1600, 25 heads of 64) equal GPT<double>") {

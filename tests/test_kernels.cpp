@@ -402,6 +402,42 @@ void gelu_rows(std::vector<Row>& rows) {
                             GPU_CHECK(gpu::gelu(n, t))});
 }
 
+// RMSNorm: the LayerNorm's widths (the same kernels) and rows, fused with the residual add, and
+// q's heads inside qkv rows (qk_norm: 4 heads of 64 in rows of 512, grouped k/v beside them)
+void rmsnorm_rows(std::vector<Row>& rows) {
+    for (const TypePair& p : kTypePairs)
+        for (int64_t C : kLayernormWidths) {
+            const RmsnormDims s{C % 8 == 0 && C >= 256 ? 4099 : 37, C};
+            rows.push_back({"rmsnorm", "cuda", dims({{"N", s.N}, {"C", C}}), p.text(), true,
+                            GPU_CHECK(gpu::rmsnorm(s, p.t, p.res))});
+        }
+    for (DType t : kTypes)
+        for (const RmsnormDims& s : {RmsnormDims{9, 5, 3, 45}, RmsnormDims{67, 64, 4, 512}})
+            rows.push_back({"rmsnorm", "cuda (heads)",
+                            dims({{"BT", s.N}, {"NH", s.NH}, {"hs", s.C}, {"ld", s.ld}}),
+                            dtype_name(t), true, GPU_CHECK(gpu::rmsnorm(s, t, t))});
+}
+
+// Rotary embedding on q's and k's heads of a qkv row: 12 + 4 heads of 64 (grouped-query,
+// v's 4 after them), odd head counts and T, a head of 2.
+void rope_rows(std::vector<Row>& rows) {
+    for (DType t : kTypes)
+        for (const RopeDims& s : {RopeDims{2, 67, 16, 64, 1280}, RopeDims{1, 1024, 16, 64, 1280},
+                                  RopeDims{3, 7, 5, 6, 33}, RopeDims{2, 5, 3, 2, 6}})
+            rows.push_back(
+                {"rope", "cuda",
+                 dims({{"B", s.B}, {"T", s.T}, {"heads", s.heads}, {"hs", s.hs}, {"ld", s.ld}}),
+                 dtype_name(t), true, GPU_CHECK(gpu::rope(s, t))});
+}
+
+// SwiGLU: H off the vector width, and llama-124m's 2048 (the 16-byte path)
+void swiglu_rows(std::vector<Row>& rows) {
+    for (DType t : kTypes)
+        for (auto [N, H] : {std::pair<int64_t, int64_t>{37, 13}, {1031, 2048}, {64, 88}})
+            rows.push_back({"swiglu", "cuda", dims({{"N", N}, {"H", H}}), dtype_name(t), true,
+                            GPU_CHECK(gpu::swiglu(N, H, t))});
+}
+
 void gelu_cpu_rows(std::vector<Row>& rows) {
     rows.push_back({"gelu", "cpu", "x in [-12, 12] by 0.0137, 0, +-90", "fp32", false, cpu_gelu});
 }
@@ -460,6 +496,9 @@ std::vector<Runner> runners() {
     r.push_back({"encoder", "cuda", encoder_rows});
     r.push_back({"gelu", "cuda", gelu_rows});
     r.push_back({"gelu", "cpu", gelu_cpu_rows});
+    r.push_back({"rmsnorm", "cuda", rmsnorm_rows});
+    r.push_back({"rope", "cuda", rope_rows});
+    r.push_back({"swiglu", "cuda", swiglu_rows});
     r.push_back({"residual", "cuda", residual_rows});
     r.push_back({"adamw", "cuda", adamw_rows});
     r.push_back({"global_norm", "cuda", global_norm_rows});

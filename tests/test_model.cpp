@@ -272,14 +272,6 @@ TEST_CASE("Llama-style options: bad combinations name the key") {
     refused(c, "model.position");
     c = tiny_llama("rmsnorm", "learned", "relu", 0, false, false, false);
     refused(c, "model.mlp");
-    // the CUDA model's refusal, until its kernels exist
-    c = tiny_llama("layernorm", "learned", "gelu", 2, false, false, false);
-    CHECK_THROWS_WITH_AS(check_gpt2_block(c, "the CUDA model"),
-                         doctest::Contains("model.n_kv_head"), Error);
-    c = tiny_llama("rmsnorm", "learned", "gelu", 0, false, false, false);
-    CHECK_THROWS_WITH_AS(check_gpt2_block(c, "the CUDA model"), doctest::Contains("model.norm"),
-                         Error);
-    CHECK_NOTHROW(check_gpt2_block(tiny(false, false, true), "the CUDA model"));
 }
 
 TEST_CASE("a tiny Llama-style model overfits one batch (loss < 0.05)") {

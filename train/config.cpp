@@ -39,7 +39,7 @@ std::vector<ConfigField> config_fields(Config& c) {
          "start from a Hugging Face GPT-2 or Llama model.safetensors (export_hf's)", &m.init_from});
     add({"model",
          "norm",
-         "the block's norms: GPT-2's LayerNorm, or RMSNorm (weight only; CPU only for now)",
+         "the block's norms: GPT-2's LayerNorm, or RMSNorm (weight only)",
          &m.norm,
          0,
          0,
@@ -48,7 +48,7 @@ std::vector<ConfigField> config_fields(Config& c) {
          {"layernorm", "rmsnorm"}});
     add({"model",
          "position",
-         "positions: a learned table (wpe), or rotary embeddings on q and k (CPU only for now)",
+         "positions: a learned table (wpe), or rotary embeddings on q and k",
          &m.position,
          0,
          0,
@@ -58,7 +58,7 @@ std::vector<ConfigField> config_fields(Config& c) {
     add({"model", "rope_theta", "rope: base of the rotation frequencies", &m.rope_theta, 1, 1e12});
     add({"model",
          "mlp",
-         "MLP: fc, GELU, proj; or SwiGLU, down(silu(gate) * up) (CPU only for now)",
+         "MLP: fc, GELU, proj; or SwiGLU, down(silu(gate) * up)",
          &m.mlp,
          0,
          0,
@@ -72,8 +72,8 @@ std::vector<ConfigField> config_fields(Config& c) {
     add({"model", "mlp_multiple_of", "swiglu with mlp_hidden 0: the hidden width's multiple",
          &m.mlp_multiple_of, 1, 1 << 16});
     add({"model", "n_kv_head",
-         "key/value heads, grouped-query attention (divides n_head; CPU only for now); 0: n_head",
-         &m.n_kv_head, 0, 1024});
+         "key/value heads, grouped-query attention (divides n_head); 0: n_head", &m.n_kv_head, 0,
+         1024});
     DataConfig& d = c.data;
     add({"data", "train", "glob of training token shards (.bin)", &d.train});
     add({"data", "val", "glob of validation shards; empty: no validation", &d.val});
@@ -140,7 +140,8 @@ std::vector<ConfigField> config_fields(Config& c) {
          false,
          false,
          {"bf16", "fp32"}});
-    add({"train", "recompute_gelu", "GPU: recompute GELU in backward (saves 4 x B x T x C)",
+    add({"train", "recompute_gelu",
+         "GPU: recompute GELU (or SwiGLU) in backward (saves B x T x the MLP's width)",
          &t.recompute_gelu});
     add({"train", "fp32_residual",
          "GPU bf16: residual stream, its gradient and LayerNorm inputs in fp32 (as autocast)",
@@ -486,14 +487,6 @@ void check_cross(const Config& c, const Origins& origins) {
         throw Error(at("model.position") + "rope rotates pairs of channels: the head size " +
                     "model.n_embd / model.n_head = " + std::to_string(m.n_embd / m.n_head) +
                     " must be even");
-    if (c.train.device == "cuda") {  // the CUDA model's refusal, before anything starts
-        try {
-            check_gpt2_block(m, "the CUDA model");
-        } catch (const Error& e) {
-            const std::string msg = e.what(), key = msg.substr(0, msg.find(':'));
-            throw Error(at(key) + msg.substr(msg.find(':') + 2));
-        }
-    }
     if (c.train.seq_len > c.model.block_size)
         throw Error(at("train.seq_len") + std::to_string(c.train.seq_len) +
                     " exceeds model.block_size = " + std::to_string(c.model.block_size));

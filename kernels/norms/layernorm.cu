@@ -11,6 +11,7 @@
 #include "kernels/core/column_sums.cuh"
 #include "kernels/core/cuda_common.cuh"
 #include "kernels/norms/layernorm.h"
+#include "kernels/norms/rmsnorm.h"
 
 namespace zgpt::cuda {
 
@@ -22,12 +23,16 @@ __device__ __forceinline__ int64_t row_offset(RowMap m, int64_t r, int64_t C) {
     return (r / m.group) * m.ld + (r % m.group) * C;
 }
 
-// Mean and rstd of one row (whole warp), two passes over the row for a stable variance.
-template <typename T>
+// Mean and rstd of one row (whole warp), two passes over the row for a stable variance. RMS
+// (RMSNorm): the mean is taken as 0, so rstd is 1 / sqrt(mean of squares + eps).
+template <bool RMS, typename T>
 __device__ void row_stats(const T* x, int64_t C, float eps, float& mean, float& rstd) {
-    float s = 0;
-    for (int64_t c = threadIdx.x % 32; c < C; c += 32) s += to_f(x[c]);
-    mean = warp_sum(s) / float(C);
+    mean = 0;
+    if (!RMS) {
+        float s = 0;
+        for (int64_t c = threadIdx.x % 32; c < C; c += 32) s += to_f(x[c]);
+        mean = warp_sum(s) / float(C);
+    }
     float v = 0;
     for (int64_t c = threadIdx.x % 32; c < C; c += 32) {
         const float d = to_f(x[c]) - mean;
@@ -36,7 +41,7 @@ __device__ void row_stats(const T* x, int64_t C, float eps, float& mean, float& 
     rstd = rsqrtf(warp_sum(v) / float(C) + eps);
 }
 
-template <typename T, typename R>
+template <typename T, typename R, bool RMS>
 __global__ void layernorm_forward_kernel(T* out, RowMap out_map, float* mean, float* rstd,
                                          const R* inp, RowMap in_map, const R* w, const R* b,
                                          int64_t N, int64_t C, float eps) {
@@ -45,18 +50,18 @@ __global__ void layernorm_forward_kernel(T* out, RowMap out_map, float* mean, fl
     const R* x = inp + row_offset(in_map, r, C);
     T* y = out + row_offset(out_map, r, C);
     float m, rs;
-    row_stats(x, C, eps, m, rs);
+    row_stats<RMS>(x, C, eps, m, rs);
     for (int64_t c = threadIdx.x % 32; c < C; c += 32) {
         const float n = (to_f(x[c]) - m) * rs;
         y[c] = from_f<T>(n * to_f(w[c]) + (b ? to_f(b[c]) : 0.0f));
     }
     if (threadIdx.x % 32 == 0) {
-        mean[r] = m;
+        if (!RMS) mean[r] = m;
         rstd[r] = rs;
     }
 }
 
-template <typename T, typename R>
+template <typename T, typename R, bool RMS>
 __global__ void residual_layernorm_forward_kernel(R* res, T* out, float* mean, float* rstd,
                                                   const R* a, const T* bb, const R* w, const R* b,
                                                   int64_t N, int64_t C, int64_t out_ld, float eps) {
@@ -67,13 +72,13 @@ __global__ void residual_layernorm_forward_kernel(R* res, T* out, float* mean, f
         x[c] = from_f<R>(to_f(a[r * C + c]) + to_f(bb[r * C + c]));
     __syncwarp();
     float m, rs;
-    row_stats(x, C, eps, m, rs);
+    row_stats<RMS>(x, C, eps, m, rs);
     for (int64_t c = threadIdx.x % 32; c < C; c += 32) {
         const float n = (to_f(x[c]) - m) * rs;
         out[r * out_ld + c] = from_f<T>(n * to_f(w[c]) + (b ? to_f(b[c]) : 0.0f));
     }
     if (threadIdx.x % 32 == 0) {
-        mean[r] = m;
+        if (!RMS) mean[r] = m;
         rstd[r] = rs;
     }
 }
@@ -82,8 +87,9 @@ int backward_blocks(int64_t N) {
     return int(std::min<int64_t>((N + kWarps - 1) / kWarps, 256));
 }
 
-// Rows r = warp_global, warp_global + stride, ...: each warp owns a fixed set of rows.
-template <typename T, typename R>
+// Rows r = warp_global, warp_global + stride, ...: each warp owns a fixed set of rows. RMS: the
+// mean is 0 and the gradient has no mean term (RMSNorm's backward).
+template <typename T, typename R, bool RMS>
 __global__ void layernorm_backward_kernel(R* dinp, RowMap dinp_map, bool accumulate, float* part_w,
                                           float* part_b, float* part_d, const T* dout,
                                           RowMap dout_map, const R* inp, RowMap in_map, const R* w,
@@ -103,11 +109,11 @@ __global__ void layernorm_backward_kernel(R* dinp, RowMap dinp_map, bool accumul
         const T* dy = dout + row_offset(dout_map, r, C);
         const R* x = inp + row_offset(in_map, r, C);
         R* dx = dinp + row_offset(dinp_map, r, C);
-        const float m = mean[r], rs = rstd[r];
+        const float m = RMS ? 0.0f : mean[r], rs = rstd[r];
         float s1 = 0, s2 = 0;  // mean of dy*w and of dy*w*xhat
         for (int64_t c = lane; c < C; c += 32) {
             const float g = to_f(dy[c]), xh = (to_f(x[c]) - m) * rs, gw = g * to_f(w[c]);
-            s1 += gw;
+            if (!RMS) s1 += gw;
             s2 += gw * xh;
             sw[c] += g * xh;
             sb[c] += g;
@@ -186,7 +192,7 @@ __device__ __forceinline__ void store8(float* p, const float (&v)[8]) {
 // Forward, optionally with the residual add fused (res = a + b rounded to bf16 as stored, then the
 // statistics of the stored values, as the scalar kernels compute them). Two-pass variance from
 // registers.
-template <int NV, bool RESIDUAL, typename R>
+template <int NV, bool RESIDUAL, typename R, bool RMS>
 __global__ void __launch_bounds__(32 * kVecWarps)
     layernorm_forward_vec_kernel(R* res, bf16* out, int64_t out_ld, float* mean, float* rstd,
                                  const R* a, const bf16* bb, const R* w, const R* b, int64_t N,
@@ -218,7 +224,7 @@ __global__ void __launch_bounds__(32 * kVecWarps)
 #pragma unroll
         for (int k = 0; k < 8; k++) sum += x[j][k];
     }
-    const float m = warp_sum(sum) / float(C);
+    const float m = RMS ? 0.0f : warp_sum(sum) / float(C);
     float var = 0;
 #pragma unroll
     for (int j = 0; j < NV; j++)
@@ -237,7 +243,7 @@ __global__ void __launch_bounds__(32 * kVecWarps)
         *reinterpret_cast<uint4*>(out + r * out_ld + j * 256 + lane * 8) = pack8(x[j]);
     }
     if (lane == 0) {
-        mean[r] = m;
+        if (!RMS) mean[r] = m;
         rstd[r] = rs;
     }
 }
@@ -258,7 +264,7 @@ constexpr size_t vec_backward_smem() {
     return kSmemSums<NV> ? size_t(2) * kVecWarps * NV * 256 * sizeof(float) : 0;
 }
 
-template <int NV, bool SUMS, typename R>
+template <int NV, bool SUMS, typename R, bool RMS>
 __global__ void __launch_bounds__(32 * kVecWarps)
     layernorm_backward_vec_kernel(R* dinp, bool accumulate, float* part_w, float* part_b,
                                   float* part_d, const bf16* dout, const R* inp, const R* w,
@@ -313,7 +319,7 @@ __global__ void __launch_bounds__(32 * kVecWarps)
                 nx[j] = load8(inp + rn * C + j * 256 + lane * 8);
             }
         }
-        const float m = mean[r], rs = rstd[r];
+        const float m = RMS ? 0.0f : mean[r], rs = rstd[r];
         float s1 = 0, s2 = 0;  // sums of dy*w and of dy*w*xhat
 #pragma unroll
         for (int j = 0; j < NV; j++) {
@@ -325,7 +331,7 @@ __global__ void __launch_bounds__(32 * kVecWarps)
             for (int k = 0; k < 8; k++) {
                 xh[k] = (xh[k] - m) * rs;
                 const float gw = dy[k] * wv[k];
-                s1 += gw;
+                if (!RMS) s1 += gw;
                 s2 += gw * xh[k];
                 if constexpr (!kSmem) {
                     aw[j][k] += dy[k] * xh[k];
@@ -448,10 +454,10 @@ bool aligned16(std::initializer_list<const void*> ps) {
 }
 
 // Enough blocks of the backward fast path to fill every SM once (a persistent grid).
-template <int NV, bool SUMS, typename R>
+template <int NV, bool SUMS, typename R, bool RMS>
 int vec_backward_blocks() {
     static const int blocks = [] {
-        auto kernel = layernorm_backward_vec_kernel<NV, SUMS, R>;
+        auto kernel = layernorm_backward_vec_kernel<NV, SUMS, R, RMS>;
         constexpr size_t smem = vec_backward_smem<NV>();
         if (smem > 0)
             ZG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -479,12 +485,12 @@ void dispatch_pair(DType t, DType r, const char* who, F&& f) {
         f(Type<bf16>{}, Type<float>{});
 }
 
-}  // namespace
-
-void layernorm_forward(void* out, RowMap out_map, float* mean, float* rstd, const void* inp,
-                       RowMap in_map, const void* weight, const void* bias, int64_t N, int64_t C,
-                       double eps, DType t, DType in_t, CUstream_st* s) {
-    ZG_CHECK(N > 0 && C > 0 && weight, "layernorm_forward: sizes must be positive, weight set");
+template <bool RMS>
+void norm_forward(void* out, RowMap out_map, float* mean, float* rstd, const void* inp,
+                  RowMap in_map, const void* weight, const void* bias, int64_t N, int64_t C,
+                  double eps, DType t, DType in_t, CUstream_st* s) {
+    ZG_CHECK(N > 0 && C > 0 && weight && (mean || RMS),
+             "layernorm_forward: sizes must be positive, weight and mean set");
     out_map = plain(out_map, C);
     in_map = plain(in_map, C);
     ZG_CHECK((out_map.group > 1 || out_map.ld >= C) && (in_map.group > 1 || in_map.ld >= C),
@@ -498,7 +504,7 @@ void layernorm_forward(void* out, RowMap out_map, float* mean, float* rstd, cons
         if constexpr (std::is_same_v<T, bf16>) {
             if (rows_plain && aligned16({out, inp, weight, bias})) {
                 const bool done = with_vec_width(C, [&](auto NV) {
-                    layernorm_forward_vec_kernel<NV.value, false, R>
+                    layernorm_forward_vec_kernel<NV.value, false, R, RMS>
                         <<<unsigned((N + kVecWarps - 1) / kVecWarps), 32 * kVecWarps, 0, s>>>(
                             nullptr, static_cast<bf16*>(out), out_map.ld, mean, rstd,
                             static_cast<const R*>(inp), nullptr, static_cast<const R*>(weight),
@@ -508,26 +514,28 @@ void layernorm_forward(void* out, RowMap out_map, float* mean, float* rstd, cons
             }
         }
         const int blocks = int((N + kWarps - 1) / kWarps);
-        layernorm_forward_kernel<T, R><<<blocks, 32 * kWarps, 0, s>>>(
+        layernorm_forward_kernel<T, R, RMS><<<blocks, 32 * kWarps, 0, s>>>(
             static_cast<T*>(out), out_map, mean, rstd, static_cast<const R*>(inp), in_map,
             static_cast<const R*>(weight), static_cast<const R*>(bias), N, C, float(eps));
     });
     ZG_LAUNCH_CHECK();
 }
 
-void residual_layernorm_forward(void* res, void* out, float* mean, float* rstd, const void* a,
-                                const void* b, const void* weight, const void* bias, int64_t N,
-                                int64_t C, double eps, DType t, DType res_t, CUstream_st* s,
-                                int64_t out_ld) {
+template <bool RMS>
+void residual_norm_forward(void* res, void* out, float* mean, float* rstd, const void* a,
+                           const void* b, const void* weight, const void* bias, int64_t N,
+                           int64_t C, double eps, DType t, DType res_t, CUstream_st* s,
+                           int64_t out_ld) {
     if (out_ld == 0) out_ld = C;
-    ZG_CHECK(N > 0 && C > 0 && weight && out_ld >= C, "residual_layernorm_forward: bad arguments");
+    ZG_CHECK(N > 0 && C > 0 && weight && (mean || RMS) && out_ld >= C,
+             "residual_layernorm_forward: bad arguments");
     dispatch_pair(t, res_t, "residual_layernorm_forward", [&](auto tt, auto rr) {
         using T = typename decltype(tt)::type;
         using R = typename decltype(rr)::type;
         if constexpr (std::is_same_v<T, bf16>) {
             if (out_ld % 8 == 0 && aligned16({res, out, a, b, weight, bias})) {
                 const bool done = with_vec_width(C, [&](auto NV) {
-                    layernorm_forward_vec_kernel<NV.value, true, R>
+                    layernorm_forward_vec_kernel<NV.value, true, R, RMS>
                         <<<unsigned((N + kVecWarps - 1) / kVecWarps), 32 * kVecWarps, 0, s>>>(
                             static_cast<R*>(res), static_cast<bf16*>(out), out_ld, mean, rstd,
                             static_cast<const R*>(a), static_cast<const bf16*>(b),
@@ -538,7 +546,7 @@ void residual_layernorm_forward(void* res, void* out, float* mean, float* rstd, 
             }
         }
         const int blocks = int((N + kWarps - 1) / kWarps);
-        residual_layernorm_forward_kernel<T, R><<<blocks, 32 * kWarps, 0, s>>>(
+        residual_layernorm_forward_kernel<T, R, RMS><<<blocks, 32 * kWarps, 0, s>>>(
             static_cast<R*>(res), static_cast<T*>(out), mean, rstd, static_cast<const R*>(a),
             static_cast<const T*>(b), static_cast<const R*>(weight), static_cast<const R*>(bias), N,
             C, out_ld, float(eps));
@@ -546,20 +554,13 @@ void residual_layernorm_forward(void* res, void* out, float* mean, float* rstd, 
     ZG_LAUNCH_CHECK();
 }
 
-size_t layernorm_backward_scratch_bytes(int64_t N, int64_t C) {
-    return size_t(2) * layernorm_backward_sums_bytes(N, C);
-}
-
-size_t layernorm_backward_sums_bytes(int64_t N, int64_t C) {
-    return size_t(std::max(backward_blocks(N), kVecMaxBlocks)) * C * sizeof(float);
-}
-
-void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dweight, float* dbias,
-                        const void* dout, RowMap dout_map, const void* inp, RowMap in_map,
-                        const void* weight, const float* mean, const float* rstd, int64_t N,
-                        int64_t C, void* scratch, DType t, DType in_t, CUstream_st* s,
-                        ColumnSumParts* dinp_sums) {
-    ZG_CHECK(N > 0 && C > 0 && weight && dweight && scratch, "layernorm_backward: bad arguments");
+template <bool RMS>
+void norm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dweight, float* dbias,
+                   const void* dout, RowMap dout_map, const void* inp, RowMap in_map,
+                   const void* weight, const float* mean, const float* rstd, int64_t N, int64_t C,
+                   void* scratch, DType t, DType in_t, CUstream_st* s, ColumnSumParts* dinp_sums) {
+    ZG_CHECK(N > 0 && C > 0 && weight && dweight && scratch && (mean || RMS),
+             "layernorm_backward: bad arguments");
     dinp_map = plain(dinp_map, C);
     dout_map = plain(dout_map, C);
     in_map = plain(in_map, C);
@@ -578,8 +579,8 @@ void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dwe
                 int blocks = 0;
                 const bool done = with_vec_width(C, [&](auto NV) {
                     auto launch = [&](auto sums) {
-                        blocks = vec_backward_blocks<NV.value, sums.value, R>();
-                        layernorm_backward_vec_kernel<NV.value, sums.value, R>
+                        blocks = vec_backward_blocks<NV.value, sums.value, R, RMS>();
+                        layernorm_backward_vec_kernel<NV.value, sums.value, R, RMS>
                             <<<blocks, 32 * kVecWarps, vec_backward_smem<NV.value>(), s>>>(
                                 static_cast<R*>(dinp), accumulate, pw, pb, part_d,
                                 static_cast<const bf16*>(dout), static_cast<const R*>(inp),
@@ -607,7 +608,7 @@ void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dwe
         ZG_CHECK(smem <= kMaxSmem, "layernorm_backward: C too large for the shared-memory sums");
         float* part_w = static_cast<float*>(scratch);
         float* part_b = part_w + size_t(blocks) * C;
-        auto kernel = layernorm_backward_kernel<T, R>;
+        auto kernel = layernorm_backward_kernel<T, R, RMS>;
         if (smem > 48 * 1024)
             ZG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                int(smem)));
@@ -620,6 +621,61 @@ void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dwe
         if (dinp_sums) dinp_sums->rows = part_d ? blocks : 0;
     });
     ZG_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+size_t layernorm_backward_scratch_bytes(int64_t N, int64_t C) {
+    return size_t(2) * layernorm_backward_sums_bytes(N, C);
+}
+
+size_t layernorm_backward_sums_bytes(int64_t N, int64_t C) {
+    return size_t(std::max(backward_blocks(N), kVecMaxBlocks)) * C * sizeof(float);
+}
+
+void layernorm_forward(void* out, RowMap out_map, float* mean, float* rstd, const void* inp,
+                       RowMap in_map, const void* weight, const void* bias, int64_t N, int64_t C,
+                       double eps, DType t, DType in_t, CUstream_st* s) {
+    norm_forward<false>(out, out_map, mean, rstd, inp, in_map, weight, bias, N, C, eps, t, in_t, s);
+}
+
+void rmsnorm_forward(void* out, RowMap out_map, float* rstd, const void* inp, RowMap in_map,
+                     const void* weight, int64_t N, int64_t C, double eps, DType t, DType in_t,
+                     CUstream_st* s) {
+    norm_forward<true>(out, out_map, nullptr, rstd, inp, in_map, weight, nullptr, N, C, eps, t,
+                       in_t, s);
+}
+
+void residual_layernorm_forward(void* res, void* out, float* mean, float* rstd, const void* a,
+                                const void* b, const void* weight, const void* bias, int64_t N,
+                                int64_t C, double eps, DType t, DType res_t, CUstream_st* s,
+                                int64_t out_ld) {
+    residual_norm_forward<false>(res, out, mean, rstd, a, b, weight, bias, N, C, eps, t, res_t, s,
+                                 out_ld);
+}
+
+void residual_rmsnorm_forward(void* res, void* out, float* rstd, const void* a, const void* b,
+                              const void* weight, int64_t N, int64_t C, double eps, DType t,
+                              DType res_t, CUstream_st* s, int64_t out_ld) {
+    residual_norm_forward<true>(res, out, nullptr, rstd, a, b, weight, nullptr, N, C, eps, t, res_t,
+                                s, out_ld);
+}
+
+void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dweight, float* dbias,
+                        const void* dout, RowMap dout_map, const void* inp, RowMap in_map,
+                        const void* weight, const float* mean, const float* rstd, int64_t N,
+                        int64_t C, void* scratch, DType t, DType in_t, CUstream_st* s,
+                        ColumnSumParts* dinp_sums) {
+    norm_backward<false>(dinp, dinp_map, accumulate, dweight, dbias, dout, dout_map, inp, in_map,
+                         weight, mean, rstd, N, C, scratch, t, in_t, s, dinp_sums);
+}
+
+void rmsnorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dweight,
+                      const void* dout, RowMap dout_map, const void* inp, RowMap in_map,
+                      const void* weight, const float* rstd, int64_t N, int64_t C, void* scratch,
+                      DType t, DType in_t, CUstream_st* s, ColumnSumParts* dinp_sums) {
+    norm_backward<true>(dinp, dinp_map, accumulate, dweight, nullptr, dout, dout_map, inp, in_map,
+                        weight, nullptr, rstd, N, C, scratch, t, in_t, s, dinp_sums);
 }
 
 }  // namespace zgpt::cuda

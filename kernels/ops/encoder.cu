@@ -11,7 +11,8 @@ __global__ void encoder_forward_kernel(T* out, const int32_t* tokens, const T* w
     const int64_t stride = int64_t(gridDim.x) * blockDim.x;
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < BT * C; i += stride) {
         const int64_t bt = i / C, c = i % C;
-        out[i] = from_f<T>(to_f(wte[int64_t(tokens[bt]) * C + c]) + to_f(wpe[(bt % Tn) * C + c]));
+        out[i] = from_f<T>(to_f(wte[int64_t(tokens[bt]) * C + c]) +
+                           (wpe ? to_f(wpe[(bt % Tn) * C + c]) : 0.0f));
     }
 }
 
@@ -25,7 +26,8 @@ __global__ void encoder_forward_vec_kernel(T* out, const int32_t* tokens, const 
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < BT * CW; i += stride) {
         const int64_t bt = i / CW, c = (i % CW) * W;
         const uint4 a = *reinterpret_cast<const uint4*>(wte + int64_t(tokens[bt]) * C + c);
-        const uint4 b = *reinterpret_cast<const uint4*>(wpe + (bt % Tn) * C + c);
+        const uint4 b =
+            wpe ? *reinterpret_cast<const uint4*>(wpe + (bt % Tn) * C + c) : make_uint4(0, 0, 0, 0);
         uint4 r;
         const T *ea = reinterpret_cast<const T*>(&a), *eb = reinterpret_cast<const T*>(&b);
         T* er = reinterpret_cast<T*>(&r);
@@ -41,7 +43,7 @@ __global__ void add_positions_kernel(T* out, const float* rows, const T* wpe, in
     const int64_t stride = int64_t(gridDim.x) * blockDim.x;
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < BT * C; i += stride) {
         const int64_t bt = i / C, c = i % C;
-        out[i] = from_f<T>(rows[i] + to_f(wpe[(bt % Tn) * C + c]));
+        out[i] = from_f<T>(rows[i] + (wpe ? to_f(wpe[(bt % Tn) * C + c]) : 0.0f));
     }
 }
 

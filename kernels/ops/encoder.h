@@ -23,7 +23,8 @@ void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, in
 }  // namespace zgpt::cpu
 
 // CUDA launchers (kernels/ops/encoder.cu; CUDA builds only). Device pointers; `t` is the storage
-// type of out/dout, wte and wpe; the weight gradients are fp32.
+// type of out/dout, wte and wpe; the weight gradients are fp32. wpe may be null (rotary
+// positions: no table), as on the CPU.
 #include "kernels/core/dtype.h"
 struct CUstream_st;
 namespace zgpt::cuda {

@@ -21,3 +21,24 @@ void rope_backward(T* dx, int64_t B, int64_t Tn, int64_t heads, int64_t hs, int6
                    double theta);
 
 }  // namespace zgpt::cpu
+
+// CUDA launchers (kernels/ops/rope.cu; CUDA builds only). x's type is t; the math is fp32 from a
+// table of cos and sin taken in double, as the CPU reference takes them.
+#include <vector>
+
+#include "kernels/core/dtype.h"
+struct CUstream_st;
+namespace zgpt::cuda {
+
+// cos then sin of every (position t < Tn, pair i < hs / 2), [2, Tn, hs / 2] floats: made on the
+// host once per sequence length, uploaded by the caller.
+std::vector<float> rope_table(int64_t Tn, int64_t hs, double theta);
+
+// In place on `heads` heads of every token (q's and k's heads lie side by side at the start of a
+// qkv row, so one call rotates both); table from rope_table(Tn, hs, theta) on the device.
+void rope_forward(void* x, const float* table, int64_t B, int64_t Tn, int64_t heads, int64_t hs,
+                  int64_t ld, DType t, CUstream_st* s);
+void rope_backward(void* dx, const float* table, int64_t B, int64_t Tn, int64_t heads, int64_t hs,
+                   int64_t ld, DType t, CUstream_st* s);
+
+}  // namespace zgpt::cuda

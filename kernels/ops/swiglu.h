@@ -14,3 +14,16 @@ template <typename T>
 void swiglu_backward(T* dinp, const T* inp, const T* dout, int64_t N, int64_t H);
 
 }  // namespace zgpt::cpu
+
+// CUDA launchers (kernels/ops/swiglu.cu; CUDA builds only), fp32 math on values of type t.
+#include "kernels/core/dtype.h"
+struct CUstream_st;
+namespace zgpt::cuda {
+
+void swiglu_forward(void* out, const void* inp, int64_t N, int64_t H, DType t, CUstream_st* s);
+
+// dinp [N, 2H] written (not added); it must not alias inp or dout.
+void swiglu_backward(void* dinp, const void* inp, const void* dout, int64_t N, int64_t H, DType t,
+                     CUstream_st* s);
+
+}  // namespace zgpt::cuda
