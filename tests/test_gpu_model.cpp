@@ -6,7 +6,8 @@
 // Tolerances:
 // - fp32: the GPU and the CPU reference (run in double) differ only by fp32 rounding of sums of
 //   up to a few thousand terms: 1e-5 relative, plus 1e-5 of the tensor's largest magnitude for
-//   elements produced by cancellation (LayerNorm and softmax backward, gradients).
+//   elements produced by cancellation (LayerNorm and softmax backward, gradients); for a
+//   gradient, of its matmul's (q, k and v together, as GPT-2's c_attn; gate and up).
 // - bf16: every input is rounded to bf16 before the reference sees it, so the reference and the
 //   GPU read the same values; the GPU computes in fp32 and rounds each output once: half a bf16
 //   ulp is 2^-9 relative, so 2^-8 relative plus 2^-8 of the largest magnitude (cancellation).
@@ -19,6 +20,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <sstream>
@@ -148,6 +150,24 @@ void compare_model(const ModelConfig& mc, const CudaModelOptions& o, double rtol
     std::vector<float> g(m.num_parameters());
     m.get_grads(g.data());
     const double global = max_abs(ref.grads);
+    // The absolute part of the bound is a fraction of the largest gradient of the tensor's
+    // matmul: q, k and v (and SwiGLU's gate and up) are one product and one GEMM, and GPT-2's
+    // layout holds them as one tensor (c_attn), judged as one. Split by name (Llama's layout),
+    // q's and k's gradients can be a thousandth of v's (near-uniform attention at init) while
+    // the bf16 rounding of the shared inputs is of v's size.
+    auto stacked = [](std::string n) {
+        for (const char* part : {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"})
+            if (size_t at = n.find(part); at != std::string::npos)
+                n.replace(at, std::string(part).size(),
+                          part[0] == 'g' || part[0] == 'u' ? "gate_up" : "qkv");
+        return n;
+    };
+    std::map<std::string, double> scale;
+    for (const ParamSpec& s : m.layout().table.specs()) {
+        double& x = scale[stacked(s.name)];
+        for (int64_t i = s.offset; i < s.offset + s.numel; i++)
+            x = std::max(x, std::fabs(ref.grads[i]));
+    }
     for (const ParamSpec& s : m.layout().table.specs()) {
         CAPTURE(s.name);
         const std::vector<double> gg(g.begin() + s.offset, g.begin() + s.offset + s.numel);
@@ -159,7 +179,8 @@ void compare_model(const ModelConfig& mc, const CudaModelOptions& o, double rtol
             CHECK(max_abs(gg) <= rtol * global);
             continue;
         }
-        const MaxError e = compare(gg.data(), wg.data(), s.numel, rtol, rtol * max_abs(wg));
+        const MaxError e =
+            compare(gg.data(), wg.data(), s.numel, rtol, rtol * scale[stacked(s.name)]);
         INFO("grad: max abs err " << e.abs << ", max rel " << e.rel << ", worst " << e.worst);
         CHECK(e.ok);
     }
