@@ -13,7 +13,6 @@
 #include "kernels/gemm/matmul.h"
 #include "kernels/gemm/matmul_wgmma.h"
 #include "kernels/norms/layernorm.h"
-#include "kernels/norms/rmsnorm.h"
 #include "kernels/ops/adamw.h"
 #include "kernels/ops/encoder.h"
 #include "kernels/ops/gelu.h"

@@ -11,7 +11,6 @@
 #include "kernels/core/column_sums.cuh"
 #include "kernels/core/cuda_common.cuh"
 #include "kernels/norms/layernorm.h"
-#include "kernels/norms/rmsnorm.h"
 
 namespace zgpt::cuda {
 

@@ -86,4 +86,21 @@ inline void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, flo
                        weight, mean, rstd, N, C, scratch, t, t, s);
 }
 
+// RMSNorm (model.norm: rmsnorm) through the same kernels without the mean and the bias: the same
+// layouts, types and fixed-order sums; rstd alone is saved.
+void rmsnorm_forward(void* out, RowMap out_map, float* rstd, const void* inp, RowMap in_map,
+                     const void* weight, int64_t N, int64_t C, double eps, DType t, DType in_t,
+                     CUstream_st* s);
+
+// res = a + b (rounded to res_t), out = RMSNorm(res), as residual_layernorm_forward.
+void residual_rmsnorm_forward(void* res, void* out, float* rstd, const void* a, const void* b,
+                              const void* weight, int64_t N, int64_t C, double eps, DType t,
+                              DType res_t, CUstream_st* s, int64_t out_ld = 0);
+
+// As layernorm_backward: scratch of layernorm_backward_scratch_bytes(N, C), dinp_sums likewise.
+void rmsnorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dweight,
+                      const void* dout, RowMap dout_map, const void* inp, RowMap in_map,
+                      const void* weight, const float* rstd, int64_t N, int64_t C, void* scratch,
+                      DType t, DType in_t, CUstream_st* s, ColumnSumParts* dinp_sums = nullptr);
+
 }  // namespace zgpt::cuda
