@@ -72,6 +72,37 @@ TEST_CASE("AdamW over the table: weight decay only on matrices; grad_scale scale
     CHECK(p1[0] == p2[0]);
 }
 
+TEST_CASE("independent weight decay shrinks by weight_decay x lr / optim.lr, whatever optim.lr") {
+    ModelConfig c;
+    c.n_layer = 1;
+    c.n_head = 2;
+    c.n_embd = 8;
+    c.block_size = 4;
+    c.vocab_size = 5;
+    for (double peak : {1e-3, 1e-1}) {
+        CAPTURE(peak);
+        GPT<float> model(c);
+        model.init_weights(1);
+        std::fill(model.grads.begin(), model.grads.end(), 0.0f);  // only the decay moves p
+        OptimConfig oc;
+        oc.lr = peak;
+        oc.weight_decay = 1e-2;
+        oc.weight_decay_independent = true;
+        CHECK(decoupled_weight_decay(oc) == doctest::Approx(1e-2 / peak));
+        AdamW opt(model.layout().table, oc);
+        const std::vector<float> before = model.params;
+        opt.step(model.params.data(), model.grads.data(), peak / 2, 1.0);  // half-way down
+        for (const ParamSpec& s : model.layout().table.specs()) {
+            CAPTURE(s.name);
+            const float b = before[s.offset], a = model.params[s.offset];
+            CHECK(a == doctest::Approx(s.decay ? b * (1 - 0.5e-2) : b).epsilon(1e-6));
+        }
+    }
+    OptimConfig coupled;
+    coupled.weight_decay = 0.1;
+    CHECK(decoupled_weight_decay(coupled) == 0.1);
+}
+
 TEST_CASE("LR schedule: warmup, cosine / linear / constant decay, floor") {
     OptimConfig o;
     o.lr = 1.0;

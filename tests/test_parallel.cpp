@@ -499,6 +499,28 @@ TEST_CASE("data parallel x vocab parallel: 4 ranks in 2 groups of 2 equals one r
     check_same_run(run(c), one);
 }
 
+TEST_CASE("a Llama-style model: data x vocab parallel, and ZeRO-1, equal one rank") {
+    // RMSNorm, rotary positions (no position table for the split embedding to add), SwiGLU and
+    // one key/value head for two query heads, through the same parallel paths as GPT-2's block
+    auto llama = [](Config c) {
+        c.model.norm = "rmsnorm";
+        c.model.position = "rope";
+        c.model.mlp = "swiglu";
+        c.model.mlp_multiple_of = 8;
+        c.model.n_kv_head = 1;
+        c.model.tie_embeddings = false;
+        return c;
+    };
+    const RunOut one = run(llama(tiny_config("llama1", 8, 1)));
+    CHECK(one.loss.back() < one.loss.front());
+    Config c = llama(tiny_config("llama_dpvp4", 2, 4));
+    c.parallel.vocab_parallel = 2;
+    check_same_run(run(c), one);
+    c.parallel.zero1 = true;
+    c.train.run_name = "llama_dpvp4_zero";
+    check_same_run(run(c), one);
+}
+
 TEST_CASE("a split vocabulary: each rank stores 1/P of the tables, whole checkpoints round-trip") {
     // Tied and untied, P = 2 and 3 (V = 67: uneven shards). Each rank's backend holds its shard's
     // rows; params() gathers the whole model, identical to the initial weights of one rank.

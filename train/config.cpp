@@ -166,6 +166,10 @@ std::vector<ConfigField> config_fields(Config& c) {
     add({"optim", "eps", "AdamW epsilon", &o.eps, 0, 1, true});
     add({"optim", "weight_decay", "decoupled weight decay (matrices only)", &o.weight_decay, 0,
          10});
+    add({"optim", "weight_decay_independent",
+         "decay independent of the LR's size (Wortsman et al.): weights shrink by weight_decay x "
+         "lr / optim.lr a step",
+         &o.weight_decay_independent});
     add({"optim", "grad_clip", "global grad-norm clip; 0: off", &o.grad_clip, 0, inf});
     LossConfig& l = c.loss;
     add({"loss", "z_loss_weight", "z-loss weight: adds w * lse^2 per token", &l.z_loss_weight, 0,

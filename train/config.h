@@ -57,8 +57,17 @@ struct OptimConfig {
     int64_t decay_steps = 0;       // 0: train.max_steps
     double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
     double weight_decay = 0.1;  // decoupled, on matrices only
-    double grad_clip = 1.0;     // global norm; 0: off
+    // Wortsman et al.'s independent decay: a step shrinks the weights by weight_decay x lr / lr
+    // (the schedule's shape alone) instead of weight_decay x lr
+    bool weight_decay_independent = false;
+    double grad_clip = 1.0;  // global norm; 0: off
 };
+
+// The coefficient AdamW multiplies by the step's LR: weight_decay, or weight_decay / optim.lr
+// when the decay is independent of the LR's size.
+inline double decoupled_weight_decay(const OptimConfig& o) {
+    return o.weight_decay_independent ? o.weight_decay / o.lr : o.weight_decay;
+}
 
 struct LossConfig {
     double z_loss_weight = 0.0;

@@ -30,7 +30,7 @@ void AdamW::step(float* params, const float* grads, double lr, double grad_scale
     for (const ParamSpec& p : table_.specs()) {  // each tensor's part inside [lo, hi)
         const int64_t a = std::max(p.offset, lo_), b = std::min(p.offset + p.numel, hi_);
         if (a >= b) continue;
-        s.weight_decay = p.decay ? cfg_.weight_decay : 0.0;
+        s.weight_decay = p.decay ? decoupled_weight_decay(cfg_) : 0.0;
         cpu::adamw_update(params + a, grads + a, m_.data() + (a - lo_), v_.data() + (a - lo_),
                           b - a, s);
     }

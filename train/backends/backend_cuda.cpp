@@ -164,8 +164,8 @@ class CudaBackend final : public Backend {
     void optimizer_step(double lr, double grad_scale) override {
         steps_++;
         const OptimConfig& o = cfg_.optim;
-        model_.adamw_step_range(lr, o.beta1, o.beta2, o.eps, o.weight_decay, steps_, grad_scale,
-                                m_->get(), v_->get(), lo_, hi_);
+        model_.adamw_step_range(lr, o.beta1, o.beta2, o.eps, decoupled_weight_decay(o), steps_,
+                                grad_scale, m_->get(), v_->get(), lo_, hi_);
         gather_optimizer_slices();
     }
     double clip_and_step(double lr, double max_norm) override {
@@ -174,8 +174,8 @@ class CudaBackend final : public Backend {
         steps_++;
         const OptimConfig& o = cfg_.optim;
         const double norm =
-            model_.clip_and_adamw_step_range(lr, o.beta1, o.beta2, o.eps, o.weight_decay, steps_,
-                                             max_norm, m_->get(), v_->get(), lo_, hi_);
+            model_.clip_and_adamw_step_range(lr, o.beta1, o.beta2, o.eps, decoupled_weight_decay(o),
+                                             steps_, max_norm, m_->get(), v_->get(), lo_, hi_);
         gather_optimizer_slices();
         return norm;
     }
