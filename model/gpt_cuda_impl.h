@@ -72,7 +72,7 @@ struct GptCuda::Impl {
     LayernormVariant ln_variant = LayernormVariant::fused_residual;  // resolved once
     // kernels.fc_bias_in_dw in effect (with biases and cuBLASLt's epilogues): ln2's rows are
     // ln2_ld() = C + kOnesPad apart, column C holds ones and C + 1.. zeros, and fc's
-    // weight-gradient GEMM writes [4C, C + kOnesPad] into fc_dw_scratch, whose column C is fc's
+    // weight-gradient GEMM writes [H, C + kOnesPad] into fc_dw_scratch, whose column C is fc's
     // bias gradient
     bool fc_bias_in_dw = false;
     static constexpr int64_t kOnesPad = 8;  // the ones column and 7 zeros: 16-byte bf16 rows

@@ -97,6 +97,16 @@ def final(run, field):
     return ys[-1] if ys else float("nan")
 
 
+def tail_mean(run, field, steps=100):
+    """The mean of a logged field over the run's last `steps` steps (a smoother end-of-run figure
+    than its last value)."""
+    xs, ys = series(run, field)
+    if not xs:
+        return float("nan")
+    tail = [y for x, y in zip(xs, ys) if x > xs[-1] - steps]
+    return sum(tail) / len(tail)
+
+
 def lr_sensitivity(runs):
     """{z weight: (LR-sensitivity, [(lr, final val CE)])} when the runs span several LRs."""
     groups = {}
@@ -134,14 +144,18 @@ def main():
         w = csv.writer(sys.stdout)
         w.writerow(["run"] + differing + ["steps", "diverged", "final_loss", "final_val_loss",
                                           "final_val_ce", "min_val_ce", "final_lse_mean",
-                                          "final_lse_sq_mean", "final_max_logit"])
+                                          "final_lse_sq_mean", "final_max_logit",
+                                          "last100_lse_mean", "last100_lse_sq_mean",
+                                          "max_logit_any_step"])
         for r in runs:
             val_ce = series(r, "val_ce")[1]
             w.writerow([r["dir"].name] + [r["config"].get(k) for k in differing] +
                        [series(r, "loss")[0][-1] if series(r, "loss")[0] else 0, r["diverged"],
                         final(r, "loss"), final(r, "val_loss"), final(r, "val_ce"),
                         min(val_ce) if val_ce else "", final(r, "lse_mean"),
-                        final(r, "lse_sq_mean"), final(r, "max_logit")])
+                        final(r, "lse_sq_mean"), final(r, "max_logit"),
+                        tail_mean(r, "lse_mean"), tail_mean(r, "lse_sq_mean"),
+                        max(series(r, "max_logit")[1], default=float("nan"))])
         for z, (s, _) in sens.items():
             print(f"# LR sensitivity (z_loss_weight={z}): {s:.4f}")
         return

@@ -24,7 +24,8 @@ struct CUstream_st;
 namespace zgpt::cuda {
 
 // Where the rows of a LayerNorm live: row r starts at (r / group) * ld + (r % group) * C. Plain
-// rows are {1, C}; the heads of q inside qkv [BT, 3C] are {NH, 3C} (qk_norm).
+// rows are {1, C}; the heads of q inside qkv [BT, C + 2 KVC] are {NH, C + 2 KVC} and those of k,
+// from column C, {NKV, C + 2 KVC} (qk_norm).
 struct RowMap {
     int64_t group = 1, ld = 0;
 };

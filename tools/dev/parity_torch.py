@@ -198,7 +198,7 @@ def loss_sum(logits, y, lossc):
 
 def model_options(bin_dir, config, sets):
     """The model section of the resolved config (`train --print-config`: flat `key: value` lines),
-    for the Llama-style options that run.json does not list."""
+    for the Llama-style options where run.json lacks them (dumps of older parity_inputs)."""
     out, section = {}, None
     for line in run([f"{bin_dir}/train", "-c", config, *sets, "--print-config"]).splitlines():
         if line and not line.startswith(" "):
