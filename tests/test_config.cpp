@@ -342,6 +342,49 @@ TEST_CASE("the kernels' tuning keys: overrides, nested YAML, sets, variants, rou
                          Error);
 }
 
+TEST_CASE("every shipped config loads, and every combination of every shipped sweep") {
+    // what tools/sweep checks before it runs anything: load_config(base, set + one value of
+    // each grid key), for every combination
+    const fs::path root = ZGPT_SOURCE_DIR;
+    int configs = 0, combos = 0;
+    for (const auto& e : fs::directory_iterator(root / "configs"))
+        if (e.path().extension() == ".yaml") {
+            CAPTURE(e.path().string());
+            CHECK_NOTHROW(load_config(e.path().string()));
+            configs++;
+        }
+    for (const auto& e : fs::recursive_directory_iterator(root / "sweeps")) {
+        if (e.path().extension() != ".yaml") continue;
+        CAPTURE(e.path().string());
+        const YAML::Node sw = YAML::LoadFile(e.path().string());
+        std::vector<std::string> fixed;
+        for (const auto& x : sw["set"]) fixed.push_back(x.as<std::string>());
+        std::vector<std::vector<std::string>> axes;  // "key=value" per grid key
+        for (const auto& kv : sw["grid"]) {
+            axes.emplace_back();
+            for (const auto& v : kv.second)
+                axes.back().push_back(kv.first.as<std::string>() + "=" + v.Scalar());
+        }
+        std::vector<std::vector<std::string>> all{fixed};
+        for (const auto& axis : axes) {
+            std::vector<std::vector<std::string>> next;
+            for (const auto& partial : all)
+                for (const std::string& v : axis) {
+                    next.push_back(partial);
+                    next.back().push_back(v);
+                }
+            all = next;
+        }
+        for (const auto& sets : all) {
+            CAPTURE(sets.back());
+            CHECK_NOTHROW(load_config((root / sw["base"].as<std::string>()).string(), sets));
+            combos++;
+        }
+    }
+    CHECK(configs >= 9);
+    CHECK(combos >= 50);
+}
+
 TEST_CASE("a sweep file varies a tuning key like any key") {
     // tools/sweep checks every combination with load_config(base, set + grid overrides) before
     // anything runs; the grid's keys are the config's, dotted ones included
@@ -432,7 +475,8 @@ TEST_CASE("every variant's properties: the tuning keys it reads are config keys 
     CHECK_FALSE(is_linear_cross_entropy("fast"));
 }
 
-TEST_CASE("Llama-style options: choices, bad combinations and the CUDA refusal name the key") {
+TEST_CASE(
+    "Llama-style options: choices, bad combinations name the key; the CUDA model takes them") {
     const Config c = load_config(write_yaml("llama", std::string(kBase) +
                                                          "model:\n  norm: rmsnorm\n"
                                                          "  position: rope\n  mlp: swiglu\n"
