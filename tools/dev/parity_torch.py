@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Loss parity with PyTorch: trains one of our configs twice from the same initial weights on the
 same batches, once with our `train` and once with a small PyTorch GPT written here, and prints the
-per-step loss of both and their difference.
+per-step loss of both and their difference, and the log Z statistics of both (the mean of lse and
+of lse^2 over valid tokens, the largest logit), which a z-loss comparison reads.
 
 The PyTorch side reads what `parity_inputs` dumps (the trainer's initial weights, parameter table
 and loader batches, one rank) and follows our recipe: the same architecture (bias, tied
@@ -184,11 +185,18 @@ class TorchGPT:
         return F.linear(x, head)[..., : m["vocab_size"]]  # padded rows never enter the softmax
 
 
-def loss_sum(logits, y, lossc):
-    """Sum over valid rows of (1 - eps)(lse - x_y) + eps(lse - mean x) + z lse^2, in fp32."""
+def loss_sum(logits, y, lossc, stats):
+    """Sum over valid rows of (1 - eps)(lse - x_y) + eps(lse - mean x) + z lse^2, in fp32. Adds
+    the sums of lse and lse^2 over valid rows and the largest logit of any row to `stats`, as our
+    loss head reports them (metrics.jsonl's lse_mean, lse_sq_mean, max_logit)."""
     x = logits.float()
     lse = torch.logsumexp(x, dim=-1)
     valid = y != lossc["ignore_index"]
+    with torch.no_grad():
+        zero = torch.zeros_like(lse)
+        stats["lse"] += float(torch.where(valid, lse, zero).double().sum())
+        stats["lse_sq"] += float(torch.where(valid, lse.double() ** 2, zero.double()).sum())
+        stats["max_logit"] = max(stats["max_logit"], float(x.max()))
     xy = x.gather(-1, torch.where(valid, y, 0).unsqueeze(-1)).squeeze(-1)
     eps = lossc["label_smoothing"]
     ce = (1 - eps) * (lse - xy) + eps * (lse - x.mean(dim=-1))
@@ -230,22 +238,25 @@ def train_torch(run, arena, batches, device, dtype, steps):
     names = list(model.P)
     state = {n: (torch.zeros_like(model.P[n]), torch.zeros_like(model.P[n])) for n in names}
     autocast = torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=dtype == "bf16")
-    losses = []
+    losses, stats = [], []
     for s in range(steps):
         micro = batches[s]
         n_valid = int((micro[:, 1] != lossc["ignore_index"]).sum())
         for p in model.P.values():
             p.grad = None
         total = 0.0
+        st = {"lse": 0.0, "lse_sq": 0.0, "max_logit": -math.inf}
         for a in range(micro.shape[0]):
             x = torch.from_numpy(micro[a, 0].astype(np.int64)).to(device)
             y = torch.from_numpy(micro[a, 1].astype(np.int64)).to(device)
             with autocast:
                 logits = model.forward(x)
-            ls = loss_sum(logits, y, lossc)
+            ls = loss_sum(logits, y, lossc, st)
             (ls / max(n_valid, 1)).backward()
             total += float(ls)
         losses.append(total / max(n_valid, 1))
+        stats.append({"lse_mean": st["lse"] / max(n_valid, 1),
+                      "lse_sq_mean": st["lse_sq"] / max(n_valid, 1), "max_logit": st["max_logit"]})
         with torch.no_grad():
             grads = [model.P[n].grad for n in names]
             norm = math.sqrt(sum(float((g.double() ** 2).sum()) for g in grads))
@@ -261,7 +272,7 @@ def train_torch(run, arena, batches, device, dtype, steps):
                 if model.decay[n]:
                     p.mul_(1 - lr * o["weight_decay"])
                 p.sub_(lr * (m / bc1) / ((v / bc2).sqrt() + o["eps"]))
-    return losses
+    return losses, stats
 
 
 def main():
@@ -305,22 +316,25 @@ def main():
     ours_sets = sets + ["--set", "train.eval_every=0", "--set", "train.sample_every=0", "--set", "data.val=",
                         "--set", f"train.out_dir={work}"]
 
+    stat_keys = ("lse_mean", "lse_sq_mean", "max_logit")
+
     def train_ours(name, extra):
         shutil.rmtree(work / name, ignore_errors=True)  # a run directory is appended to, never reset
         run([f"{a.bin}/train", "-c", a.config, *ours_sets, "--set", f"train.run_name={name}", *extra])
-        return [json.loads(l)["loss"] for l in open(work / name / "metrics.jsonl") if '"loss"' in l]
+        recs = [json.loads(l) for l in open(work / name / "metrics.jsonl") if '"loss"' in l]
+        return [r["loss"] for r in recs], [{k: r[k] for k in stat_keys} for r in recs]
 
-    ours = train_ours("ours", [])
+    ours, ours_stats = train_ours("ours", [])
     ours_variants = {}
     for v in a.ours_variant:  # the same weights and batches, other settings of ours
         extra = [x for kv in filter(None, v.split(",")) for x in ("--set", kv)]
-        ours_variants[v] = train_ours(f"ours_{len(ours_variants) + 1}", extra)
+        ours_variants[v] = train_ours(f"ours_{len(ours_variants) + 1}", extra)[0]
 
     if a.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
     torch.manual_seed(0)
-    theirs = train_torch(runj, arena, batches, a.device, tr["precision"], a.steps)
+    theirs, theirs_stats = train_torch(runj, arena, batches, a.device, tr["precision"], a.steps)
     assert len(ours) == len(theirs) == a.steps, (len(ours), len(theirs))
 
     rel = [abs(x - y) / abs(y) for x, y in zip(ours, theirs)]
@@ -332,7 +346,7 @@ def main():
     variants = {}
     for v in filter(None, a.torch_variants.split(",")):
         torch.manual_seed(0)
-        c = train_torch(runj, arena, batches, a.device, v, a.steps)
+        c = train_torch(runj, arena, batches, a.device, v, a.steps)[0]
         variants[v] = {"losses": c, "means": window(c), "max_gap_vs_pytorch": gap(c, theirs),
                        "max_gap_vs_ours": gap(c, ours)}
         print(f"PyTorch {v}: {w}-step means differ from PyTorch {tr['precision']} by at most "
@@ -348,15 +362,28 @@ def main():
             print(f"{i + 1:6d} {x:12.6f} {y:12.6f} {r:10.2e}")
     print(f"{a.steps} steps, {tr['precision']} on {a.device}: largest relative difference {max(rel):.2e}; "
           f"{w}-step means differ by at most {max_gap:.4f}")
+    # the log Z statistics and the largest logit, step by step (what a z-loss comparison reads)
+    stat_rel = {k: max(abs(x[k] - y[k]) / max(abs(y[k]), 1e-30) for x, y in zip(ours_stats, theirs_stats))
+                for k in stat_keys}
+    stat_means = {k: list(zip(window([x[k] for x in ours_stats]), window([y[k] for y in theirs_stats])))
+                  for k in stat_keys}
+    print("largest relative differences: " + ", ".join(f"{k} {v:.2e}" for k, v in stat_rel.items()))
     if a.out:
         pathlib.Path(a.out).write_text(json.dumps({
             "config": a.config, "overrides": a.set, "device": a.device, "precision": tr["precision"],
             "steps": a.steps, "window": w, "max_gap": max_gap, "max_rel_diff": max(rel),
             "means": means, "ours": ours, "pytorch": theirs, "pytorch_variants": variants,
-            "ours_variants": ours_variants,
+            "ours_variants": ours_variants, "ours_stats": ours_stats, "pytorch_stats": theirs_stats,
+            "stats_max_rel_diff": stat_rel, "stats_means": stat_means,
             "torch_version": torch.__version__}, indent=1))
     if a.tolerance is not None and max(rel) > a.tolerance:
         print(f"FAIL: a step differs by {max(rel):.2e} > {a.tolerance:g}")
+        sys.exit(1)
+    # lse's mean and square within the same bound; the largest logit too where it is not rounded to
+    # bf16 on our side
+    checked = stat_keys if tr["precision"] == "fp32" else ()
+    if a.tolerance is not None and any(stat_rel[k] > a.tolerance for k in checked):
+        print(f"FAIL: a step's log Z statistics differ by more than {a.tolerance:g}: {stat_rel}")
         sys.exit(1)
 
 
