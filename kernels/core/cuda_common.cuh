@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 
 #include "kernels/core/cuda_check.h"
 #include "kernels/core/dtype.h"
@@ -59,6 +60,12 @@ __device__ __forceinline__ float warp_max(float v) {
 // Whether p is `bytes`-aligned: the vectorised paths' 16-byte accesses need 16.
 inline bool is_aligned(const void* p, uintptr_t bytes = 16) {
     return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+// Whether every pointer is 16-byte aligned (null counts as aligned).
+inline bool is_aligned(std::initializer_list<const void*> ps) {
+    for (const void* p : ps)
+        if (!is_aligned(p)) return false;
+    return true;
 }
 
 // Blocks for a grid-stride loop over n items.

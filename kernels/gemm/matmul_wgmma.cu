@@ -138,8 +138,8 @@ bool gemm_wgmma_usable(const Gemm& g) {
     return epilogue_ok && packed && g.ab_type == DType::bf16 && g.d_type == DType::bf16 &&
            !g.trans_a && g.trans_b && g.alpha == 1.0f && g.beta == 0.0f && !g.C && g.M > 0 &&
            g.N > 0 && g.K > 0 && g.K % 8 == 0 && g.N % 8 == 0 && g.M < INT32_MAX - kBM &&
-           g.N < INT32_MAX - kBN && g.K < INT32_MAX && is_aligned(g.A) && is_aligned(g.B) &&
-           is_aligned(g.D) && (!bias || (g.bias && is_aligned(g.bias, 4))) &&
+           g.N < INT32_MAX - kBN && g.K < INT32_MAX && is_aligned({g.A, g.B, g.D}) &&
+           (!bias || (g.bias && is_aligned(g.bias, 4))) &&
            (!gelu || (g.aux && is_aligned(g.aux))) && current_device_is_sm90();
 }
 

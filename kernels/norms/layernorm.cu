@@ -446,12 +446,6 @@ RowMap plain(RowMap m, int64_t C) {
     return m;
 }
 
-bool aligned16(std::initializer_list<const void*> ps) {
-    for (const void* p : ps)
-        if (!is_aligned(p)) return false;
-    return true;
-}
-
 // Enough blocks of the backward fast path to fill every SM once (a persistent grid).
 template <int NV, bool SUMS, typename R, bool RMS>
 int vec_backward_blocks() {
@@ -501,7 +495,7 @@ void norm_forward(void* out, RowMap out_map, float* mean, float* rstd, const voi
         using T = typename decltype(tt)::type;
         using R = typename decltype(rr)::type;
         if constexpr (std::is_same_v<T, bf16>) {
-            if (rows_plain && aligned16({out, inp, weight, bias})) {
+            if (rows_plain && is_aligned({out, inp, weight, bias})) {
                 const bool done = with_vec_width(C, [&](auto NV) {
                     layernorm_forward_vec_kernel<NV.value, false, R, RMS>
                         <<<unsigned((N + kVecWarps - 1) / kVecWarps), 32 * kVecWarps, 0, s>>>(
@@ -532,7 +526,7 @@ void residual_norm_forward(void* res, void* out, float* mean, float* rstd, const
         using T = typename decltype(tt)::type;
         using R = typename decltype(rr)::type;
         if constexpr (std::is_same_v<T, bf16>) {
-            if (out_ld % 8 == 0 && aligned16({res, out, a, b, weight, bias})) {
+            if (out_ld % 8 == 0 && is_aligned({res, out, a, b, weight, bias})) {
                 const bool done = with_vec_width(C, [&](auto NV) {
                     layernorm_forward_vec_kernel<NV.value, true, R, RMS>
                         <<<unsigned((N + kVecWarps - 1) / kVecWarps), 32 * kVecWarps, 0, s>>>(
@@ -572,7 +566,7 @@ void norm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dweight,
         using T = typename decltype(tt)::type;
         using R = typename decltype(rr)::type;
         if constexpr (std::is_same_v<T, bf16>) {
-            if (rows_plain && aligned16({dinp, dout, inp, weight})) {
+            if (rows_plain && is_aligned({dinp, dout, inp, weight})) {
                 float* pw = static_cast<float*>(scratch);
                 float* pb = pw + size_t(kVecMaxBlocks) * C;
                 int blocks = 0;

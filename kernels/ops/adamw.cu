@@ -115,8 +115,8 @@ void adamw_update(float* params, void* params_bf16, const float* grads, float* m
                   1.0 / bc2,
                   s.grad_scale};
     bf16* p16 = static_cast<bf16*>(params_bf16);
-    const bool vec = base % 4 == 0 && is_aligned(params) && is_aligned(grads) && is_aligned(m) &&
-                     is_aligned(v) && (!p16 || is_aligned(p16, 8));
+    const bool vec =
+        base % 4 == 0 && is_aligned({params, grads, m, v}) && (!p16 || is_aligned(p16, 8));
     SpanTable t{};
     auto launch = [&] {
         if (t.count == 0) return;

@@ -104,8 +104,7 @@ __global__ void wte_merge_kernel(float* dwte, const float* partials, const int32
 void encoder_forward(void* out, const int32_t* tokens, const void* wte, const void* wpe, int64_t B,
                      int64_t Tn, int64_t C, DType t, CUstream_st* s) {
     ZG_CHECK(B > 0 && Tn > 0 && C > 0, "encoder_forward: sizes must be positive");
-    const bool vec =
-        C % (16 / dtype_bytes(t)) == 0 && is_aligned(out) && is_aligned(wte) && is_aligned(wpe);
+    const bool vec = C % (16 / dtype_bytes(t)) == 0 && is_aligned({out, wte, wpe});
     ZG_DISPATCH(t, T, {
         if (vec) {
             encoder_forward_vec_kernel<T>

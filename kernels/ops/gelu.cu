@@ -58,7 +58,7 @@ __global__ void gelu_backward_vec(bf16* dinp, const bf16* inp, const bf16* dout,
 }
 
 bool vec_ok(int64_t n, const void* a, const void* b, const void* c) {
-    return n % 8 == 0 && is_aligned(a) && is_aligned(b) && is_aligned(c);
+    return n % 8 == 0 && is_aligned({a, b, c});
 }
 
 }  // namespace

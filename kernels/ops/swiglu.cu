@@ -68,10 +68,7 @@ __global__ void swiglu_backward_vec(bf16* dinp, const bf16* inp, const bf16* dou
 }
 
 bool vec_ok(int64_t H, std::initializer_list<const void*> ps) {
-    if (H % 8 != 0) return false;
-    for (const void* p : ps)
-        if (!is_aligned(p)) return false;
-    return true;
+    return H % 8 == 0 && is_aligned(ps);
 }
 
 }  // namespace
