@@ -204,26 +204,6 @@ def loss_sum(logits, y, lossc, stats):
     return torch.where(valid, per_row, torch.zeros_like(per_row)).sum()
 
 
-def model_options(bin_dir, config, sets):
-    """The model section of the resolved config (`train --print-config`: flat `key: value` lines),
-    for the Llama-style options where run.json lacks them (dumps of older parity_inputs)."""
-    out, section = {}, None
-    for line in run([f"{bin_dir}/train", "-c", config, *sets, "--print-config"]).splitlines():
-        if line and not line.startswith(" "):
-            section = line.rstrip(":")
-        elif section == "model" and ":" in line:
-            k, v = (z.strip() for z in line.split(":", 1))
-            v = v.strip('"')
-            for conv in (int, float):
-                try:
-                    v = conv(v)
-                    break
-                except ValueError:
-                    pass
-            out[k] = {"true": True, "false": False}.get(v, v) if isinstance(v, str) else v
-    return out
-
-
 def train_torch(run, arena, batches, device, dtype, steps):
     model = TorchGPT(run, arena, device, round_residual=dtype == "bf16_residual")
     if dtype == "bf16_residual":
@@ -304,8 +284,6 @@ def main():
         sets += ["--set", kv]
     run([f"{a.bin}/parity_inputs", "-c", a.config, *sets, "--steps", str(a.steps), "-o", str(work / "inputs")])
     runj = json.loads((work / "inputs/run.json").read_text())
-    for k, v in model_options(a.bin, a.config, sets).items():  # run.json's keys win
-        runj["model"].setdefault(k, v)
     tr = runj["train"]
     arena = np.fromfile(work / "inputs/init.f32", dtype=np.float32)
     assert arena.size == runj["num_parameters"], "init.f32 does not match the parameter table"
