@@ -624,13 +624,8 @@ void GptCuda::Impl::backward() {
         before_write(qkv_colsums.get());
         attention->backward(dqkv.get(), dtmp.get(), a.qkv.get(), a.atty.get(), a.att_saved.get(),
                             att_scratch.get(), qkv_colsums.as<float>(), shape, t, stream);
-        tick("attention bwd");
-        if (rope) {  // the inverse rotation, in place on q's and k's heads
-            cuda::rope_backward(dqkv.get(), rope_tab.as<float>(), B, Tn, NH + NKV, hs, Cq, t,
-                                stream);
-            tick("rope bwd");
-        }
-        if (cfg.qk_norm) {  // in place: dqkv's q and k parts become the pre-norm gradients
+        tick("attention bwd");  // with rotary positions, dq and dk of the unrotated q and k
+        if (cfg.qk_norm) {      // in place: dqkv's q and k parts become the pre-norm gradients
             const cuda::RowMap qh{NH, Cq}, kh{NKV, Cq};
             char* d = dqkv.as<char>();
             const char* raw = a.qkv_raw.as<char>();

@@ -191,6 +191,8 @@ struct GptCuda::Impl {
     cuda::AttentionShape attention_shape() const {
         cuda::AttentionShape sh{B, Tn, cfg.n_embd, cfg.n_head, opt.kernels.attention_tuning};
         sh.NKV = NKV;
+        // backward turns dq and dk back itself (at the wgmma kernels' stores)
+        if (rope) sh.rope_table = rope_tab.as<float>();
         return sh;
     }
 

@@ -99,7 +99,17 @@ void attention(const std::string& variant, const AttentionDims& s, DType t) {
     cpu::attention_forward(out.data(), att.data(), qkv.data(), s.B, s.T, s.C, s.NH, s.NKV);
     cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), s.B, s.T, s.C, s.NH,
                             s.NKV);
+    // with rotary positions qkv stands for the rotated q and k; backward turns dq and dk back
+    const int64_t hs = s.C / s.NH, nkv = s.NKV ? s.NKV : s.NH;
+    const double theta = 10000.0;
+    if (s.rope) {
+        cpu::rope_backward(dqkv.data(), s.B, s.T, s.NH, hs, W, theta);
+        cpu::rope_backward(dqkv.data() + s.C, s.B, s.T, nkv, hs, W, theta);
+    }
+    const std::vector<float> tab = cuda::rope_table(s.T, hs, theta);
+    DevT d_tab(DType::f32, std::vector<double>(tab.begin(), tab.end()));
     cuda::AttentionShape sh{s.B, s.T, s.C, s.NH};
+    if (s.rope) sh.rope_table = d_tab.f();
     sh.NKV = s.NKV;
     sh.tuning.wgmma_dkdv_wgs = s.dkdv_wgs;
     sh.tuning.wgmma_fwd_pipeline = s.fwd_pipeline;

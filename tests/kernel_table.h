@@ -23,6 +23,7 @@ struct AttentionDims {
     bool dkdv_tma = true;       // kernels.attention_tuning.wgmma_dkdv_tma
     bool dq_tma = true;         // kernels.attention_tuning.wgmma_dq_tma
     bool fwd_tma = true;        // kernels.attention_tuning.wgmma_fwd_tma
+    bool rope = false;          // rotary positions: backward returns the unrotated q's and k's
 };
 struct LayernormDims {
     int64_t N, C;

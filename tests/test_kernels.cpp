@@ -237,10 +237,32 @@ std::string text(const AttentionDims& s) {
            (s.NKV ? " NKV=" + std::to_string(s.NKV) : "") +
            (s.dkdv_wgs ? " dkdv_wgs=" + std::to_string(s.dkdv_wgs) : "") +
            (s.fwd_pipeline ? " fwd_pipeline=true" : "") + (s.dkdv_tma ? "" : " dkdv_tma=false") +
-           (s.dq_tma ? "" : " dq_tma=false") + (s.fwd_tma ? "" : " fwd_tma=false");
+           (s.dq_tma ? "" : " dq_tma=false") + (s.fwd_tma ? "" : " fwd_tma=false") +
+           (s.rope ? " rope" : "");
 }
+// Rotary positions (the inverse rotation at the Hopper kernels' stores, a pass elsewhere): head
+// sizes 4, 32 and 64, grouped-query and multi-query, odd T.
+const AttentionDims kRopeShapes[] = {
+    {.B = 2, .T = 7, .C = 48, .NH = 12, .NKV = 4, .rope = true},
+    {.B = 2, .T = 67, .C = 192, .NH = 6, .NKV = 2, .rope = true},
+    {.B = 2, .T = 129, .C = 768, .NH = 12, .NKV = 4, .rope = true},
+    {.B = 1, .T = 1000, .C = 768, .NH = 12, .NKV = 4, .rope = true},
+    {.B = 2, .T = 256, .C = 256, .NH = 4, .NKV = 1, .rope = true}};
 
 void attention_rows(const std::string& v, std::vector<Row>& rows) {
+    for (DType t : kTypes)
+        for (const AttentionDims& s : kRopeShapes) {
+            rows.push_back(
+                {"attention", v, text(s), dtype_name(t), true, GPU_CHECK(gpu::attention(v, s, t))});
+            if (v == "flash" && t == DType::bf16 && s.C / s.NH == 64) {  // the other dK/dV stores
+                AttentionDims w = s;
+                w.dkdv_wgs = 1;
+                w.dkdv_tma = false;
+                w.dq_tma = false;
+                rows.push_back({"attention", v, text(w), dtype_name(t), true,
+                                GPU_CHECK(gpu::attention(v, w, t))});
+            }
+        }
     for (DType t : kTypes)
         for (const AttentionDims& s : kAttentionShapes) {
             rows.push_back(

@@ -69,6 +69,11 @@ struct AttentionShape {
     // key/value heads (grouped-query attention), a divisor of NH; 0 means NH. Last, so that
     // {B, Tn, C, NH, tuning} still reads as multi-head attention.
     int64_t NKV = 0;
+    // Rotary positions: kernels/ops/rope.h's rope_table(Tn, hs, theta) on the device, or null.
+    // q and k arrive rotated (the caller rotates them after the qkv matmul); backward then returns
+    // the gradients of the unrotated q and k: the wgmma kernels turn them back at their stores,
+    // the other paths with a rope_backward pass after them.
+    const float* rope_table = nullptr;
 };
 
 struct AttentionVariant {

@@ -271,6 +271,9 @@ void flash_backward(void* dqkv, const void* dout, const void* qkv, const void* o
     check_shape(s);
     ZG_CHECK(!dqkv_colsums || flash_colsum_rows<Hopper>(s, t) > 0,
              "flash attention: column sums only on the tensor-core path");
+    ZG_CHECK(!dqkv_colsums || !s.rope_table,
+             "flash attention: no column sums with rotary positions (they would be of the "
+             "rotated gradient)");
     const Geo g = attention_geometry(s);
     auto* dsum = static_cast<float*>(scratch);
     const auto* lse = static_cast<const float*>(saved);
@@ -282,6 +285,7 @@ void flash_backward(void* dqkv, const void* dout, const void* qkv, const void* o
     }
     if (attention_mma::usable(s, t)) {
         attention_mma::backward(dqkv, dout, qkv, out, lse, dsum, dqkv_colsums, s, st);
+        unrotate_dqk(dqkv, s, t, st);
         return;
     }
     with_head_size(g.hs, [&](auto HS) {
@@ -296,6 +300,7 @@ void flash_backward(void* dqkv, const void* dout, const void* qkv, const void* o
         });
     });
     ZG_LAUNCH_CHECK();
+    unrotate_dqk(dqkv, s, t, st);
 }
 
 }  // namespace

@@ -183,6 +183,7 @@ void naive_backward(void* dqkv, const void* dout, const void* qkv, const void*, 
         naive_dk_kernel<T><<<unsigned(kv_rows), 64, 0, st>>>(dx, x, att, g);
     });
     ZG_LAUNCH_CHECK();
+    unrotate_dqk(dqkv, s, t, st);
 }
 
 }  // namespace

@@ -208,6 +208,28 @@ __device__ __forceinline__ void store_row(bf16* dst, const float (&acc)[kD / 2],
         *reinterpret_cast<uint32_t*>(dst + n * 8 + 2 * tq) =
             pack(acc[4 * n + 2 * r] * scale, acc[4 * n + 2 * r + 1] * scale);
 }
+// store_row of a dq or dk row at position `pos` with the inverse rotary rotation (Geo::rope; the
+// transpose of the forward's): channel c < 32 pairs with c + 32, and both sit in this thread
+// (fragments n and n + 4). Rotated in fp32 before the one rounding to bf16.
+__device__ __forceinline__ void store_row_unrotated(bf16* dst, const float (&acc)[kD / 2], int r,
+                                                    float scale, const Geo& g, int64_t pos) {
+    const int tq = threadIdx.x % 4;
+    const float* cs = g.rope + pos * (kD / 2);
+    const float* sn = cs + g.Tn * (kD / 2);
+#pragma unroll
+    for (int n = 0; n < kD / 16; n++) {
+        const int c = n * 8 + 2 * tq;
+        const float2 co = *reinterpret_cast<const float2*>(cs + c);
+        const float2 si = *reinterpret_cast<const float2*>(sn + c);
+        const float y1a = acc[4 * n + 2 * r] * scale, y1b = acc[4 * n + 2 * r + 1] * scale;
+        const float y2a = acc[4 * (n + 4) + 2 * r] * scale;
+        const float y2b = acc[4 * (n + 4) + 2 * r + 1] * scale;
+        *reinterpret_cast<uint32_t*>(dst + c) =
+            pack(y1a * co.x + y2a * si.x, y1b * co.y + y2b * si.y);
+        *reinterpret_cast<uint32_t*>(dst + c + kD / 2) =
+            pack(y2a * co.x - y1a * si.x, y2b * co.y - y1b * si.y);
+    }
+}
 // Column sums of the block's accumulators (rows at or past Tn left out; wrow0: this thread's
 // warp's first row index), times scale, into dst[0, kD): this lane's partial sums of its two rows,
 // then block_column_sums<kD, 8 warps> (attention/tc.cuh). Every thread of the block calls it.
@@ -724,7 +746,11 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int r = 0; r < 2; r++) {
         const int64_t row = wrow0 + gq + r * 8;
         if (row >= g.Tn) continue;
-        store_row(dqkv + (b * g.Tn + row) * stride + h * g.hs, dq, r, g.scale);
+        bf16* dst = dqkv + (b * g.Tn + row) * stride + h * g.hs;
+        if (g.rope)
+            store_row_unrotated(dst, dq, r, g.scale, g, row);
+        else
+            store_row(dst, dq, r, g.scale);
     }
     if (colsum) {
         __shared__ float red[kThreads / 32][kD];
@@ -806,7 +832,10 @@ __device__ __forceinline__ void store_dkdv(bf16* dqkv, float* colsum, const Cols
         const int64_t key = wkey0 + gq + r * 8;
         if (key >= g.Tn) continue;
         bf16* dkr = dqkv + (b * g.Tn + key) * stride + g.k_col(kvh);
-        store_row(dkr, dk, r, g.scale);
+        if (g.rope)
+            store_row_unrotated(dkr, dk, r, g.scale, g, key);
+        else
+            store_row(dkr, dk, r, g.scale);
         store_row(dkr + g.KVC, dv, r, 1.0f);
     }
     if (colsum) {

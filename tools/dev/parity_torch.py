@@ -23,6 +23,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -208,9 +209,10 @@ def train_torch(run, arena, batches, device, dtype, steps):
     model = TorchGPT(run, arena, device, round_residual=dtype == "bf16_residual")
     if dtype == "bf16_residual":
         dtype = "bf16"
-    if dtype == "jitter":  # bf16 from weights moved by 1e-6 relative: another, equally valid rounding
-        with torch.no_grad():
-            g = torch.Generator(device=device).manual_seed(1)
+    jitter = re.fullmatch(r"jitter(\d*)", dtype)
+    if jitter:  # bf16 from weights moved by 1e-6 relative: another, equally valid rounding
+        with torch.no_grad():  # jitter, jitter2, jitter3, ...: seeds 1, 2, 3, ...
+            g = torch.Generator(device=device).manual_seed(int(jitter.group(1) or 1))
             for p in model.P.values():
                 p.mul_(1 + 1e-6 * torch.randn(p.shape, generator=g, device=device))
         dtype = "bf16"
@@ -267,7 +269,8 @@ def main():
     ap.add_argument("--tolerance", type=float, help="fail when a step's relative difference exceeds it")
     ap.add_argument("--torch-variants", default="",
                     help="comma-separated extra PyTorch runs that show its own spread: fp32, bf16, "
-                         "jitter (bf16 from weights moved by 1e-6 relative), bf16_residual (bf16 "
+                         "jitter (bf16 from weights moved by 1e-6 relative; jitter2, jitter3, ...: "
+                         "other random moves), bf16_residual (bf16 "
                          "autocast with the residual stream and its gradient rounded to bf16, as "
                          "our trainer stores them without train.fp32_residual)")
     ap.add_argument("--ours-variant", action="append", default=[], metavar="K=V[,K=V]",
@@ -329,6 +332,18 @@ def main():
                        "max_gap_vs_ours": gap(c, ours)}
         print(f"PyTorch {v}: {w}-step means differ from PyTorch {tr['precision']} by at most "
               f"{gap(c, theirs):.4f}, from ours by at most {gap(c, ours):.4f}")
+    # PyTorch's own spread in each window: how far its jittered runs move from it; ours is inside
+    # where it is no farther from PyTorch than the farthest of them
+    jit = [c["means"] for v, c in variants.items() if v.startswith("jitter")]
+    spread = []
+    if jit:
+        for i, (o, p) in enumerate(means):
+            sp = max(abs(j[i] - p) for j in jit)
+            spread.append({"pytorch_spread": sp, "ours_gap": abs(o - p), "inside": abs(o - p) <= sp})
+        print(f"{len(jit)} jittered PyTorch runs; per {w}-step window, |ours - PyTorch| against "
+              "PyTorch's own spread: " + ", ".join(
+                  f"{x['ours_gap']:.4f}/{x['pytorch_spread']:.4f}{'' if x['inside'] else ' (outside)'}"
+                  for x in spread))
     for v, c in ours_variants.items():
         ours_variants[v] = {"losses": c, "means": window(c), "max_gap_vs_pytorch": gap(c, theirs),
                             "max_gap_vs_ours": gap(c, ours)}
@@ -351,7 +366,7 @@ def main():
             "config": a.config, "overrides": a.set, "device": a.device, "precision": tr["precision"],
             "steps": a.steps, "window": w, "max_gap": max_gap, "max_rel_diff": max(rel),
             "means": means, "ours": ours, "pytorch": theirs, "pytorch_variants": variants,
-            "ours_variants": ours_variants, "ours_stats": ours_stats, "pytorch_stats": theirs_stats,
+            "ours_variants": ours_variants, "spread": spread, "ours_stats": ours_stats, "pytorch_stats": theirs_stats,
             "stats_max_rel_diff": stat_rel, "stats_means": stat_means,
             "torch_version": torch.__version__}, indent=1))
     if a.tolerance is not None and max(rel) > a.tolerance:
