@@ -269,6 +269,33 @@ void GptCuda::Impl::linear_forward(void* out, const void* inp, int w_idx, int b_
     if (b_idx >= 0 && !fused) cuda::add_bias(out, w(b_idx), M, N, t, stream);
 }
 
+bool GptCuda::Impl::qkv_forward(void* qkv, const void* inp, int w_idx, int b_idx) {
+    const int64_t BT = B * Tn, C = cfg.n_embd, hs = C / cfg.n_head;
+    if (rope && !cfg.qk_norm && mm_variant == MatmulVariant::wgmma) {
+        cuda::Gemm gm = forward_gemm(qkv, inp, w_idx, BT, C, Cq);
+        if (b_idx >= 0) {
+            gm.epilogue = cuda::Epilogue::bias;
+            gm.bias = w(b_idx);
+        }
+        gm.rope_table = rope_tab.as<float>();
+        gm.rope_Tn = Tn;
+        gm.rope_hs = hs;
+        gm.rope_cols = (cfg.n_head + NKV) * hs;  // q's and k's heads, not v's
+        if (cuda::try_gemm_wgmma(gm, stream, wgmma_schedule)) return true;
+    }
+    linear_forward(qkv, inp, w_idx, b_idx, BT, C, Cq);
+    return false;
+}
+
+bool GptCuda::Impl::fc_swiglu_forward(void* fch, void* out, const void* inp, int w_idx, int b_idx) {
+    if (mm_variant != MatmulVariant::wgmma) return false;
+    cuda::Gemm gm = forward_gemm(out, inp, w_idx, B * Tn, cfg.n_embd, Fw);
+    gm.epilogue = b_idx >= 0 ? cuda::Epilogue::swiglu_aux_bias : cuda::Epilogue::swiglu_aux;
+    gm.bias = b_idx >= 0 ? w(b_idx) : nullptr;
+    gm.aux = fch;
+    return cuda::try_gemm_wgmma(gm, stream, wgmma_schedule);
+}
+
 void GptCuda::Impl::fc_gelu_forward(void* fch, void* gelu, const void* inp, int w_idx, int b_idx,
                                     int64_t M, int64_t K, int64_t N, int64_t lda) {
     ZG_CHECK(lda == 0 || lda == K || mm_variant == MatmulVariant::fused_epilogue,
@@ -430,6 +457,7 @@ void GptCuda::Impl::forward(const int32_t* host_tokens, int64_t b, int64_t tn) {
         const BlockParams& p = layout.blocks[l];
         Layer& a = layers[l];
         const int64_t KVC = NKV * hs;
+        bool roped = false;  // RoPE taken in the qkv GEMM's epilogue
         if (cfg.qk_norm) {
             linear_forward(a.qkv_raw.get(), a.ln1.get(), p.qkv_w, p.qkv_b, BT, C, Cq);
             const cuda::RowMap qh{NH, Cq}, kh{NKV, Cq};
@@ -443,10 +471,10 @@ void GptCuda::Impl::forward(const int32_t* host_tokens, int64_t b, int64_t tn) {
                                             Cq * es, KVC * es, BT, cudaMemcpyDeviceToDevice,
                                             stream));
         } else {
-            linear_forward(a.qkv.get(), a.ln1.get(), p.qkv_w, p.qkv_b, BT, C, Cq);
+            roped = qkv_forward(a.qkv.get(), a.ln1.get(), p.qkv_w, p.qkv_b);
         }
         tick("matmul fwd (qkv, qk_norm)");
-        if (rope) {  // q's and k's heads, side by side at the start of each row
+        if (rope && !roped) {  // q's and k's heads, side by side at the start of each row
             cuda::rope_forward(a.qkv.get(), rope_tab.as<float>(), B, Tn, NH + NKV, hs, Cq, t,
                                stream);
             tick("rope fwd");
@@ -457,7 +485,9 @@ void GptCuda::Impl::forward(const int32_t* host_tokens, int64_t b, int64_t tn) {
                          a.ln2_rstd.as<float>(), residual[l].get(), a.atty.get(), p.proj_w,
                          p.proj_b, C, p.ln2_w, p.ln2_b, ln2_ld());
         void* gelu = opt.recompute_gelu ? gelu_tmp.get() : a.fch_gelu.get();  // or SwiGLU's
-        if (swiglu) {  // gate and up: one matmul, then the elementwise gate
+        if (swiglu && fc_swiglu_forward(a.fch.get(), gelu, a.ln2.get(), p.fc_w, p.fc_b)) {
+            tick("matmul fwd (fc + SwiGLU)");
+        } else if (swiglu) {  // gate and up: one matmul, then the elementwise gate
             linear_forward(a.fch.get(), a.ln2.get(), p.fc_w, p.fc_b, BT, C, Fw);
             tick("matmul fwd");
             cuda::swiglu_forward(gelu, a.fch.get(), BT, Hm, t, stream);

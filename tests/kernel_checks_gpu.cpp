@@ -620,6 +620,133 @@ void matmul_wgmma_schedules(int64_t M, int64_t K, int64_t N) {
     }
 }
 
+// SwiGLU in the wgmma GEMM's epilogue. aux is the product rounded once: the type's bound against
+// the double reference. D is silu(gate) * up of the stored aux values in fp32, rounded once: the
+// separate pass's bits (the backward's recompute), and the type's bound against the double SwiGLU
+// of what aux holds; against the SwiGLU of the unrounded product 2^-7, as GELU's epilogue.
+void matmul_wgmma_swiglu(int64_t M, int64_t K, int64_t H) {
+    const DType t = DType::bf16;
+    const int64_t N = 2 * H;
+    Rng rng(seed_of({M, K, H, 2}));
+    const auto x = rnd(rng, M * K, t), w = rnd(rng, N * K, t, 0.3), b = rnd(rng, N, t);
+    DevT dx(t, x), dw(t, w), db(t, b), dD(t, M * H), dAux(t, M * N), dSep(t, M * H);
+    cuda::Gemm g = cuda::linear_forward_gemm(dD.p, dx.p, dw.p, M, K, N, t);
+    g.epilogue = cuda::Epilogue::swiglu_aux;
+    g.aux = dAux.p;
+    CHECK_THROWS(cuda::gemm(g, nullptr));  // cuBLASLt has no SwiGLU epilogue: refused, not run
+    if (!cuda::current_device_is_sm90()) {
+        MESSAGE("the wgmma matmul runs on sm_90 devices only: nothing to compare here");
+        CHECK_FALSE(cuda::try_gemm_wgmma(g, nullptr));
+        return;
+    }
+    {  // the hidden width in whole tiles of 128 units only: not H - 64
+        cuda::Gemm odd = g;
+        odd.N = N - 128;
+        CHECK_FALSE(cuda::try_gemm_wgmma(odd, nullptr));
+    }
+    for (const bool bias : {false, true}) {
+        CAPTURE(bias);
+        std::vector<double> pre(M * N), y(M * H);
+        cpu::matmul_forward(pre.data(), x.data(), w.data(), bias ? b.data() : nullptr, M, K, N);
+        cpu::swiglu_forward(y.data(), pre.data(), M, H);
+        g.epilogue = bias ? cuda::Epilogue::swiglu_aux_bias : cuda::Epilogue::swiglu_aux;
+        g.bias = bias ? db.p : nullptr;
+        std::vector<double> first;
+        for (const cuda::WgmmaSchedule sched :
+             {cuda::WgmmaSchedule::cooperative, cuda::WgmmaSchedule::pingpong}) {
+            CAPTURE(int(sched));
+            CUDA_OK(cudaMemset(dD.p, 0xff, size_t(M * H) * 2));  // NaN: unwritten
+            CUDA_OK(cudaMemset(dAux.p, 0xff, size_t(M * N) * 2));
+            REQUIRE(cuda::try_gemm_wgmma(g, nullptr, sched));
+            const auto aux = dAux.get(), got = dD.get();
+            check_close("aux (gate, up)", aux, pre, t);
+            std::vector<double> y_stored(M * H);
+            cpu::swiglu_forward(y_stored.data(), aux.data(), M, H);
+            check_close("silu(gate) * up of the stored aux", got, y_stored, t);
+            check_close("silu(gate) * up", got, y, t, 1.0 / 128);
+            cuda::swiglu_forward(dSep.p, dAux.p, M, H, t, nullptr);
+            CHECK(dSep.get() == got);
+            if (first.empty())
+                first = got;
+            else
+                CHECK(got == first);  // either schedule: the same kernel, the same bits
+        }
+    }
+}
+
+// RoPE in the wgmma GEMM's epilogue: the fp32 product (+ bias) rotated, then rounded once. The
+// double reference rotates the exact product with cos and sin in double; the kernel's table is
+// fp32 (2^-24 relative) and its sums fp32: the type's bound. Columns from rope_cols on are the
+// plain GEMM's bits. Against the separate pass (the plain GEMM, then RoPE on its rounded values):
+// two roundings, 2^-7.
+void matmul_wgmma_rope(int64_t B, int64_t T, int64_t K, int64_t N, int64_t rope_cols) {
+    const DType t = DType::bf16;
+    const int64_t M = B * T, hs = 64;
+    const double theta = 10000.0;
+    Rng rng(seed_of({B, T, K, N, rope_cols}));
+    const auto x = rnd(rng, M * K, t), w = rnd(rng, N * K, t, 0.3), b = rnd(rng, N, t);
+    const std::vector<float> tab = cuda::rope_table(T, hs, theta);
+    DevT dx(t, x), dw(t, w), db(t, b), dD(t, M * N), dPlain(t, M * N);
+    DevT dtab(DType::f32, std::vector<double>(tab.begin(), tab.end()));
+    cuda::Gemm g = cuda::linear_forward_gemm(dD.p, dx.p, dw.p, M, K, N, t);
+    g.rope_table = dtab.f();
+    g.rope_Tn = T;
+    g.rope_hs = hs;
+    g.rope_cols = rope_cols;
+    CHECK_THROWS(cuda::gemm(g, nullptr));  // cuBLASLt has no RoPE epilogue: refused, not run
+    if (!cuda::current_device_is_sm90()) {
+        MESSAGE("the wgmma matmul runs on sm_90 devices only: nothing to compare here");
+        CHECK_FALSE(cuda::try_gemm_wgmma(g, nullptr));
+        return;
+    }
+    {  // heads of 64 only, whole ones, inside N
+        cuda::Gemm bad = g;
+        bad.rope_hs = 32;
+        CHECK_FALSE(cuda::try_gemm_wgmma(bad, nullptr));
+        bad = g;
+        bad.rope_cols = rope_cols - 32;
+        CHECK_FALSE(cuda::try_gemm_wgmma(bad, nullptr));
+        bad = g;
+        bad.rope_cols = N + 64;
+        CHECK_FALSE(cuda::try_gemm_wgmma(bad, nullptr));
+    }
+    for (const bool bias : {false, true}) {
+        CAPTURE(bias);
+        std::vector<double> y(M * N);
+        cpu::matmul_forward(y.data(), x.data(), w.data(), bias ? b.data() : nullptr, M, K, N);
+        cpu::rope_forward(y.data(), B, T, rope_cols / hs, hs, N, theta);
+        g.epilogue = bias ? cuda::Epilogue::bias : cuda::Epilogue::none;
+        g.bias = bias ? db.p : nullptr;
+        // the separate path: the plain GEMM, then the RoPE pass on its stored values
+        cuda::Gemm plain = g;
+        plain.D = dPlain.p;
+        plain.rope_table = nullptr;
+        REQUIRE(cuda::try_gemm_wgmma(plain, nullptr));
+        const auto unrotated = dPlain.get();
+        cuda::rope_forward(dPlain.p, dtab.f(), B, T, rope_cols / hs, hs, N, t, nullptr);
+        const auto separate = dPlain.get();
+        std::vector<double> first;
+        for (const cuda::WgmmaSchedule sched :
+             {cuda::WgmmaSchedule::cooperative, cuda::WgmmaSchedule::pingpong}) {
+            CAPTURE(int(sched));
+            CUDA_OK(cudaMemset(dD.p, 0xff, size_t(M * N) * 2));  // NaN: unwritten
+            REQUIRE(cuda::try_gemm_wgmma(g, nullptr, sched));
+            const auto got = dD.get();
+            check_close("RoPE(x W^T (+ b))", got, y, t);
+            check_close("against the separate RoPE pass", got, separate, t, 1.0 / 128);
+            int64_t moved = 0;  // v's columns: not rotated
+            for (int64_t r = 0; r < M; r++)
+                for (int64_t c = rope_cols; c < N; c++)
+                    moved += got[r * N + c] != unrotated[r * N + c];
+            CHECK(moved == 0);
+            if (first.empty())
+                first = got;
+            else
+                CHECK(got == first);  // the two schedules: the same products, the same rotation
+        }
+    }
+}
+
 // The trainer's fc bias gradient from the GELU' epilogue at a trainer-like width and more row
 // tiles than SMs (so the column sums are reduced across CTAs): within rounding of the column
 // sums of the stored result, and the same bits on every run (no atomics in the reduction).

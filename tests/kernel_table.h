@@ -68,6 +68,15 @@ void matmul(const std::string& variant, const MatmulDims& s, DType t);
 // The wgmma matmul's two schedules (kernels.matmul_wgmma_schedule) on random bf16 inputs, each
 // epilogue: the same bits, sampled rows against the double reference, repeated runs equal
 void matmul_wgmma_schedules(int64_t M, int64_t K, int64_t N);
+// The wgmma matmul's SwiGLU epilogue, without and with a bias, on both schedules: aux [M, 2H] =
+// x [M, K] W^T (W [2H, K]: gate rows, then up) and D [M, H] = silu(gate) * up, against the double
+// reference and the separate SwiGLU pass's bits; an H that is no multiple of 128 is refused
+void matmul_wgmma_swiglu(int64_t M, int64_t K, int64_t H);
+// The wgmma matmul's RoPE epilogue, without and with a bias, on both schedules: qkv [B T, N] = x
+// [B T, K] W^T with heads of 64 in columns [0, rope_cols) rotated at position t of each row,
+// against the double reference; the columns after them as the plain GEMM's; other head sizes and
+// widths refused
+void matmul_wgmma_rope(int64_t B, int64_t T, int64_t K, int64_t N, int64_t rope_cols);
 // fc's bias gradient from the GELU' epilogue: d[M, K] = (dout[M, N] w[N, K]) GELU'(pre)
 void dgelu_bias_grad(int64_t M, int64_t K, int64_t N);
 // The vocab-parallel head's three products over a shard of N logits whose rows are ld apart

@@ -17,6 +17,7 @@
 #include <iterator>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/attention/attention.h"
@@ -371,6 +372,25 @@ void matmul_wgmma_schedules_rows(std::vector<Row>& rows) {
                     GPU_CHECK(gpu::matmul_wgmma_schedules(16384, 768, 3072))});
 }
 
+void matmul_wgmma_swiglu_rows(std::vector<Row>& rows) {
+    // an odd M (a partial row tile), H of 2 and 3 tiles of 128 units, K within one k step and past
+    // it; then more tiles than SMs (65 row tiles x 3)
+    for (const auto& [M, K, H] :
+         {std::tuple<int64_t, int64_t, int64_t>{333, 64, 256}, {333, 200, 384}, {8195, 200, 384}})
+        rows.push_back({"matmul_wgmma_swiglu", "wgmma", dims({{"M", M}, {"K", K}, {"H", H}}),
+                        "bf16", true, GPU_CHECK(gpu::matmul_wgmma_swiglu(M, K, H))});
+}
+
+void matmul_wgmma_rope_rows(std::vector<Row>& rows) {
+    // q's and k's 2 heads each rotated, v's 2 not; T odd and T = 64 (row tiles of 128 hold two
+    // sequences); the last has more tiles than SMs
+    for (const auto& [B, T, K] :
+         {std::tuple<int64_t, int64_t, int64_t>{21, 17, 200}, {3, 64, 64}, {300, 64, 64}})
+        rows.push_back({"matmul_wgmma_rope", "wgmma",
+                        dims({{"B", B}, {"T", T}, {"K", K}, {"N", 384}, {"rope_cols", 256}}),
+                        "bf16", true, GPU_CHECK(gpu::matmul_wgmma_rope(B, T, K, 384, 256))});
+}
+
 void dgelu_bias_grad_rows(std::vector<Row>& rows) {
     // the trainer's fc width, 65 row tiles of 128 and a ragged last one
     rows.push_back({"matmul_dgelu_bias_grad", "cuda", dims({{"M", 8195}, {"K", 3072}, {"N", 768}}),
@@ -511,6 +531,8 @@ std::vector<Runner> runners() {
     per_variant("matmul", {"fused_epilogue", "separate", "wgmma"}, matmul_rows);
     r.push_back({"matmul", "cpu", matmul_cpu_rows});
     r.push_back({"matmul_wgmma_schedules", "wgmma", matmul_wgmma_schedules_rows});
+    r.push_back({"matmul_wgmma_swiglu", "wgmma", matmul_wgmma_swiglu_rows});
+    r.push_back({"matmul_wgmma_rope", "wgmma", matmul_wgmma_rope_rows});
     r.push_back({"matmul_dgelu_bias_grad", "cuda", dgelu_bias_grad_rows});
     r.push_back({"matmul_strided", "cuda", matmul_strided_rows});
     r.push_back({"column_sums", "cuda", column_sums_rows});

@@ -1,7 +1,7 @@
 // The persistent Hopper GEMM core shared by the kernels that put their own epilogue behind h W^T
 // (kernels/loss_head/linear_cross_entropy_wgmma.cu: the cross-entropy;
-// kernels/gemm/matmul_wgmma.cu: bias and GELU). C = A B^T with A [M, K] and B [N, K] bf16, both
-// K-major (row-major, K contiguous).
+// kernels/gemm/matmul_wgmma.cu: bias, RoPE, GELU and SwiGLU). C = A B^T with A [M, K] and B [N, K]
+// bf16, both K-major (row-major, K contiguous).
 //
 // Per CTA (one per SM, 384 threads): warpgroup 0 is the kernel's epilogue; warpgroups 1 and 2 are
 // the consumers, 64 rows of each 128 x 256 tile each, on wgmma.m64n256k16 from a ring of stages (a
@@ -313,6 +313,11 @@ __device__ __forceinline__ Smem<Cfg> setup_smem(unsigned char* raw,
 //
 // In a pair, map_b's boxes are half a B tile (kBN / 2 rows): this CTA loads half `rank` into both
 // CTAs, and its `full` barrier counts the peer's half as well.
+//
+// With `up` > 0 (SwiGLU, not in a pair), map_b's boxes are half a B tile too: rows col .. col + 127
+// into the first half and rows up + col .. into the second, so that consumer columns c and c + 128
+// are the gate and up columns of one hidden unit (B's rows [0, up) the gate weights, then the up
+// weights).
 template <class Cfg, class Tiles>
 struct Loads {
     const Smem<Cfg>& sm;
@@ -320,15 +325,19 @@ struct Loads {
     Tiles next;
     int ksteps;
     Pair pair;
+    int up = 0;
     int k = 0;
     __device__ bool done() const { return next.done(); }
     __device__ void issue(int s) {
-        bar_expect(sm.full(s), kStageBytes);
+        bar_expect(sm.full(s), kStageBytes);  // B's two boxes (a pair's, SwiGLU's) are its tile
         tma_load(sm.a_tile(s), map_a, sm.full(s), k * kBK, next.row);
         if (pair.on) {
             const int half = int(pair.rank) * (kBN / 2);
             tma_load_multicast(sm.b_tile(s) + half * 128, map_b, sm.full(s), k * kBK,
                                next.col + half, uint16_t(3));
+        } else if (up > 0) {
+            tma_load(sm.b_tile(s), map_b, sm.full(s), k * kBK, next.col);
+            tma_load(sm.b_tile(s) + (kBN / 2) * 128, map_b, sm.full(s), k * kBK, up + next.col);
         } else {
             tma_load(sm.b_tile(s), map_b, sm.full(s), k * kBK, next.col);
         }
@@ -353,9 +362,9 @@ __device__ __forceinline__ void wait_last_releases(const Smem<Cfg>& sm, Pair pai
 template <class Cfg, class Tiles>
 __device__ __forceinline__ void produce(const Smem<Cfg>& sm, const CUtensorMap* map_a,
                                         const CUtensorMap* map_b, Tiles tiles, int ksteps,
-                                        Pair pair = {}) {
+                                        Pair pair = {}, int up = 0) {
     constexpr uint32_t S = Cfg::kStages;
-    Loads<Cfg, Tiles> loads{sm, map_a, map_b, tiles, ksteps, pair};
+    Loads<Cfg, Tiles> loads{sm, map_a, map_b, tiles, ksteps, pair, up};
     uint32_t j = 0;
     for (; !loads.done(); j++) {
         const int s = int(j % S);
@@ -369,15 +378,15 @@ __device__ __forceinline__ void produce(const Smem<Cfg>& sm, const CUtensorMap* 
 // stages of kBK per tile; with kLoads, thread 128 also issues the loads, refilling each stage once
 // both warpgroups have freed it; without, produce() runs elsewhere), then transform(acc, tiles)
 // (what the kernel adds in fp32, such as a bias) and the accumulator into the tile buffer once the
-// epilogue has freed it. Called by warpgroups 1 and 2.
+// epilogue has freed it. Called by warpgroups 1 and 2. `up`: Loads' split B tile (SwiGLU).
 template <class Cfg, bool kLoads, class Tiles, class Transform>
 __device__ __forceinline__ void consume(const Smem<Cfg>& sm, const CUtensorMap* map_a,
                                         const CUtensorMap* map_b, Tiles tiles, int ksteps,
-                                        Transform&& transform, Pair pair = {}) {
+                                        Transform&& transform, Pair pair = {}, int up = 0) {
     constexpr int S = Cfg::kStages;
     const int tid = threadIdx.x, cw = tid / 128 - 1, warp = tid % 128 / 32, lane = tid % 32;
     const bool loader = kLoads && tid == 128;
-    Loads<Cfg, Tiles> loads{sm, map_a, map_b, tiles, ksteps, pair};
+    Loads<Cfg, Tiles> loads{sm, map_a, map_b, tiles, ksteps, pair, up};
     // stage s freed by this warp: in a pair, for the peer's loads into it as well
     const uint32_t peer_empty0 = pair.on ? peer_smem(sm.empty(0), pair.rank ^ 1u) : 0u;
     auto release = [&](int s) {

@@ -161,6 +161,10 @@ Plan::Plan(const Gemm& g) {
                            g.epilogue == Epilogue::dgelu_bias_grad;
     ZG_CHECK(!needs_bias || g.bias, "gemm: this epilogue needs a bias");
     ZG_CHECK(!needs_aux || g.aux, "gemm: a GELU epilogue needs the aux buffer");
+    ZG_CHECK(g.epilogue != Epilogue::swiglu_aux && g.epilogue != Epilogue::swiglu_aux_bias &&
+                 !g.rope_table,
+             "gemm: cuBLASLt has no SwiGLU or RoPE epilogue (only try_gemm_wgmma takes them; "
+             "run the separate kernels where it returns false)");
     // Row-major D[M,N] = op(A) op(B) is column-major D^T[N,M] = op(B)^T op(A)^T: cuBLASLt's A is
     // our B and its B is our A, with m = N, n = M.
     const cublasOperation_t ta = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -192,6 +196,9 @@ Plan::Plan(const Gemm& g) {
             break;
         case Epilogue::bias_grad:  // cuBLASLt's B is our A (see the swap above)
             epi = CUBLASLT_EPILOGUE_BGRADB;
+            break;
+        case Epilogue::swiglu_aux:  // refused above
+        case Epilogue::swiglu_aux_bias:
             break;
     }
     const cudaDataType_t dt = cuda_type(g.d_type), abt = cuda_type(g.ab_type);

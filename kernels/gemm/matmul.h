@@ -45,6 +45,11 @@ enum class Epilogue {
     // cuBLASLt sums in fp32 and offers no fp32 bias beside a bf16 D): the gradient of the bias
     // that fed the GELU (cuBLASLt's DGELU_BGRAD)
     dgelu_bias_grad,
+    // SwiGLU (the wgmma kernel only, kernels/gemm/matmul_wgmma.h; cuBLASLt refuses it): B [N, K]
+    // is gate (rows < N / 2) then up; the product (+ bias[N]) is stored to aux [M, N] (type of
+    // D), and D [M, N / 2] = silu(gate) * up of the stored values
+    swiglu_aux,
+    swiglu_aux_bias,
 };
 
 struct Gemm {
@@ -67,6 +72,12 @@ struct Gemm {
     Epilogue epilogue = Epilogue::none;
     const void* bias = nullptr;
     void* aux = nullptr;
+    // RoPE on D's columns [0, rope_cols) after the bias (the wgmma kernel only; cuBLASLt refuses
+    // it): heads of rope_hs channels in Hugging Face's rotate_half layout, row m at position
+    // m % rope_Tn, angles from rope_table (kernels/ops/rope.h's cuda::rope_table(rope_Tn, rope_hs,
+    // theta) on the device). Null: none.
+    const float* rope_table = nullptr;
+    int64_t rope_Tn = 0, rope_hs = 0, rope_cols = 0;
     // Candidate algorithms to time at the first use of this shape (types, epilogue, alignment):
     // the fastest of cuBLASLt's first `search` is kept for the process. 0: the heuristic's first.
     int search = 0;

@@ -16,11 +16,15 @@
 namespace zgpt::cuda {
 
 inline bool wgmma_has_bias(Epilogue e) {
-    return e == Epilogue::bias || e == Epilogue::gelu_aux_bias;
+    return e == Epilogue::bias || e == Epilogue::gelu_aux_bias || e == Epilogue::swiglu_aux_bias;
 }
 // D = GELU(pre), pre stored to aux
 inline bool wgmma_has_gelu(Epilogue e) {
     return e == Epilogue::gelu_aux || e == Epilogue::gelu_aux_bias;
+}
+// D [M, N / 2] = silu(gate) * up, pre [M, N] stored to aux (the cooperative kernel only)
+inline bool wgmma_has_swiglu(Epilogue e) {
+    return e == Epilogue::swiglu_aux || e == Epilogue::swiglu_aux_bias;
 }
 
 // Launches g (gemm_wgmma_usable(g) holds) on the ping-pong kernel.
@@ -33,6 +37,8 @@ struct WgmmaParams {
     int row_tiles, col_tiles, tiles;
     bool rows_fastest;  // B too large to stay in L2 (the LM head's weight): walk rows fastest
     const __nv_bfloat16* bias;  // [N] or null
+    const float* rope_table;    // Gemm::rope_table (head size 64), or null
+    int rope_Tn, rope_cols;
 };
 
 // g's parameters for output tiles of kRows x kCols.
@@ -53,7 +59,52 @@ WgmmaParams wgmma_params(const Gemm& g) {
     // the other way, as fused_linear_wgmma walks it.
     p.rows_fastest = g.N * g.K * 2 > (int64_t(16) << 20);
     p.bias = wgmma_has_bias(g.epilogue) ? static_cast<const __nv_bfloat16*>(g.bias) : nullptr;
+    p.rope_table = g.rope_table;
+    p.rope_Tn = int(g.rope_Tn);
+    p.rope_cols = int(g.rope_cols);
     return p;
+}
+
+// RoPE on a consumer's fp32 accumulator (Gemm::rope_table, heads of 64), after the bias and before
+// the rounding to bf16: so its bits may differ from the separate pass (kernels/ops/rope.cu), which
+// rotates the stored bf16 values. The thread's element 4 i + 2 h + e (i < kN / 4) is row row0 + 8
+// h, column col + 8 i + 2 tq + e (tq = lane % 4), col a multiple of 64: head `col / 64 + i / 8`,
+// its channel 8 (i % 8) + 2 tq + e, and channel ch < 32 (i % 8 < 4) pairs with ch + 32 (i + 4),
+// held by the same thread. Heads from rope_cols on are left alone. The products are rounded
+// explicitly, so that both schedules compute the same bits whatever the compiler contracts.
+template <int kN>
+__device__ __forceinline__ void rope_columns(float (&acc)[kN], const WgmmaParams& p, int col,
+                                             int row0) {
+    constexpr int kPairs = 32;  // of a head of 64
+    const int tq = threadIdx.x % 4;
+    const float* cs[2];  // the cos rows of the thread's two rows' positions; sin Tn rows further
+#pragma unroll
+    for (int h = 0; h < 2; h++) cs[h] = p.rope_table + ((row0 + 8 * h) % p.rope_Tn) * kPairs;
+    const int sin_at = p.rope_Tn * kPairs;
+#pragma unroll
+    for (int q = 0; q < 4; q++) {  // channels 8 q + 2 tq + e of each head
+        const int ch = 8 * q + 2 * tq;
+        float2 c[2], s[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            c[h] = __ldg(reinterpret_cast<const float2*>(cs[h] + ch));
+            s[h] = __ldg(reinterpret_cast<const float2*>(cs[h] + sin_at + ch));
+        }
+#pragma unroll
+        for (int head = 0; head < kN / 32; head++) {
+            if (col + 64 * head >= p.rope_cols) continue;
+            const int i = 8 * head + q;
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const float cv = e ? c[h].y : c[h].x, sv = e ? s[h].y : s[h].x;
+                    const float x1 = acc[4 * i + 2 * h + e], x2 = acc[4 * (i + 4) + 2 * h + e];
+                    acc[4 * i + 2 * h + e] = fmaf(x1, cv, -__fmul_rn(x2, sv));
+                    acc[4 * (i + 4) + 2 * h + e] = fmaf(x2, cv, __fmul_rn(x1, sv));
+                }
+        }
+    }
 }
 
 // The CTA's tiles of kRows x kCols (hopper_gemm::consume's walk): blockIdx.x, + gridDim.x, ...,

@@ -18,10 +18,12 @@
 // - A stage is refilled once the four warps of the warpgroup that read it have released it. A
 //   warpgroup starts a tile's products once the other has waited for all of its previous tile's
 //   stages (an mbarrier per warpgroup, `turn`), so the main loops take turns.
-// - The epilogue: bias in fp32, rounded to bf16 into the buffer (stmatrix), stored by TMA (one
-//   thread of the warpgroup); with GELU that store is the pre-activation (aux), and the warpgroup
-//   takes GELU of the rounded values in registers (kernels/ops/gelu.cuh: the bits of the separate
-//   GELU pass, as the cooperative kernel) while the TMA reads the buffer, then stages and stores D.
+// - The epilogue: bias in fp32 (then RoPE with Gemm::rope_table, as the cooperative kernel),
+//   rounded to bf16 into the buffer (stmatrix), stored by TMA (one thread of the warpgroup); with
+//   GELU that store is the pre-activation (aux), and the warpgroup takes GELU of the rounded values
+//   in registers (kernels/ops/gelu.cuh: the bits of the separate GELU pass, as the cooperative
+//   kernel) while the TMA reads the buffer, then stages and stores D. SwiGLU runs on the
+//   cooperative kernel under this schedule too (try_gemm_wgmma).
 // - Deterministic: each output is one tile's one accumulation, in a fixed order.
 #include <algorithm>
 #include <mutex>
@@ -144,7 +146,7 @@ __device__ __forceinline__ void store_tile(const CUtensorMap* map, uint32_t buf,
     tma_store_commit();
 }
 
-template <bool kGelu>
+template <bool kGelu, bool kRope>
 __global__ void __launch_bounds__(kThreads, 1)
     pingpong_kernel(const __grid_constant__ CUtensorMap map_a,
                     const __grid_constant__ CUtensorMap map_b,
@@ -239,6 +241,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         wg_wait<0>();
         if (lane == 0) bar_arrive(empty(int((j0 + ksteps - 1) % S)));
         if (p.bias) add_bias(lo, hi, p.bias, t.col, p.N);
+        // rows 0-63 and 64-127, the warp's 16 of each (ptxas spills about 100 bytes in this
+        // kernel, none in the others: the two accumulators leave few registers)
+        if constexpr (kRope) {
+            rope_columns(lo, p, t.col, t.row + warp * 16 + lane / 4);
+            rope_columns(hi, p, t.col, t.row + 64 + warp * 16 + lane / 4);
+        }
         if constexpr (kGelu) {
             stage_and_store(lo, hi, &map_aux, t);
             gelu_of_rounded(lo);  // beside the TMA's read of the pre-activation
@@ -250,29 +258,35 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-}  // namespace
-
-bool gemm_wgmma_pingpong(const Gemm& g, CUstream_st* stream) {
+template <bool kGelu, bool kRope>
+void launch(const Gemm& g, CUstream_st* stream) {
     static std::once_flag once;
     std::call_once(once, [] {
-        ZG_CUDA_CHECK(cudaFuncSetAttribute(
-            pingpong_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-        ZG_CUDA_CHECK(cudaFuncSetAttribute(
-            pingpong_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+        ZG_CUDA_CHECK(cudaFuncSetAttribute(pingpong_kernel<kGelu, kRope>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           kSmemBytes));
     });
     const Params p = wgmma_params<kBM, kBN>(g);
-    const bool gelu = wgmma_has_gelu(g.epilogue);
     using hopper_gemm::tensor_map;
     const CUtensorMap ma = tensor_map(g.A, g.M, g.K, kBM, kBK);
     const CUtensorMap mb = tensor_map(g.B, g.N, g.K, kBN, kBK);
     const CUtensorMap md = tensor_map(g.D, g.M, g.N, kBM, 64);
-    const CUtensorMap mx = gelu ? tensor_map(g.aux, g.M, g.N, kBM, 64) : md;
+    const CUtensorMap mx = kGelu ? tensor_map(g.aux, g.M, g.N, kBM, 64) : md;
     const int grid = std::min(p.tiles, current_device_sm_count());
-    if (gelu)
-        pingpong_kernel<true><<<grid, kThreads, kSmemBytes, stream>>>(ma, mb, md, mx, p);
-    else
-        pingpong_kernel<false><<<grid, kThreads, kSmemBytes, stream>>>(ma, mb, md, mx, p);
+    pingpong_kernel<kGelu, kRope><<<grid, kThreads, kSmemBytes, stream>>>(ma, mb, md, mx, p);
     ZG_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+bool gemm_wgmma_pingpong(const Gemm& g, CUstream_st* stream) {
+    ZG_CHECK(!wgmma_has_swiglu(g.epilogue), "gemm_wgmma_pingpong: SwiGLU is the cooperative's");
+    if (wgmma_has_gelu(g.epilogue))
+        launch<true, false>(g, stream);  // (gemm_wgmma_usable: no RoPE beside GELU)
+    else if (g.rope_table)
+        launch<false, true>(g, stream);
+    else
+        launch<false, false>(g, stream);
     return true;
 }
 

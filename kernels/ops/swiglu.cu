@@ -1,15 +1,12 @@
 // SwiGLU on the GPU: elementwise over [N, H] outputs, each reading its gate and up columns of the
 // [N, 2H] input. fp32 math; silu'(g) = s (1 + g (1 - s)), s = sigmoid(g), as the CPU reference.
 #include "kernels/core/cuda_common.cuh"
+#include "kernels/ops/swiglu.cuh"
 #include "kernels/ops/swiglu.h"
 
 namespace zgpt::cuda {
 
 namespace {
-
-__device__ __forceinline__ float sigmoid(float g) {
-    return 1.0f / (1.0f + expf(-g));
-}
 
 template <typename T>
 __global__ void swiglu_forward_kernel(T* out, const T* inp, int64_t N, int64_t H) {
@@ -17,7 +14,7 @@ __global__ void swiglu_forward_kernel(T* out, const T* inp, int64_t N, int64_t H
     for (int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < N * H; k += stride) {
         const int64_t n = k / H, i = k % H;
         const float g = to_f(inp[n * 2 * H + i]), u = to_f(inp[n * 2 * H + H + i]);
-        out[k] = from_f<T>(g * sigmoid(g) * u);
+        out[k] = from_f<T>(swiglu_f(g, u));
     }
 }
 
@@ -42,7 +39,7 @@ __global__ void swiglu_forward_vec(bf16* out, const bf16* inp, int64_t N, int64_
         unpack8(ld16(inp + n * 2 * H + i), g);
         unpack8(ld16(inp + n * 2 * H + H + i), u);
 #pragma unroll
-        for (int e = 0; e < 8; e++) y[e] = g[e] * sigmoid(g[e]) * u[e];
+        for (int e = 0; e < 8; e++) y[e] = swiglu_f(g[e], u[e]);
         *reinterpret_cast<uint4*>(out + n * H + i) = pack8(y);
     }
 }

@@ -70,6 +70,10 @@ const char* epilogue_name(Epilogue e) {
             return "bias_grad";
         case Epilogue::dgelu_bias_grad:
             return "dgelu_bias_grad";
+        case Epilogue::swiglu_aux:
+            return "swiglu_aux";
+        case Epilogue::swiglu_aux_bias:
+            return "swiglu_aux_bias";
     }
     return "?";
 }
