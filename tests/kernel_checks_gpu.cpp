@@ -143,7 +143,13 @@ void attention(const std::string& variant, const AttentionDims& s, DType t) {
                    nullptr);
         CHECK(d_plain.get() == got);
     }
+    // column sums with rotary positions would be of the rotated gradient: refused
     const int64_t rows = v.colsum_rows(sh, t);
+    if (rows > 0 && s.rope) {
+        CHECK_THROWS(v.backward(d_dqkv.p, d_dout.p, d_qkv.p, d_out.p, saved.p, scratch.p,
+                                scratch.f(), sh, t, nullptr));
+        return;
+    }
     if (rows == 0) return;
     // The partial column sums, summed, against the column sums of the dqkv it wrote. They add the
     // fp32 values before bf16 rounding, and each stored value is within 2^-8 of its fp32 value

@@ -606,7 +606,7 @@ TEST_CASE("every row of the kernel table against the CPU reference") {
         try {
             r.check();
         } catch (const std::exception& e) {
-            FAIL_CHECK("threw: " << e.what());
+            FAIL_CHECK("threw: " << std::string(e.what()));
         } catch (...) {
             // a failed REQUIRE (reported above) ends its row only: the next rows still run
             FAIL_CHECK("row stopped by the failed REQUIRE above");
