@@ -239,6 +239,10 @@ std::vector<ConfigField> config_fields(Config& c) {
          false,
          false,
          {"cooperative", "pingpong"}});
+    add({"kernels", "matmul_wgmma_fuse",
+         "matmul=wgmma: SwiGLU and the rotary rotation in the epilogues of the GEMMs before them "
+         "(false: the plain GEMMs, then the ops' own passes)",
+         &k.matmul_wgmma_fuse});
     add({"kernels", "layernorm_bias_sums",
          "GPU: the attention and MLP projections' bias gradients summed inside the LayerNorm "
          "backward that writes their output gradient (false: a column-sum pass of their own)",
@@ -550,6 +554,7 @@ void check_cross(const Config& c, const Origins& origins) {
         {att + "wgmma_dq_tma", "attention", tt.wgmma_dq_tma != ad.wgmma_dq_tma},
         {att + "wgmma_fwd_tma", "attention", tt.wgmma_fwd_tma != ad.wgmma_fwd_tma},
         {"matmul_wgmma_schedule", "matmul", k.matmul_wgmma_schedule != kd.matmul_wgmma_schedule},
+        {"matmul_wgmma_fuse", "matmul", k.matmul_wgmma_fuse != kd.matmul_wgmma_fuse},
     };
     for (const Knob& n : knobs) {
         if (!n.set) continue;
@@ -764,9 +769,13 @@ std::string config_reference_markdown() {
          "`--set section.key=value` overrides a key from the command line; in YAML the tuning "
          "keys nest (`kernels: {cross_entropy_tuning: {parts: 4}}`) or stay dotted.\n";
     // A table cell holds no '|' of its own.
-    const auto cell = [](std::string t) {
-        for (size_t i = 0; (i = t.find('|', i)) != std::string::npos; i += 2) t.insert(i, "\\");
-        return t;
+    const auto cell = [](const std::string& t) {
+        std::string r;
+        for (char ch : t) {
+            if (ch == '|') r += '\\';
+            r += ch;
+        }
+        return r;
     };
     std::string section;
     for (const ConfigField& f : config_fields(c)) {
