@@ -64,10 +64,11 @@ struct KernelChoice {
     // The `wgmma` matmul's schedule (WgmmaSchedule in kernels/gemm/matmul_wgmma.h): "cooperative"
     // (both consumer warpgroups on each 128 x 256 tile) or "pingpong" (alternate 128 x 128 tiles)
     std::string matmul_wgmma_schedule = "cooperative";
-    // The `wgmma` matmul with the Llama-style ops in its epilogue (kernels/gemm/matmul_wgmma.h):
-    // SwiGLU behind the gate-and-up GEMM and the rotary rotation behind the qkv GEMM; false: the
-    // plain GEMMs and the ops' own passes (what the fusion saves or costs, measured)
-    bool matmul_wgmma_fuse = true;
+    // The `wgmma` matmul with a Llama-style op in its epilogue (kernels/gemm/matmul_wgmma.h): the
+    // rotary rotation behind the qkv GEMM, SwiGLU behind the gate-and-up GEMM; false: the plain
+    // GEMM, then the op's own pass. SwiGLU's is off by default: slower on an H200 (docs/llama.md)
+    bool matmul_wgmma_rope = true;
+    bool matmul_wgmma_swiglu = false;
     // The attention and MLP projections' bias gradients as column sums inside the LayerNorm
     // backward that writes their output gradient (kernels/norms/layernorm.h), not a pass of their
     // own

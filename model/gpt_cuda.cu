@@ -272,7 +272,7 @@ void GptCuda::Impl::linear_forward(void* out, const void* inp, int w_idx, int b_
 bool GptCuda::Impl::qkv_forward(void* qkv, const void* inp, int w_idx, int b_idx) {
     const int64_t BT = B * Tn, C = cfg.n_embd, hs = C / cfg.n_head;
     if (rope && !cfg.qk_norm && mm_variant == MatmulVariant::wgmma &&
-        opt.kernels.matmul_wgmma_fuse) {
+        opt.kernels.matmul_wgmma_rope) {
         cuda::Gemm gm = forward_gemm(qkv, inp, w_idx, BT, C, Cq);
         if (b_idx >= 0) {
             gm.epilogue = cuda::Epilogue::bias;
@@ -289,7 +289,7 @@ bool GptCuda::Impl::qkv_forward(void* qkv, const void* inp, int w_idx, int b_idx
 }
 
 bool GptCuda::Impl::fc_swiglu_forward(void* fch, void* out, const void* inp, int w_idx, int b_idx) {
-    if (mm_variant != MatmulVariant::wgmma || !opt.kernels.matmul_wgmma_fuse) return false;
+    if (mm_variant != MatmulVariant::wgmma || !opt.kernels.matmul_wgmma_swiglu) return false;
     cuda::Gemm gm = forward_gemm(out, inp, w_idx, B * Tn, cfg.n_embd, Fw);
     gm.epilogue = b_idx >= 0 ? cuda::Epilogue::swiglu_aux_bias : cuda::Epilogue::swiglu_aux;
     gm.bias = b_idx >= 0 ? w(b_idx) : nullptr;

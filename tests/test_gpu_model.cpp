@@ -510,6 +510,7 @@ TEST_CASE("Llama-style options with the fused linear heads and the wgmma epilogu
             o.precision = DType::bf16;
             o.kernels.matmul = "wgmma";
             o.kernels.matmul_wgmma_schedule = schedule;
+            o.kernels.matmul_wgmma_swiglu = true;  // (off by default)
             compare_model(c, o, 5e-2, 2, 70);
             o.recompute_gelu = true;  // SwiGLU recomputed by the separate kernel in backward
             compare_model(c, o, 5e-2, 2, 70);

@@ -239,10 +239,14 @@ std::vector<ConfigField> config_fields(Config& c) {
          false,
          false,
          {"cooperative", "pingpong"}});
-    add({"kernels", "matmul_wgmma_fuse",
-         "matmul=wgmma: SwiGLU and the rotary rotation in the epilogues of the GEMMs before them "
-         "(false: the plain GEMMs, then the ops' own passes)",
-         &k.matmul_wgmma_fuse});
+    add({"kernels", "matmul_wgmma_rope",
+         "matmul=wgmma, model.position=rope without qk_norm: q and k rotated in the qkv GEMM's "
+         "epilogue (false: the plain GEMM, then the rotation's own pass)",
+         &k.matmul_wgmma_rope});
+    add({"kernels", "matmul_wgmma_swiglu",
+         "matmul=wgmma, model.mlp=swiglu: SwiGLU in the gate-and-up GEMM's epilogue (false: the "
+         "plain GEMM, then SwiGLU's own pass; slower fused on an H200, so off)",
+         &k.matmul_wgmma_swiglu});
     add({"kernels", "layernorm_bias_sums",
          "GPU: the attention and MLP projections' bias gradients summed inside the LayerNorm "
          "backward that writes their output gradient (false: a column-sum pass of their own)",
@@ -554,7 +558,8 @@ void check_cross(const Config& c, const Origins& origins) {
         {att + "wgmma_dq_tma", "attention", tt.wgmma_dq_tma != ad.wgmma_dq_tma},
         {att + "wgmma_fwd_tma", "attention", tt.wgmma_fwd_tma != ad.wgmma_fwd_tma},
         {"matmul_wgmma_schedule", "matmul", k.matmul_wgmma_schedule != kd.matmul_wgmma_schedule},
-        {"matmul_wgmma_fuse", "matmul", k.matmul_wgmma_fuse != kd.matmul_wgmma_fuse},
+        {"matmul_wgmma_rope", "matmul", k.matmul_wgmma_rope != kd.matmul_wgmma_rope},
+        {"matmul_wgmma_swiglu", "matmul", k.matmul_wgmma_swiglu != kd.matmul_wgmma_swiglu},
     };
     for (const Knob& n : knobs) {
         if (!n.set) continue;

@@ -65,14 +65,18 @@ const std::vector<KernelFamily>& kernel_families() {
                "LayerNorm with the residual add fused, or separate, or the add in the projection "
                "GEMM's epilogue (GPU)",
                {{"fused_residual"}, {"separate"}, {"residual_in_matmul"}}, "residual_in_matmul"),
-        family(
-            "matmul",
-            "bias and GELU in the cuBLASLt epilogue, or separate passes, or the forward GEMMs "
-            "on our Hopper kernel, with SwiGLU and RoPE in its epilogue too (GPU)",
-            {{"fused_epilogue"},
-             {"separate"},
-             {"wgmma", false, false, false, true, {"matmul_wgmma_schedule", "matmul_wgmma_fuse"}}},
-            "fused_epilogue"),
+        family("matmul",
+               "bias and GELU in the cuBLASLt epilogue, or separate passes, or the forward GEMMs "
+               "on our Hopper kernel, with SwiGLU and RoPE in its epilogue too (GPU)",
+               {{"fused_epilogue"},
+                {"separate"},
+                {"wgmma",
+                 false,
+                 false,
+                 false,
+                 true,
+                 {"matmul_wgmma_schedule", "matmul_wgmma_rope", "matmul_wgmma_swiglu"}}},
+               "fused_epilogue"),
     };
     return families;
 }
