@@ -913,27 +913,34 @@ TEST_CASE("kernels.fc_bias_in_dw trains like the column-sum pass, and bit for bi
 }
 
 TEST_CASE("deterministic: two GPU runs are bit-identical and resume is bit-exact") {
-    for (const char* prec : {"bf16", "fp32"}) {
-        CAPTURE(prec);
-        Config c = train_config(prec);
-        const auto a = make_backend("cuda", c);
-        const auto b = make_backend("cuda", c);
-        const auto la = train_steps(*a, c, 0, 20), lb = train_steps(*b, c, 0, 20);
-        CHECK(la == lb);
-        CHECK(a->params() == b->params());
-        // resume: 10 steps, state out to the host (as a checkpoint holds it), a fresh backend
-        const auto r1 = make_backend("cuda", c);
-        auto first = train_steps(*r1, c, 0, 10);
-        const auto p = r1->params(), m = r1->adam_m(), v = r1->adam_v();
-        const int64_t steps = r1->adam_steps();
-        const auto r2 = make_backend("cuda", c);
-        r2->set_params(p);
-        r2->set_adam(m, v, steps);
-        const auto second = train_steps(*r2, c, 10, 20);
-        first.insert(first.end(), second.begin(), second.end());
-        CHECK(first == la);
-        CHECK(r2->params() == a->params());
-    }
+    for (const char* prec : {"bf16", "fp32"})
+        for (bool llama : {false, true}) {
+            CAPTURE(prec);
+            CAPTURE(llama);
+            Config c = train_config(prec);
+            // the Llama-style options (RMSNorm, rotary positions, SwiGLU, grouped key/value heads)
+            if (llama) {
+                c.model = tiny_llama("rmsnorm", "rope", "swiglu", 2, false, false, false);
+                c.model.block_size = 32;
+            }
+            const auto a = make_backend("cuda", c);
+            const auto b = make_backend("cuda", c);
+            const auto la = train_steps(*a, c, 0, 20), lb = train_steps(*b, c, 0, 20);
+            CHECK(la == lb);
+            CHECK(a->params() == b->params());
+            // resume: 10 steps, state out to the host (as a checkpoint holds it), a fresh backend
+            const auto r1 = make_backend("cuda", c);
+            auto first = train_steps(*r1, c, 0, 10);
+            const auto p = r1->params(), m = r1->adam_m(), v = r1->adam_v();
+            const int64_t steps = r1->adam_steps();
+            const auto r2 = make_backend("cuda", c);
+            r2->set_params(p);
+            r2->set_adam(m, v, steps);
+            const auto second = train_steps(*r2, c, 10, 20);
+            first.insert(first.end(), second.begin(), second.end());
+            CHECK(first == la);
+            CHECK(r2->params() == a->params());
+        }
 }
 
 namespace {
