@@ -267,6 +267,26 @@ TEST_CASE("exact resume: 10 steps, stop, resume to 20 gives bit-identical losses
     for (int64_t s = 1; s <= 20; s++) CHECK(a.at(s) == b.at(s));
 }
 
+TEST_CASE(
+    "exact resume and sampling with the Llama-style options (on the GPU where there is one)") {
+    ResumeFixture f;
+    const std::string llama =
+        "--set model.norm=rmsnorm --set model.position=rope --set model.mlp=swiglu "
+        "--set model.n_kv_head=1 --set model.bias=false --set train.sample_every=10 "
+        "--set train.sample_tokens=8 ";
+    REQUIRE(run_command(f.start("llama_straight", llama + "--set train.max_steps=20")).code == 0);
+    REQUIRE(run_command(f.start("llama_split", llama + "--set train.max_steps=10")).code == 0);
+    CommandOutput r = run_command(f.resume("llama_split", "--set train.max_steps=20"));
+    INFO(r.text);
+    REQUIRE(r.code == 0);
+    CHECK(r.text.find("resumed from") != std::string::npos);
+    CHECK(r.text.find("sample at step 20:") != std::string::npos);
+    const auto a = losses(f.run_dir("llama_straight") / "metrics.jsonl"),
+               b = losses(f.run_dir("llama_split") / "metrics.jsonl");
+    REQUIRE(b.size() == 20);
+    for (int64_t s = 1; s <= 20; s++) CHECK(a.at(s) == b.at(s));
+}
+
 TEST_CASE("train.profile_step: each rank's op times in the run directory and the log") {
     ResumeFixture f;
     const std::string two = "--set train.max_steps=4 --set parallel.local_ranks=2";
