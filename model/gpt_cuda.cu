@@ -130,7 +130,7 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
     B = b;
     Tn = tn;
     const int64_t BT = B * Tn, C = cfg.n_embd, NH = cfg.n_head, L = cfg.n_layer;
-    const cuda::AttentionShape shape = attention_shape();
+    const cuda::AttentionShape shape = attention_shape();  // for sizes (rope_tab is made below)
     residual.clear();
     layers.clear();
     if (fc_bias_in_dw) fc_dw_scratch = f32(Fw * ln2_ld());

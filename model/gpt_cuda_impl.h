@@ -238,11 +238,13 @@ struct GptCuda::Impl {
                         int64_t N);
 
     // qkv = ln1 W_qkv^T (+ b), with rotary positions on q's and k's heads in the wgmma kernel's
-    // epilogue where it runs (matmul=wgmma, rope without qk_norm, head size 64): true when it
+    // epilogue where it runs (matmul=wgmma and matmul_wgmma_rope, rope without qk_norm, head
+    // size 64): true when it
     // rotated them; false when the caller runs the separate RoPE pass.
     bool qkv_forward(void* qkv, const void* inp, int w_idx, int b_idx);
     // fch = ln2 W_fc^T (+ b), gate and up, and out = SwiGLU(fch) in the wgmma kernel's epilogue
-    // (matmul=wgmma, bf16, hidden width a multiple of 128): false (nothing run) elsewhere, and the
+    // (matmul=wgmma and matmul_wgmma_swiglu, bf16, hidden width a multiple of 128): false
+    // (nothing run) elsewhere, and the
     // caller runs the GEMM and the separate SwiGLU pass.
     bool fc_swiglu_forward(void* fch, void* out, const void* inp, int w_idx, int b_idx);
     // fch = ln2 W_fc^T + b (pre-activation) and gelu = GELU(fch); inp's rows lda apart (0: K).

@@ -514,6 +514,20 @@ TEST_CASE("Llama-style options with the fused linear heads and the wgmma epilogu
             compare_model(c, o, 5e-2, 2, 70);
             o.recompute_gelu = true;  // SwiGLU recomputed by the separate kernel in backward
             compare_model(c, o, 5e-2, 2, 70);
+            // and the epilogues ran: a refused shape falls back to the passes, which match too
+            GPT<float> host(c);
+            host.init_weights(1);
+            GptCuda m(c, o);
+            m.set_params(host.params.data());
+            m.set_op_profiling(true);
+            const std::vector<int32_t> tok(2 * 70, 1);
+            m.forward(tok.data(), 2, 70);
+            std::string ops;
+            for (const auto& [name, ms] : m.take_op_times()) ops += "[" + name + "]";
+            INFO(ops);
+            CHECK(ops.find("[matmul fwd (fc + SwiGLU)]") != std::string::npos);
+            CHECK(ops.find("[swiglu fwd]") == std::string::npos);
+            CHECK(ops.find("[rope fwd]") == std::string::npos);
         }
 }
 

@@ -66,8 +66,8 @@ struct AttentionTuning {
 struct AttentionShape {
     int64_t B = 0, Tn = 0, C = 0, NH = 0;
     AttentionTuning tuning;  // the defaults: the kernels' choices
-    // key/value heads (grouped-query attention), a divisor of NH; 0 means NH. Last, so that
-    // {B, Tn, C, NH, tuning} still reads as multi-head attention.
+    // key/value heads (grouped-query attention), a divisor of NH; 0 means NH. After tuning, so
+    // that {B, Tn, C, NH, tuning} still reads as multi-head attention.
     int64_t NKV = 0;
     // Rotary positions: kernels/ops/rope.h's rope_table(Tn, hs, theta) on the device, or null.
     // q and k arrive rotated (the caller rotates them after the qkv matmul); backward then returns

@@ -67,7 +67,7 @@ const std::vector<KernelFamily>& kernel_families() {
                {{"fused_residual"}, {"separate"}, {"residual_in_matmul"}}, "residual_in_matmul"),
         family("matmul",
                "bias and GELU in the cuBLASLt epilogue, or separate passes, or the forward GEMMs "
-               "on our Hopper kernel, with SwiGLU and RoPE in its epilogue too (GPU)",
+               "on our Hopper kernel, which can take RoPE and SwiGLU in its epilogue (GPU)",
                {{"fused_epilogue"},
                 {"separate"},
                 {"wgmma",

@@ -61,9 +61,14 @@ int main(int argc, char** argv) {
         ZG_CHECK(f.good(), "cannot write " + out + "/batches.i32");
 
         nlohmann::json table = nlohmann::json::array();
+        // each tensor's initialisation (model/gpt.cpp), for a PyTorch run from its own weights
+        const char* kInit[] = {"normal", "residual_normal", "zeros", "ones"};
         for (const zgpt::ParamSpec& p : layout.table.specs())
-            table.push_back(
-                {{"name", p.name}, {"shape", p.shape}, {"offset", p.offset}, {"decay", p.decay}});
+            table.push_back({{"name", p.name},
+                             {"shape", p.shape},
+                             {"offset", p.offset},
+                             {"decay", p.decay},
+                             {"init", kInit[int(p.init)]}});
         const zgpt::ModelConfig& m = cfg.model;
         const zgpt::OptimConfig& o = cfg.optim;
         nlohmann::json run{{"model",
@@ -82,7 +87,8 @@ int main(int argc, char** argv) {
                              {"rope_theta", m.rope_theta},
                              {"mlp", m.mlp},
                              {"mlp_hidden", zgpt::mlp_hidden_size(m)},
-                             {"n_kv_head", zgpt::kv_heads(m)}}},
+                             {"n_kv_head", zgpt::kv_heads(m)},
+                             {"init_std", m.init_std}}},
                            {"optim",
                             {{"lr", o.lr},
                              {"min_lr", o.min_lr},

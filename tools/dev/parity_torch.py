@@ -205,7 +205,32 @@ def loss_sum(logits, y, lossc, stats):
     return torch.where(valid, per_row, torch.zeros_like(per_row)).sum()
 
 
+def own_init(run, seed):
+    """The weights as PyTorch would draw them: model/gpt.cpp's scheme (normal with init_std, the
+    residual projections' scaled by 1 / sqrt(2 n_layer), ones and zeros, padded vocabulary rows at
+    zero) from PyTorch's generator with `seed`, in our arena's layout."""
+    m = run["model"]
+    g = torch.Generator().manual_seed(seed)
+    arena = np.zeros(run["num_parameters"], dtype=np.float32)
+    residual_std = m["init_std"] / math.sqrt(2.0 * m["n_layer"])
+    for p in run["params"]:
+        n = int(np.prod(p["shape"]))
+        if p["init"] in ("zeros", "ones"):
+            arena[p["offset"]: p["offset"] + n] = 1.0 if p["init"] == "ones" else 0.0
+            continue
+        std = m["init_std"] if p["init"] == "normal" else residual_std
+        w = torch.randn(p["shape"], generator=g, dtype=torch.float32) * std
+        if p["name"].endswith(("wte.weight", "embed_tokens.weight", "lm_head.weight")):
+            w[m["vocab_size"]:] = 0  # padded rows never see a token
+        arena[p["offset"]: p["offset"] + n] = w.reshape(-1).numpy()
+    return arena
+
+
 def train_torch(run, arena, batches, device, dtype, steps):
+    init = re.fullmatch(r"init(\d*)", dtype)
+    if init:  # PyTorch from its own draw of the weights (seed 1, 2, ...), in the run's precision
+        arena = own_init(run, int(init.group(1) or 1))
+        dtype = run["train"]["precision"]
     model = TorchGPT(run, arena, device, round_residual=dtype == "bf16_residual")
     if dtype == "bf16_residual":
         dtype = "bf16"
@@ -270,7 +295,8 @@ def main():
     ap.add_argument("--torch-variants", default="",
                     help="comma-separated extra PyTorch runs that show its own spread: fp32, bf16, "
                          "jitter (bf16 from weights moved by 1e-6 relative; jitter2, jitter3, ...: "
-                         "other random moves), bf16_residual (bf16 "
+                         "other random moves), init (from PyTorch's own draw of the weights, the "
+                         "same scheme; init2, init3, ...: other seeds), bf16_residual (bf16 "
                          "autocast with the residual stream and its gradient rounded to bf16, as "
                          "our trainer stores them without train.fp32_residual)")
     ap.add_argument("--ours-variant", action="append", default=[], metavar="K=V[,K=V]",
@@ -327,9 +353,9 @@ def main():
     variants = {}
     for v in filter(None, a.torch_variants.split(",")):
         torch.manual_seed(0)
-        c = train_torch(runj, arena, batches, a.device, v, a.steps)[0]
+        c, c_stats = train_torch(runj, arena, batches, a.device, v, a.steps)
         variants[v] = {"losses": c, "means": window(c), "max_gap_vs_pytorch": gap(c, theirs),
-                       "max_gap_vs_ours": gap(c, ours)}
+                       "max_gap_vs_ours": gap(c, ours), "stats": c_stats}
         print(f"PyTorch {v}: {w}-step means differ from PyTorch {tr['precision']} by at most "
               f"{gap(c, theirs):.4f}, from ours by at most {gap(c, ours):.4f}")
     # PyTorch's own spread in each window: how far its jittered runs move from it; ours is inside
