@@ -389,7 +389,8 @@ def main():
     print("largest relative differences: " + ", ".join(f"{k} {v:.2e}" for k, v in stat_rel.items()))
     if a.out:
         pathlib.Path(a.out).write_text(json.dumps({
-            "config": a.config, "overrides": a.set, "device": a.device, "precision": tr["precision"],
+            "config": a.config, "overrides": a.set, "model": runj["model"], "optim": runj["optim"],
+            "loss": runj["loss"], "device": a.device, "precision": tr["precision"],
             "steps": a.steps, "window": w, "max_gap": max_gap, "max_rel_diff": max(rel),
             "means": means, "ours": ours, "pytorch": theirs, "pytorch_variants": variants,
             "ours_variants": ours_variants, "spread": spread, "ours_stats": ours_stats, "pytorch_stats": theirs_stats,
