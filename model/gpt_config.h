@@ -20,6 +20,11 @@ struct ModelConfig {
     bool bias = true;      // biases in linear layers and LayerNorms
     bool qk_norm = false;  // model.norm on each head's q and k
     double init_std = 0.02;
+    // Each initial weight times (1 + init_jitter x a normal draw of seed init_jitter_seed):
+    // another, equally valid start on the same batches, to measure how far two runs spread (0:
+    // none)
+    double init_jitter = 0;
+    int init_jitter_seed = 1;
     double ln_eps = 1e-5;   // epsilon of every norm (LayerNorm or RMSNorm)
     std::string init_from;  // a Hugging Face GPT-2 or Llama model.safetensors; "": random init
     // Llama-style options (docs/llama.md); the defaults are GPT-2's block.

@@ -521,6 +521,33 @@ TEST_CASE("a Llama-style model: data x vocab parallel, and ZeRO-1, equal one ran
     check_same_run(run(c), one);
 }
 
+TEST_CASE("model.init_jitter: every weight moved by about that fraction, zeros kept, per seed") {
+    Config c = tiny_config("jitter", 1, 1);
+    const std::vector<float> base = initial_params(c);
+    c.model.init_jitter = 1e-3;
+    const std::vector<float> a = initial_params(c), again = initial_params(c);
+    c.model.init_jitter_seed = 2;
+    const std::vector<float> b = initial_params(c);
+    REQUIRE(a.size() == base.size());
+    CHECK(a == again);  // the seed fixes the draws
+    CHECK(a != b);
+    double sq = 0;
+    int64_t n = 0, zeros_moved = 0, too_far = 0;
+    for (size_t i = 0; i < base.size(); i++) {
+        if (base[i] == 0) {
+            zeros_moved += a[i] != 0;
+            continue;
+        }
+        const double rel = (double(a[i]) - base[i]) / base[i];
+        sq += rel * rel;
+        too_far += std::fabs(rel) > 6e-3;  // 6 standard deviations
+        n++;
+    }
+    CHECK(zeros_moved == 0);
+    CHECK(too_far == 0);
+    CHECK(std::sqrt(sq / double(n)) == doctest::Approx(1e-3).epsilon(0.05));  // the draws' sd
+}
+
 TEST_CASE("a split vocabulary: each rank stores 1/P of the tables, whole checkpoints round-trip") {
     // Tied and untied, P = 2 and 3 (V = 67: uneven shards). Each rank's backend holds its shard's
     // rows; params() gathers the whole model, identical to the initial weights of one rank.

@@ -34,6 +34,12 @@ std::vector<ConfigField> config_fields(Config& c) {
     add({"model", "bias", "biases in linear layers and LayerNorms", &m.bias});
     add({"model", "qk_norm", "model.norm on each head's q and k", &m.qk_norm});
     add({"model", "init_std", "std of the normal initialisation", &m.init_std, 0, 10, true});
+    add({"model", "init_jitter",
+         "each initial weight times (1 + init_jitter x a normal draw): another, equally valid "
+         "start on the same batches, to measure how far runs spread (0: none)",
+         &m.init_jitter, 0, 1});
+    add({"model", "init_jitter_seed", "the seed of model.init_jitter's draws", &m.init_jitter_seed,
+         0, 2147483647});
     add({"model", "ln_eps", "epsilon of the norms (LayerNorm or RMSNorm)", &m.ln_eps, 0, 1, true});
     add({"model", "init_from",
          "start from a Hugging Face GPT-2 or Llama model.safetensors (export_hf's)", &m.init_from});

@@ -235,12 +235,12 @@ def train_torch(run, arena, batches, device, dtype, steps):
     if dtype == "bf16_residual":
         dtype = "bf16"
     jitter = re.fullmatch(r"jitter(\d*)", dtype)
-    if jitter:  # bf16 from weights moved by 1e-6 relative: another, equally valid rounding
+    if jitter:  # from weights moved by 1e-6 relative (in the run's precision): an equally valid start
         with torch.no_grad():  # jitter, jitter2, jitter3, ...: seeds 1, 2, 3, ...
             g = torch.Generator(device=device).manual_seed(int(jitter.group(1) or 1))
             for p in model.P.values():
                 p.mul_(1 + 1e-6 * torch.randn(p.shape, generator=g, device=device))
-        dtype = "bf16"
+        dtype = run["train"]["precision"]
     o, lossc, tr = run["optim"], run["loss"], run["train"]
     names = list(model.P)
     state = {n: (torch.zeros_like(model.P[n]), torch.zeros_like(model.P[n])) for n in names}
@@ -294,7 +294,7 @@ def main():
     ap.add_argument("--tolerance", type=float, help="fail when a step's relative difference exceeds it")
     ap.add_argument("--torch-variants", default="",
                     help="comma-separated extra PyTorch runs that show its own spread: fp32, bf16, "
-                         "jitter (bf16 from weights moved by 1e-6 relative; jitter2, jitter3, ...: "
+                         "jitter (from weights moved by 1e-6 relative, in the run's precision; jitter2, ...: "
                          "other random moves), init (from PyTorch's own draw of the weights, the "
                          "same scheme; init2, init3, ...: other seeds), bf16_residual (bf16 "
                          "autocast with the residual stream and its gradient rounded to bf16, as "
@@ -375,6 +375,25 @@ def main():
                             "max_gap_vs_ours": gap(c, ours)}
         print(f"ours with {v}: {w}-step means differ from PyTorch {tr['precision']} by at most "
               f"{gap(c, theirs):.4f}, from ours by at most {gap(c, ours):.4f}")
+    # Both trainers from jittered starts (ours: --ours-variant model.init_jitter=1e-6,
+    # model.init_jitter_seed=K; PyTorch: jitterK): the two samples' means per window, and their
+    # difference in standard errors (Welch), which says whether the trainers differ beyond chaos
+    ours_j = [window(ours)] + [c["means"] for v, c in ours_variants.items() if "init_jitter=" in v]
+    torch_j = [window(theirs)] + jit
+    two_sample = []
+    if len(ours_j) >= 3 and len(torch_j) >= 3:
+        for i in range(len(means)):
+            o, t = [x[i] for x in ours_j], [x[i] for x in torch_j]
+            mo, mt = sum(o) / len(o), sum(t) / len(t)
+            vo = sum((x - mo) ** 2 for x in o) / (len(o) - 1)
+            vt = sum((x - mt) ** 2 for x in t) / (len(t) - 1)
+            se = math.sqrt(vo / len(o) + vt / len(t))
+            two_sample.append({"ours_mean": mo, "ours_sd": math.sqrt(vo), "ours_runs": len(o),
+                               "pytorch_mean": mt, "pytorch_sd": math.sqrt(vt), "pytorch_runs": len(t),
+                               "difference": mo - mt, "standard_errors": (mo - mt) / se if se else 0.0})
+        print(f"{len(ours_j)} runs of ours and {len(torch_j)} of PyTorch from jittered starts; per "
+              f"{w}-step window, mean difference (standard errors): " + ", ".join(
+                  f"{x['difference']:+.4f} ({x['standard_errors']:+.1f})" for x in two_sample))
     print(f"{'step':>6} {'ours':>12} {'pytorch':>12} {'rel diff':>10}")
     for i, (x, y, r) in enumerate(zip(ours, theirs, rel)):
         if a.steps <= 40 or i % max(1, a.steps // 40) == 0 or i == a.steps - 1:
@@ -393,7 +412,8 @@ def main():
             "loss": runj["loss"], "device": a.device, "precision": tr["precision"],
             "steps": a.steps, "window": w, "max_gap": max_gap, "max_rel_diff": max(rel),
             "means": means, "ours": ours, "pytorch": theirs, "pytorch_variants": variants,
-            "ours_variants": ours_variants, "spread": spread, "ours_stats": ours_stats, "pytorch_stats": theirs_stats,
+            "ours_variants": ours_variants, "spread": spread, "two_sample": two_sample,
+            "ours_stats": ours_stats, "pytorch_stats": theirs_stats,
             "stats_max_rel_diff": stat_rel, "stats_means": stat_means,
             "torch_version": torch.__version__}, indent=1))
     if a.tolerance is not None and max(rel) > a.tolerance:

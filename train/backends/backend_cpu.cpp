@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kernels/core/check.h"
+#include "kernels/core/rng.h"
 #include "kernels/ops/global_norm.h"
 #include "model/gpt.h"
 #include "model/hf_gpt2.h"
@@ -179,12 +180,22 @@ std::unique_ptr<Backend> make_backend(const std::string& device, const Config& c
     return device == "cuda" ? make_cuda_backend(cfg, vocab) : make_cpu_backend(cfg, vocab);
 }
 
+namespace {
+// model.init_jitter: every weight times 1 + jitter x N(0, 1) (zeros stay zero)
+std::vector<float> jittered(std::vector<float> p, const ModelConfig& m) {
+    if (m.init_jitter == 0) return p;
+    Rng rng(uint64_t(m.init_jitter_seed));
+    for (float& x : p) x = float(double(x) * (1.0 + m.init_jitter * rng.normal()));
+    return p;
+}
+}  // namespace
+
 std::vector<float> initial_params(const Config& cfg) {
     if (cfg.model.init_from.empty()) {  // without a GPT<float>, whose gradients would double
         const GptLayout layout = make_gpt_layout(cfg.model);  // the host memory of start-up
         std::vector<float> p(size_t(layout.table.total()));
         init_gpt_weights(cfg.model, layout, uint64_t(cfg.train.seed), p.data());
-        return p;
+        return jittered(std::move(p), cfg.model);
     }
     GPT<float> m(cfg.model);
     m.init_weights(uint64_t(cfg.train.seed));
@@ -195,7 +206,7 @@ std::vector<float> initial_params(const Config& cfg) {
             throw Error(std::string("model.init_from: ") + e.what());
         }
     }
-    return std::move(m.params);
+    return jittered(std::move(m.params), cfg.model);
 }
 
 }  // namespace zgpt
