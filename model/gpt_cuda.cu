@@ -135,7 +135,7 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
     layers.clear();
     if (fc_bias_in_dw) fc_dw_scratch = f32(Fw * ln2_ld());
     for (int64_t l = 0; l <= L; l++) residual.push_back(res_act(BT * C));
-    for (int64_t l = 0; l < L; l++) {
+    for (int64_t l = 0; l < (opt.recompute_block ? 1 : L); l++) {
         Layer a;
         a.ln1 = act(BT * C);
         a.ln1_mean = f32(BT);
@@ -437,7 +437,7 @@ void GptCuda::Impl::forward(const int32_t* host_tokens, int64_t b, int64_t tn) {
                  "token id " + std::to_string(host_tokens[i]) + " outside the vocabulary");
     ensure(b, tn);
     tick(nullptr);
-    const int64_t BT = B * Tn, C = cfg.n_embd, NH = cfg.n_head, hs = C / NH, L = cfg.n_layer;
+    const int64_t BT = B * Tn, C = cfg.n_embd, L = cfg.n_layer;
     std::memcpy(h_tokens.get(), host_tokens, BT * 4);
     ZG_CUDA_CHECK(
         cudaMemcpyAsync(tokens.get(), h_tokens.get(), BT * 4, cudaMemcpyHostToDevice, stream));
@@ -449,66 +449,78 @@ void GptCuda::Impl::forward(const int32_t* host_tokens, int64_t b, int64_t tn) {
                               wr(layout.wpe), B, Tn, C, rt, stream);
     }
     tick("encoder fwd");
-    const cuda::AttentionShape shape = attention_shape();
-    norm_forward(layers[0].ln1.get(), {1, C}, layers[0].ln1_mean.as<float>(),
-                 layers[0].ln1_rstd.as<float>(), residual[0].get(), {1, C},
+    norm_forward(act_layer(0).ln1.get(), {1, C}, act_layer(0).ln1_mean.as<float>(),
+                 act_layer(0).ln1_rstd.as<float>(), residual[0].get(), {1, C},
                  wr(layout.blocks[0].ln1_w), wr(layout.blocks[0].ln1_b), BT, C, rt);
     tick("layernorm fwd");
-    for (int64_t l = 0; l < L; l++) {
-        const BlockParams& p = layout.blocks[l];
-        Layer& a = layers[l];
-        const int64_t KVC = NKV * hs;
-        bool roped = false;  // RoPE taken in the qkv GEMM's epilogue
-        if (cfg.qk_norm) {
-            linear_forward(a.qkv_raw.get(), a.ln1.get(), p.qkv_w, p.qkv_b, BT, C, Cq);
-            const cuda::RowMap qh{NH, Cq}, kh{NKV, Cq};
-            const char* raw = a.qkv_raw.as<char>();
-            char* qkv = a.qkv.as<char>();
-            norm_forward(qkv, qh, a.q_mean.as<float>(), a.q_rstd.as<float>(), raw, qh,
-                         w(p.q_norm_w), w(p.q_norm_b), BT * NH, hs, t);
-            norm_forward(qkv + C * es, kh, a.k_mean.as<float>(), a.k_rstd.as<float>(), raw + C * es,
-                         kh, w(p.k_norm_w), w(p.k_norm_b), BT * NKV, hs, t);
-            ZG_CUDA_CHECK(cudaMemcpy2DAsync(qkv + (C + KVC) * es, Cq * es, raw + (C + KVC) * es,
-                                            Cq * es, KVC * es, BT, cudaMemcpyDeviceToDevice,
-                                            stream));
-        } else {
-            roped = qkv_forward(a.qkv.get(), a.ln1.get(), p.qkv_w, p.qkv_b);
-        }
-        tick("matmul fwd (qkv, qk_norm)");
-        if (rope && !roped) {  // q's and k's heads, side by side at the start of each row
-            cuda::rope_forward(a.qkv.get(), rope_tab.as<float>(), B, Tn, NH + NKV, hs, Cq, t,
-                               stream);
-            tick("rope fwd");
-        }
-        attention->forward(a.atty.get(), a.att_saved.get(), a.qkv.get(), shape, t, stream);
-        tick("attention fwd");
-        project_add_norm(a.res_attn.get(), a.ln2.get(), a.ln2_mean.as<float>(),
-                         a.ln2_rstd.as<float>(), residual[l].get(), a.atty.get(), p.proj_w,
-                         p.proj_b, C, p.ln2_w, p.ln2_b, ln2_ld());
-        void* gelu = opt.recompute_gelu ? gelu_tmp.get() : a.fch_gelu.get();  // or SwiGLU's
-        if (swiglu && fc_swiglu_forward(a.fch.get(), gelu, a.ln2.get(), p.fc_w, p.fc_b)) {
-            tick("matmul fwd (fc + SwiGLU)");
-        } else if (swiglu) {  // gate and up: one matmul, then the elementwise gate
-            linear_forward(a.fch.get(), a.ln2.get(), p.fc_w, p.fc_b, BT, C, Fw);
-            tick("matmul fwd");
-            cuda::swiglu_forward(gelu, a.fch.get(), BT, Hm, t, stream);
-            tick("swiglu fwd");
-        } else {
-            fc_gelu_forward(a.fch.get(), gelu, a.ln2.get(), p.fc_w, p.fc_b, BT, C, Hm, ln2_ld());
-            tick("matmul fwd (fc + GELU)");
-        }
-        const bool last = l == L - 1;
-        project_add_norm(residual[l + 1].get(), last ? lnf.get() : layers[l + 1].ln1.get(),
-                         last ? lnf_mean.as<float>() : layers[l + 1].ln1_mean.as<float>(),
-                         last ? lnf_rstd.as<float>() : layers[l + 1].ln1_rstd.as<float>(),
-                         a.res_attn.get(), gelu, p.fcproj_w, p.fcproj_b, Hm,
-                         last ? layout.lnf_w : layout.blocks[l + 1].ln1_w,
-                         last ? layout.lnf_b : layout.blocks[l + 1].ln1_b);
-    }
+    for (int64_t l = 0; l < L; l++) block_forward(l, false);
     head_pending = !linear_ce;  // loss() runs the logits GEMM, chunked with the cross-entropy
     head_dinp_done = false;
     upload_buckets();  // host work while the GPU runs the forward pass
     have_logits = true;
+}
+
+void GptCuda::Impl::block_forward(int64_t l, bool recompute) {
+    const int64_t BT = B * Tn, C = cfg.n_embd, NH = cfg.n_head, hs = C / NH, L = cfg.n_layer;
+    const cuda::AttentionShape shape = attention_shape();
+    const BlockParams& p = layout.blocks[l];
+    Layer& a = act_layer(l);
+    recomputing = recompute;
+    if (recompute) {  // the side stream's weight gradients of block l + 1 read these buffers
+        for (const DeviceBuffer* b :
+             {&a.ln1, &a.qkv_raw, &a.qkv, &a.atty, &a.res_attn, &a.ln2, &a.fch, &a.fch_gelu})
+            before_write(b->get());
+        norm_forward(a.ln1.get(), {1, C}, a.ln1_mean.as<float>(), a.ln1_rstd.as<float>(),
+                     residual[l].get(), {1, C}, wr(p.ln1_w), wr(p.ln1_b), BT, C, rt);
+    }
+    const int64_t KVC = NKV * hs;
+    bool roped = false;  // RoPE taken in the qkv GEMM's epilogue
+    if (cfg.qk_norm) {
+        linear_forward(a.qkv_raw.get(), a.ln1.get(), p.qkv_w, p.qkv_b, BT, C, Cq);
+        const cuda::RowMap qh{NH, Cq}, kh{NKV, Cq};
+        const char* raw = a.qkv_raw.as<char>();
+        char* qkv = a.qkv.as<char>();
+        norm_forward(qkv, qh, a.q_mean.as<float>(), a.q_rstd.as<float>(), raw, qh, w(p.q_norm_w),
+                     w(p.q_norm_b), BT * NH, hs, t);
+        norm_forward(qkv + C * es, kh, a.k_mean.as<float>(), a.k_rstd.as<float>(), raw + C * es, kh,
+                     w(p.k_norm_w), w(p.k_norm_b), BT * NKV, hs, t);
+        ZG_CUDA_CHECK(cudaMemcpy2DAsync(qkv + (C + KVC) * es, Cq * es, raw + (C + KVC) * es,
+                                        Cq * es, KVC * es, BT, cudaMemcpyDeviceToDevice, stream));
+    } else {
+        roped = qkv_forward(a.qkv.get(), a.ln1.get(), p.qkv_w, p.qkv_b);
+    }
+    tick("matmul fwd (qkv, qk_norm)");
+    if (rope && !roped) {  // q's and k's heads, side by side at the start of each row
+        cuda::rope_forward(a.qkv.get(), rope_tab.as<float>(), B, Tn, NH + NKV, hs, Cq, t, stream);
+        tick("rope fwd");
+    }
+    attention->forward(a.atty.get(), a.att_saved.get(), a.qkv.get(), shape, t, stream);
+    tick("attention fwd");
+    project_add_norm(a.res_attn.get(), a.ln2.get(), a.ln2_mean.as<float>(), a.ln2_rstd.as<float>(),
+                     residual[l].get(), a.atty.get(), p.proj_w, p.proj_b, C, p.ln2_w, p.ln2_b,
+                     ln2_ld());
+    void* gelu = opt.recompute_gelu ? gelu_tmp.get() : a.fch_gelu.get();  // or SwiGLU's
+    if (swiglu && fc_swiglu_forward(a.fch.get(), gelu, a.ln2.get(), p.fc_w, p.fc_b)) {
+        tick("matmul fwd (fc + SwiGLU)");
+    } else if (swiglu) {  // gate and up: one matmul, then the elementwise gate
+        linear_forward(a.fch.get(), a.ln2.get(), p.fc_w, p.fc_b, BT, C, Fw);
+        tick("matmul fwd");
+        cuda::swiglu_forward(gelu, a.fch.get(), BT, Hm, t, stream);
+        tick("swiglu fwd");
+    } else {
+        fc_gelu_forward(a.fch.get(), gelu, a.ln2.get(), p.fc_w, p.fc_b, BT, C, Hm, ln2_ld());
+        tick("matmul fwd (fc + GELU)");
+    }
+    recomputing = false;
+    if (recompute) return;  // residual[l + 1] is there
+    const bool last = l == L - 1;
+    Layer& next = act_layer(last ? l : l + 1);  // (the same buffers under recompute_block)
+    project_add_norm(residual[l + 1].get(), last ? lnf.get() : next.ln1.get(),
+                     last ? lnf_mean.as<float>() : next.ln1_mean.as<float>(),
+                     last ? lnf_rstd.as<float>() : next.ln1_rstd.as<float>(), a.res_attn.get(),
+                     gelu, p.fcproj_w, p.fcproj_b, Hm,
+                     last ? layout.lnf_w : layout.blocks[l + 1].ln1_w,
+                     last ? layout.lnf_b : layout.blocks[l + 1].ln1_b);
 }
 
 void GptCuda::Impl::embed_from_shards() {
@@ -612,7 +624,9 @@ void GptCuda::Impl::backward() {
     tick("layernorm bwd");
     for (int64_t l = L - 1; l >= 0; l--) {
         const BlockParams& p = layout.blocks[l];
-        Layer& a = layers[l];
+        // one block's buffers for all: block l's forward again (the last block's is still there)
+        if (opt.recompute_block && l < L - 1) block_forward(l, true);
+        Layer& a = act_layer(l);
         // MLP branch
         void* gelu = a.fch_gelu.get();  // or SwiGLU's output
         if (opt.recompute_gelu) {

@@ -30,6 +30,9 @@ struct CudaModelOptions {
     DType precision = DType::bf16;
     KernelChoice kernels;
     bool recompute_gelu = false;  // keep only the MLP's pre-activation; recompute GELU/SwiGLU
+    // Keep only each block's input (the residual stream) and run the block's forward again in
+    // backward, into one block's buffers shared by all: the activations of one block, not L
+    bool recompute_block = false;
     // bf16: keep the residual stream, its gradient, the LayerNorms' inputs and weights and the
     // embeddings' outputs in fp32 (as PyTorch autocast does); the matmuls still read bf16.
     bool fp32_residual = false;

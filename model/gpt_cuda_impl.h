@@ -97,7 +97,9 @@ struct GptCuda::Impl {
         DeviceBuffer att_saved, atty, res_attn, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
     };
     std::vector<DeviceBuffer> residual;  // [L + 1]
-    std::vector<Layer> layers;
+    std::vector<Layer> layers;           // one per block, or one shared by all (recompute_block)
+    Layer& act_layer(int64_t l) { return layers[opt.recompute_block ? 0 : size_t(l)]; }
+    bool recomputing = false;  // inside backward's run of a block's forward (recompute_block)
     DeviceBuffer lnf, lnf_mean, lnf_rstd, logits;
     DeviceBuffer tokens, targets, grad_out, summary;
     // the wte gradient's buckets (cuda::TokenBuckets): their six arrays in one buffer, n + 1
@@ -138,6 +140,7 @@ struct GptCuda::Impl {
     std::vector<std::pair<const char*, cudaEvent_t>> ticks;
     void tick(const char* name) {
         if (!profile_ops) return;
+        if (recomputing && name) name = "block recompute";  // one line for a block's forward again
         if (ticks.size() == pool.size()) {
             pool.emplace_back();
             ZG_CUDA_CHECK(cudaEventCreate(&pool.back()));
@@ -302,6 +305,11 @@ struct GptCuda::Impl {
     }
 
     void forward(const int32_t* host_tokens, int64_t b, int64_t tn);
+    // Block l's forward from its input residual[l] into act_layer(l). In forward its LayerNorm 1
+    // output is there already (the previous block's projection wrote it) and it ends by adding
+    // the MLP into residual[l + 1] with the next norm; run again for backward (recompute) it
+    // takes its LayerNorm 1 first and stops before that last projection, whose output exists.
+    void block_forward(int64_t l, bool recompute);
 
     // A vocab-parallel group holds wte split by rows: the token rows of this rank come from every
     // shard. The group's tokens are all-gathered; each rank looks up the rows its shard holds

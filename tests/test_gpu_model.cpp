@@ -531,6 +531,76 @@ TEST_CASE("Llama-style options with the fused linear heads and the wgmma epilogu
         }
 }
 
+TEST_CASE(
+    "train.recompute_block: the same loss and gradients as storing every block, less memory") {
+    // Three blocks (the middle one is recomputed between two others in the shared buffers), head
+    // size 64 (the tensor-core attention), GPT-2's block and the Llama-style one, bf16 and fp32,
+    // with and without GELU's recompute. The default kernels take block l's LayerNorm 1 from the
+    // stored residual[l] in forward too, so the bits must be equal.
+    for (bool llama : {false, true})
+        for (DType prec : {DType::bf16, DType::f32})
+            for (bool gelu : {false, true}) {
+                CAPTURE(llama);
+                CAPTURE(int(prec));
+                CAPTURE(gelu);
+                ModelConfig c =
+                    llama ? tiny_llama("rmsnorm", "rope", "swiglu", 2, false, false, false)
+                          : tiny_config(false, true, false);
+                c.n_layer = 3;
+                c.n_head = 4;
+                c.n_embd = 256;
+                c.block_size = 128;
+                GPT<float> host(c);
+                host.init_weights(5);
+                const int64_t B = 2, T = 70;
+                Rng rng(9);
+                const auto tok = random_tokens(rng, B * T, c.vocab_size);
+                const auto tgt = random_tokens(rng, B * T, c.vocab_size);
+                CrossEntropyOptions ce;
+                ce.reduction = Reduction::sum;
+                ce.z_loss_weight = 1e-4;
+                struct Out {
+                    double loss;
+                    std::vector<float> grads;
+                    size_t bytes;
+                    std::string ops;
+                };
+                auto run = [&](bool block) {
+                    CudaModelOptions o;
+                    o.precision = prec;
+                    o.recompute_gelu = gelu;
+                    o.recompute_block = block;
+                    GptCuda m(c, o);
+                    m.set_params(host.params.data());
+                    m.zero_grad();
+                    m.set_op_profiling(true);
+                    m.forward(tok.data(), B, T);
+                    const double loss = m.loss(tgt.data(), ce, 1.0 / 140, true).sum_loss;
+                    m.backward();
+                    Out r{loss, std::vector<float>(m.num_parameters()), m.allocated_bytes(), ""};
+                    for (const auto& [name, ms] : m.take_op_times()) r.ops += "[" + name + "]";
+                    m.get_grads(r.grads.data());
+                    return r;
+                };
+                const Out stored = run(false), again = run(true);
+                CHECK(again.loss == stored.loss);
+                CHECK(again.grads == stored.grads);
+                CHECK(again.bytes < stored.bytes);
+                CHECK(again.ops.find("[block recompute]") != std::string::npos);
+                CHECK(stored.ops.find("[block recompute]") == std::string::npos);
+                MESSAGE("recompute_block: " << again.bytes / 1e6 << " MB against "
+                                            << stored.bytes / 1e6 << " MB");
+            }
+    // a kernel path whose forward LayerNorm fuses the residual add: within rounding of GPT<double>
+    CudaModelOptions o;
+    o.precision = DType::bf16;
+    o.kernels.layernorm = "fused_residual";
+    o.recompute_block = true;
+    ModelConfig c = tiny_config(false, true, false);
+    c.n_layer = 3;
+    compare_model(c, o, 5e-2);
+}
+
 TEST_CASE("GPT-2 1558M's width and heads (C = 1600, 25 heads of 64) equal GPT<double>") {
     // C = 1600 is not a multiple of 128 or 256: the LayerNorms' vector kernels end on a partial
     // chunk, the GEMMs' K and N are off the tiles, and 25 heads are an odd count. One layer,

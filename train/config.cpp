@@ -149,6 +149,10 @@ std::vector<ConfigField> config_fields(Config& c) {
     add({"train", "recompute_gelu",
          "GPU: recompute GELU (or SwiGLU) in backward (saves B x T x the MLP's width)",
          &t.recompute_gelu});
+    add({"train", "recompute_block",
+         "GPU: keep only each block's input and run the block's forward again in backward (one "
+         "block's activations instead of n_layer's, for about a third more forward work)",
+         &t.recompute_block});
     add({"train", "fp32_residual",
          "GPU bf16: residual stream, its gradient and LayerNorm inputs in fp32 (as autocast)",
          &t.fp32_residual});

@@ -95,11 +95,14 @@ EvalResult evaluate(Backend& model, DataLoader& val, const Config& c, int64_t T,
 // The kernel variants a run uses, for its metrics and provenance.
 nlohmann::json kernels_json(const Config& c, const DeviceChoice& device) {
     if (device.device != "cuda") return {{"cpu", "reference"}};
-    nlohmann::json j = {
-        {"attention", c.kernels.attention},      {"cross_entropy", c.kernels.cross_entropy},
-        {"layernorm", c.kernels.layernorm},      {"matmul", c.kernels.matmul},
-        {"precision", c.train.precision},        {"recompute_gelu", c.train.recompute_gelu},
-        {"fp32_residual", c.train.fp32_residual}};
+    nlohmann::json j = {{"attention", c.kernels.attention},
+                        {"cross_entropy", c.kernels.cross_entropy},
+                        {"layernorm", c.kernels.layernorm},
+                        {"matmul", c.kernels.matmul},
+                        {"precision", c.train.precision},
+                        {"recompute_gelu", c.train.recompute_gelu},
+                        {"recompute_block", c.train.recompute_block},
+                        {"fp32_residual", c.train.fp32_residual}};
     j.update(kernel_tuning_json(c));  // every other kernels key, the tuning knobs nested
     return j;
 }

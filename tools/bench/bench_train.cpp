@@ -195,6 +195,7 @@ CudaModelOptions model_options(const Config& cfg, const Options& o) {
     mo.precision = cfg.train.precision == "fp32" ? DType::f32 : DType::bf16;
     mo.kernels = cfg.kernels;
     mo.recompute_gelu = cfg.train.recompute_gelu;
+    mo.recompute_block = cfg.train.recompute_block;
     mo.fp32_residual = cfg.train.fp32_residual;
     mo.head_chunks = o.head_chunks;
     return mo;
@@ -480,6 +481,7 @@ void write_json(const Bench& b, const cuda::DeviceInfo& dev, const Summary& s,
                        {"matmul", cfg.kernels.matmul}}},
                      {"kernel_tuning", kernel_tuning_json(cfg)},
                      {"recompute_gelu", cfg.train.recompute_gelu},
+                     {"recompute_block", cfg.train.recompute_block},
                      {"fp32_residual", cfg.train.fp32_residual},
                      {"head_chunks", o.head_chunks},
                      {"steps_timed", b.step_ms.size()},

@@ -61,6 +61,7 @@ CudaModelOptions model_options(const Config& cfg, int vocab_parts) {
     o.precision = cfg.train.precision == "fp32" ? DType::f32 : DType::bf16;
     o.kernels = cfg.kernels;
     o.recompute_gelu = cfg.train.recompute_gelu;
+    o.recompute_block = cfg.train.recompute_block;
     o.fp32_residual = cfg.train.fp32_residual;
     return o;
 }
@@ -222,6 +223,7 @@ class CudaBackend final : public Backend {
                ", kernels: attention=" + k.attention + " cross_entropy=" + k.cross_entropy +
                " layernorm=" + k.layernorm + " matmul=" + k.matmul +
                (cfg_.train.recompute_gelu ? ", GELU recomputed" : "") +
+               (cfg_.train.recompute_block ? ", blocks recomputed" : "") +
                (cfg_.train.fp32_residual && cfg_.train.precision == "bf16" ? ", fp32 residual"
                                                                            : "");
     }
@@ -379,7 +381,7 @@ void check_device_memory(const Config& cfg) {
     if (need > double(free_b))
         throw Error(std::string(msg) +
                     ": lower train.batch_size (train.grad_accum keeps the step's tokens) or set "
-                    "train.recompute_gelu");
+                    "train.recompute_gelu or train.recompute_block");
     std::printf("%s\n", msg);
 }
 
