@@ -56,7 +56,8 @@ def resolved_kernels(train_bin, config, sets):
 
 def parse_combo(text, families, tunables):
     """{key: value} of one --combo: a family's name (its variant checked against the registry),
-    train.recompute_gelu, or a kernel tuning key (stored as kernels.<key>)."""
+    train.recompute_gelu, train.recompute_block, or a kernel tuning key (stored as
+    kernels.<key>)."""
     combo = {}
     for part in filter(None, text.split(",")):
         key, eq, value = part.partition("=")
@@ -69,13 +70,14 @@ def parse_combo(text, families, tunables):
                 sys.exit(f"ablate: --combo '{text}': {short} has no variant '{value}' (registered: "
                          f"{'|'.join(families[short])})")
             combo[short] = value
-        elif key == "train.recompute_gelu":
+        elif key in ("train.recompute_gelu", "train.recompute_block"):
             combo[key] = value
         elif short in tunables:
             combo["kernels." + short] = value
         else:
             sys.exit(f"ablate: --combo '{text}': unknown key '{key}' (known: the families "
-                     f"{', '.join(families)}; train.recompute_gelu; the kernels tuning keys "
+                     f"{', '.join(families)}; train.recompute_gelu, train.recompute_block; the "
+                     "kernels tuning keys "
                      f"{', '.join(sorted(tunables))})")
     return combo
 
