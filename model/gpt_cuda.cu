@@ -467,8 +467,8 @@ void GptCuda::Impl::block_forward(int64_t l, bool recompute) {
     Layer& a = act_layer(l);
     recomputing = recompute;
     if (recompute) {  // the side stream's weight gradients of block l + 1 read these buffers
-        for (const DeviceBuffer* b :
-             {&a.ln1, &a.qkv_raw, &a.qkv, &a.atty, &a.res_attn, &a.ln2, &a.fch, &a.fch_gelu})
+        for (const DeviceBuffer* b : {&a.ln1, &a.qkv_raw, &a.qkv, &a.atty, &a.res_attn, &a.ln2,
+                                      &a.fch, &a.fch_gelu, &gelu_tmp})
             before_write(b->get());
         norm_forward(a.ln1.get(), {1, C}, a.ln1_mean.as<float>(), a.ln1_rstd.as<float>(),
                      residual[l].get(), {1, C}, wr(p.ln1_w), wr(p.ln1_b), BT, C, rt);

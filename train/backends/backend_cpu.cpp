@@ -181,11 +181,21 @@ std::unique_ptr<Backend> make_backend(const std::string& device, const Config& c
 }
 
 namespace {
-// model.init_jitter: every weight times 1 + jitter x N(0, 1) (zeros stay zero)
+// model.init_jitter: every weight times 1 + jitter x N(0, 1) (zeros stay zero). The seed is mixed
+// so that the draws are not the initialisation's own when the two seeds are equal; blocks of one
+// counter stream in parallel, as init_gpt_weights draws.
 std::vector<float> jittered(std::vector<float> p, const ModelConfig& m) {
     if (m.init_jitter == 0) return p;
-    Rng rng(uint64_t(m.init_jitter_seed));
-    for (float& x : p) x = float(double(x) * (1.0 + m.init_jitter * rng.normal()));
+    const uint64_t seed = uint64_t(m.init_jitter_seed) ^ 0x6a09e667f3bcc909ull;
+    constexpr int64_t kBlock = int64_t(1) << 16;
+    const int64_t n = int64_t(p.size()), blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < blocks; b++) {
+        Rng rng(seed);
+        rng.skip_normals(uint64_t(b * kBlock));
+        for (int64_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); i++)
+            p[size_t(i)] = float(double(p[size_t(i)]) * (1.0 + m.init_jitter * rng.normal()));
+    }
     return p;
 }
 }  // namespace
