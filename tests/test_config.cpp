@@ -12,6 +12,7 @@
 
 #include "kernels/core/check.h"
 #include "train/config.h"
+#include "train/sweep_file.h"
 
 using namespace zgpt;
 namespace fs = std::filesystem;
@@ -356,28 +357,10 @@ TEST_CASE("every shipped config loads, and every combination of every shipped sw
     for (const auto& e : fs::recursive_directory_iterator(root / "sweeps")) {
         if (e.path().extension() != ".yaml") continue;
         CAPTURE(e.path().string());
-        const YAML::Node sw = YAML::LoadFile(e.path().string());
-        std::vector<std::string> fixed;
-        for (const auto& x : sw["set"]) fixed.push_back(x.as<std::string>());
-        std::vector<std::vector<std::string>> axes;  // "key=value" per grid key
-        for (const auto& kv : sw["grid"]) {
-            axes.emplace_back();
-            for (const auto& v : kv.second)
-                axes.back().push_back(kv.first.as<std::string>() + "=" + v.Scalar());
-        }
-        std::vector<std::vector<std::string>> all{fixed};
-        for (const auto& axis : axes) {
-            std::vector<std::vector<std::string>> next;
-            for (const auto& partial : all)
-                for (const std::string& v : axis) {
-                    next.push_back(partial);
-                    next.back().push_back(v);
-                }
-            all = next;
-        }
-        for (const auto& sets : all) {
-            CAPTURE(sets.back());
-            CHECK_NOTHROW(load_config((root / sw["base"].as<std::string>()).string(), sets));
+        const SweepFile sw = load_sweep_file(e.path().string());  // tools/sweep's own reading
+        for (const SweepRun& r : sw.runs) {
+            CAPTURE(r.name);
+            CHECK_NOTHROW(load_config((root / sw.base).string(), sw.sets(r)));
             combos++;
         }
     }
@@ -385,26 +368,35 @@ TEST_CASE("every shipped config loads, and every combination of every shipped sw
     CHECK(combos >= 50);
 }
 
-TEST_CASE("a sweep file varies a tuning key like any key") {
+TEST_CASE("a sweep file varies a tuning key like any key, the last grid key fastest") {
     // tools/sweep checks every combination with load_config(base, set + grid overrides) before
     // anything runs; the grid's keys are the config's, dotted ones included
-    const std::string sweep =
-        write_yaml("sweep_tune",
-                   "base: b.yaml\nout_dir: runs/x\nset: [kernels.cross_entropy_tuning.groups=3]\n"
-                   "grid:\n  kernels.cross_entropy_tuning.parts: [1, 2, 4]\n");
-    const YAML::Node root = YAML::LoadFile(sweep);
+    const std::string sweep = write_yaml(
+        "sweep_tune",
+        "base: b.yaml\nout_dir: runs/x\nset: [kernels.cross_entropy_tuning.groups=3]\n"
+        "grid:\n  optim.lr: [1.0e-3, 1.0e+1]\n  kernels.cross_entropy_tuning.parts: [1, 2, 4]\n");
+    const SweepFile sw = load_sweep_file(sweep);
     const std::string base = write_yaml("sweep_tune_base", kBase);
-    int runs = 0;
-    for (const auto& v : root["grid"]["kernels.cross_entropy_tuning.parts"]) {
-        std::vector<std::string> sets;
-        for (const auto& s : root["set"]) sets.push_back(s.as<std::string>());
-        sets.push_back("kernels.cross_entropy_tuning.parts=" + v.Scalar());
-        const Config c = load_config(base, sets);
+    REQUIRE(sw.runs.size() == 6);
+    CHECK(sw.runs[0].name == "lr=1.0e-3_cross_entropy_tuning.parts=1");
+    CHECK(sw.runs[1].name == "lr=1.0e-3_cross_entropy_tuning.parts=2");
+    CHECK(sw.runs[5].name == "lr=1.0e+1_cross_entropy_tuning.parts=4");
+    for (size_t i = 0; i < sw.runs.size(); i++) {
+        const Config c = load_config(base, sw.sets(sw.runs[i]));
         CHECK(c.kernels.cross_entropy_tuning.groups == 3);
-        CHECK(c.kernels.cross_entropy_tuning.parts == std::stoi(v.Scalar()));
-        runs++;
+        CHECK(c.kernels.cross_entropy_tuning.parts == int(1 << (i % 3)));
+        CHECK(c.optim.lr == (i < 3 ? 1e-3 : 10.0));
     }
-    CHECK(runs == 3);
+    // a value that is a list, and two runs with one name, are refused with the file and line
+    CHECK_THROWS_WITH(
+        load_sweep_file(write_yaml("sweep_list",
+                                   "base: b\nout_dir: o\ngrid:\n"
+                                   "  optim.lr: [[1, 2]]\n")),
+        doctest::Contains("sweep_list.yaml:4: grid.optim.lr: each value must be a scalar"));
+    CHECK_THROWS_WITH(load_sweep_file(write_yaml("sweep_same",
+                                                 "base: b\nout_dir: o\ngrid:\n"
+                                                 "  optim.lr: [a b, a/b]\n")),
+                      doctest::Contains("combinations 1 and 2 both make the run name 'lr=a-b'"));
 }
 
 TEST_CASE("kernel families: the config's keys, choices and defaults are the registry's") {

@@ -36,33 +36,16 @@
 #include "train/cli.h"
 #include "train/device.h"
 #include "train/run_dir.h"
+#include "train/sweep_file.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Axis {
-    std::string key;
-    std::vector<std::string> values;  // YAML scalars as written
-};
-
 std::string shell_quote(const std::string& s) {
     std::string q = "'";
     for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
     return q + "'";
-}
-
-// "optim.lr=0.001,loss.z_loss_weight=0" -> "lr=0.001_z_loss_weight=0" (a file name)
-std::string run_name(const std::vector<std::pair<std::string, std::string>>& combo) {
-    std::string n;
-    for (const auto& [k, v] : combo) {
-        n += (n.empty() ? "" : "_") + k.substr(k.find('.') + 1) + "=" + v;
-    }
-    for (char& c : n)
-        if (!(std::isalnum((unsigned char)c) || c == '=' || c == '.' || c == '_' || c == '-' ||
-              c == '+'))  // '+' kept: 1.0e+1 and 1.0e-1 are different runs
-            c = '-';
-    return n.empty() ? "base" : n;
 }
 
 bool finished(const fs::path& run) {
@@ -131,83 +114,19 @@ int main(int argc, char** argv) {
         if (!devices.empty() && !on_gpus)
             std::printf("note: --gpus %s: %s; %zu runs at a time, each on the CPU\n", gpus.c_str(),
                         where.reason.c_str(), devices.size());
-        YAML::Node root;
-        try {
-            root = YAML::Load(zgpt::read_regular_file(sweep_file, "sweep file"));
-        } catch (const YAML::Exception& e) {
-            throw zgpt::Error(sweep_file + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);
-        }
-        ZG_CHECK(root.IsMap(), sweep_file + ": must be a map with base, out_dir, grid and set");
-        auto at = [&](const YAML::Node& n) {  // "file:line: " of a node, for messages
-            return sweep_file + ":" + std::to_string(n.Mark().line + 1) + ": ";
-        };
-        for (const auto& kv : root) {
-            const std::string k = kv.first.as<std::string>();
-            ZG_CHECK(k == "base" || k == "out_dir" || k == "grid" || k == "set",
-                     at(kv.first) + "unknown key '" + k + "' (known: base, out_dir, grid, set)");
-        }
-        ZG_CHECK(root["base"] && root["out_dir"], sweep_file + ": needs base and out_dir");
-        const std::string base = root["base"].as<std::string>();
-        const fs::path out_dir = root["out_dir"].as<std::string>();
-        std::vector<std::string> fixed;
-        if (root["set"]) {
-            ZG_CHECK(root["set"].IsSequence(),
-                     at(root["set"]) + "set must be a list of key=value overrides");
-            for (const auto& s : root["set"]) fixed.push_back(s.as<std::string>());
-        }
-        ZG_CHECK(!root["grid"] || root["grid"].IsMap(),
-                 at(root["grid"]) + "grid must be a map of key: [values]");
-        std::vector<Axis> axes;
-        if (root["grid"])
-            for (const auto& kv : root["grid"]) {
-                Axis a{kv.first.as<std::string>(), {}};
-                ZG_CHECK(kv.second.IsSequence() && kv.second.size() > 0,
-                         at(kv.second) + "grid." + a.key + " must be a non-empty list");
-                for (const auto& v : kv.second) {
-                    // a list or a map has no scalar: it would become an empty value
-                    ZG_CHECK(v.IsScalar(), at(v) + "grid." + a.key +
-                                               ": each value must be a scalar, not a list or map");
-                    a.values.push_back(v.Scalar());
-                }
-                axes.push_back(a);
-            }
-        // every combination, the last axis varying fastest; each is checked as a config up front
-        std::vector<std::vector<std::pair<std::string, std::string>>> combos = {{}};
-        for (const Axis& a : axes) {
-            std::vector<std::vector<std::pair<std::string, std::string>>> next;
-            for (const auto& c : combos)
-                for (const std::string& v : a.values) {
-                    auto d = c;
-                    d.emplace_back(a.key, v);
-                    next.push_back(d);
-                }
-            combos.swap(next);
-        }
-        {  // two combinations with one folder name would share a run directory
-            std::map<std::string, size_t> names;
-            for (size_t i = 0; i < combos.size(); i++) {
-                const auto [it, fresh] = names.emplace(run_name(combos[i]), i);
-                if (!fresh)
-                    throw zgpt::Error(
-                        sweep_file + ": combinations " + std::to_string(it->second + 1) + " and " +
-                        std::to_string(i + 1) + " both make the run name '" + it->first +
-                        "'; make their values differ in letters or digits");
-            }
-        }
+        const zgpt::SweepFile sw = zgpt::load_sweep_file(sweep_file);
+        const std::string& base = sw.base;
+        const fs::path out_dir = sw.out_dir;
         fs::create_directories(out_dir);
         nlohmann::json manifest{
             {"sweep", sweep_file}, {"base", base}, {"runs", nlohmann::json::array()}};
         std::vector<char> on_cpu;  // train.device=cpu: --gpus only sets how many run at once
-        for (const auto& c : combos) {
-            std::vector<std::string> sets = fixed;
+        for (const zgpt::SweepRun& r : sw.runs) {
             nlohmann::json over = nlohmann::json::object();
-            for (const auto& [k, v] : c) {
-                sets.push_back(k + "=" + v);
-                over[k] = v;
-            }
+            for (const auto& [k, v] : r.overrides) over[k] = v;
             // a bad combination fails before anything runs
-            on_cpu.push_back(zgpt::load_config(base, sets).train.device == "cpu");
-            manifest["runs"].push_back({{"name", run_name(c)}, {"overrides", over}});
+            on_cpu.push_back(zgpt::load_config(base, sw.sets(r)).train.device == "cpu");
+            manifest["runs"].push_back({{"name", r.name}, {"overrides", over}});
         }
         // A listed GPU that does not exist would leave its runs with no visible device, and they
         // would train on the CPU instead: refuse. (Ids are physical; where CUDA_VISIBLE_DEVICES
@@ -224,12 +143,11 @@ int main(int argc, char** argv) {
         std::atomic<size_t> next{0};
         std::mutex print;
         auto worker = [&](const std::string& device) {
-            for (size_t i; (i = next++) < combos.size();) {
-                const std::string name = run_name(combos[i]);
+            for (size_t i; (i = next++) < sw.runs.size();) {
+                const std::string& name = sw.runs[i].name;
                 const fs::path run = out_dir / name;
                 std::string cmd;
-                std::vector<std::string> sets = fixed;
-                for (const auto& [k, v] : combos[i]) sets.push_back(k + "=" + v);
+                const std::vector<std::string> sets = sw.sets(sw.runs[i]);
                 const char* state;
                 if (finished(run)) {
                     state = "done, skipped";
@@ -253,7 +171,7 @@ int main(int argc, char** argv) {
                                                  : on_gpus && !on_cpu[i]
                                                      ? " on GPU " + device
                                                      : " (CPU, slot " + device + ")";
-                    std::printf("[%zu/%zu] %s: %s%s\n", i + 1, combos.size(), name.c_str(), state,
+                    std::printf("[%zu/%zu] %s: %s%s\n", i + 1, sw.runs.size(), name.c_str(), state,
                                 where_to.c_str());
                     std::fflush(stdout);
                 }
@@ -275,7 +193,7 @@ int main(int argc, char** argv) {
             for (const std::string& d : devices) pool.emplace_back(worker, d);
             for (std::thread& t : pool) t.join();
         }
-        std::printf("%zu runs, %d failed; %s\n", combos.size(), failures.load(),
+        std::printf("%zu runs, %d failed; %s\n", sw.runs.size(), failures.load(),
                     (out_dir / "sweep.json").string().c_str());
         return failures ? 1 : 0;
     } catch (const std::exception& e) {
