@@ -76,6 +76,16 @@ void check_stored_colsums(const char* what, const std::vector<double>& got,
     CHECK(bad == 0);
 }
 
+// The column sums a norm backward left beside the dinp [N, C] it stored: those of what it stored
+// (fp32 sums of the stored values, to 1e-5).
+void check_dinp_column_sums(const std::vector<double>& got, const std::vector<double>& dinp,
+                            int64_t N, int64_t C, DType t) {
+    std::vector<double> colsum(size_t(C), 0.0);
+    for (int64_t i = 0; i < N; i++)
+        for (int64_t c = 0; c < C; c++) colsum[size_t(c)] += as_stored(dinp[size_t(i * C + c)], t);
+    check_close("dinp column sums", got, colsum, DType::f32, 1e-5);
+}
+
 // Token ids on the device that free themselves.
 struct DevInts {
     Dev d;
@@ -296,10 +306,7 @@ void layernorm(const std::string& variant, const LayernormDims& s, DType t, DTyp
     CHECK(got_dinp2 == got_dinp);
     check_close("dweight (with the sums)", d_gw2.get(), gw, DType::f32, 1e-4);
     check_close("dbias (with the sums)", d_gb2.get(), gb, DType::f32, 1e-4);
-    std::vector<double> colsum(C, 0.0);
-    for (int64_t i = 0; i < N; i++)
-        for (int64_t c = 0; c < C; c++) colsum[c] += as_stored(got_dinp[i * C + c], t);
-    check_close("dinp column sums", d_sum.get(), colsum, DType::f32, 1e-5);
+    check_dinp_column_sums(d_sum.get(), got_dinp, N, C, t);
 }
 
 void qk_layernorm(const HeadsDims& s, DType t) {
@@ -990,10 +997,7 @@ void rmsnorm(const RmsnormDims& s, DType t, DType r) {
     const auto got_dinp = d_dinp.get();
     CHECK(d_dinp2.get() == got_dinp);
     check_close("dweight (with the sums)", d_gw2.get(), gw, DType::f32, 1e-4);
-    std::vector<double> colsum(C, 0.0);
-    for (int64_t i = 0; i < N; i++)
-        for (int64_t c = 0; c < C; c++) colsum[c] += as_stored(got_dinp[i * C + c], t);
-    check_close("dinp column sums", d_sum.get(), colsum, DType::f32, 1e-5);
+    check_dinp_column_sums(d_sum.get(), got_dinp, N, C, t);
 }
 
 void rope(const RopeDims& s, DType t) {

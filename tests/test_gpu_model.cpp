@@ -404,6 +404,13 @@ ModelConfig tiny_llama(const char* norm, const char* pos, const char* mlp, int k
     c.n_kv_head = kv;
     return c;
 }
+// c at head size 64 (4 heads: the tensor-core attention) and up to 128 positions
+ModelConfig head_size_64(ModelConfig c) {
+    c.n_head = 4;
+    c.n_embd = 256;
+    c.block_size = 128;
+    return c;
+}
 struct LlamaCase {
     const char *norm, *pos, *mlp;
     int kv;
@@ -469,9 +476,8 @@ TEST_CASE("Llama-style options in bf16 at head size 64 with every kernel path eq
                 CAPTURE(ln);
                 CAPTURE(mm);
                 CAPTURE(fp32_res);
-                ModelConfig c = tiny_llama("rmsnorm", "rope", "swiglu", 2, false, true, false);
-                c.n_embd = 256;
-                c.block_size = 128;
+                const ModelConfig c =
+                    head_size_64(tiny_llama("rmsnorm", "rope", "swiglu", 2, false, true, false));
                 CudaModelOptions o;
                 o.precision = DType::bf16;
                 o.kernels.layernorm = ln;
@@ -490,9 +496,8 @@ TEST_CASE("Llama-style options with the fused linear heads and the wgmma epilogu
         for (bool tie : {false, true}) {
             CAPTURE(head);
             CAPTURE(tie);
-            ModelConfig c = tiny_llama("rmsnorm", "rope", "swiglu", 2, tie, false, false);
-            c.n_embd = 256;
-            c.block_size = 128;
+            const ModelConfig c =
+                head_size_64(tiny_llama("rmsnorm", "rope", "swiglu", 2, tie, false, false));
             CudaModelOptions o;
             o.precision = DType::bf16;
             o.kernels.cross_entropy = head;
@@ -502,9 +507,8 @@ TEST_CASE("Llama-style options with the fused linear heads and the wgmma epilogu
         for (bool bias : {false, true}) {
             CAPTURE(schedule);
             CAPTURE(bias);
-            ModelConfig c = tiny_llama("rmsnorm", "rope", "swiglu", 2, false, bias, false);
-            c.n_embd = 256;
-            c.block_size = 128;
+            ModelConfig c =
+                head_size_64(tiny_llama("rmsnorm", "rope", "swiglu", 2, false, bias, false));
             c.mlp_hidden = 512;
             CudaModelOptions o;
             o.precision = DType::bf16;
@@ -543,13 +547,10 @@ TEST_CASE(
                 CAPTURE(llama);
                 CAPTURE(int(prec));
                 CAPTURE(gelu);
-                ModelConfig c =
+                ModelConfig c = head_size_64(
                     llama ? tiny_llama("rmsnorm", "rope", "swiglu", 2, false, false, false)
-                          : tiny_config(false, true, false);
+                          : tiny_config(false, true, false));
                 c.n_layer = 3;
-                c.n_head = 4;
-                c.n_embd = 256;
-                c.block_size = 128;
                 GPT<float> host(c);
                 host.init_weights(5);
                 const int64_t B = 2, T = 70;

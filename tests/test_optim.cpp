@@ -39,13 +39,21 @@ TEST_CASE("AdamW: two steps against a hand computation") {
     CHECK(close(p[0], p2, 1e-14, 0));
 }
 
-TEST_CASE("AdamW over the table: weight decay only on matrices; grad_scale scales gradients") {
+namespace {
+// A one-block model small enough to step by hand: matrices (decayed) beside norms and biases
+ModelConfig tiny_model() {
     ModelConfig c;
     c.n_layer = 1;
     c.n_head = 2;
     c.n_embd = 8;
     c.block_size = 4;
     c.vocab_size = 5;
+    return c;
+}
+}  // namespace
+
+TEST_CASE("AdamW over the table: weight decay only on matrices; grad_scale scales gradients") {
+    const ModelConfig c = tiny_model();
     GPT<float> model(c);
     model.init_weights(1);
     std::fill(model.grads.begin(), model.grads.end(), 0.0f);  // zero gradient: only decay moves p
@@ -73,12 +81,7 @@ TEST_CASE("AdamW over the table: weight decay only on matrices; grad_scale scale
 }
 
 TEST_CASE("independent weight decay shrinks by weight_decay x lr / optim.lr, whatever optim.lr") {
-    ModelConfig c;
-    c.n_layer = 1;
-    c.n_head = 2;
-    c.n_embd = 8;
-    c.block_size = 4;
-    c.vocab_size = 5;
+    const ModelConfig c = tiny_model();
     for (double peak : {1e-3, 1e-1}) {
         CAPTURE(peak);
         GPT<float> model(c);
