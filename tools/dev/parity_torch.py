@@ -120,8 +120,9 @@ class TorchGPT:
     with the Llama-style options of docs/llama.md: RMSNorm, rotary positions, SwiGLU and
     grouped-query attention."""
 
-    def __init__(self, run, arena, device, round_residual=False):
+    def __init__(self, run, arena, device, round_residual=False, math_attention=False):
         self.round_residual = round_residual
+        self.math_attention = math_attention
         self.m = run["model"]
         self.P = {}
         for p in run["params"]:
@@ -170,7 +171,11 @@ class TorchGPT:
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
             if KV != H:  # query head h reads key/value head h / (H / KV)
                 k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            if self.math_attention:  # PyTorch's reference kernel instead of its flash kernel
+                with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+                    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             y = y.transpose(1, 2).reshape(B, T, C)
             x = r(x + F.linear(y, P[L["proj"] + ".weight"], self.get(L["proj"] + ".bias")))
             h = self.norm(x, L["ln2"], C)
@@ -231,9 +236,12 @@ def train_torch(run, arena, batches, device, dtype, steps):
     if init:  # PyTorch from its own draw of the weights (seed 1, 2, ...), in the run's precision
         arena = own_init(run, int(init.group(1) or 1))
         dtype = run["train"]["precision"]
-    model = TorchGPT(run, arena, device, round_residual=dtype == "bf16_residual")
+    model = TorchGPT(run, arena, device, round_residual=dtype == "bf16_residual",
+                     math_attention=dtype == "math_attention")
     if dtype == "bf16_residual":
         dtype = "bf16"
+    if dtype == "math_attention":
+        dtype = run["train"]["precision"]
     jitter = re.fullmatch(r"jitter(\d*)", dtype)
     if jitter:  # from weights moved by 1e-6 relative (in the run's precision): an equally valid start
         with torch.no_grad():  # jitter, jitter2, jitter3, ...: seeds 1, 2, 3, ...
@@ -298,7 +306,9 @@ def main():
                          "other random moves), init (from PyTorch's own draw of the weights, the "
                          "same scheme; init2, init3, ...: other seeds), bf16_residual (bf16 "
                          "autocast with the residual stream and its gradient rounded to bf16, as "
-                         "our trainer stores them without train.fp32_residual)")
+                         "our trainer stores them without train.fp32_residual), math_attention "
+                         "(attention by PyTorch's math kernel instead of its flash kernel: another "
+                         "valid implementation of the same run)")
     ap.add_argument("--ours-variant", action="append", default=[], metavar="K=V[,K=V]",
                     help="train ours once more with these overrides (same weights and batches); "
                          "repeatable")
