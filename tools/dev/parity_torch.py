@@ -28,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 try:
     import numpy as np
@@ -120,8 +121,10 @@ class TorchGPT:
     with the Llama-style options of docs/llama.md: RMSNorm, rotary positions, SwiGLU and
     grouped-query attention."""
 
-    def __init__(self, run, arena, device, round_residual=False, math_attention=False):
+    def __init__(self, run, arena, device, round_residual=False, math_attention=False,
+                 round_norm_weights=False):
         self.round_residual = round_residual
+        self.round_norm_weights = round_norm_weights
         self.math_attention = math_attention
         self.m = run["model"]
         self.P = {}
@@ -141,10 +144,13 @@ class TorchGPT:
         return None if not ts else ts[0] if len(ts) == 1 else torch.cat(ts)
 
     def norm(self, x, name, n):
-        m, g = self.m, self.get
+        m, w, b = self.m, self.P[name + ".weight"], self.get(name + ".bias")
+        if self.round_norm_weights:  # read as bf16, as our kernels read them; the gradient passes
+            w = w + (w.to(torch.bfloat16).to(w.dtype) - w).detach()
+            b = None if b is None else b + (b.to(torch.bfloat16).to(b.dtype) - b).detach()
         if m["norm"] == "rmsnorm":
-            return rms_norm(x, self.P[name + ".weight"], m["ln_eps"])
-        return F.layer_norm(x, (n,), self.P[name + ".weight"], g(name + ".bias"), m["ln_eps"])
+            return rms_norm(x, w, m["ln_eps"])
+        return F.layer_norm(x, (n,), w, b, m["ln_eps"])
 
     def forward(self, idx):
         m, P, N = self.m, self.P, self.names
@@ -232,13 +238,15 @@ def own_init(run, seed):
 
 
 def train_torch(run, arena, batches, device, dtype, steps):
+    name, t0 = dtype, time.time()
     init = re.fullmatch(r"init(\d*)", dtype)
     if init:  # PyTorch from its own draw of the weights (seed 1, 2, ...), in the run's precision
         arena = own_init(run, int(init.group(1) or 1))
         dtype = run["train"]["precision"]
-    model = TorchGPT(run, arena, device, round_residual=dtype == "bf16_residual",
-                     math_attention=dtype == "math_attention")
-    if dtype == "bf16_residual":
+    model = TorchGPT(run, arena, device, round_residual=dtype in ("bf16_residual", "bf16_storage"),
+                     math_attention=dtype == "math_attention",
+                     round_norm_weights=dtype in ("bf16_norm_weights", "bf16_storage"))
+    if dtype in ("bf16_residual", "bf16_norm_weights", "bf16_storage"):
         dtype = "bf16"
     if dtype == "math_attention":
         dtype = run["train"]["precision"]
@@ -270,6 +278,9 @@ def train_torch(run, arena, batches, device, dtype, steps):
             (ls / max(n_valid, 1)).backward()
             total += float(ls)
         losses.append(total / max(n_valid, 1))
+        if (s + 1) % max(1, steps // 10) == 0:  # a progress line on long runs
+            print(f"  PyTorch {name}: step {s + 1}/{steps}, loss {losses[-1]:.4f}, "
+                  f"{time.time() - t0:.0f} s", file=sys.stderr, flush=True)
         stats.append({"lse_mean": st["lse"] / max(n_valid, 1),
                       "lse_sq_mean": st["lse_sq"] / max(n_valid, 1), "max_logit": st["max_logit"]})
         with torch.no_grad():
@@ -290,6 +301,22 @@ def train_torch(run, arena, batches, device, dtype, steps):
     return losses, stats
 
 
+def own_starts(a, runj, arena, batches, ours, ours_stats):
+    """--no-same-start: PyTorch's variants only (each from its own start), beside ours."""
+    variants = {}
+    for v in filter(None, a.torch_variants.split(",")):
+        torch.manual_seed(0)
+        c, c_stats = train_torch(runj, arena, batches, a.device, v, a.steps)
+        variants[v] = {"losses": c, "stats": c_stats}
+        print(f"PyTorch {v}: last loss {c[-1]:.4f}; ours {ours[-1]:.4f}")
+    if a.out:
+        pathlib.Path(a.out).write_text(json.dumps({
+            "config": a.config, "overrides": a.set, "model": runj["model"], "optim": runj["optim"],
+            "loss": runj["loss"], "device": a.device, "precision": runj["train"]["precision"],
+            "steps": a.steps, "ours": ours, "ours_stats": ours_stats, "pytorch_variants": variants,
+            "torch_version": torch.__version__}, indent=1))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-c", "--config", required=True)
@@ -306,13 +333,20 @@ def main():
                          "other random moves), init (from PyTorch's own draw of the weights, the "
                          "same scheme; init2, init3, ...: other seeds), bf16_residual (bf16 "
                          "autocast with the residual stream and its gradient rounded to bf16, as "
-                         "our trainer stores them without train.fp32_residual), math_attention "
+                         "our trainer stores them without train.fp32_residual), "
+                         "bf16_norm_weights (the norms' weights read as bf16, as our kernels read "
+                         "them without train.fp32_residual), bf16_storage (both), math_attention "
                          "(attention by PyTorch's math kernel instead of its flash kernel: another "
                          "valid implementation of the same run)")
     ap.add_argument("--ours-variant", action="append", default=[], metavar="K=V[,K=V]",
                     help="train ours once more with these overrides (same weights and batches); "
                          "repeatable")
+    ap.add_argument("--no-same-start", action="store_true",
+                    help="skip PyTorch from our weights: train ours and the --torch-variants only "
+                         "(a study's LRs where only each trainer's own start is compared)")
     a = ap.parse_args()
+    if a.no_same_start and not a.torch_variants:
+        ap.error("--no-same-start needs --torch-variants (else PyTorch would not run)")
     if a.device == "cuda" and not torch.cuda.is_available():
         print("skip: no CUDA device for PyTorch here")
         sys.exit(77)
@@ -350,6 +384,9 @@ def main():
     if a.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
+    if a.no_same_start:
+        own_starts(a, runj, arena, batches, ours, ours_stats)
+        return
     torch.manual_seed(0)
     theirs, theirs_stats = train_torch(runj, arena, batches, a.device, tr["precision"], a.steps)
     assert len(ours) == len(theirs) == a.steps, (len(ours), len(theirs))

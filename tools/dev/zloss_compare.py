@@ -35,8 +35,9 @@ def rows_of(path, last):
     base = {"lr": d["optim"]["lr"], "z_loss_weight": d["loss"]["z_loss_weight"],
             "model": f"{d['model']['n_layer']}x{d['model']['n_embd']}", "steps": d["steps"],
             "source": path}
-    out = [dict(base, trainer="ours", **summary(d["ours"], d.get("ours_stats"), last)),
-           dict(base, trainer="pytorch", **summary(d["pytorch"], d.get("pytorch_stats"), last))]
+    out = [dict(base, trainer="ours", **summary(d["ours"], d.get("ours_stats"), last))]
+    if "pytorch" in d:  # absent where the run skipped PyTorch from our weights (--no-same-start)
+        out.append(dict(base, trainer="pytorch", **summary(d["pytorch"], d.get("pytorch_stats"), last)))
     for v, c in d.get("pytorch_variants", {}).items():
         out.append(dict(base, trainer=f"pytorch_{v}", **summary(c["losses"], c.get("stats"), last)))
     return out
