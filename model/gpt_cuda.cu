@@ -135,16 +135,18 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
     layers.clear();
     if (fc_bias_in_dw) fc_dw_scratch = f32(Fw * ln2_ld());
     for (int64_t l = 0; l <= L; l++) residual.push_back(res_act(BT * C));
+    // RMSNorm keeps no mean: its buffers stay empty (null)
+    auto means = [&](int64_t rows) { return rms ? DeviceBuffer() : f32(rows); };
     for (int64_t l = 0; l < (opt.recompute_block ? 1 : L); l++) {
         Layer a;
         a.ln1 = act(BT * C);
-        a.ln1_mean = f32(BT);
+        a.ln1_mean = means(BT);
         a.ln1_rstd = f32(BT);
         if (cfg.qk_norm) {
             a.qkv_raw = act(BT * Cq);
-            a.q_mean = f32(BT * NH);
+            a.q_mean = means(BT * NH);
             a.q_rstd = f32(BT * NH);
-            a.k_mean = f32(BT * NKV);
+            a.k_mean = means(BT * NKV);
             a.k_rstd = f32(BT * NKV);
         }
         a.qkv = act(BT * Cq);
@@ -153,14 +155,14 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
         a.res_attn = res_act(BT * C);
         a.ln2 = act(BT * ln2_ld());
         if (fc_bias_in_dw && a.ln2.get()) set_ones_column(a.ln2.get(), BT, C, ln2_ld(), t);
-        a.ln2_mean = f32(BT);
+        a.ln2_mean = means(BT);
         a.ln2_rstd = f32(BT);
         a.fch = act(BT * Fw);
         if (!opt.recompute_gelu) a.fch_gelu = act(BT * Hm);
         layers.push_back(std::move(a));
     }
     lnf = act(BT * C);
-    lnf_mean = f32(BT);
+    lnf_mean = means(BT);
     lnf_rstd = f32(BT);
     const bool sharded = vgroup.size > 1;
     ZG_CHECK(!sharded || !is_whole_rows_linear_cross_entropy(opt.kernels.cross_entropy),
