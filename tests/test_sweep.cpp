@@ -130,6 +130,16 @@ TEST_CASE("z-loss sweep on Tiny Shakespeare: sweep, skip, resume, plots, CSV") {
     CHECK(clash.code != 0);
     CHECK(clash.text.find("both make the run name 'val=a-b'") != std::string::npos);
     CHECK_FALSE(fs::exists(dir / "runs_clash"));
+    // a combination the config refuses stops the sweep before it makes its folder
+    std::ofstream(dir / "sweep_bad.yaml") << "base: " << (dir / "base.yaml").string() << "\n"
+                                          << "out_dir: " << (dir / "runs_bad").string() << "\n"
+                                          << "grid:\n  model.norm: [layernorm, nonorm]\n";
+    CommandOutput bad =
+        run_command(built_binary("ZGPT_SWEEP_BIN") + " " + (dir / "sweep_bad.yaml").string());
+    INFO(bad.text);
+    CHECK(bad.code != 0);
+    CHECK(bad.text.find("nonorm") != std::string::npos);
+    CHECK_FALSE(fs::exists(dir / "runs_bad"));
 
     // --nproc 2: every run as 2 processes (CPU: the tcp communicator), each with its own data
     std::ofstream(dir / "sweep3.yaml") << "base: " << (dir / "base.yaml").string() << "\n"

@@ -117,7 +117,6 @@ int main(int argc, char** argv) {
         const zgpt::SweepFile sw = zgpt::load_sweep_file(sweep_file);
         const std::string& base = sw.base;
         const fs::path out_dir = sw.out_dir;
-        fs::create_directories(out_dir);
         nlohmann::json manifest{
             {"sweep", sweep_file}, {"base", base}, {"runs", nlohmann::json::array()}};
         std::vector<char> on_cpu;  // train.device=cpu: --gpus only sets how many run at once
@@ -138,6 +137,7 @@ int main(int argc, char** argv) {
                          "--gpus '" + gpus + "': GPU " + id + " does not exist (this machine has " +
                              std::to_string(where.gpus) + (where.gpus == 1 ? " GPU" : " GPUs") +
                              ", 0 to " + std::to_string(where.gpus - 1) + ")");
+        fs::create_directories(out_dir);  // after every check: a refused sweep leaves nothing
         zgpt::write_text_file((out_dir / "sweep.json").string(), manifest.dump(2) + "\n");
         std::atomic<int> failures{0};
         std::atomic<size_t> next{0};
