@@ -12,6 +12,7 @@
 # /tmp/gpu-deps/site when python3 cannot import it.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+source tools/gpu/bench_ours.sh
 out=${1:-${OUT:-/tmp/gpu_llama_bench}}
 bin=${2:-build-gpu}
 cfg=${CONFIG:-configs/llama-124m.yaml}
@@ -22,15 +23,9 @@ mkdir -p "$out"
 sets=(--set train.grad_accum=1 --set train.batch_size=$B ${SETS:-})
 
 if [ "${SKIP_OURS:-0}" != 1 ]; then
-  echo "== ours $name B=$B"
-  t0=$SECONDS
-  # shellcheck disable=SC2086
-  "$bin/bench_train" -c "$cfg" "${sets[@]}" --steps "$steps" --from "$from" --ops \
-    --out "$out/ours_$name.json" ${EXTRA:-} 2>&1 | grep -v "^step " > "$out/ours_$name.log"
-  echo "wall $((SECONDS - t0)) s (start-up included)"
-  grep -E "start-up|tok/s|error|bench_train:" "$out/ours_$name.log" | head -4
-  { echo "== ours $name B=$B"; cat "$out/ours_$name.log"; } >> "$out/bench.log"
-  rm "$out/ours_$name.log"  # one log for both: the device tool returns a few files
+  # shellcheck disable=SC2086  # EXTRA is a list of arguments
+  bench_ours "$out" "$bin" "$cfg" "$name" "ours $name B=$B" "${sets[@]}" --steps "$steps" \
+    --from "$from" ${EXTRA:-}
 fi
 
 if [ "${SKIP_ANCHOR:-0}" != 1 ]; then

@@ -8,6 +8,7 @@
 # bench_train arguments for every size.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+source tools/gpu/bench_ours.sh
 out=${1:-${OUT:-/tmp/gpu_scale_bench}}
 bin=${2:-build-gpu}
 sizes=${3:-"124m:64 350m:32 774m:32 1558m:16"}
@@ -17,15 +18,10 @@ mkdir -p "$out"
 declare -A layers=([124m]=12 [350m]=24 [774m]=36 [1558m]=48)
 for s in $sizes; do
   name=${s%%:*} B=${s##*:}
-  echo "== ours $name B=$B"
-  t0=$SECONDS
-  "$bin/bench_train" -c configs/gpt2-$name.yaml --set train.grad_accum=1 --set train.batch_size=$B \
-    --steps ${STEPS:-30} --from ${FROM:-10} --ops --out "$out/ours_$name.json" ${EXTRA:-} 2>&1 \
-    | grep -v "^step " > "$out/ours_$name.log"
-  echo "wall $((SECONDS - t0)) s (start-up included)"
-  grep -E "start-up|tok/s" "$out/ours_$name.log" | head -4
-  { echo "== ours $name B=$B"; cat "$out/ours_$name.log"; } >> "$out/bench.log"
-  rm "$out/ours_$name.log"  # one log for every size: the device tool returns a few files
+  # shellcheck disable=SC2086  # EXTRA is a list of arguments
+  bench_ours "$out" "$bin" configs/gpt2-$name.yaml "$name" "ours $name B=$B" \
+    --set train.grad_accum=1 --set train.batch_size=$B --steps ${STEPS:-30} --from ${FROM:-10} \
+    ${EXTRA:-}
   if [ "${SKIP_ANCHORS:-0}" != 1 ]; then
     echo "== torch.compile $name B=$B"
     MODEL=d${layers[$name]} B=$B STEPS=${ASTEPS:-30} bash "$anchor" "$llmc" > "$out/anchor.log" 2>&1
