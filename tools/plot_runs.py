@@ -4,6 +4,7 @@
     plot_runs.py --sweep runs/zloss-sweep --out docs/experiments/zloss     # a sweep's runs
     plot_runs.py runs/a runs/b --out figs                                   # any runs
     plot_runs.py --sweep runs/zloss-sweep --format csv                      # a table on stdout
+    plot_runs.py --sweep runs/zloss-sweep --format json                     # the runs' summary
 
 Figures (PNG and SVG): curves.* overlays train loss, validation loss, CE, z-loss, mean lse, mean
 lse^2, max logit, grad norm and LR against the step (or --x tokens), one line per run, labelled by what differs between the
@@ -129,17 +130,44 @@ def lr_sensitivity(runs):
     return out
 
 
+def none_if_nan(x):  # JSON has no NaN: a missing value is null
+    return None if isinstance(x, float) and math.isnan(x) else x
+
+
+def summary_row(run, sweep):
+    """One run as a z-loss study's results row: its LR and z-loss weight, its model's shape, the
+    last validation loss, the largest mean log^2 Z of any logged step, and whether it diverged."""
+    c = run["config"]
+    num = lambda k: float(c[k]) if k in c else None
+    lse_sq = series(run, "lse_sq_mean")[1]
+    return {"run": run["dir"].name, "sweep": sweep, "lr": num("optim.lr"),
+            "z_loss_weight": num("loss.z_loss_weight"),
+            "model": f"{c.get('model.n_layer')}x{c.get('model.n_embd')}",
+            "steps": series(run, "loss")[0][-1] if series(run, "loss")[0] else 0,
+            "final_val_loss": none_if_nan(final(run, "val_loss")),
+            "max_lse_sq": none_if_nan(max(lse_sq, default=float("nan"))),
+            "max_logit": none_if_nan(max(series(run, "max_logit")[1], default=float("nan"))),
+            "diverged": run["diverged"]}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="*", help="run directories")
     ap.add_argument("--sweep", help="a sweep's out_dir (its sweep.json lists the runs)")
     ap.add_argument("--out", help="directory for the figures")
-    ap.add_argument("--format", default="png,svg", help="png,svg (figures) or csv (a table on stdout)")
+    ap.add_argument("--format", default="png,svg",
+                    help="png,svg (figures), csv (a table on stdout) or json (one summary row per "
+                         "run on stdout: lr, z_loss_weight, model, final_val_loss, max_lse_sq, "
+                         "diverged, ...)")
     ap.add_argument("--x", default="step", choices=["step", "tokens"], help="the curves' x axis")
     args = ap.parse_args()
     runs, differing = load_runs(args)
     sens = lr_sensitivity(runs) if "optim.lr" in differing else {}
 
+    if args.format == "json":
+        json.dump({"runs": [summary_row(r, args.sweep) for r in runs]}, sys.stdout, indent=1)
+        print()
+        return
     if args.format == "csv":
         w = csv.writer(sys.stdout)
         w.writerow(["run"] + differing + ["steps", "diverged", "final_loss", "final_val_loss",
