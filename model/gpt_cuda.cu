@@ -391,14 +391,14 @@ void GptCuda::Impl::add_norm(void* res_out, void* norm_out, float* mean, float* 
     // residual_in_matmul where its GEMM cannot take the add (fp32 residual stream, separate
     // epilogues) falls back to the fused kernel
     if (ln_variant != LayernormVariant::separate && rms) {
-        cuda::residual_rmsnorm_forward(res_out, norm_out, rstd, a, b, wr(w_idx), N, C, cfg.ln_eps,
+        cuda::residual_rmsnorm_forward(res_out, norm_out, rstd, a, b, wm(w_idx), N, C, cfg.ln_eps,
                                        t, rt, stream, norm_ld);
     } else if (ln_variant != LayernormVariant::separate) {
-        cuda::residual_layernorm_forward(res_out, norm_out, mean, rstd, a, b, wr(w_idx), wr(b_idx),
+        cuda::residual_layernorm_forward(res_out, norm_out, mean, rstd, a, b, wm(w_idx), wm(b_idx),
                                          N, C, cfg.ln_eps, t, rt, stream, norm_ld);
     } else {
         cuda::residual_forward(res_out, a, b, N * C, t, rt, stream);
-        norm_forward(norm_out, {1, norm_ld}, mean, rstd, res_out, {1, C}, wr(w_idx), wr(b_idx), N,
+        norm_forward(norm_out, {1, norm_ld}, mean, rstd, res_out, {1, C}, wm(w_idx), wm(b_idx), N,
                      C, rt);
     }
 }
@@ -425,7 +425,7 @@ void GptCuda::Impl::project_add_norm(void* res_out, void* norm_out, float* mean,
     gm.beta = 1.0f;
     cuda::gemm(gm, stream);  // cuBLASLt: the wgmma kernel has no C operand
     tick("matmul fwd");
-    norm_forward(norm_out, {1, norm_ld}, mean, rstd, res_out, {1, C}, wr(ln_w), wr(ln_b), BT, C,
+    norm_forward(norm_out, {1, norm_ld}, mean, rstd, res_out, {1, C}, wm(ln_w), wm(ln_b), BT, C,
                  rt);
     tick("residual + layernorm fwd");
 }
@@ -453,7 +453,7 @@ void GptCuda::Impl::forward(const int32_t* host_tokens, int64_t b, int64_t tn) {
     tick("encoder fwd");
     norm_forward(act_layer(0).ln1.get(), {1, C}, act_layer(0).ln1_mean.as<float>(),
                  act_layer(0).ln1_rstd.as<float>(), residual[0].get(), {1, C},
-                 wr(layout.blocks[0].ln1_w), wr(layout.blocks[0].ln1_b), BT, C, rt);
+                 wm(layout.blocks[0].ln1_w), wm(layout.blocks[0].ln1_b), BT, C, rt);
     tick("layernorm fwd");
     for (int64_t l = 0; l < L; l++) block_forward(l, false);
     head_pending = !linear_ce;  // loss() runs the logits GEMM, chunked with the cross-entropy
@@ -473,7 +473,7 @@ void GptCuda::Impl::block_forward(int64_t l, bool recompute) {
                                       &a.fch, &a.fch_gelu, &gelu_tmp})
             before_write(b->get());
         norm_forward(a.ln1.get(), {1, C}, a.ln1_mean.as<float>(), a.ln1_rstd.as<float>(),
-                     residual[l].get(), {1, C}, wr(p.ln1_w), wr(p.ln1_b), BT, C, rt);
+                     residual[l].get(), {1, C}, wm(p.ln1_w), wm(p.ln1_b), BT, C, rt);
     }
     const int64_t KVC = NKV * hs;
     bool roped = false;  // RoPE taken in the qkv GEMM's epilogue
@@ -482,10 +482,10 @@ void GptCuda::Impl::block_forward(int64_t l, bool recompute) {
         const cuda::RowMap qh{NH, Cq}, kh{NKV, Cq};
         const char* raw = a.qkv_raw.as<char>();
         char* qkv = a.qkv.as<char>();
-        norm_forward(qkv, qh, a.q_mean.as<float>(), a.q_rstd.as<float>(), raw, qh, w(p.q_norm_w),
-                     w(p.q_norm_b), BT * NH, hs, t);
+        norm_forward(qkv, qh, a.q_mean.as<float>(), a.q_rstd.as<float>(), raw, qh, wm(p.q_norm_w),
+                     wm(p.q_norm_b), BT * NH, hs, t);
         norm_forward(qkv + C * es, kh, a.k_mean.as<float>(), a.k_rstd.as<float>(), raw + C * es, kh,
-                     w(p.k_norm_w), w(p.k_norm_b), BT * NKV, hs, t);
+                     wm(p.k_norm_w), wm(p.k_norm_b), BT * NKV, hs, t);
         ZG_CUDA_CHECK(cudaMemcpy2DAsync(qkv + (C + KVC) * es, Cq * es, raw + (C + KVC) * es,
                                         Cq * es, KVC * es, BT, cudaMemcpyDeviceToDevice, stream));
     } else {

@@ -174,7 +174,11 @@ struct GptCuda::Impl {
         return t == DType::bf16 ? static_cast<const void*>(params16.as<bf16_t>() + off)
                                 : static_cast<const void*>(params.as<float>() + off);
     }
-    // Weights as the residual stream's ops read them (LayerNorm, embeddings): type rt.
+    // The fp32 master weights: what the norms' forward passes read, whatever the types.
+    const float* wm(int idx) const {
+        return idx < 0 ? nullptr : params.as<float>() + layout.table[idx].offset;
+    }
+    // Weights as the residual stream's ops read them (the norms' backward, embeddings): type rt.
     const void* wr(int idx) const {
         if (rt == t || idx < 0) return w(idx);
         return params.as<float>() + layout.table[idx].offset;
@@ -200,9 +204,10 @@ struct GptCuda::Impl {
     }
 
     // model.norm's forward and backward: LayerNorm or RMSNorm (which takes no mean and no bias).
-    // in_t: the type of inp (and dinp) and of the weights, t or rt.
+    // in_t: the type of inp (and dinp), t or rt; of the backward's weights too (the forward's are
+    // the fp32 master weights).
     void norm_forward(void* out, cuda::RowMap om, float* mean, float* rstd, const void* inp,
-                      cuda::RowMap im, const void* weight, const void* bias, int64_t N, int64_t C,
+                      cuda::RowMap im, const float* weight, const float* bias, int64_t N, int64_t C,
                       DType in_t) {
         if (rms)
             cuda::rmsnorm_forward(out, om, rstd, inp, im, weight, N, C, cfg.ln_eps, t, in_t,

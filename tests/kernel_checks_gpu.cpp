@@ -221,7 +221,9 @@ void layernorm(const std::string& variant, const LayernormDims& s, DType t, DTyp
     std::vector<double> res(N * C);
     for (int64_t i = 0; i < N * C; i++)
         res[i] = in_matmul ? a[i] + branch[i] : as_stored(a[i] + branch[i], r);
-    DevT da(r, a), db(t, b), dw(r, w), dbias(r, bias), dres(r, N * C), dout_(t, N * C);
+    // the forward passes read fp32 weights (the master copy), the backward passes weights in r
+    DevT da(r, a), db(t, b), dw(r, w), dwf(DType::f32, w), dbias(DType::f32, bias), dres(r, N * C),
+        dout_(t, N * C);
     DevT dmean(DType::f32, N), drstd(DType::f32, N);
     if (in_matmul) {
         DevT dx(t, x), dp(t, proj), dpb(t, pb);
@@ -232,16 +234,16 @@ void layernorm(const std::string& variant, const LayernormDims& s, DType t, DTyp
         g.beta = 1.0f;
         cuda::gemm(g, nullptr);
         CHECK(da.get() == a);  // C is only read
-        cuda::layernorm_forward(dout_.p, {1, C}, dmean.f(), drstd.f(), dres.p, {1, C}, dw.p,
-                                dbias.p, N, C, 1e-5, t, r, nullptr);
+        cuda::layernorm_forward(dout_.p, {1, C}, dmean.f(), drstd.f(), dres.p, {1, C}, dwf.f(),
+                                dbias.f(), N, C, 1e-5, t, r, nullptr);
     } else if (fused_kernel) {
-        cuda::residual_layernorm_forward(dres.p, dout_.p, dmean.f(), drstd.f(), da.p, db.p, dw.p,
-                                         dbias.p, N, C, 1e-5, t, r, nullptr);
+        cuda::residual_layernorm_forward(dres.p, dout_.p, dmean.f(), drstd.f(), da.p, db.p, dwf.f(),
+                                         dbias.f(), N, C, 1e-5, t, r, nullptr);
     } else {
         REQUIRE(variant == "separate");
         cuda::residual_forward(dres.p, da.p, db.p, N * C, t, r, nullptr);
-        cuda::layernorm_forward(dout_.p, {1, C}, dmean.f(), drstd.f(), dres.p, {1, C}, dw.p,
-                                dbias.p, N, C, 1e-5, t, r, nullptr);
+        cuda::layernorm_forward(dout_.p, {1, C}, dmean.f(), drstd.f(), dres.p, {1, C}, dwf.f(),
+                                dbias.f(), N, C, 1e-5, t, r, nullptr);
     }
     const auto got_res = dres.get();
     check_close("res", got_res, res, r);
@@ -262,11 +264,11 @@ void layernorm(const std::string& variant, const LayernormDims& s, DType t, DTyp
         std::vector<double> sentinel(N * ld, 3.0);
         DevT wide(t, sentinel), res2(r, N * C), m2(DType::f32, N), s2(DType::f32, N);
         if (fused_kernel)
-            cuda::residual_layernorm_forward(res2.p, wide.p, m2.f(), s2.f(), da.p, db.p, dw.p,
-                                             dbias.p, N, C, 1e-5, t, r, nullptr, ld);
+            cuda::residual_layernorm_forward(res2.p, wide.p, m2.f(), s2.f(), da.p, db.p, dwf.f(),
+                                             dbias.f(), N, C, 1e-5, t, r, nullptr, ld);
         else
-            cuda::layernorm_forward(wide.p, {1, ld}, m2.f(), s2.f(), dres.p, {1, C}, dw.p, dbias.p,
-                                    N, C, 1e-5, t, r, nullptr);
+            cuda::layernorm_forward(wide.p, {1, ld}, m2.f(), s2.f(), dres.p, {1, C}, dwf.f(),
+                                    dbias.f(), N, C, 1e-5, t, r, nullptr);
         const auto got_wide = wide.get();
         int64_t bad = 0;
         for (int64_t i = 0; i < N; i++)
@@ -322,11 +324,11 @@ void qk_layernorm(const HeadsDims& s, DType t) {
         }
     cpu::layernorm_forward(qo.data(), mean.data(), rstd.data(), q.data(), w.data(),
                            (const double*)nullptr, BT * NH, hs, 1e-5);
-    DevT d_qkv(t, qkv), d_out(t, BT * 3 * C), d_w(t, w), dm(DType::f32, BT * NH),
-        dr(DType::f32, BT * NH);
+    DevT d_qkv(t, qkv), d_out(t, BT * 3 * C), d_w(t, w), d_wf(DType::f32, w),
+        dm(DType::f32, BT * NH), dr(DType::f32, BT * NH);
     const cuda::RowMap heads{NH, 3 * C};
-    cuda::layernorm_forward(d_out.p, heads, dm.f(), dr.f(), d_qkv.p, heads, d_w.p, nullptr, BT * NH,
-                            hs, 1e-5, t, nullptr);
+    cuda::layernorm_forward(d_out.p, heads, dm.f(), dr.f(), d_qkv.p, heads, d_wf.f(), nullptr,
+                            BT * NH, hs, 1e-5, t, nullptr);
     const auto got = d_out.get();
     std::vector<double> got_q(BT * C);
     for (int64_t r = 0; r < BT; r++)
@@ -936,18 +938,21 @@ void rmsnorm(const RmsnormDims& s, DType t, DType r) {
     std::vector<double> y(rows * C), rstd(rows);
     cpu::rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), rows, C, 1e-5);
     const cuda::RowMap map{NH, ld};
-    DevT da(r, a), db(t, b), dw(r, w), dres(r, N * ld), dy_(t, N * ld), drstd(DType::f32, rows);
+    // the forward passes read fp32 weights (the master copy), the backward passes weights in r
+    DevT da(r, a), db(t, b), dw(r, w), dwf(DType::f32, w), dres(r, N * ld), dy_(t, N * ld),
+        drstd(DType::f32, rows);
     const void* xin = da.p;
     if (heads) {
-        cuda::rmsnorm_forward(dy_.p, map, drstd.f(), da.p, map, dw.p, rows, C, 1e-5, t, r, nullptr);
+        cuda::rmsnorm_forward(dy_.p, map, drstd.f(), da.p, map, dwf.f(), rows, C, 1e-5, t, r,
+                              nullptr);
     } else {
-        cuda::residual_rmsnorm_forward(dres.p, dy_.p, drstd.f(), da.p, db.p, dw.p, N, C, 1e-5, t, r,
-                                       nullptr);
+        cuda::residual_rmsnorm_forward(dres.p, dy_.p, drstd.f(), da.p, db.p, dwf.f(), N, C, 1e-5, t,
+                                       r, nullptr);
         check_close("res", dres.get(), x, r);
         xin = dres.p;
         // the unfused forward on the stored sum: the same bits
         DevT y2(t, N * C), r2(DType::f32, N);
-        cuda::rmsnorm_forward(y2.p, {1, C}, r2.f(), dres.p, {1, C}, dw.p, N, C, 1e-5, t, r,
+        cuda::rmsnorm_forward(y2.p, {1, C}, r2.f(), dres.p, {1, C}, dwf.f(), N, C, 1e-5, t, r,
                               nullptr);
         CHECK(y2.get() == dy_.get());
     }

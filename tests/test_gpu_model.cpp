@@ -51,9 +51,58 @@ TEST_CASE("layernorm refuses fp32 activations over a bf16 residual stream, by na
     // supported type pairs are rows of test_kernels
     DevT x(DType::f32, 16), y(DType::f32, 16), m(DType::f32, 1), rs(DType::f32, 1);
     CHECK_THROWS_WITH_AS(
-        cuda::layernorm_forward(y.p, {1, 16}, m.f(), rs.f(), x.p, {1, 16}, x.p, nullptr, 1, 16,
+        cuda::layernorm_forward(y.p, {1, 16}, m.f(), rs.f(), x.p, {1, 16}, x.f(), nullptr, 1, 16,
                                 1e-5, DType::f32, DType::bf16, nullptr),
         doctest::Contains("fp32 residual stream takes bf16 activations"), Error);
+}
+
+TEST_CASE(
+    "the norms' forward passes read fp32 weights: a change below bf16's step reaches the output") {
+    // Weights of 1 + 1e-3 round to 1 in bf16 (its step at 1 is 2^-8); read in fp32, as autocast's
+    // norms read them, they scale every output by 1.001. Over many outputs the bf16 rounding of
+    // the outputs averages out, and the mean ratio to the outputs with weights of 1 tells which.
+    // C = 768 takes the vectorised kernels, C = 100 the scalar ones.
+    for (int64_t C : {768, 100}) {
+        const int64_t N = 64;
+        Rng rng{uint64_t(C)};
+        std::vector<double> x(N * C), b(N * C);
+        for (double& v : x) v = rng.normal();
+        for (double& v : b) v = 0.5 * rng.normal();
+        DevT dx(DType::bf16, x), db(DType::bf16, b), res(DType::bf16, N * C), m(DType::f32, N),
+            rs(DType::f32, N), w1(DType::f32, std::vector<double>(C, 1.0 + 1e-3)),
+            w0(DType::f32, std::vector<double>(C, 1.0));
+        const DType bf = DType::bf16;
+        for (int kind = 0; kind < 4; kind++) {  // LayerNorm, RMSNorm, each alone and fused
+            CAPTURE(C);
+            CAPTURE(kind);
+            auto run = [&](const DevT& w) {
+                DevT y(bf, N * C);
+                if (kind == 0)
+                    cuda::layernorm_forward(y.p, {1, C}, m.f(), rs.f(), dx.p, {1, C}, w.f(),
+                                            nullptr, N, C, 1e-5, bf, bf, nullptr);
+                else if (kind == 1)
+                    cuda::rmsnorm_forward(y.p, {1, C}, rs.f(), dx.p, {1, C}, w.f(), N, C, 1e-5, bf,
+                                          bf, nullptr);
+                else if (kind == 2)
+                    cuda::residual_layernorm_forward(res.p, y.p, m.f(), rs.f(), dx.p, db.p, w.f(),
+                                                     nullptr, N, C, 1e-5, bf, bf, nullptr);
+                else
+                    cuda::residual_rmsnorm_forward(res.p, y.p, rs.f(), dx.p, db.p, w.f(), N, C,
+                                                   1e-5, bf, bf, nullptr);
+                return y.get();
+            };
+            const std::vector<double> y1 = run(w1), y0 = run(w0);
+            double sum = 0;
+            int64_t n = 0;
+            for (int64_t i = 0; i < N * C; i++)
+                if (std::abs(y0[i]) > 0.5) {
+                    sum += y1[i] / y0[i];
+                    n++;
+                }
+            REQUIRE(n > N * C / 4);
+            CHECK(sum / double(n) == doctest::Approx(1.001).epsilon(2e-4));
+        }
+    }
 }
 
 namespace {

@@ -2,9 +2,11 @@
 // gradients per warp in shared memory, per block into a scratch row, then over blocks in a fixed
 // order, so results do not depend on scheduling.
 //
-// Types: activations (out, dout) are T; the residual stream (inp, res, a, dinp) and the norm's
-// weights are R. R = T, or bf16 activations over an fp32 residual stream read with the fp32
-// master weights (PyTorch autocast's layer_norm).
+// Types: activations (out, dout) are T; the residual stream (inp, res, a, dinp) is R. R = T, or
+// bf16 activations over an fp32 residual stream (PyTorch autocast's layer_norm). The forward pass
+// reads the fp32 master weights whatever R is, as autocast does: a weight read as bf16 moves
+// only in steps of 2^-8 near 1, so small updates would not reach the output until they add up
+// (a lag the parity runs against PyTorch measured). The backward pass reads them in R.
 #include <string>
 #include <type_traits>
 
@@ -42,8 +44,8 @@ __device__ void row_stats(const T* x, int64_t C, float eps, float& mean, float& 
 
 template <typename T, typename R, bool RMS>
 __global__ void layernorm_forward_kernel(T* out, RowMap out_map, float* mean, float* rstd,
-                                         const R* inp, RowMap in_map, const R* w, const R* b,
-                                         int64_t N, int64_t C, float eps) {
+                                         const R* inp, RowMap in_map, const float* w,
+                                         const float* b, int64_t N, int64_t C, float eps) {
     const int64_t r = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
     if (r >= N) return;
     const R* x = inp + row_offset(in_map, r, C);
@@ -62,8 +64,9 @@ __global__ void layernorm_forward_kernel(T* out, RowMap out_map, float* mean, fl
 
 template <typename T, typename R, bool RMS>
 __global__ void residual_layernorm_forward_kernel(R* res, T* out, float* mean, float* rstd,
-                                                  const R* a, const T* bb, const R* w, const R* b,
-                                                  int64_t N, int64_t C, int64_t out_ld, float eps) {
+                                                  const R* a, const T* bb, const float* w,
+                                                  const float* b, int64_t N, int64_t C,
+                                                  int64_t out_ld, float eps) {
     const int64_t r = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
     if (r >= N) return;
     R* x = res + r * C;
@@ -194,8 +197,8 @@ __device__ __forceinline__ void store8(float* p, const float (&v)[8]) {
 template <int NV, bool RESIDUAL, typename R, bool RMS>
 __global__ void __launch_bounds__(32 * kVecWarps)
     layernorm_forward_vec_kernel(R* res, bf16* out, int64_t out_ld, float* mean, float* rstd,
-                                 const R* a, const bf16* bb, const R* w, const R* b, int64_t N,
-                                 int C, float eps) {
+                                 const R* a, const bf16* bb, const float* w, const float* b,
+                                 int64_t N, int C, float eps) {
     const int64_t r = int64_t(blockIdx.x) * kVecWarps + threadIdx.x / 32;
     if (r >= N) return;
     const int lane = threadIdx.x % 32;
@@ -480,7 +483,7 @@ void dispatch_pair(DType t, DType r, const char* who, F&& f) {
 
 template <bool RMS>
 void norm_forward(void* out, RowMap out_map, float* mean, float* rstd, const void* inp,
-                  RowMap in_map, const void* weight, const void* bias, int64_t N, int64_t C,
+                  RowMap in_map, const float* weight, const float* bias, int64_t N, int64_t C,
                   double eps, DType t, DType in_t, CUstream_st* s) {
     ZG_CHECK(N > 0 && C > 0 && weight && (mean || RMS),
              "layernorm_forward: sizes must be positive, weight and mean set");
@@ -500,23 +503,23 @@ void norm_forward(void* out, RowMap out_map, float* mean, float* rstd, const voi
                     layernorm_forward_vec_kernel<NV.value, false, R, RMS>
                         <<<unsigned((N + kVecWarps - 1) / kVecWarps), 32 * kVecWarps, 0, s>>>(
                             nullptr, static_cast<bf16*>(out), out_map.ld, mean, rstd,
-                            static_cast<const R*>(inp), nullptr, static_cast<const R*>(weight),
-                            static_cast<const R*>(bias), N, int(C), float(eps));
+                            static_cast<const R*>(inp), nullptr, weight, bias, N, int(C),
+                            float(eps));
                 });
                 if (done) return;
             }
         }
         const int blocks = int((N + kWarps - 1) / kWarps);
         layernorm_forward_kernel<T, R, RMS><<<blocks, 32 * kWarps, 0, s>>>(
-            static_cast<T*>(out), out_map, mean, rstd, static_cast<const R*>(inp), in_map,
-            static_cast<const R*>(weight), static_cast<const R*>(bias), N, C, float(eps));
+            static_cast<T*>(out), out_map, mean, rstd, static_cast<const R*>(inp), in_map, weight,
+            bias, N, C, float(eps));
     });
     ZG_LAUNCH_CHECK();
 }
 
 template <bool RMS>
 void residual_norm_forward(void* res, void* out, float* mean, float* rstd, const void* a,
-                           const void* b, const void* weight, const void* bias, int64_t N,
+                           const void* b, const float* weight, const float* bias, int64_t N,
                            int64_t C, double eps, DType t, DType res_t, CUstream_st* s,
                            int64_t out_ld) {
     if (out_ld == 0) out_ld = C;
@@ -531,9 +534,8 @@ void residual_norm_forward(void* res, void* out, float* mean, float* rstd, const
                     layernorm_forward_vec_kernel<NV.value, true, R, RMS>
                         <<<unsigned((N + kVecWarps - 1) / kVecWarps), 32 * kVecWarps, 0, s>>>(
                             static_cast<R*>(res), static_cast<bf16*>(out), out_ld, mean, rstd,
-                            static_cast<const R*>(a), static_cast<const bf16*>(b),
-                            static_cast<const R*>(weight), static_cast<const R*>(bias), N, int(C),
-                            float(eps));
+                            static_cast<const R*>(a), static_cast<const bf16*>(b), weight, bias, N,
+                            int(C), float(eps));
                 });
                 if (done) return;
             }
@@ -541,8 +543,7 @@ void residual_norm_forward(void* res, void* out, float* mean, float* rstd, const
         const int blocks = int((N + kWarps - 1) / kWarps);
         residual_layernorm_forward_kernel<T, R, RMS><<<blocks, 32 * kWarps, 0, s>>>(
             static_cast<R*>(res), static_cast<T*>(out), mean, rstd, static_cast<const R*>(a),
-            static_cast<const T*>(b), static_cast<const R*>(weight), static_cast<const R*>(bias), N,
-            C, out_ld, float(eps));
+            static_cast<const T*>(b), weight, bias, N, C, out_ld, float(eps));
     });
     ZG_LAUNCH_CHECK();
 }
@@ -627,20 +628,20 @@ size_t layernorm_backward_sums_bytes(int64_t N, int64_t C) {
 }
 
 void layernorm_forward(void* out, RowMap out_map, float* mean, float* rstd, const void* inp,
-                       RowMap in_map, const void* weight, const void* bias, int64_t N, int64_t C,
+                       RowMap in_map, const float* weight, const float* bias, int64_t N, int64_t C,
                        double eps, DType t, DType in_t, CUstream_st* s) {
     norm_forward<false>(out, out_map, mean, rstd, inp, in_map, weight, bias, N, C, eps, t, in_t, s);
 }
 
 void rmsnorm_forward(void* out, RowMap out_map, float* rstd, const void* inp, RowMap in_map,
-                     const void* weight, int64_t N, int64_t C, double eps, DType t, DType in_t,
+                     const float* weight, int64_t N, int64_t C, double eps, DType t, DType in_t,
                      CUstream_st* s) {
     norm_forward<true>(out, out_map, nullptr, rstd, inp, in_map, weight, nullptr, N, C, eps, t,
                        in_t, s);
 }
 
 void residual_layernorm_forward(void* res, void* out, float* mean, float* rstd, const void* a,
-                                const void* b, const void* weight, const void* bias, int64_t N,
+                                const void* b, const float* weight, const float* bias, int64_t N,
                                 int64_t C, double eps, DType t, DType res_t, CUstream_st* s,
                                 int64_t out_ld) {
     residual_norm_forward<false>(res, out, mean, rstd, a, b, weight, bias, N, C, eps, t, res_t, s,
@@ -648,7 +649,7 @@ void residual_layernorm_forward(void* res, void* out, float* mean, float* rstd, 
 }
 
 void residual_rmsnorm_forward(void* res, void* out, float* rstd, const void* a, const void* b,
-                              const void* weight, int64_t N, int64_t C, double eps, DType t,
+                              const float* weight, int64_t N, int64_t C, double eps, DType t,
                               DType res_t, CUstream_st* s, int64_t out_ld) {
     residual_norm_forward<true>(res, out, nullptr, rstd, a, b, weight, nullptr, N, C, eps, t, res_t,
                                 s, out_ld);

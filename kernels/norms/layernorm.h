@@ -30,28 +30,29 @@ struct RowMap {
     int64_t group = 1, ld = 0;
 };
 
-// Types: out (and dout, b below) in t; inp (and res, a, dinp) with the weight and bias in in_t,
-// which is t or, under bf16 activations, an fp32 residual stream read with the fp32 master
-// weights (train.residual_precision).
+// Types: out (and dout, b below) in t; inp (and res, a, dinp) in in_t, which is t or, under bf16
+// activations, an fp32 residual stream (train.fp32_residual). The forward passes take the fp32
+// master weight and bias whatever the types, as autocast's norms do (a weight near 1 read as bf16
+// would hide updates below 2^-8 from the output); the backward passes take them in in_t.
 void layernorm_forward(void* out, RowMap out_map, float* mean, float* rstd, const void* inp,
-                       RowMap in_map, const void* weight, const void* bias, int64_t N, int64_t C,
+                       RowMap in_map, const float* weight, const float* bias, int64_t N, int64_t C,
                        double eps, DType t, DType in_t, CUstream_st* s);
 inline void layernorm_forward(void* out, RowMap out_map, float* mean, float* rstd, const void* inp,
-                              RowMap in_map, const void* weight, const void* bias, int64_t N,
+                              RowMap in_map, const float* weight, const float* bias, int64_t N,
                               int64_t C, double eps, DType t, CUstream_st* s) {
     layernorm_forward(out, out_map, mean, rstd, inp, in_map, weight, bias, N, C, eps, t, t, s);
 }
 
 // res = a + b (rounded to res_t), out = LayerNorm(res): the residual add fused into the norm.
-// res, a, weight and bias in res_t; b and out in t. out_ld: out's row stride (0: C), as
+// res and a in res_t; b and out in t; weight and bias fp32. out_ld: out's row stride (0: C), as
 // layernorm_forward's out_map.ld (the trainer's ln2 with a column of ones beside its rows).
 void residual_layernorm_forward(void* res, void* out, float* mean, float* rstd, const void* a,
-                                const void* b, const void* weight, const void* bias, int64_t N,
+                                const void* b, const float* weight, const float* bias, int64_t N,
                                 int64_t C, double eps, DType t, DType res_t, CUstream_st* s,
                                 int64_t out_ld = 0);
 inline void residual_layernorm_forward(void* res, void* out, float* mean, float* rstd,
-                                       const void* a, const void* b, const void* weight,
-                                       const void* bias, int64_t N, int64_t C, double eps, DType t,
+                                       const void* a, const void* b, const float* weight,
+                                       const float* bias, int64_t N, int64_t C, double eps, DType t,
                                        CUstream_st* s) {
     residual_layernorm_forward(res, out, mean, rstd, a, b, weight, bias, N, C, eps, t, t, s);
 }
@@ -90,12 +91,12 @@ inline void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, flo
 // RMSNorm (model.norm: rmsnorm) through the same kernels without the mean and the bias: the same
 // layouts, types and fixed-order sums; rstd alone is saved.
 void rmsnorm_forward(void* out, RowMap out_map, float* rstd, const void* inp, RowMap in_map,
-                     const void* weight, int64_t N, int64_t C, double eps, DType t, DType in_t,
+                     const float* weight, int64_t N, int64_t C, double eps, DType t, DType in_t,
                      CUstream_st* s);
 
 // res = a + b (rounded to res_t), out = RMSNorm(res), as residual_layernorm_forward.
 void residual_rmsnorm_forward(void* res, void* out, float* rstd, const void* a, const void* b,
-                              const void* weight, int64_t N, int64_t C, double eps, DType t,
+                              const float* weight, int64_t N, int64_t C, double eps, DType t,
                               DType res_t, CUstream_st* s, int64_t out_ld = 0);
 
 // As layernorm_backward: scratch of layernorm_backward_scratch_bytes(N, C), dinp_sums likewise.
