@@ -63,6 +63,39 @@ std::string oracle_dir();
 // mlp_hidden, rms_norm_eps and rope_theta instead of layer_norm_eps).
 ModelConfig oracle_model_config(const SafeTensors& st);
 
+// The Llama-style options (docs/llama.md) the model tests cover: each one alone beside GPT-2's and
+// together, with and without biases, tied embeddings and qk_norm; 1, 2 and 4 key/value heads for
+// 4 query heads (0: one per query head).
+struct LlamaCase {
+    const char *norm, *pos, *mlp;
+    int kv;
+    bool tie, bias, qk;
+};
+inline constexpr LlamaCase kLlamaCases[] = {
+    {"rmsnorm", "rope", "swiglu", 2, false, false, false},
+    {"rmsnorm", "rope", "swiglu", 1, true, true, true},
+    {"rmsnorm", "learned", "gelu", 0, true, true, false},
+    {"layernorm", "rope", "gelu", 0, false, true, true},
+    {"layernorm", "learned", "swiglu", 4, true, false, false},
+    {"layernorm", "learned", "gelu", 2, false, true, false},
+    {"layernorm", "learned", "gelu", 2, false, true, true},
+    {"rmsnorm", "rope", "gelu", 1, false, false, true},
+};
+// c with a case's options (its tie, bias and qk_norm are c's to set) on 4 heads of n_embd / 4:
+// rotary angles that turn visibly within a few positions (theta 100), SwiGLU's derived width
+// rounded up to 8.
+inline ModelConfig with_llama(ModelConfig c, const LlamaCase& k, int n_embd) {
+    c.n_head = 4;
+    c.n_embd = n_embd;
+    c.norm = k.norm;
+    c.position = k.pos;
+    c.rope_theta = 100.0;
+    c.mlp = k.mlp;
+    c.mlp_multiple_of = 8;
+    c.n_kv_head = k.kv;
+    return c;
+}
+
 // A shell command's exit code and its stdout + stderr.
 struct CommandOutput {
     int code = 0;

@@ -438,20 +438,11 @@ TEST_CASE("whole model in bf16 at head size 64: tensor-core attention, qkv bias 
 }
 
 namespace {
-// The tiny config with Llama-style options (docs/llama.md): 4 heads of 8, rotary angles that turn
-// visibly within 11 positions, SwiGLU's derived width 2/3 of 4 x 32 rounded up to 8: 88.
+// The tiny config with Llama-style options (tests/helpers.h): 4 heads of 8, SwiGLU's derived width
+// 2/3 of 4 x 32 rounded up to 8: 88.
 ModelConfig tiny_llama(const char* norm, const char* pos, const char* mlp, int kv, bool tie,
                        bool bias, bool qk) {
-    ModelConfig c = tiny_config(tie, bias, qk);
-    c.n_head = 4;
-    c.n_embd = 32;
-    c.norm = norm;
-    c.position = pos;
-    c.rope_theta = 100.0;
-    c.mlp = mlp;
-    c.mlp_multiple_of = 8;
-    c.n_kv_head = kv;
-    return c;
+    return with_llama(tiny_config(tie, bias, qk), {norm, pos, mlp, kv, tie, bias, qk}, 32);
 }
 // c at head size 64 (4 heads: the tensor-core attention) and up to 128 positions
 ModelConfig head_size_64(ModelConfig c) {
@@ -460,22 +451,6 @@ ModelConfig head_size_64(ModelConfig c) {
     c.block_size = 128;
     return c;
 }
-struct LlamaCase {
-    const char *norm, *pos, *mlp;
-    int kv;
-    bool tie, bias, qk;
-};
-// Each option on its own and together, with and without biases, tied embeddings and qk_norm;
-// 1, 2 and 4 key/value heads for 4 query heads.
-const LlamaCase kLlamaCases[] = {
-    {"rmsnorm", "rope", "swiglu", 2, false, false, false},
-    {"rmsnorm", "rope", "swiglu", 1, true, true, true},
-    {"rmsnorm", "learned", "gelu", 0, true, true, false},
-    {"layernorm", "rope", "gelu", 0, false, true, true},
-    {"layernorm", "learned", "swiglu", 4, true, false, false},
-    {"layernorm", "learned", "gelu", 2, false, true, false},
-    {"rmsnorm", "rope", "gelu", 1, false, false, true},
-};
 }  // namespace
 
 TEST_CASE("Llama-style options on the GPU equal GPT<double> in fp32 and bf16") {

@@ -179,33 +179,14 @@ TEST_CASE("whole-model finite-difference gradient in double, every option combin
             }
 }
 
-// Llama-style options on 4 heads of 4 channels: each new layer alone beside GPT-2's, and together.
-static ModelConfig tiny_llama(const std::string& norm, const std::string& pos,
-                              const std::string& mlp, int kv, bool tie, bool bias, bool qk) {
-    ModelConfig c = tiny(tie, bias, qk);
-    c.n_head = 4;
-    c.n_embd = 16;
-    c.norm = norm;
-    c.position = pos;
-    c.rope_theta = 100.0;  // positions 0..4 turn the slow pairs by a visible angle too
-    c.mlp = mlp;
-    c.mlp_multiple_of = 8;  // swiglu: 2/3 of 64 = 42, rounded up to 48
-    c.n_kv_head = kv;
-    return c;
+// Llama-style options on 4 heads of 4 channels (SwiGLU: 2/3 of 64 = 42, rounded up to 48).
+static ModelConfig tiny_llama(const char* norm, const char* pos, const char* mlp, int kv, bool tie,
+                              bool bias, bool qk) {
+    return with_llama(tiny(tie, bias, qk), {norm, pos, mlp, kv, tie, bias, qk}, 16);
 }
 
 TEST_CASE("whole-model finite-difference gradient in double, Llama-style options") {
-    struct Case {
-        const char *norm, *pos, *mlp;
-        int kv;
-        bool tie, bias, qk;
-    };
-    for (const Case& k : {Case{"rmsnorm", "rope", "swiglu", 2, false, false, false},
-                          Case{"rmsnorm", "rope", "swiglu", 1, true, true, true},
-                          Case{"rmsnorm", "learned", "gelu", 0, true, true, false},
-                          Case{"layernorm", "rope", "gelu", 0, false, true, true},
-                          Case{"layernorm", "learned", "swiglu", 4, true, false, false},
-                          Case{"layernorm", "learned", "gelu", 2, false, true, true}}) {
+    for (const LlamaCase& k : kLlamaCases) {
         CAPTURE(k.norm);
         CAPTURE(k.pos);
         CAPTURE(k.mlp);
