@@ -247,14 +247,19 @@ __device__ __forceinline__ void sts_chunk(uint32_t addr, const float (&v)[8]) {
                  "r"(pack_bf16(v[6], v[7]))
                  : "memory");
 }
-// The buffer's kCols / 64 boxes to the tensor `map` at (column x, row y), then wait until they
-// have been read (the buffer may be rewritten after this). One thread.
-template <int kCols>
-__device__ __forceinline__ void store_buffer(const CUtensorMap* map, uint32_t buf, int x, int y) {
+// The buffer's first kBoxes boxes of 64 columns to the tensor `map` at (column x(b), row y) for
+// box b, then wait until they have been read (the buffer may be rewritten after this). One thread.
+template <int kBoxes, class X>
+__device__ __forceinline__ void store_boxes_at(const CUtensorMap* map, uint32_t buf, int y, X&& x) {
 #pragma unroll
-    for (int b = 0; b < kCols / 64; b++) tma_store(map, buf + b * (kBM * 128), x + 64 * b, y);
+    for (int b = 0; b < kBoxes; b++) tma_store(map, buf + b * (kBM * 128), x(b), y);
     tma_store_commit();
     tma_store_wait_read();
+}
+// The buffer's kCols / 64 boxes side by side from (column x, row y). One thread.
+template <int kCols>
+__device__ __forceinline__ void store_buffer(const CUtensorMap* map, uint32_t buf, int x, int y) {
+    store_boxes_at<kCols / 64>(map, buf, y, [x](int b) { return x + 64 * b; });
 }
 
 // ---------------------------------------------------------------- shared memory

@@ -111,12 +111,7 @@ template <int kThreadsStoring, int kBoxes, class X>
 __device__ __forceinline__ void store_boxes(const CUtensorMap* map, uint32_t buf, int y, X&& x) {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     epilogue_sync<kThreadsStoring>();
-    if (threadIdx.x == 0) {
-#pragma unroll
-        for (int b = 0; b < kBoxes; b++) tma_store(map, buf + b * (kBM * 128), x(b), y);
-        tma_store_commit();
-        tma_store_wait_read();
-    }
+    if (threadIdx.x == 0) store_boxes_at<kBoxes>(map, buf, y, x);
     epilogue_sync<kThreadsStoring>();
 }
 // The buffer to `map` at the tile, once every epilogue thread is done writing it.
