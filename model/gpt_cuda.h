@@ -33,8 +33,9 @@ struct CudaModelOptions {
     // Keep only each block's input (the residual stream) and run the block's forward again in
     // backward, into one block's buffers shared by all: the activations of one block, not L
     bool recompute_block = false;
-    // bf16: keep the residual stream, its gradient, the LayerNorms' inputs and weights and the
-    // embeddings' outputs in fp32 (as PyTorch autocast does); the matmuls still read bf16.
+    // bf16: keep the residual stream, its gradient, the norms' inputs (their backward's weights
+    // too) and the embeddings' outputs in fp32 (as PyTorch autocast does); the matmuls still read
+    // bf16. The norms' forward passes read fp32 weights either way.
     bool fp32_residual = false;
     // Row chunks of the loss head (logits GEMM, cross-entropy, dlnf GEMM), pipelined over two
     // streams; 1 runs it in one piece. At most 8, and chunks of at least 1024 rows.

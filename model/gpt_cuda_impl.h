@@ -37,8 +37,8 @@ struct GptCuda::Impl {
     int64_t Vp;
     DType t;  // storage type of weights in matmuls and of activations
     size_t es;
-    // The residual stream (and its gradient), the LayerNorms' inputs and weights and the
-    // embeddings: t, or fp32 under bf16 activations (CudaModelOptions::fp32_residual)
+    // The residual stream (and its gradient), the norms' inputs and their backward's weights, and
+    // the embeddings: t, or fp32 under bf16 activations (CudaModelOptions::fp32_residual)
     DType rt;
     size_t res_es;
     // The block's widths (docs/llama.md): key/value heads, the qkv row C + 2 NKV hs, the MLP's
@@ -167,7 +167,7 @@ struct GptCuda::Impl {
         ZG_CUDA_CHECK(cudaEventRecord(e, wstream));
     }
 
-    // Weights as the matmuls and norms read them (bf16 copy or the fp32 master).
+    // Weights as the matmuls and qk_norm's backward read them (bf16 copy or the fp32 master).
     const void* w(int idx) const {
         if (idx < 0) return nullptr;
         const int64_t off = layout.table[idx].offset;

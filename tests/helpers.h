@@ -81,10 +81,12 @@ inline constexpr LlamaCase kLlamaCases[] = {
     {"layernorm", "learned", "gelu", 2, false, true, true},
     {"rmsnorm", "rope", "gelu", 1, false, false, true},
 };
-// c with a case's options (its tie, bias and qk_norm are c's to set) on 4 heads of n_embd / 4:
-// rotary angles that turn visibly within a few positions (theta 100), SwiGLU's derived width
-// rounded up to 8.
+// c with a case's options on 4 heads of n_embd / 4: rotary angles that turn visibly within a few
+// positions (theta 100), SwiGLU's derived width rounded up to 8.
 inline ModelConfig with_llama(ModelConfig c, const LlamaCase& k, int n_embd) {
+    c.tie_embeddings = k.tie;
+    c.bias = k.bias;
+    c.qk_norm = k.qk;
     c.n_head = 4;
     c.n_embd = n_embd;
     c.norm = k.norm;

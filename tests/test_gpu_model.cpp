@@ -8,9 +8,11 @@
 //   up to a few thousand terms: 1e-5 relative, plus 1e-5 of the tensor's largest magnitude for
 //   elements produced by cancellation (LayerNorm and softmax backward, gradients); for a
 //   gradient, of its matmul's (q, k and v together, as GPT-2's c_attn; gate and up).
-// - bf16: every input is rounded to bf16 before the reference sees it, so the reference and the
-//   GPU read the same values; the GPU computes in fp32 and rounds each output once: half a bf16
-//   ulp is 2^-9 relative, so 2^-8 relative plus 2^-8 of the largest magnitude (cancellation).
+// - bf16: every input the GPU reads as bf16 is rounded to bf16 before the reference sees it, so
+//   the two read the same values (one exception: the norms' weights, read in fp32 by the forward
+//   and as bf16 by the backward; the reference takes fp32); the GPU computes in fp32 and rounds
+//   each output once: half a bf16 ulp is 2^-9 relative, so 2^-8 relative plus 2^-8 of the
+//   largest magnitude (cancellation).
 // - Whole-model bf16 losses: each layer stores ~10 bf16 activations, each rounding 2^-9; over a
 //   few layers their independent errors add to ~1e-2 relative: the 2e-2 bound holds with
 //   margin and is not widened.
@@ -58,51 +60,55 @@ TEST_CASE("layernorm refuses fp32 activations over a bf16 residual stream, by na
 
 TEST_CASE(
     "the norms' forward passes read fp32 weights: a change below bf16's step reaches the output") {
-    // Weights of 1 + 1e-3 round to 1 in bf16 (its step at 1 is 2^-8); read in fp32, as autocast's
-    // norms read them, they scale every output by 1.001. Over many outputs the bf16 rounding of
-    // the outputs averages out, and the mean ratio to the outputs with weights of 1 tells which.
-    // C = 768 takes the vectorised kernels, C = 100 the scalar ones.
-    for (int64_t C : {768, 100}) {
-        const int64_t N = 64;
-        Rng rng{uint64_t(C)};
-        std::vector<double> x(N * C), b(N * C);
-        for (double& v : x) v = rng.normal();
-        for (double& v : b) v = 0.5 * rng.normal();
-        DevT dx(DType::bf16, x), db(DType::bf16, b), res(DType::bf16, N * C), m(DType::f32, N),
-            rs(DType::f32, N), w1(DType::f32, std::vector<double>(C, 1.0 + 1e-3)),
-            w0(DType::f32, std::vector<double>(C, 1.0));
-        const DType bf = DType::bf16;
-        for (int kind = 0; kind < 4; kind++) {  // LayerNorm, RMSNorm, each alone and fused
-            CAPTURE(C);
-            CAPTURE(kind);
-            auto run = [&](const DevT& w) {
-                DevT y(bf, N * C);
-                if (kind == 0)
-                    cuda::layernorm_forward(y.p, {1, C}, m.f(), rs.f(), dx.p, {1, C}, w.f(),
-                                            nullptr, N, C, 1e-5, bf, bf, nullptr);
-                else if (kind == 1)
-                    cuda::rmsnorm_forward(y.p, {1, C}, rs.f(), dx.p, {1, C}, w.f(), N, C, 1e-5, bf,
-                                          bf, nullptr);
-                else if (kind == 2)
-                    cuda::residual_layernorm_forward(res.p, y.p, m.f(), rs.f(), dx.p, db.p, w.f(),
-                                                     nullptr, N, C, 1e-5, bf, bf, nullptr);
-                else
-                    cuda::residual_rmsnorm_forward(res.p, y.p, rs.f(), dx.p, db.p, w.f(), N, C,
-                                                   1e-5, bf, bf, nullptr);
-                return y.get();
-            };
-            const std::vector<double> y1 = run(w1), y0 = run(w0);
-            double sum = 0;
-            int64_t n = 0;
-            for (int64_t i = 0; i < N * C; i++)
-                if (std::abs(y0[i]) > 0.5) {
-                    sum += y1[i] / y0[i];
-                    n++;
-                }
-            REQUIRE(n > N * C / 4);
-            CHECK(sum / double(n) == doctest::Approx(1.001).epsilon(2e-4));
+    // Weights of 1 + 1e-3 round to 1 in bf16 (its step above 1 is 2^-7); read in fp32, as
+    // autocast's norms read them, they scale every output by 1.001. Over many outputs the bf16
+    // rounding of the outputs averages out, and the mean ratio to the outputs with weights of 1
+    // tells which. C = 768 takes the vectorised kernels, C = 100 the scalar ones; the residual
+    // stream (the norms' input) bf16 or fp32 (train.fp32_residual).
+    const DType bf = DType::bf16;
+    for (int64_t C : {768, 100})
+        for (DType r : {DType::bf16, DType::f32}) {
+            const int64_t N = 64;
+            Rng rng{uint64_t(C)};
+            std::vector<double> x(N * C), b(N * C);
+            for (double& v : x) v = rng.normal();
+            for (double& v : b) v = 0.5 * rng.normal();
+            DevT dx(r, x), db(bf, b), res(r, N * C), m(DType::f32, N), rs(DType::f32, N),
+                w1(DType::f32, std::vector<double>(C, 1.0 + 1e-3)),
+                w0(DType::f32, std::vector<double>(C, 1.0));
+            for (int kind = 0; kind < 4; kind++) {  // LayerNorm, RMSNorm, each alone and fused
+                CAPTURE(C);
+                CAPTURE(int(r));
+                CAPTURE(kind);
+                auto run = [&](const DevT& w) {
+                    DevT y(bf, N * C);
+                    if (kind == 0)
+                        cuda::layernorm_forward(y.p, {1, C}, m.f(), rs.f(), dx.p, {1, C}, w.f(),
+                                                nullptr, N, C, 1e-5, bf, r, nullptr);
+                    else if (kind == 1)
+                        cuda::rmsnorm_forward(y.p, {1, C}, rs.f(), dx.p, {1, C}, w.f(), N, C, 1e-5,
+                                              bf, r, nullptr);
+                    else if (kind == 2)
+                        cuda::residual_layernorm_forward(res.p, y.p, m.f(), rs.f(), dx.p, db.p,
+                                                         w.f(), nullptr, N, C, 1e-5, bf, r,
+                                                         nullptr);
+                    else
+                        cuda::residual_rmsnorm_forward(res.p, y.p, rs.f(), dx.p, db.p, w.f(), N, C,
+                                                       1e-5, bf, r, nullptr);
+                    return y.get();
+                };
+                const std::vector<double> y1 = run(w1), y0 = run(w0);
+                double sum = 0;
+                int64_t n = 0;
+                for (int64_t i = 0; i < N * C; i++)
+                    if (std::abs(y0[i]) > 0.5) {
+                        sum += y1[i] / y0[i];
+                        n++;
+                    }
+                REQUIRE(n > N * C / 4);
+                CHECK(sum / double(n) == doctest::Approx(1.001).epsilon(2e-4));
+            }
         }
-    }
 }
 
 namespace {
@@ -148,20 +154,24 @@ void compare_model(const ModelConfig& mc, const CudaModelOptions& o, double rtol
     std::vector<float> pf(ref.params.begin(), ref.params.end());
     for (size_t i = 0; i < pf.size(); i++)  // both sides read the stored weights
         ref.params[i] = as_stored(pf[i], o.precision);
-    // An fp32 residual stream reads the LayerNorms' weights and the embedding rows from the fp32
-    // master (a tied wte is also the head's bf16 matrix: there the two reads differ by a rounding)
-    if (o.fp32_residual)
-        for (const ParamSpec& s : ref.layout().table.specs()) {
-            const bool residual_side =
-                s.name.find(".ln_") != std::string::npos ||
-                s.name.find("layernorm.") != std::string::npos || s.name == "model.norm.weight" ||
-                s.name == "model.norm.bias" || s.name == "transformer.wpe.weight" ||
-                s.name == "model.embed_positions.weight" ||
-                ((s.name == "transformer.wte.weight" || s.name == "model.embed_tokens.weight") &&
-                 !mc.tie_embeddings);
-            if (residual_side)
-                for (int64_t i = s.offset; i < s.offset + s.numel; i++) ref.params[i] = pf[i];
-        }
+    // except where the GPU reads the fp32 master: the norms' forward passes always (their backward
+    // passes read the stored copy unless the residual stream is fp32: one more rounding of a factor
+    // of dinp, inside the bf16 bound), and an fp32 residual stream's embedding rows (a tied wte is
+    // also the head's bf16 matrix: there the two reads differ by a rounding)
+    const GptLayout& lay = ref.layout();
+    std::vector<int> master = {lay.lnf_w, lay.lnf_b};
+    for (const BlockParams& b : lay.blocks)
+        master.insert(master.end(), {b.ln1_w, b.ln1_b, b.ln2_w, b.ln2_b, b.q_norm_w, b.q_norm_b,
+                                     b.k_norm_w, b.k_norm_b});
+    if (o.fp32_residual) {
+        master.push_back(lay.wpe);
+        if (!mc.tie_embeddings) master.push_back(lay.wte);
+    }
+    for (int idx : master)
+        if (idx >= 0)
+            for (int64_t i = lay.table[idx].offset;
+                 i < lay.table[idx].offset + lay.table[idx].numel; i++)
+                ref.params[i] = pf[i];
     const auto tokens = random_tokens(rng, B * T, mc.vocab_size);
     auto targets = random_tokens(rng, B * T, mc.vocab_size);
     targets[3] = -100;

@@ -138,7 +138,7 @@ TEST_CASE("z-loss sweep on Tiny Shakespeare: sweep, skip, resume, plots, CSV") {
         run_command(built_binary("ZGPT_SWEEP_BIN") + " " + (dir / "sweep_bad.yaml").string());
     INFO(bad.text);
     CHECK(bad.code != 0);
-    CHECK(bad.text.find("nonorm") != std::string::npos);
+    CHECK(bad.text.find("'nonorm' is not one of") != std::string::npos);
     CHECK_FALSE(fs::exists(dir / "runs_bad"));
 
     // --nproc 2: every run as 2 processes (CPU: the tcp communicator), each with its own data

@@ -4,9 +4,10 @@
 //
 // Types: activations (out, dout) are T; the residual stream (inp, res, a, dinp) is R. R = T, or
 // bf16 activations over an fp32 residual stream (PyTorch autocast's layer_norm). The forward pass
-// reads the fp32 master weights whatever R is, as autocast does: a weight read as bf16 moves
-// only in steps of 2^-8 near 1, so small updates would not reach the output until they add up
-// (a lag the parity runs against PyTorch measured). The backward pass reads them in R.
+// reads the fp32 master weights whatever R is, as autocast does: read as bf16, a weight near 1
+// moves in steps of 2^-8 below 1 and 2^-7 above, so smaller updates would not reach the output
+// until they add up (a lag the parity runs against PyTorch measured). The backward pass reads
+// them in R.
 #include <string>
 #include <type_traits>
 

@@ -334,8 +334,9 @@ def main():
                          "same scheme; init2, init3, ...: other seeds), bf16_residual (bf16 "
                          "autocast with the residual stream and its gradient rounded to bf16, as "
                          "our trainer stores them without train.fp32_residual), "
-                         "bf16_norm_weights (the norms' weights read as bf16, as our kernels read "
-                         "them without train.fp32_residual), bf16_storage (both), math_attention "
+                         "bf16_norm_weights (the norms' weights read as bf16, as our norms' "
+                         "backward reads them without train.fp32_residual; our forward reads fp32), "
+                         "bf16_storage (both), math_attention "
                          "(attention by PyTorch's math kernel instead of its flash kernel: another "
                          "valid implementation of the same run)")
     ap.add_argument("--ours-variant", action="append", default=[], metavar="K=V[,K=V]",
@@ -347,6 +348,8 @@ def main():
     a = ap.parse_args()
     if a.no_same_start and not a.torch_variants:
         ap.error("--no-same-start needs --torch-variants (else PyTorch would not run)")
+    if a.no_same_start and a.ours_variant:
+        ap.error("--no-same-start compares PyTorch's own starts with ours only: drop --ours-variant")
     if a.device == "cuda" and not torch.cuda.is_available():
         print("skip: no CUDA device for PyTorch here")
         sys.exit(77)

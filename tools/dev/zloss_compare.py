@@ -3,8 +3,9 @@
 tools/dev/parity_torch.py wrote, one per (LR, z-loss weight) (tools/gpu/zloss_torch_compare.sh
 runs them), and writes one row per trainer and run: the final loss (mean of the last `--last`
 steps), the largest mean log^2 Z and the largest logit of any step, and whether the loss left the
-finite numbers. Trainers: ours; PyTorch from the same weights and batches; PyTorch from its own
-draw of the weights (`initN` variants) and from weights moved by 1e-6 (`jitterN`). With --plot, the
+finite numbers. Trainers: ours; PyTorch from the same weights and batches (at the LRs where the
+runner trained it: tools/gpu/zloss_torch_compare.sh's SAME_START_LRS); PyTorch from its own draw
+of the weights (`initN` variants) and from weights moved by 1e-6 (`jitterN`). With --plot, the
 LR-sensitivity figure (final loss against LR, both z-loss arms, both trainers) and the largest
 log^2 Z against LR.
 
