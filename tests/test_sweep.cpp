@@ -174,6 +174,20 @@ TEST_CASE("z-loss sweep on Tiny Shakespeare: sweep, skip, resume, plots, CSV") {
     CHECK(std::count(csv.text.begin(), csv.text.end(), '\n') >=
           5);  // header + 4 runs (+ sensitivity)
     CHECK(csv.text.find("# LR sensitivity (z_loss_weight=0)") != std::string::npos);
+    // --format json: one results row per run, with the sweep it came from
+    CommandOutput js = run_command(plot + " --format json 2>/dev/null");
+    INFO(js.text);
+    REQUIRE(js.code == 0);
+    const auto rows = nlohmann::json::parse(js.text)["runs"];
+    REQUIRE(rows.size() == 4);
+    for (const auto& row : rows) {
+        CHECK(row["sweep"] == (dir / "runs").string());
+        CHECK(row["lr"].get<double>() > 0);
+        CHECK(row["z_loss_weight"].is_number());
+        CHECK(row["max_lse_sq"].get<double>() > 0);
+        CHECK(row["final_val_loss"].is_number());
+        CHECK(row["diverged"] == false);
+    }
     CommandOutput fig = run_command(plot + " --out " + (dir / "figs").string());
     INFO(fig.text);
     if (fig.code != 0 && fig.text.find("ModuleNotFoundError") != std::string::npos) {

@@ -48,13 +48,12 @@ def read_config(run):
 
 
 def load_runs(args):
-    dirs = [pathlib.Path(d) for d in args.runs]
-    if args.sweep:
-        sweep = pathlib.Path(args.sweep)
+    dirs = [(pathlib.Path(d), None) for d in args.runs]
+    for sweep in map(pathlib.Path, args.sweep):
         manifest = json.loads((sweep / "sweep.json").read_text())
-        dirs += [sweep / r["name"] for r in manifest["runs"]]
+        dirs += [(sweep / r["name"], str(sweep)) for r in manifest["runs"]]
     runs = []
-    for d in dirs:
+    for d, sweep in dirs:
         metrics = d / "metrics.jsonl"
         if not metrics.exists():
             print(f"skipping {d}: no metrics.jsonl", file=sys.stderr)
@@ -62,7 +61,8 @@ def load_runs(args):
         rows = [json.loads(l) for l in metrics.read_text().splitlines() if l.strip()]
         summary = d / "summary.json"
         diverged = summary.exists() and json.loads(summary.read_text()).get("diverged", False)
-        runs.append({"dir": d, "config": read_config(d), "rows": rows, "diverged": diverged})
+        runs.append({"dir": d, "sweep": sweep, "config": read_config(d), "rows": rows,
+                     "diverged": diverged})
     if not runs:
         sys.exit("no runs with metrics.jsonl")
     # label each run by the config keys whose values differ between the runs
@@ -134,13 +134,13 @@ def none_if_nan(x):  # JSON has no NaN: a missing value is null
     return None if isinstance(x, float) and math.isnan(x) else x
 
 
-def summary_row(run, sweep):
+def summary_row(run):
     """One run as a z-loss study's results row: its LR and z-loss weight, its model's shape, the
     last validation loss, the largest mean log^2 Z of any logged step, and whether it diverged."""
     c = run["config"]
     num = lambda k: float(c[k]) if k in c else None
     lse_sq = series(run, "lse_sq_mean")[1]
-    return {"run": run["dir"].name, "sweep": sweep, "lr": num("optim.lr"),
+    return {"run": run["dir"].name, "sweep": run["sweep"], "lr": num("optim.lr"),
             "z_loss_weight": num("loss.z_loss_weight"),
             "model": f"{c.get('model.n_layer')}x{c.get('model.n_embd')}",
             "steps": series(run, "loss")[0][-1] if series(run, "loss")[0] else 0,
@@ -153,7 +153,8 @@ def summary_row(run, sweep):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="*", help="run directories")
-    ap.add_argument("--sweep", help="a sweep's out_dir (its sweep.json lists the runs)")
+    ap.add_argument("--sweep", action="append", default=[],
+                    help="a sweep's out_dir (its sweep.json lists the runs); repeatable")
     ap.add_argument("--out", help="directory for the figures")
     ap.add_argument("--format", default="png,svg",
                     help="png,svg (figures), csv (a table on stdout) or json (one summary row per "
@@ -165,7 +166,7 @@ def main():
     sens = lr_sensitivity(runs) if "optim.lr" in differing else {}
 
     if args.format == "json":
-        json.dump({"runs": [summary_row(r, args.sweep) for r in runs]}, sys.stdout, indent=1)
+        json.dump({"runs": [summary_row(r) for r in runs]}, sys.stdout, indent=1)
         print()
         return
     if args.format == "csv":
