@@ -185,6 +185,8 @@ TEST_CASE("z-loss sweep on Tiny Shakespeare: sweep, skip, resume, plots, CSV") {
         CHECK(row["lr"].get<double>() > 0);
         CHECK(row["z_loss_weight"].is_number());
         CHECK(row["max_lse_sq"].get<double>() > 0);
+        CHECK(row["final_lse_sq"].get<double>() <= row["max_lse_sq"].get<double>());
+        CHECK(row["lse_sq_slope_late"].is_number());
         CHECK(row["final_val_loss"].is_number());
         CHECK(row["diverged"] == false);
     }

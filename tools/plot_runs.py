@@ -4,7 +4,7 @@
     plot_runs.py --sweep runs/zloss-sweep --out docs/experiments/zloss     # a sweep's runs
     plot_runs.py runs/a runs/b --out figs                                   # any runs
     plot_runs.py --sweep runs/zloss-sweep --format csv                      # a table on stdout
-    plot_runs.py --sweep runs/zloss-sweep --format json                     # the runs' summary
+    plot_runs.py --sweep runs/zloss-sweep --format json                     # results rows
 
 Figures (PNG and SVG): curves.* overlays train loss, validation loss, CE, z-loss, mean lse, mean
 lse^2, max logit, grad norm and LR against the step (or --x tokens), one line per run, labelled by what differs between the
@@ -134,18 +134,32 @@ def none_if_nan(x):  # JSON has no NaN: a missing value is null
     return None if isinstance(x, float) and math.isnan(x) else x
 
 
+def slope_per_1000(xs, ys):
+    """The least-squares slope of ys against xs, per 1000 steps (None with fewer than 2 points)."""
+    if len(xs) < 2:
+        return None
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    return 1000 * sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else None
+
+
 def summary_row(run):
     """One run as a z-loss study's results row: its LR and z-loss weight, its model's shape, the
-    last validation loss, the largest mean log^2 Z of any logged step, and whether it diverged."""
+    last validation loss, the largest mean log^2 Z of any logged step and its mean over the last
+    100 steps, the slope of mean log^2 Z over the run's second half (per 1000 steps: still growing
+    at the end, or settled), and whether it diverged."""
     c = run["config"]
     num = lambda k: float(c[k]) if k in c else None
-    lse_sq = series(run, "lse_sq_mean")[1]
+    steps, lse_sq = series(run, "lse_sq_mean")
+    half = [(x, y) for x, y in zip(steps, lse_sq) if steps and x > steps[-1] / 2]
     return {"run": run["dir"].name, "sweep": run["sweep"], "lr": num("optim.lr"),
             "z_loss_weight": num("loss.z_loss_weight"),
             "model": f"{c.get('model.n_layer')}x{c.get('model.n_embd')}",
             "steps": series(run, "loss")[0][-1] if series(run, "loss")[0] else 0,
             "final_val_loss": none_if_nan(final(run, "val_loss")),
             "max_lse_sq": none_if_nan(max(lse_sq, default=float("nan"))),
+            "final_lse_sq": none_if_nan(tail_mean(run, "lse_sq_mean")),
+            "lse_sq_slope_late": slope_per_1000([x for x, _ in half], [y for _, y in half]),
             "max_logit": none_if_nan(max(series(run, "max_logit")[1], default=float("nan"))),
             "diverged": run["diverged"]}
 
