@@ -45,12 +45,22 @@ TEST_CASE("z-loss sweep on Tiny Shakespeare: sweep, skip, resume, plots, CSV") {
         // for every GEMM (the default, kept if that changes), since each runs folder keeps the
         // algorithms it timed and two folders could time different ones
         << "kernels: {matmul_search: 0}\n";
-    std::ofstream(dir / "sweep.yaml")
-        << "base: " << (dir / "base.yaml").string() << "\n"
-        << "out_dir: " << (dir / "runs").string() << "\n"
-        << "grid:\n  optim.lr: [3.0e-3, 3.0e-2]\n  loss.z_loss_weight: [0, 1.0e-4]\n";
-    const std::string sweep = built_binary("ZGPT_SWEEP_BIN") + " " + (dir / "sweep.yaml").string();
-    CommandOutput first = run_command(sweep);
+    // dir / NAME.yaml: a sweep over base.yaml into dir / RUNS, with BODY (grid, set); the path
+    auto sweep_file = [&](const std::string& name, const std::string& runs,
+                          const std::string& body) {
+        const fs::path f = dir / (name + ".yaml");
+        std::ofstream(f) << "base: " << (dir / "base.yaml").string() << "\n"
+                         << "out_dir: " << (dir / runs).string() << "\n"
+                         << body;
+        return f.string();
+    };
+    auto run_sweep = [](const std::string& file, const std::string& args = "") {
+        return run_command(built_binary("ZGPT_SWEEP_BIN") + " " + file + args);
+    };
+    const std::string grid =
+        "grid:\n  optim.lr: [3.0e-3, 3.0e-2]\n  loss.z_loss_weight: [0, 1.0e-4]\n";
+    const std::string sweep = sweep_file("sweep", "runs", grid);
+    CommandOutput first = run_sweep(sweep);
     INFO(first.text);
     REQUIRE(first.code == 0);
     CHECK(first.text.find("4 runs, 0 failed") != std::string::npos);
@@ -61,7 +71,7 @@ TEST_CASE("z-loss sweep on Tiny Shakespeare: sweep, skip, resume, plots, CSV") {
     // a second call skips what finished; a run that lost its summary (interrupted) resumes
     const fs::path interrupted = dir / "runs" / manifest["runs"][1]["name"].get<std::string>();
     fs::remove(interrupted / "summary.json");
-    CommandOutput again = run_command(sweep);
+    CommandOutput again = run_sweep(sweep);
     INFO(again.text);
     CHECK(again.text.find("done, skipped") != std::string::npos);
     CHECK(again.text.find(": resuming") != std::string::npos);
@@ -72,12 +82,8 @@ TEST_CASE("z-loss sweep on Tiny Shakespeare: sweep, skip, resume, plots, CSV") {
     const zgpt::DeviceChoice where = zgpt::choose_device("auto");
     const bool gpu = where.device == "cuda";
     const std::string slots = gpu && where.gpus < 2 ? "0,0" : "0,1";
-    std::ofstream(dir / "sweep2.yaml")
-        << "base: " << (dir / "base.yaml").string() << "\n"
-        << "out_dir: " << (dir / "runs2").string() << "\n"
-        << "grid:\n  optim.lr: [3.0e-3, 3.0e-2]\n  loss.z_loss_weight: [0, 1.0e-4]\n";
-    CommandOutput par = run_command(built_binary("ZGPT_SWEEP_BIN") + " " +
-                                    (dir / "sweep2.yaml").string() + " --gpus " + slots);
+    const std::string sweep2 = sweep_file("sweep2", "runs2", grid);
+    CommandOutput par = run_sweep(sweep2, " --gpus " + slots);
     INFO(par.text);
     REQUIRE(par.code == 0);
     CHECK(par.text.find("4 runs, 0 failed") != std::string::npos);
@@ -101,9 +107,7 @@ TEST_CASE("z-loss sweep on Tiny Shakespeare: sweep, skip, resume, plots, CSV") {
     // a GPU that does not exist is refused before anything runs (its runs would see no GPU and
     // train on the CPU)
     if (gpu && !std::getenv("CUDA_VISIBLE_DEVICES")) {
-        CommandOutput missing =
-            run_command(built_binary("ZGPT_SWEEP_BIN") + " " + (dir / "sweep2.yaml").string() +
-                        " --gpus 0," + std::to_string(where.gpus));
+        CommandOutput missing = run_sweep(sweep2, " --gpus 0," + std::to_string(where.gpus));
         INFO(missing.text);
         CHECK(missing.code != 0);
         CHECK(missing.text.find("GPU " + std::to_string(where.gpus) + " does not exist") !=
@@ -112,43 +116,33 @@ TEST_CASE("z-loss sweep on Tiny Shakespeare: sweep, skip, resume, plots, CSV") {
 
     // values that differ only in a sign of the exponent are two runs; values that would make one
     // folder name are refused before anything runs
-    std::ofstream(dir / "sweep_names.yaml") << "base: " << (dir / "base.yaml").string() << "\n"
-                                            << "out_dir: " << (dir / "runs_names").string() << "\n"
-                                            << "grid:\n  optim.weight_decay: [1.0e-1, 1.0e+1]\n";
-    CommandOutput dry = run_command(built_binary("ZGPT_SWEEP_BIN") + " " +
-                                    (dir / "sweep_names.yaml").string() + " --dry-run");
+    CommandOutput dry = run_sweep(
+        sweep_file("sweep_names", "runs_names", "grid:\n  optim.weight_decay: [1.0e-1, 1.0e+1]\n"),
+        " --dry-run");
     INFO(dry.text);
     CHECK(dry.code == 0);
     CHECK(dry.text.find("weight_decay=1.0e-1") != std::string::npos);
     CHECK(dry.text.find("weight_decay=1.0e+1") != std::string::npos);
-    std::ofstream(dir / "sweep_clash.yaml") << "base: " << (dir / "base.yaml").string() << "\n"
-                                            << "out_dir: " << (dir / "runs_clash").string() << "\n"
-                                            << "grid:\n  data.val: [\"a b\", \"a-b\"]\n";
-    CommandOutput clash =
-        run_command(built_binary("ZGPT_SWEEP_BIN") + " " + (dir / "sweep_clash.yaml").string());
+    CommandOutput clash = run_sweep(
+        sweep_file("sweep_clash", "runs_clash", "grid:\n  data.val: [\"a b\", \"a-b\"]\n"));
     INFO(clash.text);
     CHECK(clash.code != 0);
     CHECK(clash.text.find("both make the run name 'val=a-b'") != std::string::npos);
     CHECK_FALSE(fs::exists(dir / "runs_clash"));
     // a combination the config refuses stops the sweep before it makes its folder
-    std::ofstream(dir / "sweep_bad.yaml") << "base: " << (dir / "base.yaml").string() << "\n"
-                                          << "out_dir: " << (dir / "runs_bad").string() << "\n"
-                                          << "grid:\n  model.norm: [layernorm, nonorm]\n";
-    CommandOutput bad =
-        run_command(built_binary("ZGPT_SWEEP_BIN") + " " + (dir / "sweep_bad.yaml").string());
+    CommandOutput bad = run_sweep(
+        sweep_file("sweep_bad", "runs_bad", "grid:\n  model.norm: [layernorm, nonorm]\n"));
     INFO(bad.text);
     CHECK(bad.code != 0);
     CHECK(bad.text.find("'nonorm' is not one of") != std::string::npos);
     CHECK_FALSE(fs::exists(dir / "runs_bad"));
 
     // --nproc 2: every run as 2 processes (CPU: the tcp communicator), each with its own data
-    std::ofstream(dir / "sweep3.yaml") << "base: " << (dir / "base.yaml").string() << "\n"
-                                       << "out_dir: " << (dir / "runs3").string() << "\n"
-                                       << "set: [train.batch_size=2, train.max_steps=10, "
-                                          "train.device=cpu]\n"
-                                       << "grid:\n  loss.z_loss_weight: [0, 1.0e-4]\n";
-    CommandOutput np = run_command(built_binary("ZGPT_SWEEP_BIN") + " " +
-                                   (dir / "sweep3.yaml").string() + " --nproc 2");
+    CommandOutput np = run_sweep(sweep_file("sweep3", "runs3",
+                                            "set: [train.batch_size=2, train.max_steps=10, "
+                                            "train.device=cpu]\n"
+                                            "grid:\n  loss.z_loss_weight: [0, 1.0e-4]\n"),
+                                 " --nproc 2");
     INFO(np.text);
     REQUIRE(np.code == 0);
     CHECK(np.text.find("2 runs, 0 failed") != std::string::npos);
