@@ -451,10 +451,6 @@ void GptCuda::Impl::forward(const int32_t* host_tokens, int64_t b, int64_t tn) {
                               wr(layout.wpe), B, Tn, C, rt, stream);
     }
     tick("encoder fwd");
-    norm_forward(act_layer(0).ln1.get(), {1, C}, act_layer(0).ln1_mean.as<float>(),
-                 act_layer(0).ln1_rstd.as<float>(), residual[0].get(), {1, C},
-                 wm(layout.blocks[0].ln1_w), wm(layout.blocks[0].ln1_b), BT, C, rt);
-    tick("layernorm fwd");
     for (int64_t l = 0; l < L; l++) block_forward(l, false);
     head_pending = !linear_ce;  // loss() runs the logits GEMM, chunked with the cross-entropy
     head_dinp_done = false;
@@ -472,8 +468,11 @@ void GptCuda::Impl::block_forward(int64_t l, bool recompute) {
         for (const DeviceBuffer* b : {&a.ln1, &a.qkv_raw, &a.qkv, &a.atty, &a.res_attn, &a.ln2,
                                       &a.fch, &a.fch_gelu, &gelu_tmp})
             before_write(b->get());
+    }
+    if (recompute || l == 0) {  // past block 0 in forward, the previous block's projection wrote it
         norm_forward(a.ln1.get(), {1, C}, a.ln1_mean.as<float>(), a.ln1_rstd.as<float>(),
                      residual[l].get(), {1, C}, wm(p.ln1_w), wm(p.ln1_b), BT, C, rt);
+        tick("layernorm fwd");
     }
     const int64_t KVC = NKV * hs;
     bool roped = false;  // RoPE taken in the qkv GEMM's epilogue

@@ -179,10 +179,7 @@ struct GptCuda::Impl {
         return idx < 0 ? nullptr : params.as<float>() + layout.table[idx].offset;
     }
     // Weights as the residual stream's ops read them (the norms' backward, embeddings): type rt.
-    const void* wr(int idx) const {
-        if (rt == t || idx < 0) return w(idx);
-        return params.as<float>() + layout.table[idx].offset;
-    }
+    const void* wr(int idx) const { return rt == t ? w(idx) : wm(idx); }
     float* g(int idx) const {
         return idx < 0 ? nullptr : grads.as<float>() + layout.table[idx].offset;
     }
@@ -247,13 +244,11 @@ struct GptCuda::Impl {
 
     // qkv = ln1 W_qkv^T (+ b), with rotary positions on q's and k's heads in the wgmma kernel's
     // epilogue where it runs (matmul=wgmma and matmul_wgmma_rope, rope without qk_norm, head
-    // size 64): true when it
-    // rotated them; false when the caller runs the separate RoPE pass.
+    // size 64): true when it rotated them; false when the caller runs the separate RoPE pass.
     bool qkv_forward(void* qkv, const void* inp, int w_idx, int b_idx);
     // fch = ln2 W_fc^T (+ b), gate and up, and out = SwiGLU(fch) in the wgmma kernel's epilogue
     // (matmul=wgmma and matmul_wgmma_swiglu, bf16, hidden width a multiple of 128): false
-    // (nothing run) elsewhere, and the
-    // caller runs the GEMM and the separate SwiGLU pass.
+    // (nothing run) elsewhere, and the caller runs the GEMM and the separate SwiGLU pass.
     bool fc_swiglu_forward(void* fch, void* out, const void* inp, int w_idx, int b_idx);
     // fch = ln2 W_fc^T + b (pre-activation) and gelu = GELU(fch); inp's rows lda apart (0: K).
     void fc_gelu_forward(void* fch, void* gelu, const void* inp, int w_idx, int b_idx, int64_t M,
@@ -311,9 +306,10 @@ struct GptCuda::Impl {
 
     void forward(const int32_t* host_tokens, int64_t b, int64_t tn);
     // Block l's forward from its input residual[l] into act_layer(l). In forward its LayerNorm 1
-    // output is there already (the previous block's projection wrote it) and it ends by adding
-    // the MLP into residual[l + 1] with the next norm; run again for backward (recompute) it
-    // takes its LayerNorm 1 first and stops before that last projection, whose output exists.
+    // output is there already past block 0 (the previous block's projection wrote it) and it ends
+    // by adding the MLP into residual[l + 1] with the next norm; run again for backward
+    // (recompute) it takes its LayerNorm 1 first and stops before that last projection, whose
+    // output exists.
     void block_forward(int64_t l, bool recompute);
 
     // A vocab-parallel group holds wte split by rows: the token rows of this rank come from every
