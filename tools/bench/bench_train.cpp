@@ -191,12 +191,7 @@ Config config_of(const Options& o) {
 }
 
 CudaModelOptions model_options(const Config& cfg, const Options& o) {
-    CudaModelOptions mo;
-    mo.precision = cfg.train.precision == "fp32" ? DType::f32 : DType::bf16;
-    mo.kernels = cfg.kernels;
-    mo.recompute_gelu = cfg.train.recompute_gelu;
-    mo.recompute_block = cfg.train.recompute_block;
-    mo.fp32_residual = cfg.train.fp32_residual;
+    CudaModelOptions mo = cuda_model_options(cfg, 1);  // the trainer's, one vocabulary shard
     mo.head_chunks = o.head_chunks;
     return mo;
 }

@@ -55,17 +55,6 @@ void to_device(void* dst, const void* src, size_t bytes, void* stream) {
     ZG_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
-CudaModelOptions model_options(const Config& cfg, int vocab_parts) {
-    CudaModelOptions o;
-    o.vocab_parts = vocab_parts;
-    o.precision = cfg.train.precision == "fp32" ? DType::f32 : DType::bf16;
-    o.kernels = cfg.kernels;
-    o.recompute_gelu = cfg.train.recompute_gelu;
-    o.recompute_block = cfg.train.recompute_block;
-    o.fp32_residual = cfg.train.fp32_residual;
-    return o;
-}
-
 class CudaBackend final : public Backend {
   public:
     CudaBackend(const Config& cfg, VocabParallel vocab)
@@ -73,7 +62,7 @@ class CudaBackend final : public Backend {
           vocab_(vocab),
           arena_(cfg.model, vocab.split() ? vocab.group->size() : 1,
                  vocab.split() ? vocab.group->rank() : 0),
-          model_(cfg.model, model_options(cfg, arena_.parts())),
+          model_(cfg.model, cuda_model_options(cfg, arena_.parts())),
           m_(std::make_unique<DeviceFloats>(model_.num_parameters())),
           v_(std::make_unique<DeviceFloats>(model_.num_parameters())),
           hi_(model_.num_parameters()) {
@@ -325,6 +314,17 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
+CudaModelOptions cuda_model_options(const Config& cfg, int vocab_parts) {
+    CudaModelOptions o;
+    o.vocab_parts = vocab_parts;
+    o.precision = cfg.train.precision == "fp32" ? DType::f32 : DType::bf16;
+    o.kernels = cfg.kernels;
+    o.recompute_gelu = cfg.train.recompute_gelu;
+    o.recompute_block = cfg.train.recompute_block;
+    o.fp32_residual = cfg.train.fp32_residual;
+    return o;
+}
+
 VocabGroup cuda_vocab_group(Communicator& group, void* stream) {
     group.set_stream(stream);
     VocabGroup g;
@@ -365,7 +365,7 @@ void check_device_memory(const Config& cfg) {
     const int64_t T = cfg.train.seq_len > 0 ? cfg.train.seq_len : cfg.model.block_size;
     const double params = double(make_gpt_layout(cfg.model).table.total());
     const double model =
-        double(GptCuda::device_bytes_needed(cfg.model, model_options(cfg, 1), B, T));
+        double(GptCuda::device_bytes_needed(cfg.model, cuda_model_options(cfg, 1), B, T));
     const double need = model + 8.0 * params;
     // fp32 weights and gradients, their bf16 copy, two AdamW moments
     const double state = (cfg.train.precision == "fp32" ? 16.0 : 18.0) * params;

@@ -13,5 +13,9 @@ std::vector<float> initial_params(const Config& cfg);
 std::unique_ptr<Backend> make_cpu_backend(const Config& cfg, VocabParallel vocab);
 // CUDA builds only
 std::unique_ptr<Backend> make_cuda_backend(const Config& cfg, VocabParallel vocab);
+// CUDA builds only: the GPU model's options a config asks for (the trainer's and bench_train's),
+// its vocabulary tables in vocab_parts shards
+struct CudaModelOptions;  // model/gpt_cuda.h
+CudaModelOptions cuda_model_options(const Config& cfg, int vocab_parts);
 
 }  // namespace zgpt
