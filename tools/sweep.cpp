@@ -15,7 +15,6 @@
 // finished is skipped; one with
 // checkpoints continues from them (train --resume), so an interrupted sweep resumes. sweep.json in
 // out_dir lists every run and its overrides (the plot tool labels curves with them).
-#include <yaml-cpp/yaml.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -24,7 +23,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>

@@ -44,8 +44,8 @@ struct TrainConfig {
     int64_t profile_step = 0;
     std::string precision = "bf16";  // bf16 | fp32 (GPU; the CPU always trains in fp32)
     bool recompute_gelu = false;     // GPU: recompute GELU in backward instead of storing it
-    bool recompute_block =
-        false;  // GPU: keep each block's input only, its forward again in backward
+    // GPU: keep each block's input only, and run the block's forward again in backward
+    bool recompute_block = false;
     // GPU bf16: the residual stream, its gradient and the LayerNorm inputs and weights in fp32
     // (PyTorch autocast's recipe) instead of bf16
     bool fp32_residual = false;
