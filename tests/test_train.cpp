@@ -249,42 +249,41 @@ struct ResumeFixture {
         return train + " --resume " + (dir / "runs" / name).string() + " " + extra;
     }
     fs::path run_dir(const std::string& name) const { return dir / "runs" / name; }
+    // PREFIX + "straight" trains 20 steps; PREFIX + "split" 10, then resumes to 20: their 20
+    // losses equal bit for bit. Returns the resume's output.
+    std::string exact_resume(const std::string& prefix, const std::string& extra = "") const {
+        REQUIRE(run_command(start(prefix + "straight", extra + " --set train.max_steps=20")).code ==
+                0);
+        REQUIRE(run_command(start(prefix + "split", extra + " --set train.max_steps=10")).code ==
+                0);
+        CommandOutput r = run_command(resume(prefix + "split", "--set train.max_steps=20"));
+        INFO(r.text);
+        REQUIRE(r.code == 0);
+        CHECK(r.text.find("resumed from") != std::string::npos);
+        const auto a = losses(run_dir(prefix + "straight") / "metrics.jsonl"),
+                   b = losses(run_dir(prefix + "split") / "metrics.jsonl");
+        REQUIRE(b.size() == 20);
+        for (int64_t s = 1; s <= 20; s++) CHECK(a.at(s) == b.at(s));
+        return r.text;
+    }
 };
 
 }  // namespace
 
 TEST_CASE("exact resume: 10 steps, stop, resume to 20 gives bit-identical losses for 11-20") {
-    ResumeFixture f;
-    REQUIRE(run_command(f.start("straight", "--set train.max_steps=20")).code == 0);
-    REQUIRE(run_command(f.start("split", "--set train.max_steps=10")).code == 0);
-    CommandOutput r = run_command(f.resume("split", "--set train.max_steps=20"));
-    INFO(r.text);
-    REQUIRE(r.code == 0);
-    CHECK(r.text.find("resumed from") != std::string::npos);
-    const auto a = losses(f.run_dir("straight") / "metrics.jsonl"),
-               b = losses(f.run_dir("split") / "metrics.jsonl");
-    REQUIRE(b.size() == 20);
-    for (int64_t s = 1; s <= 20; s++) CHECK(a.at(s) == b.at(s));
+    ResumeFixture().exact_resume("");
 }
 
 TEST_CASE(
     "exact resume and sampling with the Llama-style options (on the GPU where there is one)") {
     ResumeFixture f;
-    const std::string llama =
-        "--set model.norm=rmsnorm --set model.position=rope --set model.mlp=swiglu "
-        "--set model.n_kv_head=1 --set model.bias=false --set train.sample_every=10 "
-        "--set train.sample_tokens=8 ";
-    REQUIRE(run_command(f.start("llama_straight", llama + "--set train.max_steps=20")).code == 0);
-    REQUIRE(run_command(f.start("llama_split", llama + "--set train.max_steps=10")).code == 0);
-    CommandOutput r = run_command(f.resume("llama_split", "--set train.max_steps=20"));
-    INFO(r.text);
-    REQUIRE(r.code == 0);
-    CHECK(r.text.find("resumed from") != std::string::npos);
-    CHECK(r.text.find("sample at step 20:") != std::string::npos);
-    const auto a = losses(f.run_dir("llama_straight") / "metrics.jsonl"),
-               b = losses(f.run_dir("llama_split") / "metrics.jsonl");
-    REQUIRE(b.size() == 20);
-    for (int64_t s = 1; s <= 20; s++) CHECK(a.at(s) == b.at(s));
+    const std::string out =
+        f.exact_resume("llama_",
+                       "--set model.norm=rmsnorm --set model.position=rope --set model.mlp=swiglu "
+                       "--set model.n_kv_head=1 --set model.bias=false --set train.sample_every=10 "
+                       "--set train.sample_tokens=8");
+    INFO(out);
+    CHECK(out.find("sample at step 20:") != std::string::npos);
 }
 
 TEST_CASE("train.profile_step: each rank's op times in the run directory and the log") {
