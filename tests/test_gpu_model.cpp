@@ -461,6 +461,12 @@ ModelConfig head_size_64(ModelConfig c) {
     c.block_size = 128;
     return c;
 }
+// The ops m's profile timed since it was last taken, each name in brackets: "[a][b]"
+std::string op_names(GptCuda& m) {
+    std::string s;
+    for (const auto& [name, ms] : m.take_op_times()) s += "[" + name + "]";
+    return s;
+}
 }  // namespace
 
 TEST_CASE("Llama-style options on the GPU equal GPT<double> in fp32 and bf16") {
@@ -560,8 +566,7 @@ TEST_CASE("Llama-style options with the fused linear heads and the wgmma epilogu
             m.set_op_profiling(true);
             const std::vector<int32_t> tok(2 * 70, 1);
             m.forward(tok.data(), 2, 70);
-            std::string ops;
-            for (const auto& [name, ms] : m.take_op_times()) ops += "[" + name + "]";
+            const std::string ops = op_names(m);
             INFO(ops);
             CHECK(ops.find("[matmul fwd (fc + SwiGLU)]") != std::string::npos);
             CHECK(ops.find("[swiglu fwd]") == std::string::npos);
@@ -614,8 +619,8 @@ TEST_CASE(
                     m.forward(tok.data(), B, T);
                     const double loss = m.loss(tgt.data(), ce, 1.0 / 140, true).sum_loss;
                     m.backward();
-                    Out r{loss, std::vector<float>(m.num_parameters()), m.allocated_bytes(), ""};
-                    for (const auto& [name, ms] : m.take_op_times()) r.ops += "[" + name + "]";
+                    Out r{loss, std::vector<float>(m.num_parameters()), m.allocated_bytes(),
+                          op_names(m)};
                     m.get_grads(r.grads.data());
                     return r;
                 };
