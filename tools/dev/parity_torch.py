@@ -237,19 +237,27 @@ def own_init(run, seed):
     return arena
 
 
+# The variants that change how PyTorch computes (--torch-variants): the residual stream rounded,
+# the norms' weights rounded, math attention, and the precision they run in (None: the run's).
+KERNEL_VARIANTS = {
+    "bf16_residual": (True, False, False, "bf16"),
+    "bf16_norm_weights": (False, True, False, "bf16"),
+    "bf16_storage": (True, True, False, "bf16"),
+    "math_attention": (False, False, True, None),
+}
+
+
 def train_torch(run, arena, batches, device, dtype, steps):
     name, t0 = dtype, time.time()
     init = re.fullmatch(r"init(\d*)", dtype)
     if init:  # PyTorch from its own draw of the weights (seed 1, 2, ...), in the run's precision
         arena = own_init(run, int(init.group(1) or 1))
         dtype = run["train"]["precision"]
-    model = TorchGPT(run, arena, device, round_residual=dtype in ("bf16_residual", "bf16_storage"),
-                     math_attention=dtype == "math_attention",
-                     round_norm_weights=dtype in ("bf16_norm_weights", "bf16_storage"))
-    if dtype in ("bf16_residual", "bf16_norm_weights", "bf16_storage"):
-        dtype = "bf16"
-    if dtype == "math_attention":
-        dtype = run["train"]["precision"]
+    residual, norm_weights, math_attention, precision = KERNEL_VARIANTS.get(
+        dtype, (False, False, False, dtype))
+    model = TorchGPT(run, arena, device, round_residual=residual, math_attention=math_attention,
+                     round_norm_weights=norm_weights)
+    dtype = precision or run["train"]["precision"]
     jitter = re.fullmatch(r"jitter(\d*)", dtype)
     if jitter:  # from weights moved by 1e-6 relative (in the run's precision): an equally valid start
         with torch.no_grad():  # jitter, jitter2, jitter3, ...: seeds 1, 2, 3, ...
@@ -301,20 +309,32 @@ def train_torch(run, arena, batches, device, dtype, steps):
     return losses, stats
 
 
+def torch_variants(a, runj, arena, batches):
+    """Each --torch-variants run: {name: (losses, log Z statistics)}."""
+    out = {}
+    for v in filter(None, a.torch_variants.split(",")):
+        torch.manual_seed(0)
+        out[v] = train_torch(runj, arena, batches, a.device, v, a.steps)
+    return out
+
+
+def run_record(a, runj):
+    """What every JSON the tool writes says about the run."""
+    return {"config": a.config, "overrides": a.set, "model": runj["model"], "optim": runj["optim"],
+            "loss": runj["loss"], "device": a.device, "precision": runj["train"]["precision"],
+            "steps": a.steps, "torch_version": torch.__version__}
+
+
 def own_starts(a, runj, arena, batches, ours, ours_stats):
     """--no-same-start: PyTorch's variants only (each from its own start), beside ours."""
     variants = {}
-    for v in filter(None, a.torch_variants.split(",")):
-        torch.manual_seed(0)
-        c, c_stats = train_torch(runj, arena, batches, a.device, v, a.steps)
+    for v, (c, c_stats) in torch_variants(a, runj, arena, batches).items():
         variants[v] = {"losses": c, "stats": c_stats}
         print(f"PyTorch {v}: last loss {c[-1]:.4f}; ours {ours[-1]:.4f}")
     if a.out:
-        pathlib.Path(a.out).write_text(json.dumps({
-            "config": a.config, "overrides": a.set, "model": runj["model"], "optim": runj["optim"],
-            "loss": runj["loss"], "device": a.device, "precision": runj["train"]["precision"],
-            "steps": a.steps, "ours": ours, "ours_stats": ours_stats, "pytorch_variants": variants,
-            "torch_version": torch.__version__}, indent=1))
+        pathlib.Path(a.out).write_text(json.dumps(dict(
+            run_record(a, runj), ours=ours, ours_stats=ours_stats, pytorch_variants=variants),
+            indent=1))
 
 
 def main():
@@ -401,9 +421,7 @@ def main():
     max_gap = max(abs(x - y) for x, y in means)
     gap = lambda c, d: max(abs(x - y) for x, y in zip(window(c), window(d)))
     variants = {}
-    for v in filter(None, a.torch_variants.split(",")):
-        torch.manual_seed(0)
-        c, c_stats = train_torch(runj, arena, batches, a.device, v, a.steps)
+    for v, (c, c_stats) in torch_variants(a, runj, arena, batches).items():
         variants[v] = {"losses": c, "means": window(c), "max_gap_vs_pytorch": gap(c, theirs),
                        "max_gap_vs_ours": gap(c, ours), "stats": c_stats}
         print(f"PyTorch {v}: {w}-step means differ from PyTorch {tr['precision']} by at most "
@@ -457,15 +475,12 @@ def main():
                   for k in stat_keys}
     print("largest relative differences: " + ", ".join(f"{k} {v:.2e}" for k, v in stat_rel.items()))
     if a.out:
-        pathlib.Path(a.out).write_text(json.dumps({
-            "config": a.config, "overrides": a.set, "model": runj["model"], "optim": runj["optim"],
-            "loss": runj["loss"], "device": a.device, "precision": tr["precision"],
-            "steps": a.steps, "window": w, "max_gap": max_gap, "max_rel_diff": max(rel),
+        pathlib.Path(a.out).write_text(json.dumps(dict(run_record(a, runj), **{
+            "window": w, "max_gap": max_gap, "max_rel_diff": max(rel),
             "means": means, "ours": ours, "pytorch": theirs, "pytorch_variants": variants,
             "ours_variants": ours_variants, "spread": spread, "two_sample": two_sample,
             "ours_stats": ours_stats, "pytorch_stats": theirs_stats,
-            "stats_max_rel_diff": stat_rel, "stats_means": stat_means,
-            "torch_version": torch.__version__}, indent=1))
+            "stats_max_rel_diff": stat_rel, "stats_means": stat_means}), indent=1))
     if a.tolerance is not None and max(rel) > a.tolerance:
         print(f"FAIL: a step differs by {max(rel):.2e} > {a.tolerance:g}")
         sys.exit(1)
