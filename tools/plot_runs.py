@@ -98,6 +98,15 @@ def final(run, field):
     return ys[-1] if ys else float("nan")
 
 
+def last_step(run):
+    xs = series(run, "loss")[0]
+    return xs[-1] if xs else 0
+
+
+def largest(run, field):  # of any logged step (NaN where the field was never logged)
+    return max(series(run, field)[1], default=float("nan"))
+
+
 def tail_mean(run, field, steps=100):
     """The mean of a logged field over the run's last `steps` steps (a smoother end-of-run figure
     than its last value)."""
@@ -155,12 +164,12 @@ def summary_row(run):
     return {"run": run["dir"].name, "sweep": run["sweep"], "lr": num("optim.lr"),
             "z_loss_weight": num("loss.z_loss_weight"),
             "model": f"{c.get('model.n_layer')}x{c.get('model.n_embd')}",
-            "steps": series(run, "loss")[0][-1] if series(run, "loss")[0] else 0,
+            "steps": last_step(run),
             "final_val_loss": none_if_nan(final(run, "val_loss")),
-            "max_lse_sq": none_if_nan(max(lse_sq, default=float("nan"))),
+            "max_lse_sq": none_if_nan(largest(run, "lse_sq_mean")),
             "final_lse_sq": none_if_nan(tail_mean(run, "lse_sq_mean")),
             "lse_sq_slope_late": slope_per_1000([x for x, _ in half], [y for _, y in half]),
-            "max_logit": none_if_nan(max(series(run, "max_logit")[1], default=float("nan"))),
+            "max_logit": none_if_nan(largest(run, "max_logit")),
             "diverged": run["diverged"]}
 
 
@@ -193,12 +202,12 @@ def main():
         for r in runs:
             val_ce = series(r, "val_ce")[1]
             w.writerow([r["dir"].name] + [r["config"].get(k) for k in differing] +
-                       [series(r, "loss")[0][-1] if series(r, "loss")[0] else 0, r["diverged"],
+                       [last_step(r), r["diverged"],
                         final(r, "loss"), final(r, "val_loss"), final(r, "val_ce"),
                         min(val_ce) if val_ce else "", final(r, "lse_mean"),
                         final(r, "lse_sq_mean"), final(r, "max_logit"),
                         tail_mean(r, "lse_mean"), tail_mean(r, "lse_sq_mean"),
-                        max(series(r, "max_logit")[1], default=float("nan"))])
+                        largest(r, "max_logit")])
         for z, (s, _) in sens.items():
             print(f"# LR sensitivity (z_loss_weight={z}): {s:.4f}")
         return
