@@ -200,15 +200,16 @@ class TorchGPT:
 def loss_sum(logits, y, lossc, stats):
     """Sum over valid rows of (1 - eps)(lse - x_y) + eps(lse - mean x) + z lse^2, in fp32. Adds
     the sums of lse and lse^2 over valid rows and the largest logit of any row to `stats`, as our
-    loss head reports them (metrics.jsonl's lse_mean, lse_sq_mean, max_logit)."""
+    loss head reports them (metrics.jsonl's lse_mean, lse_sq_mean, max_logit). The statistics stay
+    on the device (float64 tensors), so the step reads them back in one transfer."""
     x = logits.float()
     lse = torch.logsumexp(x, dim=-1)
     valid = y != lossc["ignore_index"]
     with torch.no_grad():
-        zero = torch.zeros_like(lse)
-        stats["lse"] += float(torch.where(valid, lse, zero).double().sum())
-        stats["lse_sq"] += float(torch.where(valid, lse.double() ** 2, zero.double()).sum())
-        stats["max_logit"] = max(stats["max_logit"], float(x.max()))
+        zero = torch.zeros_like(lse, dtype=torch.float64)
+        stats["lse"] += torch.where(valid, lse.double(), zero).sum()
+        stats["lse_sq"] += torch.where(valid, lse.double() ** 2, zero).sum()
+        stats["max_logit"] = torch.maximum(stats["max_logit"], x.max().double())
     xy = x.gather(-1, torch.where(valid, y, 0).unsqueeze(-1)).squeeze(-1)
     eps = lossc["label_smoothing"]
     ce = (1 - eps) * (lse - xy) + eps * (lse - x.mean(dim=-1))
@@ -270,13 +271,20 @@ def train_torch(run, arena, batches, device, dtype, steps):
     state = {n: (torch.zeros_like(model.P[n]), torch.zeros_like(model.P[n])) for n in names}
     autocast = torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=dtype == "bf16")
     losses, stats = [], []
+    # The host waits on the device once a step (the losses, statistics and gradient norm in one
+    # transfer); AdamW runs as foreach kernels over all tensors. Without these, launches and
+    # per-tensor reads, not the GPU, set the pace of a small model.
+    params = [model.P[n] for n in names]
+    ms, vs = [state[n][0] for n in names], [state[n][1] for n in names]
+    decayed = [model.P[n] for n in names if model.decay[n]]
+    zero = torch.zeros((), dtype=torch.float64, device=device)
     for s in range(steps):
         micro = batches[s]
         n_valid = int((micro[:, 1] != lossc["ignore_index"]).sum())
-        for p in model.P.values():
+        for p in params:
             p.grad = None
-        total = 0.0
-        st = {"lse": 0.0, "lse_sq": 0.0, "max_logit": -math.inf}
+        total = zero.clone()
+        st = {"lse": zero.clone(), "lse_sq": zero.clone(), "max_logit": zero - math.inf}
         for a in range(micro.shape[0]):
             x = torch.from_numpy(micro[a, 0].astype(np.int64)).to(device)
             y = torch.from_numpy(micro[a, 1].astype(np.int64)).to(device)
@@ -284,28 +292,40 @@ def train_torch(run, arena, batches, device, dtype, steps):
                 logits = model.forward(x)
             ls = loss_sum(logits, y, lossc, st)
             (ls / max(n_valid, 1)).backward()
-            total += float(ls)
-        losses.append(total / max(n_valid, 1))
+            total += ls.detach().double()
+        with torch.no_grad():
+            grads = [p.grad for p in params]
+            sq = torch.stack([(g.double() ** 2).sum() for g in grads]).sum()
+            tot, lse, lse_sq, max_logit, sq = torch.stack(
+                [total, st["lse"], st["lse_sq"], st["max_logit"], sq]).tolist()
+        losses.append(tot / max(n_valid, 1))
         if (s + 1) % max(1, steps // 10) == 0:  # a progress line on long runs
             print(f"  PyTorch {name}: step {s + 1}/{steps}, loss {losses[-1]:.4f}, "
                   f"{time.time() - t0:.0f} s", file=sys.stderr, flush=True)
-        stats.append({"lse_mean": st["lse"] / max(n_valid, 1),
-                      "lse_sq_mean": st["lse_sq"] / max(n_valid, 1), "max_logit": st["max_logit"]})
+        stats.append({"lse_mean": lse / max(n_valid, 1), "lse_sq_mean": lse_sq / max(n_valid, 1),
+                      "max_logit": max_logit})
         with torch.no_grad():
-            grads = [model.P[n].grad for n in names]
-            norm = math.sqrt(sum(float((g.double() ** 2).sum()) for g in grads))
+            norm = math.sqrt(sq)
             scale = min(1.0, o["grad_clip"] / (norm + 1e-6)) if o["grad_clip"] > 0 else 1.0
             lr = learning_rate(o, s, tr["max_steps"])
             b1, b2, t = o["beta1"], o["beta2"], s + 1
             bc1, bc2 = 1 - b1 ** t, 1 - b2 ** t
-            for n in names:  # AdamW as kernels/ops/adamw.cpp (decoupled decay, bias-corrected)
-                p, g = model.P[n], model.P[n].grad * scale
-                m, v = state[n]
-                m.mul_(b1).add_(g, alpha=1 - b1)
-                v.mul_(b2).addcmul_(g, g, value=1 - b2)
-                if model.decay[n]:
-                    p.mul_(1 - lr * o["weight_decay"])
-                p.sub_(lr * (m / bc1) / ((v / bc2).sqrt() + o["eps"]))
+            # AdamW as kernels/ops/adamw.cpp (decoupled decay, bias-corrected), element by element
+            # the same operations as one tensor at a time
+            gs = torch._foreach_mul(grads, scale)
+            torch._foreach_mul_(ms, b1)
+            torch._foreach_add_(ms, gs, alpha=1 - b1)
+            torch._foreach_mul_(vs, b2)
+            torch._foreach_addcmul_(vs, gs, gs, value=1 - b2)
+            if decayed and o["weight_decay"]:
+                torch._foreach_mul_(decayed, 1 - lr * o["weight_decay"])
+            denom = torch._foreach_div(vs, bc2)
+            torch._foreach_sqrt_(denom)
+            torch._foreach_add_(denom, o["eps"])
+            step = torch._foreach_div(ms, bc1)
+            torch._foreach_mul_(step, lr)
+            torch._foreach_div_(step, denom)
+            torch._foreach_sub_(params, step)
     return losses, stats
 
 
