@@ -54,9 +54,8 @@ Reference reference(const Case& c) {
     return r;
 }
 
-// Rows of V values at stride ld >= V, the padding filled with `pad`.
-static std::vector<float> pad_rows(const std::vector<float>& x, int64_t N, int64_t V, int64_t ld,
-                                   float pad) {
+std::vector<float> pad_rows(const std::vector<float>& x, int64_t N, int64_t V, int64_t ld,
+                            float pad) {
     std::vector<float> r(size_t(N) * ld, pad);
     for (int64_t i = 0; i < N; i++)
         std::copy(x.begin() + i * V, x.begin() + (i + 1) * V, r.begin() + i * ld);

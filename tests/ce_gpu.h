@@ -31,6 +31,10 @@ std::vector<float> to_device_values(const std::vector<float>& x, LogitsType t);
 void upload(void* dst, const std::vector<float>& x, LogitsType t);
 std::vector<float> download(const void* src, size_t n, LogitsType t);
 
+// Rows of V values at stride ld >= V, the padding filled with `pad`.
+std::vector<float> pad_rows(const std::vector<float>& x, int64_t N, int64_t V, int64_t ld,
+                            float pad);
+
 // A loss-head problem: host logits, targets, options and how the device holds them.
 struct Case {
     int64_t N = 5, V = 100;

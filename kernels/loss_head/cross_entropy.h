@@ -201,7 +201,8 @@ void ce_finalize(RowGradParams* params, const RowStatsF* stats, const int* n_val
                  const CrossEntropyArgs& a, const CrossEntropyOptions& o, CUstream_st* s);
 void ce_shard_backward(const CrossEntropyArgs& a, const RowGradParams* params,
                        const CrossEntropyOptions& o, CUstream_st* s);
-// Needs a.loss_rows, ce_rows, z_rows, lse_rows; writes a.summary.
+// Needs a.ce_rows and a.lse_rows (each row's z-loss and loss are recomputed from them, with
+// finalize's rounding); writes a.summary.
 void ce_reduce(const CrossEntropyArgs& a, const RowStatsF* stats, const int* n_valid,
                const CrossEntropyOptions& o, CUstream_st* s);
 

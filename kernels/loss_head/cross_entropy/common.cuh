@@ -206,6 +206,16 @@ struct RowResult {
     float loss, ce, z, lse;
 };
 
+// A row's z-loss and loss from its cross-entropy and lse, rounded step by step (no contraction
+// into an FMA): the summary recomputes them from the ce and lse rows alone, so the workspace
+// need not hold the loss and z-loss rows, and gets the same bits as the rows the caller reads.
+__device__ __forceinline__ float row_z_loss(float zw, float lse) {
+    return __fmul_rn(__fmul_rn(zw, lse), lse);
+}
+__device__ __forceinline__ float row_loss(float ce, float z) {
+    return __fadd_rn(ce, z);
+}
+
 // From merged statistics of a whole row: the row's outputs and its gradient parameters.
 __device__ RowResult finalize_row(const RowStatsF& st, int32_t y, bool valid, float g, int64_t V,
                                   float eps, float zw) {
@@ -227,8 +237,8 @@ __device__ RowResult finalize_row(const RowStatsF& st, int32_t y, bool valid, fl
     float ce = gap < 60.0f ? log1pf(st.sum_excl * __expf(gap)) : gap + log_d;
     if (eps != 0.0f) ce = (1.0f - eps) * ce + eps * (lse - st.sum_logits / float(V));
     r.ce = ce;
-    r.z = zw * lse * lse;
-    r.loss = ce + r.z;
+    r.z = row_z_loss(zw, lse);
+    r.loss = row_loss(ce, r.z);
     const float two_z_lse = 2.0f * zw * lse;
     r.p.coef = g * (1.0f + two_z_lse);
     r.p.smooth = g * eps / float(V);

@@ -82,7 +82,7 @@ struct FastArgs {
     float eps, zw;
     Reduction red;
     float *loss_rows, *ce_rows, *z_rows, *lse_rows;
-    RowStatsF* stats;  // the merged stats, for the summary's max logit
+    float* row_max;    // each row's largest logit, for the summary
     long long* trace;  // fast_pingpong_kernel<..., kTrace>: N x cluster x kTracePoints clocks
 };
 
@@ -93,7 +93,7 @@ __device__ __forceinline__ void write_row_outputs(const FastArgs& a, int64_t row
     if (a.ce_rows) a.ce_rows[row] = r.ce;
     if (a.z_rows) a.z_rows[row] = r.z;
     if (a.lse_rows) a.lse_rows[row] = r.lse;
-    a.stats[row] = st;
+    a.row_max[row] = st.max;
 }
 
 struct NoWait {
@@ -610,7 +610,7 @@ void run_fast_schedule(const CrossEntropyArgs& a0, const CrossEntropyOptions& o,
                a.ce_rows,
                a.z_rows,
                a.lse_rows,
-               ws.stats,
+               ws.row_max,
                nullptr};
     dispatch(a.type, [&](auto tag) {
         using T = decltype(tag);
@@ -667,7 +667,7 @@ void run_fast_schedule(const CrossEntropyArgs& a0, const CrossEntropyOptions& o,
         }
         if (trace) report_fast_trace(f.trace, f.N, plan.cluster, main_clusters, plan.groups, s);
     });
-    ce_reduce(a, ws.stats, ws.n_valid, o, s);
+    reduce_rows(a, ws.row_max, 1, ws.n_valid, o, s);
 }
 
 }  // namespace

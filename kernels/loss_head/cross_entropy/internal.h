@@ -23,19 +23,23 @@ void check_args(const CrossEntropyArgs& a, const CrossEntropyOptions& o, bool fu
 // Workspace layout shared by the variants: what the caller did not provide lives here.
 struct Workspace {
     int* n_valid;
-    RowStatsF* stats;
-    RowGradParams* params;
-    float *loss, *ce, *z, *lse;
-    float* row_max;  // naive
-    float* probs;    // naive
+    float *ce, *lse;        // where the caller gave no rows
+    float* row_max;         // each row's largest logit, for the summary
+    RowStatsF* stats;       // naive
+    RowGradParams* params;  // naive
+    float* probs;           // naive
 };
 
 // The layout of every variant's workspace; on a measuring layout (null base) it gives the size.
 Workspace carve(WorkspaceLayout& l, int64_t N, int64_t V, bool naive);
 Workspace carve(void* w, int64_t N, int64_t V, bool naive);
 
-// The args with row outputs pointing into the workspace where the caller gave none.
+// The args with the ce and lse rows pointing into the workspace where the caller gave none.
 CrossEntropyArgs with_rows(CrossEntropyArgs a, const Workspace& ws);
+
+// The summary from the ce and lse rows and the row maxima (every max_stride-th float).
+void reduce_rows(const CrossEntropyArgs& a, const float* row_max, int64_t max_stride,
+                 const int* n_valid, const CrossEntropyOptions& o, CUstream_st* s);
 
 // The variants' run() (CrossEntropyVariant::run).
 void run_naive(const CrossEntropyArgs& a, const CrossEntropyOptions& o, void* w, CUstream_st* s);

@@ -2,8 +2,8 @@
 // The math is kernels/loss_head/cross_entropy.h's; docs/loss_head.md explains the variants.
 //
 //   naive  textbook: row max, row sum, fp32 softmax materialised, loss, gradient (5 kernels)
-//   online two passes over the logits in one kernel pair (Liger / TransformerEngine): stats, then
-//          re-read and write dlogits
+//   online two passes over each row in one kernel (Liger's structure): stats, then re-read the
+//          row and write its dlogits
 //   fast   one read and one write: persistent thread-block clusters hold each row in shared
 //          memory (split across the cluster's CTAs); two or three warp groups per CTA take turns
 //          over the rows (fast_pingpong_kernel), exchanging the cluster's statistics through DSMEM
@@ -19,6 +19,7 @@
 #include <cuda_bf16.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -85,9 +86,12 @@ __global__ void finalize_kernel(FinalizeArgs f) {
     if (f.lse_rows) f.lse_rows[i] = r.lse;
 }
 
-// One block, fixed order, double accumulation: a deterministic summary.
-__global__ void reduce_kernel(LossSummaryF* out, const float* loss_rows, const float* ce_rows,
-                              const float* z_rows, const float* lse_rows, const RowStatsF* stats,
+// One block, fixed order, double accumulation: a deterministic summary. Each row's z-loss and
+// loss are recomputed from its ce and lse (as finalize_row rounds them), so only those two rows
+// and the row maxima (every max_stride-th float of row_max: RowStatsF's first field, or a plain
+// array) need to exist.
+__global__ void reduce_kernel(LossSummaryF* out, const float* ce_rows, const float* lse_rows,
+                              const float* row_max, int64_t max_stride, float zw,
                               const int32_t* targets, int64_t N, int64_t ignore_index,
                               const int* n_valid, Reduction red) {
     __shared__ double part[5][32];  // loss, ce, z, lse, lse^2
@@ -96,13 +100,14 @@ __global__ void reduce_kernel(LossSummaryF* out, const float* loss_rows, const f
     float mx = kNegInf;
     for (int64_t i = threadIdx.x; i < N; i += blockDim.x) {
         if (targets[i] != ignore_index) {
-            a[0] += loss_rows[i];
+            const float z = row_z_loss(zw, lse_rows[i]);
+            a[0] += row_loss(ce_rows[i], z);
             a[1] += ce_rows[i];
-            a[2] += z_rows[i];
+            a[2] += z;
             a[3] += lse_rows[i];
             a[4] += double(lse_rows[i]) * lse_rows[i];
         }
-        mx = fmaxf(mx, stats[i].max);
+        mx = fmaxf(mx, row_max[i * max_stride]);
     }
     for (int off = 16; off > 0; off >>= 1) {
         for (int k = 0; k < 5; k++) a[k] += __shfl_xor_sync(0xffffffffu, a[k], off);
@@ -144,17 +149,19 @@ void check_args(const CrossEntropyArgs& a, const CrossEntropyOptions& o, bool fu
 }
 
 // The layout of every variant's workspace; on a measuring layout (null base) it gives the size.
+// online and fast keep a row's statistics and gradient parameters on the chip: they need only the
+// valid count, the row maxima (for the summary) and the ce and lse rows the caller did not give.
 Workspace carve(WorkspaceLayout& l, int64_t N, int64_t V, bool naive) {
-    Workspace ws;
+    Workspace ws{};
     ws.n_valid = l.take<int>(1);
-    ws.stats = l.take<RowStatsF>(N);
-    ws.params = l.take<RowGradParams>(N);
-    ws.loss = l.take<float>(N);
     ws.ce = l.take<float>(N);
-    ws.z = l.take<float>(N);
     ws.lse = l.take<float>(N);
     ws.row_max = l.take<float>(N);
-    ws.probs = naive ? l.take<float>(size_t(N) * V) : nullptr;
+    if (naive) {
+        ws.stats = l.take<RowStatsF>(N);
+        ws.params = l.take<RowGradParams>(N);
+        ws.probs = l.take<float>(size_t(N) * V);
+    }
     return ws;
 }
 
@@ -163,14 +170,23 @@ Workspace carve(void* w, int64_t N, int64_t V, bool naive) {
     return carve(l, N, V, naive);
 }
 
-// The args with row outputs pointing into the workspace where the caller gave none.
+// The args with the ce and lse rows (what the summary reads) in the workspace where the caller
+// gave none; loss and z-loss rows are written only where the caller asked for them.
 CrossEntropyArgs with_rows(CrossEntropyArgs a, const Workspace& ws) {
-    if (!a.loss_rows) a.loss_rows = ws.loss;
     if (!a.ce_rows) a.ce_rows = ws.ce;
-    if (!a.z_rows) a.z_rows = ws.z;
     if (!a.lse_rows) a.lse_rows = ws.lse;
     if (!a.dlogits) a.dlogits = const_cast<void*>(a.logits);
     return a;
+}
+
+void reduce_rows(const CrossEntropyArgs& a, const float* row_max, int64_t max_stride,
+                 const int* n_valid, const CrossEntropyOptions& o, CUstream_st* s) {
+    ZG_CHECK(a.summary && a.ce_rows && a.lse_rows,
+             "the loss summary needs the ce and lse rows and a summary");
+    reduce_kernel<<<1, 1024, 0, s>>>(a.summary, a.ce_rows, a.lse_rows, row_max, max_stride,
+                                     float(o.z_loss_weight), a.targets, a.N, o.ignore_index,
+                                     n_valid, o.reduction);
+    ZG_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace ce
@@ -229,19 +245,17 @@ void ce_finalize(RowGradParams* params, const RowStatsF* stats, const int* n_val
 
 void ce_reduce(const CrossEntropyArgs& a, const RowStatsF* stats, const int* n_valid,
                const CrossEntropyOptions& o, CUstream_st* s) {
-    ZG_CHECK(a.summary && a.loss_rows && a.ce_rows && a.z_rows && a.lse_rows,
-             "ce_reduce needs the per-row outputs and a summary");
-    reduce_kernel<<<1, 1024, 0, s>>>(a.summary, a.loss_rows, a.ce_rows, a.z_rows, a.lse_rows, stats,
-                                     a.targets, a.N, o.ignore_index, n_valid, o.reduction);
-    ZG_CUDA_CHECK(cudaGetLastError());
+    static_assert(sizeof(RowStatsF) == 4 * sizeof(float) && offsetof(RowStatsF, max) == 0,
+                  "the summary reads RowStatsF::max as every fourth float");
+    reduce_rows(a, &stats->max, 4, n_valid, o, s);
 }
 
 const std::vector<CrossEntropyVariant>& cross_entropy_variants() {
     static const std::vector<CrossEntropyVariant> v = {
         {"naive", "textbook: row max, fp32 softmax materialised, loss, gradient (5 kernels)",
          ws_naive, run_naive},
-        {"online", "two passes: online-softmax stats, then re-read and write dlogits", ws_online,
-         run_online},
+        {"online", "one kernel per row: online-softmax stats, then re-read and write dlogits",
+         ws_online, run_online},
         {"fast",
          "one read, one write: persistent clusters hold rows in shared memory; warp groups per "
          "CTA take turns over the rows, so one's waits overlap the others' passes; a helper grid "

@@ -1,11 +1,11 @@
 // The loss head's two-pass variants (kernels/loss_head/cross_entropy/launch.cu lists them all):
 //
 //   naive  textbook: row max, row sum, fp32 softmax materialised, loss, gradient (5 kernels)
-//   online two passes over the logits in one kernel pair (Liger / TransformerEngine): stats, then
-//          re-read and write dlogits
+//   online two passes over each row in one kernel (Liger's structure): stats, then re-read the
+//          row and write its dlogits
 //
-// online's kernels are also the vocab-parallel building blocks ce_shard_stats and
-// ce_shard_backward (kernels/loss_head/cross_entropy.h), defined here with them.
+// The vocab-parallel building blocks ce_shard_stats and ce_shard_backward
+// (kernels/loss_head/cross_entropy.h) are defined here too: they share online's per-row bodies.
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -122,6 +122,93 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock)
                                valid, params[row], lane, 32);
 }
 
+// ---------------------------------------------------------------- online: whole rows, one kernel
+
+// Whole rows (online, and fast where its plan refuses a shape), as Liger's kernel runs them: each
+// row's statistics, its outputs and gradient parameters, then its dlogits, in one kernel. The row
+// is read twice, but the statistics and parameters never leave the chip, so the workspace holds
+// only the row maxima. The per-row bodies, trees, thread counts and finalize_row are the shard
+// kernels', so the bits equal ce_shard_stats -> ce_finalize -> ce_shard_backward's.
+struct RowArgs {
+    const int32_t* targets;
+    const int* n_valid;
+    const float* grad_output;
+    bool per_row, smooth;
+    int64_t N, V, ld, ignore_index;
+    float eps, zw;
+    Reduction red;
+    float *loss_rows, *ce_rows, *z_rows, *lse_rows, *row_max;
+};
+
+// The row's target column for the statistics (-1: none, as the shard kernels take it).
+__device__ __forceinline__ int64_t stats_target(int64_t y, const RowArgs& f) {
+    return (y != f.ignore_index && y >= 0 && y < f.V) ? y : -1;
+}
+
+// finalize_row's outputs written (by one thread) and its gradient parameters returned.
+__device__ __forceinline__ RowGradParams finish_row(const RowArgs& f, int64_t row,
+                                                    const RowStatsF& st, bool write) {
+    const int32_t y = f.targets[row];
+    const bool valid = y != f.ignore_index;
+    const float g = row_grad_scale(f.grad_output, f.per_row, row, f.red, *f.n_valid);
+    const RowResult r = finalize_row(st, y, valid, g, f.V, f.eps, f.zw);
+    if (write) {
+        if (f.loss_rows) f.loss_rows[row] = r.loss;
+        if (f.ce_rows) f.ce_rows[row] = r.ce;
+        if (f.z_rows) f.z_rows[row] = r.z;
+        if (f.lse_rows) f.lse_rows[row] = r.lse;
+        f.row_max[row] = st.max;
+    }
+    return r.p;
+}
+
+// kVecIn: the logits rows start 16-byte aligned; kVecOut: the dlogits rows too (each pass
+// vectorised as the shard kernel for it would be).
+template <typename T, bool kVecIn, bool kVecOut>
+__global__ void online_row_kernel(T* dlogits, const T* logits, RowArgs f) {
+    __shared__ RowGradParams row_params;
+    const int64_t row = blockIdx.x;
+    const int64_t y = f.targets[row];
+    const bool valid = y != f.ignore_index;
+    const T* x = logits + row * f.ld;
+    RowStatsF st = row_stats_part<T, kVecIn>(x, f.V, stats_target(y, f), f.smooth, int(threadIdx.x),
+                                             int(blockDim.x));
+    st = block_reduce_stats(st);
+    if (threadIdx.x == 0) row_params = finish_row(f, row, st, true);
+    __syncthreads();
+    row_backward_part<T, kVecOut>(dlogits + row * f.ld, x, f.V, valid ? y : -1, valid, row_params,
+                                  int(threadIdx.x), int(blockDim.x));
+}
+
+template <typename T, bool kVecIn, bool kVecOut>
+__global__ void __launch_bounds__(32 * kRowsPerBlock)
+    narrow_online_row_kernel(T* dlogits, const T* logits, RowArgs f) {
+    const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (row >= f.N) return;  // whole warps leave together
+    const int64_t y = f.targets[row];
+    const bool valid = y != f.ignore_index;
+    const T* x = logits + row * f.ld;
+    RowStatsF st = row_stats_part<T, kVecIn>(x, f.V, stats_target(y, f), f.smooth, lane, 32);
+    st = warp_merge_stats(st);  // the same bits in every lane
+    const RowGradParams p = finish_row(f, row, st, lane == 0);
+    row_backward_part<T, kVecOut>(dlogits + row * f.ld, x, f.V, valid ? y : -1, valid, p, lane, 32);
+}
+
+template <typename T, bool kVecIn, bool kVecOut>
+void launch_online_rows(const CrossEntropyArgs& a, const RowArgs& f, CUstream_st* s) {
+    T* out = static_cast<T*>(a.dlogits);
+    const T* x = static_cast<const T*>(a.logits);
+    if (a.V <= kNarrowMax) {
+        narrow_online_row_kernel<T, kVecIn, kVecOut>
+            <<<unsigned((a.N + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, 0, s>>>(
+                out, x, f);
+    } else {
+        online_row_kernel<T, kVecIn, kVecOut>
+            <<<unsigned(a.N), num_threads_for(a.V), 0, s>>>(out, x, f);
+    }
+}
+
 // ---------------------------------------------------------------- naive: the textbook pipeline
 
 template <typename T>
@@ -190,10 +277,36 @@ void run_online(const CrossEntropyArgs& a0, const CrossEntropyOptions& o, void* 
     const Workspace ws = carve(w, a0.N, a0.V, false);
     const CrossEntropyArgs a = with_rows(a0, ws);
     ce_count_valid(ws.n_valid, a.targets, a.N, o.ignore_index, s);
-    ce_shard_stats(ws.stats, a, o, s);
-    ce_finalize(ws.params, ws.stats, ws.n_valid, a, o, s);
-    ce_shard_backward(a, ws.params, o, s);
-    ce_reduce(a, ws.stats, ws.n_valid, o, s);
+    const RowArgs f{a.targets,
+                    ws.n_valid,
+                    a.grad_output,
+                    o.reduction == Reduction::none,
+                    o.label_smoothing != 0.0,
+                    a.N,
+                    a.V,
+                    a.ld,
+                    o.ignore_index,
+                    float(o.label_smoothing),
+                    float(o.z_loss_weight),
+                    o.reduction,
+                    a.loss_rows,
+                    a.ce_rows,
+                    a.z_rows,
+                    a.lse_rows,
+                    ws.row_max};
+    const bool vec_in = rows_aligned(a.logits, a.logits, a.ld, a.type);
+    const bool vec_out = rows_aligned(a.logits, a.dlogits, a.ld, a.type);
+    dispatch(a.type, [&](auto tag) {
+        using T = decltype(tag);
+        if (vec_out)
+            launch_online_rows<T, true, true>(a, f, s);  // (both rows aligned)
+        else if (vec_in)
+            launch_online_rows<T, true, false>(a, f, s);
+        else
+            launch_online_rows<T, false, false>(a, f, s);
+    });
+    ZG_CUDA_CHECK(cudaGetLastError());
+    reduce_rows(a, ws.row_max, 1, ws.n_valid, o, s);
 }
 
 void run_naive(const CrossEntropyArgs& a0, const CrossEntropyOptions& o, void* w, CUstream_st* s) {
