@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <sstream>
 
@@ -271,19 +272,26 @@ bool same_bytes(const Dev& a, const Dev& b) {
     CUDA_OK(cudaMemcpy(y.data(), b.p, b.bytes, cudaMemcpyDeviceToHost));
     return x == y;
 }
-// One run of the head: its logits (padded rows), dlogits unless in place,
-// poisoned row outputs and the summary.
+// One run of the head: its logits (padded rows); dlogits unless in place, starting `skew` bytes
+// into their buffer (which is zeroed first); poisoned row outputs and the summary.
 struct Run {
     Dev logits, dl, rows, summary;
-    Run(const std::vector<float>& padded, LogitsType t, int64_t N, bool in_place)
+    size_t skew;
+    Run(const std::vector<float>& padded, LogitsType t, int64_t N, bool in_place, size_t skew_bytes)
         : logits(padded.size() * (t == LogitsType::f32 ? 4 : 2)),
-          dl(in_place ? 0 : logits.bytes),
+          dl(in_place ? 0 : logits.bytes + skew_bytes),
           rows(4 * size_t(N) * 4),
-          summary(sizeof(cuda::LossSummaryF)) {
+          summary(sizeof(cuda::LossSummaryF)),
+          skew(skew_bytes) {
         upload(logits.p, padded, t);
-        if (!in_place) upload(dl.p, padded, t);
+        if (!in_place) {
+            CUDA_OK(cudaMemset(dl.p, 0, dl.bytes));
+            upload(static_cast<char*>(dl.p) + skew, padded, t);
+        }
         CUDA_OK(cudaMemset(rows.p, 0xFF, rows.bytes));
     }
+    void* dlogits() { return dl.bytes ? static_cast<char*>(dl.p) + skew : logits.p; }
+    const Dev& out() const { return dl.bytes ? dl : logits; }
 };
 
 bool same_summary(const Dev& a, const Dev& b) {
@@ -300,79 +308,98 @@ TEST_CASE(
     // online runs each row's statistics, finalize and dlogits in one kernel (warp per row up to
     // 8192 columns, block per row above) and keeps only the row maxima in its workspace; the
     // building blocks (stats, finalize, backward, reduce) are the vocab-parallel path. Aligned and
-    // unaligned row strides, in place and not, label smoothing and ignored rows.
+    // unaligned row strides, dlogits in place, in their own buffer and in one that starts off the
+    // 16-byte grid (aligned logits, unaligned dlogits); with and without label smoothing (without
+    // it, rows hold -inf), every reduction (none: a grad_output per row), ignored rows.
     struct Shape {
         int64_t N, V, ld;
         bool in_place;
+        size_t skew;  // bytes the dlogits start past their buffer's (aligned) start
     };
-    const Shape shapes[] = {{37, 1000, 1000, true},  {19, 8192, 8200, false},
-                            {23, 8193, 8193, true},  {11, 20001, 20003, false},
-                            {9, 50257, 50264, true}, {5, 3, 3, false}};
+    const Shape shapes[] = {{37, 1000, 1000, true, 0},  {19, 8192, 8200, false, 0},
+                            {23, 8193, 8193, true, 0},  {11, 20001, 20003, false, 0},
+                            {9, 50257, 50264, true, 0}, {13, 12000, 12000, false, 4},
+                            {5, 3, 3, false, 0}};
+    struct Options {
+        double z, eps;
+        Reduction red;
+    };
+    const Options options[] = {
+        {1e-4, 0.1, Reduction::mean}, {0.0, 0.0, Reduction::sum}, {1e-3, 0.0, Reduction::none}};
     const cuda::CrossEntropyVariant& online = cuda::find_cross_entropy_variant("online");
     const cuda::CrossEntropyVariant& fast = cuda::find_cross_entropy_variant("fast");
     for (LogitsType t : {LogitsType::f32, LogitsType::bf16}) {
         for (const Shape& sh : shapes) {
-            const std::string type = type_name(t);
-            CAPTURE(type);
-            CAPTURE(sh.V);
-            CAPTURE(sh.ld);
-            const int64_t N = sh.N, V = sh.V, ld = sh.ld;
-            Case c = make_case(91 + uint64_t(V), N, V, t, 1e-4, 0.1, Reduction::mean, 2);
-            const size_t n = size_t(N) * ld;
-            const std::vector<float> padded = pad_rows(c.logits, N, V, ld, NAN);
-            Dev targets(N * 4), go(4), nvalid(4);
-            CUDA_OK(cudaMemcpy(targets.p, c.targets.data(), N * 4, cudaMemcpyHostToDevice));
-            CUDA_OK(cudaMemcpy(go.p, c.grad_output.data(), 4, cudaMemcpyHostToDevice));
-            auto args = [&](Run& r) {
-                return ce_args(r.logits.p, sh.in_place ? r.logits.p : r.dl.p, t, ld, N, V, targets,
-                               go, r.rows, r.summary);
-            };
-            auto out = [&](Run& r) -> const Dev& { return sh.in_place ? r.logits : r.dl; };
-            // the building blocks
-            Run blocks(padded, t, N, sh.in_place);
-            {
-                const cuda::CrossEntropyArgs a = args(blocks);
-                Dev stats(N * sizeof(cuda::RowStatsF)), params(N * sizeof(cuda::RowGradParams));
-                cuda::ce_count_valid(nvalid.as<int>(), a.targets, N, c.opts.ignore_index, nullptr);
-                cuda::ce_shard_stats(stats.as<cuda::RowStatsF>(), a, c.opts, nullptr);
-                cuda::ce_finalize(params.as<cuda::RowGradParams>(), stats.as<cuda::RowStatsF>(),
-                                  nvalid.as<int>(), a, c.opts, nullptr);
-                cuda::ce_shard_backward(a, params.as<cuda::RowGradParams>(), c.opts, nullptr);
-                cuda::ce_reduce(a, stats.as<cuda::RowStatsF>(), nvalid.as<int>(), c.opts, nullptr);
-                CUDA_OK(cudaDeviceSynchronize());
+            for (const Options& op : options) {
+                const std::string type = type_name(t);
+                CAPTURE(type);
+                CAPTURE(sh.V);
+                CAPTURE(sh.ld);
+                CAPTURE(sh.skew);
+                CAPTURE(op.eps);
+                const int64_t N = sh.N, V = sh.V, ld = sh.ld;
+                Case c = make_case(91 + uint64_t(V), N, V, t, op.z, op.eps, op.red, 2);
+                const size_t n = size_t(N) * ld;
+                const std::vector<float> padded = pad_rows(c.logits, N, V, ld, NAN);
+                Dev targets(N * 4), go(c.grad_output.size() * 4), nvalid(4);
+                CUDA_OK(cudaMemcpy(targets.p, c.targets.data(), N * 4, cudaMemcpyHostToDevice));
+                CUDA_OK(cudaMemcpy(go.p, c.grad_output.data(), go.bytes, cudaMemcpyHostToDevice));
+                auto args = [&](Run& r) {
+                    return ce_args(r.logits.p, r.dlogits(), t, ld, N, V, targets, go, r.rows,
+                                   r.summary);
+                };
+                auto fresh = [&] {
+                    return std::make_unique<Run>(padded, t, N, sh.in_place, sh.skew);
+                };
+                // the building blocks
+                auto blocks = fresh();
+                {
+                    const cuda::CrossEntropyArgs a = args(*blocks);
+                    Dev stats(N * sizeof(cuda::RowStatsF)), params(N * sizeof(cuda::RowGradParams));
+                    cuda::ce_count_valid(nvalid.as<int>(), a.targets, N, c.opts.ignore_index,
+                                         nullptr);
+                    cuda::ce_shard_stats(stats.as<cuda::RowStatsF>(), a, c.opts, nullptr);
+                    cuda::ce_finalize(params.as<cuda::RowGradParams>(), stats.as<cuda::RowStatsF>(),
+                                      nvalid.as<int>(), a, c.opts, nullptr);
+                    cuda::ce_shard_backward(a, params.as<cuda::RowGradParams>(), c.opts, nullptr);
+                    cuda::ce_reduce(a, stats.as<cuda::RowStatsF>(), nvalid.as<int>(), c.opts,
+                                    nullptr);
+                    CUDA_OK(cudaDeviceSynchronize());
+                }
+                // a variant with the row outputs, and again without any
+                auto run = [&](const cuda::CrossEntropyVariant& v, Run& r, bool with_rows) {
+                    cuda::CrossEntropyArgs a = args(r);
+                    if (!with_rows) a.loss_rows = a.ce_rows = a.z_rows = a.lse_rows = nullptr;
+                    Dev ws(v.workspace_bytes(N, V, t));
+                    v.run(a, c.opts, ws.p, nullptr);
+                    CUDA_OK(cudaDeviceSynchronize());
+                    CUDA_OK(cudaGetLastError());
+                };
+                auto fused = fresh(), bare = fresh();
+                run(online, *fused, true);
+                run(online, *bare, false);
+                CHECK(same_bytes(fused->out(), blocks->out()));
+                CHECK(same_bytes(fused->rows, blocks->rows));
+                CHECK(same_summary(fused->summary, blocks->summary));
+                CHECK(same_bytes(bare->out(), fused->out()));
+                CHECK(same_summary(bare->summary, fused->summary));
+                // fast (its own kernels where its plan takes the shape, else online's)
+                auto f1 = fresh(), f2 = fresh();
+                run(fast, *f1, true);
+                run(fast, *f2, false);
+                CHECK(same_bytes(f2->out(), f1->out()));
+                CHECK(same_summary(f2->summary, f1->summary));
+                Result got;
+                got.dlogits.resize(size_t(N) * V);
+                const std::vector<float> o = download(f1->dlogits(), n, t);
+                for (int64_t i = 0; i < N; i++)
+                    std::copy(o.begin() + i * ld, o.begin() + i * ld + V,
+                              got.dlogits.begin() + i * V);
+                read_rows(got, f1->rows, f1->summary, N);
+                c.ld = ld;
+                c.in_place = sh.in_place;
+                check_result(got, reference(c), c);
             }
-            // a variant with the row outputs, and again without any
-            auto run = [&](const cuda::CrossEntropyVariant& v, Run& r, bool with_rows) {
-                cuda::CrossEntropyArgs a = args(r);
-                if (!with_rows) a.loss_rows = a.ce_rows = a.z_rows = a.lse_rows = nullptr;
-                Dev ws(v.workspace_bytes(N, V, t));
-                v.run(a, c.opts, ws.p, nullptr);
-                CUDA_OK(cudaDeviceSynchronize());
-                CUDA_OK(cudaGetLastError());
-            };
-            Run fused(padded, t, N, sh.in_place), bare(padded, t, N, sh.in_place);
-            run(online, fused, true);
-            run(online, bare, false);
-            CHECK(same_bytes(out(fused), out(blocks)));
-            CHECK(same_bytes(fused.rows, blocks.rows));
-            CHECK(same_summary(fused.summary, blocks.summary));
-            CHECK(same_bytes(out(bare), out(fused)));
-            CHECK(same_summary(bare.summary, fused.summary));
-            // fast (its own kernels where its plan takes the shape, else online's)
-            Run f1(padded, t, N, sh.in_place), f2(padded, t, N, sh.in_place);
-            run(fast, f1, true);
-            run(fast, f2, false);
-            CHECK(same_bytes(out(f2), out(f1)));
-            CHECK(same_summary(f2.summary, f1.summary));
-            Result got;
-            got.dlogits.resize(size_t(N) * V);
-            const std::vector<float> o = download(out(f1).p, n, t);
-            for (int64_t i = 0; i < N; i++)
-                std::copy(o.begin() + i * ld, o.begin() + i * ld + V, got.dlogits.begin() + i * V);
-            read_rows(got, f1.rows, f1.summary, N);
-            c.ld = ld;
-            c.in_place = sh.in_place;
-            check_result(got, reference(c), c);
         }
     }
 }

@@ -90,8 +90,9 @@ struct Workspace {
     int* n_valid;
     RowStatsF* stats;
     RowGradParams* params;
-    float *loss, *ce, *z, *lse;
-    float* dh_acc;  // [N, C] fp32 (vocabulary outside) or [rows, C] (rows outside)
+    float *ce, *lse;  // where the caller gave none: the summary reads them (loss and z-loss rows
+                      // are written only where asked for)
+    float* dh_acc;    // [N, C] fp32 (vocabulary outside) or [rows, C] (rows outside)
     TileBuffers tiles;
 };
 
@@ -100,9 +101,7 @@ Workspace carve(WorkspaceLayout& l, int64_t N, int64_t C, int64_t V, TileShape t
     ws.n_valid = l.take<int>(1);
     ws.stats = l.take<RowStatsF>(N);
     ws.params = l.take<RowGradParams>(N);
-    ws.loss = l.take<float>(N);
     ws.ce = l.take<float>(N);
-    ws.z = l.take<float>(N);
     ws.lse = l.take<float>(N);
     ws.dh_acc = l.take<float>(size_t(N) * C);
     ws.tiles = carve_tiles(l, N, C, V, t, wgmma);
@@ -231,9 +230,9 @@ CrossEntropyArgs ce_view(const LinearCrossEntropyArgs& a, const Workspace* ws) {
     ce.V = a.V;
     ce.targets = a.targets;
     ce.grad_output = a.grad_output;
-    ce.loss_rows = a.loss_rows ? a.loss_rows : ws ? ws->loss : nullptr;
+    ce.loss_rows = a.loss_rows;
     ce.ce_rows = a.ce_rows ? a.ce_rows : ws ? ws->ce : nullptr;
-    ce.z_rows = a.z_rows ? a.z_rows : ws ? ws->z : nullptr;
+    ce.z_rows = a.z_rows;
     ce.lse_rows = a.lse_rows ? a.lse_rows : ws ? ws->lse : nullptr;
     ce.summary = a.summary;
     return ce;

@@ -247,7 +247,7 @@ void ce_reduce(const CrossEntropyArgs& a, const RowStatsF* stats, const int* n_v
                const CrossEntropyOptions& o, CUstream_st* s) {
     static_assert(sizeof(RowStatsF) == 4 * sizeof(float) && offsetof(RowStatsF, max) == 0,
                   "the summary reads RowStatsF::max as every fourth float");
-    reduce_rows(a, &stats->max, 4, n_valid, o, s);
+    reduce_rows(a, reinterpret_cast<const float*>(stats), 4, n_valid, o, s);
 }
 
 const std::vector<CrossEntropyVariant>& cross_entropy_variants() {
