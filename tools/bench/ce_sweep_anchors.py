@@ -137,7 +137,7 @@ def main():
             try:
                 ms, peak, loss = measure(lambda: fn(*xs), leaves if mode == "fwd_bwd" else [],
                                          pristine, args.iters)
-                row.update(ms=round(ms, 4), extra_GB=round(peak, 4), loss=round(loss, 5))
+                row.update(ms=round(ms, 4), extra_GB=round(peak, 6), loss=round(loss, 5))
             except torch.OutOfMemoryError:
                 row["note"] = "OOM"
             except Exception as e:

@@ -34,7 +34,7 @@ def join(bench, anchor_docs):
             continue
         head = "linear" if "C" in r else "logits"
         row = dict(head=head, mode=r.get("mode", "fwd_bwd"), V=r["V"], N=r["N"], C=r.get("C"),
-                   variant=r["variant"], ms=round(r["ms"], 4), extra_gb=round(r["extra_GB"], 4),
+                   variant=r["variant"], ms=round(r["ms"], 4), extra_gb=round(r["extra_GB"], 6),
                    floor_ms=round(r["floor_ms"], 4), latency_floor_ms=round(r["latency_floor_ms"], 4),
                    launches=r["launches"], x_floor=round(r["x_floor"], 3),
                    x_max_floor=round(r["x_max_floor"], 3), loss=round(r["loss"], 5))
