@@ -113,7 +113,29 @@ TEST_CASE(
                                      {"fast", 0, 3, 2, false, 400, 2},
                                      {"fast", 0, 2, 2, false, 400, 4},
                                      {"fast", 0, 3, 2, true, 400, 1}};
+    // Four cases a shape (label smoothing on and off, dlogits in place and in their own buffer,
+    // 0-2 ignored rows), each with its reference computed once, taken in turn by the modes and
+    // cluster sizes below: making the cases and their double-precision references, not the GPU,
+    // took most of this test's time when every run drew its own.
+    struct Prepared {
+        Case c;
+        Reference want;
+    };
+    std::vector<std::vector<Prepared>> prepared(shapes.size());
     uint64_t seed = 900;
+    for (size_t si = 0; si < shapes.size(); si++) {
+        const Shape& sh = shapes[si];
+        for (int k = 0; k < 4; k++) {
+            const uint64_t s = seed++;
+            Case c = make_case(s, sh.N, sh.V, sh.t, 1e-4, k % 2 ? 0.1 : 0.0, Reduction::mean,
+                               int(s % 3));
+            c.ld = sh.ld;
+            c.in_place = k < 2;
+            Reference want = reference(c);
+            prepared[si].push_back({std::move(c), std::move(want)});
+        }
+    }
+    size_t turn = 0;
     for (const Mode& m : modes) {
         const std::string variant = m.variant;
         CAPTURE(variant);
@@ -133,20 +155,18 @@ TEST_CASE(
             if (m.stages && !cluster) continue;  // the slice size needs a known cluster size
             CAPTURE(cluster);
             tuning.cluster = cluster;
-            for (const Shape& sh : shapes) {
+            for (size_t si = 0; si < shapes.size(); si++) {
+                const Shape& sh = shapes[si];
                 CAPTURE(sh.V);
                 const int64_t per = sh.t == LogitsType::bf16 ? 8 : 4, es = 16 / per;
                 const int64_t slice =
                     ((sh.V + cluster - 1) / std::max(cluster, 1) + per - 1) / per * per;
                 tuning.smem_kb = m.stages ? int((m.stages * slice * es + 1023) / 1024) : 0;
-                const uint64_t s = seed++;
-                Case c = make_case(s, sh.N, sh.V, sh.t, 1e-4, s % 2 ? 0.1 : 0.0, Reduction::mean,
-                                   int(s % 3));
-                c.ld = sh.ld;
-                c.in_place = s % 4 < 2;
+                const Prepared& p = prepared[si][turn++ % 4];
+                CAPTURE(p.c.in_place);
                 const Result got =
-                    run_variant(cuda::find_cross_entropy_variant(variant), c, tuning);
-                check_result(got, reference(c), c);
+                    run_variant(cuda::find_cross_entropy_variant(variant), p.c, tuning);
+                check_result(got, p.want, p.c);
                 CHECK_FALSE(got.padding_written);
             }
         }
