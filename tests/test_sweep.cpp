@@ -123,19 +123,17 @@ TEST_CASE("z-loss sweep on Tiny Shakespeare: sweep, skip, resume, plots, CSV") {
     CHECK(dry.code == 0);
     CHECK(dry.text.find("weight_decay=1.0e-1") != std::string::npos);
     CHECK(dry.text.find("weight_decay=1.0e+1") != std::string::npos);
-    CommandOutput clash = run_sweep(
-        sweep_file("sweep_clash", "runs_clash", "grid:\n  data.val: [\"a b\", \"a-b\"]\n"));
-    INFO(clash.text);
-    CHECK(clash.code != 0);
-    CHECK(clash.text.find("both make the run name 'val=a-b'") != std::string::npos);
-    CHECK_FALSE(fs::exists(dir / "runs_clash"));
-    // a combination the config refuses stops the sweep before it makes its folder
-    CommandOutput bad = run_sweep(
-        sweep_file("sweep_bad", "runs_bad", "grid:\n  model.norm: [layernorm, nonorm]\n"));
-    INFO(bad.text);
-    CHECK(bad.code != 0);
-    CHECK(bad.text.find("'nonorm' is not one of") != std::string::npos);
-    CHECK_FALSE(fs::exists(dir / "runs_bad"));
+    // a sweep (sweep_NAME.yaml with BODY) refused with WHY before it makes its folder runs_NAME
+    auto refused = [&](const std::string& name, const std::string& body, const std::string& why) {
+        CommandOutput r = run_sweep(sweep_file("sweep_" + name, "runs_" + name, body));
+        INFO(r.text);
+        CHECK(r.code != 0);
+        CHECK(r.text.find(why) != std::string::npos);
+        CHECK_FALSE(fs::exists(dir / ("runs_" + name)));
+    };
+    refused("clash", "grid:\n  data.val: [\"a b\", \"a-b\"]\n", "both make the run name 'val=a-b'");
+    // a combination the config refuses
+    refused("bad", "grid:\n  model.norm: [layernorm, nonorm]\n", "'nonorm' is not one of");
 
     // --nproc 2: every run as 2 processes (CPU: the tcp communicator), each with its own data
     CommandOutput np = run_sweep(sweep_file("sweep3", "runs3",

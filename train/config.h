@@ -46,8 +46,9 @@ struct TrainConfig {
     bool recompute_gelu = false;     // GPU: recompute GELU in backward instead of storing it
     // GPU: keep each block's input only, and run the block's forward again in backward
     bool recompute_block = false;
-    // GPU bf16: the residual stream, its gradient and the LayerNorm inputs and weights in fp32
-    // (PyTorch autocast's recipe) instead of bf16
+    // GPU bf16: the residual stream, its gradient, the norms' inputs and their backward's weights
+    // in fp32 (PyTorch autocast's recipe) instead of bf16 (the norms' forward reads fp32 weights
+    // either way)
     bool fp32_residual = false;
 };
 
