@@ -216,14 +216,18 @@ __device__ __forceinline__ float row_loss(float ce, float z) {
     return __fadd_rn(ce, z);
 }
 
-// From merged statistics of a whole row: the row's outputs and its gradient parameters.
+// From merged statistics of a whole row: the row's outputs and its gradient parameters. Every
+// product and sum is rounded on its own (the _rn intrinsics are never contracted into an FMA):
+// finalize_row is inlined into several kernels, and the compiler contracts a plain a * b + c
+// differently in each, which would give the one-kernel variants other bits than the building
+// blocks.
 __device__ RowResult finalize_row(const RowStatsF& st, int32_t y, bool valid, float g, int64_t V,
                                   float eps, float zw) {
     RowResult r;
-    const float e_y = valid ? __expf(st.target_logit - st.max) : 0.0f;
-    const float d = st.sum_excl + e_y;
+    const float e_y = valid ? __expf(__fsub_rn(st.target_logit, st.max)) : 0.0f;
+    const float d = __fadd_rn(st.sum_excl, e_y);
     const float log_d = logf(d);
-    const float lse = st.max + log_d;
+    const float lse = __fadd_rn(st.max, log_d);
     r.lse = lse;
     r.p.max = st.max;
     r.p.log2_d = log2f(d);
@@ -232,20 +236,26 @@ __device__ RowResult finalize_row(const RowStatsF& st, int32_t y, bool valid, fl
         r.p.coef = r.p.d_target = r.p.smooth = 0.0f;
         return r;
     }
+    const float Vf = float(V);
     // lse - x_y = log(1 + sum_excl / e_y): accurate when the row is peaked on its target
-    const float gap = st.max - st.target_logit;
-    float ce = gap < 60.0f ? log1pf(st.sum_excl * __expf(gap)) : gap + log_d;
-    if (eps != 0.0f) ce = (1.0f - eps) * ce + eps * (lse - st.sum_logits / float(V));
+    const float gap = __fsub_rn(st.max, st.target_logit);
+    float ce = gap < 60.0f ? log1pf(__fmul_rn(st.sum_excl, __expf(gap))) : __fadd_rn(gap, log_d);
+    if (eps != 0.0f)
+        ce = __fadd_rn(__fmul_rn(__fsub_rn(1.0f, eps), ce),
+                       __fmul_rn(eps, __fsub_rn(lse, __fdiv_rn(st.sum_logits, Vf))));
     r.ce = ce;
     r.z = row_z_loss(zw, lse);
     r.loss = row_loss(ce, r.z);
-    const float two_z_lse = 2.0f * zw * lse;
-    r.p.coef = g * (1.0f + two_z_lse);
-    r.p.smooth = g * eps / float(V);
+    const float two_z_lse = __fmul_rn(__fmul_rn(2.0f, zw), lse);
+    r.p.coef = __fmul_rn(g, __fadd_rn(1.0f, two_z_lse));
+    r.p.smooth = __fdiv_rn(__fmul_rn(g, eps), Vf);
     // d_y = p_y (1 + 2 z lse) - (1 - eps) - eps/V, written with p_y - 1 = -sum_excl / d and the
     // z term kept apart, so nothing cancels when p_y -> 1 or when 2 z lse is tiny
-    const float p_y = e_y / d;
-    r.p.d_target = g * ((p_y * two_z_lse - st.sum_excl / d) + eps - eps / float(V));
+    const float p_y = __fdiv_rn(e_y, d);
+    r.p.d_target = __fmul_rn(
+        g,
+        __fsub_rn(__fadd_rn(__fsub_rn(__fmul_rn(p_y, two_z_lse), __fdiv_rn(st.sum_excl, d)), eps),
+                  __fdiv_rn(eps, Vf)));
     return r;
 }
 
