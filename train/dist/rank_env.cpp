@@ -1,6 +1,7 @@
 // The rank environment (train/dist/rank_env.h).
 #include "train/dist/rank_env.h"
 
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 
@@ -63,6 +64,18 @@ RankEnv parse_rank_env(const std::function<const char*(const char*)>& getenv) {
     }
     e.master_addr = addr;
     if (!port.empty()) e.master_port = env_int("MASTER_PORT", port, 1, 65535, "1..65535");
+    // torchrun's agent on node 0 serves its own store on MASTER_PORT (it says so with
+    // TORCHELASTIC_USE_AGENT_STORE), so the ranks meet on the port above it.
+    std::string agent_store = get("TORCHELASTIC_USE_AGENT_STORE");
+    for (char& c : agent_store) c = char(std::tolower(static_cast<unsigned char>(c)));
+    if (e.source == "torchrun" && (agent_store == "true" || agent_store == "1") &&
+        e.master_port > 0) {
+        ZG_CHECK(e.master_port < 65535, "environment: MASTER_PORT=" + port +
+                                            " is torchrun's; the ranks meet on the port above "
+                                            "it, and there is none");
+        e.master_port += 1;
+        e.port_above_torchrun = true;
+    }
     return e;
 }
 

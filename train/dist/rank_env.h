@@ -10,13 +10,16 @@ struct RankEnv {
     int rank = 0, world_size = 1, local_rank = 0;
     std::string master_addr;
     int master_port = 0;
-    std::string source = "none";  // "torchrun" (RANK, WORLD_SIZE, ...) | "slurm" | "none"
+    std::string source = "none";       // "torchrun" (RANK, WORLD_SIZE, ...) | "slurm" | "none"
+    bool port_above_torchrun = false;  // master_port is MASTER_PORT + 1 (torchrun holds it)
 };
 
 // RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (torchrun, mpirun -x); where RANK and
 // WORLD_SIZE are unset, SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID (srun). LOCAL_RANK defaults to
 // the rank (right on one node). MASTER_ADDR and MASTER_PORT are required when the world has more
-// than one rank. A bad or missing value throws zgpt::Error naming the variable.
+// than one rank. Under torchrun (TORCHELASTIC_USE_AGENT_STORE=True), whose agent serves its own
+// store on MASTER_PORT, the ranks meet on MASTER_PORT + 1. A bad or missing value throws
+// zgpt::Error naming the variable.
 // `getenv` returns nullptr for an unset variable.
 RankEnv parse_rank_env(const std::function<const char*(const char*)>& getenv);
 RankEnv rank_env_from_environment();
