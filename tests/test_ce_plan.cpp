@@ -196,13 +196,13 @@ TEST_CASE("ce plan: a smaller shared memory") {
 }
 
 TEST_CASE("ce plan: fast leaves short rows to online") {
-    // rows of up to 32 KB (kFastOnlineMaxRowBytes): 16,384 bf16 or 8,192 fp32 values
+    // rows of up to 64 KB (kFastOnlineMaxRowBytes): 32,768 bf16 or 16,384 fp32 values
     CHECK(plan_fast(rows(LogitsType::bf16, 1024), true, kHopperSmem).cluster == 0);
-    CHECK(plan_fast(rows(LogitsType::bf16, 16384), true, kHopperSmem).cluster == 0);
-    CHECK(plan_fast(rows(LogitsType::f32, 8192), true, kHopperSmem).cluster == 0);
-    // one 16-byte chunk more and fast takes them: 16,392 bf16 values, 32,784 bytes
-    CHECK(plan_fast(rows(LogitsType::bf16, 16392), true, kHopperSmem).cluster == 1);
-    CHECK(plan_fast(rows(LogitsType::f32, 8196), true, kHopperSmem).cluster == 1);
+    CHECK(plan_fast(rows(LogitsType::bf16, 32768), true, kHopperSmem).cluster == 0);
+    CHECK(plan_fast(rows(LogitsType::f32, 16384), true, kHopperSmem).cluster == 0);
+    // one 16-byte chunk more and fast takes them: 32,776 bf16 values, 65,552 bytes
+    CHECK(plan_fast(rows(LogitsType::bf16, 32776), true, kHopperSmem).cluster == 1);
+    CHECK(plan_fast(rows(LogitsType::f32, 16388), true, kHopperSmem).cluster == 1);
     // a fixed cluster size keeps the cluster kernels, and fast_lockstep always does
     CrossEntropyArgs forced = rows(LogitsType::bf16, 1024);
     forced.tuning.cluster = 2;

@@ -22,11 +22,13 @@ constexpr int kMinStages = 3;
 constexpr int kHelperWeight = 70;
 // `fast` leaves rows of at most this many bytes to the two-pass (online) kernels. On short rows a
 // row's time in the cluster kernels is latency (its copies in, the barriers between the warp
-// groups), not bytes: on an H200 (bf16, N = 16384) online was ahead at every V up to 16384 (32 KB
-// rows) and fast from 32768 (docs/results/ce_vocab_sweep_h200.json, before_short_row_rule).
+// groups), not bytes. On an H200 (bf16, N = 16384, docs/results/ce_vocab_sweep_h200.json) online,
+// whose two passes run in one kernel a row, is ahead at every V up to 32768 (64 KB rows: 0.70
+// against 0.75 ms) and fast from 50304 (1.03 against 1.23 ms); the file's before_short_row_rule
+// has the cluster kernels against the older three-kernel online.
 // A fixed cluster size (CrossEntropyTuning::cluster) keeps the cluster kernels, and
 // fast_lockstep keeps them at every length, for the ablations.
-constexpr size_t kFastOnlineMaxRowBytes = size_t(32) << 10;
+constexpr size_t kFastOnlineMaxRowBytes = size_t(64) << 10;
 
 size_t type_size(LogitsType t);
 
