@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Two nodes on one machine, on the CPU: two `train --nproc 2 --nnodes 2 --node-rank 0|1` launchers
 (torchrun's layout), four processes started with the variables srun sets (SLURM_PROCID,
-SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID), and two `train --nproc 2` launchers as srun starts
-them with one task a node, each a run of 4 ranks over the tcp communicator.
+SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID), two `train --nproc 2` launchers as srun starts
+them with one task a node, and torchrun itself started twice (where it is installed), each a run
+of 4 ranks over the tcp communicator.
 
   1. Their per-step losses equal, bit for bit, 4 thread ranks of one process (parallel.local_ranks),
      which add in the same rank order; and one rank with the same global batch within 1e-6
@@ -13,6 +14,7 @@ them with one task a node, each a run of 4 ranks over the tcp communicator.
      sends nothing, as a host whose power or network is gone) likewise, by the heartbeats.
 
     python3 tests/two_nodes.py --bin build [--work DIR] [--offset-node1] [--json FILE]
+        [--torch-python PYTHON]
 
 --json writes what was measured (the losses, the largest difference from one rank, each stopped
 node's time and message) with the commit and machine, as in docs/results/two_nodes_cpu.json.
@@ -56,6 +58,7 @@ def main():
     ap.add_argument("--offset-node1", action="store_true",
                     help="node 1 reads the text shifted by one character (part 1 must then fail)")
     ap.add_argument("--json", help="write the measurements to this file")
+    ap.add_argument("--torch-python", help="a Python with PyTorch: its torchrun runs part 1d")
     a = ap.parse_args()
     binp = pathlib.Path(a.bin).resolve()
     work = pathlib.Path(a.work or tempfile.mkdtemp(prefix="zgpt_two_nodes_")).resolve()
@@ -202,6 +205,29 @@ def main():
     check("launch: node 1 of 2 starts ranks 2..3 of 4" in outs[1],
           "an srun task with --nproc is its node's launcher, numbered by SLURM_NODEID")
     compare("srun_launchers")
+
+    # 1d. torchrun itself, started twice as on two machines (`--no-python`: train is no script);
+    # its agent on node 0 holds MASTER_PORT, so the ranks meet on the port above it
+    pythons = [p for p in (a.torch_python, sys.executable) if p]
+    torchrun = shutil.which("torchrun", path=os.pathsep.join(
+        [str(pathlib.Path(p).parent) for p in pythons] + [os.environ.get("PATH", "")]))
+    if torchrun is None:
+        print("skip torchrun twice: no torchrun beside --torch-python or this Python, or on PATH "
+              "(PyTorch installs it)", flush=True)
+        record["runs"]["torchrun_itself"] = "skipped: no torchrun"
+    else:
+        port = free_port()
+        procs = []
+        for node in (0, 1):
+            data = "shifted" if a.offset_node1 and node == 1 else "text"
+            cmd = [torchrun, "--no-python", "--nnodes", "2", "--node_rank", str(node),
+                   "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port",
+                   str(port)] + argv("torchrun_itself", steps, ["train.batch_size=2"], data)
+            procs.append(start(cmd, base_env, work / f"torchrun_itself_node{node}.log"))
+        wait_all(procs, "torchrun twice")
+        check(all(p.returncode == 0 for p, _ in procs),
+              f"torchrun twice exits 0 ({[p.returncode for p, _ in procs]})")
+        compare("torchrun_itself")
 
     # 2. a node killed mid-run: the other stops within parallel.timeout_s, naming a dead rank
     def children(pid):
