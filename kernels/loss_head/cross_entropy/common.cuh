@@ -259,6 +259,25 @@ __device__ RowResult finalize_row(const RowStatsF& st, int32_t y, bool valid, fl
     return r;
 }
 
+// The largest logit of a call as one word that atomicMax can raise: a float's bits map to an
+// unsigned key in the same order (negative floats' reversed). Key 0 is below every float's: no
+// row yet. NaN rows are skipped, as fmaxf skips them.
+__device__ __forceinline__ unsigned max_key_of(float x) {
+    const unsigned b = __float_as_uint(x);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+__device__ __forceinline__ float float_of_max_key(unsigned k) {
+    if (k == 0) return kNegInf;
+    return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+// Raises *key to x's key. A row whose max is below the key read skips the atomic, so after the
+// first rows few rows take it.
+__device__ __forceinline__ void raise_max(unsigned* key, float x) {
+    if (isnan(x)) return;
+    const unsigned k = max_key_of(x);
+    if (k > *reinterpret_cast<volatile unsigned*>(key)) atomicMax(key, k);
+}
+
 // The loss gradient a row's dlogits are scaled by: grad_output, over the valid rows for mean.
 __device__ __forceinline__ float grad_scale(float g, Reduction red, int n_valid) {
     if (red == Reduction::mean) return n_valid > 0 ? g / float(n_valid) : 0.0f;

@@ -82,8 +82,8 @@ struct FastArgs {
     float eps, zw;
     Reduction red;
     float *loss_rows, *ce_rows, *z_rows, *lse_rows;
-    float* row_max;    // each row's largest logit, for the summary
-    long long* trace;  // fast_pingpong_kernel<..., kTrace>: N x cluster x kTracePoints clocks
+    unsigned* max_key;  // the largest logit of any row (raise_max), for the summary
+    long long* trace;   // fast_pingpong_kernel<..., kTrace>: N x cluster x kTracePoints clocks
 };
 
 // The per-row outputs of the fused kernel (written once per row).
@@ -93,7 +93,7 @@ __device__ __forceinline__ void write_row_outputs(const FastArgs& a, int64_t row
     if (a.ce_rows) a.ce_rows[row] = r.ce;
     if (a.z_rows) a.z_rows[row] = r.z;
     if (a.lse_rows) a.lse_rows[row] = r.lse;
-    a.row_max[row] = st.max;
+    raise_max(a.max_key, st.max);
 }
 
 struct NoWait {
@@ -589,7 +589,7 @@ void run_fast_schedule(const CrossEntropyArgs& a0, const CrossEntropyOptions& o,
         run_online(a0, o, w, s);
         return;
     }
-    ce_count_valid(ws.n_valid, a.targets, a.N, o.ignore_index, s);
+    count_valid_and_reset_max(ws.n_valid, ws.max_key, a.targets, a.N, o.ignore_index, s);
     FastArgs f{a.logits,
                a.dlogits,
                a.ld,
@@ -610,7 +610,7 @@ void run_fast_schedule(const CrossEntropyArgs& a0, const CrossEntropyOptions& o,
                a.ce_rows,
                a.z_rows,
                a.lse_rows,
-               ws.row_max,
+               ws.max_key,
                nullptr};
     dispatch(a.type, [&](auto tag) {
         using T = decltype(tag);
@@ -667,7 +667,7 @@ void run_fast_schedule(const CrossEntropyArgs& a0, const CrossEntropyOptions& o,
         }
         if (trace) report_fast_trace(f.trace, f.N, plan.cluster, main_clusters, plan.groups, s);
     });
-    reduce_rows(a, ws.row_max, 1, ws.n_valid, o, s);
+    reduce_rows(a, ws.max_key, ws.n_valid, o, s);
 }
 
 }  // namespace

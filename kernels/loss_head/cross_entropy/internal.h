@@ -23,8 +23,9 @@ void check_args(const CrossEntropyArgs& a, const CrossEntropyOptions& o, bool fu
 // Workspace layout shared by the variants: what the caller did not provide lives here.
 struct Workspace {
     int* n_valid;
+    unsigned* max_key;      // the largest logit of any row (raise_max), for the summary
     float *ce, *lse;        // where the caller gave no rows
-    float* row_max;         // each row's largest logit, for the summary
+    float* row_max;         // naive: each row's largest logit
     RowStatsF* stats;       // naive
     RowGradParams* params;  // naive
     float* probs;           // naive
@@ -40,6 +41,12 @@ CrossEntropyArgs with_rows(CrossEntropyArgs a, const Workspace& ws);
 // The summary from the ce and lse rows and the row maxima (every max_stride-th float).
 void reduce_rows(const CrossEntropyArgs& a, const float* row_max, int64_t max_stride,
                  const int* n_valid, const CrossEntropyOptions& o, CUstream_st* s);
+// The same with the largest logit in one key (raise_max).
+void reduce_rows(const CrossEntropyArgs& a, const unsigned* max_key, const int* n_valid,
+                 const CrossEntropyOptions& o, CUstream_st* s);
+// ce_count_valid that also sets *max_key to 0 (no row yet) for the rows' raise_max.
+void count_valid_and_reset_max(int* n_valid, unsigned* max_key, const int32_t* targets, int64_t N,
+                               int64_t ignore_index, CUstream_st* s);
 
 // The variants' run() (CrossEntropyVariant::run).
 void run_naive(const CrossEntropyArgs& a, const CrossEntropyOptions& o, void* w, CUstream_st* s);

@@ -39,8 +39,8 @@ namespace {
 
 // ---------------------------------------------------------------- small kernels
 
-__global__ void count_valid_kernel(int* n_valid, const int32_t* targets, int64_t N,
-                                   int64_t ignore_index) {
+__global__ void count_valid_kernel(int* n_valid, unsigned* max_key, const int32_t* targets,
+                                   int64_t N, int64_t ignore_index) {
     __shared__ int partial[32];
     int c = 0;
     for (int64_t i = threadIdx.x; i < N; i += blockDim.x) c += targets[i] != ignore_index;
@@ -51,6 +51,7 @@ __global__ void count_valid_kernel(int* n_valid, const int32_t* targets, int64_t
         int t = 0;
         for (int w = 0; w < int(blockDim.x + 31) / 32; w++) t += partial[w];
         *n_valid = t;
+        if (max_key) *max_key = 0;
     }
 }
 
@@ -89,10 +90,10 @@ __global__ void finalize_kernel(FinalizeArgs f) {
 // One block, fixed order, double accumulation: a deterministic summary. Each row's z-loss and
 // loss are recomputed from its ce and lse (as finalize_row rounds them), so only those two rows
 // and the row maxima (every max_stride-th float of row_max: RowStatsF's first field, or a plain
-// array) need to exist.
+// array; or, where max_key is given, the one key raise_max kept) need to exist.
 __global__ void reduce_kernel(LossSummaryF* out, const float* ce_rows, const float* lse_rows,
-                              const float* row_max, int64_t max_stride, float zw,
-                              const int32_t* targets, int64_t N, int64_t ignore_index,
+                              const float* row_max, int64_t max_stride, const unsigned* max_key,
+                              float zw, const int32_t* targets, int64_t N, int64_t ignore_index,
                               const int* n_valid, Reduction red) {
     __shared__ double part[5][32];  // loss, ce, z, lse, lse^2
     __shared__ float part_max[32];
@@ -107,7 +108,7 @@ __global__ void reduce_kernel(LossSummaryF* out, const float* ce_rows, const flo
             a[3] += lse_rows[i];
             a[4] += double(lse_rows[i]) * lse_rows[i];
         }
-        mx = fmaxf(mx, row_max[i * max_stride]);
+        if (!max_key) mx = fmaxf(mx, row_max[i * max_stride]);
     }
     for (int off = 16; off > 0; off >>= 1) {
         for (int k = 0; k < 5; k++) a[k] += __shfl_xor_sync(0xffffffffu, a[k], off);
@@ -126,6 +127,7 @@ __global__ void reduce_kernel(LossSummaryF* out, const float* ce_rows, const flo
             for (int k = 0; k < 5; k++) t[k] += part[k][w];
             m = fmaxf(m, part_max[w]);
         }
+        if (max_key) m = float_of_max_key(*max_key);
         *out = summary_from_sums(t, m, *n_valid, red);
     }
 }
@@ -150,14 +152,16 @@ void check_args(const CrossEntropyArgs& a, const CrossEntropyOptions& o, bool fu
 
 // The layout of every variant's workspace; on a measuring layout (null base) it gives the size.
 // online and fast keep a row's statistics and gradient parameters on the chip: they need only the
-// valid count, the row maxima (for the summary) and the ce and lse rows the caller did not give.
+// valid count, the largest logit's key (for the summary) and the ce and lse rows the caller did
+// not give: 8 bytes a row.
 Workspace carve(WorkspaceLayout& l, int64_t N, int64_t V, bool naive) {
     Workspace ws{};
     ws.n_valid = l.take<int>(1);
+    ws.max_key = l.take<unsigned>(1);
     ws.ce = l.take<float>(N);
     ws.lse = l.take<float>(N);
-    ws.row_max = l.take<float>(N);
     if (naive) {
+        ws.row_max = l.take<float>(N);
         ws.stats = l.take<RowStatsF>(N);
         ws.params = l.take<RowGradParams>(N);
         ws.probs = l.take<float>(size_t(N) * V);
@@ -183,9 +187,25 @@ void reduce_rows(const CrossEntropyArgs& a, const float* row_max, int64_t max_st
                  const int* n_valid, const CrossEntropyOptions& o, CUstream_st* s) {
     ZG_CHECK(a.summary && a.ce_rows && a.lse_rows,
              "the loss summary needs the ce and lse rows and a summary");
-    reduce_kernel<<<1, 1024, 0, s>>>(a.summary, a.ce_rows, a.lse_rows, row_max, max_stride,
+    reduce_kernel<<<1, 1024, 0, s>>>(a.summary, a.ce_rows, a.lse_rows, row_max, max_stride, nullptr,
                                      float(o.z_loss_weight), a.targets, a.N, o.ignore_index,
                                      n_valid, o.reduction);
+    ZG_CUDA_CHECK(cudaGetLastError());
+}
+
+void reduce_rows(const CrossEntropyArgs& a, const unsigned* max_key, const int* n_valid,
+                 const CrossEntropyOptions& o, CUstream_st* s) {
+    ZG_CHECK(a.summary && a.ce_rows && a.lse_rows && max_key,
+             "the loss summary needs the ce and lse rows, the max key and a summary");
+    reduce_kernel<<<1, 1024, 0, s>>>(a.summary, a.ce_rows, a.lse_rows, nullptr, 0, max_key,
+                                     float(o.z_loss_weight), a.targets, a.N, o.ignore_index,
+                                     n_valid, o.reduction);
+    ZG_CUDA_CHECK(cudaGetLastError());
+}
+
+void count_valid_and_reset_max(int* n_valid, unsigned* max_key, const int32_t* targets, int64_t N,
+                               int64_t ignore_index, CUstream_st* s) {
+    count_valid_kernel<<<1, 1024, 0, s>>>(n_valid, max_key, targets, N, ignore_index);
     ZG_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -211,7 +231,7 @@ size_t ws_naive(int64_t N, int64_t V, LogitsType) {
 
 void ce_count_valid(int* n_valid, const int32_t* targets, int64_t N, int64_t ignore_index,
                     CUstream_st* s) {
-    count_valid_kernel<<<1, 1024, 0, s>>>(n_valid, targets, N, ignore_index);
+    count_valid_kernel<<<1, 1024, 0, s>>>(n_valid, nullptr, targets, N, ignore_index);
     ZG_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -127,8 +127,8 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock)
 // Whole rows (online, and fast where its plan refuses a shape), as Liger's kernel runs them: each
 // row's statistics, its outputs and gradient parameters, then its dlogits, in one kernel. The row
 // is read twice, but the statistics and parameters never leave the chip, so the workspace holds
-// only the row maxima. The per-row bodies, trees, thread counts and finalize_row are the shard
-// kernels', so the bits equal ce_shard_stats -> ce_finalize -> ce_shard_backward's.
+// only the largest logit's key. The per-row bodies, trees, thread counts and finalize_row are the
+// shard kernels', so the bits equal ce_shard_stats -> ce_finalize -> ce_shard_backward's.
 struct RowArgs {
     const int32_t* targets;
     const int* n_valid;
@@ -137,7 +137,8 @@ struct RowArgs {
     int64_t N, V, ld, ignore_index;
     float eps, zw;
     Reduction red;
-    float *loss_rows, *ce_rows, *z_rows, *lse_rows, *row_max;
+    float *loss_rows, *ce_rows, *z_rows, *lse_rows;
+    unsigned* max_key;
 };
 
 // The row's target column for the statistics (-1: none, as the shard kernels take it).
@@ -157,7 +158,7 @@ __device__ __forceinline__ RowGradParams finish_row(const RowArgs& f, int64_t ro
         if (f.ce_rows) f.ce_rows[row] = r.ce;
         if (f.z_rows) f.z_rows[row] = r.z;
         if (f.lse_rows) f.lse_rows[row] = r.lse;
-        f.row_max[row] = st.max;
+        raise_max(f.max_key, st.max);
     }
     return r.p;
 }
@@ -276,7 +277,7 @@ void run_online(const CrossEntropyArgs& a0, const CrossEntropyOptions& o, void* 
     check_args(a0, o, true);
     const Workspace ws = carve(w, a0.N, a0.V, false);
     const CrossEntropyArgs a = with_rows(a0, ws);
-    ce_count_valid(ws.n_valid, a.targets, a.N, o.ignore_index, s);
+    count_valid_and_reset_max(ws.n_valid, ws.max_key, a.targets, a.N, o.ignore_index, s);
     const RowArgs f{a.targets,
                     ws.n_valid,
                     a.grad_output,
@@ -293,7 +294,7 @@ void run_online(const CrossEntropyArgs& a0, const CrossEntropyOptions& o, void* 
                     a.ce_rows,
                     a.z_rows,
                     a.lse_rows,
-                    ws.row_max};
+                    ws.max_key};
     const bool vec_in = rows_aligned(a.logits, a.logits, a.ld, a.type);
     const bool vec_out = rows_aligned(a.logits, a.dlogits, a.ld, a.type);
     dispatch(a.type, [&](auto tag) {
@@ -306,7 +307,7 @@ void run_online(const CrossEntropyArgs& a0, const CrossEntropyOptions& o, void* 
             launch_online_rows<T, false, false>(a, f, s);
     });
     ZG_CUDA_CHECK(cudaGetLastError());
-    reduce_rows(a, ws.row_max, 1, ws.n_valid, o, s);
+    reduce_rows(a, ws.max_key, ws.n_valid, o, s);
 }
 
 void run_naive(const CrossEntropyArgs& a0, const CrossEntropyOptions& o, void* w, CUstream_st* s) {
