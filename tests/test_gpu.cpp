@@ -326,11 +326,11 @@ bool same_summary(const Dev& a, const Dev& b) {
 TEST_CASE(
     "online's one kernel per row gives the building blocks' bits; no row outputs, same summary") {
     // online runs each row's statistics, finalize and dlogits in one kernel (warp per row up to
-    // 8192 columns, block per row above) and keeps only the row maxima in its workspace; the
-    // building blocks (stats, finalize, backward, reduce) are the vocab-parallel path. Aligned and
-    // unaligned row strides, dlogits in place, in their own buffer and in one that starts off the
-    // 16-byte grid (aligned logits, unaligned dlogits); with and without label smoothing (without
-    // it, rows hold -inf), every reduction (none: a grad_output per row), ignored rows.
+    // 8192 columns, block per row above) and keeps only the largest logit's key in its workspace;
+    // the building blocks (stats, finalize, backward, reduce) are the vocab-parallel path. Aligned
+    // and unaligned row strides, dlogits in place, in their own buffer and in one that starts off
+    // the 16-byte grid (aligned logits, unaligned dlogits); with and without label smoothing
+    // (without it, rows hold -inf), every reduction (none: a grad_output per row), ignored rows.
     struct Shape {
         int64_t N, V, ld;
         bool in_place;

@@ -260,8 +260,8 @@ __device__ RowResult finalize_row(const RowStatsF& st, int32_t y, bool valid, fl
 }
 
 // The largest logit of a call as one word that atomicMax can raise: a float's bits map to an
-// unsigned key in the same order (negative floats' reversed). Key 0 is below every float's: no
-// row yet. NaN rows are skipped, as fmaxf skips them.
+// unsigned key in the same order (negative floats' reversed; -0 below +0). Key 0 is below every
+// float's: no row yet. NaN rows are skipped, as fmaxf skips them.
 __device__ __forceinline__ unsigned max_key_of(float x) {
     const unsigned b = __float_as_uint(x);
     return (b & 0x80000000u) ? ~b : (b | 0x80000000u);

@@ -589,6 +589,8 @@ void run_fast_schedule(const CrossEntropyArgs& a0, const CrossEntropyOptions& o,
         run_online(a0, o, w, s);
         return;
     }
+    // The main grid is a plain launch: it starts after this reset (and the count) is visible; the
+    // helper grid starts after the main grid's trigger, so later still.
     count_valid_and_reset_max(ws.n_valid, ws.max_key, a.targets, a.N, o.ignore_index, s);
     FastArgs f{a.logits,
                a.dlogits,
