@@ -1329,8 +1329,9 @@ TEST_CASE("vocab-parallel head with 2 and 4 local ranks on one GPU equals one ra
     llama.n_kv_head = 1;
     llama.bias = false;
     llama.tie_embeddings = false;
-    // B = 25: the group's 3200 (P = 2) and 6400 (P = 4) rows run the logits head in 3 row chunks
-    // (a shorter last one) and 4, pipelined on two streams (GptCuda::Impl::loss_sharded)
+    // B = 25: the group's 3200 (P = 2) and 6400 (P = 4) rows run the head and the embedding in
+    // 3 chunks (534, 534 and 532 rows of each rank) and 4, the gathers and reduce-scatters on a
+    // second stream (GptCuda::Impl::loss_sharded)
     const int64_t B = 25, T = 64;
     struct Case {
         DType t;
@@ -1389,7 +1390,7 @@ TEST_CASE("vocab-parallel head with 2 and 4 local ranks on one GPU equals one ra
                     try {
                         const VocabShardedArena arena(mc, P, r);
                         GptCuda m(mc, os);
-                        m.set_vocab_group(cuda_vocab_group(*comms[r], m.stream()));
+                        m.set_vocab_group(cuda_vocab_group(*comms[r]));
                         m.set_params(arena.take_shard(host.params).data());
                         // twice: the second step must not see the first one's buffers. The
                         // second one is timed per op (train.profile_step: every op on the main

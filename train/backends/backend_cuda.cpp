@@ -67,7 +67,7 @@ class CudaBackend final : public Backend {
           v_(std::make_unique<DeviceFloats>(model_.num_parameters())),
           hi_(model_.num_parameters()) {
         if (vocab_.split()) {
-            model_.set_vocab_group(cuda_vocab_group(*vocab_.group, model_.stream()));
+            model_.set_vocab_group(cuda_vocab_group(*vocab_.group));
             streamed_.push_back(vocab_.group);
         }
         set_params(initial_params(cfg));
@@ -325,16 +325,16 @@ CudaModelOptions cuda_model_options(const Config& cfg, int vocab_parts) {
     return o;
 }
 
-VocabGroup cuda_vocab_group(Communicator& group, void* stream) {
-    group.set_stream(stream);
+VocabGroup cuda_vocab_group(Communicator& group) {
     VocabGroup g;
     g.size = group.size();
     g.rank = group.rank();
-    // Device buffers go to a device communicator (nccl, on the model's stream); a host one
-    // (local ranks sharing this GPU) gets them through host memory.
-    g.all_gather = [g_ = &group, stream](const void* send, void* recv, int64_t bytes) {
+    // Device buffers go to a device communicator (nccl, on the stream given); a host one (local
+    // ranks sharing this GPU) gets them through host memory.
+    g.all_gather = [g_ = &group](const void* send, void* recv, int64_t bytes, void* stream) {
         ZG_CHECK(bytes % 4 == 0, "vocab group: all_gather of a size not a multiple of 4");
         if (g_->device_buffers()) {
+            g_->set_stream(stream);
             g_->all_gather(send, recv, bytes / 4, CommType::f32);
             return;
         }
@@ -343,8 +343,9 @@ VocabGroup cuda_vocab_group(Communicator& group, void* stream) {
         g_->all_gather(hs.data(), hr.data(), bytes / 4, CommType::f32);
         to_device(recv, hr.data(), hr.size(), stream);
     };
-    g.reduce_scatter_sum = [g_ = &group, stream](const float* send, float* recv, int64_t n) {
+    g.reduce_scatter_sum = [g_ = &group](const float* send, float* recv, int64_t n, void* stream) {
         if (g_->device_buffers()) {
+            g_->set_stream(stream);
             g_->reduce_scatter_sum(send, recv, n, CommType::f32);
             return;
         }
