@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""When the vocabulary split pays: data parallel against `parallel.vocab_parallel` = all GPUs,
+the same model, batch and steps, on every GPU of this machine, one `train --nproc G` run each.
+
+For each model (GPT-2 124M at B=64, GPT-2 1558M's body at B=16), vocabulary and ZeRO-1 setting,
+it runs data parallel (`dp`) and the split head (`vp`), and writes one row per run: `vocab`,
+`model`, `gpus`, `mode`, `tok_per_s` (median past the first third of the steps), `peak_mem_gb`
+(the model's own count on rank 0: its buffers, weights, gradients and AdamW moments) and
+`gpu_mem_in_use_gb` (what the device reports in use, NCCL and cuBLAS included, largest over the
+steps). Beside each pair it checks the two targets of the split: its step at <= 1.02x data
+parallel's, and its peak memory lower by at least 75% of what the head's weights, gradients and
+AdamW state (18 bytes a parameter) take under data parallel.
+
+    python3 tools/gpu/vocab_split_bench.py --bin build-gpu --json OUT.json \
+        [--models 124m,1558m] [--vocabs 128256,256000] [--zero1 0,1] [--deadline-s 500]
+
+Runs stop being started once --deadline-s has passed; the JSON is rewritten after every run.
+"""
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
+MODELS = {"124m": ("configs/gpt2-124m.yaml", 64, 30, 768),
+          "1558m": ("configs/gpt2-1558m.yaml", 16, 12, 1600)}  # config, B, steps, C
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bin", default="build-gpu")
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--work", default="/tmp/zgpt_vocab_split")
+    ap.add_argument("--models", default="124m,1558m")
+    ap.add_argument("--vocabs", default="128256,256000")
+    ap.add_argument("--zero1", default="0,1")
+    ap.add_argument("--deadline-s", type=float, default=500)
+    ap.add_argument("--set", action="append", default=[], dest="sets",
+                    help="a config override added to every run")
+    a = ap.parse_args()
+    started = time.time()
+    work = pathlib.Path(a.work)
+    (work / "logs").mkdir(parents=True, exist_ok=True)
+    gpus = int(subprocess.run(["nvidia-smi", "-L"], capture_output=True,
+                              text=True).stdout.count("GPU "))
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    record = {"what": __doc__.split("\n\n")[0].replace("\n", " "),
+              "command": "python3 tools/gpu/vocab_split_bench.py --bin BUILD --json FILE",
+              "commit": commit, "gpus": gpus, "rows": [], "targets": []}
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0")
+
+    def save():
+        record["seconds"] = round(time.time() - started, 1)
+        pathlib.Path(a.json).write_text(json.dumps(record, indent=1) + "\n")
+
+    data = work / "data"
+    if not (data / "train_000.bin").exists():
+        data.mkdir(exist_ok=True)
+        import numpy as np
+        n = 40 * 65536 * max(gpus, 1) + 1025
+        hdr = np.zeros(256, dtype=np.int32)
+        hdr[:3] = (20240520, 1, n)
+        with open(data / "train_000.bin", "wb") as f:
+            f.write(hdr.tobytes())
+            f.write(np.random.default_rng(1).integers(0, 50257, n, dtype=np.uint16).tobytes())
+
+    def run(model, vocab, zero1, mode):
+        cfg, B, steps, _ = MODELS[model]
+        name = f"{model}_v{vocab}_{mode}{'_zero1' if zero1 else ''}"
+        sets = [f"data.train={data}/train_*.bin", "data.val=", f"train.max_steps={steps}",
+                "train.eval_every=0", "train.log_every=1000", "train.checkpoint_every=0",
+                "train.sample_every=0", "optim.warmup_steps=5", "train.grad_accum=1",
+                f"train.batch_size={B}", f"model.vocab_size={vocab}",
+                f"parallel.zero1={'true' if zero1 else 'false'}",
+                f"parallel.vocab_parallel={gpus if mode == 'vp' else 1}",
+                f"train.out_dir={work / 'runs'}", f"train.run_name={name}", *a.sets]
+        cmd = [str(pathlib.Path(a.bin).resolve() / "train"), "-c", str(ROOT / cfg),
+               "--nproc", str(gpus)]
+        for s in sets:
+            cmd += ["--set", s]
+        with open(work / "logs" / f"{name}.log", "w") as log:
+            try:
+                rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                                    timeout=max(60, a.deadline_s - (time.time() - started) + 120)
+                                    ).returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout"
+        f = work / "runs" / name / "metrics.jsonl"
+        rows = [json.loads(x) for x in f.read_text().splitlines()] if f.exists() else []
+        rows = [r for r in rows if "loss" in r]
+        timed = rows[len(rows) // 3:]
+        row = {"vocab": vocab, "model": model, "gpus": gpus,
+               "mode": mode + ("+zero1" if zero1 else ""), "exit": rc, "steps": len(rows),
+               "tok_per_s": statistics.median(r["tok_per_s"] for r in timed) if timed else None,
+               "step_ms": statistics.median(r["step_ms"] for r in timed) if timed else None,
+               "peak_mem_gb": rows[-1].get("peak_mem_gb") if rows else None,
+               "gpu_mem_in_use_gb": max((r.get("gpu_mem_in_use_gb", 0) for r in rows),
+                                        default=None),
+               "final_loss": rows[-1]["loss"] if rows else None}
+        record["rows"].append(row)
+        print(f"{name:32s} exit {rc}  {row['tok_per_s'] or 0:11.0f} tok/s  model "
+              f"{row['peak_mem_gb'] or 0:7.2f} GB  in use {row['gpu_mem_in_use_gb'] or 0:7.2f} GB",
+              flush=True)
+        save()
+        return row
+
+    for model in a.models.split(","):
+        C = MODELS[model][3]
+        for vocab in [int(v) for v in a.vocabs.split(",")]:
+            for zero1 in [int(z) for z in a.zero1.split(",")]:
+                if time.time() - started > a.deadline_s:
+                    print(f"past the deadline: {model} V={vocab} zero1={zero1} not run")
+                    continue
+                dp, vp = run(model, vocab, zero1, "dp"), run(model, vocab, zero1, "vp")
+                if not (dp["step_ms"] and vp["step_ms"] and dp["peak_mem_gb"] and
+                        vp["peak_mem_gb"]):
+                    continue
+                head_gb = 18.0 * ((vocab + 127) // 128 * 128) * C / 1e9
+                saved = {k: dp[k] - vp[k] for k in ("peak_mem_gb", "gpu_mem_in_use_gb")}
+                line = (f"{model} V={vocab}{' zero1' if zero1 else ''}: split step "
+                        f"{vp['step_ms'] / dp['step_ms']:.3f}x data parallel's "
+                        f"({'<=' if vp['step_ms'] <= 1.02 * dp['step_ms'] else '>'} 1.02); "
+                        f"memory saved {saved['peak_mem_gb']:.2f} GB (device: "
+                        f"{saved['gpu_mem_in_use_gb']:.2f} GB) of the head's state "
+                        f"{head_gb:.2f} GB: "
+                        f"{saved['peak_mem_gb'] / head_gb:.0%} (target >= 75%)")
+                record["targets"].append(line)
+                print(line, flush=True)
+                save()
+    save()
+
+
+if __name__ == "__main__":
+    main()
