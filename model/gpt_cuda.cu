@@ -184,7 +184,8 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
         const int64_t P = vgroup.size, NA = P * BT;
         const int64_t chunks =
             std::max<int64_t>(1, std::min<int64_t>(opt.head_chunks, NA / kMinChunkRows));
-        vp_rows_per_chunk = (BT + chunks - 1) / chunks;
+        // (even: a bf16 chunk of an odd width is still whole 4-byte words for the all-gather)
+        vp_rows_per_chunk = ((BT + chunks - 1) / chunks + 1) / 2 * 2;
         vp_chunks = (BT + vp_rows_per_chunk - 1) / vp_rows_per_chunk;
         const int64_t NC = P * vp_rows_per_chunk;  // the group's rows of a chunk, at most
         vp_y = DeviceBuffer(NA * 4);
@@ -246,9 +247,14 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
     bias_scratch = DeviceBuffer(cuda::bias_backward_scratch_bytes(BT, std::max({C, Cq, Fw})));
     const KernelChoice& k = opt.kernels;
     const size_t ws =
-        linear_ce && sharded ? cuda::linear_ce_shard_workspace_bytes(
-                                   vgroup.size * vp_rows_per_chunk, C, shard_rows(vgroup.rank),
-                                   model_linear_ce_tuning(k))
+        linear_ce && sharded
+            ? std::max(  // a shorter last chunk can take wider tiles, so more bytes
+                  cuda::linear_ce_shard_workspace_bytes(vgroup.size * vp_rows_per_chunk, C,
+                                                        shard_rows(vgroup.rank),
+                                                        model_linear_ce_tuning(k)),
+                  cuda::linear_ce_shard_workspace_bytes(vgroup.size * vp_chunk_rows(vp_chunks - 1),
+                                                        C, shard_rows(vgroup.rank),
+                                                        model_linear_ce_tuning(k)))
         : linear_ce
             ? linear_ce->workspace_bytes(BT, C, cfg.vocab_size, model_linear_ce_tuning(k))
             : ce->workspace_bytes(
