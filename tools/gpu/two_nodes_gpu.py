@@ -1,22 +1,25 @@
 #!/usr/bin/env python3
-"""Two nodes on one GPU machine: two launchers, each given its own half of the GPUs, whose ranks
-reach each other only through NCCL's socket transport on loopback (NCCL_P2P_DISABLE,
-NCCL_SHM_DISABLE, NCCL_IB_DISABLE, NCCL_NET=Socket, NCCL_SOCKET_IFNAME=lo): the path two machines
-take over a network, with every gradient byte crossing a TCP link.
+"""Two nodes on one GPU machine: two launchers, each given its own half of the GPUs and its own
+NCCL host identity (NCCL_HOSTID), so NCCL treats them as two machines. Between them it takes its
+network transport, sockets over loopback (NCCL_NET=Socket, NCCL_SOCKET_IFNAME=lo,
+NCCL_IB_DISABLE), and every gradient byte that crosses the nodes crosses a TCP link; inside a
+node it keeps NVLink, as on a real machine.
 
   1. Correctness (GPT-2 124M, kernels.matmul_search=1 so every run takes the same GEMMs): one node
      of all GPUs over NVLink, then two nodes started three ways: `train --nnodes 2` launchers,
      torchrun twice (--nnodes 2 --node_rank 0|1 --no-python) and the variables srun sets. Their
      per-step losses must equal the one-node run's bit for bit. With one GPU a node the sums of
      the all-reduce have two terms, a + b = b + a, so nothing but a wrong rank or a lost reduction
-     can move them; with two a node NCCL's ring order may differ between the links, and the bound
-     is then the one tests/two_nodes.py argues (1e-6 relative over these few steps).
+     can move them; with two a node NCCL's reduction order may differ between the layouts, and
+     the bound is then the one tests/two_nodes.py argues (1e-6 relative over these few steps).
+     NCCL's own log must show the nodes joined through NET/Socket.
   2. A node killed mid-run (SIGKILL to node 1's launcher and its ranks) stops node 0 within
      parallel.timeout_s, non-zero, with an error that names a rank of node 1.
   3. Speed: the gradient all-reduce in buckets during the backward pass (parallel.grad_bucket_mb)
      against one after it, on the socket link and on NVLink, for GPT-2 124M (B=64) and 1558M
      (B=16, no accumulation, so the all-reduce is as exposed as it gets); and NCCL's bus
-     bandwidth over both links (build-gpu/nccl_bandwidth).
+     bandwidth over both links (build-gpu/nccl_bandwidth: one process, so the socket link is
+     forced there with NCCL_P2P_DISABLE and NCCL_SHM_DISABLE).
 
     python3 tools/gpu/two_nodes_gpu.py --bin build-gpu --json OUT.json [--deadline-s 420]
 
@@ -35,8 +38,11 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
-SOCKET_ENV = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_IB_DISABLE": "1",
-              "NCCL_NET": "Socket", "NCCL_SOCKET_IFNAME": "lo", "NCCL_DEBUG": "INFO"}
+# Between the nodes: NCCL's socket transport on loopback (each node also gets NCCL_HOSTID).
+SOCKET_ENV = {"NCCL_IB_DISABLE": "1", "NCCL_NET": "Socket", "NCCL_SOCKET_IFNAME": "lo",
+              "NCCL_DEBUG": "INFO"}
+# One process driving every GPU (nccl_bandwidth) has one host identity: the socket link is forced.
+ONE_PROCESS_SOCKET_ENV = dict(SOCKET_ENV, NCCL_P2P_DISABLE="1", NCCL_SHM_DISABLE="1")
 BOUND = 1e-6  # relative, for more than one GPU a node (see the docstring)
 
 
@@ -156,7 +162,8 @@ def main():
         extra = [f"parallel.timeout_s={timeout_s}", *extra]
         procs = []
         for node in (0, 1):
-            env = dict(base_env, **SOCKET_ENV, CUDA_VISIBLE_DEVICES=node_gpus(node))
+            env = dict(base_env, **SOCKET_ENV, CUDA_VISIBLE_DEVICES=node_gpus(node),
+                       NCCL_HOSTID=f"zgpt-two-nodes-{node}")
             log = work / "logs" / f"{run}_node{node}.log"
             train = [str(binp / "train"), *sets(model, run, steps, extra)]
             if how == "launchers":
@@ -185,7 +192,7 @@ def main():
                        for p in (work / "logs").glob(f"{run}_*.log"))
         return {"net_socket_lines": text.count("NET/Socket"),
                 "via_net_lines": text.count("via NET/Socket"),
-                "p2p_or_shm_lines": text.count("via P2P") + text.count("via SHM")}
+                "via_p2p_or_shm_lines": text.count("via P2P") + text.count("via SHM")}
 
     def summary(run):
         rows = metrics(run)
@@ -219,7 +226,8 @@ def main():
                                    "largest_rel_diff": worst, "nccl": ev}
             check(all(r == 0 for r in rc) and len(got) == steps_c,
                   f"{run}: {len(got)} of {steps_c} steps, exits {rc}")
-            check(ev["via_net_lines"] > 0 and ev["p2p_or_shm_lines"] == 0,
+            # one GPU a node: every connection crosses the nodes, so none may be P2P or SHM
+            check(ev["via_net_lines"] > 0 and (per_node > 1 or ev["via_p2p_or_shm_lines"] == 0),
                   f"{run}: NCCL connects the nodes through its socket transport ({ev})")
             if per_node == 1:
                 check(got == ref, f"{run}: losses equal one node's bit for bit" +
@@ -261,7 +269,7 @@ def main():
               f"{named[0] if named else log[-300:]!r}")
     # ---- 3. speed: buckets against one all-reduce, socket and NVLink ----
     if "speed" in parts:
-        for link, env in (("socket", SOCKET_ENV), ("nvlink", {})):
+        for link, env in (("socket", ONE_PROCESS_SOCKET_ENV), ("nvlink", {})):
             if time_left() < 30 or not (binp / "nccl_bandwidth").exists():
                 break
             r = subprocess.run([str(binp / "nccl_bandwidth"), "--gpus", str(gpus), "--out",
