@@ -37,6 +37,8 @@ import subprocess
 import sys
 import time
 
+from random_shard import write_random_gpt2_shard
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 # Between the nodes: NCCL's socket transport on loopback (each node also gets NCCL_HOSTID).
 SOCKET_ENV = {"NCCL_IB_DISABLE": "1", "NCCL_NET": "Socket", "NCCL_SOCKET_IFNAME": "lo",
@@ -104,15 +106,7 @@ def main():
 
     # random GPT-2 tokens in llm.c's shard layout
     data = work / "data"
-    if not (data / "train_000.bin").exists():
-        data.mkdir(exist_ok=True)
-        import numpy as np
-        n = 70 * 65536 * gpus + 1025
-        hdr = np.zeros(256, dtype=np.int32)
-        hdr[:3] = (20240520, 1, n)
-        with open(data / "train_000.bin", "wb") as f:
-            f.write(hdr.tobytes())
-            f.write(np.random.default_rng(1).integers(0, 50257, n, dtype=np.uint16).tobytes())
+    write_random_gpt2_shard(data / "train_000.bin", 70 * 65536 * gpus + 1025)
 
     def sets(model, run, steps, extra):
         cfg = {"124m": "configs/gpt2-124m.yaml", "1558m": "configs/gpt2-1558m.yaml"}[model]

@@ -25,6 +25,8 @@ import subprocess
 import sys
 import time
 
+from random_shard import write_random_gpt2_shard
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 MODELS = {"124m": ("configs/gpt2-124m.yaml", 64, 30, 768),
           "1558m": ("configs/gpt2-1558m.yaml", 16, 12, 1600)}  # config, B, steps, C
@@ -59,15 +61,7 @@ def main():
         pathlib.Path(a.json).write_text(json.dumps(record, indent=1) + "\n")
 
     data = work / "data"
-    if not (data / "train_000.bin").exists():
-        data.mkdir(exist_ok=True)
-        import numpy as np
-        n = 40 * 65536 * max(gpus, 1) + 1025
-        hdr = np.zeros(256, dtype=np.int32)
-        hdr[:3] = (20240520, 1, n)
-        with open(data / "train_000.bin", "wb") as f:
-            f.write(hdr.tobytes())
-            f.write(np.random.default_rng(1).integers(0, 50257, n, dtype=np.uint16).tobytes())
+    write_random_gpt2_shard(data / "train_000.bin", 40 * 65536 * max(gpus, 1) + 1025)
 
     def run(model, vocab, zero1, mode):
         cfg, B, steps, _ = MODELS[model]
