@@ -17,8 +17,9 @@ node it keeps NVLink, as on a real machine.
      parallel.timeout_s, non-zero, with an error that names a rank of node 1.
   3. Speed: the gradient all-reduce in buckets during the backward pass (parallel.grad_bucket_mb)
      against one after it, on the socket link and on NVLink, for GPT-2 124M (B=64) and 1558M
-     (B=16, no accumulation, so the all-reduce is as exposed as it gets); and NCCL's bus
-     bandwidth over both links (build-gpu/nccl_bandwidth: one process, so the socket link is
+     (B=16, no accumulation, so the all-reduce is as exposed as it gets); with two or more GPUs a
+     node, NCCL's hierarchical tree against its ring across the nodes (NCCL_ALGO); and NCCL's
+     bus bandwidth over both links (build-gpu/nccl_bandwidth: one process, so the socket link is
      forced there with NCCL_P2P_DISABLE and NCCL_SHM_DISABLE).
 
     python3 tools/gpu/two_nodes_gpu.py --bin build-gpu --json OUT.json [--deadline-s 420]
@@ -150,14 +151,15 @@ def main():
         rc = wait_all([start(cmd, base_env, work / "logs" / f"{run}.log")], limit)
         return rc
 
-    def two_nodes(run, model, steps, extra, how="launchers", limit=240, timeout_s=120):
+    def two_nodes(run, model, steps, extra, how="launchers", limit=240, timeout_s=120,
+                  env_extra=None):
         """Starts the two nodes; returns the processes (launchers, torchrun agents or ranks)."""
         port = free_port()
         extra = [f"parallel.timeout_s={timeout_s}", *extra]
         procs = []
         for node in (0, 1):
             env = dict(base_env, **SOCKET_ENV, CUDA_VISIBLE_DEVICES=node_gpus(node),
-                       NCCL_HOSTID=f"zgpt-two-nodes-{node}")
+                       NCCL_HOSTID=f"zgpt-two-nodes-{node}", **(env_extra or {}))
             log = work / "logs" / f"{run}_node{node}.log"
             train = [str(binp / "train"), *sets(model, run, steps, extra)]
             if how == "launchers":
@@ -300,6 +302,25 @@ def main():
                           f"{s['step_ms'] or 0:8.1f} ms  all-reduce "
                           f"{s['grad_all_reduce_ms'] or 0:8.1f} ms  exit {rc}", flush=True)
                     save()
+            # Hierarchical or not, across the nodes: NCCL's tree reduces inside each node over
+            # NVLink and crosses the link once per node; its ring crosses it on every hop that
+            # leaves a node. Both, where a node has more than one GPU.
+            for algo in (("Ring", "Tree") if per_node > 1 else ()):
+                if time_left() < (90 if model == "1558m" else 40):
+                    continue
+                run = f"{model}_socket_{algo.lower()}"
+                rc = wait_all(two_nodes(run, model, steps, extra + ["parallel.grad_bucket_mb=0"],
+                                        env_extra={"NCCL_ALGO": algo}), time_left() + 90)
+                s = summary(run)
+                record["rows"].append({"model": model, "nodes": 2, "gpus": gpus, "link": "socket",
+                                       "bucket_mb": 0, "nccl_algo": algo,
+                                       "tok_per_s": s["tok_per_s"], "step_ms": s["step_ms"],
+                                       "grad_all_reduce_ms": s["grad_all_reduce_ms"],
+                                       "steps": s["steps"], "exit": rc})
+                record["runs"][run] = s
+                print(f"{run:28s} {s['tok_per_s'] or 0:11.0f} tok/s  all-reduce "
+                      f"{s['grad_all_reduce_ms'] or 0:8.1f} ms  exit {rc}", flush=True)
+                save()
     save()
     print(f"two nodes on GPUs: {'ok' if not failures else f'{len(failures)} failed'} "
           f"({time.time() - started:.0f} s)")
