@@ -967,6 +967,7 @@ size_t GptCuda::device_bytes_needed(const ModelConfig& config, const CudaModelOp
                                     int64_t B, int64_t T) {
     DeviceBuffer::SizingOnly sizing;  // outlives the model below
     Impl m(config, options);
+    m.vgroup.size = options.vocab_parts;  // (sizing needs no collectives)
     m.ensure(B, T);
     return m.allocated() + 3 * cuda::gemm_workspace_bytes_per_stream();  // its three streams
 }

@@ -141,8 +141,8 @@ class GptCuda {
     size_t allocated_bytes() const;  // everything this model holds on the device now
     // What a model of this config allocates on the device for micro-batches of B x T, without
     // allocating it: weights, gradients, activations, workspaces and a cuBLASLt workspace per
-    // stream (allocated_bytes() after a step). Of one GPU's whole model: without the
-    // vocab-parallel group's buffers.
+    // stream (allocated_bytes() after a step). With options.vocab_parts = P, of group rank 0 (the
+    // largest shard) of a vocab-parallel group of P ranks, its head's chunk buffers included.
     static size_t device_bytes_needed(const ModelConfig& config, const CudaModelOptions& options,
                                       int64_t B, int64_t T);
 

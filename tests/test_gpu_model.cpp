@@ -1217,6 +1217,45 @@ TEST_CASE("device_bytes_needed counts, without allocating, what a model holds af
     }
 }
 
+TEST_CASE("a rank of the vocab split holds less than data parallel, by more than 3/4 of the head") {
+    // GPT-2 124M's shape at V = 128256, B = 64, T = 1024 (counted, not allocated): each rank's
+    // own count (device_bytes_needed, what train reports as peak_mem_gb, plus the AdamW moments)
+    // under data parallel and with the vocabulary split over P ranks. A split rank keeps 1/P of
+    // the head's weight, gradient and AdamW state (18 bytes a parameter) and, with a logits head,
+    // one chunk of the logits instead of data parallel's [B T, V]; the target is a saving of at
+    // least 3/4 of the head's state under data parallel.
+    ModelConfig mc;
+    mc.n_layer = 12;
+    mc.n_head = 12;
+    mc.n_embd = 768;
+    mc.block_size = 1024;
+    mc.vocab_size = 128256;
+    const int64_t B = 64, T = 1024;
+    const double head = 18.0 * double(vocab_table_rows(mc)) * double(mc.n_embd);
+    for (const char* variant : {"fast", "fused_linear"}) {
+        auto total = [&](int parts) {
+            CudaModelOptions o;
+            o.kernels.cross_entropy = variant;
+            o.vocab_parts = parts;
+            return double(GptCuda::device_bytes_needed(mc, o, B, T)) +
+                   8.0 * double(make_gpt_layout(mc, parts).table.total());
+        };
+        const double dp = total(1);
+        for (int P : {2, 4}) {
+            CAPTURE(variant);
+            CAPTURE(P);
+            const double saved = dp - total(P);
+            MESSAGE(variant << ", " << P << " ranks: data parallel " << dp / 1e9 << " GB, split "
+                            << (dp - saved) / 1e9 << " GB: saves " << saved / 1e9 << " GB, "
+                            << saved / head << " of the head's " << head / 1e9 << " GB");
+            // fused_linear holds no logits either way: the shard's saving is (1 - 1/P) of the
+            // head's state less the group's chunk buffers, under 3/4 by construction at P <= 4
+            if (std::string(variant) == "fast") CHECK(saved >= 0.75 * head);
+            CHECK(saved > 0.0);
+        }
+    }
+}
+
 TEST_CASE("the power sampler reads the board's power and SM clock while the GPU works") {
     // bench_train reports these over its timed steps (kernels/core/gpu_power.h). A GPU machine has
     // the driver, so NVML must be there.

@@ -360,13 +360,14 @@ VocabGroup cuda_vocab_group(Communicator& group) {
 // The device memory a config takes, printed before anything is allocated, and a config that
 // cannot fit refused with it (rather than an out-of-memory error part way into the first step).
 // The model's own count of its buffers (GptCuda::device_bytes_needed) plus whole AdamW moments
-// (ZeRO-1 later shards them). Not for a vocab-parallel group, whose buffers the count leaves out.
-void check_device_memory(const Config& cfg) {
+// (ZeRO-1 later shards them); with the vocabulary split over `parts` ranks, of the rank holding
+// the largest shard.
+void check_device_memory(const Config& cfg, int parts) {
     const int64_t B = cfg.train.batch_size;
     const int64_t T = cfg.train.seq_len > 0 ? cfg.train.seq_len : cfg.model.block_size;
-    const double params = double(make_gpt_layout(cfg.model).table.total());
+    const double params = double(make_gpt_layout(cfg.model, parts).table.total());
     const double model =
-        double(GptCuda::device_bytes_needed(cfg.model, cuda_model_options(cfg, 1), B, T));
+        double(GptCuda::device_bytes_needed(cfg.model, cuda_model_options(cfg, parts), B, T));
     const double need = model + 8.0 * params;
     // fp32 weights and gradients, their bf16 copy, two AdamW moments
     const double state = (cfg.train.precision == "fp32" ? 16.0 : 18.0) * params;
@@ -387,7 +388,7 @@ void check_device_memory(const Config& cfg) {
 }
 
 std::unique_ptr<Backend> make_cuda_backend(const Config& cfg, VocabParallel vocab) {
-    if (!vocab.split()) check_device_memory(cfg);
+    check_device_memory(cfg, vocab.split() ? vocab.group->size() : 1);
     return std::make_unique<CudaBackend>(cfg, vocab);
 }
 
