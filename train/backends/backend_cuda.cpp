@@ -385,6 +385,21 @@ void check_device_memory(const Config& cfg, int parts) {
                     ": lower train.batch_size (train.grad_accum keeps the step's tokens) or set "
                     "train.recompute_gelu or train.recompute_block");
     std::printf("%s\n", msg);
+    if (parts > 1) {  // the hint: what the split saves against data parallel, by the same count
+        const double dp =
+            double(GptCuda::device_bytes_needed(cfg.model, cuda_model_options(cfg, 1), B, T)) +
+            8.0 * double(make_gpt_layout(cfg.model).table.total());
+        if (dp > need)
+            std::printf(
+                "vocab split over %d ranks: %.2f GB a rank against %.2f GB under data "
+                "parallel\n",
+                parts, need / 1e9, dp / 1e9);
+        else
+            std::printf(
+                "vocab split over %d ranks: %.2f GB a rank, not less than data "
+                "parallel's %.2f GB here; parallel.vocab_parallel=1 holds no more\n",
+                parts, need / 1e9, dp / 1e9);
+    }
 }
 
 std::unique_ptr<Backend> make_cuda_backend(const Config& cfg, VocabParallel vocab) {
