@@ -245,7 +245,6 @@ TEST_CASE("rank environment: torchrun, slurm and none") {
     CHECK(e.local_rank == 0);
     CHECK(e.master_addr == "node7");
     CHECK(e.master_port == 29500);
-    CHECK_FALSE(e.port_above_torchrun);
 
     // torchrun's agent serves its store on MASTER_PORT: the ranks meet on the port above it
     e = parse({{"RANK", "1"},
@@ -254,7 +253,6 @@ TEST_CASE("rank environment: torchrun, slurm and none") {
                {"MASTER_PORT", "29500"},
                {"TORCHELASTIC_USE_AGENT_STORE", "True"}});
     CHECK(e.master_port == 29501);
-    CHECK(e.port_above_torchrun);
     CHECK(contains(parse_error({{"RANK", "1"},
                                 {"WORLD_SIZE", "4"},
                                 {"MASTER_ADDR", "node7"},

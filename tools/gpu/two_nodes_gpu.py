@@ -33,12 +33,11 @@ import os
 import pathlib
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
 
-from random_shard import write_random_gpt2_shard
+from bench_runs import logged_steps, timed_median, write_random_gpt2_shard
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 # Between the nodes: NCCL's socket transport on loopback (each node also gets NCCL_HOSTID).
@@ -85,7 +84,7 @@ def main():
                             capture_output=True, text=True).stdout.strip()
     record = {"what": "tools/gpu/two_nodes_gpu.py: two launchers as two nodes of one machine, "
                       "NCCL over loopback sockets between them",
-              "command": f"python3 tools/gpu/two_nodes_gpu.py --bin BUILD --json FILE",
+              "command": "python3 tools/gpu/two_nodes_gpu.py --bin BUILD --json FILE",
               "commit": commit, "gpus": gpus, "gpus_per_node": per_node,
               "socket_env": SOCKET_ENV, "runs": {}, "checks": [], "rows": []}
     failures = []
@@ -139,9 +138,7 @@ def main():
         return [p.returncode for p in procs]
 
     def metrics(run):
-        f = work / "runs" / run / "metrics.jsonl"
-        rows = [json.loads(x) for x in f.read_text().splitlines()] if f.exists() else []
-        return [r for r in rows if "loss" in r]
+        return logged_steps(work / "runs" / run)
 
     def node_gpus(node):
         return ",".join(str(node * per_node + i) for i in range(per_node))
@@ -192,11 +189,9 @@ def main():
 
     def summary(run):
         rows = metrics(run)
-        timed = rows[len(rows) // 3:] or rows  # past the first steps' GEMM search and warm-up
-        med = lambda k: statistics.median(r[k] for r in timed) if timed and all(
-            k in r for r in timed) else None
-        return {"steps": len(rows), "step_ms": med("step_ms"), "tok_per_s": med("tok_per_s"),
-                "grad_all_reduce_ms": med("grad_all_reduce_ms"),
+        return {"steps": len(rows), "step_ms": timed_median(rows, "step_ms"),
+                "tok_per_s": timed_median(rows, "tok_per_s"),
+                "grad_all_reduce_ms": timed_median(rows, "grad_all_reduce_ms"),
                 "losses": [r["loss"] for r in rows]}
 
     parts = a.parts.split(",")

@@ -20,12 +20,10 @@ import argparse
 import json
 import os
 import pathlib
-import statistics
 import subprocess
-import sys
 import time
 
-from random_shard import write_random_gpt2_shard
+from bench_runs import logged_steps, timed_median, write_random_gpt2_shard
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 MODELS = {"124m": ("configs/gpt2-124m.yaml", 64, 30, 768),
@@ -84,14 +82,11 @@ def main():
                                     ).returncode
             except subprocess.TimeoutExpired:
                 rc = "timeout"
-        f = work / "runs" / name / "metrics.jsonl"
-        rows = [json.loads(x) for x in f.read_text().splitlines()] if f.exists() else []
-        rows = [r for r in rows if "loss" in r]
-        timed = rows[len(rows) // 3:]
+        rows = logged_steps(work / "runs" / name)
         row = {"vocab": vocab, "model": model, "gpus": gpus,
                "mode": mode + ("+zero1" if zero1 else ""), "exit": rc, "steps": len(rows),
-               "tok_per_s": statistics.median(r["tok_per_s"] for r in timed) if timed else None,
-               "step_ms": statistics.median(r["step_ms"] for r in timed) if timed else None,
+               "tok_per_s": timed_median(rows, "tok_per_s"),
+               "step_ms": timed_median(rows, "step_ms"),
                "peak_mem_gb": rows[-1].get("peak_mem_gb") if rows else None,
                "gpu_mem_in_use_gb": max((r.get("gpu_mem_in_use_gb", 0) for r in rows),
                                         default=None),

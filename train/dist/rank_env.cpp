@@ -74,7 +74,6 @@ RankEnv parse_rank_env(const std::function<const char*(const char*)>& getenv) {
                                             " is torchrun's; the ranks meet on the port above "
                                             "it, and there is none");
         e.master_port += 1;
-        e.port_above_torchrun = true;
     }
     return e;
 }

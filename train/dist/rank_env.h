@@ -10,8 +10,7 @@ struct RankEnv {
     int rank = 0, world_size = 1, local_rank = 0;
     std::string master_addr;
     int master_port = 0;
-    std::string source = "none";       // "torchrun" (RANK, WORLD_SIZE, ...) | "slurm" | "none"
-    bool port_above_torchrun = false;  // master_port is MASTER_PORT + 1 (torchrun holds it)
+    std::string source = "none";  // "torchrun" (RANK, WORLD_SIZE, ...) | "slurm" | "none"
 };
 
 // RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (torchrun, mpirun -x); where RANK and

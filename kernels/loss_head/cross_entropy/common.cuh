@@ -285,6 +285,52 @@ __device__ __forceinline__ float row_grad_scale(const float* grad_output, bool p
     return grad_scale(grad_output[per_row ? row : 0], red, n_valid);
 }
 
+// What finishing a row takes beyond its merged statistics, and where its outputs go (each row
+// array optional): one piece for the building block ce_finalize and online's one kernel a row.
+struct RowFinish {
+    const int32_t* targets;
+    const int* n_valid;
+    const float* grad_output;
+    bool per_row;
+    int64_t V, ignore_index;
+    float eps, zw;
+    Reduction red;
+    float *loss_rows, *ce_rows, *z_rows, *lse_rows;
+};
+inline RowFinish row_finish(const CrossEntropyArgs& a, const CrossEntropyOptions& o,
+                            const int* n_valid) {
+    return {a.targets,
+            n_valid,
+            a.grad_output,
+            o.reduction == Reduction::none,
+            a.V,
+            o.ignore_index,
+            float(o.label_smoothing),
+            float(o.z_loss_weight),
+            o.reduction,
+            a.loss_rows,
+            a.ce_rows,
+            a.z_rows,
+            a.lse_rows};
+}
+
+// Row `row` finished from its statistics (finalize_row with the row's target and gradient
+// scale): its outputs written where `write` (by one thread of the row's), its result returned.
+__device__ __forceinline__ RowResult finish_row(const RowFinish& f, int64_t row,
+                                                const RowStatsF& st, bool write) {
+    const int32_t y = f.targets[row];
+    const bool valid = y != f.ignore_index;
+    const float g = row_grad_scale(f.grad_output, f.per_row, row, f.red, *f.n_valid);
+    const RowResult r = finalize_row(st, y, valid, g, f.V, f.eps, f.zw);
+    if (write) {
+        if (f.loss_rows) f.loss_rows[row] = r.loss;
+        if (f.ce_rows) f.ce_rows[row] = r.ce;
+        if (f.z_rows) f.z_rows[row] = r.z;
+        if (f.lse_rows) f.lse_rows[row] = r.lse;
+    }
+    return r;
+}
+
 // p_j = 2^((x_j - max) log2 e - log2 d): the subtraction first (exact-ish, keeps the argument's
 // error proportional to |x_j - lse|), then one FFMA into the special-function unit.
 __device__ __forceinline__ float grad_of(float x, const RowGradParams& p) {

@@ -59,31 +59,11 @@ __global__ void merge_stats_kernel(RowStatsF* acc, const RowStatsF* shard, int64
     if (i < N) acc[i] = merge_stats(acc[i], shard[i]);
 }
 
-struct FinalizeArgs {
-    const RowStatsF* stats;
-    const int32_t* targets;
-    const int* n_valid;
-    const float* grad_output;
-    bool per_row;
-    int64_t N, V, ignore_index;
-    float eps, zw;
-    Reduction red;
-    RowGradParams* params;
-    float *loss_rows, *ce_rows, *z_rows, *lse_rows;
-};
-
-__global__ void finalize_kernel(FinalizeArgs f) {
+__global__ void finalize_kernel(const RowStatsF* stats, RowGradParams* params, int64_t N,
+                                RowFinish f) {
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i >= f.N) return;
-    const int32_t y = f.targets[i];
-    const bool valid = y != f.ignore_index;
-    const float g = row_grad_scale(f.grad_output, f.per_row, i, f.red, *f.n_valid);
-    const RowResult r = finalize_row(f.stats[i], y, valid, g, f.V, f.eps, f.zw);
-    f.params[i] = r.p;
-    if (f.loss_rows) f.loss_rows[i] = r.loss;
-    if (f.ce_rows) f.ce_rows[i] = r.ce;
-    if (f.z_rows) f.z_rows[i] = r.z;
-    if (f.lse_rows) f.lse_rows[i] = r.lse;
+    if (i >= N) return;
+    params[i] = finish_row(f, i, stats[i], true).p;
 }
 
 // One block, fixed order, double accumulation: a deterministic summary. Each row's z-loss and
@@ -223,23 +203,8 @@ void ce_merge_stats(RowStatsF* acc, const RowStatsF* shard, int64_t N, CUstream_
 void ce_finalize(RowGradParams* params, const RowStatsF* stats, const int* n_valid,
                  const CrossEntropyArgs& a, const CrossEntropyOptions& o, CUstream_st* s) {
     validate(o);
-    FinalizeArgs f{stats,
-                   a.targets,
-                   n_valid,
-                   a.grad_output,
-                   o.reduction == Reduction::none,
-                   a.N,
-                   a.V,
-                   o.ignore_index,
-                   float(o.label_smoothing),
-                   float(o.z_loss_weight),
-                   o.reduction,
-                   params,
-                   a.loss_rows,
-                   a.ce_rows,
-                   a.z_rows,
-                   a.lse_rows};
-    finalize_kernel<<<unsigned((a.N + 255) / 256), 256, 0, s>>>(f);
+    finalize_kernel<<<unsigned((a.N + 255) / 256), 256, 0, s>>>(stats, params, a.N,
+                                                                row_finish(a, o, n_valid));
     ZG_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -130,35 +130,23 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock)
 // only the row maxima. The per-row bodies, trees, thread counts and finalize_row are the shard
 // kernels', so the bits equal ce_shard_stats -> ce_finalize -> ce_shard_backward's.
 struct RowArgs {
-    const int32_t* targets;
-    const int* n_valid;
-    const float* grad_output;
-    bool per_row, smooth;
-    int64_t N, V, ld, ignore_index;
-    float eps, zw;
-    Reduction red;
-    float *loss_rows, *ce_rows, *z_rows, *lse_rows, *row_max;
+    RowFinish fin;
+    int64_t N, ld;
+    bool smooth;
+    float* row_max;
 };
 
 // The row's target column for the statistics (-1: none, as the shard kernels take it).
 __device__ __forceinline__ int64_t stats_target(int64_t y, const RowArgs& f) {
-    return (y != f.ignore_index && y >= 0 && y < f.V) ? y : -1;
+    return (y != f.fin.ignore_index && y >= 0 && y < f.fin.V) ? y : -1;
 }
 
-// finalize_row's outputs written (by one thread) and its gradient parameters returned.
-__device__ __forceinline__ RowGradParams finish_row(const RowArgs& f, int64_t row,
-                                                    const RowStatsF& st, bool write) {
-    const int32_t y = f.targets[row];
-    const bool valid = y != f.ignore_index;
-    const float g = row_grad_scale(f.grad_output, f.per_row, row, f.red, *f.n_valid);
-    const RowResult r = finalize_row(st, y, valid, g, f.V, f.eps, f.zw);
-    if (write) {
-        if (f.loss_rows) f.loss_rows[row] = r.loss;
-        if (f.ce_rows) f.ce_rows[row] = r.ce;
-        if (f.z_rows) f.z_rows[row] = r.z;
-        if (f.lse_rows) f.lse_rows[row] = r.lse;
-        f.row_max[row] = st.max;
-    }
+// The row finished (its outputs and maximum written by one thread), its gradient parameters
+// returned.
+__device__ __forceinline__ RowGradParams finish_online_row(const RowArgs& f, int64_t row,
+                                                           const RowStatsF& st, bool write) {
+    const RowResult r = finish_row(f.fin, row, st, write);
+    if (write) f.row_max[row] = st.max;
     return r.p;
 }
 
@@ -168,16 +156,16 @@ template <typename T, bool kVecIn, bool kVecOut>
 __global__ void online_row_kernel(T* dlogits, const T* logits, RowArgs f) {
     __shared__ RowGradParams row_params;
     const int64_t row = blockIdx.x;
-    const int64_t y = f.targets[row];
-    const bool valid = y != f.ignore_index;
+    const int64_t y = f.fin.targets[row];
+    const bool valid = y != f.fin.ignore_index;
     const T* x = logits + row * f.ld;
-    RowStatsF st = row_stats_part<T, kVecIn>(x, f.V, stats_target(y, f), f.smooth, int(threadIdx.x),
-                                             int(blockDim.x));
+    RowStatsF st = row_stats_part<T, kVecIn>(x, f.fin.V, stats_target(y, f), f.smooth,
+                                             int(threadIdx.x), int(blockDim.x));
     st = block_reduce_stats(st);
-    if (threadIdx.x == 0) row_params = finish_row(f, row, st, true);
+    if (threadIdx.x == 0) row_params = finish_online_row(f, row, st, true);
     __syncthreads();
-    row_backward_part<T, kVecOut>(dlogits + row * f.ld, x, f.V, valid ? y : -1, valid, row_params,
-                                  int(threadIdx.x), int(blockDim.x));
+    row_backward_part<T, kVecOut>(dlogits + row * f.ld, x, f.fin.V, valid ? y : -1, valid,
+                                  row_params, int(threadIdx.x), int(blockDim.x));
 }
 
 template <typename T, bool kVecIn, bool kVecOut>
@@ -186,13 +174,14 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock)
     const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (row >= f.N) return;  // whole warps leave together
-    const int64_t y = f.targets[row];
-    const bool valid = y != f.ignore_index;
+    const int64_t y = f.fin.targets[row];
+    const bool valid = y != f.fin.ignore_index;
     const T* x = logits + row * f.ld;
-    RowStatsF st = row_stats_part<T, kVecIn>(x, f.V, stats_target(y, f), f.smooth, lane, 32);
+    RowStatsF st = row_stats_part<T, kVecIn>(x, f.fin.V, stats_target(y, f), f.smooth, lane, 32);
     st = warp_merge_stats(st);  // the same bits in every lane
-    const RowGradParams p = finish_row(f, row, st, lane == 0);
-    row_backward_part<T, kVecOut>(dlogits + row * f.ld, x, f.V, valid ? y : -1, valid, p, lane, 32);
+    const RowGradParams p = finish_online_row(f, row, st, lane == 0);
+    row_backward_part<T, kVecOut>(dlogits + row * f.ld, x, f.fin.V, valid ? y : -1, valid, p, lane,
+                                  32);
 }
 
 template <typename T, bool kVecIn, bool kVecOut>
@@ -277,23 +266,7 @@ void run_online(const CrossEntropyArgs& a0, const CrossEntropyOptions& o, void* 
     const Workspace ws = carve(w, a0.N, a0.V, false);
     const CrossEntropyArgs a = with_rows(a0, ws);
     ce_count_valid(ws.n_valid, a.targets, a.N, o.ignore_index, s);
-    const RowArgs f{a.targets,
-                    ws.n_valid,
-                    a.grad_output,
-                    o.reduction == Reduction::none,
-                    o.label_smoothing != 0.0,
-                    a.N,
-                    a.V,
-                    a.ld,
-                    o.ignore_index,
-                    float(o.label_smoothing),
-                    float(o.z_loss_weight),
-                    o.reduction,
-                    a.loss_rows,
-                    a.ce_rows,
-                    a.z_rows,
-                    a.lse_rows,
-                    ws.row_max};
+    const RowArgs f{row_finish(a, o, ws.n_valid), a.N, a.ld, o.label_smoothing != 0.0, ws.row_max};
     const bool vec_in = rows_aligned(a.logits, a.logits, a.ld, a.type);
     const bool vec_out = rows_aligned(a.logits, a.dlogits, a.ld, a.type);
     dispatch(a.type, [&](auto tag) {

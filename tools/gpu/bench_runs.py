@@ -1,0 +1,37 @@
+"""What the GPU benchmark scripts (two_nodes_gpu.py, vocab_split_bench.py) share: the shard of
+random GPT-2 tokens they train on, and the steps a run logged with their medians."""
+import json
+import pathlib
+import statistics
+
+
+def write_random_gpt2_shard(path, n_tokens, seed=1):
+    """Writes `path` unless it exists: llm.c's layout (a 256-int header: magic 20240520, version 1,
+    the token count; then uint16 tokens), tokens drawn uniformly below 50257."""
+    path = pathlib.Path(path)
+    if path.exists():
+        return path
+    import numpy as np
+    path.parent.mkdir(parents=True, exist_ok=True)
+    hdr = np.zeros(256, dtype=np.int32)
+    hdr[:3] = (20240520, 1, n_tokens)
+    tokens = np.random.default_rng(seed).integers(0, 50257, n_tokens, dtype=np.uint16)
+    with open(path, "wb") as f:
+        f.write(hdr.tobytes())
+        f.write(tokens.tobytes())
+    return path
+
+
+def logged_steps(run_dir):
+    """The step lines (those with a loss) of the run's metrics.jsonl; [] where it has none yet."""
+    f = pathlib.Path(run_dir) / "metrics.jsonl"
+    rows = [json.loads(x) for x in f.read_text().splitlines()] if f.exists() else []
+    return [r for r in rows if "loss" in r]
+
+
+def timed_median(rows, key):
+    """The median of `key` over the steps past the first third (the GEMM search and warm-up);
+    None where there are no steps or one lacks the key."""
+    timed = rows[len(rows) // 3:]
+    return statistics.median(r[key] for r in timed) if timed and all(
+        key in r for r in timed) else None
