@@ -194,9 +194,6 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
             vp_h[b] = DeviceBuffer(size_t(NC * C) * es);
             vp_dhc[b] = f32(NC * C);  // also the embedding's rows of a chunk
         }
-        // a chunk's logits, or in backward the group's residual gradients (type rt)
-        const size_t logits_bytes = linear_ce ? 0 : size_t(NC * shard_logits_ld(vgroup.rank)) * es;
-        vp_work = DeviceBuffer(std::max(logits_bytes, size_t(NA * C) * res_es));
         vp_stats = DeviceBuffer(NC * sizeof(cuda::RowStatsF));
         vp_gathered = DeviceBuffer(P * NC * sizeof(cuda::RowStatsF));
         vp_params = DeviceBuffer(NC * sizeof(cuda::RowGradParams));
@@ -271,7 +268,7 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
     parts.take<unsigned char>(nq);
     const size_t f0 = parts.bytes();
     parts.take<unsigned char>(nf);
-    const bool share = linear_ce && !sharded;
+    const bool share = linear_ce != nullptr;
     head_scratch = DeviceBuffer(share ? std::max(ws, parts.bytes()) : 0);
     auto part = [&](size_t offset, size_t bytes) {
         return share ? DeviceBuffer::view(head_scratch, offset, bytes) : DeviceBuffer(bytes);
@@ -281,6 +278,16 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
     dqkv = part(q0, nq);
     dfch = part(f0, nf);
     ce_workspace = part(0, ws);
+    if (sharded) {
+        // A chunk's logits; and at the end of the backward the group's residual gradients (type
+        // rt), for the embedding's gradient. Those go into head_scratch where it is large enough:
+        // it is free then (block 0's backward is done with dqkv and dfch).
+        const int64_t NC = vgroup.size * vp_rows_per_chunk;
+        const size_t logits_bytes = linear_ce ? 0 : size_t(NC * shard_logits_ld(vgroup.rank)) * es;
+        const size_t group_rows = size_t(vgroup.size * BT * C) * res_es;
+        vp_work = DeviceBuffer(
+            std::max(logits_bytes, head_scratch.bytes() >= group_rows ? 0 : group_rows));
+    }
 }
 
 void GptCuda::Impl::linear_forward(void* out, const void* inp, int w_idx, int b_idx, int64_t M,
@@ -726,13 +733,16 @@ void GptCuda::Impl::backward() {
     }
     if (vgroup.size > 1) {
         // wpe from this rank's rows; wte: the group's row gradients, of the tokens this
-        // shard holds (vp_work, the head's logits, is free once the head is done)
+        // shard holds (in vp_work, the head's logits, or in head_scratch: see ensure)
         cuda::encoder_backward(nullptr, g(layout.wpe), dres.get(), {}, B, Tn, C, rt, stream);
         tick("encoder bwd");
-        vgroup.all_gather(dres.get(), vp_work.get(), BT * C * int64_t(res_es), stream);
+        void* group_rows = vp_work.bytes() > 0 ? vp_work.get() : head_scratch.get();
+        if (group_rows == head_scratch.get())  // (its views, which the dW stream may still read)
+            for (const DeviceBuffer* b : {&branch_out, &dqkv, &dfch}) before_write(b->get());
+        vgroup.all_gather(dres.get(), group_rows, BT * C * int64_t(res_es), stream);
         tick("encoder bwd (vp): all-gather dres");
-        cuda::encoder_backward(g(layout.wte), nullptr, vp_work.get(), buckets, vgroup.size * B, Tn,
-                               C, rt, stream);
+        cuda::encoder_backward(g(layout.wte), nullptr, group_rows, buckets, vgroup.size * B, Tn, C,
+                               rt, stream);
     } else {
         cuda::encoder_backward(g(layout.wte), g(layout.wpe), dres.get(), buckets, B, Tn, C, rt,
                                stream);
