@@ -65,6 +65,9 @@ GptCuda::Impl::Impl(const ModelConfig& c, const CudaModelOptions& o)
     ZG_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     ZG_CUDA_CHECK(cudaStreamCreateWithFlags(&wstream, cudaStreamNonBlocking));
     ZG_CUDA_CHECK(cudaStreamCreateWithFlags(&cestream, cudaStreamNonBlocking));
+    ZG_CUDA_CHECK(cudaStreamCreateWithFlags(&vpstream, cudaStreamNonBlocking));
+    for (cudaEvent_t& e : vp_ev)
+        ZG_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     for (int i = 0; i < 2 * kMaxHeadChunks; i++) {
         chunk_ev.emplace_back();
         ZG_CUDA_CHECK(cudaEventCreateWithFlags(&chunk_ev.back(), cudaEventDisableTiming));
@@ -99,6 +102,9 @@ GptCuda::Impl::~Impl() {
     if (ready_side_ev) cudaEventDestroy(ready_side_ev);
     if (norm_ev) cudaEventDestroy(norm_ev);
     for (cudaEvent_t e : chunk_ev) cudaEventDestroy(e);
+    for (cudaEvent_t e : vp_ev)
+        if (e) cudaEventDestroy(e);
+    if (vpstream) cudaStreamDestroy(vpstream);
     for (cudaStream_t s : {cestream, wstream, stream})
         if (s) {
             cuda::release_gemm_workspace(s);
@@ -171,18 +177,30 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
                  "vocab-parallel head (parallel.vocab_parallel > 1) takes fast, fused_linear or "
                  "fused_linear_wgmma");
     logits = linear_ce || sharded ? DeviceBuffer() : act(BT * Vp);
-    if (sharded) {  // the group's rows: NA = size x BT
-        const int64_t NA = vgroup.size * BT, Vl = shard_rows(vgroup.rank);
-        // also the group's residual gradients in backward (type rt)
-        vp_h = DeviceBuffer(size_t(NA * C) * std::max(es, res_es));
+    if (sharded) {
+        // The group's NA = P x BT rows in chunks of vp_rows_per_chunk rows of every rank: as many
+        // as the one-GPU head's chunks (kernels.head_chunks) over the group's rows, each of at
+        // least kMinChunkRows.
+        const int64_t P = vgroup.size, NA = P * BT;
+        const int64_t chunks =
+            std::max<int64_t>(1, std::min<int64_t>(opt.head_chunks, NA / kMinChunkRows));
+        // (even: a bf16 chunk of an odd width is still whole 4-byte words for the all-gather)
+        vp_rows_per_chunk = ((BT + chunks - 1) / chunks + 1) / 2 * 2;
+        vp_chunks = (BT + vp_rows_per_chunk - 1) / vp_rows_per_chunk;
+        const int64_t NC = P * vp_rows_per_chunk;  // the group's rows of a chunk, at most
         vp_y = DeviceBuffer(NA * 4);
-        vp_logits = linear_ce ? DeviceBuffer() : act(NA * shard_logits_ld(vgroup.rank));
-        vp_stats = DeviceBuffer(NA * sizeof(cuda::RowStatsF));
-        vp_gathered = DeviceBuffer(vgroup.size * NA * sizeof(cuda::RowStatsF));
-        vp_params = DeviceBuffer(NA * sizeof(cuda::RowGradParams));
+        vp_yc = DeviceBuffer(NC * 4);
+        for (int b = 0; b < 2; b++) {
+            vp_h[b] = DeviceBuffer(size_t(NC * C) * es);
+            vp_dhc[b] = f32(NC * C);  // also the embedding's rows of a chunk
+        }
+        vp_stats = DeviceBuffer(NC * sizeof(cuda::RowStatsF));
+        vp_gathered = DeviceBuffer(P * NC * sizeof(cuda::RowStatsF));
+        vp_params = DeviceBuffer(NC * sizeof(cuda::RowGradParams));
         vp_nvalid = DeviceBuffer(2 * sizeof(int));
-        vp_rows = f32(4 * NA);  // loss, ce, z, lse of each row
-        vp_dh_all = f32(NA * C);
+        vp_rows = f32(4 * NC);  // loss, ce, z, lse of each row of a chunk
+        vp_own_rows = f32(4 * BT);
+        vp_own_stats = DeviceBuffer(BT * sizeof(cuda::RowStatsF));
         vp_dh = f32(BT * C);
         vp_summary = DeviceBuffer(sizeof(cuda::LossSummaryF));
     }
@@ -227,8 +245,13 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
     const KernelChoice& k = opt.kernels;
     const size_t ws =
         linear_ce && sharded
-            ? cuda::linear_ce_shard_workspace_bytes(vgroup.size * BT, C, shard_rows(vgroup.rank),
-                                                    model_linear_ce_tuning(k))
+            ? std::max(  // a shorter last chunk can take wider tiles, so more bytes
+                  cuda::linear_ce_shard_workspace_bytes(vgroup.size * vp_rows_per_chunk, C,
+                                                        shard_rows(vgroup.rank),
+                                                        model_linear_ce_tuning(k)),
+                  cuda::linear_ce_shard_workspace_bytes(vgroup.size * vp_chunk_rows(vp_chunks - 1),
+                                                        C, shard_rows(vgroup.rank),
+                                                        model_linear_ce_tuning(k)))
         : linear_ce
             ? linear_ce->workspace_bytes(BT, C, cfg.vocab_size, model_linear_ce_tuning(k))
             : ce->workspace_bytes(
@@ -245,7 +268,7 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
     parts.take<unsigned char>(nq);
     const size_t f0 = parts.bytes();
     parts.take<unsigned char>(nf);
-    const bool share = linear_ce && !sharded;
+    const bool share = linear_ce != nullptr;
     head_scratch = DeviceBuffer(share ? std::max(ws, parts.bytes()) : 0);
     auto part = [&](size_t offset, size_t bytes) {
         return share ? DeviceBuffer::view(head_scratch, offset, bytes) : DeviceBuffer(bytes);
@@ -255,6 +278,16 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
     dqkv = part(q0, nq);
     dfch = part(f0, nf);
     ce_workspace = part(0, ws);
+    if (sharded) {
+        // A chunk's logits; and at the end of the backward the group's residual gradients (type
+        // rt), for the embedding's gradient. Those go into head_scratch where it is large enough:
+        // it is free then (block 0's backward is done with dqkv and dfch).
+        const int64_t NC = vgroup.size * vp_rows_per_chunk;
+        const size_t logits_bytes = linear_ce ? 0 : size_t(NC * shard_logits_ld(vgroup.rank)) * es;
+        const size_t group_rows = size_t(vgroup.size * BT * C) * res_es;
+        vp_work = DeviceBuffer(
+            std::max(logits_bytes, head_scratch.bytes() >= group_rows ? 0 : group_rows));
+    }
 }
 
 void GptCuda::Impl::linear_forward(void* out, const void* inp, int w_idx, int b_idx, int64_t M,
@@ -525,14 +558,20 @@ void GptCuda::Impl::block_forward(int64_t l, bool recompute) {
 }
 
 void GptCuda::Impl::embed_from_shards() {
-    const int64_t BT = B * Tn, C = cfg.n_embd, NA = vgroup.size * BT;
-    ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
-    vgroup.all_gather(tokens.get(), vp_y.get(), BT * 4);
+    const int64_t BT = B * Tn, C = cfg.n_embd, P = vgroup.size, NA = P * BT;
+    vgroup.all_gather(tokens.get(), vp_y.get(), BT * 4, stream);
     tick("encoder fwd (vp): all-gather tokens");
-    cuda::lookup_rows_in_shard(vp_dh_all.as<float>(), vp_y.as<int32_t>(), NA, wr(layout.wte),
-                               shard_v0(vgroup.rank), shard_rows(vgroup.rank), C, rt, stream);
-    ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
-    vgroup.reduce_scatter_sum(vp_dh_all.as<float>(), vp_dh.as<float>(), BT * C);
+    // Chunk by chunk (as the head's): for the chunk's tokens of every rank, the rows this shard
+    // holds and zeros for the rest; the reduce-scatter gives each rank its own tokens' rows.
+    float* chunk_rows = vp_dhc[0].as<float>();
+    for (int64_t k = 0; k < vp_chunks; k++) {
+        const int64_t r0 = k * vp_rows_per_chunk, n = vp_chunk_rows(k);
+        for (int64_t q = 0; q < P; q++)
+            cuda::lookup_rows_in_shard(chunk_rows + q * n * C, vp_y.as<int32_t>() + q * BT + r0, n,
+                                       wr(layout.wte), shard_v0(vgroup.rank),
+                                       shard_rows(vgroup.rank), C, rt, stream);
+        vgroup.reduce_scatter_sum(chunk_rows, vp_dh.as<float>() + r0 * C, n * C, stream);
+    }
     tick("encoder fwd (vp): rows, reduce-scatter");
     cuda::add_positions(residual[0].get(), vp_dh.as<float>(), wr(layout.wpe), B, Tn, C, rt, stream);
     // The group's tokens to the host for the gradient's buckets; upload_buckets reads them at
@@ -694,13 +733,15 @@ void GptCuda::Impl::backward() {
     }
     if (vgroup.size > 1) {
         // wpe from this rank's rows; wte: the group's row gradients, of the tokens this
-        // shard holds (vp_h is free once the head is done)
+        // shard holds (in vp_work, the head's logits, or in head_scratch: see ensure)
         cuda::encoder_backward(nullptr, g(layout.wpe), dres.get(), {}, B, Tn, C, rt, stream);
         tick("encoder bwd");
-        ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
-        vgroup.all_gather(dres.get(), vp_h.get(), BT * C * int64_t(res_es));
+        void* group_rows = vp_work.bytes() > 0 ? vp_work.get() : head_scratch.get();
+        if (group_rows == head_scratch.get())  // (its views, which the dW stream may still read)
+            for (const DeviceBuffer* b : {&branch_out, &dqkv, &dfch}) before_write(b->get());
+        vgroup.all_gather(dres.get(), group_rows, BT * C * int64_t(res_es), stream);
         tick("encoder bwd (vp): all-gather dres");
-        cuda::encoder_backward(g(layout.wte), nullptr, vp_h.get(), buckets, vgroup.size * B, Tn, C,
+        cuda::encoder_backward(g(layout.wte), nullptr, group_rows, buckets, vgroup.size * B, Tn, C,
                                rt, stream);
     } else {
         cuda::encoder_backward(g(layout.wte), g(layout.wpe), dres.get(), buckets, B, Tn, C, rt,
@@ -731,8 +772,9 @@ size_t GptCuda::Impl::allocated() const {
                                   &head_scratch, &mlp_bias_sums, &attn_bias_sums, &fc_dw_scratch,
                                   &dact,         &rope_tab})
         s += b->owned_bytes();  // views of head_scratch count once, in it
-    for (const DeviceBuffer* b : {&vp_h, &vp_y, &vp_logits, &vp_stats, &vp_gathered, &vp_params,
-                                  &vp_nvalid, &vp_rows, &vp_dh_all, &vp_dh, &vp_summary})
+    for (const DeviceBuffer* b : {&vp_y, &vp_yc, &vp_h[0], &vp_h[1], &vp_dhc[0], &vp_dhc[1],
+                                  &vp_work, &vp_stats, &vp_gathered, &vp_params, &vp_nvalid,
+                                  &vp_rows, &vp_own_rows, &vp_own_stats, &vp_dh, &vp_summary})
         s += b->bytes();
     return s + cuda::gemm_workspace_bytes({stream, wstream, cestream});
 }
@@ -935,6 +977,7 @@ size_t GptCuda::device_bytes_needed(const ModelConfig& config, const CudaModelOp
                                     int64_t B, int64_t T) {
     DeviceBuffer::SizingOnly sizing;  // outlives the model below
     Impl m(config, options);
+    m.vgroup.size = options.vocab_parts;  // (sizing needs no collectives)
     m.ensure(B, T);
     return m.allocated() + 3 * cuda::gemm_workspace_bytes_per_stream();  // its three streams
 }

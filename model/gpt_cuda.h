@@ -46,12 +46,13 @@ struct CudaModelOptions {
 };
 
 // The collectives of a vocab-parallel loss head, supplied by train/ (model/ knows no
-// communicator). Device pointers; the model's stream is synchronised before each call and the
-// results must be in place when it returns.
+// communicator). Device pointers. Each call is ordered on the CUDA stream it is given (a
+// cudaStream_t): it starts after the work queued there, and work queued there after it sees its
+// results. It may block the host until it is done (a host communicator stages through memory).
 struct VocabGroup {
     int size = 1, rank = 0;
-    std::function<void(const void* send, void* recv, int64_t bytes)> all_gather;
-    std::function<void(const float* send, float* recv, int64_t n)> reduce_scatter_sum;
+    std::function<void(const void* send, void* recv, int64_t bytes, void* stream)> all_gather;
+    std::function<void(const float* send, float* recv, int64_t n, void* stream)> reduce_scatter_sum;
 };
 
 class GptCuda {
@@ -140,8 +141,8 @@ class GptCuda {
     size_t allocated_bytes() const;  // everything this model holds on the device now
     // What a model of this config allocates on the device for micro-batches of B x T, without
     // allocating it: weights, gradients, activations, workspaces and a cuBLASLt workspace per
-    // stream (allocated_bytes() after a step). Of one GPU's whole model: without the
-    // vocab-parallel group's buffers.
+    // stream (allocated_bytes() after a step). With options.vocab_parts = P, of group rank 0 (the
+    // largest shard) of a vocab-parallel group of P ranks, its head's chunk buffers included.
     static size_t device_bytes_needed(const ModelConfig& config, const CudaModelOptions& options,
                                       int64_t B, int64_t T);
 

@@ -111,7 +111,7 @@ CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bo
     ZG_CHECK(o.reduction == Reduction::sum,
              "the vocab-parallel head takes reduction sum (the trainer's)");
     const int P = vgroup.size, p = vgroup.rank;
-    const int64_t BT = B * Tn, C = cfg.n_embd, NA = P * BT;
+    const int64_t BT = B * Tn, C = cfg.n_embd, K = vp_chunks;
     const int64_t v0 = shard_v0(p), Vl = shard_rows(p), ld = shard_logits_ld(p);
     const int64_t Vg = shard_gemm_rows(p);  // the GEMMs' width: Vl rounded up to 8
     const void* W = w(layout.lm_head);      // this shard's rows only
@@ -119,146 +119,170 @@ CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bo
     auto* stats = vp_stats.as<cuda::RowStatsF>();
     auto* gathered = vp_gathered.as<cuda::RowStatsF>();
     auto* params_ = vp_params.as<cuda::RowGradParams>();
+    auto* own_stats = vp_own_stats.as<cuda::RowStatsF>();
     int* n_all = vp_nvalid.as<int>();
     int* n_own = n_all + 1;
     float* rows = vp_rows.as<float>();
-    // Row chunks of the logits path (rows [c * chunk_rows, ...)), cut as the one-GPU head's,
-    // over the group's rows (the reduction is sum, checked above).
-    const int64_t chunks = head_chunks(o, NA);
-    const int64_t chunk_rows = (NA + chunks - 1) / chunks;
-    const bool serial = !overlapping();
-    cudaStream_t ce_stream = serial ? stream : cestream;
-    auto logits_rows = [&](int64_t r0) { return vp_logits.as<char>() + r0 * ld * es; };
+    float* own_rows = vp_own_rows.as<float>();
+    // The group's rows go through in chunks (chunk k: rows [k rpc, k rpc + n) of every rank, rank
+    // by rank), so the buffers hold one chunk of them. The next chunk's hidden states are
+    // gathered, and the last chunk's dh reduce-scattered, on vpstream beside this chunk's GEMMs.
+    // Per-op timing runs all of it on the main stream, one op after another.
+    const int64_t rpc = vp_rows_per_chunk;
+    cudaStream_t cs = overlapping() ? vpstream : stream;
+    cudaEvent_t *h_ready = vp_ev, *h_free = vp_ev + 2, *dh_ready = vp_ev + 4, *dh_sent = vp_ev + 6;
+    cudaEvent_t comm_done = vp_ev[8];
+    cudaStream_t last_comm = stream;
+    // Every collective waits for the one before it: on every rank they run in the order issued.
+    auto collective = [&](cudaStream_t on, auto&& call) {
+        if (on != last_comm) ZG_CUDA_CHECK(cudaStreamWaitEvent(on, comm_done));
+        call();
+        ZG_CUDA_CHECK(cudaEventRecord(comm_done, on));
+        last_comm = on;
+    };
     tick(nullptr);
-    // The group's hidden states and targets, in rank order.
-    ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
-    vgroup.all_gather(lnf.get(), vp_h.get(), BT * C * int64_t(es));
-    vgroup.all_gather(targets.get(), vp_y.get(), BT * 4);
-    tick("head (vp): all-gather h, targets");
-    const int32_t* y_all = vp_y.as<int32_t>();
+    // Both chunk buffers are free, and lnf written, once the work queued so far is done.
+    for (int b = 0; b < 2; b++) {
+        ZG_CUDA_CHECK(cudaEventRecord(h_free[b], stream));
+        ZG_CUDA_CHECK(cudaEventRecord(dh_sent[b], stream));
+    }
+    ZG_CUDA_CHECK(cudaEventRecord(comm_done, stream));
+    collective(stream, [&] { vgroup.all_gather(targets.get(), vp_y.get(), BT * 4, stream); });
+    tick("head (vp): all-gather targets");
+    auto gather_h = [&](int64_t k) {
+        const int b = int(k % 2);
+        ZG_CUDA_CHECK(cudaStreamWaitEvent(cs, h_free[b]));
+        collective(cs, [&] {
+            vgroup.all_gather(lnf.as<char>() + k * rpc * C * es, vp_h[b].get(),
+                              vp_chunk_rows(k) * C * int64_t(es), cs);
+        });
+        ZG_CUDA_CHECK(cudaEventRecord(h_ready[b], cs));
+    };
+    // Each rank gets its own rows' dh of chunk k, summed over the shards.
+    auto scatter_dh = [&](int64_t k) {
+        const int b = int(k % 2);
+        ZG_CUDA_CHECK(cudaStreamWaitEvent(cs, dh_ready[b]));
+        collective(cs, [&] {
+            vgroup.reduce_scatter_sum(vp_dhc[b].as<float>(), vp_dh.as<float>() + k * rpc * C,
+                                      vp_chunk_rows(k) * C, cs);
+        });
+        ZG_CUDA_CHECK(cudaEventRecord(dh_sent[b], cs));
+    };
 
-    cuda::CrossEntropyArgs a;  // this shard, every row of the group
+    cuda::CrossEntropyArgs a;  // this shard, a chunk's rows of the group
     a.type = t == DType::bf16 ? cuda::LogitsType::bf16 : cuda::LogitsType::f32;
-    a.N = NA;
     a.V_local = Vl;
     a.v0 = v0;
     a.V = cfg.vocab_size;
-    a.targets = y_all;
+    a.ld = ld;
+    a.logits = a.dlogits = vp_work.get();
+    a.targets = vp_yc.as<int32_t>();
     a.grad_output = grad_out.as<float>();
-    a.loss_rows = rows;
-    a.ce_rows = rows + NA;
-    a.z_rows = rows + 2 * NA;
-    a.lse_rows = rows + 3 * NA;
     a.summary = vp_summary.as<cuda::LossSummaryF>();
-    auto rows_of = [&](int64_t r0, int64_t n) {  // a's rows [r0, r0 + n) of the group's
-        cuda::CrossEntropyArgs x = a;
-        x.logits = x.dlogits = logits_rows(r0);
-        x.N = n;
-        x.targets = y_all + r0;
-        return x;
-    };
-    cuda::LinearCrossEntropyArgs la;  // fused_linear: the same shard from hidden states
-    if (linear_ce) {
-        la.hidden = vp_h.get();
-        la.weight = W;
-        la.N = NA;
-        la.C = C;
-        la.V = cfg.vocab_size;
-        la.v0 = v0;
-        la.V_local = Vl;
-        la.targets = y_all;
-        la.grad_output = a.grad_output;
-        la.summary = a.summary;
-        la.tuning = model_linear_ce_tuning(opt.kernels);  // (shards ignore rows_outer)
-        if (compute_grad) la.dweight_acc = dW;
-        cuda::linear_ce_shard_stats(stats, la, o, ce_workspace.get(), stream);
-        tick("head (vp): fused linear statistics");
-    } else {
-        // logits [NA, Vg] = H_all W_shard^T, rows ld apart (columns Vl.. unused by the loss), in
-        // row chunks: chunk c's statistics on cestream beside chunk c + 1's GEMM, as loss()
-        // pipelines the one-GPU head (per-op timing: one after another on the main stream)
-        a.logits = vp_logits.get();
-        a.dlogits = vp_logits.get();
-        a.ld = ld;
-        for (int64_t c = 0; c < chunks; c++) {
-            const int64_t r0 = c * chunk_rows, n = std::min(chunk_rows, NA - r0);
-            cuda::Gemm gf =
-                forward_gemm(logits_rows(r0), vp_h.as<char>() + r0 * C * es, W, n, C, Vg);
+    cuda::LinearCrossEntropyArgs la;  // fused_linear: the same from the chunk's hidden states
+    la.weight = W;
+    la.C = C;
+    la.V = cfg.vocab_size;
+    la.v0 = v0;
+    la.V_local = Vl;
+    la.targets = a.targets;
+    la.grad_output = a.grad_output;
+    la.summary = a.summary;
+    la.tuning = model_linear_ce_tuning(opt.kernels);  // (shards ignore rows_outer)
+    if (compute_grad) la.dweight_acc = dW;
+
+    gather_h(0);
+    for (int64_t k = 0; k < K; k++) {
+        const int b = int(k % 2);
+        const int64_t r0 = k * rpc, n = vp_chunk_rows(k), NC = P * n;
+        a.N = la.N = NC;
+        a.loss_rows = rows;
+        a.ce_rows = rows + NC;
+        a.z_rows = rows + 2 * NC;
+        a.lse_rows = rows + 3 * NC;
+        la.hidden = vp_h[b].get();
+        // the chunk's targets in its row order: rows [r0, r0 + n) of every rank
+        ZG_CUDA_CHECK(cudaMemcpy2DAsync(vp_yc.get(), n * 4, vp_y.as<int32_t>() + r0, BT * 4, n * 4,
+                                        P, cudaMemcpyDeviceToDevice, stream));
+        ZG_CUDA_CHECK(cudaStreamWaitEvent(stream, h_ready[b]));
+        if (linear_ce) {
+            cuda::linear_ce_shard_stats(stats, la, o, ce_workspace.get(), stream);
+            tick("head (vp): fused linear statistics");
+        } else {
+            // logits [NC, Vg] = H_chunk W_shard^T, rows ld apart (columns Vl.. unused by the loss)
+            cuda::Gemm gf = forward_gemm(vp_work.get(), vp_h[b].get(), W, NC, C, Vg);
             gf.ldd = ld;
             cuda::gemm(gf, stream);
             tick("head (vp): logits matmul");
-            ZG_CUDA_CHECK(cudaEventRecord(chunk_ev[c], stream));
-            if (!serial) ZG_CUDA_CHECK(cudaStreamWaitEvent(cestream, chunk_ev[c]));
-            cuda::ce_shard_stats(stats + r0, rows_of(r0, n), o, ce_stream);
+            cuda::ce_shard_stats(stats, a, o, stream);
             tick("head (vp): cross-entropy statistics");
         }
-        ZG_CUDA_CHECK(cudaEventRecord(chunk_ev[chunks], ce_stream));
-        ZG_CUDA_CHECK(cudaStreamWaitEvent(stream, chunk_ev[chunks]));
-    }
-    // One collective for the statistics; every rank merges them in rank order.
-    ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
-    vgroup.all_gather(stats, gathered, NA * int64_t(sizeof(cuda::RowStatsF)));
-    ZG_CUDA_CHECK(cudaMemcpyAsync(stats, gathered, NA * sizeof(cuda::RowStatsF),
-                                  cudaMemcpyDeviceToDevice, stream));
-    for (int r = 1; r < P; r++) cuda::ce_merge_stats(stats, gathered + r * NA, NA, stream);
-    cuda::ce_count_valid(n_all, y_all, NA, o.ignore_index, stream);
-    cuda::ce_finalize(params_, stats, n_all, a, o, stream);
-    tick("head (vp): all-gather + merge statistics");
-    if (compute_grad) {
-        if (linear_ce) {  // it adds each vocabulary chunk's dh into vp_dh_all
-            ZG_CUDA_CHECK(cudaMemsetAsync(vp_dh_all.get(), 0, vp_dh_all.bytes(), stream));
-            cuda::linear_ce_shard_backward(vp_dh_all.as<float>(), params_, la, o,
-                                           ce_workspace.get(), stream);
-            tick("head (vp): fused linear backward");
-        } else {
-            // chunk c's dlogits on cestream beside chunk c - 1's dH GEMM; dW from all rows at
-            // the end
-            ZG_CUDA_CHECK(cudaEventRecord(chunk_ev[0], stream));
-            if (!serial) ZG_CUDA_CHECK(cudaStreamWaitEvent(cestream, chunk_ev[0]));
-            for (int64_t c = 0; c < chunks; c++) {
-                const int64_t r0 = c * chunk_rows, n = std::min(chunk_rows, NA - r0);
-                cuda::ce_shard_backward(rows_of(r0, n), params_ + r0, o, ce_stream);
+        // beside this chunk's work: the last chunk's dh out, the next chunk's hidden states in
+        if (compute_grad && k > 0) scatter_dh(k - 1);
+        if (k + 1 < K) gather_h(k + 1);
+        // One collective for the chunk's statistics; every rank merges them in rank order.
+        collective(stream, [&] {
+            vgroup.all_gather(stats, gathered, NC * int64_t(sizeof(cuda::RowStatsF)), stream);
+        });
+        ZG_CUDA_CHECK(cudaMemcpyAsync(stats, gathered, NC * sizeof(cuda::RowStatsF),
+                                      cudaMemcpyDeviceToDevice, stream));
+        for (int r = 1; r < P; r++) cuda::ce_merge_stats(stats, gathered + r * NC, NC, stream);
+        cuda::ce_count_valid(n_all, a.targets, NC, o.ignore_index, stream);
+        cuda::ce_finalize(params_, stats, n_all, a, o, stream);
+        // this rank's rows (rows p n.. of the chunk) for what it reports
+        for (int j = 0; j < 4; j++)
+            ZG_CUDA_CHECK(cudaMemcpyAsync(own_rows + j * BT + r0, rows + j * NC + p * n, n * 4,
+                                          cudaMemcpyDeviceToDevice, stream));
+        ZG_CUDA_CHECK(cudaMemcpyAsync(own_stats + r0, stats + p * n, n * sizeof(cuda::RowStatsF),
+                                      cudaMemcpyDeviceToDevice, stream));
+        tick("head (vp): all-gather + merge statistics");
+        if (compute_grad) {
+            float* dh = vp_dhc[b].as<float>();  // [NC, C] fp32, for the sum over the shards
+            ZG_CUDA_CHECK(cudaStreamWaitEvent(stream, dh_sent[b]));
+            if (linear_ce) {  // it adds each vocabulary chunk's dh into dh, and dW
+                ZG_CUDA_CHECK(cudaMemsetAsync(dh, 0, NC * C * 4, stream));
+                cuda::linear_ce_shard_backward(dh, params_, la, o, ce_workspace.get(), stream);
+                ZG_CUDA_CHECK(cudaEventRecord(dh_ready[b], stream));
+                tick("head (vp): fused linear backward");
+            } else {
+                cuda::ce_shard_backward(a, params_, o, stream);
                 // The GEMMs' extra columns carry no gradient. The table's extra rows are zero,
                 // so their logits are too; zeroing them keeps dW and dh exact even if not.
                 if (Vg > Vl)
-                    ZG_CUDA_CHECK(cudaMemset2DAsync(logits_rows(r0) + Vl * es, ld * es, 0,
-                                                    (Vg - Vl) * es, n, ce_stream));
+                    ZG_CUDA_CHECK(cudaMemset2DAsync(vp_work.as<char>() + Vl * es, ld * es, 0,
+                                                    (Vg - Vl) * es, NC, stream));
                 tick("head (vp): cross-entropy gradient");
-                ZG_CUDA_CHECK(cudaEventRecord(chunk_ev[1 + c], ce_stream));
-            }
-            for (int64_t c = 0; c < chunks; c++) {
-                const int64_t r0 = c * chunk_rows, n = std::min(chunk_rows, NA - r0);
-                ZG_CUDA_CHECK(cudaStreamWaitEvent(stream, chunk_ev[1 + c]));
-                // dH_all [NA, C] = dlogits W_shard, in fp32 for the sum over the shards
-                cuda::Gemm gi = input_grad_gemm(vp_dh_all.as<char>() + r0 * C * 4, logits_rows(r0),
-                                                W, n, C, Vg);
+                cuda::Gemm gi = input_grad_gemm(dh, vp_work.get(), W, NC, C, Vg);
                 gi.lda = ld;
                 gi.d_type = DType::f32;
                 cuda::gemm(gi, stream);
+                ZG_CUDA_CHECK(cudaEventRecord(dh_ready[b], stream));
                 tick("head (vp): matmul dinp");
+                // dW_shard += dlogits^T H_chunk (fp32, into the arena; its table has the Vg rows)
+                cuda::Gemm gw = weight_grad_gemm(dW, vp_work.get(), vp_h[b].get(), NC, C, Vg);
+                gw.lda = ld;
+                cuda::gemm(gw, stream);
+                tick("head (vp): matmul dW");
             }
-            // dW_shard += dlogits^T H_all (fp32, into the arena; its table has the Vg rows)
-            cuda::Gemm gw = weight_grad_gemm(dW, vp_logits.get(), vp_h.get(), NA, C, Vg);
-            gw.lda = ld;
-            cuda::gemm(gw, stream);
-            tick("head (vp): matmul dW");
         }
-        // Each rank gets its own rows' gradient summed over the shards.
-        ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
-        vgroup.reduce_scatter_sum(vp_dh_all.as<float>(), vp_dh.as<float>(), BT * C);
+        ZG_CUDA_CHECK(cudaEventRecord(h_free[b], stream));  // its last reader is queued
+    }
+    if (compute_grad) {
+        scatter_dh(K - 1);  // (vpstream runs in order: the last one ends after all the others)
+        ZG_CUDA_CHECK(cudaStreamWaitEvent(stream, dh_sent[(K - 1) % 2]));
         cuda::cast_from_f32(dtmp.get(), vp_dh.as<float>(), BT * C, t, stream);
         tick("head (vp): reduce-scatter dinp");
     }
     // This rank's rows for what it reports (the group's loss adds up over the ranks).
     cuda::CrossEntropyArgs own = a;
     own.N = BT;
-    own.targets = y_all + p * BT;
-    own.loss_rows = rows + p * BT;
-    own.ce_rows = rows + NA + p * BT;
-    own.z_rows = rows + 2 * NA + p * BT;
-    own.lse_rows = rows + 3 * NA + p * BT;
+    own.targets = targets.as<int32_t>();
+    own.loss_rows = own_rows;
+    own.ce_rows = own_rows + BT;
+    own.z_rows = own_rows + 2 * BT;
+    own.lse_rows = own_rows + 3 * BT;
     cuda::ce_count_valid(n_own, own.targets, BT, o.ignore_index, stream);
-    cuda::ce_reduce(own, stats + p * BT, n_own, o, stream);
+    cuda::ce_reduce(own, own_stats, n_own, o, stream);
     tick("head (vp): loss sums");
     ZG_CUDA_CHECK(cudaMemcpyAsync(h_summary.get(), a.summary, sizeof(cuda::LossSummaryF),
                                   cudaMemcpyDeviceToHost, stream));

@@ -65,8 +65,28 @@ struct GptCuda::Impl {
     cudaStream_t grad_consumer = nullptr;
     std::function<void(int64_t, int64_t)> grad_ready;
     cudaEvent_t ready_main_ev = nullptr, ready_side_ev = nullptr;
-    DeviceBuffer vp_h, vp_y, vp_logits, vp_stats, vp_gathered, vp_params, vp_nvalid, vp_rows;
-    DeviceBuffer vp_dh_all, vp_dh, vp_summary;
+    // The vocab-parallel buffers. The group's rows go through the head (and the embedding) in
+    // chunks: chunk k holds rows [k vp_rows_per_chunk, ...) of every rank, so no buffer grows
+    // with the group's P x B x T rows but the targets.
+    DeviceBuffer vp_y;       // the group's tokens, or targets, rank by rank [P, BT]
+    DeviceBuffer vp_yc;      // a chunk's targets in its row order [P, n]
+    DeviceBuffer vp_h[2];    // a chunk's hidden states; the next chunk's are gathered beside
+    DeviceBuffer vp_dhc[2];  // a chunk's dh (fp32) on its way to the reduce-scatter
+    DeviceBuffer vp_work;    // a chunk's logits; in backward, the group's residual gradients
+    DeviceBuffer vp_stats, vp_gathered, vp_params, vp_nvalid, vp_rows, vp_dh, vp_summary;
+    DeviceBuffer vp_own_rows, vp_own_stats;  // this rank's rows' outputs and statistics
+    int64_t vp_rows_per_chunk = 0, vp_chunks = 0;
+    // The gathers of the next chunk's hidden states and the reduce-scatters of the last chunk's
+    // dh run on vpstream beside the head's GEMMs. Events (by buffer b = chunk % 2): h_ready[b],
+    // h_free[b], dh_ready[b], dh_sent[b]; then the last collective's end, which the next one
+    // waits for when it runs on the other stream (NCCL needs one order on every rank).
+    cudaStream_t vpstream = nullptr;
+    cudaEvent_t vp_ev[9] = {};
+    // Rows [r0, r0 + n) of each rank's BT, and the chunk of rows they make: r0 = k x
+    // vp_rows_per_chunk.
+    int64_t vp_chunk_rows(int64_t k) const {
+        return std::min(vp_rows_per_chunk, B * Tn - k * vp_rows_per_chunk);
+    }
     std::map<const void*, cudaEvent_t> read_done;  // last weight-gradient read of each buffer
     const cuda::AttentionVariant* attention = nullptr;
     LayernormVariant ln_variant = LayernormVariant::fused_residual;  // resolved once

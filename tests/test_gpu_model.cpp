@@ -1217,6 +1217,45 @@ TEST_CASE("device_bytes_needed counts, without allocating, what a model holds af
     }
 }
 
+TEST_CASE("a rank of the vocab split holds less than data parallel, by more than 3/4 of the head") {
+    // GPT-2 124M's shape at V = 128256, B = 64, T = 1024 (counted, not allocated): each rank's
+    // own count (device_bytes_needed, what train reports as peak_mem_gb, plus the AdamW moments)
+    // under data parallel and with the vocabulary split over P ranks. A split rank keeps 1/P of
+    // the head's weight, gradient and AdamW state (18 bytes a parameter) and, with a logits head,
+    // one chunk of the logits instead of data parallel's [B T, V]; the target is a saving of at
+    // least 3/4 of the head's state under data parallel.
+    ModelConfig mc;
+    mc.n_layer = 12;
+    mc.n_head = 12;
+    mc.n_embd = 768;
+    mc.block_size = 1024;
+    mc.vocab_size = 128256;
+    const int64_t B = 64, T = 1024;
+    const double head = 18.0 * double(vocab_table_rows(mc)) * double(mc.n_embd);
+    for (const std::string variant : {"fast", "fused_linear"}) {
+        auto total = [&](int parts) {
+            CudaModelOptions o;
+            o.kernels.cross_entropy = variant;
+            o.vocab_parts = parts;
+            return double(GptCuda::device_bytes_needed(mc, o, B, T)) +
+                   8.0 * double(make_gpt_layout(mc, parts).table.total());
+        };
+        const double dp = total(1);
+        for (int P : {2, 4}) {
+            CAPTURE(variant);
+            CAPTURE(P);
+            const double saved = dp - total(P);
+            MESSAGE(variant << ", " << P << " ranks: data parallel " << dp / 1e9 << " GB, split "
+                            << (dp - saved) / 1e9 << " GB: saves " << saved / 1e9 << " GB, "
+                            << saved / head << " of the head's " << head / 1e9 << " GB");
+            // fused_linear holds no logits either way: the shard's saving is (1 - 1/P) of the
+            // head's state less the group's chunk buffers, under 3/4 by construction at P <= 4
+            if (variant == "fast") CHECK(saved >= 0.75 * head);
+            CHECK(saved > 0.0);
+        }
+    }
+}
+
 TEST_CASE("the power sampler reads the board's power and SM clock while the GPU works") {
     // bench_train reports these over its timed steps (kernels/core/gpu_power.h). A GPU machine has
     // the driver, so NVML must be there.
@@ -1329,8 +1368,9 @@ TEST_CASE("vocab-parallel head with 2 and 4 local ranks on one GPU equals one ra
     llama.n_kv_head = 1;
     llama.bias = false;
     llama.tie_embeddings = false;
-    // B = 25: the group's 3200 (P = 2) and 6400 (P = 4) rows run the logits head in 3 row chunks
-    // (a shorter last one) and 4, pipelined on two streams (GptCuda::Impl::loss_sharded)
+    // B = 25: the group's 3200 (P = 2) and 6400 (P = 4) rows run the head and the embedding in
+    // 3 chunks (534, 534 and 532 rows of each rank) and 4, the gathers and reduce-scatters on a
+    // second stream (GptCuda::Impl::loss_sharded)
     const int64_t B = 25, T = 64;
     struct Case {
         DType t;
@@ -1389,7 +1429,7 @@ TEST_CASE("vocab-parallel head with 2 and 4 local ranks on one GPU equals one ra
                     try {
                         const VocabShardedArena arena(mc, P, r);
                         GptCuda m(mc, os);
-                        m.set_vocab_group(cuda_vocab_group(*comms[r], m.stream()));
+                        m.set_vocab_group(cuda_vocab_group(*comms[r]));
                         m.set_params(arena.take_shard(host.params).data());
                         // twice: the second step must not see the first one's buffers. The
                         // second one is timed per op (train.profile_step: every op on the main

@@ -67,7 +67,7 @@ class CudaBackend final : public Backend {
           v_(std::make_unique<DeviceFloats>(model_.num_parameters())),
           hi_(model_.num_parameters()) {
         if (vocab_.split()) {
-            model_.set_vocab_group(cuda_vocab_group(*vocab_.group, model_.stream()));
+            model_.set_vocab_group(cuda_vocab_group(*vocab_.group));
             streamed_.push_back(vocab_.group);
         }
         set_params(initial_params(cfg));
@@ -325,16 +325,16 @@ CudaModelOptions cuda_model_options(const Config& cfg, int vocab_parts) {
     return o;
 }
 
-VocabGroup cuda_vocab_group(Communicator& group, void* stream) {
-    group.set_stream(stream);
+VocabGroup cuda_vocab_group(Communicator& group) {
     VocabGroup g;
     g.size = group.size();
     g.rank = group.rank();
-    // Device buffers go to a device communicator (nccl, on the model's stream); a host one
-    // (local ranks sharing this GPU) gets them through host memory.
-    g.all_gather = [g_ = &group, stream](const void* send, void* recv, int64_t bytes) {
+    // Device buffers go to a device communicator (nccl, on the stream given); a host one (local
+    // ranks sharing this GPU) gets them through host memory.
+    g.all_gather = [g_ = &group](const void* send, void* recv, int64_t bytes, void* stream) {
         ZG_CHECK(bytes % 4 == 0, "vocab group: all_gather of a size not a multiple of 4");
         if (g_->device_buffers()) {
+            g_->set_stream(stream);
             g_->all_gather(send, recv, bytes / 4, CommType::f32);
             return;
         }
@@ -343,8 +343,9 @@ VocabGroup cuda_vocab_group(Communicator& group, void* stream) {
         g_->all_gather(hs.data(), hr.data(), bytes / 4, CommType::f32);
         to_device(recv, hr.data(), hr.size(), stream);
     };
-    g.reduce_scatter_sum = [g_ = &group, stream](const float* send, float* recv, int64_t n) {
+    g.reduce_scatter_sum = [g_ = &group](const float* send, float* recv, int64_t n, void* stream) {
         if (g_->device_buffers()) {
+            g_->set_stream(stream);
             g_->reduce_scatter_sum(send, recv, n, CommType::f32);
             return;
         }
@@ -359,13 +360,14 @@ VocabGroup cuda_vocab_group(Communicator& group, void* stream) {
 // The device memory a config takes, printed before anything is allocated, and a config that
 // cannot fit refused with it (rather than an out-of-memory error part way into the first step).
 // The model's own count of its buffers (GptCuda::device_bytes_needed) plus whole AdamW moments
-// (ZeRO-1 later shards them). Not for a vocab-parallel group, whose buffers the count leaves out.
-void check_device_memory(const Config& cfg) {
+// (ZeRO-1 later shards them); with the vocabulary split over `parts` ranks, of the rank holding
+// the largest shard.
+void check_device_memory(const Config& cfg, int parts) {
     const int64_t B = cfg.train.batch_size;
     const int64_t T = cfg.train.seq_len > 0 ? cfg.train.seq_len : cfg.model.block_size;
-    const double params = double(make_gpt_layout(cfg.model).table.total());
+    const double params = double(make_gpt_layout(cfg.model, parts).table.total());
     const double model =
-        double(GptCuda::device_bytes_needed(cfg.model, cuda_model_options(cfg, 1), B, T));
+        double(GptCuda::device_bytes_needed(cfg.model, cuda_model_options(cfg, parts), B, T));
     const double need = model + 8.0 * params;
     // fp32 weights and gradients, their bf16 copy, two AdamW moments
     const double state = (cfg.train.precision == "fp32" ? 16.0 : 18.0) * params;
@@ -383,10 +385,25 @@ void check_device_memory(const Config& cfg) {
                     ": lower train.batch_size (train.grad_accum keeps the step's tokens) or set "
                     "train.recompute_gelu or train.recompute_block");
     std::printf("%s\n", msg);
+    if (parts > 1) {  // the hint: what the split saves against data parallel, by the same count
+        const double dp =
+            double(GptCuda::device_bytes_needed(cfg.model, cuda_model_options(cfg, 1), B, T)) +
+            8.0 * double(make_gpt_layout(cfg.model).table.total());
+        if (dp > need)
+            std::printf(
+                "vocab split over %d ranks: %.2f GB a rank against %.2f GB under data "
+                "parallel\n",
+                parts, need / 1e9, dp / 1e9);
+        else
+            std::printf(
+                "vocab split over %d ranks: %.2f GB a rank, not less than data "
+                "parallel's %.2f GB here; parallel.vocab_parallel=1 holds no more\n",
+                parts, need / 1e9, dp / 1e9);
+    }
 }
 
 std::unique_ptr<Backend> make_cuda_backend(const Config& cfg, VocabParallel vocab) {
-    if (!vocab.split()) check_device_memory(cfg);
+    check_device_memory(cfg, vocab.split() ? vocab.group->size() : 1);
     return std::make_unique<CudaBackend>(cfg, vocab);
 }
 

@@ -1,6 +1,6 @@
 // The GPU model's vocab-parallel collectives (model/gpt_cuda.h's VocabGroup) over a communicator:
-// device buffers straight to a device communicator (nccl, ordered on `stream`), or through host
-// memory for a host one (local ranks sharing one GPU). CUDA builds only
+// device buffers straight to a device communicator (nccl, on the stream each call is given), or
+// through host memory for a host one (local ranks sharing one GPU). CUDA builds only
 // (train/backends/backend_cuda.cpp).
 #pragma once
 #include "model/gpt_cuda.h"
@@ -8,6 +8,6 @@
 
 namespace zgpt {
 
-VocabGroup cuda_vocab_group(Communicator& group, void* stream);
+VocabGroup cuda_vocab_group(Communicator& group);
 
 }  // namespace zgpt
