@@ -81,7 +81,15 @@ def main():
     ap.add_argument("--csv", help="write the rows here (default: stdout)")
     ap.add_argument("--plot", help="write the LR-sensitivity figure here")
     a = ap.parse_args()
-    rows = [r for p in a.json for r in rows_of(p, a.last)]
+    rows, seen = [], set()
+    for p in a.json:
+        for r in rows_of(p, a.last):
+            # ours trains the same run in a point's own-init and same-start files: one row of it
+            key = (r["trainer"], r["lr"], r["z_loss_weight"], r["model"], r["steps"])
+            if r["trainer"] == "ours" and key in seen:
+                continue
+            seen.add(key)
+            rows.append(r)
     rows.sort(key=lambda r: (r["z_loss_weight"], r["lr"], r["trainer"]))
     keys = ["lr", "z_loss_weight", "model", "trainer", "steps", "final_loss", "final_lse_sq",
             "max_lse_sq", "max_logit", "diverged", "source"]
