@@ -280,13 +280,14 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
     ce_workspace = part(0, ws);
     if (sharded) {
         // A chunk's logits; and at the end of the backward the group's residual gradients (type
-        // rt), for the embedding's gradient. Those go into head_scratch where it is large enough:
-        // it is free then (block 0's backward is done with dqkv and dfch).
+        // rt), for the embedding's gradient. Those go into head_scratch where the block buffers
+        // alone are large enough (the same on every rank, unlike the shard's workspace): it is
+        // free then (block 0's backward is done with dqkv and dfch).
         const int64_t NC = vgroup.size * vp_rows_per_chunk;
         const size_t logits_bytes = linear_ce ? 0 : size_t(NC * shard_logits_ld(vgroup.rank)) * es;
         const size_t group_rows = size_t(vgroup.size * BT * C) * res_es;
         vp_work = DeviceBuffer(
-            std::max(logits_bytes, head_scratch.bytes() >= group_rows ? 0 : group_rows));
+            std::max(logits_bytes, share && parts.bytes() >= group_rows ? 0 : group_rows));
     }
 }
 

@@ -72,7 +72,9 @@ struct GptCuda::Impl {
     DeviceBuffer vp_yc;      // a chunk's targets in its row order [P, n]
     DeviceBuffer vp_h[2];    // a chunk's hidden states; the next chunk's are gathered beside
     DeviceBuffer vp_dhc[2];  // a chunk's dh (fp32) on its way to the reduce-scatter
-    DeviceBuffer vp_work;    // a chunk's logits; in backward, the group's residual gradients
+    // a chunk's logits; in backward, the group's residual gradients (empty where those fit in
+    // head_scratch)
+    DeviceBuffer vp_work;
     DeviceBuffer vp_stats, vp_gathered, vp_params, vp_nvalid, vp_rows, vp_dh, vp_summary;
     DeviceBuffer vp_own_rows, vp_own_stats;  // this rank's rows' outputs and statistics
     int64_t vp_rows_per_chunk = 0, vp_chunks = 0;
@@ -146,6 +148,7 @@ struct GptCuda::Impl {
     DeviceBuffer mlp_bias_sums, attn_bias_sums;
     DeviceBuffer ce_workspace;
     // with a fused linear head: the memory its workspace shares with branch_out, dqkv and dfch
+    // (and, with a split vocabulary, the embedding gradient's gathered rows)
     DeviceBuffer head_scratch;
     bool have_logits = false;
     bool profiling = false;
