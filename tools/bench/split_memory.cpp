@@ -1,0 +1,112 @@
+// split_memory: what one rank of the vocabulary split holds against data parallel, by the
+// trainer's own count (GptCuda::device_bytes_needed plus the AdamW moments: what `train` prints
+// before the first step, and what peak_mem_gb reports), over models, vocabularies, micro-batches,
+// head variants and group sizes. The memory half of docs/parallel.md's guidance on when the split
+// pays; the speed half is tools/gpu/vocab_split_bench.py's. Counting allocates nothing; the CUDA
+// device is needed only for the model's streams.
+//
+//   split_memory [--configs configs/gpt2-124m.yaml,...] [--vocabs 50304,128256,256000]
+//                [--batches 8,16,32,64] [--heads fast,fused_linear] [--parts 2,4,8] [--out F.json]
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "kernels/core/cuda_device.h"
+#include "model/gpt_cuda.h"
+#include "model/parameters.h"
+#include "train/backends/backend_init.h"
+#include "train/cli.h"
+#include "train/config.h"
+
+namespace {
+
+struct Options {
+    std::vector<std::string> configs = {"configs/gpt2-124m.yaml", "configs/gpt2-350m.yaml",
+                                        "configs/gpt2-774m.yaml", "configs/gpt2-1558m.yaml"};
+    std::vector<int64_t> vocabs = {50304, 128256, 256000}, batches = {8, 16, 32, 64};
+    std::vector<std::string> heads = {"fast", "fused_linear"};
+    std::vector<int> parts = {2, 4, 8};
+    std::string out;
+};
+
+// One rank's count in bytes: the model's buffers plus two fp32 AdamW moments a parameter of its
+// tables (the rank holding the largest shard, as train counts it).
+double rank_bytes(const zgpt::Config& cfg, int parts) {
+    const int64_t T = cfg.train.seq_len > 0 ? cfg.train.seq_len : cfg.model.block_size;
+    return double(zgpt::GptCuda::device_bytes_needed(
+               cfg.model, zgpt::cuda_model_options(cfg, parts), cfg.train.batch_size, T)) +
+           8.0 * double(zgpt::make_gpt_layout(cfg.model, parts).table.total());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    Options o;
+    CLI::App app{
+        "split_memory: a vocab-split rank's memory against data parallel, by the "
+        "trainer's count"};
+    app.add_option("--configs", o.configs, "model configs")->delimiter(',');
+    app.add_option("--vocabs", o.vocabs, "vocabulary sizes")->delimiter(',');
+    app.add_option("--batches", o.batches, "micro-batches (train.batch_size)")->delimiter(',');
+    app.add_option("--heads", o.heads, "kernels.cross_entropy variants")->delimiter(',');
+    app.add_option("--parts", o.parts, "group sizes (parallel.vocab_parallel)")->delimiter(',');
+    app.add_option("--out", o.out, "write the rows as JSON here");
+    if (const std::optional<int> code = zgpt::parse_cli(app, argc, argv)) return *code;
+    const zgpt::cuda::DeviceInfo device = zgpt::cuda::query_devices();
+    if (device.count == 0) {
+        std::fprintf(stderr, "split_memory: no usable CUDA device (%s)\n", device.error.c_str());
+        return 1;
+    }
+    try {
+        nlohmann::json rows = nlohmann::json::array();
+        std::printf("%-26s %7s %3s %-13s %2s %9s %9s %9s %9s\n", "config", "V", "B", "head", "P",
+                    "dp GB", "split GB", "saved GB", "head GB");
+        for (const std::string& path : o.configs)
+            for (int64_t V : o.vocabs)
+                for (int64_t B : o.batches)
+                    for (const std::string& head : o.heads) {
+                        const zgpt::Config cfg =
+                            zgpt::load_config(path, {"model.vocab_size=" + std::to_string(V),
+                                                     "train.batch_size=" + std::to_string(B),
+                                                     "kernels.cross_entropy=" + head});
+                        const double dp = rank_bytes(cfg, 1);
+                        // the head's weight, gradient and AdamW state under data parallel (18
+                        // bytes a parameter: fp32 weight and gradient, bf16 copy, two moments)
+                        const double head_state = 18.0 * double(zgpt::vocab_table_rows(cfg.model)) *
+                                                  double(cfg.model.n_embd);
+                        for (int P : o.parts) {
+                            const double split = rank_bytes(cfg, P);
+                            std::printf("%-26s %7lld %3lld %-13s %2d %9.2f %9.2f %9.2f %9.2f\n",
+                                        path.c_str(), (long long)V, (long long)B, head.c_str(), P,
+                                        dp / 1e9, split / 1e9, (dp - split) / 1e9,
+                                        head_state / 1e9);
+                            rows.push_back(
+                                {{"config", path},
+                                 {"n_layer", cfg.model.n_layer},
+                                 {"n_embd", cfg.model.n_embd},
+                                 {"vocab", V},
+                                 {"batch", B},
+                                 {"seq_len",
+                                  cfg.train.seq_len > 0 ? cfg.train.seq_len : cfg.model.block_size},
+                                 {"head", head},
+                                 {"gpus", P},
+                                 {"data_parallel_gb", dp / 1e9},
+                                 {"split_gb", split / 1e9},
+                                 {"saved_gb", (dp - split) / 1e9},
+                                 {"head_state_gb", head_state / 1e9},
+                                 {"saved_of_head_state", (dp - split) / head_state}});
+                        }
+                    }
+        if (!o.out.empty()) {
+            std::ofstream f(o.out);
+            f << nlohmann::json{{"rows", rows}}.dump(1) << "\n";
+        }
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "split_memory: %s\n", e.what());
+        return 1;
+    }
+    return 0;
+}
