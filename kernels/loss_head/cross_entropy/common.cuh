@@ -305,7 +305,8 @@ __device__ __forceinline__ float row_grad_scale(const float* grad_output, bool p
 }
 
 // What finishing a row takes beyond its merged statistics, and where its outputs go (each row
-// array optional): one piece for the building block ce_finalize and online's one kernel a row.
+// array optional): one piece for the building block ce_finalize, online's one kernel a row and
+// fast's kernels.
 struct RowFinish {
     const int32_t* targets;
     const int* n_valid;
@@ -333,6 +334,14 @@ inline RowFinish row_finish(const CrossEntropyArgs& a, const CrossEntropyOptions
             a.lse_rows};
 }
 
+// Row `row`'s outputs, into the row arrays that are there.
+__device__ __forceinline__ void write_row(const RowFinish& f, int64_t row, const RowResult& r) {
+    if (f.loss_rows) f.loss_rows[row] = r.loss;
+    if (f.ce_rows) f.ce_rows[row] = r.ce;
+    if (f.z_rows) f.z_rows[row] = r.z;
+    if (f.lse_rows) f.lse_rows[row] = r.lse;
+}
+
 // Row `row` finished from its statistics (finalize_row with the row's target and gradient
 // scale): its outputs written where `write` (by one thread of the row's), its result returned.
 __device__ __forceinline__ RowResult finish_row(const RowFinish& f, int64_t row,
@@ -341,12 +350,7 @@ __device__ __forceinline__ RowResult finish_row(const RowFinish& f, int64_t row,
     const bool valid = y != f.ignore_index;
     const float g = row_grad_scale(f.grad_output, f.per_row, row, f.red, *f.n_valid);
     const RowResult r = finalize_row(st, y, valid, g, f.V, f.eps, f.zw);
-    if (write) {
-        if (f.loss_rows) f.loss_rows[row] = r.loss;
-        if (f.ce_rows) f.ce_rows[row] = r.ce;
-        if (f.z_rows) f.z_rows[row] = r.z;
-        if (f.lse_rows) f.lse_rows[row] = r.lse;
-    }
+    if (write) write_row(f, row, r);
     return r;
 }
 

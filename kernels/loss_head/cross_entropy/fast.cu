@@ -70,18 +70,11 @@ struct ChunkMax<float> {
 struct FastArgs {
     const void* logits;
     void* dlogits;
-    int64_t ld, V, N;
-    int64_t row0;   // the first row (fast_pingpong_kernel: rows [row0, N))
-    int64_t slice;  // columns per CTA (a multiple of the 16-byte chunk)
-    int stages;     // row buffers per CTA
-    const int32_t* targets;
-    const int* n_valid;
-    const float* grad_output;
-    bool per_row;
-    int64_t ignore_index;
-    float eps, zw;
-    Reduction red;
-    float *loss_rows, *ce_rows, *z_rows, *lse_rows;
+    int64_t ld, N;
+    int64_t row0;       // the first row (fast_pingpong_kernel: rows [row0, N))
+    int64_t slice;      // columns per CTA (a multiple of the 16-byte chunk)
+    int stages;         // row buffers per CTA
+    RowFinish fin;      // targets, gradient scale, loss settings, V and the row outputs
     unsigned* max_key;  // the largest logit of any row (raise_max), for the summary
     long long* trace;   // fast_pingpong_kernel<..., kTrace>: N x cluster x kTracePoints clocks
 };
@@ -89,10 +82,7 @@ struct FastArgs {
 // The per-row outputs of the fused kernel (written once per row).
 __device__ __forceinline__ void write_row_outputs(const FastArgs& a, int64_t row,
                                                   const RowResult& r, const RowStatsF& st) {
-    if (a.loss_rows) a.loss_rows[row] = r.loss;
-    if (a.ce_rows) a.ce_rows[row] = r.ce;
-    if (a.z_rows) a.z_rows[row] = r.z;
-    if (a.lse_rows) a.lse_rows[row] = r.lse;
+    write_row(a.fin, row, r);
     raise_max(a.max_key, st.max);
 }
 
@@ -210,7 +200,7 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1)
     const int64_t first_row = int64_t(blockIdx.x) / csize;
     const int64_t row_step = int64_t(gridDim.x) / csize;
     const int64_t c0 = int64_t(rank) * a.slice;
-    const int64_t rest = a.V - c0;
+    const int64_t rest = a.fin.V - c0;
     const int n = int(rest <= 0 ? 0 : (rest < a.slice ? rest : a.slice));
     const int nv = n / K;  // whole chunks; the last CTA may have a tail of < K values
     // The bulk copy takes the tail's whole chunk too: rows are [N, ld] with ld a multiple of the
@@ -220,7 +210,7 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1)
     const unsigned bytes = unsigned((n + K - 1) / K) * 16u;
     const T* const logits = static_cast<const T*>(a.logits) + c0;
     T* const dlogits = static_cast<T*>(a.dlogits) + c0;
-    const bool smooth = a.eps != 0.0f;
+    const bool smooth = a.fin.eps != 0.0f;
     const int S = a.stages;
     auto buffer = [&](int64_t it) { return reinterpret_cast<T*>(smem_raw) + (it % S) * a.slice; };
     auto load = [&](int64_t it) {  // thread 0 only
@@ -236,15 +226,15 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1)
     cluster.sync();  // barriers initialised, and every CTA runs before any DSMEM access
 
     // per-row scalars are read before the previous row's dlogits stores are queued, not after
-    const int n_valid = *a.n_valid;
+    const int n_valid = *a.fin.n_valid;
     int prev_y_local = -1;
     bool prev_valid = false;
     int64_t it = 0;
     for (int64_t row = first_row; row < a.N; row += row_step, it++) {
-        const int32_t y = a.targets[row];
-        const float g = a.grad_output[a.per_row ? row : 0];
+        const int32_t y = a.fin.targets[row];
+        const float g = a.fin.grad_output[a.fin.per_row ? row : 0];
         if (bytes > 0) mbar_wait(&full[it % S], unsigned(it / S) & 1u);
-        const bool valid = y != a.ignore_index;
+        const bool valid = y != a.fin.ignore_index;
         const int y_local = valid && y >= c0 && y < c0 + n ? int(y - c0) : -1;
         RowStatsF st = slice_stats<T, kThreads>(buffer(it), nv, n, y_local, smooth, threadIdx.x);
         // its barrier publishes row_params of row i - 1; the one after the dlogits pass separates
@@ -273,8 +263,8 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1)
             const int r = int(threadIdx.x) % kMaxCluster;
             const RowStatsF all = warp_merge_stats<kMaxCluster>(
                 r < csize ? *cluster.map_shared_rank(&cta_stats[it & 1], r) : empty_stats());
-            const RowResult res =
-                finalize_row(all, y, valid, grad_scale(g, a.red, n_valid), a.V, a.eps, a.zw);
+            const RowResult res = finalize_row(all, y, valid, grad_scale(g, a.fin.red, n_valid),
+                                               a.fin.V, a.fin.eps, a.fin.zw);
             if (threadIdx.x == 0) {
                 row_params[it & 1] = res.p;
                 if (rank == 0) write_row_outputs(a, row, res, all);
@@ -346,7 +336,7 @@ __global__ void __launch_bounds__(kGroupCount* kGroupThreads, 1) fast_pingpong_k
     const int64_t first_row = a.row0 + int64_t(blockIdx.x) / csize;
     const int64_t row_step = int64_t(gridDim.x) / csize;
     const int64_t c0 = int64_t(rank) * a.slice;
-    const int64_t rest = a.V - c0;
+    const int64_t rest = a.fin.V - c0;
     const int n = int(rest <= 0 ? 0 : (rest < a.slice ? rest : a.slice));
     const int nv = n / K;
     // the copy takes the tail's whole chunk too (fast_lockstep_kernel), in parts of part_chunks
@@ -355,7 +345,7 @@ __global__ void __launch_bounds__(kGroupCount* kGroupThreads, 1) fast_pingpong_k
     auto copy_lo = [&](int p) { return min(chunks, p * part_chunks); };  // p <= kParts
     const T* const logits = static_cast<const T*>(a.logits) + c0;
     T* const dlogits = static_cast<T*>(a.dlogits) + c0;
-    const bool smooth = a.eps != 0.0f;
+    const bool smooth = a.fin.eps != 0.0f;
     const int S = a.stages;
     auto buffer = [&](int64_t it) { return reinterpret_cast<T*>(smem_raw) + (it % S) * a.slice; };
     auto load_part = [&](int64_t it, int p) {
@@ -381,15 +371,15 @@ __global__ void __launch_bounds__(kGroupCount* kGroupThreads, 1) fast_pingpong_k
     // serialization may start, and takes only the SMs this one leaves idle (run_fast_schedule).
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 
-    const int n_valid = *a.n_valid;
+    const int n_valid = *a.fin.n_valid;
     for (int64_t it = group;; it += kGroupCount) {
         const int64_t row = first_row + it * row_step;
         if (row >= a.N) break;
         long long t[kTracePoints] = {};
         if constexpr (kTrace) t[0] = clock64();
-        const int32_t y = a.targets[row];
-        const float g = a.grad_output[a.per_row ? row : 0];
-        const bool valid = y != a.ignore_index;
+        const int32_t y = a.fin.targets[row];
+        const float g = a.fin.grad_output[a.fin.per_row ? row : 0];
+        const bool valid = y != a.fin.ignore_index;
         const int y_local = valid && y >= c0 && y < c0 + n ? int(y - c0) : -1;
         const T* buf = buffer(it);
         auto wait_part = [&](int p) {
@@ -423,8 +413,8 @@ __global__ void __launch_bounds__(kGroupCount* kGroupThreads, 1) fast_pingpong_k
         const int r = lane % kMaxCluster;
         const RowStatsF all =
             warp_merge_stats<kMaxCluster>(r < csize ? cluster_vals[slot][r] : empty_stats());
-        const RowResult res =
-            finalize_row(all, y, valid, grad_scale(g, a.red, n_valid), a.V, a.eps, a.zw);
+        const RowResult res = finalize_row(all, y, valid, grad_scale(g, a.fin.red, n_valid),
+                                           a.fin.V, a.fin.eps, a.fin.zw);
         if (rank == 0 && tid == 0) write_row_outputs(a, row, res, all);
 #pragma unroll
         for (int p = 0; p < kParts; p++) {
@@ -592,28 +582,9 @@ void run_fast_schedule(const CrossEntropyArgs& a0, const CrossEntropyOptions& o,
     // The main grid is a plain launch: it starts after this reset (and the count) is visible; the
     // helper grid starts after the main grid's trigger, so later still.
     count_valid_and_reset_max(ws.n_valid, ws.max_key, a.targets, a.N, o.ignore_index, s);
-    FastArgs f{a.logits,
-               a.dlogits,
-               a.ld,
-               a.V,
-               a.N,
-               0,
-               plan.slice,
-               plan.stages,
-               a.targets,
-               ws.n_valid,
-               a.grad_output,
-               o.reduction == Reduction::none,
-               o.ignore_index,
-               float(o.label_smoothing),
-               float(o.z_loss_weight),
-               o.reduction,
-               a.loss_rows,
-               a.ce_rows,
-               a.z_rows,
-               a.lse_rows,
-               ws.max_key,
-               nullptr};
+    FastArgs f{a.logits,   a.dlogits,  a.ld,        a.N,
+               0,          plan.slice, plan.stages, row_finish(a, o, ws.n_valid),
+               ws.max_key, nullptr};
     dispatch(a.type, [&](auto tag) {
         using T = decltype(tag);
         const int threads = plan.threads;
