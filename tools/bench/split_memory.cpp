@@ -15,7 +15,6 @@
 #include <vector>
 
 #include "kernels/core/cuda_device.h"
-#include "model/gpt_cuda.h"
 #include "model/parameters.h"
 #include "train/backends/backend_init.h"
 #include "train/cli.h"
@@ -31,15 +30,6 @@ struct Options {
     std::vector<int> parts = {2, 4, 8};
     std::string out;
 };
-
-// One rank's count in bytes: the model's buffers plus two fp32 AdamW moments a parameter of its
-// tables (the rank holding the largest shard, as train counts it).
-double rank_bytes(const zgpt::Config& cfg, int parts) {
-    const int64_t T = cfg.train.seq_len > 0 ? cfg.train.seq_len : cfg.model.block_size;
-    return double(zgpt::GptCuda::device_bytes_needed(
-               cfg.model, zgpt::cuda_model_options(cfg, parts), cfg.train.batch_size, T)) +
-           8.0 * double(zgpt::make_gpt_layout(cfg.model, parts).table.total());
-}
 
 }  // namespace
 
@@ -72,13 +62,13 @@ int main(int argc, char** argv) {
                             zgpt::load_config(path, {"model.vocab_size=" + std::to_string(V),
                                                      "train.batch_size=" + std::to_string(B),
                                                      "kernels.cross_entropy=" + head});
-                        const double dp = rank_bytes(cfg, 1);
+                        const double dp = zgpt::cuda_rank_bytes(cfg, 1);
                         // the head's weight, gradient and AdamW state under data parallel (18
                         // bytes a parameter: fp32 weight and gradient, bf16 copy, two moments)
                         const double head_state = 18.0 * double(zgpt::vocab_table_rows(cfg.model)) *
                                                   double(cfg.model.n_embd);
                         for (int P : o.parts) {
-                            const double split = rank_bytes(cfg, P);
+                            const double split = zgpt::cuda_rank_bytes(cfg, P);
                             std::printf("%-26s %7lld %3lld %-13s %2d %9.2f %9.2f %9.2f %9.2f\n",
                                         path.c_str(), (long long)V, (long long)B, head.c_str(), P,
                                         dp / 1e9, split / 1e9, (dp - split) / 1e9,

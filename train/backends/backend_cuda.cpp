@@ -357,18 +357,21 @@ VocabGroup cuda_vocab_group(Communicator& group) {
     return g;
 }
 
-// The device memory a config takes, printed before anything is allocated, and a config that
-// cannot fit refused with it (rather than an out-of-memory error part way into the first step).
-// The model's own count of its buffers (GptCuda::device_bytes_needed) plus whole AdamW moments
-// (ZeRO-1 later shards them); with the vocabulary split over `parts` ranks, of the rank holding
-// the largest shard.
+double cuda_rank_bytes(const Config& cfg, int vocab_parts) {
+    const int64_t T = cfg.train.seq_len > 0 ? cfg.train.seq_len : cfg.model.block_size;
+    return double(GptCuda::device_bytes_needed(cfg.model, cuda_model_options(cfg, vocab_parts),
+                                               cfg.train.batch_size, T)) +
+           8.0 * double(make_gpt_layout(cfg.model, vocab_parts).table.total());  // AdamW moments
+}
+
+// The device memory a config takes (cuda_rank_bytes; ZeRO-1 later shards the AdamW moments),
+// printed before anything is allocated, and a config that cannot fit refused with it (rather
+// than an out-of-memory error part way into the first step).
 void check_device_memory(const Config& cfg, int parts) {
     const int64_t B = cfg.train.batch_size;
     const int64_t T = cfg.train.seq_len > 0 ? cfg.train.seq_len : cfg.model.block_size;
     const double params = double(make_gpt_layout(cfg.model, parts).table.total());
-    const double model =
-        double(GptCuda::device_bytes_needed(cfg.model, cuda_model_options(cfg, parts), B, T));
-    const double need = model + 8.0 * params;
+    const double need = cuda_rank_bytes(cfg, parts);
     // fp32 weights and gradients, their bf16 copy, two AdamW moments
     const double state = (cfg.train.precision == "fp32" ? 16.0 : 18.0) * params;
     size_t free_b = 0, total_b = 0;
@@ -386,9 +389,7 @@ void check_device_memory(const Config& cfg, int parts) {
                     "train.recompute_gelu or train.recompute_block");
     std::printf("%s\n", msg);
     if (parts > 1) {  // the hint: what the split saves against data parallel, by the same count
-        const double dp =
-            double(GptCuda::device_bytes_needed(cfg.model, cuda_model_options(cfg, 1), B, T)) +
-            8.0 * double(make_gpt_layout(cfg.model).table.total());
+        const double dp = cuda_rank_bytes(cfg, 1);
         if (dp > need)
             std::printf(
                 "vocab split over %d ranks: %.2f GB a rank against %.2f GB under data "

@@ -17,5 +17,9 @@ std::unique_ptr<Backend> make_cuda_backend(const Config& cfg, VocabParallel voca
 // its vocabulary tables in vocab_parts shards
 struct CudaModelOptions;  // model/gpt_cuda.h
 CudaModelOptions cuda_model_options(const Config& cfg, int vocab_parts);
+// CUDA builds only: the device memory one rank of a config takes, by the model's own count of its
+// buffers (GptCuda::device_bytes_needed) plus whole AdamW moments; with the vocabulary split over
+// vocab_parts ranks, of the rank holding the largest shard. Counting allocates nothing.
+double cuda_rank_bytes(const Config& cfg, int vocab_parts);
 
 }  // namespace zgpt
