@@ -24,9 +24,12 @@ same=${SAME_START_LRS:-1.0e-1 3.0e-1}
 same_zs=${SAME_START_ZS:-0}
 jobs=${JOBS:-1}
 mkdir -p "$out"
+name_of() { # lr z kind: the job's file name, without .json
+  if [ "$3" = same ]; then echo "lr$1_z$2_same"; else echo "lr$1_z$2"; fi
+}
 job() { # lr z kind: kind "init" (PyTorch from its own weights) or "same" (from ours, and jittered)
-  local lr=$1 z=$2 kind=$3 name="lr$1_z$2" t0=$SECONDS args
-  [ "$kind" = same ] && name="${name}_same"
+  local lr=$1 z=$2 kind=$3 name t0=$SECONDS args
+  name=$(name_of "$1" "$2" "$3")
   if [ "$kind" = same ]; then args=(--torch-variants jitter); else args=(--torch-variants init --no-same-start); fi
   echo "== lr $lr z-loss $z: ours, PyTorch ($kind)"
   # shellcheck disable=SC2086  # SETS is a list of arguments
@@ -42,8 +45,7 @@ for z in $same_zs; do for lr in $same; do todo+=("$lr $z same"); done; done
 for z in $zs; do for lr in $lrs; do todo+=("$lr $z init"); done; done
 for t in "${todo[@]}"; do
   set -- $t
-  name="lr$1_z$2"; [ "$3" = same ] && name="${name}_same"
-  [ -s "$out/$name.json" ] && continue
+  [ -s "$out/$(name_of "$1" "$2" "$3").json" ] && continue
   while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
   job "$1" "$2" "$3" &
 done
