@@ -114,6 +114,8 @@ TEST_CASE("prepare_data + train: run directory, metrics, falling loss, repeatabl
     CHECK((on_gpu || a.text.find("training on the CPU") != std::string::npos));
     CHECK(a.text.find("step 60/60 | loss") != std::string::npos);
     CHECK(a.text.find("sample at step 30:") != std::string::npos);
+    CHECK(a.text.find("start-up took ") != std::string::npos);
+    CHECK(a.text.find("step 60: checkpoint ") != std::string::npos);  // with its size and time
     const fs::path run_a = dir / "runs/a";
     for (const char* f : {"config.yaml", "metrics.jsonl", "provenance.json", "summary.json"})
         CHECK(fs::exists(run_a / f));
@@ -596,6 +598,19 @@ TEST_CASE("a run stopped before its first checkpoint starts again without duplic
         CHECK(n == 1);
     }
     CHECK(seen.size() == 4);  // step 0 (evaluation) and 1..3
+}
+
+TEST_CASE("train.checkpoint_at_end: false writes no checkpoint after the last step") {
+    ResumeFixture f;
+    CommandOutput r = run_command(
+        f.start("no_end", "--set train.max_steps=3 --set train.checkpoint_at_end=false"));
+    INFO(r.text);
+    REQUIRE(r.code == 0);
+    CHECK(r.text.find("checkpoint ") == std::string::npos);
+    CHECK(!fs::exists(f.run_dir("no_end") / "checkpoints/ckpt_3.bin"));
+    CommandOutput d = run_command(f.start("end", "--set train.max_steps=3"));  // the default
+    REQUIRE(d.code == 0);
+    CHECK(fs::exists(f.run_dir("end") / "checkpoints/ckpt_3.bin"));
 }
 
 #include "kernels/core/check.h"

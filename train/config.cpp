@@ -121,6 +121,9 @@ std::vector<ConfigField> config_fields(Config& c) {
     add({"train", "checkpoint_every", "checkpoint every N steps (and at the end); 0: end only",
          &t.checkpoint_every, 0, 1e15});
     add({"train", "keep_checkpoints", "newest checkpoints kept", &t.keep_checkpoints, 1, 1 << 20});
+    add({"train", "checkpoint_at_end",
+         "write a checkpoint after the last step (a stop request always writes one)",
+         &t.checkpoint_at_end});
     add({"train", "sample_every",
          "print a sample (temperature 0.8, top-k 40) every N steps; 0: never", &t.sample_every, 0,
          1e15});
@@ -197,8 +200,8 @@ std::vector<ConfigField> config_fields(Config& c) {
     add({"parallel", "zero1", "shard the AdamW moments across the ranks (ZeRO-1)", &par.zero1});
     add({"parallel", "grad_bucket_mb",
          "gradient all-reduce buckets of about this many MB, started during the backward pass "
-         "(GPU, nccl; pays on slow links, not on NVLink); 0: one all-reduce after the backward "
-         "pass",
+         "(GPU, nccl; measured no faster, on NVLink or between nodes over sockets); 0: one "
+         "all-reduce after the backward pass",
          &par.grad_bucket_mb, 0, 1e6});
     add({"parallel", "timeout_s",
          "a rank that fails or a peer that never arrives stops all ranks within this many "

@@ -36,6 +36,9 @@ struct TrainConfig {
     int threads = 0;                 // CPU threads; 0: all cores
     int64_t checkpoint_every = 500;  // 0: only at the end (and on SIGINT/SIGTERM)
     int keep_checkpoints = 3;
+    // a checkpoint after the last step (a stop request always writes one); benchmarks turn it
+    // off: GPT-2 1558M's weights and AdamW moments are 20 GB
+    bool checkpoint_at_end = true;
     std::string resume;  // "" | "auto": continue from the newest valid checkpoint of the run dir
     int64_t sample_every = 0;  // print a generated sample every N steps; 0: never
     int64_t sample_tokens = 200;
@@ -87,8 +90,8 @@ struct ParallelConfig {
     bool zero1 = false;      // shard the AdamW moments across the ranks (ZeRO-1)
     // Gradient all-reduce buckets of about this many MB, started during the backward pass as
     // the blocks' gradients become final (GPU, nccl); 0: one all-reduce after the backward pass,
-    // the default because on NVLink the overlap slows the backward pass more than it hides
-    // (docs/parallel.md).
+    // the default because the overlap slows the backward pass as much as it hides or more, on
+    // NVLink and between nodes over sockets (docs/parallel.md).
     double grad_bucket_mb = 0;
     double timeout_s = 300;  // a peer that does not arrive within this stops every rank
 };

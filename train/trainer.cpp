@@ -301,7 +301,7 @@ class TrainingRun {
     double peak_ = 0, flops_per_token_ = 0;
     int64_t step_tokens_ = 0;  // over all ranks
     nlohmann::json kernels_;
-    Clock::time_point t_start_;
+    Clock::time_point t_created_ = Clock::now(), t_start_;
     // the progress line's tokens/s over the last max(log_every, 10) steps (in logs, with the
     // default log_every, the steps since the previous line); the ETA keeps the whole run's pace
     std::unique_ptr<RecentRate> recent_;
@@ -550,6 +550,7 @@ void TrainingRun::announce() const {
 
 // Collective: every rank calls it (the weights and moments may be split); rank 0 writes.
 void TrainingRun::checkpoint(int64_t step) {
+    const auto t0 = Clock::now();
     CheckpointState st;
     st.step = step;
     st.tokens = tokens_;
@@ -563,7 +564,14 @@ void TrainingRun::checkpoint(int64_t step) {
     if (!lead_ && P_ == 1) return;  // params() is collective only over a split vocabulary
     st.params = model().params();
     if (!lead_) return;
-    save_checkpoint(ckpt_dir_, model().layout().table, st, cfg_.train.keep_checkpoints);
+    const std::string path =
+        save_checkpoint(ckpt_dir_, model().layout().table, st, cfg_.train.keep_checkpoints);
+    // large models take long here (GPT-2 1558M: 20 GB), so say what it cost
+    char line[256];
+    std::snprintf(line, sizeof line, "step %lld: checkpoint %s, %.2f GB in %.1f s", (long long)step,
+                  path.c_str(), 4e-9 * double(st.params.size() + st.m.size() + st.v.size()),
+                  seconds_since(t0));
+    message(line);
 }
 
 // A sample from the current weights, seeded by the step (the training stream is untouched).
@@ -626,6 +634,9 @@ void TrainingRun::run_steps() {
     step_tokens_ = B_ * T_ * cfg_.train.grad_accum * R_;
     recent_ = std::make_unique<RecentRate>(std::max<int64_t>(cfg_.train.log_every, 10));
     power_ = std::make_unique<PowerMeter>(device_.device == "cuda");
+    char line[64];
+    std::snprintf(line, sizeof line, "start-up took %.1f s", seconds_since(t_created_));
+    message(line);
     t_start_ = Clock::now();
     for (int64_t s = start_step_ + 1; s <= max_steps_ && !stop_all_; s++)
         if (!step(s, micro)) break;
@@ -754,7 +765,8 @@ bool TrainingRun::step(int64_t step, std::vector<Batch>& micro) {
     if (last || (cfg_.train.eval_every > 0 && step % cfg_.train.eval_every == 0))
         evaluate_into(step, rec);
     write_metrics(rec);
-    if (last || (cfg_.train.checkpoint_every > 0 && step % cfg_.train.checkpoint_every == 0))
+    if ((step == max_steps_ && cfg_.train.checkpoint_at_end) || stop_all_ ||
+        (cfg_.train.checkpoint_every > 0 && step % cfg_.train.checkpoint_every == 0))
         checkpoint(step);
     if (cfg_.train.sample_every > 0 && step % cfg_.train.sample_every == 0) print_sample(step);
     return true;

@@ -113,6 +113,7 @@ def main():
         out = ["-c", str(ROOT / cfg)]
         for s in [f"data.train={data}/train_*.bin", "data.val=", f"train.max_steps={steps}",
                   "train.eval_every=0", "train.log_every=1000", "train.checkpoint_every=0",
+                  "train.checkpoint_at_end=false",
                   "train.sample_every=0", "optim.warmup_steps=10", "train.grad_accum=1",
                   f"train.out_dir={work / 'runs'}", f"train.run_name={run}", *extra, *a.sets]:
             out += ["--set", s]

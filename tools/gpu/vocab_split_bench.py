@@ -66,6 +66,7 @@ def main():
         name = f"{model}_v{vocab}_{mode}{'_zero1' if zero1 else ''}"
         sets = [f"data.train={data}/train_*.bin", "data.val=", f"train.max_steps={steps}",
                 "train.eval_every=0", "train.log_every=1000", "train.checkpoint_every=0",
+                "train.checkpoint_at_end=false",
                 "train.sample_every=0", "optim.warmup_steps=5", "train.grad_accum=1",
                 f"train.batch_size={B}", f"model.vocab_size={vocab}",
                 f"parallel.zero1={'true' if zero1 else 'false'}",
