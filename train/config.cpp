@@ -197,7 +197,10 @@ std::vector<ConfigField> config_fields(Config& c) {
     add({"parallel", "vocab_parallel",
          "ranks per vocab-parallel group: the LM head's rows split among them; 1: off",
          &par.vocab_parallel, 1, 1024});
-    add({"parallel", "zero1", "shard the AdamW moments across the ranks (ZeRO-1)", &par.zero1});
+    add({"parallel", "zero1",
+         "shard the AdamW moments across the ranks (ZeRO-1; a split vocabulary's rows across the "
+         "ranks that hold the same ones)",
+         &par.zero1});
     add({"parallel", "grad_bucket_mb",
          "gradient all-reduce buckets of about this many MB, started during the backward pass "
          "(GPU, nccl; measured no faster, on NVLink or between nodes over sockets); 0: one "

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "kernels/core/check.h"
 
@@ -11,11 +12,18 @@
 namespace zgpt {
 
 AdamW::AdamW(const ParameterTable& table, const OptimConfig& cfg)
-    : AdamW(table, cfg, 0, table.total()) {}
+    : AdamW(table, cfg, {{0, table.total()}}) {}
 
-AdamW::AdamW(const ParameterTable& table, const OptimConfig& cfg, int64_t lo, int64_t hi)
-    : table_(table), cfg_(cfg), lo_(lo), hi_(hi), m_(hi - lo, 0.0f), v_(hi - lo, 0.0f) {
-    ZG_CHECK(0 <= lo && lo <= hi && hi <= table.total(), "AdamW: range outside the arena");
+AdamW::AdamW(const ParameterTable& table, const OptimConfig& cfg, std::vector<ArenaSlice> ranges)
+    : table_(table), cfg_(cfg), ranges_(std::move(ranges)) {
+    int64_t n = 0;
+    for (const ArenaSlice& r : ranges_) {
+        ZG_CHECK(0 <= r.lo && r.lo <= r.hi && r.hi <= table.total(),
+                 "AdamW: range outside the arena");
+        n += r.hi - r.lo;
+    }
+    m_.assign(size_t(n), 0.0f);
+    v_.assign(size_t(n), 0.0f);
 }
 
 void AdamW::step(float* params, const float* grads, double lr, double grad_scale) {
@@ -27,12 +35,16 @@ void AdamW::step(float* params, const float* grads, double lr, double grad_scale
     s.eps = cfg_.eps;
     s.t = t_;
     s.grad_scale = grad_scale;
-    for (const ParamSpec& p : table_.specs()) {  // each tensor's part inside [lo, hi)
-        const int64_t a = std::max(p.offset, lo_), b = std::min(p.offset + p.numel, hi_);
-        if (a >= b) continue;
-        s.weight_decay = p.decay ? decoupled_weight_decay(cfg_) : 0.0;
-        cpu::adamw_update(params + a, grads + a, m_.data() + (a - lo_), v_.data() + (a - lo_),
-                          b - a, s);
+    int64_t at = 0;  // where the range's moments start
+    for (const ArenaSlice& r : ranges_) {
+        for (const ParamSpec& p : table_.specs()) {  // each tensor's part inside the range
+            const int64_t a = std::max(p.offset, r.lo), b = std::min(p.offset + p.numel, r.hi);
+            if (a >= b) continue;
+            s.weight_decay = p.decay ? decoupled_weight_decay(cfg_) : 0.0;
+            const int64_t k = at + (a - r.lo);
+            cpu::adamw_update(params + a, grads + a, m_.data() + k, v_.data() + k, b - a, s);
+        }
+        at += r.hi - r.lo;
     }
 }
 

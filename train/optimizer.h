@@ -6,27 +6,29 @@
 
 #include "model/parameters.h"
 #include "train/config.h"
+#include "train/dist/comm.h"
 
 namespace zgpt {
 
 class AdamW {
   public:
     AdamW(const ParameterTable& table, const OptimConfig& cfg);
-    // Owns (and updates) only the arena elements [lo, hi): a rank's shard under ZeRO-1. m() and
-    // v() then hold hi - lo elements.
-    AdamW(const ParameterTable& table, const OptimConfig& cfg, int64_t lo, int64_t hi);
+    // Owns (and updates) only the arena elements of `ranges`: a rank's share under ZeRO-1
+    // (train/backends/zero1_share.h). m() and v() then hold those elements, range after range.
+    AdamW(const ParameterTable& table, const OptimConfig& cfg, std::vector<ArenaSlice> ranges);
     void step(float* params, const float* grads, double lr, double grad_scale);
-    int64_t lo() const { return lo_; }
-    int64_t hi() const { return hi_; }
+    const std::vector<ArenaSlice>& ranges() const { return ranges_; }
     int64_t steps_taken() const { return t_; }
     void set_steps_taken(int64_t t) { t_ = t; }  // when resuming
     std::vector<float>& m() { return m_; }
     std::vector<float>& v() { return v_; }
+    const std::vector<float>& m() const { return m_; }
+    const std::vector<float>& v() const { return v_; }
 
   private:
     const ParameterTable& table_;
     OptimConfig cfg_;
-    int64_t lo_ = 0, hi_ = 0;
+    std::vector<ArenaSlice> ranges_;
     std::vector<float> m_, v_;
     int64_t t_ = 0;
 };

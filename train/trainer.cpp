@@ -267,6 +267,7 @@ class TrainingRun {
     void message(const std::string& line) {
         if (lead_) progress_.message(line);
     }
+    std::string zero1_description() const;
     void checkpoint(int64_t step);
     void print_sample(int64_t step);
     void evaluate_into(int64_t step, nlohmann::json& rec);
@@ -363,17 +364,16 @@ TrainingRun::TrainingRun(Config c, const std::string& config_path, const std::st
     yaml_ = config_to_yaml(cfg_);
     ckpt_dir_ = result_.run_dir + "/checkpoints";
 
+    // ZeRO-1 shares the AdamW moments of the weights every rank stores over all ranks and, with
+    // a split vocabulary, those of a shard's rows over its peers (train/backends/zero1_share.h).
+    zero1_ = cfg_.parallel.zero1 && R_ > 1;
     try {
-        backend_ = make_backend(device_.device, cfg_, {vocab_group_.get(), vocab_peers_.get()});
+        backend_ = make_backend(device_.device, cfg_, {vocab_group_.get(), vocab_peers_.get()},
+                                zero1_ ? &world_ : nullptr);
     } catch (const Error& e) {  // what it refuses comes from this config (model.init_from, say)
         if (config_path_.empty()) throw;
         throw Error(config_path_ + ": " + e.what());
     }
-    // ZeRO-1 shares the optimizer state between ranks that store the same tensors: all of them,
-    // or with a split vocabulary the peers (each shard's rows are already 1/P of the head).
-    Communicator& zero_group = P_ > 1 ? *vocab_peers_ : world_;
-    zero1_ = cfg_.parallel.zero1 && zero_group.size() > 1;
-    if (zero1_) model().shard_optimizer(zero_group);
     progress_ = Progress(lead_ ? cfg_.train.log_every : 0);  // only rank 0 shows progress
 }
 
@@ -531,11 +531,7 @@ void TrainingRun::announce() const {
         std::printf(
             "ranks: %d (%s communicator), batch %lld per rank; vocab-parallel "
             "groups of %d%s\n",
-            R_, world_.name().c_str(), (long long)B_, P_,
-            zero1_ ? "; AdamW state sharded (ZeRO-1)"
-            : cfg_.parallel.zero1
-                ? "; parallel.zero1 has no effect: no two ranks hold the same vocabulary rows"
-                : "");
+            R_, world_.name().c_str(), (long long)B_, P_, zero1_description().c_str());
     std::printf("data: %lld train tokens in %zu shard(s), %lld batches of %lldx%lld per epoch\n",
                 (long long)train_loader_->num_tokens(), train_loader_->num_shards(),
                 (long long)train_loader_->batches_per_epoch(), (long long)B_, (long long)T_);
@@ -546,6 +542,19 @@ void TrainingRun::announce() const {
     else if (cfg_.train.resume == "auto")
         std::printf("no valid checkpoint in %s: starting from step 0\n", ckpt_dir_.c_str());
     std::fflush(stdout);
+}
+
+// What ZeRO-1 shards, for the start-up report ("" without it).
+std::string TrainingRun::zero1_description() const {
+    if (!zero1_) return "";
+    if (P_ == 1)
+        return "; AdamW moments sharded over the " + std::to_string(R_) + " ranks (ZeRO-1)";
+    const int peers = R_ / P_;
+    return "; AdamW moments sharded (ZeRO-1): the replicated weights' over all " +
+           std::to_string(R_) + " ranks, " +
+           (peers > 1 ? "each vocabulary shard's over the " + std::to_string(peers) +
+                            " ranks that hold it"
+                      : "each vocabulary shard's whole on the one rank that holds it");
 }
 
 // Collective: every rank calls it (the weights and moments may be split); rank 0 writes.

@@ -5,8 +5,12 @@
 // pays; the speed half is tools/gpu/vocab_split_bench.py's. Counting allocates nothing; the CUDA
 // device is needed only for the model's streams.
 //
+// With --zero1 both sides shard the AdamW moments over the P GPUs (parallel.zero1): data parallel
+// all of them, the split the replicated weights' (a shard's rows have no peer there).
+//
 //   split_memory [--configs configs/gpt2-124m.yaml,...] [--vocabs 50304,128256,256000]
-//                [--batches 8,16,32,64] [--heads fast,fused_linear] [--parts 2,4,8] [--out F.json]
+//                [--batches 8,16,32,64] [--heads fast,fused_linear] [--parts 2,4,8] [--zero1]
+//                [--out F.json]
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <fstream>
@@ -28,6 +32,7 @@ struct Options {
     std::vector<int64_t> vocabs = {50304, 128256, 256000}, batches = {8, 16, 32, 64};
     std::vector<std::string> heads = {"fast", "fused_linear"};
     std::vector<int> parts = {2, 4, 8};
+    bool zero1 = false;
     std::string out;
 };
 
@@ -43,6 +48,7 @@ int main(int argc, char** argv) {
     app.add_option("--batches", o.batches, "micro-batches (train.batch_size)")->delimiter(',');
     app.add_option("--heads", o.heads, "kernels.cross_entropy variants")->delimiter(',');
     app.add_option("--parts", o.parts, "group sizes (parallel.vocab_parallel)")->delimiter(',');
+    app.add_flag("--zero1", o.zero1, "ZeRO-1 over the P GPUs on both sides");
     app.add_option("--out", o.out, "write the rows as JSON here");
     if (const std::optional<int> code = zgpt::parse_cli(app, argc, argv)) return *code;
     const zgpt::cuda::DeviceInfo device = zgpt::cuda::query_devices();
@@ -62,13 +68,16 @@ int main(int argc, char** argv) {
                             zgpt::load_config(path, {"model.vocab_size=" + std::to_string(V),
                                                      "train.batch_size=" + std::to_string(B),
                                                      "kernels.cross_entropy=" + head});
-                        const double dp = zgpt::cuda_rank_bytes(cfg, 1);
-                        // the head's weight, gradient and AdamW state under data parallel (18
-                        // bytes a parameter: fp32 weight and gradient, bf16 copy, two moments)
-                        const double head_state = 18.0 * double(zgpt::vocab_table_rows(cfg.model)) *
-                                                  double(cfg.model.n_embd);
                         for (int P : o.parts) {
-                            const double split = zgpt::cuda_rank_bytes(cfg, P);
+                            const int zero_ranks = o.zero1 ? P : 1;
+                            const double dp = zgpt::cuda_rank_bytes(cfg, 1, zero_ranks);
+                            // the head's weight, gradient and AdamW state under data parallel (18
+                            // bytes a parameter: fp32 weight and gradient, bf16 copy, two
+                            // moments, these 1/P under ZeRO-1)
+                            const double head_state = (10.0 + 8.0 / zero_ranks) *
+                                                      double(zgpt::vocab_table_rows(cfg.model)) *
+                                                      double(cfg.model.n_embd);
+                            const double split = zgpt::cuda_rank_bytes(cfg, P, zero_ranks);
                             std::printf("%-26s %7lld %3lld %-13s %2d %9.2f %9.2f %9.2f %9.2f\n",
                                         path.c_str(), (long long)V, (long long)B, head.c_str(), P,
                                         dp / 1e9, split / 1e9, (dp - split) / 1e9,
@@ -83,6 +92,7 @@ int main(int argc, char** argv) {
                                   cfg.train.seq_len > 0 ? cfg.train.seq_len : cfg.model.block_size},
                                  {"head", head},
                                  {"gpus", P},
+                                 {"zero1", o.zero1},
                                  {"data_parallel_gb", dp / 1e9},
                                  {"split_gb", split / 1e9},
                                  {"saved_gb", (dp - split) / 1e9},

@@ -53,11 +53,6 @@ class Backend {
     // all_reduce_grads(comm) in buckets as the gradients become final (the GPU backend over
     // nccl, parallel.grad_bucket_mb > 0); all_reduce_grads(comm) then completes them.
     virtual void begin_grad_sync(Communicator& /*comm*/) {}
-    // ZeRO-1: each rank of `comm` keeps the AdamW moments of one slice of its stored arena,
-    // updates that slice and all-gathers the weights; `comm`'s ranks must store the same tensors
-    // (with a split vocabulary: the peers). adam_m() / adam_v() then gather the whole state.
-    // Call before set_adam.
-    virtual void shard_optimizer(Communicator& comm) = 0;
     virtual double grad_norm() = 0;
     virtual void optimizer_step(double lr, double grad_scale) = 0;
     // The step's update clipped to a global gradient norm of max_norm (0: no clipping); returns
@@ -102,7 +97,12 @@ class Backend {
 
 // device: "cpu" or "cuda" (from choose_device). Initialises the weights from train.seed and
 // model.init_from (the same on every rank; a split vocabulary keeps its shard's rows).
+// zero1: ZeRO-1 over these ranks (the world; null: none). Each rank keeps the AdamW moments of a
+// slice of the weights that every rank stores and, with a split vocabulary, of a slice of its
+// rows shared with VocabParallel::peers (all of them when it has no peer); it updates its slices
+// and gathers the weights (train/backends/zero1_share.h). adam_m() / adam_v() gather the whole
+// state.
 std::unique_ptr<Backend> make_backend(const std::string& device, const Config& cfg,
-                                      VocabParallel vocab = {});
+                                      VocabParallel vocab = {}, Communicator* zero1 = nullptr);
 
 }  // namespace zgpt

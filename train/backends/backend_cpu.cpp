@@ -10,6 +10,7 @@
 #include "model/hf_gpt2.h"
 #include "train/backends/backend.h"
 #include "train/backends/backend_init.h"
+#include "train/backends/zero1_share.h"
 #include "train/optimizer.h"
 #include "train/vocab_parallel/vocab_parallel_embedding.h"
 #include "train/vocab_parallel/vocab_parallel_head.h"
@@ -21,13 +22,14 @@ namespace {
 
 class CpuBackend final : public Backend {
   public:
-    CpuBackend(const Config& cfg, VocabParallel vocab)
+    CpuBackend(const Config& cfg, VocabParallel vocab, Communicator* zero1)
         : cfg_(cfg),
           vocab_(vocab),
           arena_(cfg.model, vocab.split() ? vocab.group->size() : 1,
                  vocab.split() ? vocab.group->rank() : 0),
           model_(cfg.model, arena_.parts()),
-          opt_(std::make_unique<AdamW>(model_.layout().table, cfg.optim)) {
+          share_(arena_, zero1, vocab.peers),
+          opt_(model_.layout().table, cfg.optim, share_.ranges()) {
         set_params(initial_params(cfg));
     }
     std::string name() const override { return "cpu"; }
@@ -90,47 +92,37 @@ class CpuBackend final : public Backend {
             mine += cpu::sum_of_squares(g + s.lo, s.hi - s.lo);
         return std::sqrt(replicated + vocab_.group->sum(mine));
     }
-    void shard_optimizer(Communicator& comm) override {
-        zero_ = &comm;
-        const ArenaSlice sl = arena_slice(model_.num_parameters(), comm.size(), comm.rank());
-        opt_ = std::make_unique<AdamW>(model_.layout().table, cfg_.optim, sl.lo, sl.hi);
-    }
     void optimizer_step(double lr, double grad_scale) override {
-        opt_->step(model_.params.data(), model_.grads.data(), lr, grad_scale);
-        if (zero_) model_.params = gather_zero(model_.params.data() + opt_->lo());
+        opt_.step(model_.params.data(), model_.grads.data(), lr, grad_scale);
+        share_.gather_in_place(model_.params.data());  // ZeRO-1: the other ranks' slices
     }
     std::vector<float> params() const override { return whole(model_.params); }
     void set_params(const std::vector<float>& p) override { model_.params = arena_.take_shard(p); }
-    std::vector<float> adam_m() const override {
-        return whole(zero_ ? gather_zero(opt_->m().data()) : opt_->m());
-    }
-    std::vector<float> adam_v() const override {
-        return whole(zero_ ? gather_zero(opt_->v().data()) : opt_->v());
-    }
+    std::vector<float> adam_m() const override { return whole(stored(opt_.m())); }
+    std::vector<float> adam_v() const override { return whole(stored(opt_.v())); }
     void set_adam(const std::vector<float>& m, const std::vector<float>& v,
                   int64_t steps) override {
         const int64_t n = num_parameters();
         ZG_CHECK(int64_t(m.size()) == n && int64_t(v.size()) == n,
                  "optimizer state has the wrong size");
-        const std::vector<float> ml = arena_.take_shard(m), vl = arena_.take_shard(v);
-        opt_->m().assign(ml.begin() + opt_->lo(), ml.begin() + opt_->hi());
-        opt_->v().assign(vl.begin() + opt_->lo(), vl.begin() + opt_->hi());
-        opt_->set_steps_taken(steps);
+        opt_.m() = share_.take(arena_.take_shard(m));
+        opt_.v() = share_.take(arena_.take_shard(v));
+        opt_.set_steps_taken(steps);
     }
     void set_op_profiling(bool on) override { model_.set_op_profiling(on); }
     std::vector<std::pair<std::string, double>> take_op_times() override {
         return model_.take_op_times();
     }
-    int64_t adam_steps() const override { return opt_->steps_taken(); }
+    int64_t adam_steps() const override { return opt_.steps_taken(); }
     std::string describe() const override {
         return "CPU reference ops in fp32, " + std::to_string(omp_get_max_threads()) +
                " threads (the kernels: section applies to the GPU only)";
     }
 
   private:
-    // The stored arena from every rank's ZeRO-1 slice, `mine` being this rank's. Collective.
-    std::vector<float> gather_zero(const float* mine) const {
-        return all_gather_slices(*zero_, mine, model_.num_parameters());
+    // A moment as this rank's stored arena from its ZeRO-1 share (collective under ZeRO-1).
+    std::vector<float> stored(const std::vector<float>& mine) const {
+        return share_.gather(mine.data(), model_.num_parameters());
     }
     // A whole-model arena from a stored one (collective over the vocab group when split).
     std::vector<float> whole(const std::vector<float>& stored) const {
@@ -156,8 +148,8 @@ class CpuBackend final : public Backend {
     VocabParallel vocab_;
     VocabShardedArena arena_;
     GPT<float> model_;
-    std::unique_ptr<AdamW> opt_;
-    Communicator* zero_ = nullptr;  // ZeRO-1: the ranks that share the optimizer state
+    Zero1Share share_;  // the AdamW moments this rank keeps (all of them without ZeRO-1)
+    AdamW opt_;
     VocabParallelHead<float> head_;
     VocabParallelEmbedding<float> embed_;
     std::vector<float> dhidden_, token_rows_;
@@ -165,19 +157,21 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(const Config& cfg, VocabParallel vocab) {
-    return std::make_unique<CpuBackend>(cfg, vocab);
+std::unique_ptr<Backend> make_cpu_backend(const Config& cfg, VocabParallel vocab,
+                                          Communicator* zero1) {
+    return std::make_unique<CpuBackend>(cfg, vocab, zero1);
 }
 
 #ifndef ZGPT_HAVE_CUDA
-std::unique_ptr<Backend> make_cuda_backend(const Config&, VocabParallel) {
+std::unique_ptr<Backend> make_cuda_backend(const Config&, VocabParallel, Communicator*) {
     throw Error("this build has no CUDA backend");
 }
 #endif
 
 std::unique_ptr<Backend> make_backend(const std::string& device, const Config& cfg,
-                                      VocabParallel vocab) {
-    return device == "cuda" ? make_cuda_backend(cfg, vocab) : make_cpu_backend(cfg, vocab);
+                                      VocabParallel vocab, Communicator* zero1) {
+    return device == "cuda" ? make_cuda_backend(cfg, vocab, zero1)
+                            : make_cpu_backend(cfg, vocab, zero1);
 }
 
 namespace {

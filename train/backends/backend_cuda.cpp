@@ -12,6 +12,7 @@
 #include "model/gpt_cuda.h"
 #include "train/backends/backend.h"
 #include "train/backends/backend_init.h"
+#include "train/backends/zero1_share.h"
 #include "train/vocab_parallel/cuda_vocab_group.h"
 #include "train/vocab_parallel/vocab_sharded_arena.h"
 
@@ -57,15 +58,15 @@ void to_device(void* dst, const void* src, size_t bytes, void* stream) {
 
 class CudaBackend final : public Backend {
   public:
-    CudaBackend(const Config& cfg, VocabParallel vocab)
+    CudaBackend(const Config& cfg, VocabParallel vocab, Communicator* zero1)
         : cfg_(cfg),
           vocab_(vocab),
           arena_(cfg.model, vocab.split() ? vocab.group->size() : 1,
                  vocab.split() ? vocab.group->rank() : 0),
           model_(cfg.model, cuda_model_options(cfg, arena_.parts())),
-          m_(std::make_unique<DeviceFloats>(model_.num_parameters())),
-          v_(std::make_unique<DeviceFloats>(model_.num_parameters())),
-          hi_(model_.num_parameters()) {
+          share_(arena_, zero1, vocab.peers),
+          m_(share_.size()),
+          v_(share_.size()) {
         if (vocab_.split()) {
             model_.set_vocab_group(cuda_vocab_group(*vocab_.group));
             streamed_.push_back(vocab_.group);
@@ -93,14 +94,6 @@ class CudaBackend final : public Backend {
         return model_.loss(targets, opts, 1.0, false);
     }
     void zero_grad() override { model_.zero_grad(); }
-    void shard_optimizer(Communicator& comm) override {
-        zero_ = &comm;
-        const ArenaSlice sl = arena_slice(model_.num_parameters(), comm.size(), comm.rank());
-        lo_ = sl.lo;
-        hi_ = sl.hi;
-        m_ = std::make_unique<DeviceFloats>(hi_ - lo_);
-        v_ = std::make_unique<DeviceFloats>(hi_ - lo_);
-    }
     void begin_grad_sync(Communicator& comm) override {
         const double mb = cfg_.parallel.grad_bucket_mb;
         if (mb <= 0 || comm.size() < 2 || !comm.device_buffers()) return;
@@ -154,18 +147,23 @@ class CudaBackend final : public Backend {
     void optimizer_step(double lr, double grad_scale) override {
         steps_++;
         const OptimConfig& o = cfg_.optim;
-        model_.adamw_step_range(lr, o.beta1, o.beta2, o.eps, decoupled_weight_decay(o), steps_,
-                                grad_scale, m_->get(), v_->get(), lo_, hi_);
+        for (const Zero1Piece& p : share_.pieces())
+            model_.adamw_step_range(lr, o.beta1, o.beta2, o.eps, decoupled_weight_decay(o), steps_,
+                                    grad_scale, m_.get() + p.offset, v_.get() + p.offset, p.mine.lo,
+                                    p.mine.hi);
         gather_optimizer_slices();
     }
     double clip_and_step(double lr, double max_norm) override {
-        // a split vocabulary's norm adds the shards' parts over the group on the host
+        // a split vocabulary's norm adds the shards' parts over the group on the host (and only a
+        // split cuts the arena into several pieces)
         if (vocab_.split()) return Backend::clip_and_step(lr, max_norm);
+        ZG_CHECK(share_.pieces().size() == 1, "clip_and_step: one piece of the arena expected");
+        const Zero1Piece& p = share_.pieces()[0];
         steps_++;
         const OptimConfig& o = cfg_.optim;
-        const double norm =
-            model_.clip_and_adamw_step_range(lr, o.beta1, o.beta2, o.eps, decoupled_weight_decay(o),
-                                             steps_, max_norm, m_->get(), v_->get(), lo_, hi_);
+        const double norm = model_.clip_and_adamw_step_range(
+            lr, o.beta1, o.beta2, o.eps, decoupled_weight_decay(o), steps_, max_norm, m_.get(),
+            v_.get(), p.mine.lo, p.mine.hi);
         gather_optimizer_slices();
         return norm;
     }
@@ -177,16 +175,15 @@ class CudaBackend final : public Backend {
     void set_params(const std::vector<float>& p) override {
         model_.set_params(arena_.take_shard(p).data());  // it checks the size
     }
-    std::vector<float> adam_m() const override { return whole(stored(*m_)); }
-    std::vector<float> adam_v() const override { return whole(stored(*v_)); }
+    std::vector<float> adam_m() const override { return whole(stored(m_)); }
+    std::vector<float> adam_v() const override { return whole(stored(v_)); }
     void set_adam(const std::vector<float>& m, const std::vector<float>& v,
                   int64_t steps) override {
         const int64_t n = num_parameters();
         ZG_CHECK(int64_t(m.size()) == n && int64_t(v.size()) == n,
                  "optimizer state has the wrong size");
-        const std::vector<float> ml = arena_.take_shard(m), vl = arena_.take_shard(v);
-        m_->upload(std::vector<float>(ml.begin() + lo_, ml.begin() + hi_));
-        v_->upload(std::vector<float>(vl.begin() + lo_, vl.begin() + hi_));
+        m_.upload(share_.take(arena_.take_shard(m)));
+        v_.upload(share_.take(arena_.take_shard(v)));
         steps_ = steps;
     }
     void set_op_profiling(bool on) override { model_.set_op_profiling(on); }
@@ -199,7 +196,7 @@ class CudaBackend final : public Backend {
         return cuda::set_gemm_choices(choices);
     }
     double device_memory_bytes() const override {
-        return double(model_.allocated_bytes()) + 2.0 * 4.0 * double(hi_ - lo_);  // + m, v
+        return double(model_.allocated_bytes()) + 2.0 * 4.0 * double(share_.size());  // + m, v
     }
     double device_memory_in_use_bytes() const override {
         size_t free = 0, total = 0;
@@ -218,26 +215,32 @@ class CudaBackend final : public Backend {
     }
 
   private:
-    // ZeRO-1: every rank updated its slice of the fp32 weights; gather the others' slices.
+    // ZeRO-1: every rank updated its slices of the fp32 weights; gather the others' slices, piece
+    // by piece (each over its own ranks).
     void gather_optimizer_slices() {
-        if (!zero_) return;
-        if (zero_->device_buffers()) {
-            // In place on the device: one broadcast per rank, from its slice (slices differ in
-            // size when the ranks do not divide the arena, which one all-gather cannot express).
-            give_stream(*zero_);
-            const int64_t n = model_.num_parameters();
-            for (int r = 0; r < zero_->size(); r++) {
-                const ArenaSlice s = arena_slice(n, zero_->size(), r);
-                if (s.hi > s.lo)
-                    zero_->broadcast(model_.params_device() + s.lo, s.hi - s.lo, CommType::f32, r);
+        if (!share_.sharded()) return;
+        float* w = model_.params_device();
+        for (const Zero1Piece& p : share_.pieces()) {
+            if (!p.comm) continue;
+            Communicator& c = *p.comm;
+            const int64_t len = p.span.hi - p.span.lo;
+            if (c.device_buffers()) {
+                // In place on the device: one broadcast per rank, from its slice (slices differ in
+                // size when the ranks do not divide the span, which one all-gather cannot
+                // express).
+                give_stream(c);
+                for (int r = 0; r < c.size(); r++) {
+                    const ArenaSlice s = arena_slice(len, c.size(), r);
+                    if (s.hi > s.lo)
+                        c.broadcast(w + p.span.lo + s.lo, s.hi - s.lo, CommType::f32, r);
+                }
+                continue;
             }
-            model_.refresh_bf16_copy();
-            return;
+            std::vector<float> mine(p.mine.hi - p.mine.lo);
+            to_host(mine.data(), w + p.mine.lo, mine.size() * 4, model_.stream());
+            const std::vector<float> all = all_gather_slices(c, mine.data(), len);
+            to_device(w + p.span.lo, all.data(), all.size() * 4, model_.stream());
         }
-        std::vector<float> mine(hi_ - lo_);
-        to_host(mine.data(), model_.params_device() + lo_, mine.size() * 4, model_.stream());
-        const std::vector<float> all = gather(mine);
-        to_device(model_.params_device(), all.data(), all.size() * 4, model_.stream());
         model_.refresh_bf16_copy();
     }
     // A device communicator orders its collectives on the model's stream (or on `stream`: the
@@ -247,14 +250,10 @@ class CudaBackend final : public Backend {
         if (std::find(streamed_.begin(), streamed_.end(), &comm) == streamed_.end())
             streamed_.push_back(&comm);
     }
-    // The whole arena from every rank's ZeRO-1 slice, through host memory. Collective.
-    std::vector<float> gather(const std::vector<float>& mine) const {
-        return all_gather_slices(*zero_, mine.data(), model_.num_parameters());
-    }
-    // A moment as this rank's stored arena (collective under ZeRO-1).
+    // A moment as this rank's stored arena from its ZeRO-1 share, through host memory
+    // (collective under ZeRO-1).
     std::vector<float> stored(const DeviceFloats& d) const {
-        const std::vector<float> mine = d.download();
-        return zero_ ? gather(mine) : mine;
+        return share_.gather(d.download().data(), model_.num_parameters());
     }
     // A whole-model arena from a stored one (collective over the vocab group when split).
     std::vector<float> whole(const std::vector<float>& stored) const {
@@ -300,9 +299,8 @@ class CudaBackend final : public Backend {
     VocabParallel vocab_;
     VocabShardedArena arena_;
     GptCuda model_;
-    std::unique_ptr<DeviceFloats> m_, v_;
-    int64_t lo_ = 0, hi_ = 0;       // this rank's slice of the arena (all of it without ZeRO-1)
-    Communicator* zero_ = nullptr;  // ZeRO-1: the ranks that share the optimizer state
+    Zero1Share share_;    // the AdamW moments this rank keeps (all of them without ZeRO-1)
+    DeviceFloats m_, v_;  // share_.size() elements each, piece after piece
     std::vector<Communicator*> streamed_;  // communicators given one of our streams
     // The overlapped gradient all-reduce (begin_grad_sync): its stream, its communicator while a
     // step's sums are in flight, the bucket being filled and the range started so far.
@@ -357,31 +355,44 @@ VocabGroup cuda_vocab_group(Communicator& group) {
     return g;
 }
 
-double cuda_rank_bytes(const Config& cfg, int vocab_parts) {
+namespace {
+// The AdamW moments (m and v, fp32) that a rank keeps: see cuda_rank_bytes.
+double moment_bytes(const Config& cfg, int vocab_parts, int zero1_ranks) {
+    const VocabShardedArena arena(cfg.model, vocab_parts, 0);  // the largest shard's layout
+    return 8.0 * double(Zero1Share::largest_share(arena, zero1_ranks));
+}
+}  // namespace
+
+double cuda_rank_bytes(const Config& cfg, int vocab_parts, int zero1_ranks) {
     const int64_t T = cfg.train.seq_len > 0 ? cfg.train.seq_len : cfg.model.block_size;
     return double(GptCuda::device_bytes_needed(cfg.model, cuda_model_options(cfg, vocab_parts),
                                                cfg.train.batch_size, T)) +
-           8.0 * double(make_gpt_layout(cfg.model, vocab_parts).table.total());  // AdamW moments
+           moment_bytes(cfg, vocab_parts, zero1_ranks);
 }
 
-// The device memory a config takes (cuda_rank_bytes; ZeRO-1 later shards the AdamW moments),
+// The device memory a config takes (cuda_rank_bytes, with the moments ZeRO-1 leaves this rank),
 // printed before anything is allocated, and a config that cannot fit refused with it (rather
 // than an out-of-memory error part way into the first step).
-void check_device_memory(const Config& cfg, int parts) {
+void check_device_memory(const Config& cfg, int parts, int zero1_ranks) {
     const int64_t B = cfg.train.batch_size;
     const int64_t T = cfg.train.seq_len > 0 ? cfg.train.seq_len : cfg.model.block_size;
     const double params = double(make_gpt_layout(cfg.model, parts).table.total());
-    const double need = cuda_rank_bytes(cfg, parts);
-    // fp32 weights and gradients, their bf16 copy, two AdamW moments
-    const double state = (cfg.train.precision == "fp32" ? 16.0 : 18.0) * params;
+    const double need = cuda_rank_bytes(cfg, parts, zero1_ranks);
+    // fp32 weights and gradients, their bf16 copy, and the AdamW moments
+    const double state = (cfg.train.precision == "fp32" ? 8.0 : 10.0) * params +
+                         moment_bytes(cfg, parts, zero1_ranks);
     size_t free_b = 0, total_b = 0;
     ZG_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    char zero[64] = "";
+    if (zero1_ranks > 1)
+        std::snprintf(zero, sizeof zero, ", the moments sharded over %d ranks (ZeRO-1)",
+                      zero1_ranks);
     char msg[512];
     std::snprintf(msg, sizeof msg,
                   "this config needs about %.1f GB of GPU memory (weights, gradients and AdamW "
-                  "moments %.1f GB; activations and workspaces of a %lld x %lld micro-batch "
+                  "moments %.1f GB%s; activations and workspaces of a %lld x %lld micro-batch "
                   "%.1f GB) and the GPU has %.1f GB free",
-                  need / 1e9, state / 1e9, (long long)B, (long long)T, (need - state) / 1e9,
+                  need / 1e9, state / 1e9, zero, (long long)B, (long long)T, (need - state) / 1e9,
                   double(free_b) / 1e9);
     if (need > double(free_b))
         throw Error(std::string(msg) +
@@ -389,23 +400,25 @@ void check_device_memory(const Config& cfg, int parts) {
                     "train.recompute_gelu or train.recompute_block");
     std::printf("%s\n", msg);
     if (parts > 1) {  // the hint: what the split saves against data parallel, by the same count
-        const double dp = cuda_rank_bytes(cfg, 1);
+        const double dp = cuda_rank_bytes(cfg, 1, zero1_ranks);
+        const char* both = zero1_ranks > 1 ? " (both with ZeRO-1)" : "";
         if (dp > need)
             std::printf(
                 "vocab split over %d ranks: %.2f GB a rank against %.2f GB under data "
-                "parallel\n",
-                parts, need / 1e9, dp / 1e9);
+                "parallel%s\n",
+                parts, need / 1e9, dp / 1e9, both);
         else
             std::printf(
                 "vocab split over %d ranks: %.2f GB a rank, not less than data "
-                "parallel's %.2f GB here; parallel.vocab_parallel=1 holds no more\n",
-                parts, need / 1e9, dp / 1e9);
+                "parallel's %.2f GB here%s; parallel.vocab_parallel=1 holds no more\n",
+                parts, need / 1e9, dp / 1e9, both);
     }
 }
 
-std::unique_ptr<Backend> make_cuda_backend(const Config& cfg, VocabParallel vocab) {
-    check_device_memory(cfg, vocab.split() ? vocab.group->size() : 1);
-    return std::make_unique<CudaBackend>(cfg, vocab);
+std::unique_ptr<Backend> make_cuda_backend(const Config& cfg, VocabParallel vocab,
+                                           Communicator* zero1) {
+    check_device_memory(cfg, vocab.split() ? vocab.group->size() : 1, zero1 ? zero1->size() : 1);
+    return std::make_unique<CudaBackend>(cfg, vocab, zero1);
 }
 
 }  // namespace zgpt
