@@ -43,6 +43,9 @@ struct CudaModelOptions {
     // > 1: the vocabulary tables (wte, an untied lm_head) hold one vocab-parallel shard
     // (make_gpt_layout); set_vocab_group must then give a group of that size.
     int vocab_parts = 1;
+    // SMs the split head's GEMMs leave to the collectives its chunks run beside them
+    // (parallel.collective_sms; kernels/core/cuda_device.h)
+    int collective_sms = 0;
 };
 
 // The collectives of a vocab-parallel loss head, supplied by train/ (model/ knows no

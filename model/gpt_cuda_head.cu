@@ -5,6 +5,7 @@
 #include <cstring>
 #include <utility>
 
+#include "kernels/core/cuda_device.h"
 #include "model/gpt_cuda_impl.h"
 
 namespace zgpt {
@@ -111,6 +112,7 @@ CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bo
     ZG_CHECK(o.reduction == Reduction::sum,
              "the vocab-parallel head takes reduction sum (the trainer's)");
     const int P = vgroup.size, p = vgroup.rank;
+    const cuda::CollectiveSmsScope leave_sms(overlapping() ? opt.collective_sms : 0);
     const int64_t BT = B * Tn, C = cfg.n_embd, K = vp_chunks;
     const int64_t v0 = shard_v0(p), Vl = shard_rows(p), ld = shard_logits_ld(p);
     const int64_t Vg = shard_gemm_rows(p);  // the GEMMs' width: Vl rounded up to 8

@@ -206,6 +206,10 @@ std::vector<ConfigField> config_fields(Config& c) {
          "(GPU, nccl; measured no faster, on NVLink or between nodes over sockets); 0: one "
          "all-reduce after the backward pass",
          &par.grad_bucket_mb, 0, 1e6});
+    add({"parallel", "collective_sms",
+         "SMs the GEMMs leave to NCCL while a collective overlaps them (grad_bucket_mb, the split "
+         "head's chunks), and NCCL's most CTAs (GPU, nccl); 0: GEMMs take every SM",
+         &par.collective_sms, 0, 64});
     add({"parallel", "timeout_s",
          "a rank that fails or a peer that never arrives stops all ranks within this many "
          "seconds; keep it above the longest step, checkpoint write or printed sample",

@@ -93,6 +93,10 @@ struct ParallelConfig {
     // the default because the overlap slows the backward pass as much as it hides or more, on
     // NVLink and between nodes over sockets (docs/parallel.md).
     double grad_bucket_mb = 0;
+    // SMs the GEMMs leave to NCCL while collectives run beside them (the bucketed all-reduce, the
+    // split head's chunks), and the most CTAs NCCL may use; 0: the GEMMs take every SM, and a
+    // GEMM launched beside a resident NCCL kernel waits for it (docs/parallel.md).
+    int collective_sms = 0;
     double timeout_s = 300;  // a peer that does not arrive within this stops every rank
 };
 

@@ -162,7 +162,7 @@ int main(int argc, char** argv) {
                      "parallel.local_ranks > 1 is for one process; with several processes each is "
                      "one rank");
             const std::string device = zgpt::choose_device(cfg.train.device).device;
-            world = zgpt::join_run(device, cfg.parallel.timeout_s);
+            world = zgpt::join_run(device, cfg.parallel.timeout_s, cfg.parallel.collective_sms);
         }
         if (world) {
             zgpt::train(cfg, config_path, command_line, *world);

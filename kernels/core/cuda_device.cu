@@ -1,5 +1,6 @@
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <string>
 
 #include "kernels/core/cuda_check.h"
@@ -62,6 +63,20 @@ int current_device_sm_count() {
         return v;
     }();
     return n;
+}
+
+namespace {
+thread_local int t_collective_sms = 0;
+}
+
+void set_collective_sms(int n) {
+    t_collective_sms = n > 0 ? n : 0;
+}
+int collective_sms() {
+    return t_collective_sms;
+}
+int compute_sm_count() {
+    return std::max(1, current_device_sm_count() - t_collective_sms);
 }
 
 }  // namespace zgpt::cuda

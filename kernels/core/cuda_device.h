@@ -22,5 +22,25 @@ bool current_device_is_sm90();
 // The current device's multiprocessors, asked once per process (one GPU model per process);
 // throws zgpt::Error on a CUDA error.
 int current_device_sm_count();
+// The SMs that the persistent kernels (a grid of at most one CTA per SM, and cuBLASLt's GEMMs)
+// leave to NCCL's kernels while collectives run beside them (parallel.collective_sms, set around
+// the overlapped parts of a step). A CTA that finds its SM taken would otherwise wait, and with
+// it the whole kernel: a second wave of the tiles that CTA owns. Per thread, since local ranks
+// are threads of one process.
+void set_collective_sms(int n);
+int collective_sms();
+// The grid of a persistent kernel: current_device_sm_count() less collective_sms(), at least 1.
+int compute_sm_count();
+// collective_sms() = n for a scope, then what it was.
+class CollectiveSmsScope {
+  public:
+    explicit CollectiveSmsScope(int n) : before_(collective_sms()) { set_collective_sms(n); }
+    ~CollectiveSmsScope() { set_collective_sms(before_); }
+    CollectiveSmsScope(const CollectiveSmsScope&) = delete;
+    CollectiveSmsScope& operator=(const CollectiveSmsScope&) = delete;
+
+  private:
+    int before_;
+};
 
 }  // namespace zgpt::cuda

@@ -11,6 +11,7 @@
 
 #include "kernels/core/column_sums.cuh"
 #include "kernels/core/cuda_common.cuh"
+#include "kernels/core/cuda_device.h"
 #include "kernels/gemm/matmul.h"
 
 namespace zgpt::cuda {
@@ -175,6 +176,11 @@ Plan::Plan(const Gemm& g) {
         cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
     ZG_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    if (collective_sms() > 0) {  // leave those SMs to the NCCL kernels running beside it
+        const int32_t sms = compute_sm_count();
+        ZG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
+                                                       &sms, sizeof sms));
+    }
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
     switch (g.epilogue) {
         case Epilogue::none:

@@ -250,7 +250,7 @@ void launch(const Gemm& g, CUstream_st* stream) {
     const CUtensorMap mb = tensor_map(g.B, g.N, g.K, swiglu ? kBN / 2 : kBN, kBK);
     const CUtensorMap md = tensor_map(g.D, g.M, swiglu ? g.N / 2 : g.N, kBM, 64);
     const CUtensorMap mx = whole_tile(E) ? tensor_map(g.aux, g.M, g.N, kBM, 64) : md;
-    const int grid = std::min(p.tiles, current_device_sm_count());
+    const int grid = std::min(p.tiles, compute_sm_count());
     gemm_kernel<E><<<grid, kThreads, CfgOf<E>::kSmemBytes, stream>>>(ma, mb, md, mx, p);
     ZG_CUDA_CHECK(cudaGetLastError());
 }

@@ -279,7 +279,7 @@ void launch(const LinearCrossEntropyArgs& a, const Params& p, CUstream_st* s) {
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            WholeTile::kSmemBytes));
     });
-    int grid = std::min(p.items, current_device_sm_count());
+    int grid = std::min(p.items, compute_sm_count());
     if (p.pair) {  // as many pairs as fit on the device at once (asked the first time only)
         static const int pair_clusters = [] {
             cudaLaunchAttribute cluster;
@@ -290,7 +290,9 @@ void launch(const LinearCrossEntropyArgs& a, const Params& p, CUstream_st* s) {
             return n;
         }();
         ZG_CHECK(pair_clusters > 0, "fused_linear_wgmma: no 2-CTA cluster fits on this device");
-        grid = 2 * std::min(p.items, pair_clusters);
+        // the pairs of SMs left to collectives, if any
+        const int pairs = std::max(1, pair_clusters - (collective_sms() + 1) / 2);
+        grid = 2 * std::min(p.items, pairs);
     }
     const CUtensorMap mh = tensor_map(a.hidden, a.N, a.C, kBM, kBK);
     // in pairs, each CTA loads half of a weight tile into both

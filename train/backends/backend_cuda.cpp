@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "kernels/core/cuda_check.h"
+#include "kernels/core/cuda_device.h"
 #include "kernels/gemm/matmul.h"
 #include "model/device_buffer.h"
 #include "model/gpt_cuda.h"
@@ -124,6 +125,7 @@ class CudaBackend final : public Backend {
                     start_bucket();
                 }
             comm.wait();
+            cuda::set_collective_sms(0);
             syncing_ = nullptr;
         } else {
             all_reduce_spans(comm, world_spans);
@@ -262,6 +264,8 @@ class CudaBackend final : public Backend {
     // Starts the sum of the pending bucket over the syncing communicator, on sync_stream_.
     void start_bucket() {
         if (bucket_.hi <= bucket_.lo) return;
+        // from here to the end of the pass NCCL's kernels run beside the backward's GEMMs
+        cuda::set_collective_sms(cfg_.parallel.collective_sms);
         syncing_->start_all_reduce_sum(model_.grads_device() + bucket_.lo, bucket_.hi - bucket_.lo,
                                        CommType::f32);
         started_ = started_.hi > started_.lo ? ArenaSlice{std::min(started_.lo, bucket_.lo),
@@ -315,6 +319,7 @@ class CudaBackend final : public Backend {
 CudaModelOptions cuda_model_options(const Config& cfg, int vocab_parts) {
     CudaModelOptions o;
     o.vocab_parts = vocab_parts;
+    o.collective_sms = cfg.parallel.collective_sms;
     o.precision = cfg.train.precision == "fp32" ? DType::f32 : DType::bf16;
     o.kernels = cfg.kernels;
     o.recompute_gelu = cfg.train.recompute_gelu;

@@ -250,7 +250,8 @@ std::string nccl_unique_id() {
 }
 
 std::unique_ptr<Communicator> make_nccl_comm(const std::string& unique_id_bytes, int rank,
-                                             int world_size, int cuda_device, double timeout_s) {
+                                             int world_size, int cuda_device, double timeout_s,
+                                             int max_ctas) {
     ncclUniqueId id;
     ZG_CHECK(unique_id_bytes.size() == sizeof id.internal,
              "nccl communicator: the unique id has " + std::to_string(unique_id_bytes.size()) +
@@ -260,7 +261,12 @@ std::unique_ptr<Communicator> make_nccl_comm(const std::string& unique_id_bytes,
     select_cuda_device(cuda_device, rank);
     std::memcpy(id.internal, unique_id_bytes.data(), sizeof id.internal);
     ncclComm_t comm = nullptr;
-    ZG_NCCL_CHECK(ncclCommInitRank(&comm, world_size, id, rank));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    if (max_ctas > 0) {  // the SMs the GEMMs leave free while collectives overlap them
+        config.minCTAs = 1;
+        config.maxCTAs = max_ctas;
+    }
+    ZG_NCCL_CHECK(ncclCommInitRankConfig(&comm, world_size, id, rank, &config));
     try {
         return std::make_unique<NcclComm>(comm, cuda_device, timeout_s);
     } catch (...) {

@@ -23,8 +23,10 @@ void select_cuda_device(int device, int rank);
 // Rank `rank` of `world_size` on `cuda_device`, which it makes current (select_cuda_device).
 // Blocks until every rank has joined (the rendezvous' watchdog bounds that wait). With
 // timeout_s > 0 each collective waits for its completion at most that long, then aborts the
-// communicator and throws naming the collective (0: enqueue and return, no bound).
+// communicator and throws naming the collective (0: enqueue and return, no bound). max_ctas > 0
+// bounds the CTAs (so the SMs) NCCL's kernels take, for this communicator and those split from it.
 std::unique_ptr<Communicator> make_nccl_comm(const std::string& unique_id_bytes, int rank,
-                                             int world_size, int cuda_device, double timeout_s = 0);
+                                             int world_size, int cuda_device, double timeout_s = 0,
+                                             int max_ctas = 0);
 
 }  // namespace zgpt

@@ -74,7 +74,8 @@ std::unique_ptr<Communicator> make_joined_comm(std::unique_ptr<Rendezvous> rv,
     return std::make_unique<JoinedComm>(std::move(rv), std::move(inner));
 }
 
-std::unique_ptr<Communicator> join_run(const std::string& device, double timeout_s) {
+std::unique_ptr<Communicator> join_run(const std::string& device, double timeout_s,
+                                       int nccl_max_ctas) {
     const RankEnv env = rank_env_from_environment();
     if (env.source == "none") return nullptr;
     ZG_CHECK(device == "cpu" || device == "cuda",
@@ -92,8 +93,8 @@ std::unique_ptr<Communicator> join_run(const std::string& device, double timeout
     try {
 #ifdef ZGPT_HAVE_NCCL
         if (device == "cuda")
-            inner =
-                make_nccl_comm(rv->payload(), env.rank, env.world_size, env.local_rank, timeout_s);
+            inner = make_nccl_comm(rv->payload(), env.rank, env.world_size, env.local_rank,
+                                   timeout_s, nccl_max_ctas);
 #endif
         if (device == "cpu") inner = make_tcp_comm(*rv, timeout_s);
     } catch (const std::exception& e) {

@@ -21,8 +21,10 @@ std::unique_ptr<Communicator> make_joined_comm(std::unique_ptr<Rendezvous> rv,
 // What main() calls: reads the environment; nullptr for a plain run (no RANK / SLURM variables).
 // Otherwise joins the run and returns its world communicator: nccl for device "cuda" (on GPU
 // LOCAL_RANK, after cudaSetDevice; rank 0 hands out the NCCL id), tcp between the processes for
-// "cpu". Keep it alive until the end of the run, then call finish_run.
-std::unique_ptr<Communicator> join_run(const std::string& device, double timeout_s);
+// "cpu" (nccl_max_ctas > 0: NCCL's kernels take at most that many CTAs). Keep it alive until the
+// end of the run, then call finish_run.
+std::unique_ptr<Communicator> join_run(const std::string& device, double timeout_s,
+                                       int nccl_max_ctas = 0);
 // Before leaving on an exception: the other ranks stop with "rank r failed: reason" instead of
 // waiting for this rank. A no-op for communicators that did not come from join_run.
 void report_rank_failure(Communicator& world, const std::string& reason);
