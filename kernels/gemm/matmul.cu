@@ -255,8 +255,10 @@ Plan::Plan(const Gemm& g) {
                    al_bias = g.bias ? alignment(g.bias) : 256;
     // the four alignments (powers of two, 1 to 256) as their exponents, a hex digit each
     const auto log2 = [](uint32_t a) { return uint32_t(__builtin_ctz(a)); };
-    const uint32_t al_key =
-        log2(al_a) << 12 | log2(al_b) << 8 | log2(al_d) << 4 | log2(std::min(al_aux, al_bias));
+    // above them, the SMs left to collectives (collective_sms; 0, as before, when none): the
+    // heuristic's and the search's choices for fewer SMs are kept apart from the others
+    const uint32_t al_key = uint32_t(std::min(collective_sms(), 255)) << 16 | log2(al_a) << 12 |
+                            log2(al_b) << 8 | log2(al_d) << 4 | log2(std::min(al_aux, al_bias));
     key = AlgoKey{g.M,
                   g.N,
                   g.K,

@@ -111,6 +111,7 @@ class CudaBackend final : public Backend {
         });
     }
     double all_reduce_grads(Communicator& comm) override {
+        cuda::set_collective_sms(0);  // the buckets' reserve (start_bucket): no GEMM runs here
         ZG_CUDA_CHECK(cudaDeviceSynchronize());  // the backward pass is done on its streams
         const auto t0 = std::chrono::steady_clock::now();
         const int64_t n = model_.num_parameters();
@@ -125,7 +126,6 @@ class CudaBackend final : public Backend {
                     start_bucket();
                 }
             comm.wait();
-            cuda::set_collective_sms(0);
             syncing_ = nullptr;
         } else {
             all_reduce_spans(comm, world_spans);

@@ -207,6 +207,13 @@ class NcclComm final : public Communicator {
             ZG_CUDA_CHECK(
                 cudaMemcpyAsync(recv, s.recv, recv_bytes, cudaMemcpyDeviceToHost, stream_));
         if (s.any_staged) ZG_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        // A large one (a checkpoint's gather of the AdamW moments: GBs at GPT-2 1558M) does not
+        // keep its device copy for the rest of the run; the memory check does not count it.
+        if (s.any_staged && scratch_bytes_ > kKeptScratchBytes) {
+            ZG_CUDA_CHECK(cudaFree(scratch_));
+            scratch_ = nullptr;
+            scratch_bytes_ = 0;
+        }
     }
 
     void ensure_scratch(size_t bytes) {
@@ -230,6 +237,7 @@ class NcclComm final : public Communicator {
     cudaStream_t own_stream_ = nullptr, stream_ = nullptr;
     void* scratch_ = nullptr;
     size_t scratch_bytes_ = 0;
+    static constexpr size_t kKeptScratchBytes = size_t(64) << 20;
 };
 
 }  // namespace
