@@ -438,6 +438,29 @@ void check_same_run(const RunOut& a, const RunOut& b) {
     MESSAGE("largest differences: loss " << worst << " relative, weights " << e.abs);
 }
 
+// How a cut run is continued: ranks, the per-rank batch (the global batch unchanged), the
+// vocab-parallel group and ZeRO-1.
+struct Layout {
+    int ranks, batch, vp;
+    bool zero1 = false;
+};
+
+// `base` resumed, in `k`'s layout, from a copy of the run directory `cut` named `name`.
+RunOut resumed(const Config& base, const std::string& cut, const std::string& name,
+               const Layout& k) {
+    const fs::path dst = data_dir() / "runs" / name;
+    fs::remove_all(dst);
+    fs::copy(data_dir() / "runs" / cut, dst, fs::copy_options::recursive);
+    Config c = base;
+    c.train.run_name = name;
+    c.train.resume = "auto";
+    c.train.batch_size = k.batch;
+    c.parallel.local_ranks = k.ranks;
+    c.parallel.vocab_parallel = k.vp;
+    c.parallel.zero1 = k.zero1;
+    return run(c);
+}
+
 }  // namespace
 
 TEST_CASE("data parallel with 2 and 3 ranks equals one rank with the same global batch") {
@@ -679,28 +702,15 @@ TEST_CASE("a checkpoint of a split over every rank with ZeRO-1 resumes in any la
     cut.train.run_name = "vpzck_cut";
     cut.train.max_steps = 5;
     run(cut);
-    struct Cont {
-        int ranks, batch, vp;
-        bool zero1;
-    };
-    for (const Cont k : {Cont{2, 6, 2, true}, Cont{2, 6, 2, false}, Cont{1, 12, 1, false},
-                         Cont{3, 4, 3, true}, Cont{4, 3, 2, true}}) {
+    for (const Layout k : {Layout{2, 6, 2, true}, Layout{2, 6, 2, false}, Layout{1, 12, 1, false},
+                           Layout{3, 4, 3, true}, Layout{4, 3, 2, true}}) {
         CAPTURE(k.ranks);
         CAPTURE(k.vp);
         CAPTURE(k.zero1);
-        const std::string name = "vpzck_resume" + std::to_string(k.ranks) + "_" +
-                                 std::to_string(k.vp) + (k.zero1 ? "z" : "");
-        const fs::path dst = data_dir() / "runs" / name;
-        fs::remove_all(dst);
-        fs::copy(data_dir() / "runs" / "vpzck_cut", dst, fs::copy_options::recursive);
-        Config c = c2;
-        c.train.run_name = name;
-        c.train.resume = "auto";
-        c.train.batch_size = k.batch;
-        c.parallel.local_ranks = k.ranks;
-        c.parallel.vocab_parallel = k.vp;
-        c.parallel.zero1 = k.zero1;
-        const RunOut cont = run(c);
+        const RunOut cont = resumed(c2, "vpzck_cut",
+                                    "vpzck_resume" + std::to_string(k.ranks) + "_" +
+                                        std::to_string(k.vp) + (k.zero1 ? "z" : ""),
+                                    k);
         if (k.ranks == 2) {
             CHECK(cont.loss == full.loss);
             CHECK(cont.params == full.params);
@@ -720,23 +730,10 @@ TEST_CASE("a vocab-parallel checkpoint resumes split the same way bit for bit, a
     cut.train.run_name = "vpck_cut";
     cut.train.max_steps = 5;
     run(cut);
-    struct Cont {
-        int ranks, batch, vp;
-    };
-    for (const Cont k : {Cont{2, 3, 2}, Cont{1, 6, 1}, Cont{3, 2, 3}}) {
+    for (const Layout k : {Layout{2, 3, 2}, Layout{1, 6, 1}, Layout{3, 2, 3}}) {
         CAPTURE(k.ranks);
         CAPTURE(k.vp);
-        const std::string name = "vpck_resume" + std::to_string(k.ranks);
-        const fs::path dst = data_dir() / "runs" / name;
-        fs::remove_all(dst);
-        fs::copy(data_dir() / "runs" / "vpck_cut", dst, fs::copy_options::recursive);
-        Config c = c2;
-        c.train.run_name = name;
-        c.train.resume = "auto";
-        c.train.batch_size = k.batch;
-        c.parallel.local_ranks = k.ranks;
-        c.parallel.vocab_parallel = k.vp;
-        const RunOut cont = run(c);
+        const RunOut cont = resumed(c2, "vpck_cut", "vpck_resume" + std::to_string(k.ranks), k);
         if (k.ranks == 2) {
             CHECK(cont.loss == full.loss);
             CHECK(cont.params == full.params);
@@ -755,22 +752,9 @@ TEST_CASE("a checkpoint of 3 ranks resumes with 1 and 2 ranks; with 3, bit for b
     cut.train.run_name = "ck3_cut";
     cut.train.max_steps = 5;
     run(cut);
-    struct Cont {
-        int ranks, batch;
-    };
-    for (const Cont k : {Cont{3, 2}, Cont{2, 3}, Cont{1, 6}}) {
+    for (const Layout k : {Layout{3, 2, 1}, Layout{2, 3, 1}, Layout{1, 6, 1}}) {
         CAPTURE(k.ranks);
-        const fs::path src = data_dir() / "runs" / "ck3_cut";
-        const std::string name = "ck3_resume" + std::to_string(k.ranks);
-        const fs::path dst = data_dir() / "runs" / name;
-        fs::remove_all(dst);
-        fs::copy(src, dst, fs::copy_options::recursive);
-        Config c = c3;
-        c.train.run_name = name;
-        c.train.resume = "auto";
-        c.train.batch_size = k.batch;
-        c.parallel.local_ranks = k.ranks;
-        const RunOut cont = run(c);
+        const RunOut cont = resumed(c3, "ck3_cut", "ck3_resume" + std::to_string(k.ranks), k);
         REQUIRE(cont.loss.size() == full.loss.size());
         if (k.ranks == 3) {
             CHECK(cont.loss == full.loss);
