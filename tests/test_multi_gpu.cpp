@@ -101,6 +101,7 @@ std::vector<double> metric(const std::string& run, const char* key) {
 struct Run {
     std::vector<double> loss, val;
     std::vector<float> params;
+    std::string log;  // what train printed
 };
 
 Run train_run(const std::string& name, int batch, const std::string& extra, int steps = 8,
@@ -110,6 +111,7 @@ Run train_run(const std::string& name, int batch, const std::string& extra, int 
                                         " -c " + cfg.string() + " " + extra);
     REQUIRE_MESSAGE(r.code == 0, r.text);
     Run o;
+    o.log = r.text;
     o.loss = metric(name, "loss");
     o.val = metric(name, "val_loss");
     const auto ck = list_checkpoints((dir() / "runs" / name / "checkpoints").string());
@@ -175,8 +177,12 @@ TEST_CASE("nccl vocab-parallel head on 2 and 4 GPUs (tied and untied) equals one
         for (int R : rank_counts()) {
             CAPTURE(R);
             const std::string vp = " --set parallel.vocab_parallel=" + std::to_string(R);
-            check_close(train_run("vp_nccl" + t + std::to_string(R), 4 / R, nproc(R) + vp, 8, tied),
-                        one);
+            const Run split =
+                train_run("vp_nccl" + t + std::to_string(R), 4 / R, nproc(R) + vp, 8, tied);
+            check_close(split, one);
+            // before the first step: what a split rank holds against data parallel
+            CHECK(split.log.find("vocab split over " + std::to_string(R) + " ranks: ") !=
+                  std::string::npos);
         }
     }
 }

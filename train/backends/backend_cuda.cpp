@@ -417,6 +417,18 @@ void check_device_memory(const Config& cfg, int parts, int zero1_ranks) {
                 "vocab split over %d ranks: %.2f GB a rank, not less than data "
                 "parallel's %.2f GB here%s; parallel.vocab_parallel=1 holds no more\n",
                 parts, need / 1e9, dp / 1e9, both);
+        // A head that holds logits: data parallel with the fused linear head, which never
+        // does, can hold less than the split (docs/parallel.md, "When the split pays").
+        if (cfg.kernels.cross_entropy.rfind("fused_linear", 0) != 0) {
+            Config fused = cfg;
+            fused.kernels.cross_entropy = "fused_linear";
+            const double dp_fused = cuda_rank_bytes(fused, 1, zero1_ranks);
+            if (dp_fused < need)
+                std::printf(
+                    "data parallel with kernels.cross_entropy=fused_linear would hold %.2f GB "
+                    "a rank, less than this split\n",
+                    dp_fused / 1e9);
+        }
     }
 }
 
