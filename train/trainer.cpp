@@ -303,6 +303,7 @@ class TrainingRun {
     int64_t step_tokens_ = 0;  // over all ranks
     nlohmann::json kernels_;
     Clock::time_point t_created_ = Clock::now(), t_start_;
+    double model_seconds_ = 0;  // of the start-up: the model, its weights and their upload
     // the progress line's tokens/s over the last max(log_every, 10) steps (in logs, with the
     // default log_every, the steps since the previous line); the ETA keeps the whole run's pace
     std::unique_ptr<RecentRate> recent_;
@@ -367,6 +368,7 @@ TrainingRun::TrainingRun(Config c, const std::string& config_path, const std::st
     // ZeRO-1 shares the AdamW moments of the weights every rank stores over all ranks and, with
     // a split vocabulary, those of a shard's rows over its peers (train/backends/zero1_share.h).
     zero1_ = cfg_.parallel.zero1 && R_ > 1;
+    const auto t_model = Clock::now();
     try {
         backend_ = make_backend(device_.device, cfg_, {vocab_group_.get(), vocab_peers_.get()},
                                 zero1_ ? &world_ : nullptr);
@@ -374,6 +376,7 @@ TrainingRun::TrainingRun(Config c, const std::string& config_path, const std::st
         if (config_path_.empty()) throw;
         throw Error(config_path_ + ": " + e.what());
     }
+    model_seconds_ = seconds_since(t_model);
     progress_ = Progress(lead_ ? cfg_.train.log_every : 0);  // only rank 0 shows progress
 }
 
@@ -643,8 +646,10 @@ void TrainingRun::run_steps() {
     step_tokens_ = B_ * T_ * cfg_.train.grad_accum * R_;
     recent_ = std::make_unique<RecentRate>(std::max<int64_t>(cfg_.train.log_every, 10));
     power_ = std::make_unique<PowerMeter>(device_.device == "cuda");
-    char line[64];
-    std::snprintf(line, sizeof line, "start-up took %.1f s", seconds_since(t_created_));
+    char line[128];
+    std::snprintf(line, sizeof line,
+                  "start-up took %.1f s (the model, its weights and their upload: %.1f s)",
+                  seconds_since(t_created_), model_seconds_);
     message(line);
     t_start_ = Clock::now();
     for (int64_t s = start_step_ + 1; s <= max_steps_ && !stop_all_; s++)
