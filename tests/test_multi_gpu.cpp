@@ -210,6 +210,10 @@ TEST_CASE("the gradient all-reduce started during the backward pass equals one a
         CAPTURE(extra);
         const Run after =
             train_run("ov_after", 2, nproc(2) + extra + " --set parallel.grad_bucket_mb=0");
+        // each step's GPU time of its passes, beside the all-reduce's
+        const std::vector<double> compute = metric("ov_after", "compute_ms");
+        CHECK(compute.size() == after.loss.size());
+        for (double ms : compute) CHECK(ms > 0);
         for (const char* mb : {"0.01", "1"}) {
             CAPTURE(mb);
             const Run during = train_run("ov_during", 2,

@@ -753,7 +753,10 @@ bool TrainingRun::step(int64_t step, std::vector<Batch>& micro) {
     if (model().device_memory_bytes() > 0) rec["peak_mem_gb"] = model().device_memory_bytes() / 1e9;
     if (model().device_memory_in_use_bytes() > 0)
         rec["gpu_mem_in_use_gb"] = model().device_memory_in_use_bytes() / 1e9;
-    if (R_ > 1) rec["grad_all_reduce_ms"] = comm_ms;
+    if (R_ > 1) {
+        rec["grad_all_reduce_ms"] = comm_ms;
+        if (const double c = model().compute_ms(); c >= 0) rec["compute_ms"] = c;
+    }
     if (const PowerMeter::Reading pw = power_->read(); pw.samples > 0) {
         rec["power_w"] = pw.power_w;  // this rank's GPU
         rec["sm_clock_mhz"] = pw.sm_clock_mhz;

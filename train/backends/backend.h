@@ -88,6 +88,10 @@ class Backend {
     virtual void set_op_profiling(bool on) = 0;
     virtual std::vector<std::pair<std::string, double>> take_op_times() = 0;
 
+    // The GPU time of the step's forward and backward passes (zero_grad to the end of the last
+    // micro-batch's passes), read once all_reduce_grads has synchronised; -1: not measured (CPU).
+    // Beside the step's time it shows what the gradient all-reduce's overlap cost the passes.
+    virtual double compute_ms() const { return -1; }
     virtual double device_memory_bytes() const { return 0; }  // 0: not tracked (CPU)
     // What the device reports in use now (all allocations of this process: the model, NCCL's
     // buffers, the CUDA context); 0 on the CPU.

@@ -73,10 +73,12 @@ class CudaBackend final : public Backend {
             streamed_.push_back(vocab_.group);
         }
         set_params(initial_params(cfg));
+        for (cudaEvent_t& e : compute_ev_) ZG_CUDA_CHECK(cudaEventCreate(&e));
     }
     ~CudaBackend() override {  // communicators must not keep ordering work on our streams
         for (Communicator* c : streamed_) c->set_stream(nullptr);
         if (sync_stream_) cudaStreamDestroy(sync_stream_);
+        for (cudaEvent_t e : compute_ev_) cudaEventDestroy(e);
     }
     std::string name() const override { return "cuda"; }
     const GptLayout& layout() const override { return arena_.whole(); }
@@ -87,14 +89,27 @@ class CudaBackend final : public Backend {
     CrossEntropySummary train_micro_batch(const int32_t* inputs, const int32_t* targets, int64_t B,
                                           int64_t T, const CrossEntropyOptions& opts,
                                           double grad_output) override {
-        return model_.forward_loss_backward(inputs, targets, B, T, opts, grad_output);
+        const CrossEntropySummary s =
+            model_.forward_loss_backward(inputs, targets, B, T, opts, grad_output);
+        // the main stream goes on once the passes' streams joined it: their end
+        ZG_CUDA_CHECK(cudaEventRecord(compute_ev_[1], static_cast<cudaStream_t>(model_.stream())));
+        return s;
     }
     CrossEntropySummary evaluate(const int32_t* inputs, const int32_t* targets, int64_t B,
                                  int64_t T, const CrossEntropyOptions& opts) override {
         model_.forward(inputs, B, T);
         return model_.loss(targets, opts, 1.0, false);
     }
-    void zero_grad() override { model_.zero_grad(); }
+    void zero_grad() override {
+        ZG_CUDA_CHECK(cudaEventRecord(compute_ev_[0], static_cast<cudaStream_t>(model_.stream())));
+        model_.zero_grad();
+    }
+    double compute_ms() const override {
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, compute_ev_[0], compute_ev_[1]) == cudaSuccess) return ms;
+        cudaGetLastError();  // not complete yet: not an error for the next launch to report
+        return -1;
+    }
     void begin_grad_sync(Communicator& comm) override {
         const double mb = cfg_.parallel.grad_bucket_mb;
         if (mb <= 0 || comm.size() < 2 || !comm.device_buffers()) return;
@@ -312,6 +327,8 @@ class CudaBackend final : public Backend {
     Communicator* syncing_ = nullptr;
     ArenaSlice bucket_, started_;
     int64_t steps_ = 0;
+    // a step's start (zero_grad) and the end of its last micro-batch's passes, on the main stream
+    cudaEvent_t compute_ev_[2] = {nullptr, nullptr};
 };
 
 }  // namespace
