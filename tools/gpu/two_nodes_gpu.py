@@ -193,6 +193,7 @@ def main():
         return {"steps": len(rows), "step_ms": timed_median(rows, "step_ms"),
                 "tok_per_s": timed_median(rows, "tok_per_s"),
                 "grad_all_reduce_ms": timed_median(rows, "grad_all_reduce_ms"),
+                "compute_ms": timed_median(rows, "compute_ms"),
                 "losses": [r["loss"] for r in rows]}
 
     parts = a.parts.split(",")
@@ -291,12 +292,13 @@ def main():
                     row = {"model": model, "nodes": 2 if link == "socket" else 1, "gpus": gpus,
                            "link": link, "bucket_mb": mb, "tok_per_s": s["tok_per_s"],
                            "step_ms": s["step_ms"], "grad_all_reduce_ms": s["grad_all_reduce_ms"],
-                           "steps": s["steps"], "exit": rc}
+                           "compute_ms": s["compute_ms"], "steps": s["steps"], "exit": rc}
                     record["rows"].append(row)
                     record["runs"][run] = s
                     print(f"{run:28s} {s['tok_per_s'] or 0:11.0f} tok/s  step "
                           f"{s['step_ms'] or 0:8.1f} ms  all-reduce "
-                          f"{s['grad_all_reduce_ms'] or 0:8.1f} ms  exit {rc}", flush=True)
+                          f"{s['grad_all_reduce_ms'] or 0:8.1f} ms  passes "
+                          f"{s['compute_ms'] or 0:8.1f} ms  exit {rc}", flush=True)
                     save()
             # Hierarchical or not, across the nodes: NCCL's tree reduces inside each node over
             # NVLink and crosses the link once per node; its ring crosses it on every hop that
