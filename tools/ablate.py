@@ -153,8 +153,10 @@ def main():
         for fam in args.family or families:
             combos += [{fam: v} for v in families[fam] if v != reference.get(fam)]
     out = pathlib.Path(args.out)
+    # an ablation keeps its numbers, not its weights
     common = args.set + [f"train.max_steps={args.steps}", "train.eval_every=0",
-                         "train.checkpoint_every=0", "train.keep_checkpoints=1", "train.log_every=10"]
+                         "train.checkpoint_every=0", "train.checkpoint_at_end=false",
+                         "train.log_every=10"]
     plan = []
     for c in combos:
         name = combo_name(c)
@@ -189,8 +191,6 @@ def main():
             results.append({"name": name, "combo": c, "failed": rc})
             continue
         r = summarise(out / name)
-        for ck in (out / name / "checkpoints").glob("ckpt_*.bin"):
-            ck.unlink()  # an ablation keeps its numbers, not its weights
         if r["device"] != "cuda":
             sys.exit(f"ablate: the run trained on '{r['device']}': kernel variants exist only on "
                      "the GPU (no CUDA device here), so there is nothing to compare")

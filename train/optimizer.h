@@ -17,7 +17,6 @@ class AdamW {
     // (train/backends/zero1_share.h). m() and v() then hold those elements, range after range.
     AdamW(const ParameterTable& table, const OptimConfig& cfg, std::vector<ArenaSlice> ranges);
     void step(float* params, const float* grads, double lr, double grad_scale);
-    const std::vector<ArenaSlice>& ranges() const { return ranges_; }
     int64_t steps_taken() const { return t_; }
     void set_steps_taken(int64_t t) { t_ = t; }  // when resuming
     std::vector<float>& m() { return m_; }

@@ -1,5 +1,6 @@
 """What the GPU benchmark scripts (two_nodes_gpu.py, vocab_split_bench.py) share: the shard of
-random GPT-2 tokens they train on, and the steps a run logged with their medians."""
+random GPT-2 tokens they train on, the overrides every run takes, and the steps a run logged
+with their medians."""
 import json
 import pathlib
 import statistics
@@ -20,6 +21,16 @@ def write_random_gpt2_shard(path, n_tokens, seed=1):
         f.write(hdr.tobytes())
         f.write(tokens.tobytes())
     return path
+
+
+def benchmark_sets(data_dir, steps, out_dir, run_name):
+    """The `--set`s of every benchmark run: the random shard, `steps` steps of one micro-batch, no
+    evaluation, samples or checkpoints (GPT-2 1558M's last one alone is 20 GB, minutes of device
+    time), and where the run goes."""
+    return [f"data.train={data_dir}/train_*.bin", "data.val=", f"train.max_steps={steps}",
+            "train.eval_every=0", "train.log_every=1000", "train.checkpoint_every=0",
+            "train.checkpoint_at_end=false", "train.sample_every=0", "train.grad_accum=1",
+            f"train.out_dir={out_dir}", f"train.run_name={run_name}"]
 
 
 def logged_steps(run_dir):

@@ -37,7 +37,7 @@ import subprocess
 import sys
 import time
 
-from bench_runs import logged_steps, timed_median, write_random_gpt2_shard
+from bench_runs import benchmark_sets, logged_steps, timed_median, write_random_gpt2_shard
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 # Between the nodes: NCCL's socket transport on loopback (each node also gets NCCL_HOSTID).
@@ -111,11 +111,8 @@ def main():
     def sets(model, run, steps, extra):
         cfg = {"124m": "configs/gpt2-124m.yaml", "1558m": "configs/gpt2-1558m.yaml"}[model]
         out = ["-c", str(ROOT / cfg)]
-        for s in [f"data.train={data}/train_*.bin", "data.val=", f"train.max_steps={steps}",
-                  "train.eval_every=0", "train.log_every=1000", "train.checkpoint_every=0",
-                  "train.checkpoint_at_end=false",
-                  "train.sample_every=0", "optim.warmup_steps=10", "train.grad_accum=1",
-                  f"train.out_dir={work / 'runs'}", f"train.run_name={run}", *extra, *a.sets]:
+        for s in [*benchmark_sets(data, steps, work / "runs", run), "optim.warmup_steps=10",
+                  *extra, *a.sets]:
             out += ["--set", s]
         return out
 

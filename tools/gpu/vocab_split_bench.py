@@ -23,7 +23,7 @@ import pathlib
 import subprocess
 import time
 
-from bench_runs import logged_steps, timed_median, write_random_gpt2_shard
+from bench_runs import benchmark_sets, logged_steps, timed_median, write_random_gpt2_shard
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 MODELS = {"124m": ("configs/gpt2-124m.yaml", 64, 30, 768),
@@ -64,14 +64,10 @@ def main():
     def run(model, vocab, zero1, mode):
         cfg, B, steps, _ = MODELS[model]
         name = f"{model}_v{vocab}_{mode}{'_zero1' if zero1 else ''}"
-        sets = [f"data.train={data}/train_*.bin", "data.val=", f"train.max_steps={steps}",
-                "train.eval_every=0", "train.log_every=1000", "train.checkpoint_every=0",
-                "train.checkpoint_at_end=false",
-                "train.sample_every=0", "optim.warmup_steps=5", "train.grad_accum=1",
+        sets = [*benchmark_sets(data, steps, work / "runs", name), "optim.warmup_steps=5",
                 f"train.batch_size={B}", f"model.vocab_size={vocab}",
                 f"parallel.zero1={'true' if zero1 else 'false'}",
-                f"parallel.vocab_parallel={gpus if mode == 'vp' else 1}",
-                f"train.out_dir={work / 'runs'}", f"train.run_name={name}", *a.sets]
+                f"parallel.vocab_parallel={gpus if mode == 'vp' else 1}", *a.sets]
         cmd = [str(pathlib.Path(a.bin).resolve() / "train"), "-c", str(ROOT / cfg),
                "--nproc", str(gpus)]
         for s in sets:
