@@ -4,11 +4,15 @@ files (the memory count of every model x vocabulary x micro-batch x head x group
 measured steps of the split against data parallel).
 
   python3 tools/bench/vocab_split_table.py [--memory vocab_split_memory_h200.json]
-                                           [--speed vocab_split_h200x2.json]
+                                           [--speed vocab_split_h200x2.json] [--check FILE]
+
+--check FILE (ctest docs_split_tables, with docs/parallel.md) exits 1 unless FILE holds both
+tables as printed, so the docs' copy follows the results files.
 """
 import argparse
 import json
 import os
+import sys
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "results")
 
@@ -63,10 +67,19 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--memory", default="vocab_split_memory_h200.json")
     ap.add_argument("--speed", default="vocab_split_h200x2.json")
+    ap.add_argument("--check", help="a Markdown file that must hold both tables as printed")
     a = ap.parse_args()
-    print(speed_table(load(a.speed)))
-    print()
-    print(memory_table(load(a.memory)["rows"]))
+    tables = [speed_table(load(a.speed)), memory_table(load(a.memory)["rows"])]
+    if a.check:
+        with open(a.check) as f:
+            text = f.read()
+        stale = [t.splitlines()[0] for t in tables if t not in text]
+        if stale:
+            sys.exit(f"{a.check}: a table differs from the results files (its header: "
+                     f"{stale[0]}); paste python3 tools/bench/vocab_split_table.py's output")
+        print("split tables: ok")
+        return
+    print("\n\n".join(tables))
 
 
 if __name__ == "__main__":
