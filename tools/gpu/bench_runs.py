@@ -3,6 +3,7 @@ random GPT-2 tokens they train on, the overrides every run takes, and the steps 
 with their medians."""
 import json
 import pathlib
+import shutil
 import statistics
 
 
@@ -31,6 +32,12 @@ def benchmark_sets(data_dir, steps, out_dir, run_name):
             "train.eval_every=0", "train.log_every=1000", "train.checkpoint_every=0",
             "train.checkpoint_at_end=false", "train.sample_every=0", "train.grad_accum=1",
             f"train.out_dir={out_dir}", f"train.run_name={run_name}"]
+
+
+def clear_run(run_dir):
+    """Removes what an earlier run of this name left, before the run starts: `train` refuses a
+    directory that holds a run, and the old metrics would then stand for the new run's."""
+    shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def logged_steps(run_dir):

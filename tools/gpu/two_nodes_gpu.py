@@ -37,7 +37,7 @@ import subprocess
 import sys
 import time
 
-from bench_runs import benchmark_sets, logged_steps, timed_median, write_random_gpt2_shard
+from bench_runs import benchmark_sets, clear_run, logged_steps, timed_median, write_random_gpt2_shard
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 # Between the nodes: NCCL's socket transport on loopback (each node also gets NCCL_HOSTID).
@@ -142,6 +142,7 @@ def main():
         return ",".join(str(node * per_node + i) for i in range(per_node))
 
     def one_node(run, model, steps, extra, limit=240):
+        clear_run(work / "runs" / run)
         cmd = [str(binp / "train"), *sets(model, run, steps, extra), "--nproc", str(gpus)]
         rc = wait_all([start(cmd, base_env, work / "logs" / f"{run}.log")], limit)
         return rc
@@ -150,6 +151,7 @@ def main():
                   env_extra=None):
         """Starts the two nodes; returns the processes (launchers, torchrun agents or ranks)."""
         port = free_port()
+        clear_run(work / "runs" / run)
         extra = [f"parallel.timeout_s={timeout_s}", *extra]
         procs = []
         for node in (0, 1):

@@ -23,7 +23,7 @@ import pathlib
 import subprocess
 import time
 
-from bench_runs import benchmark_sets, logged_steps, timed_median, write_random_gpt2_shard
+from bench_runs import benchmark_sets, clear_run, logged_steps, timed_median, write_random_gpt2_shard
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 MODELS = {"124m": ("configs/gpt2-124m.yaml", 64, 30, 768),
@@ -72,6 +72,7 @@ def main():
                "--nproc", str(gpus)]
         for s in sets:
             cmd += ["--set", s]
+        clear_run(work / "runs" / name)
         with open(work / "logs" / f"{name}.log", "w") as log:
             try:
                 rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,

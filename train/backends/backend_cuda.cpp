@@ -435,8 +435,10 @@ void check_device_memory(const Config& cfg, int parts, int zero1_ranks) {
                 "parallel's %.2f GB here%s; parallel.vocab_parallel=1 holds no more\n",
                 parts, need / 1e9, dp / 1e9, both);
         // A head that holds logits: data parallel with the fused linear head, which never
-        // does, can hold less than the split (docs/parallel.md, "When the split pays").
-        if (cfg.kernels.cross_entropy.rfind("fused_linear", 0) != 0) {
+        // does, can hold less than the split (docs/parallel.md, "When the split pays"). That
+        // head runs in bf16 only, so an fp32 run gets no such hint.
+        if (cfg.kernels.cross_entropy.rfind("fused_linear", 0) != 0 &&
+            cfg.train.precision == "bf16") {
             Config fused = cfg;
             fused.kernels.cross_entropy = "fused_linear";
             const double dp_fused = cuda_rank_bytes(fused, 1, zero1_ranks);
