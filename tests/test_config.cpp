@@ -46,6 +46,17 @@ TEST_CASE("defaults live in code; a file holds only overrides") {
     CHECK(c.loss.z_loss_weight == 0.0);
 }
 
+TEST_CASE("parallel.grad_bucket_mb: by the link unless given") {
+    CHECK(load_config(write_yaml("ok", kBase)).parallel.grad_bucket_mb == -1);
+    CHECK(grad_bucket_mb_for_link(-1, 1) == 0);  // inside a node: one all-reduce after the pass
+    CHECK(grad_bucket_mb_for_link(-1, 2) == kGradBucketMbAcrossNodes);
+    CHECK(grad_bucket_mb_for_link(0, 4) == 0);  // a given value stands on any link
+    CHECK(grad_bucket_mb_for_link(0.01, 1) == 0.01);
+    CHECK(error_of(kBase, {"parallel.grad_bucket_mb=-0.5"}).find("takes -1 (by the link)") !=
+          std::string::npos);
+    CHECK(error_of(kBase, {"parallel.grad_bucket_mb=-2"}) != "(no error)");
+}
+
 TEST_CASE("each kind of error names the key path and the file:line") {
     const std::string base = kBase;
     std::string e = error_of(base + "optim:\n  lr: 1e-3\n  betta1: 0.9\n");

@@ -292,6 +292,39 @@ TEST_CASE("rank environment: torchrun, slurm and none") {
     CHECK(parse({{"SLURM_NTASKS", "4"}}).source == "none");  // salloc without srun
 }
 
+TEST_CASE("rank environment: the node count, from each launcher's variables") {
+    const std::map<std::string, std::string> base = {
+        {"RANK", "3"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "29500"}};
+    auto with = [&](std::map<std::string, std::string> extra) {
+        auto m = base;
+        for (auto& [k, v] : extra) m[k] = v;
+        return m;
+    };
+    CHECK(parse(base).nodes == 1);                               // nothing says otherwise: one node
+    CHECK(parse(with({{"LOCAL_WORLD_SIZE", "2"}})).nodes == 2);  // torchrun, train --nnodes 2
+    CHECK(parse(with({{"LOCAL_WORLD_SIZE", "4"}})).nodes == 1);
+    CHECK(parse(with({{"LOCAL_WORLD_SIZE", "1"}})).nodes == 4);
+    CHECK(parse(with({{"LOCAL_WORLD_SIZE", "3"}})).nodes == 2);            // uneven nodes round up
+    CHECK(parse(with({{"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}})).nodes == 2);  // mpirun -x RANK ...
+    CHECK(parse(with({{"LOCAL_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "1"}})).nodes ==
+          1);  // torchrun's own variable wins
+    CHECK(contains(parse_error(with({{"LOCAL_WORLD_SIZE", "8"}})),
+                   "LOCAL_WORLD_SIZE=8 is out of range (1..4)"));
+    CHECK(contains(parse_error(with({{"LOCAL_WORLD_SIZE", "two"}})),
+                   "LOCAL_WORLD_SIZE='two' is not an integer"));
+    const std::map<std::string, std::string> srun = {{"SLURM_PROCID", "5"},
+                                                     {"SLURM_NTASKS", "8"},
+                                                     {"SLURM_NNODES", "2"},
+                                                     {"MASTER_ADDR", "n0"},
+                                                     {"MASTER_PORT", "1234"}};
+    CHECK(parse(srun).nodes == 2);
+    auto one = srun;
+    one.erase("SLURM_NNODES");
+    CHECK(parse(one).nodes == 1);
+    one["SLURM_NNODES"] = "9";
+    CHECK(contains(parse_error(one), "SLURM_NNODES=9 is out of range (1..8)"));
+}
+
 TEST_CASE("rank environment: bad or missing values name the variable") {
     const std::map<std::string, std::string> ok = {
         {"RANK", "1"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "29500"}};

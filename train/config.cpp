@@ -203,9 +203,9 @@ std::vector<ConfigField> config_fields(Config& c) {
          &par.zero1});
     add({"parallel", "grad_bucket_mb",
          "gradient all-reduce buckets of about this many MB, started during the backward pass "
-         "(GPU, nccl; measured no faster, on NVLink or between nodes over sockets); 0: one "
-         "all-reduce after the backward pass",
-         &par.grad_bucket_mb, 0, 1e6});
+         "(GPU, nccl); 0: one all-reduce after the backward pass; -1: by the link, 25 when the "
+         "ranks span several nodes and 0 inside one (docs/parallel.md)",
+         &par.grad_bucket_mb, -1, 1e6});
     add({"parallel", "collective_sms",
          "SMs the GEMMs leave to NCCL while a collective overlaps them (grad_bucket_mb, the split "
          "head's chunks), and NCCL's most CTAs (GPU, nccl); 0: GEMMs take every SM",
@@ -510,6 +510,9 @@ void check_cross(const Config& c, const Origins& origins) {
     if (c.model.n_embd % c.model.n_head != 0)
         throw Error(at("model.n_embd") + std::to_string(c.model.n_embd) +
                     " is not divisible by model.n_head = " + std::to_string(c.model.n_head));
+    if (c.parallel.grad_bucket_mb < 0 && c.parallel.grad_bucket_mb != -1)
+        throw Error(at("parallel.grad_bucket_mb") +
+                    "takes -1 (by the link), 0 (off) or a size in MB above 0");
     const ModelConfig& m = c.model;
     const int kv = m.n_kv_head == 0 ? m.n_head : m.n_kv_head;
     if (m.n_kv_head > m.n_head || m.n_head % kv != 0)
@@ -692,6 +695,11 @@ Config load_config_text(const std::string& yaml, const std::string& origin) {
                     ": YAML syntax error: " + e.msg);
     }
     return config_from_yaml(root, origin, {});
+}
+
+double grad_bucket_mb_for_link(double configured, int nodes) {
+    if (configured >= 0) return configured;
+    return nodes > 1 ? kGradBucketMbAcrossNodes : 0;
 }
 
 std::string run_name_problem(const std::string& name) {

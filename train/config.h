@@ -89,10 +89,9 @@ struct ParallelConfig {
     int vocab_parallel = 1;  // ranks per vocab-parallel group of the loss head; 1: off
     bool zero1 = false;      // shard the AdamW moments across the ranks (ZeRO-1)
     // Gradient all-reduce buckets of about this many MB, started during the backward pass as
-    // the blocks' gradients become final (GPU, nccl); 0: one all-reduce after the backward pass,
-    // the default because the overlap slows the backward pass as much as it hides or more, on
-    // NVLink and between nodes over sockets (docs/parallel.md).
-    double grad_bucket_mb = 0;
+    // the blocks' gradients become final (GPU, nccl); 0: one all-reduce after the backward pass.
+    // -1 (the default): chosen by the link, grad_bucket_mb_for_link() (docs/parallel.md).
+    double grad_bucket_mb = -1;
     // SMs the GEMMs leave to NCCL while collectives run beside them (the bucketed all-reduce, the
     // split head's chunks), and the most CTAs NCCL may use; 0: the GEMMs take every SM, and a
     // GEMM launched beside a resident NCCL kernel waits for it (docs/parallel.md).
@@ -124,6 +123,12 @@ std::vector<ConfigField> config_fields(Config& c);
 
 // Loads a YAML file (may be empty: defaults), applies `section.key=value` overrides, then checks
 // every value. Errors throw zgpt::Error naming the key path and file:line (or the override).
+// parallel.grad_bucket_mb as a run uses it: a value of 0 or more as given; -1 by the link, 0
+// inside one node (over NVLink the overlap slows the backward pass by more than it hides) and
+// kGradBucketMbAcrossNodes across nodes (a link-bound all-reduce then hides the passes).
+constexpr double kGradBucketMbAcrossNodes = 25;
+double grad_bucket_mb_for_link(double configured, int nodes);
+
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 
 // The same from YAML text (a checkpoint's saved config); `origin` names it in messages.

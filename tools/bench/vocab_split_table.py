@@ -46,7 +46,7 @@ def memory_table(rows):
 def speed_table(doc):
     rows = {(r["model"], r["vocab"], r["mode"]): r for r in doc["rows"]}
     out = ["| model, B | V | ZeRO-1 | data parallel tok/s | split tok/s | split step / DP's | "
-           "DP GB | split GB |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "DP GB | split GB | commit |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for (model, v, mode), dp in sorted(rows.items()):
         if not mode.startswith("dp"):
             continue
@@ -55,11 +55,11 @@ def speed_table(doc):
         b = {"124m": 64, "1558m": 16}.get(model, "?")
         if vp is None:
             out.append(f"| {model}, {b} | {v} | {'on' if z else 'off'} | {dp['tok_per_s']:,.0f} | "
-                       f"not measured | | {dp['peak_mem_gb']:.2f} | |")
+                       f"not measured | | {dp['peak_mem_gb']:.2f} | | {dp.get('commit', '')} |")
             continue
         out.append(f"| {model}, {b} | {v} | {'on' if z else 'off'} | {dp['tok_per_s']:,.0f} | "
                    f"{vp['tok_per_s']:,.0f} | {dp['tok_per_s'] / vp['tok_per_s']:.3f}x | "
-                   f"{dp['peak_mem_gb']:.2f} | {vp['peak_mem_gb']:.2f} |")
+                   f"{dp['peak_mem_gb']:.2f} | {vp['peak_mem_gb']:.2f} | {dp.get('commit', '')} |")
     return "\n".join(out)
 
 

@@ -55,6 +55,20 @@ RankEnv parse_rank_env(const std::function<const char*(const char*)>& getenv) {
     e.local_rank = local.empty() ? e.rank
                                  : env_int(local_var, local, 0, e.world_size - 1,
                                            ("0.." + std::to_string(e.world_size - 1)).c_str());
+    // The node count: what a link-dependent default (parallel.grad_bucket_mb) is chosen by.
+    if (e.source == "slurm") {
+        if (const std::string n = get("SLURM_NNODES"); !n.empty())
+            e.nodes = env_int("SLURM_NNODES", n, 1, e.world_size,
+                              ("1.." + std::to_string(e.world_size)).c_str());
+    } else {
+        const char* local_size_var =
+            !get("LOCAL_WORLD_SIZE").empty() ? "LOCAL_WORLD_SIZE" : "OMPI_COMM_WORLD_LOCAL_SIZE";
+        if (const std::string n = get(local_size_var); !n.empty()) {
+            const int per_node = env_int(local_size_var, n, 1, e.world_size,
+                                         ("1.." + std::to_string(e.world_size)).c_str());
+            e.nodes = (e.world_size + per_node - 1) / per_node;
+        }
+    }
     const std::string addr = get("MASTER_ADDR"), port = get("MASTER_PORT");
     if (e.world_size > 1) {
         const std::string why = std::string(" (needed when ") + world_var + "=" + world +

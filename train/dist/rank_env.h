@@ -11,6 +11,9 @@ struct RankEnv {
     std::string master_addr;
     int master_port = 0;
     std::string source = "none";  // "torchrun" (RANK, WORLD_SIZE, ...) | "slurm" | "none"
+    // Machines the ranks run on: WORLD_SIZE over LOCAL_WORLD_SIZE (torchrun, `train --nproc`)
+    // or over OMPI_COMM_WORLD_LOCAL_SIZE (mpirun); SLURM_NNODES (srun); 1 where none is set.
+    int nodes = 1;
 };
 
 // RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (torchrun, mpirun -x); where RANK and
