@@ -2,9 +2,11 @@
 random GPT-2 tokens they train on, the overrides every run takes, and the steps a run logged
 with their medians."""
 import json
+import os
 import pathlib
 import shutil
 import statistics
+import subprocess
 
 
 def write_random_gpt2_shard(path, n_tokens, seed=1):
@@ -32,6 +34,14 @@ def benchmark_sets(data_dir, steps, out_dir, run_name):
             "train.eval_every=0", "train.log_every=1000", "train.checkpoint_every=0",
             "train.checkpoint_at_end=false", "train.sample_every=0", "train.grad_accum=1",
             f"train.out_dir={out_dir}", f"train.run_name={run_name}"]
+
+
+def source_commit(root):
+    """The commit the tree was built from: ZGPT_COMMIT where the caller gives it (a copy of the
+    working tree on another machine can carry an older .git), else git's HEAD."""
+    return os.environ.get("ZGPT_COMMIT") or subprocess.run(
+        ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+        text=True).stdout.strip()
 
 
 def clear_run(run_dir):

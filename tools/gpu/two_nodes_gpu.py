@@ -37,7 +37,7 @@ import subprocess
 import sys
 import time
 
-from bench_runs import benchmark_sets, clear_run, logged_steps, timed_median, write_random_gpt2_shard
+from bench_runs import benchmark_sets, clear_run, source_commit, logged_steps, timed_median, write_random_gpt2_shard
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 # Between the nodes: NCCL's socket transport on loopback (each node also gets NCCL_HOSTID).
@@ -80,8 +80,7 @@ def main():
                 ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
                  "CUDA_VISIBLE_DEVICES")}
     base_env["NCCL_NVLS_ENABLE"] = "0"
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
+    commit = source_commit(ROOT)
     record = {"what": "tools/gpu/two_nodes_gpu.py: two launchers as two nodes of one machine, "
                       "NCCL over loopback sockets between them",
               "command": "python3 tools/gpu/two_nodes_gpu.py --bin BUILD --json FILE",

@@ -23,7 +23,7 @@ import pathlib
 import subprocess
 import time
 
-from bench_runs import benchmark_sets, clear_run, logged_steps, timed_median, write_random_gpt2_shard
+from bench_runs import benchmark_sets, clear_run, source_commit, logged_steps, timed_median, write_random_gpt2_shard
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 MODELS = {"124m": ("configs/gpt2-124m.yaml", 64, 30, 768),
@@ -47,8 +47,7 @@ def main():
     (work / "logs").mkdir(parents=True, exist_ok=True)
     gpus = int(subprocess.run(["nvidia-smi", "-L"], capture_output=True,
                               text=True).stdout.count("GPU "))
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
+    commit = source_commit(ROOT)
     record = {"what": __doc__.split("\n\n")[0].replace("\n", " "),
               "command": "python3 tools/gpu/vocab_split_bench.py --bin BUILD --json FILE",
               "commit": commit, "gpus": gpus, "rows": [], "targets": []}
