@@ -172,6 +172,10 @@ def main():
     check("launch: node 1 of 2 starts ranks 2..3 of 4; they meet at 127.0.0.1:" in outs[1],
           "node 1's launcher says which ranks it starts and where they meet")
     compare("torchrun")
+    # the link-chosen bucket default applies to GPU ranks only: the CPU's sum stays after the pass
+    check("parallel.grad_bucket_mb: " not in outs[0] and
+          "grad_bucket_mb: 0\n" in (work / "runs" / "torchrun" / "config.yaml").read_text(),
+          "CPU ranks across nodes keep one all-reduce after the pass (parallel.grad_bucket_mb 0)")
 
     # 1b. four processes as srun starts them: 2 nodes x 2 tasks
     port = free_port()

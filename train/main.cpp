@@ -161,17 +161,18 @@ int main(int argc, char** argv) {
             ZG_CHECK(cfg.parallel.local_ranks == 1,
                      "parallel.local_ranks > 1 is for one process; with several processes each is "
                      "one rank");
-            // The bucketed all-reduce by the link: across nodes, not inside one.
+            const std::string device = zgpt::choose_device(cfg.train.device).device;
+            // The bucketed all-reduce by the link: across nodes, not inside one (GPU ranks over
+            // NCCL; the CPU's tcp communicator sums once after the pass).
             if (cfg.parallel.grad_bucket_mb < 0) {
-                cfg.parallel.grad_bucket_mb =
-                    zgpt::grad_bucket_mb_for_link(cfg.parallel.grad_bucket_mb, env.nodes);
-                if (env.nodes > 1 && env.rank == 0)
+                cfg.parallel.grad_bucket_mb = zgpt::grad_bucket_mb_for_link(
+                    cfg.parallel.grad_bucket_mb, device == "cuda" ? env.nodes : 1);
+                if (cfg.parallel.grad_bucket_mb > 0 && env.rank == 0)
                     std::printf(
                         "parallel.grad_bucket_mb: %g (the ranks span %d nodes: the "
                         "gradient all-reduce starts during the backward pass)\n",
                         cfg.parallel.grad_bucket_mb, env.nodes);
             }
-            const std::string device = zgpt::choose_device(cfg.train.device).device;
             world = zgpt::join_run(device, cfg.parallel.timeout_s, cfg.parallel.collective_sms);
         }
         if (world) {

@@ -220,6 +220,11 @@ def main():
             # one GPU a node: every connection crosses the nodes, so none may be P2P or SHM
             check(ev["via_net_lines"] > 0 and (per_node > 1 or ev["via_p2p_or_shm_lines"] == 0),
                   f"{run}: NCCL connects the nodes through its socket transport ({ev})")
+            # the link-chosen default: buckets across nodes (rank 0 says so)
+            text = "".join(q.read_text(errors="replace")
+                           for q in (work / "logs").glob(f"{run}_*.log"))
+            check("parallel.grad_bucket_mb: 25 (the ranks span 2 nodes" in text,
+                  f"{run}: the gradient all-reduce in buckets by default across the nodes")
             if per_node == 1:
                 check(got == ref, f"{run}: losses equal one node's bit for bit" +
                       ("" if got == ref else f" (largest difference {worst:.3g} relative)"))
