@@ -321,8 +321,10 @@ TEST_CASE("rank environment: the node count, from each launcher's variables") {
     auto one = srun;
     one.erase("SLURM_NNODES");
     CHECK(parse(one).nodes == 1);
-    one["SLURM_NNODES"] = "9";
-    CHECK(contains(parse_error(one), "SLURM_NNODES=9 is out of range (1..8)"));
+    one["SLURM_NNODES"] = "9";  // more nodes than tasks: the tasks' own
+    CHECK(parse(one).nodes == 8);
+    one["SLURM_NNODES"] = "0";
+    CHECK(contains(parse_error(one), "SLURM_NNODES=0 is out of range"));
 }
 
 TEST_CASE("rank environment: bad or missing values name the variable") {

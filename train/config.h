@@ -121,14 +121,14 @@ struct ConfigField {
 
 std::vector<ConfigField> config_fields(Config& c);
 
-// Loads a YAML file (may be empty: defaults), applies `section.key=value` overrides, then checks
-// every value. Errors throw zgpt::Error naming the key path and file:line (or the override).
 // parallel.grad_bucket_mb as a run uses it: a value of 0 or more as given; -1 by the link, 0
 // inside one node (over NVLink the overlap slows the backward pass by more than it hides) and
 // kGradBucketMbAcrossNodes across nodes (a link-bound all-reduce then hides the passes).
 constexpr double kGradBucketMbAcrossNodes = 25;
 double grad_bucket_mb_for_link(double configured, int nodes);
 
+// Loads a YAML file (may be empty: defaults), applies `section.key=value` overrides, then checks
+// every value. Errors throw zgpt::Error naming the key path and file:line (or the override).
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 
 // The same from YAML text (a checkpoint's saved config); `origin` names it in messages.

@@ -1,6 +1,7 @@
 // The rank environment (train/dist/rank_env.h).
 #include "train/dist/rank_env.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
@@ -57,9 +58,9 @@ RankEnv parse_rank_env(const std::function<const char*(const char*)>& getenv) {
                                            ("0.." + std::to_string(e.world_size - 1)).c_str());
     // The node count: what a link-dependent default (parallel.grad_bucket_mb) is chosen by.
     if (e.source == "slurm") {
+        // The allocation's nodes: a job step of fewer tasks than nodes spans at most its tasks.
         if (const std::string n = get("SLURM_NNODES"); !n.empty())
-            e.nodes = env_int("SLURM_NNODES", n, 1, e.world_size,
-                              ("1.." + std::to_string(e.world_size)).c_str());
+            e.nodes = std::min(env_int("SLURM_NNODES", n, 1, 1 << 20, "at least 1"), e.world_size);
     } else {
         const char* local_size_var =
             !get("LOCAL_WORLD_SIZE").empty() ? "LOCAL_WORLD_SIZE" : "OMPI_COMM_WORLD_LOCAL_SIZE";
