@@ -121,6 +121,11 @@ struct ConfigField {
 
 std::vector<ConfigField> config_fields(Config& c);
 
+// The tokens a sequence of a batch holds: train.seq_len, or model.block_size where it is 0.
+inline int64_t sequence_length(const Config& c) {
+    return c.train.seq_len > 0 ? c.train.seq_len : c.model.block_size;
+}
+
 // parallel.grad_bucket_mb as a run uses it: a value of 0 or more as given; -1 by the link, 0
 // inside one node (over NVLink the overlap slows the backward pass by more than it hides) and
 // kGradBucketMbAcrossNodes across nodes (a link-bound all-reduce then hides the passes).

@@ -203,7 +203,7 @@ TrainResult train_local_ranks(const Config& cfg, const std::string& config_path,
 LoaderOptions train_loader_options(const Config& cfg, int rank, int world_size) {
     LoaderOptions lo;
     lo.batch_size = cfg.train.batch_size;
-    lo.seq_len = cfg.train.seq_len > 0 ? cfg.train.seq_len : cfg.model.block_size;
+    lo.seq_len = sequence_length(cfg);
     lo.shuffle = cfg.data.shuffle;
     lo.sampling = cfg.data.sampling == "random" ? Sampling::random : Sampling::epochs;
     lo.seed = uint64_t(cfg.train.seed);
@@ -346,7 +346,7 @@ TrainingRun::TrainingRun(Config c, const std::string& config_path, const std::st
         vocab_peers_ = world_.split(rank_ % P_, rank_);
     }
     B_ = cfg_.train.batch_size;
-    T_ = cfg_.train.seq_len > 0 ? cfg_.train.seq_len : cfg_.model.block_size;
+    T_ = sequence_length(cfg_);
     max_steps_ = cfg_.train.max_steps;
     windows_per_batch_ = B_ * R_;
 
@@ -782,7 +782,8 @@ bool TrainingRun::step(int64_t step, std::vector<Batch>& micro) {
     if (last || (cfg_.train.eval_every > 0 && step % cfg_.train.eval_every == 0))
         evaluate_into(step, rec);
     write_metrics(rec);
-    if ((step == max_steps_ && cfg_.train.checkpoint_at_end) || stop_all_ ||
+    // the last step keeps its weights unless told not to; a stopped run always does
+    if ((last && (stop_all_ || cfg_.train.checkpoint_at_end)) ||
         (cfg_.train.checkpoint_every > 0 && step % cfg_.train.checkpoint_every == 0))
         checkpoint(step);
     if (cfg_.train.sample_every > 0 && step % cfg_.train.sample_every == 0) print_sample(step);

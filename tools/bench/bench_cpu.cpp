@@ -84,7 +84,7 @@ StepTimes time_steps(const Config& cfg, const Options& o) {
     if (cfg.train.threads > 0) omp_set_num_threads(cfg.train.threads);
     StepTimes r;
     const int64_t B = r.B = cfg.train.batch_size;
-    const int64_t T = r.T = cfg.train.seq_len > 0 ? cfg.train.seq_len : cfg.model.block_size;
+    const int64_t T = r.T = zgpt::sequence_length(cfg);
     r.tokens_per_step = B * T * cfg.train.grad_accum;
     GPT<float> model(cfg.model);
     model.params = initial_params(cfg);

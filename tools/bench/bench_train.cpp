@@ -132,7 +132,7 @@ struct Bench {
     cuda::PowerSummary board;
 
     int64_t B() const { return cfg.train.batch_size; }
-    int64_t T() const { return cfg.train.seq_len > 0 ? cfg.train.seq_len : cfg.model.block_size; }
+    int64_t T() const { return zgpt::sequence_length(cfg); }
     int64_t tokens_per_step() const { return B() * T() * cfg.train.grad_accum; }
 };
 

@@ -82,22 +82,20 @@ int main(int argc, char** argv) {
                                         path.c_str(), (long long)V, (long long)B, head.c_str(), P,
                                         dp / 1e9, split / 1e9, (dp - split) / 1e9,
                                         head_state / 1e9);
-                            rows.push_back(
-                                {{"config", path},
-                                 {"n_layer", cfg.model.n_layer},
-                                 {"n_embd", cfg.model.n_embd},
-                                 {"vocab", V},
-                                 {"batch", B},
-                                 {"seq_len",
-                                  cfg.train.seq_len > 0 ? cfg.train.seq_len : cfg.model.block_size},
-                                 {"head", head},
-                                 {"gpus", P},
-                                 {"zero1", o.zero1},
-                                 {"data_parallel_gb", dp / 1e9},
-                                 {"split_gb", split / 1e9},
-                                 {"saved_gb", (dp - split) / 1e9},
-                                 {"head_state_gb", head_state / 1e9},
-                                 {"saved_of_head_state", (dp - split) / head_state}});
+                            rows.push_back({{"config", path},
+                                            {"n_layer", cfg.model.n_layer},
+                                            {"n_embd", cfg.model.n_embd},
+                                            {"vocab", V},
+                                            {"batch", B},
+                                            {"seq_len", zgpt::sequence_length(cfg)},
+                                            {"head", head},
+                                            {"gpus", P},
+                                            {"zero1", o.zero1},
+                                            {"data_parallel_gb", dp / 1e9},
+                                            {"split_gb", split / 1e9},
+                                            {"saved_gb", (dp - split) / 1e9},
+                                            {"head_state_gb", head_state / 1e9},
+                                            {"saved_of_head_state", (dp - split) / head_state}});
                         }
                     }
         if (!o.out.empty()) {

@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
 
         zgpt::DataLoader loader(cfg.data.train, zgpt::train_loader_options(cfg, 0, 1));
         const int64_t B = cfg.train.batch_size, A = cfg.train.grad_accum;
-        const int64_t T = cfg.train.seq_len > 0 ? cfg.train.seq_len : cfg.model.block_size;
+        const int64_t T = zgpt::sequence_length(cfg);
         std::ofstream f(out + "/batches.i32", std::ios::binary);
         std::vector<int32_t> x(B * T), y(B * T);
         for (int64_t s = 0; s < steps * A; s++) {

@@ -37,7 +37,8 @@ import subprocess
 import sys
 import time
 
-from bench_runs import benchmark_sets, clear_run, source_commit, logged_steps, timed_median, write_random_gpt2_shard
+from bench_runs import (benchmark_sets, clear_run, logged_steps, source_commit, timed_median,
+                        write_random_gpt2_shard)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 # Between the nodes: NCCL's socket transport on loopback (each node also gets NCCL_HOSTID).

@@ -23,7 +23,8 @@ import pathlib
 import subprocess
 import time
 
-from bench_runs import benchmark_sets, clear_run, source_commit, logged_steps, timed_median, write_random_gpt2_shard
+from bench_runs import (benchmark_sets, clear_run, logged_steps, source_commit, timed_median,
+                        write_random_gpt2_shard)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 MODELS = {"124m": ("configs/gpt2-124m.yaml", 64, 30, 768),

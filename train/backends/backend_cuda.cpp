@@ -386,7 +386,7 @@ double moment_bytes(const Config& cfg, int vocab_parts, int zero1_ranks) {
 }  // namespace
 
 double cuda_rank_bytes(const Config& cfg, int vocab_parts, int zero1_ranks) {
-    const int64_t T = cfg.train.seq_len > 0 ? cfg.train.seq_len : cfg.model.block_size;
+    const int64_t T = sequence_length(cfg);
     return double(GptCuda::device_bytes_needed(cfg.model, cuda_model_options(cfg, vocab_parts),
                                                cfg.train.batch_size, T)) +
            moment_bytes(cfg, vocab_parts, zero1_ranks);
@@ -397,7 +397,7 @@ double cuda_rank_bytes(const Config& cfg, int vocab_parts, int zero1_ranks) {
 // than an out-of-memory error part way into the first step).
 void check_device_memory(const Config& cfg, int parts, int zero1_ranks) {
     const int64_t B = cfg.train.batch_size;
-    const int64_t T = cfg.train.seq_len > 0 ? cfg.train.seq_len : cfg.model.block_size;
+    const int64_t T = sequence_length(cfg);
     const double params = double(make_gpt_layout(cfg.model, parts).table.total());
     const double need = cuda_rank_bytes(cfg, parts, zero1_ranks);
     // fp32 weights and gradients, their bf16 copy, and the AdamW moments
