@@ -131,19 +131,46 @@ TEST_CASE("ce plan: fast on long rows, and its helper grid") {
     CHECK(s.clusters == 1);
     CHECK(s.rows == 202);
 
-    // fp32 rows of 50,304 values (201,216 bytes) are long rows too: three groups; clusters of 3
-    // hold 3 stages of 16,768 values (67,072 bytes); the helper's half rows of 25,152 values
-    // (100,608 bytes) fit 2 stages
+    // fp32 rows of 50,304 values (201,216 bytes) are long rows too: three groups; clusters of 2
+    // hold 2 stages, of 3 (not taken: odd) 3, so clusters of 4 with 4 stages of 12,576 values
+    // (50,304 bytes); the helper's half rows of 25,152 values (100,608 bytes) fit 2 stages
     const CrossEntropyArgs f = rows(LogitsType::f32, 50304);
     const FastPlan pf = plan_fast(f, true, kHopperSmem);
-    CHECK(pf.cluster == 3);
+    CHECK(pf.cluster == 4);
     CHECK(pf.threads == 768);
-    CHECK(pf.slice == 16768);
-    CHECK(pf.stages == 3);
+    CHECK(pf.slice == 12576);
+    CHECK(pf.stages == 4);
     const FastPlan hf = plan_fast_helper(f, pf, kHopperSmem);
     CHECK(hf.cluster == 2);
     CHECK(hf.slice == 25152);
     CHECK(hf.stages == 2);
+}
+
+TEST_CASE("ce plan: fast takes no odd cluster above 1 unless the size is fixed") {
+    // bf16 rows of 3 stages in the budget of 227 KB - 2 KB = 230,400 bytes. Clusters of 2 hold
+    // 3 stages of rows up to 76,800 values, 3 up to 115,200, 4 up to 153,600, 5 up to 192,000,
+    // 6 up to 230,400, 7 up to 268,800 and 8 up to 307,200.
+    struct Case {
+        int64_t V;
+        int cluster;
+    };
+    for (const Case c :
+         {Case{100352, 4}, Case{115200, 4}, Case{128256, 4}, Case{153600, 4}, Case{163840, 6},
+          Case{192000, 6}, Case{200000, 6}, Case{256000, 8}, Case{307200, 8}}) {
+        CAPTURE(c.V);
+        const FastPlan p = plan_fast(rows(LogitsType::bf16, c.V), true, kHopperSmem);
+        CHECK(p.cluster == c.cluster);
+        CHECK(p.stages >= 3);
+        CHECK(p.smem <= size_t(kHopperSmem - 2048));
+    }
+    // past 8 x 3 stages, two stages in 8 CTAs, up to 460,800 values; then online
+    CHECK(plan_fast(rows(LogitsType::bf16, 400000), true, kHopperSmem).cluster == 8);
+    CHECK(plan_fast(rows(LogitsType::bf16, 400000), true, kHopperSmem).stages == 2);
+    CHECK(plan_fast(rows(LogitsType::bf16, 500000), true, kHopperSmem).cluster == 0);
+    // a fixed size is kept, odd or not (the ablations measure it)
+    CrossEntropyArgs forced = rows(LogitsType::bf16, 163840);
+    forced.tuning.cluster = 5;
+    CHECK(plan_fast(forced, true, kHopperSmem).cluster == 5);
 }
 
 TEST_CASE("ce plan: fast_lockstep") {
@@ -181,15 +208,16 @@ TEST_CASE("ce plan: rows fast cannot take fall back to online") {
 }
 
 TEST_CASE("ce plan: a smaller shared memory") {
-    // 99 KB per block (101,376 bytes; budget 99,328): GPT-2's rows need 3 CTAs (slices of 16,768
-    // values, 33,536 bytes, 2 stages); two such CTAs (2 x 67,072 bytes) do not fit in 99 KB, so
-    // the helper applies, with half rows (50,304 bytes): 1 stage.
+    // 99 KB per block (101,376 bytes; budget 99,328): GPT-2's rows need more than 2 CTAs (2 x
+    // 50,304 bytes hold 1 stage), and 3 is odd, so 4 (slices of 12,576 values, 25,152 bytes, 3
+    // stages); the helper applies behind clusters of more than 2, with half rows (50,304 bytes):
+    // 1 stage.
     const int smem = 99 * 1024;
     const CrossEntropyArgs a = rows(LogitsType::bf16, 50304);
     const FastPlan p = plan_fast(a, true, smem);
-    CHECK(p.cluster == 3);
-    CHECK(p.slice == 16768);
-    CHECK(p.stages == 2);
+    CHECK(p.cluster == 4);
+    CHECK(p.slice == 12576);
+    CHECK(p.stages == 3);
     const FastPlan h = plan_fast_helper(a, p, smem);
     CHECK(h.cluster == 2);
     CHECK(h.stages == 1);

@@ -282,8 +282,9 @@ std::vector<ConfigField> config_fields(Config& c) {
     cuda::CrossEntropyTuning& ct = k.cross_entropy_tuning;
     const std::string ce = "cross_entropy_tuning.";
     add({"kernels", ce + "cluster",
-         "fast*: CTAs per cluster (0: the fewest that fit the stages; fast then leaves rows of up "
-         "to 32 KB to the two-pass kernels, and its other knobs do not apply to them)",
+         "fast*: CTAs per cluster, 1 to 8 (0: the fewest of 1, 2, 4, 6 or 8 that fit the stages; "
+         "fast then leaves rows of up to 64 KB to the two-pass kernels, and its other knobs do not "
+         "apply to them)",
          &ct.cluster, 0, 8});
     add({"kernels", ce + "groups",
          "fast: warp groups per CTA, 2 or 3 (0: 2 for rows <= 128 KB, else 3)", &ct.groups, 0, 3});

@@ -14,6 +14,12 @@ namespace zgpt::cuda::ce {
 constexpr int kFastThreads = 512;
 constexpr int kMaxCluster = 8;
 constexpr int kMaxStages = 8;
+// The cluster sizes plan_fast takes, when no size is fixed (CrossEntropyTuning::cluster). Odd
+// sizes above 1 are left out: on an H200 (bf16, N = 16384, fast_cluster_sizes in
+// docs/results/ce_vocab_sweep_h200.json) clusters of 3 and 5 ran at 2.2-2.4x the copy floor
+// where 2, 4 and 6 ran at 1.3-1.5x, and 7 at 1.50x against 8's 1.41x (V = 256000). The planner
+// took them for rows of 150-225 KB (3), 300-375 KB (5) and 450-525 KB (7).
+constexpr int kFastClusterSizes[] = {1, 2, 4, 6, 8};
 constexpr int kMinStages = 3;
 
 // The helper's rows per SM against the main grid's, in percent. Swept on the H100 at V = 128256
@@ -39,9 +45,9 @@ bool rows_aligned(const void* a, const void* b, int64_t ld, LogitsType t);
 int num_threads_for(int64_t V);
 
 // The fast kernel's shape. Each CTA keeps `stages` slices of rows in shared memory; the plan
-// takes the fewest CTAs per cluster (<= 8) whose slices fit the wanted number of stages in the
-// budget (else 2), so that rows stream in while one is worked on. As many persistent clusters are
-// launched as fit on the GPU at once.
+// takes the fewest CTAs per cluster (of kFastClusterSizes) whose slices fit the wanted number of
+// stages in the budget (else 2), so that rows stream in while one is worked on. As many persistent
+// clusters are launched as fit on the GPU at once.
 struct FastPlan {
     int cluster = 0;  // 0: not possible (unaligned rows or rows too long): use online
     int threads = kFastThreads;
