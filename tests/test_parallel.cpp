@@ -689,6 +689,44 @@ TEST_CASE("ZeRO-1 under a split: each rank's share, and the memory count of the 
     }
 }
 
+TEST_CASE("shard_of gives take_shard's values, without the copy for one part with zero padding") {
+    for (bool tied : {true, false}) {
+        CAPTURE(tied);
+        Config c = tiny_config("shardof", 1, 1);
+        c.model.tie_embeddings = tied;
+        c.model.vocab_size = 61;  // padded to 128 rows: 67 padding rows in each vocabulary table
+        const std::vector<float> init = initial_params(c);
+        for (int P : {1, 2, 3}) {
+            for (int p = 0; p < P; p++) {
+                CAPTURE(P);
+                CAPTURE(p);
+                const VocabShardedArena arena(c.model, P, p);
+                std::vector<float> scratch;
+                const float* got = arena.shard_of(init, scratch);
+                const std::vector<float> want = arena.take_shard(init);
+                CHECK(std::equal(want.begin(), want.end(), got));
+                CHECK((got == init.data()) == (P == 1));  // one part: the whole itself
+                CHECK(scratch.empty() == (P == 1));
+            }
+        }
+        // padding rows that are not zero: copied, and zero in the shard as take_shard makes it
+        std::vector<float> dirty = init;
+        const GptLayout whole = make_gpt_layout(c.model);
+        const ParamSpec& wte = whole.table[whole.wte];
+        dirty[size_t(wte.offset + wte.numel - 1)] = 1.0f;
+        const VocabShardedArena one(c.model, 1, 0);
+        std::vector<float> scratch;
+        const float* got = one.shard_of(dirty, scratch);
+        CHECK(got == scratch.data());
+        CHECK(got[wte.offset + wte.numel - 1] == 0.0f);
+        CHECK(std::equal(scratch.begin(), scratch.end(), one.take_shard(dirty).begin()));
+        // the size is checked
+        std::vector<float> short_one(init.begin(), init.end() - 1);
+        CHECK_THROWS_WITH_AS(one.shard_of(short_one, scratch),
+                             doctest::Contains("take_shard: the arena has"), Error);
+    }
+}
+
 TEST_CASE("a checkpoint of a split over every rank with ZeRO-1 resumes in any layout") {
     // 2 ranks, vocab_parallel 2, ZeRO-1, cut at step 5; continued with and without ZeRO-1 on the
     // same layout (bit for bit: the checkpoint holds every moment), on one rank, on 3 ranks split

@@ -190,7 +190,8 @@ class CudaBackend final : public Backend {
         return whole(p);
     }
     void set_params(const std::vector<float>& p) override {
-        model_.set_params(arena_.take_shard(p).data());  // it checks the size
+        std::vector<float> scratch;  // used only where the shard is not `p` itself
+        model_.set_params(arena_.shard_of(p, scratch));  // it checks the size
     }
     std::vector<float> adam_m() const override { return whole(stored(m_)); }
     std::vector<float> adam_v() const override { return whole(stored(v_)); }

@@ -46,6 +46,22 @@ std::vector<float> VocabShardedArena::take_shard(const std::vector<float>& whole
     return local;
 }
 
+const float* VocabShardedArena::shard_of(const std::vector<float>& whole,
+                                         std::vector<float>& scratch) const {
+    if (parts_ == 1 && int64_t(whole.size()) == whole_.table.total()) {
+        bool padding_zero = true;
+        for (int idx : {whole_.wte, whole_.lm_head}) {
+            const ParamSpec& w = whole_.table[idx];
+            const auto pad = whole.begin() + w.offset + shard_.V_local * w.shape[1];
+            padding_zero = padding_zero && std::all_of(pad, whole.begin() + w.offset + w.numel,
+                                                       [](float x) { return x == 0.0f; });
+        }
+        if (padding_zero) return whole.data();
+    }
+    scratch = take_shard(whole);
+    return scratch.data();
+}
+
 void VocabShardedArena::put(const float* local, int p, bool replicated,
                             std::vector<float>& whole) const {
     ZG_CHECK(int64_t(whole.size()) == whole_.table.total(),

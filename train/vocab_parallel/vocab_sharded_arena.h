@@ -31,6 +31,9 @@ class VocabShardedArena {
 
     // This rank's local arena from a whole one (padding rows zero; with one part, a copy).
     std::vector<float> take_shard(const std::vector<float>& whole) const;
+    // The same values without the copy where there is one part and the whole's padding rows are
+    // zero (a 1558M model is 6 GB): `whole`'s data then, else take_shard's, kept in `scratch`.
+    const float* shard_of(const std::vector<float>& whole, std::vector<float>& scratch) const;
     // Copies the vocabulary rows of shard p from rank p's local arena into a whole one; with
     // `replicated`, also the other tensors.
     void put(const float* local, int p, bool replicated, std::vector<float>& whole) const;
