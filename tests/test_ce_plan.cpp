@@ -171,6 +171,8 @@ TEST_CASE("ce plan: fast takes no odd cluster above 1 unless the size is fixed")
     CrossEntropyArgs forced = rows(LogitsType::bf16, 163840);
     forced.tuning.cluster = 5;
     CHECK(plan_fast(forced, true, kHopperSmem).cluster == 5);
+    // fast_lockstep keeps every size: 3 CTAs of 66,904 bytes hold its 3 stages
+    CHECK(plan_fast(rows(LogitsType::bf16, 100352), false, kHopperSmem).cluster == 3);
 }
 
 TEST_CASE("ce plan: fast_lockstep") {

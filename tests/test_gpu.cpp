@@ -151,7 +151,7 @@ TEST_CASE(
         tuning.groups = m.groups;
         tuning.parts = m.parts;
         tuning.trace = m.trace;
-        for (int cluster : {0, 1, 2, 3, 4, 5, 6, 8}) {
+        for (int cluster : {0, 1, 2, 3, 4, 5, 6, 7, 8}) {
             if (m.stages && !cluster) continue;  // the slice size needs a known cluster size
             CAPTURE(cluster);
             tuning.cluster = cluster;
@@ -176,9 +176,9 @@ TEST_CASE(
 TEST_CASE("fast at long rows, in the clusters its planner picks there (4, 6 and 8 CTAs)") {
     // bf16 rows of 196 KB, 320 KB and 500 KB: clusters of 4, 6 (four stages) and 8
     // (kFastClusterSizes; tests/test_ce_plan.cpp checks the plans), each CTA taking several rows
-    // through its ring, the last CTA's slice short.
+    // through its ring. 100344 and 255992 leave the last CTA a short slice; 163840 does too.
     uint64_t seed = 1700;
-    for (const int64_t V : {100352, 163840, 256000}) {
+    for (const int64_t V : {100344, 163840, 255992}) {
         CAPTURE(V);
         Case c = make_case(seed++, 300, V, LogitsType::bf16, 1e-4, 0.0, Reduction::mean, 2);
         c.in_place = seed % 2 == 0;

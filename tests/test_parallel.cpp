@@ -710,16 +710,18 @@ TEST_CASE("shard_of gives take_shard's values, without the copy for one part wit
             }
         }
         // padding rows that are not zero: copied, and zero in the shard as take_shard makes it
-        std::vector<float> dirty = init;
         const GptLayout whole = make_gpt_layout(c.model);
-        const ParamSpec& wte = whole.table[whole.wte];
-        dirty[size_t(wte.offset + wte.numel - 1)] = 1.0f;
         const VocabShardedArena one(c.model, 1, 0);
         std::vector<float> scratch;
-        const float* got = one.shard_of(dirty, scratch);
-        CHECK(got == scratch.data());
-        CHECK(got[wte.offset + wte.numel - 1] == 0.0f);
-        CHECK(std::equal(scratch.begin(), scratch.end(), one.take_shard(dirty).begin()));
+        for (int idx : {whole.wte, whole.lm_head}) {
+            const ParamSpec& table = whole.table[idx];
+            std::vector<float> dirty = init;
+            dirty[size_t(table.offset + table.numel - 1)] = 1.0f;
+            const float* got = one.shard_of(dirty, scratch);
+            CHECK(got == scratch.data());
+            CHECK(got[table.offset + table.numel - 1] == 0.0f);
+            CHECK(std::equal(scratch.begin(), scratch.end(), one.take_shard(dirty).begin()));
+        }
         // the size is checked
         std::vector<float> short_one(init.begin(), init.end() - 1);
         CHECK_THROWS_WITH_AS(one.shard_of(short_one, scratch),

@@ -9,14 +9,16 @@ loss.z_loss_weight, diverged, final_val_ce), so a size's LR grid may span severa
 
 LR sensitivity (printed and in the legend): the mean over the LRs of min(loss, loss at init) minus
 the best loss, where a diverged run counts as the loss at init (--init-loss, by default ln 50257,
-the CE of a uniform prediction over GPT-2's vocabulary). The legend gives it over the LRs that
-every size ran, so that sizes with longer grids compare fairly; the printout also over each size's
-whole grid.
+the CE of a uniform prediction over GPT-2's vocabulary; tools/plot_runs.py takes the run's own
+step-0 validation CE, a few hundredths away). The legend gives it over the LRs that every size
+ran, so that sizes with longer grids compare fairly; the printout also over each size's whole
+grid. Diverged runs count in the measure and are left out of the curves.
 """
 import argparse
 import csv
 import json
 import math
+import sys
 
 
 def read_points(paths):
@@ -25,7 +27,10 @@ def read_points(paths):
     for p in paths:
         with open(p) as f:
             for row in csv.DictReader(line for line in f if not line.startswith("#")):
-                z = float(row.get("loss.z_loss_weight") or 0)
+                if "loss.z_loss_weight" not in row:  # plot_runs.py leaves out keys that do not vary
+                    sys.exit(f"error: {p} has no loss.z_loss_weight column (its runs share one "
+                             "weight); join it with a sweep that varies it")
+                z = float(row["loss.z_loss_weight"] or 0)
                 lr = float(row["optim.lr"])
                 diverged = row["diverged"] == "True"
                 out.setdefault(z, {})[lr] = (float(row["final_val_ce"]), diverged)
@@ -61,14 +66,15 @@ def main():
     fig, axes = plt.subplots(1, len(zs), figsize=(6 * len(zs), 4.5), sharey=True, squeeze=False)
     record = {"init_loss": args.init_loss, "sizes": []}
     for ax, z in zip(axes[0], zs):
-        common = set.intersection(*(set(pts.get(z, {})) for _, pts in sizes))
+        common = set.intersection(*(set(pts[z]) for _, pts in sizes if z in pts))
         for i, (label, pts) in enumerate(sizes):
             if z not in pts:
                 continue
             lrs = sorted(pts[z])
-            s = sensitivity(pts[z], args.init_loss, common)
+            s = sensitivity(pts[z], args.init_loss, common or None)
             whole = sensitivity(pts[z], args.init_loss)
-            ax.plot(lrs, [pts[z][lr][0] for lr in lrs], marker="o", color=f"C{i}",
+            shown = [lr for lr in lrs if not pts[z][lr][1]]  # diverged runs: in the measure only
+            ax.plot(shown, [pts[z][lr][0] for lr in shown], marker="o", color=f"C{i}",
                     label=f"{label}: LR sensitivity {s:.3f}")
             print(f"{label} z={z:g}: LR sensitivity {s:.4f} over the {len(common)} shared LRs, "
                   f"{whole:.4f} over its {len(lrs)}")

@@ -59,8 +59,9 @@ FastPlan plan_fast(const CrossEntropyArgs& a, bool pingpong, int max_smem) {
     const int64_t per = 16 / int64_t(es);
     for (const int min_stages : {want, 2}) {
         for (int c = forced ? forced : 1; c <= (forced ? forced : kMaxCluster); c++) {
-            if (!forced && std::find(std::begin(kFastClusterSizes), std::end(kFastClusterSizes),
-                                     c) == std::end(kFastClusterSizes))
+            if (!forced && pingpong &&
+                std::find(std::begin(kFastClusterSizes), std::end(kFastClusterSizes), c) ==
+                    std::end(kFastClusterSizes))
                 continue;
             int64_t slice = (a.V + c - 1) / c;
             slice = (slice + per - 1) / per * per;

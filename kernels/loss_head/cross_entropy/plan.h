@@ -14,11 +14,12 @@ namespace zgpt::cuda::ce {
 constexpr int kFastThreads = 512;
 constexpr int kMaxCluster = 8;
 constexpr int kMaxStages = 8;
-// The cluster sizes plan_fast takes, when no size is fixed (CrossEntropyTuning::cluster). Odd
-// sizes above 1 are left out: on an H200 (bf16, N = 16384, fast_cluster_sizes in
-// docs/results/ce_vocab_sweep_h200.json) clusters of 3 and 5 ran at 2.2-2.4x the copy floor
-// where 2, 4 and 6 ran at 1.3-1.5x, and 7 at 1.50x against 8's 1.41x (V = 256000). The planner
-// took them for rows of 150-225 KB (3), 300-375 KB (5) and 450-525 KB (7).
+// The cluster sizes `fast` (the pingpong kernels) takes, when no size is fixed
+// (CrossEntropyTuning::cluster). Odd sizes above 1 are left out: on an H200 (bf16, N = 16384,
+// fast_cluster_sizes in docs/results/ce_vocab_sweep_h200.json), with three stages, clusters of 3
+// and 5 ran at 2.2-2.4x the copy floor where 2, 4, 6 and 8 ran at 1.3-1.5x; at V = 256000, 7 ran
+// at 1.50x against 8's 1.41x. The planner took them for rows of 150-225 KB (3), 300-375 KB (5)
+// and 450-525 KB (7). fast_lockstep, not measured so, keeps every size.
 constexpr int kFastClusterSizes[] = {1, 2, 4, 6, 8};
 constexpr int kMinStages = 3;
 
