@@ -24,6 +24,7 @@
 #include <thread>
 
 #include "kernels/core/check.h"
+#include "train/device.h"
 #include "train/dist/comm_tcp.h"
 #include "train/dist/launch.h"
 #include "train/dist/net.h"
@@ -325,6 +326,22 @@ TEST_CASE("rank environment: the node count, from each launcher's variables") {
     CHECK(parse(one).nodes == 8);
     one["SLURM_NNODES"] = "0";
     CHECK(contains(parse_error(one), "SLURM_NNODES=0 is out of range"));
+}
+
+TEST_CASE("one-thread draw note: torchrun's OMP_NUM_THREADS=1 at a large model, and only then") {
+    // 1558M on one thread beside 31 spare cores a rank: the cost, the machine and the fix
+    const std::string note = one_thread_draw_note(1.5576e9, 1, 64, 2);
+    CHECK(note.find("1558M initial weights") != std::string::npos);
+    CHECK(note.find("about 58 s") != std::string::npos);
+    CHECK(note.find("64 cores for 2 rank(s): OMP_NUM_THREADS=32") != std::string::npos);
+    CHECK(one_thread_draw_note(1.5576e9, 1, 8, 1).find("OMP_NUM_THREADS=8") != std::string::npos);
+    // no line: threads to draw on, a machine with no spare core a rank, or a small model
+    CHECK(one_thread_draw_note(1.5576e9, 2, 64, 2).empty());
+    CHECK(one_thread_draw_note(1.5576e9, 1, 8, 8).empty());
+    CHECK(one_thread_draw_note(1.5576e9, 1, 8, 5).empty());
+    CHECK(one_thread_draw_note(355e6, 1, 64, 1).find("355M") != std::string::npos);
+    CHECK(one_thread_draw_note(124e6, 1, 64, 1).empty());
+    CHECK(one_thread_draw_note(1.5576e9, 1, 64, 0).find("OMP_NUM_THREADS=64") != std::string::npos);
 }
 
 TEST_CASE("rank environment: bad or missing values name the variable") {

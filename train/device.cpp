@@ -1,5 +1,8 @@
 #include "train/device.h"
 
+#include <algorithm>
+#include <cstdio>
+
 #include <unistd.h>
 
 #include "kernels/core/check.h"
@@ -9,6 +12,21 @@
 #endif
 
 namespace zgpt {
+
+std::string one_thread_draw_note(double parameters, int threads, int cores, int ranks_here) {
+    const int spare = cores / std::max(1, ranks_here);
+    if (threads > 1 || spare < 2 || parameters < 3e8) return "";
+    // about a minute for GPT-2 1558M's 1.6G values on one core (model/gpt.cpp's draw)
+    const double seconds = parameters / 1.6e9 * 60.0;
+    char line[320];
+    std::snprintf(line, sizeof line,
+                  "note: OpenMP has one thread here (OMP_NUM_THREADS=1, as torchrun sets it), so "
+                  "the %.0fM initial weights are drawn on one core, about %.0f s; this machine "
+                  "has %d cores for %d rank(s): OMP_NUM_THREADS=%d (or train.threads: %d) "
+                  "draws them on all of them",
+                  parameters / 1e6, seconds, cores, std::max(1, ranks_here), spare, spare);
+    return line;
+}
 
 double host_memory_bytes() {
     const long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);

@@ -15,6 +15,13 @@ struct DeviceChoice {
 // Physical memory of this machine in bytes (0 when unknown).
 double host_memory_bytes();
 
+// A line for rank 0 when the start-up's draw of the initial weights will run on one host thread
+// while the machine has cores to spare (torchrun sets OMP_NUM_THREADS=1 for its ranks), else
+// empty. `threads`: OpenMP's for this process; `cores`: the machine's; `ranks_here`: the
+// processes of this run that share them. Models under 300M parameters draw in under about 10 s
+// on one core and get no line.
+std::string one_thread_draw_note(double parameters, int threads, int cores, int ranks_here);
+
 // auto: the GPU when this build has CUDA and a device is usable, else the CPU with a line that
 // says why. cuda: an error when no GPU can be used.
 DeviceChoice choose_device(const std::string& requested);

@@ -1,4 +1,5 @@
 // train: trains a GPT from a YAML config.  `train --help` lists the options and every config key.
+#include <omp.h>
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
@@ -10,6 +11,7 @@
 #include "kernels/core/check.h"
 #include "kernels/core/registry.h"
 #include "kernels/gemm/cpu_blas.h"
+#include "model/parameters.h"
 #include "train/cli.h"
 #include "train/config.h"
 #include "train/device.h"
@@ -172,6 +174,13 @@ int main(int argc, char** argv) {
                         "parallel.grad_bucket_mb: %g (the ranks span %d nodes: the "
                         "gradient all-reduce starts during the backward pass)\n",
                         cfg.parallel.grad_bucket_mb, env.nodes);
+            }
+            // torchrun's ranks start with OMP_NUM_THREADS=1: say what that costs the start-up
+            if (env.rank == 0 && cfg.train.threads <= 0 && cfg.model.vocab_size > 0) {
+                const std::string note = zgpt::one_thread_draw_note(
+                    double(zgpt::make_gpt_layout(cfg.model).table.total()), omp_get_max_threads(),
+                    omp_get_num_procs(), env.world_size / std::max(1, env.nodes));
+                if (!note.empty()) std::printf("%s\n", note.c_str());
             }
             world = zgpt::join_run(device, cfg.parallel.timeout_s, cfg.parallel.collective_sms);
         }
