@@ -82,6 +82,9 @@ struct KernelChoice {
     // column of ones beside its rows (8 columns wider), so the GEMM's last column is the column
     // sums of dfch and no pass of its own reads dfch again (matmul: fused_epilogue with biases)
     bool fc_bias_in_dw = true;
+    // GELU's derivative in the epilogue of fcproj's input-gradient GEMM (cuBLASLt's DGELU, matmul:
+    // fused_epilogue or wgmma); false: the plain GEMM, then gelu_backward's own pass
+    bool gelu_backward_in_gemm = true;
     // The kernels' tuning knobs (kernels.cross_entropy_tuning.*, kernels.attention_tuning.*); the
     // defaults are the kernels' own choices.
     cuda::CrossEntropyTuning cross_entropy_tuning;

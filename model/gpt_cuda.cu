@@ -363,7 +363,7 @@ bool GptCuda::Impl::linear_backward(void* dinp, const void* dout, const void* in
     const bool side = overlapping() && !head;
     if (dinp) {
         cuda::Gemm gm = input_grad_gemm(dinp, dout, w_idx, M, K, N);
-        if (gelu_pre && fused) {
+        if (gelu_pre && fused && opt.kernels.gelu_backward_in_gemm) {
             gm.epilogue = cuda::Epilogue::dgelu;
             gm.aux = const_cast<void*>(gelu_pre);
             gelu_done = cuda::try_gemm(gm, stream);

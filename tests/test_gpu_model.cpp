@@ -469,6 +469,40 @@ std::string op_names(GptCuda& m) {
 }
 }  // namespace
 
+TEST_CASE("kernels.gelu_backward_in_gemm=false: GELU' as its own pass equals GPT<double>") {
+    // The plain input-gradient GEMM, then gelu_backward in place over its output (as the
+    // `separate` matmul does), beside the forward's GELU epilogue (cuBLASLt's, or wgmma's)
+    for (const char* mm : {"fused_epilogue", "wgmma"})
+        for (bool recompute : {false, true}) {
+            CAPTURE(mm);
+            CAPTURE(recompute);
+            CudaModelOptions o;
+            o.kernels.matmul = mm;
+            o.kernels.gelu_backward_in_gemm = false;
+            o.recompute_gelu = recompute;
+            compare_fp32_and_bf16(o, false);
+            // and the pass ran
+            const ModelConfig c = tiny_config(false, true, false);
+            GPT<float> host(c);
+            host.init_weights(1);
+            o.precision = DType::bf16;
+            o.kernels.cross_entropy = "fast";
+            GptCuda m(c, o);
+            m.set_params(host.params.data());
+            m.zero_grad();
+            m.set_op_profiling(true);
+            const int64_t B = 2, T = 16;
+            const std::vector<int32_t> tok(size_t(B * T), 1);
+            CrossEntropyOptions ce;
+            m.forward(tok.data(), B, T);
+            m.loss(tok.data(), ce, 1.0 / double(B * T), true);
+            m.backward();
+            const std::string ops = op_names(m);
+            INFO(ops);
+            CHECK(ops.find("[GELU bwd]") != std::string::npos);
+        }
+}
+
 TEST_CASE("Llama-style options on the GPU equal GPT<double> in fp32 and bf16") {
     for (const LlamaCase& k : kLlamaCases) {
         CAPTURE(k.norm);
