@@ -298,8 +298,8 @@ struct GptCuda::Impl {
 
     // dinp = dout @ W (written); dW += dout^T @ inp; db += column sums of dout (b_idx -1: no
     // bias). With gelu_pre (the pre-activation of a GELU that fed this layer), dinp is multiplied
-    // by GELU' in the GEMM epilogue when the fused variant runs and cuBLASLt supports it; returns
-    // whether it was (else the caller runs gelu_backward).
+    // by GELU' in the GEMM epilogue when the fused variant runs, kernels.gelu_backward_in_gemm is
+    // on and cuBLASLt supports it; returns whether it was (else the caller runs gelu_backward).
     // bias_parts: partial column sums of dout ([bias_part_rows, N]) that its producer wrote; the
     // bias gradient is then summed from them instead of from dout.
     // inp_ones: inp's rows are K + kOnesPad apart with ones in column K (fc under fc_bias_in_dw):

@@ -481,26 +481,32 @@ TEST_CASE("kernels.gelu_backward_in_gemm=false: GELU' as its own pass equals GPT
             o.kernels.gelu_backward_in_gemm = false;
             o.recompute_gelu = recompute;
             compare_fp32_and_bf16(o, false);
-            // and the pass ran
-            const ModelConfig c = tiny_config(false, true, false);
-            GPT<float> host(c);
-            host.init_weights(1);
-            o.precision = DType::bf16;
-            o.kernels.cross_entropy = "fast";
-            GptCuda m(c, o);
-            m.set_params(host.params.data());
-            m.zero_grad();
-            m.set_op_profiling(true);
-            const int64_t B = 2, T = 16;
-            const std::vector<int32_t> tok(size_t(B * T), 1);
-            CrossEntropyOptions ce;
-            m.forward(tok.data(), B, T);
-            m.loss(tok.data(), ce, 1.0 / double(B * T), true);
-            m.backward();
-            const std::string ops = op_names(m);
-            INFO(ops);
-            CHECK(ops.find("[GELU bwd]") != std::string::npos);
         }
+    // which path ran, at a GPT-2-like shape (C = 256, hidden 1024, 128 rows) where cuBLASLt takes
+    // the DGELU epilogue: the pass with the key off, the epilogue (no pass) with it on
+    const ModelConfig c = head_size_64(tiny_config(false, true, false));
+    GPT<float> host(c);
+    host.init_weights(1);
+    const int64_t B = 2, T = 64;
+    const std::vector<int32_t> tok(size_t(B * T), 1);
+    for (bool in_gemm : {false, true}) {
+        CAPTURE(in_gemm);
+        CudaModelOptions o;
+        o.precision = DType::bf16;
+        o.kernels.cross_entropy = "fast";
+        o.kernels.gelu_backward_in_gemm = in_gemm;
+        GptCuda m(c, o);
+        m.set_params(host.params.data());
+        m.zero_grad();
+        m.set_op_profiling(true);
+        CrossEntropyOptions ce;
+        m.forward(tok.data(), B, T);
+        m.loss(tok.data(), ce, 1.0 / double(B * T), true);
+        m.backward();
+        const std::string ops = op_names(m);
+        INFO(ops);
+        CHECK((ops.find("[GELU bwd]") != std::string::npos) == !in_gemm);
+    }
 }
 
 TEST_CASE("Llama-style options on the GPU equal GPT<double> in fp32 and bf16") {
