@@ -312,9 +312,12 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1)
 // needed this CTA's statistics of it + kGroupCount, which this CTA's group publishes only after it
 // finished iteration it (slot read, mbarrier phase observed).
 //
-// kTrace: thread 0 of each group records clock64() at five points of every row
-// (CrossEntropyTuning::trace prints where a row's time goes); the other kernels compile none of it.
-constexpr int kTracePoints = 5;
+// kTrace: thread 0 of each group records clock64() at five points of every row, and the cycles
+// its statistics pass spent waiting for the row's later parts (what of that pass is the copy's,
+// not the pass's own work); CrossEntropyTuning::trace prints where a row's time goes. The other
+// kernels compile none of it.
+constexpr int kTraceStamps = 5;
+constexpr int kTracePoints = kTraceStamps + 1;  // the five clocks, then the later parts' wait
 
 template <typename T, int kGroupThreads, int kGroupCount, int kParts, bool kTrace>
 __global__ void __launch_bounds__(kGroupCount* kGroupThreads, 1) fast_pingpong_kernel(FastArgs a) {
@@ -383,6 +386,9 @@ __global__ void __launch_bounds__(kGroupCount* kGroupThreads, 1) fast_pingpong_k
         const int y_local = valid && y >= c0 && y < c0 + n ? int(y - c0) : -1;
         const T* buf = buffer(it);
         auto wait_part = [&](int p) {
+            long long w0 = 0;
+            if constexpr (kTrace)
+                if (p > 0) w0 = clock64();
             if (copy_lo(p + 1) > copy_lo(p)) {
                 ::cuda::atomic_ref<int, ::cuda::thread_scope_block> started(
                     copy_started[it % S][p]);
@@ -390,8 +396,12 @@ __global__ void __launch_bounds__(kGroupCount* kGroupThreads, 1) fast_pingpong_k
                 }
                 mbar_wait(&full[it % S][p], unsigned(it / S) & 1u);
             }
-            if constexpr (kTrace)
-                if (p == 0) t[1] = clock64();
+            if constexpr (kTrace) {
+                if (p == 0)
+                    t[1] = clock64();
+                else
+                    t[kTraceStamps] += clock64() - w0;
+            }
         };
         RowStatsF st = slice_stats<T, kGroupThreads, kParts>(buf, nv, n, y_local, smooth, tid,
                                                              part_chunks, wait_part);
@@ -505,16 +515,18 @@ void report_fast_trace(const long long* device, int64_t N, int cluster, int64_t 
     ZG_CUDA_CHECK(
         cudaMemcpyAsync(t.data(), device, t.size() * sizeof(long long), cudaMemcpyDeviceToHost, s));
     ZG_CUDA_CHECK(cudaStreamSynchronize(s));
-    double phase[kTracePoints] = {};  // wait for the copy, statistics, exchange, dlogits, period
+    // wait for the copy, statistics, exchange, dlogits, period; then the later parts' wait
+    double phase[kTracePoints] = {};
     int64_t rows = 0, periods = 0;
     for (int64_t row = 0; row < N; row++) {
         for (int r = 0; r < cluster; r++) {
             const long long* x = &t[size_t((row * cluster + r) * kTracePoints)];
-            for (int k = 0; k + 1 < kTracePoints; k++) phase[k] += double(x[k + 1] - x[k]);
+            for (int k = 0; k + 1 < kTraceStamps; k++) phase[k] += double(x[k + 1] - x[k]);
+            phase[kTraceStamps] += double(x[kTraceStamps]);
             rows++;
             const int64_t next = row + groups * row_step;  // the same group's next row
             if (next < N) {
-                phase[kTracePoints - 1] +=
+                phase[kTraceStamps - 1] +=
                     double(t[size_t((next * cluster + r) * kTracePoints)] - x[0]);
                 periods++;
             }
@@ -522,10 +534,10 @@ void report_fast_trace(const long long* device, int64_t N, int cluster, int64_t 
     }
     std::fprintf(stderr,
                  "fast trace (cycles per row and CTA, %d groups, cluster %d): copy wait %.0f, "
-                 "statistics %.0f, cluster exchange %.0f, dlogits + refills %.0f; a group's "
-                 "period %.0f (%.0f per row)\n",
-                 groups, cluster, phase[0] / rows, phase[1] / rows, phase[2] / rows,
-                 phase[3] / rows, periods ? phase[4] / periods : 0.0,
+                 "statistics %.0f (of which waiting for the later parts %.0f), cluster exchange "
+                 "%.0f, dlogits + refills %.0f; a group's period %.0f (%.0f per row)\n",
+                 groups, cluster, phase[0] / rows, phase[1] / rows, phase[kTraceStamps] / rows,
+                 phase[2] / rows, phase[3] / rows, periods ? phase[4] / periods : 0.0,
                  periods ? phase[4] / periods / groups : 0.0);
 }
 
