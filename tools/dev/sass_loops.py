@@ -6,6 +6,7 @@ its instruction count and opcode mix, read from the machine code (nvdisasm).
     tools/dev/sass_loops.py kernels/attention/wgmma.cu                 # compiled for sm_90a
     tools/dev/sass_loops.py kernels/attention/wgmma.cu --kernel dkdv   # kernels whose name matches
     tools/dev/sass_loops.py some.cubin                                 # an existing cubin
+    tools/dev/sass_loops.py kernels/loss_head/cross_entropy/fast.cu --inner 4   # per-element loops
 
 Counts are static (each instruction once, every branch of the loop body included): a way to see
 what a change does to the work per tile before a GPU is at hand (docs/cuda_trainer.md, "Attention
@@ -100,6 +101,23 @@ def hottest_loop(lines):
     return best
 
 
+def innermost_loops(lines):
+    """The instructions of every backward-branch loop that holds no other loop, largest first."""
+    labels = {}
+    for i, line in enumerate(lines):
+        m = re.match(r"^(\.L_x_\d+):", line.strip())
+        if m:
+            labels[m.group(1)] = i
+    spans = []
+    for j, line in enumerate(lines):
+        m = re.search(r"BRA\s+`\((\.L_x_\d+)\)", line)
+        if m and m.group(1) in labels and labels[m.group(1)] < j:
+            spans.append((labels[m.group(1)], j))
+    inner = [a for a in spans if not any(b != a and a[0] <= b[0] and b[1] <= a[1] for b in spans)]
+    loops = [[o.group(1) for o in map(OPCODE.search, lines[lo:hi + 1]) if o] for lo, hi in inner]
+    return sorted(loops, key=len, reverse=True)
+
+
 def demangle(names):
     r = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True)
     return r.stdout.split("\n") if r.returncode == 0 else names
@@ -111,6 +129,9 @@ def main():
     ap.add_argument("--arch", default="sm_90a")
     ap.add_argument("--kernel", default="", help="only kernels whose name matches this regex")
     ap.add_argument("--top", type=int, default=12, help="opcodes listed per loop")
+    ap.add_argument("--inner", type=int, default=0,
+                    help="also list this many innermost loops (loops holding no other loop), "
+                    "largest first: the per-element loops of a kernel")
     ap.add_argument("--nvdisasm")
     ap.add_argument("--nvcc")
     args = ap.parse_args()
@@ -153,6 +174,10 @@ def main():
                   + ", ".join(f"{op} {n}" for op, n in mix))
         else:
             print("  no loop")
+        for k, body in enumerate(innermost_loops(ks[name])[:args.inner]):
+            mix = collections.Counter(body).most_common(args.top)
+            print(f"  innermost loop {k + 1}: {len(body)} instructions; "
+                  + ", ".join(f"{op} {n}" for op, n in mix))
     if not shown:
         sys.exit(f"sass_loops: no kernel matches '{args.kernel}'")
     for n in notes:
