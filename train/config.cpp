@@ -276,10 +276,9 @@ std::vector<ConfigField> config_fields(Config& c) {
          "weight-gradient GEMM (ln2 stored with a column of ones; false: a column-sum pass)",
          &k.fc_bias_in_dw});
     add({"kernels", "gelu_backward_in_gemm",
-         "GPU, matmul: fused_epilogue or wgmma, model.mlp=gelu: GELU's derivative in the epilogue "
-         "of "
-         "the MLP projection's input-gradient GEMM (cuBLASLt's DGELU; false: the plain GEMM, then "
-         "a GELU-backward pass)",
+         "GPU, matmul: fused_epilogue or wgmma, model.mlp=gelu: GELU's derivative in the "
+         "epilogue of the MLP projection's input-gradient GEMM (cuBLASLt's DGELU; false: the "
+         "plain GEMM, then a GELU-backward pass)",
          &k.gelu_backward_in_gemm});
     // The kernels' tuning knobs (CrossEntropyTuning in kernels/loss_head/cross_entropy.h,
     // AttentionTuning in kernels/attention/attention.h): nested keys,

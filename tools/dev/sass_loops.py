@@ -80,29 +80,8 @@ def kernels(sass):
 OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
 
 
-def hottest_loop(lines):
-    """The instructions of the largest backward-branch loop holding a tensor-core op, else of the
-    largest loop; None when the kernel has no loop."""
-    labels = {}
-    for i, line in enumerate(lines):
-        m = re.match(r"^(\.L_x_\d+):", line.strip())
-        if m:
-            labels[m.group(1)] = i
-    best, best_tc = None, False
-    for j, line in enumerate(lines):
-        m = re.search(r"BRA\s+`\((\.L_x_\d+)\)", line)
-        if not (m and m.group(1) in labels and labels[m.group(1)] < j):
-            continue
-        body = lines[labels[m.group(1)]:j + 1]
-        ops = [o.group(1) for o in map(OPCODE.search, body) if o]
-        tc = any(op in TENSOR_OPS for op in ops)
-        if (tc, len(ops)) > (best_tc, len(best or [])):
-            best, best_tc = ops, tc
-    return best
-
-
-def innermost_loops(lines):
-    """The instructions of every backward-branch loop that holds no other loop, largest first."""
+def loop_spans(lines):
+    """(first line, last line) of every backward-branch loop: a BRA to a label above it."""
     labels = {}
     for i, line in enumerate(lines):
         m = re.match(r"^(\.L_x_\d+):", line.strip())
@@ -113,9 +92,30 @@ def innermost_loops(lines):
         m = re.search(r"BRA\s+`\((\.L_x_\d+)\)", line)
         if m and m.group(1) in labels and labels[m.group(1)] < j:
             spans.append((labels[m.group(1)], j))
+    return spans
+
+
+def opcodes(lines):
+    return [o.group(1) for o in map(OPCODE.search, lines) if o]
+
+
+def hottest_loop(lines):
+    """The instructions of the largest backward-branch loop holding a tensor-core op, else of the
+    largest loop; None when the kernel has no loop."""
+    best, best_tc = None, False
+    for lo, hi in loop_spans(lines):
+        ops = opcodes(lines[lo:hi + 1])
+        tc = any(op in TENSOR_OPS for op in ops)
+        if (tc, len(ops)) > (best_tc, len(best or [])):
+            best, best_tc = ops, tc
+    return best
+
+
+def innermost_loops(lines):
+    """The instructions of every backward-branch loop that holds no other loop, largest first."""
+    spans = loop_spans(lines)
     inner = [a for a in spans if not any(b != a and a[0] <= b[0] and b[1] <= a[1] for b in spans)]
-    loops = [[o.group(1) for o in map(OPCODE.search, lines[lo:hi + 1]) if o] for lo, hi in inner]
-    return sorted(loops, key=len, reverse=True)
+    return sorted((opcodes(lines[lo:hi + 1]) for lo, hi in inner), key=len, reverse=True)
 
 
 def demangle(names):
@@ -161,7 +161,7 @@ def main():
         if args.kernel and not re.search(args.kernel, pretty[name]):
             continue
         shown += 1
-        ops = [o.group(1) for o in map(OPCODE.search, ks[name]) if o]
+        ops = opcodes(ks[name])
         regs = info.get(name)
         head = f"{pretty[name][:110]}\n  {len(ops)} instructions"
         if regs:
