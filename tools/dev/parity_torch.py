@@ -30,6 +30,8 @@ import sys
 import tempfile
 import time
 
+from spread_compare import settings_of, welch  # tools/dev, beside this file
+
 try:
     import numpy as np
     import torch
@@ -422,7 +424,7 @@ def main():
     ours_variants = {}
     for v in a.ours_variant:  # the same weights and batches, other settings of ours
         extra = [x for kv in filter(None, v.split(",")) for x in ("--set", kv)]
-        ours_variants[v] = train_ours(f"ours_{len(ours_variants) + 1}", extra)[0]
+        ours_variants[v] = train_ours(f"ours_{len(ours_variants) + 1}", extra)
 
     if a.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -458,27 +460,20 @@ def main():
               "PyTorch's own spread: " + ", ".join(
                   f"{x['ours_gap']:.4f}/{x['pytorch_spread']:.4f}{'' if x['inside'] else ' (outside)'}"
                   for x in spread))
-    for v, c in ours_variants.items():
-        ours_variants[v] = {"losses": c, "means": window(c), "max_gap_vs_pytorch": gap(c, theirs),
-                            "max_gap_vs_ours": gap(c, ours)}
+    for v, (c, c_stats) in ours_variants.items():
+        ours_variants[v] = {"losses": c, "stats": c_stats, "means": window(c),
+                            "max_gap_vs_pytorch": gap(c, theirs), "max_gap_vs_ours": gap(c, ours)}
         print(f"ours with {v}: {w}-step means differ from PyTorch {tr['precision']} by at most "
               f"{gap(c, theirs):.4f}, from ours by at most {gap(c, ours):.4f}")
     # Both trainers from jittered starts (ours: --ours-variant model.init_jitter=1e-6,
     # model.init_jitter_seed=K; PyTorch: jitterK): the two samples' means per window, and their
     # difference in standard errors (Welch), which says whether the trainers differ beyond chaos
-    ours_j = [window(ours)] + [c["means"] for v, c in ours_variants.items() if "init_jitter=" in v]
+    ours_j = [window(ours)] + [c["means"] for v, c in ours_variants.items() if not settings_of(v)]
     torch_j = [window(theirs)] + jit
     two_sample = []
     if len(ours_j) >= 3 and len(torch_j) >= 3:
         for i in range(len(means)):
-            o, t = [x[i] for x in ours_j], [x[i] for x in torch_j]
-            mo, mt = sum(o) / len(o), sum(t) / len(t)
-            vo = sum((x - mo) ** 2 for x in o) / (len(o) - 1)
-            vt = sum((x - mt) ** 2 for x in t) / (len(t) - 1)
-            se = math.sqrt(vo / len(o) + vt / len(t))
-            two_sample.append({"ours_mean": mo, "ours_sd": math.sqrt(vo), "ours_runs": len(o),
-                               "pytorch_mean": mt, "pytorch_sd": math.sqrt(vt), "pytorch_runs": len(t),
-                               "difference": mo - mt, "standard_errors": (mo - mt) / se if se else 0.0})
+            two_sample.append(welch([x[i] for x in ours_j], [x[i] for x in torch_j]))
         print(f"{len(ours_j)} runs of ours and {len(torch_j)} of PyTorch from jittered starts; per "
               f"{w}-step window, mean difference (standard errors): " + ", ".join(
                   f"{x['difference']:+.4f} ({x['standard_errors']:+.1f})" for x in two_sample))

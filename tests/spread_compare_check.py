@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""tools/dev/spread_compare.py on made-up parity files: the samples it pools (an identical curve
+counted once, start jitters with ours, kernel variants and other settings apart), the Welch
+difference against a hand computation, one run of ours, and the refusals (files of two runs, too
+few PyTorch runs)."""
+import json
+import math
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+tool = pathlib.Path(__file__).resolve().parent.parent / "tools/dev/spread_compare.py"
+work = pathlib.Path(tempfile.mkdtemp(prefix="zgpt_spread_"))
+
+
+def curve(level, steps=4):
+    return [level + 0.5 * (steps - i) for i in range(steps)]  # windows of 2: level + 1.75, level + 0.75
+
+
+def write(name, ours, pytorch, ours_variants, pytorch_variants, overrides=("optim.lr=0.1",)):
+    p = work / name
+    p.write_text(json.dumps({"config": "c.yaml", "overrides": list(overrides), "steps": 4, "ours": ours,
+                             "pytorch": pytorch, "ours_variants": ours_variants,
+                             "pytorch_variants": {k: {"losses": v} for k, v in pytorch_variants.items()}}))
+    return str(p)
+
+
+def run(*files):
+    r = subprocess.run([sys.executable, str(tool), *files, "--window", "2", "--out", str(work / "s.json")],
+                       capture_output=True, text=True)
+    return r.returncode, r.stdout + r.stderr
+
+
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+
+
+a = write("a.json", curve(1.0), curve(2.0),
+          {"model.init_jitter=1e-6,model.init_jitter_seed=1": {"losses": curve(1.2)},
+           "train.fp32_residual=true": {"losses": curve(1.5)}},
+          {"jitter": curve(2.2), "bf16_storage": curve(2.5)})
+b = write("b.json", curve(1.0), curve(2.4),  # ours again (deterministic), PyTorch's own again
+          {"model.init_jitter=1e-6,model.init_jitter_seed=2": {"losses": curve(0.8)},
+           "train.fp32_residual=true,model.init_jitter=1e-6,model.init_jitter_seed=3": {"losses": curve(1.7)}},
+          {"jitter2": curve(2.2)})  # the same curve as a.json's jitter: counted once
+rc, out = run(a, b)
+check(rc == 0, f"two files: exit {rc}\n{out}")
+s = json.loads((work / "s.json").read_text())
+o, t = [1.0, 1.2, 0.8], [2.0, 2.2, 2.4]
+mo, mt = sum(o) / 3, sum(t) / 3
+se = math.sqrt(sum((x - mo) ** 2 for x in o) / 2 / 3 + sum((x - mt) ** 2 for x in t) / 2 / 3)
+last = s["windows"][-1]
+check(last["ours_runs"] == 3 and last["pytorch_runs"] == 3, f"runs pooled: {last}")
+check(abs(last["difference"] - (mo - mt)) < 1e-12, f"difference {last['difference']} against {mo - mt}")
+check(abs(last["standard_errors"] - (mo - mt) / se) < 1e-9, f"SE {last['standard_errors']} against {(mo - mt) / se}")
+check(s["final_losses"]["ours train.fp32_residual=true"] == [2.25, 2.45], f"other settings: {s['final_losses']}")
+check(s["final_losses"]["pytorch bf16_storage"] == [3.25], f"kernel variant: {s['final_losses']}")
+
+one = write("one.json", curve(1.0), curve(2.0), {}, {"jitter": curve(2.2), "jitter2": curve(2.4)})
+rc, out = run(one)
+s = json.loads((work / "s.json").read_text())
+sd = math.sqrt(sum((x - 2.2) ** 2 for x in t) / 2)
+want = (1.0 - 2.2) / (sd * math.sqrt(1 + 1 / 3))  # one run of ours spreads as PyTorch's
+check(rc == 0 and abs(s["windows"][-1]["standard_errors"] - want) < 1e-9, f"one run of ours: {out}")
+
+other = write("other.json", curve(1.0), curve(2.0), {}, {"jitter": curve(2.2)}, overrides=("optim.lr=0.3",))
+rc, out = run(a, other)
+check(rc != 0 and "another run" in out, f"files of two runs accepted: {out}")
+few = write("few.json", curve(1.0), curve(2.0), {}, {})
+rc, out = run(few)
+check(rc != 0 and "spread needs two" in out, f"one PyTorch run accepted: {out}")
+
+print("\n".join(failures) if failures else "spread compare: ok")
+sys.exit(1 if failures else 0)

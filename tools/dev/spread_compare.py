@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Ours against PyTorch beyond chaos: pools the JSONs tools/dev/parity_torch.py wrote for one run
+(same config, same weights and batches; several files when the runs were spread over processes or
+GPUs) into two samples, and says per window whether the trainers differ by more than their runs
+differ among themselves.
+
+- ours: the plain run and each `--ours-variant` that only moves the start (`model.init_jitter`);
+- PyTorch: each file's run from our weights (its kernels are not deterministic, so each is a
+  sample) and each `jitterN` variant.
+Identical loss curves count once. With one run of ours, its spread is taken to be PyTorch's.
+Other variants (ours with other settings, PyTorch's kernel
+variants such as bf16_storage) are listed beside, by name (ours' by their settings, all
+starts of one setting together). Per window: each sample's mean and
+standard deviation, the difference of the means and that difference in standard errors (Welch);
+and each run's final loss (mean of the last window).
+
+    python3 tools/dev/spread_compare.py RUN_a.json RUN_b.json ... [--window 100] [--out spread.json]
+"""
+import argparse
+import json
+import math
+import sys
+
+
+def window_means(losses, w):
+    return [sum(losses[i:i + w]) / w for i in range(0, len(losses) - w + 1, w)]
+
+
+def welch(a, b):
+    """Means, standard deviations and the difference of two samples in standard errors. One run of
+    ours is taken to spread as PyTorch's runs do (the error of a new draw from PyTorch's sample)."""
+    ma, mb = sum(a) / len(a), sum(b) / len(b)
+    vb = sum((x - mb) ** 2 for x in b) / (len(b) - 1)
+    va = sum((x - ma) ** 2 for x in a) / (len(a) - 1) if len(a) > 1 else vb
+    se = math.sqrt(va / len(a) + vb / len(b))
+    return {"ours_mean": ma, "ours_sd": math.sqrt(va), "ours_runs": len(a), "pytorch_mean": mb,
+            "pytorch_sd": math.sqrt(vb), "pytorch_runs": len(b), "difference": ma - mb,
+            "standard_errors": (ma - mb) / se if se else 0.0}
+
+
+JITTER_KEYS = ("model.init_jitter", "model.init_jitter_seed")
+
+
+def settings_of(variant):
+    """An --ours-variant's settings other than the start's jitter ("" where it only moves the start)."""
+    return ",".join(kv for kv in variant.split(",") if kv and kv.split("=")[0] not in JITTER_KEYS)
+
+
+def pool(files):
+    """(ours runs, PyTorch runs, other runs by name), each a list of loss curves."""
+    ours, theirs, other = [], [], {}
+
+    def add(sample, losses):
+        if losses not in sample:
+            sample.append(losses)
+
+    settings = None
+    for path in files:
+        d = json.load(open(path))
+        if "pytorch" not in d:
+            sys.exit(f"error: {path} has no PyTorch run from our weights (written with --no-same-start)")
+        key = (d["config"], sorted(o for o in d["overrides"]), d["steps"])
+        if settings is None:
+            settings = key
+        elif key != settings:
+            sys.exit(f"error: {path} is another run ({key}) than the first file's ({settings})")
+        add(ours, d["ours"])
+        add(theirs, d["pytorch"])
+        for v, c in d.get("ours_variants", {}).items():
+            losses = c["losses"] if isinstance(c, dict) else c
+            if not settings_of(v):
+                add(ours, losses)
+            else:  # the same settings from other starts pool into one sample
+                add(other.setdefault(f"ours {settings_of(v)}", []), losses)
+        for v, c in d.get("pytorch_variants", {}).items():
+            if v.startswith("jitter"):
+                add(theirs, c["losses"])
+            else:
+                add(other.setdefault(f"pytorch {v}", []), c["losses"])
+    return ours, theirs, other, settings
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("json", nargs="+")
+    ap.add_argument("--window", type=int, default=100, help="steps per window")
+    ap.add_argument("--out", help="write the windows and the runs' final losses here as JSON")
+    a = ap.parse_args()
+    ours, theirs, other, (config, overrides, steps) = pool(a.json)
+    if len(theirs) < 2:
+        sys.exit(f"error: {len(theirs)} run of PyTorch: its spread needs two at least (--torch-variants jitter)")
+    w = min(a.window, steps)
+    o = [window_means(c, w) for c in ours]
+    t = [window_means(c, w) for c in theirs]
+    windows = []
+    print(f"{config} {' '.join(overrides)}, {steps} steps: {len(ours)} runs of ours, {len(theirs)} of PyTorch")
+    print(f"{'steps':>11} {'ours':>16} {'pytorch':>16} {'difference':>11} {'SE':>6}")
+    for i in range(len(o[0])):
+        r = dict(first_step=i * w + 1, last_step=(i + 1) * w, **welch([x[i] for x in o], [x[i] for x in t]))
+        if len(o) == 1:
+            r["ours_sd"] = None  # one run: no spread of its own measured
+        r["others"] = {name: [window_means(c, w)[i] for c in cs] for name, cs in other.items()}
+        windows.append(r)
+        sd = f"±{r['ours_sd']:.4f}" if r["ours_sd"] is not None else " " * 7
+        print(f"{r['first_step']:5d}-{r['last_step']:<5d} {r['ours_mean']:9.4f}{sd} "
+              f"{r['pytorch_mean']:9.4f}±{r['pytorch_sd']:.4f} {r['difference']:+11.4f} "
+              f"{r['standard_errors']:+6.1f}")
+    final = lambda cs: sorted(round(sum(c[-w:]) / w, 4) for c in cs)
+    finals = {"ours": final(ours), "pytorch": final(theirs), **{n: final(cs) for n, cs in other.items()}}
+    for name, f in finals.items():
+        print(f"final loss (last {w} steps), {name}: {', '.join(f'{x:.4f}' for x in f)}")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"config": config, "overrides": overrides, "steps": steps, "window": w,
+                       "sources": a.json, "windows": windows, "final_losses": finals}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# On a GPU machine: one run trained by ours and by the parity tool's PyTorch (tools/dev/parity_torch.py)
+# from the same weights and batches, and again from starts moved by 1e-6, as jobs spread over the
+# GPUs, so that each trainer's spread is measured and the two can be told apart beyond chaos. Job k
+# trains ours (deterministic: pooled once), ours from jittered start k, PyTorch from our weights
+# (not deterministic: each is a run) and PyTorch from jittered start k; with OURS_SETS (settings
+# such as train.fp32_residual=true), ours with them, plain and from start k. Then
+# tools/dev/spread_compare.py pools the jobs into OUT/spread.json.
+#   source .gpu-deps/env.sh && bash tools/gpu/spread_runs.sh OUT BUILD CONFIG STEPS [--set K=V ...]
+# JOBS (4): jobs; PER_GPU (2): jobs at once on one GPU; TORCH_EXTRA: more --torch-variants of job
+# 1 (e.g. bf16_storage); TIMEOUT (0: none): seconds a job may run, so that a device call's limit
+# leaves time to collect what finished. Each job writes OUT/job<k>.json and its log.
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 1
+out=$1 bin=$2 cfg=$3 steps=$4
+shift 4
+jobs=${JOBS:-4} per_gpu=${PER_GPU:-2}
+gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
+mkdir -p "$out"
+job() {  # k gpu
+  local k=$1 g=$2 tv="jitter$1" ov=(--ours-variant "model.init_jitter=1e-6,model.init_jitter_seed=$1")
+  [ "$k" = 1 ] && [ -n "${TORCH_EXTRA:-}" ] && tv="$tv,$TORCH_EXTRA"
+  if [ -n "${OURS_SETS:-}" ]; then
+    ov+=(--ours-variant "$OURS_SETS" --ours-variant "$OURS_SETS,model.init_jitter=1e-6,model.init_jitter_seed=$1")
+  fi
+  CUDA_VISIBLE_DEVICES=$g timeout "${TIMEOUT:-0}" python3 tools/dev/parity_torch.py -c "$cfg" --steps "$steps" \
+    --device cuda "$@" --torch-variants "$tv" "${ov[@]}" --bin "$bin" --work "/tmp/spread_job$k" \
+    --out "$out/job$k.json.tmp" > "$out/job$k.log" 2>&1 && mv "$out/job$k.json.tmp" "$out/job$k.json"
+  echo "job $k on GPU $g: exit $?"
+}
+for k in $(seq 1 "$jobs"); do
+  while [ "$(jobs -rp | wc -l)" -ge $((gpus * per_gpu)) ]; do wait -n; done
+  job "$k" $(((k - 1) % gpus)) "$@" &
+done
+wait
+python3 tools/dev/spread_compare.py "$out"/job*.json --out "$out/spread.json"
