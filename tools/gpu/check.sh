@@ -18,9 +18,11 @@ mkdir -p "$out"
   echo "commit ${ZGPT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
 } > "$out/machine.txt" 2>&1
 cat "$out/machine.txt"
-# the oracle files: ../shared beside the checkout, or a copy in .gpu-deps/oracles (never committed)
-if [ -z "${ZGPT_ORACLES:-}" ] && [ ! -d ../shared/data/oracles ] && [ -d .gpu-deps/oracles ]; then
-  export ZGPT_ORACLES=$PWD/.gpu-deps/oracles
+# the oracle files and the GPT-2 vocabulary: ../shared beside the checkout, or the copy that
+# tools/gpu/extra_deps.sh put in .gpu-deps/shared (never committed)
+if [ ! -d ../shared/data ] && [ -d .gpu-deps/shared/data ]; then
+  export ZGPT_ORACLES=${ZGPT_ORACLES:-$PWD/.gpu-deps/shared/data/oracles}
+  export ZGPT_GPT2_DIR=${ZGPT_GPT2_DIR:-$PWD/.gpu-deps/shared/data/gpt2}
 fi
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
   > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }

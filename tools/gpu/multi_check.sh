@@ -14,7 +14,7 @@
 #            data parallel alone, and the head split over all GPUs; the same with fused_linear
 #            for FUSED_VOCABS (default 128256 256000; empty for none)
 # Writes logs and multi_gpu_<part>.json into the folder given. Needs .gpu-deps/llmc/train_gpt2.py
-# and .gpu-deps/bench/e2e_anchor.sh (with .gpu-deps/data/gpt2) for the anchor.
+# and .gpu-deps/shared/bench/e2e_anchor.sh (tools/gpu/extra_deps.sh puts it there) for the anchor.
 #   source .gpu-deps/env.sh && PARTS="tests scaling" bash tools/gpu/multi_check.sh "$OUT"
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -130,7 +130,7 @@ for part in $parts; do
               pkill -ABRT -f train_gpt2.py; } ) > "$out/anchor_${n}_watch.log" 2>&1 &
         watch=$!
         PYTHONFAULTHANDLER=1 NCCL_DEBUG=WARN timeout ${ANCHOR_TIMEOUT:-300} \
-          bash .gpu-deps/bench/e2e_anchor.sh .gpu-deps/llmc $n > "$out/anchor_$n.log" 2>&1
+          bash .gpu-deps/shared/bench/e2e_anchor.sh .gpu-deps/llmc $n > "$out/anchor_$n.log" 2>&1
         echo "exit $?"; tail -3 "$out/anchor_$n.log"
         kill $watch 2>/dev/null
         cp /tmp/e2e_anchor.log "$out/anchor_${n}_full.log" 2>/dev/null

@@ -17,11 +17,12 @@ shift 4
 jobs=${JOBS:-4} per_gpu=${PER_GPU:-2}
 gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
 mkdir -p "$out"
-job() {  # k gpu
+job() {  # k gpu, then parity_torch's arguments
   local k=$1 g=$2 tv="jitter$1" ov=(--ours-variant "model.init_jitter=1e-6,model.init_jitter_seed=$1")
+  shift 2
   [ "$k" = 1 ] && [ -n "${TORCH_EXTRA:-}" ] && tv="$tv,$TORCH_EXTRA"
   if [ -n "${OURS_SETS:-}" ]; then
-    ov+=(--ours-variant "$OURS_SETS" --ours-variant "$OURS_SETS,model.init_jitter=1e-6,model.init_jitter_seed=$1")
+    ov+=(--ours-variant "$OURS_SETS" --ours-variant "$OURS_SETS,model.init_jitter=1e-6,model.init_jitter_seed=$k")
   fi
   CUDA_VISIBLE_DEVICES=$g timeout "${TIMEOUT:-0}" python3 tools/dev/parity_torch.py -c "$cfg" --steps "$steps" \
     --device cuda "$@" --torch-variants "$tv" "${ov[@]}" --bin "$bin" --work "/tmp/spread_job$k" \
