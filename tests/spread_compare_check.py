@@ -6,11 +6,15 @@ few PyTorch runs)."""
 import json
 import math
 import pathlib
+import shutil
 import subprocess
 import sys
 import tempfile
 
 tool = pathlib.Path(__file__).resolve().parent.parent / "tools/dev/spread_compare.py"
+sys.path.insert(0, str(tool.parent))
+from spread_compare import two_sided_p  # noqa: E402  (the tool's folder, added above)
+
 work = pathlib.Path(tempfile.mkdtemp(prefix="zgpt_spread_"))
 
 
@@ -40,6 +44,11 @@ def check(cond, what):
         failures.append(what)
 
 
+# Student's t: the tables' two-sided 5% points
+for t, dof in ((12.706, 1), (2.228, 10), (1.960, 1e6)):
+    check(abs(two_sided_p(t, dof) - 0.05) < 2e-4, f"p({t}, {dof}) = {two_sided_p(t, dof)}, not 0.05")
+check(two_sided_p(0.0, 5) == 1.0, "p(0) is not 1")
+
 a = write("a.json", curve(1.0), curve(2.0),
           {"model.init_jitter=1e-6,model.init_jitter_seed=1": {"losses": curve(1.2)},
            "train.fp32_residual=true": {"losses": curve(1.5)}},
@@ -58,6 +67,7 @@ last = s["windows"][-1]
 check(last["ours_runs"] == 3 and last["pytorch_runs"] == 3, f"runs pooled: {last}")
 check(abs(last["difference"] - (mo - mt)) < 1e-12, f"difference {last['difference']} against {mo - mt}")
 check(abs(last["standard_errors"] - (mo - mt) / se) < 1e-9, f"SE {last['standard_errors']} against {(mo - mt) / se}")
+check(abs(last["dof"] - 4.0) < 1e-9, f"Welch's dof {last['dof']}, not 4 (equal variances, 3 runs a side)")
 check(s["final_losses"]["ours train.fp32_residual=true"] == [2.25, 2.45], f"other settings: {s['final_losses']}")
 check(s["final_losses"]["pytorch bf16_storage"] == [3.25], f"kernel variant: {s['final_losses']}")
 
@@ -67,6 +77,13 @@ s = json.loads((work / "s.json").read_text())
 sd = math.sqrt(sum((x - 2.2) ** 2 for x in t) / 2)
 want = (1.0 - 2.2) / (sd * math.sqrt(1 + 1 / 3))  # one run of ours spreads as PyTorch's
 check(rc == 0 and abs(s["windows"][-1]["standard_errors"] - want) < 1e-9, f"one run of ours: {out}")
+check(s["windows"][-1]["dof"] == 2 and s["windows"][-1]["p"] == two_sided_p(want, 2), f"one run's p: {out}")
+
+# PyTorch's two runs part in the first window only: the last has no spread on either side
+flat = write("flat.json", curve(1.0), curve(2.0), {}, {"jitter": [9.0] + curve(2.0)[1:]})
+rc, out = run(flat)
+s = json.loads((work / "s.json").read_text())
+check(rc == 0 and s["windows"][-1]["standard_errors"] is None, f"no spread weighed as a difference: {out}")
 
 other = write("other.json", curve(1.0), curve(2.0), {}, {"jitter": curve(2.2)}, overrides=("optim.lr=0.3",))
 rc, out = run(a, other)
@@ -75,5 +92,6 @@ few = write("few.json", curve(1.0), curve(2.0), {}, {})
 rc, out = run(few)
 check(rc != 0 and "spread needs two" in out, f"one PyTorch run accepted: {out}")
 
+shutil.rmtree(work)
 print("\n".join(failures) if failures else "spread compare: ok")
 sys.exit(1 if failures else 0)

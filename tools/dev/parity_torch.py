@@ -468,7 +468,10 @@ def main():
     # Both trainers from jittered starts (ours: --ours-variant model.init_jitter=1e-6,
     # model.init_jitter_seed=K; PyTorch: jitterK): the two samples' means per window, and their
     # difference in standard errors (Welch), which says whether the trainers differ beyond chaos
-    ours_j = [window(ours)] + [c["means"] for v, c in ours_variants.items() if not settings_of(v)]
+    ours_j = [window(ours)]
+    for v, c in ours_variants.items():  # a start that repeats another's curve counts once
+        if not settings_of(v) and c["means"] not in ours_j:
+            ours_j.append(c["means"])
     torch_j = [window(theirs)] + jit
     two_sample = []
     if len(ours_j) >= 3 and len(torch_j) >= 3:

@@ -11,7 +11,9 @@ Identical loss curves count once. With one run of ours, its spread is taken to b
 Other variants (ours with other settings, PyTorch's kernel
 variants such as bf16_storage) are listed beside, by name (ours' by their settings, all
 starts of one setting together). Per window: each sample's mean and
-standard deviation, the difference of the means and that difference in standard errors (Welch);
+standard deviation, the difference of the means, that difference in standard errors and its
+two-sided p (Welch's t, with Welch's degrees of freedom; the windows share their runs, so they are
+not independent tests);
 and each run's final loss (mean of the last window).
 
     python3 tools/dev/spread_compare.py RUN_a.json RUN_b.json ... [--window 100] [--out spread.json]
@@ -26,16 +28,39 @@ def window_means(losses, w):
     return [sum(losses[i:i + w]) / w for i in range(0, len(losses) - w + 1, w)]
 
 
+def two_sided_p(t, df):
+    """P(|T| >= |t|) for Student's t with df degrees of freedom: 1 - the density's integral over
+    [-|t|, |t|], by Simpson's rule (the density is smooth there; 2000 panels give 1e-9)."""
+    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+    f = lambda x: c * (1 + x * x / df) ** (-(df + 1) / 2)
+    n, a = 2000, abs(t)
+    h = a / n
+    s = f(0) + f(a) + sum((4 if i % 2 else 2) * f(i * h) for i in range(1, n))
+    return max(0.0, 1 - 2 * s * h / 3)
+
+
 def welch(a, b):
-    """Means, standard deviations and the difference of two samples in standard errors. One run of
-    ours is taken to spread as PyTorch's runs do (the error of a new draw from PyTorch's sample)."""
+    """Means, standard deviations, the difference of two samples in standard errors, Welch's
+    degrees of freedom and the two-sided p. One run of ours is taken to spread as PyTorch's runs
+    do (the error of a new draw from PyTorch's sample)."""
     ma, mb = sum(a) / len(a), sum(b) / len(b)
     vb = sum((x - mb) ** 2 for x in b) / (len(b) - 1)
     va = sum((x - ma) ** 2 for x in a) / (len(a) - 1) if len(a) > 1 else vb
-    se = math.sqrt(va / len(a) + vb / len(b))
-    return {"ours_mean": ma, "ours_sd": math.sqrt(va), "ours_runs": len(a), "pytorch_mean": mb,
-            "pytorch_sd": math.sqrt(vb), "pytorch_runs": len(b), "difference": ma - mb,
-            "standard_errors": (ma - mb) / se if se else 0.0}
+    ea, eb = va / len(a), vb / len(b)
+    se = math.sqrt(ea + eb)
+    out = {"ours_mean": ma, "ours_sd": math.sqrt(va), "ours_runs": len(a), "pytorch_mean": mb,
+           "pytorch_sd": math.sqrt(vb), "pytorch_runs": len(b), "difference": ma - mb,
+           "standard_errors": None, "dof": None, "p": None}
+    if se > 0:  # no spread on either side: a difference cannot be weighed (None), not called zero
+        t = (ma - mb) / se
+        if len(a) > 1:
+            dof = (ea + eb) ** 2 / (ea ** 2 / (len(a) - 1) + eb ** 2 / (len(b) - 1))
+        else:  # one new draw against PyTorch's sample: its variance is all the estimate has
+            dof = len(b) - 1
+        out.update(standard_errors=t, dof=dof, p=two_sided_p(t, dof))
+    elif ma == mb:
+        out.update(standard_errors=0.0, p=1.0)
+    return out
 
 
 JITTER_KEYS = ("model.init_jitter", "model.init_jitter_seed")
@@ -94,7 +119,7 @@ def main():
     t = [window_means(c, w) for c in theirs]
     windows = []
     print(f"{config} {' '.join(overrides)}, {steps} steps: {len(ours)} runs of ours, {len(theirs)} of PyTorch")
-    print(f"{'steps':>11} {'ours':>16} {'pytorch':>16} {'difference':>11} {'SE':>6}")
+    print(f"{'steps':>11} {'ours':>16} {'pytorch':>16} {'difference':>11} {'SE':>6} {'dof':>5} {'p':>6}")
     for i in range(len(o[0])):
         r = dict(first_step=i * w + 1, last_step=(i + 1) * w, **welch([x[i] for x in o], [x[i] for x in t]))
         if len(o) == 1:
@@ -104,7 +129,7 @@ def main():
         sd = f"±{r['ours_sd']:.4f}" if r["ours_sd"] is not None else " " * 7
         print(f"{r['first_step']:5d}-{r['last_step']:<5d} {r['ours_mean']:9.4f}{sd} "
               f"{r['pytorch_mean']:9.4f}±{r['pytorch_sd']:.4f} {r['difference']:+11.4f} "
-              f"{r['standard_errors']:+6.1f}")
+              + (f"{r['standard_errors']:+6.1f} {r['dof']:5.1f} {r['p']:6.3f}" if r["dof"] else "     -     -      -"))
     final = lambda cs: sorted(round(sum(c[-w:]) / w, 4) for c in cs)
     finals = {"ours": final(ours), "pytorch": final(theirs), **{n: final(cs) for n, cs in other.items()}}
     for name, f in finals.items():

@@ -9,13 +9,16 @@
 #   source .gpu-deps/env.sh && bash tools/gpu/spread_runs.sh OUT BUILD CONFIG STEPS [--set K=V ...]
 # JOBS (4): jobs; PER_GPU (2): jobs at once on one GPU; TORCH_EXTRA: more --torch-variants of job
 # 1 (e.g. bf16_storage); TIMEOUT (0: none): seconds a job may run, so that a device call's limit
-# leaves time to collect what finished. Each job writes OUT/job<k>.json and its log.
+# leaves time to collect what finished. Each job writes OUT/job<k>.json and its log; a job whose
+# JSON is there already is skipped, so a run cut short by a call's limit resumes (clear OUT to
+# start over).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 out=$1 bin=$2 cfg=$3 steps=$4
 shift 4
 jobs=${JOBS:-4} per_gpu=${PER_GPU:-2}
-gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
+gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
+[ "$gpus" -ge 1 ] || { echo "spread_runs.sh: no GPU (nvidia-smi lists none)" >&2; exit 1; }
 mkdir -p "$out"
 job() {  # k gpu, then parity_torch's arguments
   local k=$1 g=$2 tv="jitter$1" ov=(--ours-variant "model.init_jitter=1e-6,model.init_jitter_seed=$1")
@@ -30,6 +33,7 @@ job() {  # k gpu, then parity_torch's arguments
   echo "job $k on GPU $g: exit $?"
 }
 for k in $(seq 1 "$jobs"); do
+  [ -s "$out/job$k.json" ] && continue
   while [ "$(jobs -rp | wc -l)" -ge $((gpus * per_gpu)) ]; do wait -n; done
   job "$k" $(((k - 1) % gpus)) "$@" &
 done
