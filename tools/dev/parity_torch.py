@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 
-from spread_compare import settings_of, welch  # tools/dev, beside this file
+from spread_compare import settings_of, welch, window_means  # tools/dev, beside this file
 
 try:
     import numpy as np
@@ -438,7 +438,7 @@ def main():
 
     rel = [abs(x - y) / abs(y) for x, y in zip(ours, theirs)]
     w = min(100, a.steps)
-    window = lambda c: [sum(c[i:i + w]) / w for i in range(0, a.steps - w + 1, w)]
+    window = lambda c: window_means(c, w)
     means = list(zip(window(ours), window(theirs)))
     max_gap = max(abs(x - y) for x, y in means)
     gap = lambda c, d: max(abs(x - y) for x, y in zip(window(c), window(d)))

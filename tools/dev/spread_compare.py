@@ -117,6 +117,7 @@ def main():
     w = min(a.window, steps)
     o = [window_means(c, w) for c in ours]
     t = [window_means(c, w) for c in theirs]
+    others = {name: [window_means(c, w) for c in cs] for name, cs in other.items()}
     windows = []
     print(f"{config} {' '.join(overrides)}, {steps} steps: {len(ours)} runs of ours, {len(theirs)} of PyTorch")
     print(f"{'steps':>11} {'ours':>16} {'pytorch':>16} {'difference':>11} {'SE':>6} {'dof':>5} {'p':>6}")
@@ -124,7 +125,7 @@ def main():
         r = dict(first_step=i * w + 1, last_step=(i + 1) * w, **welch([x[i] for x in o], [x[i] for x in t]))
         if len(o) == 1:
             r["ours_sd"] = None  # one run: no spread of its own measured
-        r["others"] = {name: [window_means(c, w)[i] for c in cs] for name, cs in other.items()}
+        r["others"] = {name: [x[i] for x in ws] for name, ws in others.items()}
         windows.append(r)
         sd = f"±{r['ours_sd']:.4f}" if r["ours_sd"] is not None else " " * 7
         print(f"{r['first_step']:5d}-{r['last_step']:<5d} {r['ours_mean']:9.4f}{sd} "
