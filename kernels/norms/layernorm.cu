@@ -260,8 +260,21 @@ __global__ void __launch_bounds__(32 * kVecWarps)
 // column sums of dinp as well, of its values rounded to bf16 (what the matmuls read), for the bias
 // gradient of the projection whose output gradient dinp is; each warp adds its rows into its own
 // row of shared memory.
+//
+// Shared-memory sums are stored lane-interleaved: a lane's 8 columns of chunk j (j * 256 + lane * 8
+// + 4h + e) sit at j * 256 + 128h + lane * 4 + e, so a warp's float4 access covers 512 contiguous
+// bytes (no bank conflicts; stored by column, lanes 32 bytes apart, every access was a 2-way
+// conflict). Only where the sums are kept changes, not their order.
 template <int NV>
 constexpr bool kSmemSums = NV > 5;
+// Where column c's sum is kept in a warp's row of shared-memory sums.
+__device__ __forceinline__ int sum_slot(int c) {
+    return (c & ~255) + ((c & 4) << 5) + ((c & 255) >> 3) * 4 + (c & 3);
+}
+// The float4 holding this lane's columns 4h .. 4h + 3 of chunk j.
+__device__ __forceinline__ float4* sum_quad(float* row, int j, int lane, int h) {
+    return reinterpret_cast<float4*>(row + j * 256 + h * 128 + lane * 4);
+}
 template <int NV>
 constexpr size_t vec_backward_smem() {
     return kSmemSums<NV> ? size_t(2) * kVecWarps * NV * 256 * sizeof(float) : 0;
@@ -291,10 +304,9 @@ __global__ void __launch_bounds__(32 * kVecWarps)
         }
     if constexpr (SUMS)  // each lane owns the columns it loads (no other lane touches them)
 #pragma unroll
-        for (int j = 0; j < NV; j++) {
-            float4* a4 = reinterpret_cast<float4*>(wd + warp * CP + j * 256 + lane * 8);
-            a4[0] = a4[1] = make_float4(0, 0, 0, 0);
-        }
+        for (int j = 0; j < NV; j++)
+            *sum_quad(wd + warp * CP, j, lane, 0) = *sum_quad(wd + warp * CP, j, lane, 1) =
+                make_float4(0, 0, 0, 0);
     // dead columns stay zero: dy = 0 adds nothing to the row's sums or the weight gradients
     Pack8<R> wraw[NV] = {}, xv[NV] = {};
     uint4 dyv[NV] = {};
@@ -342,18 +354,17 @@ __global__ void __launch_bounds__(32 * kVecWarps)
                 }
             }
             if constexpr (kSmem) {  // this lane's own columns: no other lane touches them
-                float* pw = sums + warp * CP + j * 256 + lane * 8;
-                float* pb = sums + (kVecWarps + warp) * CP + j * 256 + lane * 8;
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    float4 w4 = reinterpret_cast<float4*>(pw)[h];
-                    float4 b4 = reinterpret_cast<float4*>(pb)[h];
+                    float4* pw = sum_quad(sums + warp * CP, j, lane, h);
+                    float4* pb = sum_quad(sums + (kVecWarps + warp) * CP, j, lane, h);
+                    float4 w4 = *pw, b4 = *pb;
                     w4.x += dy[4 * h] * xh[4 * h], w4.y += dy[4 * h + 1] * xh[4 * h + 1];
                     w4.z += dy[4 * h + 2] * xh[4 * h + 2], w4.w += dy[4 * h + 3] * xh[4 * h + 3];
                     b4.x += dy[4 * h], b4.y += dy[4 * h + 1];
                     b4.z += dy[4 * h + 2], b4.w += dy[4 * h + 3];
-                    reinterpret_cast<float4*>(pw)[h] = w4;
-                    reinterpret_cast<float4*>(pb)[h] = b4;
+                    *pw = w4;
+                    *pb = b4;
                 }
             }
         }
@@ -374,13 +385,14 @@ __global__ void __launch_bounds__(32 * kVecWarps)
             if (!live<NV>(j, lane, C)) continue;
             store8(dinp + r * C + j * 256 + lane * 8, d);
             if constexpr (SUMS) {  // of the values rounded to bf16, as the matmuls read them
-                float4* a4 = reinterpret_cast<float4*>(wd + warp * CP + j * 256 + lane * 8);
-                float4 lo = a4[0], hi = a4[1];
+                float4 *plo = sum_quad(wd + warp * CP, j, lane, 0),
+                       *phi = sum_quad(wd + warp * CP, j, lane, 1);
+                float4 lo = *plo, hi = *phi;
                 lo.x += to_f(from_f<bf16>(d[0])), lo.y += to_f(from_f<bf16>(d[1]));
                 lo.z += to_f(from_f<bf16>(d[2])), lo.w += to_f(from_f<bf16>(d[3]));
                 hi.x += to_f(from_f<bf16>(d[4])), hi.y += to_f(from_f<bf16>(d[5]));
                 hi.z += to_f(from_f<bf16>(d[6])), hi.w += to_f(from_f<bf16>(d[7]));
-                a4[0] = lo, a4[1] = hi;
+                *plo = lo, *phi = hi;
             }
         }
     }
@@ -389,8 +401,8 @@ __global__ void __launch_bounds__(32 * kVecWarps)
     for (int k = 0; k < kVecWarps; k++) {
         if constexpr (kSmem) {  // the warps in order, as below
             for (int c = threadIdx.x; c < CP; c += blockDim.x) {
-                bw[c] += sums[k * CP + c];
-                bb[c] += sums[(kVecWarps + k) * CP + c];
+                bw[c] += sums[k * CP + sum_slot(c)];
+                bb[c] += sums[(kVecWarps + k) * CP + sum_slot(c)];
             }
         } else if (warp == k)
 #pragma unroll
@@ -407,7 +419,7 @@ __global__ void __launch_bounds__(32 * kVecWarps)
         part_b[int64_t(blockIdx.x) * C + c] = bb[c];
         if constexpr (SUMS) {
             float ad = 0;
-            for (int k = 0; k < kVecWarps; k++) ad += wd[k * CP + c];  // the warps in order
+            for (int k = 0; k < kVecWarps; k++) ad += wd[k * CP + sum_slot(c)];  // warps in order
             part_d[int64_t(blockIdx.x) * C + c] = ad;
         }
     }

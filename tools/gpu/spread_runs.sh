@@ -7,7 +7,8 @@
 # such as train.fp32_residual=true), ours with them, plain and from start k. Then
 # tools/dev/spread_compare.py pools the jobs into OUT/spread.json.
 #   source .gpu-deps/env.sh && bash tools/gpu/spread_runs.sh OUT BUILD CONFIG STEPS [--set K=V ...]
-# JOBS (4): jobs; PER_GPU (2): jobs at once on one GPU; TORCH_EXTRA: more --torch-variants of job
+# JOBS (4): jobs; PER_GPU (2): jobs at once on one GPU; GPUS (all): the GPUs to use, such as "1"
+# to leave GPU 0 to a benchmark; TORCH_EXTRA: more --torch-variants of job
 # 1 (e.g. bf16_storage); TIMEOUT (0: none): seconds a job may run, so that a device call's limit
 # leaves time to collect what finished. Each job writes OUT/job<k>.json and its log; a job whose
 # JSON is there already is skipped, so a run cut short by a call's limit resumes (clear OUT to
@@ -17,7 +18,8 @@ cd "$(dirname "$0")/../.." || exit 1
 out=$1 bin=$2 cfg=$3 steps=$4
 shift 4
 jobs=${JOBS:-4} per_gpu=${PER_GPU:-2}
-gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
+read -ra gpu_list <<<"${GPUS:-$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | tr '\n' ' ')}"
+gpus=${#gpu_list[@]}
 [ "$gpus" -ge 1 ] || { echo "spread_runs.sh: no GPU (nvidia-smi lists none)" >&2; exit 1; }
 mkdir -p "$out"
 job() {  # k gpu, then parity_torch's arguments
@@ -35,7 +37,7 @@ job() {  # k gpu, then parity_torch's arguments
 for k in $(seq 1 "$jobs"); do
   [ -s "$out/job$k.json" ] && continue
   while [ "$(jobs -rp | wc -l)" -ge $((gpus * per_gpu)) ]; do wait -n; done
-  job "$k" $(((k - 1) % gpus)) "$@" &
+  job "$k" "${gpu_list[$(((k - 1) % gpus))]}" "$@" &
 done
 wait
 python3 tools/dev/spread_compare.py "$out"/job*.json --out "$out/spread.json"
