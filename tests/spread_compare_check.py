@@ -92,6 +92,23 @@ few = write("few.json", curve(1.0), curve(2.0), {}, {})
 rc, out = run(few)
 check(rc != 0 and "spread needs two" in out, f"one PyTorch run accepted: {out}")
 
+# log^2 Z at the end: each run's mean lse^2 over the last window, tested as the losses are; a sample
+# with a run written without statistics has none
+st = lambda level: [{"lse_sq_mean": level + i} for i in range(4)]  # last window of 2: level + 2.5
+z = write("z.json", curve(1.0), curve(2.0), {"model.init_jitter=1e-6,model.init_jitter_seed=1": {"losses": curve(1.2), "stats": st(20)}},
+          {"jitter": curve(2.2), "bf16_storage": curve(2.5)})
+d = json.loads(pathlib.Path(z).read_text())
+d.update(ours_stats=st(10), pytorch_stats=st(30))
+d["pytorch_variants"]["jitter"]["stats"] = st(40)
+pathlib.Path(z).write_text(json.dumps(d))
+rc, out = run(z)
+s = json.loads((work / "s.json").read_text())
+fz = s.get("final_log2z", {})
+check(rc == 0 and fz.get("ours") == [12.5, 22.5] and fz.get("pytorch") == [32.5, 42.5], f"final log^2 Z: {fz}\n{out}")
+check("pytorch bf16_storage" not in fz, f"a run without statistics gets no log^2 Z: {fz}")
+check(s["final_log2z_test"]["difference"] == -20.0 and abs(s["final_log2z_test"]["dof"] - 2.0) < 1e-9,
+      f"log^2 Z tested: {s['final_log2z_test']}")
+
 shutil.rmtree(work)
 print("\n".join(failures) if failures else "spread compare: ok")
 sys.exit(1 if failures else 0)

@@ -14,7 +14,9 @@ starts of one setting together). Per window: each sample's mean and
 standard deviation, the difference of the means, that difference in standard errors and its
 two-sided p (Welch's t, with Welch's degrees of freedom; the windows share their runs, so they are
 not independent tests);
-and each run's final loss (mean of the last window).
+and each run's final loss (mean of the last window). Where the files carry the runs' log Z
+statistics (parity_torch writes them), each run's final log^2 Z too (the mean of lse^2 over the
+last window) and the same test on it.
 
     python3 tools/dev/spread_compare.py RUN_a.json RUN_b.json ... [--window 100] [--out spread.json]
 """
@@ -72,12 +74,15 @@ def settings_of(variant):
 
 
 def pool(files):
-    """(ours runs, PyTorch runs, other runs by name), each a list of loss curves."""
-    ours, theirs, other = [], [], {}
+    """(ours runs, PyTorch runs, other runs by name), each a list of loss curves, the settings, and
+    each sample's runs' log Z statistics by sample name ("ours", "pytorch", the others' names),
+    in the order of its curves (None for a run written without them)."""
+    ours, theirs, other, stats = [], [], {}, {}
 
-    def add(sample, losses):
+    def add(sample, losses, run_stats, name):
         if losses not in sample:
             sample.append(losses)
+            stats.setdefault(name, []).append(run_stats)
 
     settings = None
     for path in files:
@@ -89,20 +94,19 @@ def pool(files):
             settings = key
         elif key != settings:
             sys.exit(f"error: {path} is another run ({key}) than the first file's ({settings})")
-        add(ours, d["ours"])
-        add(theirs, d["pytorch"])
+        add(ours, d["ours"], d.get("ours_stats"), "ours")
+        add(theirs, d["pytorch"], d.get("pytorch_stats"), "pytorch")
         for v, c in d.get("ours_variants", {}).items():
-            losses = c["losses"] if isinstance(c, dict) else c
+            losses, st = (c["losses"], c.get("stats")) if isinstance(c, dict) else (c, None)
             if not settings_of(v):
-                add(ours, losses)
+                add(ours, losses, st, "ours")
             else:  # the same settings from other starts pool into one sample
-                add(other.setdefault(f"ours {settings_of(v)}", []), losses)
+                name = f"ours {settings_of(v)}"
+                add(other.setdefault(name, []), losses, st, name)
         for v, c in d.get("pytorch_variants", {}).items():
-            if v.startswith("jitter"):
-                add(theirs, c["losses"])
-            else:
-                add(other.setdefault(f"pytorch {v}", []), c["losses"])
-    return ours, theirs, other, settings
+            name = "pytorch" if v.startswith("jitter") else f"pytorch {v}"
+            add(theirs if name == "pytorch" else other.setdefault(name, []), c["losses"], c.get("stats"), name)
+    return ours, theirs, other, settings, stats
 
 
 def main():
@@ -111,7 +115,7 @@ def main():
     ap.add_argument("--window", type=int, default=100, help="steps per window")
     ap.add_argument("--out", help="write the windows and the runs' final losses here as JSON")
     a = ap.parse_args()
-    ours, theirs, other, (config, overrides, steps) = pool(a.json)
+    ours, theirs, other, (config, overrides, steps), stats = pool(a.json)
     if len(theirs) < 2:
         sys.exit(f"error: {len(theirs)} run of PyTorch: its spread needs two at least (--torch-variants jitter)")
     w = min(a.window, steps)
@@ -135,10 +139,23 @@ def main():
     finals = {"ours": final(ours), "pytorch": final(theirs), **{n: final(cs) for n, cs in other.items()}}
     for name, f in finals.items():
         print(f"final loss (last {w} steps), {name}: {', '.join(f'{x:.4f}' for x in f)}")
+    # log^2 Z at the end, for each sample whose runs all carry their statistics
+    log2z = lambda st: sum(x["lse_sq_mean"] for x in st[-w:]) / w
+    final_log2z = {n: sorted(round(log2z(x), 2) for x in sts) for n, sts in stats.items()
+                   if all(x and len(x) >= w for x in sts)}
+    for name, f in final_log2z.items():
+        print(f"final log^2 Z (last {w} steps), {name}: {', '.join(f'{x:.1f}' for x in f)}")
+    log2z_test = None
+    if "ours" in final_log2z and "pytorch" in final_log2z:
+        log2z_test = welch(final_log2z["ours"], final_log2z["pytorch"])
+        if log2z_test["dof"]:
+            print(f"final log^2 Z, ours - PyTorch: {log2z_test['difference']:+.1f} "
+                  f"({log2z_test['standard_errors']:+.1f} standard errors, p {log2z_test['p']:.3f})")
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"config": config, "overrides": overrides, "steps": steps, "window": w,
-                       "sources": a.json, "windows": windows, "final_losses": finals}, f, indent=1)
+                       "sources": a.json, "windows": windows, "final_losses": finals,
+                       "final_log2z": final_log2z, "final_log2z_test": log2z_test}, f, indent=1)
 
 
 if __name__ == "__main__":
