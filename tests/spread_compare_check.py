@@ -71,6 +71,16 @@ check(abs(last["dof"] - 4.0) < 1e-9, f"Welch's dof {last['dof']}, not 4 (equal v
 check(s["final_losses"]["ours train.fp32_residual=true"] == [2.25, 2.45], f"other settings: {s['final_losses']}")
 check(s["final_losses"]["pytorch bf16_storage"] == [3.25], f"kernel variant: {s['final_losses']}")
 
+# --pair: another setting's sample against PyTorch's; the default pair is listed beside
+r = subprocess.run([sys.executable, str(tool), a, b, "--window", "2", "--out", str(work / "p.json"),
+                    "--pair", "ours train.fp32_residual=true", "pytorch"], capture_output=True, text=True)
+p = json.loads((work / "p.json").read_text()) if r.returncode == 0 else {}
+lw = p.get("windows", [{}])[-1]
+check(lw.get("ours_runs") == 2 and abs(lw.get("difference", 0) - (2.35 - 2.95)) < 1e-12
+      and "ours" in lw.get("others", {}), f"--pair: {lw}\n{r.stdout}{r.stderr}")
+r = subprocess.run([sys.executable, str(tool), a, "--pair", "ours fp32", "pytorch"], capture_output=True, text=True)
+check(r.returncode != 0 and "no sample named 'ours fp32'" in r.stderr, f"--pair with no such sample: {r.stderr}")
+
 one = write("one.json", curve(1.0), curve(2.0), {}, {"jitter": curve(2.2), "jitter2": curve(2.4)})
 rc, out = run(one)
 s = json.loads((work / "s.json").read_text())

@@ -18,7 +18,13 @@ and each run's final loss (mean of the last window). Where the files carry the r
 statistics (parity_torch writes them), each run's final log^2 Z too (the mean of lse^2 over the
 last window) and the same test on it.
 
+With --pair A B the table tests sample A against sample B instead, by the names the final losses
+are printed under (such as "ours train.fp32_residual=true" against "pytorch", or "ours" against
+"pytorch bf16_storage"): whether a setting moves one trainer onto the other. The windows' ours_*
+and pytorch_* fields are then A's and B's.
+
     python3 tools/dev/spread_compare.py RUN_a.json RUN_b.json ... [--window 100] [--out spread.json]
+        [--pair A B]
 """
 import argparse
 import json
@@ -114,17 +120,27 @@ def main():
     ap.add_argument("json", nargs="+")
     ap.add_argument("--window", type=int, default=100, help="steps per window")
     ap.add_argument("--out", help="write the windows and the runs' final losses here as JSON")
+    ap.add_argument("--pair", nargs=2, metavar=("A", "B"), default=["ours", "pytorch"],
+                    help="the two samples to test, by name (default: ours pytorch)")
     a = ap.parse_args()
     ours, theirs, other, (config, overrides, steps), stats = pool(a.json)
+    samples = {"ours": ours, "pytorch": theirs, **other}
+    for name in a.pair:
+        if name not in samples:
+            sys.exit(f"error: no sample named {name!r} (there are: {', '.join(map(repr, samples))})")
+    first, second = a.pair
+    # the table's two sides; the remaining samples are listed beside
+    ours, theirs = samples[first], samples[second]
+    other = {n: cs for n, cs in samples.items() if n not in a.pair}
     if len(theirs) < 2:
-        sys.exit(f"error: {len(theirs)} run of PyTorch: its spread needs two at least (--torch-variants jitter)")
+        sys.exit(f"error: {len(theirs)} run of {second}: its spread needs two at least (--torch-variants jitter)")
     w = min(a.window, steps)
     o = [window_means(c, w) for c in ours]
     t = [window_means(c, w) for c in theirs]
     others = {name: [window_means(c, w) for c in cs] for name, cs in other.items()}
     windows = []
-    print(f"{config} {' '.join(overrides)}, {steps} steps: {len(ours)} runs of ours, {len(theirs)} of PyTorch")
-    print(f"{'steps':>11} {'ours':>16} {'pytorch':>16} {'difference':>11} {'SE':>6} {'dof':>5} {'p':>6}")
+    print(f"{config} {' '.join(overrides)}, {steps} steps: {len(ours)} runs of {first}, {len(theirs)} of {second}")
+    print(f"{'steps':>11} {first[:16]:>16} {second[:16]:>16} {'difference':>11} {'SE':>6} {'dof':>5} {'p':>6}")
     for i in range(len(o[0])):
         r = dict(first_step=i * w + 1, last_step=(i + 1) * w, **welch([x[i] for x in o], [x[i] for x in t]))
         if len(o) == 1:
@@ -136,7 +152,7 @@ def main():
               f"{r['pytorch_mean']:9.4f}±{r['pytorch_sd']:.4f} {r['difference']:+11.4f} "
               + (f"{r['standard_errors']:+6.1f} {r['dof']:5.1f} {r['p']:6.3f}" if r["dof"] else "     -     -      -"))
     final = lambda cs: sorted(round(sum(c[-w:]) / w, 4) for c in cs)
-    finals = {"ours": final(ours), "pytorch": final(theirs), **{n: final(cs) for n, cs in other.items()}}
+    finals = {n: final(cs) for n, cs in samples.items()}
     for name, f in finals.items():
         print(f"final loss (last {w} steps), {name}: {', '.join(f'{x:.4f}' for x in f)}")
     # log^2 Z at the end, for each sample whose runs all carry their statistics
@@ -146,15 +162,15 @@ def main():
     for name, f in final_log2z.items():
         print(f"final log^2 Z (last {w} steps), {name}: {', '.join(f'{x:.1f}' for x in f)}")
     log2z_test = None
-    if "ours" in final_log2z and "pytorch" in final_log2z:
-        log2z_test = welch(final_log2z["ours"], final_log2z["pytorch"])
+    if first in final_log2z and second in final_log2z:
+        log2z_test = welch(final_log2z[first], final_log2z[second])
         if log2z_test["dof"]:
-            print(f"final log^2 Z, ours - PyTorch: {log2z_test['difference']:+.1f} "
+            print(f"final log^2 Z, {first} - {second}: {log2z_test['difference']:+.1f} "
                   f"({log2z_test['standard_errors']:+.1f} standard errors, p {log2z_test['p']:.3f})")
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"config": config, "overrides": overrides, "steps": steps, "window": w,
-                       "sources": a.json, "windows": windows, "final_losses": finals,
+                       "sources": a.json, "pair": a.pair, "windows": windows, "final_losses": finals,
                        "final_log2z": final_log2z, "final_log2z_test": log2z_test}, f, indent=1)
 
 

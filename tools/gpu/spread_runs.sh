@@ -8,11 +8,12 @@
 # tools/dev/spread_compare.py pools the jobs into OUT/spread.json.
 #   source .gpu-deps/env.sh && bash tools/gpu/spread_runs.sh OUT BUILD CONFIG STEPS [--set K=V ...]
 # JOBS (4): jobs; PER_GPU (2): jobs at once on one GPU; GPUS (all): the GPUs to use, such as "1"
-# to leave GPU 0 to a benchmark; TORCH_EXTRA: more --torch-variants of job
-# 1 (e.g. bf16_storage); TIMEOUT (0: none): seconds a job may run, so that a device call's limit
-# leaves time to collect what finished. Each job writes OUT/job<k>.json and its log; a job whose
-# JSON is there already is skipped, so a run cut short by a call's limit resumes (clear OUT to
-# start over).
+# to leave GPU 0 to a benchmark; TORCH_EXTRA: more --torch-variants (e.g. bf16_storage) of jobs 1
+# to TORCH_EXTRA_JOBS (1; each such run is a sample of its own); TIMEOUT (0: none): seconds a job
+# may run, so that a device call's limit leaves time to collect what finished. Each job writes
+# OUT/job<k>.json and its log; a job whose JSON is there already is skipped, so a run cut short by
+# a call's limit resumes (clear OUT to start over). Other pairs of samples (ours with OURS_SETS
+# against PyTorch, ...): spread_compare.py --pair on the jobs' files.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 out=$1 bin=$2 cfg=$3 steps=$4
@@ -25,7 +26,7 @@ mkdir -p "$out"
 job() {  # k gpu, then parity_torch's arguments
   local k=$1 g=$2 tv="jitter$1" ov=(--ours-variant "model.init_jitter=1e-6,model.init_jitter_seed=$1")
   shift 2
-  [ "$k" = 1 ] && [ -n "${TORCH_EXTRA:-}" ] && tv="$tv,$TORCH_EXTRA"
+  [ "$k" -le "${TORCH_EXTRA_JOBS:-1}" ] && [ -n "${TORCH_EXTRA:-}" ] && tv="$tv,$TORCH_EXTRA"
   if [ -n "${OURS_SETS:-}" ]; then
     ov+=(--ours-variant "$OURS_SETS" --ours-variant "$OURS_SETS,model.init_jitter=1e-6,model.init_jitter_seed=$k")
   fi
