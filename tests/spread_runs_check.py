@@ -2,8 +2,8 @@
 """tools/gpu/spread_runs.sh without a GPU: a stand-in nvidia-smi lists two GPUs and a stand-in
 python3 answers for tools/dev/parity_torch.py (it writes a small parity file and records the GPU it
 was given), so that the script's own logic is checked: jobs dealt round the GPUs, GPUS choosing
-them, a finished job skipped when the script runs again, the jobs pooled into spread.json, and a
-machine without a GPU refused."""
+them, a finished job skipped when the script runs again, the jobs pooled into spread.json,
+TORCH_EXTRA on the first TORCH_EXTRA_JOBS jobs, and a machine without a GPU refused."""
 import json
 import os
 import pathlib
@@ -82,6 +82,12 @@ rc, text = spread(out, {"GPUS": "1"})
 check(rc == 0, f"GPUS=1 exits 0 ({rc}): {text[-400:]}")
 check(gpus(out) == [(1, 1), (3, 1)], f"GPUS=1: jobs 1 and 3 on GPU 1, job 2 kept: {gpus(out)}")
 check((out / "spread.json").exists(), "GPUS=1: spread.json written")
+
+# TORCH_EXTRA on the first TORCH_EXTRA_JOBS jobs: a PyTorch variant with a sample of its own
+out = work / "extra"
+rc, text = spread(out, {"TORCH_EXTRA": "bf16_storage", "TORCH_EXTRA_JOBS": "2"})
+fl = json.loads((out / "spread.json").read_text()).get("final_losses", {}) if rc == 0 else {}
+check(len(fl.get("pytorch bf16_storage", [])) == 2, f"TORCH_EXTRA_JOBS=2: two bf16_storage runs: {fl} {text[-300:]}")
 
 # no GPU listed: refused by name
 out = work / "none"
