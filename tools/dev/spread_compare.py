@@ -80,12 +80,13 @@ def settings_of(variant):
 
 
 def pool(files):
-    """(ours runs, PyTorch runs, other runs by name), each a list of loss curves, the settings, and
-    each sample's runs' log Z statistics by sample name ("ours", "pytorch", the others' names),
-    in the order of its curves (None for a run written without them)."""
-    ours, theirs, other, stats = [], [], {}, {}
+    """The runs by sample name ("ours", "pytorch", then the others' names), each a list of loss
+    curves; the settings; and each sample's runs' log Z statistics by the same names, in the order
+    of its curves (None for a run written without them)."""
+    samples, stats = {"ours": [], "pytorch": []}, {}
 
-    def add(sample, losses, run_stats, name):
+    def add(name, losses, run_stats):
+        sample = samples.setdefault(name, [])
         if losses not in sample:
             sample.append(losses)
             stats.setdefault(name, []).append(run_stats)
@@ -100,19 +101,15 @@ def pool(files):
             settings = key
         elif key != settings:
             sys.exit(f"error: {path} is another run ({key}) than the first file's ({settings})")
-        add(ours, d["ours"], d.get("ours_stats"), "ours")
-        add(theirs, d["pytorch"], d.get("pytorch_stats"), "pytorch")
+        add("ours", d["ours"], d.get("ours_stats"))
+        add("pytorch", d["pytorch"], d.get("pytorch_stats"))
         for v, c in d.get("ours_variants", {}).items():
             losses, st = (c["losses"], c.get("stats")) if isinstance(c, dict) else (c, None)
-            if not settings_of(v):
-                add(ours, losses, st, "ours")
-            else:  # the same settings from other starts pool into one sample
-                name = f"ours {settings_of(v)}"
-                add(other.setdefault(name, []), losses, st, name)
+            # the same settings from other starts pool into one sample
+            add(f"ours {settings_of(v)}" if settings_of(v) else "ours", losses, st)
         for v, c in d.get("pytorch_variants", {}).items():
-            name = "pytorch" if v.startswith("jitter") else f"pytorch {v}"
-            add(theirs if name == "pytorch" else other.setdefault(name, []), c["losses"], c.get("stats"), name)
-    return ours, theirs, other, settings, stats
+            add("pytorch" if v.startswith("jitter") else f"pytorch {v}", c["losses"], c.get("stats"))
+    return samples, settings, stats
 
 
 def main():
@@ -123,8 +120,7 @@ def main():
     ap.add_argument("--pair", nargs=2, metavar=("A", "B"), default=["ours", "pytorch"],
                     help="the two samples to test, by name (default: ours pytorch)")
     a = ap.parse_args()
-    ours, theirs, other, (config, overrides, steps), stats = pool(a.json)
-    samples = {"ours": ours, "pytorch": theirs, **other}
+    samples, (config, overrides, steps), stats = pool(a.json)
     for name in a.pair:
         if name not in samples:
             sys.exit(f"error: no sample named {name!r} (there are: {', '.join(map(repr, samples))})")
