@@ -276,6 +276,11 @@ TEST_CASE("the kernels' tuning keys: overrides, nested YAML, sets, variants, rou
     e = error_of(kBase, {"kernels.cross_entropy_tuning.parts=3"});
     CHECK(e.find("kernels.cross_entropy_tuning.parts: 3 is not one of: 0, 1, 2, 4") !=
           std::string::npos);
+    // the warp-specialised dK/dV kernel's two computing warpgroups share each tile
+    CHECK(error_of(kBase, {"kernels.attention_tuning.wgmma_dkdv_tile=128"}) == "(no error)");
+    e = error_of(kBase, {"kernels.attention_tuning.wgmma_dkdv_tile=128",
+                         "kernels.attention_tuning.wgmma_dkdv_wgs=1"});
+    CHECK(e.find("wgmma_dkdv_tile: 128 is the warp-specialised kernel") != std::string::npos);
     e = error_of(kBase, {"kernels.cross_entropy=online", "kernels.cross_entropy_tuning.groups=2"});
     CHECK(e.find("kernels.cross_entropy_tuning.groups: applies to kernels.cross_entropy=fast "
                  "only (it is online)") != std::string::npos);

@@ -325,8 +325,10 @@ std::vector<ConfigField> config_fields(Config& c) {
          "flash on Hopper: keys per dQ tile of the wgmma backward, 32 or 64 (0: 64)",
          &at.wgmma_dq_tile, 0, 64});
     add({"kernels", att + "wgmma_dkdv_tile",
-         "flash on Hopper: queries per dK/dV tile of the wgmma backward, 32 or 64 (0: 64)",
-         &at.wgmma_dkdv_tile, 0, 64});
+         "flash on Hopper: queries per dK/dV tile of the wgmma backward, 32, 64 or 128 (128: "
+         "the warp-specialised kernel, a TMA loader warpgroup beside two computing ones; T a "
+         "multiple of 4, two warpgroups) (0: 64)",
+         &at.wgmma_dkdv_tile, 0, 128});
     add({"kernels", att + "wgmma_dkdv_wgs",
          "flash on Hopper: warpgroups per dK/dV block of the wgmma backward, 1 (blocks drift "
          "apart) or 2 (two share each tile) (0: 2)",
@@ -504,8 +506,13 @@ void check_tuning_sets(const KernelChoice& k,
     one_of(cet + "threads", ct.threads, {0, 256, 512, 1024});
     one_of(cet + "helper_parts", ct.helper_parts, {0, 1, 2, 4});
     one_of(att + "wgmma_dq_tile", tt.wgmma_dq_tile, {0, 32, 64});
-    one_of(att + "wgmma_dkdv_tile", tt.wgmma_dkdv_tile, {0, 32, 64});
+    one_of(att + "wgmma_dkdv_tile", tt.wgmma_dkdv_tile, {0, 32, 64, 128});
     one_of(att + "wgmma_dkdv_wgs", tt.wgmma_dkdv_wgs, {0, 1, 2});
+    if (tt.wgmma_dkdv_tile == 128 && tt.wgmma_dkdv_wgs == 1)
+        throw Error(at(att + "wgmma_dkdv_tile") +
+                    "128 is the warp-specialised kernel, whose two computing warpgroups share "
+                    "each tile: it needs " +
+                    att + "wgmma_dkdv_wgs 2 (or 0)");
 }
 
 void check_cross(const Config& c, const Origins& origins) {

@@ -123,8 +123,15 @@ __device__ __forceinline__ void keep(const uint32_t (&a)[K][4]) {
         "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
         "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
 
+#define ZG_WGMMA_ACC64(d)                                                                          \
+    ZG_WGMMA_ACC32(d), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),            \
+        "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), \
+        "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), \
+        "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), \
+        "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+
 // m64nNk16, bf16 in, fp32 accumulate; TB = 1 reads B N-major (transposed). The kernels use ss
-// (both operands in shared memory) at N = 32 and 64, and rs (A in registers) at N = 64.
+// (both operands in shared memory) at N = 32, 64 and 128, and rs (A in registers) at N = 64.
 template <int N, int TB>
 struct Wgmma;
 template <int TB>
@@ -165,6 +172,24 @@ struct Wgmma<32, TB> {
             "%8, %9, %10, %11, %12, %13, %14, %15}, "
             "%16, %17, p, 1, 1, 0, %19;\n}\n"
             : ZG_WGMMA_ACC16(d)
+            : "l"(a), "l"(b), "r"(accumulate), "n"(TB));
+    }
+};
+
+template <int TB>
+struct Wgmma<128, TB> {
+    // D (+)= A B: A 64 x 16 and B 16 x 128 in shared memory (A K-major).
+    static __device__ __forceinline__ void ss(float (&d)[64], uint64_t a, uint64_t b,
+                                              int accumulate) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+            "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+            "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+            "%64, %65, p, 1, 1, 0, %67;\n}\n"
+            : ZG_WGMMA_ACC64(d)
             : "l"(a), "l"(b), "r"(accumulate), "n"(TB));
     }
 };
@@ -1010,6 +1035,155 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+// dkdv_tma_kernel with query tiles of 128 rows (kernels.attention_tuning.wgmma_dkdv_tile: 128),
+// warp-specialised as FlashAttention-3's backward is: a third warpgroup only issues the TMA loads
+// and gives its registers to the two that compute (setmaxnreg: 24 against 240 a thread). At
+// 64 x 128 per warpgroup step the S^T and dP^T products are m64n128k16 and dV and dK run over
+// k = 128, so each step waits as often as a 64-query step but does twice its work; the fp32
+// partials of a 128-query tile (about 220 registers live) do not fit the 202 of the two-warpgroup
+// kernel. The stage: Q and dO as two 64-row TMA boxes each (one 128-row swizzled tile), then L
+// and D, two boxes each. The ring runs all kTmaStages ahead: the loader waits on the stage's
+// `empty` barrier, not on the tile loop. Column sums and stores as store_dkdv, among the
+// computing warpgroups (named barrier 1).
+constexpr int kWsQT = 2 * kTmaRows;                          // queries per tile
+constexpr int kWsStageBytes = 2 * kWsQT * 128 + 1024;        // Q, dO; L and D (1024-aligned)
+constexpr int kWsStageTx = 2 * kWsQT * 128 + 2 * kWsQT * 4;  // bytes that land per stage
+constexpr int kWsThreads = kThreads + kWG;                   // the loader warpgroup first
+constexpr int kWsSmemBytes =
+    1024 + 2 * kBlockRows * 128 + kTmaStages * kWsStageBytes + 2 * kTmaStages * 8;
+
+__device__ __forceinline__ void compute_sync() {  // the two computing warpgroups
+    asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+// block_column_sums (attention/tc.cuh) among the kThreads computing threads: t is the thread's
+// index among them; partials of rows at or past Tn left out, as masked_column_sums.
+__device__ __forceinline__ void compute_column_sums(float* dst, const float (&acc)[kD / 2],
+                                                    int64_t wrow0, int64_t Tn, float scale,
+                                                    float (*red)[kD], int t) {
+    const int warp = t / 32, lane = t % 32, gq = lane / 4;
+#pragma unroll
+    for (int n = 0; n < kD / 8; n++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            float v = 0;
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+                if (wrow0 + gq + 8 * r < Tn) v += acc[4 * n + 2 * r + c];
+            v += __shfl_xor_sync(0xffffffffu, v, 4);
+            v += __shfl_xor_sync(0xffffffffu, v, 8);
+            v += __shfl_xor_sync(0xffffffffu, v, 16);
+            if (lane < 4) red[warp][n * 8 + 2 * lane + c] = v;
+        }
+    compute_sync();
+    if (t < kD) {
+        float v = red[0][t];
+#pragma unroll
+        for (int w = 1; w < kThreads / 32; w++) v += red[w][t];
+        dst[t] = v * scale;
+    }
+    compute_sync();  // red is reused by the next call
+}
+
+template <bool kGroup>
+__global__ void __launch_bounds__(kWsThreads, 1)
+    dkdv_ws_kernel(bf16* dqkv, const __grid_constant__ CUtensorMap q_map,
+                   const __grid_constant__ CUtensorMap do_map,
+                   const __grid_constant__ CUtensorMap l_map,
+                   const __grid_constant__ CUtensorMap d_map, const bf16* qkv, float* colsum,
+                   ColsumRows cr, Geo g) {
+#ifdef ZG_NO_WGMMA
+    __trap();
+#else
+    constexpr int QT = kWsQT;
+    extern __shared__ __align__(16) unsigned char smem[];
+    const uint32_t base = aligned_smem(smem), k_all = base, v_all = base + kBlockRows * 128;
+    const TmaRing ring{v_all + kBlockRows * 128,
+                       v_all + kBlockRows * 128 + kTmaStages * kWsStageBytes, kWsStageBytes};
+    const uint32_t smem0 = uint32_t(__cvta_generic_to_shared(smem));
+    const int64_t b = blockIdx.y / g.NKV, kvh = blockIdx.y % g.NKV;
+    const int64_t k0 = int64_t(blockIdx.x) * kBlockRows;
+    const int per_head = int((g.Tn - k0 + QT - 1) / QT);  // query tiles of one query head
+    const int tiles = kGroup ? per_head * g.group : per_head;
+    auto head_of = [&](int j) { return kGroup ? j / per_head : 0; };
+    auto first_of = [&](int j) { return kGroup ? j - head_of(j) * per_head : j; };
+    if (threadIdx.x == 0) ring.init();
+    __syncthreads();          // the barriers are initialised
+    if (threadIdx.x < kWG) {  // the loader: tile j's Q | dO | L | D, two boxes each
+        setmaxnreg_dec<24>();
+        if (threadIdx.x == 0)
+            for (int j = 0; j < tiles; j++) {
+                const uint32_t st = ring.acquire(j, kWsStageTx);
+                const int64_t h = kvh * (kGroup ? g.group : 1) + head_of(j), bh = b * g.NH + h;
+                const int y = int(k0 + int64_t(first_of(j)) * QT);
+#pragma unroll
+                for (int half = 0; half < 2; half++) {
+                    const int yh = y + half * kTmaRows;
+                    tma_load_3d(st + half * kTmaTileBytes, &q_map, ring.full(j), int(h * g.hs), yh,
+                                int(b));
+                    tma_load_3d(st + QT * 128 + half * kTmaTileBytes, &do_map, ring.full(j),
+                                int(h * g.hs), yh, int(b));
+                    hopper_gemm::tma_load(st + 2 * QT * 128 + half * kTmaRows * 4, &l_map,
+                                          ring.full(j), yh, int(bh));
+                    hopper_gemm::tma_load(st + 2 * QT * 128 + (QT + half * kTmaRows) * 4, &d_map,
+                                          ring.full(j), yh, int(bh));
+                }
+            }
+        return;
+    }
+    setmaxnreg_inc<240>();
+    const int t = threadIdx.x - kWG, wg = t / kWG, warp = t % kWG / 32, lane = t % 32;
+    const int gq = lane / 4, tq = lane % 4;
+    const int64_t stride = g.ld;
+    const bf16* kvbase = qkv + b * g.Tn * stride + g.k_col(kvh);
+    const float sl2 = g.scale * kLog2e;
+    stage_tile<kBlockRows, kThreads>(k_all, kvbase, stride, k0, g.Tn, t);
+    stage_tile<kBlockRows, kThreads>(v_all, kvbase + g.KVC, stride, k0, g.Tn, t);
+    commit();
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    compute_sync();  // K and V landed
+    const uint32_t k_rows = k_all + wg * kRows * 128, v_rows = v_all + wg * kRows * 128;
+    const int64_t key0 = k0 + wg * kRows, wkey0 = key0 + warp * 16;
+    float dk[kD / 2] = {}, dv[kD / 2] = {};
+    for (int j = 0; j < tiles; j++) {
+        ring.wait(j);
+        const int rel = int(k0 + int64_t(first_of(j)) * QT - key0);  // its first query, from key0
+        if (rel > -QT) {  // else every query of the tile precedes every key here
+            const uint32_t st = ring.stage(j);
+            const float* Lt = reinterpret_cast<const float*>(smem + (st + 2 * QT * 128 - smem0));
+            dkdv_tile<QT>(dk, dv, k_rows, v_rows, st, st + QT * 128, Lt, Lt + QT, rel, sl2, warp,
+                          gq, tq);
+        }
+        ring.release(j);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {  // store_dkdv's rows
+        const int64_t key = wkey0 + gq + r * 8;
+        if (key >= g.Tn) continue;
+        bf16* dkr = dqkv + (b * g.Tn + key) * stride + g.k_col(kvh);
+        if (g.rope)
+            store_row_unrotated(dkr, dk, r, g.scale, g, key);
+        else
+            store_row(dkr, dk, r, g.scale);
+        store_row(dkr + g.KVC, dv, r, 1.0f);
+    }
+    if (colsum) {
+        __shared__ float red[kThreads / 32][kD];
+        float* dst = colsum + cr.row(b, blockIdx.x) * stride + g.k_col(kvh);
+        compute_column_sums(dst, dk, wkey0, g.Tn, g.scale, red, t);
+        compute_column_sums(dst + g.KVC, dv, wkey0, g.Tn, 1.0f, red, t);
+    }
+#endif
+}
+
 bool shape_ok(const AttentionShape& s, DType t) {
     return t == DType::bf16 && s.C / s.NH == kD && s.C % 8 == 0 && current_device_is_sm90();
 }
@@ -1071,7 +1245,8 @@ int64_t colsum_rows(const AttentionShape& s) {
 }
 
 // Tile sizes of the backward kernels (keys per dQ tile, queries per dK/dV tile): 32 or 64, from
-// AttentionTuning::wgmma_dq_tile and wgmma_dkdv_tile (default 64 and 64, the fastest measured),
+// AttentionTuning::wgmma_dq_tile and wgmma_dkdv_tile (default 64 and 64, the fastest measured;
+// a dK/dV tile of 128 is the warp-specialised kernel, dkdv_ws_kernel, where T % 4 == 0),
 // and the dK/dV kernel's warpgroups per block (wgmma_dkdv_wgs), for measuring.
 // The TMA dK/dV kernel (AttentionTuning::wgmma_dkdv_tma) in place of dkdv_kernel<64, 2>.
 void dkdv_tma(bf16* dx, const bf16* dy, const bf16* x, const CUtensorMap& qm, const float* lse,
@@ -1096,6 +1271,30 @@ void dkdv_tma(bf16* dx, const bf16* dy, const bf16* x, const CUtensorMap& qm, co
             <<<grid, kThreads, kDkdvTmaSmemBytes, st>>>(dx, qm, dm, lm, sm, x, colsums, cr, g);
 }
 
+// The warp-specialised dK/dV kernel (AttentionTuning::wgmma_dkdv_tile 128): its maps are
+// dkdv_tma's, whose 64-row boxes it loads two at a time.
+void dkdv_ws(bf16* dx, const bf16* dy, const bf16* x, const CUtensorMap& qm, const float* lse,
+             const float* dsum, float* colsums, ColsumRows cr, const Geo& g,
+             const AttentionShape& s, CUstream_st* st) {
+    static const bool smem_set = (allow_smem(dkdv_ws_kernel<false>, kWsSmemBytes),
+                                  allow_smem(dkdv_ws_kernel<true>, kWsSmemBytes), true);
+    (void)smem_set;
+    const cuuint64_t T = cuuint64_t(s.Tn), C = cuuint64_t(s.C), B = cuuint64_t(s.B);
+    const cuuint32_t tile[3] = {kD, kTmaRows, 1}, row[2] = {kTmaRows, 1};
+    const cuuint64_t do_dims[3] = {C, T, B};
+    const cuuint64_t f_dims[2] = {T, cuuint64_t(s.B * s.NH)};
+    const CUtensorMap dm = hopper_gemm::tensor_map_nd(dy, true, 3, do_dims, tile);
+    const CUtensorMap lm = hopper_gemm::tensor_map_nd(lse, false, 2, f_dims, row);
+    const CUtensorMap sm = hopper_gemm::tensor_map_nd(dsum, false, 2, f_dims, row);
+    const dim3 grid(unsigned((s.Tn + kBlockRows - 1) / kBlockRows), unsigned(s.B * g.NKV));
+    if (g.group == 1)
+        dkdv_ws_kernel<false>
+            <<<grid, kWsThreads, kWsSmemBytes, st>>>(dx, qm, dm, lm, sm, x, colsums, cr, g);
+    else
+        dkdv_ws_kernel<true>
+            <<<grid, kWsThreads, kWsSmemBytes, st>>>(dx, qm, dm, lm, sm, x, colsums, cr, g);
+}
+
 template <int KT, int QT, int WGS>
 void backward_tiles(bf16* dx, float* dsum, const bf16* dy, const bf16* out, const bf16* x,
                     const float* lse, float* colsums, const Geo& g, const AttentionShape& s,
@@ -1107,9 +1306,11 @@ void backward_tiles(bf16* dx, float* dsum, const bf16* dy, const bf16* out, cons
          allow_smem(dkdv_kernel<QT, WGS, true>, dkdv_smem_bytes<QT, WGS>()), true);
     (void)smem_set;
     const bool dq_tma = KT == kTmaRows && s.tuning.wgmma_dq_tma;
+    const bool dkdv_ws_on =
+        QT == kTmaRows && WGS == 2 && s.tuning.wgmma_dkdv_tile == kWsQT && s.Tn % 4 == 0;
     const bool dkdv_tma_on = QT == kTmaRows && WGS == 2 && s.tuning.wgmma_dkdv_tma && s.Tn % 4 == 0;
     CUtensorMap qm{};  // the TMA kernels' map of qkv
-    if (dq_tma || dkdv_tma_on) qm = qkv_map(x, s);
+    if (dq_tma || dkdv_tma_on || dkdv_ws_on) qm = qkv_map(x, s);
     const ColsumRows cr = colsum_layout(s, WGS);
     if (colsums && cr.step > 1)  // dQ leaves every other row of its columns unwritten
         ZG_CUDA_CHECK(cudaMemsetAsync(colsums, 0, size_t(s.B * cr.per_batch) * g.ld * 4, st));
@@ -1124,6 +1325,10 @@ void backward_tiles(bf16* dx, float* dsum, const bf16* dy, const bf16* out, cons
         dq_kernel<KT, false><<<dq_grid, kThreads, dq_smem_bytes<KT, false>(), st>>>(
             dx, dsum, dy, out, x, lse, colsums, cr, g, qm);
     const ColsumRows dkdv_rows{cr.per_batch, 1};
+    if (dkdv_ws_on) {
+        dkdv_ws(dx, dy, x, qm, lse, dsum, colsums, dkdv_rows, g, s, st);
+        return;
+    }
     if (dkdv_tma_on) {
         dkdv_tma(dx, dy, x, qm, lse, dsum, colsums, dkdv_rows, g, s, st);
         return;
