@@ -123,6 +123,7 @@ void attention(const std::string& variant, const AttentionDims& s, DType t) {
     sh.NKV = s.NKV;
     sh.tuning.wgmma_dkdv_wgs = s.dkdv_wgs;
     sh.tuning.wgmma_dkdv_tile = s.dkdv_tile;
+    sh.tuning.wgmma_dq_tile = s.dq_tile;
     sh.tuning.wgmma_fwd_pipeline = s.fwd_pipeline;
     sh.tuning.wgmma_dkdv_tma = s.dkdv_tma;
     sh.tuning.wgmma_dq_tma = s.dq_tma;
@@ -140,8 +141,9 @@ void attention(const std::string& variant, const AttentionDims& s, DType t) {
     const std::vector<double> got = d_dqkv.get();
     check_close("dqkv", got, dqkv, t, t == DType::f32 ? 1e-5 : 1.0 / 128);
     // flash's TMA rings (the Hopper kernels) change the loads only: the cp.async kernels' bits
-    // (not the 128-query dK/dV tiles, which sum each tile's products in another order)
-    if (variant == "flash" && (s.dkdv_tma || s.dq_tma || s.fwd_tma) && s.dkdv_tile != 128) {
+    // (not the warp-specialised kernels' 128-row tiles, other kernels than the cp.async ones')
+    if (variant == "flash" && (s.dkdv_tma || s.dq_tma || s.fwd_tma) && s.dkdv_tile != 128 &&
+        s.dq_tile != 128) {
         cuda::AttentionShape plain = sh;
         plain.tuning.wgmma_dkdv_tma = false;
         plain.tuning.wgmma_dq_tma = false;

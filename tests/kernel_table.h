@@ -20,6 +20,7 @@ struct AttentionDims {
     int64_t NKV = 0;            // key/value heads (grouped-query attention); 0: NH
     int dkdv_wgs = 0;           // kernels.attention_tuning.wgmma_dkdv_wgs (0: the default)
     int dkdv_tile = 0;          // kernels.attention_tuning.wgmma_dkdv_tile (0: the default)
+    int dq_tile = 0;            // kernels.attention_tuning.wgmma_dq_tile (0: the default)
     bool fwd_pipeline = false;  // kernels.attention_tuning.wgmma_fwd_pipeline
     bool dkdv_tma = true;       // kernels.attention_tuning.wgmma_dkdv_tma
     bool dq_tma = true;         // kernels.attention_tuning.wgmma_dq_tma

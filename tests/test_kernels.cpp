@@ -239,6 +239,7 @@ std::string text(const AttentionDims& s) {
            (s.NKV ? " NKV=" + std::to_string(s.NKV) : "") +
            (s.dkdv_wgs ? " dkdv_wgs=" + std::to_string(s.dkdv_wgs) : "") +
            (s.dkdv_tile ? " dkdv_tile=" + std::to_string(s.dkdv_tile) : "") +
+           (s.dq_tile ? " dq_tile=" + std::to_string(s.dq_tile) : "") +
            (s.fwd_pipeline ? " fwd_pipeline=true" : "") + (s.dkdv_tma ? "" : " dkdv_tma=false") +
            (s.dq_tma ? "" : " dq_tma=false") + (s.fwd_tma ? "" : " fwd_tma=false") +
            (s.rope ? " rope" : "");
@@ -264,8 +265,9 @@ void attention_rows(const std::string& v, std::vector<Row>& rows) {
                 w.dq_tma = false;
                 rows.push_back({"attention", v, text(w), dtype_name(t), true,
                                 GPU_CHECK(gpu::attention(v, w, t))});
-                AttentionDims ws = s;  // the warp-specialised dK/dV kernel's stores
+                AttentionDims ws = s;  // the warp-specialised kernels' stores
                 ws.dkdv_tile = 128;
+                ws.dq_tile = 128;
                 rows.push_back({"attention", v, text(ws), dtype_name(t), true,
                                 GPU_CHECK(gpu::attention(v, ws, t))});
             }
@@ -290,10 +292,11 @@ void attention_rows(const std::string& v, std::vector<Row>& rows) {
                 m.fwd_tma = false;
                 rows.push_back({"attention", v, text(m), dtype_name(t), true,
                                 GPU_CHECK(gpu::attention(v, m, t))});
-                // the warp-specialised dK/dV kernel (128-query tiles; where T % 4 != 0 the
-                // default kernels run)
+                // the warp-specialised kernels (128-row tiles; where T % 4 != 0 the default
+                // dK/dV kernel runs)
                 AttentionDims ws = s;
                 ws.dkdv_tile = 128;
+                ws.dq_tile = 128;
                 rows.push_back({"attention", v, text(ws), dtype_name(t), true,
                                 GPU_CHECK(gpu::attention(v, ws, t))});
             }

@@ -322,8 +322,9 @@ std::vector<ConfigField> config_fields(Config& c) {
          "flash on Hopper: the wgmma forward issues tile t + 1's scores before tile t's P V",
          &at.wgmma_fwd_pipeline});
     add({"kernels", att + "wgmma_dq_tile",
-         "flash on Hopper: keys per dQ tile of the wgmma backward, 32 or 64 (0: 64)",
-         &at.wgmma_dq_tile, 0, 64});
+         "flash on Hopper: keys per dQ tile of the wgmma backward, 32, 64 or 128 (128: the "
+         "warp-specialised kernel, a TMA loader warpgroup beside two computing ones) (0: 64)",
+         &at.wgmma_dq_tile, 0, 128});
     add({"kernels", att + "wgmma_dkdv_tile",
          "flash on Hopper: queries per dK/dV tile of the wgmma backward, 32, 64 or 128 (128: "
          "the warp-specialised kernel, a TMA loader warpgroup beside two computing ones; T a "
@@ -505,7 +506,7 @@ void check_tuning_sets(const KernelChoice& k,
     one_of(cet + "parts", ct.parts, {0, 1, 2, 4});
     one_of(cet + "threads", ct.threads, {0, 256, 512, 1024});
     one_of(cet + "helper_parts", ct.helper_parts, {0, 1, 2, 4});
-    one_of(att + "wgmma_dq_tile", tt.wgmma_dq_tile, {0, 32, 64});
+    one_of(att + "wgmma_dq_tile", tt.wgmma_dq_tile, {0, 32, 64, 128});
     one_of(att + "wgmma_dkdv_tile", tt.wgmma_dkdv_tile, {0, 32, 64, 128});
     one_of(att + "wgmma_dkdv_wgs", tt.wgmma_dkdv_wgs, {0, 1, 2});
     if (tt.wgmma_dkdv_tile == 128 && tt.wgmma_dkdv_wgs == 1)

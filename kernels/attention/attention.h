@@ -51,7 +51,8 @@ struct AttentionTuning {
     bool wgmma_fwd = true;  // flash on Hopper: the wgmma forward (false: the mma.sync one)
     bool wgmma_bwd = true;  // flash on Hopper: the wgmma backward (false: the mma.sync one)
     bool wgmma_fwd_pipeline = false;  // wgmma forward: S of tile t + 1 overlaps P V of tile t
-    int wgmma_dq_tile = 0;            // wgmma backward: keys per dQ tile, 32 | 64; 0: 64
+    int wgmma_dq_tile = 0;            // wgmma backward: keys per dQ tile, 32 | 64 | 128 (the
+                                      // warp-specialised kernel); 0: 64
     int wgmma_dkdv_tile = 0;          // wgmma backward: queries per dK/dV tile, 32 | 64 | 128
                                       // (the warp-specialised kernel); 0: 64
     int wgmma_dkdv_wgs = 0;           // wgmma backward: warpgroups per dK/dV block, 1 | 2; 0: 2

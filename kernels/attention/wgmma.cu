@@ -1184,6 +1184,154 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 #endif
 }
 
+// dq_kernel<64, true> with key tiles of 128 rows (kernels.attention_tuning.wgmma_dq_tile: 128),
+// warp-specialised as dkdv_ws_kernel: a loader warpgroup streams K | V tiles (two 64-row boxes
+// each) into the ring; the two computing warpgroups (64 query rows each) take S and dP as
+// m64n128k16 and dQ += dS K over k = 128. Dsum as dq_kernel's.
+constexpr int kWsKT = 2 * kTmaRows;               // keys per tile
+constexpr int kWsDqStageBytes = 2 * kWsKT * 128;  // K | V
+constexpr int kWsDqSmemBytes = 1024 + 2 * kBlockRows * 128 + kTmaStages * kWsDqStageBytes +
+                               kBlockRows * int(sizeof(float)) + 2 * kTmaStages * 8;
+
+__global__ void __launch_bounds__(kWsThreads, 1)
+    dq_ws_kernel(bf16* dqkv, float* dsum, const bf16* dout, const bf16* out, const bf16* qkv,
+                 const float* lse, float* colsum, ColsumRows cr, Geo g,
+                 const __grid_constant__ CUtensorMap kv_map) {
+#ifdef ZG_NO_WGMMA
+    __trap();
+#else
+    constexpr int KT = kWsKT, kTileBytes = KT * 128;
+    extern __shared__ __align__(16) unsigned char smem[];
+    const uint32_t q_tile = aligned_smem(smem), do_tile = q_tile + kBlockRows * 128;
+    const uint32_t ring0 = do_tile + kBlockRows * 128, dsm = ring0 + kTmaStages * kWsDqStageBytes;
+    const TmaRing ring{ring0, dsm + kBlockRows * 4, kWsDqStageBytes};
+    const uint32_t smem0 = uint32_t(__cvta_generic_to_shared(smem));
+    float* Dsm = reinterpret_cast<float*>(smem + (dsm - smem0));
+    const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
+    const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kBlockRows;  // heaviest first
+    const int64_t kvh = h / g.group;
+    const int64_t last = std::min<int64_t>(q0 + kBlockRows, g.Tn);  // keys [0, last) are seen
+    const int tiles = int((last + KT - 1) / KT);
+    if (threadIdx.x == 0) ring.init();
+    __syncthreads();          // the barriers are initialised
+    if (threadIdx.x < kWG) {  // the loader: key tile j's K | V, two boxes each
+        setmaxnreg_dec<24>();
+        if (threadIdx.x == 0)
+            for (int j = 0; j < tiles; j++) {
+                const uint32_t st = ring.acquire(j, 2 * kTileBytes);
+                const int x = int(g.k_col(kvh));
+#pragma unroll
+                for (int half = 0; half < 2; half++) {
+                    const int y = j * KT + half * kTmaRows;
+                    tma_load_3d(st + half * kTmaTileBytes, &kv_map, ring.full(j), x, y, int(b));
+                    tma_load_3d(st + kTileBytes + half * kTmaTileBytes, &kv_map, ring.full(j),
+                                int(x + g.KVC), y, int(b));
+                }
+            }
+        return;
+    }
+    setmaxnreg_inc<240>();
+    const int t = threadIdx.x - kWG, wg = t / kWG, warp = t % kWG / 32, lane = t % 32;
+    const int gq = lane / 4, tq = lane % 4;
+    const int64_t stride = g.ld;
+    const bf16* qbase = qkv + b * g.Tn * stride + h * g.hs;
+    const bf16* obase = dout + b * g.Tn * g.C + h * g.hs;
+    const float sl2 = g.scale * kLog2e;
+    stage_tile<kBlockRows, kThreads>(q_tile, qbase, stride, q0, g.Tn, t);
+    stage_tile<kBlockRows, kThreads>(do_tile, obase, g.C, q0, g.Tn, t);
+    commit();
+    {  // Dsum: two threads per row (32 columns each); the O loads overlap Q and dO landing
+        const int r = t / 2, half = t % 2;
+        const int64_t row = q0 + r;
+        uint4 ov[4] = {};
+        if (row < g.Tn) {
+            const bf16* orow = out + (b * g.Tn + row) * g.C + h * g.hs + half * 32;
+#pragma unroll
+            for (int j = 0; j < 4; j++) ov[j] = *reinterpret_cast<const uint4*>(orow + 8 * j);
+        }
+        asm volatile("cp.async.wait_all;\n" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        compute_sync();  // Q and dO landed
+        const unsigned char* dorow = smem + (do_tile - smem0);
+        float acc = 0;
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            acc = dot8(*reinterpret_cast<const uint4*>(dorow + swz(r, half * 4 + j)), ov[j], acc);
+        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+        if (half == 0) {
+            Dsm[r] = acc;  // rows past Tn: dO and O are zero, so 0
+            if (row < g.Tn) dsum[bh * g.Tn + row] = acc;
+        }
+        compute_sync();
+    }
+    const uint32_t q_rows = q_tile + wg * kRows * 128, do_rows = do_tile + wg * kRows * 128;
+    const int64_t row0 = q0 + wg * kRows, wrow0 = row0 + warp * 16;
+    float L[2], Dr[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int64_t row = wrow0 + gq + r * 8;
+        L[r] = row < g.Tn ? lse[bh * g.Tn + row] * kLog2e : INFINITY;
+        Dr[r] = Dsm[wg * kRows + warp * 16 + gq + r * 8];
+    }
+    float dq[kD / 2] = {};
+    for (int j = 0; j < tiles; j++) {
+        ring.wait(j);
+        const int rel = int(int64_t(j) * KT - row0);  // the tile's first key, from row0
+        if (rel >= kRows) {                           // every key of the tile follows every row
+            ring.release(j);
+            continue;
+        }
+        const uint32_t k_tile = ring.stage(j), v_tile = k_tile + kTileBytes;
+        float s[KT / 2], dp[KT / 2];
+        wg_fence();
+        product_smem<KT>(s, q_rows, k_tile);
+        wg_commit();
+        product_smem<KT>(dp, do_rows, v_tile);
+        wg_commit();
+        wg_wait<1>();  // S; the exponentials overlap dP = dO V^T
+        hold(s);
+#pragma unroll
+        for (int i = 0; i < KT / 2; i++) s[i] = ex2(fmaf(s[i], sl2, -L[(i >> 1) & 1]));
+        if (rel > -KT) {  // the tile straddles the diagonal of some row of this warpgroup
+#pragma unroll
+            for (int n = 0; n < KT / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (rel + n * 8 + 2 * tq + (e & 1) > warp * 16 + gq + (e >> 1) * 8)
+                        s[4 * n + e] = 0;
+        }
+        wg_wait_all();
+        hold(dp);
+#pragma unroll
+        for (int i = 0; i < KT / 2; i++) s[i] *= dp[i] - Dr[(i >> 1) & 1];  // dS, unscaled
+        uint32_t sa[KT / 16][4];
+        acc_to_a<KT>(sa, s);
+        wg_fence();
+        product_nmajor<KT>(dq, sa, k_tile);
+        wg_commit();
+        wg_wait_all();
+        keep(sa);
+        hold(dq);
+        ring.release(j);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int64_t row = wrow0 + gq + r * 8;
+        if (row >= g.Tn) continue;
+        bf16* dst = dqkv + (b * g.Tn + row) * stride + h * g.hs;
+        if (g.rope)
+            store_row_unrotated(dst, dq, r, g.scale, g, row);
+        else
+            store_row(dst, dq, r, g.scale);
+    }
+    if (colsum) {
+        __shared__ float red[kThreads / 32][kD];
+        compute_column_sums(colsum + cr.row(b, q0 / kBlockRows) * stride + h * g.hs, dq, wrow0,
+                            g.Tn, g.scale, red, t);
+    }
+#endif
+}
+
 bool shape_ok(const AttentionShape& s, DType t) {
     return t == DType::bf16 && s.C / s.NH == kD && s.C % 8 == 0 && current_device_is_sm90();
 }
@@ -1246,7 +1394,8 @@ int64_t colsum_rows(const AttentionShape& s) {
 
 // Tile sizes of the backward kernels (keys per dQ tile, queries per dK/dV tile): 32 or 64, from
 // AttentionTuning::wgmma_dq_tile and wgmma_dkdv_tile (default 64 and 64, the fastest measured;
-// a dK/dV tile of 128 is the warp-specialised kernel, dkdv_ws_kernel, where T % 4 == 0),
+// tiles of 128 are the warp-specialised kernels, dq_ws_kernel and, where T % 4 == 0,
+// dkdv_ws_kernel),
 // and the dK/dV kernel's warpgroups per block (wgmma_dkdv_wgs), for measuring.
 // The TMA dK/dV kernel (AttentionTuning::wgmma_dkdv_tma) in place of dkdv_kernel<64, 2>.
 void dkdv_tma(bf16* dx, const bf16* dy, const bf16* x, const CUtensorMap& qm, const float* lse,
@@ -1306,18 +1455,24 @@ void backward_tiles(bf16* dx, float* dsum, const bf16* dy, const bf16* out, cons
          allow_smem(dkdv_kernel<QT, WGS, true>, dkdv_smem_bytes<QT, WGS>()), true);
     (void)smem_set;
     const bool dq_tma = KT == kTmaRows && s.tuning.wgmma_dq_tma;
+    const bool dq_ws_on = KT == kTmaRows && s.tuning.wgmma_dq_tile == kWsKT;
     const bool dkdv_ws_on =
         QT == kTmaRows && WGS == 2 && s.tuning.wgmma_dkdv_tile == kWsQT && s.Tn % 4 == 0;
     const bool dkdv_tma_on = QT == kTmaRows && WGS == 2 && s.tuning.wgmma_dkdv_tma && s.Tn % 4 == 0;
     CUtensorMap qm{};  // the TMA kernels' map of qkv
-    if (dq_tma || dkdv_tma_on || dkdv_ws_on) qm = qkv_map(x, s);
+    if (dq_tma || dq_ws_on || dkdv_tma_on || dkdv_ws_on) qm = qkv_map(x, s);
     const ColsumRows cr = colsum_layout(s, WGS);
     if (colsums && cr.step > 1)  // dQ leaves every other row of its columns unwritten
         ZG_CUDA_CHECK(cudaMemsetAsync(colsums, 0, size_t(s.B * cr.per_batch) * g.ld * 4, st));
     const unsigned bh = unsigned(s.B * s.NH);
     // dQ first: it writes the Dsum that the dK/dV kernel reads
     const dim3 dq_grid(unsigned((s.Tn + kBlockRows - 1) / kBlockRows), bh);
-    if (dq_tma)
+    if (dq_ws_on) {
+        static const bool ws_smem_set = (allow_smem(dq_ws_kernel, kWsDqSmemBytes), true);
+        (void)ws_smem_set;
+        dq_ws_kernel<<<dq_grid, kWsThreads, kWsDqSmemBytes, st>>>(dx, dsum, dy, out, x, lse,
+                                                                  colsums, cr, g, qm);
+    } else if (dq_tma)
         dq_kernel<KT, KT == kTmaRows>
             <<<dq_grid, kThreads, dq_smem_bytes<KT, KT == kTmaRows>(), st>>>(
                 dx, dsum, dy, out, x, lse, colsums, cr, g, qm);
