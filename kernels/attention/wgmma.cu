@@ -298,11 +298,12 @@ __device__ __forceinline__ uint32_t aligned_smem(unsigned char* raw) {
 // wgmma_dkdv_tma):
 // loaded by the tensor memory accelerator into a ring of kTmaStages stages, each handed over by
 // mbarriers instead of a block-wide barrier per tile: `full` (the tile landed: one arrival with
-// its bytes) and `empty` (every warp is done with it: one arrival from each of the block's 8
-// warps). Thread 0 issues the loads kTmaAhead tiles ahead, so the two warpgroups can drift apart
-// by up to kTmaAhead tiles (one's exponentials beside the other's products) while still sharing
-// each tile. Rows past Tn arrive as zeros, as the cp.async staging's zero-fill gives them. The
-// maps need Tn % 4 == 0 (lse and Dsum rows in 16-byte units, a TMA rule).
+// its bytes) and `empty` (every warp is done with it: one arrival from each of the 8 warps that
+// compute; the warp-specialised kernels' loader warpgroup does not arrive). Thread 0 issues the
+// loads kTmaAhead tiles ahead, so the two warpgroups can drift apart by up to kTmaAhead tiles
+// (one's exponentials beside the other's products) while still sharing each tile. Rows past Tn
+// arrive as zeros, as the cp.async staging's zero-fill gives them. The maps need Tn % 4 == 0 (lse
+// and Dsum rows in 16-byte units, a TMA rule).
 constexpr int kTmaStages = 4, kTmaAhead = 2, kTmaRows = 64;
 constexpr int kTmaTileBytes = kTmaRows * 128;  // 64 rows of 128 bytes: a Q, dO, K or V tile
 
