@@ -3,7 +3,8 @@
 python3 answers for tools/dev/parity_torch.py (it writes a small parity file and records the GPU it
 was given), so that the script's own logic is checked: jobs dealt round the GPUs, GPUS choosing
 them, a finished job skipped when the script runs again, the jobs pooled into spread.json,
-TORCH_EXTRA on the first TORCH_EXTRA_JOBS jobs, and a machine without a GPU refused."""
+TORCH_EXTRA on the first TORCH_EXTRA_JOBS jobs, OURS_ONLY jobs with several OURS_SETS pooled with
+earlier jobs' PyTorch runs, and a machine without a GPU refused."""
 import json
 import os
 import pathlib
@@ -29,10 +30,15 @@ out, work = a[a.index("--out") + 1], a[a.index("--work") + 1]
 k = int(re.search(r"(\\d+)$", work).group(1))
 c = lambda x: [3.0 + x + 0.001 * i for i in range(200)]
 ov = [a[i + 1] for i, x in enumerate(a) if x == "--ours-variant"]
-tv = a[a.index("--torch-variants") + 1].split(",")
-json.dump({{"config": "c.yaml", "overrides": ["optim.lr=0.1"], "steps": 200, "ours": c(0),
-           "pytorch": c(0.01 * k), "ours_variants": {{v: {{"losses": c(0.003 * k)}} for v in ov}},
-           "pytorch_variants": {{v: {{"losses": c(0.1 + 0.02 * k)}} for v in tv}}}}, open(out, "w"))
+run = {{"config": "c.yaml", "overrides": ["optim.lr=0.1"], "steps": 200, "ours": c(0),
+        "ours_variants": {{v: {{"losses": c(0.003 * k + 0.0001 * i)}} for i, v in enumerate(ov)}}}}
+if "--ours-only" in a:
+    run["ours_only"] = True
+else:
+    tv = a[a.index("--torch-variants") + 1].split(",")
+    run["pytorch"] = c(0.01 * k)
+    run["pytorch_variants"] = {{v: {{"losses": c(0.1 + 0.02 * k)}} for v in tv}}
+json.dump(run, open(out, "w"))
 with open(os.path.join(os.path.dirname(out), "gpus.log"), "a") as f:
     f.write(f"{{k}} {{os.environ['CUDA_VISIBLE_DEVICES']}}\\n")
 PY
@@ -88,6 +94,25 @@ out = work / "extra"
 rc, text = spread(out, {"TORCH_EXTRA": "bf16_storage", "TORCH_EXTRA_JOBS": "2"})
 fl = json.loads((out / "spread.json").read_text()).get("final_losses", {}) if rc == 0 else {}
 check(len(fl.get("pytorch bf16_storage", [])) == 2, f"TORCH_EXTRA_JOBS=2: two bf16_storage runs: {fl} {text[-300:]}")
+
+# OURS_ONLY with two settings: jobs 4 and 5 train ours alone, and their samples pool with the
+# PyTorch runs of jobs 1-3
+out = work / "ablation"
+out.mkdir()
+for k in (1, 2, 3):
+    shutil.copy(work / f"all/job{k}.json", out / f"job{k}.json")
+rc, text = spread(out, {"OURS_ONLY": "1", "OURS_SETS": "kernels.attention=naive;train.precision=fp32"},
+                  jobs=5)
+fl = json.loads((out / "spread.json").read_text()).get("final_losses", {}) if rc == 0 else {}
+check(gpus(out) == [(4, 1), (5, 0)], f"OURS_ONLY: jobs 4 and 5 ran, 1-3 kept: {gpus(out)} {text[-300:]}")
+check(len(fl.get("ours kernels.attention=naive", [])) == 4 and
+      len(fl.get("ours train.precision=fp32", [])) == 4 and len(fl.get("pytorch", [])) == 6 and
+      len(fl.get("ours", [])) == 6,
+      f"OURS_ONLY: two settings of four runs each, ours' six and jobs 1-3's PyTorch runs: {fl}")
+r = subprocess.run([sys.executable, str(root / "tools/dev/spread_compare.py"), *map(str, sorted(out.glob("job*.json"))),
+                    "--pair", "ours kernels.attention=naive", "pytorch"], capture_output=True, text=True)
+check(r.returncode == 0 and "4 runs of ours kernels.attention=naive, 6 of pytorch" in r.stdout,
+      f"OURS_ONLY: --pair against PyTorch ({r.returncode}): {r.stdout[-300:]} {r.stderr[-300:]}")
 
 # no GPU listed: refused by name
 out = work / "none"

@@ -359,6 +359,17 @@ def own_starts(a, runj, arena, batches, ours, ours_stats):
             indent=1))
 
 
+def ours_alone(a, runj, ours, ours_stats, ours_variants):
+    """--ours-only: ours and its variants, in the layout of a full run's JSON less PyTorch."""
+    for v, (c, c_stats) in ours_variants.items():
+        ours_variants[v] = {"losses": c, "stats": c_stats}
+        print(f"ours with {v}: last loss {c[-1]:.4f}; ours {ours[-1]:.4f}")
+    if a.out:
+        pathlib.Path(a.out).write_text(json.dumps(dict(
+            run_record(a, runj), ours_only=True, ours=ours, ours_stats=ours_stats,
+            ours_variants=ours_variants), indent=1))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-c", "--config", required=True)
@@ -384,15 +395,20 @@ def main():
     ap.add_argument("--ours-variant", action="append", default=[], metavar="K=V[,K=V]",
                     help="train ours once more with these overrides (same weights and batches); "
                          "repeatable")
+    ap.add_argument("--ours-only", action="store_true",
+                    help="train ours and the --ours-variant runs only, no PyTorch (their samples "
+                         "pool with other jobs' PyTorch runs in tools/dev/spread_compare.py)")
     ap.add_argument("--no-same-start", action="store_true",
                     help="skip PyTorch from our weights: train ours and the --torch-variants only "
                          "(a study's LRs where only each trainer's own start is compared)")
     a = ap.parse_args()
     if a.no_same_start and not a.torch_variants:
         ap.error("--no-same-start needs --torch-variants (else PyTorch would not run)")
+    if a.ours_only and (a.no_same_start or a.torch_variants):
+        ap.error("--ours-only trains no PyTorch: drop --no-same-start and --torch-variants")
     if a.no_same_start and a.ours_variant:
         ap.error("--no-same-start compares PyTorch's own starts with ours only: drop --ours-variant")
-    if a.device == "cuda" and not torch.cuda.is_available():
+    if a.device == "cuda" and not torch.cuda.is_available() and not a.ours_only:
         print("skip: no CUDA device for PyTorch here")
         sys.exit(77)
     work = pathlib.Path(a.work or tempfile.mkdtemp(prefix="zgpt_parity_"))
@@ -426,6 +442,9 @@ def main():
         extra = [x for kv in filter(None, v.split(",")) for x in ("--set", kv)]
         ours_variants[v] = train_ours(f"ours_{len(ours_variants) + 1}", extra)
 
+    if a.ours_only:
+        ours_alone(a, runj, ours, ours_stats, ours_variants)
+        return
     if a.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False

@@ -94,7 +94,7 @@ def pool(files):
     settings = None
     for path in files:
         d = json.load(open(path))
-        if "pytorch" not in d:
+        if "pytorch" not in d and not d.get("ours_only"):
             sys.exit(f"error: {path} has no PyTorch run from our weights (written with --no-same-start)")
         key = (d["config"], sorted(o for o in d["overrides"]), d["steps"])
         if settings is None:
@@ -102,7 +102,8 @@ def pool(files):
         elif key != settings:
             sys.exit(f"error: {path} is another run ({key}) than the first file's ({settings})")
         add("ours", d["ours"], d.get("ours_stats"))
-        add("pytorch", d["pytorch"], d.get("pytorch_stats"))
+        if "pytorch" in d:  # a job of ours alone (parity_torch.py --ours-only) has none
+            add("pytorch", d["pytorch"], d.get("pytorch_stats"))
         for v, c in d.get("ours_variants", {}).items():
             losses, st = (c["losses"], c.get("stats")) if isinstance(c, dict) else (c, None)
             # the same settings from other starts pool into one sample

@@ -4,8 +4,11 @@
 # GPUs, so that each trainer's spread is measured and the two can be told apart beyond chaos. Job k
 # trains ours (deterministic: pooled once), ours from jittered start k, PyTorch from our weights
 # (not deterministic: each is a run) and PyTorch from jittered start k; with OURS_SETS (settings
-# such as train.fp32_residual=true), ours with them, plain and from start k. Then
-# tools/dev/spread_compare.py pools the jobs into OUT/spread.json.
+# such as train.fp32_residual=true; several settings separated by ";"), ours with each, plain and
+# from start k. With OURS_ONLY=1 a job trains ours alone (no PyTorch): a kernel ablation whose
+# samples pool with the PyTorch runs of earlier jobs in OUT (start the job numbers past them, as
+# the jobs already there are skipped). Then tools/dev/spread_compare.py pools the jobs into
+# OUT/spread.json.
 #   source .gpu-deps/env.sh && bash tools/gpu/spread_runs.sh OUT BUILD CONFIG STEPS [--set K=V ...]
 # JOBS (4): jobs; PER_GPU (2): jobs at once on one GPU; GPUS (all): the GPUs to use, such as "1"
 # to leave GPU 0 to a benchmark; TORCH_EXTRA: more --torch-variants (e.g. bf16_storage) of jobs 1
@@ -27,11 +30,14 @@ job() {  # k gpu, then parity_torch's arguments
   local k=$1 g=$2 tv="jitter$1" ov=(--ours-variant "model.init_jitter=1e-6,model.init_jitter_seed=$1")
   shift 2
   [ "$k" -le "${TORCH_EXTRA_JOBS:-1}" ] && [ -n "${TORCH_EXTRA:-}" ] && tv="$tv,$TORCH_EXTRA"
-  if [ -n "${OURS_SETS:-}" ]; then
-    ov+=(--ours-variant "$OURS_SETS" --ours-variant "$OURS_SETS,model.init_jitter=1e-6,model.init_jitter_seed=$k")
-  fi
+  local sets theirs=(--torch-variants "$tv")
+  IFS=';' read -ra sets <<<"${OURS_SETS:-}"
+  for s in "${sets[@]}"; do
+    ov+=(--ours-variant "$s" --ours-variant "$s,model.init_jitter=1e-6,model.init_jitter_seed=$k")
+  done
+  [ "${OURS_ONLY:-0}" = 1 ] && theirs=(--ours-only)
   CUDA_VISIBLE_DEVICES=$g timeout "${TIMEOUT:-0}" python3 tools/dev/parity_torch.py -c "$cfg" --steps "$steps" \
-    --device cuda "$@" --torch-variants "$tv" "${ov[@]}" --bin "$bin" --work "/tmp/spread_job$k" \
+    --device cuda "$@" "${theirs[@]}" "${ov[@]}" --bin "$bin" --work "/tmp/spread_job$k" \
     --out "$out/job$k.json.tmp" > "$out/job$k.log" 2>&1 && mv "$out/job$k.json.tmp" "$out/job$k.json"
   echo "job $k on GPU $g: exit $?"
 }
