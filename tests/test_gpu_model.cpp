@@ -444,6 +444,11 @@ TEST_CASE("whole model in bf16 at head size 64: tensor-core attention, qkv bias 
             o.precision = DType::bf16;
             o.kernels.attention = att;
             compare_model(c, o, 5e-2, 2, 200);
+            if (std::string(att) == "flash") {  // the warp-specialised backward (T % 4 == 0)
+                o.kernels.attention_tuning.wgmma_dkdv_tile = 128;
+                o.kernels.attention_tuning.wgmma_dq_tile = 128;
+                compare_model(c, o, 5e-2, 2, 200);
+            }
         }
 }
 
@@ -700,6 +705,11 @@ TEST_CASE("GPT-2 1558M's width and heads (C = 1600, 25 heads of 64) equal GPT<do
         CudaModelOptions o;
         o.precision = DType::bf16;
         compare_model(c, o, 5e-2, 2, 70);
+        // the 1558M config's dK/dV tiles of 128 queries (the warp-specialised kernel runs where
+        // T % 4 == 0)
+        o.kernels.attention_tuning.wgmma_dkdv_tile = 128;
+        compare_model(c, o, 5e-2, 2, 72);
+        o.kernels.attention_tuning = {};
         o.precision = DType::f32;
         o.kernels.cross_entropy = "online";
         compare_model(c, o, 1e-5, 2, 70);
