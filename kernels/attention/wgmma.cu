@@ -639,6 +639,47 @@ __global__ void __launch_bounds__(kThreads, 2)
 // writes Dsum = rowsum(dO * O), which the dK/dV kernel reads.
 // kTma: the key tiles through a TMA ring (kernels.attention_tuning.wgmma_dq_tma; KT = 64) instead
 // of the cp.async ring and its barrier per tile; kv_map is then qkv's [B, T, C + 2 KVC] map.
+// One key tile of a dQ warpgroup (its 64 query rows of Q and dO at q_rows, do_rows; the tile's K
+// and V at k_tile, v_tile; L and D of the warp's two rows; rel: the tile's first key from the
+// warpgroup's first row): S = Q K^T and dP = dO V^T, the exponentials overlapping dP, then
+// dQ += dS K. Returns when every product has completed (the tile's shared memory is free again).
+template <int KT>
+__device__ __forceinline__ void dq_tile(float (&dq)[kD / 2], uint32_t q_rows, uint32_t do_rows,
+                                        uint32_t k_tile, uint32_t v_tile, int rel,
+                                        const float (&L)[2], const float (&Dr)[2], float sl2,
+                                        int warp, int gq, int tq) {
+    float s[KT / 2], dp[KT / 2];
+    wg_fence();
+    product_smem<KT>(s, q_rows, k_tile);
+    wg_commit();
+    product_smem<KT>(dp, do_rows, v_tile);
+    wg_commit();
+    wg_wait<1>();  // S; the exponentials overlap dP = dO V^T
+    hold(s);
+#pragma unroll
+    for (int i = 0; i < KT / 2; i++) s[i] = ex2(fmaf(s[i], sl2, -L[(i >> 1) & 1]));
+    if (rel > -KT) {  // the tile straddles the diagonal of some row of this warpgroup
+#pragma unroll
+        for (int n = 0; n < KT / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (rel + n * 8 + 2 * tq + (e & 1) > warp * 16 + gq + (e >> 1) * 8)
+                    s[4 * n + e] = 0;
+    }
+    wg_wait_all();
+    hold(dp);
+#pragma unroll
+    for (int i = 0; i < KT / 2; i++) s[i] *= dp[i] - Dr[(i >> 1) & 1];  // dS, unscaled
+    uint32_t sa[KT / 16][4];
+    acc_to_a<KT>(sa, s);
+    wg_fence();
+    product_nmajor<KT>(dq, sa, k_tile);
+    wg_commit();
+    wg_wait_all();
+    keep(sa);
+    hold(dq);
+}
+
 template <int KT, bool kTma>
 constexpr int dq_smem_bytes() {
     return 1024 + 2 * kBlockRows * 128 + (kTma ? kTmaStages : kStages) * 2 * KT * 128 +
@@ -736,36 +777,7 @@ __global__ void __launch_bounds__(kThreads, 2)
             if (kTma) ring.release(int(t));
             continue;
         }
-        float s[KT / 2], dp[KT / 2];
-        wg_fence();
-        product_smem<KT>(s, q_rows, k_tile(slot));
-        wg_commit();
-        product_smem<KT>(dp, do_rows, v_tile(slot));
-        wg_commit();
-        wg_wait<1>();  // S; the exponentials overlap dP = dO V^T
-        hold(s);
-#pragma unroll
-        for (int i = 0; i < KT / 2; i++) s[i] = ex2(fmaf(s[i], sl2, -L[(i >> 1) & 1]));
-        if (rel > -KT) {  // the tile straddles the diagonal of some row of this warpgroup
-#pragma unroll
-            for (int n = 0; n < KT / 8; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    if (rel + n * 8 + 2 * tq + (e & 1) > warp * 16 + gq + (e >> 1) * 8)
-                        s[4 * n + e] = 0;
-        }
-        wg_wait_all();
-        hold(dp);
-#pragma unroll
-        for (int i = 0; i < KT / 2; i++) s[i] *= dp[i] - Dr[(i >> 1) & 1];  // dS, unscaled
-        uint32_t sa[KT / 16][4];
-        acc_to_a<KT>(sa, s);
-        wg_fence();
-        product_nmajor<KT>(dq, sa, k_tile(slot));
-        wg_commit();
-        wg_wait_all();
-        keep(sa);
-        hold(dq);
+        dq_tile<KT>(dq, q_rows, do_rows, k_tile(slot), v_tile(slot), rel, L, Dr, sl2, warp, gq, tq);
         if (kTma) ring.release(int(t));
     }
 #pragma unroll
@@ -1282,37 +1294,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
             ring.release(j);
             continue;
         }
-        const uint32_t k_tile = ring.stage(j), v_tile = k_tile + kTileBytes;
-        float s[KT / 2], dp[KT / 2];
-        wg_fence();
-        product_smem<KT>(s, q_rows, k_tile);
-        wg_commit();
-        product_smem<KT>(dp, do_rows, v_tile);
-        wg_commit();
-        wg_wait<1>();  // S; the exponentials overlap dP = dO V^T
-        hold(s);
-#pragma unroll
-        for (int i = 0; i < KT / 2; i++) s[i] = ex2(fmaf(s[i], sl2, -L[(i >> 1) & 1]));
-        if (rel > -KT) {  // the tile straddles the diagonal of some row of this warpgroup
-#pragma unroll
-            for (int n = 0; n < KT / 8; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    if (rel + n * 8 + 2 * tq + (e & 1) > warp * 16 + gq + (e >> 1) * 8)
-                        s[4 * n + e] = 0;
-        }
-        wg_wait_all();
-        hold(dp);
-#pragma unroll
-        for (int i = 0; i < KT / 2; i++) s[i] *= dp[i] - Dr[(i >> 1) & 1];  // dS, unscaled
-        uint32_t sa[KT / 16][4];
-        acc_to_a<KT>(sa, s);
-        wg_fence();
-        product_nmajor<KT>(dq, sa, k_tile);
-        wg_commit();
-        wg_wait_all();
-        keep(sa);
-        hold(dq);
+        const uint32_t k_tile = ring.stage(j);
+        dq_tile<KT>(dq, q_rows, do_rows, k_tile, k_tile + kTileBytes, rel, L, Dr, sl2, warp, gq,
+                    tq);
         ring.release(j);
     }
 #pragma unroll
