@@ -1382,12 +1382,23 @@ int64_t colsum_rows(const AttentionShape& s) {
 // tiles of 128 are the warp-specialised kernels, dq_ws_kernel and, where T % 4 == 0,
 // dkdv_ws_kernel),
 // and the dK/dV kernel's warpgroups per block (wgmma_dkdv_wgs), for measuring.
-// The TMA dK/dV kernel (AttentionTuning::wgmma_dkdv_tma) in place of dkdv_kernel<64, 2>.
+// The dK/dV kernels fed by TMA: dkdv_tma_kernel (AttentionTuning::wgmma_dkdv_tma, in place of
+// dkdv_kernel<64, 2>) and, with kWs, the warp-specialised dkdv_ws_kernel (wgmma_dkdv_tile 128),
+// which loads the same maps' 64-row boxes two at a time. dO, L and D as maps beside qkv's (qm).
+template <bool kWs>
 void dkdv_tma(bf16* dx, const bf16* dy, const bf16* x, const CUtensorMap& qm, const float* lse,
               const float* dsum, float* colsums, ColsumRows cr, const Geo& g,
               const AttentionShape& s, CUstream_st* st) {
-    static const bool smem_set = (allow_smem(dkdv_tma_kernel<false>, kDkdvTmaSmemBytes),
-                                  allow_smem(dkdv_tma_kernel<true>, kDkdvTmaSmemBytes), true);
+    constexpr auto kernel = [](bool group) {
+        if constexpr (kWs)
+            return group ? dkdv_ws_kernel<true> : dkdv_ws_kernel<false>;
+        else
+            return group ? dkdv_tma_kernel<true> : dkdv_tma_kernel<false>;
+    };
+    constexpr int threads = kWs ? kWsThreads : kThreads;
+    constexpr int smem = kWs ? kWsSmemBytes : kDkdvTmaSmemBytes;
+    static const bool smem_set =
+        (allow_smem(kernel(false), smem), allow_smem(kernel(true), smem), true);
     (void)smem_set;
     const cuuint64_t T = cuuint64_t(s.Tn), C = cuuint64_t(s.C), B = cuuint64_t(s.B);
     const cuuint32_t tile[3] = {kD, kTmaRows, 1}, row[2] = {kTmaRows, 1};
@@ -1397,36 +1408,7 @@ void dkdv_tma(bf16* dx, const bf16* dy, const bf16* x, const CUtensorMap& qm, co
     const CUtensorMap lm = hopper_gemm::tensor_map_nd(lse, false, 2, f_dims, row);
     const CUtensorMap sm = hopper_gemm::tensor_map_nd(dsum, false, 2, f_dims, row);
     const dim3 grid(unsigned((s.Tn + kBlockRows - 1) / kBlockRows), unsigned(s.B * g.NKV));
-    if (g.group == 1)
-        dkdv_tma_kernel<false>
-            <<<grid, kThreads, kDkdvTmaSmemBytes, st>>>(dx, qm, dm, lm, sm, x, colsums, cr, g);
-    else
-        dkdv_tma_kernel<true>
-            <<<grid, kThreads, kDkdvTmaSmemBytes, st>>>(dx, qm, dm, lm, sm, x, colsums, cr, g);
-}
-
-// The warp-specialised dK/dV kernel (AttentionTuning::wgmma_dkdv_tile 128): its maps are
-// dkdv_tma's, whose 64-row boxes it loads two at a time.
-void dkdv_ws(bf16* dx, const bf16* dy, const bf16* x, const CUtensorMap& qm, const float* lse,
-             const float* dsum, float* colsums, ColsumRows cr, const Geo& g,
-             const AttentionShape& s, CUstream_st* st) {
-    static const bool smem_set = (allow_smem(dkdv_ws_kernel<false>, kWsSmemBytes),
-                                  allow_smem(dkdv_ws_kernel<true>, kWsSmemBytes), true);
-    (void)smem_set;
-    const cuuint64_t T = cuuint64_t(s.Tn), C = cuuint64_t(s.C), B = cuuint64_t(s.B);
-    const cuuint32_t tile[3] = {kD, kTmaRows, 1}, row[2] = {kTmaRows, 1};
-    const cuuint64_t do_dims[3] = {C, T, B};
-    const cuuint64_t f_dims[2] = {T, cuuint64_t(s.B * s.NH)};
-    const CUtensorMap dm = hopper_gemm::tensor_map_nd(dy, true, 3, do_dims, tile);
-    const CUtensorMap lm = hopper_gemm::tensor_map_nd(lse, false, 2, f_dims, row);
-    const CUtensorMap sm = hopper_gemm::tensor_map_nd(dsum, false, 2, f_dims, row);
-    const dim3 grid(unsigned((s.Tn + kBlockRows - 1) / kBlockRows), unsigned(s.B * g.NKV));
-    if (g.group == 1)
-        dkdv_ws_kernel<false>
-            <<<grid, kWsThreads, kWsSmemBytes, st>>>(dx, qm, dm, lm, sm, x, colsums, cr, g);
-    else
-        dkdv_ws_kernel<true>
-            <<<grid, kWsThreads, kWsSmemBytes, st>>>(dx, qm, dm, lm, sm, x, colsums, cr, g);
+    kernel(g.group != 1)<<<grid, threads, smem, st>>>(dx, qm, dm, lm, sm, x, colsums, cr, g);
 }
 
 template <int KT, int QT, int WGS>
@@ -1466,11 +1448,11 @@ void backward_tiles(bf16* dx, float* dsum, const bf16* dy, const bf16* out, cons
             dx, dsum, dy, out, x, lse, colsums, cr, g, qm);
     const ColsumRows dkdv_rows{cr.per_batch, 1};
     if (dkdv_ws_on) {
-        dkdv_ws(dx, dy, x, qm, lse, dsum, colsums, dkdv_rows, g, s, st);
+        dkdv_tma<true>(dx, dy, x, qm, lse, dsum, colsums, dkdv_rows, g, s, st);
         return;
     }
     if (dkdv_tma_on) {
-        dkdv_tma(dx, dy, x, qm, lse, dsum, colsums, dkdv_rows, g, s, st);
+        dkdv_tma<false>(dx, dy, x, qm, lse, dsum, colsums, dkdv_rows, g, s, st);
         return;
     }
     // dK/dV: one block row per key/value head
