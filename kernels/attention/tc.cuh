@@ -64,15 +64,22 @@ __device__ __forceinline__ void stage_floats(uint32_t dst, const float* src, int
                      "l"(i < valid ? src + i : src), "r"(i < valid ? 4 : 0));
 }
 
+// The threads that sum columns together: the whole block, or (warp-specialised kernels) the warps
+// that compute, with their index among them (t) and their own barrier (sync).
+struct WholeBlock {
+    __device__ __forceinline__ unsigned t() const { return threadIdx.x; }
+    __device__ __forceinline__ void sync() const { __syncthreads(); }
+};
+
 // Column sums of a block's accumulators, times `scale`, into dst[0, kD). cs[n][c] is this lane's
 // partial sum of column n * 8 + 2 (lane % 4) + c (the mma.sync and wgmma accumulator layouts
 // both put a column there); the partials go across the lanes of a column (xor 4, 8, 16), then the
-// kWarps warps in order: a fixed order, so deterministic. Every thread of the block calls it;
-// `red` is the block's [kWarps][kD] scratch, free again only after a barrier.
-template <int kD, int kWarps>
+// kWarps warps in order: a fixed order, so deterministic. Every thread of the group calls it;
+// `red` is the group's [kWarps][kD] scratch, free again only after the group's barrier.
+template <int kD, int kWarps, typename Group = WholeBlock>
 __device__ __forceinline__ void block_column_sums(float* dst, const float (&cs)[kD / 8][2],
-                                                  float scale, float (*red)[kD]) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+                                                  float scale, float (*red)[kD], Group group = {}) {
+    const unsigned t = group.t(), warp = t / 32, lane = t % 32;
 #pragma unroll
     for (int n = 0; n < kD / 8; n++)
 #pragma unroll
@@ -83,12 +90,12 @@ __device__ __forceinline__ void block_column_sums(float* dst, const float (&cs)[
             v += __shfl_xor_sync(0xffffffffu, v, 16);
             if (lane < 4) red[warp][n * 8 + 2 * lane + c] = v;
         }
-    __syncthreads();
-    if (threadIdx.x < kD) {
-        float v = red[0][threadIdx.x];
+    group.sync();
+    if (t < kD) {
+        float v = red[0][t];
 #pragma unroll
-        for (int w = 1; w < kWarps; w++) v += red[w][threadIdx.x];
-        dst[threadIdx.x] = v * scale;
+        for (int w = 1; w < kWarps; w++) v += red[w][t];
+        dst[t] = v * scale;
     }
 }
 

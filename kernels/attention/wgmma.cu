@@ -257,11 +257,11 @@ __device__ __forceinline__ void store_row_unrotated(bf16* dst, const float (&acc
 }
 // Column sums of the block's accumulators (rows at or past Tn left out; wrow0: this thread's
 // warp's first row index), times scale, into dst[0, kD): this lane's partial sums of its two rows,
-// then block_column_sums<kD, 8 warps> (attention/tc.cuh). Every thread of the block calls it.
-template <int NT>
+// then block_column_sums<kD, NT / 32> (attention/tc.cuh). Every thread of the group calls it.
+template <int NT, typename Group = WholeBlock>
 __device__ __forceinline__ void masked_column_sums(float* dst, const float (&acc)[kD / 2],
                                                    int64_t wrow0, int64_t Tn, float scale,
-                                                   float (*red)[kD]) {
+                                                   float (*red)[kD], Group group = {}) {
     const int gq = threadIdx.x % 32 / 4;
     float cs[kD / 8][2];
 #pragma unroll
@@ -274,8 +274,8 @@ __device__ __forceinline__ void masked_column_sums(float* dst, const float (&acc
                 if (wrow0 + gq + 8 * r < Tn) v += acc[4 * n + 2 * r + c];
             cs[n][c] = v;
         }
-    block_column_sums<kD, NT / 32>(dst, cs, scale, red);
-    __syncthreads();  // red is reused by the next call
+    block_column_sums<kD, NT / 32>(dst, cs, scale, red, group);
+    group.sync();  // red is reused by the next call
 }
 
 // Where a block writes its partial column sums (the qkv bias gradient): row b * per_batch +
@@ -639,6 +639,31 @@ __global__ void __launch_bounds__(kThreads, 2)
 // writes Dsum = rowsum(dO * O), which the dK/dV kernel reads.
 // kTma: the key tiles through a TMA ring (kernels.attention_tuning.wgmma_dq_tma; KT = 64) instead
 // of the cp.async ring and its barrier per tile; kv_map is then qkv's [B, T, C + 2 KVC] map.
+// The end of a dQ block: this thread's rows of dQ (times the scale) of query head h into dqkv, and
+// with colsum the block's column sums (the qkv bias gradient's q part). Every thread of the group
+// (NT of them: the block, or its computing warps) calls it.
+template <int NT, typename Group = WholeBlock>
+__device__ __forceinline__ void store_dq(bf16* dqkv, float* colsum, const ColsumRows& cr,
+                                         const float (&dq)[kD / 2], int64_t wrow0, int64_t q0,
+                                         int64_t b, int64_t h, int gq, const Geo& g,
+                                         Group group = {}) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int64_t row = wrow0 + gq + r * 8;
+        if (row >= g.Tn) continue;
+        bf16* dst = dqkv + (b * g.Tn + row) * g.ld + h * g.hs;
+        if (g.rope)
+            store_row_unrotated(dst, dq, r, g.scale, g, row);
+        else
+            store_row(dst, dq, r, g.scale);
+    }
+    if (colsum) {
+        __shared__ float red[NT / 32][kD];
+        masked_column_sums<NT>(colsum + cr.row(b, q0 / kBlockRows) * g.ld + h * g.hs, dq, wrow0,
+                               g.Tn, g.scale, red, group);
+    }
+}
+
 // One key tile of a dQ warpgroup (its 64 query rows of Q and dO at q_rows, do_rows; the tile's K
 // and V at k_tile, v_tile; L and D of the warp's two rows; rel: the tile's first key from the
 // warpgroup's first row): S = Q K^T and dP = dO V^T, the exponentials overlapping dP, then
@@ -780,21 +805,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         dq_tile<KT>(dq, q_rows, do_rows, k_tile(slot), v_tile(slot), rel, L, Dr, sl2, warp, gq, tq);
         if (kTma) ring.release(int(t));
     }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int64_t row = wrow0 + gq + r * 8;
-        if (row >= g.Tn) continue;
-        bf16* dst = dqkv + (b * g.Tn + row) * stride + h * g.hs;
-        if (g.rope)
-            store_row_unrotated(dst, dq, r, g.scale, g, row);
-        else
-            store_row(dst, dq, r, g.scale);
-    }
-    if (colsum) {
-        __shared__ float red[kThreads / 32][kD];
-        masked_column_sums<kThreads>(colsum + cr.row(b, q0 / kBlockRows) * stride + h * g.hs, dq,
-                                     wrow0, g.Tn, g.scale, red);
-    }
+    store_dq<kThreads>(dqkv, colsum, cr, dq, wrow0, q0, b, h, gq, g);
 #endif
 }
 
@@ -858,12 +869,12 @@ __device__ __forceinline__ void dkdv_tile(float (&dk)[kD / 2], float (&dv)[kD / 
 
 // The end of a dK/dV block: this thread's rows of dK (times the scale) and dV of key/value head
 // kvh into dqkv, and with colsum the block's column sums of both (the qkv bias gradient's k and v
-// parts). Every thread of the block (NT of them) calls it.
-template <int NT>
+// parts). Every thread of the group (NT of them: the block, or its computing warps) calls it.
+template <int NT, typename Group = WholeBlock>
 __device__ __forceinline__ void store_dkdv(bf16* dqkv, float* colsum, const ColsumRows& cr,
                                            const float (&dk)[kD / 2], const float (&dv)[kD / 2],
                                            int64_t wkey0, int64_t b, int64_t kvh, int gq,
-                                           const Geo& g) {
+                                           const Geo& g, Group group = {}) {
     const int64_t stride = g.ld;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -879,8 +890,8 @@ __device__ __forceinline__ void store_dkdv(bf16* dqkv, float* colsum, const Cols
     if (colsum) {
         __shared__ float red[NT / 32][kD];
         float* dst = colsum + cr.row(b, blockIdx.x) * stride + g.k_col(kvh);
-        masked_column_sums<NT>(dst, dk, wkey0, g.Tn, g.scale, red);
-        masked_column_sums<NT>(dst + g.KVC, dv, wkey0, g.Tn, 1.0f, red);
+        masked_column_sums<NT>(dst, dk, wkey0, g.Tn, g.scale, red, group);
+        masked_column_sums<NT>(dst + g.KVC, dv, wkey0, g.Tn, 1.0f, red, group);
     }
 }
 
@@ -1076,34 +1087,12 @@ template <int N>
 __device__ __forceinline__ void setmaxnreg_dec() {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
-// block_column_sums (attention/tc.cuh) among the kThreads computing threads: t is the thread's
-// index among them; partials of rows at or past Tn left out, as masked_column_sums.
-__device__ __forceinline__ void compute_column_sums(float* dst, const float (&acc)[kD / 2],
-                                                    int64_t wrow0, int64_t Tn, float scale,
-                                                    float (*red)[kD], int t) {
-    const int warp = t / 32, lane = t % 32, gq = lane / 4;
-#pragma unroll
-    for (int n = 0; n < kD / 8; n++)
-#pragma unroll
-        for (int c = 0; c < 2; c++) {
-            float v = 0;
-#pragma unroll
-            for (int r = 0; r < 2; r++)
-                if (wrow0 + gq + 8 * r < Tn) v += acc[4 * n + 2 * r + c];
-            v += __shfl_xor_sync(0xffffffffu, v, 4);
-            v += __shfl_xor_sync(0xffffffffu, v, 8);
-            v += __shfl_xor_sync(0xffffffffu, v, 16);
-            if (lane < 4) red[warp][n * 8 + 2 * lane + c] = v;
-        }
-    compute_sync();
-    if (t < kD) {
-        float v = red[0][t];
-#pragma unroll
-        for (int w = 1; w < kThreads / 32; w++) v += red[w][t];
-        dst[t] = v * scale;
-    }
-    compute_sync();  // red is reused by the next call
-}
+// The computing warps of a warp-specialised kernel, as the column sums' group: their index past
+// the loader warpgroup, and their named barrier.
+struct ComputeWarps {
+    __device__ __forceinline__ unsigned t() const { return threadIdx.x - kWG; }
+    __device__ __forceinline__ void sync() const { compute_sync(); }
+};
 
 template <bool kGroup>
 __global__ void __launch_bounds__(kWsThreads, 1)
@@ -1177,23 +1166,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         }
         ring.release(j);
     }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {  // store_dkdv's rows
-        const int64_t key = wkey0 + gq + r * 8;
-        if (key >= g.Tn) continue;
-        bf16* dkr = dqkv + (b * g.Tn + key) * stride + g.k_col(kvh);
-        if (g.rope)
-            store_row_unrotated(dkr, dk, r, g.scale, g, key);
-        else
-            store_row(dkr, dk, r, g.scale);
-        store_row(dkr + g.KVC, dv, r, 1.0f);
-    }
-    if (colsum) {
-        __shared__ float red[kThreads / 32][kD];
-        float* dst = colsum + cr.row(b, blockIdx.x) * stride + g.k_col(kvh);
-        compute_column_sums(dst, dk, wkey0, g.Tn, g.scale, red, t);
-        compute_column_sums(dst + g.KVC, dv, wkey0, g.Tn, 1.0f, red, t);
-    }
+    store_dkdv<kThreads>(dqkv, colsum, cr, dk, dv, wkey0, b, kvh, gq, g, ComputeWarps{});
 #endif
 }
 
@@ -1299,21 +1272,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
                     tq);
         ring.release(j);
     }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int64_t row = wrow0 + gq + r * 8;
-        if (row >= g.Tn) continue;
-        bf16* dst = dqkv + (b * g.Tn + row) * stride + h * g.hs;
-        if (g.rope)
-            store_row_unrotated(dst, dq, r, g.scale, g, row);
-        else
-            store_row(dst, dq, r, g.scale);
-    }
-    if (colsum) {
-        __shared__ float red[kThreads / 32][kD];
-        compute_column_sums(colsum + cr.row(b, q0 / kBlockRows) * stride + h * g.hs, dq, wrow0,
-                            g.Tn, g.scale, red, t);
-    }
+    store_dq<kThreads>(dqkv, colsum, cr, dq, wrow0, q0, b, h, gq, g, ComputeWarps{});
 #endif
 }
 
