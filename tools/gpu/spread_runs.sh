@@ -10,7 +10,8 @@
 # the jobs already there are skipped). Then tools/dev/spread_compare.py pools the jobs into
 # OUT/spread.json.
 #   source .gpu-deps/env.sh && bash tools/gpu/spread_runs.sh OUT BUILD CONFIG STEPS [--set K=V ...]
-# JOBS (4): jobs; PER_GPU (2): jobs at once on one GPU; GPUS (all): the GPUs to use, such as "1"
+# JOBS (4): jobs; PER_GPU (1): jobs at once on one GPU (two jobs with PyTorch runs on one H200 ran
+# each of its trainings at half speed: no gain); GPUS (all): the GPUs to use, such as "1"
 # to leave GPU 0 to a benchmark; TORCH_EXTRA: more --torch-variants (e.g. bf16_storage) of jobs 1
 # to TORCH_EXTRA_JOBS (1; each such run is a sample of its own); TIMEOUT (0: none): seconds a job
 # may run, so that a device call's limit leaves time to collect what finished. Each job writes
@@ -21,7 +22,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 out=$1 bin=$2 cfg=$3 steps=$4
 shift 4
-jobs=${JOBS:-4} per_gpu=${PER_GPU:-2}
+jobs=${JOBS:-4} per_gpu=${PER_GPU:-1}
 read -ra gpu_list <<<"${GPUS:-$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | tr '\n' ' ')}"
 gpus=${#gpu_list[@]}
 [ "$gpus" -ge 1 ] || { echo "spread_runs.sh: no GPU (nvidia-smi lists none)" >&2; exit 1; }
