@@ -633,12 +633,6 @@ __global__ void __launch_bounds__(kThreads, 2)
 }
 
 // ---------------------------------------------------------------- backward: dQ
-// A block: 128 query rows (64 per warpgroup); key tiles of KT rows through the ring. Q and dO stay
-// in shared memory as the left operands (registers would cost 32 per thread, and two blocks per
-// SM need at most 128). Per tile: S = Q K^T and dP = dO V^T, then dQ += dS K. Runs first and
-// writes Dsum = rowsum(dO * O), which the dK/dV kernel reads.
-// kTma: the key tiles through a TMA ring (kernels.attention_tuning.wgmma_dq_tma; KT = 64) instead
-// of the cp.async ring and its barrier per tile; kv_map is then qkv's [B, T, C + 2 KVC] map.
 // The end of a dQ block: this thread's rows of dQ (times the scale) of query head h into dqkv, and
 // with colsum the block's column sums (the qkv bias gradient's q part). Every thread of the group
 // (NT of them: the block, or its computing warps) calls it.
@@ -705,6 +699,12 @@ __device__ __forceinline__ void dq_tile(float (&dq)[kD / 2], uint32_t q_rows, ui
     hold(dq);
 }
 
+// A block: 128 query rows (64 per warpgroup); key tiles of KT rows through the ring. Q and dO stay
+// in shared memory as the left operands (registers would cost 32 per thread, and two blocks per
+// SM need at most 128). Per tile: S = Q K^T and dP = dO V^T, then dQ += dS K. Runs first and
+// writes Dsum = rowsum(dO * O), which the dK/dV kernel reads.
+// kTma: the key tiles through a TMA ring (kernels.attention_tuning.wgmma_dq_tma; KT = 64) instead
+// of the cp.async ring and its barrier per tile; kv_map is then qkv's [B, T, C + 2 KVC] map.
 template <int KT, bool kTma>
 constexpr int dq_smem_bytes() {
     return 1024 + 2 * kBlockRows * 128 + (kTma ? kTmaStages : kStages) * 2 * KT * 128 +
@@ -1336,11 +1336,6 @@ int64_t colsum_rows(const AttentionShape& s) {
     return s.B * colsum_layout(s, dkdv_wgs(s)).per_batch;
 }
 
-// Tile sizes of the backward kernels (keys per dQ tile, queries per dK/dV tile): 32 or 64, from
-// AttentionTuning::wgmma_dq_tile and wgmma_dkdv_tile (default 64 and 64, the fastest measured;
-// tiles of 128 are the warp-specialised kernels, dq_ws_kernel and, where T % 4 == 0,
-// dkdv_ws_kernel),
-// and the dK/dV kernel's warpgroups per block (wgmma_dkdv_wgs), for measuring.
 // The dK/dV kernels fed by TMA: dkdv_tma_kernel (AttentionTuning::wgmma_dkdv_tma, in place of
 // dkdv_kernel<64, 2>) and, with kWs, the warp-specialised dkdv_ws_kernel (wgmma_dkdv_tile 128),
 // which loads the same maps' 64-row boxes two at a time. dO, L and D as maps beside qkv's (qm).
@@ -1370,6 +1365,10 @@ void dkdv_tma(bf16* dx, const bf16* dy, const bf16* x, const CUtensorMap& qm, co
     kernel(g.group != 1)<<<grid, threads, smem, st>>>(dx, qm, dm, lm, sm, x, colsums, cr, g);
 }
 
+// The backward with tiles of KT keys per dQ tile and QT queries per dK/dV tile (32 or 64, from
+// AttentionTuning::wgmma_dq_tile and wgmma_dkdv_tile, default 64 and 64, the fastest measured;
+// tiles of 128 are the warp-specialised kernels, dq_ws_kernel and, where T % 4 == 0,
+// dkdv_ws_kernel) and WGS warpgroups per dK/dV block (wgmma_dkdv_wgs), for measuring.
 template <int KT, int QT, int WGS>
 void backward_tiles(bf16* dx, float* dsum, const bf16* dy, const bf16* out, const bf16* x,
                     const float* lse, float* colsums, const Geo& g, const AttentionShape& s,
