@@ -78,6 +78,9 @@ struct KernelChoice {
     // backward that writes their output gradient (kernels/norms/layernorm.h), not a pass of their
     // own
     bool layernorm_bias_sums = true;
+    // The norms' backward above 1280 columns two warps a row, each with its half's weight-gradient
+    // sums in registers; false: one warp a row with them in shared memory
+    bool layernorm_split_rows = false;
     // fc's bias gradient as one more column of its weight-gradient GEMM: ln2 is stored with a
     // column of ones beside its rows (8 columns wider), so the GEMM's last column is the column
     // sums of dfch and no pass of its own reads dfch again (matmul: fused_epilogue with biases)

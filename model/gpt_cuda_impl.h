@@ -242,11 +242,12 @@ struct GptCuda::Impl {
                        int64_t C, DType in_t, cuda::ColumnSumParts* dinp_sums = nullptr) {
         if (rms)
             cuda::rmsnorm_backward(dinp, dm, accumulate, dweight, dout, dom, inp, im, weight, rstd,
-                                   N, C, ln_scratch.get(), t, in_t, stream, dinp_sums);
+                                   N, C, ln_scratch.get(), t, in_t, stream, dinp_sums,
+                                   opt.kernels.layernorm_split_rows);
         else
             cuda::layernorm_backward(dinp, dm, accumulate, dweight, dbias, dout, dom, inp, im,
                                      weight, mean, rstd, N, C, ln_scratch.get(), t, in_t, stream,
-                                     dinp_sums);
+                                     dinp_sums, opt.kernels.layernorm_split_rows);
     }
 
     // out[M, N] = inp[M, K] @ W[N, K]^T, the forward GEMM of a linear layer (no epilogue).

@@ -313,6 +313,21 @@ void layernorm(const std::string& variant, const LayernormDims& s, DType t, DTyp
     check_close("dweight (with the sums)", d_gw2.get(), gw, DType::f32, 1e-4);
     check_close("dbias (with the sums)", d_gb2.get(), gb, DType::f32, 1e-4);
     check_dinp_column_sums(d_sum.get(), got_dinp, N, C, t);
+    // kernels.layernorm_split_rows: rows above 1280 columns two warps a row (bf16 activations)
+    if (t == DType::bf16 && C > 1280 && C <= 2048 && C % 8 == 0) {
+        DevT d_dinp3(r, dinp0), d_gw3(DType::f32, C), d_gb3(DType::f32, C), d_sum3(DType::f32, C);
+        cuda::ColumnSumParts sums3{parts.f()};
+        cuda::layernorm_backward(d_dinp3.p, {1, C}, true, d_gw3.f(), d_gb3.f(), d_dout.p, {1, C},
+                                 dres_in.p, {1, C}, dw.p, dmean.f(), drstd.f(), N, C, scratch.p, t,
+                                 r, nullptr, &sums3, true);
+        REQUIRE(sums3.rows > 0);
+        cuda::bias_backward_from_partials(d_sum3.f(), sums3.parts, sums3.rows, C, nullptr);
+        const auto got_dinp3 = d_dinp3.get();
+        check_close("dinp (split rows)", got_dinp3, dinp, r);
+        check_close("dweight (split rows)", d_gw3.get(), gw, DType::f32, 1e-4);
+        check_close("dbias (split rows)", d_gb3.get(), gb, DType::f32, 1e-4);
+        check_dinp_column_sums(d_sum3.get(), got_dinp3, N, C, t);
+    }
 }
 
 void qk_layernorm(const HeadsDims& s, DType t) {
@@ -1007,6 +1022,19 @@ void rmsnorm(const RmsnormDims& s, DType t, DType r) {
     CHECK(d_dinp2.get() == got_dinp);
     check_close("dweight (with the sums)", d_gw2.get(), gw, DType::f32, 1e-4);
     check_dinp_column_sums(d_sum.get(), got_dinp, N, C, t);
+    // kernels.layernorm_split_rows: rows above 1280 columns two warps a row (bf16 activations)
+    if (t == DType::bf16 && C > 1280 && C <= 2048 && C % 8 == 0) {
+        DevT d_dinp3(r, dinp0), d_gw3(DType::f32, C), d_sum3(DType::f32, C);
+        cuda::ColumnSumParts sums3{parts.f()};
+        cuda::rmsnorm_backward(d_dinp3.p, {1, C}, true, d_gw3.f(), d_dout.p, {1, C}, xin, {1, C},
+                               dw.p, drstd.f(), N, C, scratch.p, t, r, nullptr, &sums3, true);
+        REQUIRE(sums3.rows > 0);
+        cuda::bias_backward_from_partials(d_sum3.f(), sums3.parts, sums3.rows, C, nullptr);
+        const auto got_dinp3 = d_dinp3.get();
+        check_close("dinp (split rows)", got_dinp3, dx, r);
+        check_close("dweight (split rows)", d_gw3.get(), gw, DType::f32, 1e-4);
+        check_dinp_column_sums(d_sum3.get(), got_dinp3, N, C, t);
+    }
 }
 
 void rope(const RopeDims& s, DType t) {

@@ -351,11 +351,13 @@ void cross_entropy_rows(const std::string& v, std::vector<Row>& rows) {
 }
 
 // C of one element, below and at a warp's vector (8 per lane), multiples of 8 (the vectorised
-// kernels: GPT widths, 64 with most lanes idle, 1600 = GPT-2 1558M's with a last chunk of 64
-// columns, 2048 the widest) and C off them (769) or past the widest (2056) for the scalar ones.
+// kernels: GPT widths, 64 with most lanes idle, 1288 the narrowest whose backward keeps its sums
+// in shared memory (or splits its rows: six chunks, three a warp, the last with one live lane),
+// 1600 = GPT-2 1558M's with a last chunk of 64 columns, 2048 the widest) and C off them (769) or
+// past the widest (2056) for the scalar ones.
 // Widths of whole vectors take enough rows that every warp of the persistent backward owns
 // several (the next row is prefetched while one is worked on).
-const int64_t kLayernormWidths[] = {1, 7, 64, 256, 768, 769, 1600, 2048, 2056};
+const int64_t kLayernormWidths[] = {1, 7, 64, 256, 768, 769, 1288, 1600, 2048, 2056};
 
 void layernorm_rows(const std::string& v, std::vector<Row>& rows) {
     for (const TypePair& p : kTypePairs)

@@ -271,6 +271,10 @@ std::vector<ConfigField> config_fields(Config& c) {
          "GPU: the attention and MLP projections' bias gradients summed inside the LayerNorm "
          "backward that writes their output gradient (false: a column-sum pass of their own)",
          &k.layernorm_bias_sums});
+    add({"kernels", "layernorm_split_rows",
+         "GPU, bf16: the norms' backward above 1280 columns two warps a row, each with its half's "
+         "weight-gradient sums in registers (false: one warp a row, the sums in shared memory)",
+         &k.layernorm_split_rows});
     add({"kernels", "fc_bias_in_dw",
          "GPU, matmul: fused_epilogue: the MLP fc layer's bias gradient as one more column of its "
          "weight-gradient GEMM (ln2 stored with a column of ones; false: a column-sum pass)",

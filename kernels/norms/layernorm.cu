@@ -425,6 +425,144 @@ __global__ void __launch_bounds__(32 * kVecWarps)
     }
 }
 
+// Backward for the widest rows (NV > 5 chunks, C above 1280), two warps a row: the row's first
+// H = ceil(NV / 2) chunks to the pair's first warp, the rest to its second, so each warp keeps the
+// weight-gradient sums of its own columns in registers, as the narrower rows do, where
+// layernorm_backward_vec_kernel keeps them in shared memory (read and written once a row: about
+// 26 KB of shared-memory traffic a row at C = 1600). The row's two sums (of dy*w and dy*w*xhat)
+// meet through shared memory: each warp's partial, then the first warp's plus the second's, in
+// that order on both (named barrier 1 + the pair's index; two slots by row parity, so one barrier
+// a row). kernels.layernorm_split_rows chooses it. The sums of dy*w are then in another order than
+// the one-warp kernel's (per warp, then the two halves), so its dinp may differ in the last bit.
+template <int NV, bool SUMS, typename R, bool RMS>
+__global__ void __launch_bounds__(32 * kVecWarps)
+    layernorm_backward_split_kernel(R* dinp, bool accumulate, float* part_w, float* part_b,
+                                    float* part_d, const bf16* dout, const R* inp, const R* w,
+                                    const float* mean, const float* rstd, int64_t N, int C) {
+    static_assert(kVecWarps == 4, "two pairs of warps (named barriers 1 and 2)");
+    constexpr int CP = NV * 256, H = (NV + 1) / 2;  // H: chunks a warp
+    constexpr int kPairs = kVecWarps / 2;
+    __shared__ float bw[CP], bb[CP];
+    __shared__ float partial[2][kPairs][2][2];  // [row parity][pair][warp of the pair][s1, s2]
+    // dinp's column sums: each warp's own H chunks (lane-interleaved as sum_slot's)
+    __shared__ __align__(16) float wd[SUMS ? kVecWarps * H * 256 : 4];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, pair = warp / 2, half = warp % 2;
+    const int j0 = half * H;  // this warp's first chunk
+    const int64_t stride = int64_t(gridDim.x) * kPairs;
+    float aw[H][8] = {}, ab[H][8] = {};
+    float* const wrow = wd + (SUMS ? warp * H * 256 : 0);
+    if constexpr (SUMS)
+#pragma unroll
+        for (int jj = 0; jj < H; jj++)
+            *sum_quad(wrow, jj, lane, 0) = *sum_quad(wrow, jj, lane, 1) = make_float4(0, 0, 0, 0);
+    auto on = [&](int jj) { return j0 + jj < NV && live<NV>(j0 + jj, lane, C); };
+    auto col = [&](int jj) { return (j0 + jj) * 256 + lane * 8; };
+    // dead columns stay zero: dy = 0 adds nothing to the row's sums or the weight gradients
+    Pack8<R> wraw[H] = {}, xv[H] = {};
+    uint4 dyv[H] = {};
+#pragma unroll
+    for (int jj = 0; jj < H; jj++)
+        if (on(jj)) wraw[jj] = load8(w + col(jj));
+    int64_t r = int64_t(blockIdx.x) * kPairs + pair;
+    if (r < N)
+#pragma unroll
+        for (int jj = 0; jj < H; jj++) {
+            if (!on(jj)) continue;
+            dyv[jj] = ld16(dout + r * C + col(jj));
+            xv[jj] = load8(inp + r * C + col(jj));
+        }
+    for (int parity = 0; r < N; r += stride, parity ^= 1) {
+        const int64_t rn = r + stride;
+        Pack8<R> old[H] = {}, nx[H] = {};
+        uint4 ndy[H] = {};
+#pragma unroll
+        for (int jj = 0; jj < H; jj++) {
+            if (!on(jj)) continue;
+            if (accumulate) old[jj] = load8(dinp + r * C + col(jj));
+            if (rn < N) {
+                ndy[jj] = ld16(dout + rn * C + col(jj));
+                nx[jj] = load8(inp + rn * C + col(jj));
+            }
+        }
+        const float m = RMS ? 0.0f : mean[r], rs = rstd[r];
+        float s1 = 0, s2 = 0;  // this warp's sums of dy*w and of dy*w*xhat
+#pragma unroll
+        for (int jj = 0; jj < H; jj++) {
+            float dy[8], xh[8], wv[8];
+            unpack8(dyv[jj], dy);
+            unpack8(xv[jj], xh);
+            unpack8(wraw[jj], wv);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                xh[k] = (xh[k] - m) * rs;
+                const float gw = dy[k] * wv[k];
+                if (!RMS) s1 += gw;
+                s2 += gw * xh[k];
+                aw[jj][k] += dy[k] * xh[k];
+                ab[jj][k] += dy[k];
+            }
+        }
+        s1 = warp_sum(s1);
+        s2 = warp_sum(s2);
+        float(&slot)[2][2] = partial[parity][pair];
+        if (lane == 0) slot[half][0] = s1, slot[half][1] = s2;
+        if (pair == 0)  // barrier ids as immediates: a register id reserves all sixteen
+            asm volatile("bar.sync 1, 64;\n" ::: "memory");
+        else
+            asm volatile("bar.sync 2, 64;\n" ::: "memory");
+        s1 = (slot[0][0] + slot[1][0]) / float(C);
+        s2 = (slot[0][1] + slot[1][1]) / float(C);
+#pragma unroll
+        for (int jj = 0; jj < H; jj++) {
+            float dy[8], xh[8], wv[8], d[8], o[8] = {};
+            unpack8(dyv[jj], dy);
+            unpack8(xv[jj], xh);
+            unpack8(wraw[jj], wv);
+            if (accumulate) unpack8(old[jj], o);
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                d[k] = o[k] + rs * (dy[k] * wv[k] - s1 - (xh[k] - m) * rs * s2);
+            dyv[jj] = ndy[jj];
+            xv[jj] = nx[jj];
+            if (!on(jj)) continue;
+            store8(dinp + r * C + col(jj), d);
+            if constexpr (SUMS) {  // of the values rounded to bf16, as the matmuls read them
+                float4 *plo = sum_quad(wrow, jj, lane, 0), *phi = sum_quad(wrow, jj, lane, 1);
+                float4 lo = *plo, hi = *phi;
+                lo.x += to_f(from_f<bf16>(d[0])), lo.y += to_f(from_f<bf16>(d[1]));
+                lo.z += to_f(from_f<bf16>(d[2])), lo.w += to_f(from_f<bf16>(d[3]));
+                hi.x += to_f(from_f<bf16>(d[4])), hi.y += to_f(from_f<bf16>(d[5]));
+                hi.z += to_f(from_f<bf16>(d[6])), hi.w += to_f(from_f<bf16>(d[7]));
+                *plo = lo, *phi = hi;
+            }
+        }
+    }
+    for (int c = threadIdx.x; c < CP; c += blockDim.x) bw[c] = bb[c] = 0;
+    __syncthreads();
+    for (int k = 0; k < kVecWarps; k++) {  // the warps in order; each adds its own columns
+        if (warp == k)
+#pragma unroll
+            for (int jj = 0; jj < H; jj++)
+                if (j0 + jj < NV)
+#pragma unroll
+                    for (int e = 0; e < 8; e++) {
+                        bw[col(jj) + e] += aw[jj][e];
+                        bb[col(jj) + e] += ab[jj][e];
+                    }
+        __syncthreads();
+    }
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        part_w[int64_t(blockIdx.x) * C + c] = bw[c];
+        part_b[int64_t(blockIdx.x) * C + c] = bb[c];
+        if constexpr (SUMS) {  // the two warps that own column c, in order
+            const int h = c / 256 >= H, slot = sum_slot(c - h * H * 256);
+            float ad = 0;
+            for (int k = h; k < kVecWarps; k += 2) ad += wd[k * H * 256 + slot];
+            part_d[int64_t(blockIdx.x) * C + c] = ad;
+        }
+    }
+}
+
 // Calls f(NV) for the vectorised kernels' chunk count: C a multiple of 8 (16-byte rows) up to 2048.
 template <typename F>
 bool with_vec_width(int64_t C, F&& f) {
@@ -473,6 +611,14 @@ int vec_backward_blocks() {
                                                int(smem)));
         return std::clamp(resident_blocks(kernel, 32 * kVecWarps, smem), 1, kVecMaxBlocks);
     }();
+    return blocks;
+}
+
+template <int NV, bool SUMS, typename R, bool RMS>
+int split_backward_blocks() {
+    static const int blocks = std::clamp(
+        resident_blocks(layernorm_backward_split_kernel<NV, SUMS, R, RMS>, 32 * kVecWarps, 0), 1,
+        kVecMaxBlocks);
     return blocks;
 }
 
@@ -565,7 +711,8 @@ template <bool RMS>
 void norm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dweight, float* dbias,
                    const void* dout, RowMap dout_map, const void* inp, RowMap in_map,
                    const void* weight, const float* mean, const float* rstd, int64_t N, int64_t C,
-                   void* scratch, DType t, DType in_t, CUstream_st* s, ColumnSumParts* dinp_sums) {
+                   void* scratch, DType t, DType in_t, CUstream_st* s, ColumnSumParts* dinp_sums,
+                   bool split_rows) {
     ZG_CHECK(N > 0 && C > 0 && weight && dweight && scratch && (mean || RMS),
              "layernorm_backward: bad arguments");
     dinp_map = plain(dinp_map, C);
@@ -586,6 +733,17 @@ void norm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dweight,
                 int blocks = 0;
                 const bool done = with_vec_width(C, [&](auto NV) {
                     auto launch = [&](auto sums) {
+                        if constexpr (NV.value > 5) {
+                            if (split_rows) {
+                                blocks = split_backward_blocks<NV.value, sums.value, R, RMS>();
+                                layernorm_backward_split_kernel<NV.value, sums.value, R, RMS>
+                                    <<<blocks, 32 * kVecWarps, 0, s>>>(
+                                        static_cast<R*>(dinp), accumulate, pw, pb, part_d,
+                                        static_cast<const bf16*>(dout), static_cast<const R*>(inp),
+                                        static_cast<const R*>(weight), mean, rstd, N, int(C));
+                                return;
+                            }
+                        }
                         blocks = vec_backward_blocks<NV.value, sums.value, R, RMS>();
                         layernorm_backward_vec_kernel<NV.value, sums.value, R, RMS>
                             <<<blocks, 32 * kVecWarps, vec_backward_smem<NV.value>(), s>>>(
@@ -672,17 +830,18 @@ void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dwe
                         const void* dout, RowMap dout_map, const void* inp, RowMap in_map,
                         const void* weight, const float* mean, const float* rstd, int64_t N,
                         int64_t C, void* scratch, DType t, DType in_t, CUstream_st* s,
-                        ColumnSumParts* dinp_sums) {
+                        ColumnSumParts* dinp_sums, bool split_rows) {
     norm_backward<false>(dinp, dinp_map, accumulate, dweight, dbias, dout, dout_map, inp, in_map,
-                         weight, mean, rstd, N, C, scratch, t, in_t, s, dinp_sums);
+                         weight, mean, rstd, N, C, scratch, t, in_t, s, dinp_sums, split_rows);
 }
 
 void rmsnorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dweight,
                       const void* dout, RowMap dout_map, const void* inp, RowMap in_map,
                       const void* weight, const float* rstd, int64_t N, int64_t C, void* scratch,
-                      DType t, DType in_t, CUstream_st* s, ColumnSumParts* dinp_sums) {
+                      DType t, DType in_t, CUstream_st* s, ColumnSumParts* dinp_sums,
+                      bool split_rows) {
     norm_backward<true>(dinp, dinp_map, accumulate, dweight, nullptr, dout, dout_map, inp, in_map,
-                        weight, nullptr, rstd, N, C, scratch, t, in_t, s, dinp_sums);
+                        weight, nullptr, rstd, N, C, scratch, t, in_t, s, dinp_sums, split_rows);
 }
 
 }  // namespace zgpt::cuda

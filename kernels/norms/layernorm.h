@@ -74,11 +74,13 @@ size_t layernorm_backward_sums_bytes(int64_t N, int64_t C);
 // dinp_sums (plain dinp rows only): also the column sums of dinp as stored and rounded to t, one
 // row of partials per block, in a fixed order. In a pre-LN block dinp is the output gradient of
 // the projection before the norm, so they are its bias gradient without a pass of their own.
+// split_rows (kernels.layernorm_split_rows): rows above 1280 columns two warps a row, each with its
+// half's weight-gradient sums in registers, instead of one warp with them in shared memory.
 void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dweight, float* dbias,
                         const void* dout, RowMap dout_map, const void* inp, RowMap in_map,
                         const void* weight, const float* mean, const float* rstd, int64_t N,
                         int64_t C, void* scratch, DType t, DType in_t, CUstream_st* s,
-                        ColumnSumParts* dinp_sums = nullptr);
+                        ColumnSumParts* dinp_sums = nullptr, bool split_rows = false);
 inline void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dweight,
                                float* dbias, const void* dout, RowMap dout_map, const void* inp,
                                RowMap in_map, const void* weight, const float* mean,
@@ -103,6 +105,7 @@ void residual_rmsnorm_forward(void* res, void* out, float* rstd, const void* a, 
 void rmsnorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dweight,
                       const void* dout, RowMap dout_map, const void* inp, RowMap in_map,
                       const void* weight, const float* rstd, int64_t N, int64_t C, void* scratch,
-                      DType t, DType in_t, CUstream_st* s, ColumnSumParts* dinp_sums = nullptr);
+                      DType t, DType in_t, CUstream_st* s, ColumnSumParts* dinp_sums = nullptr,
+                      bool split_rows = false);
 
 }  // namespace zgpt::cuda
