@@ -327,6 +327,17 @@ void layernorm(const std::string& variant, const LayernormDims& s, DType t, DTyp
         check_close("dweight (split rows)", d_gw3.get(), gw, DType::f32, 1e-4);
         check_close("dbias (split rows)", d_gb3.get(), gb, DType::f32, 1e-4);
         check_dinp_column_sums(d_sum3.get(), got_dinp3, N, C, t);
+        // and without the sums, writing dinp rather than adding into it
+        std::vector<double> fresh(N * C, 0.0), gw4(C, 0.0), gb4(C, 0.0);
+        cpu::layernorm_backward(fresh.data(), gw4.data(), gb4.data(), dout.data(), res.data(),
+                                w.data(), mean.data(), rstd.data(), N, C);
+        DevT d_dinp4(r, dinp0), d_gw4(DType::f32, C), d_gb4(DType::f32, C);
+        cuda::layernorm_backward(d_dinp4.p, {1, C}, false, d_gw4.f(), d_gb4.f(), d_dout.p, {1, C},
+                                 dres_in.p, {1, C}, dw.p, dmean.f(), drstd.f(), N, C, scratch.p, t,
+                                 r, nullptr, nullptr, true);
+        check_close("dinp (split rows, written)", d_dinp4.get(), fresh, r);
+        check_close("dweight (split rows, no sums)", d_gw4.get(), gw4, DType::f32, 1e-4);
+        check_close("dbias (split rows, no sums)", d_gb4.get(), gb4, DType::f32, 1e-4);
     }
 }
 
@@ -1034,6 +1045,15 @@ void rmsnorm(const RmsnormDims& s, DType t, DType r) {
         check_close("dinp (split rows)", got_dinp3, dx, r);
         check_close("dweight (split rows)", d_gw3.get(), gw, DType::f32, 1e-4);
         check_dinp_column_sums(d_sum3.get(), got_dinp3, N, C, t);
+        // and without the sums, writing dinp rather than adding into it
+        std::vector<double> fresh(N * C, 0.0), gw4(C, 0.0);
+        cpu::rmsnorm_backward(fresh.data(), gw4.data(), dy.data(), x.data(), w.data(), rstd.data(),
+                              N, C);
+        DevT d_dinp4(r, dinp0), d_gw4(DType::f32, C);
+        cuda::rmsnorm_backward(d_dinp4.p, {1, C}, false, d_gw4.f(), d_dout.p, {1, C}, xin, {1, C},
+                               dw.p, drstd.f(), N, C, scratch.p, t, r, nullptr, nullptr, true);
+        check_close("dinp (split rows, written)", d_dinp4.get(), fresh, r);
+        check_close("dweight (split rows, no sums)", d_gw4.get(), gw4, DType::f32, 1e-4);
     }
 }
 
