@@ -757,10 +757,23 @@ void bias_backward(float* dbias, const void* dout, int64_t N, int64_t OC, DType 
 }
 
 namespace {
+// VEC: rows of whole, 16-byte aligned float4s (K and ldp multiples of 4), 4 columns a load.
+template <bool VEC>
 __global__ void add_weight_and_bias_grad_kernel(float* dW, float* dbias, const float* P, int64_t K,
                                                 int64_t ldp) {
     const int64_t n = blockIdx.x;  // one row a block
-    for (int64_t k = threadIdx.x; k < K; k += blockDim.x) dW[n * K + k] += P[n * ldp + k];
+    if constexpr (VEC) {
+        float4* w = reinterpret_cast<float4*>(dW + n * K);
+        const float4* p = reinterpret_cast<const float4*>(P + n * ldp);
+        for (int64_t k = threadIdx.x; k < K / 4; k += blockDim.x) {
+            float4 a = w[k];
+            const float4 b = p[k];
+            a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
+            w[k] = a;
+        }
+    } else {
+        for (int64_t k = threadIdx.x; k < K; k += blockDim.x) dW[n * K + k] += P[n * ldp + k];
+    }
     if (threadIdx.x == 0) dbias[n] += P[n * ldp + K];
 }
 }  // namespace
@@ -769,7 +782,14 @@ void add_weight_and_bias_grad(float* dW, float* dbias, const float* P, int64_t N
                               int64_t ldp, CUstream_st* stream) {
     ZG_CHECK(dW && dbias && P && N > 0 && N <= INT32_MAX && K > 0 && ldp > K,
              "add_weight_and_bias_grad: bad arguments");
-    add_weight_and_bias_grad_kernel<<<unsigned(N), 256, 0, stream>>>(dW, dbias, P, K, ldp);
+    const bool vec = K % 4 == 0 && ldp % 4 == 0 && reinterpret_cast<uintptr_t>(dW) % 16 == 0 &&
+                     reinterpret_cast<uintptr_t>(P) % 16 == 0;
+    if (vec)
+        add_weight_and_bias_grad_kernel<true>
+            <<<unsigned(N), 128, 0, stream>>>(dW, dbias, P, K, ldp);
+    else
+        add_weight_and_bias_grad_kernel<false>
+            <<<unsigned(N), 256, 0, stream>>>(dW, dbias, P, K, ldp);
     ZG_LAUNCH_CHECK();
 }
 
