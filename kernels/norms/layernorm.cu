@@ -275,6 +275,49 @@ __device__ __forceinline__ int sum_slot(int c) {
 __device__ __forceinline__ float4* sum_quad(float* row, int j, int lane, int h) {
     return reinterpret_cast<float4*>(row + j * 256 + h * 128 + lane * 4);
 }
+// One lane's 8 columns of a row in the backward's first pass: dy and xhat unpacked for the
+// weight-gradient sums, and their terms added to the row's sums of dy*w (s1) and dy*w*xhat (s2).
+template <typename R, bool RMS>
+__device__ __forceinline__ void chunk_row_terms(float (&dy)[8], float (&xh)[8], uint4 dyv,
+                                                const Pack8<R>& xv, const Pack8<R>& wraw, float m,
+                                                float rs, float& s1, float& s2) {
+    float wv[8];
+    unpack8(dyv, dy);
+    unpack8(xv, xh);
+    unpack8(wraw, wv);
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        xh[k] = (xh[k] - m) * rs;
+        const float gw = dy[k] * wv[k];
+        if (!RMS) s1 += gw;
+        s2 += gw * xh[k];
+    }
+}
+// The same 8 columns of dinp: (accumulate ? old : 0) + rs (dy w - s1 - xhat rs s2), with s1 and
+// s2 the row's means.
+template <typename R>
+__device__ __forceinline__ void chunk_dinp(float (&d)[8], uint4 dyv, const Pack8<R>& xv,
+                                           const Pack8<R>& wraw, const Pack8<R>& old,
+                                           bool accumulate, float m, float rs, float s1, float s2) {
+    float dy[8], xh[8], wv[8], o[8] = {};
+    unpack8(dyv, dy);
+    unpack8(xv, xh);
+    unpack8(wraw, wv);
+    if (accumulate) unpack8(old, o);
+#pragma unroll
+    for (int k = 0; k < 8; k++) d[k] = o[k] + rs * (dy[k] * wv[k] - s1 - (xh[k] - m) * rs * s2);
+}
+// dinp's column sums (the bias gradient of the projection before the norm): d's 8 values, rounded
+// to bf16 as the matmuls read them, added into this lane's quads of chunk j of a warp's row.
+__device__ __forceinline__ void add_rounded_sums(float* row, int j, int lane, const float (&d)[8]) {
+    float4 *plo = sum_quad(row, j, lane, 0), *phi = sum_quad(row, j, lane, 1);
+    float4 lo = *plo, hi = *phi;
+    lo.x += to_f(from_f<bf16>(d[0])), lo.y += to_f(from_f<bf16>(d[1]));
+    lo.z += to_f(from_f<bf16>(d[2])), lo.w += to_f(from_f<bf16>(d[3]));
+    hi.x += to_f(from_f<bf16>(d[4])), hi.y += to_f(from_f<bf16>(d[5]));
+    hi.z += to_f(from_f<bf16>(d[6])), hi.w += to_f(from_f<bf16>(d[7]));
+    *plo = lo, *phi = hi;
+}
 template <int NV>
 constexpr size_t vec_backward_smem() {
     return kSmemSums<NV> ? size_t(2) * kVecWarps * NV * 256 * sizeof(float) : 0;
@@ -338,21 +381,14 @@ __global__ void __launch_bounds__(32 * kVecWarps)
         float s1 = 0, s2 = 0;  // sums of dy*w and of dy*w*xhat
 #pragma unroll
         for (int j = 0; j < NV; j++) {
-            float dy[8], xh[8], wv[8];
-            unpack8(dyv[j], dy);
-            unpack8(xv[j], xh);
-            unpack8(wraw[j], wv);
+            float dy[8], xh[8];
+            chunk_row_terms<R, RMS>(dy, xh, dyv[j], xv[j], wraw[j], m, rs, s1, s2);
+            if constexpr (!kSmem)
 #pragma unroll
-            for (int k = 0; k < 8; k++) {
-                xh[k] = (xh[k] - m) * rs;
-                const float gw = dy[k] * wv[k];
-                if (!RMS) s1 += gw;
-                s2 += gw * xh[k];
-                if constexpr (!kSmem) {
+                for (int k = 0; k < 8; k++) {
                     aw[j][k] += dy[k] * xh[k];
                     ab[j][k] += dy[k];
                 }
-            }
             if constexpr (kSmem) {  // this lane's own columns: no other lane touches them
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
@@ -372,28 +408,13 @@ __global__ void __launch_bounds__(32 * kVecWarps)
         s2 = warp_sum(s2) / float(C);
 #pragma unroll
         for (int j = 0; j < NV; j++) {
-            float dy[8], xh[8], wv[8], d[8], o[8] = {};
-            unpack8(dyv[j], dy);
-            unpack8(xv[j], xh);
-            unpack8(wraw[j], wv);
-            if (accumulate) unpack8(old[j], o);
-#pragma unroll
-            for (int k = 0; k < 8; k++)
-                d[k] = o[k] + rs * (dy[k] * wv[k] - s1 - (xh[k] - m) * rs * s2);
+            float d[8];
+            chunk_dinp<R>(d, dyv[j], xv[j], wraw[j], old[j], accumulate, m, rs, s1, s2);
             dyv[j] = ndy[j];
             xv[j] = nx[j];
             if (!live<NV>(j, lane, C)) continue;
             store8(dinp + r * C + j * 256 + lane * 8, d);
-            if constexpr (SUMS) {  // of the values rounded to bf16, as the matmuls read them
-                float4 *plo = sum_quad(wd + warp * CP, j, lane, 0),
-                       *phi = sum_quad(wd + warp * CP, j, lane, 1);
-                float4 lo = *plo, hi = *phi;
-                lo.x += to_f(from_f<bf16>(d[0])), lo.y += to_f(from_f<bf16>(d[1]));
-                lo.z += to_f(from_f<bf16>(d[2])), lo.w += to_f(from_f<bf16>(d[3]));
-                hi.x += to_f(from_f<bf16>(d[4])), hi.y += to_f(from_f<bf16>(d[5]));
-                hi.z += to_f(from_f<bf16>(d[6])), hi.w += to_f(from_f<bf16>(d[7]));
-                *plo = lo, *phi = hi;
-            }
+            if constexpr (SUMS) add_rounded_sums(wd + warp * CP, j, lane, d);
         }
     }
     for (int c = threadIdx.x; c < CP; c += blockDim.x) bw[c] = bb[c] = 0;
@@ -488,16 +509,10 @@ __global__ void __launch_bounds__(32 * kVecWarps)
         float s1 = 0, s2 = 0;  // this warp's sums of dy*w and of dy*w*xhat
 #pragma unroll
         for (int jj = 0; jj < H; jj++) {
-            float dy[8], xh[8], wv[8];
-            unpack8(dyv[jj], dy);
-            unpack8(xv[jj], xh);
-            unpack8(wraw[jj], wv);
+            float dy[8], xh[8];
+            chunk_row_terms<R, RMS>(dy, xh, dyv[jj], xv[jj], wraw[jj], m, rs, s1, s2);
 #pragma unroll
             for (int k = 0; k < 8; k++) {
-                xh[k] = (xh[k] - m) * rs;
-                const float gw = dy[k] * wv[k];
-                if (!RMS) s1 += gw;
-                s2 += gw * xh[k];
                 aw[jj][k] += dy[k] * xh[k];
                 ab[jj][k] += dy[k];
             }
@@ -514,27 +529,13 @@ __global__ void __launch_bounds__(32 * kVecWarps)
         s2 = (slot[0][1] + slot[1][1]) / float(C);
 #pragma unroll
         for (int jj = 0; jj < H; jj++) {
-            float dy[8], xh[8], wv[8], d[8], o[8] = {};
-            unpack8(dyv[jj], dy);
-            unpack8(xv[jj], xh);
-            unpack8(wraw[jj], wv);
-            if (accumulate) unpack8(old[jj], o);
-#pragma unroll
-            for (int k = 0; k < 8; k++)
-                d[k] = o[k] + rs * (dy[k] * wv[k] - s1 - (xh[k] - m) * rs * s2);
+            float d[8];
+            chunk_dinp<R>(d, dyv[jj], xv[jj], wraw[jj], old[jj], accumulate, m, rs, s1, s2);
             dyv[jj] = ndy[jj];
             xv[jj] = nx[jj];
             if (!on(jj)) continue;
             store8(dinp + r * C + col(jj), d);
-            if constexpr (SUMS) {  // of the values rounded to bf16, as the matmuls read them
-                float4 *plo = sum_quad(wrow, jj, lane, 0), *phi = sum_quad(wrow, jj, lane, 1);
-                float4 lo = *plo, hi = *phi;
-                lo.x += to_f(from_f<bf16>(d[0])), lo.y += to_f(from_f<bf16>(d[1]));
-                lo.z += to_f(from_f<bf16>(d[2])), lo.w += to_f(from_f<bf16>(d[3]));
-                hi.x += to_f(from_f<bf16>(d[4])), hi.y += to_f(from_f<bf16>(d[5]));
-                hi.z += to_f(from_f<bf16>(d[6])), hi.w += to_f(from_f<bf16>(d[7]));
-                *plo = lo, *phi = hi;
-            }
+            if constexpr (SUMS) add_rounded_sums(wrow, jj, lane, d);
         }
     }
     for (int c = threadIdx.x; c < CP; c += blockDim.x) bw[c] = bb[c] = 0;
