@@ -984,9 +984,45 @@ __global__ void __launch_bounds__(WGS* kWG, (QT == 32 ? 2 : 1) * (2 / WGS))
 #endif
 }
 
+// The query tiles a TMA-fed dK/dV block streams: keys [k0, k0 + kBlockRows) of key/value head kvh
+// of batch b; with kGroup the ring runs on through the query tiles of each query head of the
+// group in turn (tile j: head head_of(j), its tile first_of(j) from k0). issue() loads tile j's
+// Q | dO | L | D into its stage as QT / 64 boxes of each: Q and dO as QT-row swizzled tiles (the
+// boxes stacked), then L and D, QT floats each.
+template <int QT, bool kGroup>
+struct QueryTiles {
+    int64_t b, kvh, k0;
+    int per_head, tiles;  // query tiles of one query head; of the block
+    __device__ explicit QueryTiles(const Geo& g)
+        : b(blockIdx.y / g.NKV),
+          kvh(blockIdx.y % g.NKV),
+          k0(int64_t(blockIdx.x) * kBlockRows),
+          per_head(int((g.Tn - k0 + QT - 1) / QT)),
+          tiles(kGroup ? per_head * g.group : per_head) {}
+    __device__ int head_of(int j) const { return kGroup ? j / per_head : 0; }
+    __device__ int first_of(int j) const { return kGroup ? j - head_of(j) * per_head : j; }
+    __device__ void issue(const TmaRing& ring, int j, unsigned bytes, const CUtensorMap* q_map,
+                          const CUtensorMap* do_map, const CUtensorMap* l_map,
+                          const CUtensorMap* d_map, const Geo& g) const {
+        const uint32_t st = ring.acquire(j, bytes);
+        const int64_t h = kvh * (kGroup ? g.group : 1) + head_of(j), bh = b * g.NH + h;
+        const int y = int(k0 + int64_t(first_of(j)) * QT);
+#pragma unroll
+        for (int box = 0; box < QT / kTmaRows; box++) {
+            const int yb = y + box * kTmaRows;
+            tma_load_3d(st + box * kTmaTileBytes, q_map, ring.full(j), int(h * g.hs), yb, int(b));
+            tma_load_3d(st + QT * 128 + box * kTmaTileBytes, do_map, ring.full(j), int(h * g.hs),
+                        yb, int(b));
+            hopper_gemm::tma_load(st + 2 * QT * 128 + box * kTmaRows * 4, l_map, ring.full(j), yb,
+                                  int(bh));
+            hopper_gemm::tma_load(st + 2 * QT * 128 + (QT + box * kTmaRows) * 4, d_map,
+                                  ring.full(j), yb, int(bh));
+        }
+    }
+};
+
 // dkdv_kernel<64, 2> on a TMA ring (kernels.attention_tuning.wgmma_dkdv_tma): a stage holds a
-// query tile's Q, dO, L and D. kGroup: the ring runs on through the query tiles of each query head
-// of the group in turn (tile j: head j / per_head), dK and dV summed in head order.
+// query tile's Q, dO, L and D (QueryTiles); with kGroup dK and dV are summed in head order.
 constexpr int kDkdvStageBytes = 2 * kTmaTileBytes + 1024;           // + L and D, 1024-aligned
 constexpr int kDkdvStageTx = 2 * kTmaTileBytes + 2 * kTmaRows * 4;  // bytes that land per stage
 constexpr int kDkdvTmaSmemBytes =
@@ -1008,26 +1044,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     const TmaRing ring{v_all + kBlockRows * 128,
                        v_all + kBlockRows * 128 + kTmaStages * kDkdvStageBytes, kDkdvStageBytes};
     const uint32_t smem0 = uint32_t(__cvta_generic_to_shared(smem));
-    const int64_t b = blockIdx.y / g.NKV, kvh = blockIdx.y % g.NKV;
-    const int64_t k0 = int64_t(blockIdx.x) * kBlockRows;
+    const QueryTiles<QT, kGroup> qt(g);
+    const int64_t b = qt.b, kvh = qt.kvh, k0 = qt.k0;
+    const int tiles = qt.tiles;
     const int tid = threadIdx.x, wg = tid / kWG, warp = tid % kWG / 32, lane = tid % 32;
     const int gq = lane / 4, tq = lane % 4;
     const int64_t stride = g.ld;
     const bf16* kvbase = qkv + b * g.Tn * stride + g.k_col(kvh);
     const float sl2 = g.scale * kLog2e;
-    const int per_head = int((g.Tn - k0 + QT - 1) / QT);  // query tiles of one query head
-    const int tiles = kGroup ? per_head * g.group : per_head;
-    // tile j: query head kvh group + head_of(j), its tile first_of(j) from k0
-    auto head_of = [&](int j) { return kGroup ? j / per_head : 0; };
-    auto first_of = [&](int j) { return kGroup ? j - head_of(j) * per_head : j; };
-    auto issue = [&](int j) {  // tile j: queries [k0 + first_of(j) QT, ...): Q | dO | L | D
-        const uint32_t st = ring.acquire(j, kDkdvStageTx);
-        const int64_t h = kvh * (kGroup ? g.group : 1) + head_of(j), bh = b * g.NH + h;
-        const int y = int(k0 + int64_t(first_of(j)) * QT);
-        tma_load_3d(st, &q_map, ring.full(j), int(h * g.hs), y, int(b));
-        tma_load_3d(st + kTmaTileBytes, &do_map, ring.full(j), int(h * g.hs), y, int(b));
-        hopper_gemm::tma_load(st + 2 * kTmaTileBytes, &l_map, ring.full(j), y, int(bh));
-        hopper_gemm::tma_load(st + 2 * kTmaTileBytes + QT * 4, &d_map, ring.full(j), y, int(bh));
+    auto issue = [&](int j) {
+        qt.issue(ring, j, kDkdvStageTx, &q_map, &do_map, &l_map, &d_map, g);
     };
     if (tid == 0) {
         ring.init();
@@ -1045,7 +1071,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int j = 0; j < tiles; j++) {
         if (tid == 0 && j + kTmaAhead < tiles) issue(j + kTmaAhead);
         ring.wait(j);
-        const int rel = int(k0 + int64_t(first_of(j)) * QT - key0);  // its first query, from key0
+        const int rel = int(k0 + int64_t(qt.first_of(j)) * QT - key0);  // its first query
         if (rel > -QT) {  // else every query of the tile precedes every key here
             const uint32_t st = ring.stage(j);
             const float* Lt =
@@ -1110,34 +1136,16 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     const TmaRing ring{v_all + kBlockRows * 128,
                        v_all + kBlockRows * 128 + kTmaStages * kWsStageBytes, kWsStageBytes};
     const uint32_t smem0 = uint32_t(__cvta_generic_to_shared(smem));
-    const int64_t b = blockIdx.y / g.NKV, kvh = blockIdx.y % g.NKV;
-    const int64_t k0 = int64_t(blockIdx.x) * kBlockRows;
-    const int per_head = int((g.Tn - k0 + QT - 1) / QT);  // query tiles of one query head
-    const int tiles = kGroup ? per_head * g.group : per_head;
-    auto head_of = [&](int j) { return kGroup ? j / per_head : 0; };
-    auto first_of = [&](int j) { return kGroup ? j - head_of(j) * per_head : j; };
+    const QueryTiles<QT, kGroup> qt(g);
+    const int64_t b = qt.b, kvh = qt.kvh, k0 = qt.k0;
+    const int tiles = qt.tiles;
     if (threadIdx.x == 0) ring.init();
     __syncthreads();          // the barriers are initialised
     if (threadIdx.x < kWG) {  // the loader: tile j's Q | dO | L | D, two boxes each
         setmaxnreg_dec<24>();
         if (threadIdx.x == 0)
-            for (int j = 0; j < tiles; j++) {
-                const uint32_t st = ring.acquire(j, kWsStageTx);
-                const int64_t h = kvh * (kGroup ? g.group : 1) + head_of(j), bh = b * g.NH + h;
-                const int y = int(k0 + int64_t(first_of(j)) * QT);
-#pragma unroll
-                for (int half = 0; half < 2; half++) {
-                    const int yh = y + half * kTmaRows;
-                    tma_load_3d(st + half * kTmaTileBytes, &q_map, ring.full(j), int(h * g.hs), yh,
-                                int(b));
-                    tma_load_3d(st + QT * 128 + half * kTmaTileBytes, &do_map, ring.full(j),
-                                int(h * g.hs), yh, int(b));
-                    hopper_gemm::tma_load(st + 2 * QT * 128 + half * kTmaRows * 4, &l_map,
-                                          ring.full(j), yh, int(bh));
-                    hopper_gemm::tma_load(st + 2 * QT * 128 + (QT + half * kTmaRows) * 4, &d_map,
-                                          ring.full(j), yh, int(bh));
-                }
-            }
+            for (int j = 0; j < tiles; j++)
+                qt.issue(ring, j, kWsStageTx, &q_map, &do_map, &l_map, &d_map, g);
         return;
     }
     setmaxnreg_inc<240>();
@@ -1157,7 +1165,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     float dk[kD / 2] = {}, dv[kD / 2] = {};
     for (int j = 0; j < tiles; j++) {
         ring.wait(j);
-        const int rel = int(k0 + int64_t(first_of(j)) * QT - key0);  // its first query, from key0
+        const int rel = int(k0 + int64_t(qt.first_of(j)) * QT - key0);  // its first query
         if (rel > -QT) {  // else every query of the tile precedes every key here
             const uint32_t st = ring.stage(j);
             const float* Lt = reinterpret_cast<const float*>(smem + (st + 2 * QT * 128 - smem0));
