@@ -4,11 +4,11 @@
 # GPUs, so that each trainer's spread is measured and the two can be told apart beyond chaos. Job k
 # trains ours (deterministic: pooled once), ours from jittered start k, PyTorch from our weights
 # (not deterministic: each is a run) and PyTorch from jittered start k; with OURS_SETS (settings
-# such as train.fp32_residual=true; several settings separated by ";"), ours with each, plain and
-# from start k. With OURS_ONLY=1 a job trains ours alone (no PyTorch): a kernel ablation whose
-# samples pool with the PyTorch runs of earlier jobs in OUT (start the job numbers past them, as
-# the jobs already there are skipped). Then tools/dev/spread_compare.py pools the jobs into
-# OUT/spread.json.
+# such as train.fp32_residual=true; several settings separated by ";"), ours with each from start
+# k, and from our weights in the first job a call runs (ours is deterministic: once is enough).
+# With OURS_ONLY=1 a job trains ours alone (no PyTorch): a kernel ablation whose samples pool with
+# the PyTorch runs of earlier jobs in OUT (start the job numbers past them, as the jobs already
+# there are skipped). Then tools/dev/spread_compare.py pools the jobs into OUT/spread.json.
 #   source .gpu-deps/env.sh && bash tools/gpu/spread_runs.sh OUT BUILD CONFIG STEPS [--set K=V ...]
 # JOBS (4): jobs; PER_GPU (1): jobs at once on one GPU (two jobs with PyTorch runs on one H200 ran
 # each of its trainings at half speed: no gain); GPUS (all): the GPUs to use, such as "1"
@@ -33,8 +33,9 @@ job() {  # k gpu, then parity_torch's arguments
   [ "$k" -le "${TORCH_EXTRA_JOBS:-1}" ] && [ -n "${TORCH_EXTRA:-}" ] && tv="$tv,$TORCH_EXTRA"
   local sets theirs=(--torch-variants "$tv")
   IFS=';' read -ra sets <<<"${OURS_SETS:-}"
-  for s in "${sets[@]}"; do
-    ov+=(--ours-variant "$s" --ours-variant "$s,model.init_jitter=1e-6,model.init_jitter_seed=$k")
+  for s in "${sets[@]}"; do  # from our weights once (ours is deterministic), from start k in each
+    [ "$k" = "$first" ] && ov+=(--ours-variant "$s")
+    ov+=(--ours-variant "$s,model.init_jitter=1e-6,model.init_jitter_seed=$k")
   done
   [ "${OURS_ONLY:-0}" = 1 ] && theirs=(--ours-only)
   CUDA_VISIBLE_DEVICES=$g timeout "${TIMEOUT:-0}" python3 tools/dev/parity_torch.py -c "$cfg" --steps "$steps" \
@@ -42,6 +43,10 @@ job() {  # k gpu, then parity_torch's arguments
     --out "$out/job$k.json.tmp" > "$out/job$k.log" 2>&1 && mv "$out/job$k.json.tmp" "$out/job$k.json"
   echo "job $k on GPU $g: exit $?"
 }
+first=0  # the first job this call runs: it trains each of OURS_SETS from our weights too
+for k in $(seq 1 "$jobs"); do
+  [ -s "$out/job$k.json" ] || { first=$k; break; }
+done
 for k in $(seq 1 "$jobs"); do
   [ -s "$out/job$k.json" ] && continue
   while [ "$(jobs -rp | wc -l)" -ge $((gpus * per_gpu)) ]; do wait -n; done
