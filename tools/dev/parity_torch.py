@@ -360,14 +360,13 @@ def own_starts(a, runj, arena, batches, ours, ours_stats):
 
 
 def ours_alone(a, runj, ours, ours_stats, ours_variants):
-    """--ours-only: ours and its variants, in the layout of a full run's JSON less PyTorch."""
-    for v, (c, c_stats) in ours_variants.items():
-        ours_variants[v] = {"losses": c, "stats": c_stats}
-        print(f"ours with {v}: last loss {c[-1]:.4f}; ours {ours[-1]:.4f}")
+    """--ours-only: ours and the variants trained so far, in the layout of a full run's JSON less
+    PyTorch. Written after each variant, so that a run cut short keeps the samples it finished."""
     if a.out:
         pathlib.Path(a.out).write_text(json.dumps(dict(
             run_record(a, runj), ours_only=True, ours=ours, ours_stats=ours_stats,
-            ours_variants=ours_variants), indent=1))
+            ours_variants={v: {"losses": c, "stats": s} for v, (c, s) in ours_variants.items()}),
+            indent=1))
 
 
 def main():
@@ -441,6 +440,9 @@ def main():
     for v in a.ours_variant:  # the same weights and batches, other settings of ours
         extra = [x for kv in filter(None, v.split(",")) for x in ("--set", kv)]
         ours_variants[v] = train_ours(f"ours_{len(ours_variants) + 1}", extra)
+        if a.ours_only:
+            print(f"ours with {v}: last loss {ours_variants[v][0][-1]:.4f}; ours {ours[-1]:.4f}", flush=True)
+            ours_alone(a, runj, ours, ours_stats, ours_variants)
 
     if a.ours_only:
         ours_alone(a, runj, ours, ours_stats, ours_variants)
