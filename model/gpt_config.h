@@ -79,7 +79,8 @@ struct KernelChoice {
     // own
     bool layernorm_bias_sums = true;
     // The norms' backward above 1280 columns two warps a row, each with its half's weight-gradient
-    // sums in registers; false: one warp a row with them in shared memory
+    // sums in registers; false: one warp a row with them in shared memory (faster at C = 1600 on
+    // an H200: docs/experiments/ablate-1558m)
     bool layernorm_split_rows = false;
     // fc's bias gradient as one more column of its weight-gradient GEMM: ln2 is stored with a
     // column of ones beside its rows (8 columns wider), so the GEMM's last column is the column

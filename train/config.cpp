@@ -273,7 +273,8 @@ std::vector<ConfigField> config_fields(Config& c) {
          &k.layernorm_bias_sums});
     add({"kernels", "layernorm_split_rows",
          "GPU, bf16: the norms' backward above 1280 columns two warps a row, each with its half's "
-         "weight-gradient sums in registers (false: one warp a row, the sums in shared memory)",
+         "weight-gradient sums in registers (false: one warp a row, the sums in shared memory; "
+         "slower at GPT-2 1558M on an H200, so off)",
          &k.layernorm_split_rows});
     add({"kernels", "fc_bias_in_dw",
          "GPU, matmul: fused_epilogue: the MLP fc layer's bias gradient as one more column of its "
