@@ -123,11 +123,11 @@ class TorchGPT:
     with the Llama-style options of docs/llama.md: RMSNorm, rotary positions, SwiGLU and
     grouped-query attention."""
 
-    def __init__(self, run, arena, device, round_residual=False, math_attention=False,
+    def __init__(self, run, arena, device, round_residual=False, attention="sdpa",
                  round_norm_weights=False):
         self.round_residual = round_residual
         self.round_norm_weights = round_norm_weights
-        self.math_attention = math_attention
+        self.attention = attention
         self.m = run["model"]
         self.P = {}
         for p in run["params"]:
@@ -179,9 +179,13 @@ class TorchGPT:
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
             if KV != H:  # query head h reads key/value head h / (H / KV)
                 k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)
-            if self.math_attention:  # PyTorch's reference kernel instead of its flash kernel
+            if self.attention == "math":  # PyTorch's reference kernel instead of its flash kernel
                 with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
                     y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            elif self.attention == "fp32":  # nothing rounded inside attention (as ours' naive kernel)
+                with torch.autocast(device_type=q.device.type, enabled=False):
+                    y = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+                y = y.to(q.dtype)
             else:
                 y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             y = y.transpose(1, 2).reshape(B, T, C)
@@ -241,12 +245,15 @@ def own_init(run, seed):
 
 
 # The variants that change how PyTorch computes (--torch-variants): the residual stream rounded,
-# the norms' weights rounded, math attention, and the precision they run in (None: the run's).
+# the norms' weights rounded, the attention kernel (sdpa: the one SDPA picks; math: its reference
+# kernel; fp32: SDPA on fp32 copies of q, k and v, the output rounded back), and the precision they
+# run in (None: the run's).
 KERNEL_VARIANTS = {
-    "bf16_residual": (True, False, False, "bf16"),
-    "bf16_norm_weights": (False, True, False, "bf16"),
-    "bf16_storage": (True, True, False, "bf16"),
-    "math_attention": (False, False, True, None),
+    "bf16_residual": (True, False, "sdpa", "bf16"),
+    "bf16_norm_weights": (False, True, "sdpa", "bf16"),
+    "bf16_storage": (True, True, "sdpa", "bf16"),
+    "math_attention": (False, False, "math", None),
+    "fp32_attention": (False, False, "fp32", None),
 }
 
 
@@ -256,9 +263,9 @@ def train_torch(run, arena, batches, device, dtype, steps):
     if init:  # PyTorch from its own draw of the weights (seed 1, 2, ...), in the run's precision
         arena = own_init(run, int(init.group(1) or 1))
         dtype = run["train"]["precision"]
-    residual, norm_weights, math_attention, precision = KERNEL_VARIANTS.get(
-        dtype, (False, False, False, dtype))
-    model = TorchGPT(run, arena, device, round_residual=residual, math_attention=math_attention,
+    residual, norm_weights, attention, precision = KERNEL_VARIANTS.get(
+        dtype, (False, False, "sdpa", dtype))
+    model = TorchGPT(run, arena, device, round_residual=residual, attention=attention,
                      round_norm_weights=norm_weights)
     dtype = precision or run["train"]["precision"]
     jitter = re.fullmatch(r"jitter(\d*)", dtype)
@@ -390,7 +397,8 @@ def main():
                          "backward reads them without train.fp32_residual; our forward reads fp32), "
                          "bf16_storage (both), math_attention "
                          "(attention by PyTorch's math kernel instead of its flash kernel: another "
-                         "valid implementation of the same run)")
+                         "valid implementation of the same run), fp32_attention (attention on fp32 "
+                         "copies of q, k and v, nothing rounded inside it, as ours' naive kernel)")
     ap.add_argument("--ours-variant", action="append", default=[], metavar="K=V[,K=V]",
                     help="train ours once more with these overrides (same weights and batches); "
                          "repeatable")
