@@ -179,8 +179,8 @@ class TorchGPT:
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
             if KV != H:  # query head h reads key/value head h / (H / KV)
                 k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)
-            if self.attention == "math":  # PyTorch's reference kernel instead of its flash kernel
-                with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+            if self.attention in SDPA_BACKENDS:  # one backend forced instead of SDPA's choice
+                with torch.nn.attention.sdpa_kernel(SDPA_BACKENDS[self.attention]()):
                     y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             elif self.attention == "fp32":  # nothing rounded inside attention (as ours' naive kernel)
                 with torch.autocast(device_type=q.device.type, enabled=False):
@@ -244,16 +244,28 @@ def own_init(run, seed):
     return arena
 
 
+# SDPA's backends by the names of the attention variants. With CUDA 13 and cuDNN above 9.15 on
+# Hopper, PyTorch 2.11 tries cuDNN's kernel first (sdp_utils.cpp, check_prefer_cudnn_attention).
+SDPA_BACKENDS = {
+    "math": lambda: torch.nn.attention.SDPBackend.MATH,
+    "flash": lambda: torch.nn.attention.SDPBackend.FLASH_ATTENTION,
+    "cudnn": lambda: torch.nn.attention.SDPBackend.CUDNN_ATTENTION,
+    "efficient": lambda: torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION,
+}
+
 # The variants that change how PyTorch computes (--torch-variants): the residual stream rounded,
-# the norms' weights rounded, the attention kernel (sdpa: the one SDPA picks; math: its reference
-# kernel; fp32: SDPA on fp32 copies of q, k and v, the output rounded back), and the precision they
-# run in (None: the run's).
+# the norms' weights rounded, the attention kernel (sdpa: the one SDPA picks; math, flash, cudnn,
+# efficient: that backend forced; fp32: SDPA on fp32 copies of q, k and v, the output rounded
+# back), and the precision they run in (None: the run's).
 KERNEL_VARIANTS = {
     "bf16_residual": (True, False, "sdpa", "bf16"),
     "bf16_norm_weights": (False, True, "sdpa", "bf16"),
     "bf16_storage": (True, True, "sdpa", "bf16"),
     "math_attention": (False, False, "math", None),
     "fp32_attention": (False, False, "fp32", None),
+    "flash_attention": (False, False, "flash", None),
+    "cudnn_attention": (False, False, "cudnn", None),
+    "efficient_attention": (False, False, "efficient", None),
 }
 
 
@@ -397,8 +409,10 @@ def main():
                          "backward reads them without train.fp32_residual; our forward reads fp32), "
                          "bf16_storage (both), math_attention "
                          "(attention by PyTorch's math kernel instead of its flash kernel: another "
-                         "valid implementation of the same run), fp32_attention (attention on fp32 "
-                         "copies of q, k and v, nothing rounded inside it, as ours' naive kernel)")
+                         "valid implementation of the same run), flash_attention, cudnn_attention, "
+                         "efficient_attention (that SDPA backend forced), fp32_attention (attention "
+                         "on fp32 copies of q, k and v, nothing rounded inside it, as ours' naive "
+                         "kernel)")
     ap.add_argument("--ours-variant", action="append", default=[], metavar="K=V[,K=V]",
                     help="train ours once more with these overrides (same weights and batches); "
                          "repeatable")
