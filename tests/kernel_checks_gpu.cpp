@@ -128,6 +128,7 @@ void attention(const std::string& variant, const AttentionDims& s, DType t) {
     sh.tuning.wgmma_dkdv_tma = s.dkdv_tma;
     sh.tuning.wgmma_dq_tma = s.dq_tma;
     sh.tuning.wgmma_fwd_tma = s.fwd_tma;
+    sh.tuning.unrounded_dsum = s.unrounded_dsum;
     DevT d_qkv(t, qkv), d_out(t, BT * s.C), d_dout(t, dout), d_dqkv(t, BT * W);
     DevT saved(DType::f32, int64_t(v.saved_bytes(sh) / 4) + 1),
         scratch(DType::f32, int64_t(v.scratch_bytes(sh) / 4) + 1);
@@ -185,6 +186,53 @@ void attention(const std::string& variant, const AttentionDims& s, DType t) {
     for (int64_t c = 0; c < W; c++)
         if (!(std::fabs(sum[c] - want[c]) <= (0.00390625 + 1e-4) * mag[c] + 1e-30)) bad++;
     CHECK(bad == 0);
+}
+
+void attention_unrounded_dsum_gain(const std::string& variant, const AttentionDims& s) {
+    const cuda::AttentionVariant& v = cuda::find_attention_variant(variant);
+    const DType t = DType::bf16;
+    Rng rng(seed_of({s.B, s.T, s.C, s.NH, 32}));
+    const int64_t BT = s.B * s.T, W = 3 * s.C;
+    // q and k of standard deviation sqrt(32): scores q.k / sqrt(hs) of standard deviation 32, so
+    // most rows put nearly all their weight on one key (the regime where D from the rounded output
+    // drowns dS at that key)
+    std::vector<double> qkv = rnd(rng, BT * W, t);
+    const double big = std::sqrt(32.0);
+    for (int64_t i = 0; i < BT; i++)
+        for (int64_t c = 0; c < 2 * s.C; c++) qkv[i * W + c] = as_stored(qkv[i * W + c] * big, t);
+    const auto dout = rnd(rng, BT * s.C, t);
+    std::vector<double> out(BT * s.C), att(s.B * s.NH * s.T * s.T), dqkv(BT * W, 0.0);
+    cpu::attention_forward(out.data(), att.data(), qkv.data(), s.B, s.T, s.C, s.NH);
+    cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), s.B, s.T, s.C, s.NH);
+    // dq and dk (columns [0, 2C)) against the reference: relative error in the Frobenius norm
+    auto qk_error = [&](const std::vector<double>& got) {
+        double e = 0, n = 0;
+        for (int64_t i = 0; i < BT; i++)
+            for (int64_t c = 0; c < 2 * s.C; c++) {
+                const double d = got[i * W + c] - dqkv[i * W + c];
+                e += d * d;
+                n += dqkv[i * W + c] * dqkv[i * W + c];
+            }
+        return std::sqrt(e / n);
+    };
+    DevT d_qkv(t, qkv), d_dout(t, dout);
+    std::vector<double> outs[2], errs(2);
+    for (int on = 0; on < 2; on++) {
+        cuda::AttentionShape sh{s.B, s.T, s.C, s.NH};
+        sh.tuning.unrounded_dsum = on == 1;
+        DevT d_out(t, BT * s.C), d_dqkv(t, BT * W);
+        DevT saved(DType::f32, int64_t(v.saved_bytes(sh) / 4) + 1),
+            scratch(DType::f32, int64_t(v.scratch_bytes(sh) / 4) + 1);
+        v.forward(d_out.p, saved.p, d_qkv.p, sh, t, nullptr);
+        v.backward(d_dqkv.p, d_dout.p, d_qkv.p, d_out.p, saved.p, scratch.p, nullptr, sh, t,
+                   nullptr);
+        outs[on] = d_out.get();
+        errs[size_t(on)] = qk_error(d_dqkv.get());
+    }
+    CHECK(outs[1] == outs[0]);  // the residual is saved beside the output, which is unchanged
+    INFO("dq, dk relative error: " << errs[0] << " from the rounded output, " << errs[1]
+                                   << " with its residual");
+    CHECK(errs[1] <= 0.5 * errs[0]);
 }
 
 void cross_entropy(const std::string& variant, const CeDims& s, DType t) {

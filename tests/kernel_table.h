@@ -17,15 +17,16 @@ namespace zgpt::test {
 
 struct AttentionDims {
     int64_t B, T, C, NH;
-    int64_t NKV = 0;            // key/value heads (grouped-query attention); 0: NH
-    int dkdv_wgs = 0;           // kernels.attention_tuning.wgmma_dkdv_wgs (0: the default)
-    int dkdv_tile = 0;          // kernels.attention_tuning.wgmma_dkdv_tile (0: the default)
-    int dq_tile = 0;            // kernels.attention_tuning.wgmma_dq_tile (0: the default)
-    bool fwd_pipeline = false;  // kernels.attention_tuning.wgmma_fwd_pipeline
-    bool dkdv_tma = true;       // kernels.attention_tuning.wgmma_dkdv_tma
-    bool dq_tma = true;         // kernels.attention_tuning.wgmma_dq_tma
-    bool fwd_tma = true;        // kernels.attention_tuning.wgmma_fwd_tma
-    bool rope = false;          // rotary positions: backward returns the unrotated q's and k's
+    int64_t NKV = 0;              // key/value heads (grouped-query attention); 0: NH
+    int dkdv_wgs = 0;             // kernels.attention_tuning.wgmma_dkdv_wgs (0: the default)
+    int dkdv_tile = 0;            // kernels.attention_tuning.wgmma_dkdv_tile (0: the default)
+    int dq_tile = 0;              // kernels.attention_tuning.wgmma_dq_tile (0: the default)
+    bool fwd_pipeline = false;    // kernels.attention_tuning.wgmma_fwd_pipeline
+    bool dkdv_tma = true;         // kernels.attention_tuning.wgmma_dkdv_tma
+    bool dq_tma = true;           // kernels.attention_tuning.wgmma_dq_tma
+    bool fwd_tma = true;          // kernels.attention_tuning.wgmma_fwd_tma
+    bool rope = false;            // rotary positions: backward returns the unrotated q's and k's
+    bool unrounded_dsum = false;  // kernels.attention_tuning.unrounded_dsum
 };
 struct LayernormDims {
     int64_t N, C;
@@ -63,6 +64,9 @@ namespace gpu {
 
 // variant: a name of kernels/core/registry.h's family of the same name
 void attention(const std::string& variant, const AttentionDims& s, DType t);
+// bf16 with peaked rows (scores of standard deviation about 32): attention_tuning.unrounded_dsum
+// leaves the output alone and at least halves dq's and dk's error against the double reference.
+void attention_unrounded_dsum_gain(const std::string& variant, const AttentionDims& s);
 void cross_entropy(const std::string& variant, const CeDims& s, DType t);
 // The activations in t, the residual stream (a, res, dinp), weight and bias in res_t.
 void layernorm(const std::string& variant, const LayernormDims& s, DType t, DType res_t);

@@ -243,7 +243,7 @@ std::string text(const AttentionDims& s) {
            (s.dq_tile ? " dq_tile=" + std::to_string(s.dq_tile) : "") +
            (s.fwd_pipeline ? " fwd_pipeline=true" : "") + (s.dkdv_tma ? "" : " dkdv_tma=false") +
            (s.dq_tma ? "" : " dq_tma=false") + (s.fwd_tma ? "" : " fwd_tma=false") +
-           (s.rope ? " rope" : "");
+           (s.rope ? " rope" : "") + (s.unrounded_dsum ? " unrounded_dsum" : "");
 }
 // Rotary positions (the inverse rotation at the Hopper kernels' stores, a pass elsewhere): head
 // sizes 4, 32 and 64, grouped-query and multi-query, odd T.
@@ -302,6 +302,27 @@ void attention_rows(const std::string& v, std::vector<Row>& rows) {
                                 GPU_CHECK(gpu::attention(v, ws, t))});
             }
         }
+    // attention_tuning.unrounded_dsum: the output's rounding residual saved and read into D, on
+    // the wgmma (head size 64), mma.sync and scalar (head size 32) paths and the warp-specialised
+    // dQ kernel; then its gain on peaked rows
+    if (v == "flash" || v == "flash_mma") {
+        for (DType t : kTypes)
+            for (AttentionDims u :
+                 {AttentionDims{1, 65, 64, 1}, AttentionDims{2, 129, 768, 12, 4},
+                  AttentionDims{2, 67, 192, 6, 2},
+                  AttentionDims{
+                      .B = 2, .T = 256, .C = 256, .NH = 4, .dkdv_tile = 128, .dq_tile = 128}}) {
+                u.unrounded_dsum = true;
+                rows.push_back({"attention", v, text(u), dtype_name(t), true,
+                                GPU_CHECK(gpu::attention(v, u, t))});
+            }
+        for (const AttentionDims& u :
+             {AttentionDims{2, 256, 256, 4}, AttentionDims{1, 200, 192, 6}}) {
+            rows.push_back({"attention", v, text(u) + " unrounded_dsum gain on peaked rows",
+                            dtype_name(DType::bf16), true,
+                            GPU_CHECK(gpu::attention_unrounded_dsum_gain(v, u))});
+        }
+    }
     // T = 192: the last dK/dV block's second warpgroup has no key below T (the warp-specialised
     // kernels' loader still fills and the warpgroup still releases every tile)
     if (v == "flash") {

@@ -351,6 +351,12 @@ std::vector<ConfigField> config_fields(Config& c) {
          "flash on Hopper: the forward kernel's key tiles loaded by TMA into a ring handed over "
          "by mbarriers",
          &at.wgmma_fwd_tma});
+    add({"kernels", att + "unrounded_dsum",
+         "flash in bf16: the forward also keeps its output's rounding residual (2 bytes an "
+         "element more a layer), so that the backward's D = rowsum(dO O) reads the output "
+         "unrounded; with peaked attention rows D from the rounded output drowns the gradient at "
+         "a row's winning key",
+         &at.unrounded_dsum});
     return f;
 }
 
@@ -599,6 +605,7 @@ void check_cross(const Config& c, const Origins& origins) {
         {att + "wgmma_dkdv_tma", "attention", tt.wgmma_dkdv_tma != ad.wgmma_dkdv_tma},
         {att + "wgmma_dq_tma", "attention", tt.wgmma_dq_tma != ad.wgmma_dq_tma},
         {att + "wgmma_fwd_tma", "attention", tt.wgmma_fwd_tma != ad.wgmma_fwd_tma},
+        {att + "unrounded_dsum", "attention", tt.unrounded_dsum != ad.unrounded_dsum},
         {"matmul_wgmma_schedule", "matmul", k.matmul_wgmma_schedule != kd.matmul_wgmma_schedule},
         {"matmul_wgmma_rope", "matmul", k.matmul_wgmma_rope != kd.matmul_wgmma_rope},
         {"matmul_wgmma_swiglu", "matmul", k.matmul_wgmma_swiglu != kd.matmul_wgmma_swiglu},

@@ -61,6 +61,10 @@ struct AttentionTuning {
     bool wgmma_dkdv_tma = true;
     bool wgmma_dq_tma = true;
     bool wgmma_fwd_tma = true;  // wgmma forward: the key tiles by TMA (as the backward's rings)
+    // flash in bf16: the forward also saves the output's rounding residual (O - bf16(O), as bf16),
+    // and the backward's D = rowsum(dO O) reads O unrounded. With peaked rows the true dS at a
+    // row's winning key is tiny, and D from the rounded O buries it in rounding noise.
+    bool unrounded_dsum = false;
 };
 
 // The launch's shape, and the tuning its kernels follow (they read it wherever they take the
@@ -77,6 +81,12 @@ struct AttentionShape {
     // the other paths with a rope_backward pass after them.
     const float* rope_table = nullptr;
 };
+
+// flash's saved buffer: the lse [B, NH, T] (fp32), then, with tuning.unrounded_dsum, the output's
+// rounding residual [B, T, C] (bf16) from a 256-byte boundary.
+size_t flash_saved_bytes(const AttentionShape& s);
+// The residual in saved, or null when tuning.unrounded_dsum is off.
+void* flash_out_residual(void* saved, const AttentionShape& s);
 
 struct AttentionVariant {
     const char* name;

@@ -8,6 +8,7 @@
 // (attention/wgmma.cu) on Hopper, the mma.sync ones of attention/mma.cu elsewhere. flash_mma is
 // flash with the mma.sync kernels everywhere, to measure what the Hopper kernels gain.
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/attention/mma.h"
 #include "kernels/attention/scalar.cuh"
@@ -17,11 +18,29 @@ namespace zgpt::cuda {
 
 namespace {
 
+size_t lse_bytes(const AttentionShape& s) {  // up to the residual's 256-byte boundary
+    return (size_t(s.B * s.NH * s.Tn) * sizeof(float) + 255) / 256 * 256;
+}
+
+}  // namespace
+
+size_t flash_saved_bytes(const AttentionShape& s) {
+    const size_t lse = size_t(s.B * s.NH * s.Tn) * sizeof(float);
+    return s.tuning.unrounded_dsum ? lse_bytes(s) + size_t(s.B * s.Tn * s.C) * 2 : lse;
+}
+
+void* flash_out_residual(void* saved, const AttentionShape& s) {
+    return s.tuning.unrounded_dsum ? static_cast<char*>(saved) + lse_bytes(s) : nullptr;
+}
+
+namespace {
+
 constexpr int kBQ = 64, kBK = 32;
 
 // ---------------------------------------------------------------- flash forward
+// ores (bf16 only, or null): out's rounding residual, as tuning.unrounded_dsum keeps it.
 template <typename T, int HS>
-__global__ void flash_forward_kernel(T* out, float* lse, const T* qkv, Geo g) {
+__global__ void flash_forward_kernel(T* out, float* lse, T* ores, const T* qkv, Geo g) {
     __shared__ float Ks[kBK][HS], Vs[kBK][HS];
     const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH, kvh = h / g.group;
     const int64_t q0 = int64_t(blockIdx.x) * kBQ, i = q0 + threadIdx.x;
@@ -73,14 +92,20 @@ __global__ void flash_forward_kernel(T* out, float* lse, const T* qkv, Geo g) {
     const float inv = 1.0f / l;
 #pragma unroll
     for (int d = 0; d < HS; d++)
-        if (d < hs) y[d] = from_f<T>(o[d] * inv);
+        if (d < hs) {
+            const float v = o[d] * inv;
+            y[d] = from_f<T>(v);
+            if (ores) ores[(b * g.Tn + i) * g.C + h * g.hs + d] = from_f<T>(v - to_f(y[d]));
+        }
     lse[bh * g.Tn + i] = m + logf(l);
 }
 
 // ---------------------------------------------------------------- flash backward
-// Dsum[b, h, t] = sum_d dout * out: the softmax-backward term of each row.
+// Dsum[b, h, t] = sum_d dout * out: the softmax-backward term of each row (out plus its rounding
+// residual ores when given).
 template <typename T>
-__global__ void row_dot_kernel(float* dsum, const T* dout, const T* out, int64_t B, Geo g) {
+__global__ void row_dot_kernel(float* dsum, const T* dout, const T* out, const T* ores, int64_t B,
+                               Geo g) {
     const int64_t n = B * g.NH * g.Tn;
     for (int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; r < n;
          r += int64_t(gridDim.x) * blockDim.x) {
@@ -88,6 +113,8 @@ __global__ void row_dot_kernel(float* dsum, const T* dout, const T* out, int64_t
         const int64_t off = (b * g.Tn + t) * g.C + h * g.hs;
         float acc = 0;
         for (int64_t d = 0; d < g.hs; d++) acc += to_f(dout[off + d]) * to_f(out[off + d]);
+        if (ores)
+            for (int64_t d = 0; d < g.hs; d++) acc += to_f(dout[off + d]) * to_f(ores[off + d]);
         dsum[r] = acc;
     }
 }
@@ -220,9 +247,6 @@ void with_head_size(int64_t hs, F&& f) {
         f(std::integral_constant<int, 128>{});
 }
 
-size_t flash_saved_bytes(const AttentionShape& s) {
-    return size_t(s.B * s.NH * s.Tn) * sizeof(float);
-}
 size_t flash_scratch_bytes(const AttentionShape& s) {
     return size_t(s.B * s.NH * s.Tn) * sizeof(float);
 }
@@ -235,24 +259,31 @@ bool wgmma_backward(const AttentionShape& s, DType t, bool hopper) {
     return hopper && attention_wgmma::usable_backward(s, t);
 }
 
+// The output's rounding residual in saved, as T: none in fp32 (nothing is rounded).
+template <typename T>
+T* out_residual(void* saved, const AttentionShape& s) {
+    return std::is_same_v<T, float> ? nullptr : static_cast<T*>(flash_out_residual(saved, s));
+}
+
 template <bool Hopper>
 void flash_forward(void* out, void* saved, const void* qkv, const AttentionShape& s, DType t,
                    CUstream_st* st) {
     check_shape(s);
     const Geo g = attention_geometry(s);
     const dim3 grid(unsigned((s.Tn + kBQ - 1) / kBQ), unsigned(s.B * s.NH));
+    auto* lse = static_cast<float*>(saved);
     if (wgmma_forward(s, t, Hopper)) {
-        attention_wgmma::forward(out, static_cast<float*>(saved), qkv, s, st);
+        attention_wgmma::forward(out, lse, flash_out_residual(saved, s), qkv, s, st);
         return;
     }
     if (attention_mma::usable(s, t)) {
-        attention_mma::forward(out, static_cast<float*>(saved), qkv, s, st);
+        attention_mma::forward(out, lse, flash_out_residual(saved, s), qkv, s, st);
         return;
     }
     with_head_size(g.hs, [&](auto HS) {
         ZG_DISPATCH(t, T,
                     flash_forward_kernel<T, HS.value>
-                    <<<grid, kBQ, 0, st>>>(static_cast<T*>(out), static_cast<float*>(saved),
+                    <<<grid, kBQ, 0, st>>>(static_cast<T*>(out), lse, out_residual<T>(saved, s),
                                            static_cast<const T*>(qkv), g));
     });
     ZG_LAUNCH_CHECK();
@@ -279,12 +310,13 @@ void flash_backward(void* dqkv, const void* dout, const void* qkv, const void* o
     const auto* lse = static_cast<const float*>(saved);
     const dim3 grid(unsigned((s.Tn + kBQ - 1) / kBQ), unsigned(s.B * s.NH));
     const dim3 kv_grid(grid.x, unsigned(s.B * g.NKV));  // dK/dV: one block row per key/value head
+    const void* ores = flash_out_residual(saved, s);
     if (wgmma_backward(s, t, Hopper)) {
-        attention_wgmma::backward(dqkv, dout, qkv, out, lse, dsum, dqkv_colsums, s, st);
+        attention_wgmma::backward(dqkv, dout, qkv, out, ores, lse, dsum, dqkv_colsums, s, st);
         return;
     }
     if (attention_mma::usable(s, t)) {
-        attention_mma::backward(dqkv, dout, qkv, out, lse, dsum, dqkv_colsums, s, st);
+        attention_mma::backward(dqkv, dout, qkv, out, ores, lse, dsum, dqkv_colsums, s, st);
         unrotate_dqk(dqkv, s, t, st);
         return;
     }
@@ -294,7 +326,7 @@ void flash_backward(void* dqkv, const void* dout, const void* qkv, const void* o
             const auto* x = static_cast<const T*>(qkv);
             auto* dx = static_cast<T*>(dqkv);
             row_dot_kernel<T><<<grid_for(s.B * s.NH * s.Tn, 256), 256, 0, st>>>(
-                dsum, dy, static_cast<const T*>(out), s.B, g);
+                dsum, dy, static_cast<const T*>(out), out_residual<T>(saved, s), s.B, g);
             flash_dkdv_kernel<T, HS.value><<<kv_grid, kBQ, 0, st>>>(dx, dy, x, lse, dsum, g);
             flash_dq_kernel<T, HS.value><<<grid, kBQ, 0, st>>>(dx, dy, x, lse, dsum, g);
         });

@@ -64,13 +64,17 @@ __device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&lo)[4],
 
 // Row gq + 8 r of a warp's 16 x kD accumulator, times `scale`, as bf16 at `dst` (this lane's two
 // columns of each n-tile).
+// kResidual: what that rounding loses instead (pack_residual), for tuning.unrounded_dsum.
+template <bool kResidual = false>
 __device__ __forceinline__ void store_acc_row(bf16* dst, const float (&acc)[kD / 8][4], int r,
                                               float scale) {
     const int tq = threadIdx.x % 4;
 #pragma unroll
-    for (int n = 0; n < kD / 8; n++)
+    for (int n = 0; n < kD / 8; n++) {
+        const float lo = acc[n][2 * r] * scale, hi = acc[n][2 * r + 1] * scale;
         *reinterpret_cast<uint32_t*>(dst + n * 8 + 2 * tq) =
-            pack(acc[n][2 * r] * scale, acc[n][2 * r + 1] * scale);
+            kResidual ? pack_residual(lo, hi) : pack(lo, hi);
+    }
 }
 
 // Column sums of a block's kWarps x 32 rows of a 16 x kD accumulator pair: lane_column_sums
@@ -133,7 +137,7 @@ __device__ void stage_kv_async(bf16* Ks, bf16* Vs, const bf16* head, int64_t k0,
 constexpr int kForwardSmemBytes = kStages * 2 * kTile * kLD * int(sizeof(bf16));
 template <int MT>
 __global__ void __launch_bounds__(kThreads)
-    forward_kernel(bf16* out, float* lse, const bf16* qkv, Geo g) {
+    forward_kernel(bf16* out, float* lse, bf16* ores, const bf16* qkv, Geo g) {
     constexpr int WR = 16 * MT, BQ = kWarps * WR;
     static_assert(BQ <= 2 * kTile, "Q is staged in one ring slot");
     // The ring of K and V tiles. Q is staged in slot 2 first and moved to registers before
@@ -268,7 +272,9 @@ __global__ void __launch_bounds__(kThreads)
             sum += __shfl_xor_sync(0xffffffffu, sum, 2);
             const int64_t row = q0 + warp * WR + mt * 16 + gq + r * 8;
             if (row >= g.Tn) continue;
-            store_acc_row(out + (b * g.Tn + row) * g.C + h * g.hs, o[mt], r, 1.0f / sum);
+            const int64_t at = (b * g.Tn + row) * g.C + h * g.hs;
+            store_acc_row(out + at, o[mt], r, 1.0f / sum);
+            if (ores) store_acc_row<true>(ores + at, o[mt], r, 1.0f / sum);
             if (tq == 0) lse[bh * g.Tn + row] = (m[mt][r] + __log2f(sum)) * kLn2;
         }
 }
@@ -477,8 +483,8 @@ static_assert(kThreads == kBwdRows, "one thread per query row computes its Dsum"
 // Query head h reads key/value head h / group; kGroup false: the group is 1 (multi-head).
 template <bool kGroup>
 __global__ void __launch_bounds__(kThreads, 3)
-    dq_kernel(bf16* dqkv, float* dsum, const bf16* dout, const bf16* out, const bf16* qkv,
-              const float* lse, float* colsum, Geo g) {
+    dq_kernel(bf16* dqkv, float* dsum, const bf16* dout, const bf16* out, const bf16* ores,
+              const bf16* qkv, const float* lse, float* colsum, Geo g) {
     extern __shared__ __align__(16) unsigned char smem[];
     bf16* Qs = reinterpret_cast<bf16*>(smem);  // [kBwdRows][kLD]
     bf16* dOs = Qs + kBwdRows * kLD;
@@ -521,6 +527,13 @@ __global__ void __launch_bounds__(kThreads, 3)
 #pragma unroll
         for (int j = 0; j < kD / 8; j++) {
             acc = dot8(*reinterpret_cast<const uint4*>(dOs + threadIdx.x * kLD + 8 * j), o[j], acc);
+        }
+        if (ores && row < g.Tn) {  // O's rounding residual (tuning.unrounded_dsum)
+            const bf16* rrow = ores + (b * g.Tn + row) * g.C + h * g.hs;
+#pragma unroll
+            for (int j = 0; j < kD / 8; j++)
+                acc = dot8(*reinterpret_cast<const uint4*>(dOs + threadIdx.x * kLD + 8 * j),
+                           *reinterpret_cast<const uint4*>(rrow + 8 * j), acc);
         }
         Dsm[threadIdx.x] = acc;  // rows past Tn: dO and O are zero, so 0
         if (row < g.Tn) dsum[bh * g.Tn + row] = acc;
@@ -619,9 +632,11 @@ bool usable(const AttentionShape& s, DType t) {
     return t == DType::bf16 && s.C / s.NH == kD && s.C % 8 == 0;
 }
 
-void forward(void* out, float* lse, const void* qkv, const AttentionShape& s, CUstream_st* st) {
+void forward(void* out, float* lse, void* out_residual, const void* qkv, const AttentionShape& s,
+             CUstream_st* st) {
     const Geo g = attention_geometry(s);
     auto* y = static_cast<bf16*>(out);
+    auto* yr = static_cast<bf16*>(out_residual);
     const auto* x = static_cast<const bf16*>(qkv);
     const int mt = forward_m_tiles(s);
     const int64_t rows = kWarps * 16 * mt;
@@ -635,9 +650,9 @@ void forward(void* out, float* lse, const void* qkv, const AttentionShape& s, CU
     }();
     (void)smem_set;
     if (mt == 1)
-        forward_kernel<1><<<grid, kThreads, kForwardSmemBytes, st>>>(y, lse, x, g);
+        forward_kernel<1><<<grid, kThreads, kForwardSmemBytes, st>>>(y, lse, yr, x, g);
     else
-        forward_kernel<2><<<grid, kThreads, kForwardSmemBytes, st>>>(y, lse, x, g);
+        forward_kernel<2><<<grid, kThreads, kForwardSmemBytes, st>>>(y, lse, yr, x, g);
     ZG_LAUNCH_CHECK();
 }
 
@@ -645,8 +660,9 @@ int64_t colsum_rows(const AttentionShape& s) {
     return s.B * ((s.Tn + kBwdRows - 1) / kBwdRows);
 }
 
-void backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
-              float* dsum, float* dqkv_colsums, const AttentionShape& s, CUstream_st* st) {
+void backward(void* dqkv, const void* dout, const void* qkv, const void* out,
+              const void* out_residual, const float* lse, float* dsum, float* dqkv_colsums,
+              const AttentionShape& s, CUstream_st* st) {
     const Geo g = attention_geometry(s);
     const auto* dy = static_cast<const bf16*>(dout);
     const auto* x = static_cast<const bf16*>(qkv);
@@ -666,12 +682,13 @@ void backward(void* dqkv, const void* dout, const void* qkv, const void* out, co
     const dim3 grid(unsigned((s.Tn + kBwdRows - 1) / kBwdRows), unsigned(s.B * s.NH));
     // dQ first: it writes the Dsum that the dK/dV kernel reads
     const auto* o = static_cast<const bf16*>(out);
+    const auto* orr = static_cast<const bf16*>(out_residual);
     if (g.group == 1)
         dq_kernel<false>
-            <<<grid, kThreads, kDqSmemBytes, st>>>(dx, dsum, dy, o, x, lse, dqkv_colsums, g);
+            <<<grid, kThreads, kDqSmemBytes, st>>>(dx, dsum, dy, o, orr, x, lse, dqkv_colsums, g);
     else
         dq_kernel<true>
-            <<<grid, kThreads, kDqSmemBytes, st>>>(dx, dsum, dy, o, x, lse, dqkv_colsums, g);
+            <<<grid, kThreads, kDqSmemBytes, st>>>(dx, dsum, dy, o, orr, x, lse, dqkv_colsums, g);
     // dK/dV: one block row per key/value head
     const dim3 kv_grid(grid.x, unsigned(s.B * g.NKV));
     if (g.group == 1)

@@ -16,6 +16,11 @@ __device__ __forceinline__ uint32_t pack(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<const uint32_t*>(&v);
 }
+// What pack(lo, hi) loses, packed the same way: lo - bf16(lo), hi - bf16(hi) (the next 8 bits).
+__device__ __forceinline__ uint32_t pack_residual(float lo, float hi) {
+    const float2 r = __bfloat1622float2(__floats2bfloat162_rn(lo, hi));
+    return pack(lo - r.x, hi - r.y);
+}
 // 2^x; ex2(-inf) = 0, which is how masked scores vanish.
 __device__ __forceinline__ float ex2(float x) {
     float y;

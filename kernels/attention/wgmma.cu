@@ -418,11 +418,22 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kFwdKeys / 2], bool diag
         l[r] += s[i];
     }
 }
-// The warpgroup's rows below Tn: O / l as bf16, and the lse (natural log).
-__device__ __forceinline__ void store_forward_rows(bf16* out, float* lse, const float (&o)[kD / 2],
-                                                   const float (&m)[2], const float (&l)[2],
-                                                   int64_t row0, int warp, int gq, int tq,
-                                                   int64_t b, int64_t h, int64_t bh, const Geo& g) {
+// Row gq + 8 r of the accumulator times scale: what its rounding to bf16 loses (pack_residual).
+__device__ __forceinline__ void store_row_residual(bf16* dst, const float (&acc)[kD / 2], int r,
+                                                   float scale) {
+    const int tq = threadIdx.x % 4;
+#pragma unroll
+    for (int n = 0; n < kD / 8; n++)
+        *reinterpret_cast<uint32_t*>(dst + n * 8 + 2 * tq) =
+            pack_residual(acc[4 * n + 2 * r] * scale, acc[4 * n + 2 * r + 1] * scale);
+}
+// The warpgroup's rows below Tn: O / l as bf16, and the lse (natural log); with ores, O's
+// rounding residual too (tuning.unrounded_dsum).
+__device__ __forceinline__ void store_forward_rows(bf16* out, float* lse, bf16* ores,
+                                                   const float (&o)[kD / 2], const float (&m)[2],
+                                                   const float (&l)[2], int64_t row0, int warp,
+                                                   int gq, int tq, int64_t b, int64_t h, int64_t bh,
+                                                   const Geo& g) {
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         float sum = l[r];
@@ -430,7 +441,9 @@ __device__ __forceinline__ void store_forward_rows(bf16* out, float* lse, const 
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
         const int64_t row = row0 + warp * 16 + gq + r * 8;
         if (row >= g.Tn) continue;
-        store_row(out + (b * g.Tn + row) * g.C + h * g.hs, o, r, 1.0f / sum);
+        const int64_t at = (b * g.Tn + row) * g.C + h * g.hs;
+        store_row(out + at, o, r, 1.0f / sum);
+        if (ores) store_row_residual(ores + at, o, r, 1.0f / sum);
         if (tq == 0) lse[bh * g.Tn + row] = (m[r] + __log2f(sum)) * kLn2;
     }
 }
@@ -439,7 +452,7 @@ __device__ __forceinline__ void store_forward_rows(bf16* out, float* lse, const 
 // cp.async ring and its barrier per tile; kv_map is then qkv's [B, T, C + 2 KVC] map.
 template <bool kTma>
 __global__ void __launch_bounds__(kThreads, 2)
-    forward_kernel(bf16* out, float* lse, const bf16* qkv, Geo g,
+    forward_kernel(bf16* out, float* lse, bf16* ores, const bf16* qkv, Geo g,
                    const __grid_constant__ CUtensorMap kv_map) {
 #ifdef ZG_NO_WGMMA
     __trap();
@@ -516,7 +529,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         hold(o);
         if (kTma) ring.release(int(t));
     }
-    store_forward_rows(out, lse, o, m, l, row0, warp, gq, tq, b, h, bh, g);
+    store_forward_rows(out, lse, ores, o, m, l, row0, warp, gq, tq, b, h, bh, g);
 #endif
 }
 
@@ -534,7 +547,7 @@ constexpr int kFwdStages = 4;
 constexpr int kFwdPipeSmemBytes = 1024 + kBlockRows * 128 + kFwdStages * 2 * kFwdTileBytes;
 
 __global__ void __launch_bounds__(kThreads, 2)
-    forward_pipelined_kernel(bf16* out, float* lse, const bf16* qkv, Geo g) {
+    forward_pipelined_kernel(bf16* out, float* lse, bf16* ores, const bf16* qkv, Geo g) {
 #ifdef ZG_NO_WGMMA
     __trap();
 #else
@@ -628,7 +641,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         keep(pa);
         hold(o);
     }
-    store_forward_rows(out, lse, o, m, l, row0, warp, gq, tq, b, h, bh, g);
+    store_forward_rows(out, lse, ores, o, m, l, row0, warp, gq, tq, b, h, bh, g);
 #endif
 }
 
@@ -699,6 +712,21 @@ __device__ __forceinline__ void dq_tile(float (&dq)[kD / 2], uint32_t q_rows, ui
     hold(dq);
 }
 
+// D's share from O's rounding residual (tuning.unrounded_dsum; acc unchanged without ores): this
+// thread's 32 columns (half) of row r of the block's dO tile (dorow, swizzled) against the
+// residual's, for query row `row` of head h.
+__device__ __forceinline__ float residual_dot(float acc, const bf16* ores,
+                                              const unsigned char* dorow, int r, int half,
+                                              int64_t row, int64_t b, int64_t h, const Geo& g) {
+    if (!ores || row >= g.Tn) return acc;
+    const bf16* rrow = ores + (b * g.Tn + row) * g.C + h * g.hs + half * 32;
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        acc = dot8(*reinterpret_cast<const uint4*>(dorow + swz(r, half * 4 + j)),
+                   *reinterpret_cast<const uint4*>(rrow + 8 * j), acc);
+    return acc;
+}
+
 // A block: 128 query rows (64 per warpgroup); key tiles of KT rows through the ring. Q and dO stay
 // in shared memory as the left operands (registers would cost 32 per thread, and two blocks per
 // SM need at most 128). Per tile: S = Q K^T and dP = dO V^T, then dQ += dS K. Runs first and
@@ -713,8 +741,8 @@ constexpr int dq_smem_bytes() {
 
 template <int KT, bool kTma>
 __global__ void __launch_bounds__(kThreads, 2)
-    dq_kernel(bf16* dqkv, float* dsum, const bf16* dout, const bf16* out, const bf16* qkv,
-              const float* lse, float* colsum, ColsumRows cr, Geo g,
+    dq_kernel(bf16* dqkv, float* dsum, const bf16* dout, const bf16* out, const bf16* ores,
+              const bf16* qkv, const float* lse, float* colsum, ColsumRows cr, Geo g,
               const __grid_constant__ CUtensorMap kv_map) {
 #ifdef ZG_NO_WGMMA
     __trap();
@@ -769,6 +797,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         for (int j = 0; j < 4; j++) {
             acc = dot8(*reinterpret_cast<const uint4*>(dorow + swz(r, half * 4 + j)), ov[j], acc);
         }
+        acc = residual_dot(acc, ores, dorow, r, half, row, b, h, g);
         acc += __shfl_xor_sync(0xffffffffu, acc, 1);
         if (half == 0) {
             Dsm[r] = acc;  // rows past Tn: dO and O are zero, so 0
@@ -1188,8 +1217,8 @@ constexpr int kWsDqSmemBytes = 1024 + 2 * kBlockRows * 128 + kTmaStages * kWsDqS
                                kBlockRows * int(sizeof(float)) + 2 * kTmaStages * 8;
 
 __global__ void __launch_bounds__(kWsThreads, 1)
-    dq_ws_kernel(bf16* dqkv, float* dsum, const bf16* dout, const bf16* out, const bf16* qkv,
-                 const float* lse, float* colsum, ColsumRows cr, Geo g,
+    dq_ws_kernel(bf16* dqkv, float* dsum, const bf16* dout, const bf16* out, const bf16* ores,
+                 const bf16* qkv, const float* lse, float* colsum, ColsumRows cr, Geo g,
                  const __grid_constant__ CUtensorMap kv_map) {
 #ifdef ZG_NO_WGMMA
     __trap();
@@ -1251,6 +1280,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 #pragma unroll
         for (int j = 0; j < 4; j++)
             acc = dot8(*reinterpret_cast<const uint4*>(dorow + swz(r, half * 4 + j)), ov[j], acc);
+        acc = residual_dot(acc, ores, dorow, r, half, row, b, h, g);
         acc += __shfl_xor_sync(0xffffffffu, acc, 1);
         if (half == 0) {
             Dsm[r] = acc;  // rows past Tn: dO and O are zero, so 0
@@ -1310,7 +1340,8 @@ bool usable_backward(const AttentionShape& s, DType t) {
     return s.tuning.wgmma_bwd && shape_ok(s, t);
 }
 
-void forward(void* out, float* lse, const void* qkv, const AttentionShape& s, CUstream_st* st) {
+void forward(void* out, float* lse, void* out_residual, const void* qkv, const AttentionShape& s,
+             CUstream_st* st) {
     static const bool smem_set = (allow_smem(forward_kernel<false>, fwd_smem_bytes<false>()),
                                   allow_smem(forward_kernel<true>, fwd_smem_bytes<true>()),
                                   allow_smem(forward_pipelined_kernel, kFwdPipeSmemBytes), true);
@@ -1318,14 +1349,16 @@ void forward(void* out, float* lse, const void* qkv, const AttentionShape& s, CU
     const Geo g = attention_geometry(s);
     const dim3 grid(unsigned((s.Tn + kBlockRows - 1) / kBlockRows), unsigned(s.B * s.NH));
     auto* y = static_cast<bf16*>(out);
+    auto* yr = static_cast<bf16*>(out_residual);
     const auto* x = static_cast<const bf16*>(qkv);
     if (s.tuning.wgmma_fwd_pipeline)
-        forward_pipelined_kernel<<<grid, kThreads, kFwdPipeSmemBytes, st>>>(y, lse, x, g);
+        forward_pipelined_kernel<<<grid, kThreads, kFwdPipeSmemBytes, st>>>(y, lse, yr, x, g);
     else if (s.tuning.wgmma_fwd_tma)
         forward_kernel<true>
-            <<<grid, kThreads, fwd_smem_bytes<true>(), st>>>(y, lse, x, g, qkv_map(x, s));
+            <<<grid, kThreads, fwd_smem_bytes<true>(), st>>>(y, lse, yr, x, g, qkv_map(x, s));
     else
-        forward_kernel<false><<<grid, kThreads, fwd_smem_bytes<false>(), st>>>(y, lse, x, g, {});
+        forward_kernel<false>
+            <<<grid, kThreads, fwd_smem_bytes<false>(), st>>>(y, lse, yr, x, g, {});
     ZG_LAUNCH_CHECK();
 }
 
@@ -1378,9 +1411,9 @@ void dkdv_tma(bf16* dx, const bf16* dy, const bf16* x, const CUtensorMap& qm, co
 // tiles of 128 are the warp-specialised kernels, dq_ws_kernel and, where T % 4 == 0,
 // dkdv_ws_kernel) and WGS warpgroups per dK/dV block (wgmma_dkdv_wgs), for measuring.
 template <int KT, int QT, int WGS>
-void backward_tiles(bf16* dx, float* dsum, const bf16* dy, const bf16* out, const bf16* x,
-                    const float* lse, float* colsums, const Geo& g, const AttentionShape& s,
-                    CUstream_st* st) {
+void backward_tiles(bf16* dx, float* dsum, const bf16* dy, const bf16* out, const bf16* ores,
+                    const bf16* x, const float* lse, float* colsums, const Geo& g,
+                    const AttentionShape& s, CUstream_st* st) {
     static const bool smem_set =
         (allow_smem(dq_kernel<KT, false>, dq_smem_bytes<KT, false>()),
          allow_smem(dq_kernel<KT, KT == kTmaRows>, dq_smem_bytes<KT, KT == kTmaRows>()),
@@ -1403,15 +1436,15 @@ void backward_tiles(bf16* dx, float* dsum, const bf16* dy, const bf16* out, cons
     if (dq_ws_on) {
         static const bool ws_smem_set = (allow_smem(dq_ws_kernel, kWsDqSmemBytes), true);
         (void)ws_smem_set;
-        dq_ws_kernel<<<dq_grid, kWsThreads, kWsDqSmemBytes, st>>>(dx, dsum, dy, out, x, lse,
+        dq_ws_kernel<<<dq_grid, kWsThreads, kWsDqSmemBytes, st>>>(dx, dsum, dy, out, ores, x, lse,
                                                                   colsums, cr, g, qm);
     } else if (dq_tma)
         dq_kernel<KT, KT == kTmaRows>
             <<<dq_grid, kThreads, dq_smem_bytes<KT, KT == kTmaRows>(), st>>>(
-                dx, dsum, dy, out, x, lse, colsums, cr, g, qm);
+                dx, dsum, dy, out, ores, x, lse, colsums, cr, g, qm);
     else
         dq_kernel<KT, false><<<dq_grid, kThreads, dq_smem_bytes<KT, false>(), st>>>(
-            dx, dsum, dy, out, x, lse, colsums, cr, g, qm);
+            dx, dsum, dy, out, ores, x, lse, colsums, cr, g, qm);
     const ColsumRows dkdv_rows{cr.per_batch, 1};
     if (dkdv_ws_on) {
         dkdv_tma<true>(dx, dy, x, qm, lse, dsum, colsums, dkdv_rows, g, s, st);
@@ -1431,8 +1464,9 @@ void backward_tiles(bf16* dx, float* dsum, const bf16* dy, const bf16* out, cons
             dx, dy, x, lse, dsum, colsums, dkdv_rows, g);
 }
 
-void backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
-              float* dsum, float* dqkv_colsums, const AttentionShape& s, CUstream_st* st) {
+void backward(void* dqkv, const void* dout, const void* qkv, const void* out,
+              const void* out_residual, const float* lse, float* dsum, float* dqkv_colsums,
+              const AttentionShape& s, CUstream_st* st) {
     const bool dq32 = s.tuning.wgmma_dq_tile == 32, dkdv32 = s.tuning.wgmma_dkdv_tile == 32;
     const bool one = dkdv_wgs(s) == 1;
     const Geo g = attention_geometry(s);
@@ -1440,7 +1474,8 @@ void backward(void* dqkv, const void* dout, const void* qkv, const void* out, co
     const auto* x = static_cast<const bf16*>(qkv);
     const auto* o = static_cast<const bf16*>(out);
     auto* dx = static_cast<bf16*>(dqkv);
-    auto run = [&](auto kernels) { kernels(dx, dsum, dy, o, x, lse, dqkv_colsums, g, s, st); };
+    const auto* orr = static_cast<const bf16*>(out_residual);
+    auto run = [&](auto kernels) { kernels(dx, dsum, dy, o, orr, x, lse, dqkv_colsums, g, s, st); };
     if (one) {
         if (!dq32 && !dkdv32)
             run(backward_tiles<64, 64, 1>);

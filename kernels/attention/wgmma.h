@@ -13,10 +13,14 @@ namespace zgpt::cuda::attention_wgmma {
 // wgmma_bwd false keeps that direction off these kernels (for measuring the difference).
 bool usable_forward(const AttentionShape& s, DType t);
 bool usable_backward(const AttentionShape& s, DType t);
-void forward(void* out, float* lse, const void* qkv, const AttentionShape& s, CUstream_st* st);
+// out_residual (optional, bf16 [B, T, C]): O - bf16(O), for tuning.unrounded_dsum.
+void forward(void* out, float* lse, void* out_residual, const void* qkv, const AttentionShape& s,
+             CUstream_st* st);
 // dqkv_colsums (optional): [colsum_rows(s), C + 2 KVC], as attention_mma::backward writes them.
 int64_t colsum_rows(const AttentionShape& s);
-void backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
-              float* dsum, float* dqkv_colsums, const AttentionShape& s, CUstream_st* st);
+// out_residual (optional): forward's, added to out in D = rowsum(dO O).
+void backward(void* dqkv, const void* dout, const void* qkv, const void* out,
+              const void* out_residual, const float* lse, float* dsum, float* dqkv_colsums,
+              const AttentionShape& s, CUstream_st* st);
 
 }  // namespace zgpt::cuda::attention_wgmma
