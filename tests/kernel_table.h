@@ -64,8 +64,9 @@ namespace gpu {
 
 // variant: a name of kernels/core/registry.h's family of the same name
 void attention(const std::string& variant, const AttentionDims& s, DType t);
-// bf16 with peaked rows (scores of standard deviation about 32): attention_tuning.unrounded_dsum
-// leaves the output alone and at least halves dq's and dk's error against the double reference.
+// bf16 with peaked rows (scores of standard deviation about 32), multi-head, default tuning:
+// attention_tuning.unrounded_dsum leaves the output alone and at least halves the error of dq and
+// dk together (Frobenius norm) against the double reference.
 void attention_unrounded_dsum_gain(const std::string& variant, const AttentionDims& s);
 void cross_entropy(const std::string& variant, const CeDims& s, DType t);
 // The activations in t, the residual stream (a, res, dinp), weight and bias in res_t.

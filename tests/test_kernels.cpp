@@ -311,7 +311,9 @@ void attention_rows(const std::string& v, std::vector<Row>& rows) {
                  {AttentionDims{1, 65, 64, 1}, AttentionDims{2, 129, 768, 12, 4},
                   AttentionDims{2, 67, 192, 6, 2},
                   AttentionDims{
-                      .B = 2, .T = 256, .C = 256, .NH = 4, .dkdv_tile = 128, .dq_tile = 128}}) {
+                      .B = 2, .T = 256, .C = 256, .NH = 4, .dkdv_tile = 128, .dq_tile = 128},
+                  AttentionDims{
+                      .B = 1, .T = 130, .C = 256, .NH = 4, .dkdv_wgs = 1, .fwd_pipeline = true}}) {
                 u.unrounded_dsum = true;
                 rows.push_back({"attention", v, text(u), dtype_name(t), true,
                                 GPU_CHECK(gpu::attention(v, u, t))});

@@ -224,14 +224,18 @@ __device__ __forceinline__ void product_smem(float (&d)[N / 2], uint32_t a, uint
 }
 
 // ---------------------------------------------------------------- outputs
-// Row gq + 8 r of this warp's 16 x kD accumulator rows, times scale, as bf16 at dst.
+// Row gq + 8 r of this warp's 16 x kD accumulator rows, times scale, as bf16 at dst. kResidual:
+// what that rounding loses instead (pack_residual), for tuning.unrounded_dsum.
+template <bool kResidual = false>
 __device__ __forceinline__ void store_row(bf16* dst, const float (&acc)[kD / 2], int r,
                                           float scale) {
     const int tq = threadIdx.x % 4;
 #pragma unroll
-    for (int n = 0; n < kD / 8; n++)
+    for (int n = 0; n < kD / 8; n++) {
+        const float lo = acc[4 * n + 2 * r] * scale, hi = acc[4 * n + 2 * r + 1] * scale;
         *reinterpret_cast<uint32_t*>(dst + n * 8 + 2 * tq) =
-            pack(acc[4 * n + 2 * r] * scale, acc[4 * n + 2 * r + 1] * scale);
+            kResidual ? pack_residual(lo, hi) : pack(lo, hi);
+    }
 }
 // store_row of a dq or dk row at position `pos` with the inverse rotary rotation (Geo::rope; the
 // transpose of the forward's): channel c < 32 pairs with c + 32, and both sit in this thread
@@ -418,15 +422,6 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kFwdKeys / 2], bool diag
         l[r] += s[i];
     }
 }
-// Row gq + 8 r of the accumulator times scale: what its rounding to bf16 loses (pack_residual).
-__device__ __forceinline__ void store_row_residual(bf16* dst, const float (&acc)[kD / 2], int r,
-                                                   float scale) {
-    const int tq = threadIdx.x % 4;
-#pragma unroll
-    for (int n = 0; n < kD / 8; n++)
-        *reinterpret_cast<uint32_t*>(dst + n * 8 + 2 * tq) =
-            pack_residual(acc[4 * n + 2 * r] * scale, acc[4 * n + 2 * r + 1] * scale);
-}
 // The warpgroup's rows below Tn: O / l as bf16, and the lse (natural log); with ores, O's
 // rounding residual too (tuning.unrounded_dsum).
 __device__ __forceinline__ void store_forward_rows(bf16* out, float* lse, bf16* ores,
@@ -443,7 +438,7 @@ __device__ __forceinline__ void store_forward_rows(bf16* out, float* lse, bf16* 
         if (row >= g.Tn) continue;
         const int64_t at = (b * g.Tn + row) * g.C + h * g.hs;
         store_row(out + at, o, r, 1.0f / sum);
-        if (ores) store_row_residual(ores + at, o, r, 1.0f / sum);
+        if (ores) store_row<true>(ores + at, o, r, 1.0f / sum);
         if (tq == 0) lse[bh * g.Tn + row] = (m[r] + __log2f(sum)) * kLn2;
     }
 }
