@@ -289,6 +289,16 @@ TEST_CASE("the kernels' tuning keys: overrides, nested YAML, sets, variants, rou
     e = error_of(kBase, {"kernels.attention=naive", "kernels.attention_tuning.fwd_m_tiles=1"});
     CHECK(e.find("kernels.attention_tuning.fwd_m_tiles: applies to kernels.attention=flash or "
                  "flash_mma only (it is naive)") != std::string::npos);
+    // the output's rounding residual: flash and flash_mma in bf16
+    CHECK(error_of(kBase, {"kernels.attention_tuning.unrounded_dsum=true",
+                           "train.precision=bf16"}) == "(no error)");
+    e = error_of(kBase,
+                 {"kernels.attention=naive", "kernels.attention_tuning.unrounded_dsum=true"});
+    CHECK(e.find("kernels.attention_tuning.unrounded_dsum: applies to kernels.attention=flash or "
+                 "flash_mma only (it is naive)") != std::string::npos);
+    e = error_of(kBase, {"kernels.attention_tuning.unrounded_dsum=true", "train.precision=fp32"});
+    CHECK(e.find("kernels.attention_tuning.unrounded_dsum: keeps the bf16 output's rounding "
+                 "residual") != std::string::npos);
     e = error_of(kBase, {"kernels.matmul_wgmma_schedule=pingpong"});
     CHECK(e.find("kernels.matmul_wgmma_schedule: applies to kernels.matmul=wgmma only (it is "
                  "fused_epilogue)") != std::string::npos);

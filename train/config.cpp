@@ -560,6 +560,10 @@ void check_cross(const Config& c, const Origins& origins) {
     if (linear_head && c.train.precision == "fp32")
         throw Error(at("kernels.cross_entropy") + k.cross_entropy +
                     " runs in bf16 only; set train.precision=bf16 or another head");
+    if (k.attention_tuning.unrounded_dsum && c.train.precision == "fp32")
+        throw Error(at("kernels.attention_tuning.unrounded_dsum") +
+                    "keeps the bf16 output's rounding residual; in fp32 nothing is rounded (set "
+                    "it false or train.precision=bf16)");
     if (is_whole_rows_linear_cross_entropy(k.cross_entropy) && c.parallel.vocab_parallel > 1)
         throw Error(at("kernels.cross_entropy") + k.cross_entropy +
                     " runs the whole vocabulary on one GPU; with "
