@@ -86,6 +86,10 @@ struct KernelChoice {
     // column of ones beside its rows (8 columns wider), so the GEMM's last column is the column
     // sums of dfch and no pass of its own reads dfch again (matmul: fused_epilogue with biases)
     bool fc_bias_in_dw = true;
+    // With fc_bias_in_dw: ln2's rows are C + 1 rounded up to a multiple of this many elements
+    // apart, 8 (16-byte bf16 rows) or 64 (128-byte rows, which cuBLASLt's kernels may load
+    // faster)
+    int fc_ones_align = 8;
     // GELU's derivative in the epilogue of fcproj's input-gradient GEMM (cuBLASLt's DGELU, matmul:
     // fused_epilogue or wgmma); false: the plain GEMM, then gelu_backward's own pass
     bool gelu_backward_in_gemm = true;

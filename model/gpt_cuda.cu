@@ -51,6 +51,9 @@ GptCuda::Impl::Impl(const ModelConfig& c, const CudaModelOptions& o)
     // the ones column rides on fc's input rows into the GELU GEMM's epilogue path only
     fc_bias_in_dw = opt.kernels.fc_bias_in_dw && cfg.bias && !swiglu &&
                     mm_variant == MatmulVariant::fused_epilogue;
+    ZG_CHECK(opt.kernels.fc_ones_align == 8 || opt.kernels.fc_ones_align == 64,
+             "kernels.fc_ones_align: 8 or 64");
+    ones_align = opt.kernels.fc_ones_align;
     ZG_CHECK(opt.kernels.matmul_wgmma_schedule == "cooperative" ||
                  opt.kernels.matmul_wgmma_schedule == "pingpong",
              "kernels.matmul_wgmma_schedule: cooperative or pingpong, not '" +
@@ -386,15 +389,15 @@ bool GptCuda::Impl::linear_backward(void* dinp, const void* dout, const void* in
     // the column sums cost, which on the side stream also overlap the input-gradient GEMMs. Nor
     // is fc's taken from the GELU' GEMM (Epilogue::dgelu_bias_grad): that GEMM became several
     // times slower than the plain one and its bias pass together (H200, bench_gemm, e466be5).
-    if (inp_ones) {  // [N, K + kOnesPad] with the bias gradient in column K (written, beta 0)
+    if (inp_ones) {  // [N, ln2_ld()] with the bias gradient in column K (written, beta 0)
         ZG_CHECK(b_idx >= 0 && fc_bias_in_dw, "linear_backward: a ones column without its bias");
         gw.D = fc_dw_scratch.get();
-        gw.N = K + kOnesPad;
+        gw.N = ln2_ld();
         gw.beta = 0.0f;
         cuda::gemm(gw, ws);  // the scratch is only used on ws: in stream order
         tick("matmul bwd dW");
         cuda::add_weight_and_bias_grad(g(w_idx), g(b_idx), fc_dw_scratch.as<float>(), N, K,
-                                       K + kOnesPad, ws);
+                                       ln2_ld(), ws);
         tick("bias bwd");  // with the weight gradient's add: what replaces the bias pass
         if (side) {
             mark_read(dout);

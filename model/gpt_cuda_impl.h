@@ -93,12 +93,15 @@ struct GptCuda::Impl {
     const cuda::AttentionVariant* attention = nullptr;
     LayernormVariant ln_variant = LayernormVariant::fused_residual;  // resolved once
     // kernels.fc_bias_in_dw in effect (with biases and cuBLASLt's epilogues): ln2's rows are
-    // ln2_ld() = C + kOnesPad apart, column C holds ones and C + 1.. zeros, and fc's
-    // weight-gradient GEMM writes [H, C + kOnesPad] into fc_dw_scratch, whose column C is fc's
-    // bias gradient
+    // ln2_ld() apart (C + 1 rounded up to kernels.fc_ones_align), column C holds ones and C + 1..
+    // zeros, and fc's weight-gradient GEMM writes [H, ln2_ld()] into fc_dw_scratch, whose column
+    // C is fc's bias gradient
     bool fc_bias_in_dw = false;
-    static constexpr int64_t kOnesPad = 8;  // the ones column and 7 zeros: 16-byte bf16 rows
-    int64_t ln2_ld() const { return cfg.n_embd + (fc_bias_in_dw ? kOnesPad : 0); }
+    int64_t ones_align = 8;
+    int64_t ln2_ld() const {
+        const int64_t C = cfg.n_embd;
+        return fc_bias_in_dw ? (C + ones_align) / ones_align * ones_align : C;
+    }
     DeviceBuffer fc_dw_scratch;
     MatmulVariant mm_variant = MatmulVariant::fused_epilogue;
     cuda::WgmmaSchedule wgmma_schedule = cuda::WgmmaSchedule::cooperative;  // with mm_variant wgmma
@@ -303,7 +306,7 @@ struct GptCuda::Impl {
     // on and cuBLASLt supports it; returns whether it was (else the caller runs gelu_backward).
     // bias_parts: partial column sums of dout ([bias_part_rows, N]) that its producer wrote; the
     // bias gradient is then summed from them instead of from dout.
-    // inp_ones: inp's rows are K + kOnesPad apart with ones in column K (fc under fc_bias_in_dw):
+    // inp_ones: inp's rows are ln2_ld() apart with ones in column K (fc under fc_bias_in_dw):
     // dW and the bias gradient come from one GEMM over the K + 1 columns, through fc_dw_scratch.
     bool linear_backward(void* dinp, const void* dout, const void* inp, int w_idx, int b_idx,
                          int64_t M, int64_t K, int64_t N, const void* gelu_pre = nullptr,

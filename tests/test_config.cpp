@@ -289,6 +289,10 @@ TEST_CASE("the kernels' tuning keys: overrides, nested YAML, sets, variants, rou
     e = error_of(kBase, {"kernels.attention=naive", "kernels.attention_tuning.fwd_m_tiles=1"});
     CHECK(e.find("kernels.attention_tuning.fwd_m_tiles: applies to kernels.attention=flash or "
                  "flash_mma only (it is naive)") != std::string::npos);
+    // ln2's row alignment under fc_bias_in_dw: 8 or 64 elements
+    CHECK(error_of(kBase, {"kernels.fc_ones_align=64"}) == "(no error)");
+    e = error_of(kBase, {"kernels.fc_ones_align=16"});
+    CHECK(e.find("kernels.fc_ones_align: 16 is not one of: 8, 64") != std::string::npos);
     // the output's rounding residual: flash and flash_mma in bf16
     CHECK(error_of(kBase, {"kernels.attention_tuning.unrounded_dsum=true",
                            "train.precision=bf16"}) == "(no error)");

@@ -333,13 +333,15 @@ TEST_CASE("kernels.layernorm=residual_in_matmul: the model equals GPT<double> in
 TEST_CASE("kernels.fc_bias_in_dw: fc's bias gradient from its weight-gradient GEMM") {
     // with every LayerNorm variant (each writes ln2 beside its column of ones its own way); the
     // tied configs have no biases, so there the flag must change nothing
+    // (and with ln2's rows 128-byte aligned, kernels.fc_ones_align 64)
     for (const char* ln : {"residual_in_matmul", "fused_residual", "separate"})
-        for (bool on : {true, false}) {
+        for (int align : {0, 8, 64}) {
             CAPTURE(ln);
-            CAPTURE(on);
+            CAPTURE(align);
             CudaModelOptions o;
             o.kernels.layernorm = ln;
-            o.kernels.fc_bias_in_dw = on;
+            o.kernels.fc_bias_in_dw = align > 0;
+            if (align > 0) o.kernels.fc_ones_align = align;
             compare_fp32_and_bf16(o, false);
         }
 }

@@ -280,6 +280,10 @@ std::vector<ConfigField> config_fields(Config& c) {
          "GPU, matmul: fused_epilogue: the MLP fc layer's bias gradient as one more column of its "
          "weight-gradient GEMM (ln2 stored with a column of ones; false: a column-sum pass)",
          &k.fc_bias_in_dw});
+    add({"kernels", "fc_ones_align",
+         "GPU, fc_bias_in_dw: ln2's rows, with their column of ones, are C + 1 rounded up to a "
+         "multiple of this many elements apart: 8 (16-byte bf16 rows) or 64 (128-byte rows)",
+         &k.fc_ones_align, 8, 64});
     add({"kernels", "gelu_backward_in_gemm",
          "GPU, matmul: fused_epilogue or wgmma, model.mlp=gelu: GELU's derivative in the "
          "epilogue of the MLP projection's input-gradient GEMM (cuBLASLt's DGELU; false: the "
@@ -514,6 +518,7 @@ void check_tuning_sets(const KernelChoice& k,
         throw Error(at(key) + std::to_string(v) + " is not one of: " + all);
     };
     one_of(cet + "groups", ct.groups, {0, 2, 3});
+    one_of("kernels.fc_ones_align", k.fc_ones_align, {8, 64});
     one_of(cet + "parts", ct.parts, {0, 1, 2, 4});
     one_of(cet + "threads", ct.threads, {0, 256, 512, 1024});
     one_of(cet + "helper_parts", ct.helper_parts, {0, 1, 2, 4});

@@ -186,6 +186,11 @@ std::vector<Case> cases_of(const Buffers& b, const Shape& s, const Options& o) {
         g.beta = 0;
         return g;
     };
+    auto rows_apart = [](Gemm g, int64_t lda) {  // the input's rows lda apart (ln2 with its ones)
+        g.lda = lda;
+        return g;
+    };
+    const int64_t ones64 = (C + 64) / 64 * 64;  // kernels.fc_ones_align: 64
     return {
         {"fwd qkv", fwd(BT, C, 3 * C, Epilogue::bias), layers},
         {"fwd proj", fwd(BT, C, C, Epilogue::bias), layers},
@@ -202,6 +207,12 @@ std::vector<Case> cases_of(const Buffers& b, const Shape& s, const Options& o) {
         {"fwd proj, bias as a ones column", with_residual(fwd(BT, C + 8, C, Epilogue::none)), 0},
         {"fwd proj + residual", with_residual(fwd(BT, C, C, Epilogue::bias)), 0},
         {"fwd fc + GELU, bias as a ones column", fwd(BT, C + 8, 4 * C, Epilogue::gelu_aux), 0},
+        // what fc_bias_in_dw makes of fc's forward: ln2's rows C + 8 apart (fc_ones_align 8) or
+        // 128-byte aligned (fc_ones_align 64), the product over the first C columns
+        {"fwd fc + GELU, rows C + 8 apart",
+         rows_apart(fwd(BT, C, 4 * C, Epilogue::gelu_aux_bias), C + 8), 0},
+        {"fwd fc + GELU, rows 64-aligned",
+         rows_apart(fwd(BT, C, 4 * C, Epilogue::gelu_aux_bias), ones64), 0},
         {"fwd fcproj + residual, bias as a ones column",
          with_residual(fwd(BT, 4 * C + 8, C, Epilogue::none)), 0},
         {"dinp qkv", dinp(BT, C, 3 * C, Epilogue::none), layers},
@@ -216,6 +227,7 @@ std::vector<Case> cases_of(const Buffers& b, const Shape& s, const Options& o) {
         {"dW fc", dW(BT, C, 4 * C), layers},
         // fc's bias gradient as the GEMM's last column: ln2 with a column of ones (padded to 8)
         {"dW fc + a ones column", dW_written(BT, C + 8, 4 * C), 0},
+        {"dW fc + a ones column, 64-aligned", dW_written(BT, ones64, 4 * C), 0},
         {"dW fcproj", dW(BT, 4 * C, C), layers},
         {"head logits", fwd(HR, C, Vp, Epilogue::none), chunks},
         {"head dinp", dinp(HR, C, Vp, Epilogue::none), chunks},
