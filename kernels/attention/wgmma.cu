@@ -707,18 +707,39 @@ __device__ __forceinline__ void dq_tile(float (&dq)[kD / 2], uint32_t q_rows, ui
     hold(dq);
 }
 
-// D's share from O's rounding residual (tuning.unrounded_dsum; acc unchanged without ores): this
-// thread's 32 columns (half) of row r of the block's dO tile (dorow, swizzled) against the
-// residual's, for query row `row` of head h.
-__device__ __forceinline__ float residual_dot(float acc, const bf16* ores,
-                                              const unsigned char* dorow, int r, int half,
-                                              int64_t row, int64_t b, int64_t h, const Geo& g) {
-    if (!ores || row >= g.Tn) return acc;
-    const bf16* rrow = ores + (b * g.Tn + row) * g.C + h * g.hs + half * 32;
+// A Dsum thread's half row (32 columns) of O, and of O's rounding residual when ores is given
+// (tuning.unrounded_dsum), for query row `row` of head h: loaded before the block waits for Q and
+// dO, so that their latency overlaps the wait; rows at or past Tn stay zero.
+struct OutHalf {
+    uint4 o[4] = {}, res[4] = {};
+};
+__device__ __forceinline__ OutHalf load_out_half(const bf16* out, const bf16* ores, int64_t row,
+                                                 int half, int64_t b, int64_t h, const Geo& g) {
+    OutHalf v;
+    if (row < g.Tn) {
+        const int64_t at = (b * g.Tn + row) * g.C + h * g.hs + half * 32;
+#pragma unroll
+        for (int j = 0; j < 4; j++) v.o[j] = *reinterpret_cast<const uint4*>(out + at + 8 * j);
+        if (ores)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                v.res[j] = *reinterpret_cast<const uint4*>(ores + at + 8 * j);
+    }
+    return v;
+}
+// That half row's share of D = rowsum(dO (O + residual)): row r of the block's dO tile (dorow,
+// swizzled) against it.
+__device__ __forceinline__ float dsum_half(const unsigned char* dorow, int r, int half,
+                                           const OutHalf& v, bool with_residual) {
+    float acc = 0;
 #pragma unroll
     for (int j = 0; j < 4; j++)
-        acc = dot8(*reinterpret_cast<const uint4*>(dorow + swz(r, half * 4 + j)),
-                   *reinterpret_cast<const uint4*>(rrow + 8 * j), acc);
+        acc = dot8(*reinterpret_cast<const uint4*>(dorow + swz(r, half * 4 + j)), v.o[j], acc);
+    if (with_residual)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            acc =
+                dot8(*reinterpret_cast<const uint4*>(dorow + swz(r, half * 4 + j)), v.res[j], acc);
     return acc;
 }
 
@@ -779,20 +800,10 @@ __global__ void __launch_bounds__(kThreads, 2)
     {  // Dsum: two threads per row (32 columns each); the O loads overlap the tiles landing
         const int r = tid / 2, half = tid % 2;
         const int64_t row = q0 + r;
-        uint4 ov[4] = {};
-        if (row < g.Tn) {
-            const bf16* orow = out + (b * g.Tn + row) * g.C + h * g.hs + half * 32;
-#pragma unroll
-            for (int j = 0; j < 4; j++) ov[j] = *reinterpret_cast<const uint4*>(orow + 8 * j);
-        }
+        const OutHalf ov = load_out_half(out, ores, row, half, b, h, g);
         wait_prev_and_sync();  // Q, dO and (cp.async ring) key tile 0; the barriers initialised
         const unsigned char* dorow = smem + (do_tile - smem0);
-        float acc = 0;
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            acc = dot8(*reinterpret_cast<const uint4*>(dorow + swz(r, half * 4 + j)), ov[j], acc);
-        }
-        acc = residual_dot(acc, ores, dorow, r, half, row, b, h, g);
+        float acc = dsum_half(dorow, r, half, ov, ores != nullptr);
         acc += __shfl_xor_sync(0xffffffffu, acc, 1);
         if (half == 0) {
             Dsm[r] = acc;  // rows past Tn: dO and O are zero, so 0
@@ -1261,21 +1272,12 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     {  // Dsum: two threads per row (32 columns each); the O loads overlap Q and dO landing
         const int r = t / 2, half = t % 2;
         const int64_t row = q0 + r;
-        uint4 ov[4] = {};
-        if (row < g.Tn) {
-            const bf16* orow = out + (b * g.Tn + row) * g.C + h * g.hs + half * 32;
-#pragma unroll
-            for (int j = 0; j < 4; j++) ov[j] = *reinterpret_cast<const uint4*>(orow + 8 * j);
-        }
+        const OutHalf ov = load_out_half(out, ores, row, half, b, h, g);
         asm volatile("cp.async.wait_all;\n" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         compute_sync();  // Q and dO landed
         const unsigned char* dorow = smem + (do_tile - smem0);
-        float acc = 0;
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            acc = dot8(*reinterpret_cast<const uint4*>(dorow + swz(r, half * 4 + j)), ov[j], acc);
-        acc = residual_dot(acc, ores, dorow, r, half, row, b, h, g);
+        float acc = dsum_half(dorow, r, half, ov, ores != nullptr);
         acc += __shfl_xor_sync(0xffffffffu, acc, 1);
         if (half == 0) {
             Dsm[r] = acc;  // rows past Tn: dO and O are zero, so 0
