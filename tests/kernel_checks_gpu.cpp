@@ -263,8 +263,10 @@ void attention_unrounded_dsum_gain(const std::string& variant, const AttentionDi
     }
     CHECK(outs[1] == outs[0]);  // the residual is saved beside the output, which is unchanged
     // (the default tuning: the rows of attention() cover the other kernels with the key on)
-    INFO("dq, dk relative error: " << errs[0] << " from the rounded output, " << errs[1]
-                                   << " with its residual");
+    // printed on every run, so that a GPU run records the gain, not only whether it held
+    MESSAGE(variant << " " << s.B << "x" << s.T << " C=" << s.C << " NH=" << s.NH
+                    << ": dq, dk relative error " << errs[0] << " from the rounded output, "
+                    << errs[1] << " with its residual");
     CHECK(errs[1] <= 0.5 * errs[0]);
 }
 
