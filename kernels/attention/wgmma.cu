@@ -222,6 +222,20 @@ __device__ __forceinline__ void product_smem(float (&d)[N / 2], uint32_t a, uint
     for (int kk = 0; kk < kD / 16; kk++)
         Wgmma<N, 0>::ss(d, desc(a + 32 * kk), desc(b + 32 * kk), kk > 0);
 }
+// The backward's two products of a tile, x = A B^T and y = C D^T (S and dP, or their
+// transposes), issued as two groups; returns once x has landed, y still running (so the
+// exponentials on x overlap it).
+template <int N>
+__device__ __forceinline__ void product_pair(float (&x)[N / 2], uint32_t a, uint32_t b,
+                                             float (&y)[N / 2], uint32_t c, uint32_t d) {
+    wg_fence();
+    product_smem<N>(x, a, b);
+    wg_commit();
+    product_smem<N>(y, c, d);
+    wg_commit();
+    wg_wait<1>();
+    hold(x);
+}
 
 // ---------------------------------------------------------------- outputs
 // Row gq + 8 r of this warp's 16 x kD accumulator rows, times scale, as bf16 at dst. kResidual:
@@ -676,13 +690,7 @@ __device__ __forceinline__ void dq_tile(float (&dq)[kD / 2], uint32_t q_rows, ui
                                         const float (&L)[2], const float (&Dr)[2], float sl2,
                                         int warp, int gq, int tq) {
     float s[KT / 2], dp[KT / 2];
-    wg_fence();
-    product_smem<KT>(s, q_rows, k_tile);
-    wg_commit();
-    product_smem<KT>(dp, do_rows, v_tile);
-    wg_commit();
-    wg_wait<1>();  // S; the exponentials overlap dP = dO V^T
-    hold(s);
+    product_pair<KT>(s, q_rows, k_tile, dp, do_rows, v_tile);  // S; dP = dO V^T still running
 #pragma unroll
     for (int i = 0; i < KT / 2; i++) s[i] = ex2(fmaf(s[i], sl2, -L[(i >> 1) & 1]));
     if (rel > -KT) {  // the tile straddles the diagonal of some row of this warpgroup
@@ -855,13 +863,7 @@ __device__ __forceinline__ void dkdv_tile(float (&dk)[kD / 2], float (&dv)[kD / 
                                           const float* Lt, const float* Dt, int rel, float sl2,
                                           int warp, int gq, int tq) {
     float p[QT / 2], dp[QT / 2];
-    wg_fence();
-    product_smem<QT>(p, k_rows, q);
-    wg_commit();
-    product_smem<QT>(dp, v_rows, d_o);
-    wg_commit();
-    wg_wait<1>();  // S^T
-    hold(p);
+    product_pair<QT>(p, k_rows, q, dp, v_rows, d_o);  // S^T; dP^T still running
 #pragma unroll
     for (int n = 0; n < QT / 8; n++) {
         const float2 L = *reinterpret_cast<const float2*>(Lt + n * 8 + 2 * tq);
