@@ -180,7 +180,8 @@ class TorchGPT:
             if KV != H:  # query head h reads key/value head h / (H / KV)
                 k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)
             if self.attention in SDPA_BACKENDS:  # one backend forced instead of SDPA's choice
-                with torch.nn.attention.sdpa_kernel(SDPA_BACKENDS[self.attention]()):
+                backend = getattr(torch.nn.attention.SDPBackend, SDPA_BACKENDS[self.attention])
+                with torch.nn.attention.sdpa_kernel(backend):
                     y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             elif self.attention == "fp32":  # nothing rounded inside attention (as ours' naive kernel)
                 with torch.autocast(device_type=q.device.type, enabled=False):
@@ -246,12 +247,8 @@ def own_init(run, seed):
 
 # SDPA's backends by the names of the attention variants. With CUDA 13 and cuDNN above 9.15 on
 # Hopper, PyTorch 2.11 tries cuDNN's kernel first (sdp_utils.cpp, check_prefer_cudnn_attention).
-SDPA_BACKENDS = {
-    "math": lambda: torch.nn.attention.SDPBackend.MATH,
-    "flash": lambda: torch.nn.attention.SDPBackend.FLASH_ATTENTION,
-    "cudnn": lambda: torch.nn.attention.SDPBackend.CUDNN_ATTENTION,
-    "efficient": lambda: torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION,
-}
+SDPA_BACKENDS = {"math": "MATH", "flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION",
+                 "efficient": "EFFICIENT_ATTENTION"}
 
 # The variants that change how PyTorch computes (--torch-variants): the residual stream rounded,
 # the norms' weights rounded, the attention kernel (sdpa: the one SDPA picks; math, flash, cudnn,
