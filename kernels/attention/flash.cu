@@ -18,19 +18,22 @@ namespace zgpt::cuda {
 
 namespace {
 
-size_t lse_bytes(const AttentionShape& s) {  // up to the residual's 256-byte boundary
-    return (size_t(s.B * s.NH * s.Tn) * sizeof(float) + 255) / 256 * 256;
+size_t lse_bytes(const AttentionShape& s) {
+    return size_t(s.B * s.NH * s.Tn) * sizeof(float);
+}
+size_t residual_offset(const AttentionShape& s) {  // the lse's end, up to 256 bytes
+    return (lse_bytes(s) + 255) / 256 * 256;
 }
 
 }  // namespace
 
 size_t flash_saved_bytes(const AttentionShape& s) {
-    const size_t lse = size_t(s.B * s.NH * s.Tn) * sizeof(float);
-    return s.tuning.unrounded_dsum ? lse_bytes(s) + size_t(s.B * s.Tn * s.C) * 2 : lse;
+    return s.tuning.unrounded_dsum ? residual_offset(s) + size_t(s.B * s.Tn * s.C) * 2
+                                   : lse_bytes(s);
 }
 
 void* flash_out_residual(void* saved, const AttentionShape& s) {
-    return s.tuning.unrounded_dsum ? static_cast<char*>(saved) + lse_bytes(s) : nullptr;
+    return s.tuning.unrounded_dsum ? static_cast<char*>(saved) + residual_offset(s) : nullptr;
 }
 
 namespace {
@@ -88,14 +91,15 @@ __global__ void flash_forward_kernel(T* out, float* lse, T* ores, const T* qkv, 
         m = mt;
     }
     if (!active) return;
-    T* y = out + (b * g.Tn + i) * g.C + h * g.hs;
+    const int64_t at = (b * g.Tn + i) * g.C + h * g.hs;
     const float inv = 1.0f / l;
 #pragma unroll
     for (int d = 0; d < HS; d++)
         if (d < hs) {
             const float v = o[d] * inv;
-            y[d] = from_f<T>(v);
-            if (ores) ores[(b * g.Tn + i) * g.C + h * g.hs + d] = from_f<T>(v - to_f(y[d]));
+            const T y = from_f<T>(v);
+            out[at + d] = y;
+            if (ores) ores[at + d] = from_f<T>(v - to_f(y));
         }
     lse[bh * g.Tn + i] = m + logf(l);
 }
