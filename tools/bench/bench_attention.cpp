@@ -5,6 +5,12 @@
 //   bench_attention [--out results.json] [--variants flash,flash_mma] [--iters 20]
 //                   [--shape B,T,C,NH] [--kv-heads NKV]
 //                   [--set kernels.attention_tuning.wgmma_dkdv_wgs=1 ...]
+//   bench_attention --io DIR [--variants ...] [--shape ...] [--set ...]
+//
+// --io runs each variant once, untimed, on inputs another program wrote (DIR/qkv.bin, [B, T, 3C],
+// and DIR/dout.bin, [B, T, C], raw bf16) and writes its output and gradient beside them
+// (DIR/<variant>.out.bin, DIR/<variant>.dqkv.bin): tools/dev/attention_accuracy.py compares
+// them, and PyTorch's kernels on the same inputs, with a float64 reference.
 //
 // The floor counts the products a causal attention needs: forward S = Q K^T and O = P V over the
 // T (T + 1) / 2 query-key pairs of each head (4 hd FLOPs a pair), backward 2.5 times that (S is
@@ -35,7 +41,7 @@ using zgpt::cuda::AttentionVariant;
 namespace {
 
 struct Options {
-    std::string out, only, shape = "64,1024,768,12";
+    std::string out, only, io, shape = "64,1024,768,12";
     int iters = 20;
     int64_t kv_heads = 0;  // grouped-query attention's key/value heads; 0: NH
     std::vector<std::string> sets;
@@ -57,6 +63,9 @@ std::optional<Options> parse(int argc, char** argv, int& exit_code) {
     app.add_option("--variants", o.only,
                    "comma-separated variant names (default: flash,flash_mma)");
     app.add_option("--iters", o.iters, "timed iterations per direction")->capture_default_str();
+    app.add_option("--io", o.io,
+                   "run each variant once on DIR/qkv.bin and DIR/dout.bin (raw bf16) and write "
+                   "DIR/<variant>.out.bin and .dqkv.bin, untimed");
     app.add_option("--shape", o.shape, "B,T,C,NH (GPT-2 124M's by default)")->capture_default_str();
     app.add_option("--kv-heads", o.kv_heads,
                    "key/value heads for grouped-query attention, a divisor of NH (0: NH)")
@@ -177,6 +186,52 @@ nlohmann::json run_variant(const AttentionVariant& v, const Buffers& b, const At
             {"both_x_floor", (fwd_ms + bwd_ms) / (f.fwd_ms + f.bwd_ms)}};
 }
 
+// The bytes of DIR/name, which must be `bytes` long.
+std::vector<char> read_exact(const std::string& path, size_t bytes) {
+    std::ifstream in(path, std::ios::binary | std::ios::ate);
+    ZG_CHECK(in.good(), "--io: cannot read " + path);
+    ZG_CHECK(size_t(in.tellg()) == bytes, "--io: " + path + " holds " +
+                                              std::to_string(size_t(in.tellg())) +
+                                              " bytes; the shape needs " + std::to_string(bytes));
+    std::vector<char> data(bytes);
+    in.seekg(0);
+    in.read(data.data(), std::streamsize(bytes));
+    return data;
+}
+
+void write_device(const std::string& path, const void* d, size_t bytes) {
+    std::vector<char> host(bytes);
+    CK(cudaMemcpy(host.data(), d, bytes, cudaMemcpyDeviceToHost));
+    std::ofstream out(path, std::ios::binary);
+    out.write(host.data(), std::streamsize(bytes));
+    ZG_CHECK(out.good(), "--io: cannot write " + path);
+}
+
+// --io: each variant once on the given inputs, its output and gradient written beside them.
+void run_io(const Options& o, const AttentionShape& sh) {
+    const Buffers b(sh);
+    const size_t qkv_b = size_t(sh.B) * sh.Tn * qkv_width(sh) * 2,
+                 out_b = size_t(sh.B) * sh.Tn * sh.C * 2;
+    CK(cudaMemcpy(b.qkv, read_exact(o.io + "/qkv.bin", qkv_b).data(), qkv_b,
+                  cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(b.dout, read_exact(o.io + "/dout.bin", out_b).data(), out_b,
+                  cudaMemcpyHostToDevice));
+    for (const AttentionVariant* v : variants_of(o)) {
+        void *saved = nullptr, *scratch = nullptr;
+        if (const size_t n = v->saved_bytes(sh)) CK(cudaMalloc(&saved, n));
+        if (const size_t n = v->scratch_bytes(sh)) CK(cudaMalloc(&scratch, n));
+        v->forward(b.o, saved, b.qkv, sh, zgpt::DType::bf16, nullptr);
+        v->backward(b.dqkv, b.dout, b.qkv, b.o, saved, scratch, nullptr, sh, zgpt::DType::bf16,
+                    nullptr);
+        CK(cudaDeviceSynchronize());
+        write_device(o.io + "/" + v->name + ".out.bin", b.o, out_b);
+        write_device(o.io + "/" + v->name + ".dqkv.bin", b.dqkv, qkv_b);
+        std::printf("%s: wrote %s/%s.out.bin and .dqkv.bin\n", v->name, o.io.c_str(), v->name);
+        cudaFree(saved);
+        cudaFree(scratch);
+    }
+}
+
 void write_json(const std::string& path, const zgpt::cuda::DeviceInfo& dev,
                 const AttentionShape& sh, const Options& o, const Floors& f,
                 const nlohmann::json& rows) {
@@ -214,6 +269,15 @@ int main(int argc, char** argv) {
     if (dev.count == 0) {
         std::fprintf(stderr, "no CUDA device: %s\n", dev.error.c_str());
         return 1;
+    }
+    if (!opt->io.empty()) {
+        try {
+            run_io(*opt, sh);
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "%s\n", e.what());
+            return 1;
+        }
+        return 0;
     }
     const Floors f = floors_of(sh, matmul_rate(opt->iters));
     std::printf(
