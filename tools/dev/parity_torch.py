@@ -268,6 +268,7 @@ KERNEL_VARIANTS = {
 
 def train_torch(run, arena, batches, device, dtype, steps):
     name, t0 = dtype, time.time()
+    dtype, _, moved = dtype.partition("+")  # "fp32_attention+jitter2": a kernel variant, moved
     init = re.fullmatch(r"init(\d*)", dtype)
     if init:  # PyTorch from its own draw of the weights (seed 1, 2, ...), in the run's precision
         arena = own_init(run, int(init.group(1) or 1))
@@ -277,13 +278,14 @@ def train_torch(run, arena, batches, device, dtype, steps):
     model = TorchGPT(run, arena, device, round_residual=residual, attention=attention,
                      round_norm_weights=norm_weights)
     dtype = precision or run["train"]["precision"]
-    jitter = re.fullmatch(r"jitter(\d*)", dtype)
+    jitter = re.fullmatch(r"jitter(\d*)", moved or dtype)
     if jitter:  # from weights moved by 1e-6 relative (in the run's precision): an equally valid start
         with torch.no_grad():  # jitter, jitter2, jitter3, ...: seeds 1, 2, 3, ...
             g = torch.Generator(device=device).manual_seed(int(jitter.group(1) or 1))
             for p in model.P.values():
                 p.mul_(1 + 1e-6 * torch.randn(p.shape, generator=g, device=device))
-        dtype = run["train"]["precision"]
+        if not moved:
+            dtype = run["train"]["precision"]
     o, lossc, tr = run["optim"], run["loss"], run["train"]
     names = list(model.P)
     state = {n: (torch.zeros_like(model.P[n]), torch.zeros_like(model.P[n])) for n in names}
@@ -409,7 +411,8 @@ def main():
                          "valid implementation of the same run), flash_attention, cudnn_attention, "
                          "efficient_attention (that SDPA backend forced), fp32_attention (attention "
                          "on fp32 copies of q, k and v, nothing rounded inside it, as ours' naive "
-                         "kernel)")
+                         "kernel); a kernel variant with +jitterK (fp32_attention+jitter2) starts "
+                         "from jitterK's weights")
     ap.add_argument("--ours-variant", action="append", default=[], metavar="K=V[,K=V]",
                     help="train ours once more with these overrides (same weights and batches); "
                          "repeatable")
