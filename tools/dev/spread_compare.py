@@ -6,7 +6,8 @@ differ among themselves.
 
 - ours: the plain run and each `--ours-variant` that only moves the start (`model.init_jitter`);
 - PyTorch: each file's run from our weights (its kernels are not deterministic, so each is a
-  sample) and each `jitterN` variant.
+  sample) and each `jitterN` variant. A kernel variant's runs from moved starts (`fp32_attention+jitterN`)
+  pool with its run from our weights.
 Identical loss curves count once. With one run of ours, its spread is taken to be PyTorch's.
 Other variants (ours with other settings, PyTorch's kernel
 variants such as bf16_storage) are listed beside, by name (ours' by their settings, all
@@ -109,7 +110,8 @@ def pool(files):
             # the same settings from other starts pool into one sample
             add(f"ours {settings_of(v)}" if settings_of(v) else "ours", losses, st)
         for v, c in d.get("pytorch_variants", {}).items():
-            add("pytorch" if v.startswith("jitter") else f"pytorch {v}", c["losses"], c.get("stats"))
+            kernels = v.split("+")[0]  # "fp32_attention+jitter2": fp32_attention from a moved start
+            add("pytorch" if v.startswith("jitter") else f"pytorch {kernels}", c["losses"], c.get("stats"))
     return samples, settings, stats
 
 
