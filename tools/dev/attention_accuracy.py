@@ -1,37 +1,52 @@
 #!/usr/bin/env python3
-"""Our attention kernels' rounding error beside PyTorch's, on the same inputs (one GPU).
+"""Our attention kernels' rounding error beside PyTorch's, on the same inputs.
 
-For each score scale (the standard deviation of q.k / sqrt(hs) over random Gaussian q and k; large
-scales give peaked rows, as attention without qk_norm reaches at high learning rates) this writes
-one bf16 input (qkv and an upstream gradient), runs our variants on it (`bench_attention --io`),
-then PyTorch's scaled_dot_product_attention with each backend forced, and compares every output
-(out, dq, dk, dv) with one float64 reference:
+Each case is one bf16 input of causal attention (qkv and an upstream gradient). Our variants run on
+it through `bench_attention --io`, then PyTorch's scaled_dot_product_attention with each backend
+forced, and every output (out, dq, dk, dv) is compared with one float64 reference:
   rel   relative error in the Frobenius norm, |got - ref| / |ref|
   bias  <got, ref> / <ref, ref> - 1: how much the result shrinks (< 0) or grows along the truth
   rows  for dq: the share of query rows whose error exceeds half of their true row's norm, among
         the rows whose true norm is at least a hundredth of the rows' root mean square
-A kernel that trains worse than another with the same roundings should show it here, or the cause
-lies outside the kernel's per-call error.
+The cases are either random (--scales: q and k Gaussian so that the scores q.k / sqrt(hs) have
+that standard deviation; large ones give peaked rows, as attention without qk_norm reaches at high
+learning rates) or real (--weights and --inputs: every layer's attention inputs and upstream
+gradient in one bf16 training step from a trained model's weights, as PyTorch's autocast computes
+them). Each case also reports its scores' spread and how peaked its rows are (the mean over rows
+of the largest probability). A kernel that trains worse than another with the same roundings
+shows it here, or the cause lies outside the kernel's per-call error.
 
   python3 tools/dev/attention_accuracy.py --bin build-gpu [--shape 2,512,256,4]
-      [--scales 1,4,16,32,64] [--out accuracy.json]
+      [--scales 1,4,16,32,64] [--set kernels.attention_tuning.K=V] [--out accuracy.json]
+  python3 tools/dev/attention_accuracy.py --bin build-gpu --inputs WORK/inputs
+      --weights WORK/ours/ckpt_2000.bin [--step 0] [--rows 2] [--out real.json]
+WORK is a tools/dev/parity_torch.py work folder: its inputs/ (parity_inputs: the run and its
+batches), ours' checkpoints, and with --save-final PyTorch's final weights (final_pytorch_*.f32).
+--torch-only leaves ours out (a machine without our CUDA build; on the CPU only PyTorch's math
+backend runs).
 """
 import argparse
 import json
 import os
+import pathlib
+import struct
 import subprocess
 import sys
 import tempfile
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import parity_torch  # noqa: E402  (the PyTorch GPT over our weight arena)
 
 # PyTorch's backends, by their SDPBackend names; fp32_math: the math backend on fp32 copies
 TORCH_BACKENDS = ["FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH", "fp32_math"]
 OURS = ["flash", "flash_mma", "naive"]
 
 
-def make_inputs(B, T, C, NH, scale, seed):
+def random_case(B, T, C, NH, scale, seed):
     """qkv [B, T, 3C] and dout [B, T, C] in bf16: q and k of sd sqrt(scale), so that the scores
     q.k / sqrt(hs) have sd `scale`; v and dout standard normal."""
     g = torch.Generator().manual_seed(seed)
@@ -41,10 +56,72 @@ def make_inputs(B, T, C, NH, scale, seed):
     return qkv.to(torch.bfloat16), dout.to(torch.bfloat16)
 
 
+def load_weights(path, run):
+    """Our weight arena (float32, the parameter table's layout) from a checkpoint of `train`
+    (train/checkpoint.h: magic, version, header, then the params) or a raw .f32 arena."""
+    n = run["num_parameters"]
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if head == b"ZGPTCKPT":
+            _version, _zero, header_len = struct.unpack("<IIQ", f.read(16))
+            f.seek(header_len, 1)
+            arena = np.frombuffer(f.read(4 * n), dtype=np.float32)
+        else:
+            f.seek(0)
+            arena = np.fromfile(f, dtype=np.float32)
+    if arena.size != n:
+        sys.exit(f"error: {path} holds {arena.size} weights; the run's table has {n}")
+    return arena.copy()
+
+
+def real_cases(a, device):
+    """[(label, qkv, dout, NH)]: each layer's attention inputs and upstream gradient in one bf16
+    autocast step of the PyTorch GPT on --weights, over the first --rows sequences of --step's
+    first micro-batch."""
+    inputs = pathlib.Path(a.inputs)
+    run = json.loads((inputs / "run.json").read_text())
+    tr, m = run["train"], run["model"]
+    batches = np.fromfile(inputs / "batches.i32", dtype=np.int32).reshape(
+        -1, tr["grad_accum"], 2, tr["batch_size"], tr["seq_len"])
+    if not 0 <= a.step < batches.shape[0]:
+        sys.exit(f"error: --step {a.step}: {inputs} holds batches for {batches.shape[0]} steps")
+    if (m["n_kv_head"] or m["n_head"]) != m["n_head"]:
+        sys.exit("error: grouped-query attention is not supported here")
+    model = parity_torch.TorchGPT(run, load_weights(a.weights, run), device)
+    model.capture = []
+    micro = batches[a.step, 0, :, : a.rows]
+    x = torch.from_numpy(micro[0].astype(np.int64)).to(device)
+    y = torch.from_numpy(micro[1].astype(np.int64)).to(device)
+    with torch.autocast(device_type=device, dtype=torch.bfloat16):
+        logits = model.forward(x)
+    stats = {"lse": 0, "lse_sq": 0,
+             "max_logit": torch.tensor(-float("inf"), dtype=torch.float64, device=device)}
+    parity_torch.loss_sum(logits, y, run["loss"], stats).backward()
+    cases = []
+    for l, rec in enumerate(model.capture):
+        B, H, T, hs = rec["q"].shape
+        flat = [t.transpose(1, 2).reshape(B, T, H * hs) for t in (rec["q"], rec["k"], rec["v"])]
+        dout = rec["dy"].transpose(1, 2).reshape(B, T, H * hs)
+        cases.append((f"layer {l}", torch.cat(flat, dim=-1).cpu().to(torch.bfloat16),
+                      dout.cpu().to(torch.bfloat16), H))
+    return cases
+
+
 def heads(x, NH):
     """[B, T, C] -> [B, NH, T, hs]"""
     B, T, C = x.shape
     return x.view(B, T, NH, C // NH).transpose(1, 2)
+
+
+def score_stats(qkv, NH):
+    """The case's scores' standard deviation (causal entries) and mean largest probability a row."""
+    C = qkv.shape[-1] // 3
+    q, k = (heads(t.double(), NH) for t in qkv.split(C, dim=-1)[:2])
+    s = q @ k.transpose(-1, -2) / (C // NH) ** 0.5
+    T = s.shape[-1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=s.device).tril()
+    p = s.masked_fill(~causal, -float("inf")).softmax(dim=-1)
+    return s[..., causal].std().item(), p.max(dim=-1).values.mean().item()
 
 
 def sdpa_grads(qkv, dout, NH, dtype, backend):
@@ -56,11 +133,8 @@ def sdpa_grads(qkv, dout, NH, dtype, backend):
     x = qkv.to(dtype).detach().requires_grad_(True)
     q, k, v = (heads(t, NH) for t in x.split(C, dim=-1))
     try:
-        if backend is None:
+        with sdpa_kernel([getattr(SDPBackend, backend)]):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            with sdpa_kernel([getattr(SDPBackend, backend)]):
-                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         out = y.transpose(1, 2).reshape(dout.shape)
         out.backward(dout.to(dtype))
     except RuntimeError as e:
@@ -78,9 +152,8 @@ def compare(got, ref, C, NH):
         parts[name] = (dqkv_g[..., i * C : (i + 1) * C], dqkv_r[..., i * C : (i + 1) * C])
     res = {}
     for name, (g, r) in parts.items():
-        err = (g - r).norm().item()
         res[name] = {
-            "rel": err / r.norm().item(),
+            "rel": (g - r).norm().item() / r.norm().item(),
             "bias": ((g * r).sum() / (r * r).sum()).item() - 1.0,
         }
     g, r = heads(parts["dq"][0], NH), heads(parts["dq"][1], NH)
@@ -92,16 +165,16 @@ def compare(got, ref, C, NH):
 
 
 def read_bf16(path, shape):
-    return torch.from_file(path, size=int(torch.tensor(shape).prod()), dtype=torch.bfloat16).view(
-        shape
-    )
+    count = int(np.prod(shape))
+    return torch.from_file(path, size=count, dtype=torch.bfloat16).view(shape)
 
 
-def ours_outputs(bin_dir, work, shape_arg, qkv, dout, sets):
+def ours_outputs(bin_dir, work, qkv, dout, NH, sets):
     """{variant: (out, dqkv)} from bench_attention --io on these inputs."""
     qkv.contiguous().view(torch.int16).numpy().tofile(os.path.join(work, "qkv.bin"))
     dout.contiguous().view(torch.int16).numpy().tofile(os.path.join(work, "dout.bin"))
-    cmd = [os.path.join(bin_dir, "bench_attention"), "--io", work, "--shape", shape_arg]
+    B, T, C = dout.shape
+    cmd = [os.path.join(bin_dir, "bench_attention"), "--io", work, "--shape", f"{B},{T},{C},{NH}"]
     cmd += ["--variants", ",".join(OURS)]
     for s in sets:
         cmd += ["--set", s]
@@ -118,58 +191,64 @@ def ours_outputs(bin_dir, work, shape_arg, qkv, dout, sets):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bin", default="build-gpu", help="folder with bench_attention")
-    ap.add_argument("--shape", default="2,512,256,4", help="B,T,C,NH (zloss-16m's heads)")
-    ap.add_argument("--scales", default="1,4,16,32,64", help="score standard deviations")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        help="kernels.attention_tuning.key=value for ours, a second row set per --set",
-    )
+    ap.add_argument("--shape", default="2,512,256,4", help="random cases: B,T,C,NH")
+    ap.add_argument("--scales", default="1,4,16,32,64", help="random cases: score deviations")
+    ap.add_argument("--seed", type=int, default=1, help="random cases: the generator's seed")
+    ap.add_argument("--inputs", help="real cases: a parity_inputs folder (run.json, batches.i32)")
+    ap.add_argument("--weights", help="real cases: a checkpoint of train, or a .f32 weight arena")
+    ap.add_argument("--step", type=int, default=0, help="real cases: the step whose batch runs")
+    ap.add_argument("--rows", type=int, default=2, help="real cases: sequences of the batch")
+    ap.add_argument("--set", action="append", default=[],
+                    help="kernels.attention_tuning.key=value for ours, a second row set per --set")
+    ap.add_argument("--torch-only", action="store_true", help="leave ours out")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", help="write the table here as JSON")
     a = ap.parse_args()
-    B, T, C, NH = (int(x) for x in a.shape.split(","))
-    dev = torch.device("cuda")
+    if bool(a.inputs) != bool(a.weights):
+        ap.error("real cases need both --inputs and --weights")
+    if a.device == "cpu" and not a.torch_only:
+        ap.error("ours needs a GPU: give --torch-only on the CPU")
+    dev = torch.device(a.device)
+    if a.inputs:
+        cases = real_cases(a, a.device)
+    else:
+        B, T, C, NH = (int(x) for x in a.shape.split(","))
+        cases = [(f"sd {float(s):g}", *random_case(B, T, C, NH, float(s), a.seed), NH)
+                 for s in a.scales.split(",")]
     rows = []
     with tempfile.TemporaryDirectory() as work:
-        for scale in (float(s) for s in a.scales.split(",")):
-            qkv, dout = make_inputs(B, T, C, NH, scale, a.seed)
-            ref = sdpa_grads(qkv.to(dev), dout.to(dev), NH, torch.float64, "MATH")
-            ref = tuple(t.cpu() for t in ref)
+        for label, qkv, dout, NH in cases:
+            C = dout.shape[-1]
+            sd, peak = score_stats(qkv.to(dev), NH)
+            print(f"{label}: scores' sd {sd:.2f}, mean largest probability {peak:.3f}")
+            ref = tuple(t.cpu() for t in sdpa_grads(qkv.to(dev), dout.to(dev), NH, torch.float64, "MATH"))
             found = {}
-            for sets in [[]] + [[s] for s in a.set]:
-                tag = "" if not sets else " " + sets[0].split(".")[-1]
-                for v, got in ours_outputs(a.bin, work, a.shape, qkv, dout, sets).items():
-                    found["ours " + v + tag] = got
+            if not a.torch_only:
+                for sets in [[]] + [[s] for s in a.set]:
+                    tag = "" if not sets else " " + sets[0].split(".")[-1]
+                    for v, got in ours_outputs(a.bin, work, qkv, dout, NH, sets).items():
+                        found["ours " + v + tag] = got
             for b in TORCH_BACKENDS:
-                dtype = torch.float32 if b == "fp32_math" else torch.bfloat16
-                got = sdpa_grads(qkv.to(dev), dout.to(dev), NH, dtype, "MATH" if b == "fp32_math" else b)
+                fp32 = b == "fp32_math"
+                got = sdpa_grads(qkv.to(dev), dout.to(dev), NH,
+                                 torch.float32 if fp32 else torch.bfloat16, "MATH" if fp32 else b)
                 if got is not None:
                     found["torch " + b.lower()] = tuple(t.cpu() for t in got)
             for name, got in found.items():
                 m = compare(got, ref, C, NH)
-                rows.append({"scale": scale, "kernel": name, **m})
-                print(
-                    f"sd {scale:5g}  {name:34s}"
-                    + "".join(f"  {k} {m[k]['rel']:.2e} ({m[k]['bias']:+.1e})" for k in m)
-                    + f"  dq rows {m['dq']['rows']:.3f}"
-                )
+                rows.append({"case": label, "score_sd": sd, "mean_top_probability": peak,
+                             "kernel": name, **m})
+                print(f"  {name:34s}" + "".join(f"  {k} {m[k]['rel']:.2e} ({m[k]['bias']:+.1e})" for k in m)
+                      + f"  dq rows {m['dq']['rows']:.3f}")
     if a.out:
+        source = ({"inputs": a.inputs, "weights": a.weights, "step": a.step, "rows": a.rows}
+                  if a.inputs else {"shape": a.shape, "seed": a.seed})
         with open(a.out, "w") as f:
-            json.dump(
-                {
-                    "shape": {"B": B, "T": T, "C": C, "NH": NH},
-                    "seed": a.seed,
-                    "torch": torch.__version__,
-                    "device": torch.cuda.get_device_name(),
-                    "measures": "rel: |got - ref| / |ref| (Frobenius); bias: <got, ref> / <ref, ref> - 1; "
-                    "dq rows: share of query rows with |dq error| > |dq| / 2; ref: float64 math SDPA",
-                    "rows": rows,
-                },
-                f,
-                indent=1,
-            )
+            json.dump({"cases": source, "torch": torch.__version__,
+                       "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
+                       "measures": "rel: |got - ref| / |ref| (Frobenius); bias: <got, ref> / <ref, ref> - 1; "
+                       "dq rows: share of query rows with |dq error| > |dq| / 2; ref: float64 math SDPA",
+                       "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

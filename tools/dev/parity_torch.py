@@ -128,6 +128,7 @@ class TorchGPT:
         self.round_residual = round_residual
         self.round_norm_weights = round_norm_weights
         self.attention = attention
+        self.capture = None  # a list: each layer's q, k, v and then dy are appended to it
         self.m = run["model"]
         self.P = {}
         for p in run["params"]:
@@ -189,6 +190,10 @@ class TorchGPT:
                 y = y.to(q.dtype)
             else:
                 y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            if self.capture is not None:  # tools/dev/attention_accuracy.py: attention's real inputs
+                rec = {"q": q.detach(), "k": k.detach(), "v": v.detach()}
+                self.capture.append(rec)
+                y.register_hook(lambda g, rec=rec: rec.update(dy=g.detach()))
             y = y.transpose(1, 2).reshape(B, T, C)
             x = r(x + F.linear(y, P[L["proj"] + ".weight"], self.get(L["proj"] + ".bias")))
             h = self.norm(x, L["ln2"], C)
@@ -266,7 +271,18 @@ KERNEL_VARIANTS = {
 }
 
 
-def train_torch(run, arena, batches, device, dtype, steps):
+def save_arena(run, model, path):
+    """The model's weights in our arena's layout (float32, the table's offsets), as init.f32."""
+    arena = np.zeros(run["num_parameters"], dtype=np.float32)
+    for p in run["params"]:
+        t = model.P[p["name"]].detach().float().cpu().numpy().reshape(-1)
+        arena[p["offset"]: p["offset"] + t.size] = t
+    arena.tofile(path)
+
+
+def train_torch(run, arena, batches, device, dtype, steps, save_to=None):
+    """PyTorch's run `dtype` (a precision or a variant name): its losses and log Z statistics;
+    with save_to, its final weights are written there (save_arena)."""
     name, t0 = dtype, time.time()
     dtype, _, moved = dtype.partition("+")  # "fp32_attention+jitter2": a kernel variant, moved
     init = re.fullmatch(r"init(\d*)", dtype)
@@ -346,7 +362,14 @@ def train_torch(run, arena, batches, device, dtype, steps):
             torch._foreach_mul_(step, lr)
             torch._foreach_div_(step, denom)
             torch._foreach_sub_(params, step)
+    if save_to:
+        save_arena(run, model, save_to)
     return losses, stats
+
+
+def final_weights(a, name):
+    """Where --save-final puts a PyTorch run's final weights (None without it)."""
+    return str(pathlib.Path(a.work) / f"final_pytorch_{name}.f32") if a.save_final else None
 
 
 def torch_variants(a, runj, arena, batches):
@@ -354,7 +377,7 @@ def torch_variants(a, runj, arena, batches):
     out = {}
     for v in filter(None, a.torch_variants.split(",")):
         torch.manual_seed(0)
-        out[v] = train_torch(runj, arena, batches, a.device, v, a.steps)
+        out[v] = train_torch(runj, arena, batches, a.device, v, a.steps, final_weights(a, v))
     return out
 
 
@@ -413,6 +436,10 @@ def main():
                          "on fp32 copies of q, k and v, nothing rounded inside it, as ours' naive "
                          "kernel); a kernel variant with +jitterK (fp32_attention+jitter2) starts "
                          "from jitterK's weights")
+    ap.add_argument("--save-final", action="store_true",
+                    help="write each PyTorch run's final weights into the work folder, in our "
+                         "arena's layout (final_pytorch_<run>.f32; ours' are its checkpoints, "
+                         "WORK/ours/ckpt_*.bin): tools/dev/attention_accuracy.py --weights reads both")
     ap.add_argument("--ours-variant", action="append", default=[], metavar="K=V[,K=V]",
                     help="train ours once more with these overrides (same weights and batches); "
                          "repeatable")
@@ -432,6 +459,8 @@ def main():
     if a.device == "cuda" and not torch.cuda.is_available() and not a.ours_only:
         print("skip: no CUDA device for PyTorch here")
         sys.exit(77)
+    if a.save_final and not a.work:
+        ap.error("--save-final writes into the work folder: give --work")
     work = pathlib.Path(a.work or tempfile.mkdtemp(prefix="zgpt_parity_"))
     work.mkdir(parents=True, exist_ok=True)
     sets = []
@@ -476,7 +505,8 @@ def main():
         own_starts(a, runj, arena, batches, ours, ours_stats)
         return
     torch.manual_seed(0)
-    theirs, theirs_stats = train_torch(runj, arena, batches, a.device, tr["precision"], a.steps)
+    theirs, theirs_stats = train_torch(runj, arena, batches, a.device, tr["precision"], a.steps,
+                                       final_weights(a, "plain"))
     assert len(ours) == len(theirs) == a.steps, (len(ours), len(theirs))
 
     rel = [abs(x - y) / abs(y) for x, y in zip(ours, theirs)]
