@@ -56,7 +56,8 @@ a = write("a.json", curve(1.0), curve(2.0),
 b = write("b.json", curve(1.0), curve(2.4),  # ours again (deterministic), PyTorch's own again
           {"model.init_jitter=1e-6,model.init_jitter_seed=2": {"losses": curve(0.8)},
            "train.fp32_residual=true,model.init_jitter=1e-6,model.init_jitter_seed=3": {"losses": curve(1.7)}},
-          {"jitter2": curve(2.2)})  # the same curve as a.json's jitter: counted once
+          {"jitter2": curve(2.2),  # the same curve as a.json's jitter: counted once
+           "bf16_storage+jitter3": curve(2.7)})  # a kernel variant from a moved start: its sample
 rc, out = run(a, b)
 check(rc == 0, f"two files: exit {rc}\n{out}")
 s = json.loads((work / "s.json").read_text())
@@ -69,7 +70,7 @@ check(abs(last["difference"] - (mo - mt)) < 1e-12, f"difference {last['differenc
 check(abs(last["standard_errors"] - (mo - mt) / se) < 1e-9, f"SE {last['standard_errors']} against {(mo - mt) / se}")
 check(abs(last["dof"] - 4.0) < 1e-9, f"Welch's dof {last['dof']}, not 4 (equal variances, 3 runs a side)")
 check(s["final_losses"]["ours train.fp32_residual=true"] == [2.25, 2.45], f"other settings: {s['final_losses']}")
-check(s["final_losses"]["pytorch bf16_storage"] == [3.25], f"kernel variant: {s['final_losses']}")
+check(s["final_losses"]["pytorch bf16_storage"] == [3.25, 3.45], f"kernel variant, two starts: {s['final_losses']}")
 
 # --pair: another setting's sample against PyTorch's; the default pair is listed beside
 r = subprocess.run([sys.executable, str(tool), a, b, "--window", "2", "--out", str(work / "p.json"),

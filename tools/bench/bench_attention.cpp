@@ -7,10 +7,11 @@
 //                   [--set kernels.attention_tuning.wgmma_dkdv_wgs=1 ...]
 //   bench_attention --io DIR [--variants ...] [--shape ...] [--set ...]
 //
-// --io runs each variant once, untimed, on inputs another program wrote (DIR/qkv.bin, [B, T, 3C],
-// and DIR/dout.bin, [B, T, C], raw bf16) and writes its output and gradient beside them
-// (DIR/<variant>.out.bin, DIR/<variant>.dqkv.bin): tools/dev/attention_accuracy.py compares
-// them, and PyTorch's kernels on the same inputs, with a float64 reference.
+// --io runs each variant once, untimed, on inputs another program wrote (DIR/qkv.bin,
+// [B, T, C + 2 KVC], and DIR/dout.bin, [B, T, C], raw bf16) and writes its output and gradient
+// beside them (DIR/<variant>.out.bin, DIR/<variant>.dqkv.bin): tools/dev/attention_accuracy.py
+// compares them, and PyTorch's kernels on the same inputs, with a float64 reference. --out and
+// --iters do not apply.
 //
 // The floor counts the products a causal attention needs: forward S = Q K^T and O = P V over the
 // T (T + 1) / 2 query-key pairs of each head (4 hd FLOPs a pair), backward 2.5 times that (S is
@@ -216,7 +217,14 @@ void run_io(const Options& o, const AttentionShape& sh) {
                   cudaMemcpyHostToDevice));
     CK(cudaMemcpy(b.dout, read_exact(o.io + "/dout.bin", out_b).data(), out_b,
                   cudaMemcpyHostToDevice));
+    // every name must be a variant: a typo writes nothing, and the reader would find old files
+    std::stringstream names(o.only.empty() ? "flash,flash_mma" : o.only);
+    for (std::string name; std::getline(names, name, ',');)
+        zgpt::cuda::find_attention_variant(name);
     for (const AttentionVariant* v : variants_of(o)) {
+        // outputs a variant leaves unwritten read as NaN, not as the previous variant's
+        CK(cudaMemset(b.o, 0xff, out_b));
+        CK(cudaMemset(b.dqkv, 0xff, qkv_b));
         void *saved = nullptr, *scratch = nullptr;
         if (const size_t n = v->saved_bytes(sh)) CK(cudaMalloc(&saved, n));
         if (const size_t n = v->scratch_bytes(sh)) CK(cudaMalloc(&scratch, n));

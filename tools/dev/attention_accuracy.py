@@ -7,7 +7,9 @@ forced, and every output (out, dq, dk, dv) is compared with one float64 referenc
   rel   relative error in the Frobenius norm, |got - ref| / |ref|
   bias  <got, ref> / <ref, ref> - 1: how much the result shrinks (< 0) or grows along the truth
   rows  for dq: the share of query rows whose error exceeds half of their true row's norm, among
-        the rows whose true norm is at least a hundredth of the rows' root mean square
+        all rows with a nonzero true dq (rows_all, the measure of attention_rounding.py) and among
+        those whose true norm is at least a hundredth of the rows' root mean square (rows_live:
+        with peaked rows most swamped rows carry almost no gradient, and this leaves them out)
 The cases are either random (--scales: q and k Gaussian so that the scores q.k / sqrt(hs) have
 that standard deviation; large ones give peaked rows, as attention without qk_norm reaches at high
 learning rates) or real (--weights and --inputs: every layer's attention inputs and upstream
@@ -46,7 +48,7 @@ TORCH_BACKENDS = ["FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "
 OURS = ["flash", "flash_mma", "naive"]
 
 
-def random_case(B, T, C, NH, scale, seed):
+def random_case(B, T, C, scale, seed):
     """qkv [B, T, 3C] and dout [B, T, C] in bf16: q and k of sd sqrt(scale), so that the scores
     q.k / sqrt(hs) have sd `scale`; v and dout standard normal."""
     g = torch.Generator().manual_seed(seed)
@@ -157,10 +159,9 @@ def compare(got, ref, C, NH):
             "bias": ((g * r).sum() / (r * r).sum()).item() - 1.0,
         }
     g, r = heads(parts["dq"][0], NH), heads(parts["dq"][1], NH)
-    norm = r.norm(dim=-1)
-    live = norm > 0.01 * norm.pow(2).mean().sqrt()  # rows whose gradient counts at all
-    bad = (g - r).norm(dim=-1)[live] > 0.5 * norm[live]
-    res["dq"]["rows"] = bad.double().mean().item()
+    norm, err = r.norm(dim=-1), (g - r).norm(dim=-1)
+    for key, rows in (("rows_all", norm > 0), ("rows_live", norm > 0.01 * norm.pow(2).mean().sqrt())):
+        res["dq"][key] = (err[rows] > 0.5 * norm[rows]).double().mean().item() if rows.any() else None
     return res
 
 
@@ -174,6 +175,9 @@ def ours_outputs(bin_dir, work, qkv, dout, NH, sets):
     qkv.contiguous().view(torch.int16).numpy().tofile(os.path.join(work, "qkv.bin"))
     dout.contiguous().view(torch.int16).numpy().tofile(os.path.join(work, "dout.bin"))
     B, T, C = dout.shape
+    for v in OURS:  # a variant that fails must not leave the last case's files to be read
+        for part in ("out", "dqkv"):
+            pathlib.Path(work, f"{v}.{part}.bin").unlink(missing_ok=True)
     cmd = [os.path.join(bin_dir, "bench_attention"), "--io", work, "--shape", f"{B},{T},{C},{NH}"]
     cmd += ["--variants", ",".join(OURS)]
     for s in sets:
@@ -213,7 +217,7 @@ def main():
         cases = real_cases(a, a.device)
     else:
         B, T, C, NH = (int(x) for x in a.shape.split(","))
-        cases = [(f"sd {float(s):g}", *random_case(B, T, C, NH, float(s), a.seed), NH)
+        cases = [(f"sd {float(s):g}", *random_case(B, T, C, float(s), a.seed), NH)
                  for s in a.scales.split(",")]
     rows = []
     with tempfile.TemporaryDirectory() as work:
@@ -238,16 +242,21 @@ def main():
                 m = compare(got, ref, C, NH)
                 rows.append({"case": label, "score_sd": sd, "mean_top_probability": peak,
                              "kernel": name, **m})
+                shares = "/".join("-" if m["dq"][k] is None else f"{m['dq'][k]:.3f}"
+                                  for k in ("rows_all", "rows_live"))
                 print(f"  {name:34s}" + "".join(f"  {k} {m[k]['rel']:.2e} ({m[k]['bias']:+.1e})" for k in m)
-                      + f"  dq rows {m['dq']['rows']:.3f}")
+                      + f"  dq rows (all/live) {shares}")
     if a.out:
         source = ({"inputs": a.inputs, "weights": a.weights, "step": a.step, "rows": a.rows}
-                  if a.inputs else {"shape": a.shape, "seed": a.seed})
+                  if a.inputs else {"shape": a.shape, "seed": a.seed, "scales": a.scales})
+        source["ours_sets"] = [] if a.torch_only else [""] + a.set
         with open(a.out, "w") as f:
             json.dump({"cases": source, "torch": torch.__version__,
                        "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
                        "measures": "rel: |got - ref| / |ref| (Frobenius); bias: <got, ref> / <ref, ref> - 1; "
-                       "dq rows: share of query rows with |dq error| > |dq| / 2; ref: float64 math SDPA",
+                       "dq rows_all: share of query rows with a nonzero true dq whose |dq error| > |dq| / 2; "
+                       "rows_live: the same among rows with |dq| >= 0.01 x the rows' RMS; "
+                       "ref: float64 math SDPA",
                        "rows": rows}, f, indent=1)
 
 

@@ -271,6 +271,20 @@ KERNEL_VARIANTS = {
 }
 
 
+def variant_error(name):
+    """Why a --torch-variants name is not one (None when it is): a precision, jitterK, initK or a
+    kernel variant, the latter two precisions or a kernel variant optionally +jitterK."""
+    base, plus, moved = name.partition("+")
+    movable = base in KERNEL_VARIANTS or base in ("fp32", "bf16")
+    if plus:
+        if not movable or not re.fullmatch(r"jitter\d*", moved):
+            return f"'{name}': only a precision or a kernel variant takes +jitterK"
+        return None
+    if movable or re.fullmatch(r"(jitter|init)\d*", base):
+        return None
+    return f"'{name}' is none of fp32, bf16, jitterK, initK, " + ", ".join(KERNEL_VARIANTS)
+
+
 def save_arena(run, model, path):
     """The model's weights in our arena's layout (float32, the table's offsets), as init.f32."""
     arena = np.zeros(run["num_parameters"], dtype=np.float32)
@@ -459,6 +473,9 @@ def main():
     if a.device == "cuda" and not torch.cuda.is_available() and not a.ours_only:
         print("skip: no CUDA device for PyTorch here")
         sys.exit(77)
+    for v in filter(None, a.torch_variants.split(",")):
+        if variant_error(v):
+            ap.error(f"--torch-variants: {variant_error(v)}")
     if a.save_final and not a.work:
         ap.error("--save-final writes into the work folder: give --work")
     work = pathlib.Path(a.work or tempfile.mkdtemp(prefix="zgpt_parity_"))
