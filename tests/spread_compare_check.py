@@ -119,6 +119,18 @@ check(rc == 0 and fz.get("ours") == [12.5, 22.5] and fz.get("pytorch") == [32.5,
 check("pytorch bf16_storage" not in fz, f"a run without statistics gets no log^2 Z: {fz}")
 check(s["final_log2z_test"]["difference"] == -20.0 and abs(s["final_log2z_test"]["dof"] - 2.0) < 1e-9,
       f"log^2 Z tested: {s['final_log2z_test']}")
+check(s.get("final_grad_norm") == {}, f"files without gradient norms report none: {s.get('final_grad_norm')}")
+# the gradient norm before clipping, where the statistics carry it: each run's mean over the last window
+for k, sts in (("ours_stats", d["ours_stats"]), ("pytorch_stats", d["pytorch_stats"])):
+    for i, x in enumerate(sts):
+        x["grad_norm"] = (1.0 if k == "ours_stats" else 3.0) + i
+d["ours_variants"]["model.init_jitter=1e-6,model.init_jitter_seed=1"]["stats"] = [
+    dict(x, grad_norm=2.0 + i) for i, x in enumerate(st(20))]
+d["pytorch_variants"]["jitter"]["stats"] = [dict(x, grad_norm=5.0 + i) for i, x in enumerate(st(40))]
+pathlib.Path(z).write_text(json.dumps(d))
+rc, out = run(z)
+fn = json.loads((work / "s.json").read_text()).get("final_grad_norm", {})
+check(rc == 0 and fn.get("ours") == [3.5, 4.5] and fn.get("pytorch") == [5.5, 7.5], f"final gradient norm: {fn}\n{out}")
 
 shutil.rmtree(work)
 print("\n".join(failures) if failures else "spread compare: ok")

@@ -352,10 +352,10 @@ def train_torch(run, arena, batches, device, dtype, steps, save_to=None):
         if (s + 1) % max(1, steps // 10) == 0:  # a progress line on long runs
             print(f"  PyTorch {name}: step {s + 1}/{steps}, loss {losses[-1]:.4f}, "
                   f"{time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+        norm = math.sqrt(sq)  # before clipping, as ours' metrics.jsonl reports it
         stats.append({"lse_mean": lse / max(n_valid, 1), "lse_sq_mean": lse_sq / max(n_valid, 1),
-                      "max_logit": max_logit})
+                      "max_logit": max_logit, "grad_norm": norm})
         with torch.no_grad():
-            norm = math.sqrt(sq)
             scale = min(1.0, o["grad_clip"] / (norm + 1e-6)) if o["grad_clip"] > 0 else 1.0
             lr = learning_rate(o, s, tr["max_steps"])
             b1, b2, t = o["beta1"], o["beta2"], s + 1
@@ -495,13 +495,16 @@ def main():
     ours_sets = sets + ["--set", "train.eval_every=0", "--set", "train.sample_every=0", "--set", "data.val=",
                         "--set", f"train.out_dir={work}"]
 
+    # the statistics compared step by step; the gradient norm (before clipping) is recorded beside
+    # them, for how hard each trainer's clipping bites, but not held to the tolerance
     stat_keys = ("lse_mean", "lse_sq_mean", "max_logit")
+    recorded = stat_keys + ("grad_norm",)
 
     def train_ours(name, extra):
         shutil.rmtree(work / name, ignore_errors=True)  # a run directory is appended to, never reset
         run([f"{a.bin}/train", "-c", a.config, *ours_sets, "--set", f"train.run_name={name}", *extra])
         recs = [json.loads(l) for l in open(work / name / "metrics.jsonl") if '"loss"' in l]
-        return [r["loss"] for r in recs], [{k: r[k] for k in stat_keys} for r in recs]
+        return [r["loss"] for r in recs], [{k: r[k] for k in recorded} for r in recs]
 
     ours, ours_stats = train_ours("ours", [])
     ours_variants = {}

@@ -166,11 +166,19 @@ def main():
         if log2z_test["dof"]:
             print(f"final log^2 Z, {first} - {second}: {log2z_test['difference']:+.1f} "
                   f"({log2z_test['standard_errors']:+.1f} standard errors, p {log2z_test['p']:.3f})")
+    # the gradient norm before clipping over the last window (files from parity_torch.py that
+    # record it): how hard each sample's clipping bites at the end
+    norm = lambda st: sum(x["grad_norm"] for x in st[-w:]) / w
+    final_norm = {n: sorted(round(norm(x), 4) for x in sts) for n, sts in stats.items()
+                  if all(x and len(x) >= w and "grad_norm" in x[-1] for x in sts)}
+    for name, f in final_norm.items():
+        print(f"final gradient norm (last {w} steps), {name}: {', '.join(f'{x:.3f}' for x in f)}")
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"config": config, "overrides": overrides, "steps": steps, "window": w,
                        "sources": a.json, "pair": a.pair, "windows": windows, "final_losses": finals,
-                       "final_log2z": final_log2z, "final_log2z_test": log2z_test}, f, indent=1)
+                       "final_log2z": final_log2z, "final_log2z_test": log2z_test,
+                       "final_grad_norm": final_norm}, f, indent=1)
 
 
 if __name__ == "__main__":
