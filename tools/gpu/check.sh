@@ -34,8 +34,8 @@ if [ "${SKIP_CTEST:-0}" != 1 ]; then
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   build-gpu/bench_ce --out "$out/bench_ce.json" 2>&1 | tee "$out/bench_ce.log"
-  if [ -f .gpu-deps/ce_anchors.py ] && [ "${SKIP_ANCHORS:-0}" != 1 ]; then
-    OUT="$out" python3 .gpu-deps/ce_anchors.py > "$out/anchors.log" 2>&1
+  if [ "${SKIP_ANCHORS:-0}" != 1 ]; then
+    OUT="$out" python3 tools/bench/ce_anchors.py > "$out/anchors.log" 2>&1
     tail -12 "$out/anchors.log"
   fi
   # Apple's Cut Cross-Entropy, where tools/gpu/extra_deps.sh put its wheel
