@@ -182,8 +182,8 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
     logits = linear_ce || sharded ? DeviceBuffer() : act(BT * Vp);
     if (sharded) {
         // The group's NA = P x BT rows in chunks of vp_rows_per_chunk rows of every rank: as many
-        // as the one-GPU head's chunks (GptCudaOptions::head_chunks) over the group's rows, each of at
-        // least kMinChunkRows.
+        // as the one-GPU head's chunks (GptCudaOptions::head_chunks) over the group's rows, each of
+        // at least kMinChunkRows.
         const int64_t P = vgroup.size, NA = P * BT;
         const int64_t chunks =
             std::max<int64_t>(1, std::min<int64_t>(opt.head_chunks, NA / kMinChunkRows));
