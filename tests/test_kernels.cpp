@@ -570,7 +570,9 @@ std::vector<Runner> runners() {
             r.push_back(
                 {family, v, [add, v = std::string(v)](std::vector<Row>& rows) { add(v, rows); }});
     };
-    per_variant("attention", {"flash", "flash_mma", "naive"}, attention_rows);
+    per_variant("attention",
+                {"flash", "flash_mma", "naive", "flash_fwd_naive_bwd", "naive_fwd_flash_bwd"},
+                attention_rows);
     r.push_back({"attention", "cpu", attention_cpu_rows});
     per_variant("cross_entropy",
                 {"naive", "online", "fast", "fast_lockstep", "fused_linear", "fused_linear_wgmma",

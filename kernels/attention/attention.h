@@ -32,6 +32,8 @@ void attention_backward<float>(float* dqkv, const float* dout, const float* qkv,
 //              bf16 at head size 64: wgmma kernels on Hopper, mma.sync ones elsewhere
 //   flash_mma  flash with the mma.sync kernels on every GPU (ablation of the Hopper kernels)
 //   naive  scores and probabilities materialised ([B, NH, T, T] fp32 saved for backward)
+//   flash_fwd_naive_bwd, naive_fwd_flash_bwd  ablations: one's forward with the other's backward
+//          (hybrid.cu), to tell flash's forward rounding from its backward's in training
 // qkv [B, T, C + 2 KVC] (q: NH heads of hs = C / NH, then k and v: NKV heads each, KVC = NKV hs;
 // [B, T, 3C] when NKV = NH), out [B, T, C], dqkv written (not added) in qkv's layout. Query head h
 // reads key/value head h / (NH / NKV); a shared head's dK/dV sums its group's query heads in head

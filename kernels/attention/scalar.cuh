@@ -41,5 +41,7 @@ inline void check_shape(const AttentionShape& s) {
 // The registry's entries, each defined beside its kernels; launch.cu lists them.
 AttentionVariant flash_attention_entry(bool hopper);  // flash (hopper) or flash_mma
 AttentionVariant naive_attention_entry();
+// flash_fwd_naive_bwd (flash_forward) or naive_fwd_flash_bwd: ablations (hybrid.cu)
+AttentionVariant hybrid_attention_entry(bool flash_forward);
 
 }  // namespace zgpt::cuda
