@@ -454,7 +454,7 @@ TEST_CASE("kernel families: the config's keys, choices and defaults are the regi
     CHECK(kernel_variant("matmul", "separate") == int(MatmulVariant::separate));
     CHECK_THROWS_WITH_AS(kernel_variant("attention", "cudnn"),
                          "kernels.attention: unknown variant 'cudnn' (known: flash, flash_mma, "
-                         "naive)",
+                         "naive, flash_fwd_naive_bwd, naive_fwd_flash_bwd)",
                          Error);
     CHECK_THROWS_AS(apply_overrides(c, {"kernels.matmul=cublas"}), Error);
 }
