@@ -4,12 +4,18 @@
 // (the trainer runs the first) and, for the forward products, the `wgmma` matmul variant.
 //
 //   bench_gemm [--out results.json] [--shape BT,C,V] [--chunks 4] [--candidates 32] [--iters 20]
+//   bench_gemm --sustain SECONDS [--out sustained.json]
 //
 // Per layer: the forward of qkv, proj, fc (bias + GELU, the pre-activation stored) and fcproj;
 // the input gradients (fcproj's with GELU' from the stored pre-activation); the weight gradients
 // (fp32, accumulated: beta 1). The LM head: its logits and input gradient per row chunk (BT /
 // chunks rows), its weight gradient over all rows. A row's "step" column is the time of that
 // GEMM in one step (12 layers, or the head's chunks), for the candidate the trainer runs.
+//
+// --sustain runs the 8192^3 product back to back for that long instead, and reports its rate in
+// the first launches and over the second half with the board's power and SM clock there: at the
+// power limit a training step's GEMMs run at the sustained rate, not at the first one, and the
+// step's FLOP floor is the sustained rate's.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -25,6 +31,7 @@
 
 #include "kernels/core/check.h"
 #include "kernels/core/cuda_device.h"
+#include "kernels/core/gpu_power.h"
 #include "kernels/gemm/matmul.h"
 #include "kernels/gemm/matmul_wgmma.h"
 #include "tools/bench/bench_util.h"
@@ -40,6 +47,7 @@ namespace {
 struct Options {
     std::string out, only, shape = "65536,768,50257";
     int iters = 20, max_candidates = 32, chunks = 4, layers = 12, configs = 0;
+    double sustain_s = 0;  // > 0: the sustained-rate run alone
 };
 
 // --shape: the step's rows, width and vocabulary
@@ -93,6 +101,10 @@ std::optional<Options> parse(int argc, char** argv, int& exit_code) {
         ->capture_default_str();
     app.add_option("--iters", o.iters, "timed runs per candidate")->capture_default_str();
     app.add_option("--only", o.only, "time only the GEMMs whose name contains this");
+    app.add_option("--sustain", o.sustain_s,
+                   "run the 8192^3 product back to back this many seconds and report its "
+                   "sustained rate, power and clock (nothing else runs)")
+        ->check(CLI::Range(0.0, 3600.0));
     app.add_option("--configs", o.configs,
                    "also time up to this many of cuBLASLt's configurations beyond its heuristic's "
                    "list (every algorithm's tiles, stages and cluster shapes) and re-time the 8 "
@@ -397,6 +409,58 @@ void write_json(const Bench& b, const zgpt::cuda::DeviceInfo& dev, const Shape& 
       << "\n";
 }
 
+// --sustain: the 8192^3 product back to back for `seconds`, timed in batches of 20 launches; the
+// rate of the first batch, and the rate, board power and SM clock over the second half.
+nlohmann::json sustained_rate(double seconds) {
+    const int64_t S = 8192, batch = 20;
+    void* m;
+    CK(cudaMalloc(&m, size_t(S) * S * 2 * 3));
+    fill_logits(static_cast<__nv_bfloat16*>(m), size_t(S) * S * 2, 11);
+    auto* a = static_cast<__nv_bfloat16*>(m);
+    const double flop = 2.0 * S * S * S * batch;
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    zgpt::cuda::PowerSampler power;
+    double elapsed_s = 0, first_rate = 0, half_flop = 0, half_s = 0;
+    bool sampling = false;
+    while (elapsed_s < seconds) {
+        if (!sampling && elapsed_s >= seconds / 2) {
+            power.start();
+            sampling = true;
+        }
+        CK(cudaEventRecord(e0));
+        for (int64_t i = 0; i < batch; i++)
+            zgpt::cuda::gemm_bf16(a + 2 * S * S, zgpt::cuda::MatType::bf16, a, false, a + S * S,
+                                  false, S, S, S, 1.0f, 0.0f, nullptr);
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (first_rate == 0) first_rate = flop / (ms * 1e-3);
+        if (sampling) half_flop += flop, half_s += ms * 1e-3;
+        elapsed_s += ms * 1e-3;
+    }
+    const zgpt::cuda::PowerSummary p = power.stop();
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    CK(cudaFree(m));
+    const double rate = half_s > 0 ? half_flop / half_s : first_rate;
+    std::printf(
+        "bf16 matmul 8192^3 back to back for %.1f s: first %d launches %.1f TFLOP/s; second "
+        "half %.1f TFLOP/s at %.0f W (limit %.0f W), SM clock %.0f MHz%s\n",
+        elapsed_s, int(batch), first_rate / 1e12, rate / 1e12, p.power_w, p.limit_w, p.sm_clock_mhz,
+        power.unavailable().empty() ? "" : " (no power readings)");
+    return {{"seconds", elapsed_s},
+            {"first_TFLOPs", first_rate / 1e12},
+            {"sustained_TFLOPs", rate / 1e12},
+            {"power_w", p.power_w},
+            {"power_limit_w", p.limit_w},
+            {"sm_clock_mhz", p.sm_clock_mhz},
+            {"power_samples", p.samples},
+            {"power_unavailable", power.unavailable()}};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -416,6 +480,12 @@ int main(int argc, char** argv) {
     if (dev.count == 0) {
         std::fprintf(stderr, "no CUDA device: %s\n", dev.error.c_str());
         return 1;
+    }
+    if (b.opt.sustain_s > 0) {
+        nlohmann::json r = sustained_rate(b.opt.sustain_s);
+        r["device"] = dev.name;
+        if (!b.opt.out.empty()) std::ofstream(b.opt.out) << r.dump(2) << "\n";
+        return 0;
     }
     b.rate = matmul_rate(b.opt.iters);
     std::printf("device %s, %d SMs; bf16 matmul 8192^3 through cuBLASLt: %.1f TFLOP/s\n",
