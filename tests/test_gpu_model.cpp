@@ -433,8 +433,9 @@ TEST_CASE("whole model in bf16 at head size 64: tensor-core attention, qkv bias 
     // takes the tensor-core ones (flash: wgmma on Hopper; flash_mma: mma.sync), whose backward
     // also writes the partial column sums the qkv bias gradient is summed from (not with qk_norm,
     // where that gradient is of the pre-norm q and k). T = 200: the last 128-row block is cut
-    // short.
-    for (const char* att : {"flash", "flash_mma"})
+    // short. The two ablations that pair flash's and naive's halves run the same model (one of
+    // them with flash's column sums).
+    for (const char* att : {"flash", "flash_mma", "flash_fwd_naive_bwd", "naive_fwd_flash_bwd"})
         for (bool qk : {false, true}) {
             CAPTURE(att);
             CAPTURE(qk);
@@ -540,7 +541,8 @@ TEST_CASE("Llama-style options in bf16 at head size 64 with every kernel path eq
     // Head size 64 takes the tensor-core attention (flash: wgmma on Hopper; flash_mma: mma.sync)
     // with grouped key/value heads; T = 200 cuts the last block short. Then the residual and
     // matmul variants the GPT-2 block has, the GELU/SwiGLU recompute and an fp32 residual stream.
-    for (const char* att : {"flash", "flash_mma"})
+    // The ablations pairing flash's and naive's halves take rotary positions and grouped heads too.
+    for (const char* att : {"flash", "flash_mma", "flash_fwd_naive_bwd", "naive_fwd_flash_bwd"})
         for (int kv : {1, 2, 4})
             for (bool qk : {false, true}) {
                 CAPTURE(att);

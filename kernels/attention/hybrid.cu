@@ -23,10 +23,11 @@ const AttentionVariant& naive_parent() {
     return v;
 }
 
-// flash without its output residual: the output its backward reads may be naive's
+// flash at its default tuning (the config gives the ablations no tuning keys), so without its
+// output residual: the output its backward reads may be naive's
 AttentionShape flash_shape(const AttentionShape& s) {
     AttentionShape f = s;
-    f.tuning.unrounded_dsum = false;
+    f.tuning = AttentionTuning{};
     return f;
 }
 

@@ -45,7 +45,7 @@ import parity_torch  # noqa: E402  (the PyTorch GPT over our weight arena)
 
 # PyTorch's backends, by their SDPBackend names; fp32_math: the math backend on fp32 copies
 TORCH_BACKENDS = ["FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH", "fp32_math"]
-OURS = ["flash", "flash_mma", "naive"]
+OURS = ["flash", "flash_mma", "naive"]  # the two hybrids' outputs are one of these
 
 
 def random_case(B, T, C, scale, seed):
