@@ -9,6 +9,7 @@
 // Each forward runs both forwards (the first one's output is overwritten), so these variants cost
 // more time and memory than either parent. They exist to measure training, not speed.
 #include "kernels/attention/scalar.cuh"
+#include "kernels/core/workspace.h"
 
 namespace zgpt::cuda {
 
@@ -31,15 +32,27 @@ AttentionShape flash_shape(const AttentionShape& s) {
     return f;
 }
 
-// The saved buffer: naive's probabilities, then flash's lse from the next 256-byte boundary.
-size_t naive_part(const AttentionShape& s) {
-    return (naive_parent().saved_bytes(s) + 255) / 256 * 256;
+// The saved buffer: naive's probabilities, then flash's lse, each from a 256-byte boundary. On a
+// null buffer it only measures (hybrid_saved_bytes), so the size and the layout are one code.
+struct HybridSaved {
+    void* naive;
+    void* flash;
+    size_t bytes;
+};
+HybridSaved hybrid_saved(void* saved, const AttentionShape& s) {
+    WorkspaceLayout w(saved);
+    void* naive = w.take<unsigned char>(naive_parent().saved_bytes(s));
+    void* flash = w.take<unsigned char>(flash_parent().saved_bytes(flash_shape(s)));
+    return {naive, flash, w.bytes()};
 }
 size_t hybrid_saved_bytes(const AttentionShape& s) {
-    return naive_part(s) + flash_parent().saved_bytes(flash_shape(s));
+    return hybrid_saved(nullptr, s).bytes;
+}
+void* naive_saved(void* saved, const AttentionShape& s) {
+    return hybrid_saved(saved, s).naive;
 }
 void* flash_saved(void* saved, const AttentionShape& s) {
-    return static_cast<char*>(saved) + naive_part(s);
+    return hybrid_saved(saved, s).flash;
 }
 
 // flash_fwd_naive_bwd
@@ -48,8 +61,9 @@ size_t flash_fwd_scratch_bytes(const AttentionShape& s) {
 }
 void flash_fwd_forward(void* out, void* saved, const void* qkv, const AttentionShape& s, DType t,
                        CUstream_st* st) {
-    naive_parent().forward(out, saved, qkv, s, t, st);  // the probabilities for the backward
-    flash_parent().forward(out, flash_saved(saved, s), qkv, flash_shape(s), t, st);  // the output
+    // naive's probabilities for the backward, then flash's output over naive's
+    naive_parent().forward(out, naive_saved(saved, s), qkv, s, t, st);
+    flash_parent().forward(out, flash_saved(saved, s), qkv, flash_shape(s), t, st);
 }
 int64_t flash_fwd_colsum_rows(const AttentionShape& s, DType t) {
     return naive_parent().colsum_rows(s, t);
@@ -57,7 +71,8 @@ int64_t flash_fwd_colsum_rows(const AttentionShape& s, DType t) {
 void flash_fwd_backward(void* dqkv, const void* dout, const void* qkv, const void* out, void* saved,
                         void* scratch, float* dqkv_colsums, const AttentionShape& s, DType t,
                         CUstream_st* st) {
-    naive_parent().backward(dqkv, dout, qkv, out, saved, scratch, dqkv_colsums, s, t, st);
+    naive_parent().backward(dqkv, dout, qkv, out, naive_saved(saved, s), scratch, dqkv_colsums, s,
+                            t, st);
 }
 
 // naive_fwd_flash_bwd
@@ -67,7 +82,7 @@ size_t naive_fwd_scratch_bytes(const AttentionShape& s) {
 void naive_fwd_forward(void* out, void* saved, const void* qkv, const AttentionShape& s, DType t,
                        CUstream_st* st) {
     flash_parent().forward(out, flash_saved(saved, s), qkv, flash_shape(s), t, st);  // the lse
-    naive_parent().forward(out, saved, qkv, s, t, st);                               // the output
+    naive_parent().forward(out, naive_saved(saved, s), qkv, s, t, st);               // the output
 }
 int64_t naive_fwd_colsum_rows(const AttentionShape& s, DType t) {
     return flash_parent().colsum_rows(flash_shape(s), t);
