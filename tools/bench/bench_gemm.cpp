@@ -412,18 +412,14 @@ void write_json(const Bench& b, const zgpt::cuda::DeviceInfo& dev, const Shape& 
 // --sustain: the 8192^3 product back to back for `seconds`, timed in batches of 20 launches; the
 // rate of the first batch, and the rate, board power and SM clock over the second half.
 nlohmann::json sustained_rate(double seconds) {
-    const int64_t S = 8192, batch = 20;
-    void* m;
-    CK(cudaMalloc(&m, size_t(S) * S * 2 * 3));
-    fill_logits(static_cast<__nv_bfloat16*>(m), size_t(S) * S * 2, 11);
-    auto* a = static_cast<__nv_bfloat16*>(m);
-    const double flop = 2.0 * S * S * S * batch;
+    const int64_t batch = 20;
+    const SquareProduct product;
+    const double flop = SquareProduct::kFlop * batch;
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     // one untimed launch: cuBLASLt's heuristic query, the workspace and the module load
-    zgpt::cuda::gemm_bf16(a + 2 * S * S, zgpt::cuda::MatType::bf16, a, false, a + S * S, false, S,
-                          S, S, 1.0f, 0.0f, nullptr);
+    product.run();
     CK(cudaDeviceSynchronize());
     zgpt::cuda::PowerSampler power;
     double elapsed_s = 0, first_rate = 0, half_flop = 0, half_s = 0;
@@ -434,9 +430,7 @@ nlohmann::json sustained_rate(double seconds) {
             sampling = true;
         }
         CK(cudaEventRecord(e0));
-        for (int64_t i = 0; i < batch; i++)
-            zgpt::cuda::gemm_bf16(a + 2 * S * S, zgpt::cuda::MatType::bf16, a, false, a + S * S,
-                                  false, S, S, S, 1.0f, 0.0f, nullptr);
+        for (int64_t i = 0; i < batch; i++) product.run();
         CK(cudaEventRecord(e1));
         CK(cudaEventSynchronize(e1));
         float ms;
@@ -448,7 +442,6 @@ nlohmann::json sustained_rate(double seconds) {
     const zgpt::cuda::PowerSummary p = power.stop();
     CK(cudaEventDestroy(e0));
     CK(cudaEventDestroy(e1));
-    CK(cudaFree(m));
     const double rate = half_s > 0 ? half_flop / half_s : first_rate;
     std::printf(
         "bf16 matmul 8192^3 back to back for %.1f s: first %d launches %.1f TFLOP/s; second "

@@ -93,22 +93,33 @@ inline void fill_logits(__nv_bfloat16* d, size_t n, uint64_t seed, double half_w
         CK(cudaMemcpy(d + off, h.data(), std::min(h.size(), n - off) * 2, cudaMemcpyHostToDevice));
 }
 
-// bf16 matmul rate (FLOP/s) of an 8192^3 product through the trainer's cuBLASLt wrapper: the
-// rate the FLOP floors are taken at.
+// The bf16 8192^3 product through the trainer's cuBLASLt wrapper, the one the FLOP floors are
+// taken at: A and B filled, C written.
+class SquareProduct {
+  public:
+    static constexpr int64_t kS = 8192;
+    static constexpr double kFlop = 2.0 * kS * kS * kS;
+    SquareProduct() {
+        CK(cudaMalloc(&a_, size_t(kS) * kS * 2 * 3));
+        fill_logits(a_, size_t(kS) * kS * 2, 11);
+    }
+    ~SquareProduct() { cudaFree(a_); }
+    SquareProduct(const SquareProduct&) = delete;
+    SquareProduct& operator=(const SquareProduct&) = delete;
+    void run() const {
+        zgpt::cuda::gemm_bf16(a_ + 2 * kS * kS, zgpt::cuda::MatType::bf16, a_, false, a_ + kS * kS,
+                              false, kS, kS, kS, 1.0f, 0.0f, nullptr);
+    }
+
+  private:
+    __nv_bfloat16* a_ = nullptr;
+};
+
+// bf16 matmul rate (FLOP/s) of SquareProduct: the rate the FLOP floors are taken at.
 inline double matmul_rate(int iters) {
-    const int64_t S = 8192;
-    void* m;
-    CK(cudaMalloc(&m, size_t(S) * S * 2 * 3));
-    fill_logits(static_cast<__nv_bfloat16*>(m), size_t(S) * S * 2, 11);
-    auto* a = static_cast<__nv_bfloat16*>(m);
-    const double ms = time_ms(
-        [&] {
-            zgpt::cuda::gemm_bf16(a + 2 * S * S, zgpt::cuda::MatType::bf16, a, false, a + S * S,
-                                  false, S, S, S, 1.0f, 0.0f, nullptr);
-        },
-        iters);
-    CK(cudaFree(m));
-    return 2.0 * S * S * S / (ms * 1e-3);
+    const SquareProduct p;
+    const double ms = time_ms([&] { p.run(); }, iters);
+    return SquareProduct::kFlop / (ms * 1e-3);
 }
 
 }  // namespace zgpt::bench
