@@ -115,6 +115,13 @@ def pool(files):
     return samples, settings, stats
 
 
+def final_stat(stats, key, w, digits):
+    """Each sample's runs' means of statistic `key` over the last w steps, sorted and rounded, for
+    the samples whose runs all carry it."""
+    return {n: sorted(round(sum(x[key] for x in st[-w:]) / w, digits) for st in sts)
+            for n, sts in stats.items() if all(st and len(st) >= w and key in st[-1] for st in sts)}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("json", nargs="+")
@@ -155,9 +162,7 @@ def main():
     for name, f in finals.items():
         print(f"final loss (last {w} steps), {name}: {', '.join(f'{x:.4f}' for x in f)}")
     # log^2 Z at the end, for each sample whose runs all carry their statistics
-    log2z = lambda st: sum(x["lse_sq_mean"] for x in st[-w:]) / w
-    final_log2z = {n: sorted(round(log2z(x), 2) for x in sts) for n, sts in stats.items()
-                   if all(x and len(x) >= w for x in sts)}
+    final_log2z = final_stat(stats, "lse_sq_mean", w, 2)
     for name, f in final_log2z.items():
         print(f"final log^2 Z (last {w} steps), {name}: {', '.join(f'{x:.1f}' for x in f)}")
     log2z_test = None
@@ -168,9 +173,7 @@ def main():
                   f"({log2z_test['standard_errors']:+.1f} standard errors, p {log2z_test['p']:.3f})")
     # the gradient norm before clipping over the last window (files from parity_torch.py that
     # record it): how hard each sample's clipping bites at the end
-    norm = lambda st: sum(x["grad_norm"] for x in st[-w:]) / w
-    final_norm = {n: sorted(round(norm(x), 4) for x in sts) for n, sts in stats.items()
-                  if all(x and len(x) >= w and "grad_norm" in x[-1] for x in sts)}
+    final_norm = final_stat(stats, "grad_norm", w, 4)
     for name, f in final_norm.items():
         print(f"final gradient norm (last {w} steps), {name}: {', '.join(f'{x:.3f}' for x in f)}")
     if a.out:
