@@ -110,9 +110,14 @@ int64_t qkv_width(const AttentionShape& sh) {
     return sh.C + 2 * (sh.NKV ? sh.NKV : sh.NH) * (sh.C / sh.NH);
 }
 
-// the registered variants --variants names (default: flash,flash_mma), in registry order
+// --variants (default: flash,flash_mma)
+std::string variant_list(const Options& o) {
+    return o.only.empty() ? "flash,flash_mma" : o.only;
+}
+
+// the registered variants --variants names, in registry order
 std::vector<const AttentionVariant*> variants_of(const Options& o) {
-    const std::string only = o.only.empty() ? "flash,flash_mma" : o.only;
+    const std::string only = variant_list(o);
     std::vector<const AttentionVariant*> out;
     for (const AttentionVariant& v : zgpt::cuda::attention_variants())
         if (("," + only + ",").find("," + std::string(v.name) + ",") != std::string::npos)
@@ -218,7 +223,7 @@ void run_io(const Options& o, const AttentionShape& sh) {
     CK(cudaMemcpy(b.dout, read_exact(o.io + "/dout.bin", out_b).data(), out_b,
                   cudaMemcpyHostToDevice));
     // every name must be a variant: a typo writes nothing, and the reader would find old files
-    std::stringstream names(o.only.empty() ? "flash,flash_mma" : o.only);
+    std::stringstream names(variant_list(o));
     for (std::string name; std::getline(names, name, ',');)
         zgpt::cuda::find_attention_variant(name);
     for (const AttentionVariant* v : variants_of(o)) {
