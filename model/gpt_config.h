@@ -93,6 +93,11 @@ struct KernelChoice {
     // GELU's derivative in the epilogue of fcproj's input-gradient GEMM (cuBLASLt's DGELU, matmul:
     // fused_epilogue or wgmma); false: the plain GEMM, then gelu_backward's own pass
     bool gelu_backward_in_gemm = true;
+    // The vocab-parallel head reads each shard's logits once: the loss head's variant runs over
+    // the shard with local targets and writes the local softmax in place, and per-row factors
+    // after the statistics' exchange make it the gradient (kernels/loss_head/shard_one_read.h);
+    // false: statistics, exchange, then a second read for the gradient
+    bool split_head_one_read = true;
     // The kernels' tuning knobs (kernels.cross_entropy_tuning.*, kernels.attention_tuning.*); the
     // defaults are the kernels' own choices.
     cuda::CrossEntropyTuning cross_entropy_tuning;

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "kernels/core/workspace.h"
+#include "kernels/loss_head/shard_one_read.h"
 #include "model/gpt_cuda_impl.h"
 
 namespace zgpt {
@@ -206,6 +207,18 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
         vp_own_stats = DeviceBuffer(BT * sizeof(cuda::RowStatsF));
         vp_dh = f32(BT * C);
         vp_summary = DeviceBuffer(sizeof(cuda::LossSummaryF));
+        if (split_head_one_read()) {
+            vp_local = DeviceBuffer(NC * 4);
+            vp_local_rows = f32(6 * NC);
+            vp_hs = DeviceBuffer(size_t(NC * C) * es);
+            vp_sort = DeviceBuffer(cuda::shard_dw_target_scratch_bytes(NC));
+            vp_one = f32(1);
+            if (vp_one.get()) {  // (not when only sizing)
+                const float one = 1.0f;
+                ZG_CUDA_CHECK(cudaMemcpy(vp_one.get(), &one, 4, cudaMemcpyHostToDevice));
+            }
+            vp_local_summary = DeviceBuffer(sizeof(cuda::LossSummaryF));
+        }
     }
     tokens = DeviceBuffer(BT * 4);
     targets = DeviceBuffer(BT * 4);
@@ -257,8 +270,12 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
                                                         model_linear_ce_tuning(k)))
         : linear_ce
             ? linear_ce->workspace_bytes(BT, C, cfg.vocab_size, model_linear_ce_tuning(k))
-            : ce->workspace_bytes(
-                  BT, Vp, t == DType::bf16 ? cuda::LogitsType::bf16 : cuda::LogitsType::f32);
+            : std::max(ce->workspace_bytes(BT, Vp, logits_type()),
+                       // the one-read shard pass: the variant over a chunk of the group's rows
+                       split_head_one_read() && sharded
+                           ? ce->workspace_bytes(vgroup.size * vp_rows_per_chunk,
+                                                 shard_rows(vgroup.rank), logits_type())
+                           : size_t(0));
     // A fused linear head's workspace (fused_linear_rows: a block of logits, 1-2 GB) shares one
     // allocation with branch_out, dqkv and dfch: the head runs after the forward's last read of
     // branch_out (the final LayerNorm) and returns before the backward first writes dqkv or dfch.

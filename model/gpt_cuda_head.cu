@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "kernels/core/cuda_device.h"
+#include "kernels/loss_head/shard_one_read.h"
 #include "model/gpt_cuda_impl.h"
 
 namespace zgpt {
@@ -172,7 +173,7 @@ CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bo
     };
 
     cuda::CrossEntropyArgs a;  // this shard, a chunk's rows of the group
-    a.type = t == DType::bf16 ? cuda::LogitsType::bf16 : cuda::LogitsType::f32;
+    a.type = logits_type();
     a.V_local = Vl;
     a.v0 = v0;
     a.V = cfg.vocab_size;
@@ -181,6 +182,31 @@ CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bo
     a.targets = vp_yc.as<int32_t>();
     a.grad_output = grad_out.as<float>();
     a.summary = vp_summary.as<cuda::LossSummaryF>();
+    // The one-read pass (kernels/loss_head/shard_one_read.h): the shard as whole rows of V_local
+    // columns with local targets, grad output 1 and no z-loss; its row buffers, NCmax apart.
+    const bool one_read = split_head_one_read() && o.label_smoothing == 0.0 && o.ignore_index < 0;
+    const int64_t NCmax = P * vp_rows_per_chunk;
+    int32_t* local = vp_local.as<int32_t>();
+    float* target_logit = vp_local_rows.as<float>();
+    float* ce_local = target_logit + NCmax;
+    float* stat_local = target_logit + 2 * NCmax;  // 2 a row
+    float* fa = target_logit + 4 * NCmax;
+    float* fc = target_logit + 5 * NCmax;
+    cuda::CrossEntropyArgs pa;
+    pa.type = a.type;
+    pa.ld = ld;
+    pa.V_local = pa.V = Vl;
+    pa.logits = pa.dlogits = vp_work.get();
+    pa.targets = local;
+    pa.grad_output = vp_one.as<float>();
+    pa.ce_rows = ce_local;
+    pa.stat_rows = stat_local;
+    pa.summary = vp_local_summary.as<cuda::LossSummaryF>();
+    pa.absent_targets = true;
+    pa.tuning = opt.kernels.cross_entropy_tuning;
+    CrossEntropyOptions po;
+    po.reduction = Reduction::sum;
+    po.ignore_index = o.ignore_index;
     cuda::LinearCrossEntropyArgs la;  // fused_linear: the same from the chunk's hidden states
     la.weight = W;
     la.C = C;
@@ -216,8 +242,18 @@ CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bo
             gf.ldd = ld;
             cuda::gemm(gf, stream);
             tick("head (vp): logits matmul");
-            cuda::ce_shard_stats(stats, a, o, stream);
-            tick("head (vp): cross-entropy statistics");
+            if (one_read) {  // the logits' one read: they become q in place
+                cuda::ce_local_targets(local, target_logit, a.targets, vp_work.get(), t, ld, NC, v0,
+                                       Vl, o.ignore_index, stream);
+                pa.N = NC;
+                ce->run(pa, po, ce_workspace.get(), stream);
+                cuda::ce_local_shard_stats(stats, stat_local, ce_local, target_logit, local, NC, Vl,
+                                           stream);
+                tick("head (vp): cross-entropy local pass");
+            } else {
+                cuda::ce_shard_stats(stats, a, o, stream);
+                tick("head (vp): cross-entropy statistics");
+            }
         }
         // beside this chunk's work: the last chunk's dh out, the next chunk's hidden states in
         if (compute_grad && k > 0) scatter_dh(k - 1);
@@ -246,6 +282,28 @@ CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bo
                 cuda::linear_ce_shard_backward(dh, params_, la, o, ce_workspace.get(), stream);
                 ZG_CUDA_CHECK(cudaEventRecord(dh_ready[b], stream));
                 tick("head (vp): fused linear backward");
+            } else if (one_read) {  // dlogits = a q (+ c at the target), q as the pass left it
+                cuda::ce_local_factors(fa, fc, params_, stat_local, ce_local, local, NC, Vl,
+                                       stream);
+                if (Vg > Vl)
+                    ZG_CUDA_CHECK(cudaMemset2DAsync(vp_work.as<char>() + Vl * es, ld * es, 0,
+                                                    (Vg - Vl) * es, NC, stream));
+                tick("head (vp): cross-entropy factors");
+                cuda::Gemm gi = input_grad_gemm(dh, vp_work.get(), W, NC, C, Vg);
+                gi.lda = ld;
+                gi.d_type = DType::f32;
+                cuda::gemm(gi, stream);
+                cuda::shard_dh_finish(dh, fa, fc, local, W, t, NC, C, Vl, stream);
+                ZG_CUDA_CHECK(cudaEventRecord(dh_ready[b], stream));
+                tick("head (vp): matmul dinp");
+                // dW_shard += q^T (a H_chunk), then c_i H_i into each local target's row
+                cuda::shard_scale_rows(vp_hs.get(), vp_h[b].get(), fa, t, NC, C, stream);
+                cuda::Gemm gw = weight_grad_gemm(dW, vp_work.get(), vp_hs.get(), NC, C, Vg);
+                gw.lda = ld;
+                cuda::gemm(gw, stream);
+                cuda::shard_dw_target_rows(dW, fc, local, vp_h[b].get(), t, NC, C, Vl,
+                                           vp_sort.get(), vp_sort.bytes(), stream);
+                tick("head (vp): matmul dW");
             } else {
                 cuda::ce_shard_backward(a, params_, o, stream);
                 // The GEMMs' extra columns carry no gradient. The table's extra rows are zero,
@@ -307,7 +365,7 @@ void GptCuda::Impl::head_cross_entropy(int64_t r0, int64_t n, const CrossEntropy
                                        cuda::LossSummaryF* sum, cudaStream_t st) {
     cuda::CrossEntropyArgs a;
     a.logits = logits.as<char>() + r0 * Vp * es;
-    a.type = t == DType::bf16 ? cuda::LogitsType::bf16 : cuda::LogitsType::f32;
+    a.type = logits_type();
     a.ld = Vp;
     a.N = n;
     a.V_local = a.V = cfg.vocab_size;

@@ -77,7 +77,23 @@ struct GptCuda::Impl {
     DeviceBuffer vp_work;
     DeviceBuffer vp_stats, vp_gathered, vp_params, vp_nvalid, vp_rows, vp_dh, vp_summary;
     DeviceBuffer vp_own_rows, vp_own_stats;  // this rank's rows' outputs and statistics
+    // The one-read shard pass (kernels/loss_head/shard_one_read.h), where split_head_one_read()
+    // allows it: a chunk's local targets; its target logits, ce rows, stat rows (2 a row) and
+    // the factors a and c (6 floats a row); the scaled hidden states for dW; the sort's scratch;
+    // a device 1.0 (the pass's grad output) and the pass's own summary.
+    DeviceBuffer vp_local, vp_local_rows, vp_hs, vp_sort, vp_one, vp_local_summary;
     int64_t vp_rows_per_chunk = 0, vp_chunks = 0;
+    // The shards' one read: the logits read once (one whole-row pass, then per-row factors),
+    // not twice (statistics, exchange, gradient). Not for the fused linear heads (no logits),
+    // nor naive (its workspace is a row block of probabilities); per call, not with label
+    // smoothing or a non-negative ignore_index.
+    cuda::LogitsType logits_type() const {
+        return t == DType::bf16 ? cuda::LogitsType::bf16 : cuda::LogitsType::f32;
+    }
+    bool split_head_one_read() const {
+        return opt.kernels.split_head_one_read && !linear_ce && ce &&
+               std::string(ce->name) != "naive";
+    }
     // The gathers of the next chunk's hidden states and the reduce-scatters of the last chunk's
     // dh run on vpstream beside the head's GEMMs. Events (by buffer b = chunk % 2): h_ready[b],
     // h_free[b], dh_ready[b], dh_sent[b]; then the last collective's end, which the next one

@@ -20,6 +20,7 @@
 #include "kernels/gemm/filtered_gemm.h"
 #include "kernels/gemm/matmul.h"
 #include "kernels/loss_head/cross_entropy.h"
+#include "kernels/loss_head/shard_one_read.h"
 #include "tests/ce_gpu.h"
 #include "tests/gpu_helpers.h"
 #include "tests/gpu_only.h"
@@ -294,6 +295,186 @@ TEST_CASE("shards on one GPU, merged, equal the whole row (loss and dlogits)") {
         got.dlogits = download(logits.p, N * V, t);
         read_rows(got, rows, summary, N);
         check_result(got, want, c);
+    }
+}
+
+TEST_CASE(
+    "the one-read shard pass: every whole-row variant over uneven shards gives the row's "
+    "loss and dlogits") {
+    // Each shard (its own buffer, rows 8-aligned, NaN padding) runs a variant once with local
+    // targets (absent_targets); its stat and ce rows give the shard's statistics, which are merged
+    // and finalised as in the two-read path; then a q (+ c at the target) must be the whole row's
+    // dlogits, with q what the pass left in place. Hard rows (peaked, |x| ~ 100, -inf entries),
+    // an ignored row, z-loss, mean and sum; without label smoothing (the one-read path's domain).
+    const int64_t N = 11, V = 20011;
+    const std::vector<int64_t> cuts = {0, 1, 4000, 4001, 13000, 20011};  // 5 uneven shards
+    const int64_t S = int64_t(cuts.size()) - 1;
+    for (LogitsType t : {LogitsType::f32, LogitsType::bf16}) {
+        for (const char* name : {"online", "fast", "fast_lockstep", "naive"}) {
+            for (Reduction red : {Reduction::mean, Reduction::sum}) {
+                const std::string type = type_name(t);
+                CAPTURE(type);
+                CAPTURE(name);
+                CAPTURE(int(red));
+                const cuda::CrossEntropyVariant& v = cuda::find_cross_entropy_variant(name);
+                Case c = make_case(131, N, V, t, 1e-4, 0.0, red, 1);
+                const Reference want = reference(c);
+                const DType dt = t == LogitsType::f32 ? DType::f32 : DType::bf16;
+                const size_t es = dtype_bytes(dt);
+                Dev targets(N * 4), go(4), one(4), rows(4 * N * 4),
+                    summary(sizeof(cuda::LossSummaryF));
+                Dev all_stats(S * N * sizeof(cuda::RowStatsF)), merged(N * sizeof(cuda::RowStatsF)),
+                    params(N * sizeof(cuda::RowGradParams)), nvalid(4);
+                CUDA_OK(cudaMemcpy(targets.p, c.targets.data(), N * 4, cudaMemcpyHostToDevice));
+                CUDA_OK(cudaMemcpy(go.p, c.grad_output.data(), 4, cudaMemcpyHostToDevice));
+                const float h_one = 1.0f;
+                CUDA_OK(cudaMemcpy(one.p, &h_one, 4, cudaMemcpyHostToDevice));
+                struct Shard {
+                    int64_t v0, Vl, ld;
+                    std::unique_ptr<Dev> logits, local, rows;  // rows: target logit, ce, stat x 2,
+                                                               // a, c
+                };
+                std::vector<Shard> sh(S);
+                auto* stats = all_stats.as<cuda::RowStatsF>();
+                for (int64_t k = 0; k < S; k++) {
+                    Shard& z = sh[k];
+                    z.v0 = cuts[k];
+                    z.Vl = cuts[k + 1] - cuts[k];
+                    z.ld = (z.Vl + 7) / 8 * 8;
+                    std::vector<float> part(N * z.Vl);
+                    for (int64_t i = 0; i < N; i++)
+                        for (int64_t j = 0; j < z.Vl; j++)
+                            part[i * z.Vl + j] = c.logits[i * V + z.v0 + j];
+                    const std::vector<float> padded = pad_rows(part, N, z.Vl, z.ld, NAN);
+                    z.logits = std::make_unique<Dev>(padded.size() * es);
+                    upload(z.logits->p, padded, t);
+                    z.local = std::make_unique<Dev>(N * 4);
+                    z.rows = std::make_unique<Dev>(6 * N * 4);
+                    float* r = z.rows->as<float>();
+                    cuda::ce_local_targets(z.local->as<int32_t>(), r, targets.as<int32_t>(),
+                                           z.logits->p, dt, z.ld, N, z.v0, z.Vl,
+                                           c.opts.ignore_index, nullptr);
+                    cuda::CrossEntropyArgs pa;
+                    pa.type = t;
+                    pa.ld = z.ld;
+                    pa.N = N;
+                    pa.V_local = pa.V = z.Vl;
+                    pa.logits = pa.dlogits = z.logits->p;
+                    pa.targets = z.local->as<int32_t>();
+                    pa.grad_output = one.as<float>();
+                    pa.ce_rows = r + N;
+                    pa.stat_rows = r + 2 * N;
+                    pa.summary = summary.as<cuda::LossSummaryF>();
+                    pa.absent_targets = true;
+                    CrossEntropyOptions po;
+                    po.reduction = Reduction::sum;
+                    po.ignore_index = c.opts.ignore_index;
+                    Dev ws(v.workspace_bytes(N, z.Vl, t));
+                    v.run(pa, po, ws.p, nullptr);
+                    cuda::ce_local_shard_stats(stats + k * N, r + 2 * N, r + N, r,
+                                               z.local->as<int32_t>(), N, z.Vl, nullptr);
+                }
+                // the exchange, as loss_sharded does it: shard 0's, then the others merged in order
+                CUDA_OK(cudaMemcpy(merged.p, stats, N * sizeof(cuda::RowStatsF),
+                                   cudaMemcpyDeviceToDevice));
+                for (int64_t k = 1; k < S; k++)
+                    cuda::ce_merge_stats(merged.as<cuda::RowStatsF>(), stats + k * N, N, nullptr);
+                const cuda::CrossEntropyArgs a =
+                    ce_args(nullptr, nullptr, t, V, N, V, targets, go, rows, summary);
+                cuda::ce_count_valid(nvalid.as<int>(), a.targets, N, c.opts.ignore_index, nullptr);
+                cuda::ce_finalize(params.as<cuda::RowGradParams>(), merged.as<cuda::RowStatsF>(),
+                                  nvalid.as<int>(), a, c.opts, nullptr);
+                cuda::ce_reduce(a, merged.as<cuda::RowStatsF>(), nvalid.as<int>(), c.opts, nullptr);
+                Result got;
+                got.dlogits.assign(size_t(N) * V, 0.0f);
+                for (int64_t k = 0; k < S; k++) {
+                    Shard& z = sh[k];
+                    float* r = z.rows->as<float>();
+                    cuda::ce_local_factors(r + 4 * N, r + 5 * N, params.as<cuda::RowGradParams>(),
+                                           r + 2 * N, r + N, z.local->as<int32_t>(), N, z.Vl,
+                                           nullptr);
+                    CUDA_OK(cudaDeviceSynchronize());
+                    CUDA_OK(cudaGetLastError());
+                    const std::vector<float> q = download(z.logits->p, size_t(N) * z.ld, t);
+                    std::vector<float> hr(6 * N);
+                    std::vector<int32_t> loc(N);
+                    CUDA_OK(cudaMemcpy(hr.data(), r, hr.size() * 4, cudaMemcpyDeviceToHost));
+                    CUDA_OK(cudaMemcpy(loc.data(), z.local->p, N * 4, cudaMemcpyDeviceToHost));
+                    for (int64_t i = 0; i < N; i++) {
+                        const double ai = hr[4 * N + i], ci = hr[5 * N + i];
+                        for (int64_t j = 0; j < z.Vl; j++) {
+                            double d = ai * double(q[i * z.ld + j]);
+                            if (j == loc[i]) d += ci;
+                            got.dlogits[i * V + z.v0 + j] = float(d);
+                        }
+                        for (int64_t j = z.Vl; j < z.ld; j++)  // the pass left the padding alone
+                            if (!std::isnan(q[i * z.ld + j])) got.padding_written = true;
+                    }
+                }
+                read_rows(got, rows, summary, N);
+                check_result(got, want, c);
+            }
+        }
+    }
+}
+
+TEST_CASE("the one-read shard backward's row kernels: dh rows, scaled h, dW's target rows") {
+    // shard_dh_finish, shard_scale_rows and shard_dw_target_rows against double sums on the host:
+    // targets repeated (runs of one row up to many), absent and ignored rows; dW's target rows
+    // twice, bit for bit (sorted, one writer per element: no atomics).
+    const int64_t N = 777, C = 96, Vl = 50;
+    Rng rng(5);
+    std::vector<int32_t> local(N);
+    std::vector<double> a(N), c(N), h(N * C), W(Vl * C), dh0(N * C), dW0(Vl * C);
+    for (int64_t i = 0; i < N; i++) {
+        const double u = rng.uniform();
+        local[i] = u < 0.1    ? cuda::ce_absent_target()
+                   : u < 0.15 ? -100
+                              : int32_t(std::pow(rng.uniform(), 3.0) * Vl);  // skewed: long runs
+        a[i] = rng.uniform();
+        c[i] = local[i] >= 0 && local[i] < Vl ? rng.normal() : 0.0;
+    }
+    for (auto& x : h) x = rng.normal();
+    for (auto& x : W) x = rng.normal();
+    for (auto& x : dh0) x = rng.normal();
+    for (auto& x : dW0) x = rng.normal();
+    for (DType t : {DType::f32, DType::bf16}) {
+        CAPTURE(dtype_name(t));
+        DevT hd(t, h), Wd(t, W), hs(t, N * C);
+        DevT dh(DType::f32, dh0), dW(DType::f32, dW0), dW2(DType::f32, dW0);
+        DevT ad(DType::f32, a), cd(DType::f32, c);
+        Dev ld(N * 4), scratch(cuda::shard_dw_target_scratch_bytes(N));
+        CUDA_OK(cudaMemcpy(ld.p, local.data(), N * 4, cudaMemcpyHostToDevice));
+        const auto* loc = ld.as<int32_t>();
+        cuda::shard_dh_finish(static_cast<float*>(dh.p), static_cast<const float*>(ad.p),
+                              static_cast<const float*>(cd.p), loc, Wd.p, t, N, C, Vl, nullptr);
+        cuda::shard_scale_rows(hs.p, hd.p, static_cast<const float*>(ad.p), t, N, C, nullptr);
+        for (DevT* out : {&dW, &dW2})
+            cuda::shard_dw_target_rows(static_cast<float*>(out->p), static_cast<const float*>(cd.p),
+                                       loc, hd.p, t, N, C, Vl, scratch.p, scratch.bytes, nullptr);
+        CUDA_OK(cudaDeviceSynchronize());
+        CUDA_OK(cudaGetLastError());
+        const std::vector<double> hq = hd.get(), Wq = Wd.get();  // as the device holds them
+        std::vector<double> want_dh(N * C), want_hs(N * C), want_dW = dW0;
+        for (int64_t i = 0; i < N; i++)
+            for (int64_t j = 0; j < C; j++) {
+                const bool own = local[i] >= 0 && local[i] < Vl;
+                want_dh[i * C + j] =
+                    a[i] * dh0[i * C + j] + (own ? c[i] * Wq[local[i] * C + j] : 0);
+                want_hs[i * C + j] = as_stored(a[i] * hq[i * C + j], t);
+                if (own) want_dW[local[i] * C + j] += c[i] * hq[i * C + j];
+            }
+        const std::vector<double> got_dh = dh.get(), got_hs = hs.get(), got_dW = dW.get();
+        CHECK(got_dW == dW2.get());
+        // fp32 arithmetic: a product and an FMA for dh; dW's target rows sum up to a few hundred
+        // products (the longest run) in fp32
+        const MaxError e_dh = compare(got_dh.data(), want_dh.data(), N * C, 1e-6, 1e-6);
+        const MaxError e_hs = compare(got_hs.data(), want_hs.data(), N * C,
+                                      t == DType::f32 ? 1e-6 : 1.0 / 128, 1e-30);
+        const MaxError e_dW = compare(got_dW.data(), want_dW.data(), Vl * C, 1e-5, 1e-4);
+        CHECK_MESSAGE(e_dh.ok, "dh: max abs " << e_dh.abs << " at " << e_dh.worst);
+        CHECK_MESSAGE(e_hs.ok, "scaled h: max abs " << e_hs.abs << " at " << e_hs.worst);
+        CHECK_MESSAGE(e_dW.ok, "dW: max abs " << e_dW.abs << " at " << e_dW.worst);
     }
 }
 

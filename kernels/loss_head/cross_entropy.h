@@ -171,8 +171,14 @@ struct CrossEntropyArgs {
     float* ce_rows = nullptr;
     float* z_rows = nullptr;
     float* lse_rows = nullptr;
+    // [N, 2]: each row's largest logit and log2 of sum_j exp(x_j - max); optional
+    float* stat_rows = nullptr;
     LossSummaryF* summary = nullptr;  // required
     CrossEntropyTuning tuning;        // the defaults: the planners' choices
+    // A target outside [0, V) that is not ignore_index lies in another vocabulary shard: its row
+    // is valid, has no target column here, and its dlogits are p_j alone (the one-read shard
+    // pass, ce_local_shard_stats below). Off: every valid target is a column of the row.
+    bool absent_targets = false;
 };
 
 // A registered implementation of the whole head on rows that hold the full vocabulary on this

@@ -315,7 +315,8 @@ struct RowFinish {
     int64_t V, ignore_index;
     float eps, zw;
     Reduction red;
-    float *loss_rows, *ce_rows, *z_rows, *lse_rows;
+    float *loss_rows, *ce_rows, *z_rows, *lse_rows, *stat_rows;
+    bool absent_targets;  // CrossEntropyArgs::absent_targets
 };
 inline RowFinish row_finish(const CrossEntropyArgs& a, const CrossEntropyOptions& o,
                             const int* n_valid) {
@@ -331,7 +332,9 @@ inline RowFinish row_finish(const CrossEntropyArgs& a, const CrossEntropyOptions
             a.loss_rows,
             a.ce_rows,
             a.z_rows,
-            a.lse_rows};
+            a.lse_rows,
+            a.stat_rows,
+            a.absent_targets};
 }
 
 // Row `row`'s outputs, into the row arrays that are there.
@@ -340,6 +343,10 @@ __device__ __forceinline__ void write_row(const RowFinish& f, int64_t row, const
     if (f.ce_rows) f.ce_rows[row] = r.ce;
     if (f.z_rows) f.z_rows[row] = r.z;
     if (f.lse_rows) f.lse_rows[row] = r.lse;
+    if (f.stat_rows) {
+        f.stat_rows[2 * row] = r.p.max;
+        f.stat_rows[2 * row + 1] = r.p.log2_d;
+    }
 }
 
 // Row `row` finished from its statistics (finalize_row with the row's target and gradient
@@ -349,6 +356,15 @@ __device__ __forceinline__ RowResult finish_row(const RowFinish& f, int64_t row,
     const int32_t y = f.targets[row];
     const bool valid = y != f.ignore_index;
     const float g = row_grad_scale(f.grad_output, f.per_row, row, f.red, *f.n_valid);
+    if (f.absent_targets && valid && (y < 0 || y >= f.V)) {
+        // no target column here: exp(-inf) = 0 leaves d the whole row's sum (its ce and loss
+        // are then infinite, and nothing reads them)
+        RowStatsF s = st;
+        s.target_logit = -INFINITY;
+        const RowResult r = finalize_row(s, y, valid, g, f.V, f.eps, f.zw);
+        if (write) write_row(f, row, r);
+        return r;
+    }
     const RowResult r = finalize_row(st, y, valid, g, f.V, f.eps, f.zw);
     if (write) write_row(f, row, r);
     return r;

@@ -1,0 +1,238 @@
+// The one-read shard pass's small kernels (kernels/loss_head/shard_one_read.h says what the pass
+// is): local targets, the statistics from the pass's row outputs, the per-row factors, and the
+// backward's row fixes. Each is a thin pass over N rows or N x C values; the logits themselves
+// are read once, by the whole-row variant.
+#include "kernels/loss_head/shard_one_read.h"
+
+#include <cub/device/device_radix_sort.cuh>
+
+#include "kernels/core/check.h"
+#include "kernels/core/cuda_check.h"
+#include "kernels/core/cuda_common.cuh"
+#include "kernels/core/workspace.h"
+#include "kernels/loss_head/cross_entropy/common.cuh"
+
+namespace zgpt::cuda {
+namespace {
+
+constexpr int32_t kAbsentTarget = 1 << 30;  // no row has 2^30 columns (ce_local_targets checks)
+
+template <typename T>
+__global__ void local_targets_kernel(int32_t* local, float* target_logit, const int32_t* targets,
+                                     const T* logits, int64_t ld, int64_t N, int64_t v0,
+                                     int64_t V_local, int64_t ignore_index) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    const int64_t y = targets[i];
+    float x = 0.0f;
+    int32_t t = kAbsentTarget;
+    if (y == ignore_index) {
+        t = int32_t(y);
+    } else if (y >= v0 && y < v0 + V_local) {
+        t = int32_t(y - v0);
+        x = to_f(logits[i * ld + t]);
+    }
+    local[i] = t;
+    target_logit[i] = x;
+}
+
+__device__ __forceinline__ bool is_local(int32_t t, int64_t V_local) {
+    return t >= 0 && t < V_local;
+}
+
+// stat_rows: each row's largest logit and log2 of sum_j exp(x_j - max) (CrossEntropyArgs).
+__global__ void local_stats_kernel(RowStatsF* stats, const float* stat_rows, const float* ce_rows,
+                                   const float* target_logit, const int32_t* local, int64_t N,
+                                   int64_t V_local) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    RowStatsF st;
+    st.max = stat_rows[2 * i];
+    const float d = exp2f(stat_rows[2 * i + 1]);  // sum_j exp(x_j - max), target included
+    const bool own = is_local(local[i], V_local);
+    // without the target: d (1 - p_t), with 1 - p_t = -expm1(-ce) exact as p_t -> 1
+    st.sum_excl = own ? d * -expm1f(-ce_rows[i]) : d;
+    st.target_logit = own ? target_logit[i] : 0.0f;
+    st.sum_logits = 0.0f;
+    stats[i] = st;
+}
+
+__global__ void local_factors_kernel(float* a, float* c, const RowGradParams* params,
+                                     const float* stat_rows, const float* ce_rows,
+                                     const int32_t* local, int64_t N, int64_t V_local) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    const RowGradParams p = params[i];
+    // p_j / p_local_j = 2^((max_local - max) log2 e + log2 d_local - log2 d): exp(lse_local - lse)
+    // from the differences, not from two rounded lse values
+    const float s = (stat_rows[2 * i] - p.max) * kLog2e + (stat_rows[2 * i + 1] - p.log2_d);
+    const float ai = p.coef == 0.0f ? 0.0f : p.coef * exp2f(s);
+    a[i] = ai;
+    // the pass wrote q_t = p_local_t - 1 = expm1(-ce_local) at the target
+    c[i] = is_local(local[i], V_local) ? p.d_target - ai * expm1f(-ce_rows[i]) : 0.0f;
+}
+
+template <typename T>
+__global__ void dh_finish_kernel(float* dh, const float* a, const float* c, const int32_t* local,
+                                 const T* W, int64_t N, int64_t C, int64_t V_local) {
+    const int64_t n = N * C;
+    for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
+         e += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t i = e / C, j = e - i * C;
+        const int32_t t = local[i];
+        float v = a[i] * dh[e];
+        if (is_local(t, V_local)) v = fmaf(c[i], to_f(W[int64_t(t) * C + j]), v);
+        dh[e] = v;
+    }
+}
+
+template <typename T>
+__global__ void scale_rows_kernel(T* out, const T* h, const float* a, int64_t N, int64_t C) {
+    const int64_t n = N * C;
+    for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
+         e += int64_t(gridDim.x) * blockDim.x)
+        out[e] = from_f<T>(a[e / C] * to_f(h[e]));
+}
+
+__global__ void target_keys_kernel(int32_t* keys, int32_t* rows, const int32_t* local, int64_t N,
+                                   int64_t V_local) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    keys[i] = is_local(local[i], V_local) ? local[i] : int32_t(V_local);
+    rows[i] = int32_t(i);
+}
+
+// Block s: if sorted position s starts a run of one target, that target row's sum over the run,
+// in row order, one thread per column, added into dW.
+template <typename T>
+__global__ void target_rows_kernel(float* dW, const float* c, const T* h, const int32_t* keys,
+                                   const int32_t* rows, int64_t N, int64_t C, int64_t V_local) {
+    const int64_t s = blockIdx.x;
+    const int32_t t = keys[s];
+    if (t >= V_local || (s > 0 && keys[s - 1] == t)) return;
+    int64_t e = s;
+    while (e < N && keys[e] == t) e++;
+    for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
+        float acc = 0.0f;
+        for (int64_t r = s; r < e; r++) {
+            const int64_t i = rows[r];
+            acc = fmaf(c[i], to_f(h[i * C + j]), acc);
+        }
+        dW[int64_t(t) * C + j] += acc;
+    }
+}
+
+struct SortScratch {
+    int32_t *keys_in, *keys_out, *rows_in, *rows_out;
+    void* temp;
+    size_t temp_bytes;
+};
+size_t sort_temp_bytes(int64_t N) {
+    size_t bytes = 0;
+    ZG_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, bytes, (const int32_t*)nullptr,
+                                                  (int32_t*)nullptr, (const int32_t*)nullptr,
+                                                  (int32_t*)nullptr, int(N)));
+    return bytes;
+}
+SortScratch carve_sort(void* base, int64_t N) {
+    WorkspaceLayout l(base);
+    SortScratch s;
+    s.keys_in = l.take<int32_t>(N);
+    s.keys_out = l.take<int32_t>(N);
+    s.rows_in = l.take<int32_t>(N);
+    s.rows_out = l.take<int32_t>(N);
+    s.temp_bytes = sort_temp_bytes(N);
+    s.temp = l.take<unsigned char>(s.temp_bytes);
+    return s;
+}
+
+unsigned blocks_for(int64_t n) {
+    return unsigned((n + 255) / 256);
+}
+
+}  // namespace
+
+int32_t ce_absent_target() {
+    return kAbsentTarget;
+}
+
+void ce_local_targets(int32_t* local, float* target_logit, const int32_t* targets,
+                      const void* logits, DType t, int64_t ld, int64_t N, int64_t v0,
+                      int64_t V_local, int64_t ignore_index, CUstream_st* s) {
+    ZG_CHECK(V_local < kAbsentTarget, "the one-read shard pass takes shards below 2^30 columns");
+    // a local target t - v0 >= 0 must never equal ignore_index
+    ZG_CHECK(ignore_index < 0, "the one-read shard pass needs a negative ignore_index");
+    if (N == 0) return;
+    ZG_DISPATCH(t, T,
+                local_targets_kernel<T><<<blocks_for(N), 256, 0, s>>>(
+                    local, target_logit, targets, static_cast<const T*>(logits), ld, N, v0, V_local,
+                    ignore_index));
+    ZG_LAUNCH_CHECK();
+}
+
+void ce_local_shard_stats(RowStatsF* stats, const float* stat_rows, const float* ce_rows,
+                          const float* target_logit, const int32_t* local, int64_t N,
+                          int64_t V_local, CUstream_st* s) {
+    if (N == 0) return;
+    local_stats_kernel<<<blocks_for(N), 256, 0, s>>>(stats, stat_rows, ce_rows, target_logit, local,
+                                                     N, V_local);
+    ZG_LAUNCH_CHECK();
+}
+
+void ce_local_factors(float* a, float* c, const RowGradParams* params, const float* stat_rows,
+                      const float* ce_rows, const int32_t* local, int64_t N, int64_t V_local,
+                      CUstream_st* s) {
+    if (N == 0) return;
+    local_factors_kernel<<<blocks_for(N), 256, 0, s>>>(a, c, params, stat_rows, ce_rows, local, N,
+                                                       V_local);
+    ZG_LAUNCH_CHECK();
+}
+
+void shard_dh_finish(float* dh, const float* a, const float* c, const int32_t* local, const void* W,
+                     DType t, int64_t N, int64_t C, int64_t V_local, CUstream_st* s) {
+    if (N == 0) return;
+    ZG_DISPATCH(t, T,
+                dh_finish_kernel<T><<<grid_for(N * C, 256, 8192), 256, 0, s>>>(
+                    dh, a, c, local, static_cast<const T*>(W), N, C, V_local));
+    ZG_LAUNCH_CHECK();
+}
+
+void shard_scale_rows(void* out, const void* h, const float* a, DType t, int64_t N, int64_t C,
+                      CUstream_st* s) {
+    if (N == 0) return;
+    ZG_DISPATCH(t, T,
+                scale_rows_kernel<T><<<grid_for(N * C, 256, 8192), 256, 0, s>>>(
+                    static_cast<T*>(out), static_cast<const T*>(h), a, N, C));
+    ZG_LAUNCH_CHECK();
+}
+
+size_t shard_dw_target_scratch_bytes(int64_t N) {
+    WorkspaceLayout l(nullptr);
+    l.take<int32_t>(4 * size_t(N) + 4 * 64);  // the four arrays, each rounded up
+    l.take<unsigned char>(sort_temp_bytes(N));
+    return l.bytes();
+}
+
+void shard_dw_target_rows(float* dW, const float* c, const int32_t* local, const void* h, DType t,
+                          int64_t N, int64_t C, int64_t V_local, void* scratch,
+                          size_t scratch_bytes, CUstream_st* s) {
+    if (N == 0) return;
+    ZG_CHECK(N <= INT32_MAX, "shard_dw_target_rows: rows must fit an int");
+    ZG_CHECK(scratch_bytes >= shard_dw_target_scratch_bytes(N),
+             "shard_dw_target_rows: scratch too small");
+    const SortScratch ss = carve_sort(scratch, N);
+    target_keys_kernel<<<blocks_for(N), 256, 0, s>>>(ss.keys_in, ss.rows_in, local, N, V_local);
+    ZG_LAUNCH_CHECK();
+    int end_bit = 1;  // keys are at most V_local
+    while ((int64_t(1) << end_bit) <= V_local) end_bit++;
+    size_t temp_bytes = ss.temp_bytes;
+    // LSD radix sort: stable, so each target's rows stay in row order
+    ZG_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(ss.temp, temp_bytes, ss.keys_in, ss.keys_out,
+                                                  ss.rows_in, ss.rows_out, int(N), 0, end_bit, s));
+    ZG_DISPATCH(t, T,
+                target_rows_kernel<T><<<unsigned(N), 128, 0, s>>>(
+                    dW, c, static_cast<const T*>(h), ss.keys_out, ss.rows_out, N, C, V_local));
+    ZG_LAUNCH_CHECK();
+}
+
+}  // namespace zgpt::cuda
