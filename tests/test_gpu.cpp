@@ -312,9 +312,9 @@ TEST_CASE(
     for (LogitsType t : {LogitsType::f32, LogitsType::bf16}) {
         for (const char* name : {"online", "fast", "fast_lockstep", "naive"}) {
             for (Reduction red : {Reduction::mean, Reduction::sum}) {
-                const std::string type = type_name(t);
+                const std::string type = type_name(t), variant = name;
                 CAPTURE(type);
-                CAPTURE(name);
+                CAPTURE(variant);
                 CAPTURE(int(red));
                 const cuda::CrossEntropyVariant& v = cuda::find_cross_entropy_variant(name);
                 Case c = make_case(131, N, V, t, 1e-4, 0.0, red, 1);
@@ -413,6 +413,11 @@ TEST_CASE(
                 }
                 read_rows(got, rows, summary, N);
                 check_result(got, want, c);
+                double lse_err = 0;
+                for (int64_t i = 0; i < N; i++)
+                    lse_err = std::max(lse_err, std::fabs(got.lse[i] - want.lse[i]));
+                MESSAGE(variant << " " << type << " red " << int(red) << ": largest lse error "
+                                << lse_err);
             }
         }
     }

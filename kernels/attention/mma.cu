@@ -227,7 +227,7 @@ __global__ void __launch_bounds__(kThreads)
                     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
                     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
                     // Key 0 is in tile 0 and precedes every row, so m is finite from then on.
-                    const float mn = fmaxf(m[mt][r], mx[r] * sl2);
+                    const float mn = fmaxf(m[mt][r], scaled_score(mx[r], sl2));
                     corr[r] = ex2(m[mt][r] - mn);
                     m[mt][r] = mn;
                     l[mt][r] *= corr[r];
@@ -236,7 +236,7 @@ __global__ void __launch_bounds__(kThreads)
                 for (int n = 0; n < kTile / 8; n++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
-                        const float p = ex2(fmaf(s[mt][n][e], sl2, -m[mt][e >> 1]));
+                        const float p = ex2(scaled_score(s[mt][n][e], sl2) - m[mt][e >> 1]);
                         s[mt][n][e] = p;
                         l[mt][e >> 1] += p;
                     }
@@ -398,10 +398,10 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
                     for (int n = 0; n < kBwdTile / 8; n++) {
                         const float2 L = *reinterpret_cast<const float2*>(Lt + n * 8 + 2 * tq);
-                        const float l2[2] = {L.x * kLog2e, L.y * kLog2e};
+                        const float l2[2] = {__fmul_rn(L.x, kLog2e), __fmul_rn(L.y, kLog2e)};
 #pragma unroll
                         for (int e = 0; e < 4; e++)
-                            p[mt][n][e] = ex2(fmaf(p[mt][n][e], sl2, -l2[e & 1]));
+                            p[mt][n][e] = ex2(scaled_score(p[mt][n][e], sl2) - l2[e & 1]);
                     }
                 if (rel < kWarpRows) {  // the tile straddles this warp's diagonal
 #pragma unroll
@@ -545,7 +545,7 @@ __global__ void __launch_bounds__(kThreads, 3)
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const int64_t row = wq0 + mt * 16 + gq + r * 8;
-            L[mt][r] = row < g.Tn ? lse[bh * g.Tn + row] * kLog2e : INFINITY;
+            L[mt][r] = row < g.Tn ? __fmul_rn(lse[bh * g.Tn + row], kLog2e) : INFINITY;
             Dr[mt][r] = Dsm[warp * kWarpRows + mt * 16 + gq + r * 8];
         }
     int slot = 0;  // the ring slot of tile t
@@ -567,7 +567,7 @@ __global__ void __launch_bounds__(kThreads, 3)
                 for (int n = 0; n < kBwdTile / 8; n++)
 #pragma unroll
                     for (int e = 0; e < 4; e++)
-                        sc[mt][n][e] = ex2(fmaf(sc[mt][n][e], sl2, -L[mt][e >> 1]));
+                        sc[mt][n][e] = ex2(scaled_score(sc[mt][n][e], sl2) - L[mt][e >> 1]);
             if (rel > -kBwdTile) {  // the diagonal tile: key c is seen by row r only if c <= r
 #pragma unroll
                 for (int mt = 0; mt < 2; mt++)

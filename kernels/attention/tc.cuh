@@ -28,6 +28,16 @@ __device__ __forceinline__ float ex2(float x) {
     return y;
 }
 
+// A score in the softmax's scaled log2 units, rounded on its own (never fused into the
+// subtraction that follows). The row's running max m is this same rounded product of its largest
+// score, so the largest score's probability is 2^0 = 1 exactly. Fused, s sl2 - m is the rounding
+// residual of m instead: up to half an ulp of the scores' magnitude, 0.03 at 1e6, so the largest
+// probability is 2^r, which bf16 rounds before P V while the row sum keeps it, and the backward's
+// recomputed P is off by the same factor. Runs without qk_norm reach such scores.
+__device__ __forceinline__ float scaled_score(float s, float sl2) {
+    return __fmul_rn(s, sl2);
+}
+
 // acc plus the dot product of two 16-byte chunks of 8 bf16 values, as one fmaf chain in order.
 __device__ __forceinline__ float dot8(uint4 a, uint4 b, float acc) {
     const __nv_bfloat162* x2 = reinterpret_cast<const __nv_bfloat162*>(&a);

@@ -424,7 +424,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kFwdKeys / 2], bool diag
     for (int r = 0; r < 2; r++) {
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        const float mn = fmaxf(m[r], mx[r] * sl2);  // key 0 (tile 0) makes it finite
+        const float mn = fmaxf(m[r], scaled_score(mx[r], sl2));  // key 0 (tile 0) makes it finite
         corr[r] = ex2(m[r] - mn);
         m[r] = mn;
         l[r] *= corr[r];
@@ -432,7 +432,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kFwdKeys / 2], bool diag
 #pragma unroll
     for (int i = 0; i < kFwdKeys / 2; i++) {
         const int r = (i >> 1) & 1;
-        s[i] = ex2(fmaf(s[i], sl2, -m[r]));
+        s[i] = ex2(scaled_score(s[i], sl2) - m[r]);
         l[r] += s[i];
     }
 }
@@ -692,7 +692,7 @@ __device__ __forceinline__ void dq_tile(float (&dq)[kD / 2], uint32_t q_rows, ui
     float s[KT / 2], dp[KT / 2];
     product_pair<KT>(s, q_rows, k_tile, dp, do_rows, v_tile);  // S; dP = dO V^T still running
 #pragma unroll
-    for (int i = 0; i < KT / 2; i++) s[i] = ex2(fmaf(s[i], sl2, -L[(i >> 1) & 1]));
+    for (int i = 0; i < KT / 2; i++) s[i] = ex2(scaled_score(s[i], sl2) - L[(i >> 1) & 1]);
     if (rel > -KT) {  // the tile straddles the diagonal of some row of this warpgroup
 #pragma unroll
         for (int n = 0; n < KT / 8; n++)
@@ -825,7 +825,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int64_t row = wrow0 + gq + r * 8;
-        L[r] = row < g.Tn ? lse[bh * g.Tn + row] * kLog2e : INFINITY;
+        L[r] = row < g.Tn ? __fmul_rn(lse[bh * g.Tn + row], kLog2e) : INFINITY;
         Dr[r] = Dsm[wg * kRows + warp * 16 + gq + r * 8];
     }
     float dq[kD / 2] = {};
@@ -869,7 +869,8 @@ __device__ __forceinline__ void dkdv_tile(float (&dk)[kD / 2], float (&dv)[kD / 
         const float2 L = *reinterpret_cast<const float2*>(Lt + n * 8 + 2 * tq);
 #pragma unroll
         for (int e = 0; e < 4; e++)
-            p[4 * n + e] = ex2(fmaf(p[4 * n + e], sl2, -(e & 1 ? L.y : L.x) * kLog2e));
+            p[4 * n + e] =
+                ex2(scaled_score(p[4 * n + e], sl2) - __fmul_rn(e & 1 ? L.y : L.x, kLog2e));
     }
     if (rel < kRows) {  // the tile straddles the diagonal: query rel + c sees key r if c >= r
 #pragma unroll
@@ -1293,7 +1294,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int64_t row = wrow0 + gq + r * 8;
-        L[r] = row < g.Tn ? lse[bh * g.Tn + row] * kLog2e : INFINITY;
+        L[r] = row < g.Tn ? __fmul_rn(lse[bh * g.Tn + row], kLog2e) : INFINITY;
         Dr[r] = Dsm[wg * kRows + warp * 16 + gq + r * 8];
     }
     float dq[kD / 2] = {};
