@@ -83,16 +83,18 @@ struct GptCuda::Impl {
     // a device 1.0 (the pass's grad output) and the pass's own summary.
     DeviceBuffer vp_local, vp_local_rows, vp_hs, vp_sort, vp_one, vp_local_summary;
     int64_t vp_rows_per_chunk = 0, vp_chunks = 0;
-    // The shards' one read: the logits read once (one whole-row pass, then per-row factors),
-    // not twice (statistics, exchange, gradient). Not for the fused linear heads (no logits),
-    // nor naive (its workspace is a row block of probabilities); per call, not with label
-    // smoothing or a non-negative ignore_index.
     cuda::LogitsType logits_type() const {
         return t == DType::bf16 ? cuda::LogitsType::bf16 : cuda::LogitsType::f32;
     }
+    // The shards' one read: the logits read once (one whole-row pass, then per-row factors),
+    // not twice (statistics, exchange, gradient). With fast or online only: not the fused linear
+    // heads (no logits), nor naive (its workspace is a row block of probabilities), nor
+    // fast_lockstep (its pass's statistics give the lse 10x less exactly: 3.4e-5 in test_gpu);
+    // per call, not with label smoothing or a non-negative ignore_index.
     bool split_head_one_read() const {
-        return opt.kernels.split_head_one_read && !linear_ce && ce &&
-               std::string(ce->name) != "naive";
+        if (!opt.kernels.split_head_one_read || linear_ce || !ce) return false;
+        const std::string name = ce->name;
+        return name == "fast" || name == "online";
     }
     // The gathers of the next chunk's hidden states and the reduce-scatters of the last chunk's
     // dh run on vpstream beside the head's GEMMs. Events (by buffer b = chunk % 2): h_ready[b],
