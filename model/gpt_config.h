@@ -93,13 +93,14 @@ struct KernelChoice {
     // GELU's derivative in the epilogue of fcproj's input-gradient GEMM (cuBLASLt's DGELU, matmul:
     // fused_epilogue or wgmma); false: the plain GEMM, then gelu_backward's own pass
     bool gelu_backward_in_gemm = true;
-    // The vocab-parallel head reads each shard's logits once: the loss head's variant (fast or
-    // online) runs over the shard with local targets and writes the local softmax in place, and
-    // per-row factors after the statistics' exchange make it the gradient
-    // (kernels/loss_head/shard_one_read.h). Off: statistics, exchange, then a second read for the
-    // gradient, which is faster on an H200 (the two streaming passes run near the copy rate, fast's
-    // one pass well below it: docs/parallel.md)
-    bool split_head_one_read = false;
+    // How often the vocab-parallel head reads a shard's logits. "one": the loss head's variant
+    // (fast or online) runs once over the shard with local targets and writes the local softmax
+    // in place, and per-row factors after the statistics' exchange make it the gradient
+    // (kernels/loss_head/shard_one_read.h). "two": statistics, exchange, then a second read for
+    // the gradient. "auto": one where a shard's row of logits is longer than
+    // kOneReadMinRowBytes (fast's long-row plan), two below: on two H200s, one read was 1.2%
+    // slower at V = 128256 (128 KB shard rows) and 1.9% faster at V = 256000 (docs/parallel.md)
+    std::string split_head_reads = "auto";
     // The kernels' tuning knobs (kernels.cross_entropy_tuning.*, kernels.attention_tuning.*); the
     // defaults are the kernels' own choices.
     cuda::CrossEntropyTuning cross_entropy_tuning;

@@ -7,7 +7,6 @@
 #include <cstring>
 
 #include "kernels/core/workspace.h"
-#include "kernels/loss_head/shard_one_read.h"
 #include "model/gpt_cuda_impl.h"
 
 namespace zgpt {
@@ -55,6 +54,10 @@ GptCuda::Impl::Impl(const ModelConfig& c, const CudaModelOptions& o)
     ZG_CHECK(opt.kernels.fc_ones_align == 8 || opt.kernels.fc_ones_align == 64,
              "kernels.fc_ones_align: 8 or 64");
     ones_align = opt.kernels.fc_ones_align;
+    ZG_CHECK(
+        opt.kernels.split_head_reads == "auto" || opt.kernels.split_head_reads == "one" ||
+            opt.kernels.split_head_reads == "two",
+        "kernels.split_head_reads: auto, one or two, not '" + opt.kernels.split_head_reads + "'");
     ZG_CHECK(opt.kernels.matmul_wgmma_schedule == "cooperative" ||
                  opt.kernels.matmul_wgmma_schedule == "pingpong",
              "kernels.matmul_wgmma_schedule: cooperative or pingpong, not '" +

@@ -6,7 +6,6 @@
 #include <utility>
 
 #include "kernels/core/cuda_device.h"
-#include "kernels/loss_head/shard_one_read.h"
 #include "model/gpt_cuda_impl.h"
 
 namespace zgpt {

@@ -12,6 +12,7 @@
 #include "kernels/core/cuda_check.h"
 #include "kernels/gemm/matmul.h"
 #include "kernels/gemm/matmul_wgmma.h"
+#include "kernels/loss_head/shard_one_read.h"
 #include "kernels/norms/layernorm.h"
 #include "kernels/ops/adamw.h"
 #include "kernels/ops/encoder.h"
@@ -86,15 +87,19 @@ struct GptCuda::Impl {
     cuda::LogitsType logits_type() const {
         return t == DType::bf16 ? cuda::LogitsType::bf16 : cuda::LogitsType::f32;
     }
-    // The shards' one read: the logits read once (one whole-row pass, then per-row factors),
-    // not twice (statistics, exchange, gradient). With fast or online only: not the fused linear
-    // heads (no logits), nor naive (its workspace is a row block of probabilities), nor
-    // fast_lockstep (its pass's statistics give the lse 10x less exactly: 3.4e-5 in test_gpu);
-    // per call, not with label smoothing or a non-negative ignore_index.
+    // The shards' one read (kernels.split_head_reads): the logits read once (one whole-row
+    // pass, then per-row factors), not twice (statistics, exchange, gradient). With fast or
+    // online only: not the fused linear heads (no logits), nor naive (its workspace is a row
+    // block of probabilities), nor fast_lockstep (its pass's statistics give the lse 10x less
+    // exactly: 3.4e-5 in test_gpu); "auto" by the length of rank 0's shard rows (the longest), so
+    // every rank takes the same path; per call, not with label smoothing or a non-negative
+    // ignore_index.
     bool split_head_one_read() const {
-        if (!opt.kernels.split_head_one_read || linear_ce || !ce) return false;
+        const std::string& reads = opt.kernels.split_head_reads;
+        if (reads == "two" || linear_ce || !ce || vgroup.size < 2) return false;
         const std::string name = ce->name;
-        return name == "fast" || name == "online";
+        if (name != "fast" && name != "online") return false;
+        return reads == "one" || size_t(shard_rows(0)) * es > size_t(cuda::kOneReadMinRowBytes);
     }
     // The gathers of the next chunk's hidden states and the reduce-scatters of the last chunk's
     // dh run on vpstream beside the head's GEMMs. Events (by buffer b = chunk % 2): h_ready[b],

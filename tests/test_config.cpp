@@ -313,6 +313,9 @@ TEST_CASE("the kernels' tuning keys: overrides, nested YAML, sets, variants, rou
                  "fused_linear_wgmma only (it is fast)") != std::string::npos);
     CHECK(error_of(kBase, {"kernels.cross_entropy=fused_linear_wgmma", "train.precision=bf16",
                            "kernels.linear_ce_wgmma_cluster=1"}) == "(no error)");
+    e = error_of(kBase, {"kernels.split_head_reads=three"});
+    CHECK(e.find("kernels.split_head_reads: 'three' is not one of: auto, one, two") !=
+          std::string::npos);
     e = error_of(kBase, {"kernels.matmul=wgmma", "kernels.matmul_wgmma_schedule=split"});
     CHECK(e.find("kernels.matmul_wgmma_schedule: 'split' is not one of: cooperative, pingpong") !=
           std::string::npos);
@@ -433,8 +436,9 @@ TEST_CASE("kernel families: the config's keys, choices and defaults are the regi
     Config c;
     int seen = 0;
     for (const ConfigField& f : config_fields(c)) {
-        // the one knob with a set of names (not a family)
-        if (f.section != "kernels" || f.choices.empty() || f.key == "matmul_wgmma_schedule")
+        // the knobs with a set of names (not families)
+        if (f.section != "kernels" || f.choices.empty() || f.key == "matmul_wgmma_schedule" ||
+            f.key == "split_head_reads")
             continue;
         CAPTURE(f.key);
         const KernelFamily& fam = kernel_family(f.key);  // throws for a key it does not register

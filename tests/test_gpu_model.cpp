@@ -1432,7 +1432,7 @@ TEST_CASE("vocab-parallel head with 2 and 4 local ranks on one GPU equals one ra
     // second stream (GptCuda::Impl::loss_sharded)
     const int64_t B = 25, T = 64;
     // Label smoothing 0.1 keeps the two-read shard path; without it fast and online run the
-    // one-read pass (kernels.split_head_one_read), and once with the key off.
+    // one-read pass (kernels.split_head_reads: one), and once with two reads.
     struct Case {
         DType t;
         const char* head;
@@ -1463,7 +1463,7 @@ TEST_CASE("vocab-parallel head with 2 and 4 local ranks on one GPU equals one ra
             CudaModelOptions o;
             o.precision = k.t;
             o.kernels.cross_entropy = k.head;
-            o.kernels.split_head_one_read = k.one_read;
+            o.kernels.split_head_reads = k.one_read ? "one" : "two";
             o.fp32_residual = k.fp32_residual;
             Rng rng(100 + P);
             std::vector<int32_t> tok(P * B * T), tgt(P * B * T);

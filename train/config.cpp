@@ -290,13 +290,20 @@ std::vector<ConfigField> config_fields(Config& c) {
          "epilogue of the MLP projection's input-gradient GEMM (cuBLASLt's DGELU; false: the "
          "plain GEMM, then a GELU-backward pass)",
          &k.gelu_backward_in_gemm});
-    add({"kernels", "split_head_one_read",
-         "GPU, parallel.vocab_parallel > 1, cross_entropy fast or online: each shard's logits "
-         "read once (the head's pass writes the local softmax in place; per-row factors after "
-         "the statistics' exchange make it the gradient; label smoothing keeps two reads); "
-         "false: statistics, exchange, then a second read for the gradient (faster on an H200: "
-         "fast's one pass runs well below the two streaming passes' copy rate)",
-         &k.split_head_one_read});
+    add({"kernels",
+         "split_head_reads",
+         "GPU, parallel.vocab_parallel > 1: how often a shard's logits are read. one: once, with "
+         "cross_entropy fast or online (the head's pass writes the local softmax in place; "
+         "per-row factors after the statistics' exchange make it the gradient; label smoothing "
+         "keeps two reads); two: statistics, exchange, then a second read for the gradient; "
+         "auto: one where a shard's row of logits is longer than 128 KB, two below (the faster "
+         "of the two at V = 128256 and 256000 on two H200s)",
+         &k.split_head_reads,
+         0,
+         0,
+         false,
+         false,
+         {"auto", "one", "two"}});
     // The kernels' tuning knobs (CrossEntropyTuning in kernels/loss_head/cross_entropy.h,
     // AttentionTuning in kernels/attention/attention.h): nested keys,
     // kernels.<family>_tuning.<knob>, every default the kernels' own choice. Values outside a

@@ -19,6 +19,12 @@
 struct CUstream_st;
 namespace zgpt::cuda {
 
+// Where the one read pays (kernels.split_head_reads: auto): shard rows longer than this, which
+// `fast` runs with its long-row plan. On two H200s at GPT-2 124M, B 64: 128 KB rows
+// (V = 128256) stepped 1.2% slower with one read than with two, 256 KB rows (V = 256000) 1.9%
+// faster (docs/results/vocab_split_h200x2.json, one_read).
+constexpr int64_t kOneReadMinRowBytes = int64_t(128) << 10;
+
 // The local target of every row: t - v0 where t is in [v0, v0 + V_local); ignore_index (which
 // must be negative) stays; any other target becomes ce_absent_target(), outside every row. Also
 // each row's target logit (0 where the target is not local) from `logits` ([N, ld] of type t),
