@@ -93,14 +93,16 @@ struct KernelChoice {
     // GELU's derivative in the epilogue of fcproj's input-gradient GEMM (cuBLASLt's DGELU, matmul:
     // fused_epilogue or wgmma); false: the plain GEMM, then gelu_backward's own pass
     bool gelu_backward_in_gemm = true;
-    // How often the vocab-parallel head reads a shard's logits. "one": the loss head's variant
-    // (fast or online) runs once over the shard with local targets and writes the local softmax
-    // in place, and per-row factors after the statistics' exchange make it the gradient
-    // (kernels/loss_head/shard_one_read.h). "two": statistics, exchange, then a second read for
-    // the gradient. "auto": one where a shard's row of logits is longer than
-    // kOneReadMinRowBytes (fast's long-row plan), two below: on two H200s, one read was 1.2%
-    // slower at V = 128256 (128 KB shard rows) and 1.9% faster at V = 256000 (docs/parallel.md)
-    std::string split_head_reads = "auto";
+    // How often the vocab-parallel head reads a shard's logits. "two": statistics, exchange,
+    // then a second read for the gradient. "one": the loss head's variant (fast or online) runs
+    // once over the shard with local targets and writes the local softmax in place, and per-row
+    // factors after the statistics' exchange make it the gradient
+    // (kernels/loss_head/shard_one_read.h). "auto": one read with fast where a shard's row of
+    // logits is longer than kOneReadMinRowBytes, two below. On two H200s one read was 0.9-1.3%
+    // slower at V = 128256 (128 KB shard rows) and 1.0% faster at V = 256000, in one pair
+    // measured before its fix for fast's own kernels (docs/parallel.md); two stays the default
+    // until that fix has run on a GPU.
+    std::string split_head_reads = "two";
     // The kernels' tuning knobs (kernels.cross_entropy_tuning.*, kernels.attention_tuning.*); the
     // defaults are the kernels' own choices.
     cuda::CrossEntropyTuning cross_entropy_tuning;

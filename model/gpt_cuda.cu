@@ -210,7 +210,7 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
         vp_own_stats = DeviceBuffer(BT * sizeof(cuda::RowStatsF));
         vp_dh = f32(BT * C);
         vp_summary = DeviceBuffer(sizeof(cuda::LossSummaryF));
-        if (split_head_one_read()) {
+        if (shard_one_read()) {
             vp_local = DeviceBuffer(NC * 4);
             vp_local_rows = f32(6 * NC);
             vp_hs = DeviceBuffer(size_t(NC * C) * es);
@@ -275,7 +275,7 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
             ? linear_ce->workspace_bytes(BT, C, cfg.vocab_size, model_linear_ce_tuning(k))
             : std::max(ce->workspace_bytes(BT, Vp, logits_type()),
                        // the one-read shard pass: the variant over a chunk of the group's rows
-                       split_head_one_read() && sharded
+                       shard_one_read() && sharded
                            ? ce->workspace_bytes(vgroup.size * vp_rows_per_chunk,
                                                  shard_rows(vgroup.rank), logits_type())
                            : size_t(0));
@@ -796,9 +796,11 @@ size_t GptCuda::Impl::allocated() const {
                                   &head_scratch, &mlp_bias_sums, &attn_bias_sums, &fc_dw_scratch,
                                   &dact,         &rope_tab})
         s += b->owned_bytes();  // views of head_scratch count once, in it
-    for (const DeviceBuffer* b : {&vp_y, &vp_yc, &vp_h[0], &vp_h[1], &vp_dhc[0], &vp_dhc[1],
-                                  &vp_work, &vp_stats, &vp_gathered, &vp_params, &vp_nvalid,
-                                  &vp_rows, &vp_own_rows, &vp_own_stats, &vp_dh, &vp_summary})
+    for (const DeviceBuffer* b :
+         {&vp_y,        &vp_yc,        &vp_h[0],     &vp_h[1],         &vp_dhc[0], &vp_dhc[1],
+          &vp_work,     &vp_stats,     &vp_gathered, &vp_params,       &vp_nvalid, &vp_rows,
+          &vp_own_rows, &vp_own_stats, &vp_dh,       &vp_summary,      &vp_local,  &vp_local_rows,
+          &vp_hs,       &vp_sort,      &vp_one,      &vp_local_summary})
         s += b->bytes();
     return s + cuda::gemm_workspace_bytes({stream, wstream, cestream});
 }

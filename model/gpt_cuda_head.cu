@@ -183,7 +183,9 @@ CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bo
     a.summary = vp_summary.as<cuda::LossSummaryF>();
     // The one-read pass (kernels/loss_head/shard_one_read.h): the shard as whole rows of V_local
     // columns with local targets, grad output 1 and no z-loss; its row buffers, NCmax apart.
-    const bool one_read = split_head_one_read() && o.label_smoothing == 0.0 && o.ignore_index < 0;
+    // (without a gradient the statistics' one read is all there is: no write of q)
+    const bool one_read =
+        compute_grad && shard_one_read() && o.label_smoothing == 0.0 && o.ignore_index < 0;
     const int64_t NCmax = P * vp_rows_per_chunk;
     int32_t* local = vp_local.as<int32_t>();
     float* target_logit = vp_local_rows.as<float>();
@@ -281,46 +283,39 @@ CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bo
                 cuda::linear_ce_shard_backward(dh, params_, la, o, ce_workspace.get(), stream);
                 ZG_CUDA_CHECK(cudaEventRecord(dh_ready[b], stream));
                 tick("head (vp): fused linear backward");
-            } else if (one_read) {  // dlogits = a q (+ c at the target), q as the pass left it
-                cuda::ce_local_factors(fa, fc, params_, stat_local, ce_local, local, NC, Vl,
-                                       stream);
-                if (Vg > Vl)
-                    ZG_CUDA_CHECK(cudaMemset2DAsync(vp_work.as<char>() + Vl * es, ld * es, 0,
-                                                    (Vg - Vl) * es, NC, stream));
-                tick("head (vp): cross-entropy factors");
-                cuda::Gemm gi = input_grad_gemm(dh, vp_work.get(), W, NC, C, Vg);
-                gi.lda = ld;
-                gi.d_type = DType::f32;
-                cuda::gemm(gi, stream);
-                cuda::shard_dh_finish(dh, fa, fc, local, W, t, NC, C, Vl, stream);
-                ZG_CUDA_CHECK(cudaEventRecord(dh_ready[b], stream));
-                tick("head (vp): matmul dinp");
-                // dW_shard += q^T (a H_chunk), then c_i H_i into each local target's row
-                cuda::shard_scale_rows(vp_hs.get(), vp_h[b].get(), fa, t, NC, C, stream);
-                cuda::Gemm gw = weight_grad_gemm(dW, vp_work.get(), vp_hs.get(), NC, C, Vg);
-                gw.lda = ld;
-                cuda::gemm(gw, stream);
-                cuda::shard_dw_target_rows(dW, fc, local, vp_h[b].get(), t, NC, C, Vl,
-                                           vp_sort.get(), vp_sort.bytes(), stream);
-                tick("head (vp): matmul dW");
             } else {
-                cuda::ce_shard_backward(a, params_, o, stream);
+                // dlogits: two reads write them now; one read left q, and the factors a and c
+                // make it the gradient around the GEMMs (dlogits = a q, plus c at the target)
+                if (one_read)
+                    cuda::ce_local_factors(fa, fc, params_, stat_local, ce_local, local, NC, Vl,
+                                           stream);
+                else
+                    cuda::ce_shard_backward(a, params_, o, stream);
                 // The GEMMs' extra columns carry no gradient. The table's extra rows are zero,
                 // so their logits are too; zeroing them keeps dW and dh exact even if not.
                 if (Vg > Vl)
                     ZG_CUDA_CHECK(cudaMemset2DAsync(vp_work.as<char>() + Vl * es, ld * es, 0,
                                                     (Vg - Vl) * es, NC, stream));
-                tick("head (vp): cross-entropy gradient");
+                tick(one_read ? "head (vp): cross-entropy factors"
+                              : "head (vp): cross-entropy gradient");
                 cuda::Gemm gi = input_grad_gemm(dh, vp_work.get(), W, NC, C, Vg);
                 gi.lda = ld;
                 gi.d_type = DType::f32;
                 cuda::gemm(gi, stream);
+                if (one_read) cuda::shard_dh_finish(dh, fa, fc, local, W, t, NC, C, Vl, stream);
                 ZG_CUDA_CHECK(cudaEventRecord(dh_ready[b], stream));
                 tick("head (vp): matmul dinp");
-                // dW_shard += dlogits^T H_chunk (fp32, into the arena; its table has the Vg rows)
-                cuda::Gemm gw = weight_grad_gemm(dW, vp_work.get(), vp_h[b].get(), NC, C, Vg);
+                // dW_shard += dlogits^T H_chunk (fp32, into the arena; its table has the Vg rows):
+                // with one read q^T (a H_chunk), then c_i H_i into each local target's row
+                if (one_read)
+                    cuda::shard_scale_rows(vp_hs.get(), vp_h[b].get(), fa, t, NC, C, stream);
+                cuda::Gemm gw = weight_grad_gemm(dW, vp_work.get(),
+                                                 one_read ? vp_hs.get() : vp_h[b].get(), NC, C, Vg);
                 gw.lda = ld;
                 cuda::gemm(gw, stream);
+                if (one_read)
+                    cuda::shard_dw_target_rows(dW, fc, local, vp_h[b].get(), t, NC, C, Vl,
+                                               vp_sort.get(), vp_sort.bytes(), stream);
                 tick("head (vp): matmul dW");
             }
         }

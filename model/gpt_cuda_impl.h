@@ -78,7 +78,7 @@ struct GptCuda::Impl {
     DeviceBuffer vp_work;
     DeviceBuffer vp_stats, vp_gathered, vp_params, vp_nvalid, vp_rows, vp_dh, vp_summary;
     DeviceBuffer vp_own_rows, vp_own_stats;  // this rank's rows' outputs and statistics
-    // The one-read shard pass (kernels/loss_head/shard_one_read.h), where split_head_one_read()
+    // The one-read shard pass (kernels/loss_head/shard_one_read.h), where shard_one_read()
     // allows it: a chunk's local targets; its target logits, ce rows, stat rows (2 a row) and
     // the factors a and c (6 floats a row); the scaled hidden states for dW; the sort's scratch;
     // a device 1.0 (the pass's grad output) and the pass's own summary.
@@ -88,18 +88,18 @@ struct GptCuda::Impl {
         return t == DType::bf16 ? cuda::LogitsType::bf16 : cuda::LogitsType::f32;
     }
     // The shards' one read (kernels.split_head_reads): the logits read once (one whole-row
-    // pass, then per-row factors), not twice (statistics, exchange, gradient). With fast or
-    // online only: not the fused linear heads (no logits), nor naive (its workspace is a row
-    // block of probabilities), nor fast_lockstep (its pass's statistics give the lse 10x less
-    // exactly: 3.4e-5 in test_gpu); "auto" by the length of rank 0's shard rows (the longest), so
-    // every rank takes the same path; per call, not with label smoothing or a non-negative
-    // ignore_index.
-    bool split_head_one_read() const {
+    // pass, then per-row factors), not twice (statistics, exchange, gradient). "one" with fast or
+    // online; not the fused linear heads (no logits), nor naive (its workspace is a row block of
+    // probabilities), nor fast_lockstep (not measured). "auto" with fast only (online reads each
+    // row twice inside its pass), by the length of rank 0's shard rows (the longest), so every
+    // rank takes the same path. Per call, not with label smoothing or a non-negative
+    // ignore_index, and only with a gradient.
+    bool shard_one_read() const {
         const std::string& reads = opt.kernels.split_head_reads;
         if (reads == "two" || linear_ce || !ce || vgroup.size < 2) return false;
         const std::string name = ce->name;
-        if (name != "fast" && name != "online") return false;
-        return reads == "one" || size_t(shard_rows(0)) * es > size_t(cuda::kOneReadMinRowBytes);
+        if (reads == "one") return name == "fast" || name == "online";
+        return name == "fast" && size_t(shard_rows(0)) * es > size_t(cuda::kOneReadMinRowBytes);
     }
     // The gathers of the next chunk's hidden states and the reduce-scatters of the last chunk's
     // dh run on vpstream beside the head's GEMMs. Events (by buffer b = chunk % 2): h_ready[b],

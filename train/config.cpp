@@ -292,12 +292,13 @@ std::vector<ConfigField> config_fields(Config& c) {
          &k.gelu_backward_in_gemm});
     add({"kernels",
          "split_head_reads",
-         "GPU, parallel.vocab_parallel > 1: how often a shard's logits are read. one: once, with "
+         "GPU, parallel.vocab_parallel > 1: how often a shard's logits are read. two: "
+         "statistics, exchange, then a second read for the gradient; one: once, with "
          "cross_entropy fast or online (the head's pass writes the local softmax in place; "
          "per-row factors after the statistics' exchange make it the gradient; label smoothing "
-         "keeps two reads); two: statistics, exchange, then a second read for the gradient; "
-         "auto: one where a shard's row of logits is longer than 128 KB, two below (the faster "
-         "of the two at V = 128256 and 256000 on two H200s)",
+         "keeps two reads); auto: one with fast where a shard's row of logits is longer than "
+         "128 KB, two below (one read was slower at V = 128256 and faster at 256000 on two "
+         "H200s)",
          &k.split_head_reads,
          0,
          0,

@@ -74,7 +74,9 @@ __global__ void flash_forward_kernel(T* out, float* lse, T* ores, const T* qkv, 
             float acc = 0;
 #pragma unroll
             for (int d = 0; d < HS; d++) acc += q[d] * Ks[j][d];
-            s[j] = k0 + j <= i ? acc * g.scale : -INFINITY;
+            // the product rounded on its own, as the backward's (no fused exponent: tc.cuh's
+            // scaled_score)
+            s[j] = k0 + j <= i ? __fmul_rn(acc, g.scale) : -INFINITY;
             mt = fmaxf(mt, s[j]);
         }
         const float corr = __expf(m - mt);
@@ -168,7 +170,7 @@ __global__ void flash_dkdv_kernel(T* dqkv, const T* dout, const T* qkv, const fl
                     s += Qs[r][d] * k[d];
                     dp += dOs[r][d] * v[d];
                 }
-                const float p = __expf(s * g.scale - Ls[r]);
+                const float p = __expf(__fmul_rn(s, g.scale) - Ls[r]);
                 const float ds = p * (dp - Ds[r]) * g.scale;
 #pragma unroll
                 for (int d = 0; d < HS; d++) {
@@ -224,7 +226,7 @@ __global__ void flash_dq_kernel(T* dqkv, const T* dout, const T* qkv, const floa
                 s += q[d] * Ks[jj][d];
                 dp += dy[d] * Vs[jj][d];
             }
-            const float p = __expf(s * g.scale - L);
+            const float p = __expf(__fmul_rn(s, g.scale) - L);
             const float ds = p * (dp - D) * g.scale;
 #pragma unroll
             for (int d = 0; d < HS; d++) dq[d] += ds * Ks[jj][d];

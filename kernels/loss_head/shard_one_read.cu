@@ -103,7 +103,11 @@ __global__ void target_keys_kernel(int32_t* keys, int32_t* rows, const int32_t* 
 }
 
 // Block s: if sorted position s starts a run of one target, that target row's sum over the run,
-// in row order, one thread per column, added into dW.
+// in row order, into dW; each thread holds the sums of columns tid, tid + 128, ... (up to
+// kTargetCols of them a pass over the run). One block takes a whole run, so a frequent target is a
+// long serial loop: fine for random tokens, a tail for text where one token is a tenth of the rows
+// (the embedding's backward splits such runs; this does not yet).
+constexpr int kTargetThreads = 128, kTargetCols = 16;
 template <typename T>
 __global__ void target_rows_kernel(float* dW, const float* c, const T* h, const int32_t* keys,
                                    const int32_t* rows, int64_t N, int64_t C, int64_t V_local) {
@@ -112,13 +116,23 @@ __global__ void target_rows_kernel(float* dW, const float* c, const T* h, const 
     if (t >= V_local || (s > 0 && keys[s - 1] == t)) return;
     int64_t e = s;
     while (e < N && keys[e] == t) e++;
-    for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
-        float acc = 0.0f;
+    for (int64_t j0 = 0; j0 < C; j0 += int64_t(kTargetThreads) * kTargetCols) {
+        float acc[kTargetCols] = {};
         for (int64_t r = s; r < e; r++) {
             const int64_t i = rows[r];
-            acc = fmaf(c[i], to_f(h[i * C + j]), acc);
+            const float ci = c[i];
+            const T* hi = h + i * C;
+#pragma unroll
+            for (int k = 0; k < kTargetCols; k++) {
+                const int64_t j = j0 + threadIdx.x + int64_t(k) * kTargetThreads;
+                if (j < C) acc[k] = fmaf(ci, to_f(hi[j]), acc[k]);
+            }
         }
-        dW[int64_t(t) * C + j] += acc;
+#pragma unroll
+        for (int k = 0; k < kTargetCols; k++) {
+            const int64_t j = j0 + threadIdx.x + int64_t(k) * kTargetThreads;
+            if (j < C) dW[int64_t(t) * C + j] += acc[k];
+        }
     }
 }
 
@@ -146,7 +160,7 @@ SortScratch carve_sort(void* base, int64_t N) {
     return s;
 }
 
-unsigned blocks_for(int64_t n) {
+unsigned blocks_for(int64_t n) {  // a thread a row, no grid-stride loop
     return unsigned((n + 255) / 256);
 }
 
@@ -230,7 +244,7 @@ void shard_dw_target_rows(float* dW, const float* c, const int32_t* local, const
     ZG_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(ss.temp, temp_bytes, ss.keys_in, ss.keys_out,
                                                   ss.rows_in, ss.rows_out, int(N), 0, end_bit, s));
     ZG_DISPATCH(t, T,
-                target_rows_kernel<T><<<unsigned(N), 128, 0, s>>>(
+                target_rows_kernel<T><<<unsigned(N), kTargetThreads, 0, s>>>(
                     dW, c, static_cast<const T*>(h), ss.keys_out, ss.rows_out, N, C, V_local));
     ZG_LAUNCH_CHECK();
 }

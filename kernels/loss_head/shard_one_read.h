@@ -20,9 +20,9 @@ struct CUstream_st;
 namespace zgpt::cuda {
 
 // Where the one read pays (kernels.split_head_reads: auto): shard rows longer than this, which
-// `fast` runs with its long-row plan. On two H200s at GPT-2 124M, B 64: 128 KB rows
-// (V = 128256) stepped 1.2% slower with one read than with two, 256 KB rows (V = 256000) 1.9%
-// faster (docs/results/vocab_split_h200x2.json, one_read).
+// `fast` runs with its long-row plan. On two H200s at GPT-2 124M, B 64, the split's step with one
+// read against two: 0.9-1.3% slower with 128 KB rows (V = 128256, three pairs), 1.0% faster with
+// 256 KB rows (V = 256000, one pair) (docs/results/vocab_split_h200x2.json, one_read).
 constexpr int64_t kOneReadMinRowBytes = int64_t(128) << 10;
 
 // The local target of every row: t - v0 where t is in [v0, v0 + V_local); ignore_index (which

@@ -349,6 +349,16 @@ __device__ __forceinline__ void write_row(const RowFinish& f, int64_t row, const
     }
 }
 
+// A row's merged statistics as finalize_row takes them. Under absent_targets a valid target
+// outside [0, V) lies in another shard: its target_logit becomes -inf, so that exp(-inf) = 0 leaves
+// d the whole row's sum, where the 0 the statistics carry would add exp(-max). (Its ce and loss
+// are then infinite, and nothing reads them.) Every kernel that finalises rows calls it.
+__device__ __forceinline__ RowStatsF row_target_stats(const RowFinish& f, RowStatsF st, int32_t y,
+                                                      bool valid) {
+    if (f.absent_targets && valid && (y < 0 || y >= f.V)) st.target_logit = -INFINITY;
+    return st;
+}
+
 // Row `row` finished from its statistics (finalize_row with the row's target and gradient
 // scale): its outputs written where `write` (by one thread of the row's), its result returned.
 __device__ __forceinline__ RowResult finish_row(const RowFinish& f, int64_t row,
@@ -356,16 +366,8 @@ __device__ __forceinline__ RowResult finish_row(const RowFinish& f, int64_t row,
     const int32_t y = f.targets[row];
     const bool valid = y != f.ignore_index;
     const float g = row_grad_scale(f.grad_output, f.per_row, row, f.red, *f.n_valid);
-    if (f.absent_targets && valid && (y < 0 || y >= f.V)) {
-        // no target column here: exp(-inf) = 0 leaves d the whole row's sum (its ce and loss
-        // are then infinite, and nothing reads them)
-        RowStatsF s = st;
-        s.target_logit = -INFINITY;
-        const RowResult r = finalize_row(s, y, valid, g, f.V, f.eps, f.zw);
-        if (write) write_row(f, row, r);
-        return r;
-    }
-    const RowResult r = finalize_row(st, y, valid, g, f.V, f.eps, f.zw);
+    const RowResult r =
+        finalize_row(row_target_stats(f, st, y, valid), y, valid, g, f.V, f.eps, f.zw);
     if (write) write_row(f, row, r);
     return r;
 }

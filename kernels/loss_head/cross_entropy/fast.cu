@@ -263,8 +263,9 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1)
             const int r = int(threadIdx.x) % kMaxCluster;
             const RowStatsF all = warp_merge_stats<kMaxCluster>(
                 r < csize ? *cluster.map_shared_rank(&cta_stats[it & 1], r) : empty_stats());
-            const RowResult res = finalize_row(all, y, valid, grad_scale(g, a.fin.red, n_valid),
-                                               a.fin.V, a.fin.eps, a.fin.zw);
+            const RowResult res =
+                finalize_row(row_target_stats(a.fin, all, y, valid), y, valid,
+                             grad_scale(g, a.fin.red, n_valid), a.fin.V, a.fin.eps, a.fin.zw);
             if (threadIdx.x == 0) {
                 row_params[it & 1] = res.p;
                 if (rank == 0) write_row_outputs(a, row, res, all);
@@ -423,8 +424,9 @@ __global__ void __launch_bounds__(kGroupCount* kGroupThreads, 1) fast_pingpong_k
         const int r = lane % kMaxCluster;
         const RowStatsF all =
             warp_merge_stats<kMaxCluster>(r < csize ? cluster_vals[slot][r] : empty_stats());
-        const RowResult res = finalize_row(all, y, valid, grad_scale(g, a.fin.red, n_valid),
-                                           a.fin.V, a.fin.eps, a.fin.zw);
+        const RowResult res =
+            finalize_row(row_target_stats(a.fin, all, y, valid), y, valid,
+                         grad_scale(g, a.fin.red, n_valid), a.fin.V, a.fin.eps, a.fin.zw);
         if (rank == 0 && tid == 0) write_row_outputs(a, row, res, all);
 #pragma unroll
         for (int p = 0; p < kParts; p++) {
