@@ -307,10 +307,10 @@ TEST_CASE(
     // dlogits, with q what the pass left in place. Hard rows (peaked, |x| ~ 100, -inf entries),
     // an ignored row, z-loss, mean and sum; without label smoothing (the one-read path's domain).
     // The two long shards (80 KB rows in bf16) run fast's own cluster kernels, not online's, and
-    // every logit is moved down by 10, so that rows' maxima sit near 0: a target column counted in
-    // a shard that does not hold it would add about exp(-max) to the row's sum, a large error
-    // here. naive is not used by the model's one-read path (its workspace), but its pass must hold
-    // too.
+    // every logit is moved down by 10, so that the plain and masked rows' maxima sit near 0: a
+    // target column counted in a shard that does not hold it would add about exp(-max) to such a
+    // row's sum, a large error here. naive is not used by the model's one-read path (its
+    // workspace), but its pass must hold too.
     const int64_t N = 11, V = 80011;
     const std::vector<int64_t> cuts = {0, 1, 40000, 40001, 80011};  // 4 uneven shards
     const int64_t S = int64_t(cuts.size()) - 1;
@@ -419,6 +419,7 @@ TEST_CASE(
                 }
                 read_rows(got, rows, summary, N);
                 check_result(got, want, c);
+                CHECK_FALSE(got.padding_written);
                 double lse_err = 0;
                 for (int64_t i = 0; i < N; i++)
                     lse_err = std::max(lse_err, std::fabs(got.lse[i] - want.lse[i]));
@@ -432,60 +433,66 @@ TEST_CASE(
 TEST_CASE("the one-read shard backward's row kernels: dh rows, scaled h, dW's target rows") {
     // shard_dh_finish, shard_scale_rows and shard_dw_target_rows against double sums on the host:
     // targets repeated (runs of one row up to many), absent and ignored rows; dW's target rows
-    // twice, bit for bit (sorted, one writer per element: no atomics).
-    const int64_t N = 777, C = 96, Vl = 50;
-    Rng rng(5);
-    std::vector<int32_t> local(N);
-    std::vector<double> a(N), c(N), h(N * C), W(Vl * C), dh0(N * C), dW0(Vl * C);
-    for (int64_t i = 0; i < N; i++) {
-        const double u = rng.uniform();
-        local[i] = u < 0.1    ? cuda::ce_absent_target()
-                   : u < 0.15 ? -100
-                              : int32_t(std::pow(rng.uniform(), 3.0) * Vl);  // skewed: long runs
-        a[i] = rng.uniform();
-        c[i] = local[i] >= 0 && local[i] < Vl ? rng.normal() : 0.0;
-    }
-    for (auto& x : h) x = rng.normal();
-    for (auto& x : W) x = rng.normal();
-    for (auto& x : dh0) x = rng.normal();
-    for (auto& x : dW0) x = rng.normal();
-    for (DType t : {DType::f32, DType::bf16}) {
-        CAPTURE(dtype_name(t));
-        DevT hd(t, h), Wd(t, W), hs(t, N * C);
-        DevT dh(DType::f32, dh0), dW(DType::f32, dW0), dW2(DType::f32, dW0);
-        DevT ad(DType::f32, a), cd(DType::f32, c);
-        Dev ld(N * 4), scratch(cuda::shard_dw_target_scratch_bytes(N));
-        CUDA_OK(cudaMemcpy(ld.p, local.data(), N * 4, cudaMemcpyHostToDevice));
-        const auto* loc = ld.as<int32_t>();
-        cuda::shard_dh_finish(static_cast<float*>(dh.p), static_cast<const float*>(ad.p),
-                              static_cast<const float*>(cd.p), loc, Wd.p, t, N, C, Vl, nullptr);
-        cuda::shard_scale_rows(hs.p, hd.p, static_cast<const float*>(ad.p), t, N, C, nullptr);
-        for (DevT* out : {&dW, &dW2})
-            cuda::shard_dw_target_rows(static_cast<float*>(out->p), static_cast<const float*>(cd.p),
-                                       loc, hd.p, t, N, C, Vl, scratch.p, scratch.bytes, nullptr);
-        CUDA_OK(cudaDeviceSynchronize());
-        CUDA_OK(cudaGetLastError());
-        const std::vector<double> hq = hd.get(), Wq = Wd.get();  // as the device holds them
-        std::vector<double> want_dh(N * C), want_hs(N * C), want_dW = dW0;
-        for (int64_t i = 0; i < N; i++)
-            for (int64_t j = 0; j < C; j++) {
-                const bool own = local[i] >= 0 && local[i] < Vl;
-                want_dh[i * C + j] =
-                    a[i] * dh0[i * C + j] + (own ? c[i] * Wq[local[i] * C + j] : 0);
-                want_hs[i * C + j] = as_stored(a[i] * hq[i * C + j], t);
-                if (own) want_dW[local[i] * C + j] += c[i] * hq[i * C + j];
-            }
-        const std::vector<double> got_dh = dh.get(), got_hs = hs.get(), got_dW = dW.get();
-        CHECK(got_dW == dW2.get());
-        // fp32 arithmetic: a product and an FMA for dh; dW's target rows sum up to a few hundred
-        // products (the longest run) in fp32
-        const MaxError e_dh = compare(got_dh.data(), want_dh.data(), N * C, 1e-6, 1e-6);
-        const MaxError e_hs = compare(got_hs.data(), want_hs.data(), N * C,
-                                      t == DType::f32 ? 1e-6 : 1.0 / 128, 1e-30);
-        const MaxError e_dW = compare(got_dW.data(), want_dW.data(), Vl * C, 1e-5, 1e-4);
-        CHECK_MESSAGE(e_dh.ok, "dh: max abs " << e_dh.abs << " at " << e_dh.worst);
-        CHECK_MESSAGE(e_hs.ok, "scaled h: max abs " << e_hs.abs << " at " << e_hs.worst);
-        CHECK_MESSAGE(e_dW.ok, "dW: max abs " << e_dW.abs << " at " << e_dW.worst);
+    // twice, bit for bit (sorted, one writer per element: no atomics). Widths below one pass of
+    // the target-row kernel's threads, not a multiple of them, and above its 2048 columns a pass.
+    const int64_t N = 777, Vl = 50;
+    for (const int64_t C : {int64_t(96), int64_t(1600), int64_t(2200)}) {
+        CAPTURE(C);
+        Rng rng(5);
+        std::vector<int32_t> local(N);
+        std::vector<double> a(N), c(N), h(N * C), W(Vl * C), dh0(N * C), dW0(Vl * C);
+        for (int64_t i = 0; i < N; i++) {
+            const double u = rng.uniform();
+            local[i] = u < 0.1 ? cuda::ce_absent_target()
+                       : u < 0.15
+                           ? -100
+                           : int32_t(std::pow(rng.uniform(), 3.0) * Vl);  // skewed: long runs
+            a[i] = rng.uniform();
+            c[i] = local[i] >= 0 && local[i] < Vl ? rng.normal() : 0.0;
+        }
+        for (auto& x : h) x = rng.normal();
+        for (auto& x : W) x = rng.normal();
+        for (auto& x : dh0) x = rng.normal();
+        for (auto& x : dW0) x = rng.normal();
+        for (DType t : {DType::f32, DType::bf16}) {
+            CAPTURE(dtype_name(t));
+            DevT hd(t, h), Wd(t, W), hs(t, N * C);
+            DevT dh(DType::f32, dh0), dW(DType::f32, dW0), dW2(DType::f32, dW0);
+            DevT ad(DType::f32, a), cd(DType::f32, c);
+            Dev ld(N * 4), scratch(cuda::shard_dw_target_scratch_bytes(N));
+            CUDA_OK(cudaMemcpy(ld.p, local.data(), N * 4, cudaMemcpyHostToDevice));
+            const auto* loc = ld.as<int32_t>();
+            cuda::shard_dh_finish(static_cast<float*>(dh.p), static_cast<const float*>(ad.p),
+                                  static_cast<const float*>(cd.p), loc, Wd.p, t, N, C, Vl, nullptr);
+            cuda::shard_scale_rows(hs.p, hd.p, static_cast<const float*>(ad.p), t, N, C, nullptr);
+            for (DevT* out : {&dW, &dW2})
+                cuda::shard_dw_target_rows(static_cast<float*>(out->p),
+                                           static_cast<const float*>(cd.p), loc, hd.p, t, N, C, Vl,
+                                           scratch.p, scratch.bytes, nullptr);
+            CUDA_OK(cudaDeviceSynchronize());
+            CUDA_OK(cudaGetLastError());
+            const std::vector<double> hq = hd.get(), Wq = Wd.get();  // as the device holds them
+            std::vector<double> want_dh(N * C), want_hs(N * C), want_dW = dW0;
+            for (int64_t i = 0; i < N; i++)
+                for (int64_t j = 0; j < C; j++) {
+                    const bool own = local[i] >= 0 && local[i] < Vl;
+                    want_dh[i * C + j] =
+                        a[i] * dh0[i * C + j] + (own ? c[i] * Wq[local[i] * C + j] : 0);
+                    want_hs[i * C + j] = as_stored(a[i] * hq[i * C + j], t);
+                    if (own) want_dW[local[i] * C + j] += c[i] * hq[i * C + j];
+                }
+            const std::vector<double> got_dh = dh.get(), got_hs = hs.get(), got_dW = dW.get();
+            CHECK(got_dW == dW2.get());
+            // fp32 arithmetic: a product and an FMA for dh; dW's target rows sum up to a few
+            // hundred products (the longest run) in fp32
+            const MaxError e_dh = compare(got_dh.data(), want_dh.data(), N * C, 1e-6, 1e-6);
+            const MaxError e_hs = compare(got_hs.data(), want_hs.data(), N * C,
+                                          t == DType::f32 ? 1e-6 : 1.0 / 128, 1e-30);
+            const MaxError e_dW = compare(got_dW.data(), want_dW.data(), Vl * C, 1e-5, 1e-4);
+            CHECK_MESSAGE(e_dh.ok, "dh: max abs " << e_dh.abs << " at " << e_dh.worst);
+            CHECK_MESSAGE(e_hs.ok, "scaled h: max abs " << e_hs.abs << " at " << e_hs.worst);
+            CHECK_MESSAGE(e_dW.ok, "dW: max abs " << e_dW.abs << " at " << e_dW.worst);
+        }
     }
 }
 
