@@ -177,7 +177,7 @@ struct CrossEntropyArgs {
     CrossEntropyTuning tuning;        // the defaults: the planners' choices
     // A target outside [0, V) that is not ignore_index lies in another vocabulary shard: its row
     // is valid, has no target column here, and its dlogits are p_j alone (the one-read shard
-    // pass, ce_local_shard_stats below). Off: every valid target is a column of the row.
+    // pass, kernels/loss_head/shard_one_read.h). Off: every valid target is a column of the row.
     bool absent_targets = false;
 };
 

@@ -148,8 +148,9 @@ size_t sort_temp_bytes(int64_t N) {
                                                   (int32_t*)nullptr, int(N)));
     return bytes;
 }
-SortScratch carve_sort(void* base, int64_t N) {
-    WorkspaceLayout l(base);
+// The sort's scratch in the caller's buffer; on a measuring layout (null base) it gives the size,
+// so the size and the layout are one code.
+SortScratch carve_sort(WorkspaceLayout& l, int64_t N) {
     SortScratch s;
     s.keys_in = l.take<int32_t>(N);
     s.keys_out = l.take<int32_t>(N);
@@ -222,8 +223,7 @@ void shard_scale_rows(void* out, const void* h, const float* a, DType t, int64_t
 
 size_t shard_dw_target_scratch_bytes(int64_t N) {
     WorkspaceLayout l(nullptr);
-    l.take<int32_t>(4 * size_t(N) + 4 * 64);  // the four arrays, each rounded up
-    l.take<unsigned char>(sort_temp_bytes(N));
+    carve_sort(l, N);
     return l.bytes();
 }
 
@@ -232,9 +232,9 @@ void shard_dw_target_rows(float* dW, const float* c, const int32_t* local, const
                           size_t scratch_bytes, CUstream_st* s) {
     if (N == 0) return;
     ZG_CHECK(N <= INT32_MAX, "shard_dw_target_rows: rows must fit an int");
-    ZG_CHECK(scratch_bytes >= shard_dw_target_scratch_bytes(N),
-             "shard_dw_target_rows: scratch too small");
-    const SortScratch ss = carve_sort(scratch, N);
+    WorkspaceLayout l(scratch);
+    const SortScratch ss = carve_sort(l, N);
+    ZG_CHECK(scratch_bytes >= l.bytes(), "shard_dw_target_rows: scratch too small");
     target_keys_kernel<<<blocks_for(N), 256, 0, s>>>(ss.keys_in, ss.rows_in, local, N, V_local);
     ZG_LAUNCH_CHECK();
     int end_bit = 1;  // keys are at most V_local
