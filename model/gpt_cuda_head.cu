@@ -233,6 +233,14 @@ CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bo
         // the chunk's targets in its row order: rows [r0, r0 + n) of every rank
         ZG_CUDA_CHECK(cudaMemcpy2DAsync(vp_yc.get(), n * 4, vp_y.as<int32_t>() + r0, BT * 4, n * 4,
                                         P, cudaMemcpyDeviceToDevice, stream));
+        // The last chunk's dh out and the next chunk's hidden states in, beside this chunk's
+        // logits GEMM: issued first, so that they are done before the cross-entropy pass
+        // (below, the statistics' exchange waits for them anyway). A pass that holds the whole
+        // GPU for its rows (fast's persistent clusters) then runs alone: beside NCCL's kernels
+        // its clusters that start late finish late, and the pass waits for its slowest.
+        if (compute_grad && k > 0) scatter_dh(k - 1);
+        if (k + 1 < K) gather_h(k + 1);
+        tick("head (vp): hidden states in, dh out");
         ZG_CUDA_CHECK(cudaStreamWaitEvent(stream, h_ready[b]));
         if (linear_ce) {
             cuda::linear_ce_shard_stats(stats, la, o, ce_workspace.get(), stream);
@@ -244,6 +252,7 @@ CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bo
             cuda::gemm(gf, stream);
             tick("head (vp): logits matmul");
             if (one_read) {  // the logits' one read: they become q in place
+                if (cs != stream) ZG_CUDA_CHECK(cudaStreamWaitEvent(stream, comm_done));
                 cuda::ce_local_targets(local, target_logit, a.targets, vp_work.get(), t, ld, NC, v0,
                                        Vl, o.ignore_index, stream);
                 pa.N = NC;
@@ -256,9 +265,6 @@ CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bo
                 tick("head (vp): cross-entropy statistics");
             }
         }
-        // beside this chunk's work: the last chunk's dh out, the next chunk's hidden states in
-        if (compute_grad && k > 0) scatter_dh(k - 1);
-        if (k + 1 < K) gather_h(k + 1);
         // One collective for the chunk's statistics; every rank merges them in rank order.
         collective(stream, [&] {
             vgroup.all_gather(stats, gathered, NC * int64_t(sizeof(cuda::RowStatsF)), stream);
