@@ -146,6 +146,33 @@ TEST_CASE("ce plan: fast on long rows, and its helper grid") {
     CHECK(hf.stages == 2);
 }
 
+TEST_CASE("ce plan: fast's rows of up to 128 KB that need a cluster take three warp groups") {
+    // Two groups of 512 threads hold two stages of bf16 rows of up to 57,600 values in one CTA
+    // (230,400 bytes of budget); longer rows of up to 128 KB spread over a cluster of 2, and
+    // there three groups (768 threads) were the faster, as above 128 KB.
+    const FastPlan one = plan_fast(rows(LogitsType::bf16, 57600), true, kHopperSmem);
+    CHECK(one.cluster == 1);
+    CHECK(one.groups == 2);
+    CHECK(one.threads == 1024);
+    for (const int64_t V : {57608, 64128, 65536}) {
+        CAPTURE(V);
+        const FastPlan p = plan_fast(rows(LogitsType::bf16, V), true, kHopperSmem);
+        CHECK(p.cluster == 2);
+        CHECK(p.groups == 3);
+        CHECK(p.threads == 768);
+        CHECK(p.stages >= 3);
+        CHECK(p.smem <= size_t(kHopperSmem - 2048));
+    }
+    // fp32 rows of 30,000 values (120,000 bytes) likewise
+    CHECK(plan_fast(rows(LogitsType::f32, 30000), true, kHopperSmem).groups == 3);
+    // a fixed group count is kept
+    CrossEntropyArgs fixed = rows(LogitsType::bf16, 64128);
+    fixed.tuning.groups = 2;
+    const FastPlan f = plan_fast(fixed, true, kHopperSmem);
+    CHECK(f.groups == 2);
+    CHECK(f.cluster == 2);
+}
+
 TEST_CASE("ce plan: fast takes no odd cluster above 1 unless the size is fixed") {
     // bf16 rows of 3 stages in the budget of 227 KB - 2 KB = 230,400 bytes. Clusters of 2 hold
     // 3 stages of rows up to 76,800 values, 3 up to 115,200, 4 up to 153,600, 5 up to 192,000,

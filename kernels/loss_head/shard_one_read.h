@@ -19,11 +19,12 @@
 struct CUstream_st;
 namespace zgpt::cuda {
 
-// Where the one read pays (kernels.split_head_reads: auto): shard rows longer than this, which
-// `fast` runs with its long-row plan. On two H200s at GPT-2 124M, B 64, the split's step with one
-// read against two: 0.9-1.3% slower with 128 KB rows (V = 128256, three pairs), 1.0% faster with
-// 256 KB rows (V = 256000, one pair) (docs/results/vocab_split_h200x2.json, one_read).
-constexpr int64_t kOneReadMinRowBytes = int64_t(128) << 10;
+// Where the one read pays (kernels.split_head_reads: auto): shard rows that `fast` runs in its own
+// cluster kernels (longer than 64 KB; shorter rows it leaves to online, whose pass reads each row
+// twice anyway). There fast's one pass beats online's two at every length measured on an H200
+// (docs/results/ce_vocab_sweep_h200.json), and the split's step with one read against two is in
+// docs/results/vocab_split_h200x2.json (one_read).
+constexpr int64_t kOneReadMinRowBytes = int64_t(64) << 10;
 
 // The local target of every row: t - v0 where t is in [v0, v0 + V_local); ignore_index (which
 // must be negative) stays; any other target becomes ce_absent_target(), outside every row. Also

@@ -18,33 +18,16 @@ int num_threads_for(int64_t V) {
     return V >= 4096 ? 512 : V >= 512 ? 256 : 64;
 }
 
-FastPlan plan_fast(const CrossEntropyArgs& a, bool pingpong, int max_smem) {
-    if (!rows_aligned(a.logits, a.dlogits ? a.dlogits : a.logits, a.ld, a.type)) return {};
+namespace {
+
+// plan_fast with the warp groups chosen (pingpong; 1 for fast_lockstep).
+FastPlan plan_fast_groups(const CrossEntropyArgs& a, bool pingpong, int max_smem, int groups) {
     const size_t es = type_size(a.type);
-    // Measured on an H100 (docs/cross_entropy.md). Warp groups (fast): one CTA per SM with a
-    // buffer per group, in the smallest cluster that holds them (more stages with more CTAs per
-    // cluster were slower: fewer clusters fit at once); groups of 512 threads for rows of up to
-    // 128 KB (measured faster at V = 50304), of 256 above. One group
-    // (fast_lockstep): rows of up to 128 KB run best as two 256-thread CTAs per SM with two stages
-    // each; longer rows as one 512-thread CTA per SM holding three. Static shared memory (barriers,
-    // statistics, reductions) takes < 2 KB.
-    const bool short_rows = size_t(a.V) * es <= (size_t(128) << 10);
-    // fast: each buffer in two copies, so a group refills the first half while its dlogits pass
-    // is on the second. Rows of up to 128 KB: two groups of 512 threads (faster than one copy at
-    // V = 50304); longer rows: three groups of 256 in 4-CTA clusters (faster than two groups at
-    // V = 128256; docs/results/ce_sweep_h100_87a3ef2.json). Four copies measured no better.
-    int groups = pingpong ? (short_rows ? 2 : 3) : 1;
-    int parts = pingpong ? 2 : 1;
-    // knobs for sweeps and tests (CrossEntropyTuning; 0: the choices here): groups (2 | 3 warp
-    // groups), parts (1 | 2 | 4 copies per buffer), threads (256 | 512 | 1024; with two groups,
-    // 512 or 1024 in all; three groups have 768), smem_kb (the buffers' budget per CTA),
-    // min_stages (the stages the cluster size is chosen for), cluster (a fixed cluster size)
     const CrossEntropyTuning& k = a.tuning;
-    if (pingpong && k.cluster == 0 && size_t(a.V) * es <= kFastOnlineMaxRowBytes) return {};
-    if (pingpong) {
-        if (const int g = k.groups; g == 2 || g == 3) groups = g;
+    const bool short_rows = size_t(a.V) * es <= (size_t(128) << 10);
+    int parts = pingpong ? 2 : 1;
+    if (pingpong)
         if (const int p = k.parts; p == 1 || p == 2 || p == 4) parts = p;
-    }
     const bool wide_groups = pingpong && groups == 2 && short_rows;
     int threads = pingpong ? groups * (wide_groups ? 512 : 256) : short_rows ? 256 : kFastThreads;
     size_t budget = pingpong || !short_rows ? size_t(max_smem) - 2048 : size_t(110) << 10;
@@ -74,6 +57,42 @@ FastPlan plan_fast(const CrossEntropyArgs& a, bool pingpong, int max_smem) {
         }
     }
     return {};
+}
+
+}  // namespace
+
+FastPlan plan_fast(const CrossEntropyArgs& a, bool pingpong, int max_smem) {
+    if (!rows_aligned(a.logits, a.dlogits ? a.dlogits : a.logits, a.ld, a.type)) return {};
+    const size_t es = type_size(a.type);
+    // Measured on an H100 (docs/cross_entropy.md). Warp groups (fast): one CTA per SM with a
+    // buffer per group, in the smallest cluster that holds them (more stages with more CTAs per
+    // cluster were slower: fewer clusters fit at once); groups of 512 threads for rows of up to
+    // 128 KB (measured faster at V = 50304), of 256 above. One group
+    // (fast_lockstep): rows of up to 128 KB run best as two 256-thread CTAs per SM with two stages
+    // each; longer rows as one 512-thread CTA per SM holding three. Static shared memory (barriers,
+    // statistics, reductions) takes < 2 KB.
+    // fast: each buffer in two copies, so a group refills the first half while its dlogits pass
+    // is on the second. Rows of up to 128 KB: two groups of 512 threads (faster than one copy at
+    // V = 50304); longer rows: three groups of 256 in 4-CTA clusters (faster than two groups at
+    // V = 128256; docs/results/ce_sweep_h100_87a3ef2.json). Four copies measured no better.
+    // knobs for sweeps and tests (CrossEntropyTuning; 0: the choices here): groups (2 | 3 warp
+    // groups), parts (1 | 2 | 4 copies per buffer), threads (256 | 512 | 1024; with two groups,
+    // 512 or 1024 in all; three groups have 768), smem_kb (the buffers' budget per CTA),
+    // min_stages (the stages the cluster size is chosen for), cluster (a fixed cluster size)
+    const CrossEntropyTuning& k = a.tuning;
+    if (pingpong && k.cluster == 0 && size_t(a.V) * es <= kFastOnlineMaxRowBytes) return {};
+    const bool short_rows = size_t(a.V) * es <= (size_t(128) << 10);
+    const bool groups_fixed = pingpong && (k.groups == 2 || k.groups == 3);
+    const int groups = !pingpong ? 1 : groups_fixed ? k.groups : short_rows ? 2 : 3;
+    const FastPlan p = plan_fast_groups(a, pingpong, max_smem, groups);
+    // Rows of up to 128 KB whose two groups' stages do not fit in one CTA (bf16 rows of 57,601
+    // to 65,536 values) spread over a cluster anyway, and there three groups ran faster: at
+    // V = 64128 (128256 split in two) 1.34x the copy floor against 1.59x, where at V = 50304
+    // (one CTA a row) three were the slower (docs/results/ce_vocab_sweep_h200.json,
+    // fast_groups_by_cluster).
+    if (pingpong && !groups_fixed && groups == 2 && p.cluster > 1)
+        return plan_fast_groups(a, pingpong, max_smem, 3);
+    return p;
 }
 
 FastPlan plan_fast_helper(const CrossEntropyArgs& a, const FastPlan& main, int max_smem) {
