@@ -98,11 +98,9 @@ struct KernelChoice {
     // once over the shard with local targets and writes the local softmax in place, and per-row
     // factors after the statistics' exchange make it the gradient
     // (kernels/loss_head/shard_one_read.h). "auto": one read with fast where a shard's row of
-    // logits is longer than kOneReadMinRowBytes, two below. On two H200s one read was 0.9-1.3%
-    // slower at V = 128256 (128 KB shard rows) and 1.0% faster at V = 256000 (one pair); every
-    // one-read run predates the fix for fast's own kernels (docs/parallel.md), so two stays the
-    // default until that fix has run on a GPU.
-    std::string split_head_reads = "two";
+    // logits is longer than kOneReadMinRowBytes (where fast runs its own kernels), two below
+    // (docs/parallel.md has the measurements).
+    std::string split_head_reads = "auto";
     // The kernels' tuning knobs (kernels.cross_entropy_tuning.*, kernels.attention_tuning.*); the
     // defaults are the kernels' own choices.
     cuda::CrossEntropyTuning cross_entropy_tuning;

@@ -297,8 +297,7 @@ std::vector<ConfigField> config_fields(Config& c) {
          "cross_entropy fast or online (the head's pass writes the local softmax in place; "
          "per-row factors after the statistics' exchange make it the gradient; label smoothing "
          "keeps two reads); auto: one with fast where a shard's row of logits is longer than "
-         "128 KB, two below (one read was slower at V = 128256 and faster at 256000 on two "
-         "H200s)",
+         "64 KB (where fast runs its own kernels), two below",
          &k.split_head_reads,
          0,
          0,
