@@ -165,6 +165,10 @@ TEST_CASE("ce plan: fast's rows of up to 128 KB that need a cluster take three w
     }
     // fp32 rows of 30,000 values (120,000 bytes) likewise
     CHECK(plan_fast(rows(LogitsType::f32, 30000), true, kHopperSmem).groups == 3);
+    // a cluster size fixed by a knob keeps two groups
+    CrossEntropyArgs sized = rows(LogitsType::bf16, 50304);
+    sized.tuning.cluster = 2;
+    CHECK(plan_fast(sized, true, kHopperSmem).groups == 2);
     // a fixed group count is kept
     CrossEntropyArgs fixed = rows(LogitsType::bf16, 64128);
     fixed.tuning.groups = 2;
@@ -248,6 +252,7 @@ TEST_CASE("ce plan: a smaller shared memory") {
     CHECK(p.cluster == 4);
     CHECK(p.slice == 12576);
     CHECK(p.stages == 3);
+    CHECK(p.groups == 3);  // rows spread over a cluster take three warp groups
     const FastPlan h = plan_fast_helper(a, p, smem);
     CHECK(h.cluster == 2);
     CHECK(h.stages == 1);

@@ -316,7 +316,8 @@ std::vector<ConfigField> config_fields(Config& c) {
          "apply to them)",
          &ct.cluster, 0, 8});
     add({"kernels", ce + "groups",
-         "fast: warp groups per CTA, 2 or 3 (0: 2 for rows <= 128 KB, else 3)", &ct.groups, 0, 3});
+         "fast: warp groups per CTA, 2 or 3 (0: 2 for rows one CTA holds, else 3)", &ct.groups, 0,
+         3});
     add({"kernels", ce + "parts", "fast: bulk copies per buffer, 1, 2 or 4 (0: 2)", &ct.parts, 0,
          4});
     add({"kernels", ce + "threads", "fast*: threads per CTA, 256, 512 or 1024 (0: by row length)",

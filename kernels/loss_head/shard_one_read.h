@@ -15,6 +15,7 @@
 
 #include "kernels/core/dtype.h"
 #include "kernels/loss_head/cross_entropy.h"
+#include "kernels/loss_head/cross_entropy/plan.h"
 
 struct CUstream_st;
 namespace zgpt::cuda {
@@ -24,7 +25,7 @@ namespace zgpt::cuda {
 // twice anyway). There fast's one pass beats online's two at every length measured on an H200
 // (docs/results/ce_vocab_sweep_h200.json), and the split's step with one read against two is in
 // docs/results/vocab_split_h200x2.json (one_read).
-constexpr int64_t kOneReadMinRowBytes = int64_t(64) << 10;
+constexpr int64_t kOneReadMinRowBytes = int64_t(ce::kFastOnlineMaxRowBytes);
 
 // The local target of every row: t - v0 where t is in [v0, v0 + V_local); ignore_index (which
 // must be negative) stays; any other target becomes ce_absent_target(), outside every row. Also

@@ -85,12 +85,14 @@ FastPlan plan_fast(const CrossEntropyArgs& a, bool pingpong, int max_smem) {
     const bool groups_fixed = pingpong && (k.groups == 2 || k.groups == 3);
     const int groups = !pingpong ? 1 : groups_fixed ? k.groups : short_rows ? 2 : 3;
     const FastPlan p = plan_fast_groups(a, pingpong, max_smem, groups);
-    // Rows of up to 128 KB whose two groups' stages do not fit in one CTA (bf16 rows of 57,601
-    // to 65,536 values) spread over a cluster anyway, and there three groups ran faster: at
-    // V = 64128 (128256 split in two) 1.34x the copy floor against 1.59x, where at V = 50304
-    // (one CTA a row) three were the slower (docs/results/ce_vocab_sweep_h200.json,
-    // fast_groups_by_cluster).
-    if (pingpong && !groups_fixed && groups == 2 && p.cluster > 1)
+    // Rows of up to 128 KB whose two groups' stages do not fit in one CTA (on an H200 bf16 rows
+    // of 57,601 to 65,536 values) spread over a cluster anyway, as longer rows do, and take three
+    // groups as those do: at V = 64128 (128256 split in two) 1.34x the copy floor against two
+    // groups' 1.59x; at V = 50304, where two groups fit one CTA a row, three (in clusters of 2)
+    // were the slower (docs/results/ce_vocab_sweep_h200.json, fast_groups_by_cluster). A cluster
+    // size, stage count or budget fixed by a knob keeps the groups it was given.
+    const bool shape_fixed = k.cluster != 0 || k.min_stages != 0 || k.smem_kb != 0;
+    if (pingpong && !groups_fixed && !shape_fixed && groups == 2 && p.cluster > 1)
         return plan_fast_groups(a, pingpong, max_smem, 3);
     return p;
 }
