@@ -1432,7 +1432,9 @@ TEST_CASE("vocab-parallel head with 2 and 4 local ranks on one GPU equals one ra
     // second stream (GptCuda::Impl::loss_sharded)
     const int64_t B = 25, T = 64;
     // Label smoothing 0.1 keeps the two-read shard path; without it fast and online run the
-    // one-read pass (kernels.split_head_reads: one), and once with two reads.
+    // one-read pass (kernels.split_head_reads: one), and once with two reads. Rows this short
+    // fast leaves to online; a fixed cluster size (ce_cluster) keeps fast's own cluster kernels,
+    // as shard rows above 64 KB run them.
     struct Case {
         DType t;
         const char* head;
@@ -1440,6 +1442,7 @@ TEST_CASE("vocab-parallel head with 2 and 4 local ranks on one GPU equals one ra
         bool llama = false;
         double eps = 0.1;
         bool one_read = true;
+        int ce_cluster = 0;  // kernels.cross_entropy_tuning.cluster
     };
     for (const Case k :
          {Case{DType::f32, "online"}, Case{DType::bf16, "fast"}, Case{DType::bf16, "fused_linear"},
@@ -1448,7 +1451,9 @@ TEST_CASE("vocab-parallel head with 2 and 4 local ranks on one GPU equals one ra
           Case{DType::f32, "online", false, false, 0.0},
           Case{DType::bf16, "fast", false, false, 0.0}, Case{DType::bf16, "fast", true, true, 0.0},
           Case{DType::f32, "fast", false, true, 0.0},
-          Case{DType::bf16, "fast", false, false, 0.0, false}}) {
+          Case{DType::bf16, "fast", false, false, 0.0, false},
+          Case{DType::bf16, "fast", false, false, 0.0, true, 2},
+          Case{DType::f32, "fast", false, true, 0.0, true, 2}}) {
         const ModelConfig& mc = k.llama ? llama : gpt2;
         GPT<float> host(mc);
         host.init_weights(3);
@@ -1460,10 +1465,12 @@ TEST_CASE("vocab-parallel head with 2 and 4 local ranks on one GPU equals one ra
             CAPTURE(k.fp32_residual);
             CAPTURE(k.eps);
             CAPTURE(k.one_read);
+            CAPTURE(k.ce_cluster);
             CudaModelOptions o;
             o.precision = k.t;
             o.kernels.cross_entropy = k.head;
             o.kernels.split_head_reads = k.one_read ? "one" : "two";
+            o.kernels.cross_entropy_tuning.cluster = k.ce_cluster;
             o.fp32_residual = k.fp32_residual;
             Rng rng(100 + P);
             std::vector<int32_t> tok(P * B * T), tgt(P * B * T);
