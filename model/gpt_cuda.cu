@@ -212,7 +212,7 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
         vp_summary = DeviceBuffer(sizeof(cuda::LossSummaryF));
         if (shard_one_read()) {
             vp_local = DeviceBuffer(NC * 4);
-            vp_local_rows = f32(6 * NC);
+            vp_local_rows = DeviceBuffer(cuda::one_read_rows(nullptr, NC).bytes);
             vp_hs = DeviceBuffer(size_t(NC * C) * es);
             vp_sort = DeviceBuffer(cuda::shard_dw_target_scratch_bytes(NC));
             vp_one = f32(1);

@@ -182,17 +182,12 @@ CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bo
     a.grad_output = grad_out.as<float>();
     a.summary = vp_summary.as<cuda::LossSummaryF>();
     // The one-read pass (kernels/loss_head/shard_one_read.h): the shard as whole rows of V_local
-    // columns with local targets, grad output 1 and no z-loss; its row buffers, NCmax apart.
+    // columns with local targets, grad output 1 and no z-loss; its row buffers (one_read_rows).
     // (without a gradient the statistics' one read is all there is: no write of q)
     const bool one_read =
         compute_grad && shard_one_read() && o.label_smoothing == 0.0 && o.ignore_index < 0;
-    const int64_t NCmax = P * vp_rows_per_chunk;
     int32_t* local = vp_local.as<int32_t>();
-    float* target_logit = vp_local_rows.as<float>();
-    float* ce_local = target_logit + NCmax;
-    float* stat_local = target_logit + 2 * NCmax;  // 2 a row
-    float* fa = target_logit + 4 * NCmax;
-    float* fc = target_logit + 5 * NCmax;
+    const cuda::OneReadRows lr = cuda::one_read_rows(vp_local_rows.get(), P * vp_rows_per_chunk);
     cuda::CrossEntropyArgs pa;
     pa.type = a.type;
     pa.ld = ld;
@@ -200,8 +195,8 @@ CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bo
     pa.logits = pa.dlogits = vp_work.get();
     pa.targets = local;
     pa.grad_output = vp_one.as<float>();
-    pa.ce_rows = ce_local;
-    pa.stat_rows = stat_local;
+    pa.ce_rows = lr.ce;
+    pa.stat_rows = lr.stat;
     pa.summary = vp_local_summary.as<cuda::LossSummaryF>();
     pa.absent_targets = true;
     pa.tuning = opt.kernels.cross_entropy_tuning;
@@ -253,11 +248,11 @@ CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bo
             tick("head (vp): logits matmul");
             if (one_read) {  // the logits' one read: they become q in place
                 if (cs != stream) ZG_CUDA_CHECK(cudaStreamWaitEvent(stream, comm_done));
-                cuda::ce_local_targets(local, target_logit, a.targets, vp_work.get(), t, ld, NC, v0,
-                                       Vl, o.ignore_index, stream);
+                cuda::ce_local_targets(local, lr.target_logit, a.targets, vp_work.get(), t, ld, NC,
+                                       v0, Vl, o.ignore_index, stream);
                 pa.N = NC;
                 ce->run(pa, po, ce_workspace.get(), stream);
-                cuda::ce_local_shard_stats(stats, stat_local, ce_local, target_logit, local, NC, Vl,
+                cuda::ce_local_shard_stats(stats, lr.stat, lr.ce, lr.target_logit, local, NC, Vl,
                                            stream);
                 tick("head (vp): cross-entropy local pass");
             } else {
@@ -293,7 +288,7 @@ CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bo
                 // dlogits: two reads write them now; one read left q, and the factors a and c
                 // make it the gradient around the GEMMs (dlogits = a q, plus c at the target)
                 if (one_read)
-                    cuda::ce_local_factors(fa, fc, params_, stat_local, ce_local, local, NC, Vl,
+                    cuda::ce_local_factors(lr.a, lr.c, params_, lr.stat, lr.ce, local, NC, Vl,
                                            stream);
                 else
                     cuda::ce_shard_backward(a, params_, o, stream);
@@ -308,19 +303,19 @@ CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bo
                 gi.lda = ld;
                 gi.d_type = DType::f32;
                 cuda::gemm(gi, stream);
-                if (one_read) cuda::shard_dh_finish(dh, fa, fc, local, W, t, NC, C, Vl, stream);
+                if (one_read) cuda::shard_dh_finish(dh, lr.a, lr.c, local, W, t, NC, C, Vl, stream);
                 ZG_CUDA_CHECK(cudaEventRecord(dh_ready[b], stream));
                 tick("head (vp): matmul dinp");
                 // dW_shard += dlogits^T H_chunk (fp32, into the arena; its table has the Vg rows):
                 // with one read q^T (a H_chunk), then c_i H_i into each local target's row
                 if (one_read)
-                    cuda::shard_scale_rows(vp_hs.get(), vp_h[b].get(), fa, t, NC, C, stream);
+                    cuda::shard_scale_rows(vp_hs.get(), vp_h[b].get(), lr.a, t, NC, C, stream);
                 cuda::Gemm gw = weight_grad_gemm(dW, vp_work.get(),
                                                  one_read ? vp_hs.get() : vp_h[b].get(), NC, C, Vg);
                 gw.lda = ld;
                 cuda::gemm(gw, stream);
                 if (one_read)
-                    cuda::shard_dw_target_rows(dW, fc, local, vp_h[b].get(), t, NC, C, Vl,
+                    cuda::shard_dw_target_rows(dW, lr.c, local, vp_h[b].get(), t, NC, C, Vl,
                                                vp_sort.get(), vp_sort.bytes(), stream);
                 tick("head (vp): matmul dW");
             }

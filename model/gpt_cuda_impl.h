@@ -79,8 +79,8 @@ struct GptCuda::Impl {
     DeviceBuffer vp_stats, vp_gathered, vp_params, vp_nvalid, vp_rows, vp_dh, vp_summary;
     DeviceBuffer vp_own_rows, vp_own_stats;  // this rank's rows' outputs and statistics
     // The one-read shard pass (kernels/loss_head/shard_one_read.h), where shard_one_read()
-    // allows it: a chunk's local targets; its target logits, ce rows, stat rows (2 a row) and
-    // the factors a and c (6 floats a row); the scaled hidden states for dW; the sort's scratch;
+    // allows it: a chunk's local targets; its row buffers (cuda::one_read_rows: target logits,
+    // ce and stat rows, the factors a and c); the scaled hidden states for dW; the sort's scratch;
     // a device 1.0 (the pass's grad output) and the pass's own summary.
     DeviceBuffer vp_local, vp_local_rows, vp_hs, vp_sort, vp_one, vp_local_summary;
     int64_t vp_rows_per_chunk = 0, vp_chunks = 0;

@@ -338,8 +338,7 @@ TEST_CASE(
                 CUDA_OK(cudaMemcpy(one.p, &h_one, 4, cudaMemcpyHostToDevice));
                 struct Shard {
                     int64_t v0, Vl, ld;
-                    std::unique_ptr<Dev> logits, local, rows;  // rows: target logit, ce, stat x 2,
-                                                               // a, c
+                    std::unique_ptr<Dev> logits, local, rows;  // rows: cuda::one_read_rows
                 };
                 std::vector<Shard> sh(S);
                 auto* stats = all_stats.as<cuda::RowStatsF>();
@@ -356,11 +355,11 @@ TEST_CASE(
                     z.logits = std::make_unique<Dev>(padded.size() * es);
                     upload(z.logits->p, padded, t);
                     z.local = std::make_unique<Dev>(N * 4);
-                    z.rows = std::make_unique<Dev>(6 * N * 4);
-                    float* r = z.rows->as<float>();
-                    cuda::ce_local_targets(z.local->as<int32_t>(), r, targets.as<int32_t>(),
-                                           z.logits->p, dt, z.ld, N, z.v0, z.Vl,
-                                           c.opts.ignore_index, nullptr);
+                    z.rows = std::make_unique<Dev>(cuda::one_read_rows(nullptr, N).bytes);
+                    const cuda::OneReadRows r = cuda::one_read_rows(z.rows->p, N);
+                    cuda::ce_local_targets(z.local->as<int32_t>(), r.target_logit,
+                                           targets.as<int32_t>(), z.logits->p, dt, z.ld, N, z.v0,
+                                           z.Vl, c.opts.ignore_index, nullptr);
                     cuda::CrossEntropyArgs pa;
                     pa.type = t;
                     pa.ld = z.ld;
@@ -369,8 +368,8 @@ TEST_CASE(
                     pa.logits = pa.dlogits = z.logits->p;
                     pa.targets = z.local->as<int32_t>();
                     pa.grad_output = one.as<float>();
-                    pa.ce_rows = r + N;
-                    pa.stat_rows = r + 2 * N;
+                    pa.ce_rows = r.ce;
+                    pa.stat_rows = r.stat;
                     pa.summary = summary.as<cuda::LossSummaryF>();
                     pa.absent_targets = true;
                     CrossEntropyOptions po;
@@ -378,7 +377,7 @@ TEST_CASE(
                     po.ignore_index = c.opts.ignore_index;
                     Dev ws(v.workspace_bytes(N, z.Vl, t));
                     v.run(pa, po, ws.p, nullptr);
-                    cuda::ce_local_shard_stats(stats + k * N, r + 2 * N, r + N, r,
+                    cuda::ce_local_shard_stats(stats + k * N, r.stat, r.ce, r.target_logit,
                                                z.local->as<int32_t>(), N, z.Vl, nullptr);
                 }
                 // the exchange, as loss_sharded does it: shard 0's, then the others merged in order
@@ -396,19 +395,19 @@ TEST_CASE(
                 got.dlogits.assign(size_t(N) * V, 0.0f);
                 for (int64_t k = 0; k < S; k++) {
                     Shard& z = sh[k];
-                    float* r = z.rows->as<float>();
-                    cuda::ce_local_factors(r + 4 * N, r + 5 * N, params.as<cuda::RowGradParams>(),
-                                           r + 2 * N, r + N, z.local->as<int32_t>(), N, z.Vl,
-                                           nullptr);
+                    const cuda::OneReadRows r = cuda::one_read_rows(z.rows->p, N);
+                    cuda::ce_local_factors(r.a, r.c, params.as<cuda::RowGradParams>(), r.stat, r.ce,
+                                           z.local->as<int32_t>(), N, z.Vl, nullptr);
                     CUDA_OK(cudaDeviceSynchronize());
                     CUDA_OK(cudaGetLastError());
                     const std::vector<float> q = download(z.logits->p, size_t(N) * z.ld, t);
-                    std::vector<float> hr(6 * N);
+                    std::vector<float> ha(N), hc(N);
                     std::vector<int32_t> loc(N);
-                    CUDA_OK(cudaMemcpy(hr.data(), r, hr.size() * 4, cudaMemcpyDeviceToHost));
+                    CUDA_OK(cudaMemcpy(ha.data(), r.a, N * 4, cudaMemcpyDeviceToHost));
+                    CUDA_OK(cudaMemcpy(hc.data(), r.c, N * 4, cudaMemcpyDeviceToHost));
                     CUDA_OK(cudaMemcpy(loc.data(), z.local->p, N * 4, cudaMemcpyDeviceToHost));
                     for (int64_t i = 0; i < N; i++) {
-                        const double ai = hr[4 * N + i], ci = hr[5 * N + i];
+                        const double ai = ha[i], ci = hc[i];
                         for (int64_t j = 0; j < z.Vl; j++) {
                             double d = ai * double(q[i * z.ld + j]);
                             if (j == loc[i]) d += ci;

@@ -171,6 +171,18 @@ int32_t ce_absent_target() {
     return kAbsentTarget;
 }
 
+OneReadRows one_read_rows(void* base, int64_t N) {
+    WorkspaceLayout l(base);
+    OneReadRows r;
+    r.target_logit = l.take<float>(N);
+    r.ce = l.take<float>(N);
+    r.stat = l.take<float>(2 * N);
+    r.a = l.take<float>(N);
+    r.c = l.take<float>(N);
+    r.bytes = l.bytes();
+    return r;
+}
+
 void ce_local_targets(int32_t* local, float* target_logit, const int32_t* targets,
                       const void* logits, DType t, int64_t ld, int64_t N, int64_t v0,
                       int64_t V_local, int64_t ignore_index, CUstream_st* s) {

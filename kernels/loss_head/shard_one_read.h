@@ -36,6 +36,15 @@ void ce_local_targets(int32_t* local, float* target_logit, const int32_t* target
                       const void* logits, DType t, int64_t ld, int64_t N, int64_t v0,
                       int64_t V_local, int64_t ignore_index, CUstream_st* s);
 
+// The pass's row buffers for N rows, in one allocation: each row's target logit, the pass's ce
+// and stat rows (CrossEntropyArgs::ce_rows, stat_rows: 2 a row), and the factors a and c. On a
+// null base it only measures (bytes), so the size and the layout are one code.
+struct OneReadRows {
+    float *target_logit, *ce, *stat, *a, *c;
+    size_t bytes;
+};
+OneReadRows one_read_rows(void* base, int64_t N);
+
 // The shard's statistics for the exchange, from the pass's stat and ce rows
 // (CrossEntropyArgs::stat_rows, ce_rows) and the target logits: what ce_shard_stats would give
 // without label smoothing.
