@@ -208,7 +208,8 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
         vp_rows = f32(4 * NC);  // loss, ce, z, lse of each row of a chunk
         vp_own_rows = f32(4 * BT);
         vp_own_stats = DeviceBuffer(BT * sizeof(cuda::RowStatsF));
-        vp_dh = f32(BT * C);
+        // (also the embedding's rows, whose last chunk may write up to 7 bytes past B x T rows)
+        vp_dh = DeviceBuffer(size_t(BT * C) * 4 + 8);
         vp_summary = DeviceBuffer(sizeof(cuda::LossSummaryF));
         if (shard_one_read()) {
             vp_local = DeviceBuffer(NC * 4);
@@ -586,18 +587,27 @@ void GptCuda::Impl::embed_from_shards() {
     vgroup.all_gather(tokens.get(), vp_y.get(), BT * 4, stream);
     tick("encoder fwd (vp): all-gather tokens");
     // Chunk by chunk (as the head's): for the chunk's tokens of every rank, the rows this shard
-    // holds and zeros for the rest; the reduce-scatter gives each rank its own tokens' rows.
-    float* chunk_rows = vp_dhc[0].as<float>();
+    // holds and zero bits for the rest, in the table's type; each token's row is in one shard,
+    // so an integer reduce-scatter gives each rank its own tokens' rows bit for bit, at the
+    // table's width (half of fp32's bytes in bf16). Each rank's block is padded to 8 bytes.
+    const int64_t es = dtype_bytes(rt);
+    char* chunk_rows = vp_dhc[0].as<char>();
+    char* own_rows = vp_dh.as<char>();  // (B x T rows of type rt; 8 bytes of slack at its end)
     for (int64_t k = 0; k < vp_chunks; k++) {
         const int64_t r0 = k * vp_rows_per_chunk, n = vp_chunk_rows(k);
-        for (int64_t q = 0; q < P; q++)
-            cuda::lookup_rows_in_shard(chunk_rows + q * n * C, vp_y.as<int32_t>() + q * BT + r0, n,
+        const int64_t used = n * C * es, block = (used + 7) / 8 * 8;
+        for (int64_t q = 0; q < P; q++) {
+            cuda::lookup_rows_in_shard(chunk_rows + q * block, vp_y.as<int32_t>() + q * BT + r0, n,
                                        wr(layout.wte), shard_v0(vgroup.rank),
                                        shard_rows(vgroup.rank), C, rt, stream);
-        vgroup.reduce_scatter_sum(chunk_rows, vp_dh.as<float>() + r0 * C, n * C, stream);
+            if (block > used)
+                ZG_CUDA_CHECK(
+                    cudaMemsetAsync(chunk_rows + q * block + used, 0, block - used, stream));
+        }
+        vgroup.reduce_scatter_owned(chunk_rows, own_rows + r0 * C * es, block, stream);
     }
     tick("encoder fwd (vp): rows, reduce-scatter");
-    cuda::add_positions(residual[0].get(), vp_dh.as<float>(), wr(layout.wpe), B, Tn, C, rt, stream);
+    cuda::add_positions(residual[0].get(), own_rows, wr(layout.wpe), B, Tn, C, rt, stream);
     // The group's tokens to the host for the gradient's buckets; upload_buckets reads them at
     // the end of the forward pass, while the GPU runs it.
     ZG_CUDA_CHECK(

@@ -1430,7 +1430,12 @@ TEST_CASE("vocab-parallel head with 2 and 4 local ranks on one GPU equals one ra
     // B = 25: the group's 3200 (P = 2) and 6400 (P = 4) rows run the head and the embedding in
     // 3 chunks (534, 534 and 532 rows of each rank) and 4, the gathers and reduce-scatters on a
     // second stream (GptCuda::Impl::loss_sharded)
-    const int64_t B = 25, T = 64;
+    const int64_t B = 25;
+    // The narrow model: C = 30 and T = 63, so an embedding chunk of 523 bf16 rows is not whole
+    // 8-byte words and its exchange pads each rank's block (GptCuda::Impl::embed_from_shards)
+    ModelConfig narrow = gpt2;
+    narrow.n_head = 3;
+    narrow.n_embd = 30;
     // Label smoothing 0.1 keeps the two-read shard path; without it fast and online run the
     // one-read pass (kernels.split_head_reads: one), and once with two reads. Rows this short
     // fast leaves to online; a fixed cluster size (ce_cluster) keeps fast's own cluster kernels,
@@ -1443,6 +1448,7 @@ TEST_CASE("vocab-parallel head with 2 and 4 local ranks on one GPU equals one ra
         double eps = 0.1;
         bool one_read = true;
         int ce_cluster = 0;  // kernels.cross_entropy_tuning.cluster
+        bool narrow = false;
     };
     for (const Case k :
          {Case{DType::f32, "online"}, Case{DType::bf16, "fast"}, Case{DType::bf16, "fused_linear"},
@@ -1453,8 +1459,11 @@ TEST_CASE("vocab-parallel head with 2 and 4 local ranks on one GPU equals one ra
           Case{DType::f32, "fast", false, true, 0.0},
           Case{DType::bf16, "fast", false, false, 0.0, false},
           Case{DType::bf16, "fast", false, false, 0.0, true, 2},
-          Case{DType::f32, "fast", false, true, 0.0, true, 2}}) {
-        const ModelConfig& mc = k.llama ? llama : gpt2;
+          Case{DType::f32, "fast", false, true, 0.0, true, 2},
+          Case{DType::bf16, "fast", false, false, 0.0, true, 0, true},
+          Case{DType::f32, "online", false, false, 0.1, true, 0, true}}) {
+        const ModelConfig& mc = k.narrow ? narrow : k.llama ? llama : gpt2;
+        const int64_t T = k.narrow ? 63 : 64;
         GPT<float> host(mc);
         host.init_weights(3);
         for (int P : {2, 4}) {
@@ -1466,6 +1475,7 @@ TEST_CASE("vocab-parallel head with 2 and 4 local ranks on one GPU equals one ra
             CAPTURE(k.eps);
             CAPTURE(k.one_read);
             CAPTURE(k.ce_cluster);
+            CAPTURE(k.narrow);
             CudaModelOptions o;
             o.precision = k.t;
             o.kernels.cross_entropy = k.head;
@@ -1563,7 +1573,8 @@ TEST_CASE("vocab-parallel head with 2 and 4 local ranks on one GPU equals one ra
                                        (f32 ? 1e-5 : 5e-2) * gmax);
             CHECK_MESSAGE(
                 e.ok, "gradients: max abs " << e.abs << " (largest " << gmax << ") at " << e.worst);
-            MESSAGE((std::string(k.llama ? "Llama-style, " : "") + k.head)
+            MESSAGE((std::string(k.llama ? "Llama-style, " : "") + (k.narrow ? "C = 30, " : "") +
+                     k.head)
                     << (k.eps == 0.0 && k.one_read ? " (one read)" : "") << " P=" << P
                     << ": loss rel diff " << std::fabs(loss - s1.sum_loss) / std::fabs(s1.sum_loss)
                     << ", gradient max abs diff " << e.abs << " of largest " << gmax

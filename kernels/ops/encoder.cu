@@ -38,22 +38,22 @@ __global__ void encoder_forward_vec_kernel(T* out, const int32_t* tokens, const 
 }
 
 template <typename T>
-__global__ void add_positions_kernel(T* out, const float* rows, const T* wpe, int64_t BT,
-                                     int64_t Tn, int64_t C) {
+__global__ void add_positions_kernel(T* out, const T* rows, const T* wpe, int64_t BT, int64_t Tn,
+                                     int64_t C) {
     const int64_t stride = int64_t(gridDim.x) * blockDim.x;
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < BT * C; i += stride) {
         const int64_t bt = i / C, c = i % C;
-        out[i] = from_f<T>(rows[i] + (wpe ? to_f(wpe[(bt % Tn) * C + c]) : 0.0f));
+        out[i] = from_f<T>(to_f(rows[i]) + (wpe ? to_f(wpe[(bt % Tn) * C + c]) : 0.0f));
     }
 }
 
 template <typename T>
-__global__ void lookup_rows_kernel(float* out, const int32_t* tokens, int64_t n, const T* table,
+__global__ void lookup_rows_kernel(T* out, const int32_t* tokens, int64_t n, const T* table,
                                    int64_t v0, int64_t rows, int64_t C) {
     const int64_t stride = int64_t(gridDim.x) * blockDim.x;
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n * C; i += stride) {
         const int64_t r = int64_t(tokens[i / C]) - v0;
-        out[i] = r >= 0 && r < rows ? to_f(table[r * C + i % C]) : 0.0f;
+        out[i] = r >= 0 && r < rows ? table[r * C + i % C] : from_f<T>(0.0f);
     }
 }
 
@@ -120,21 +120,22 @@ void encoder_forward(void* out, const int32_t* tokens, const void* wte, const vo
     ZG_LAUNCH_CHECK();
 }
 
-void add_positions(void* out, const float* token_rows, const void* wpe, int64_t B, int64_t Tn,
+void add_positions(void* out, const void* token_rows, const void* wpe, int64_t B, int64_t Tn,
                    int64_t C, DType t, CUstream_st* s) {
     ZG_CHECK(B > 0 && Tn > 0 && C > 0, "add_positions: sizes must be positive");
     ZG_DISPATCH(t, T,
                 add_positions_kernel<T><<<grid_for(B * Tn * C, 256), 256, 0, s>>>(
-                    static_cast<T*>(out), token_rows, static_cast<const T*>(wpe), B * Tn, Tn, C));
+                    static_cast<T*>(out), static_cast<const T*>(token_rows),
+                    static_cast<const T*>(wpe), B * Tn, Tn, C));
     ZG_LAUNCH_CHECK();
 }
 
-void lookup_rows_in_shard(float* out, const int32_t* tokens, int64_t n, const void* table,
+void lookup_rows_in_shard(void* out, const int32_t* tokens, int64_t n, const void* table,
                           int64_t v0, int64_t rows, int64_t C, DType t, CUstream_st* s) {
     if (n <= 0) return;
     ZG_DISPATCH(t, T,
                 lookup_rows_kernel<T><<<grid_for(n * C, 256), 256, 0, s>>>(
-                    out, tokens, n, static_cast<const T*>(table), v0, rows, C));
+                    static_cast<T*>(out), tokens, n, static_cast<const T*>(table), v0, rows, C));
     ZG_LAUNCH_CHECK();
 }
 

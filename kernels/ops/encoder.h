@@ -58,13 +58,14 @@ inline int64_t bucket_partial_rows(int64_t n) {
 // Negative tokens (a vocabulary shard's "not mine") get no entry. Host code, in every build.
 TokenBuckets bucket_tokens(const int32_t* tokens, int64_t n);
 
-// out[b,t,:] = token_rows[b,t,:] (fp32) + wpe[t,:], rounded once to `t`: the same values as
-// encoder_forward when the rows are wte's (a table split over vocab-parallel ranks).
-void add_positions(void* out, const float* token_rows, const void* wpe, int64_t B, int64_t Tn,
+// out[b,t,:] = token_rows[b,t,:] + wpe[t,:], all of type `t`, summed in fp32 and rounded once:
+// the same values as encoder_forward when the rows are wte's (a table split over vocab-parallel
+// ranks).
+void add_positions(void* out, const void* token_rows, const void* wpe, int64_t B, int64_t Tn,
                    int64_t C, DType t, CUstream_st* s);
-// out[i,:] = table[tokens[i] - v0,:] (fp32) where v0 <= tokens[i] < v0 + rows, else zeros: this
-// rank's share of the token rows of a vocab-parallel table.
-void lookup_rows_in_shard(float* out, const int32_t* tokens, int64_t n, const void* table,
+// out[i,:] = table[tokens[i] - v0,:] where v0 <= tokens[i] < v0 + rows, else zero bits, in the
+// table's type `t`: this rank's share of the token rows of a vocab-parallel table.
+void lookup_rows_in_shard(void* out, const int32_t* tokens, int64_t n, const void* table,
                           int64_t v0, int64_t rows, int64_t C, DType t, CUstream_st* s);
 
 // TokenBuckets' arrays on the device, and the partials (bucket_partial_rows(n) x C floats).

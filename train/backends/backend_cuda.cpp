@@ -375,6 +375,19 @@ VocabGroup cuda_vocab_group(Communicator& group) {
         g_->reduce_scatter_sum(hs.data(), hr.data(), n, CommType::f32);
         to_device(recv, hr.data(), hr.size() * 4, stream);
     };
+    g.reduce_scatter_owned = [g_ = &group](const void* send, void* recv, int64_t bytes,
+                                           void* stream) {
+        ZG_CHECK(bytes % 8 == 0, "vocab group: reduce_scatter_owned of a size not a multiple of 8");
+        if (g_->device_buffers()) {
+            g_->set_stream(stream);
+            g_->reduce_scatter_sum(send, recv, bytes / 8, CommType::i64);
+            return;
+        }
+        std::vector<int64_t> hs(size_t(bytes / 8) * g_->size()), hr(bytes / 8);
+        to_host(hs.data(), send, hs.size() * 8, stream);
+        g_->reduce_scatter_sum(hs.data(), hr.data(), bytes / 8, CommType::i64);
+        to_device(recv, hr.data(), size_t(bytes), stream);
+    };
     return g;
 }
 
