@@ -191,8 +191,10 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
         const int64_t P = vgroup.size, NA = P * BT;
         const int64_t chunks =
             std::max<int64_t>(1, std::min<int64_t>(opt.head_chunks, NA / kMinChunkRows));
-        // (even: a bf16 chunk of an odd width is still whole 4-byte words for the all-gather)
-        vp_rows_per_chunk = ((BT + chunks - 1) / chunks + 1) / 2 * 2;
+        // (a multiple of 4: a bf16 chunk of an odd width is still whole 4-byte words for the
+        // all-gather, and every chunk but the last starts the embedding's rows 8-byte aligned,
+        // as the 64-bit words of their exchange need)
+        vp_rows_per_chunk = ((BT + chunks - 1) / chunks + 3) / 4 * 4;
         vp_chunks = (BT + vp_rows_per_chunk - 1) / vp_rows_per_chunk;
         const int64_t NC = P * vp_rows_per_chunk;  // the group's rows of a chunk, at most
         vp_y = DeviceBuffer(NA * 4);
@@ -208,7 +210,7 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
         vp_rows = f32(4 * NC);  // loss, ce, z, lse of each row of a chunk
         vp_own_rows = f32(4 * BT);
         vp_own_stats = DeviceBuffer(BT * sizeof(cuda::RowStatsF));
-        // (also the embedding's rows, whose last chunk may write up to 7 bytes past B x T rows)
+        // (also the embedding's rows, whose last chunk may write up to 6 bytes past B x T rows)
         vp_dh = DeviceBuffer(size_t(BT * C) * 4 + 8);
         vp_summary = DeviceBuffer(sizeof(cuda::LossSummaryF));
         if (shard_one_read()) {
@@ -590,7 +592,7 @@ void GptCuda::Impl::embed_from_shards() {
     // holds and zero bits for the rest, in the table's type; each token's row is in one shard,
     // so an integer reduce-scatter gives each rank its own tokens' rows bit for bit, at the
     // table's width (half of fp32's bytes in bf16). Each rank's block is padded to 8 bytes.
-    const int64_t es = dtype_bytes(rt);
+    const int64_t es = int64_t(res_es);  // (the table's type: rt)
     char* chunk_rows = vp_dhc[0].as<char>();
     char* own_rows = vp_dh.as<char>();  // (B x T rows of type rt; 8 bytes of slack at its end)
     for (int64_t k = 0; k < vp_chunks; k++) {
@@ -876,7 +878,8 @@ CrossEntropySummary GptCuda::forward_loss_backward(const int32_t* tokens, const 
 void GptCuda::set_vocab_group(VocabGroup group) {
     ZG_CHECK(group.size >= 1 && group.rank >= 0 && group.rank < group.size,
              "vocab group: rank outside [0, size)");
-    ZG_CHECK(group.size == 1 || (group.all_gather && group.reduce_scatter_sum),
+    ZG_CHECK(group.size == 1 ||
+                 (group.all_gather && group.reduce_scatter_sum && group.reduce_scatter_owned),
              "vocab group: the collectives are missing");
     ZG_CHECK(group.size == impl_->opt.vocab_parts,
              "vocab group of " + std::to_string(group.size) + " ranks for a model built for " +

@@ -56,10 +56,10 @@ struct VocabGroup {
     int size = 1, rank = 0;
     std::function<void(const void* send, void* recv, int64_t bytes, void* stream)> all_gather;
     std::function<void(const float* send, float* recv, int64_t n, void* stream)> reduce_scatter_sum;
-    // recv[0, bytes) = the ranks' send[rank() * bytes, (rank() + 1) * bytes) summed as 64-bit
+    // recv[0, bytes) = the ranks' send[rank * bytes, (rank + 1) * bytes) summed as 64-bit
     // integers: where one rank sends a value and the others zero bits, that value bit for bit,
     // in any element type (a vocab-split table's rows: each token's row is in one shard).
-    // bytes is a multiple of 8.
+    // bytes is a multiple of 8, send and recv 8-byte aligned.
     std::function<void(const void* send, void* recv, int64_t bytes, void* stream)>
         reduce_scatter_owned;
 };

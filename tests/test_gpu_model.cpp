@@ -1428,11 +1428,12 @@ TEST_CASE("vocab-parallel head with 2 and 4 local ranks on one GPU equals one ra
     llama.bias = false;
     llama.tie_embeddings = false;
     // B = 25: the group's 3200 (P = 2) and 6400 (P = 4) rows run the head and the embedding in
-    // 3 chunks (534, 534 and 532 rows of each rank) and 4, the gathers and reduce-scatters on a
-    // second stream (GptCuda::Impl::loss_sharded)
+    // 3 chunks (536, 536 and 528 rows of each rank) and 4 (400 each), the gathers and
+    // reduce-scatters on a second stream (GptCuda::Impl::loss_sharded)
     const int64_t B = 25;
-    // The narrow model: C = 30 and T = 63, so an embedding chunk of 523 bf16 rows is not whole
-    // 8-byte words and its exchange pads each rank's block (GptCuda::Impl::embed_from_shards)
+    // The narrow model: C = 30 and T = 63, so the embedding's last chunk (519 bf16 rows of each
+    // rank with P = 2, 387 with P = 4) is not whole 8-byte words and its exchange pads each
+    // rank's block (GptCuda::Impl::embed_from_shards)
     ModelConfig narrow = gpt2;
     narrow.n_head = 3;
     narrow.n_embd = 30;
