@@ -12,15 +12,22 @@ parallel's, and its peak memory lower by at least 75% of what the head's weights
 AdamW state (18 bytes a parameter) take under data parallel.
 
     python3 tools/gpu/vocab_split_bench.py --bin build-gpu --json OUT.json \
-        [--models 124m,1558m] [--vocabs 128256,256000] [--zero1 0,1] [--deadline-s 500]
+        [--models 124m,1558m] [--vocabs 128256,256000] [--zero1 0,1] [--deadline-s 500] \
+        [--repeat N]
 
-Runs stop being started once --deadline-s has passed; the JSON is rewritten after every run.
+--repeat N runs N pairs a point, the first of each pair alternating (data parallel first, then
+the split first), since a machine's speed drifts by a percent within a call: the rows are then
+the pairs' means (with each run's `runs_tok_per_s`), `pairs` holds every pair's ratio, and the
+target line gives the mean step ratio and each pair's. Runs stop being started once --deadline-s
+has passed; the JSON is rewritten after every run.
 """
 import argparse
 import json
 import os
 import pathlib
+import statistics
 import subprocess
+import sys
 import time
 
 from bench_runs import (benchmark_sets, clear_run, logged_steps, source_commit, timed_median,
@@ -42,16 +49,26 @@ def main():
     ap.add_argument("--deadline-s", type=float, default=500)
     ap.add_argument("--set", action="append", default=[], dest="sets",
                     help="a config override added to every run")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="pairs a point, alternating which run goes first")
     a = ap.parse_args()
+    if a.repeat < 1:
+        ap.error("--repeat must be at least 1")
     started = time.time()
     work = pathlib.Path(a.work)
     (work / "logs").mkdir(parents=True, exist_ok=True)
-    gpus = int(subprocess.run(["nvidia-smi", "-L"], capture_output=True,
-                              text=True).stdout.count("GPU "))
+    try:
+        gpus = subprocess.run(["nvidia-smi", "-L"], capture_output=True,
+                              text=True).stdout.count("GPU ")
+    except FileNotFoundError:
+        gpus = 0
+    if gpus < 2:
+        sys.exit(f"vocab_split_bench: {gpus} GPU(s) here; the split needs at least 2")
     commit = source_commit(ROOT)
     record = {"what": __doc__.split("\n\n")[0].replace("\n", " "),
               "command": "python3 tools/gpu/vocab_split_bench.py --bin BUILD --json FILE",
-              "commit": commit, "gpus": gpus, "rows": [], "targets": []}
+              "commit": commit, "gpus": gpus, "repeat": a.repeat, "rows": [], "pairs": [],
+              "targets": []}
     env = dict(os.environ, NCCL_NVLS_ENABLE="0")
 
     def save():
@@ -89,11 +106,20 @@ def main():
                "gpu_mem_in_use_gb": max((r.get("gpu_mem_in_use_gb", 0) for r in rows),
                                         default=None),
                "final_loss": rows[-1]["loss"] if rows else None}
-        record["rows"].append(row)
         print(f"{name:32s} exit {rc}  {row['tok_per_s'] or 0:11.0f} tok/s  model "
               f"{row['peak_mem_gb'] or 0:7.2f} GB  in use {row['gpu_mem_in_use_gb'] or 0:7.2f} GB",
               flush=True)
-        save()
+        return row
+
+    def mean_row(runs):
+        """One run's row, or the runs' means (tok/s, step and memory) with each run's tok/s."""
+        row = dict(runs[0])
+        if len(runs) > 1:
+            for k in ("tok_per_s", "step_ms", "peak_mem_gb", "gpu_mem_in_use_gb"):
+                vals = [r[k] for r in runs]
+                row[k] = None if None in vals else statistics.mean(vals)
+            row["runs_tok_per_s"] = [r["tok_per_s"] for r in runs]
+            row["exit"] = [r["exit"] for r in runs]
         return row
 
     for model in a.models.split(","):
@@ -103,14 +129,40 @@ def main():
                 if time.time() - started > a.deadline_s:
                     print(f"past the deadline: {model} V={vocab} zero1={zero1} not run")
                     continue
-                dp, vp = run(model, vocab, zero1, "dp"), run(model, vocab, zero1, "vp")
+                dps, vps = [], []
+                for i in range(a.repeat):
+                    if i > 0 and time.time() - started > a.deadline_s:
+                        print(f"past the deadline: {model} V={vocab} zero1={zero1} after {i} "
+                              f"pair(s)")
+                        break
+                    if i % 2 == 0:
+                        dps.append(run(model, vocab, zero1, "dp"))
+                        vps.append(run(model, vocab, zero1, "vp"))
+                    else:
+                        vps.append(run(model, vocab, zero1, "vp"))
+                        dps.append(run(model, vocab, zero1, "dp"))
+                    d, v = dps[-1]["step_ms"], vps[-1]["step_ms"]
+                    record["pairs"].append({"model": model, "vocab": vocab, "zero1": zero1,
+                                            "first": "dp" if i % 2 == 0 else "vp",
+                                            "dp_tok_per_s": dps[-1]["tok_per_s"],
+                                            "vp_tok_per_s": vps[-1]["tok_per_s"],
+                                            "vp_over_dp": v / d if d and v else None})
+                    save()
+                dp, vp = mean_row(dps), mean_row(vps)
+                record["rows"] += [dp, vp]
+                save()
                 if not (dp["step_ms"] and vp["step_ms"] and dp["peak_mem_gb"] and
                         vp["peak_mem_gb"]):
                     continue
                 head_gb = 18.0 * ((vocab + 127) // 128 * 128) * C / 1e9
                 saved = {k: dp[k] - vp[k] for k in ("peak_mem_gb", "gpu_mem_in_use_gb")}
+                each = ""
+                if a.repeat > 1:
+                    each = " (pairs: " + ", ".join(
+                        f"{r['vp_over_dp']:.3f}x" if r["vp_over_dp"] else "-"
+                        for r in record["pairs"][-len(dps):]) + ")"
                 line = (f"{model} V={vocab}{' zero1' if zero1 else ''}: split step "
-                        f"{vp['step_ms'] / dp['step_ms']:.3f}x data parallel's "
+                        f"{vp['step_ms'] / dp['step_ms']:.3f}x data parallel's{each} "
                         f"({'<=' if vp['step_ms'] <= 1.02 * dp['step_ms'] else '>'} 1.02); "
                         f"memory saved {saved['peak_mem_gb']:.2f} GB (device: "
                         f"{saved['gpu_mem_in_use_gb']:.2f} GB) of the head's state "

@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""tools/gpu/vocab_split_bench.py without a GPU: a stand-in nvidia-smi lists two GPUs and a
+stand-in `train` writes a run's metrics (a step time that grows with each call, so that every run
+differs), so that the script's own logic is checked: with --repeat, pairs that alternate which
+run goes first, rows that are the pairs' means, each pair's ratio, and the target line; a machine
+with fewer than two GPUs and a --repeat below 1 refused."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+root = pathlib.Path(__file__).resolve().parent.parent
+tool = root / "tools/gpu/vocab_split_bench.py"
+work = pathlib.Path(tempfile.mkdtemp(prefix="zgpt_vocab_split_bench_"))
+fake = work / "bin"
+fake.mkdir()
+(fake / "nvidia-smi").write_text(
+    '#!/bin/sh\n[ -n "$FAKE_NO_GPU" ] || printf "GPU 0: fake\\nGPU 1: fake\\n"\n')
+build = work / "build"
+build.mkdir()
+# the stand-in trainer: step_ms 100 (data parallel) or 102 (split) plus the call's number
+(build / "train").write_text(f"""#!{sys.executable}
+import json, pathlib, sys
+a = sys.argv[1:]
+sets = dict(a[i + 1].split("=", 1) for i, x in enumerate(a) if x == "--set")
+calls = pathlib.Path({str(work / "calls.txt")!r})
+n = len(calls.read_text().splitlines()) if calls.exists() else 0
+split = sets["parallel.vocab_parallel"] != "1"
+with calls.open("a") as f:
+    f.write(("vp" if split else "dp") + "\\n")
+step = (102.0 if split else 100.0) + n
+run = pathlib.Path(sets["train.out_dir"]) / sets["train.run_name"]
+run.mkdir(parents=True, exist_ok=True)
+with open(run / "metrics.jsonl", "w") as f:
+    for s in range(int(sets["train.max_steps"])):
+        f.write(json.dumps({{"step": s, "loss": 10.0, "step_ms": step,
+                            "tok_per_s": 131072 / (step / 1000),
+                            "peak_mem_gb": 20.0 if split else 30.0,
+                            "gpu_mem_in_use_gb": 21.0 if split else 31.0}}) + "\\n")
+""")
+for f in (fake / "nvidia-smi", build / "train"):
+    f.chmod(0o755)
+data = work / "work" / "data"
+data.mkdir(parents=True)
+(data / "train_000.bin").write_bytes(b"\0" * 1024)  # exists: the tool writes no shard
+env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}", ZGPT_COMMIT="test")
+out = work / "out.json"
+
+
+def tool_run(*extra, **env_extra):
+    return subprocess.run([sys.executable, str(tool), "--bin", str(build), "--json", str(out),
+                           "--work", str(work / "work"), "--models", "124m", "--vocabs",
+                           "128256", "--zero1", "0", *extra], capture_output=True, text=True,
+                          env=dict(env, **env_extra))
+
+
+def fail(msg, p=None):
+    sys.exit(f"vocab split bench: {msg}" + (f"\n{p.stdout}\n{p.stderr}" if p else ""))
+
+
+p = tool_run("--repeat", "3")
+if p.returncode != 0:
+    fail("the run failed", p)
+calls = (work / "calls.txt").read_text().split()
+if calls != ["dp", "vp", "vp", "dp", "dp", "vp"]:
+    fail(f"runs in the order {calls}, not alternating the first of each pair")
+rec = json.loads(out.read_text())
+rows = {r["mode"]: r for r in rec["rows"]}
+if sorted(rows) != ["dp", "vp"] or len(rec["rows"]) != 2:
+    fail(f"rows {[r['mode'] for r in rec['rows']]}, not one mean row a mode")
+# data parallel ran as calls 0, 3 and 4 (steps 100, 103, 104), the split as 1, 2 and 5
+if abs(rows["dp"]["step_ms"] - 307 / 3) > 1e-9 or abs(rows["vp"]["step_ms"] - 314 / 3) > 1e-9:
+    fail(f"mean steps {rows['dp']['step_ms']} and {rows['vp']['step_ms']}, not 307/3 and 314/3")
+if len(rows["dp"]["runs_tok_per_s"]) != 3:
+    fail("the mean row does not list its runs")
+ratios = [round(x["vp_over_dp"], 4) for x in rec["pairs"]]
+if ratios != [round(103 / 100, 4), round(104 / 103, 4), round(107 / 104, 4)]:
+    fail(f"pair ratios {ratios}")
+line = rec["targets"][0]
+want = f"split step {314 / 307:.3f}x data parallel's (pairs: 1.030x, 1.010x, 1.029x) (> 1.02)"
+if want not in line:
+    fail(f"target line {line!r} lacks {want!r}")
+if "memory saved 10.00 GB" not in line:
+    fail(f"target line {line!r}: the memory saved is not the means'")
+
+p = tool_run(FAKE_NO_GPU="1")
+if p.returncode == 0 or "needs at least 2" not in p.stderr:
+    fail("a machine without GPUs was not refused", p)
+p = tool_run("--repeat", "0")
+if p.returncode == 0 or "--repeat" not in p.stderr:
+    fail("--repeat 0 was not refused", p)
+print("vocab split bench: ok")
