@@ -592,12 +592,12 @@ void GptCuda::Impl::embed_from_shards() {
     // holds and zero bits for the rest, in the table's type; each token's row is in one shard,
     // so an integer reduce-scatter gives each rank its own tokens' rows bit for bit, at the
     // table's width (half of fp32's bytes in bf16). Each rank's block is padded to 8 bytes.
-    const int64_t es = int64_t(res_es);  // (the table's type: rt)
+    const int64_t row_es = int64_t(res_es);  // bytes of the table's type, rt
     char* chunk_rows = vp_dhc[0].as<char>();
     char* own_rows = vp_dh.as<char>();  // (B x T rows of type rt; 8 bytes of slack at its end)
     for (int64_t k = 0; k < vp_chunks; k++) {
         const int64_t r0 = k * vp_rows_per_chunk, n = vp_chunk_rows(k);
-        const int64_t used = n * C * es, block = (used + 7) / 8 * 8;
+        const int64_t used = n * C * row_es, block = (used + 7) / 8 * 8;
         for (int64_t q = 0; q < P; q++) {
             cuda::lookup_rows_in_shard(chunk_rows + q * block, vp_y.as<int32_t>() + q * BT + r0, n,
                                        wr(layout.wte), shard_v0(vgroup.rank),
@@ -606,7 +606,7 @@ void GptCuda::Impl::embed_from_shards() {
                 ZG_CUDA_CHECK(
                     cudaMemsetAsync(chunk_rows + q * block + used, 0, block - used, stream));
         }
-        vgroup.reduce_scatter_owned(chunk_rows, own_rows + r0 * C * es, block, stream);
+        vgroup.reduce_scatter_owned(chunk_rows, own_rows + r0 * C * row_es, block, stream);
     }
     tick("encoder fwd (vp): rows, reduce-scatter");
     cuda::add_positions(residual[0].get(), own_rows, wr(layout.wpe), B, Tn, C, rt, stream);

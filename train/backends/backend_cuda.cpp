@@ -346,6 +346,24 @@ CudaModelOptions cuda_model_options(const Config& cfg, int vocab_parts) {
     return o;
 }
 
+namespace {
+// recv[0, n) = the ranks' send[rank * n, (rank + 1) * n) summed as type t: a device
+// communicator (nccl) on `stream`, a host one (local ranks sharing this GPU) through host memory.
+void reduce_scatter_device(Communicator& g, const void* send, void* recv, int64_t n, CommType t,
+                           void* stream) {
+    if (g.device_buffers()) {
+        g.set_stream(stream);
+        g.reduce_scatter_sum(send, recv, n, t);
+        return;
+    }
+    const size_t bytes = size_t(n) * comm_type_size(t);
+    std::vector<int64_t> hs((bytes * g.size() + 7) / 8), hr((bytes + 7) / 8);  // 8-byte aligned
+    to_host(hs.data(), send, bytes * g.size(), stream);
+    g.reduce_scatter_sum(hs.data(), hr.data(), n, t);
+    to_device(recv, hr.data(), bytes, stream);
+}
+}  // namespace
+
 VocabGroup cuda_vocab_group(Communicator& group) {
     VocabGroup g;
     g.size = group.size();
@@ -365,28 +383,12 @@ VocabGroup cuda_vocab_group(Communicator& group) {
         to_device(recv, hr.data(), hr.size(), stream);
     };
     g.reduce_scatter_sum = [g_ = &group](const float* send, float* recv, int64_t n, void* stream) {
-        if (g_->device_buffers()) {
-            g_->set_stream(stream);
-            g_->reduce_scatter_sum(send, recv, n, CommType::f32);
-            return;
-        }
-        std::vector<float> hs(size_t(n) * g_->size()), hr(n);
-        to_host(hs.data(), send, hs.size() * 4, stream);
-        g_->reduce_scatter_sum(hs.data(), hr.data(), n, CommType::f32);
-        to_device(recv, hr.data(), hr.size() * 4, stream);
+        reduce_scatter_device(*g_, send, recv, n, CommType::f32, stream);
     };
     g.reduce_scatter_owned = [g_ = &group](const void* send, void* recv, int64_t bytes,
                                            void* stream) {
         ZG_CHECK(bytes % 8 == 0, "vocab group: reduce_scatter_owned of a size not a multiple of 8");
-        if (g_->device_buffers()) {
-            g_->set_stream(stream);
-            g_->reduce_scatter_sum(send, recv, bytes / 8, CommType::i64);
-            return;
-        }
-        std::vector<int64_t> hs(size_t(bytes / 8) * g_->size()), hr(bytes / 8);
-        to_host(hs.data(), send, hs.size() * 8, stream);
-        g_->reduce_scatter_sum(hs.data(), hr.data(), bytes / 8, CommType::i64);
-        to_device(recv, hr.data(), size_t(bytes), stream);
+        reduce_scatter_device(*g_, send, recv, bytes / 8, CommType::i64, stream);
     };
     return g;
 }
