@@ -43,8 +43,8 @@ GptCuda::Impl::Impl(const ModelConfig& c, const CudaModelOptions& o)
     rms = cfg.norm == "rmsnorm";
     rope = cfg.position == "rope";
     validate_kernels(opt.kernels, t);
-    ZG_CHECK(opt.head_chunks >= 1 && opt.head_chunks <= kMaxHeadChunks,
-             "head_chunks must be in [1, " + std::to_string(kMaxHeadChunks) + "]");
+    ZG_CHECK(opt.kernels.head_chunks >= 1 && opt.kernels.head_chunks <= kMaxHeadChunks,
+             "kernels.head_chunks must be in [1, " + std::to_string(kMaxHeadChunks) + "]");
     attention = &cuda::find_attention_variant(opt.kernels.attention);
     ln_variant = LayernormVariant(kernel_variant("layernorm", opt.kernels.layernorm));
     mm_variant = MatmulVariant(kernel_variant("matmul", opt.kernels.matmul));
@@ -186,11 +186,11 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
     logits = linear_ce || sharded ? DeviceBuffer() : act(BT * Vp);
     if (sharded) {
         // The group's NA = P x BT rows in chunks of vp_rows_per_chunk rows of every rank: as many
-        // as the one-GPU head's chunks (GptCudaOptions::head_chunks) over the group's rows, each of
+        // as the one-GPU head's chunks (kernels.head_chunks) over the group's rows, each of
         // at least kMinChunkRows.
         const int64_t P = vgroup.size, NA = P * BT;
         const int64_t chunks =
-            std::max<int64_t>(1, std::min<int64_t>(opt.head_chunks, NA / kMinChunkRows));
+            std::max<int64_t>(1, std::min<int64_t>(opt.kernels.head_chunks, NA / kMinChunkRows));
         // (a multiple of 4: a bf16 chunk of an odd width is still whole 4-byte words for the
         // all-gather, and every chunk but the last starts the embedding's rows 8-byte aligned,
         // as the 64-bit words of their exchange need)
@@ -598,14 +598,13 @@ void GptCuda::Impl::embed_from_shards() {
     for (int64_t k = 0; k < vp_chunks; k++) {
         const int64_t r0 = k * vp_rows_per_chunk, n = vp_chunk_rows(k);
         const int64_t used = n * C * row_es, block = (used + 7) / 8 * 8;
-        for (int64_t q = 0; q < P; q++) {
-            cuda::lookup_rows_in_shard(chunk_rows + q * block, vp_y.as<int32_t>() + q * BT + r0, n,
-                                       wr(layout.wte), shard_v0(vgroup.rank),
-                                       shard_rows(vgroup.rank), C, rt, stream);
-            if (block > used)
+        cuda::lookup_rows_in_shard(chunk_rows, block / row_es, vp_y.as<int32_t>() + r0, BT, P, n,
+                                   wr(layout.wte), shard_v0(vgroup.rank), shard_rows(vgroup.rank),
+                                   C, rt, stream);
+        if (block > used)
+            for (int64_t q = 0; q < P; q++)
                 ZG_CUDA_CHECK(
                     cudaMemsetAsync(chunk_rows + q * block + used, 0, block - used, stream));
-        }
         vgroup.reduce_scatter_owned(chunk_rows, own_rows + r0 * C * row_es, block, stream);
     }
     tick("encoder fwd (vp): rows, reduce-scatter");

@@ -37,9 +37,6 @@ struct CudaModelOptions {
     // too) and the embeddings' outputs in fp32 (as PyTorch autocast does); the matmuls still read
     // bf16. The norms' forward passes read fp32 weights either way.
     bool fp32_residual = false;
-    // Row chunks of the loss head (logits GEMM, cross-entropy, dlnf GEMM), pipelined over two
-    // streams; 1 runs it in one piece. At most 8, and chunks of at least 1024 rows.
-    int head_chunks = 4;
     // > 1: the vocabulary tables (wte, an untied lm_head) hold one vocab-parallel shard
     // (make_gpt_layout); set_vocab_group must then give a group of that size.
     int vocab_parts = 1;
@@ -87,8 +84,8 @@ class GptCuda {
     void forward(const int32_t* tokens, int64_t B, int64_t Tn);
     // The loss head on the last forward. grad_output multiplies each row's gradient (1 / tokens
     // of the step). With compute_grad, dlogits replace the logits, ready for backward(). With
-    // the sum reduction and head_chunks > 1 the head is pipelined in row chunks: logits GEMM,
-    // cross-entropy (on a second stream) and, with compute_grad, the dlnf GEMM of each chunk.
+    // the sum reduction and kernels.head_chunks > 1 the head is pipelined in row chunks: logits
+    // GEMM, cross-entropy (on a second stream) and, with compute_grad, the dlnf GEMM of each chunk.
     CrossEntropySummary loss(const int32_t* targets, const CrossEntropyOptions& opts,
                              double grad_output, bool compute_grad);
     void backward();  // adds into the gradient arena

@@ -415,7 +415,8 @@ struct GptCuda::Impl {
     // Row chunks of a logits head over `rows` rows (this rank's, or a vocab-parallel group's).
     int64_t head_chunks(const CrossEntropyOptions& o, int64_t rows) const {
         if (linear_ce || o.reduction != Reduction::sum) return 1;
-        return std::max<int64_t>(1, std::min<int64_t>(opt.head_chunks, rows / kMinChunkRows));
+        return std::max<int64_t>(1,
+                                 std::min<int64_t>(opt.kernels.head_chunks, rows / kMinChunkRows));
     }
     // logits of rows [r0, r0 + n) (the forward's head GEMM, or a chunk of it)
     void head_logits(int64_t r0, int64_t n);

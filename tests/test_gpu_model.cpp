@@ -789,7 +789,7 @@ TEST_CASE("the pipelined loss head (row chunks over two streams) equals GPT<doub
         CAPTURE(dtype_name(t));
         CudaModelOptions o;
         o.precision = t;
-        o.head_chunks = 4;
+        o.kernels.head_chunks = 4;
         compare_model(tiny_config(false, true, false), o, t == DType::f32 ? 1e-5 : 5e-2, 257, 13);
         // and as two micro-batches of 160 x 13 = 2080 rows (2 chunks each) into one gradient
         compare_model(tiny_config(false, true, false), o, t == DType::f32 ? 1e-5 : 5e-2, 320, 13,

@@ -63,9 +63,12 @@ TokenBuckets bucket_tokens(const int32_t* tokens, int64_t n);
 // ranks).
 void add_positions(void* out, const void* token_rows, const void* wpe, int64_t B, int64_t Tn,
                    int64_t C, DType t, CUstream_st* s);
-// out[i,:] = table[tokens[i] - v0,:] where v0 <= tokens[i] < v0 + rows, else zero bits, in the
-// table's type `t`: this rank's share of the token rows of a vocab-parallel table.
-void lookup_rows_in_shard(void* out, const int32_t* tokens, int64_t n, const void* table,
+// `blocks` blocks of n token rows, block b's tokens at tokens + b * token_stride and its rows at
+// out + b * out_stride (elements of `t`): out row i = table[tokens[i] - v0,:] where
+// v0 <= tokens[i] < v0 + rows, else zero bits. This rank's share of the token rows of a
+// vocab-parallel table, for every rank of the group in one launch.
+void lookup_rows_in_shard(void* out, int64_t out_stride, const int32_t* tokens,
+                          int64_t token_stride, int64_t blocks, int64_t n, const void* table,
                           int64_t v0, int64_t rows, int64_t C, DType t, CUstream_st* s);
 
 // TokenBuckets' arrays on the device, and the partials (bucket_partial_rows(n) x C floats).

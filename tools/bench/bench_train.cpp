@@ -54,7 +54,6 @@ struct Options {
     std::string config_path, out, data;
     std::vector<std::string> overrides;
     int steps = 40, from = 10, timeline_steps = 0;
-    int head_chunks = CudaModelOptions{}.head_chunks;
     bool ops = false, separate_calls = false;
 };
 
@@ -157,8 +156,6 @@ std::optional<Options> parse(int argc, char** argv, int& exit_code) {
     app.add_option("--steps", o.steps, "steps to run");
     app.add_option("--from", o.from, "first step that is timed (earlier ones warm up)");
     app.add_option("--out", o.out, "write the result as JSON here");
-    app.add_option("--head-chunks", o.head_chunks,
-                   "row chunks of the pipelined loss head (1: in one piece)");
     app.add_flag("--ops", o.ops, "time each op family (an event after every op) in one extra step");
     app.add_flag("--separate-calls", o.separate_calls,
                  "forward, loss and backward as three calls, the host waiting for the loss before "
@@ -188,12 +185,6 @@ Config config_of(const Options& o) {
     resolve_vocab_size(cfg);  // 0: from tokenizer.json beside data.train, as train does
     ZG_CHECK(o.from >= 1 && o.from <= o.steps, "--from must be in [1, --steps]");
     return cfg;
-}
-
-CudaModelOptions model_options(const Config& cfg, const Options& o) {
-    CudaModelOptions mo = cuda_model_options(cfg, 1);  // the trainer's, one vocabulary shard
-    mo.head_chunks = o.head_chunks;
-    return mo;
 }
 
 CrossEntropyOptions loss_options(const Config& cfg) {
@@ -478,7 +469,7 @@ void write_json(const Bench& b, const cuda::DeviceInfo& dev, const Summary& s,
                      {"recompute_gelu", cfg.train.recompute_gelu},
                      {"recompute_block", cfg.train.recompute_block},
                      {"fp32_residual", cfg.train.fp32_residual},
-                     {"head_chunks", o.head_chunks},
+                     {"head_chunks", cfg.kernels.head_chunks},
                      {"steps_timed", b.step_ms.size()},
                      {"step_ms", s.ms},
                      {"step_ms_min", *std::min_element(b.step_ms.begin(), b.step_ms.end())},
@@ -523,7 +514,7 @@ int main(int argc, char** argv) {
         b.cfg = config_of(b.opt);
         const cuda::DeviceInfo dev = cuda::query_devices();
         ZG_CHECK(dev.count > 0, "no CUDA device: " + dev.error);
-        b.mo = model_options(b.cfg, b.opt);
+        b.mo = cuda_model_options(b.cfg, 1);  // the trainer's, one vocabulary shard
         b.ce = loss_options(b.cfg);
         const std::unique_ptr<Model> model = start_model(b);
         run_steps(b, *model, started);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a GPU machine: the CUDA trainer's benchmark for docs/results (GPT-2 124M, B=64, T=1024, bf16,
 # random tokens): the default kernels with the per-op table, the loss head in one piece
-# (--head-chunks 1, against the default pipelined one), the fused_linear head, vocabulary
+# (--set kernels.head_chunks=1, against the default pipelined one), the fused_linear head, vocabulary
 # 128256 with both heads, the naive attention and recompute_gelu. One JSON per run in the folder.
 # With DATA set to a GPT-2 token shard (prepare_data --tokenizer gpt2), the default kernels also
 # run on its text (real text repeats tokens, which random tokens do not).
@@ -20,7 +20,7 @@ run() {  # name, steps, first timed step, then bench_train arguments
 }
 run fast 40 10 --ops
 if [ -n "${DATA:-}" ]; then run real_text 40 10 --data "$DATA" --ops; fi
-run head_chunks1 40 10 --head-chunks 1
+run head_chunks1 40 10 --set kernels.head_chunks=1
 run fused_linear 40 10 --set kernels.cross_entropy=fused_linear --ops
 run v128k_fast 40 10 --set model.vocab_size=128256
 run v128k_fused_linear 40 10 --set model.vocab_size=128256 --set kernels.cross_entropy=fused_linear
