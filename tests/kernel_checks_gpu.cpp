@@ -1018,8 +1018,9 @@ void encoder(const EncoderDims& s, DType t) {
         for (int shard = 0; shard < 2; shard++) {
             const int64_t v0 = shard ? half : 0, rows = shard ? V - half : half;
             DevT look(t, 2 * stride);
-            cuda::lookup_rows_in_shard(look.p, stride, d_tok2.p(), BT, 2, BT, d_wte.p, v0, rows, C,
-                                       t, nullptr);
+            const char* shard_table = static_cast<const char*>(d_wte.p) + v0 * C * dtype_bytes(t);
+            cuda::lookup_rows_in_shard(look.p, stride, d_tok2.p(), BT, 2, BT, shard_table, v0, rows,
+                                       C, t, nullptr);
             const std::vector<double> got = look.get();
             for (int64_t b = 0; b < 2; b++)
                 for (int64_t i = 0; i < stride; i++) {

@@ -88,7 +88,8 @@ s = json.loads((work / "s.json").read_text())
 sd = math.sqrt(sum((x - 2.2) ** 2 for x in t) / 2)
 want = (1.0 - 2.2) / (sd * math.sqrt(1 + 1 / 3))  # one run of ours spreads as PyTorch's
 check(rc == 0 and abs(s["windows"][-1]["standard_errors"] - want) < 1e-9, f"one run of ours: {out}")
-check(s["windows"][-1]["dof"] == 2 and s["windows"][-1]["p"] == two_sided_p(want, 2), f"one run's p: {out}")
+# (p from the tool's own SE, which may differ from `want` in the last bits)
+check(s["windows"][-1]["dof"] == 2 and abs(s["windows"][-1]["p"] - two_sided_p(want, 2)) < 1e-12, f"one run's p: {out}")
 
 # PyTorch's two runs part in the first window only: the last has no spread on either side
 flat = write("flat.json", curve(1.0), curve(2.0), {}, {"jitter": [9.0] + curve(2.0)[1:]})
