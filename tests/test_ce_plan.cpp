@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <iterator>
 
 #include "kernels/loss_head/cross_entropy.h"
 #include "kernels/loss_head/cross_entropy/plan.h"
@@ -271,4 +272,49 @@ TEST_CASE("ce plan: fast leaves short rows to online") {
     forced.tuning.cluster = 2;
     CHECK(plan_fast(forced, true, kHopperSmem).cluster == 2);
     CHECK(plan_fast(rows(LogitsType::bf16, 1024), false, kHopperSmem).cluster == 1);
+}
+
+TEST_CASE("ce plan: the bands' tables are what the planners follow") {
+    // Each table's bands grow in row length, the last holds every length, and a row at a band's
+    // edge belongs to it while a row 16 bytes longer belongs to the next.
+    auto check_edges = [](const auto& bands) {
+        const size_t n = std::size(bands);
+        CHECK(bands[n - 1].max_row_bytes == SIZE_MAX);
+        for (size_t i = 0; i + 1 < n; i++) {
+            CHECK(bands[i].max_row_bytes < bands[i + 1].max_row_bytes);
+            CHECK(&band_for(bands, bands[i].max_row_bytes) == &bands[i]);
+            CHECK(&band_for(bands, bands[i].max_row_bytes + 16) == &bands[i + 1]);
+        }
+    };
+    check_edges(kFastBands);
+    check_edges(kLockstepBands);
+    for (const FastBand& b : kFastBands) {
+        // bf16 rows at the band's top edge (the last band: 256000 values), with no knob set
+        const int64_t V = b.max_row_bytes == SIZE_MAX ? 256000 : int64_t(b.max_row_bytes / 2);
+        CAPTURE(V);
+        const FastPlan p = plan_fast(rows(LogitsType::bf16, V), true, kHopperSmem);
+        if (b.online) {
+            CHECK(p.cluster == 0);  // left to online; 16 bytes more is not
+            CHECK(plan_fast(rows(LogitsType::bf16, V + 8), true, kHopperSmem).cluster > 0);
+            continue;
+        }
+        const int groups = p.cluster > 1 ? b.clustered_groups : b.groups;
+        CHECK(p.groups == groups);
+        CHECK(p.threads == groups * (groups == 2 ? b.two_group_threads : 256));
+        CHECK(p.parts == b.parts);
+        CHECK(p.stages >= groups);
+    }
+    // a row of the middle band that fits one CTA keeps its two groups of two_group_threads
+    const FastPlan one = plan_fast(rows(LogitsType::bf16, 50304), true, kHopperSmem);
+    CHECK(one.cluster == 1);
+    CHECK(one.groups == kFastBands[1].groups);
+    CHECK(one.threads == 2 * kFastBands[1].two_group_threads);
+    for (const LockstepBand& b : kLockstepBands) {
+        const int64_t V = b.max_row_bytes == SIZE_MAX ? 256000 : int64_t(b.max_row_bytes / 2);
+        CAPTURE(V);
+        const FastPlan p = plan_fast(rows(LogitsType::bf16, V), false, kHopperSmem);
+        CHECK(p.threads == b.threads);
+        CHECK(p.stages >= b.min_stages);
+        if (b.smem_kb > 0) CHECK(p.smem <= size_t(b.smem_kb) << 10);
+    }
 }

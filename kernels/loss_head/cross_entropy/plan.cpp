@@ -20,18 +20,26 @@ int num_threads_for(int64_t V) {
 
 namespace {
 
-// plan_fast with the warp groups chosen (pingpong; 1 for fast_lockstep).
+// plan_fast with the warp groups chosen (pingpong; 1 for fast_lockstep): the shape of the row's
+// band (plan.h's tables), then the knobs.
 FastPlan plan_fast_groups(const CrossEntropyArgs& a, bool pingpong, int max_smem, int groups) {
-    const size_t es = type_size(a.type);
+    const size_t es = type_size(a.type), row_bytes = size_t(a.V) * es;
     const CrossEntropyTuning& k = a.tuning;
-    const bool short_rows = size_t(a.V) * es <= (size_t(128) << 10);
-    int parts = pingpong ? 2 : 1;
+    int parts = 1, threads = 0, want = 0;
+    size_t budget = size_t(max_smem) - 2048;
+    if (pingpong) {
+        const FastBand& b = band_for(kFastBands, row_bytes);
+        parts = b.parts;
+        threads = groups * (groups == 2 ? b.two_group_threads : 256);
+        want = groups;  // a stage per group
+    } else {
+        const LockstepBand& b = band_for(kLockstepBands, row_bytes);
+        threads = b.threads;
+        want = b.min_stages;
+        if (b.smem_kb > 0) budget = size_t(b.smem_kb) << 10;
+    }
     if (pingpong)
         if (const int p = k.parts; p == 1 || p == 2 || p == 4) parts = p;
-    const bool wide_groups = pingpong && groups == 2 && short_rows;
-    int threads = pingpong ? groups * (wide_groups ? 512 : 256) : short_rows ? 256 : kFastThreads;
-    size_t budget = pingpong || !short_rows ? size_t(max_smem) - 2048 : size_t(110) << 10;
-    int want = pingpong ? groups : short_rows ? 2 : kMinStages;
     if (const int t = k.threads; t == 256 || t == 512 || t == 1024)
         threads = !pingpong ? t : groups == 2 ? std::max(t, 512) : threads;
     if (pingpong && threads != 512) parts = std::min(parts, 2);  // the kernels instantiated
@@ -63,37 +71,23 @@ FastPlan plan_fast_groups(const CrossEntropyArgs& a, bool pingpong, int max_smem
 
 FastPlan plan_fast(const CrossEntropyArgs& a, bool pingpong, int max_smem) {
     if (!rows_aligned(a.logits, a.dlogits ? a.dlogits : a.logits, a.ld, a.type)) return {};
-    const size_t es = type_size(a.type);
-    // Measured on an H100 (docs/cross_entropy.md). Warp groups (fast): one CTA per SM with a
-    // buffer per group, in the smallest cluster that holds them (more stages with more CTAs per
-    // cluster were slower: fewer clusters fit at once); groups of 512 threads for rows of up to
-    // 128 KB (measured faster at V = 50304), of 256 above. One group
-    // (fast_lockstep): rows of up to 128 KB run best as two 256-thread CTAs per SM with two stages
-    // each; longer rows as one 512-thread CTA per SM holding three. Static shared memory (barriers,
-    // statistics, reductions) takes < 2 KB.
-    // fast: each buffer in two copies, so a group refills the first half while its dlogits pass
-    // is on the second. Rows of up to 128 KB: two groups of 512 threads (faster than one copy at
-    // V = 50304); longer rows: three groups of 256 in 4-CTA clusters (faster than two groups at
-    // V = 128256; docs/results/ce_sweep_h100_87a3ef2.json). Four copies measured no better.
-    // knobs for sweeps and tests (CrossEntropyTuning; 0: the choices here): groups (2 | 3 warp
-    // groups), parts (1 | 2 | 4 copies per buffer), threads (256 | 512 | 1024; with two groups,
-    // 512 or 1024 in all; three groups have 768), smem_kb (the buffers' budget per CTA),
-    // min_stages (the stages the cluster size is chosen for), cluster (a fixed cluster size)
+    // The bands' shapes (plan.h), unless a knob fixes them: groups (2 | 3 warp groups), parts
+    // (1 | 2 | 4 copies per buffer), threads (256 | 512 | 1024; with two groups, 512 or 1024 in
+    // all; three groups have 768), smem_kb (the buffers' budget per CTA), min_stages (the stages
+    // the cluster size is chosen for), cluster (a fixed cluster size, which also keeps `fast` on
+    // the online band's rows). Static shared memory (barriers, statistics, reductions) takes
+    // < 2 KB.
+    if (!pingpong) return plan_fast_groups(a, false, max_smem, 1);
     const CrossEntropyTuning& k = a.tuning;
-    if (pingpong && k.cluster == 0 && size_t(a.V) * es <= kFastOnlineMaxRowBytes) return {};
-    const bool short_rows = size_t(a.V) * es <= (size_t(128) << 10);
-    const bool groups_fixed = pingpong && (k.groups == 2 || k.groups == 3);
-    const int groups = !pingpong ? 1 : groups_fixed ? k.groups : short_rows ? 2 : 3;
-    const FastPlan p = plan_fast_groups(a, pingpong, max_smem, groups);
-    // Rows of up to 128 KB whose two groups' stages do not fit in one CTA (on an H200 bf16 rows
-    // of 57,601 to 65,536 values) spread over a cluster anyway, as longer rows do, and take three
-    // groups as those do: at V = 64128 (128256 split in two) 1.34x the copy floor against two
-    // groups' 1.59x; at V = 50304, where two groups fit one CTA a row, three (in clusters of 2)
-    // were the slower (docs/results/ce_vocab_sweep_h200.json, fast_groups_by_cluster). A cluster
-    // size, stage count or budget fixed by a knob keeps the groups it was given.
+    const FastBand& b = band_for(kFastBands, size_t(a.V) * type_size(a.type));
+    if (b.online && k.cluster == 0) return {};
+    const bool groups_fixed = k.groups == 2 || k.groups == 3;
+    const int groups = groups_fixed ? k.groups : b.groups;
+    const FastPlan p = plan_fast_groups(a, true, max_smem, groups);
+    // A cluster size, stage count or budget fixed by a knob keeps the groups it was given.
     const bool shape_fixed = k.cluster != 0 || k.min_stages != 0 || k.smem_kb != 0;
-    if (pingpong && !groups_fixed && !shape_fixed && groups == 2 && p.cluster > 1)
-        return plan_fast_groups(a, pingpong, max_smem, 3);
+    if (!groups_fixed && !shape_fixed && groups != b.clustered_groups && p.cluster > 1)
+        return plan_fast_groups(a, true, max_smem, b.clustered_groups);
     return p;
 }
 

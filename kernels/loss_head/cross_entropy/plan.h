@@ -21,21 +21,69 @@ constexpr int kMaxStages = 8;
 // at 1.50x against 8's 1.41x. The planner took them for rows of 150-225 KB (3), 300-375 KB (5)
 // and 450-525 KB (7). fast_lockstep, not measured so, keeps every size.
 constexpr int kFastClusterSizes[] = {1, 2, 4, 6, 8};
-constexpr int kMinStages = 3;
 
 // The helper's rows per SM against the main grid's, in percent. Swept on the H100 at V = 128256
 // (docs/results/ce_fast_helper_h100_99dcc22.json): the time falls up to about 75 and jumps from
 // 90, where the helper's rows become the tail. 70 leaves a margin before that cliff.
 constexpr int kHelperWeight = 70;
-// `fast` leaves rows of at most this many bytes to the two-pass (online) kernels. On short rows a
-// row's time in the cluster kernels is latency (its copies in, the barriers between the warp
-// groups), not bytes. On an H200 (bf16, N = 16384, docs/results/ce_vocab_sweep_h200.json) online,
-// whose two passes run in one kernel a row, is ahead at every V up to 32768 (64 KB rows: 0.70
-// against 0.75 ms) and fast from 50304 (1.03 against 1.23 ms); the file's before_short_row_rule
-// has the cluster kernels against the older three-kernel online.
-// A fixed cluster size (CrossEntropyTuning::cluster) keeps the cluster kernels, and
-// fast_lockstep keeps them at every length, for the ablations.
-constexpr size_t kFastOnlineMaxRowBytes = size_t(64) << 10;
+// The shapes `fast` and `fast_lockstep` take by the length of a row, as data: each table is
+// searched for the first band whose max_row_bytes holds the row (the last band holds every
+// length). The knobs of CrossEntropyTuning override a field each; `measured` says where each
+// choice was measured (files in docs/results).
+//
+// fast (the pingpong kernels): one CTA per SM with a buffer per warp group, in the smallest
+// cluster (of kFastClusterSizes) whose slices fit a stage per group; each buffer in `parts`
+// copies, so a group refills one while its dlogits pass is on another (four copies measured no
+// better). Rows of up to 64 KB go to the two-pass online kernels: a short row's time in the
+// cluster kernels is latency (its copies in, the barriers between the groups), not bytes.
+// Rows whose stages need a cluster of CTAs take `clustered_groups` groups.
+struct FastBand {
+    size_t max_row_bytes;
+    bool online;            // the online kernels take these rows (not with a fixed cluster size)
+    int groups;             // warp groups per CTA
+    int two_group_threads;  // threads per group when two groups run (three run 256 each)
+    int clustered_groups;   // groups when a row's stages need more than one CTA
+    int parts;              // bulk copies per buffer
+    const char* measured;
+};
+inline constexpr FastBand kFastBands[] = {
+    {size_t(64) << 10, true, 2, 512, 3, 2,
+     "H200, bf16, N = 16384: online ahead at every V up to 32768 (64 KB rows: 0.70 against "
+     "0.75 ms), fast from 50304 (1.03 against 1.23 ms); ce_vocab_sweep_h200.json"},
+    {size_t(128) << 10, false, 2, 512, 3, 2,
+     "two groups of 512 faster than one copy at V = 50304 (H100, docs/cross_entropy.md); rows "
+     "needing a cluster, V = 64128 on an H200: three groups 1.34x the copy floor against two "
+     "groups' 1.59x (ce_vocab_sweep_h200.json, fast_groups_by_cluster)"},
+    {SIZE_MAX, false, 3, 256, 3, 2,
+     "three groups of 256 in 4-CTA clusters faster than two at V = 128256 "
+     "(ce_sweep_h100_87a3ef2.json)"},
+};
+// fast_lockstep (one warp group a CTA): its threads, the stages its cluster size is chosen for,
+// and the buffers' budget (0: the device's opt-in shared memory less 2 KB).
+struct LockstepBand {
+    size_t max_row_bytes;
+    int threads;
+    int min_stages;
+    int smem_kb;
+    const char* measured;
+};
+inline constexpr LockstepBand kLockstepBands[] = {
+    {size_t(128) << 10, 256, 2, 110,
+     "two 256-thread CTAs per SM with two stages each (H100, docs/cross_entropy.md)"},
+    {SIZE_MAX, 512, 3, 0, "one 512-thread CTA per SM holding three stages (H100)"},
+};
+
+// The band of `bands` that holds rows of row_bytes bytes.
+template <typename Band, size_t N>
+constexpr const Band& band_for(const Band (&bands)[N], size_t row_bytes) {
+    for (size_t i = 0; i + 1 < N; i++)
+        if (row_bytes <= bands[i].max_row_bytes) return bands[i];
+    return bands[N - 1];
+}
+
+// `fast` leaves rows of at most this many bytes to the online kernels (the first band).
+constexpr size_t kFastOnlineMaxRowBytes = kFastBands[0].max_row_bytes;
+static_assert(kFastBands[0].online && !kFastBands[1].online, "one online band, the first");
 
 size_t type_size(LogitsType t);
 
