@@ -1005,37 +1005,43 @@ void encoder(const EncoderDims& s, DType t) {
     cpu::encoder_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
     check_close("out", d_out.get(), out, t);
     // The split's path: each of two vocabulary shards looks up its rows for two ranks' blocks of
-    // tokens (zero bits elsewhere; the gap after each block untouched), vectorised when the
-    // stride allows and not when it is odd; the shards' sum plus positions (add_positions) then
-    // equals encoder_forward bit for bit.
+    // tokens (zero bits elsewhere; the gap after each block keeps what it held), vectorised when
+    // the stride allows and not when it is odd; with all of each block's tokens, and with fewer
+    // rows than the token stride from an offset (a later chunk's). The shards' sum plus positions
+    // (add_positions) then equals encoder_forward bit for bit.
     const int64_t BT = B * T, half = V / 2;
     std::vector<int32_t> tok2(tok);
     tok2.insert(tok2.end(), tok.rbegin(), tok.rend());  // block 1: the tokens reversed
     const DevInts d_tok2(tok2);
-    for (const int64_t stride : {BT * C + 8, BT * C + 1}) {
-        std::vector<double> summed(BT * C, 0.0);
-        int64_t wrong = 0;
-        for (int shard = 0; shard < 2; shard++) {
-            const int64_t v0 = shard ? half : 0, rows = shard ? V - half : half;
-            DevT look(t, 2 * stride);
-            const char* shard_table = static_cast<const char*>(d_wte.p) + v0 * C * dtype_bytes(t);
-            cuda::lookup_rows_in_shard(look.p, stride, d_tok2.p(), BT, 2, BT, shard_table, v0, rows,
-                                       C, t, nullptr);
-            const std::vector<double> got = look.get();
-            for (int64_t b = 0; b < 2; b++)
-                for (int64_t i = 0; i < stride; i++) {
-                    const int64_t k = i / C, tk = k < BT ? tok2[b * BT + k] : -1;
-                    const bool mine = tk >= v0 && tk < v0 + rows;
-                    const double want = mine ? wte[tk * C + i % C] : 0.0;
-                    wrong += got[b * stride + i] != want;
-                    if (b == 0 && k < BT) summed[i] += got[i];
-                }
+    constexpr double kUntouched = 3.0;
+    for (const int64_t stride : {BT * C + 8, BT * C + 1})
+        for (const int64_t skip : {0, 1}) {
+            const int64_t n = BT - 3 * skip;  // rows of each block, from token `skip` on
+            std::vector<double> summed(BT * C, 0.0);
+            int64_t wrong = 0;
+            for (int shard = 0; shard < 2; shard++) {
+                const int64_t v0 = shard ? half : 0, rows = shard ? V - half : half;
+                DevT look(t, std::vector<double>(2 * stride, kUntouched));
+                const char* shard_table =
+                    static_cast<const char*>(d_wte.p) + v0 * C * dtype_bytes(t);
+                cuda::lookup_rows_in_shard(look.p, stride, d_tok2.p() + skip, BT, 2, n, shard_table,
+                                           v0, rows, C, t, nullptr);
+                const std::vector<double> got = look.get();
+                for (int64_t b = 0; b < 2; b++)
+                    for (int64_t i = 0; i < stride; i++) {
+                        const int64_t k = i / C, tk = k < n ? tok2[b * BT + skip + k] : -1;
+                        const bool mine = tk >= v0 && tk < v0 + rows;
+                        const double want = k >= n ? kUntouched : mine ? wte[tk * C + i % C] : 0.0;
+                        wrong += got[b * stride + i] != want;
+                        if (b == 0 && k < n) summed[i] += got[i];
+                    }
+            }
+            CHECK(wrong == 0);
+            if (skip) continue;
+            DevT d_rows(t, summed), d_sum(t, BT * C);
+            cuda::add_positions(d_sum.p, d_rows.p, d_wpe.p, B, T, C, t, nullptr);
+            CHECK(d_sum.get() == d_out.get());
         }
-        CHECK(wrong == 0);
-        DevT d_rows(t, summed), d_sum(t, BT * C);
-        cuda::add_positions(d_sum.p, d_rows.p, d_wpe.p, B, T, C, t, nullptr);
-        CHECK(d_sum.get() == d_out.get());
-    }
     CHECK_THROWS_AS(cuda::lookup_rows_in_shard(d_out.p, BT * C - 1, d_tok2.p(), BT, 2, BT, d_wte.p,
                                                0, V, C, t, nullptr),
                     Error);

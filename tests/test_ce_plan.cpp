@@ -221,7 +221,7 @@ TEST_CASE("ce plan: fast_lockstep") {
     CHECK(p.slice == 25152);
     CHECK(p.stages == 2);
     CHECK(plan_fast_helper(a, p, kHopperSmem).cluster == 0);  // no helper behind lockstep
-    // longer rows: one 512-thread CTA per SM holding three stages (kMinStages)
+    // longer rows: one 512-thread CTA per SM holding three stages (kLockstepBands)
     const FastPlan l = plan_fast(rows(LogitsType::bf16, 128256), false, kHopperSmem);
     CHECK(l.cluster == 4);
     CHECK(l.threads == 512);
