@@ -37,11 +37,17 @@ def benchmark_sets(data_dir, steps, out_dir, run_name):
 
 
 def source_commit(root):
-    """The commit the tree was built from: ZGPT_COMMIT where the caller gives it (a copy of the
-    working tree on another machine can carry an older .git), else git's HEAD."""
-    return os.environ.get("ZGPT_COMMIT") or subprocess.run(
-        ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-        text=True).stdout.strip()
+    """The commit the tree was built from: ZGPT_COMMIT where the caller gives it, else git's HEAD,
+    marked "+modified" where tracked files differ from it (a working copy with edits, or a copy
+    of the tree on another machine whose .git is older than its files)."""
+    if os.environ.get("ZGPT_COMMIT"):
+        return os.environ["ZGPT_COMMIT"]
+    git = ["git", "-C", str(root)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+    changed = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"],
+                             capture_output=True, text=True).stdout.strip()
+    return head + "+modified" if head and changed else head
 
 
 def clear_run(run_dir):

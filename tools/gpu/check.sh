@@ -15,7 +15,7 @@ mkdir -p "$out"
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   nvcc --version | tail -2
-  echo "commit ${ZGPT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
+  echo "commit ${ZGPT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- 2>/dev/null; [ $? = 1 ] && echo +modified)}"
 } > "$out/machine.txt" 2>&1
 cat "$out/machine.txt"
 # the oracle files and the GPT-2 vocabulary: ../shared beside the checkout, or the copy that

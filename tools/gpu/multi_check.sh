@@ -27,7 +27,7 @@ gpus=$(nvidia-smi -L | wc -l)
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   nvcc --version | tail -2
-  echo "commit ${ZGPT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
+  echo "commit ${ZGPT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- 2>/dev/null; [ $? = 1 ] && echo +modified)}"
   nvidia-smi topo -m
 } > "$out/machine.txt" 2>&1
 head -4 "$out/machine.txt"

@@ -14,7 +14,7 @@ export NCCL_NVLS_ENABLE=0
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   nvcc --version | tail -2
-  echo "commit ${ZGPT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
+  echo "commit ${ZGPT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- 2>/dev/null; [ $? = 1 ] && echo +modified)}"
 } > "$out/machine.txt" 2>&1
 cat "$out/machine.txt"
 if [ ! -x build-gpu/train ] || [ "${REBUILD:-1}" = 1 ]; then
