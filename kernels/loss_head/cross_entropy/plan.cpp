@@ -30,6 +30,7 @@ FastPlan plan_fast_groups(const CrossEntropyArgs& a, bool pingpong, int max_smem
     if (pingpong) {
         const FastBand& b = band_for(kFastBands, row_bytes);
         parts = b.parts;
+        if (const int p = k.parts; p == 1 || p == 2 || p == 4) parts = p;
         threads = groups * (groups == 2 ? b.two_group_threads : 256);
         want = groups;  // a stage per group
     } else {
@@ -38,8 +39,6 @@ FastPlan plan_fast_groups(const CrossEntropyArgs& a, bool pingpong, int max_smem
         want = b.min_stages;
         if (b.smem_kb > 0) budget = size_t(b.smem_kb) << 10;
     }
-    if (pingpong)
-        if (const int p = k.parts; p == 1 || p == 2 || p == 4) parts = p;
     if (const int t = k.threads; t == 256 || t == 512 || t == 1024)
         threads = !pingpong ? t : groups == 2 ? std::max(t, 512) : threads;
     if (pingpong && threads != 512) parts = std::min(parts, 2);  // the kernels instantiated
