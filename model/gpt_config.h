@@ -102,14 +102,17 @@ struct KernelChoice {
     // (docs/parallel.md has the measurements).
     std::string split_head_reads = "auto";
     // Row chunks of the loss head (logits GEMM, cross-entropy, dlnf GEMM), pipelined over two
-    // streams; 1 runs it in one piece. At most 8, and chunks of at least 1024 rows. The
-    // vocab-parallel head takes as many chunks of its group's rows.
+    // streams; 1 runs it in one piece. At most kMaxHeadChunks, and chunks of at least 1024 rows.
+    // The vocab-parallel head takes as many chunks of its group's rows.
     int head_chunks = 4;
     // The kernels' tuning knobs (kernels.cross_entropy_tuning.*, kernels.attention_tuning.*); the
     // defaults are the kernels' own choices.
     cuda::CrossEntropyTuning cross_entropy_tuning;
     cuda::AttentionTuning attention_tuning;
 };
+
+// The most row chunks the loss head takes (KernelChoice::head_chunks).
+constexpr int kMaxHeadChunks = 8;
 
 // The choice of a registered family (kernels/core/registry.h), by its name.
 inline std::string& kernel_choice(KernelChoice& k, const std::string& family) {

@@ -189,8 +189,7 @@ void GptCuda::Impl::ensure(int64_t b, int64_t tn) {
         // as the one-GPU head's chunks (kernels.head_chunks) over the group's rows, each of
         // at least kMinChunkRows.
         const int64_t P = vgroup.size, NA = P * BT;
-        const int64_t chunks =
-            std::max<int64_t>(1, std::min<int64_t>(opt.kernels.head_chunks, NA / kMinChunkRows));
+        const int64_t chunks = chunks_of(NA);
         // (a multiple of 4: a bf16 chunk of an odd width is still whole 4-byte words for the
         // all-gather, and every chunk but the last starts the embedding's rows 8-byte aligned,
         // as the 64-bit words of their exchange need)

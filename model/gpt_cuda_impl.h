@@ -26,9 +26,9 @@
 
 namespace zgpt {
 
-// The pipelined loss head's row chunks (fewer when the batch is small). Chunking needs a
-// per-row gradient that does not depend on the other rows, so `mean` runs in one piece.
-constexpr int kMaxHeadChunks = 8;
+// The pipelined loss head's row chunks (fewer when the batch is small; at most kMaxHeadChunks,
+// model/gpt_config.h). Chunking needs a per-row gradient that does not depend on the other rows,
+// so `mean` runs in one piece.
 constexpr int64_t kMinChunkRows = 1024;
 
 struct GptCuda::Impl {
@@ -415,6 +415,10 @@ struct GptCuda::Impl {
     // Row chunks of a logits head over `rows` rows (this rank's, or a vocab-parallel group's).
     int64_t head_chunks(const CrossEntropyOptions& o, int64_t rows) const {
         if (linear_ce || o.reduction != Reduction::sum) return 1;
+        return chunks_of(rows);
+    }
+    // kernels.head_chunks, fewer where chunks would hold under kMinChunkRows of `rows`
+    int64_t chunks_of(int64_t rows) const {
         return std::max<int64_t>(1,
                                  std::min<int64_t>(opt.kernels.head_chunks, rows / kMinChunkRows));
     }

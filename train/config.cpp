@@ -308,7 +308,7 @@ std::vector<ConfigField> config_fields(Config& c) {
          "GPU: row chunks of the loss head (logits GEMM, cross-entropy, dlnf GEMM) pipelined over "
          "two streams, each of at least 1024 rows; 1: one piece. The vocab-parallel head takes as "
          "many chunks of its group's rows",
-         &k.head_chunks, 1, 8});
+         &k.head_chunks, 1, kMaxHeadChunks});
     // The kernels' tuning knobs (CrossEntropyTuning in kernels/loss_head/cross_entropy.h,
     // AttentionTuning in kernels/attention/attention.h): nested keys,
     // kernels.<family>_tuning.<knob>, every default the kernels' own choice. Values outside a

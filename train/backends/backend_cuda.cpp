@@ -347,20 +347,29 @@ CudaModelOptions cuda_model_options(const Config& cfg, int vocab_parts) {
 }
 
 namespace {
-// recv[0, n) = the ranks' send[rank * n, (rank + 1) * n) summed as type t: a device
-// communicator (nccl) on `stream`, a host one (local ranks sharing this GPU) through host memory.
-void reduce_scatter_device(Communicator& g, const void* send, void* recv, int64_t n, CommType t,
-                           void* stream) {
+// A collective on device buffers: a device communicator (nccl) runs `op` on them on `stream`; a
+// host one (local ranks sharing this GPU) runs it on 8-byte aligned host copies (send_bytes in,
+// recv_bytes out).
+template <typename Op>
+void collective_on_device(Communicator& g, const void* send, int64_t send_bytes, void* recv,
+                          int64_t recv_bytes, void* stream, Op op) {
     if (g.device_buffers()) {
         g.set_stream(stream);
-        g.reduce_scatter_sum(send, recv, n, t);
+        op(send, recv);
         return;
     }
-    const size_t bytes = size_t(n) * comm_type_size(t);
-    std::vector<int64_t> hs((bytes * g.size() + 7) / 8), hr((bytes + 7) / 8);  // 8-byte aligned
-    to_host(hs.data(), send, bytes * g.size(), stream);
-    g.reduce_scatter_sum(hs.data(), hr.data(), n, t);
-    to_device(recv, hr.data(), bytes, stream);
+    std::vector<int64_t> hs((send_bytes + 7) / 8), hr((recv_bytes + 7) / 8);
+    to_host(hs.data(), send, send_bytes, stream);
+    op(hs.data(), hr.data());
+    to_device(recv, hr.data(), recv_bytes, stream);
+}
+
+// recv[0, n) = the ranks' send[rank * n, (rank + 1) * n) summed as type t
+void reduce_scatter_device(Communicator& g, const void* send, void* recv, int64_t n, CommType t,
+                           void* stream) {
+    const int64_t bytes = n * int64_t(comm_type_size(t));
+    collective_on_device(g, send, bytes * g.size(), recv, bytes, stream,
+                         [&](const void* s, void* r) { g.reduce_scatter_sum(s, r, n, t); });
 }
 }  // namespace
 
@@ -368,19 +377,11 @@ VocabGroup cuda_vocab_group(Communicator& group) {
     VocabGroup g;
     g.size = group.size();
     g.rank = group.rank();
-    // Device buffers go to a device communicator (nccl, on the stream given); a host one (local
-    // ranks sharing this GPU) gets them through host memory.
     g.all_gather = [g_ = &group](const void* send, void* recv, int64_t bytes, void* stream) {
         ZG_CHECK(bytes % 4 == 0, "vocab group: all_gather of a size not a multiple of 4");
-        if (g_->device_buffers()) {
-            g_->set_stream(stream);
-            g_->all_gather(send, recv, bytes / 4, CommType::f32);
-            return;
-        }
-        std::vector<unsigned char> hs(bytes), hr(size_t(bytes) * g_->size());
-        to_host(hs.data(), send, bytes, stream);
-        g_->all_gather(hs.data(), hr.data(), bytes / 4, CommType::f32);
-        to_device(recv, hr.data(), hr.size(), stream);
+        collective_on_device(
+            *g_, send, bytes, recv, bytes * g_->size(), stream,
+            [&](const void* s, void* r) { g_->all_gather(s, r, bytes / 4, CommType::f32); });
     };
     g.reduce_scatter_sum = [g_ = &group](const float* send, float* recv, int64_t n, void* stream) {
         reduce_scatter_device(*g_, send, recv, n, CommType::f32, stream);
