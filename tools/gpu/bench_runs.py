@@ -9,17 +9,20 @@ import statistics
 import subprocess
 
 
-def write_random_gpt2_shard(path, n_tokens, seed=1):
-    """Writes `path` unless it exists: llm.c's layout (a 256-int header: magic 20240520, version 1,
-    the token count; then uint16 tokens), tokens drawn uniformly below 50257."""
+def write_random_gpt2_shard(path, n_tokens, seed=1, below=50257):
+    """Writes `path` unless it exists: llm.c's layout (a 256-int header: magic 20240520, the
+    version, the token count; then the tokens), tokens drawn uniformly below `below` (GPT-2's
+    50257 by default): version 1 (uint16) when they fit, version 2 (uint32) when not."""
     path = pathlib.Path(path)
     if path.exists():
         return path
     import numpy as np
     path.parent.mkdir(parents=True, exist_ok=True)
+    wide = below > 65536
     hdr = np.zeros(256, dtype=np.int32)
-    hdr[:3] = (20240520, 1, n_tokens)
-    tokens = np.random.default_rng(seed).integers(0, 50257, n_tokens, dtype=np.uint16)
+    hdr[:3] = (20240520, 2 if wide else 1, n_tokens)
+    tokens = np.random.default_rng(seed).integers(0, below, n_tokens,
+                                                  dtype=np.uint32 if wide else np.uint16)
     with open(path, "wb") as f:
         f.write(hdr.tobytes())
         f.write(tokens.tobytes())

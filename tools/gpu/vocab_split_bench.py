@@ -13,13 +13,19 @@ AdamW state (18 bytes a parameter) take under data parallel.
 
     python3 tools/gpu/vocab_split_bench.py --bin build-gpu --json OUT.json \
         [--models 124m,1558m] [--vocabs 128256,256000] [--zero1 0,1] [--deadline-s 500] \
-        [--repeat N]
+        [--repeat N] [--tokens gpt2|vocab]
 
 --repeat N runs N pairs a point, the first of each pair alternating (data parallel first, then
 the split first), since a machine's speed drifts by a percent within a call: the rows are then
 the pairs' means (with each run's `runs_tok_per_s`), `pairs` holds every pair's ratio, and the
 target line gives the mean step ratio and each pair's. Runs stop being started once --deadline-s
 has passed; the JSON is rewritten after every run.
+
+--tokens: the random tokens' range. `gpt2` (the default) draws them below 50257, as GPT-2 data
+has them: with a contiguous split every token and target then lies in the first shard(s), which
+do all the per-token work (the embedding's rows and gradient, the targets' corrections).
+`vocab` draws them uniformly below the model's vocabulary, as a tokenizer of that size spreads
+them, so that every shard gets its share.
 """
 import argparse
 import json
@@ -49,6 +55,8 @@ def main():
     ap.add_argument("--deadline-s", type=float, default=500)
     ap.add_argument("--set", action="append", default=[], dest="sets",
                     help="a config override added to every run")
+    ap.add_argument("--tokens", choices=["gpt2", "vocab"], default="gpt2",
+                    help="random tokens below 50257, or below the model's vocabulary")
     ap.add_argument("--repeat", type=int, default=1,
                     help="pairs a point, alternating which run goes first")
     a = ap.parse_args()
@@ -67,7 +75,8 @@ def main():
     commit = source_commit(ROOT)
     record = {"what": __doc__.split("\n\n")[0].replace("\n", " "),
               "command": "python3 tools/gpu/vocab_split_bench.py --bin BUILD --json FILE",
-              "commit": commit, "gpus": gpus, "repeat": a.repeat, "rows": [], "pairs": [],
+              "commit": commit, "gpus": gpus, "repeat": a.repeat, "tokens": a.tokens,
+              "rows": [], "pairs": [],
               "targets": []}
     env = dict(os.environ, NCCL_NVLS_ENABLE="0")
 
@@ -75,10 +84,14 @@ def main():
         record["seconds"] = round(time.time() - started, 1)
         pathlib.Path(a.json).write_text(json.dumps(record, indent=1) + "\n")
 
-    data = work / "data"
-    write_random_gpt2_shard(data / "train_000.bin", 40 * 65536 * max(gpus, 1) + 1025)
+    def data_for(vocab):
+        data = work / ("data" if a.tokens == "gpt2" else f"data_v{vocab}")
+        write_random_gpt2_shard(data / "train_000.bin", 40 * 65536 * max(gpus, 1) + 1025,
+                                below=50257 if a.tokens == "gpt2" else vocab)
+        return data
 
     def run(model, vocab, zero1, mode):
+        data = data_for(vocab)
         cfg, B, steps, _ = MODELS[model]
         name = f"{model}_v{vocab}_{mode}{'_zero1' if zero1 else ''}"
         sets = [*benchmark_sets(data, steps, work / "runs", name), "optim.warmup_steps=5",
