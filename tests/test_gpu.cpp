@@ -434,9 +434,10 @@ TEST_CASE("the one-read shard backward's row kernels: dh rows, scaled h, dW's ta
     // shard_dh_finish, shard_scale_rows and shard_dw_target_rows against double sums on the host:
     // targets repeated (runs of one row up to many), absent and ignored rows; dW's target rows
     // twice, bit for bit (sorted, one writer per element: no atomics). Widths below one pass of
-    // the target-row kernel's threads, not a multiple of them, and above its 2048 columns a pass.
+    // the target-row kernel's threads, not a multiple of them, and above its 2048 columns a pass;
+    // 770, not a multiple of 4, takes the row kernels' one-value path.
     const int64_t N = 777, Vl = 50;
-    for (const int64_t C : {int64_t(96), int64_t(1600), int64_t(2200)}) {
+    for (const int64_t C : {int64_t(96), int64_t(770), int64_t(1600), int64_t(2200)}) {
         CAPTURE(C);
         Rng rng(5);
         std::vector<int32_t> local(N);

@@ -5,6 +5,7 @@
 #include "kernels/loss_head/shard_one_read.h"
 
 #include <cub/device/device_radix_sort.cuh>
+#include <type_traits>
 
 #include "kernels/core/check.h"
 #include "kernels/core/cuda_check.h"
@@ -72,26 +73,88 @@ __global__ void local_factors_kernel(float* a, float* c, const RowGradParams* pa
     c[i] = is_local(local[i], V_local) ? p.d_target - ai * expm1f(-ce_rows[i]) : 0.0f;
 }
 
-template <typename T>
-__global__ void dh_finish_kernel(float* dh, const float* a, const float* c, const int32_t* local,
-                                 const T* W, int64_t N, int64_t C, int64_t V_local) {
-    const int64_t n = N * C;
-    for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
-         e += int64_t(gridDim.x) * blockDim.x) {
-        const int64_t i = e / C, j = e - i * C;
-        const int32_t t = local[i];
-        float v = a[i] * dh[e];
-        if (is_local(t, V_local)) v = fmaf(c[i], to_f(W[int64_t(t) * C + j]), v);
-        dh[e] = v;
+// VEC values of type T from p (4: one 8- or 16-byte word, p aligned to it) as floats, and back.
+template <int VEC, typename T>
+__device__ __forceinline__ void load_vec(const T* p, float (&v)[VEC]) {
+    if constexpr (VEC == 1) {
+        v[0] = to_f(p[0]);
+    } else {
+        static_assert(VEC == 4, "one word of 4 values");
+        using Word = std::conditional_t<sizeof(T) == 4, float4, uint2>;
+        const Word u = *reinterpret_cast<const Word*>(p);
+        const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+        for (int k = 0; k < 4; k++) v[k] = to_f(e[k]);
+    }
+}
+template <int VEC, typename T>
+__device__ __forceinline__ void store_vec(T* p, const float (&v)[VEC]) {
+    if constexpr (VEC == 1) {
+        p[0] = from_f<T>(v[0]);
+    } else {
+        using Word = std::conditional_t<sizeof(T) == 4, float4, uint2>;
+        Word u;
+        T* e = reinterpret_cast<T*>(&u);
+#pragma unroll
+        for (int k = 0; k < 4; k++) e[k] = from_f<T>(v[k]);
+        *reinterpret_cast<Word*>(p) = u;
     }
 }
 
-template <typename T>
+// The row kernels below take a warp a row, VEC values a lane at a time (4 where every row
+// starts on a 4-value word: C a multiple of 4 and the arrays aligned), with no division per
+// value.
+constexpr int kRowThreads = 256, kRowsPerBlock = kRowThreads / 32;
+
+template <typename T, int VEC>
+__global__ void dh_finish_kernel(float* dh, const float* a, const float* c, const int32_t* local,
+                                 const T* W, int64_t N, int64_t C, int64_t V_local) {
+    const int lane = int(threadIdx.x % 32);
+    for (int64_t i = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32; i < N;
+         i += int64_t(gridDim.x) * kRowsPerBlock) {
+        const float ai = a[i];
+        const int32_t t = local[i];
+        const bool own = is_local(t, V_local);
+        const float ci = own ? c[i] : 0.0f;
+        float* d = dh + i * C;
+        const T* w = W + (own ? int64_t(t) * C : 0);
+        for (int64_t j = int64_t(lane) * VEC; j < C; j += 32 * VEC) {
+            float v[VEC], wv[VEC];
+            load_vec<VEC>(d + j, v);
+#pragma unroll
+            for (int k = 0; k < VEC; k++) v[k] *= ai;
+            if (own) {
+                load_vec<VEC>(w + j, wv);
+#pragma unroll
+                for (int k = 0; k < VEC; k++) v[k] = fmaf(ci, wv[k], v[k]);
+            }
+            store_vec<VEC>(d + j, v);
+        }
+    }
+}
+
+template <typename T, int VEC>
 __global__ void scale_rows_kernel(T* out, const T* h, const float* a, int64_t N, int64_t C) {
-    const int64_t n = N * C;
-    for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
-         e += int64_t(gridDim.x) * blockDim.x)
-        out[e] = from_f<T>(a[e / C] * to_f(h[e]));
+    const int lane = int(threadIdx.x % 32);
+    for (int64_t i = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32; i < N;
+         i += int64_t(gridDim.x) * kRowsPerBlock) {
+        const float ai = a[i];
+        for (int64_t j = int64_t(lane) * VEC; j < C; j += 32 * VEC) {
+            float v[VEC];
+            load_vec<VEC>(h + i * C + j, v);
+#pragma unroll
+            for (int k = 0; k < VEC; k++) v[k] *= ai;
+            store_vec<VEC>(out + i * C + j, v);
+        }
+    }
+}
+
+// Whether the row kernels can take 4-value words: every row of C values starts on one.
+bool rows_of_words(int64_t C, size_t es, std::initializer_list<const void*> ps) {
+    if (C % 4 != 0) return false;
+    for (const void* p : ps)
+        if (!is_aligned(p, 4 * es)) return false;
+    return true;
 }
 
 __global__ void target_keys_kernel(int32_t* keys, int32_t* rows, const int32_t* local, int64_t N,
@@ -218,18 +281,33 @@ void ce_local_factors(float* a, float* c, const RowGradParams* params, const flo
 void shard_dh_finish(float* dh, const float* a, const float* c, const int32_t* local, const void* W,
                      DType t, int64_t N, int64_t C, int64_t V_local, CUstream_st* s) {
     if (N == 0) return;
-    ZG_DISPATCH(t, T,
-                dh_finish_kernel<T><<<grid_for(N * C, 256, 8192), 256, 0, s>>>(
-                    dh, a, c, local, static_cast<const T*>(W), N, C, V_local));
+    const int blocks = grid_for(N, kRowsPerBlock);
+    const bool words = rows_of_words(C, 4, {dh}) && rows_of_words(C, dtype_bytes(t), {W});
+    ZG_DISPATCH(t, T, {
+        const T* w = static_cast<const T*>(W);
+        if (words)
+            dh_finish_kernel<T, 4>
+                <<<blocks, kRowThreads, 0, s>>>(dh, a, c, local, w, N, C, V_local);
+        else
+            dh_finish_kernel<T, 1>
+                <<<blocks, kRowThreads, 0, s>>>(dh, a, c, local, w, N, C, V_local);
+    });
     ZG_LAUNCH_CHECK();
 }
 
 void shard_scale_rows(void* out, const void* h, const float* a, DType t, int64_t N, int64_t C,
                       CUstream_st* s) {
     if (N == 0) return;
-    ZG_DISPATCH(t, T,
-                scale_rows_kernel<T><<<grid_for(N * C, 256, 8192), 256, 0, s>>>(
-                    static_cast<T*>(out), static_cast<const T*>(h), a, N, C));
+    const int blocks = grid_for(N, kRowsPerBlock);
+    const bool words = rows_of_words(C, dtype_bytes(t), {out, h});
+    ZG_DISPATCH(t, T, {
+        T* o = static_cast<T*>(out);
+        const T* in = static_cast<const T*>(h);
+        if (words)
+            scale_rows_kernel<T, 4><<<blocks, kRowThreads, 0, s>>>(o, in, a, N, C);
+        else
+            scale_rows_kernel<T, 1><<<blocks, kRowThreads, 0, s>>>(o, in, a, N, C);
+    });
     ZG_LAUNCH_CHECK();
 }
 
