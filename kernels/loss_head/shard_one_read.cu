@@ -165,48 +165,36 @@ __global__ void target_keys_kernel(int32_t* keys, int32_t* rows, const int32_t* 
     rows[i] = int32_t(i);
 }
 
-// Warp s: if sorted position s starts a run of one target, that target row's sum over the run,
-// in row order, into dW; lane l holds the sums of its words among kTargetWords x 32 words of VEC
-// columns, a pass of the row's columns at a time. One warp takes a whole run, so a frequent
-// target is a long serial loop: fine for random tokens, a tail for text where one token is a
-// tenth of the rows (the embedding's backward splits such runs; this does not yet).
-constexpr int kTargetWords = 8;
-template <typename T, int VEC>
+// Block s: if sorted position s starts a run of one target, that target row's sum over the run,
+// in row order, into dW; each thread holds the sums of columns tid, tid + 128, ... (up to
+// kTargetCols of them a pass over the run). One block takes a whole run, so a frequent target is a
+// long serial loop: fine for random tokens, a tail for text where one token is a tenth of the rows
+// (the embedding's backward splits such runs; this does not yet).
+constexpr int kTargetThreads = 128, kTargetCols = 16;
+template <typename T>
 __global__ void target_rows_kernel(float* dW, const float* c, const T* h, const int32_t* keys,
                                    const int32_t* rows, int64_t N, int64_t C, int64_t V_local) {
-    const int lane = int(threadIdx.x % 32);
-    const int64_t s = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
-    if (s >= N) return;
+    const int64_t s = blockIdx.x;
     const int32_t t = keys[s];
     if (t >= V_local || (s > 0 && keys[s - 1] == t)) return;
     int64_t e = s;
     while (e < N && keys[e] == t) e++;
-    for (int64_t j0 = 0; j0 < C; j0 += int64_t(32) * VEC * kTargetWords) {
-        float acc[kTargetWords][VEC] = {};
+    for (int64_t j0 = 0; j0 < C; j0 += int64_t(kTargetThreads) * kTargetCols) {
+        float acc[kTargetCols] = {};
         for (int64_t r = s; r < e; r++) {
             const int64_t i = rows[r];
             const float ci = c[i];
             const T* hi = h + i * C;
 #pragma unroll
-            for (int w = 0; w < kTargetWords; w++) {
-                const int64_t j = j0 + (int64_t(w) * 32 + lane) * VEC;
-                if (j >= C) continue;
-                float v[VEC];
-                load_vec<VEC>(hi + j, v);
-#pragma unroll
-                for (int k = 0; k < VEC; k++) acc[w][k] = fmaf(ci, v[k], acc[w][k]);
+            for (int k = 0; k < kTargetCols; k++) {
+                const int64_t j = j0 + threadIdx.x + int64_t(k) * kTargetThreads;
+                if (j < C) acc[k] = fmaf(ci, to_f(hi[j]), acc[k]);
             }
         }
 #pragma unroll
-        for (int w = 0; w < kTargetWords; w++) {
-            const int64_t j = j0 + (int64_t(w) * 32 + lane) * VEC;
-            if (j >= C) continue;
-            float* d = dW + int64_t(t) * C + j;
-            float v[VEC];
-            load_vec<VEC>(d, v);
-#pragma unroll
-            for (int k = 0; k < VEC; k++) v[k] += acc[w][k];
-            store_vec<VEC>(d, v);
+        for (int k = 0; k < kTargetCols; k++) {
+            const int64_t j = j0 + threadIdx.x + int64_t(k) * kTargetThreads;
+            if (j < C) dW[int64_t(t) * C + j] += acc[k];
         }
     }
 }
@@ -345,17 +333,9 @@ void shard_dw_target_rows(float* dW, const float* c, const int32_t* local, const
     // LSD radix sort: stable, so each target's rows stay in row order
     ZG_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(ss.temp, temp_bytes, ss.keys_in, ss.keys_out,
                                                   ss.rows_in, ss.rows_out, int(N), 0, end_bit, s));
-    const int blocks = grid_for(N, kRowsPerBlock, INT32_MAX);
-    const bool words = rows_of_words(C, 4, {dW}) && rows_of_words(C, dtype_bytes(t), {h});
-    ZG_DISPATCH(t, T, {
-        const T* hv = static_cast<const T*>(h);
-        if (words)
-            target_rows_kernel<T, 4>
-                <<<blocks, kRowThreads, 0, s>>>(dW, c, hv, ss.keys_out, ss.rows_out, N, C, V_local);
-        else
-            target_rows_kernel<T, 1>
-                <<<blocks, kRowThreads, 0, s>>>(dW, c, hv, ss.keys_out, ss.rows_out, N, C, V_local);
-    });
+    ZG_DISPATCH(t, T,
+                target_rows_kernel<T><<<unsigned(N), kTargetThreads, 0, s>>>(
+                    dW, c, static_cast<const T*>(h), ss.keys_out, ss.rows_out, N, C, V_local));
     ZG_LAUNCH_CHECK();
 }
 
