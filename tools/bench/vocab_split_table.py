@@ -17,6 +17,10 @@ import sys
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "results")
 
 
+# vocab_split_bench --tokens: GPT-2's (below 50257) or uniform below the model's vocabulary
+TOKENS = {"gpt2": "GPT-2's", "vocab": "all of V"}
+
+
 def load(name):
     with open(os.path.join(RESULTS, name)) as f:
         return json.load(f)
@@ -44,22 +48,26 @@ def memory_table(rows):
 
 
 def speed_table(doc):
-    rows = {(r["model"], r["vocab"], r["mode"]): r for r in doc["rows"]}
-    out = ["| model, B | V | ZeRO-1 | data parallel tok/s | split tok/s | split step / DP's | "
-           "DP GB | split GB | commit |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for (model, v, mode), dp in sorted(rows.items()):
+    rows = {(r["model"], r["vocab"], r.get("tokens", "gpt2"), r["mode"]): r for r in doc["rows"]}
+    out = ["| model, B | V | tokens | ZeRO-1 | data parallel tok/s | split tok/s | "
+           "split step / DP's | DP GB | split GB | commit |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    order = {"124m": 0, "1558m": 1}
+    for (model, v, tokens, mode), dp in sorted(rows.items(),
+                                               key=lambda kv: (order.get(kv[0][0], 9), kv[0][1:])):
         if not mode.startswith("dp"):
             continue
         z = mode.endswith("zero1")
-        vp = rows.get((model, v, "vp+zero1" if z else "vp"))
+        vp = rows.get((model, v, tokens, "vp+zero1" if z else "vp"))
         b = {"124m": 64, "1558m": 16}.get(model, "?")
+        head = f"| {model}, {b} | {v} | {TOKENS.get(tokens, tokens)} | {'on' if z else 'off'} |"
         if vp is None:
-            out.append(f"| {model}, {b} | {v} | {'on' if z else 'off'} | {dp['tok_per_s']:,.0f} | "
-                       f"not measured | | {dp['peak_mem_gb']:.2f} | | {dp.get('commit', '')} |")
+            out.append(f"{head} {dp['tok_per_s']:,.0f} | not measured | | {dp['peak_mem_gb']:.2f} "
+                       f"| | {dp.get('commit', '')} |")
             continue
-        out.append(f"| {model}, {b} | {v} | {'on' if z else 'off'} | {dp['tok_per_s']:,.0f} | "
-                   f"{vp['tok_per_s']:,.0f} | {dp['tok_per_s'] / vp['tok_per_s']:.3f}x | "
-                   f"{dp['peak_mem_gb']:.2f} | {vp['peak_mem_gb']:.2f} | {dp.get('commit', '')} |")
+        out.append(f"{head} {dp['tok_per_s']:,.0f} | {vp['tok_per_s']:,.0f} | "
+                   f"{dp['tok_per_s'] / vp['tok_per_s']:.3f}x | {dp['peak_mem_gb']:.2f} | "
+                   f"{vp['peak_mem_gb']:.2f} | {dp.get('commit', '')} |")
     return "\n".join(out)
 
 
