@@ -2,11 +2,13 @@
 """tools/gpu/vocab_split_bench.py without a GPU: a stand-in nvidia-smi lists two GPUs and a
 stand-in `train` writes a run's metrics (a step time that grows with each call, so that every run
 differs), so that the script's own logic is checked: with --repeat, pairs that alternate which
-run goes first, rows that are the pairs' means, each pair's ratio, and the target line; a machine
-with fewer than two GPUs and a --repeat below 1 refused."""
+run goes first, rows that are the pairs' means, each pair's ratio, and the target line; with
+--tokens vocab, a shard of uint32 tokens below the model's vocabulary; a machine with fewer than
+two GPUs and a --repeat below 1 refused."""
 import json
 import os
 import pathlib
+import struct
 import subprocess
 import sys
 import tempfile
@@ -30,6 +32,8 @@ n = len(calls.read_text().splitlines()) if calls.exists() else 0
 split = sets["parallel.vocab_parallel"] != "1"
 with calls.open("a") as f:
     f.write(("vp" if split else "dp") + "\\n")
+with open(calls.with_name("data.txt"), "a") as f:
+    f.write(sets["data.train"] + "\\n")
 step = (102.0 if split else 100.0) + n
 run = pathlib.Path(sets["train.out_dir"]) / sets["train.run_name"]
 run.mkdir(parents=True, exist_ok=True)
@@ -84,6 +88,25 @@ if want not in line:
     fail(f"target line {line!r} lacks {want!r}")
 if "memory saved 10.00 GB" not in line:
     fail(f"target line {line!r}: the memory saved is not the means'")
+
+# --tokens vocab: its own shard, version 2 (uint32), every token below V and some past uint16
+(work / "data.txt").unlink()
+p = tool_run("--tokens", "vocab")
+if p.returncode != 0:
+    fail("the --tokens vocab run failed", p)
+shard = work / "work" / "data_v128256" / "train_000.bin"
+used = set((work / "data.txt").read_text().split())
+if used != {f"{shard.parent}/train_*.bin"}:
+    fail(f"--tokens vocab trained on {used}, not {shard.parent}")
+body = shard.read_bytes()
+magic, version, count = struct.unpack("<3i", body[:12])
+tokens = struct.unpack(f"<{count}I", body[1024:])
+if (magic, version) != (20240520, 2) or len(body) != 1024 + 4 * count:
+    fail(f"--tokens vocab's shard: magic {magic}, version {version}, {len(body)} bytes")
+if max(tokens) >= 128256 or max(tokens) < 65536 or min(tokens) < 0:
+    fail(f"--tokens vocab's tokens span {min(tokens)}..{max(tokens)}, not [0, 128256) past 65535")
+if json.loads(out.read_text()).get("tokens") != "vocab":
+    fail("the record does not say which tokens it ran on")
 
 p = tool_run(FAKE_NO_GPU="1")
 if p.returncode == 0 or "needs at least 2" not in p.stderr:

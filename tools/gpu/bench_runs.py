@@ -1,5 +1,5 @@
 """What the GPU benchmark scripts (two_nodes_gpu.py, vocab_split_bench.py) share: the shard of
-random GPT-2 tokens they train on, the overrides every run takes, and the steps a run logged
+random tokens they train on, the overrides every run takes, and the steps a run logged
 with their medians."""
 import json
 import os
@@ -7,6 +7,7 @@ import pathlib
 import shutil
 import statistics
 import subprocess
+import sys
 
 
 def write_random_gpt2_shard(path, n_tokens, seed=1, below=50257):
@@ -16,13 +17,16 @@ def write_random_gpt2_shard(path, n_tokens, seed=1, below=50257):
     path = pathlib.Path(path)
     if path.exists():
         return path
-    import numpy as np
+    import array
+    import random
     path.parent.mkdir(parents=True, exist_ok=True)
     wide = below > 65536
-    hdr = np.zeros(256, dtype=np.int32)
-    hdr[:3] = (20240520, 2 if wide else 1, n_tokens)
-    tokens = np.random.default_rng(seed).integers(0, below, n_tokens,
-                                                  dtype=np.uint32 if wide else np.uint16)
+    hdr = array.array("i", [20240520, 2 if wide else 1, n_tokens] + [0] * 253)
+    tokens = array.array("I" if wide else "H",
+                         random.Random(seed).choices(range(below), k=n_tokens))
+    if sys.byteorder != "little":
+        hdr.byteswap()
+        tokens.byteswap()
     with open(path, "wb") as f:
         f.write(hdr.tobytes())
         f.write(tokens.tobytes())

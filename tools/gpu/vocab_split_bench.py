@@ -111,7 +111,7 @@ def main():
             except subprocess.TimeoutExpired:
                 rc = "timeout"
         rows = logged_steps(work / "runs" / name)
-        row = {"vocab": vocab, "model": model, "gpus": gpus,
+        row = {"vocab": vocab, "model": model, "gpus": gpus, "tokens": a.tokens,
                "mode": mode + ("+zero1" if zero1 else ""), "exit": rc, "steps": len(rows),
                "tok_per_s": timed_median(rows, "tok_per_s"),
                "step_ms": timed_median(rows, "step_ms"),
