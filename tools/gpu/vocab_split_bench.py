@@ -6,8 +6,8 @@ For each model (GPT-2 124M at B=64, GPT-2 1558M's body at B=16), vocabulary and 
 it runs data parallel (`dp`) and the split head (`vp`), and writes one row per run: `vocab`,
 `model`, `gpus`, `mode`, `tokens`, `tok_per_s` (median past the first third of the steps),
 `peak_mem_gb` (the model's own count on rank 0: its buffers, weights, gradients and AdamW
-moments) and `gpu_mem_in_use_gb` (what the device reports in use, NCCL and cuBLAS included, largest over the
-steps). Beside each pair it checks the two targets of the split: its step at <= 1.02x data
+moments) and `gpu_mem_in_use_gb` (what the device reports in use, NCCL and cuBLAS included,
+largest over the steps). Beside each pair it checks the two targets of the split: its step at <= 1.02x data
 parallel's, and its peak memory lower by at least 75% of what the head's weights, gradients and
 AdamW state (18 bytes a parameter) take under data parallel.
 
