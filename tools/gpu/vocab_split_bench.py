@@ -2,12 +2,12 @@
 """When the vocabulary split pays: data parallel against `parallel.vocab_parallel` = all GPUs,
 the same model, batch and steps, on every GPU of this machine, one `train --nproc G` run each.
 
-For each model (GPT-2 124M at B=64, GPT-2 1558M's body at B=16), vocabulary and ZeRO-1 setting,
-it runs data parallel (`dp`) and the split head (`vp`), and writes one row per run: `vocab`,
-`model`, `gpus`, `mode`, `tokens`, `tok_per_s` (median past the first third of the steps),
-`peak_mem_gb` (the model's own count on rank 0: its buffers, weights, gradients and AdamW
-moments) and `gpu_mem_in_use_gb` (what the device reports in use, NCCL and cuBLAS included,
-largest over the steps). Beside each pair it checks the two targets of the split: its step at <= 1.02x data
+For each model (GPT-2 124M at B=64, GPT-2 1558M's body at B=16), vocabulary and ZeRO-1 setting, it
+runs data parallel (`dp`) and the split head (`vp`), and writes one row per run: `vocab`, `model`,
+`gpus`, `mode`, `tokens`, `tok_per_s` (median past the first third of the steps), `peak_mem_gb`
+(the model's own count on rank 0: its buffers, weights, gradients and AdamW moments) and
+`gpu_mem_in_use_gb` (what the device reports in use, NCCL and cuBLAS included, largest over the
+steps). Beside each pair it checks the two targets of the split: its step at <= 1.02x data
 parallel's, and its peak memory lower by at least 75% of what the head's weights, gradients and
 AdamW state (18 bytes a parameter) take under data parallel.
 
