@@ -1512,6 +1512,11 @@ TEST_CASE("vocab-parallel head with 2 and 4 local ranks on one GPU equals one ra
             std::vector<std::thread> th;
             CudaModelOptions os = o;  // each rank holds its shard of the vocabulary tables
             os.vocab_parts = P;
+            // the arena stores them in shard order, and the ranks take their ids in it, as the
+            // backends hand them over
+            std::vector<int32_t> tok_s, tgt_s;
+            to_shard_order(tok.data(), P * B * T, mc.vocab_size, P, tok_s);
+            to_shard_order(tgt.data(), P * B * T, mc.vocab_size, P, tgt_s);
             for (int r = 0; r < P; r++)
                 th.emplace_back([&, r] {
                     try {
@@ -1527,8 +1532,8 @@ TEST_CASE("vocab-parallel head with 2 and 4 local ranks on one GPU equals one ra
                         for (int rep = 0; rep < 2; rep++) {
                             m.set_op_profiling(rep == 1);
                             m.zero_grad();
-                            m.forward(tok.data() + r * B * T, B, T);
-                            sr[r] = m.loss(tgt.data() + r * B * T, ce, g, true);
+                            m.forward(tok_s.data() + r * B * T, B, T);
+                            sr[r] = m.loss(tgt_s.data() + r * B * T, ce, g, true);
                             m.backward();
                             if (rep == 0) {
                                 m.get_grads(first.data());

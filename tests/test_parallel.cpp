@@ -8,6 +8,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -333,6 +334,39 @@ TEST_CASE("vocab shards: contiguous, uneven when V does not divide, covering [0,
     CHECK_THROWS_AS(vocab_shard(5, 7, 0), Error);
 }
 
+TEST_CASE("shard order: rows dealt out in turn, ids a bijection, clustered ids spread") {
+    // Shard p stores the vocabulary's rows p, p + P, ...; in shard order they are the ids
+    // [v0, v0 + V_local) of vocab_shard. Ids past the vocabulary and negative (ignored) ones are
+    // kept. Ids below V / 4, as a tokenizer's most used cluster, land in every shard alike.
+    for (const int64_t V : {int64_t(50), int64_t(67), int64_t(1000)}) {
+        for (int P : {1, 2, 3, 7}) {
+            CAPTURE(V);
+            CAPTURE(P);
+            std::vector<int> seen(V, 0), low(P, 0);
+            for (int64_t y = 0; y < V; y++) {
+                const int32_t s = shard_order_id(int32_t(y), V, P);
+                REQUIRE(s >= 0);
+                REQUIRE(s < V);
+                seen[s]++;
+                const int p = int(y % P);
+                const VocabShard sh = vocab_shard(V, P, p);
+                CHECK(s >= sh.v0);
+                CHECK(s < sh.v0 + sh.V_local);
+                CHECK(vocab_row_of_shard(P, p, s - sh.v0) == y);
+                if (y < V / 4) low[p]++;
+            }
+            CHECK(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+            for (int p = 0; p < P; p++) CHECK(std::abs(low[p] - int(V / 4 / P)) <= 1);
+            for (int32_t y : {-100, -1, int32_t(V), int32_t(V + 5)})
+                CHECK(shard_order_id(y, V, P) == y);
+            std::vector<int32_t> ids = {3, -100, int32_t(V - 1)}, out;
+            to_shard_order(ids.data(), 3, V, P, out);
+            CHECK(out == std::vector<int32_t>{shard_order_id(3, V, P), -100,
+                                              shard_order_id(int32_t(V - 1), V, P)});
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Training with several ranks against one rank with the same global batch.
 
@@ -607,6 +641,51 @@ TEST_CASE("a split vocabulary: each rank stores 1/P of the tables, whole checkpo
             }
         }
     }
+}
+
+TEST_CASE("a split arena stores each shard's rows in shard order and puts them back") {
+    // wte's local row j of shard p is the whole table's row p + j P; put() of every shard gives
+    // the whole arena back; the ids the model takes, and an ignore_index among them, are in the
+    // same order.
+    Config c = tiny_config("order", 2, 3);
+    c.model.tie_embeddings = false;
+    const std::vector<float> init = initial_params(c);
+    const int64_t C = c.model.n_embd, V = c.model.vocab_size;
+    for (int P : {2, 3}) {
+        CAPTURE(P);
+        std::vector<float> back(init.size(), 0.0f);
+        for (int p = 0; p < P; p++) {
+            const VocabShardedArena arena(c.model, P, p);
+            const std::vector<float> local = arena.take_shard(init);
+            const VocabShard sh = arena.shard();
+            for (int idx : {arena.whole().wte, arena.whole().lm_head}) {
+                const int64_t w = arena.whole().table[idx].offset;
+                const int64_t l = arena.local().table[idx].offset;
+                for (int64_t j = 0; j < sh.V_local; j++)
+                    CHECK(std::equal(local.begin() + l + j * C, local.begin() + l + (j + 1) * C,
+                                     init.begin() + w + (p + j * P) * C));
+            }
+            arena.put(local.data(), p, p == 0, back);
+            std::vector<int32_t> scratch;
+            const int32_t y = int32_t(V - 1 - p);
+            CHECK(*arena.in_shard_order(&y, 1, scratch) == shard_order_id(y, V, P));
+            // an ignore_index that is a vocabulary id maps with the targets; others are kept
+            CrossEntropyOptions o;
+            for (const int64_t ignore : {int64_t(-100), int64_t(5), V, V + 1}) {
+                o.ignore_index = ignore;
+                const int64_t want = ignore >= 0 && ignore < V
+                                         ? int64_t(shard_order_id(int32_t(ignore), V, P))
+                                         : ignore;
+                CHECK(arena.in_shard_order(o).ignore_index == want);
+            }
+        }
+        // the whole arena's padding rows past V are zero in `init` too
+        CHECK(back == init);
+    }
+    const VocabShardedArena one(c.model, 1, 0);
+    std::vector<int32_t> scratch;
+    const int32_t ids[2] = {5, 7};
+    CHECK(one.in_shard_order(ids, 2, scratch) == ids);  // one part: the ids themselves
 }
 
 TEST_CASE("vocab parallel x ZeRO-1 (the body over every rank, the rows over the peers) is exact") {

@@ -41,10 +41,12 @@ class CpuBackend final : public Backend {
     CrossEntropySummary train_micro_batch(const int32_t* inputs, const int32_t* targets, int64_t B,
                                           int64_t T, const CrossEntropyOptions& opts,
                                           double grad_output) override {
-        if (vocab_.split()) {
-            forward_split(inputs, B, T);
+        if (vocab_.split()) {  // (the split model takes its ids in shard order)
+            forward_split(arena_.in_shard_order(inputs, B * T, ids_[0]), B, T);
             dhidden_.resize(B * T * model_.config().n_embd);
-            const CrossEntropySummary s = head(targets, B * T, opts, grad_output, true);
+            const CrossEntropySummary s =
+                head(arena_.in_shard_order(targets, B * T, ids_[1]), B * T,
+                     arena_.in_shard_order(opts), grad_output, true);
             model_.backward_from_hidden(dhidden_.data());
             embed_.backward(*vocab_.group, model_.dtoken_rows(), B * T, model_.config().n_embd,
                             model_.grad(model_.layout().wte), arena_.shard());
@@ -59,8 +61,9 @@ class CpuBackend final : public Backend {
                                  int64_t T, const CrossEntropyOptions& opts) override {
         const double one = 1.0;
         if (vocab_.split()) {
-            forward_split(inputs, B, T);
-            return head(targets, B * T, opts, one, false);
+            forward_split(arena_.in_shard_order(inputs, B * T, ids_[0]), B, T);
+            return head(arena_.in_shard_order(targets, B * T, ids_[1]), B * T,
+                        arena_.in_shard_order(opts), one, false);
         }
         model_.forward(inputs, B, T);
         return model_.loss(targets, opts, {&one, false}, false);
@@ -153,6 +156,7 @@ class CpuBackend final : public Backend {
     VocabParallelHead<float> head_;
     VocabParallelEmbedding<float> embed_;
     std::vector<float> dhidden_, token_rows_;
+    std::vector<int32_t> ids_[2];  // a split's inputs and targets in shard order
 };
 
 }  // namespace

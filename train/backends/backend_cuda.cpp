@@ -89,16 +89,20 @@ class CudaBackend final : public Backend {
     CrossEntropySummary train_micro_batch(const int32_t* inputs, const int32_t* targets, int64_t B,
                                           int64_t T, const CrossEntropyOptions& opts,
                                           double grad_output) override {
+        // (a split model takes its ids in shard order; one part: these ids)
         const CrossEntropySummary s =
-            model_.forward_loss_backward(inputs, targets, B, T, opts, grad_output);
+            model_.forward_loss_backward(arena_.in_shard_order(inputs, B * T, ids_[0]),
+                                         arena_.in_shard_order(targets, B * T, ids_[1]), B, T,
+                                         arena_.in_shard_order(opts), grad_output);
         // the main stream goes on once the passes' streams joined it: their end
         ZG_CUDA_CHECK(cudaEventRecord(compute_ev_[1], static_cast<cudaStream_t>(model_.stream())));
         return s;
     }
     CrossEntropySummary evaluate(const int32_t* inputs, const int32_t* targets, int64_t B,
                                  int64_t T, const CrossEntropyOptions& opts) override {
-        model_.forward(inputs, B, T);
-        return model_.loss(targets, opts, 1.0, false);
+        model_.forward(arena_.in_shard_order(inputs, B * T, ids_[0]), B, T);
+        return model_.loss(arena_.in_shard_order(targets, B * T, ids_[1]),
+                           arena_.in_shard_order(opts), 1.0, false);
     }
     void zero_grad() override {
         ZG_CUDA_CHECK(cudaEventRecord(compute_ev_[0], static_cast<cudaStream_t>(model_.stream())));
@@ -322,6 +326,7 @@ class CudaBackend final : public Backend {
     Zero1Share share_;    // the AdamW moments this rank keeps (all of them without ZeRO-1)
     DeviceFloats m_, v_;  // share_.size() elements each, piece after piece
     std::vector<Communicator*> streamed_;  // communicators given one of our streams
+    std::vector<int32_t> ids_[2];          // a split's inputs and targets in shard order
     // The overlapped gradient all-reduce (begin_grad_sync): its stream, its communicator while a
     // step's sums are in flight, the bucket being filled and the range started so far.
     cudaStream_t sync_stream_ = nullptr;

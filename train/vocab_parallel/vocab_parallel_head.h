@@ -1,7 +1,8 @@
 // The loss head split by vocabulary rows across a group of ranks (vocab parallel), on the CPU
-// reference ops. Each rank of the group holds the LM head's rows [v0, v0 + V_local) (contiguous;
-// uneven when V does not divide: the first V % P ranks hold one row more; the padded vocabulary
-// rows belong to nobody and never enter the softmax). One call:
+// reference ops. Each rank of the group holds the LM head's rows [v0, v0 + V_local) of the ids it
+// is given (contiguous; uneven when V does not divide: the first V % P ranks hold one row more;
+// the padded vocabulary rows belong to nobody and never enter the softmax). A split model stores
+// its vocabulary in shard order (below), where those ranges are rows dealt out in turn. One call:
 //   all-gather the group's hidden states and targets -> logits of this shard for every row of the
 //   group -> per-row statistics of the shard -> one all-gather of the statistics, merged in rank
 //   order (kernels/loss_head/cross_entropy.h's exact merge) -> loss + z-loss + dlogits in place ->
@@ -22,6 +23,24 @@ struct VocabShard {
 };
 // Shard `index` of `parts` over V rows.
 VocabShard vocab_shard(int64_t V, int parts, int index);
+
+// The order a split model's vocabulary is stored in (the arena, train/vocab_parallel/
+// vocab_sharded_arena.h, and the token ids the backends hand the model). Shard p holds the
+// vocabulary's rows p, p + P, p + 2P, ..., dealt out in turn, so that the ids a tokenizer uses
+// most, which cluster, spread over the shards and every rank does its share of the per-token
+// work (embedding rows and their gradient, the targets' corrections). In that order shard p's
+// rows are the contiguous ids [v0, v0 + V_local) of vocab_shard(V, P, p), which is what the
+// head and the model see (and the loss's ignore_index where it is a vocabulary id); one part is
+// the identity.
+// The vocabulary row of shard `index`'s local row j.
+inline int64_t vocab_row_of_shard(int parts, int index, int64_t j) {
+    return int64_t(index) + j * parts;
+}
+// Token id y in shard order: v0 of shard y mod P, plus y / P. Ids outside [0, V) (ignored
+// targets) are kept.
+int32_t shard_order_id(int32_t y, int64_t V, int parts);
+// ids[0, n) in shard order, into out (resized to n).
+void to_shard_order(const int32_t* ids, int64_t n, int64_t V, int parts, std::vector<int32_t>& out);
 
 template <typename T>
 class VocabParallelHead {

@@ -8,6 +8,7 @@ namespace zgpt {
 
 VocabShardedArena::VocabShardedArena(const ModelConfig& c, int parts, int index)
     : parts_(parts),
+      index_(index),
       vocab_size_(c.vocab_size),
       shard_(vocab_shard(c.vocab_size, parts, index)),
       whole_(make_gpt_layout(c)),
@@ -37,8 +38,9 @@ std::vector<float> VocabShardedArena::take_shard(const std::vector<float>& whole
         const ParamSpec& w = whole_.table[int(i)];
         if (is_vocab_table(int(i))) {
             const int64_t C = l.shape[1];
-            std::copy_n(whole.begin() + w.offset + shard_.v0 * C, shard_.V_local * C,
-                        local.begin() + l.offset);
+            for (int64_t j = 0; j < shard_.V_local; j++)
+                std::copy_n(whole.begin() + w.offset + vocab_row_of_shard(parts_, index_, j) * C, C,
+                            local.begin() + l.offset + j * C);
         } else {
             std::copy_n(whole.begin() + w.offset, w.numel, local.begin() + l.offset);
         }
@@ -70,12 +72,28 @@ void VocabShardedArena::put(const float* local, int p, bool replicated,
     for (size_t i = 0; i < local_.table.specs().size(); i++) {
         const ParamSpec& l = local_.table[int(i)];
         const ParamSpec& w = whole_.table[int(i)];
-        if (is_vocab_table(int(i)))
-            std::copy_n(local + l.offset, s.V_local * l.shape[1],
-                        whole.begin() + w.offset + s.v0 * l.shape[1]);
-        else if (replicated)
+        if (is_vocab_table(int(i))) {
+            const int64_t C = l.shape[1];
+            for (int64_t j = 0; j < s.V_local; j++)
+                std::copy_n(local + l.offset + j * C, C,
+                            whole.begin() + w.offset + vocab_row_of_shard(parts_, p, j) * C);
+        } else if (replicated) {
             std::copy_n(local + l.offset, l.numel, whole.begin() + w.offset);
+        }
     }
+}
+
+const int32_t* VocabShardedArena::in_shard_order(const int32_t* ids, int64_t n,
+                                                 std::vector<int32_t>& scratch) const {
+    if (parts_ == 1) return ids;
+    to_shard_order(ids, n, vocab_size_, parts_, scratch);
+    return scratch.data();
+}
+
+CrossEntropyOptions VocabShardedArena::in_shard_order(CrossEntropyOptions o) const {
+    if (o.ignore_index >= 0 && o.ignore_index < vocab_size_)
+        o.ignore_index = shard_order_id(int32_t(o.ignore_index), vocab_size_, parts_);
+    return o;
 }
 
 std::vector<float> VocabShardedArena::gather(Communicator* group, const float* local) const {

@@ -1,6 +1,7 @@
 // How a vocab-parallel rank stores the model. Its arena has the whole model's tensors in the same
 // order, except the vocabulary tables (wte, and lm_head when untied): of those it holds only its
-// shard's rows (vocab_shard(V, parts, index)), in tables of vocab_table_rows(c, parts) rows, the
+// shard's rows, in shard order (vocabulary rows index, index + parts, ...: vocab_row_of_shard in
+// train/vocab_parallel/vocab_parallel_head.h), in tables of vocab_table_rows(c, parts) rows, the
 // same on every rank of the group. The rest of the arena is replicated.
 //   gradients: the replicated spans are summed over all ranks; the vocabulary spans over the
 //   ranks that hold the same rows (one per vocab-parallel group), since each shard's gradient
@@ -37,6 +38,13 @@ class VocabShardedArena {
     // Copies the vocabulary rows of shard p from rank p's local arena into a whole one; with
     // `replicated`, also the other tensors.
     void put(const float* local, int p, bool replicated, std::vector<float>& whole) const;
+    // Token ids (inputs or targets) as the split model takes them: in shard order (kept in
+    // `scratch`); with one part, `ids` themselves.
+    const int32_t* in_shard_order(const int32_t* ids, int64_t n,
+                                  std::vector<int32_t>& scratch) const;
+    // The loss's options for targets in shard order: an ignore_index that is a vocabulary id
+    // (any id may be) maps with them.
+    CrossEntropyOptions in_shard_order(CrossEntropyOptions o) const;
     // The whole arena from each rank's local one (`local`: this rank's). Collective over the
     // vocab-parallel group (its ranks, in shard order); with one part, a copy (group unused).
     std::vector<float> gather(Communicator* group, const float* local) const;
@@ -44,7 +52,7 @@ class VocabShardedArena {
   private:
     bool is_vocab_table(int idx) const;
 
-    int parts_;
+    int parts_, index_;
     int64_t vocab_size_;
     VocabShard shard_;
     GptLayout whole_, local_;
