@@ -98,7 +98,9 @@ class GptCuda {
                                               int64_t B, int64_t Tn,
                                               const CrossEntropyOptions& opts, double grad_output);
     // Vocab parallel (size > 1, options.vocab_parts): the vocabulary tables hold this rank's
-    // rows [v0, v0 + V / size) only (uneven when V does not divide). forward() takes the token
+    // rows [v0, v0 + V / size) of the ids the model is given only (uneven when V does not
+    // divide; the trainer hands it ids in shard order, train/vocab_parallel/
+    // vocab_parallel_head.h, where those are rows dealt out in turn). forward() takes the token
     // rows from the group's shards (all-gather of the tokens, a masked lookup, a reduce-scatter)
     // and backward() adds the group's row gradients into this shard's rows of wte.
     // loss() splits the LM head by vocabulary rows across the group: the group's hidden

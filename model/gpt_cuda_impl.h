@@ -387,8 +387,9 @@ struct GptCuda::Impl {
     cudaEvent_t summary_ev = nullptr;
     CrossEntropySummary take_summary();
 
-    // Rows of the LM head that vocab-parallel rank r owns: contiguous, the first V % size ranks
-    // one more (train/vocab_parallel/vocab_parallel_head.h splits the same way).
+    // Rows of the LM head that vocab-parallel rank r owns: contiguous in the ids the model is
+    // given, the first V % size ranks one more (train/vocab_parallel/vocab_parallel_head.h
+    // splits the same way).
     int64_t shard_rows(int r) const {
         const int64_t V = cfg.vocab_size, P = vgroup.size;
         return V / P + (r < V % P ? 1 : 0);

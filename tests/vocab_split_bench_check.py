@@ -5,6 +5,7 @@ differs), so that the script's own logic is checked: with --repeat, pairs that a
 run goes first, rows that are the pairs' means, each pair's ratio, and the target line; with
 --tokens vocab, a shard of uint32 tokens below the model's vocabulary; a machine with fewer than
 two GPUs and a --repeat below 1 refused."""
+import array
 import json
 import os
 import pathlib
@@ -98,13 +99,35 @@ shard = work / "work" / "data_v128256" / "train_000.bin"
 used = set((work / "data.txt").read_text().split())
 if used != {f"{shard.parent}/train_*.bin"}:
     fail(f"--tokens vocab trained on {used}, not {shard.parent}")
-body = shard.read_bytes()
-magic, version, count = struct.unpack("<3i", body[:12])
-tokens = struct.unpack(f"<{count}I", body[1024:])
-if (magic, version) != (20240520, 2) or len(body) != 1024 + 4 * count:
-    fail(f"--tokens vocab's shard: magic {magic}, version {version}, {len(body)} bytes")
-if max(tokens) >= 128256 or max(tokens) < 65536 or min(tokens) < 0:
+
+
+def read_shard(path, wide):
+    """(magic, version, count, tokens) of a shard the tool wrote"""
+    body = path.read_bytes()
+    magic, version, count = struct.unpack("<3i", body[:12])
+    tokens = array.array("I" if wide else "H")
+    tokens.frombytes(body[1024:])
+    if sys.byteorder != "little":
+        tokens.byteswap()
+    return magic, version, count, tokens
+
+
+magic, version, count, tokens = read_shard(shard, True)
+if (magic, version, count) != (20240520, 2, len(tokens)):
+    fail(f"--tokens vocab's shard: magic {magic}, version {version}, {count} tokens of "
+         f"{len(tokens)}")
+if max(tokens) >= 128256 or max(tokens) < 65536:
     fail(f"--tokens vocab's tokens span {min(tokens)}..{max(tokens)}, not [0, 128256) past 65535")
+# GPT-2's: version 1 (uint16), every token below 50257
+sys.path.insert(0, str(root / "tools/gpu"))
+from bench_runs import write_random_shard  # noqa: E402
+
+small = write_random_shard(work / "gpt2.bin", 100000)
+magic, version, count, tokens = read_shard(small, False)
+if (magic, version, count) != (20240520, 1, 100000) or len(tokens) != count:
+    fail(f"GPT-2's shard: magic {magic}, version {version}, {count} tokens of {len(tokens)}")
+if max(tokens) >= 50257 or max(tokens) < 50000:
+    fail(f"GPT-2's tokens span {min(tokens)}..{max(tokens)}, not below 50257")
 if json.loads(out.read_text()).get("tokens") != "vocab":
     fail("the record does not say which tokens it ran on")
 

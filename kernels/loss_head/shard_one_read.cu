@@ -76,6 +76,7 @@ __global__ void local_factors_kernel(float* a, float* c, const RowGradParams* pa
 // VEC values of type T from p (4: one 8- or 16-byte word, p aligned to it) as floats, and back.
 template <int VEC, typename T>
 __device__ __forceinline__ void load_vec(const T* p, float (&v)[VEC]) {
+    static_assert(sizeof(T) == 2 || sizeof(T) == 4, "bf16 or fp32");
     if constexpr (VEC == 1) {
         v[0] = to_f(p[0]);
     } else {
@@ -89,6 +90,7 @@ __device__ __forceinline__ void load_vec(const T* p, float (&v)[VEC]) {
 }
 template <int VEC, typename T>
 __device__ __forceinline__ void store_vec(T* p, const float (&v)[VEC]) {
+    static_assert(sizeof(T) == 2 || sizeof(T) == 4, "bf16 or fp32");
     if constexpr (VEC == 1) {
         p[0] = from_f<T>(v[0]);
     } else {

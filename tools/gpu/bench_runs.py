@@ -10,10 +10,11 @@ import subprocess
 import sys
 
 
-def write_random_gpt2_shard(path, n_tokens, seed=1, below=50257):
+def write_random_shard(path, n_tokens, seed=1, below=50257):
     """Writes `path` unless it exists: llm.c's layout (a 256-int header: magic 20240520, the
     version, the token count; then the tokens), tokens drawn uniformly below `below` (GPT-2's
-    50257 by default): version 1 (uint16) when they fit, version 2 (uint32) when not."""
+    50257 by default) by Python's `random` (results before it came from numpy's generator, other
+    tokens from the same seed): version 1 (uint16) when they fit, version 2 (uint32) when not."""
     path = pathlib.Path(path)
     if path.exists():
         return path

@@ -38,7 +38,7 @@ import sys
 import time
 
 from bench_runs import (benchmark_sets, clear_run, logged_steps, source_commit, timed_median,
-                        write_random_gpt2_shard)
+                        write_random_shard)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 # Between the nodes: NCCL's socket transport on loopback (each node also gets NCCL_HOSTID).
@@ -106,7 +106,7 @@ def main():
 
     # random GPT-2 tokens in llm.c's shard layout
     data = work / "data"
-    write_random_gpt2_shard(data / "train_000.bin", 70 * 65536 * gpus + 1025)
+    write_random_shard(data / "train_000.bin", 70 * 65536 * gpus + 1025)
 
     def sets(model, run, steps, extra):
         cfg = {"124m": "configs/gpt2-124m.yaml", "1558m": "configs/gpt2-1558m.yaml"}[model]

@@ -22,10 +22,11 @@ target line gives the mean step ratio and each pair's. Runs stop being started o
 has passed; the JSON is rewritten after every run.
 
 --tokens: the random tokens' range. `gpt2` (the default) draws them below 50257, as GPT-2 data
-has them: with a contiguous split every token and target then lies in the first shard(s), which
-do all the per-token work (the embedding's rows and gradient, the targets' corrections).
-`vocab` draws them uniformly below the model's vocabulary, as a tokenizer of that size spreads
-them, so that every shard gets its share.
+has them; `vocab` draws them uniformly below the model's vocabulary, as a tokenizer of that size
+spreads them. With the vocabulary's rows dealt out over the ranks (docs/parallel.md) both load
+every rank alike; with the ranges the split used before, GPT-2's tokens all lay in the first
+shard(s), whose ranks did all the per-token work (the embedding's rows and gradient, the
+targets' corrections).
 """
 import argparse
 import json
@@ -37,7 +38,7 @@ import sys
 import time
 
 from bench_runs import (benchmark_sets, clear_run, logged_steps, source_commit, timed_median,
-                        write_random_gpt2_shard)
+                        write_random_shard)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 MODELS = {"124m": ("configs/gpt2-124m.yaml", 64, 30, 768),
@@ -74,7 +75,8 @@ def main():
         sys.exit(f"vocab_split_bench: {gpus} GPU(s) here; the split needs at least 2")
     commit = source_commit(ROOT)
     record = {"what": __doc__.split("\n\n")[0].replace("\n", " "),
-              "command": "python3 tools/gpu/vocab_split_bench.py --bin BUILD --json FILE",
+              "command": "python3 tools/gpu/vocab_split_bench.py --bin BUILD --json FILE "
+                         f"--tokens {a.tokens}",
               "commit": commit, "gpus": gpus, "repeat": a.repeat, "tokens": a.tokens,
               "rows": [], "pairs": [],
               "targets": []}
@@ -86,7 +88,7 @@ def main():
 
     def data_for(vocab):
         data = work / ("data" if a.tokens == "gpt2" else f"data_v{vocab}")
-        write_random_gpt2_shard(data / "train_000.bin", 40 * 65536 * max(gpus, 1) + 1025,
+        write_random_shard(data / "train_000.bin", 40 * 65536 * max(gpus, 1) + 1025,
                                 below=50257 if a.tokens == "gpt2" else vocab)
         return data
 

@@ -19,7 +19,7 @@ template <typename T>
 class VocabParallelEmbedding {
   public:
     // rows [N, C]: this rank's tokens' rows of the whole table. table: this shard's rows
-    // (row i is the vocabulary's row shard.v0 + i).
+    // (row i is id shard.v0 + i of the ids given: the trainer's shard order).
     void forward(Communicator& group, const int32_t* tokens, int64_t N, int64_t C, const T* table,
                  VocabShard shard, T* rows);
     // drows [N, C]: the gradient of forward's rows on this rank; adds into dtable (the shard's).

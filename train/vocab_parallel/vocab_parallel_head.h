@@ -32,6 +32,7 @@ VocabShard vocab_shard(int64_t V, int parts, int index);
 // rows are the contiguous ids [v0, v0 + V_local) of vocab_shard(V, P, p), which is what the
 // head and the model see (and the loss's ignore_index where it is a vocabulary id); one part is
 // the identity.
+
 // The vocabulary row of shard `index`'s local row j.
 inline int64_t vocab_row_of_shard(int parts, int index, int64_t j) {
     return int64_t(index) + j * parts;
@@ -46,7 +47,7 @@ template <typename T>
 class VocabParallelHead {
   public:
     // hidden [N, C]: this rank's rows; W [V_local, C]: this rank's shard of the LM head (row i
-    // is the vocabulary's row v0 + i, vocab_shard(V, group size, group rank)); dW: its gradient
+    // is id v0 + i of the ids given, vocab_shard(V, group size, group rank)); dW: its gradient
     // (added into). targets [N]. grad_output:
     // a scalar, or per row (this rank's N) for reduction none. dhidden [N, C] is written (null:
     // loss only, no gradients). rows: this rank's per-row outputs (optional).

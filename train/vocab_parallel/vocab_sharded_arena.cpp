@@ -13,6 +13,11 @@ VocabShardedArena::VocabShardedArena(const ModelConfig& c, int parts, int index)
       shard_(vocab_shard(c.vocab_size, parts, index)),
       whole_(make_gpt_layout(c)),
       local_(make_gpt_layout(c, parts)) {
+    if (parts_ > 1) {  // every id's place in shard order, looked up per token (a step's ids)
+        shard_order_.resize(size_t(vocab_size_));
+        for (int64_t y = 0; y < vocab_size_; y++)
+            shard_order_[y] = shard_order_id(int32_t(y), vocab_size_, parts_);
+    }
     const auto& specs = local_.table.specs();
     for (size_t i = 0; i < specs.size(); i++) {
         std::vector<ArenaSlice>& to = is_vocab_table(int(i)) ? vocab_ : replicated_;
@@ -86,7 +91,11 @@ void VocabShardedArena::put(const float* local, int p, bool replicated,
 const int32_t* VocabShardedArena::in_shard_order(const int32_t* ids, int64_t n,
                                                  std::vector<int32_t>& scratch) const {
     if (parts_ == 1) return ids;
-    to_shard_order(ids, n, vocab_size_, parts_, scratch);
+    scratch.resize(size_t(n));
+    for (int64_t i = 0; i < n; i++) {
+        const int32_t y = ids[i];
+        scratch[i] = y >= 0 && y < vocab_size_ ? shard_order_[y] : y;  // (others kept)
+    }
     return scratch.data();
 }
 

@@ -56,6 +56,7 @@ class VocabShardedArena {
     int64_t vocab_size_;
     VocabShard shard_;
     GptLayout whole_, local_;
+    std::vector<int32_t> shard_order_;  // id -> shard_order_id (more than one part)
     std::vector<ArenaSlice> vocab_, replicated_;
 };
 
