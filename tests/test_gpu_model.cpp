@@ -1514,9 +1514,10 @@ TEST_CASE("vocab-parallel head with 2 and 4 local ranks on one GPU equals one ra
             os.vocab_parts = P;
             // the arena stores them in shard order, and the ranks take their ids in it, as the
             // backends hand them over
-            std::vector<int32_t> tok_s, tgt_s;
-            to_shard_order(tok.data(), P * B * T, mc.vocab_size, P, tok_s);
-            to_shard_order(tgt.data(), P * B * T, mc.vocab_size, P, tgt_s);
+            const VocabShardedArena order(mc, P, 0);
+            std::vector<int32_t> tok_buf, tgt_buf;
+            const int32_t* tok_s = order.in_shard_order(tok.data(), P * B * T, tok_buf);
+            const int32_t* tgt_s = order.in_shard_order(tgt.data(), P * B * T, tgt_buf);
             for (int r = 0; r < P; r++)
                 th.emplace_back([&, r] {
                     try {
@@ -1532,8 +1533,8 @@ TEST_CASE("vocab-parallel head with 2 and 4 local ranks on one GPU equals one ra
                         for (int rep = 0; rep < 2; rep++) {
                             m.set_op_profiling(rep == 1);
                             m.zero_grad();
-                            m.forward(tok_s.data() + r * B * T, B, T);
-                            sr[r] = m.loss(tgt_s.data() + r * B * T, ce, g, true);
+                            m.forward(tok_s + r * B * T, B, T);
+                            sr[r] = m.loss(tgt_s + r * B * T, ce, g, true);
                             m.backward();
                             if (rep == 0) {
                                 m.get_grads(first.data());

@@ -23,12 +23,6 @@ int32_t shard_order_id(int32_t y, int64_t V, int parts) {
     return int32_t(vocab_shard(V, parts, int(y % parts)).v0 + y / parts);
 }
 
-void to_shard_order(const int32_t* ids, int64_t n, int64_t V, int parts,
-                    std::vector<int32_t>& out) {
-    out.resize(size_t(n));
-    for (int64_t i = 0; i < n; i++) out[i] = shard_order_id(ids[i], V, parts);
-}
-
 template <typename T>
 CrossEntropySummary VocabParallelHead<T>::run(Communicator& group, const T* hidden,
                                               const int32_t* targets, int64_t N, int64_t C,

@@ -38,10 +38,8 @@ inline int64_t vocab_row_of_shard(int parts, int index, int64_t j) {
     return int64_t(index) + j * parts;
 }
 // Token id y in shard order: v0 of shard y mod P, plus y / P. Ids outside [0, V) (ignored
-// targets) are kept.
+// targets) are kept. (A step's ids: VocabShardedArena::in_shard_order.)
 int32_t shard_order_id(int32_t y, int64_t V, int parts);
-// ids[0, n) in shard order, into out (resized to n).
-void to_shard_order(const int32_t* ids, int64_t n, int64_t V, int parts, std::vector<int32_t>& out);
 
 template <typename T>
 class VocabParallelHead {
