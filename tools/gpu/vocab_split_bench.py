@@ -78,8 +78,7 @@ def main():
               "command": "python3 tools/gpu/vocab_split_bench.py --bin BUILD --json FILE "
                          f"--tokens {a.tokens}",
               "commit": commit, "gpus": gpus, "repeat": a.repeat, "tokens": a.tokens,
-              "rows": [], "pairs": [],
-              "targets": []}
+              "rows": [], "pairs": [], "targets": []}
     env = dict(os.environ, NCCL_NVLS_ENABLE="0")
 
     def save():
@@ -89,7 +88,7 @@ def main():
     def data_for(vocab):
         data = work / ("data" if a.tokens == "gpt2" else f"data_v{vocab}")
         write_random_shard(data / "train_000.bin", 40 * 65536 * max(gpus, 1) + 1025,
-                                below=50257 if a.tokens == "gpt2" else vocab)
+                           below=50257 if a.tokens == "gpt2" else vocab)
         return data
 
     def run(model, vocab, zero1, mode):
