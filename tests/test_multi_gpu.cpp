@@ -252,6 +252,38 @@ TEST_CASE("the gradient all-reduce started during the backward pass equals one a
                     train_run("ov_after4", 1, nproc(4) + " --set parallel.grad_bucket_mb=0"));
 }
 
+TEST_CASE(
+    "train.timeline_step on 2 GPUs: each process records its own GPU, NCCL's kernels as "
+    "communication") {
+    const Run plain = train_run("tl_plain", 2, nproc(2), 4);
+    const Run timed = train_run("tl_timed", 2, nproc(2) + " --set train.timeline_step=3", 4);
+    CHECK(timed.loss == plain.loss);  // recording a step changes no result
+    const fs::path file = dir() / "runs" / "tl_timed" / "timeline_step_3.json";
+    REQUIRE(fs::exists(file));
+    const nlohmann::json t = nlohmann::json::parse(std::ifstream(file));
+    REQUIRE(t["ranks"].size() == 2);
+    for (int k = 0; k < 2; k++) {
+        const nlohmann::json& r = t["ranks"][k];
+        CAPTURE(r.dump());
+        CHECK(r["rank"] == k);
+        if (r.contains("unavailable")) {  // a machine without CUPTI: said why, nothing to check
+            CHECK(!std::string(r["unavailable"]).empty());
+            MESSAGE("no GPU timeline: " << std::string(r["unavailable"]));
+            continue;
+        }
+        CHECK(int64_t(r["kernels"]) > 10);
+        const double span = r["span_ms"], busy = r["busy_ms"], comm = r["comm_ms"],
+                     alone = r["comm_only_ms"];
+        CHECK(busy > 0);
+        CHECK(busy <= span + 1e-9);
+        CHECK(comm > 0);  // the gradient all-reduce's kernels (NCCL's, named nccl...)
+        CHECK(comm <= busy + 1e-9);
+        CHECK(alone >= 0);
+        CHECK(alone <= comm + 1e-9);
+    }
+    CHECK(timed.log.find("GPU timeline of step 3 on each rank") != std::string::npos);
+}
+
 TEST_CASE("a checkpoint of 2 GPUs resumes on 1 GPU, and on 2 GPUs bit for bit") {
     const Run whole = train_run("res_whole", 2, nproc(2));
     train_run("res_cut", 2, nproc(2), 4);  // stops at step 4 with its checkpoint

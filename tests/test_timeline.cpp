@@ -1,10 +1,10 @@
-// bench_train --timeline's summary (tools/bench/gpu_timeline.h) on hand-made intervals: the busy
-// time is the union over streams, the idle gaps lie between busy stretches and name their
-// neighbours, and the kernel names are short. CUPTI itself runs only on a GPU machine (bench_train
-// there).
+// The GPU timeline's summary (kernels/core/gpu_timeline.h) on hand-made intervals: the busy time
+// is the union over streams, the idle gaps lie between busy stretches and name their neighbours,
+// communication alone is what NCCL ran with nothing beside it, and the kernel names are short.
+// CUPTI itself runs only on a GPU machine (bench_train --timeline, train.timeline_step there).
 #include <doctest/doctest.h>
 
-#include "tools/bench/gpu_timeline.h"
+#include "kernels/core/gpu_timeline.h"
 
 using namespace zgpt;
 
@@ -87,4 +87,24 @@ TEST_CASE("timeline: kernel names without templates, parameters or return types"
           "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64");
     CHECK(short_kernel_name(nullptr) == "?");
     CHECK(short_kernel_name(std::string(200, 'k').c_str()).size() == 96);
+}
+
+TEST_CASE("timeline: communication alone is NCCL's time with nothing else running") {
+    const std::vector<std::string> names = {"gemm", "ncclDevKernel_AllGather_RING_LL", "norm",
+                                            "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL"};
+    // gemm [0, 100) beside an all-gather [50, 200): the all-gather runs alone in [100, 200);
+    // norm [250, 300); a reduce-scatter [280, 400) alone in [300, 400)
+    const std::vector<TimelineInterval> v = {
+        {0, 100, 0}, {50, 200, 1}, {250, 300, 2}, {280, 400, 3}};
+    TimelineSummary s;
+    summarise_intervals(v, {}, names, 8, 8, s);
+    CHECK(s.busy_ms == doctest::Approx(350e-6));
+    CHECK(s.comm_ms == doctest::Approx(270e-6));       // [50, 200) and [280, 400)
+    CHECK(s.comm_only_ms == doctest::Approx(200e-6));  // [100, 200) and [300, 400)
+    CHECK(s.idle_ms == doctest::Approx(50e-6));
+    // without NCCL kernels both are zero
+    TimelineSummary none;
+    summarise_intervals({{0, 100, 0}, {150, 200, 2}}, {}, names, 8, 8, none);
+    CHECK(none.comm_ms == 0);
+    CHECK(none.comm_only_ms == 0);
 }

@@ -288,6 +288,48 @@ TEST_CASE(
     CHECK(out.find("sample at step 20:") != std::string::npos);
 }
 
+TEST_CASE(
+    "train.timeline_step: every rank's GPU timeline, or why there is none, in the run "
+    "directory and the log") {
+    ResumeFixture f;
+    const std::string two = "--set train.max_steps=3 --set parallel.local_ranks=2";
+    CommandOutput plain = run_command(f.start("plain", two));
+    REQUIRE(plain.code == 0);
+    CommandOutput r = run_command(f.start("timed", two + " --set train.timeline_step=2"));
+    INFO(r.text);
+    REQUIRE(r.code == 0);
+    CHECK(r.text.find("GPU timeline of step 2 on each rank") != std::string::npos);
+    CHECK(plain.text.find("GPU timeline") == std::string::npos);
+    const fs::path file = f.run_dir("timed") / "timeline_step_2.json";
+    REQUIRE(fs::exists(file));
+    const json t = json::parse(std::ifstream(file));
+    CHECK(t["step"] == 2);
+    REQUIRE(t["ranks"].size() == 2);
+    CHECK(t["ranks"][0]["rank"] == 0);
+    CHECK(t["ranks"][1]["rank"] == 1);
+    // rank 1 is a thread of rank 0's process: rank 0 records for both
+    REQUIRE(t["ranks"][1].contains("unavailable"));
+    CHECK(std::string(t["ranks"][1]["unavailable"]).find("rank 0's process") != std::string::npos);
+    const json& r0 = t["ranks"][0];
+    const bool on_gpu = r.text.find("training on CUDA device") != std::string::npos;
+    if (r0.contains("unavailable")) {  // the CPU, or a GPU machine without CUPTI: said why
+        CHECK(!std::string(r0["unavailable"]).empty());
+        if (on_gpu) MESSAGE("no GPU timeline here: " << std::string(r0["unavailable"]));
+    } else {
+        CHECK(on_gpu);
+        CHECK(int64_t(r0["kernels"]) > 10);
+        CHECK(double(r0["busy_ms"]) > 0);
+        CHECK(double(r0["busy_ms"]) <= double(r0["span_ms"]) + 1e-9);
+        CHECK(double(r0["idle_ms"]) >= 0);
+        CHECK(r0["top_kernels"].size() > 0);
+    }
+    // recording a step changes no result
+    const auto a = losses(f.run_dir("plain") / "metrics.jsonl"),
+               b = losses(f.run_dir("timed") / "metrics.jsonl");
+    REQUIRE(a.size() == 3);
+    CHECK(a == b);
+}
+
 TEST_CASE("train.profile_step: each rank's op times in the run directory and the log") {
     ResumeFixture f;
     const std::string two = "--set train.max_steps=4 --set parallel.local_ranks=2";

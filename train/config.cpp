@@ -131,6 +131,10 @@ std::vector<ConfigField> config_fields(Config& c) {
     add({"train", "profile_step",
          "time each op of this step on every rank (op_profile_step_N.json); 0: never",
          &t.profile_step, 0, 1e15});
+    add({"train", "timeline_step",
+         "record the GPU's timeline of this step on every rank (timeline_step_N.json): busy, "
+         "idle and communication-alone time, the longest gaps; 0: never",
+         &t.timeline_step, 0, 1e15});
     add({"train",
          "resume",
          "auto: continue from the run directory's newest valid checkpoint",

@@ -45,6 +45,10 @@ struct TrainConfig {
     // Time each op of this step on every rank and write the table (op_profile_step_N.json in the
     // run directory, and the log); 0: never. That step runs every op on one stream.
     int64_t profile_step = 0;
+    // Record the GPU's timeline of this step on every rank (timeline_step_N.json in the run
+    // directory, and the log): busy, idle and communication-alone time, the longest idle gaps
+    // and the kernels with the most time; 0: never. The streams run as in any other step.
+    int64_t timeline_step = 0;
     std::string precision = "bf16";  // bf16 | fp32 (GPU; the CPU always trains in fp32)
     bool recompute_gelu = false;     // GPU: recompute GELU in backward instead of storing it
     // GPU: keep each block's input only, and run the block's forward again in backward

@@ -32,6 +32,7 @@
 #include "train/optimizer.h"
 #include "train/progress.h"
 #include "train/run_dir.h"
+#include "train/step_timeline.h"
 #include "train/timed_choices.h"
 
 namespace zgpt {
@@ -676,6 +677,14 @@ bool TrainingRun::step(int64_t step, std::vector<Batch>& micro) {
     const double grad_out = n_valid ? 1.0 / double(n_valid) : 0.0;
     const bool profile = step == cfg_.train.profile_step;
     model().set_op_profiling(profile);
+    const bool timeline = step == cfg_.train.timeline_step;
+    // CUPTI records per process: of the ranks that are threads of one process, rank 0 records
+    // for all of them
+    const std::string timeline_why_not =
+        !timeline ? ""
+        : local_ > 1 && world_.rank() > 0
+            ? "a thread of rank 0's process, whose timeline holds this rank's work"
+            : model().start_timeline();
     model().zero_grad();
     CrossEntropySummary sum;
     for (Batch& b : micro) {
@@ -728,6 +737,15 @@ bool TrainingRun::step(int64_t step, std::vector<Batch>& micro) {
             write_text_file(result_.run_dir + "/op_profile_step_" + std::to_string(step) + ".json",
                             p.dump(1) + "\n");
             message(format_op_profile(p));
+        }
+    }
+    if (timeline) {
+        const nlohmann::json mine = timeline_json(model().stop_timeline(), timeline_why_not);
+        const nlohmann::json t = gather_step_timeline(world_, mine, step, dt * 1e3);
+        if (lead_) {
+            write_text_file(result_.run_dir + "/timeline_step_" + std::to_string(step) + ".json",
+                            t.dump(1) + "\n");
+            message(format_step_timeline(t));
         }
     }
     tokens_ += step_tokens_;

@@ -13,7 +13,7 @@
 // power limit a step's time is its energy over that limit.
 //
 // --timeline N runs N more steps with CUPTI recording every kernel, copy, memset and runtime call
-// (tools/bench/gpu_timeline.h): how long the GPU was busy in each, how long it sat idle between its
+// (kernels/core/gpu_timeline.h): how long the GPU was busy in each, how long it sat idle between its
 // first and last kernel (what launches, host synchronisations and a CUDA graph are about), the
 // longest of those gaps with their neighbours and the host's runtime call during them, and the
 // kernels that took the time. Recording starts before those steps, with a synchronised no-op so
@@ -37,7 +37,7 @@
 #include "kernels/gemm/matmul.h"
 #include "kernels/ops/global_norm.h"
 #include "model/gpt_cuda.h"
-#include "tools/bench/gpu_timeline.h"
+#include "kernels/core/gpu_timeline.h"
 #include "train/backends/backend_init.h"
 #include "train/cli.h"
 #include "train/config.h"

@@ -4,10 +4,12 @@
 // (model/gpt_cuda.h and AdamW over its device arenas).
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "kernels/core/gpu_timeline.h"
 #include "kernels/loss_head/cross_entropy.h"
 #include "kernels/ops/global_norm.h"
 #include "model/parameters.h"
@@ -87,6 +89,13 @@ class Backend {
     // stream; CPU: wall time).
     virtual void set_op_profiling(bool on) = 0;
     virtual std::vector<std::pair<std::string, double>> take_op_times() = 0;
+
+    // The device's timeline from start_timeline() to stop_timeline() (train.timeline_step):
+    // every kernel, copy and memset with the streams as they ran, summarised
+    // (kernels/core/gpu_timeline.h). start_timeline returns why it records nothing ("" when it
+    // records); stop_timeline waits for the device. The CPU has no such timeline.
+    virtual std::string start_timeline() { return "the CPU backend has no device timeline"; }
+    virtual std::optional<TimelineSummary> stop_timeline() { return std::nullopt; }
 
     // The GPU time of the step's forward and backward passes (zero_grad to the end of the last
     // micro-batch's passes), read once all_reduce_grads has synchronised; -1: not measured (CPU).

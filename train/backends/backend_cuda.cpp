@@ -212,6 +212,20 @@ class CudaBackend final : public Backend {
     std::vector<std::pair<std::string, double>> take_op_times() override {
         return model_.take_op_times();
     }
+    std::string start_timeline() override {
+        if (!timeline_) timeline_ = std::make_unique<GpuTimeline>();
+        if (!timeline_->unavailable().empty()) return timeline_->unavailable();
+        ZG_CUDA_CHECK(cudaDeviceSynchronize());  // what ran before is not this step's
+        timeline_->start();
+        return timeline_->unavailable();  // (start can fail: another profiler attached)
+    }
+    std::optional<TimelineSummary> stop_timeline() override {
+        if (!timeline_ || !timeline_->unavailable().empty()) return std::nullopt;
+        ZG_CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<TimelineSummary> s = timeline_->stop(8, 12);
+        if (s.empty()) return std::nullopt;
+        return s.front();
+    }
     int64_t adam_steps() const override { return steps_; }
     std::string timed_choices() const override { return cuda::gemm_choices(); }
     bool set_timed_choices(const std::string& choices) override {
@@ -335,6 +349,7 @@ class CudaBackend final : public Backend {
     int64_t steps_ = 0;
     // a step's start (zero_grad) and the end of its last micro-batch's passes, on the main stream
     cudaEvent_t compute_ev_[2] = {nullptr, nullptr};
+    std::unique_ptr<GpuTimeline> timeline_;  // made at the first train.timeline_step
 };
 
 }  // namespace

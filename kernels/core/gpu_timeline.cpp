@@ -1,5 +1,5 @@
-// GpuTimeline (tools/bench/gpu_timeline.h): CUPTI's activity records, opened at run time.
-#include "tools/bench/gpu_timeline.h"
+// GpuTimeline (kernels/core/gpu_timeline.h): CUPTI's activity records, opened at run time.
+#include "kernels/core/gpu_timeline.h"
 
 #include <cuda.h>
 #include <cuda_runtime.h>

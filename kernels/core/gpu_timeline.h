@@ -2,8 +2,9 @@
 // call the host made, from CUPTI's activity records, reduced to what a step's schedule needs: how
 // long the GPU was busy (the union of all streams' intervals), where it sat idle between its
 // first and last activity, next to which kernels and while the host was in which runtime call,
-// and the kernels that took the time. The GPU machines have Nsight Compute but no Nsight Systems;
-// this is the timeline part of the latter, for bench_train --timeline.
+// how long it ran communication alone, and the kernels that took the time. The GPU machines have
+// Nsight Compute but no Nsight Systems; this is the timeline part of the latter, for bench_train
+// --timeline and train.timeline_step.
 //
 // CUPTI (libcupti, part of the CUDA toolkit) is opened at run time, as NVML is in
 // kernels/core/gpu_power.cpp: without it bench_train still runs and unavailable() says why. Its
@@ -40,9 +41,13 @@ struct TimelineSummary {
     double span_ms = 0;                            // first activity's start to the last one's end
     double busy_ms = 0;                            // union of all activity intervals
     double idle_ms = 0;                            // span - busy: gaps with nothing running
-    int64_t gaps_over_5us = 0;                     // how many idle gaps exceed 5 us
-    std::vector<TimelineGap> largest_gaps;         // longest first
-    std::vector<TimelineKernel> top_kernels;       // by total time, longest first
+    // Communication (NCCL's kernels, named "nccl..."): the union of its intervals, and the time
+    // it ran with no other activity beside it, where a step waits on its collectives (an NCCL
+    // kernel is busy while it waits for a peer, so such waits show here, not as idle time).
+    double comm_ms = 0, comm_only_ms = 0;
+    int64_t gaps_over_5us = 0;                // how many idle gaps exceed 5 us
+    std::vector<TimelineGap> largest_gaps;    // longest first
+    std::vector<TimelineKernel> top_kernels;  // by total time, longest first
 };
 
 class GpuTimeline {
@@ -83,8 +88,8 @@ struct TimelineInterval {
     uint64_t start = 0, end = 0;
     int label = 0;  // index into the caller's names
 };
-// Fills span, busy, idle, gaps (with the host call under each), the per-label totals and the
-// runtime call count and time of out (its record counts are the caller's).
+// Fills span, busy, idle, communication, gaps (with the host call under each), the per-label
+// totals and the runtime call count and time of out (its record counts are the caller's).
 void summarise_intervals(std::vector<TimelineInterval> v, const std::vector<TimelineInterval>& api,
                          const std::vector<std::string>& names, int gaps, int top,
                          TimelineSummary& out);

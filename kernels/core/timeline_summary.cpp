@@ -1,11 +1,12 @@
-// The pure half of tools/bench/gpu_timeline.h: kernel names and the busy/idle sweep over intervals.
+// The pure half of kernels/core/gpu_timeline.h: kernel names and the busy/idle sweep over
+// intervals.
 #include <cxxabi.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <map>
 
-#include "tools/bench/gpu_timeline.h"
+#include "kernels/core/gpu_timeline.h"
 
 namespace zgpt {
 
@@ -31,10 +32,33 @@ std::string short_kernel_name(const char* mangled) {
     return out.empty() ? s.substr(0, 96) : out;
 }
 
+namespace {
+bool is_communication(const std::string& name) {
+    return name.rfind("nccl", 0) == 0;
+}
+
+// ns covered by the union of the sorted intervals that keep(i) keeps
+template <typename Keep>
+uint64_t union_ns(const std::vector<TimelineInterval>& sorted, Keep keep) {
+    uint64_t total = 0, lo = 0, hi = 0;
+    bool open = false;
+    for (const TimelineInterval& i : sorted) {
+        if (!keep(i) || i.end <= i.start) continue;
+        if (open && i.start <= hi) {
+            hi = std::max(hi, i.end);
+            continue;
+        }
+        if (open) total += hi - lo;
+        lo = i.start, hi = i.end, open = true;
+    }
+    return open ? total + (hi - lo) : total;
+}
+}  // namespace
+
 void summarise_intervals(std::vector<TimelineInterval> v, const std::vector<TimelineInterval>& api,
                          const std::vector<std::string>& names, int gaps, int top,
                          TimelineSummary& out) {
-    out.span_ms = out.busy_ms = out.idle_ms = out.api_ms = 0;
+    out.span_ms = out.busy_ms = out.idle_ms = out.api_ms = out.comm_ms = out.comm_only_ms = 0;
     out.gaps_over_5us = 0;
     out.api_calls = int64_t(api.size());
     for (const TimelineInterval& a : api) out.api_ms += double(a.end - a.start) / 1e6;
@@ -81,6 +105,15 @@ void summarise_intervals(std::vector<TimelineInterval> v, const std::vector<Time
     out.span_ms = double(end - first) / 1e6;
     out.busy_ms = double(busy) / 1e6;
     out.idle_ms = out.span_ms - out.busy_ms;
+    std::vector<bool> comm(names.size());
+    for (size_t k = 0; k < names.size(); k++) comm[k] = is_communication(names[k]);
+    out.comm_ms =
+        double(union_ns(v, [&](const TimelineInterval& i) { return comm.at(size_t(i.label)); })) /
+        1e6;
+    const double others_ms =
+        double(union_ns(v, [&](const TimelineInterval& i) { return !comm.at(size_t(i.label)); })) /
+        1e6;
+    out.comm_only_ms = std::max(0.0, out.busy_ms - others_ms);
     std::stable_sort(all.begin(), all.end(),
                      [](const TimelineGap& a, const TimelineGap& b) { return a.us > b.us; });
     if (int(all.size()) > gaps) all.resize(size_t(std::max(gaps, 0)));
