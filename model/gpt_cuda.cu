@@ -620,6 +620,7 @@ void GptCuda::Impl::upload_buckets() {
     if (group_tokens_pending) {
         // The group's tokens in this shard, as rows of the shard (-1: another shard's).
         group_tokens_pending = false;
+        if (vgroup.settle) vgroup.settle();  // the tokens' all-gather, bounded by the timeout
         ZG_CUDA_CHECK(cudaEventSynchronize(group_tokens_ev));
         const int64_t NA = vgroup.size * B * Tn;
         const int64_t v0 = shard_v0(vgroup.rank), rows = shard_rows(vgroup.rank);
@@ -904,6 +905,7 @@ double GptCuda::grad_norm() {
 
 double GptCuda::grad_sum_of_squares(int64_t lo, int64_t hi) {
     queue_sum_of_squares(lo, hi);
+    if (impl_->vgroup.settle) impl_->vgroup.settle();  // the backward's last collectives
     ZG_CUDA_CHECK(cudaEventSynchronize(impl_->norm_ev));
     return *impl_->h_norm.get();
 }
@@ -947,6 +949,7 @@ double GptCuda::clip_and_adamw_step_range(double lr, double beta1, double beta2,
     queue_sum_of_squares(0, num_parameters());
     queue_adamw(lr, beta1, beta2, eps, weight_decay, t, 1.0, {im.norm_out.as<double>(), max_norm},
                 m, v, lo, hi);
+    if (im.vgroup.settle) im.vgroup.settle();  // the backward's last collectives
     ZG_CUDA_CHECK(cudaEventSynchronize(im.norm_ev));
     return std::sqrt(*im.h_norm.get());
 }

@@ -48,7 +48,8 @@ struct CudaModelOptions {
 // The collectives of a vocab-parallel loss head, supplied by train/ (model/ knows no
 // communicator). Device pointers. Each call is ordered on the CUDA stream it is given (a
 // cudaStream_t): it starts after the work queued there, and work queued there after it sees its
-// results. It may block the host until it is done (a host communicator stages through memory).
+// results. It may block the host until it is done (a host communicator stages through memory, a
+// device one with a timeout waits unless told not to: then settle() bounds the wait).
 struct VocabGroup {
     int size = 1, rank = 0;
     std::function<void(const void* send, void* recv, int64_t bytes, void* stream)> all_gather;
@@ -59,6 +60,10 @@ struct VocabGroup {
     // bytes is a multiple of 8, send and recv 8-byte aligned.
     std::function<void(const void* send, void* recv, int64_t bytes, void* stream)>
         reduce_scatter_owned;
+    // Waits, bounded by the group's timeout, until every collective queued so far is done: the
+    // model calls it before the host waits for the GPU after them (null: each call above
+    // returned once its collective was done, or the group has no bound).
+    std::function<void()> settle;
 };
 
 class GptCuda {

@@ -198,10 +198,14 @@ TEST_CASE("2 GPUs through nccl equal 2 local ranks sharing one GPU, bit for bit"
     // The last: the split in bf16 with C = 30 (3 heads) and T = 63 at B = 1, whose embedding
     // rows (63 x 30 bf16 a rank) are not whole 8-byte words, so their exchange pads each rank's
     // block
+    // at_sync: the split's collectives queued without a host wait each; the same stream order,
+    // so the same bits
     const std::string narrow =
         " --set parallel.vocab_parallel=2 --set train.precision=bf16 --set train.seq_len=63";
     for (const std::string& extra :
          {std::string(), std::string(" --set parallel.vocab_parallel=2"),
+          std::string(
+              " --set parallel.vocab_parallel=2 --set parallel.vocab_collective_wait=at_sync"),
           std::string(" --set parallel.zero1=true"),
           std::string(" --set parallel.vocab_parallel=2 --set parallel.zero1=true"), narrow}) {
         CAPTURE(extra);
@@ -310,14 +314,19 @@ TEST_CASE("a checkpoint of 2 GPUs resumes on 1 GPU, and on 2 GPUs bit for bit") 
 }
 
 TEST_CASE("a GPU rank that fails or hangs stops every rank with the reason, in bounded time") {
-    for (const char* hook :
-         {"ZGPT_TEST_FAIL_RANK_AT_STEP=1:3", "ZGPT_TEST_HANG_RANK_AT_STEP=1:3"}) {
+    // (last: a split whose group's collectives the host waits for only at its sync points)
+    for (const auto& [hook, extra] :
+         {std::pair<const char*, const char*>{"ZGPT_TEST_FAIL_RANK_AT_STEP=1:3", ""},
+          {"ZGPT_TEST_HANG_RANK_AT_STEP=1:3", ""},
+          {"ZGPT_TEST_HANG_RANK_AT_STEP=1:3",
+           " --set parallel.vocab_parallel=2 --set parallel.vocab_collective_wait=at_sync"}}) {
         CAPTURE(hook);
+        CAPTURE(extra);
         const fs::path cfg = write_config("failing", 2, 8);
         const auto t0 = std::chrono::steady_clock::now();
-        const CommandOutput r = run_command(std::string(hook) + " NCCL_NVLS_ENABLE=0 " +
-                                            built_binary("ZGPT_TRAIN_BIN") + " -c " + cfg.string() +
-                                            " " + nproc(2) + " --set parallel.timeout_s=10");
+        const CommandOutput r = run_command(
+            std::string(hook) + " NCCL_NVLS_ENABLE=0 " + built_binary("ZGPT_TRAIN_BIN") + " -c " +
+            cfg.string() + " " + nproc(2) + " --set parallel.timeout_s=10" + extra);
         const double took =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         CHECK(r.code != 0);

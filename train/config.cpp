@@ -218,6 +218,18 @@ std::vector<ConfigField> config_fields(Config& c) {
          "a rank that fails or a peer that never arrives stops all ranks within this many "
          "seconds; keep it above the longest step, checkpoint write or printed sample",
          &par.timeout_s, 0, 1e7, true});
+    add({"parallel",
+         "vocab_collective_wait",
+         "how the host waits for the vocabulary group's collectives (GPU, nccl): each, once done "
+         "(a hang is named at its collective), or at_sync, where it next reads their results (the "
+         "loss, the gradient norm), queueing the work behind them meanwhile; both bounded by "
+         "timeout_s",
+         &par.vocab_collective_wait,
+         0,
+         0,
+         false,
+         false,
+         {"each", "at_sync"}});
     KernelChoice& k = c.kernels;
     // one key per registered family (kernels/core/registry.h), its variants the allowed values
     for (const KernelFamily& f : kernel_families())

@@ -101,6 +101,12 @@ struct ParallelConfig {
     // GEMM launched beside a resident NCCL kernel waits for it (docs/parallel.md).
     int collective_sms = 0;
     double timeout_s = 300;  // a peer that does not arrive within this stops every rank
+    // How the host waits for the vocabulary group's collectives (GPU, nccl). each: every call
+    // returns once its collective is done (bounded by timeout_s; a hang is named at its
+    // collective), so the host queues nothing behind it meanwhile. at_sync: a call returns once
+    // queued, and the host waits (bounded the same) only where it next reads their results: the
+    // loss, the gradient norm.
+    std::string vocab_collective_wait = "each";
 };
 
 struct Config {

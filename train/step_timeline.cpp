@@ -37,12 +37,10 @@ nlohmann::json gather_step_timeline(Communicator& world, const nlohmann::json& m
     nlohmann::json tagged = mine;
     tagged["rank"] = world.rank();
     const std::string text = tagged.dump();
-    nlohmann::json ranks = nlohmann::json::array();
-    for (int r = 0; r < world.size(); r++) {
-        const std::string theirs = broadcast_text(world, text, r);  // every rank takes part
-        if (world.rank() == 0) ranks.push_back(nlohmann::json::parse(theirs));
-    }
+    const std::vector<std::string> all = gather_texts(world, text);
     if (world.rank() != 0) return nullptr;
+    nlohmann::json ranks = nlohmann::json::array();
+    for (const std::string& t : all) ranks.push_back(nlohmann::json::parse(t));
     return {{"step", step}, {"step_ms", step_ms}, {"ranks", ranks}};
 }
 

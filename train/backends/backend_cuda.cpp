@@ -69,6 +69,7 @@ class CudaBackend final : public Backend {
           m_(share_.size()),
           v_(share_.size()) {
         if (vocab_.split()) {
+            vocab_.group->set_wait_each(cfg.parallel.vocab_collective_wait == "each");
             model_.set_vocab_group(cuda_vocab_group(*vocab_.group));
             streamed_.push_back(vocab_.group);
         }
@@ -411,6 +412,7 @@ VocabGroup cuda_vocab_group(Communicator& group) {
         ZG_CHECK(bytes % 8 == 0, "vocab group: reduce_scatter_owned of a size not a multiple of 8");
         reduce_scatter_device(*g_, send, recv, bytes / 8, CommType::i64, stream);
     };
+    g.settle = [g_ = &group] { g_->settle(); };
     return g;
 }
 

@@ -55,4 +55,13 @@ std::string broadcast_text(Communicator& c, const std::string& text, int root) {
     return std::string(reinterpret_cast<const char*>(words.data()), size_t(n));
 }
 
+std::vector<std::string> gather_texts(Communicator& c, const std::string& text) {
+    std::vector<std::string> all;
+    for (int r = 0; r < c.size(); r++) {
+        std::string theirs = broadcast_text(c, text, r);  // every rank takes part
+        if (c.rank() == 0) all.push_back(std::move(theirs));
+    }
+    return all;
+}
+
 }  // namespace zgpt

@@ -58,6 +58,13 @@ class Communicator {
     virtual void set_stream(void* /*cuda_stream*/) {}
     // Whether collectives take device (CUDA) pointers; false: host memory only (local, tcp).
     virtual bool device_buffers() const { return false; }
+    // A device communicator with a timeout (nccl) returns from each collective on device buffers
+    // once it is done, so a hang is named at its collective. With wait_each false such a call
+    // returns once queued, and settle() waits, bounded the same, for everything queued so far:
+    // the host goes on queueing work behind the collectives, and must settle() before it reads
+    // their results or waits for them any other way. Host communicators finish every call.
+    virtual void set_wait_each(bool /*each*/) {}
+    virtual void settle() {}
 
     // Typed conveniences.
     void all_reduce_sum(float* p, int64_t n) { all_reduce_sum(p, n, CommType::f32); }
@@ -84,6 +91,8 @@ std::vector<float> all_gather_slices(Communicator& c, const float* mine, int64_t
 
 // Rank `root`'s text on every rank. Collective.
 std::string broadcast_text(Communicator& c, const std::string& text, int root = 0);
+// Every rank's text on rank 0, in rank order; the other ranks get none. Collective.
+std::vector<std::string> gather_texts(Communicator& c, const std::string& text);
 
 // One rank of world size 1: every collective is the identity (what a plain run uses).
 std::unique_ptr<Communicator> make_single_rank_comm();

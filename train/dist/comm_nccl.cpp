@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <thread>
+#include <utility>
 
 #include "kernels/core/check.h"
 #include "kernels/core/cuda_check.h"
@@ -63,6 +64,7 @@ class NcclComm final : public Communicator {
     }
     ~NcclComm() override {
         if (scratch_) cudaFree(scratch_);
+        if (queued_ev_) cudaEventDestroy(queued_ev_);
         if (!aborted_) ncclCommDestroy(comm_);
         cudaStreamDestroy(own_stream_);
     }
@@ -75,13 +77,24 @@ class NcclComm final : public Communicator {
     // null: back to the communicator's own stream (the caller's stream is going away)
     void set_stream(void* s) override { stream_ = s ? static_cast<cudaStream_t>(s) : own_stream_; }
     bool device_buffers() const override { return true; }
+    void set_wait_each(bool each) override {
+        if (each) settle();
+        wait_each_ = each;
+    }
+    // The last collective queued without a wait done (the model orders a communicator's
+    // collectives on its streams, so every earlier one is done too), bounded by the timeout.
+    void settle() override {
+        if (queued_op_ == nullptr) return;
+        const char* op = std::exchange(queued_op_, nullptr);
+        wait_done(op, [&] { return cudaEventQuery(queued_ev_); });
+    }
 
     void all_reduce_sum(void* buf, int64_t n, CommType t) override {
         const size_t bytes = size_t(n) * comm_type_size(t);
         Staged s = stage(buf, bytes, buf, bytes);
         ZG_NCCL_CHECK(
             ncclAllReduce(s.send, s.recv, size_t(n), nccl_type(t), ncclSum, comm_, stream_));
-        finish("all_reduce");
+        finish("all_reduce", s.any_staged);
         unstage(s, buf, bytes);
     }
 
@@ -93,13 +106,13 @@ class NcclComm final : public Communicator {
     void wait() override {
         if (!started_) return;
         started_ = false;
-        finish("all_reduce (started earlier)");
+        finish_now("all_reduce (started earlier)");
     }
     void all_gather(const void* send, void* recv, int64_t n, CommType t) override {
         const size_t bytes = size_t(n) * comm_type_size(t);
         Staged s = stage(send, bytes, recv, bytes * size_t(size_));
         ZG_NCCL_CHECK(ncclAllGather(s.send, s.recv, size_t(n), nccl_type(t), comm_, stream_));
-        finish("all_gather");
+        finish("all_gather", s.any_staged);
         unstage(s, recv, bytes * size_t(size_));
     }
 
@@ -108,7 +121,7 @@ class NcclComm final : public Communicator {
         Staged s = stage(send, bytes * size_t(size_), recv, bytes);
         ZG_NCCL_CHECK(
             ncclReduceScatter(s.send, s.recv, size_t(n), nccl_type(t), ncclSum, comm_, stream_));
-        finish("reduce_scatter");
+        finish("reduce_scatter", s.any_staged);
         unstage(s, recv, bytes);
     }
 
@@ -118,7 +131,7 @@ class NcclComm final : public Communicator {
         const size_t bytes = size_t(n) * comm_type_size(t);
         Staged s = stage(buf, bytes, buf, bytes);
         ZG_NCCL_CHECK(ncclBroadcast(s.send, s.recv, size_t(n), nccl_type(t), root, comm_, stream_));
-        finish("broadcast");
+        finish("broadcast", s.any_staged);
         unstage(s, buf, bytes);
     }
 
@@ -126,7 +139,7 @@ class NcclComm final : public Communicator {
         // One element summed over the ranks completes only when every rank has called it.
         ensure_scratch(sizeof(float));
         ZG_NCCL_CHECK(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_));
-        finish("barrier");
+        finish_now("barrier");
     }
 
     std::unique_ptr<Communicator> split(int color, int key) override {
@@ -138,17 +151,38 @@ class NcclComm final : public Communicator {
     }
 
   private:
-    // Waits for the collective just enqueued, at most timeout_s: a peer that is alive but never
-    // makes the matching call (hung, or in another collective) would otherwise block this rank
-    // forever inside NCCL. On timeout or an asynchronous NCCL error the communicator is aborted
-    // and the error names the collective. (Dead peers and silent hosts are also caught by the
-    // rendezvous' watchdog, train/dist/rendezvous.h.)
-    void finish(const char* op) {
+    // Waits for the collective just enqueued (staged: its host buffers are read next), at most
+    // timeout_s; with wait_each_ false, a collective on device buffers is only marked queued, for
+    // settle().
+    void finish(const char* op, bool staged = false) {
         if (timeout_s_ <= 0) return;
+        if (!wait_each_ && !staged) {
+            if (queued_ev_ == nullptr)
+                ZG_CUDA_CHECK(cudaEventCreateWithFlags(&queued_ev_, cudaEventDisableTiming));
+            ZG_CUDA_CHECK(cudaEventRecord(queued_ev_, stream_));
+            queued_op_ = op;
+            return;
+        }
+        finish_now(op);
+    }
+    // Every collective queued so far done, then the stream: what barrier() and wait() promise.
+    void finish_now(const char* op) {
+        if (timeout_s_ <= 0) return;
+        settle();
+        wait_done(op, [&] { return cudaStreamQuery(stream_); });
+    }
+
+    // Waits until done() stops answering cudaErrorNotReady, at most timeout_s: a peer that is
+    // alive but never makes the matching call (hung, or in another collective) would otherwise
+    // block this rank forever inside NCCL. On timeout or an asynchronous NCCL error the
+    // communicator is aborted and the error names the collective. (Dead peers and silent hosts
+    // are also caught by the rendezvous' watchdog, train/dist/rendezvous.h.)
+    template <typename Done>
+    void wait_done(const char* op, Done done) {
         using Clock = std::chrono::steady_clock;
         const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
         for (int spin = 0;; spin++) {
-            const cudaError_t q = cudaStreamQuery(stream_);
+            const cudaError_t q = done();
             if (q == cudaSuccess) return;
             if (q != cudaErrorNotReady) ZG_CUDA_CHECK(q);
             ncclResult_t async = ncclSuccess;
@@ -233,6 +267,9 @@ class NcclComm final : public Communicator {
     double timeout_s_ = 0;  // 0: wait for collectives without a bound
     bool aborted_ = false;
     bool started_ = false;  // sums started and not yet waited for (start_all_reduce_sum)
+    bool wait_each_ = true;
+    cudaEvent_t queued_ev_ = nullptr;  // after the last collective queued without a wait
+    const char* queued_op_ = nullptr;  // its name, while settle() has not seen it done
     int rank_ = 0, size_ = 1;
     cudaStream_t own_stream_ = nullptr, stream_ = nullptr;
     void* scratch_ = nullptr;

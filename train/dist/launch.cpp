@@ -60,6 +60,8 @@ class JoinedComm final : public Communicator {
     }
     void set_stream(void* s) override { inner_->set_stream(s); }
     bool device_buffers() const override { return inner_->device_buffers(); }
+    void set_wait_each(bool each) override { inner_->set_wait_each(each); }
+    void settle() override { inner_->settle(); }
 
   private:
     std::unique_ptr<Rendezvous> rv_;
