@@ -843,12 +843,17 @@ void GptCuda::set_params(const float* host) {
     ZG_CUDA_CHECK(cudaDeviceSynchronize());
     impl_->refresh_bf16();
 }
+void GptCuda::settle_collectives() const {
+    if (impl_->vgroup.settle) impl_->vgroup.settle();
+}
 void GptCuda::get_params(float* host) const {
+    settle_collectives();
     ZG_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
     ZG_CUDA_CHECK(
         cudaMemcpy(host, impl_->params.get(), num_parameters() * 4, cudaMemcpyDeviceToHost));
 }
 void GptCuda::get_grads(float* host) const {
+    settle_collectives();
     ZG_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
     ZG_CUDA_CHECK(
         cudaMemcpy(host, impl_->grads.get(), num_parameters() * 4, cudaMemcpyDeviceToHost));
@@ -905,7 +910,7 @@ double GptCuda::grad_norm() {
 
 double GptCuda::grad_sum_of_squares(int64_t lo, int64_t hi) {
     queue_sum_of_squares(lo, hi);
-    if (impl_->vgroup.settle) impl_->vgroup.settle();  // the backward's last collectives
+    settle_collectives();  // the backward's last collectives
     ZG_CUDA_CHECK(cudaEventSynchronize(impl_->norm_ev));
     return *impl_->h_norm.get();
 }
@@ -949,7 +954,6 @@ double GptCuda::clip_and_adamw_step_range(double lr, double beta1, double beta2,
     queue_sum_of_squares(0, num_parameters());
     queue_adamw(lr, beta1, beta2, eps, weight_decay, t, 1.0, {im.norm_out.as<double>(), max_norm},
                 m, v, lo, hi);
-    if (im.vgroup.settle) im.vgroup.settle();  // the backward's last collectives
     ZG_CUDA_CHECK(cudaEventSynchronize(im.norm_ev));
     return std::sqrt(*im.h_norm.get());
 }

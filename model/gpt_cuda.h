@@ -114,6 +114,9 @@ class GptCuda {
     // this shard's dW rows, and dh reduce-scattered back. Reduction sum only (the trainer's).
     // Set before the first forward(); the full [B T, V] logits are then never allocated.
     void set_vocab_group(VocabGroup group);
+    // The group's queued collectives done (VocabGroup::settle; a no-op without one): before a
+    // host wait for the GPU outside the model.
+    void settle_collectives() const;
     // For a gradient all-reduce overlapped with backward(): as each transformer block's backward
     // is enqueued, `consumer_stream` (a cudaStream_t) is made to wait for the kernels that wrote
     // its gradients, then hook(lo, hi) hears the arena elements [lo, hi) that are final for

@@ -314,12 +314,17 @@ TEST_CASE("a checkpoint of 2 GPUs resumes on 1 GPU, and on 2 GPUs bit for bit") 
 }
 
 TEST_CASE("a GPU rank that fails or hangs stops every rank with the reason, in bounded time") {
-    // (last: a split whose group's collectives the host waits for only at its sync points)
+    // Last: a split whose group's collectives the host waits for only at its sync points, with
+    // rank 1 stopping before step 3's second micro-batch: no collective of the world lies
+    // between, so rank 0 queues the group's next ones unanswered and must stop at the first
+    // sync point that settles them.
+    const char* at_sync =
+        " --set parallel.vocab_parallel=2 --set parallel.vocab_collective_wait=at_sync"
+        " --set train.grad_accum=2";
     for (const auto& [hook, extra] :
          {std::pair<const char*, const char*>{"ZGPT_TEST_FAIL_RANK_AT_STEP=1:3", ""},
           {"ZGPT_TEST_HANG_RANK_AT_STEP=1:3", ""},
-          {"ZGPT_TEST_HANG_RANK_AT_STEP=1:3",
-           " --set parallel.vocab_parallel=2 --set parallel.vocab_collective_wait=at_sync"}}) {
+          {"ZGPT_TEST_HANG_RANK_AT_MICRO_BATCH=1:3:2", at_sync}}) {
         CAPTURE(hook);
         CAPTURE(extra);
         const fs::path cfg = write_config("failing", 2, 8);

@@ -958,6 +958,32 @@ TEST_CASE("train --nproc 3 (processes, tcp) equals 3 ranks as threads, bit for b
     CHECK(pa.params == pb.params);
 }
 
+TEST_CASE(
+    "train --nproc 3: a rank that stops before a micro-batch stops every rank, in bounded "
+    "time") {
+    // Rank 1 hangs before step 3's second micro-batch, where the vocabulary group's collectives
+    // follow with no collective of the whole world between: the others wait in the group's
+    // first one until parallel.timeout_s, then stop with the reason.
+    const std::string bin = built_binary("ZGPT_TRAIN_BIN");
+    const fs::path yaml = data_dir() / "nproc_hang_micro.yaml";
+    fs::remove_all(data_dir() / "runs" / "nphang");
+    write_yaml(yaml, "nphang", 2);
+    const auto t0 = std::chrono::steady_clock::now();
+    const CommandOutput r =
+        run_command("ZGPT_TEST_HANG_RANK_AT_MICRO_BATCH=1:3:2 " + bin + " -c " + yaml.string() +
+                    " --nproc 3 --set train.grad_accum=2 --set parallel.timeout_s=4");
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHECK(r.code != 0);
+    CHECK(took < 30);  // start-up, the 4 s timeout, the launcher's grace period
+    CHECK_MESSAGE(r.text.find("launch: rank") != std::string::npos, r.text);
+    // the metrics stop after step 2: step 3 never ended
+    const auto lines = metric_lines("nphang");
+    CHECK(lines.size() >= 2);
+    for (const std::string& l : lines) CHECK(nlohmann::json::parse(l)["step"].get<int>() <= 2);
+    MESSAGE("stopped in " << took << " s");
+}
+
 TEST_CASE("train --nproc 3: a rank that fails stops every rank with its message, in bounded time") {
     const std::string bin = built_binary("ZGPT_TRAIN_BIN");
     const fs::path yaml = data_dir() / "nproc_fail.yaml";

@@ -218,17 +218,26 @@ namespace {
 
 // Test hooks, read once from the environment (tests/test_parallel.cpp, tests/test_multi_gpu.cpp,
 // tests/test_train.cpp): a rank that throws, or one that stops answering while its process stays
-// alive, at a given step (..._AT_STEP=rank:step), and weights turned to NaN at a given step, as a
-// diverging run's would be. before_step() is the one place they act.
+// alive, at a given step (..._AT_STEP=rank:step) or before a given micro-batch of a step, after
+// the step's first collectives (ZGPT_TEST_HANG_RANK_AT_MICRO_BATCH=rank:step:micro-batch, from 1),
+// and weights turned to NaN at a given step, as a diverging run's would be. before_step() and
+// before_micro_batch() are the places they act.
 struct FaultHooks {
     int64_t fail_rank = -1, fail_step = -1, hang_rank = -1, hang_step = -1, poison_step = -1;
+    int64_t micro_rank = -1, micro_step = -1, micro_index = -1;
     FaultHooks() {
         if (const char* f = std::getenv("ZGPT_TEST_FAIL_RANK_AT_STEP"))
             std::sscanf(f, "%ld:%ld", &fail_rank, &fail_step);
         if (const char* f = std::getenv("ZGPT_TEST_HANG_RANK_AT_STEP"))
             std::sscanf(f, "%ld:%ld", &hang_rank, &hang_step);
+        if (const char* f = std::getenv("ZGPT_TEST_HANG_RANK_AT_MICRO_BATCH"))
+            std::sscanf(f, "%ld:%ld:%ld", &micro_rank, &micro_step, &micro_index);
         if (const char* f = std::getenv("ZGPT_TEST_POISON_WEIGHTS_AT_STEP"))
             std::sscanf(f, "%ld", &poison_step);
+    }
+    void before_micro_batch(int64_t step, int64_t index, int rank) const {
+        if (micro_rank == rank && micro_step == step && micro_index == index)
+            for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
     }
     void before_step(int64_t step, int rank, Backend& model) const {
         if (fail_rank == rank && fail_step == step)  // a rank that fails mid-run
@@ -678,16 +687,17 @@ bool TrainingRun::step(int64_t step, std::vector<Batch>& micro) {
     const bool profile = step == cfg_.train.profile_step;
     model().set_op_profiling(profile);
     const bool timeline = step == cfg_.train.timeline_step;
-    // CUPTI records per process: of the ranks that are threads of one process, rank 0 records
-    // for all of them
+    // CUPTI records per process: of the GPU ranks that are threads of one process, rank 0
+    // records for all of them
     const std::string timeline_why_not =
         !timeline ? ""
-        : local_ > 1 && world_.rank() > 0
+        : local_ > 1 && world_.rank() > 0 && device_.device == "cuda"
             ? "a thread of rank 0's process, whose timeline holds this rank's work"
             : model().start_timeline();
     model().zero_grad();
     CrossEntropySummary sum;
     for (Batch& b : micro) {
+        hooks_.before_micro_batch(step, &b - micro.data() + 1, rank_);
         // the last micro-batch's backward pass may start the gradient all-reduce
         if (R_ > 1 && &b == &micro.back()) model().begin_grad_sync(world_);
         const CrossEntropySummary s = model().train_micro_batch(b.inputs.data(), b.targets.data(),

@@ -176,6 +176,10 @@ std::vector<TimelineSummary> GpuTimeline::stop(int gaps, int top) {
     std::vector<Rec> recs;
     std::vector<std::string> names;
     std::map<std::string, int> label_of;  // names copied: CUPTI's strings are its own
+    // (a record CUPTI could not time has a zero or reversed interval: left out)
+    auto keep = [&](uint64_t start, uint64_t end, int lab, Kind kind) {
+        if (start != 0 && end >= start) recs.push_back({{start, end, lab}, kind});
+    };
     auto label = [&](const std::string& n) {
         auto [it, fresh] = label_of.emplace(n, int(names.size()));
         if (fresh) names.push_back(n);
@@ -186,18 +190,18 @@ std::vector<TimelineSummary> GpuTimeline::stop(int gaps, int top) {
         while (cupti_->next_record(buf, valid, &r) == CUPTI_SUCCESS) {
             if (r->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
                 const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(r);
-                recs.push_back({{k->start, k->end, label(short_kernel_name(k->name))}, gpu_kernel});
+                keep(k->start, k->end, label(short_kernel_name(k->name)), gpu_kernel);
             } else if (r->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
                 const auto* c = reinterpret_cast<const CUpti_ActivityMemcpy6*>(r);
-                recs.push_back({{c->start, c->end, label(copy_name(c->copyKind))}, gpu_copy});
+                keep(c->start, c->end, label(copy_name(c->copyKind)), gpu_copy);
             } else if (r->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
                 const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(r);
-                recs.push_back({{m->start, m->end, label("memset")}, gpu_memset});
+                keep(m->start, m->end, label("memset"), gpu_memset);
             } else if (r->kind == CUPTI_ACTIVITY_KIND_RUNTIME) {
                 const auto* a = reinterpret_cast<const CUpti_ActivityAPI*>(r);
                 const char* n = nullptr;
                 cupti_->callback_name(CUPTI_CB_DOMAIN_RUNTIME_API, a->cbid, &n);
-                recs.push_back({{a->start, a->end, label(api_name(n))}, host_call});
+                keep(a->start, a->end, label(api_name(n)), host_call);
             }
         }
         std::free(buf);

@@ -132,6 +132,7 @@ class CudaBackend final : public Backend {
     }
     double all_reduce_grads(Communicator& comm) override {
         cuda::set_collective_sms(0);  // the buckets' reserve (start_bucket): no GEMM runs here
+        model_.settle_collectives();  // the split's last ones, bounded by the timeout
         ZG_CUDA_CHECK(cudaDeviceSynchronize());  // the backward pass is done on its streams
         const auto t0 = std::chrono::steady_clock::now();
         const int64_t n = model_.num_parameters();
@@ -216,12 +217,15 @@ class CudaBackend final : public Backend {
     std::string start_timeline() override {
         if (!timeline_) timeline_ = std::make_unique<GpuTimeline>();
         if (!timeline_->unavailable().empty()) return timeline_->unavailable();
+        model_.settle_collectives();
         ZG_CUDA_CHECK(cudaDeviceSynchronize());  // what ran before is not this step's
         timeline_->start();
+        timeline_->mark();                // the step from here: start()'s own probe is not in it
         return timeline_->unavailable();  // (start can fail: another profiler attached)
     }
     std::optional<TimelineSummary> stop_timeline() override {
         if (!timeline_ || !timeline_->unavailable().empty()) return std::nullopt;
+        model_.settle_collectives();
         ZG_CUDA_CHECK(cudaDeviceSynchronize());
         std::vector<TimelineSummary> s = timeline_->stop(8, 12);
         if (s.empty()) return std::nullopt;

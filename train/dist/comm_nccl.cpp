@@ -81,8 +81,10 @@ class NcclComm final : public Communicator {
         if (each) settle();
         wait_each_ = each;
     }
-    // The last collective queued without a wait done (the model orders a communicator's
-    // collectives on its streams, so every earlier one is done too), bounded by the timeout.
+    // The last collective queued without a wait done, bounded by the timeout. Every earlier one
+    // is then done too: NCCL needs one order of a communicator's collectives, and its user
+    // keeps them in it across streams (the split head's `collective` chain of events in
+    // model/gpt_cuda_head.cu; the embedding's exchanges all on the model's stream).
     void settle() override {
         if (queued_op_ == nullptr) return;
         const char* op = std::exchange(queued_op_, nullptr);
