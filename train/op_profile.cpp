@@ -61,7 +61,7 @@ std::string format_op_profile(const nlohmann::json& profile) {
     for (const std::string& n : names)
         row(n, [&](const nlohmann::json& r) {
             for (const auto& o : r.at("ops"))
-                if (o.at("op") == n) return o.at("ms").get<double>();
+                if (o.at("op").get_ref<const std::string&>() == n) return o.at("ms").get<double>();
             return -1.0;
         });
     row("all ops", [](const nlohmann::json& r) { return r.at("ops_ms").get<double>(); });
