@@ -620,7 +620,7 @@ void GptCuda::Impl::upload_buckets() {
     if (group_tokens_pending) {
         // The group's tokens in this shard, as rows of the shard (-1: another shard's).
         group_tokens_pending = false;
-        if (vgroup.settle) vgroup.settle();  // the tokens' all-gather, bounded by the timeout
+        vgroup.settle();  // the tokens' all-gather, bounded by the timeout
         ZG_CUDA_CHECK(cudaEventSynchronize(group_tokens_ev));
         const int64_t NA = vgroup.size * B * Tn;
         const int64_t v0 = shard_v0(vgroup.rank), rows = shard_rows(vgroup.rank);
@@ -844,7 +844,7 @@ void GptCuda::set_params(const float* host) {
     impl_->refresh_bf16();
 }
 void GptCuda::settle_collectives() const {
-    if (impl_->vgroup.settle) impl_->vgroup.settle();
+    impl_->vgroup.settle();
 }
 void GptCuda::get_params(float* host) const {
     settle_collectives();
@@ -885,6 +885,7 @@ void GptCuda::set_vocab_group(VocabGroup group) {
     ZG_CHECK(group.size == 1 ||
                  (group.all_gather && group.reduce_scatter_sum && group.reduce_scatter_owned),
              "vocab group: the collectives are missing");
+    ZG_CHECK(bool(group.settle), "vocab group: settle is empty (its default does nothing)");
     ZG_CHECK(group.size == impl_->opt.vocab_parts,
              "vocab group of " + std::to_string(group.size) + " ranks for a model built for " +
                  std::to_string(impl_->opt.vocab_parts) + " vocabulary parts");

@@ -61,9 +61,9 @@ struct VocabGroup {
     std::function<void(const void* send, void* recv, int64_t bytes, void* stream)>
         reduce_scatter_owned;
     // Waits, bounded by the group's timeout, until every collective queued so far is done: the
-    // model calls it before the host waits for the GPU after them (null: each call above
-    // returned once its collective was done, or the group has no bound).
-    std::function<void()> settle;
+    // model calls it before the host waits for the GPU after them (the default does nothing:
+    // each call above returned once its collective was done, or the group has no bound).
+    std::function<void()> settle = [] {};
 };
 
 class GptCuda {
@@ -114,8 +114,8 @@ class GptCuda {
     // this shard's dW rows, and dh reduce-scattered back. Reduction sum only (the trainer's).
     // Set before the first forward(); the full [B T, V] logits are then never allocated.
     void set_vocab_group(VocabGroup group);
-    // The group's queued collectives done (VocabGroup::settle; a no-op without one): before a
-    // host wait for the GPU outside the model.
+    // The group's queued collectives done (VocabGroup::settle): before a host wait for the GPU
+    // outside the model.
     void settle_collectives() const;
     // For a gradient all-reduce overlapped with backward(): as each transformer block's backward
     // is enqueued, `consumer_stream` (a cudaStream_t) is made to wait for the kernels that wrote

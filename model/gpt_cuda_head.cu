@@ -341,7 +341,7 @@ CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bo
     tick("head (vp): loss sums");
     ZG_CUDA_CHECK(cudaMemcpyAsync(h_summary.get(), a.summary, sizeof(cuda::LossSummaryF),
                                   cudaMemcpyDeviceToHost, stream));
-    if (vgroup.settle) vgroup.settle();  // the chunks' collectives, bounded by the timeout
+    vgroup.settle();  // the chunks' collectives, bounded by the timeout
     ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
     const cuda::LossSummaryF f = h_summary.get()[0];
     const CrossEntropySummary s = to_summary(f);

@@ -5,6 +5,16 @@
 
 namespace zgpt {
 
+nlohmann::json gather_rank_reports(Communicator& world, nlohmann::json mine, int64_t step,
+                                   double step_ms) {
+    mine["rank"] = world.rank();
+    const std::vector<std::string> all = gather_texts(world, mine.dump());
+    if (world.rank() != 0) return nullptr;
+    nlohmann::json ranks = nlohmann::json::array();
+    for (const std::string& t : all) ranks.push_back(nlohmann::json::parse(t));
+    return {{"step", step}, {"step_ms", step_ms}, {"ranks", ranks}};
+}
+
 nlohmann::json gather_op_profile(Communicator& world, const OpTimes& mine, int64_t step,
                                  double step_ms) {
     nlohmann::json ops = nlohmann::json::array();
@@ -13,13 +23,7 @@ nlohmann::json gather_op_profile(Communicator& world, const OpTimes& mine, int64
         ops.push_back({{"op", name}, {"ms", ms}});
         total += ms;
     }
-    const std::string text =
-        nlohmann::json{{"rank", world.rank()}, {"ops_ms", total}, {"ops", ops}}.dump();
-    const std::vector<std::string> all = gather_texts(world, text);
-    if (world.rank() != 0) return nullptr;
-    nlohmann::json ranks = nlohmann::json::array();
-    for (const std::string& t : all) ranks.push_back(nlohmann::json::parse(t));
-    return {{"step", step}, {"step_ms", step_ms}, {"ranks", ranks}};
+    return gather_rank_reports(world, {{"ops_ms", total}, {"ops", ops}}, step, step_ms);
 }
 
 std::string format_op_profile(const nlohmann::json& profile) {

@@ -15,6 +15,12 @@ namespace zgpt {
 
 using OpTimes = std::vector<std::pair<std::string, double>>;
 
+// Every rank's report of one step on rank 0: {"step", "step_ms", "ranks": [each rank's `mine`
+// with its "rank"]}, in rank order; other ranks get null. Collective over `world`. (The op
+// profile below, and train/step_timeline.h's timelines.)
+nlohmann::json gather_rank_reports(Communicator& world, nlohmann::json mine, int64_t step,
+                                   double step_ms);
+
 // Every rank's ops as JSON on rank 0 ({"step", "step_ms", "ranks": [{"rank", "ops_ms": total,
 // "ops": [{"op", "ms"}]}]}); other ranks get null. Collective over `world`.
 nlohmann::json gather_op_profile(Communicator& world, const OpTimes& mine, int64_t step,

@@ -32,18 +32,6 @@ nlohmann::json timeline_json(const std::optional<TimelineSummary>& s, const std:
             {"top_kernels", kernels}};
 }
 
-nlohmann::json gather_step_timeline(Communicator& world, const nlohmann::json& mine, int64_t step,
-                                    double step_ms) {
-    nlohmann::json tagged = mine;
-    tagged["rank"] = world.rank();
-    const std::string text = tagged.dump();
-    const std::vector<std::string> all = gather_texts(world, text);
-    if (world.rank() != 0) return nullptr;
-    nlohmann::json ranks = nlohmann::json::array();
-    for (const std::string& t : all) ranks.push_back(nlohmann::json::parse(t));
-    return {{"step", step}, {"step_ms", step_ms}, {"ranks", ranks}};
-}
-
 std::string format_step_timeline(const nlohmann::json& t) {
     char buf[512];
     std::snprintf(buf, sizeof buf,

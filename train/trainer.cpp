@@ -751,7 +751,7 @@ bool TrainingRun::step(int64_t step, std::vector<Batch>& micro) {
     }
     if (timeline) {
         const nlohmann::json mine = timeline_json(model().stop_timeline(), timeline_why_not);
-        const nlohmann::json t = gather_step_timeline(world_, mine, step, dt * 1e3);
+        const nlohmann::json t = gather_rank_reports(world_, mine, step, dt * 1e3);
         if (lead_) {
             write_text_file(result_.run_dir + "/timeline_step_" + std::to_string(step) + ".json",
                             t.dump(1) + "\n");
