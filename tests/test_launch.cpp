@@ -817,6 +817,69 @@ TEST_CASE("join_run: a world of one (torchrun --nproc-per-node 1) needs no maste
     CHECK(c.err == "");
 }
 
+// Records the name of each call that reaches it.
+class SpyComm final : public Communicator {
+  public:
+    explicit SpyComm(std::vector<std::string>& calls) : calls_(calls) {}
+    int rank() const override { return 0; }
+    int size() const override { return 1; }
+    std::string name() const override { return "spy"; }
+    void all_reduce_sum(void*, int64_t, CommType) override { calls_.push_back("all_reduce_sum"); }
+    void all_gather(const void*, void*, int64_t, CommType) override {
+        calls_.push_back("all_gather");
+    }
+    void reduce_scatter_sum(const void*, void*, int64_t, CommType) override {
+        calls_.push_back("reduce_scatter_sum");
+    }
+    void start_all_reduce_sum(void*, int64_t, CommType) override {
+        calls_.push_back("start_all_reduce_sum");
+    }
+    void wait() override { calls_.push_back("wait"); }
+    void broadcast(void*, int64_t, CommType, int) override { calls_.push_back("broadcast"); }
+    void barrier() override { calls_.push_back("barrier"); }
+    std::unique_ptr<Communicator> split(int, int) override {
+        calls_.push_back("split");
+        return nullptr;
+    }
+    void set_stream(void*) override { calls_.push_back("set_stream"); }
+    bool device_buffers() const override {
+        calls_.push_back("device_buffers");
+        return true;
+    }
+    void set_wait_each(bool) override { calls_.push_back("set_wait_each"); }
+    void settle() override { calls_.push_back("settle"); }
+
+  private:
+    std::vector<std::string>& calls_;
+};
+
+// A call the joined communicator left to the base class would run the base's fallback (a started
+// sum, for one, would block until done) instead of the inner communicator's own.
+TEST_CASE("join_run: the joined communicator passes every call to its inner one") {
+    std::vector<std::string> calls;
+    auto rv = std::make_unique<Rendezvous>(env_of(0, 1, net::free_tcp_port()), 5);
+    auto joined = make_joined_comm(std::move(rv), std::make_unique<SpyComm>(calls));
+    float x[2] = {};
+    joined->all_reduce_sum(x, 2, CommType::f32);
+    joined->all_gather(x, x, 1, CommType::f32);
+    joined->reduce_scatter_sum(x, x, 1, CommType::f32);
+    joined->start_all_reduce_sum(x, 2, CommType::f32);
+    joined->wait();
+    joined->broadcast(x, 2, CommType::f32, 0);
+    joined->barrier();
+    joined->split(0, 0);
+    joined->set_stream(nullptr);
+    CHECK(joined->device_buffers());
+    joined->set_wait_each(false);
+    joined->settle();
+    CHECK(joined->name() == "spy");
+    CHECK(calls == std::vector<std::string>{"all_reduce_sum", "all_gather", "reduce_scatter_sum",
+                                            "start_all_reduce_sum", "wait", "broadcast", "barrier",
+                                            "split", "set_stream", "device_buffers",
+                                            "set_wait_each", "settle"});
+    finish_run(*joined);
+}
+
 TEST_CASE("join_run: two processes sum over tcp and finish in order") {
     const int port = net::free_tcp_port();
     const fs::path dir = temp_dir("join");

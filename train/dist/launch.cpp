@@ -50,6 +50,11 @@ class JoinedComm final : public Communicator {
     void reduce_scatter_sum(const void* send, void* recv, int64_t n, CommType t) override {
         inner_->reduce_scatter_sum(send, recv, n, t);
     }
+    // Passed on, not left to the base class: its fallback would sum at once and block.
+    void start_all_reduce_sum(void* buf, int64_t n, CommType t) override {
+        inner_->start_all_reduce_sum(buf, n, t);
+    }
+    void wait() override { inner_->wait(); }
     void broadcast(void* buf, int64_t n, CommType t, int root) override {
         inner_->broadcast(buf, n, t, root);
     }
