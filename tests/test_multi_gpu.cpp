@@ -198,14 +198,14 @@ TEST_CASE("2 GPUs through nccl equal 2 local ranks sharing one GPU, bit for bit"
     // The last: the split in bf16 with C = 30 (3 heads) and T = 63 at B = 1, whose embedding
     // rows (63 x 30 bf16 a rank) are not whole 8-byte words, so their exchange pads each rank's
     // block
-    // at_sync: the split's collectives queued without a host wait each; the same stream order,
-    // so the same bits
+    // each: the host waits for every collective of the split (at_sync, the default, waits only
+    // at its sync points); the same stream order either way, so the same bits
     const std::string narrow =
         " --set parallel.vocab_parallel=2 --set train.precision=bf16 --set train.seq_len=63";
     for (const std::string& extra :
          {std::string(), std::string(" --set parallel.vocab_parallel=2"),
           std::string(
-              " --set parallel.vocab_parallel=2 --set parallel.vocab_collective_wait=at_sync"),
+              " --set parallel.vocab_parallel=2 --set parallel.vocab_collective_wait=each"),
           std::string(" --set parallel.zero1=true"),
           std::string(" --set parallel.vocab_parallel=2 --set parallel.zero1=true"), narrow}) {
         CAPTURE(extra);

@@ -105,8 +105,8 @@ struct ParallelConfig {
     // returns once its collective is done (bounded by timeout_s; a hang is named at its
     // collective), so the host queues nothing behind it meanwhile. at_sync: a call returns once
     // queued, and the host waits (bounded the same) only where it next reads their results: the
-    // loss, the gradient norm.
-    std::string vocab_collective_wait = "each";
+    // loss, the gradient norm. at_sync keeps the GPU fed between the split's collectives.
+    std::string vocab_collective_wait = "at_sync";
 };
 
 struct Config {
