@@ -87,10 +87,13 @@ GptCuda::Impl::Impl(const ModelConfig& c, const CudaModelOptions& o)
     ZG_CUDA_CHECK(cudaEventCreateWithFlags(&norm_ev, cudaEventDisableTiming));
     const size_t n = size_t(layout.table.total());
     params = DeviceBuffer(n * 4);
-    grads = DeviceBuffer(n * 4);
+    grads = DeviceBuffer((n + size_t(GptCuda::kGradTail)) * 4);
+    if (grads.get())  // (not while only sizing)
+        ZG_CUDA_CHECK(cudaMemset(grads.get(), 0, (n + size_t(GptCuda::kGradTail)) * 4));
     if (t == DType::bf16) params16 = DeviceBuffer(n * 2);
     norm_scratch = DeviceBuffer(cuda::sum_of_squares_scratch_bytes());
     norm_out = DeviceBuffer(sizeof(double));
+    norm_parts = DeviceBuffer(GptCuda::kMaxNormParts * sizeof(double));
     h_norm = PinnedBuffer<double>(1);
     grad_out = DeviceBuffer(sizeof(float));
     summary = DeviceBuffer(kMaxHeadChunks * sizeof(cuda::LossSummaryF));
@@ -917,12 +920,21 @@ double GptCuda::grad_sum_of_squares(int64_t lo, int64_t hi) {
 }
 
 void GptCuda::queue_sum_of_squares(int64_t lo, int64_t hi) {
+    queue_sum_of_squares_kernel(lo, hi);
+    queue_norm_copy();
+}
+
+void GptCuda::queue_sum_of_squares_kernel(int64_t lo, int64_t hi) {
     Impl& im = *impl_;
     ZG_CHECK(0 <= lo && lo <= hi && hi <= num_parameters(), "grad_sum_of_squares: bad range");
     im.tick(nullptr);
     cuda::sum_of_squares(im.norm_out.as<double>(), im.grads.as<float>() + lo, hi - lo,
                          im.norm_scratch.get(), im.stream);
     im.tick("gradient norm");
+}
+
+void GptCuda::queue_norm_copy() {
+    Impl& im = *impl_;
     ZG_CUDA_CHECK(cudaMemcpyAsync(im.h_norm.get(), im.norm_out.get(), sizeof(double),
                                   cudaMemcpyDeviceToHost, im.stream));
     ZG_CUDA_CHECK(cudaEventRecord(im.norm_ev, im.stream));
@@ -953,6 +965,35 @@ double GptCuda::clip_and_adamw_step_range(double lr, double beta1, double beta2,
     // The norm on its way to the host before the update is queued: the host then waits for the
     // copy alone, and its work between steps runs beside the update.
     queue_sum_of_squares(0, num_parameters());
+    queue_adamw(lr, beta1, beta2, eps, weight_decay, t, 1.0, {im.norm_out.as<double>(), max_norm},
+                m, v, lo, hi);
+    ZG_CUDA_CHECK(cudaEventSynchronize(im.norm_ev));
+    return std::sqrt(*im.h_norm.get());
+}
+
+double GptCuda::clip_and_adamw_step_sliced(
+    double lr, double beta1, double beta2, double eps, double weight_decay, int64_t t,
+    double max_norm, float* m, float* v, int64_t lo, int64_t hi,
+    const std::vector<std::pair<int64_t, int64_t>>& slices, int own,
+    const std::function<void(double* parts, void* stream)>& gather_parts) {
+    Impl& im = *impl_;
+    ZG_CHECK(im.vgroup.size == 1,
+             "clip_and_adamw_step_sliced: a vocab-parallel model's norm is summed over its group");
+    const int n = int(slices.size());
+    ZG_CHECK(n >= 1 && n <= kMaxNormParts && own < n,
+             "clip_and_adamw_step_sliced: 1 to " + std::to_string(kMaxNormParts) + " slices");
+    auto* parts = im.norm_parts.as<double>();
+    for (int r = 0; r < n; r++) {
+        if (own >= 0 && r != own) continue;
+        const auto [a, b] = slices[size_t(r)];
+        ZG_CHECK(0 <= a && a <= b && b <= num_parameters(),
+                 "clip_and_adamw_step_sliced: bad slice");
+        cuda::sum_of_squares(parts + r, im.grads.as<float>() + a, b - a, im.norm_scratch.get(),
+                             im.stream);
+    }
+    if (own >= 0) gather_parts(parts, im.stream);
+    cuda::sum_of_parts(im.norm_out.as<double>(), parts, n, im.stream);
+    queue_norm_copy();
     queue_adamw(lr, beta1, beta2, eps, weight_decay, t, 1.0, {im.norm_out.as<double>(), max_norm},
                 m, v, lo, hi);
     ZG_CUDA_CHECK(cudaEventSynchronize(im.norm_ev));

@@ -146,6 +146,17 @@ class GptCuda {
     double clip_and_adamw_step_range(double lr, double beta1, double beta2, double eps,
                                      double weight_decay, int64_t t, double max_norm, float* m,
                                      float* v, int64_t lo, int64_t hi);
+    // The same with the sum of squares taken slice by slice, as several ranks hold the arena:
+    // slices[r]'s sum into part r, the parts added on the device in one fixed order. own < 0:
+    // this rank holds every slice's summed gradient (data parallel) and sums them all. own >= 0
+    // (ZeRO-1 after a reduce-scatter): it sums its own slice only, and gather_parts(parts,
+    // stream), ordered on the stream, brings the other ranks' parts. Either way the same bits.
+    static constexpr int kMaxNormParts = 256;
+    double clip_and_adamw_step_sliced(
+        double lr, double beta1, double beta2, double eps, double weight_decay, int64_t t,
+        double max_norm, float* m, float* v, int64_t lo, int64_t hi,
+        const std::vector<std::pair<int64_t, int64_t>>& slices, int own,
+        const std::function<void(double* parts, void* stream)>& gather_parts);
     void refresh_bf16_copy();  // the bf16 working weights from the fp32 master (stream-ordered)
 
     // [B * Tn, padded_vocab] of the last forward (not with fused_linear)
@@ -153,6 +164,10 @@ class GptCuda {
     // Device pointers (tests, the optimizer): fp32 master weights and gradients.
     float* params_device();
     float* grads_device();
+    // The gradient arena's elements, num_parameters() and a zeroed tail past them: room for a
+    // reduce-scatter in equal chunks (ceil(n / ranks) each) over up to kGradTail + 1 ranks.
+    static constexpr int64_t kGradTail = 255;
+    int64_t grad_capacity() const { return num_parameters() + kGradTail; }
 
     size_t allocated_bytes() const;  // everything this model holds on the device now
     // What a model of this config allocates on the device for micro-batches of B x T, without
@@ -177,7 +192,9 @@ class GptCuda {
     std::unique_ptr<Impl> impl_;
     // The gradient's sum of squares over [lo, hi), queued with its copy to the host (the
     // pinned h_norm, norm_ev recorded after it).
-    void queue_sum_of_squares(int64_t lo, int64_t hi);
+    void queue_sum_of_squares(int64_t lo, int64_t hi);  // the kernel, then the copy to the host
+    void queue_sum_of_squares_kernel(int64_t lo, int64_t hi);
+    void queue_norm_copy();
     void queue_adamw(double lr, double beta1, double beta2, double eps, double weight_decay,
                      int64_t t, double grad_scale, const cuda::AdamWClip& clip, float* m, float* v,
                      int64_t lo, int64_t hi);

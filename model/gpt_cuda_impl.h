@@ -133,6 +133,7 @@ struct GptCuda::Impl {
 
     DeviceBuffer params, grads, params16;  // fp32 arenas; bf16 copy (bf16 precision only)
     DeviceBuffer norm_scratch, norm_out;
+    DeviceBuffer norm_parts;  // a sum of squares slice by slice (clip_and_adamw_step_sliced)
     // The sum of squares' copy for the host and its event: the host waits for the copy alone
     // (with clip_and_adamw_step_range, while the update runs)
     PinnedBuffer<double> h_norm;

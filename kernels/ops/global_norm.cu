@@ -51,4 +51,10 @@ void sum_of_squares(double* out, const float* x, int64_t n, void* scratch, CUstr
     ZG_LAUNCH_CHECK();
 }
 
+void sum_of_parts(double* out, const double* parts, int n, CUstream_st* s) {
+    ZG_CHECK(n >= 0 && out && parts, "sum_of_parts: bad arguments");
+    final_kernel<<<1, kThreads, 0, s>>>(out, parts, n);
+    ZG_LAUNCH_CHECK();
+}
+
 }  // namespace zgpt::cuda

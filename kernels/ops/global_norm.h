@@ -28,5 +28,7 @@ namespace zgpt::cuda {
 
 size_t sum_of_squares_scratch_bytes();
 void sum_of_squares(double* out, const float* x, int64_t n, void* scratch, CUstream_st* s);
+// *out = the n parts added in one fixed order (a sum of squares taken slice by slice).
+void sum_of_parts(double* out, const double* parts, int n, CUstream_st* s);
 
 }  // namespace zgpt::cuda

@@ -138,7 +138,12 @@ class CudaBackend final : public Backend {
         const int64_t n = model_.num_parameters();
         const std::vector<ArenaSlice> world_spans =
             vocab_.split() ? arena_.replicated_spans() : std::vector<ArenaSlice>{{0, n}};
-        if (syncing_ == &comm) {  // the rest of the buckets' way, then what they did not cover
+        world_ = &comm;
+        scattered_ = syncing_ != &comm && scatter_grads(comm);
+        if (scattered_) {
+            reduce_scatter_grads(comm);
+        } else if (syncing_ ==
+                   &comm) {  // the rest of the buckets' way, then what they did not cover
             model_.set_grad_ready_hook(nullptr, {});
             start_bucket();
             for (const ArenaSlice& s : world_spans)
@@ -158,6 +163,10 @@ class CudaBackend final : public Backend {
             .count();
     }
     double grad_norm() override {
+        if (scattered_) {  // this rank holds the summed gradient of its slice only
+            const ArenaSlice mine = share_.pieces()[0].mine;
+            return std::sqrt(world_->sum(model_.grad_sum_of_squares(mine.lo, mine.hi)));
+        }
         if (!vocab_.split()) return model_.grad_norm();
         // The replicated part is the same on every rank; the shards' parts add over the group.
         double replicated = 0, mine = 0;
@@ -184,9 +193,26 @@ class CudaBackend final : public Backend {
         const Zero1Piece& p = share_.pieces()[0];
         steps_++;
         const OptimConfig& o = cfg_.optim;
-        const double norm = model_.clip_and_adamw_step_range(
-            lr, o.beta1, o.beta2, o.eps, decoupled_weight_decay(o), steps_, max_norm, m_.get(),
-            v_.get(), p.mine.lo, p.mine.hi);
+        const double wd = decoupled_weight_decay(o);
+        double norm = 0;
+        if (world_ && world_->size() > 1) {
+            // Several ranks: the norm slice by slice as ZeRO-1 cuts the arena, so that data
+            // parallel, ZeRO-1 and a reduce-scatter all give the same bits.
+            Communicator& w = *world_;
+            std::vector<std::pair<int64_t, int64_t>> slices;
+            for (int r = 0; r < w.size(); r++) {
+                const ArenaSlice s = arena_slice(model_.num_parameters(), w.size(), r);
+                slices.push_back({s.lo, s.hi});
+            }
+            norm = model_.clip_and_adamw_step_sliced(
+                lr, o.beta1, o.beta2, o.eps, wd, steps_, max_norm, m_.get(), v_.get(), p.mine.lo,
+                p.mine.hi, slices, scattered_ ? w.rank() : -1,
+                [this, &w](double* parts, void* stream) { gather_norm_parts(w, parts, stream); });
+        } else {
+            norm =
+                model_.clip_and_adamw_step_range(lr, o.beta1, o.beta2, o.eps, wd, steps_, max_norm,
+                                                 m_.get(), v_.get(), p.mine.lo, p.mine.hi);
+        }
         gather_optimizer_slices();
         return norm;
     }
@@ -300,6 +326,38 @@ class CudaBackend final : public Backend {
     std::vector<float> whole(const std::vector<float>& stored) const {
         return arena_.gather(vocab_.group, stored.data());
     }
+    // ZeRO-1 without a split over a device communicator, the gradient summed after the backward
+    // pass: a rank updates only its slice, so a reduce-scatter (half an all-reduce's bytes)
+    // gives it all it needs. Its equal chunks of ceil(n / ranks) are the ZeRO-1 slices; the
+    // arena's zeroed tail pads the last one.
+    bool scatter_grads(const Communicator& comm) const {
+        if (!share_.sharded() || vocab_.split() || !comm.device_buffers() || comm.size() < 2)
+            return false;
+        const int64_t n = model_.num_parameters(), chunk = (n + comm.size() - 1) / comm.size();
+        const ArenaSlice mine = share_.pieces()[0].mine;
+        return chunk * comm.size() <= model_.grad_capacity() && mine.lo == comm.rank() * chunk &&
+               mine.hi == std::min(n, mine.lo + chunk);
+    }
+    void reduce_scatter_grads(Communicator& comm) {
+        const int64_t n = model_.num_parameters(), chunk = (n + comm.size() - 1) / comm.size();
+        float* g = model_.grads_device();
+        give_stream(comm);
+        comm.reduce_scatter_sum(g, g + comm.rank() * chunk, chunk, CommType::f32);  // in place
+        ZG_CUDA_CHECK(cudaDeviceSynchronize());
+    }
+    // The other ranks' parts of a sliced sum of squares (parts[r], device doubles) on `stream`:
+    // an all-gather in place.
+    void gather_norm_parts(Communicator& w, double* parts, void* stream) {
+        if (w.device_buffers()) {
+            give_stream(w, stream);
+            w.all_gather(parts + w.rank(), parts, 1, CommType::f64);
+            return;
+        }
+        std::vector<double> h(size_t(w.size()));
+        to_host(h.data() + w.rank(), parts + w.rank(), sizeof(double), stream);
+        w.all_gather(h.data() + w.rank(), h.data(), 1, CommType::f64);
+        to_device(parts, h.data(), h.size() * sizeof(double), stream);
+    }
     // Starts the sum of the pending bucket over the syncing communicator, on sync_stream_.
     void start_bucket() {
         if (bucket_.hi <= bucket_.lo) return;
@@ -350,6 +408,10 @@ class CudaBackend final : public Backend {
     // step's sums are in flight, the bucket being filled and the range started so far.
     cudaStream_t sync_stream_ = nullptr;
     Communicator* syncing_ = nullptr;
+    // The world of the last all_reduce_grads, and whether it left each rank only its ZeRO-1
+    // slice of the summed gradient (scatter_grads)
+    Communicator* world_ = nullptr;
+    bool scattered_ = false;
     ArenaSlice bucket_, started_;
     int64_t steps_ = 0;
     // a step's start (zero_grad) and the end of its last micro-batch's passes, on the main stream
