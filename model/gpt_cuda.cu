@@ -983,6 +983,7 @@ double GptCuda::clip_and_adamw_step_sliced(
     ZG_CHECK(n >= 1 && n <= kMaxNormParts && own < n,
              "clip_and_adamw_step_sliced: 1 to " + std::to_string(kMaxNormParts) + " slices");
     auto* parts = im.norm_parts.as<double>();
+    im.tick(nullptr);
     for (int r = 0; r < n; r++) {
         if (own >= 0 && r != own) continue;
         const auto [a, b] = slices[size_t(r)];
@@ -993,6 +994,7 @@ double GptCuda::clip_and_adamw_step_sliced(
     }
     if (own >= 0) gather_parts(parts, im.stream);
     cuda::sum_of_parts(im.norm_out.as<double>(), parts, n, im.stream);
+    im.tick("gradient norm");
     queue_norm_copy();
     queue_adamw(lr, beta1, beta2, eps, weight_decay, t, 1.0, {im.norm_out.as<double>(), max_norm},
                 m, v, lo, hi);
