@@ -142,8 +142,8 @@ class CudaBackend final : public Backend {
         scattered_ = syncing_ != &comm && scatter_grads(comm);
         if (scattered_) {
             reduce_scatter_grads(comm);
-        } else if (syncing_ ==
-                   &comm) {  // the rest of the buckets' way, then what they did not cover
+        } else if (syncing_ == &comm) {
+            // the rest of the buckets' way, then what they did not cover
             model_.set_grad_ready_hook(nullptr, {});
             start_bucket();
             for (const ArenaSlice& s : world_spans)
