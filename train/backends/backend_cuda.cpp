@@ -57,6 +57,23 @@ void to_device(void* dst, const void* src, size_t bytes, void* stream) {
     ZG_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
+// A collective on device buffers: a device communicator (nccl) runs `op` on them on `stream`; a
+// host one (local ranks sharing this GPU) runs it on 8-byte aligned host copies (send_bytes in,
+// recv_bytes out).
+template <typename Op>
+void collective_on_device(Communicator& g, const void* send, int64_t send_bytes, void* recv,
+                          int64_t recv_bytes, void* stream, Op op) {
+    if (g.device_buffers()) {
+        g.set_stream(stream);
+        op(send, recv);
+        return;
+    }
+    std::vector<int64_t> hs((send_bytes + 7) / 8), hr((recv_bytes + 7) / 8);
+    to_host(hs.data(), send, send_bytes, stream);
+    op(hs.data(), hr.data());
+    to_device(recv, hr.data(), recv_bytes, stream);
+}
+
 class CudaBackend final : public Backend {
   public:
     CudaBackend(const Config& cfg, VocabParallel vocab, Communicator* zero1)
@@ -345,18 +362,11 @@ class CudaBackend final : public Backend {
         comm.reduce_scatter_sum(g, g + comm.rank() * chunk, chunk, CommType::f32);  // in place
         ZG_CUDA_CHECK(cudaDeviceSynchronize());
     }
-    // The other ranks' parts of a sliced sum of squares (parts[r], device doubles) on `stream`:
-    // an all-gather in place.
+    // The other ranks' parts of a sliced sum of squares (parts[r], device doubles) on `stream`.
     void gather_norm_parts(Communicator& w, double* parts, void* stream) {
-        if (w.device_buffers()) {
-            give_stream(w, stream);
-            w.all_gather(parts + w.rank(), parts, 1, CommType::f64);
-            return;
-        }
-        std::vector<double> h(size_t(w.size()));
-        to_host(h.data() + w.rank(), parts + w.rank(), sizeof(double), stream);
-        w.all_gather(h.data() + w.rank(), h.data(), 1, CommType::f64);
-        to_device(parts, h.data(), h.size() * sizeof(double), stream);
+        give_stream(w, stream);
+        collective_on_device(w, parts + w.rank(), 8, parts, 8 * w.size(), stream,
+                             [&](const void* s, void* r) { w.all_gather(s, r, 1, CommType::f64); });
     }
     // Starts the sum of the pending bucket over the syncing communicator, on sync_stream_.
     void start_bucket() {
@@ -434,23 +444,6 @@ CudaModelOptions cuda_model_options(const Config& cfg, int vocab_parts) {
 }
 
 namespace {
-// A collective on device buffers: a device communicator (nccl) runs `op` on them on `stream`; a
-// host one (local ranks sharing this GPU) runs it on 8-byte aligned host copies (send_bytes in,
-// recv_bytes out).
-template <typename Op>
-void collective_on_device(Communicator& g, const void* send, int64_t send_bytes, void* recv,
-                          int64_t recv_bytes, void* stream, Op op) {
-    if (g.device_buffers()) {
-        g.set_stream(stream);
-        op(send, recv);
-        return;
-    }
-    std::vector<int64_t> hs((send_bytes + 7) / 8), hr((recv_bytes + 7) / 8);
-    to_host(hs.data(), send, send_bytes, stream);
-    op(hs.data(), hr.data());
-    to_device(recv, hr.data(), recv_bytes, stream);
-}
-
 // recv[0, n) = the ranks' send[rank * n, (rank + 1) * n) summed as type t
 void reduce_scatter_device(Communicator& g, const void* send, void* recv, int64_t n, CommType t,
                            void* stream) {
