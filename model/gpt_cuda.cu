@@ -86,10 +86,13 @@ GptCuda::Impl::Impl(const ModelConfig& c, const CudaModelOptions& o)
     ZG_CUDA_CHECK(cudaEventCreateWithFlags(&ready_side_ev, cudaEventDisableTiming));
     ZG_CUDA_CHECK(cudaEventCreateWithFlags(&norm_ev, cudaEventDisableTiming));
     const size_t n = size_t(layout.table.total());
-    params = DeviceBuffer(n * 4);
-    grads = DeviceBuffer((n + size_t(GptCuda::kGradTail)) * 4);
-    if (grads.get())  // (not while only sizing)
-        ZG_CUDA_CHECK(cudaMemset(grads.get(), 0, (n + size_t(GptCuda::kGradTail)) * 4));
+    const size_t capacity = n + size_t(GptCuda::kArenaTail);
+    params = DeviceBuffer(capacity * 4);
+    grads = DeviceBuffer(capacity * 4);
+    if (grads.get()) {  // (not while only sizing)
+        ZG_CUDA_CHECK(cudaMemset(params.get(), 0, capacity * 4));
+        ZG_CUDA_CHECK(cudaMemset(grads.get(), 0, capacity * 4));
+    }
     if (t == DType::bf16) params16 = DeviceBuffer(n * 2);
     norm_scratch = DeviceBuffer(cuda::sum_of_squares_scratch_bytes());
     norm_out = DeviceBuffer(sizeof(double));

@@ -164,10 +164,11 @@ class GptCuda {
     // Device pointers (tests, the optimizer): fp32 master weights and gradients.
     float* params_device();
     float* grads_device();
-    // The gradient arena's elements, num_parameters() and a zeroed tail past them: room for a
-    // reduce-scatter in equal chunks (ceil(n / ranks) each) over up to kGradTail + 1 ranks.
-    static constexpr int64_t kGradTail = 255;
-    int64_t grad_capacity() const { return num_parameters() + kGradTail; }
+    // The weight and gradient arenas' elements, num_parameters() and a zeroed tail past them:
+    // room for a reduce-scatter of the gradient and an all-gather of the weights in equal
+    // chunks (ceil(n / ranks) each) over up to kArenaTail + 1 ranks.
+    static constexpr int64_t kArenaTail = 255;
+    int64_t arena_capacity() const { return num_parameters() + kArenaTail; }
 
     size_t allocated_bytes() const;  // everything this model holds on the device now
     // What a model of this config allocates on the device for micro-batches of B x T, without

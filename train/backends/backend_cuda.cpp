@@ -156,7 +156,7 @@ class CudaBackend final : public Backend {
         const std::vector<ArenaSlice> world_spans =
             vocab_.split() ? arena_.replicated_spans() : std::vector<ArenaSlice>{{0, n}};
         world_ = &comm;
-        scattered_ = syncing_ != &comm && scatter_grads(comm);
+        scattered_ = syncing_ != &comm && equal_chunks(comm);
         if (scattered_) {
             reduce_scatter_grads(comm);
         } else if (syncing_ == &comm) {
@@ -309,10 +309,14 @@ class CudaBackend final : public Backend {
             Communicator& c = *p.comm;
             const int64_t len = p.span.hi - p.span.lo;
             if (c.device_buffers()) {
-                // In place on the device: one broadcast per rank, from its slice (slices differ in
-                // size when the ranks do not divide the span, which one all-gather cannot
-                // express).
                 give_stream(c);
+                if (equal_chunks(c)) {  // one all-gather in place, from this rank's chunk
+                    const int64_t chunk = (len + c.size() - 1) / c.size();
+                    c.all_gather(w + c.rank() * chunk, w, chunk, CommType::f32);
+                    continue;
+                }
+                // Else one broadcast per rank, from its slice: a split's pieces have slices of
+                // different sizes, which one all-gather cannot express.
                 for (int r = 0; r < c.size(); r++) {
                     const ArenaSlice s = arena_slice(len, c.size(), r);
                     if (s.hi > s.lo)
@@ -343,17 +347,21 @@ class CudaBackend final : public Backend {
     std::vector<float> whole(const std::vector<float>& stored) const {
         return arena_.gather(vocab_.group, stored.data());
     }
-    // ZeRO-1 without a split over a device communicator, the gradient summed after the backward
-    // pass: a rank updates only its slice, so a reduce-scatter (half an all-reduce's bytes)
-    // gives it all it needs. Its equal chunks of ceil(n / ranks) are the ZeRO-1 slices; the
-    // arena's zeroed tail pads the last one.
-    bool scatter_grads(const Communicator& comm) const {
+    // ZeRO-1 without a split over a device communicator: are the ZeRO-1 slices the equal chunks
+    // of ceil(n / ranks) that one reduce-scatter or all-gather moves? The arenas' zeroed tails
+    // pad the last one. Then a gradient summed after the backward pass is reduce-scattered (half
+    // an all-reduce's bytes: a rank updates only its slice) and the weights all-gathered.
+    bool equal_chunks(const Communicator& comm) const {
         if (!share_.sharded() || vocab_.split() || !comm.device_buffers() || comm.size() < 2)
             return false;
         const int64_t n = model_.num_parameters(), chunk = (n + comm.size() - 1) / comm.size();
+        // the same answer on every rank, or their collectives would differ
+        if (chunk * comm.size() > model_.arena_capacity() || chunk * (comm.size() - 1) > n)
+            return false;
         const ArenaSlice mine = share_.pieces()[0].mine;
-        return chunk * comm.size() <= model_.grad_capacity() && mine.lo == comm.rank() * chunk &&
-               mine.hi == std::min(n, mine.lo + chunk);
+        ZG_CHECK(mine.lo == comm.rank() * chunk && mine.hi == std::min(n, mine.lo + chunk),
+                 "ZeRO-1: this rank's slice is not its equal chunk of the arena");
+        return true;
     }
     void reduce_scatter_grads(Communicator& comm) {
         const int64_t n = model_.num_parameters(), chunk = (n + comm.size() - 1) / comm.size();
@@ -419,7 +427,7 @@ class CudaBackend final : public Backend {
     cudaStream_t sync_stream_ = nullptr;
     Communicator* syncing_ = nullptr;
     // The world of the last all_reduce_grads, and whether it left each rank only its ZeRO-1
-    // slice of the summed gradient (scatter_grads)
+    // slice of the summed gradient (equal_chunks)
     Communicator* world_ = nullptr;
     bool scattered_ = false;
     ArenaSlice bucket_, started_;
