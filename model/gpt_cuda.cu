@@ -86,14 +86,11 @@ GptCuda::Impl::Impl(const ModelConfig& c, const CudaModelOptions& o)
     ZG_CUDA_CHECK(cudaEventCreateWithFlags(&ready_side_ev, cudaEventDisableTiming));
     ZG_CUDA_CHECK(cudaEventCreateWithFlags(&norm_ev, cudaEventDisableTiming));
     const size_t n = size_t(layout.table.total());
+    // the arenas with their zeroed tail (DeviceBuffer zeroes): a collective's padding
     const size_t capacity = n + size_t(GptCuda::kArenaTail);
     params = DeviceBuffer(capacity * 4);
     grads = DeviceBuffer(capacity * 4);
-    if (grads.get()) {  // (not while only sizing)
-        ZG_CUDA_CHECK(cudaMemset(params.get(), 0, capacity * 4));
-        ZG_CUDA_CHECK(cudaMemset(grads.get(), 0, capacity * 4));
-    }
-    if (t == DType::bf16) params16 = DeviceBuffer(n * 2);
+    if (t == DType::bf16) params16 = DeviceBuffer(capacity * 2);
     norm_scratch = DeviceBuffer(cuda::sum_of_squares_scratch_bytes());
     norm_out = DeviceBuffer(sizeof(double));
     norm_parts = DeviceBuffer(GptCuda::kMaxNormParts * sizeof(double));
@@ -1060,6 +1057,26 @@ float* GptCuda::params_device() {
 }
 float* GptCuda::grads_device() {
     return impl_->grads.as<float>();
+}
+std::vector<std::pair<int64_t, int64_t>> GptCuda::master_read_spans() const {
+    const Impl& im = *impl_;
+    std::vector<int> idx = {im.layout.lnf_w, im.layout.lnf_b};
+    for (const BlockParams& p : im.layout.blocks)
+        for (int i :
+             {p.ln1_w, p.ln1_b, p.ln2_w, p.ln2_b, p.q_norm_w, p.q_norm_b, p.k_norm_w, p.k_norm_b})
+            idx.push_back(i);
+    if (im.rt != im.t) idx.insert(idx.end(), {im.layout.wte, im.layout.wpe});
+    std::vector<std::pair<int64_t, int64_t>> spans;
+    for (int i : idx) {
+        if (i < 0) continue;
+        const int64_t lo = im.layout.table[i].offset, hi = lo + im.layout.table[i].numel;
+        spans.push_back({lo, hi});
+    }
+    std::sort(spans.begin(), spans.end());
+    return spans;
+}
+void* GptCuda::params_bf16_device() {
+    return impl_->t == DType::bf16 ? impl_->params16.get() : nullptr;
 }
 size_t GptCuda::allocated_bytes() const {
     return impl_->allocated();

@@ -164,6 +164,11 @@ class GptCuda {
     // Device pointers (tests, the optimizer): fp32 master weights and gradients.
     float* params_device();
     float* grads_device();
+    void* params_bf16_device();  // the bf16 working copy (null in fp32 precision)
+    // The arena's spans [lo, hi) that the passes read from the fp32 master weights in bf16
+    // precision (Impl::wm and wr): the norms' weights, and the embeddings with an fp32 residual
+    // stream. Every other weight is read from the bf16 copy alone.
+    std::vector<std::pair<int64_t, int64_t>> master_read_spans() const;
     // The weight and gradient arenas' elements, num_parameters() and a zeroed tail past them:
     // room for a reduce-scatter of the gradient and an all-gather of the weights in equal
     // chunks (ceil(n / ranks) each) over up to kArenaTail + 1 ranks.

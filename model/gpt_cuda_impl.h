@@ -224,7 +224,8 @@ struct GptCuda::Impl {
         return t == DType::bf16 ? static_cast<const void*>(params16.as<bf16_t>() + off)
                                 : static_cast<const void*>(params.as<float>() + off);
     }
-    // The fp32 master weights: what the norms' forward passes read, whatever the types.
+    // The fp32 master weights: what the norms' forward passes read, whatever the types (with wr,
+    // listed by GptCuda::master_read_spans: keep it in step).
     const float* wm(int idx) const {
         return idx < 0 ? nullptr : params.as<float>() + layout.table[idx].offset;
     }

@@ -199,15 +199,20 @@ TEST_CASE("2 GPUs through nccl equal 2 local ranks sharing one GPU, bit for bit"
     // rows (63 x 30 bf16 a rank) are not whole 8-byte words, so their exchange pads each rank's
     // block
     // each: the host waits for every collective of the split (at_sync, the default, waits only
-    // at its sync points); the same stream order either way, so the same bits
+    // at its sync points); the same stream order either way, so the same bits.
+    // ZeRO-1 in bf16: NCCL gathers the bf16 working copy and, packed, the norms' fp32 weights (with
+    // qk_norm: more of them); the local ranks gather every fp32 weight and convert. An fp32
+    // residual stream reads the embeddings in fp32 too, so there NCCL gathers the fp32 weights.
+    const std::string bf16_zero1 = " --set parallel.zero1=true --set train.precision=bf16";
     const std::string narrow =
         " --set parallel.vocab_parallel=2 --set train.precision=bf16 --set train.seq_len=63";
     for (const std::string& extra :
          {std::string(), std::string(" --set parallel.vocab_parallel=2"),
-          std::string(
-              " --set parallel.vocab_parallel=2 --set parallel.vocab_collective_wait=each"),
+          std::string(" --set parallel.vocab_parallel=2 --set parallel.vocab_collective_wait=each"),
           std::string(" --set parallel.zero1=true"),
-          std::string(" --set parallel.vocab_parallel=2 --set parallel.zero1=true"), narrow}) {
+          std::string(" --set parallel.vocab_parallel=2 --set parallel.zero1=true"), bf16_zero1,
+          bf16_zero1 + " --set model.qk_norm=true", bf16_zero1 + " --set train.fp32_residual=true",
+          narrow}) {
         CAPTURE(extra);
         const bool n = extra == narrow;
         const Width w = n ? Width{30, 3} : Width{};

@@ -583,6 +583,7 @@ void TrainingRun::checkpoint(int64_t step) {
     st.timed_choices = model().timed_choices();
     st.m = model().adam_m();
     st.v = model().adam_v();
+    model().gather_master_weights();
     if (!lead_ && P_ == 1) return;  // params() is collective only over a split vocabulary
     st.params = model().params();
     if (!lead_) return;
@@ -600,6 +601,7 @@ void TrainingRun::checkpoint(int64_t step) {
 // Sampling runs the CPU reference on a copy of the whole model. Collective: the weights may be
 // split across the ranks; rank 0 samples.
 void TrainingRun::print_sample(int64_t step) {
+    model().gather_master_weights();
     if (!lead_ && P_ == 1) return;  // params() is collective only over a split vocabulary
     std::vector<float> weights = model().params();
     if (!lead_) return;

@@ -69,7 +69,10 @@ class Backend {
 
     // Checkpoint state, as host fp32 arenas of the whole model in parameter-table order.
     // Collective (every rank calls them): params() with a split vocabulary; adam_m() and adam_v()
-    // with a split vocabulary or ZeRO-1.
+    // with a split vocabulary or ZeRO-1. Every rank calls gather_master_weights() before params():
+    // ZeRO-1 on the GPU in bf16 gathers only the weights the passes read after a step (see
+    // train/backends/zero1_weight_gather.h), and this brings the fp32 master weights whole.
+    virtual void gather_master_weights() {}
     virtual std::vector<float> params() const = 0;
     virtual void set_params(const std::vector<float>& p) = 0;
     virtual std::vector<float> adam_m() const = 0;

@@ -14,6 +14,7 @@
 #include "train/backends/backend.h"
 #include "train/backends/backend_init.h"
 #include "train/backends/zero1_share.h"
+#include "train/backends/zero1_weight_gather.h"
 #include "train/vocab_parallel/cuda_vocab_group.h"
 #include "train/vocab_parallel/vocab_sharded_arena.h"
 
@@ -233,7 +234,15 @@ class CudaBackend final : public Backend {
         gather_optimizer_slices();
         return norm;
     }
+    void gather_master_weights() override {
+        if (!weight_gather_ || !weight_gather_->masters_stale()) return;
+        give_stream(*share_.pieces()[0].comm);
+        weight_gather_->gather_masters();
+    }
     std::vector<float> params() const override {
+        ZG_CHECK(!weight_gather_ || !weight_gather_->masters_stale(),
+                 "params(): the fp32 weights of the other ZeRO-1 slices are not gathered "
+                 "(gather_master_weights first, on every rank)");
         std::vector<float> p(model_.num_parameters());
         model_.get_params(p.data());
         return whole(p);
@@ -241,6 +250,7 @@ class CudaBackend final : public Backend {
     void set_params(const std::vector<float>& p) override {
         std::vector<float> scratch;  // used only where the shard is not `p` itself
         model_.set_params(arena_.shard_of(p, scratch));  // it checks the size
+        if (weight_gather_) weight_gather_->masters_loaded();
     }
     std::vector<float> adam_m() const override { return whole(stored(m_)); }
     std::vector<float> adam_v() const override { return whole(stored(v_)); }
@@ -310,10 +320,12 @@ class CudaBackend final : public Backend {
             const int64_t len = p.span.hi - p.span.lo;
             if (c.device_buffers()) {
                 give_stream(c);
-                if (equal_chunks(c)) {  // one all-gather in place, from this rank's chunk
-                    const int64_t chunk = (len + c.size() - 1) / c.size();
-                    c.all_gather(w + c.rank() * chunk, w, chunk, CommType::f32);
-                    continue;
+                if (equal_chunks(c)) {  // (the one piece there is without a split)
+                    if (!weight_gather_)
+                        weight_gather_ = std::make_unique<Zero1WeightGather>(
+                            model_, c, (len + c.size() - 1) / c.size());
+                    weight_gather_->after_step();
+                    return;
                 }
                 // Else one broadcast per rank, from its slice: a split's pieces have slices of
                 // different sizes, which one all-gather cannot express.
@@ -434,7 +446,8 @@ class CudaBackend final : public Backend {
     int64_t steps_ = 0;
     // a step's start (zero_grad) and the end of its last micro-batch's passes, on the main stream
     cudaEvent_t compute_ev_[2] = {nullptr, nullptr};
-    std::unique_ptr<GpuTimeline> timeline_;  // made at the first train.timeline_step
+    std::unique_ptr<GpuTimeline> timeline_;             // made at the first train.timeline_step
+    std::unique_ptr<Zero1WeightGather> weight_gather_;  // made at the first equal_chunks gather
 };
 
 }  // namespace

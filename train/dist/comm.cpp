@@ -1,13 +1,15 @@
 // What every communicator shares: element sizes, the rank-order add, and ZeRO-1's arena slices.
 #include "train/dist/comm.h"
 
+#include "kernels/core/check.h"
+
 #include <algorithm>
 #include <cstring>
 
 namespace zgpt {
 
 size_t comm_type_size(CommType t) {
-    return t == CommType::f32 ? 4 : 8;
+    return t == CommType::b16 ? 2 : t == CommType::f32 ? 4 : 8;
 }
 
 void comm_add(void* acc, const void* x, int64_t n, CommType t) {
@@ -24,7 +26,10 @@ void comm_add(void* acc, const void* x, int64_t n, CommType t) {
             return run(double{});
         case CommType::i64:
             return run(int64_t{});
+        case CommType::b16:
+            break;
     }
+    throw Error("a sum over the ranks does not take 16-bit words");
 }
 
 ArenaSlice arena_slice(int64_t n, int ranks, int rank) {

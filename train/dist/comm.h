@@ -15,7 +15,8 @@
 
 namespace zgpt {
 
-enum class CommType { f32, f64, i64 };
+// b16: 16-bit words (bf16 weights), which gathers and broadcasts move but no sum takes.
+enum class CommType { f32, f64, i64, b16 };
 size_t comm_type_size(CommType t);
 // The CommType of a float or double buffer (the reference ops' two element types).
 template <typename T>

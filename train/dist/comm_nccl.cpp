@@ -39,6 +39,8 @@ ncclDataType_t nccl_type(CommType t) {
             return ncclFloat64;
         case CommType::i64:
             return ncclInt64;
+        case CommType::b16:
+            return ncclBfloat16;
     }
     throw Error("nccl communicator: unknown CommType");
 }

@@ -26,7 +26,10 @@ constexpr uint32_t kSplitTagBase = 256;  // + the parent's split count
 enum Op : uint32_t { kAllReduce = 1, kAllGather, kReduceScatter, kBroadcast, kBarrier };
 
 const char* type_name(CommType t) {
-    return t == CommType::f32 ? "f32" : t == CommType::f64 ? "f64" : "i64";
+    return t == CommType::f32   ? "f32"
+           : t == CommType::f64 ? "f64"
+           : t == CommType::i64 ? "i64"
+                                : "b16";
 }
 
 struct Call {

@@ -1,0 +1,97 @@
+#include "train/backends/zero1_weight_gather.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "kernels/core/cuda_check.h"
+#include "kernels/ops/copy_spans.h"
+
+namespace zgpt {
+
+namespace {
+
+DeviceBuffer upload(const std::vector<cuda::CopySpan>& spans) {
+    DeviceBuffer d(std::max<size_t>(1, spans.size()) * sizeof(cuda::CopySpan));
+    if (!spans.empty())
+        ZG_CUDA_CHECK(cudaMemcpy(d.get(), spans.data(), spans.size() * sizeof(cuda::CopySpan),
+                                 cudaMemcpyHostToDevice));
+    return d;
+}
+
+}  // namespace
+
+Zero1WeightGather::Zero1WeightGather(GptCuda& model, Communicator& comm, int64_t chunk)
+    : model_(model), comm_(comm), chunk_(chunk) {
+    const int R = comm.size(), me = comm.rank();
+    ZG_CHECK(
+        R >= 2 && chunk * R <= model.arena_capacity() && chunk * (R - 1) <= model.num_parameters(),
+        "Zero1WeightGather: the chunks do not fit the arena");
+    if (!model.params_bf16_device()) return;
+    const auto spans = model.master_read_spans();
+    int64_t total = 0;
+    for (const auto& [lo, hi] : spans) total += hi - lo;
+    // the norms' weights are about 0.02% of GPT-2 1558M; an fp32 residual stream's embeddings
+    // would make the packed gather a second arena
+    if (total * 100 > model.num_parameters()) return;
+    working_copy_ = true;
+    // each rank's pieces of the spans, packed in arena order into its block of the staging
+    std::vector<std::vector<cuda::CopySpan>> pieces(static_cast<size_t>(R));
+    std::vector<int64_t> used(static_cast<size_t>(R), 0);
+    for (int r = 0; r < R; r++) {
+        const int64_t a = int64_t(r) * chunk, b = std::min(model.num_parameters(), a + chunk);
+        for (const auto& [lo, hi] : spans) {
+            const int64_t x = std::max(lo, a), y = std::min(hi, b);
+            if (x >= y) continue;
+            pieces[size_t(r)].push_back({x, used[size_t(r)], y - x});
+            used[size_t(r)] += y - x;
+        }
+    }
+    block_ = *std::max_element(used.begin(), used.end());
+    std::vector<cuda::CopySpan> pack, unpack;
+    for (int r = 0; r < R; r++)
+        for (const cuda::CopySpan& p : pieces[size_t(r)]) {
+            if (r == me)
+                pack.push_back({p.from, me * block_ + p.to, p.len});
+            else
+                unpack.push_back({r * block_ + p.to, p.from, p.len});
+        }
+    ZG_CHECK(pack.size() <= 65535 && unpack.size() <= 65535,
+             "Zero1WeightGather: too many spans of fp32 weights");
+    packs_ = int(pack.size());
+    unpacks_ = int(unpack.size());
+    pack_ = upload(pack);
+    unpack_ = upload(unpack);
+    staging_ = DeviceBuffer(size_t(std::max<int64_t>(1, block_ * R)) * 4);
+}
+
+void Zero1WeightGather::after_step() {
+    const int me = comm_.rank();
+    float* w = model_.params_device();
+    if (!working_copy_) {
+        comm_.all_gather(w + me * chunk_, w, chunk_, CommType::f32);
+        model_.refresh_bf16_copy();  // (nothing in fp32 precision)
+        return;
+    }
+    auto* w16 = static_cast<uint16_t*>(model_.params_bf16_device());
+    comm_.all_gather(w16 + me * chunk_, w16, chunk_, CommType::b16);
+    if (block_ > 0) {
+        auto* st = staging_.as<float>();
+        auto* s = static_cast<CUstream_st*>(model_.stream());
+        cuda::copy_spans(st, w, pack_.as<cuda::CopySpan>(), packs_, s);
+        comm_.all_gather(st + me * block_, st, block_, CommType::f32);
+        cuda::copy_spans(w, st, unpack_.as<cuda::CopySpan>(), unpacks_, s);
+    }
+    stale_ = true;
+}
+
+void Zero1WeightGather::gather_masters() {
+    if (!stale_) return;
+    float* w = model_.params_device();
+    comm_.all_gather(w + comm_.rank() * chunk_, w, chunk_, CommType::f32);
+    ZG_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(model_.stream())));
+    stale_ = false;
+}
+
+}  // namespace zgpt
