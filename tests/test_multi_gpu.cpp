@@ -121,10 +121,8 @@ Run train_run(const std::string& name, int batch, const std::string& extra, int 
     o.log = r.text;
     o.loss = metric(name, "loss");
     o.val = metric(name, "val_loss");
-    const auto ck = list_checkpoints((dir() / "runs" / name / "checkpoints").string());
-    REQUIRE(!ck.empty());
-    o.params =
-        load_checkpoint(ck[0], make_gpt_layout(load_config(cfg.string()).model).table).params;
+    // the latest checkpoint, read with the model inside it (`extra` may set model keys)
+    o.params = load_run_checkpoint((dir() / "runs" / name).string(), "").state.params;
     return o;
 }
 
