@@ -22,6 +22,7 @@
 #include "train/backends/backend.h"
 #include "train/backends/backend_init.h"
 #include "train/backends/zero1_share.h"
+#include "train/backends/zero1_span_plan.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/dist/comm.h"
@@ -767,6 +768,59 @@ TEST_CASE("ZeRO-1 under a split: each rank's share, and the memory count of the 
             CHECK(largest <= rows / (R / P) + (n - rows) / R + 3);
         }
     }
+}
+
+TEST_CASE(
+    "ZeRO-1's packed gather of a few spans gives every rank their fresh values, nothing else") {
+    // Each rank's arena is fresh (rank r's values) in its own chunk only, as after its AdamW;
+    // the plan packs its spans' pieces into its block, the blocks are concatenated as an
+    // all-gather does, and each rank unpacks the others'. Spans cross chunk edges, skip ranks,
+    // sit in the padded last chunk's short tail, and one chunk holds none.
+    const std::vector<std::pair<int64_t, int64_t>> spans = {{0, 3}, {9, 14}, {20, 21}, {30, 33}};
+    const int64_t n = 33;
+    for (int R : {1, 2, 3, 4, 5}) {
+        CAPTURE(R);
+        const int64_t chunk = (n + R - 1) / R;
+        auto fresh = [&](int64_t i) { return float(1000 + i); };  // the value after the step
+        std::vector<std::vector<float>> arena(static_cast<size_t>(R),
+                                              std::vector<float>(static_cast<size_t>(n)));
+        std::vector<Zero1SpanPlan> plans;
+        for (int r = 0; r < R; r++) {
+            for (int64_t i = 0; i < n; i++) {
+                const bool own = i >= r * chunk && i < (r + 1) * chunk;
+                arena[size_t(r)][size_t(i)] = own ? fresh(i) : float(-1 - r);  // stale
+            }
+            plans.push_back(plan_span_gather(spans, n, R, r, chunk));
+            CHECK(plans.back().block == plans.front().block);
+        }
+        const int64_t block = plans.front().block;
+        std::vector<float> staging(size_t(R * block), -7.0f);
+        for (int r = 0; r < R; r++)
+            for (const cuda::CopySpan& c : plans[size_t(r)].pack) {
+                CHECK(c.to >= r * block);
+                CHECK(c.to + c.len <= (r + 1) * block);  // inside its own block
+                for (int64_t k = 0; k < c.len; k++)
+                    staging[size_t(c.to + k)] = arena[size_t(r)][size_t(c.from + k)];
+            }
+        for (int r = 0; r < R; r++) {
+            const std::vector<float> before = arena[size_t(r)];
+            for (const cuda::CopySpan& c : plans[size_t(r)].unpack)
+                for (int64_t k = 0; k < c.len; k++)
+                    arena[size_t(r)][size_t(c.to + k)] = staging[size_t(c.from + k)];
+            for (int64_t i = 0; i < n; i++) {
+                CAPTURE(r);
+                CAPTURE(i);
+                bool in_span = false;
+                for (const auto& [lo, hi] : spans) in_span = in_span || (i >= lo && i < hi);
+                if (in_span)
+                    CHECK(arena[size_t(r)][size_t(i)] == fresh(i));
+                else
+                    CHECK(arena[size_t(r)][size_t(i)] == before[size_t(i)]);  // untouched
+            }
+        }
+    }
+    CHECK_THROWS_AS(plan_span_gather({{5, 9}, {7, 12}}, 33, 2, 0, 17), Error);  // overlapping
+    CHECK_THROWS_AS(plan_span_gather({{0, 3}}, 33, 2, 0, 16), Error);           // chunks short of n
 }
 
 TEST_CASE("shard_of gives take_shard's values, without the copy for one part with zero padding") {

@@ -7,6 +7,7 @@
 
 #include "kernels/core/cuda_check.h"
 #include "kernels/ops/copy_spans.h"
+#include "train/backends/zero1_span_plan.h"
 
 namespace zgpt {
 
@@ -36,33 +37,14 @@ Zero1WeightGather::Zero1WeightGather(GptCuda& model, Communicator& comm, int64_t
     // would make the packed gather a second arena
     if (total * 100 > model.num_parameters()) return;
     working_copy_ = true;
-    // each rank's pieces of the spans, packed in arena order into its block of the staging
-    std::vector<std::vector<cuda::CopySpan>> pieces(static_cast<size_t>(R));
-    std::vector<int64_t> used(static_cast<size_t>(R), 0);
-    for (int r = 0; r < R; r++) {
-        const int64_t a = int64_t(r) * chunk, b = std::min(model.num_parameters(), a + chunk);
-        for (const auto& [lo, hi] : spans) {
-            const int64_t x = std::max(lo, a), y = std::min(hi, b);
-            if (x >= y) continue;
-            pieces[size_t(r)].push_back({x, used[size_t(r)], y - x});
-            used[size_t(r)] += y - x;
-        }
-    }
-    block_ = *std::max_element(used.begin(), used.end());
-    std::vector<cuda::CopySpan> pack, unpack;
-    for (int r = 0; r < R; r++)
-        for (const cuda::CopySpan& p : pieces[size_t(r)]) {
-            if (r == me)
-                pack.push_back({p.from, me * block_ + p.to, p.len});
-            else
-                unpack.push_back({r * block_ + p.to, p.from, p.len});
-        }
-    ZG_CHECK(pack.size() <= 65535 && unpack.size() <= 65535,
+    const Zero1SpanPlan plan = plan_span_gather(spans, model.num_parameters(), R, me, chunk);
+    block_ = plan.block;
+    ZG_CHECK(plan.pack.size() <= 65535 && plan.unpack.size() <= 65535,
              "Zero1WeightGather: too many spans of fp32 weights");
-    packs_ = int(pack.size());
-    unpacks_ = int(unpack.size());
-    pack_ = upload(pack);
-    unpack_ = upload(unpack);
+    packs_ = int(plan.pack.size());
+    unpacks_ = int(plan.unpack.size());
+    pack_ = upload(plan.pack);
+    unpack_ = upload(plan.unpack);
     staging_ = DeviceBuffer(size_t(std::max<int64_t>(1, block_ * R)) * 4);
 }
 
