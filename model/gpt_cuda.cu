@@ -839,6 +839,9 @@ int64_t GptCuda::num_parameters() const {
 }
 
 void GptCuda::set_params(const float* host) {
+    // what the model's streams still have queued (a ZeRO-1 gather after a step) lands first
+    settle_collectives();
+    ZG_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
     ZG_CUDA_CHECK(
         cudaMemcpy(impl_->params.get(), host, num_parameters() * 4, cudaMemcpyHostToDevice));
     // A copy from pageable memory may return before its DMA lands, and the legacy stream does not

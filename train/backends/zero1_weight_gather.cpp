@@ -18,6 +18,9 @@ DeviceBuffer upload(const std::vector<cuda::CopySpan>& spans) {
     if (!spans.empty())
         ZG_CUDA_CHECK(cudaMemcpy(d.get(), spans.data(), spans.size() * sizeof(cuda::CopySpan),
                                  cudaMemcpyHostToDevice));
+    // a copy from pageable memory may return before its DMA lands; copy_spans' stream does not
+    // wait for the legacy one
+    ZG_CUDA_CHECK(cudaDeviceSynchronize());
     return d;
 }
 
