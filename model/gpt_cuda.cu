@@ -923,17 +923,13 @@ double GptCuda::grad_sum_of_squares(int64_t lo, int64_t hi) {
 }
 
 void GptCuda::queue_sum_of_squares(int64_t lo, int64_t hi) {
-    queue_sum_of_squares_kernel(lo, hi);
-    queue_norm_copy();
-}
-
-void GptCuda::queue_sum_of_squares_kernel(int64_t lo, int64_t hi) {
     Impl& im = *impl_;
     ZG_CHECK(0 <= lo && lo <= hi && hi <= num_parameters(), "grad_sum_of_squares: bad range");
     im.tick(nullptr);
     cuda::sum_of_squares(im.norm_out.as<double>(), im.grads.as<float>() + lo, hi - lo,
                          im.norm_scratch.get(), im.stream);
     im.tick("gradient norm");
+    queue_norm_copy();
 }
 
 void GptCuda::queue_norm_copy() {

@@ -196,10 +196,9 @@ class GptCuda {
   private:
     struct Impl;
     std::unique_ptr<Impl> impl_;
-    // The gradient's sum of squares over [lo, hi), queued with its copy to the host (the
-    // pinned h_norm, norm_ev recorded after it).
-    void queue_sum_of_squares(int64_t lo, int64_t hi);  // the kernel, then the copy to the host
-    void queue_sum_of_squares_kernel(int64_t lo, int64_t hi);
+    // The gradient's sum of squares over [lo, hi), queued with its copy to the host
+    // (queue_norm_copy: norm_out into the pinned h_norm, norm_ev recorded after it).
+    void queue_sum_of_squares(int64_t lo, int64_t hi);
     void queue_norm_copy();
     void queue_adamw(double lr, double beta1, double beta2, double eps, double weight_decay,
                      int64_t t, double grad_scale, const cuda::AdamWClip& clip, float* m, float* v,

@@ -157,7 +157,7 @@ class CudaBackend final : public Backend {
         const std::vector<ArenaSlice> world_spans =
             vocab_.split() ? arena_.replicated_spans() : std::vector<ArenaSlice>{{0, n}};
         world_ = &comm;
-        scattered_ = syncing_ != &comm && equal_chunks(comm);
+        scattered_ = syncing_ != &comm && equal_chunk(comm) > 0;
         if (scattered_) {
             reduce_scatter_grads(comm);
         } else if (syncing_ == &comm) {
@@ -320,10 +320,9 @@ class CudaBackend final : public Backend {
             const int64_t len = p.span.hi - p.span.lo;
             if (c.device_buffers()) {
                 give_stream(c);
-                if (equal_chunks(c)) {  // (the one piece there is without a split)
+                if (const int64_t chunk = equal_chunk(c)) {  // (a split's pieces have none)
                     if (!weight_gather_)
-                        weight_gather_ = std::make_unique<Zero1WeightGather>(
-                            model_, c, (len + c.size() - 1) / c.size());
+                        weight_gather_ = std::make_unique<Zero1WeightGather>(model_, c, chunk);
                     weight_gather_->after_step();
                     return;
                 }
@@ -359,24 +358,25 @@ class CudaBackend final : public Backend {
     std::vector<float> whole(const std::vector<float>& stored) const {
         return arena_.gather(vocab_.group, stored.data());
     }
-    // ZeRO-1 without a split over a device communicator: are the ZeRO-1 slices the equal chunks
-    // of ceil(n / ranks) that one reduce-scatter or all-gather moves? The arenas' zeroed tails
-    // pad the last one. Then a gradient summed after the backward pass is reduce-scattered (half
-    // an all-reduce's bytes: a rank updates only its slice) and the weights all-gathered.
-    bool equal_chunks(const Communicator& comm) const {
+    // ZeRO-1 without a split over a device communicator: the equal chunk of ceil(n / ranks)
+    // that one reduce-scatter or all-gather moves, where the ZeRO-1 slices are those chunks (the
+    // arenas' zeroed tails pad the last one); else 0. Then a gradient summed after the backward
+    // pass is reduce-scattered (half an all-reduce's bytes: a rank updates only its slice) and
+    // the weights all-gathered.
+    int64_t equal_chunk(const Communicator& comm) const {
         if (!share_.sharded() || vocab_.split() || !comm.device_buffers() || comm.size() < 2)
-            return false;
+            return 0;
         const int64_t n = model_.num_parameters(), chunk = (n + comm.size() - 1) / comm.size();
         // the same answer on every rank, or their collectives would differ
         if (chunk * comm.size() > model_.arena_capacity() || chunk * (comm.size() - 1) > n)
-            return false;
+            return 0;
         const ArenaSlice mine = share_.pieces()[0].mine;
         ZG_CHECK(mine.lo == comm.rank() * chunk && mine.hi == std::min(n, mine.lo + chunk),
                  "ZeRO-1: this rank's slice is not its equal chunk of the arena");
-        return true;
+        return chunk;
     }
     void reduce_scatter_grads(Communicator& comm) {
-        const int64_t n = model_.num_parameters(), chunk = (n + comm.size() - 1) / comm.size();
+        const int64_t chunk = equal_chunk(comm);
         float* g = model_.grads_device();
         give_stream(comm);
         comm.reduce_scatter_sum(g, g + comm.rank() * chunk, chunk, CommType::f32);  // in place
@@ -439,7 +439,7 @@ class CudaBackend final : public Backend {
     cudaStream_t sync_stream_ = nullptr;
     Communicator* syncing_ = nullptr;
     // The world of the last all_reduce_grads, and whether it left each rank only its ZeRO-1
-    // slice of the summed gradient (equal_chunks)
+    // slice of the summed gradient (equal_chunk)
     Communicator* world_ = nullptr;
     bool scattered_ = false;
     ArenaSlice bucket_, started_;
@@ -447,7 +447,7 @@ class CudaBackend final : public Backend {
     // a step's start (zero_grad) and the end of its last micro-batch's passes, on the main stream
     cudaEvent_t compute_ev_[2] = {nullptr, nullptr};
     std::unique_ptr<GpuTimeline> timeline_;             // made at the first train.timeline_step
-    std::unique_ptr<Zero1WeightGather> weight_gather_;  // made at the first equal_chunks gather
+    std::unique_ptr<Zero1WeightGather> weight_gather_;  // made at the first equal_chunk gather
 };
 
 }  // namespace
