@@ -288,23 +288,50 @@ TEST_CASE(
     CHECK(out.find("sample at step 20:") != std::string::npos);
 }
 
+// A run of `steps` steps on 2 local ranks ("plain"), and the same run ("recorded") with
+// train.<key> = step: the recorded run's output and the report it wrote (`file` in its run
+// directory, with the step and two ranks). Checks that both ran, that the recorded log has
+// `log_line` where the plain one has no `word`, and that recording changed no loss.
+struct StepReport {
+    CommandOutput recorded;
+    json report;
+};
+StepReport step_report(const ResumeFixture& f, int steps, const std::string& key, int step,
+                       const std::string& file, const std::string& word,
+                       const std::string& log_line) {
+    const std::string two =
+        "--set train.max_steps=" + std::to_string(steps) + " --set parallel.local_ranks=2";
+    const CommandOutput plain = run_command(f.start("plain", two));
+    REQUIRE(plain.code == 0);
+    StepReport s;
+    s.recorded =
+        run_command(f.start("recorded", two + " --set train." + key + "=" + std::to_string(step)));
+    INFO(s.recorded.text);
+    REQUIRE(s.recorded.code == 0);
+    CHECK(s.recorded.text.find(log_line) != std::string::npos);
+    CHECK(plain.text.find(word) == std::string::npos);
+    const fs::path path = f.run_dir("recorded") / file;
+    REQUIRE(fs::exists(path));
+    s.report = json::parse(std::ifstream(path));
+    CHECK(s.report["step"] == step);
+    REQUIRE(s.report["ranks"].size() == 2);
+    // recording a step changes no result: the same losses as the run that did not
+    const auto a = losses(f.run_dir("plain") / "metrics.jsonl"),
+               b = losses(f.run_dir("recorded") / "metrics.jsonl");
+    REQUIRE(a.size() == size_t(steps));
+    CHECK(a == b);
+    return s;
+}
+
 TEST_CASE(
     "train.timeline_step: every rank's GPU timeline, or why there is none, in the run "
     "directory and the log") {
     ResumeFixture f;
-    const std::string two = "--set train.max_steps=3 --set parallel.local_ranks=2";
-    CommandOutput plain = run_command(f.start("plain", two));
-    REQUIRE(plain.code == 0);
-    CommandOutput r = run_command(f.start("timed", two + " --set train.timeline_step=2"));
+    const StepReport s = step_report(f, 3, "timeline_step", 2, "timeline_step_2.json",
+                                     "GPU timeline", "GPU timeline of step 2 on each rank");
+    const json& t = s.report;
+    const CommandOutput& r = s.recorded;
     INFO(r.text);
-    REQUIRE(r.code == 0);
-    CHECK(r.text.find("GPU timeline of step 2 on each rank") != std::string::npos);
-    CHECK(plain.text.find("GPU timeline") == std::string::npos);
-    const fs::path file = f.run_dir("timed") / "timeline_step_2.json";
-    REQUIRE(fs::exists(file));
-    const json t = json::parse(std::ifstream(file));
-    CHECK(t["step"] == 2);
-    REQUIRE(t["ranks"].size() == 2);
     CHECK(t["ranks"][0]["rank"] == 0);
     CHECK(t["ranks"][1]["rank"] == 1);
     const bool on_gpu = r.text.find("training on CUDA device") != std::string::npos;
@@ -324,31 +351,16 @@ TEST_CASE(
         CHECK(double(r0["idle_ms"]) >= 0);
         CHECK(r0["top_kernels"].size() > 0);
     }
-    // recording a step changes no result
-    const auto a = losses(f.run_dir("plain") / "metrics.jsonl"),
-               b = losses(f.run_dir("timed") / "metrics.jsonl");
-    REQUIRE(a.size() == 3);
-    CHECK(a == b);
 }
 
 TEST_CASE("train.profile_step: each rank's op times in the run directory and the log") {
     ResumeFixture f;
-    const std::string two = "--set train.max_steps=4 --set parallel.local_ranks=2";
-    CommandOutput plain = run_command(f.start("plain", two));
-    REQUIRE(plain.code == 0);
-    CommandOutput r = run_command(f.start("profiled", two + " --set train.profile_step=3"));
-    INFO(r.text);
-    REQUIRE(r.code == 0);
-    CHECK(r.text.find("per-op time of step 3 on each rank") != std::string::npos);
-    CHECK(plain.text.find("per-op time") == std::string::npos);
-    const fs::path file = f.run_dir("profiled") / "op_profile_step_3.json";
-    REQUIRE(fs::exists(file));
+    const StepReport s = step_report(f, 4, "profile_step", 3, "op_profile_step_3.json",
+                                     "per-op time", "per-op time of step 3 on each rank");
     CHECK(list_dir_names(f.run_dir("plain")).size() + 1 ==
-          list_dir_names(f.run_dir("profiled")).size());
-    const json p = json::parse(std::ifstream(file));
-    CHECK(p["step"] == 3);
+          list_dir_names(f.run_dir("recorded")).size());
+    const json& p = s.report;
     CHECK(double(p["step_ms"]) > 0);
-    REQUIRE(p["ranks"].size() == 2);
     for (int k = 0; k < 2; k++) {
         const json& rank = p["ranks"][k];
         CHECK(rank["rank"] == k);
@@ -364,11 +376,6 @@ TEST_CASE("train.profile_step: each rank's op times in the run directory and the
         CHECK(total == doctest::Approx(double(rank["ops_ms"])));
         CHECK(total > 0);
     }
-    // timing a step changes no result: the same losses as the run that did not
-    const auto a = losses(f.run_dir("plain") / "metrics.jsonl"),
-               b = losses(f.run_dir("profiled") / "metrics.jsonl");
-    REQUIRE(a.size() == 4);
-    CHECK(a == b);
 }
 
 TEST_CASE("GEMM algorithms chosen by timing (GPU): the next run and a resume run the same ones") {
