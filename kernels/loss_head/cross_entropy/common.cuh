@@ -79,6 +79,60 @@ __device__ __forceinline__ float exp_ftz(float x) {
     return exp2_ftz(x * kLog2e);
 }
 
+// 2^x on the FMA pipe, for x in [-125, 126]; below -125 it returns 2^-125, where ex2.approx.ftz
+// gives 0 or a subnormal (no bf16 or fp32 gradient can tell them apart after the row's scale).
+// Round to the nearest integer j by the 1.5 * 2^23 trick, a degree-3 polynomial for 2^f on
+// f in [-0.5, 0.5] (relative error 7.5e-5, fitted in float32: a sixteenth of a bf16 half-ulp),
+// then j added to the exponent bits. Eight FMA-pipe instructions instead of one special-function
+// one: `fast`'s dlogits pass moves a share of its exponentials here when the special-function
+// unit, not the issue, paces it (CrossEntropyTuning::poly_exp). bf16 outputs only.
+__device__ __forceinline__ float exp2_poly(float x) {
+    x = fmaxf(x, -125.0f);
+    const float r = __fadd_rn(x, 12582912.0f);  // x rounded to an integer j in r's low bits
+    const float f = __fsub_rn(x, __fsub_rn(r, 12582912.0f));
+    float p = fmaf(0.0551716685f, f, 0.2426111400f);
+    p = fmaf(p, f, 0.6932609677f);
+    p = fmaf(p, f, 0.9999280572f);
+    // r's bits are 0x4B400000 + j, whose low 9 bits shifted by 23 are j << 23 (mod 2^32)
+    return __int_as_float(__float_as_int(p) + (__float_as_int(r) << 23));
+}
+
+// The exponent of 2^((x - m) log2 e) as one FFMA, x log2 e + c, with c = -(m log2 e) rounded.
+// The rounding error eps = m log2 e + c is the same for every x of the row, so the terms all come
+// out 2^eps too large and one factor per row (unscale) puts it back, exactly up to that factor's
+// rounding: the subtraction x - m before the multiply (one instruction a value) is not needed
+// for accuracy. Only for |m| < kFoldMax: |eps| is half an ulp of m log2 e, at most 1 there, so
+// the terms and the factor stay far from overflow; larger rows take the subtraction.
+constexpr float kFoldMax = 16777216.0f;  // 2^24
+struct FoldedExp {
+    float c;        // the exponent is fmaf(x, kLog2e, c)
+    float unscale;  // multiplies what the exponentials add up to
+};
+__device__ __forceinline__ FoldedExp fold_exp(float m) {
+    const float c = -__fmul_rn(m, kLog2e);
+    const float eps = fmaf(m, kLog2e, c);  // exact: the FMA keeps m log2 e unrounded
+    return {c, exp2_ftz(-eps)};
+}
+
+// The dlogits pass's p_j = 2^((x_j - max) log2 e - log2 d) as coef' 2^(fmaf(x_j, log2 e, c)): c is
+// -(max log2 e) - log2 d rounded (both roundings' errors recovered exactly: a product's by an FMA,
+// a sum's by Knuth's two-sum) and coef' carries them back, once per row. on: |max| below kFoldMax
+// (log2 d is at most log2 V); otherwise grad_of's subtraction is used.
+struct FoldedGrad {
+    float c, coef, smooth;
+    bool on;
+};
+__device__ __forceinline__ FoldedGrad fold_grad(const RowGradParams& p) {
+    if (!(fabsf(p.max) < kFoldMax && fabsf(p.log2_d) < kFoldMax)) return {0.0f, 0.0f, 0.0f, false};
+    const float a = __fmul_rn(p.max, kLog2e);
+    const float e1 = fmaf(p.max, kLog2e, -a);  // max log2 e = a + e1
+    const float s = __fsub_rn(-a, p.log2_d);   // -a - log2 d = s + e2
+    const float bv = __fsub_rn(s, -a);
+    const float e2 = __fadd_rn(__fsub_rn(-a, __fsub_rn(s, bv)), __fsub_rn(-p.log2_d, bv));
+    // (x - max) log2 e - log2 d = x log2 e + s + (e2 - e1)
+    return {s, __fmul_rn(p.coef, exp2_ftz(__fsub_rn(e2, e1))), p.smooth, true};
+}
+
 // Online (max, sum) pair; merge is exact up to rounding and order-independent in exact arithmetic.
 struct MaxSum {
     float m, s;
@@ -398,6 +452,20 @@ __device__ __forceinline__ void grad_chunk_fast(float (&v)[K], int t, bool valid
     } else {
 #pragma unroll
         for (int k = 0; k < K; k++) v[k] = grad_of(v[k], p);
+    }
+}
+
+// grad_chunk_fast with the row's folded parameters (fold_grad(p).on); kPoly > 0: every kPoly-th
+// value of the chunk takes its exponential on the FMA pipe (exp2_poly)
+template <int K, int kPoly>
+__device__ __forceinline__ void grad_chunk_folded(float (&v)[K], int t, bool valid,
+                                                  const RowGradParams& p, const FoldedGrad& f) {
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const float e = fmaf(v[k], kLog2e, f.c);
+        const float x =
+            kPoly > 0 && k % (kPoly > 0 ? kPoly : 1) == kPoly - 1 ? exp2_poly(e) : exp2_ftz(e);
+        v[k] = !valid ? 0.0f : (k == t ? p.d_target : f.coef * x - f.smooth);
     }
 }
 

@@ -77,6 +77,8 @@ struct FastArgs {
     RowFinish fin;      // targets, gradient scale, loss settings, V and the row outputs
     unsigned* max_key;  // the largest logit of any row (raise_max), for the summary
     long long* trace;   // fast_pingpong_kernel<..., kTrace>: N x cluster x kTracePoints clocks
+    int poly_exp;       // CrossEntropyTuning::poly_exp
+    bool fold_exp;      // CrossEntropyTuning::fold_exp
 };
 
 // The per-row outputs of the fused kernel (written once per row).
@@ -98,8 +100,8 @@ struct NoWait {
 // max pass over part p starts while the later parts are still in flight.
 template <typename T, int kThreads, int kParts = 1, typename WaitPart = NoWait>
 __device__ __forceinline__ RowStatsF slice_stats(const T* buf, int nv, int n, int y_local,
-                                                 bool smooth, int tid, int part_chunks = 0,
-                                                 WaitPart wait_part = {}) {
+                                                 bool smooth, bool fold, int tid,
+                                                 int part_chunks = 0, WaitPart wait_part = {}) {
     constexpr int K = kChunk<T>;
     static_assert((kThreads & (kThreads - 1)) == 0, "a power of two");
     ChunkMax<T> cmax;
@@ -120,31 +122,42 @@ __device__ __forceinline__ RowStatsF slice_stats(const T* buf, int nv, int n, in
     if (st.max != kNegInf) {
         const int target_chunk = y_local >= 0 ? y_local / K : -1;
         float s0 = 0.0f, s1 = 0.0f, sx = 0.0f;
+        // the sums of exp(x - max), each exponential's argument from expo(x)
+        auto sums = [&](auto expo) {
 #pragma unroll 4
-        for (int c = tid; c < nv; c += kThreads) {
-            float v[K];
-            load_chunk(buf + c * K, v);
-            if (c == target_chunk) {  // exclude the target from the sum
+            for (int c = tid; c < nv; c += kThreads) {
+                float v[K];
+                load_chunk(buf + c * K, v);
+                if (c == target_chunk) {  // exclude the target from the sum
 #pragma unroll
-                for (int k = 0; k < K; k++) {
-                    if (c * K + k == y_local)
-                        st.target_logit = v[k];
-                    else
-                        s0 += exp_ftz(v[k] - st.max);
+                    for (int k = 0; k < K; k++) {
+                        if (c * K + k == y_local)
+                            st.target_logit = v[k];
+                        else
+                            s0 += exp2_ftz(expo(v[k]));
+                    }
+                } else {
+#pragma unroll
+                    for (int k = 0; k < K; k += 2) {
+                        s0 += exp2_ftz(expo(v[k]));
+                        s1 += exp2_ftz(expo(v[k + 1]));
+                    }
                 }
-            } else {
+                if (smooth) {
 #pragma unroll
-                for (int k = 0; k < K; k += 2) {
-                    s0 += exp_ftz(v[k] - st.max);
-                    s1 += exp_ftz(v[k + 1] - st.max);
+                    for (int k = 0; k < K; k++) sx += v[k];
                 }
             }
-            if (smooth) {
-#pragma unroll
-                for (int k = 0; k < K; k++) sx += v[k];
-            }
+        };
+        if (fold && fabsf(st.max) < kFoldMax) {  // one FFMA a value (fold_exp)
+            const FoldedExp f = fold_exp(st.max);
+            sums([&](float x) { return fmaf(x, kLog2e, f.c); });
+            st.sum_excl = (s0 + s1) * f.unscale;
+        } else {
+            const float m = st.max;
+            sums([&](float x) { return (x - m) * kLog2e; });
+            st.sum_excl = s0 + s1;
         }
-        st.sum_excl = s0 + s1;
         st.sum_logits = sx;
     }
     for (int j = nv * K + tid; j < n; j += kThreads) stats_add(st, to_f(buf[j]), j == y_local);
@@ -153,18 +166,31 @@ __device__ __forceinline__ RowStatsF slice_stats(const T* buf, int nv, int n, in
 
 // dlogits of the whole chunks [lo, hi) of a CTA's slice from its shared-memory copy, and of the
 // tail values [nv K, n) when `tail`.
+// fold: the exponentials take one FFMA each (fold_grad); poly (bf16 only): 2 or 4, every second or
+// fourth value's exponential on the FMA pipe (CrossEntropyTuning::poly_exp).
 template <typename T, int kThreads>
 __device__ __forceinline__ void slice_grad(T* dx, const T* buf, int lo, int hi, int nv, int n,
                                            bool tail, int y_local, bool valid,
-                                           const RowGradParams& p, int tid) {
+                                           const RowGradParams& p, int poly, bool fold, int tid) {
     constexpr int K = kChunk<T>;
+    auto pass = [&](auto grad) {
 #pragma unroll 4
-    for (int c = lo + tid; c < hi; c += kThreads) {
-        float v[K];
-        load_chunk(buf + c * K, v);
-        grad_chunk_fast(v, y_local < 0 ? -1 : y_local - c * K, valid, p);
-        store_chunk(dx + int64_t(c) * K, v);
-    }
+        for (int c = lo + tid; c < hi; c += kThreads) {
+            float v[K];
+            load_chunk(buf + c * K, v);
+            grad(v, y_local < 0 ? -1 : y_local - c * K);
+            store_chunk(dx + int64_t(c) * K, v);
+        }
+    };
+    const FoldedGrad f = fold ? fold_grad(p) : FoldedGrad{0.0f, 0.0f, 0.0f, false};
+    if (!f.on)
+        pass([&](float(&v)[K], int t) { grad_chunk_fast(v, t, valid, p); });
+    else if (std::is_same_v<T, bf16> && poly == 2)
+        pass([&](float(&v)[K], int t) { grad_chunk_folded<K, 2>(v, t, valid, p, f); });
+    else if (std::is_same_v<T, bf16> && poly == 4)
+        pass([&](float(&v)[K], int t) { grad_chunk_folded<K, 4>(v, t, valid, p, f); });
+    else
+        pass([&](float(&v)[K], int t) { grad_chunk_folded<K, 0>(v, t, valid, p, f); });
     if (tail)
         for (int j = nv * K + tid; j < n; j += kThreads)
             dx[j] = from_f<T>(grad_value(to_f(buf[j]), j == y_local, valid, p));
@@ -236,7 +262,8 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1)
         if (bytes > 0) mbar_wait(&full[it % S], unsigned(it / S) & 1u);
         const bool valid = y != a.fin.ignore_index;
         const int y_local = valid && y >= c0 && y < c0 + n ? int(y - c0) : -1;
-        RowStatsF st = slice_stats<T, kThreads>(buffer(it), nv, n, y_local, smooth, threadIdx.x);
+        RowStatsF st =
+            slice_stats<T, kThreads>(buffer(it), nv, n, y_local, smooth, a.fold_exp, threadIdx.x);
         // its barrier publishes row_params of row i - 1; the one after the dlogits pass separates
         // the calls
         st = block_reduce_stats(st, warp_vals);
@@ -245,8 +272,8 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1)
         if (it > 0) {
             const int64_t prev = row - row_step;
             slice_grad<T, kThreads>(dlogits + prev * a.ld, buffer(it - 1), 0, nv, nv, n, true,
-                                    prev_y_local, prev_valid, row_params[(it - 1) & 1],
-                                    threadIdx.x);
+                                    prev_y_local, prev_valid, row_params[(it - 1) & 1], a.poly_exp,
+                                    a.fold_exp, threadIdx.x);
         }
         __syncthreads();  // every thread is done with buffer(it - 1) and row_params[(it-1) & 1]
         if (threadIdx.x == 0 && it > 0) {
@@ -276,7 +303,8 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1)
         __syncthreads();  // row_params of the last row
         const int64_t last = first_row + (it - 1) * row_step;
         slice_grad<T, kThreads>(dlogits + last * a.ld, buffer(it - 1), 0, nv, nv, n, true,
-                                prev_y_local, prev_valid, row_params[(it - 1) & 1], threadIdx.x);
+                                prev_y_local, prev_valid, row_params[(it - 1) & 1], a.poly_exp,
+                                a.fold_exp, threadIdx.x);
     }
     cluster.sync();  // no CTA may leave while another may still read its shared memory
 }
@@ -404,8 +432,8 @@ __global__ void __launch_bounds__(kGroupCount* kGroupThreads, 1) fast_pingpong_k
                     t[kTraceStamps] += clock64() - w0;
             }
         };
-        RowStatsF st = slice_stats<T, kGroupThreads, kParts>(buf, nv, n, y_local, smooth, tid,
-                                                             part_chunks, wait_part);
+        RowStatsF st = slice_stats<T, kGroupThreads, kParts>(
+            buf, nv, n, y_local, smooth, a.fold_exp, tid, part_chunks, wait_part);
         // the group's statistics in every thread: each warp merges its lanes, then every warp the
         // group's partials, with the same tree (the barrier after the dlogits pass separates the
         // group's writes of warp_vals from its reads of them)
@@ -435,7 +463,7 @@ __global__ void __launch_bounds__(kGroupCount* kGroupThreads, 1) fast_pingpong_k
             // the tail's chunk (index nv) is copied with part nv / part_chunks
             const bool tail = kParts == 1 || nv / part_chunks == p;
             slice_grad<T, kGroupThreads>(dlogits + row * a.ld, buf, lo, hi, nv, n, tail, y_local,
-                                         valid, res.p, tid);
+                                         valid, res.p, a.poly_exp, a.fold_exp, tid);
             group_sync(1 + group, kGroupThreads);  // the group is done with part p
             if (tid == 0) {
                 // the generic-proxy reads of the buffer before the async-proxy (TMA) write into it
@@ -596,9 +624,18 @@ void run_fast_schedule(const CrossEntropyArgs& a0, const CrossEntropyOptions& o,
     // The main grid is a plain launch: it starts after this reset (and the count) is visible; the
     // helper grid starts after the main grid's trigger, so later still.
     count_valid_and_reset_max(ws.n_valid, ws.max_key, a.targets, a.N, o.ignore_index, s);
-    FastArgs f{a.logits,   a.dlogits,  a.ld,        a.N,
-               0,          plan.slice, plan.stages, row_finish(a, o, ws.n_valid),
-               ws.max_key, nullptr};
+    FastArgs f{a.logits,
+               a.dlogits,
+               a.ld,
+               a.N,
+               0,
+               plan.slice,
+               plan.stages,
+               row_finish(a, o, ws.n_valid),
+               ws.max_key,
+               nullptr,
+               a.tuning.poly_exp,
+               a.tuning.fold_exp};
     dispatch(a.type, [&](auto tag) {
         using T = decltype(tag);
         const int threads = plan.threads;
