@@ -356,10 +356,6 @@ std::vector<ConfigField> config_fields(Config& c) {
          "fast: the helper grid's rows per SM against the main grid's, percent (0: no helper "
          "rows; -1: 70)",
          &ct.helper_weight, -1, 10000});
-    add({"kernels", ce + "poly_exp",
-         "fast, bf16 logits: every 2nd or 4th exponential of the dlogits pass by a polynomial on "
-         "the FMA pipe, to offload the special-function unit (0: none)",
-         &ct.poly_exp, 0, 4});
     add({"kernels", ce + "fold_exp",
          "fast: each exponential's argument as one FFMA, x log2(e) - max log2(e), its rounding "
          "put back once a row (false: the subtraction first, one more instruction a value)",
@@ -567,7 +563,6 @@ void check_tuning_sets(const KernelChoice& k,
     one_of(cet + "parts", ct.parts, {0, 1, 2, 4});
     one_of(cet + "threads", ct.threads, {0, 256, 512, 1024});
     one_of(cet + "helper_parts", ct.helper_parts, {0, 1, 2, 4});
-    one_of(cet + "poly_exp", ct.poly_exp, {0, 2, 4});
     one_of(att + "wgmma_dq_tile", tt.wgmma_dq_tile, {0, 32, 64, 128});
     one_of(att + "wgmma_dkdv_tile", tt.wgmma_dkdv_tile, {0, 32, 64, 128});
     one_of(att + "wgmma_dkdv_wgs", tt.wgmma_dkdv_wgs, {0, 1, 2});
@@ -650,7 +645,6 @@ void check_cross(const Config& c, const Origins& origins) {
         {cet + "parts", "cross_entropy", ct.parts != cd.parts},
         {cet + "helper_parts", "cross_entropy", ct.helper_parts != cd.helper_parts},
         {cet + "helper_weight", "cross_entropy", ct.helper_weight != cd.helper_weight},
-        {cet + "poly_exp", "cross_entropy", ct.poly_exp != cd.poly_exp},
         {cet + "fold_exp", "cross_entropy", ct.fold_exp != cd.fold_exp},
         {att + "fwd_m_tiles", "attention", tt.fwd_m_tiles != ad.fwd_m_tiles},
         {att + "wgmma_fwd", "attention", tt.wgmma_fwd != ad.wgmma_fwd},

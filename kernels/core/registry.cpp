@@ -57,11 +57,11 @@ const std::vector<KernelFamily>& kernel_families() {
                {{"naive", false, false, false, false, {}},
                 {"online", false, false, false, false, {}},
                 {"fast", false, false, false, false,
-                 kFastBoth +
-                     std::vector<std::string>{
-                         "cross_entropy_tuning.groups", "cross_entropy_tuning.parts",
-                         "cross_entropy_tuning.helper_parts", "cross_entropy_tuning.helper_weight",
-                         "cross_entropy_tuning.poly_exp", "cross_entropy_tuning.fold_exp"}},
+                 kFastBoth + std::vector<std::string>{"cross_entropy_tuning.groups",
+                                                      "cross_entropy_tuning.parts",
+                                                      "cross_entropy_tuning.helper_parts",
+                                                      "cross_entropy_tuning.helper_weight",
+                                                      "cross_entropy_tuning.fold_exp"}},
                 {"fast_lockstep", false, false, false, false, kFastBoth},
                 {"fused_linear", true, false, false, false, kLinearCeTiles},
                 {"fused_linear_wgmma", true, false, true, true,

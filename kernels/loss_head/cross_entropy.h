@@ -153,9 +153,6 @@ struct CrossEntropyTuning {
     // fast's helper grid: its rows per SM against the main grid's, in percent (0: no helper
     // rows); -1: ce::kHelperWeight (70)
     int helper_weight = -1;
-    // fast, bf16 logits: every poly_exp-th value's exponential in the dlogits pass on the FMA pipe
-    // instead of the special-function unit, 2 | 4; 0: none
-    int poly_exp = 0;
     // fast: each exponential's argument as one FFMA, x log2 e - max log2 e (common.cuh's fold_exp);
     // false: the subtraction first, one more instruction a value (kept for ablations)
     bool fold_exp = true;

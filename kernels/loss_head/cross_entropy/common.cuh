@@ -79,24 +79,6 @@ __device__ __forceinline__ float exp_ftz(float x) {
     return exp2_ftz(x * kLog2e);
 }
 
-// 2^x on the FMA pipe, for x in [-125, 126]; below -125 it returns 2^-125, where ex2.approx.ftz
-// gives 0 or a subnormal (no bf16 or fp32 gradient can tell them apart after the row's scale).
-// Round to the nearest integer j by the 1.5 * 2^23 trick, a degree-3 polynomial for 2^f on
-// f in [-0.5, 0.5] (relative error 7.5e-5, fitted in float32: a sixteenth of a bf16 half-ulp),
-// then j added to the exponent bits. Eight FMA-pipe instructions instead of one special-function
-// one: `fast`'s dlogits pass moves a share of its exponentials here when the special-function
-// unit, not the issue, paces it (CrossEntropyTuning::poly_exp). bf16 outputs only.
-__device__ __forceinline__ float exp2_poly(float x) {
-    x = fmaxf(x, -125.0f);
-    const float r = __fadd_rn(x, 12582912.0f);  // x rounded to an integer j in r's low bits
-    const float f = __fsub_rn(x, __fsub_rn(r, 12582912.0f));
-    float p = fmaf(0.0551716685f, f, 0.2426111400f);
-    p = fmaf(p, f, 0.6932609677f);
-    p = fmaf(p, f, 0.9999280572f);
-    // r's bits are 0x4B400000 + j, whose low 9 bits shifted by 23 are j << 23 (mod 2^32)
-    return __int_as_float(__float_as_int(p) + (__float_as_int(r) << 23));
-}
-
 // The exponent of 2^((x - m) log2 e) as one FFMA, x log2 e + c, with c = -(m log2 e) rounded.
 // The rounding error eps = m log2 e + c is the same for every x of the row, so the terms all come
 // out 2^eps too large and one factor per row (unscale) puts it back, exactly up to that factor's
@@ -455,17 +437,21 @@ __device__ __forceinline__ void grad_chunk_fast(float (&v)[K], int t, bool valid
     }
 }
 
-// grad_chunk_fast with the row's folded parameters (fold_grad(p).on); kPoly > 0: every kPoly-th
-// value of the chunk takes its exponential on the FMA pipe (exp2_poly)
-template <int K, int kPoly>
+// grad_chunk_fast with the row's folded parameters (fold_grad(p).on): the same branches, per row
+// and then per chunk, and one FFMA less a value
+template <int K>
 __device__ __forceinline__ void grad_chunk_folded(float (&v)[K], int t, bool valid,
                                                   const RowGradParams& p, const FoldedGrad& f) {
+    if (!valid) {
 #pragma unroll
-    for (int k = 0; k < K; k++) {
-        const float e = fmaf(v[k], kLog2e, f.c);
-        const float x =
-            kPoly > 0 && k % (kPoly > 0 ? kPoly : 1) == kPoly - 1 ? exp2_poly(e) : exp2_ftz(e);
-        v[k] = !valid ? 0.0f : (k == t ? p.d_target : f.coef * x - f.smooth);
+        for (int k = 0; k < K; k++) v[k] = 0.0f;
+    } else if (t >= 0 && t < K) {
+#pragma unroll
+        for (int k = 0; k < K; k++)
+            v[k] = k == t ? p.d_target : f.coef * exp2_ftz(fmaf(v[k], kLog2e, f.c)) - f.smooth;
+    } else {
+#pragma unroll
+        for (int k = 0; k < K; k++) v[k] = f.coef * exp2_ftz(fmaf(v[k], kLog2e, f.c)) - f.smooth;
     }
 }
 

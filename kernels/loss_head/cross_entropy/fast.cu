@@ -77,7 +77,6 @@ struct FastArgs {
     RowFinish fin;      // targets, gradient scale, loss settings, V and the row outputs
     unsigned* max_key;  // the largest logit of any row (raise_max), for the summary
     long long* trace;   // fast_pingpong_kernel<..., kTrace>: N x cluster x kTracePoints clocks
-    int poly_exp;       // CrossEntropyTuning::poly_exp
     bool fold_exp;      // CrossEntropyTuning::fold_exp
 };
 
@@ -166,12 +165,11 @@ __device__ __forceinline__ RowStatsF slice_stats(const T* buf, int nv, int n, in
 
 // dlogits of the whole chunks [lo, hi) of a CTA's slice from its shared-memory copy, and of the
 // tail values [nv K, n) when `tail`.
-// fold: the exponentials take one FFMA each (fold_grad); poly (bf16 only): 2 or 4, every second or
-// fourth value's exponential on the FMA pipe (CrossEntropyTuning::poly_exp).
+// fold: the exponentials take one FFMA each (fold_grad).
 template <typename T, int kThreads>
 __device__ __forceinline__ void slice_grad(T* dx, const T* buf, int lo, int hi, int nv, int n,
                                            bool tail, int y_local, bool valid,
-                                           const RowGradParams& p, int poly, bool fold, int tid) {
+                                           const RowGradParams& p, bool fold, int tid) {
     constexpr int K = kChunk<T>;
     auto pass = [&](auto grad) {
 #pragma unroll 4
@@ -183,14 +181,10 @@ __device__ __forceinline__ void slice_grad(T* dx, const T* buf, int lo, int hi, 
         }
     };
     const FoldedGrad f = fold ? fold_grad(p) : FoldedGrad{0.0f, 0.0f, 0.0f, false};
-    if (!f.on)
-        pass([&](float(&v)[K], int t) { grad_chunk_fast(v, t, valid, p); });
-    else if (std::is_same_v<T, bf16> && poly == 2)
-        pass([&](float(&v)[K], int t) { grad_chunk_folded<K, 2>(v, t, valid, p, f); });
-    else if (std::is_same_v<T, bf16> && poly == 4)
-        pass([&](float(&v)[K], int t) { grad_chunk_folded<K, 4>(v, t, valid, p, f); });
+    if (f.on)
+        pass([&](float(&v)[K], int t) { grad_chunk_folded(v, t, valid, p, f); });
     else
-        pass([&](float(&v)[K], int t) { grad_chunk_folded<K, 0>(v, t, valid, p, f); });
+        pass([&](float(&v)[K], int t) { grad_chunk_fast(v, t, valid, p); });
     if (tail)
         for (int j = nv * K + tid; j < n; j += kThreads)
             dx[j] = from_f<T>(grad_value(to_f(buf[j]), j == y_local, valid, p));
@@ -272,8 +266,8 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1)
         if (it > 0) {
             const int64_t prev = row - row_step;
             slice_grad<T, kThreads>(dlogits + prev * a.ld, buffer(it - 1), 0, nv, nv, n, true,
-                                    prev_y_local, prev_valid, row_params[(it - 1) & 1], a.poly_exp,
-                                    a.fold_exp, threadIdx.x);
+                                    prev_y_local, prev_valid, row_params[(it - 1) & 1], a.fold_exp,
+                                    threadIdx.x);
         }
         __syncthreads();  // every thread is done with buffer(it - 1) and row_params[(it-1) & 1]
         if (threadIdx.x == 0 && it > 0) {
@@ -303,8 +297,8 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1)
         __syncthreads();  // row_params of the last row
         const int64_t last = first_row + (it - 1) * row_step;
         slice_grad<T, kThreads>(dlogits + last * a.ld, buffer(it - 1), 0, nv, nv, n, true,
-                                prev_y_local, prev_valid, row_params[(it - 1) & 1], a.poly_exp,
-                                a.fold_exp, threadIdx.x);
+                                prev_y_local, prev_valid, row_params[(it - 1) & 1], a.fold_exp,
+                                threadIdx.x);
     }
     cluster.sync();  // no CTA may leave while another may still read its shared memory
 }
@@ -463,7 +457,7 @@ __global__ void __launch_bounds__(kGroupCount* kGroupThreads, 1) fast_pingpong_k
             // the tail's chunk (index nv) is copied with part nv / part_chunks
             const bool tail = kParts == 1 || nv / part_chunks == p;
             slice_grad<T, kGroupThreads>(dlogits + row * a.ld, buf, lo, hi, nv, n, tail, y_local,
-                                         valid, res.p, a.poly_exp, a.fold_exp, tid);
+                                         valid, res.p, a.fold_exp, tid);
             group_sync(1 + group, kGroupThreads);  // the group is done with part p
             if (tid == 0) {
                 // the generic-proxy reads of the buffer before the async-proxy (TMA) write into it
@@ -634,7 +628,6 @@ void run_fast_schedule(const CrossEntropyArgs& a0, const CrossEntropyOptions& o,
                row_finish(a, o, ws.n_valid),
                ws.max_key,
                nullptr,
-               a.tuning.poly_exp,
                a.tuning.fold_exp};
     dispatch(a.type, [&](auto tag) {
         using T = decltype(tag);
