@@ -81,8 +81,7 @@ TEST_CASE(
     // phases (bf16 only; the f32 shape runs the plain kernel). With clusters of more than 2 CTAs,
     // a helper grid of 2-CTA clusters takes the last rows on the SMs the clusters leave idle;
     // helper_weight sets its share (0: none, 400: several times its default) and
-    // helper_parts its copies per buffer. fold_exp false takes the exponentials' arguments with the
-    // subtraction first (the ablation's path). Rows per cluster
+    // helper_parts its copies per buffer. Rows per cluster
     // exceed the ring's stages, so buffers are refilled; ld > V leaves the last CTA a tail of
     // fewer than 8 columns, which the bulk copy brings in with NaN padding that must be neither
     // used nor written.
@@ -99,7 +98,6 @@ TEST_CASE(
         int groups = 2, parts = 1;
         bool trace = false;
         int helper_weight = -1, helper_parts = 1;  // -1: the default share
-        bool fold_exp = true;
     };
     const std::vector<Mode> modes = {{"fast", 0},
                                      {"fast", 3},
@@ -115,9 +113,7 @@ TEST_CASE(
                                      {"fast", 0, 3, 2, false, 0},
                                      {"fast", 0, 3, 2, false, 400, 2},
                                      {"fast", 0, 2, 2, false, 400, 4},
-                                     {"fast", 0, 3, 2, true, 400, 1},
-                                     {"fast", 0, 2, 2, false, -1, 1, false},
-                                     {"fast", 0, 3, 2, false, 400, 2, false}};
+                                     {"fast", 0, 3, 2, true, 400, 1}};
     // Four cases a shape (label smoothing on and off, dlogits in place and in their own buffer,
     // 0-2 ignored rows), each with its reference computed once, taken in turn by the modes and
     // cluster sizes below: making the cases and their double-precision references, not the GPU,
@@ -150,9 +146,7 @@ TEST_CASE(
         CAPTURE(m.trace);
         CAPTURE(m.helper_weight);
         CAPTURE(m.helper_parts);
-        CAPTURE(m.fold_exp);
         cuda::CrossEntropyTuning tuning;
-        tuning.fold_exp = m.fold_exp;
         tuning.helper_weight = m.helper_weight;
         tuning.helper_parts = m.helper_parts;
         tuning.groups = m.groups;
@@ -197,7 +191,8 @@ TEST_CASE("fast at long rows, in the clusters its planner picks there (2, 4, 6 a
 
 TEST_CASE("fast at rows whose largest logit is beyond 2^24 (the exponent left unfolded)") {
     // fast's passes take each exponential's argument as one FFMA, x log2 e - max log2 e, for
-    // |max| < 2^24 (common.cuh's fold_exp and fold_grad), and the subtraction first beyond. Rows
+    // |max| < 2^24 (common.cuh's fold_exp and fold_grad), and the subtraction first beyond
+    // (unfolded_sums, unfolded_grad; in a cluster each CTA decides by its own slice's max). Rows
     // near +-6.7e7 and +-2e9 take the second path; rows near 1.6e7 and -3e5 the first, the
     // former close to its edge. Logits spread over a few ulps of the row's magnitude, so several
     // columns share each row's probability. (Not beyond: the fp64 reference's lse then drops the
@@ -205,10 +200,14 @@ TEST_CASE("fast at rows whose largest logit is beyond 2^24 (the exponent left un
     uint64_t seed = 2100;
     const double scales[] = {6.7e7, -6.7e7, 2e9, -2e9, 1.6e7, -3e5};
     for (LogitsType t : {LogitsType::bf16, LogitsType::f32}) {
-        for (bool fold : {true, false}) {
-            const std::string type = type_name(t);
+        for (const auto& [name, cluster] : {std::pair<const char*, int>{"fast", 0},
+                                            {"fast", 1},
+                                            {"fast", 4},
+                                            {"fast_lockstep", 0}}) {
+            const std::string type = type_name(t), variant = name;
             CAPTURE(type);
-            CAPTURE(fold);
+            CAPTURE(variant);
+            CAPTURE(cluster);
             Case c = make_case(seed++, 6, 50304, t, 0.0, 0.0, Reduction::mean, 0);
             Rng rng(seed);
             for (int64_t i = 0; i < c.N; i++)
@@ -217,8 +216,8 @@ TEST_CASE("fast at rows whose largest logit is beyond 2^24 (the exponent left un
                         float(scales[i] * (1.0 + 0.02 * double(rng.below(8)) / 8));
             const Reference want = reference(c);
             cuda::CrossEntropyTuning tuning;
-            tuning.fold_exp = fold;
-            const Result got = run_variant(cuda::find_cross_entropy_variant("fast"), c, tuning);
+            tuning.cluster = cluster;
+            const Result got = run_variant(cuda::find_cross_entropy_variant(variant), c, tuning);
             for (int64_t i = 0; i < c.N; i++) {
                 CAPTURE(i);
                 CHECK(close(got.loss[i], want.loss[i], 2e-5, 1e-6));

@@ -356,10 +356,6 @@ std::vector<ConfigField> config_fields(Config& c) {
          "fast: the helper grid's rows per SM against the main grid's, percent (0: no helper "
          "rows; -1: 70)",
          &ct.helper_weight, -1, 10000});
-    add({"kernels", ce + "fold_exp",
-         "fast: each exponential's argument as one FFMA, x log2(e) - max log2(e), its rounding "
-         "put back once a row (false: the subtraction first, one more instruction a value)",
-         &ct.fold_exp});
     cuda::AttentionTuning& at = k.attention_tuning;
     const std::string att = "attention_tuning.";
     add({"kernels", att + "fwd_m_tiles",
@@ -645,7 +641,6 @@ void check_cross(const Config& c, const Origins& origins) {
         {cet + "parts", "cross_entropy", ct.parts != cd.parts},
         {cet + "helper_parts", "cross_entropy", ct.helper_parts != cd.helper_parts},
         {cet + "helper_weight", "cross_entropy", ct.helper_weight != cd.helper_weight},
-        {cet + "fold_exp", "cross_entropy", ct.fold_exp != cd.fold_exp},
         {att + "fwd_m_tiles", "attention", tt.fwd_m_tiles != ad.fwd_m_tiles},
         {att + "wgmma_fwd", "attention", tt.wgmma_fwd != ad.wgmma_fwd},
         {att + "wgmma_bwd", "attention", tt.wgmma_bwd != ad.wgmma_bwd},

@@ -153,9 +153,6 @@ struct CrossEntropyTuning {
     // fast's helper grid: its rows per SM against the main grid's, in percent (0: no helper
     // rows); -1: ce::kHelperWeight (70)
     int helper_weight = -1;
-    // fast: each exponential's argument as one FFMA, x log2 e - max log2 e (common.cuh's fold_exp);
-    // false: the subtraction first, one more instruction a value (kept for ablations)
-    bool fold_exp = true;
     // fast, bf16 logits, outside graph capture: run the kernel that records where a row's time
     // goes, wait for it and print the phases to stderr. A diagnostic, not a tuning (it
     // synchronises the stream and prints at every launch), so bench_ce --trace sets it and the

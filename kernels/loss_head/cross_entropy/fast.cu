@@ -77,7 +77,6 @@ struct FastArgs {
     RowFinish fin;      // targets, gradient scale, loss settings, V and the row outputs
     unsigned* max_key;  // the largest logit of any row (raise_max), for the summary
     long long* trace;   // fast_pingpong_kernel<..., kTrace>: N x cluster x kTracePoints clocks
-    bool fold_exp;      // CrossEntropyTuning::fold_exp
 };
 
 // The per-row outputs of the fused kernel (written once per row).
@@ -91,6 +90,31 @@ struct NoWait {
     __device__ void operator()(int) const {}
 };
 
+// slice_stats' sums with the subtraction first (x - max, then the multiply by log2 e), for rows
+// whose largest logit is too large for fold_exp (|max| >= kFoldMax). Out of line: as a second
+// inlined copy of the loop it changed the register allocation of the common one, and the kernel ran
+// 5-20% slower.
+template <typename T, int kThreads>
+__device__ __noinline__ void unfolded_sums(const T* buf, int nv, int y_local, bool smooth, int tid,
+                                           RowStatsF& st) {
+    constexpr int K = kChunk<T>;
+    const int target_chunk = y_local >= 0 ? y_local / K : -1;
+    float s0 = 0.0f, sx = 0.0f;
+    for (int c = tid; c < nv; c += kThreads) {
+        float v[K];
+        load_chunk(buf + c * K, v);
+        for (int k = 0; k < K; k++) {
+            if (c == target_chunk && c * K + k == y_local)
+                st.target_logit = v[k];
+            else
+                s0 += exp_ftz(v[k] - st.max);
+            if (smooth) sx += v[k];
+        }
+    }
+    st.sum_excl = s0;
+    st.sum_logits = sx;
+}
+
 // This thread's statistics of a CTA's slice of n values held in shared memory: `nv` whole chunks
 // plus a tail of < one chunk (its padding columns are never used). Two cheap passes over shared
 // memory: a packed max, then branch-free sums against it (no serial rescaling chain). Thread `tid`
@@ -99,8 +123,8 @@ struct NoWait {
 // max pass over part p starts while the later parts are still in flight.
 template <typename T, int kThreads, int kParts = 1, typename WaitPart = NoWait>
 __device__ __forceinline__ RowStatsF slice_stats(const T* buf, int nv, int n, int y_local,
-                                                 bool smooth, bool fold, int tid,
-                                                 int part_chunks = 0, WaitPart wait_part = {}) {
+                                                 bool smooth, int tid, int part_chunks = 0,
+                                                 WaitPart wait_part = {}) {
     constexpr int K = kChunk<T>;
     static_assert((kThreads & (kThreads - 1)) == 0, "a power of two");
     ChunkMax<T> cmax;
@@ -118,73 +142,76 @@ __device__ __forceinline__ RowStatsF slice_stats(const T* buf, int nv, int n, in
             cmax.add(*reinterpret_cast<const int4*>(buf + c * K));
     }
     RowStatsF st = {cmax.value(), 0.0f, 0.0f, 0.0f};
-    if (st.max != kNegInf) {
+    if (st.max != kNegInf && !(fabsf(st.max) < kFoldMax)) {
+        unfolded_sums<T, kThreads>(buf, nv, y_local, smooth, tid, st);
+    } else if (st.max != kNegInf) {
+        const FoldedExp f = fold_exp(st.max);  // each exponential's argument one FFMA
         const int target_chunk = y_local >= 0 ? y_local / K : -1;
         float s0 = 0.0f, s1 = 0.0f, sx = 0.0f;
-        // the sums of exp(x - max), each exponential's argument from expo(x)
-        auto sums = [&](auto expo) {
 #pragma unroll 4
-            for (int c = tid; c < nv; c += kThreads) {
-                float v[K];
-                load_chunk(buf + c * K, v);
-                if (c == target_chunk) {  // exclude the target from the sum
+        for (int c = tid; c < nv; c += kThreads) {
+            float v[K];
+            load_chunk(buf + c * K, v);
+            if (c == target_chunk) {  // exclude the target from the sum
 #pragma unroll
-                    for (int k = 0; k < K; k++) {
-                        if (c * K + k == y_local)
-                            st.target_logit = v[k];
-                        else
-                            s0 += exp2_ftz(expo(v[k]));
-                    }
-                } else {
-#pragma unroll
-                    for (int k = 0; k < K; k += 2) {
-                        s0 += exp2_ftz(expo(v[k]));
-                        s1 += exp2_ftz(expo(v[k + 1]));
-                    }
+                for (int k = 0; k < K; k++) {
+                    if (c * K + k == y_local)
+                        st.target_logit = v[k];
+                    else
+                        s0 += exp2_ftz(fmaf(v[k], kLog2e, f.c));
                 }
-                if (smooth) {
+            } else {
 #pragma unroll
-                    for (int k = 0; k < K; k++) sx += v[k];
+                for (int k = 0; k < K; k += 2) {
+                    s0 += exp2_ftz(fmaf(v[k], kLog2e, f.c));
+                    s1 += exp2_ftz(fmaf(v[k + 1], kLog2e, f.c));
                 }
             }
-        };
-        if (fold && fabsf(st.max) < kFoldMax) {  // one FFMA a value (fold_exp)
-            const FoldedExp f = fold_exp(st.max);
-            sums([&](float x) { return fmaf(x, kLog2e, f.c); });
-            st.sum_excl = (s0 + s1) * f.unscale;
-        } else {
-            const float m = st.max;
-            sums([&](float x) { return (x - m) * kLog2e; });
-            st.sum_excl = s0 + s1;
+            if (smooth) {
+#pragma unroll
+                for (int k = 0; k < K; k++) sx += v[k];
+            }
         }
+        st.sum_excl = (s0 + s1) * f.unscale;
         st.sum_logits = sx;
     }
     for (int j = nv * K + tid; j < n; j += kThreads) stats_add(st, to_f(buf[j]), j == y_local);
     return st;
 }
 
+// slice_grad's whole chunks with the subtraction first (grad_of), for rows too large for
+// fold_grad; out of line, as unfolded_sums.
+template <typename T, int kThreads>
+__device__ __noinline__ void unfolded_grad(T* dx, const T* buf, int lo, int hi, int y_local,
+                                           bool valid, const RowGradParams& p, int tid) {
+    constexpr int K = kChunk<T>;
+    for (int c = lo + tid; c < hi; c += kThreads) {
+        float v[K];
+        load_chunk(buf + c * K, v);
+        grad_chunk_fast(v, y_local < 0 ? -1 : y_local - c * K, valid, p);
+        store_chunk(dx + int64_t(c) * K, v);
+    }
+}
+
 // dlogits of the whole chunks [lo, hi) of a CTA's slice from its shared-memory copy, and of the
-// tail values [nv K, n) when `tail`.
-// fold: the exponentials take one FFMA each (fold_grad).
+// tail values [nv K, n) when `tail`. Each exponential's argument is one FFMA (fold_grad).
 template <typename T, int kThreads>
 __device__ __forceinline__ void slice_grad(T* dx, const T* buf, int lo, int hi, int nv, int n,
                                            bool tail, int y_local, bool valid,
-                                           const RowGradParams& p, bool fold, int tid) {
+                                           const RowGradParams& p, int tid) {
     constexpr int K = kChunk<T>;
-    auto pass = [&](auto grad) {
+    const FoldedGrad f = fold_grad(p);
+    if (!f.on) {
+        unfolded_grad<T, kThreads>(dx, buf, lo, hi, y_local, valid, p, tid);
+    } else {
 #pragma unroll 4
         for (int c = lo + tid; c < hi; c += kThreads) {
             float v[K];
             load_chunk(buf + c * K, v);
-            grad(v, y_local < 0 ? -1 : y_local - c * K);
+            grad_chunk_folded(v, y_local < 0 ? -1 : y_local - c * K, valid, p, f);
             store_chunk(dx + int64_t(c) * K, v);
         }
-    };
-    const FoldedGrad f = fold ? fold_grad(p) : FoldedGrad{0.0f, 0.0f, 0.0f, false};
-    if (f.on)
-        pass([&](float(&v)[K], int t) { grad_chunk_folded(v, t, valid, p, f); });
-    else
-        pass([&](float(&v)[K], int t) { grad_chunk_fast(v, t, valid, p); });
+    }
     if (tail)
         for (int j = nv * K + tid; j < n; j += kThreads)
             dx[j] = from_f<T>(grad_value(to_f(buf[j]), j == y_local, valid, p));
@@ -256,8 +283,7 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1)
         if (bytes > 0) mbar_wait(&full[it % S], unsigned(it / S) & 1u);
         const bool valid = y != a.fin.ignore_index;
         const int y_local = valid && y >= c0 && y < c0 + n ? int(y - c0) : -1;
-        RowStatsF st =
-            slice_stats<T, kThreads>(buffer(it), nv, n, y_local, smooth, a.fold_exp, threadIdx.x);
+        RowStatsF st = slice_stats<T, kThreads>(buffer(it), nv, n, y_local, smooth, threadIdx.x);
         // its barrier publishes row_params of row i - 1; the one after the dlogits pass separates
         // the calls
         st = block_reduce_stats(st, warp_vals);
@@ -266,7 +292,7 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1)
         if (it > 0) {
             const int64_t prev = row - row_step;
             slice_grad<T, kThreads>(dlogits + prev * a.ld, buffer(it - 1), 0, nv, nv, n, true,
-                                    prev_y_local, prev_valid, row_params[(it - 1) & 1], a.fold_exp,
+                                    prev_y_local, prev_valid, row_params[(it - 1) & 1],
                                     threadIdx.x);
         }
         __syncthreads();  // every thread is done with buffer(it - 1) and row_params[(it-1) & 1]
@@ -297,8 +323,7 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1)
         __syncthreads();  // row_params of the last row
         const int64_t last = first_row + (it - 1) * row_step;
         slice_grad<T, kThreads>(dlogits + last * a.ld, buffer(it - 1), 0, nv, nv, n, true,
-                                prev_y_local, prev_valid, row_params[(it - 1) & 1], a.fold_exp,
-                                threadIdx.x);
+                                prev_y_local, prev_valid, row_params[(it - 1) & 1], threadIdx.x);
     }
     cluster.sync();  // no CTA may leave while another may still read its shared memory
 }
@@ -426,8 +451,8 @@ __global__ void __launch_bounds__(kGroupCount* kGroupThreads, 1) fast_pingpong_k
                     t[kTraceStamps] += clock64() - w0;
             }
         };
-        RowStatsF st = slice_stats<T, kGroupThreads, kParts>(
-            buf, nv, n, y_local, smooth, a.fold_exp, tid, part_chunks, wait_part);
+        RowStatsF st = slice_stats<T, kGroupThreads, kParts>(buf, nv, n, y_local, smooth, tid,
+                                                             part_chunks, wait_part);
         // the group's statistics in every thread: each warp merges its lanes, then every warp the
         // group's partials, with the same tree (the barrier after the dlogits pass separates the
         // group's writes of warp_vals from its reads of them)
@@ -457,7 +482,7 @@ __global__ void __launch_bounds__(kGroupCount* kGroupThreads, 1) fast_pingpong_k
             // the tail's chunk (index nv) is copied with part nv / part_chunks
             const bool tail = kParts == 1 || nv / part_chunks == p;
             slice_grad<T, kGroupThreads>(dlogits + row * a.ld, buf, lo, hi, nv, n, tail, y_local,
-                                         valid, res.p, a.fold_exp, tid);
+                                         valid, res.p, tid);
             group_sync(1 + group, kGroupThreads);  // the group is done with part p
             if (tid == 0) {
                 // the generic-proxy reads of the buffer before the async-proxy (TMA) write into it
@@ -618,17 +643,9 @@ void run_fast_schedule(const CrossEntropyArgs& a0, const CrossEntropyOptions& o,
     // The main grid is a plain launch: it starts after this reset (and the count) is visible; the
     // helper grid starts after the main grid's trigger, so later still.
     count_valid_and_reset_max(ws.n_valid, ws.max_key, a.targets, a.N, o.ignore_index, s);
-    FastArgs f{a.logits,
-               a.dlogits,
-               a.ld,
-               a.N,
-               0,
-               plan.slice,
-               plan.stages,
-               row_finish(a, o, ws.n_valid),
-               ws.max_key,
-               nullptr,
-               a.tuning.fold_exp};
+    FastArgs f{a.logits,   a.dlogits,  a.ld,        a.N,
+               0,          plan.slice, plan.stages, row_finish(a, o, ws.n_valid),
+               ws.max_key, nullptr};
     dispatch(a.type, [&](auto tag) {
         using T = decltype(tag);
         const int threads = plan.threads;
