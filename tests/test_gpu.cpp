@@ -189,14 +189,13 @@ TEST_CASE("fast at long rows, in the clusters its planner picks there (2, 4, 6 a
     }
 }
 
-TEST_CASE("fast at rows whose largest logit is beyond 2^24 (the exponent left unfolded)") {
-    // fast's passes take each exponential's argument as one FFMA, x log2 e - max log2 e, for
-    // |max| < 2^24 (common.cuh's fold_exp and fold_grad), and the subtraction first beyond
-    // (unfolded_sums, unfolded_grad; in a cluster each CTA decides by its own slice's max). Rows
-    // near +-6.7e7 and +-2e9 take the second path; rows near 1.6e7 and -3e5 the first, the
-    // former close to its edge. Logits spread over a few ulps of the row's magnitude, so several
-    // columns share each row's probability. (Not beyond: the fp64 reference's lse then drops the
-    // log of that count, an ulp of 1e30 being 1.4e14.) z = 0: lse^2 would overflow float.
+TEST_CASE("fast and fast_lockstep at rows of logits near +-1.6e7 to +-2e9") {
+    // The hard rows elsewhere reach |x| ~ 100 and -1e4 masks; here whole rows sit far from 0, where
+    // an exponent taken as x log2 e - max log2 e (one FFMA, without the subtraction first) would
+    // lose the row: an ulp of max log2 e is 2 at 1.6e7 and 256 at 2e9. Logits spread over a few
+    // ulps of the row's magnitude, so several columns share each row's probability; in clusters of
+    // 1 and 4 CTAs (each CTA's slice max is its own). Not beyond 2e9: the fp64 reference's lse then
+    // drops the log of that count (an ulp of 1e30 is 1.4e14). z = 0: lse^2 would overflow float.
     uint64_t seed = 2100;
     const double scales[] = {6.7e7, -6.7e7, 2e9, -2e9, 1.6e7, -3e5};
     for (LogitsType t : {LogitsType::bf16, LogitsType::f32}) {

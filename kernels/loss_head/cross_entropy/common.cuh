@@ -79,44 +79,6 @@ __device__ __forceinline__ float exp_ftz(float x) {
     return exp2_ftz(x * kLog2e);
 }
 
-// The exponent of 2^((x - m) log2 e) as one FFMA, x log2 e + c, with c = -(m log2 e) rounded.
-// The rounding error eps = m log2 e + c is the same for every x of the row, so the terms all come
-// out 2^eps too large and one factor per row (unscale) puts it back, exactly up to that factor's
-// rounding: the subtraction x - m before the multiply (one instruction a value) is not needed
-// for accuracy. Only for |m| < kFoldMax: |eps| is half an ulp of m log2 e, at most 1 there, so
-// the terms and the factor stay far from overflow; larger rows take the subtraction (fast's
-// unfolded_sums and unfolded_grad). Measured in fast at N = 16384: 1.5-2% off the kernel's time
-// at V = 50304-256000 (docs/results/ce_vocab_sweep_h200.json, fast_exponent_ffma).
-constexpr float kFoldMax = 16777216.0f;  // 2^24
-struct FoldedExp {
-    float c;        // the exponent is fmaf(x, kLog2e, c)
-    float unscale;  // multiplies what the exponentials add up to
-};
-__device__ __forceinline__ FoldedExp fold_exp(float m) {
-    const float c = -__fmul_rn(m, kLog2e);
-    const float eps = fmaf(m, kLog2e, c);  // exact: the FMA keeps m log2 e unrounded
-    return {c, exp2_ftz(-eps)};
-}
-
-// The dlogits pass's p_j = 2^((x_j - max) log2 e - log2 d) as coef' 2^(fmaf(x_j, log2 e, c)): c is
-// -(max log2 e) - log2 d rounded (both roundings' errors recovered exactly: a product's by an FMA,
-// a sum's by Knuth's two-sum) and coef' carries them back, once per row. on: |max| below kFoldMax
-// (log2 d is at most log2 V); otherwise grad_of's subtraction is used.
-struct FoldedGrad {
-    float c, coef, smooth;
-    bool on;
-};
-__device__ __forceinline__ FoldedGrad fold_grad(const RowGradParams& p) {
-    if (!(fabsf(p.max) < kFoldMax && fabsf(p.log2_d) < kFoldMax)) return {0.0f, 0.0f, 0.0f, false};
-    const float a = __fmul_rn(p.max, kLog2e);
-    const float e1 = fmaf(p.max, kLog2e, -a);  // max log2 e = a + e1
-    const float s = __fsub_rn(-a, p.log2_d);   // -a - log2 d = s + e2
-    const float bv = __fsub_rn(s, -a);
-    const float e2 = __fadd_rn(__fsub_rn(-a, __fsub_rn(s, bv)), __fsub_rn(-p.log2_d, bv));
-    // (x - max) log2 e - log2 d = x log2 e + s + (e2 - e1)
-    return {s, __fmul_rn(p.coef, exp2_ftz(__fsub_rn(e2, e1))), p.smooth, true};
-}
-
 // Online (max, sum) pair; merge is exact up to rounding and order-independent in exact arithmetic.
 struct MaxSum {
     float m, s;
@@ -436,24 +398,6 @@ __device__ __forceinline__ void grad_chunk_fast(float (&v)[K], int t, bool valid
     } else {
 #pragma unroll
         for (int k = 0; k < K; k++) v[k] = grad_of(v[k], p);
-    }
-}
-
-// grad_chunk_fast with the row's folded parameters (fold_grad(p).on): the same branches, per row
-// and then per chunk, and one FFMA less a value
-template <int K>
-__device__ __forceinline__ void grad_chunk_folded(float (&v)[K], int t, bool valid,
-                                                  const RowGradParams& p, const FoldedGrad& f) {
-    if (!valid) {
-#pragma unroll
-        for (int k = 0; k < K; k++) v[k] = 0.0f;
-    } else if (t >= 0 && t < K) {
-#pragma unroll
-        for (int k = 0; k < K; k++)
-            v[k] = k == t ? p.d_target : f.coef * exp2_ftz(fmaf(v[k], kLog2e, f.c)) - f.smooth;
-    } else {
-#pragma unroll
-        for (int k = 0; k < K; k++) v[k] = f.coef * exp2_ftz(fmaf(v[k], kLog2e, f.c)) - f.smooth;
     }
 }
 

@@ -90,31 +90,6 @@ struct NoWait {
     __device__ void operator()(int) const {}
 };
 
-// slice_stats' sums with the subtraction first (x - max, then the multiply by log2 e), for rows
-// whose largest logit is too large for fold_exp (|max| >= kFoldMax). Out of line: as a second
-// inlined copy of the loop it changed the register allocation of the common one, and the kernel ran
-// 5-20% slower.
-template <typename T, int kThreads>
-__device__ __noinline__ void unfolded_sums(const T* buf, int nv, int y_local, bool smooth, int tid,
-                                           RowStatsF& st) {
-    constexpr int K = kChunk<T>;
-    const int target_chunk = y_local >= 0 ? y_local / K : -1;
-    float s0 = 0.0f, sx = 0.0f;
-    for (int c = tid; c < nv; c += kThreads) {
-        float v[K];
-        load_chunk(buf + c * K, v);
-        for (int k = 0; k < K; k++) {
-            if (c == target_chunk && c * K + k == y_local)
-                st.target_logit = v[k];
-            else
-                s0 += exp_ftz(v[k] - st.max);
-            if (smooth) sx += v[k];
-        }
-    }
-    st.sum_excl = s0;
-    st.sum_logits = sx;
-}
-
 // This thread's statistics of a CTA's slice of n values held in shared memory: `nv` whole chunks
 // plus a tail of < one chunk (its padding columns are never used). Two cheap passes over shared
 // memory: a packed max, then branch-free sums against it (no serial rescaling chain). Thread `tid`
@@ -142,10 +117,7 @@ __device__ __forceinline__ RowStatsF slice_stats(const T* buf, int nv, int n, in
             cmax.add(*reinterpret_cast<const int4*>(buf + c * K));
     }
     RowStatsF st = {cmax.value(), 0.0f, 0.0f, 0.0f};
-    if (st.max != kNegInf && !(fabsf(st.max) < kFoldMax)) {
-        unfolded_sums<T, kThreads>(buf, nv, y_local, smooth, tid, st);
-    } else if (st.max != kNegInf) {
-        const FoldedExp f = fold_exp(st.max);  // each exponential's argument one FFMA
+    if (st.max != kNegInf) {
         const int target_chunk = y_local >= 0 ? y_local / K : -1;
         float s0 = 0.0f, s1 = 0.0f, sx = 0.0f;
 #pragma unroll 4
@@ -158,13 +130,13 @@ __device__ __forceinline__ RowStatsF slice_stats(const T* buf, int nv, int n, in
                     if (c * K + k == y_local)
                         st.target_logit = v[k];
                     else
-                        s0 += exp2_ftz(fmaf(v[k], kLog2e, f.c));
+                        s0 += exp_ftz(v[k] - st.max);
                 }
             } else {
 #pragma unroll
                 for (int k = 0; k < K; k += 2) {
-                    s0 += exp2_ftz(fmaf(v[k], kLog2e, f.c));
-                    s1 += exp2_ftz(fmaf(v[k + 1], kLog2e, f.c));
+                    s0 += exp_ftz(v[k] - st.max);
+                    s1 += exp_ftz(v[k + 1] - st.max);
                 }
             }
             if (smooth) {
@@ -172,45 +144,26 @@ __device__ __forceinline__ RowStatsF slice_stats(const T* buf, int nv, int n, in
                 for (int k = 0; k < K; k++) sx += v[k];
             }
         }
-        st.sum_excl = (s0 + s1) * f.unscale;
+        st.sum_excl = s0 + s1;
         st.sum_logits = sx;
     }
     for (int j = nv * K + tid; j < n; j += kThreads) stats_add(st, to_f(buf[j]), j == y_local);
     return st;
 }
 
-// slice_grad's whole chunks with the subtraction first (grad_of), for rows too large for
-// fold_grad; out of line, as unfolded_sums.
-template <typename T, int kThreads>
-__device__ __noinline__ void unfolded_grad(T* dx, const T* buf, int lo, int hi, int y_local,
-                                           bool valid, const RowGradParams& p, int tid) {
-    constexpr int K = kChunk<T>;
-    for (int c = lo + tid; c < hi; c += kThreads) {
-        float v[K];
-        load_chunk(buf + c * K, v);
-        grad_chunk_fast(v, y_local < 0 ? -1 : y_local - c * K, valid, p);
-        store_chunk(dx + int64_t(c) * K, v);
-    }
-}
-
 // dlogits of the whole chunks [lo, hi) of a CTA's slice from its shared-memory copy, and of the
-// tail values [nv K, n) when `tail`. Each exponential's argument is one FFMA (fold_grad).
+// tail values [nv K, n) when `tail`.
 template <typename T, int kThreads>
 __device__ __forceinline__ void slice_grad(T* dx, const T* buf, int lo, int hi, int nv, int n,
                                            bool tail, int y_local, bool valid,
                                            const RowGradParams& p, int tid) {
     constexpr int K = kChunk<T>;
-    const FoldedGrad f = fold_grad(p);
-    if (!f.on) {
-        unfolded_grad<T, kThreads>(dx, buf, lo, hi, y_local, valid, p, tid);
-    } else {
 #pragma unroll 4
-        for (int c = lo + tid; c < hi; c += kThreads) {
-            float v[K];
-            load_chunk(buf + c * K, v);
-            grad_chunk_folded(v, y_local < 0 ? -1 : y_local - c * K, valid, p, f);
-            store_chunk(dx + int64_t(c) * K, v);
-        }
+    for (int c = lo + tid; c < hi; c += kThreads) {
+        float v[K];
+        load_chunk(buf + c * K, v);
+        grad_chunk_fast(v, y_local < 0 ? -1 : y_local - c * K, valid, p);
+        store_chunk(dx + int64_t(c) * K, v);
     }
     if (tail)
         for (int j = nv * K + tid; j < n; j += kThreads)
