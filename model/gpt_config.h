@@ -82,9 +82,6 @@ struct KernelChoice {
     // sums in registers; false: one warp a row with them in shared memory (faster at C = 1600 on
     // an H200: docs/experiments/ablate-1558m)
     bool layernorm_split_rows = false;
-    // The norms' backward a block of ceil(C / 256) warps a row, each thread with its 8 columns'
-    // weight-gradient sums in registers (over layernorm_split_rows)
-    bool layernorm_block_rows = false;
     // fc's bias gradient as one more column of its weight-gradient GEMM: ln2 is stored with a
     // column of ones beside its rows (8 columns wider), so the GEMM's last column is the column
     // sums of dfch and no pass of its own reads dfch again (matmul: fused_epilogue with biases)

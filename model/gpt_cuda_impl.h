@@ -271,16 +271,11 @@ struct GptCuda::Impl {
         if (rms)
             cuda::rmsnorm_backward(dinp, dm, accumulate, dweight, dout, dom, inp, im, weight, rstd,
                                    N, C, ln_scratch.get(), t, in_t, stream, dinp_sums,
-                                   norm_backward_rows());
+                                   opt.kernels.layernorm_split_rows);
         else
             cuda::layernorm_backward(dinp, dm, accumulate, dweight, dbias, dout, dom, inp, im,
                                      weight, mean, rstd, N, C, ln_scratch.get(), t, in_t, stream,
-                                     dinp_sums, norm_backward_rows());
-    }
-    cuda::NormBackwardRows norm_backward_rows() const {
-        return opt.kernels.layernorm_block_rows   ? cuda::NormBackwardRows::block
-               : opt.kernels.layernorm_split_rows ? cuda::NormBackwardRows::two_warps
-                                                  : cuda::NormBackwardRows::warp;
+                                     dinp_sums, opt.kernels.layernorm_split_rows);
     }
 
     // out[M, N] = inp[M, K] @ W[N, K]^T, the forward GEMM of a linear layer (no epilogue).

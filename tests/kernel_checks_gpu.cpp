@@ -396,24 +396,19 @@ void layernorm(const std::string& variant, const LayernormDims& s, DType t, DTyp
     check_close("dweight (with the sums)", d_gw2.get(), gw, DType::f32, 1e-4);
     check_close("dbias (with the sums)", d_gb2.get(), gb, DType::f32, 1e-4);
     check_dinp_column_sums(d_sum.get(), got_dinp, N, C, t);
-    // kernels.layernorm_split_rows: rows above 1280 columns two warps a row; and
-    // kernels.layernorm_block_rows: a block a row, at every width (bf16 activations)
-    for (const cuda::NormBackwardRows mode :
-         {cuda::NormBackwardRows::two_warps, cuda::NormBackwardRows::block}) {
-        const bool two = mode == cuda::NormBackwardRows::two_warps;
-        if (!(t == DType::bf16 && C <= 2048 && C % 8 == 0 && (!two || C > 1280))) continue;
-        const std::string how = two ? " (split rows" : " (block rows";
+    // kernels.layernorm_split_rows: rows above 1280 columns two warps a row (bf16 activations)
+    if (t == DType::bf16 && C > 1280 && C <= 2048 && C % 8 == 0) {
         DevT d_dinp3(r, dinp0), d_gw3(DType::f32, C), d_gb3(DType::f32, C), d_sum3(DType::f32, C);
         cuda::ColumnSumParts sums3{parts.f()};
         cuda::layernorm_backward(d_dinp3.p, {1, C}, true, d_gw3.f(), d_gb3.f(), d_dout.p, {1, C},
                                  dres_in.p, {1, C}, dw.p, dmean.f(), drstd.f(), N, C, scratch.p, t,
-                                 r, nullptr, &sums3, mode);
+                                 r, nullptr, &sums3, true);
         REQUIRE(sums3.rows > 0);
         cuda::bias_backward_from_partials(d_sum3.f(), sums3.parts, sums3.rows, C, nullptr);
         const auto got_dinp3 = d_dinp3.get();
-        check_close(("dinp" + how + ")").c_str(), got_dinp3, dinp, r);
-        check_close(("dweight" + how + ")").c_str(), d_gw3.get(), gw, DType::f32, 1e-4);
-        check_close(("dbias" + how + ")").c_str(), d_gb3.get(), gb, DType::f32, 1e-4);
+        check_close("dinp (split rows)", got_dinp3, dinp, r);
+        check_close("dweight (split rows)", d_gw3.get(), gw, DType::f32, 1e-4);
+        check_close("dbias (split rows)", d_gb3.get(), gb, DType::f32, 1e-4);
         check_dinp_column_sums(d_sum3.get(), got_dinp3, N, C, t);
         // and without the sums, writing dinp rather than adding into it
         std::vector<double> fresh(N * C, 0.0), gw4(C, 0.0), gb4(C, 0.0);
@@ -422,10 +417,10 @@ void layernorm(const std::string& variant, const LayernormDims& s, DType t, DTyp
         DevT d_dinp4(r, dinp0), d_gw4(DType::f32, C), d_gb4(DType::f32, C);
         cuda::layernorm_backward(d_dinp4.p, {1, C}, false, d_gw4.f(), d_gb4.f(), d_dout.p, {1, C},
                                  dres_in.p, {1, C}, dw.p, dmean.f(), drstd.f(), N, C, scratch.p, t,
-                                 r, nullptr, nullptr, mode);
-        check_close(("dinp" + how + ", written)").c_str(), d_dinp4.get(), fresh, r);
-        check_close(("dweight" + how + ", no sums)").c_str(), d_gw4.get(), gw4, DType::f32, 1e-4);
-        check_close(("dbias" + how + ", no sums)").c_str(), d_gb4.get(), gb4, DType::f32, 1e-4);
+                                 r, nullptr, nullptr, true);
+        check_close("dinp (split rows, written)", d_dinp4.get(), fresh, r);
+        check_close("dweight (split rows, no sums)", d_gw4.get(), gw4, DType::f32, 1e-4);
+        check_close("dbias (split rows, no sums)", d_gb4.get(), gb4, DType::f32, 1e-4);
     }
 }
 
@@ -1162,22 +1157,17 @@ void rmsnorm(const RmsnormDims& s, DType t, DType r) {
     CHECK(d_dinp2.get() == got_dinp);
     check_close("dweight (with the sums)", d_gw2.get(), gw, DType::f32, 1e-4);
     check_dinp_column_sums(d_sum.get(), got_dinp, N, C, t);
-    // kernels.layernorm_split_rows: rows above 1280 columns two warps a row; and
-    // kernels.layernorm_block_rows: a block a row, at every width (bf16 activations)
-    for (const cuda::NormBackwardRows mode :
-         {cuda::NormBackwardRows::two_warps, cuda::NormBackwardRows::block}) {
-        const bool two = mode == cuda::NormBackwardRows::two_warps;
-        if (!(t == DType::bf16 && C <= 2048 && C % 8 == 0 && (!two || C > 1280))) continue;
-        const std::string how = two ? " (split rows" : " (block rows";
+    // kernels.layernorm_split_rows: rows above 1280 columns two warps a row (bf16 activations)
+    if (t == DType::bf16 && C > 1280 && C <= 2048 && C % 8 == 0) {
         DevT d_dinp3(r, dinp0), d_gw3(DType::f32, C), d_sum3(DType::f32, C);
         cuda::ColumnSumParts sums3{parts.f()};
         cuda::rmsnorm_backward(d_dinp3.p, {1, C}, true, d_gw3.f(), d_dout.p, {1, C}, xin, {1, C},
-                               dw.p, drstd.f(), N, C, scratch.p, t, r, nullptr, &sums3, mode);
+                               dw.p, drstd.f(), N, C, scratch.p, t, r, nullptr, &sums3, true);
         REQUIRE(sums3.rows > 0);
         cuda::bias_backward_from_partials(d_sum3.f(), sums3.parts, sums3.rows, C, nullptr);
         const auto got_dinp3 = d_dinp3.get();
-        check_close(("dinp" + how + ")").c_str(), got_dinp3, dx, r);
-        check_close(("dweight" + how + ")").c_str(), d_gw3.get(), gw, DType::f32, 1e-4);
+        check_close("dinp (split rows)", got_dinp3, dx, r);
+        check_close("dweight (split rows)", d_gw3.get(), gw, DType::f32, 1e-4);
         check_dinp_column_sums(d_sum3.get(), got_dinp3, N, C, t);
         // and without the sums, writing dinp rather than adding into it
         std::vector<double> fresh(N * C, 0.0), gw4(C, 0.0);
@@ -1185,9 +1175,9 @@ void rmsnorm(const RmsnormDims& s, DType t, DType r) {
                               N, C);
         DevT d_dinp4(r, dinp0), d_gw4(DType::f32, C);
         cuda::rmsnorm_backward(d_dinp4.p, {1, C}, false, d_gw4.f(), d_dout.p, {1, C}, xin, {1, C},
-                               dw.p, drstd.f(), N, C, scratch.p, t, r, nullptr, nullptr, mode);
-        check_close(("dinp" + how + ", written)").c_str(), d_dinp4.get(), fresh, r);
-        check_close(("dweight" + how + ", no sums)").c_str(), d_gw4.get(), gw4, DType::f32, 1e-4);
+                               dw.p, drstd.f(), N, C, scratch.p, t, r, nullptr, nullptr, true);
+        check_close("dinp (split rows, written)", d_dinp4.get(), fresh, r);
+        check_close("dweight (split rows, no sums)", d_gw4.get(), gw4, DType::f32, 1e-4);
     }
 }
 

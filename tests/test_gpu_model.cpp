@@ -717,9 +717,6 @@ TEST_CASE("GPT-2 1558M's width and heads (C = 1600, 25 heads of 64) equal GPT<do
         o.kernels.layernorm_split_rows = true;  // the norms' backward two warps a row
         compare_model(c, o, 5e-2, 2, 70);
         o.kernels.layernorm_split_rows = false;
-        o.kernels.layernorm_block_rows = true;  // a block a row
-        compare_model(c, o, 5e-2, 2, 70);
-        o.kernels.layernorm_block_rows = false;
         o.precision = DType::f32;
         o.kernels.cross_entropy = "online";
         compare_model(c, o, 1e-5, 2, 70);

@@ -292,11 +292,6 @@ std::vector<ConfigField> config_fields(Config& c) {
          "weight-gradient sums in registers (false: one warp a row, the sums in shared memory; "
          "slower at GPT-2 1558M on an H200, so off)",
          &k.layernorm_split_rows});
-    add({"kernels", "layernorm_block_rows",
-         "GPU, bf16: the norms' backward a block of ceil(C / 256) warps a row, each thread with "
-         "its "
-         "8 columns' weight-gradient sums in registers (over layernorm_split_rows)",
-         &k.layernorm_block_rows});
     add({"kernels", "fc_bias_in_dw",
          "GPU, matmul: fused_epilogue: the MLP fc layer's bias gradient as one more column of its "
          "weight-gradient GEMM (ln2 stored with a column of ones; false: a column-sum pass)",

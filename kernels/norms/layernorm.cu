@@ -453,9 +453,8 @@ __global__ void __launch_bounds__(32 * kVecWarps)
 // 26 KB of shared-memory traffic a row at C = 1600). The row's two sums (of dy*w and dy*w*xhat)
 // meet through shared memory: each warp's partial, then the first warp's plus the second's, in
 // that order on both (named barrier 1 + the pair's index; two slots by row parity, so one barrier
-// a row). NormBackwardRows::two_warps (kernels.layernorm_split_rows) chooses it. The sums of dy*w
-// are then in another order than the one-warp kernel's (per warp, then the two halves), so its dinp
-// may differ in the last bit.
+// a row). kernels.layernorm_split_rows chooses it. The sums of dy*w are then in another order than
+// the one-warp kernel's (per warp, then the two halves), so its dinp may differ in the last bit.
 template <int NV, bool SUMS, typename R, bool RMS>
 __global__ void __launch_bounds__(32 * kVecWarps)
     layernorm_backward_split_kernel(R* dinp, bool accumulate, float* part_w, float* part_b,
@@ -565,89 +564,6 @@ __global__ void __launch_bounds__(32 * kVecWarps)
     }
 }
 
-// Backward a block a row (kernels.layernorm_block_rows), for any C up to 2048: NV warps, each
-// thread owns 8 adjacent columns (thread t: columns 8t .. 8t + 7), so every column's
-// weight-gradient sums stay in one thread's registers whatever C is, and no shared-memory sums (the
-// one-warp kernel's above 1280 columns) hold the occupancy down: a block takes rows blockIdx.x,
-// + gridDim.x, ..., loading the next row's dout, input and statistics while it works on this one.
-// The row's two sums meet through shared memory: each warp's partial, then every warp's in warp
-// order (one block barrier a row; two slots by row parity). The sums of dy*w are in another order
-// than the one-warp kernel's, so dinp may differ from it in the last bit.
-template <int NV, bool SUMS, typename R, bool RMS>
-__global__ void __launch_bounds__(32 * NV)
-    layernorm_backward_block_kernel(R* dinp, bool accumulate, float* part_w, float* part_b,
-                                    float* part_d, const bf16* dout, const R* inp, const R* w,
-                                    const float* mean, const float* rstd, int64_t N, int C) {
-    __shared__ float partial[2][NV][2];  // [row parity][warp][s1, s2]
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int c0 = int(threadIdx.x) * 8;
-    const bool on = c0 < C;  // dead columns stay zero: dy = 0 adds nothing to any sum
-    float aw[8] = {}, ab[8] = {}, ad[8] = {};
-    Pack8<R> wraw = {}, xv = {};
-    uint4 dyv = {};
-    if (on) wraw = load8(w + c0);
-    int64_t r = blockIdx.x;
-    float m = 0.0f, rs = 0.0f;
-    if (r < N) {
-        if (on) {
-            dyv = ld16(dout + r * C + c0);
-            xv = load8(inp + r * C + c0);
-        }
-        m = RMS ? 0.0f : mean[r];
-        rs = rstd[r];
-    }
-    for (int parity = 0; r < N; r += gridDim.x, parity ^= 1) {
-        const int64_t rn = r + gridDim.x;
-        Pack8<R> old = {}, nx = {};
-        uint4 ndy = {};
-        float nm = 0.0f, nrs = 0.0f;
-        if (on && accumulate) old = load8(dinp + r * C + c0);
-        if (rn < N) {
-            if (on) {
-                ndy = ld16(dout + rn * C + c0);
-                nx = load8(inp + rn * C + c0);
-            }
-            nm = RMS ? 0.0f : mean[rn];
-            nrs = rstd[rn];
-        }
-        float s1 = 0, s2 = 0, dy[8], xh[8];
-        chunk_row_terms<R, RMS>(dy, xh, dyv, xv, wraw, m, rs, s1, s2);
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            aw[k] += dy[k] * xh[k];
-            ab[k] += dy[k];
-        }
-        s1 = warp_sum(s1);
-        s2 = warp_sum(s2);
-        if (lane == 0) partial[parity][warp][0] = s1, partial[parity][warp][1] = s2;
-        __syncthreads();
-        s1 = s2 = 0;
-#pragma unroll
-        for (int k = 0; k < NV; k++) s1 += partial[parity][k][0], s2 += partial[parity][k][1];
-        s1 /= float(C);
-        s2 /= float(C);
-        float d[8];
-        chunk_dinp<R>(d, dyv, xv, wraw, old, accumulate, m, rs, s1, s2);
-        if (on) {
-            store8(dinp + r * C + c0, d);
-            if constexpr (SUMS)
-#pragma unroll
-                for (int k = 0; k < 8; k++) ad[k] += to_f(from_f<bf16>(d[k]));
-        }
-        dyv = ndy;
-        xv = nx;
-        m = nm;
-        rs = nrs;
-    }
-    if (!on) return;
-#pragma unroll
-    for (int k = 0; k < 8; k++) {
-        part_w[int64_t(blockIdx.x) * C + c0 + k] = aw[k];
-        part_b[int64_t(blockIdx.x) * C + c0 + k] = ab[k];
-        if constexpr (SUMS) part_d[int64_t(blockIdx.x) * C + c0 + k] = ad[k];
-    }
-}
-
 // Calls f(NV) for the vectorised kernels' chunk count: C a multiple of 8 (16-byte rows) up to 2048.
 template <typename F>
 bool with_vec_width(int64_t C, F&& f) {
@@ -696,14 +612,6 @@ int vec_backward_blocks() {
                                                int(smem)));
         return std::clamp(resident_blocks(kernel, 32 * kVecWarps, smem), 1, kVecMaxBlocks);
     }();
-    return blocks;
-}
-
-template <int NV, bool SUMS, typename R, bool RMS>
-int block_backward_blocks() {
-    static const int blocks =
-        std::clamp(resident_blocks(layernorm_backward_block_kernel<NV, SUMS, R, RMS>, 32 * NV, 0),
-                   1, kVecMaxBlocks);
     return blocks;
 }
 
@@ -805,7 +713,7 @@ void norm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dweight,
                    const void* dout, RowMap dout_map, const void* inp, RowMap in_map,
                    const void* weight, const float* mean, const float* rstd, int64_t N, int64_t C,
                    void* scratch, DType t, DType in_t, CUstream_st* s, ColumnSumParts* dinp_sums,
-                   NormBackwardRows rows) {
+                   bool split_rows) {
     ZG_CHECK(N > 0 && C > 0 && weight && dweight && scratch && (mean || RMS),
              "layernorm_backward: bad arguments");
     dinp_map = plain(dinp_map, C);
@@ -826,17 +734,8 @@ void norm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dweight,
                 int blocks = 0;
                 const bool done = with_vec_width(C, [&](auto NV) {
                     auto launch = [&](auto sums) {
-                        if (rows == NormBackwardRows::block) {
-                            blocks = block_backward_blocks<NV.value, sums.value, R, RMS>();
-                            layernorm_backward_block_kernel<NV.value, sums.value, R, RMS>
-                                <<<blocks, 32 * NV.value, 0, s>>>(
-                                    static_cast<R*>(dinp), accumulate, pw, pb, part_d,
-                                    static_cast<const bf16*>(dout), static_cast<const R*>(inp),
-                                    static_cast<const R*>(weight), mean, rstd, N, int(C));
-                            return;
-                        }
                         if constexpr (NV.value > 5) {
-                            if (rows == NormBackwardRows::two_warps) {
+                            if (split_rows) {
                                 blocks = split_backward_blocks<NV.value, sums.value, R, RMS>();
                                 layernorm_backward_split_kernel<NV.value, sums.value, R, RMS>
                                     <<<blocks, 32 * kVecWarps, 0, s>>>(
@@ -932,18 +831,18 @@ void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dwe
                         const void* dout, RowMap dout_map, const void* inp, RowMap in_map,
                         const void* weight, const float* mean, const float* rstd, int64_t N,
                         int64_t C, void* scratch, DType t, DType in_t, CUstream_st* s,
-                        ColumnSumParts* dinp_sums, NormBackwardRows rows) {
+                        ColumnSumParts* dinp_sums, bool split_rows) {
     norm_backward<false>(dinp, dinp_map, accumulate, dweight, dbias, dout, dout_map, inp, in_map,
-                         weight, mean, rstd, N, C, scratch, t, in_t, s, dinp_sums, rows);
+                         weight, mean, rstd, N, C, scratch, t, in_t, s, dinp_sums, split_rows);
 }
 
 void rmsnorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dweight,
                       const void* dout, RowMap dout_map, const void* inp, RowMap in_map,
                       const void* weight, const float* rstd, int64_t N, int64_t C, void* scratch,
                       DType t, DType in_t, CUstream_st* s, ColumnSumParts* dinp_sums,
-                      NormBackwardRows rows) {
+                      bool split_rows) {
     norm_backward<true>(dinp, dinp_map, accumulate, dweight, nullptr, dout, dout_map, inp, in_map,
-                        weight, nullptr, rstd, N, C, scratch, t, in_t, s, dinp_sums, rows);
+                        weight, nullptr, rstd, N, C, scratch, t, in_t, s, dinp_sums, split_rows);
 }
 
 }  // namespace zgpt::cuda

@@ -67,12 +67,6 @@ struct ColumnSumParts {
     float* parts = nullptr;
     int rows = 0;
 };
-// The bf16 backward's rows (kernels.layernorm_split_rows, kernels.layernorm_block_rows): warp, one
-// warp a row, its weight-gradient sums in registers up to 1280 columns and in shared memory above;
-// two_warps, above 1280 columns two warps a row, each with its half's sums in registers; block, a
-// block of ceil(C / 256) warps a row, each thread with its 8 columns' sums in registers.
-enum class NormBackwardRows { warp, two_warps, block };
-
 size_t layernorm_backward_sums_bytes(int64_t N, int64_t C);
 
 // dinp = (accumulate ? dinp : 0) + dLN/dinp; dweight, dbias (may be null) added into. dinp may
@@ -80,13 +74,13 @@ size_t layernorm_backward_sums_bytes(int64_t N, int64_t C);
 // dinp_sums (plain dinp rows only): also the column sums of dinp as stored and rounded to t, one
 // row of partials per block, in a fixed order. In a pre-LN block dinp is the output gradient of
 // the projection before the norm, so they are its bias gradient without a pass of their own.
-// rows: how the bf16 kernels map rows to warps (the others ignore it).
+// split_rows (kernels.layernorm_split_rows): rows above 1280 columns two warps a row, each with its
+// half's weight-gradient sums in registers, instead of one warp with them in shared memory.
 void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dweight, float* dbias,
                         const void* dout, RowMap dout_map, const void* inp, RowMap in_map,
                         const void* weight, const float* mean, const float* rstd, int64_t N,
                         int64_t C, void* scratch, DType t, DType in_t, CUstream_st* s,
-                        ColumnSumParts* dinp_sums = nullptr,
-                        NormBackwardRows rows = NormBackwardRows::warp);
+                        ColumnSumParts* dinp_sums = nullptr, bool split_rows = false);
 inline void layernorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dweight,
                                float* dbias, const void* dout, RowMap dout_map, const void* inp,
                                RowMap in_map, const void* weight, const float* mean,
@@ -112,6 +106,6 @@ void rmsnorm_backward(void* dinp, RowMap dinp_map, bool accumulate, float* dweig
                       const void* dout, RowMap dout_map, const void* inp, RowMap in_map,
                       const void* weight, const float* rstd, int64_t N, int64_t C, void* scratch,
                       DType t, DType in_t, CUstream_st* s, ColumnSumParts* dinp_sums = nullptr,
-                      NormBackwardRows rows = NormBackwardRows::warp);
+                      bool split_rows = false);
 
 }  // namespace zgpt::cuda
