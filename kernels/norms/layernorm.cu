@@ -357,17 +357,24 @@ __global__ void __launch_bounds__(32 * kVecWarps)
     for (int j = 0; j < NV; j++)
         if (live<NV>(j, lane, C)) wraw[j] = load8(w + j * 256 + lane * 8);
     int64_t r = int64_t(blockIdx.x) * kVecWarps + warp;
-    if (r < N)
+    // the row's statistics come with its dout and input, a row ahead (not a dependent load at
+    // the start of each row)
+    float m = 0.0f, rs = 0.0f;
+    if (r < N) {
 #pragma unroll
         for (int j = 0; j < NV; j++) {
             if (!live<NV>(j, lane, C)) continue;
             dyv[j] = ld16(dout + r * C + j * 256 + lane * 8);
             xv[j] = load8(inp + r * C + j * 256 + lane * 8);
         }
+        m = RMS ? 0.0f : mean[r];
+        rs = rstd[r];
+    }
     for (; r < N; r += stride) {
         const int64_t rn = r + stride;
         Pack8<R> old[NV] = {}, nx[NV] = {};
         uint4 ndy[NV] = {};
+        float nm = 0.0f, nrs = 0.0f;
 #pragma unroll
         for (int j = 0; j < NV; j++) {
             if (!live<NV>(j, lane, C)) continue;
@@ -377,7 +384,10 @@ __global__ void __launch_bounds__(32 * kVecWarps)
                 nx[j] = load8(inp + rn * C + j * 256 + lane * 8);
             }
         }
-        const float m = RMS ? 0.0f : mean[r], rs = rstd[r];
+        if (rn < N) {
+            nm = RMS ? 0.0f : mean[rn];
+            nrs = rstd[rn];
+        }
         float s1 = 0, s2 = 0;  // sums of dy*w and of dy*w*xhat
 #pragma unroll
         for (int j = 0; j < NV; j++) {
@@ -416,6 +426,8 @@ __global__ void __launch_bounds__(32 * kVecWarps)
             store8(dinp + r * C + j * 256 + lane * 8, d);
             if constexpr (SUMS) add_rounded_sums(wd + warp * CP, j, lane, d);
         }
+        m = nm;
+        rs = nrs;
     }
     for (int c = threadIdx.x; c < CP; c += blockDim.x) bw[c] = bb[c] = 0;
     __syncthreads();
