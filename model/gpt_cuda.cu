@@ -883,7 +883,7 @@ CrossEntropySummary GptCuda::forward_loss_backward(const int32_t* tokens, const 
     im.forward(tokens, B, Tn);
     const CrossEntropySummary s = im.loss(targets, opts, grad_output, true, true);
     im.backward();
-    return im.pending_chunks > 0 ? im.take_summary() : s;
+    return im.pending_chunks > 0 ? im.take_summary() : s;  // the vocab-parallel head did not defer
 }
 void GptCuda::set_vocab_group(VocabGroup group) {
     ZG_CHECK(group.size >= 1 && group.rank >= 0 && group.rank < group.size,

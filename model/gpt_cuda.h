@@ -98,7 +98,7 @@ class GptCuda {
     // runs them, with the same bits; but the host queues the backward pass before it waits for
     // the loss summary, so the GPU does not sit idle between the head and the backward pass while
     // the host reads the loss and launches again (0.1-0.25 ms a GPT-2 step, bench_train
-    // --timeline). The vocab-parallel head's wait for its collectives moves there too.
+    // --timeline). The vocab-parallel head waits inside loss() as before (its collectives).
     CrossEntropySummary forward_loss_backward(const int32_t* tokens, const int32_t* targets,
                                               int64_t B, int64_t Tn,
                                               const CrossEntropyOptions& opts, double grad_output);

@@ -15,7 +15,6 @@ CrossEntropySummary GptCuda::Impl::loss(const int32_t* host_targets, const Cross
     ZG_CHECK(have_logits, "loss() needs a forward() first");
     validate(o);
     pending_chunks = 0;  // a deferred summary not taken (its caller threw) is dropped
-    pending_settle = false;
     const int64_t BT = B * Tn, C = cfg.n_embd;
     std::memcpy(h_targets.get(), host_targets, BT * 4);
     ZG_CUDA_CHECK(
@@ -23,7 +22,7 @@ CrossEntropySummary GptCuda::Impl::loss(const int32_t* host_targets, const Cross
     *h_grad_out.get() = float(grad_output);
     ZG_CUDA_CHECK(
         cudaMemcpyAsync(grad_out.get(), h_grad_out.get(), 4, cudaMemcpyHostToDevice, stream));
-    if (vgroup.size > 1) return loss_sharded(o, compute_grad, defer_summary);
+    if (vgroup.size > 1) return loss_sharded(o, compute_grad);
     auto* sum = summary.as<cuda::LossSummaryF>();
     const int64_t chunks = head_chunks(o, BT);
     tick(nullptr);
@@ -105,14 +104,11 @@ CrossEntropySummary GptCuda::Impl::loss(const int32_t* host_targets, const Cross
 CrossEntropySummary GptCuda::Impl::take_summary() {
     ZG_CHECK(pending_chunks > 0, "take_summary: no loss summary on its way");
     const int64_t chunks = std::exchange(pending_chunks, 0);
-    if (std::exchange(pending_settle, false))
-        vgroup.settle();  // the vocab-parallel head's collectives, bounded by the timeout
     ZG_CUDA_CHECK(cudaEventSynchronize(summary_ev));
     return to_summary(combine_summaries(h_summary.get(), chunks));
 }
 
-CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bool compute_grad,
-                                                bool defer_summary) {
+CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bool compute_grad) {
     ZG_CHECK(o.reduction == Reduction::sum,
              "the vocab-parallel head takes reduction sum (the trainer's)");
     const int P = vgroup.size, p = vgroup.rank;
@@ -345,20 +341,14 @@ CrossEntropySummary GptCuda::Impl::loss_sharded(const CrossEntropyOptions& o, bo
     tick("head (vp): loss sums");
     ZG_CUDA_CHECK(cudaMemcpyAsync(h_summary.get(), a.summary, sizeof(cuda::LossSummaryF),
                                   cudaMemcpyDeviceToHost, stream));
+    vgroup.settle();  // the chunks' collectives, bounded by the timeout
+    ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const cuda::LossSummaryF f = h_summary.get()[0];
+    const CrossEntropySummary s = to_summary(f);
     head_sharded_done = compute_grad;
     grads_ready = compute_grad;
     if (!compute_grad) have_logits = false;
-    if (defer_summary) {  // as loss(): the settle and the wait in take_summary()
-        if (!summary_ev)
-            ZG_CUDA_CHECK(cudaEventCreateWithFlags(&summary_ev, cudaEventDisableTiming));
-        ZG_CUDA_CHECK(cudaEventRecord(summary_ev, stream));
-        pending_chunks = 1;
-        pending_settle = true;
-        return {};
-    }
-    vgroup.settle();  // the chunks' collectives, bounded by the timeout
-    ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
-    return to_summary(h_summary.get()[0]);
+    return s;
 }
 
 void GptCuda::Impl::head_logits(int64_t r0, int64_t n) {

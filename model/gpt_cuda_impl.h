@@ -380,14 +380,12 @@ struct GptCuda::Impl {
     void upload_buckets();
 
     // With defer_summary, loss() leaves its summary on the way to h_summary (summary_ev) and
-    // returns an empty one; take_summary() waits for it (forward_loss_backward()), and the
-    // vocab-parallel head's settle() of its collectives waits there too, after the backward pass
-    // is queued.
+    // returns an empty one; take_summary() waits for it (forward_loss_backward()). The
+    // vocab-parallel head does not defer (its collectives synchronise anyway).
     CrossEntropySummary loss(const int32_t* host_targets, const CrossEntropyOptions& o,
                              double grad_output, bool compute_grad, bool defer_summary = false);
     bool grads_ready = false;
-    int64_t pending_chunks = 0;   // > 0 while a deferred summary is on its way
-    bool pending_settle = false;  // the vocab-parallel head's collectives not yet settled
+    int64_t pending_chunks = 0;  // > 0 while a deferred summary is on its way
     cudaEvent_t summary_ev = nullptr;
     CrossEntropySummary take_summary();
 
@@ -415,8 +413,7 @@ struct GptCuda::Impl {
 
     // The vocab-parallel head (see GptCuda::set_vocab_group). targets and grad_out are on the
     // device already.
-    CrossEntropySummary loss_sharded(const CrossEntropyOptions& o, bool compute_grad,
-                                     bool defer_summary);
+    CrossEntropySummary loss_sharded(const CrossEntropyOptions& o, bool compute_grad);
 
     // Row chunks of a logits head over `rows` rows (this rank's, or a vocab-parallel group's).
     int64_t head_chunks(const CrossEntropyOptions& o, int64_t rows) const {
