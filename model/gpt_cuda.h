@@ -174,6 +174,11 @@ class GptCuda {
     // chunks (ceil(n / ranks) each) over up to kArenaTail + 1 ranks.
     static constexpr int64_t kArenaTail = 255;
     int64_t arena_capacity() const { return num_parameters() + kArenaTail; }
+    // Whether `ranks` chunks of `chunk` elements fit those arenas, each starting inside the
+    // weights (the same answer on every rank of a collective).
+    bool holds_equal_chunks(int64_t chunk, int ranks) const {
+        return chunk * ranks <= arena_capacity() && chunk * (ranks - 1) <= num_parameters();
+    }
 
     size_t allocated_bytes() const;  // everything this model holds on the device now
     // What a model of this config allocates on the device for micro-batches of B x T, without

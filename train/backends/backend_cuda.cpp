@@ -13,6 +13,7 @@
 #include "model/gpt_cuda.h"
 #include "train/backends/backend.h"
 #include "train/backends/backend_init.h"
+#include "train/backends/device_copies.h"
 #include "train/backends/zero1_share.h"
 #include "train/backends/zero1_weight_gather.h"
 #include "train/vocab_parallel/cuda_vocab_group.h"
@@ -43,20 +44,6 @@ class DeviceFloats {
     DeviceBuffer buf_;
     int64_t n_;
 };
-
-// Host <-> device copies ordered on the model's (non-blocking) stream and finished on return.
-// A plain cudaMemcpy from pageable memory may return before its DMA lands, and the legacy stream
-// does not order it before kernels on a non-blocking stream: a race.
-void to_host(void* dst, const void* src, size_t bytes, void* stream) {
-    auto s = static_cast<cudaStream_t>(stream);
-    ZG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
-    ZG_CUDA_CHECK(cudaStreamSynchronize(s));
-}
-void to_device(void* dst, const void* src, size_t bytes, void* stream) {
-    auto s = static_cast<cudaStream_t>(stream);
-    ZG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
-    ZG_CUDA_CHECK(cudaStreamSynchronize(s));
-}
 
 // A collective on device buffers: a device communicator (nccl) runs `op` on them on `stream`; a
 // host one (local ranks sharing this GPU) runs it on 8-byte aligned host copies (send_bytes in,
@@ -157,9 +144,10 @@ class CudaBackend final : public Backend {
         const std::vector<ArenaSlice> world_spans =
             vocab_.split() ? arena_.replicated_spans() : std::vector<ArenaSlice>{{0, n}};
         world_ = &comm;
-        scattered_ = syncing_ != &comm && equal_chunk(comm) > 0;
+        const int64_t chunk = syncing_ != &comm ? equal_chunk(comm) : 0;
+        scattered_ = chunk > 0;
         if (scattered_) {
-            reduce_scatter_grads(comm);
+            reduce_scatter_grads(comm, chunk);
         } else if (syncing_ == &comm) {
             // the rest of the buckets' way, then what they did not cover
             model_.set_grad_ready_hook(nullptr, {});
@@ -368,15 +356,13 @@ class CudaBackend final : public Backend {
             return 0;
         const int64_t n = model_.num_parameters(), chunk = (n + comm.size() - 1) / comm.size();
         // the same answer on every rank, or their collectives would differ
-        if (chunk * comm.size() > model_.arena_capacity() || chunk * (comm.size() - 1) > n)
-            return 0;
+        if (!model_.holds_equal_chunks(chunk, comm.size())) return 0;
         const ArenaSlice mine = share_.pieces()[0].mine;
         ZG_CHECK(mine.lo == comm.rank() * chunk && mine.hi == std::min(n, mine.lo + chunk),
                  "ZeRO-1: this rank's slice is not its equal chunk of the arena");
         return chunk;
     }
-    void reduce_scatter_grads(Communicator& comm) {
-        const int64_t chunk = equal_chunk(comm);
+    void reduce_scatter_grads(Communicator& comm, int64_t chunk) {
         float* g = model_.grads_device();
         give_stream(comm);
         comm.reduce_scatter_sum(g, g + comm.rank() * chunk, chunk, CommType::f32);  // in place

@@ -7,20 +7,17 @@
 
 #include "kernels/core/cuda_check.h"
 #include "kernels/ops/copy_spans.h"
+#include "train/backends/device_copies.h"
 #include "train/backends/zero1_span_plan.h"
 
 namespace zgpt {
 
 namespace {
 
-DeviceBuffer upload(const std::vector<cuda::CopySpan>& spans) {
+// A span table on the device, ordered before copy_spans on `stream`.
+DeviceBuffer upload(const std::vector<cuda::CopySpan>& spans, void* stream) {
     DeviceBuffer d(std::max<size_t>(1, spans.size()) * sizeof(cuda::CopySpan));
-    if (!spans.empty())
-        ZG_CUDA_CHECK(cudaMemcpy(d.get(), spans.data(), spans.size() * sizeof(cuda::CopySpan),
-                                 cudaMemcpyHostToDevice));
-    // a copy from pageable memory may return before its DMA lands; copy_spans' stream does not
-    // wait for the legacy one
-    ZG_CUDA_CHECK(cudaDeviceSynchronize());
+    to_device(d.get(), spans.data(), spans.size() * sizeof(cuda::CopySpan), stream);
     return d;
 }
 
@@ -29,9 +26,8 @@ DeviceBuffer upload(const std::vector<cuda::CopySpan>& spans) {
 Zero1WeightGather::Zero1WeightGather(GptCuda& model, Communicator& comm, int64_t chunk)
     : model_(model), comm_(comm), chunk_(chunk) {
     const int R = comm.size(), me = comm.rank();
-    ZG_CHECK(
-        R >= 2 && chunk * R <= model.arena_capacity() && chunk * (R - 1) <= model.num_parameters(),
-        "Zero1WeightGather: the chunks do not fit the arena");
+    ZG_CHECK(R >= 2 && model.holds_equal_chunks(chunk, R),
+             "Zero1WeightGather: the chunks do not fit the arena");
     if (!model.params_bf16_device()) return;
     const auto spans = model.master_read_spans();
     int64_t total = 0;
@@ -46,8 +42,8 @@ Zero1WeightGather::Zero1WeightGather(GptCuda& model, Communicator& comm, int64_t
              "Zero1WeightGather: too many spans of fp32 weights");
     packs_ = int(plan.pack.size());
     unpacks_ = int(plan.unpack.size());
-    pack_ = upload(plan.pack);
-    unpack_ = upload(plan.unpack);
+    pack_ = upload(plan.pack, model.stream());
+    unpack_ = upload(plan.unpack, model.stream());
     staging_ = DeviceBuffer(size_t(std::max<int64_t>(1, block_ * R)) * 4);
 }
 
