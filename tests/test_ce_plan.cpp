@@ -318,3 +318,42 @@ TEST_CASE("ce plan: the bands' tables are what the planners follow") {
         if (b.smem_kb > 0) CHECK(p.smem <= size_t(b.smem_kb) << 10);
     }
 }
+
+TEST_CASE("ce plan: fast's statistics sweeps follow kStatsSweeps, or the knob") {
+    // one sweep for groups of 256 threads except in clusters of 4; two for groups of 512 (and the
+    // helper's one group of 512)
+    const FastPlan two_groups = plan_fast(rows(LogitsType::bf16, 50304), true, kHopperSmem);
+    CHECK(two_groups.threads / two_groups.groups == 512);
+    CHECK(two_groups.stats_sweeps == 2);
+    struct Want {
+        int64_t V;
+        int cluster, sweeps;
+    };
+    for (const Want w :
+         {Want{65536, 2, 1}, Want{128256, 4, 2}, Want{163840, 6, 1}, Want{256000, 8, 1}}) {
+        CAPTURE(w.V);
+        const CrossEntropyArgs a = rows(LogitsType::bf16, w.V);
+        const FastPlan p = plan_fast(a, true, kHopperSmem);
+        CHECK(p.groups == 3);
+        CHECK(p.cluster == w.cluster);
+        CHECK(p.stats_sweeps == w.sweeps);
+        const FastPlan h = plan_fast_helper(a, p, kHopperSmem);
+        if (h.cluster) CHECK(h.stats_sweeps == 2);
+    }
+    // two groups of 256 (threads 512 in all) in one CTA
+    CrossEntropyArgs small = rows(LogitsType::bf16, 50304);
+    small.tuning.threads = 512;
+    CHECK(plan_fast(small, true, kHopperSmem).stats_sweeps == 1);
+    // the knob fixes them everywhere, the helper included
+    for (const int sweeps : {1, 2}) {
+        CAPTURE(sweeps);
+        CrossEntropyArgs a = rows(LogitsType::bf16, 128256);
+        a.tuning.stats_sweeps = sweeps;
+        const FastPlan p = plan_fast(a, true, kHopperSmem);
+        CHECK(p.stats_sweeps == sweeps);
+        CHECK(plan_fast_helper(a, p, kHopperSmem).stats_sweeps == sweeps);
+        a.V = a.V_local = a.ld = 50304;
+        CHECK(plan_fast(a, true, kHopperSmem).stats_sweeps == sweeps);
+    }
+    CHECK(stats_sweeps_for(384, 1, CrossEntropyTuning{}) == 2);  // no entry: two sweeps
+}

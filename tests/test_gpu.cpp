@@ -98,6 +98,7 @@ TEST_CASE(
         int groups = 2, parts = 1;
         bool trace = false;
         int helper_weight = -1, helper_parts = 1;  // -1: the default share
+        int stats_sweeps = 0;                      // 0: the plan's
     };
     const std::vector<Mode> modes = {{"fast", 0},
                                      {"fast", 3},
@@ -113,7 +114,10 @@ TEST_CASE(
                                      {"fast", 0, 3, 2, false, 0},
                                      {"fast", 0, 3, 2, false, 400, 2},
                                      {"fast", 0, 2, 2, false, 400, 4},
-                                     {"fast", 0, 3, 2, true, 400, 1}};
+                                     {"fast", 0, 3, 2, true, 400, 1},
+                                     {"fast", 0, 2, 2, false, -1, 1, 1},
+                                     {"fast", 3, 2, 4, false, -1, 1, 1},
+                                     {"fast", 0, 3, 2, false, 400, 2, 2}};
     // Four cases a shape (label smoothing on and off, dlogits in place and in their own buffer,
     // 0-2 ignored rows), each with its reference computed once, taken in turn by the modes and
     // cluster sizes below: making the cases and their double-precision references, not the GPU,
@@ -146,7 +150,9 @@ TEST_CASE(
         CAPTURE(m.trace);
         CAPTURE(m.helper_weight);
         CAPTURE(m.helper_parts);
+        CAPTURE(m.stats_sweeps);
         cuda::CrossEntropyTuning tuning;
+        tuning.stats_sweeps = m.stats_sweeps;
         tuning.helper_weight = m.helper_weight;
         tuning.helper_parts = m.helper_parts;
         tuning.groups = m.groups;
@@ -186,6 +192,55 @@ TEST_CASE("fast at long rows, in the clusters its planner picks there (2, 4, 6 a
         c.in_place = seed % 2 == 0;
         const Result got = run_variant(cuda::find_cross_entropy_variant("fast"), c);
         check_result(got, reference(c), c);
+    }
+}
+
+TEST_CASE("fast's statistics in one sweep: rows its reference chunk does not fit") {
+    // In one sweep a thread sums its exponentials against the max of a chunk of the first part,
+    // and sums again against its own max where that lies over 64 above the reference or 40 below
+    // it. Rows here put a spike far above the first chunks, -inf in the first chunks, a first
+    // chunk far above the rest, and the target inside such chunks or in the tail; in one sweep and
+    // two, whole rows and copies in four parts (where threads past part 0's chunks borrow one of
+    // them as the reference), clusters of 1 and 4 CTAs.
+    uint64_t seed = 2300;
+    const int64_t N = 8, V = 20003;
+    for (LogitsType t : {LogitsType::bf16, LogitsType::f32}) {
+        Case c = make_case(seed++, N, V, t, 1e-4, 0.0, Reduction::mean, 0);
+        c.ld = t == LogitsType::bf16 ? 20008 : 20004;
+        auto row = [&](int64_t i) { return &c.logits[i * V]; };
+        row(0)[V - 9] = 150.0f;                                  // spike near the end
+        for (int64_t j = 0; j < 64; j++) row(1)[j] = -INFINITY;  // -inf first chunks
+        for (int64_t j = 0; j < 8; j++) row(2)[j] = 90.0f;       // a first chunk far above
+        c.targets[2] = 3;
+        for (int64_t j = 0; j < V; j++) row(3)[j] = j == 4321 ? 0.0f : -1e4f;  // one live column
+        row(4)[V - 1] = 120.0f;  // the spike in the tail
+        c.targets[4] = int32_t(V - 1);
+        for (int64_t j = 0; j < 2000; j++) row(5)[j] = -300.0f;  // the first part far below
+        c.targets[5] = 7;
+        row(6)[12345] = 70.0f;
+        c.targets[6] = 12345;
+        for (int64_t j = 0; j < V; j++) row(7)[j] = -INFINITY;  // a row of -inf but its target
+        row(7)[c.targets[7]] = 1.0f;
+        const Reference want = reference(c);
+        for (int sweeps : {1, 2})
+            for (int parts : {1, 4})
+                for (int cluster : {1, 4}) {
+                    const std::string type = type_name(t);
+                    CAPTURE(type);
+                    CAPTURE(sweeps);
+                    CAPTURE(parts);
+                    CAPTURE(cluster);
+                    cuda::CrossEntropyTuning tuning;
+                    tuning.stats_sweeps = sweeps;
+                    tuning.parts = parts;
+                    tuning.groups = 2;
+                    tuning.threads = 512;  // two groups of 256: four parts are instantiated
+                    tuning.cluster = cluster;
+                    const Result got =
+                        run_variant(cuda::find_cross_entropy_variant("fast"), c, tuning);
+                    check_result(got, want, c);
+                    CHECK_FALSE(got.padding_written);
+                }
     }
 }
 

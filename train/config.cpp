@@ -356,6 +356,10 @@ std::vector<ConfigField> config_fields(Config& c) {
          "fast: the helper grid's rows per SM against the main grid's, percent (0: no helper "
          "rows; -1: 70)",
          &ct.helper_weight, -1, 10000});
+    add({"kernels", ce + "stats_sweeps",
+         "fast: a row slice's statistics in 1 sweep (max and sums together) or 2 (max, then sums); "
+         "0: the planner's, by warp group and cluster size (kStatsSweeps in plan.h)",
+         &ct.stats_sweeps, 0, 2});
     cuda::AttentionTuning& at = k.attention_tuning;
     const std::string att = "attention_tuning.";
     add({"kernels", att + "fwd_m_tiles",
@@ -559,6 +563,7 @@ void check_tuning_sets(const KernelChoice& k,
     one_of(cet + "parts", ct.parts, {0, 1, 2, 4});
     one_of(cet + "threads", ct.threads, {0, 256, 512, 1024});
     one_of(cet + "helper_parts", ct.helper_parts, {0, 1, 2, 4});
+    one_of(cet + "stats_sweeps", ct.stats_sweeps, {0, 1, 2});
     one_of(att + "wgmma_dq_tile", tt.wgmma_dq_tile, {0, 32, 64, 128});
     one_of(att + "wgmma_dkdv_tile", tt.wgmma_dkdv_tile, {0, 32, 64, 128});
     one_of(att + "wgmma_dkdv_wgs", tt.wgmma_dkdv_wgs, {0, 1, 2});
@@ -641,6 +646,7 @@ void check_cross(const Config& c, const Origins& origins) {
         {cet + "parts", "cross_entropy", ct.parts != cd.parts},
         {cet + "helper_parts", "cross_entropy", ct.helper_parts != cd.helper_parts},
         {cet + "helper_weight", "cross_entropy", ct.helper_weight != cd.helper_weight},
+        {cet + "stats_sweeps", "cross_entropy", ct.stats_sweeps != cd.stats_sweeps},
         {att + "fwd_m_tiles", "attention", tt.fwd_m_tiles != ad.fwd_m_tiles},
         {att + "wgmma_fwd", "attention", tt.wgmma_fwd != ad.wgmma_fwd},
         {att + "wgmma_bwd", "attention", tt.wgmma_bwd != ad.wgmma_bwd},

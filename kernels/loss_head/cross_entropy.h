@@ -153,6 +153,10 @@ struct CrossEntropyTuning {
     // fast's helper grid: its rows per SM against the main grid's, in percent (0: no helper
     // rows); -1: ce::kHelperWeight (70)
     int helper_weight = -1;
+    // fast: the statistics of a row's slice in 1 sweep over shared memory (a running max, the sums
+    // against a reference chunk's max) or 2 (the max, then the sums); 0: by the warp groups'
+    // threads and the cluster size (ce::kStatsSweeps)
+    int stats_sweeps = 0;
     // fast, bf16 logits, outside graph capture: run the kernel that records where a row's time
     // goes, wait for it and print the phases to stderr. A diagnostic, not a tuning (it
     // synchronises the stream and prints at every launch), so bench_ce --trace sets it and the

@@ -31,8 +31,7 @@ template <typename T>
 constexpr int kChunk = 16 / int(sizeof(T));
 
 template <typename T>
-__device__ __forceinline__ void load_chunk(const T* p, float (&v)[kChunk<T>]) {
-    const int4 raw = *reinterpret_cast<const int4*>(p);
+__device__ __forceinline__ void unpack_chunk(const int4& raw, float (&v)[kChunk<T>]) {
     if constexpr (std::is_same_v<T, bf16>) {
         // a bf16 is the high half of its float: one shift or one mask per value (the per-value
         // conversion compiles to a byte permute plus a multiply for every high half)
@@ -47,6 +46,10 @@ __device__ __forceinline__ void load_chunk(const T* p, float (&v)[kChunk<T>]) {
 #pragma unroll
         for (int k = 0; k < kChunk<T>; k++) v[k] = to_f(e[k]);
     }
+}
+template <typename T>
+__device__ __forceinline__ void load_chunk(const T* p, float (&v)[kChunk<T>]) {
+    unpack_chunk<T>(*reinterpret_cast<const int4*>(p), v);
 }
 
 template <typename T>

@@ -91,15 +91,16 @@ struct NoWait {
 };
 
 // This thread's statistics of a CTA's slice of n values held in shared memory: `nv` whole chunks
-// plus a tail of < one chunk (its padding columns are never used). Two cheap passes over shared
-// memory: a packed max, then branch-free sums against it (no serial rescaling chain). Thread `tid`
+// plus a tail of < one chunk (its padding columns are never used). Two sweeps over shared memory:
+// a packed max, then branch-free sums against it (no serial rescaling chain). Thread `tid`
 // of the kThreads that share the slice takes chunks tid, tid + kThreads, ... The slice may arrive
 // in kParts parts of `part_chunks` chunks: wait_part(p) returns once part p has landed, and the
 // max pass over part p starts while the later parts are still in flight.
 template <typename T, int kThreads, int kParts = 1, typename WaitPart = NoWait>
-__device__ __forceinline__ RowStatsF slice_stats(const T* buf, int nv, int n, int y_local,
-                                                 bool smooth, int tid, int part_chunks = 0,
-                                                 WaitPart wait_part = {}) {
+__device__ __forceinline__ RowStatsF slice_stats_two_sweeps(const T* buf, int nv, int n,
+                                                            int y_local, bool smooth, int tid,
+                                                            int part_chunks = 0,
+                                                            WaitPart wait_part = {}) {
     constexpr int K = kChunk<T>;
     static_assert((kThreads & (kThreads - 1)) == 0, "a power of two");
     ChunkMax<T> cmax;
@@ -149,6 +150,105 @@ __device__ __forceinline__ RowStatsF slice_stats(const T* buf, int nv, int n, in
     }
     for (int j = nv * K + tid; j < n; j += kThreads) stats_add(st, to_f(buf[j]), j == y_local);
     return st;
+}
+
+// The same statistics in one sweep: each chunk raises a packed running max and adds its
+// exponentials against a reference `ref`, the max of a chunk of part 0, so that the sums need not
+// wait for the max of the whole slice, and after the last part lands only that part's work is
+// left (two sweeps put a whole second sweep there, on every row's critical path). One factor at
+// the end puts the sums against the thread's max. Where that max lies more than kRefAbove above
+// the reference or kRefBelow below it (or is NaN), the slice is summed again against it.
+constexpr float kRefAbove = 64.0f;  // e^64 times a slice's values stays far below FLT_MAX
+constexpr float kRefBelow = 40.0f;  // what is flushed lies below e^-47 of the thread's max
+
+template <typename T, int kThreads, int kParts = 1, typename WaitPart = NoWait>
+__device__ __forceinline__ RowStatsF slice_stats_one_sweep(const T* buf, int nv, int n, int y_local,
+                                                           bool smooth, int tid,
+                                                           int part_chunks = 0,
+                                                           WaitPart wait_part = {}) {
+    constexpr int K = kChunk<T>;
+    static_assert((kThreads & (kThreads - 1)) == 0, "a power of two");
+    const int target_chunk = y_local >= 0 ? y_local / K : -1;
+    RowStatsF st = {kNegInf, 0.0f, 0.0f, 0.0f};
+    wait_part(0);
+    float ref = kNegInf;
+    if (const int hi0 = part_hi(nv, 0, kParts, part_chunks); hi0 > 0) {
+        // the thread's first chunk where part 0 holds it, else another of part 0's
+        float v[K];
+        load_chunk(buf + (tid < hi0 ? tid : tid % hi0) * K, v);
+#pragma unroll
+        for (int k = 0; k < K; k++) ref = fmaxf(ref, v[k]);
+    }
+    // at most twice: against part 0's chunk, then (rarely) against the thread's max
+    for (int attempt = 0; attempt < 2; attempt++) {
+        ChunkMax<T> cmax;
+        float s0 = 0.0f, s1 = 0.0f, sx = 0.0f;
+#pragma unroll
+        for (int p = 0; p < kParts; p++) {
+            if (p > 0) wait_part(p);
+            // part p's whole chunks, the thread's chunks c = tid (mod kThreads) among them
+            const int hi = part_hi(nv, p, kParts, part_chunks);
+            const int first = p == 0 ? tid : part_first(part_lo(nv, p, part_chunks), tid, kThreads);
+#pragma unroll 4
+            for (int c = first; c < hi; c += kThreads) {
+                const int4 raw = *reinterpret_cast<const int4*>(buf + c * K);
+                cmax.add(raw);
+                float v[K];
+                unpack_chunk<T>(raw, v);
+                if (c == target_chunk) {  // exclude the target from the sum
+#pragma unroll
+                    for (int k = 0; k < K; k++) {
+                        if (c * K + k == y_local)
+                            st.target_logit = v[k];
+                        else
+                            s0 += exp_ftz(v[k] - ref);
+                    }
+                } else {
+#pragma unroll
+                    for (int k = 0; k < K; k += 2) {
+                        s0 += exp_ftz(v[k] - ref);
+                        s1 += exp_ftz(v[k + 1] - ref);
+                    }
+                }
+                if (smooth) {
+#pragma unroll
+                    for (int k = 0; k < K; k++) sx += v[k];
+                }
+            }
+        }
+        st.max = cmax.value();
+        st.sum_logits = sx;
+        if (st.max == kNegInf) {  // nothing but -inf (or no chunks): no sums, as in two sweeps
+            st = {kNegInf, 0.0f, 0.0f, 0.0f};
+            break;
+        }
+        if (ref == st.max) {
+            st.sum_excl = s0 + s1;
+            break;
+        }
+        if (st.max <= ref + kRefAbove && st.max >= ref - kRefBelow) {
+            st.sum_excl = (s0 + s1) * exp_ftz(ref - st.max);
+            break;
+        }
+        ref = st.max;  // a reference of -inf or far from the thread's max, or a NaN
+        st.sum_excl = s0 + s1;
+    }
+    for (int j = nv * K + tid; j < n; j += kThreads) stats_add(st, to_f(buf[j]), j == y_local);
+    return st;
+}
+
+// The statistics of a slice in one sweep or two (FastPlan::stats_sweeps): the same values up to
+// the rounding of their sums.
+template <typename T, int kThreads, bool kOneSweep, int kParts = 1, typename WaitPart = NoWait>
+__device__ __forceinline__ RowStatsF slice_stats(const T* buf, int nv, int n, int y_local,
+                                                 bool smooth, int tid, int part_chunks = 0,
+                                                 WaitPart wait_part = {}) {
+    if constexpr (kOneSweep)
+        return slice_stats_one_sweep<T, kThreads, kParts>(buf, nv, n, y_local, smooth, tid,
+                                                          part_chunks, wait_part);
+    else
+        return slice_stats_two_sweeps<T, kThreads, kParts>(buf, nv, n, y_local, smooth, tid,
+                                                           part_chunks, wait_part);
 }
 
 // dlogits of the whole chunks [lo, hi) of a CTA's slice from its shared-memory copy, and of the
@@ -236,7 +336,8 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1)
         if (bytes > 0) mbar_wait(&full[it % S], unsigned(it / S) & 1u);
         const bool valid = y != a.fin.ignore_index;
         const int y_local = valid && y >= c0 && y < c0 + n ? int(y - c0) : -1;
-        RowStatsF st = slice_stats<T, kThreads>(buffer(it), nv, n, y_local, smooth, threadIdx.x);
+        RowStatsF st =
+            slice_stats<T, kThreads, false>(buffer(it), nv, n, y_local, smooth, threadIdx.x);
         // its barrier publishes row_params of row i - 1; the one after the dlogits pass separates
         // the calls
         st = block_reduce_stats(st, warp_vals);
@@ -320,7 +421,7 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 256 ? 3 : 1)
 constexpr int kTraceStamps = 5;
 constexpr int kTracePoints = kTraceStamps + 1;  // the five clocks, then the later parts' wait
 
-template <typename T, int kGroupThreads, int kGroupCount, int kParts, bool kTrace>
+template <typename T, int kGroupThreads, int kGroupCount, int kParts, bool kTrace, bool kOneSweep>
 __global__ void __launch_bounds__(kGroupCount* kGroupThreads, 1) fast_pingpong_kernel(FastArgs a) {
     constexpr int K = kChunk<T>;
     constexpr int kWarps = kGroupThreads / 32;
@@ -404,8 +505,8 @@ __global__ void __launch_bounds__(kGroupCount* kGroupThreads, 1) fast_pingpong_k
                     t[kTraceStamps] += clock64() - w0;
             }
         };
-        RowStatsF st = slice_stats<T, kGroupThreads, kParts>(buf, nv, n, y_local, smooth, tid,
-                                                             part_chunks, wait_part);
+        RowStatsF st = slice_stats<T, kGroupThreads, kOneSweep, kParts>(
+            buf, nv, n, y_local, smooth, tid, part_chunks, wait_part);
         // the group's statistics in every thread: each warp merges its lanes, then every warp the
         // group's partials, with the same tree (the barrier after the dlogits pass separates the
         // group's writes of warp_vals from its reads of them)
@@ -477,22 +578,28 @@ int max_smem_optin() {
 using FastKernel = void (*)(FastArgs);
 
 // The instantiated kernels: the helper's one 512-thread group with 1, 2 or 4 parts; two
-// 256-thread groups with 1, 2 or 4; 1 or 2 otherwise (plan_fast never asks for more).
+// 256-thread groups with 1, 2 or 4; 1 or 2 otherwise (plan_fast never asks for more); each with
+// the statistics in one sweep or two.
+template <typename T, bool kTrace, bool kOneSweep>
+FastKernel pingpong_kernel_of(const FastPlan& p) {
+    if (p.groups == 1)  // the helper (plan_fast_helper)
+        return p.parts == 1   ? fast_pingpong_kernel<T, 512, 1, 1, false, kOneSweep>
+               : p.parts == 2 ? fast_pingpong_kernel<T, 512, 1, 2, false, kOneSweep>
+                              : fast_pingpong_kernel<T, 512, 1, 4, false, kOneSweep>;
+    if (p.groups == 3)
+        return p.parts == 1 ? fast_pingpong_kernel<T, 256, 3, 1, kTrace, kOneSweep>
+                            : fast_pingpong_kernel<T, 256, 3, 2, kTrace, kOneSweep>;
+    if (p.threads == 1024)
+        return p.parts == 1 ? fast_pingpong_kernel<T, 512, 2, 1, kTrace, kOneSweep>
+                            : fast_pingpong_kernel<T, 512, 2, 2, kTrace, kOneSweep>;
+    return p.parts == 1   ? fast_pingpong_kernel<T, 256, 2, 1, kTrace, kOneSweep>
+           : p.parts == 2 ? fast_pingpong_kernel<T, 256, 2, 2, kTrace, kOneSweep>
+                          : fast_pingpong_kernel<T, 256, 2, 4, kTrace, kOneSweep>;
+}
 template <typename T, bool kTrace>
 FastKernel pingpong_kernel(const FastPlan& p) {
-    if (p.groups == 1)  // the helper (plan_fast_helper)
-        return p.parts == 1   ? fast_pingpong_kernel<T, 512, 1, 1, false>
-               : p.parts == 2 ? fast_pingpong_kernel<T, 512, 1, 2, false>
-                              : fast_pingpong_kernel<T, 512, 1, 4, false>;
-    if (p.groups == 3)
-        return p.parts == 1 ? fast_pingpong_kernel<T, 256, 3, 1, kTrace>
-                            : fast_pingpong_kernel<T, 256, 3, 2, kTrace>;
-    if (p.threads == 1024)
-        return p.parts == 1 ? fast_pingpong_kernel<T, 512, 2, 1, kTrace>
-                            : fast_pingpong_kernel<T, 512, 2, 2, kTrace>;
-    return p.parts == 1   ? fast_pingpong_kernel<T, 256, 2, 1, kTrace>
-           : p.parts == 2 ? fast_pingpong_kernel<T, 256, 2, 2, kTrace>
-                          : fast_pingpong_kernel<T, 256, 2, 4, kTrace>;
+    return p.stats_sweeps == 1 ? pingpong_kernel_of<T, kTrace, true>(p)
+                               : pingpong_kernel_of<T, kTrace, false>(p);
 }
 
 // CrossEntropyTuning::trace (bf16 logits, `fast`, outside graph capture): runs the kernel that

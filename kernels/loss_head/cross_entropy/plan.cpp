@@ -58,8 +58,10 @@ FastPlan plan_fast_groups(const CrossEntropyArgs& a, bool pingpong, int max_smem
             const int64_t stages =
                 std::min<int64_t>(kMaxStages, int64_t(budget) / (slice * int64_t(es)));
             if (stages >= min_stages) {
-                return FastPlan{c,     threads,     pingpong, groups,
-                                parts, int(stages), slice,    size_t(stages) * size_t(slice) * es};
+                FastPlan p{c,     threads,     pingpong, groups,
+                           parts, int(stages), slice,    size_t(stages) * size_t(slice) * es};
+                if (pingpong) p.stats_sweeps = stats_sweeps_for(threads / groups, c, k);
+                return p;
             }
         }
     }
@@ -104,8 +106,18 @@ FastPlan plan_fast_helper(const CrossEntropyArgs& a, const FastPlan& main, int m
     // (V = 128256 on the H100, docs/results/ce_fast_helper_h100_99dcc22.json)
     int parts = 1;
     if (const int p = a.tuning.helper_parts; p == 1 || p == 2 || p == 4) parts = p;
-    return FastPlan{kCluster, 512,         true,  1,
-                    parts,    int(stages), slice, size_t(stages) * size_t(slice) * es};
+    FastPlan p{kCluster, 512,         true,  1,
+               parts,    int(stages), slice, size_t(stages) * size_t(slice) * es};
+    p.stats_sweeps = stats_sweeps_for(512, kCluster, a.tuning);
+    return p;
+}
+
+int stats_sweeps_for(int group_threads, int cluster, const CrossEntropyTuning& k) {
+    if (k.stats_sweeps == 1 || k.stats_sweeps == 2) return k.stats_sweeps;
+    for (const SweepsBand& b : kStatsSweeps)
+        if (b.group_threads == group_threads && (b.cluster == 0 || b.cluster == cluster))
+            return b.sweeps;
+    return 2;
 }
 
 HelperSplit split_helper(int64_t N, int sm_count, int main_clusters, const FastPlan& main,

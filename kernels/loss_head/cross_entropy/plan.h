@@ -58,6 +58,25 @@ inline constexpr FastBand kFastBands[] = {
      "three groups of 256 in 4-CTA clusters faster than two at V = 128256 "
      "(ce_sweep_h100_87a3ef2.json)"},
 };
+// fast's statistics sweeps over a slice (CrossEntropyTuning::stats_sweeps) by the threads of its
+// warp groups and its cluster size (0: any), the first entry that matches. One sweep leaves less
+// of a row's work after its last part lands: on an H200 it paid in three groups of 256 in
+// clusters of 2, 6 and 8 CTAs and lost in clusters of 4 and in groups of 512, at the same work
+// per thread (fast_stats_sweeps in docs/results/ce_vocab_sweep_h200.json).
+struct SweepsBand {
+    int group_threads;
+    int cluster;
+    int sweeps;
+};
+inline constexpr SweepsBand kStatsSweeps[] = {
+    {256, 4, 2},
+    {256, 0, 1},
+    {512, 0, 2},
+};
+// The sweeps for groups of group_threads threads in clusters of `cluster` CTAs, unless the tuning
+// fixes them; 2 where no entry matches.
+int stats_sweeps_for(int group_threads, int cluster, const CrossEntropyTuning& k);
+
 // fast_lockstep (one warp group a CTA): its threads, the stages its cluster size is chosen for,
 // and the buffers' budget (0: the device's opt-in shared memory less 2 KB).
 struct LockstepBand {
@@ -106,6 +125,7 @@ struct FastPlan {
     int stages = 0;
     int64_t slice = 0;
     size_t smem = 0;
+    int stats_sweeps = 2;  // the pingpong kernels' statistics: 1 or 2 sweeps over a slice
 };
 
 // max_smem: the device's opt-in shared memory per block (cudaDevAttrMaxSharedMemoryPerBlockOptin).
