@@ -9,7 +9,8 @@
 //   fast_lockstep  the same with all of a CTA's warps on one row at a time and the cluster barrier
 //          per row (fast_lockstep_kernel), kept for ablations
 //
-// The plans (cluster size, stages, warp groups, the helper's share) are plan.h's; the sm_90 PTX
+// A slice's statistics take one sweep over shared memory or two (slice_stats); the plans (cluster
+// size, stages, warp groups, sweeps, the helper's share) are plan.h's; the sm_90 PTX
 // wrappers are in ptx_sm90.cuh (both beside this file). Both fall back to online (run_online) for
 // rows the plan cannot hold.
 #include <cooperative_groups.h>
