@@ -116,7 +116,7 @@ TEST_CASE(
                                      {"fast", 0, 2, 2, false, 400, 4},
                                      {"fast", 0, 3, 2, true, 400, 1},
                                      {"fast", 0, 2, 2, false, -1, 1, 1},
-                                     {"fast", 3, 2, 4, false, -1, 1, 1},
+                                     {"fast", 3, 3, 2, false, -1, 1, 1},
                                      {"fast", 0, 3, 2, false, 400, 2, 2}};
     // Four cases a shape (label smoothing on and off, dlogits in place and in their own buffer,
     // 0-2 ignored rows), each with its reference computed once, taken in turn by the modes and
@@ -210,7 +210,9 @@ TEST_CASE("fast's statistics in one sweep: rows its reference chunk does not fit
         auto row = [&](int64_t i) { return &c.logits[i * V]; };
         row(0)[V - 9] = 150.0f;                                  // spike near the end
         for (int64_t j = 0; j < 64; j++) row(1)[j] = -INFINITY;  // -inf first chunks
-        for (int64_t j = 0; j < 8; j++) row(2)[j] = 90.0f;       // a first chunk far above
+        // a first chunk far above the rest: threads that borrow it as their reference must sum
+        // again (e^(200 - max) would overflow the final factor)
+        for (int64_t j = 0; j < 8; j++) row(2)[j] = 200.0f;
         c.targets[2] = 3;
         for (int64_t j = 0; j < V; j++) row(3)[j] = j == 4321 ? 0.0f : -1e4f;  // one live column
         row(4)[V - 1] = 120.0f;  // the spike in the tail
@@ -241,6 +243,29 @@ TEST_CASE("fast's statistics in one sweep: rows its reference chunk does not fit
                     check_result(got, want, c);
                     CHECK_FALSE(got.padding_written);
                 }
+    }
+}
+
+TEST_CASE("fast in one sweep at logits near 2^30, where ref + 64 rounds to ref + 128") {
+    // fp32 steps are 128 apart at 2^30: the slices' first halves hold 2^30 + 128 (an odd last
+    // mantissa bit, so ref + 64 rounds to ref + 128), their second halves 2^30 + 256. A thread's
+    // reference then lies 128 below its max, where e^128 overflows: it must sum again. z = 0.
+    Case c = make_case(2400, 2, 50304, LogitsType::f32, 0.0, 0.0, Reduction::mean, 0);
+    for (int64_t i = 0; i < c.N; i++)
+        for (int64_t j = 0; j < c.V; j++)
+            c.logits[i * c.V + j] = (j % 12576) < 6288 ? 1073741952.0f : 1073742080.0f;
+    const Reference want = reference(c);
+    for (int cluster : {2, 4}) {  // one CTA cannot hold these 201 KB rows
+        CAPTURE(cluster);
+        cuda::CrossEntropyTuning tuning;
+        tuning.stats_sweeps = 1;
+        tuning.cluster = cluster;
+        const Result got = run_variant(cuda::find_cross_entropy_variant("fast"), c, tuning);
+        for (int64_t i = 0; i < c.N; i++) {
+            CAPTURE(i);
+            CHECK(close(got.loss[i], want.loss[i], 2e-5, 1e-6));
+            CHECK(close(got.lse[i], want.lse[i], 1e-6, 1e-5));
+        }
     }
 }
 
