@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Binaries built on this machine for a device call, so that the call spends no device time on a
 # build (2-3 minutes on one GPU): each TARGET of BUILD_DIR is built, stripped and staged in
-# .gpu-deps/bins (git ignores .gpu-deps), with --suffix appended to its name, then the stage is
-# packed into .gpu-deps/bins.tar.xz (compressed: a call carries at most 64 MiB, tree included).
+# $ZGPT_BIN_STAGE (default /tmp/zgpt-gpu-bins, outside the tree: a call carries at most 64 MiB,
+# tree included), with --suffix appended to its name, then the stage is packed into
+# .gpu-deps/bins.tar.xz (git ignores .gpu-deps), its files under bins/.
 # For an A/B in one call, stage the baseline first (check it out, build, --suffix _old), then the
 # change (--suffix _new); --clear empties the stage first.
 #   bash tools/gpu/carry_binaries.sh BUILD_DIR [--clear] [--suffix S] TARGET...
@@ -16,7 +17,7 @@ build=$1
 shift
 suffix=""
 root=$(git rev-parse --show-toplevel)
-stage=$root/.gpu-deps/bins
+stage=${ZGPT_BIN_STAGE:-/tmp/zgpt-gpu-bins}
 mkdir -p "$stage"
 targets=()
 while [ $# -gt 0 ]; do
@@ -35,6 +36,6 @@ for t in "${targets[@]}"; do
   cp "$f" "$stage/$t$suffix"
   strip "$stage/$t$suffix"
 done
-tar cf - -C "$root/.gpu-deps" bins | xz -T2 -6 > "$root/.gpu-deps/bins.tar.xz"
+tar cf - --transform "s|^$(basename "$stage")|bins|" -C "$(dirname "$stage")" "$(basename "$stage")" | xz -T2 -6 > "$root/.gpu-deps/bins.tar.xz"
 ls -l "$stage"
 echo "packed: $(du -h "$root/.gpu-deps/bins.tar.xz" | cut -f1) in .gpu-deps/bins.tar.xz"

@@ -91,6 +91,34 @@ struct NoWait {
     __device__ void operator()(int) const {}
 };
 
+// One whole chunk's share of a slice's statistics: its exponentials against `base` into s0 and
+// s1 (two chains), the target's value kept aside rather than summed, and with label smoothing
+// its values into sx. Both sweep variants add chunks so.
+template <int K>
+__device__ __forceinline__ void add_chunk_exps(const float (&v)[K], int c, int target_chunk,
+                                               int y_local, float base, bool smooth, float& s0,
+                                               float& s1, float& sx, float& target_logit) {
+    if (c == target_chunk) {  // exclude the target from the sum
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            if (c * K + k == y_local)
+                target_logit = v[k];
+            else
+                s0 += exp_ftz(v[k] - base);
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < K; k += 2) {
+            s0 += exp_ftz(v[k] - base);
+            s1 += exp_ftz(v[k + 1] - base);
+        }
+    }
+    if (smooth) {
+#pragma unroll
+        for (int k = 0; k < K; k++) sx += v[k];
+    }
+}
+
 // This thread's statistics of a CTA's slice of n values held in shared memory: `nv` whole chunks
 // plus a tail of < one chunk (its padding columns are never used). Two sweeps over shared memory:
 // a packed max, then branch-free sums against it (no serial rescaling chain). Thread `tid`
@@ -126,25 +154,8 @@ __device__ __forceinline__ RowStatsF slice_stats_two_sweeps(const T* buf, int nv
         for (int c = tid; c < nv; c += kThreads) {
             float v[K];
             load_chunk(buf + c * K, v);
-            if (c == target_chunk) {  // exclude the target from the sum
-#pragma unroll
-                for (int k = 0; k < K; k++) {
-                    if (c * K + k == y_local)
-                        st.target_logit = v[k];
-                    else
-                        s0 += exp_ftz(v[k] - st.max);
-                }
-            } else {
-#pragma unroll
-                for (int k = 0; k < K; k += 2) {
-                    s0 += exp_ftz(v[k] - st.max);
-                    s1 += exp_ftz(v[k + 1] - st.max);
-                }
-            }
-            if (smooth) {
-#pragma unroll
-                for (int k = 0; k < K; k++) sx += v[k];
-            }
+            add_chunk_exps(v, c, target_chunk, y_local, st.max, smooth, s0, s1, sx,
+                           st.target_logit);
         }
         st.sum_excl = s0 + s1;
         st.sum_logits = sx;
@@ -201,25 +212,8 @@ __device__ __forceinline__ RowStatsF slice_stats_one_sweep(const T* buf, int nv,
                 cmax.add(raw);
                 float v[K];
                 unpack_chunk<T>(raw, v);
-                if (c == target_chunk) {  // exclude the target from the sum
-#pragma unroll
-                    for (int k = 0; k < K; k++) {
-                        if (c * K + k == y_local)
-                            st.target_logit = v[k];
-                        else
-                            s0 += exp_ftz(v[k] - ref);
-                    }
-                } else {
-#pragma unroll
-                    for (int k = 0; k < K; k += 2) {
-                        s0 += exp_ftz(v[k] - ref);
-                        s1 += exp_ftz(v[k + 1] - ref);
-                    }
-                }
-                if (smooth) {
-#pragma unroll
-                    for (int k = 0; k < K; k++) sx += v[k];
-                }
+                add_chunk_exps(v, c, target_chunk, y_local, ref, smooth, s0, s1, sx,
+                               st.target_logit);
             }
         }
         st.max = cmax.value();
