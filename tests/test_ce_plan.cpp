@@ -4,8 +4,10 @@
 // copied from a run.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <iterator>
+#include <utility>
 
 #include "kernels/loss_head/cross_entropy.h"
 #include "kernels/loss_head/cross_entropy/plan.h"
@@ -51,15 +53,15 @@ TEST_CASE("ce plan: block sizes and alignment") {
 }
 
 TEST_CASE("ce plan: fast on short rows (GPT-2's vocabulary)") {
-    // bf16, V = 50304: 100,608-byte rows, up to 128 KB: two warp groups of 512 threads, each
-    // buffer in two copies, one stage per group. The smallest cluster whose slices fit two
-    // stages in the budget: one CTA (2 x 100,608 <= 230,400).
+    // bf16, V = 50304: 100,608-byte rows, up to 256 KB: three warp groups of 256 threads, each
+    // buffer in two copies. The smallest cluster whose slices fit two stages in the budget: one
+    // CTA (2 x 100,608 <= 230,400), the third group waiting for a buffer.
     const CrossEntropyArgs a = rows(LogitsType::bf16, 50304);
     const FastPlan p = plan_fast(a, true, kHopperSmem);
     CHECK(p.cluster == 1);
     CHECK(p.pingpong);
-    CHECK(p.groups == 2);
-    CHECK(p.threads == 1024);
+    CHECK(p.groups == 3);
+    CHECK(p.threads == 768);
     CHECK(p.parts == 2);
     CHECK(p.slice == 50304);
     CHECK(p.stages == 2);
@@ -132,44 +134,45 @@ TEST_CASE("ce plan: fast on long rows, and its helper grid") {
     CHECK(s.clusters == 1);
     CHECK(s.rows == 202);
 
-    // fp32 rows of 50,304 values (201,216 bytes) are long rows too: three groups; clusters of 2
-    // hold 2 stages, of 3 (not taken: odd) 3, so clusters of 4 with 4 stages of 12,576 values
-    // (50,304 bytes); the helper's half rows of 25,152 values (100,608 bytes) fit 2 stages
+    // fp32 rows of 50,304 values (201,216 bytes) plan as bf16 rows of the same bytes: three
+    // groups, clusters of 2 with 2 stages of 25,152 values (100,608 bytes), and no helper behind
+    // 2-CTA clusters (they fill every SM)
     const CrossEntropyArgs f = rows(LogitsType::f32, 50304);
     const FastPlan pf = plan_fast(f, true, kHopperSmem);
-    CHECK(pf.cluster == 4);
+    CHECK(pf.cluster == 2);
     CHECK(pf.threads == 768);
-    CHECK(pf.slice == 12576);
-    CHECK(pf.stages == 4);
-    const FastPlan hf = plan_fast_helper(f, pf, kHopperSmem);
-    CHECK(hf.cluster == 2);
-    CHECK(hf.slice == 25152);
-    CHECK(hf.stages == 2);
+    CHECK(pf.slice == 25152);
+    CHECK(pf.stages == 2);
+    CHECK(plan_fast_helper(f, pf, kHopperSmem).cluster == 0);
 }
 
-TEST_CASE("ce plan: fast's rows of up to 128 KB that need a cluster take three warp groups") {
-    // Two groups of 512 threads hold two stages of bf16 rows of up to 57,600 values in one CTA
-    // (230,400 bytes of budget); longer rows of up to 128 KB spread over a cluster of 2, and
-    // there three groups (768 threads) were the faster, as above 128 KB.
-    const FastPlan one = plan_fast(rows(LogitsType::bf16, 57600), true, kHopperSmem);
-    CHECK(one.cluster == 1);
-    CHECK(one.groups == 2);
-    CHECK(one.threads == 1024);
-    for (const int64_t V : {57608, 64128, 65536}) {
+TEST_CASE("ce plan: fast's rows of up to 256 KB take the fewest CTAs that hold two stages") {
+    // Three groups (768 threads) hold two stages of bf16 rows of up to 57,600 values in one CTA
+    // (230,400 bytes of budget); longer rows spread over a cluster of 2, which holds three stages
+    // up to 76,800 values and two up to 115,200; then clusters of 4 (three stages).
+    for (const int64_t V : {32776, 57600}) {
         CAPTURE(V);
         const FastPlan p = plan_fast(rows(LogitsType::bf16, V), true, kHopperSmem);
-        CHECK(p.cluster == 2);
+        CHECK(p.cluster == 1);
         CHECK(p.groups == 3);
         CHECK(p.threads == 768);
-        CHECK(p.stages >= 3);
+        CHECK(p.stages >= 2);
+    }
+    struct Case {
+        int64_t V;
+        int cluster, stages;
+    };
+    for (const Case c : {Case{57608, 2, 3}, Case{76800, 2, 3}, Case{76808, 2, 2},
+                         Case{115200, 2, 2}, Case{115208, 4, 3}, Case{131072, 4, 3}}) {
+        CAPTURE(c.V);
+        const FastPlan p = plan_fast(rows(LogitsType::bf16, c.V), true, kHopperSmem);
+        CHECK(p.cluster == c.cluster);
+        CHECK(p.groups == 3);
+        CHECK(p.stages == c.stages);
         CHECK(p.smem <= size_t(kHopperSmem - 2048));
     }
     // fp32 rows of 30,000 values (120,000 bytes) likewise
     CHECK(plan_fast(rows(LogitsType::f32, 30000), true, kHopperSmem).groups == 3);
-    // a cluster size fixed by a knob keeps two groups
-    CrossEntropyArgs sized = rows(LogitsType::bf16, 50304);
-    sized.tuning.cluster = 2;
-    CHECK(plan_fast(sized, true, kHopperSmem).groups == 2);
     // a fixed group count is kept
     CrossEntropyArgs fixed = rows(LogitsType::bf16, 64128);
     fixed.tuning.groups = 2;
@@ -179,20 +182,21 @@ TEST_CASE("ce plan: fast's rows of up to 128 KB that need a cluster take three w
 }
 
 TEST_CASE("ce plan: fast takes no odd cluster above 1 unless the size is fixed") {
-    // bf16 rows of 3 stages in the budget of 227 KB - 2 KB = 230,400 bytes. Clusters of 2 hold
-    // 3 stages of rows up to 76,800 values, 3 up to 115,200, 4 up to 153,600, 5 up to 192,000,
-    // 6 up to 230,400, 7 up to 268,800 and 8 up to 307,200.
+    // bf16 rows in the budget of 227 KB - 2 KB = 230,400 bytes. Rows of up to 256 KB want two
+    // stages: clusters of 2 hold them up to 115,200 values, 3 (odd) up to 172,800. Longer rows
+    // want three: clusters of 4 hold them up to 153,600 values, 5 up to 192,000, 6 up to
+    // 230,400, 7 up to 268,800 and 8 up to 307,200.
     struct Case {
         int64_t V;
-        int cluster;
+        int cluster, stages;
     };
-    for (const Case c :
-         {Case{100352, 4}, Case{115200, 4}, Case{128256, 4}, Case{153600, 4}, Case{163840, 6},
-          Case{192000, 6}, Case{200000, 6}, Case{256000, 8}, Case{307200, 8}}) {
+    for (const Case c : {Case{100352, 2, 2}, Case{115200, 2, 2}, Case{128256, 4, 3},
+                         Case{153600, 4, 3}, Case{163840, 6, 3}, Case{192000, 6, 3},
+                         Case{200000, 6, 3}, Case{256000, 8, 3}, Case{307200, 8, 3}}) {
         CAPTURE(c.V);
         const FastPlan p = plan_fast(rows(LogitsType::bf16, c.V), true, kHopperSmem);
         CHECK(p.cluster == c.cluster);
-        CHECK(p.stages >= 3);
+        CHECK(p.stages >= c.stages);
         CHECK(p.smem <= size_t(kHopperSmem - 2048));
     }
     // past 8 x 3 stages, two stages in 8 CTAs, up to 460,800 values; then online
@@ -260,13 +264,13 @@ TEST_CASE("ce plan: a smaller shared memory") {
 }
 
 TEST_CASE("ce plan: fast leaves short rows to online") {
-    // rows of up to 64 KB (kFastOnlineMaxRowBytes): 32,768 bf16 or 16,384 fp32 values
+    // rows of up to 48 KB (kFastOnlineMaxRowBytes): 24,576 bf16 or 12,288 fp32 values
     CHECK(plan_fast(rows(LogitsType::bf16, 1024), true, kHopperSmem).cluster == 0);
-    CHECK(plan_fast(rows(LogitsType::bf16, 32768), true, kHopperSmem).cluster == 0);
-    CHECK(plan_fast(rows(LogitsType::f32, 16384), true, kHopperSmem).cluster == 0);
-    // one 16-byte chunk more and fast takes them: 32,776 bf16 values, 65,552 bytes
-    CHECK(plan_fast(rows(LogitsType::bf16, 32776), true, kHopperSmem).cluster == 1);
-    CHECK(plan_fast(rows(LogitsType::f32, 16388), true, kHopperSmem).cluster == 1);
+    CHECK(plan_fast(rows(LogitsType::bf16, 24576), true, kHopperSmem).cluster == 0);
+    CHECK(plan_fast(rows(LogitsType::f32, 12288), true, kHopperSmem).cluster == 0);
+    // one 16-byte chunk more and fast takes them: 24,584 bf16 values, 49,168 bytes
+    CHECK(plan_fast(rows(LogitsType::bf16, 24584), true, kHopperSmem).cluster == 1);
+    CHECK(plan_fast(rows(LogitsType::f32, 12292), true, kHopperSmem).cluster == 1);
     // a fixed cluster size keeps the cluster kernels, and fast_lockstep always does
     CrossEntropyArgs forced = rows(LogitsType::bf16, 1024);
     forced.tuning.cluster = 2;
@@ -298,17 +302,30 @@ TEST_CASE("ce plan: the bands' tables are what the planners follow") {
             CHECK(plan_fast(rows(LogitsType::bf16, V + 8), true, kHopperSmem).cluster > 0);
             continue;
         }
-        const int groups = p.cluster > 1 ? b.clustered_groups : b.groups;
-        CHECK(p.groups == groups);
-        CHECK(p.threads == groups * (groups == 2 ? b.two_group_threads : 256));
+        CHECK(p.groups == b.groups);
+        CHECK(p.threads == b.groups * (b.groups == 2 ? kTwoGroupThreads : 256));
         CHECK(p.parts == b.parts);
-        CHECK(p.stages >= groups);
+        CHECK(p.stages >= b.min_stages);
+        // the smallest cluster size that holds the band's stages: one size smaller does not
+        const int* c =
+            std::find(std::begin(kFastClusterSizes), std::end(kFastClusterSizes), p.cluster);
+        REQUIRE(c != std::end(kFastClusterSizes));
+        if (c != std::begin(kFastClusterSizes)) {
+            CrossEntropyArgs smaller = rows(LogitsType::bf16, V);
+            smaller.tuning.cluster = c[-1];
+            const FastPlan q = plan_fast(smaller, true, kHopperSmem);
+            CHECK((q.cluster == 0 || q.stages < b.min_stages));
+        }
     }
-    // a row of the middle band that fits one CTA keeps its two groups of two_group_threads
-    const FastPlan one = plan_fast(rows(LogitsType::bf16, 50304), true, kHopperSmem);
-    CHECK(one.cluster == 1);
-    CHECK(one.groups == kFastBands[1].groups);
-    CHECK(one.threads == 2 * kFastBands[1].two_group_threads);
+    // fewer stages than groups: rows of 100 KB (V = 50304) in one CTA, with two stages for its
+    // three groups; 200 KB (V = 100352) in 2-CTA clusters, likewise
+    for (const auto [V, cluster] : {std::pair<int64_t, int>{50304, 1}, {100352, 2}}) {
+        CAPTURE(V);
+        const FastPlan p = plan_fast(rows(LogitsType::bf16, V), true, kHopperSmem);
+        CHECK(p.cluster == cluster);
+        CHECK(p.groups == 3);
+        CHECK(p.stages == 2);
+    }
     for (const LockstepBand& b : kLockstepBands) {
         const int64_t V = b.max_row_bytes == SIZE_MAX ? 256000 : int64_t(b.max_row_bytes / 2);
         CAPTURE(V);
@@ -322,15 +339,17 @@ TEST_CASE("ce plan: the bands' tables are what the planners follow") {
 TEST_CASE("ce plan: fast's statistics sweeps follow kStatsSweeps, or the knob") {
     // one sweep for groups of 256 threads except in clusters of 4; two for groups of 512 (and the
     // helper's one group of 512)
-    const FastPlan two_groups = plan_fast(rows(LogitsType::bf16, 50304), true, kHopperSmem);
+    CrossEntropyArgs two = rows(LogitsType::bf16, 50304);
+    two.tuning.groups = 2;
+    const FastPlan two_groups = plan_fast(two, true, kHopperSmem);
     CHECK(two_groups.threads / two_groups.groups == 512);
     CHECK(two_groups.stats_sweeps == 2);
     struct Want {
         int64_t V;
         int cluster, sweeps;
     };
-    for (const Want w :
-         {Want{65536, 2, 1}, Want{128256, 4, 2}, Want{163840, 6, 1}, Want{256000, 8, 1}}) {
+    for (const Want w : {Want{50304, 1, 1}, Want{65536, 2, 1}, Want{100352, 2, 1},
+                         Want{128256, 4, 2}, Want{163840, 6, 1}, Want{256000, 8, 1}}) {
         CAPTURE(w.V);
         const CrossEntropyArgs a = rows(LogitsType::bf16, w.V);
         const FastPlan p = plan_fast(a, true, kHopperSmem);
@@ -342,6 +361,7 @@ TEST_CASE("ce plan: fast's statistics sweeps follow kStatsSweeps, or the knob") 
     }
     // two groups of 256 (threads 512 in all) in one CTA
     CrossEntropyArgs small = rows(LogitsType::bf16, 50304);
+    small.tuning.groups = 2;
     small.tuning.threads = 512;
     CHECK(plan_fast(small, true, kHopperSmem).stats_sweeps == 1);
     // the knob fixes them everywhere, the helper included

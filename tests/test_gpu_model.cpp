@@ -1440,7 +1440,7 @@ TEST_CASE("vocab-parallel head with 2 and 4 local ranks on one GPU equals one ra
     // Label smoothing 0.1 keeps the two-read shard path; without it fast and online run the
     // one-read pass (kernels.split_head_reads: one), and once with two reads. Rows this short
     // fast leaves to online; a fixed cluster size (ce_cluster) keeps fast's own cluster kernels,
-    // as shard rows above 64 KB run them.
+    // as shard rows above 48 KB run them.
     struct Case {
         DType t;
         const char* head;

@@ -313,7 +313,7 @@ std::vector<ConfigField> config_fields(Config& c) {
          "cross_entropy fast or online (the head's pass writes the local softmax in place; "
          "per-row factors after the statistics' exchange make it the gradient; label smoothing "
          "keeps two reads); auto: one with fast where a shard's row of logits is longer than "
-         "64 KB (where fast runs its own kernels), two below",
+         "48 KB (where fast runs its own kernels), two below",
          &k.split_head_reads,
          0,
          0,
@@ -333,12 +333,12 @@ std::vector<ConfigField> config_fields(Config& c) {
     const std::string ce = "cross_entropy_tuning.";
     add({"kernels", ce + "cluster",
          "fast*: CTAs per cluster, 1 to 8 (0: the fewest of 1, 2, 4, 6 or 8 that fit the stages; "
-         "fast then leaves rows of up to 64 KB to the two-pass kernels, and its other knobs do not "
+         "fast then leaves rows of up to 48 KB to the two-pass kernels, and its other knobs do not "
          "apply to them)",
          &ct.cluster, 0, 8});
     add({"kernels", ce + "groups",
-         "fast: warp groups per CTA, 2 or 3 (0: 2 for rows one CTA holds, else 3)", &ct.groups, 0,
-         3});
+         "fast: warp groups per CTA, 2 or 3 (0: by the row length, kFastBands in plan.h)",
+         &ct.groups, 0, 3});
     add({"kernels", ce + "parts", "fast: bulk copies per buffer, 1, 2 or 4 (0: 2)", &ct.parts, 0,
          4});
     add({"kernels", ce + "threads", "fast*: threads per CTA, 256, 512 or 1024 (0: by row length)",

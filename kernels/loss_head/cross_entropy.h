@@ -142,7 +142,7 @@ struct CrossEntropyTuning {
     // CTAs per cluster, 1..8; 0: the fewest whose slices fit the wanted stages, and `fast` leaves
     // rows of up to ce::kFastOnlineMaxRowBytes to the two-pass kernels (its knobs then unused)
     int cluster = 0;
-    int groups = 0;  // fast: warp groups per CTA, 2 | 3; 0: 2 for rows of <= 128 KB, else 3
+    int groups = 0;  // fast: warp groups per CTA, 2 | 3; 0: by the row length (ce::kFastBands)
     int parts = 0;   // fast: bulk copies per buffer, 1 | 2 | 4 (4: 256-thread groups); 0: 2
     // threads per CTA, 256 | 512 | 1024 (fast with two groups: 512 | 1024; three have 768);
     // 0: by the row length

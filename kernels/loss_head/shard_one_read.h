@@ -21,7 +21,7 @@ struct CUstream_st;
 namespace zgpt::cuda {
 
 // Where the one read pays (kernels.split_head_reads: auto): shard rows that `fast` runs in its own
-// cluster kernels (longer than 64 KB; shorter rows it leaves to online, whose pass reads each row
+// cluster kernels (longer than 48 KB; shorter rows it leaves to online, whose pass reads each row
 // twice anyway). There fast's one pass beats online's two at every length measured on an H200
 // (docs/results/ce_vocab_sweep_h200.json), and the split's step with one read against two is in
 // docs/results/vocab_split_h200x2.json (one_read).

@@ -31,8 +31,8 @@ FastPlan plan_fast_groups(const CrossEntropyArgs& a, bool pingpong, int max_smem
         const FastBand& b = band_for(kFastBands, row_bytes);
         parts = b.parts;
         if (const int p = k.parts; p == 1 || p == 2 || p == 4) parts = p;
-        threads = groups * (groups == 2 ? b.two_group_threads : 256);
-        want = groups;  // a stage per group
+        threads = groups * (groups == 2 ? kTwoGroupThreads : 256);
+        want = b.min_stages;
     } else {
         const LockstepBand& b = band_for(kLockstepBands, row_bytes);
         threads = b.threads;
@@ -82,14 +82,8 @@ FastPlan plan_fast(const CrossEntropyArgs& a, bool pingpong, int max_smem) {
     const CrossEntropyTuning& k = a.tuning;
     const FastBand& b = band_for(kFastBands, size_t(a.V) * type_size(a.type));
     if (b.online && k.cluster == 0) return {};
-    const bool groups_fixed = k.groups == 2 || k.groups == 3;
-    const int groups = groups_fixed ? k.groups : b.groups;
-    const FastPlan p = plan_fast_groups(a, true, max_smem, groups);
-    // A cluster size, stage count or budget fixed by a knob keeps the groups it was given.
-    const bool shape_fixed = k.cluster != 0 || k.min_stages != 0 || k.smem_kb != 0;
-    if (!groups_fixed && !shape_fixed && groups != b.clustered_groups && p.cluster > 1)
-        return plan_fast_groups(a, true, max_smem, b.clustered_groups);
-    return p;
+    const int groups = k.groups == 2 || k.groups == 3 ? k.groups : b.groups;
+    return plan_fast_groups(a, true, max_smem, groups);
 }
 
 FastPlan plan_fast_helper(const CrossEntropyArgs& a, const FastPlan& main, int max_smem) {

@@ -32,31 +32,34 @@ constexpr int kHelperWeight = 70;
 // choice was measured (files in docs/results).
 //
 // fast (the pingpong kernels): one CTA per SM with a buffer per warp group, in the smallest
-// cluster (of kFastClusterSizes) whose slices fit a stage per group; each buffer in `parts`
+// cluster (of kFastClusterSizes) whose slices fit `min_stages` stages; each buffer in `parts`
 // copies, so a group refills one while its dlogits pass is on another (four copies measured no
-// better). Rows of up to 64 KB go to the two-pass online kernels: a short row's time in the
-// cluster kernels is latency (its copies in, the barriers between the groups), not bytes.
-// Rows whose stages need a cluster of CTAs take `clustered_groups` groups.
+// better). With fewer stages than groups a group waits for the buffer the group before it frees:
+// fewer rows in flight an SM, but every SM busy (the 4-CTA clusters a longer row needs leave 12
+// of an H200's 132 idle). Rows of up to max_row_bytes of the online band go to the two-pass
+// online kernels, where a short row's time in the cluster kernels is latency.
 struct FastBand {
     size_t max_row_bytes;
-    bool online;            // the online kernels take these rows (not with a fixed cluster size)
-    int groups;             // warp groups per CTA
-    int two_group_threads;  // threads per group when two groups run (three run 256 each)
-    int clustered_groups;   // groups when a row's stages need more than one CTA
-    int parts;              // bulk copies per buffer
+    bool online;     // the online kernels take these rows (not with a fixed cluster size)
+    int groups;      // warp groups per CTA: 3 of 256 threads, or 2 of kTwoGroupThreads
+    int min_stages;  // the stages the cluster size is chosen for
+    int parts;       // bulk copies per buffer
     const char* measured;
 };
+constexpr int kTwoGroupThreads = 512;
 inline constexpr FastBand kFastBands[] = {
-    {size_t(64) << 10, true, 2, 512, 3, 2,
-     "H200, bf16, N = 16384: online ahead at every V up to 32768 (64 KB rows: 0.70 against "
-     "0.75 ms), fast from 50304 (1.03 against 1.23 ms); ce_vocab_sweep_h200.json"},
-    {size_t(128) << 10, false, 2, 512, 3, 2,
-     "two groups of 512 faster than one copy at V = 50304 (H100, docs/cross_entropy.md); rows "
-     "needing a cluster, V = 64128 on an H200: three groups 1.34x the copy floor against two "
-     "groups' 1.59x (ce_vocab_sweep_h200.json, fast_groups_by_cluster)"},
-    {SIZE_MAX, false, 3, 256, 3, 2,
-     "three groups of 256 in 4-CTA clusters faster than two at V = 128256 "
-     "(ce_sweep_h100_87a3ef2.json)"},
+    {size_t(48) << 10, true, 3, 2, 2,
+     "H200, bf16, N = 16384: online ahead up to V = 24576 (48 KB rows: 0.502 against 0.511 ms "
+     "for three groups of 256 in one CTA), behind from 32768 (0.703 against 0.600 ms); "
+     "fast_min_stages in ce_vocab_sweep_h200.json"},
+    {size_t(256) << 10, false, 3, 2, 2,
+     "H200, bf16, N = 16384: three groups of 256 with two stages in one CTA at V = 50304 (1.19x "
+     "the copy floor against two groups of 512 with three, 1.33x) and in 2-CTA clusters at "
+     "100352 (1.14x against 4-CTA clusters with three, 1.40x); fast_min_stages in "
+     "ce_vocab_sweep_h200.json"},
+    {SIZE_MAX, false, 3, 3, 2,
+     "three groups of 256 with three stages in clusters of 6 and 8 (fast_cluster_sizes and "
+     "fast_stats_sweeps in ce_vocab_sweep_h200.json)"},
 };
 // fast's statistics sweeps over a slice (CrossEntropyTuning::stats_sweeps) by the threads of its
 // warp groups and its cluster size (0: any), the first entry that matches. One sweep leaves less
