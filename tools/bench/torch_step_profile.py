@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""PyTorch's side of the per-op table: one training step of llm.c's train_gpt2.py model, run as that
+script runs it (torch.compile with coordinate-descent tuning, flash attention, bf16 autocast, fused
+AdamW, the gradient clipped to norm 1), profiled phase by phase (forward + loss, backward, gradient
+norm, AdamW) on random tokens, its GPU kernels grouped into op families that bench_train --ops'
+ops sum into too. Kernel names decide the family (classify() below); each phase also lists its
+kernels with the most time, so that a name the rules miss shows.
+
+  python3 tools/bench/torch_step_profile.py --llmc PATH/train_gpt2.py --model d48 --batch 16 \\
+      [--seq 1024] [--steps 3] [--warmup 8] [--out torch_profile.json] [--ours bench_train.json]
+
+--ours: a bench_train --ops JSON of the same shape; its ops are summed into the same families and
+printed beside PyTorch's. Needs a CUDA GPU and PyTorch; classify() alone needs neither
+(tests/torch_profile_check.py).
+"""
+import argparse
+import importlib.util
+import json
+import re
+import statistics
+import sys
+
+SIZES = {"d12": (12, 12, 768), "d24": (24, 16, 1024), "d36": (36, 20, 1280), "d48": (48, 25, 1600)}
+PHASES = ("forward", "backward", "gradient norm", "adamw")
+
+MATMUL = re.compile(r"gemm|gemv|cutlass|nvjet|xmma|cublas|sm90_|sm80_|ampere_|hopper_", re.I)
+ATTENTION = re.compile(r"flash|fmha|attention|sdpa", re.I)
+
+
+def classify(phase, name):
+    """The op family of one GPU kernel of `phase` (see PHASES) by its name."""
+    if phase in ("gradient norm", "adamw"):
+        return phase
+    if ATTENTION.search(name):
+        return "attention fwd" if phase == "forward" else "attention bwd"
+    # Inductor names its fused kernels triton_{poi,per,red}_fused_<ops>; triton_tem_ are its GEMM
+    # templates (max-autotune)
+    if name.startswith("triton_tem_") or (MATMUL.search(name) and not name.startswith("triton_")):
+        return "matmul fwd" if phase == "forward" else "matmul bwd"
+    if re.search(r"log_softmax|nll_loss|cross_entropy", name):
+        return "cross-entropy"
+    if "layer_norm" in name:
+        return "layernorm fwd (+ residual)" if phase == "forward" else "layernorm bwd"
+    if re.search(r"embedding", name):
+        return "encoder"
+    return "other fwd" if phase == "forward" else "other bwd"
+
+
+# bench_train --ops' op names summed into classify()'s families
+OURS = {
+    "matmul fwd": ("matmul fwd", "matmul fwd (fc + GELU)", "matmul fwd (qkv, qk_norm)",
+                   "head matmul fwd"),
+    "matmul bwd": ("matmul bwd dinp", "matmul bwd dW", "head matmul bwd dinp",
+                   "head matmul bwd dW"),
+    "attention fwd": ("attention fwd",),
+    "attention bwd": ("attention bwd",),
+    "layernorm fwd (+ residual)": ("residual + layernorm fwd", "layernorm fwd"),
+    "layernorm bwd": ("layernorm bwd",),
+    "cross-entropy": ("cross-entropy",),
+    "encoder": ("encoder fwd", "encoder bwd"),
+    "other bwd": ("bias bwd", "gelu bwd"),
+    "gradient norm": ("gradient norm",),
+    "adamw": ("adamw",),
+}
+
+
+def ours_by_family(path):
+    with open(path) as f:
+        ops = {o["op"]: o["ms"] for o in json.load(f)["ops"]}
+    out, used = {}, set()
+    for fam, names in OURS.items():
+        out[fam] = sum(ops.get(n, 0.0) for n in names)
+        used.update(names)
+    out["other (not grouped)"] = sum(v for k, v in ops.items() if k not in used)
+    return out
+
+
+def load_llmc(path):
+    spec = importlib.util.spec_from_file_location("train_gpt2", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def profile_step(torch, phases, activities):
+    """Runs each (name, fn) of `phases` under its own profiler; returns {phase: [(kernel, ms)]}."""
+    out = {}
+    for name, fn in phases:
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=activities) as prof:
+            fn()
+            torch.cuda.synchronize()
+        kernels = []
+        for ev in prof.key_averages():  # CUDA activity only: kernels, copies and sets
+            us = getattr(ev, "device_time_total", None)
+            if us is None:  # PyTorch before 2.4
+                us = ev.cuda_time_total
+            if us > 0:
+                kernels.append((ev.key, us / 1e3))
+        out[name] = kernels
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--llmc", required=True, help="llm.c's train_gpt2.py")
+    ap.add_argument("--model", default="d48", choices=sorted(SIZES))
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--warmup", type=int, default=8,
+                    help="steps before the profiled ones (torch.compile's)")
+    ap.add_argument("--steps", type=int, default=3, help="profiled steps (median per family)")
+    ap.add_argument("--out")
+    ap.add_argument("--ours", help="bench_train --ops JSON of the same shape")
+    args = ap.parse_args()
+
+    import torch
+    llmc = load_llmc(args.llmc)
+    llmc.FLASH = 1
+    L, H, C = SIZES[args.model]
+    torch.manual_seed(0)
+    torch.set_float32_matmul_precision("high")
+    model = llmc.GPT(llmc.GPTConfig(block_size=1024, vocab_size=50257, n_layer=L, n_head=H,
+                                    n_embd=C)).cuda().train()
+    import torch._inductor.config as inductor_config
+    if hasattr(inductor_config, "coordinate_descent_tuning"):
+        inductor_config.coordinate_descent_tuning = True
+    model = torch.compile(model)
+    opt = model.configure_optimizers(weight_decay=0.1, learning_rate=6e-4, betas=(0.9, 0.95),
+                                     device_type="cuda", zero_stage=0)
+    x = torch.randint(0, 50257, (args.batch, args.seq), device="cuda")
+    y = torch.randint(0, 50257, (args.batch, args.seq), device="cuda")
+    state = {}
+
+    def forward():
+        with torch.amp.autocast(device_type="cuda", dtype=torch.bfloat16):
+            _, state["loss"] = model(x, y, return_logits=False)
+
+    def backward():
+        state["loss"].backward()
+
+    def norm():
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+
+    def step():
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    phases = list(zip(PHASES, (forward, backward, norm, step)))
+    for i in range(args.warmup):
+        for _, fn in phases:
+            fn()
+        print(f"warm-up step {i + 1} of {args.warmup}", file=sys.stderr)
+    runs = [profile_step(torch, phases, [torch.profiler.ProfilerActivity.CUDA])
+            for _ in range(args.steps)]
+
+    families, top = {}, {}
+    for phase in PHASES:
+        sums = []
+        for run in runs:
+            s = {}
+            for name, ms in run[phase]:
+                fam = classify(phase, name)
+                s[fam] = s.get(fam, 0.0) + ms
+            sums.append(s)
+        for fam in {f for s in sums for f in s}:
+            median = statistics.median(s.get(fam, 0.0) for s in sums)
+            families[fam] = families.get(fam, 0.0) + median
+        last = sorted(runs[-1][phase], key=lambda k: -k[1])[:15]
+        top[phase] = [{"kernel": k, "ms": round(ms, 3), "family": classify(phase, k)}
+                      for k, ms in last]
+    doc = {"model": args.model, "batch": args.batch, "seq_len": args.seq,
+           "torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
+           "families_ms": {k: round(v, 3) for k, v in sorted(families.items())},
+           "total_ms": round(sum(families.values()), 3), "top_kernels": top}
+    ours = ours_by_family(args.ours) if args.ours else None
+    if ours:
+        doc["ours_families_ms"] = {k: round(v, 3) for k, v in ours.items()}
+    print(f"| family | PyTorch ms | {'ours ms |' if ours else ''}")
+    print(f"| --- | --- | {'--- |' if ours else ''}")
+    for fam in sorted(set(families) | set(ours or {})):
+        cell = f" {ours.get(fam, 0.0):.2f} |" if ours else ""
+        print(f"| {fam} | {families.get(fam, 0.0):.2f} |{cell}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(doc, f, indent=1)
+            f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
