@@ -86,9 +86,10 @@ TEST_CASE("ce plan: fast on short rows (GPT-2's vocabulary)") {
 }
 
 TEST_CASE("ce plan: fast on long rows, and its helper grid") {
-    // bf16, V = 128256 (Llama 3): 256,512-byte rows, over 128 KB: three warp groups of 256
-    // threads, two copies per buffer, three stages (one per group). Clusters of 3 give slices
-    // of 42,752 values (85,504 bytes: 2 stages); of 4, 32,064 values (64,128 bytes: 3 stages).
+    // bf16, V = 128256 (Llama 3): 256,512-byte rows, the longest of the band that wants two
+    // stages: three warp groups of 256 threads, two copies per buffer. Clusters of 2 give slices
+    // of 128,256 bytes (1 stage), of 3 (odd, not taken) 85,504 bytes (2 stages), of 4 32,064
+    // values (64,128 bytes: 3 stages).
     const CrossEntropyArgs a = rows(LogitsType::bf16, 128256);
     const FastPlan p = plan_fast(a, true, kHopperSmem);
     CHECK(p.cluster == 4);
@@ -257,7 +258,7 @@ TEST_CASE("ce plan: a smaller shared memory") {
     CHECK(p.cluster == 4);
     CHECK(p.slice == 12576);
     CHECK(p.stages == 3);
-    CHECK(p.groups == 3);  // rows spread over a cluster take three warp groups
+    CHECK(p.groups == 3);  // as every row, with no knob set
     const FastPlan h = plan_fast_helper(a, p, smem);
     CHECK(h.cluster == 2);
     CHECK(h.stages == 1);
@@ -326,6 +327,13 @@ TEST_CASE("ce plan: the bands' tables are what the planners follow") {
         CHECK(p.groups == 3);
         CHECK(p.stages == 2);
     }
+    // the min_stages knob overrides the band's: three stages of 50304 take 2-CTA clusters (slices
+    // of 50,304 bytes: 4 stages)
+    CrossEntropyArgs three = rows(LogitsType::bf16, 50304);
+    three.tuning.min_stages = 3;
+    const FastPlan t = plan_fast(three, true, kHopperSmem);
+    CHECK(t.cluster == 2);
+    CHECK(t.stages == 4);
     for (const LockstepBand& b : kLockstepBands) {
         const int64_t V = b.max_row_bytes == SIZE_MAX ? 256000 : int64_t(b.max_row_bytes / 2);
         CAPTURE(V);

@@ -181,12 +181,14 @@ TEST_CASE(
 }
 
 TEST_CASE("fast at long rows, in the clusters its planner picks there (2, 4, 6 and 8 CTAs)") {
-    // bf16 rows of 125 KB (64120: three warp groups in clusters of 2), 196 KB, 320 KB and 500 KB:
-    // clusters of 4, 6 (four stages) and 8 (kFastClusterSizes; tests/test_ce_plan.cpp checks the
-    // plans), each CTA taking several rows through its ring. 64120 (two slices of 32,064
-    // and 32,056), 100344 and 255992 leave the last CTA a short slice; 163840 does too.
+    // bf16 rows of 125 KB (64120: clusters of 2, three stages), 196 KB (100344: clusters of 2, two
+    // stages for three warp groups), 250 KB (128248: clusters of 4, with the helper grid on the
+    // SMs they leave idle), 320 KB and 500 KB: clusters of 6 (four stages) and 8
+    // (kFastClusterSizes; tests/test_ce_plan.cpp checks the plans), each CTA taking several rows
+    // through its ring. 64120 (two slices of 32,064 and 32,056), 100344, 128248 and 255992 leave
+    // the last CTA a short slice; 163840 does too.
     uint64_t seed = 1700;
-    for (const int64_t V : {64120, 100344, 163840, 255992}) {
+    for (const int64_t V : {64120, 100344, 128248, 163840, 255992}) {
         CAPTURE(V);
         Case c = make_case(seed++, 300, V, LogitsType::bf16, 1e-4, 0.0, Reduction::mean, 2);
         c.in_place = seed % 2 == 0;

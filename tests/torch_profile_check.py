@@ -43,12 +43,13 @@ ops = [{"op": "matmul fwd", "ms": 1.0}, {"op": "matmul fwd (fc + GELU)", "ms": 2
        {"op": "head matmul fwd", "ms": 0.5}, {"op": "matmul bwd dinp", "ms": 3.0},
        {"op": "matmul bwd dW", "ms": 3.5}, {"op": "attention bwd", "ms": 4.0},
        {"op": "layernorm bwd", "ms": 0.25}, {"op": "bias bwd", "ms": 0.125},
+       {"op": "GELU bwd", "ms": 0.5}, {"op": "residual gradient cast", "ms": 0.25},
        {"op": "something new", "ms": 0.0625}]
 with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
     json.dump({"ops": ops}, f)
 fam = tool.ours_by_family(f.name)
 assert fam["matmul fwd"] == 3.5 and fam["matmul bwd"] == 6.5, fam
-assert fam["attention bwd"] == 4.0 and fam["layernorm bwd"] == 0.25 and fam["other bwd"] == 0.125
+assert fam["attention bwd"] == 4.0 and fam["layernorm bwd"] == 0.25 and fam["other bwd"] == 0.875
 assert fam["other (not grouped)"] == 0.0625, fam
 assert abs(sum(fam.values()) - sum(o["ms"] for o in ops)) < 1e-12, "an op counted twice or lost"
 pathlib.Path(f.name).unlink()

@@ -341,7 +341,9 @@ std::vector<ConfigField> config_fields(Config& c) {
          &ct.groups, 0, 3});
     add({"kernels", ce + "parts", "fast: bulk copies per buffer, 1, 2 or 4 (0: 2)", &ct.parts, 0,
          4});
-    add({"kernels", ce + "threads", "fast*: threads per CTA, 256, 512 or 1024 (0: by row length)",
+    add({"kernels", ce + "threads",
+         "fast*: threads per CTA, 256, 512 or 1024 (0: by row length; fast's three groups "
+         "have 768, so for fast it applies with groups: 2)",
          &ct.threads, 0, 1024});
     add({"kernels", ce + "smem_kb",
          "fast*: the row buffers' shared memory per CTA, KB (0: the planner's budget)", &ct.smem_kb,

@@ -31,13 +31,14 @@ constexpr int kHelperWeight = 70;
 // length). The knobs of CrossEntropyTuning override a field each; `measured` says where each
 // choice was measured (files in docs/results).
 //
-// fast (the pingpong kernels): one CTA per SM with a buffer per warp group, in the smallest
-// cluster (of kFastClusterSizes) whose slices fit `min_stages` stages; each buffer in `parts`
-// copies, so a group refills one while its dlogits pass is on another (four copies measured no
-// better). With fewer stages than groups a group waits for the buffer the group before it frees:
-// fewer rows in flight an SM, but every SM busy (the 4-CTA clusters a longer row needs leave 12
-// of an H200's 132 idle). Rows of up to max_row_bytes of the online band go to the two-pass
-// online kernels, where a short row's time in the cluster kernels is latency.
+// fast (the pingpong kernels): one CTA per SM, its warp groups taking turns at `stages` buffers
+// (a stage each, or fewer), in the smallest cluster (of kFastClusterSizes) whose slices fit
+// `min_stages` stages; each buffer in `parts` copies, so a group refills one while its dlogits
+// pass is on another (four copies measured no better). With fewer stages than groups a group
+// waits for the buffer the group before it frees: fewer rows in flight an SM, but every SM busy
+// (the 4-CTA clusters a longer row needs leave 12 of an H200's 132 idle). Rows of up to
+// max_row_bytes of the online band go to the two-pass online kernels, where a short row's time in
+// the cluster kernels is latency.
 struct FastBand {
     size_t max_row_bytes;
     bool online;     // the online kernels take these rows (not with a fixed cluster size)
@@ -49,14 +50,14 @@ struct FastBand {
 constexpr int kTwoGroupThreads = 512;
 inline constexpr FastBand kFastBands[] = {
     {size_t(48) << 10, true, 3, 2, 2,
-     "H200, bf16, N = 16384: online ahead up to V = 24576 (48 KB rows: 0.502 against 0.511 ms "
-     "for three groups of 256 in one CTA), behind from 32768 (0.703 against 0.600 ms); "
+     "H200, bf16, N = 16384: online ahead up to V = 24576 (48 KB rows: 0.502 against 0.512 ms "
+     "for three groups of 256 in one CTA), behind from 32768 (0.703 against 0.601 ms); "
      "fast_min_stages in ce_vocab_sweep_h200.json"},
     {size_t(256) << 10, false, 3, 2, 2,
      "H200, bf16, N = 16384: three groups of 256 with two stages in one CTA at V = 50304 (1.19x "
-     "the copy floor against two groups of 512 with three, 1.33x) and in 2-CTA clusters at "
-     "100352 (1.14x against 4-CTA clusters with three, 1.40x); fast_min_stages in "
-     "ce_vocab_sweep_h200.json"},
+     "the copy floor against 1.29x with three stages in 2-CTA clusters, and 1.33x for two groups "
+     "of 512) and in 2-CTA clusters at 100352 (1.14x against 4-CTA clusters with three, 1.40x); "
+     "fast_min_stages in ce_vocab_sweep_h200.json"},
     {SIZE_MAX, false, 3, 3, 2,
      "three groups of 256 with three stages in clusters of 6 and 8 (fast_cluster_sizes and "
      "fast_stats_sweeps in ce_vocab_sweep_h200.json)"},
