@@ -5,7 +5,8 @@
 #   source .gpu-deps/env.sh && bash tools/gpu/scale_bench.sh OUT [BUILD] [SIZES]
 # SIZES: a list of name:B pairs (default "124m:64 350m:32 774m:32 1558m:16"); LLMC: the folder
 # holding train_gpt2.py (default .gpu-deps/llmc); SKIP_ANCHORS=1 runs ours alone; EXTRA: more
-# bench_train arguments for every size.
+# bench_train arguments for every size; PROFILE=1 also profiles PyTorch's step by op family beside
+# ours (tools/bench/torch_step_profile.py: OUT/torch_profile_NAME.json, the table in bench.log).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/gpu/bench_ours.sh
@@ -27,5 +28,14 @@ for s in $sizes; do
     MODEL=d${layers[$name]} B=$B STEPS=${ASTEPS:-30} bash "$anchor" "$llmc" > "$out/anchor.log" 2>&1
     { echo "== torch.compile $name B=$B"; tail -3 "$out/anchor.log"; } >> "$out/bench.log"
     tail -1 "$out/anchor.log"
+  fi
+  if [ "${PROFILE:-0}" = 1 ]; then
+    echo "== PyTorch's step by op family $name B=$B"
+    python3 tools/bench/torch_step_profile.py --llmc "$llmc/train_gpt2.py" \
+      --model "d${layers[$name]}" --batch "$B" --ours "$out/ours_$name.json" \
+      --out "$out/torch_profile_$name.json" > "$out/profile.log" 2>&1
+    { echo "== PyTorch's step by op family $name B=$B"; grep "^|" "$out/profile.log"; } \
+      >> "$out/bench.log"
+    grep "^|" "$out/profile.log" || tail -5 "$out/profile.log"
   fi
 done
