@@ -3,24 +3,15 @@
 // by the same kernel with one or two exponentials a value (two: the fused head's arithmetic, a
 // sum of exponentials and a scaled exponential). The rate `fast` could reach if its structure
 // cost nothing (fast_stats_sweeps in docs/results/ce_vocab_sweep_h200.json).
-//   nvcc -O3 -arch=sm_90 tools/dev/probes/stream_rate.cu -o /tmp/stream_rate && /tmp/stream_rate
-//   [V]
+//   nvcc -O3 -arch=sm_90 -I. tools/dev/probes/stream_rate.cu -o /tmp/stream_rate &&
+//   /tmp/stream_rate [V]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <vector>
 
-#define CK(x)                                                   \
-    do {                                                        \
-        cudaError_t e = (x);                                    \
-        if (e != cudaSuccess) {                                 \
-            std::printf("%s: %s\n", #x, cudaGetErrorString(e)); \
-            return 1;                                           \
-        }                                                       \
-    } while (0)
+#include "tools/bench/bench_util.h"  // CK, time_ms: the benchmarks' device-event timing
 
 // kExps exponentials a value (0: a copy)
 template <int kExps>
@@ -62,34 +53,24 @@ int main(int argc, char** argv) {
     CK(cudaMemset(x, 0, bytes));
     int sms = 0;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
     const long long chunks = (long long)(bytes / 16);
     const char* names[] = {"cudaMemcpy", "copy kernel", "one exp a value", "two exp a value"};
     for (int blocks_per_sm : {4, 8, 16}) {
         for (int mode = 0; mode < 4; mode++) {
             if (mode == 0 && blocks_per_sm != 4) continue;
             const int grid = sms * blocks_per_sm;
-            std::vector<float> t;
-            for (int it = 0; it < 12; it++) {
-                CK(cudaEventRecord(a));
-                if (mode == 0)
-                    CK(cudaMemcpyAsync(y, x, bytes, cudaMemcpyDeviceToDevice));
-                else if (mode == 1)
-                    stream<0><<<grid, 256>>>((int4*)x, (int4*)y, chunks, 1.0f, sink);
-                else if (mode == 2)
-                    stream<1><<<grid, 256>>>((int4*)x, (int4*)y, chunks, 1.0f, sink);
-                else
-                    stream<2><<<grid, 256>>>((int4*)x, (int4*)y, chunks, 1.0f, sink);
-                CK(cudaEventRecord(b));
-                CK(cudaEventSynchronize(b));
-                float ms = 0;
-                CK(cudaEventElapsedTime(&ms, a, b));
-                t.push_back(ms);
-            }
-            std::sort(t.begin(), t.end());
-            const float ms = t[t.size() / 2];
+            const double ms = zgpt::bench::time_ms(
+                [&] {
+                    if (mode == 0)
+                        CK(cudaMemcpyAsync(y, x, bytes, cudaMemcpyDeviceToDevice));
+                    else if (mode == 1)
+                        stream<0><<<grid, 256>>>((int4*)x, (int4*)y, chunks, 1.0f, sink);
+                    else if (mode == 2)
+                        stream<1><<<grid, 256>>>((int4*)x, (int4*)y, chunks, 1.0f, sink);
+                    else
+                        stream<2><<<grid, 256>>>((int4*)x, (int4*)y, chunks, 1.0f, sink);
+                },
+                10);
             std::printf("V=%lld %-16s blocks/SM %2d: %.3f ms, %.3f TB/s (read + write)\n", V,
                         names[mode], mode ? blocks_per_sm : 0, ms,
                         2.0 * double(bytes) / (ms * 1e-3) / 1e12);
