@@ -2,7 +2,8 @@
 """tools/bench/torch_step_profile.py without PyTorch or a GPU: its kernel-name rules put kernels
 of the names cuBLAS, PyTorch's flash attention, cuDNN, Inductor and the fused AdamW use into the
 op families bench_train --ops' ops are summed into, and a bench_train JSON's ops sum into those
-families with nothing lost."""
+families with nothing lost, and the marker kernels between phases split a profiled stream into
+steps and phases."""
 import importlib.util
 import json
 import pathlib
@@ -25,6 +26,10 @@ cases = [
      "attention bwd"),
     ("forward", "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3",
      "attention fwd"),
+    ("backward", "void cudnn::fusion::compute_dot_do_o_specialized<true, 64>(void const*)",
+     "attention bwd"),
+    ("backward", "void cudnn::fusion::convert_dq_to_16bits<true>(void const*, void*)",
+     "attention bwd"),
     ("forward", "triton_per_fused_add_embedding_native_layer_norm_0", "layernorm fwd (+ residual)"),
     ("backward", "triton_per_fused_add_native_layer_norm_backward_3", "layernorm bwd"),
     ("forward", "triton_red_fused__log_softmax__to_copy_nll_loss_forward_12", "cross-entropy"),
@@ -53,4 +58,17 @@ assert fam["attention bwd"] == 4.0 and fam["layernorm bwd"] == 0.25 and fam["oth
 assert fam["other (not grouped)"] == 0.0625, fam
 assert abs(sum(fam.values()) - sum(o["ms"] for o in ops)) < 1e-12, "an op counted twice or lost"
 pathlib.Path(f.name).unlink()
+# two steps of two phases: a marker before each phase and one after the last
+M = "at::cuda::(anonymous namespace)::" + tool.MARKER + "(long)"
+stream = [("before", 0, 5), (M, 10, 11), ("a", 12, 14), ("a", 15, 16), (M, 20, 21), ("b", 21, 25),
+          (M, 30, 31), ("a", 31, 34), (M, 40, 41), (M, 41, 42)]
+steps = tool.split_phases(stream, ["p1", "p2"], 2)
+assert [s["p1"]["kernels"] for s in steps] == [{"a": 0.003}, {"a": 0.003}], steps
+assert steps[0]["p1"]["span_ms"] == 0.009 and steps[0]["p2"]["busy_ms"] == 0.004, steps
+assert steps[1]["p2"]["kernels"] == {} and steps[1]["p2"]["span_ms"] == 0.0, steps
+try:
+    tool.split_phases(stream[:-1], ["p1", "p2"], 2)
+    raise AssertionError("a missing marker passed")
+except SystemExit as e:
+    assert "markers" in str(e)
 print("torch profile: ok")

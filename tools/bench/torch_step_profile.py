@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
-"""PyTorch's side of the per-op table: one training step of llm.c's train_gpt2.py model, run as that
-script runs it (torch.compile with coordinate-descent tuning, flash attention, bf16 autocast, fused
-AdamW, the gradient clipped to norm 1), profiled phase by phase (forward + loss, backward, gradient
-norm, AdamW) on random tokens, its GPU kernels grouped into op families that bench_train --ops'
-ops sum into too. Kernel names decide the family (classify() below); each phase also lists its
+"""PyTorch's side of the per-op table: training steps of llm.c's train_gpt2.py model, run as that
+script runs them (torch.compile with coordinate-descent tuning, flash attention, bf16 autocast, fused
+AdamW, the gradient clipped to norm 1) on random tokens, profiled back to back in one profiler
+session, their GPU kernels grouped into op families that bench_train --ops' ops sum into too.
+A marker kernel (torch.cuda._sleep) queued before each phase (forward + loss, backward, gradient
+norm, AdamW) splits the stream's kernels into phases without a synchronisation between them, so
+the board runs as in training (a host wait between phases would idle it and change its clock under
+the power cap). Kernel names decide the family (classify() below); each phase also lists its
 kernels with the most time, so that a name the rules miss shows.
 
   python3 tools/bench/torch_step_profile.py --llmc PATH/train_gpt2.py --model d48 --batch 16 \\
@@ -13,8 +16,8 @@ kernels with the most time, so that a name the rules miss shows.
 printed beside PyTorch's. Some families cannot line up: Inductor fuses the embedding's forward into
 the first LayerNorm's kernel, and its GELU forward and autocast's bf16 copies of the weights land in
 "other fwd", where our GELU is inside the fc GEMM's epilogue. Inductor's kernels are named after
-the ops they fuse (triton.unique_kernel_names). Needs a CUDA GPU and PyTorch; classify() and the
-sums of our ops need neither (tests/torch_profile_check.py).
+the ops they fuse (triton.unique_kernel_names). Needs a CUDA GPU and PyTorch; classify(),
+split_phases() and the sums of our ops need neither (tests/torch_profile_check.py).
 """
 import argparse
 import importlib.util
@@ -27,7 +30,11 @@ SIZES = {"d12": (12, 12, 768), "d24": (24, 16, 1024), "d36": (36, 20, 1280), "d4
 PHASES = ("forward", "backward", "gradient norm", "adamw")
 
 MATMUL = re.compile(r"gemm|gemv|cutlass|nvjet|xmma|cublas|sm90_|sm80_|ampere_|hopper_", re.I)
-ATTENTION = re.compile(r"flash|fmha|attention|sdpa", re.I)
+# cuDNN's attention runs two helpers beside its kernels: the backward's dot(dO, O) and dQ's cast
+ATTENTION = re.compile(r"flash|fmha|attention|sdpa|cudnn::fusion", re.I)
+# in the name of torch.cuda._sleep's kernel (the profiler gives it qualified, with its
+# arguments), queued before each phase
+MARKER = "spin_kernel"
 
 
 def classify(phase, name):
@@ -86,30 +93,78 @@ def load_llmc(path):
     return mod
 
 
-def profile_step(torch, phases, activities):
-    """Runs each (name, fn) of `phases` under its own profiler; returns {phase: [(kernel, ms)]},
-    a kernel's time summed over its launches."""
-    from torch.autograd import DeviceType
-    out = {}
-    for name, fn in phases:
-        torch.cuda.synchronize()
-        with torch.profiler.profile(activities=activities) as prof:
-            fn()
-            torch.cuda.synchronize()
-        kernels = {}
-        for ev in prof.events():
-            # work on the device only: not the runtime calls (no device time), not annotations
-            # or synchronisation spans, which would count their whole duration
-            if ev.device_type != DeviceType.CUDA or getattr(ev, "is_user_annotation", False):
-                continue
-            if ev.name == "Context Sync":
-                continue
-            kernels[ev.name] = kernels.get(ev.name, 0.0) + ev.time_range.elapsed_us() / 1e3
-        unnamed = [k for k in kernels if k == "triton_"]
-        if unnamed:
-            sys.exit("Inductor's kernels have no names (triton.unique_kernel_names is off)")
-        out[name] = list(kernels.items())
+def split_phases(kernels, phases, steps):
+    """kernels: (name, start_us, end_us) of the profiled steps in stream order, a MARKER before
+    each phase and one after the last. Returns one {phase: {"busy_ms", "span_ms", "kernels":
+    {name: ms}}} a step: busy is the phase's kernel time, span the time from its marker's end to
+    the next marker's start (idle gaps included)."""
+    marks = [i for i, k in enumerate(kernels) if MARKER in k[0]]
+    if len(marks) != steps * len(phases) + 1:
+        like = sorted({k[0] for k in kernels if re.search(r"spin|sleep", k[0], re.I)})[:5]
+        sys.exit(f"expected {steps * len(phases) + 1} phase markers, found {len(marks)}"
+                 f" (kernels named like one: {like})")
+    out = []
+    for s in range(steps):
+        step = {}
+        for p, phase in enumerate(phases):
+            a, b = marks[s * len(phases) + p], marks[s * len(phases) + p + 1]
+            names = {}
+            for name, t0, t1 in kernels[a + 1:b]:
+                names[name] = names.get(name, 0.0) + (t1 - t0) / 1e3
+            step[phase] = {"busy_ms": sum(names.values()),
+                           "span_ms": (kernels[b][1] - kernels[a][2]) / 1e3, "kernels": names}
+        out.append(step)
     return out
+
+
+def profile_steps(torch, phases, steps):
+    """Runs `steps` training steps, each phase of `phases` ((name, fn) pairs) after a marker kernel,
+    under one profiler with no host wait until the end; returns split_phases()'s steps."""
+    from torch.autograd import DeviceType
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            for _, fn in phases:
+                torch.cuda._sleep(1000)
+                fn()
+        torch.cuda._sleep(1000)
+        torch.cuda.synchronize()
+    kernels = []
+    for ev in prof.events():
+        # work on the device only: not the runtime calls (no device time), not annotations
+        # or synchronisation spans, which would count their whole duration
+        if ev.device_type != DeviceType.CUDA or getattr(ev, "is_user_annotation", False):
+            continue
+        if ev.name == "Context Sync":
+            continue
+        if ev.name == "triton_":
+            sys.exit("Inductor's kernels have no names (triton.unique_kernel_names is off)")
+        kernels.append((ev.name, ev.time_range.start, ev.time_range.end))
+    kernels.sort(key=lambda k: k[1])
+    return split_phases(kernels, [name for name, _ in phases], steps)
+
+
+def summarise(runs):
+    """split_phases()'s steps -> (median ms a family, median busy and span ms a phase, the last
+    step's top kernels a phase)."""
+    families, phase_ms, top = {}, {}, {}
+    for phase in PHASES:
+        sums = []
+        for run in runs:
+            s = {}
+            for name, ms in run[phase]["kernels"].items():
+                fam = classify(phase, name)
+                s[fam] = s.get(fam, 0.0) + ms
+            sums.append(s)
+        for fam in {f for s in sums for f in s}:
+            median = statistics.median(s.get(fam, 0.0) for s in sums)
+            families[fam] = families.get(fam, 0.0) + median
+        phase_ms[phase] = {k: round(statistics.median(r[phase][k] for r in runs), 3)
+                           for k in ("busy_ms", "span_ms")}
+        last = sorted(runs[-1][phase]["kernels"].items(), key=lambda k: -k[1])[:15]
+        top[phase] = [{"kernel": k, "ms": round(ms, 3), "family": classify(phase, k)}
+                      for k, ms in last]
+    return families, phase_ms, top
 
 
 def main():
@@ -165,28 +220,16 @@ def main():
         for _, fn in phases:
             fn()
         print(f"warm-up step {i + 1} of {args.warmup}", file=sys.stderr)
-    runs = [profile_step(torch, phases, [torch.profiler.ProfilerActivity.CUDA])
-            for _ in range(args.steps)]
-
-    families, top = {}, {}
-    for phase in PHASES:
-        sums = []
-        for run in runs:
-            s = {}
-            for name, ms in run[phase]:
-                fam = classify(phase, name)
-                s[fam] = s.get(fam, 0.0) + ms
-            sums.append(s)
-        for fam in {f for s in sums for f in s}:
-            median = statistics.median(s.get(fam, 0.0) for s in sums)
-            families[fam] = families.get(fam, 0.0) + median
-        last = sorted(runs[-1][phase], key=lambda k: -k[1])[:15]
-        top[phase] = [{"kernel": k, "ms": round(ms, 3), "family": classify(phase, k)}
-                      for k, ms in last]
+    runs = profile_steps(torch, phases, args.steps)
+    families, phase_ms, top = summarise(runs)
+    span = sum(p["span_ms"] for p in phase_ms.values())
     doc = {"model": args.model, "batch": args.batch, "seq_len": args.seq,
            "torch": torch.__version__, "gpu": torch.cuda.get_device_name(),
            "families_ms": {k: round(v, 3) for k, v in sorted(families.items())},
-           "total_ms": round(sum(families.values()), 3), "top_kernels": top}
+           "total_ms": round(sum(families.values()), 3), "phases_ms": phase_ms,
+           "step_span_ms": round(span, 3),
+           "tok_per_s_profiled": round(args.batch * args.seq / span * 1e3),
+           "top_kernels": top}
     ours = ours_by_family(args.ours) if args.ours else None
     if ours:
         doc["ours_families_ms"] = {k: round(v, 3) for k, v in ours.items()}
@@ -195,6 +238,8 @@ def main():
     for fam in sorted(set(families) | set(ours or {})):
         cell = f" {ours.get(fam, 0.0):.2f} |" if ours else ""
         print(f"| {fam} | {families.get(fam, 0.0):.2f} |{cell}")
+    print(f"PyTorch: {sum(families.values()):.2f} ms of kernels in a {span:.2f} ms step "
+          f"({args.batch * args.seq / span * 1e3:,.0f} tok/s while profiled)")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(doc, f, indent=1)

@@ -34,8 +34,8 @@ for s in $sizes; do
     python3 tools/bench/torch_step_profile.py --llmc "$llmc/train_gpt2.py" \
       --model "d${layers[$name]}" --batch "$B" --ours "$out/ours_$name.json" \
       --out "$out/torch_profile_$name.json" > "$out/profile.log" 2>&1
-    { echo "== PyTorch's step by op family $name B=$B"; grep "^|" "$out/profile.log"; } \
-      >> "$out/bench.log"
-    grep "^|" "$out/profile.log" || tail -5 "$out/profile.log"
+    { echo "== PyTorch's step by op family $name B=$B"
+      grep -E "^(\||PyTorch:)" "$out/profile.log"; } >> "$out/bench.log"
+    grep -E "^(\||PyTorch:)" "$out/profile.log" || tail -5 "$out/profile.log"
   fi
 done
