@@ -44,12 +44,15 @@ GPT<T>::GPT(const ModelConfig& config, int vocab_parts)
     grads.assign(layout_.table.total(), T(0));
 }
 
-template <typename T>
-void init_gpt_weights(const ModelConfig& c, const GptLayout& layout, uint64_t seed, T* params) {
+namespace {
+// The walk over the tensors both overloads share: `normals(p, n, first_draw, sd)` writes n values
+// of the normal stream from draw first_draw on, times sd.
+template <typename T, typename Normals>
+void init_gpt_tensors(const ModelConfig& c, const GptLayout& layout, T* params,
+                      const Normals& normals) {
     const double residual_std = c.init_std / std::sqrt(2.0 * c.n_layer);
-    // One normal stream over the tensors in table order. The generator is a counter, so each
-    // block of values starts from its own offset into the stream and the blocks run in parallel
-    // (GPT-2 1558M's 1.6G values took about a minute on one core), with the same bits as one pass.
+    // One normal stream over the tensors in table order: each tensor starts at its own offset
+    // into it (`draws`), so the tensors, and blocks within them, can be drawn in any order.
     int64_t draws = 0;  // normal values before this tensor's
     for (const ParamSpec& s : layout.table.specs()) {
         T* p = params + s.offset;
@@ -57,16 +60,7 @@ void init_gpt_weights(const ModelConfig& c, const GptLayout& layout, uint64_t se
             std::fill(p, p + s.numel, T(s.init == Init::ones ? 1 : 0));
             continue;
         }
-        const double std = s.init == Init::normal ? c.init_std : residual_std;
-        constexpr int64_t kBlock = int64_t(1) << 16;
-        const int64_t blocks = (s.numel + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static)
-        for (int64_t b = 0; b < blocks; b++) {
-            Rng rng(seed);
-            rng.skip_normals(uint64_t(draws + b * kBlock));
-            const int64_t end = std::min(s.numel, (b + 1) * kBlock);
-            for (int64_t i = b * kBlock; i < end; i++) p[i] = T(std * rng.normal());
-        }
+        normals(p, s.numel, uint64_t(draws), s.init == Init::normal ? c.init_std : residual_std);
         draws += s.numel;
     }
     // Padded vocabulary rows never see a token; keep them at zero so their logits are inert.
@@ -76,8 +70,32 @@ void init_gpt_weights(const ModelConfig& c, const GptLayout& layout, uint64_t se
         std::fill(w + int64_t(c.vocab_size) * c.n_embd, w + Vp * c.n_embd, T(0));
     }
 }
+}  // namespace
+
+template <typename T>
+void init_gpt_weights(const ModelConfig& c, const GptLayout& layout, uint64_t seed, T* params) {
+    // The generator is a counter, so each block of values starts from its own offset into the
+    // stream and the blocks run in parallel (GPT-2 1558M's 1.6G values took about a minute on one
+    // core), with the same bits as one pass.
+    init_gpt_tensors(c, layout, params, [&](T* p, int64_t n, uint64_t first, double sd) {
+        constexpr int64_t kBlock = int64_t(1) << 16;
+        const int64_t blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static)
+        for (int64_t b = 0; b < blocks; b++) {
+            Rng rng(seed);
+            rng.skip_normals(first + uint64_t(b * kBlock));
+            const int64_t end = std::min(n, (b + 1) * kBlock);
+            for (int64_t i = b * kBlock; i < end; i++) p[i] = T(sd * rng.normal());
+        }
+    });
+}
 template void init_gpt_weights<float>(const ModelConfig&, const GptLayout&, uint64_t, float*);
 template void init_gpt_weights<double>(const ModelConfig&, const GptLayout&, uint64_t, double*);
+
+void init_gpt_weights(const ModelConfig& c, const GptLayout& layout, float* params,
+                      const NormalFill& normals) {
+    init_gpt_tensors(c, layout, params, normals);
+}
 
 template <typename T>
 void GPT<T>::init_weights(uint64_t seed) {

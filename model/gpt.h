@@ -4,6 +4,7 @@
 #pragma once
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,6 +20,12 @@ namespace zgpt {
 // LayerNorm weight 1, biases 0, padded vocabulary rows 0. Every element is written.
 template <typename T>
 void init_gpt_weights(const ModelConfig& c, const GptLayout& layout, uint64_t seed, T* params);
+// The same, its normal values drawn by `normals(out, n, first_draw, sd)`: n values of the stream
+// of Rng(seed).normal() from draw first_draw on, times sd (the GPU's, kernels/ops/normal_fill.h,
+// where the host's cores would take seconds).
+using NormalFill = std::function<void(float* out, int64_t n, uint64_t first_draw, double sd)>;
+void init_gpt_weights(const ModelConfig& c, const GptLayout& layout, float* params,
+                      const NormalFill& normals);
 
 template <typename T>
 class GPT {

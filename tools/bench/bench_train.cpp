@@ -13,8 +13,8 @@
 // power limit a step's time is its energy over that limit.
 //
 // --timeline N runs N more steps with CUPTI recording every kernel, copy, memset and runtime call
-// (kernels/core/gpu_timeline.h): how long the GPU was busy in each, how long it sat idle between its
-// first and last kernel (what launches, host synchronisations and a CUDA graph are about), the
+// (kernels/core/gpu_timeline.h): how long the GPU was busy in each, how long it sat idle between
+// its first and last kernel (what launches, host synchronisations and a CUDA graph are about), the
 // longest of those gaps with their neighbours and the host's runtime call during them, and the
 // kernels that took the time. Recording starts before those steps, with a synchronised no-op so
 // that CUPTI's own start-up is not in them. --ops then runs its two steps after those.
@@ -33,11 +33,11 @@
 #include "kernels/core/cuda_check.h"
 #include "kernels/core/cuda_device.h"
 #include "kernels/core/gpu_power.h"
+#include "kernels/core/gpu_timeline.h"
 #include "kernels/core/registry.h"
 #include "kernels/gemm/matmul.h"
 #include "kernels/ops/global_norm.h"
 #include "model/gpt_cuda.h"
-#include "kernels/core/gpu_timeline.h"
 #include "train/backends/backend_init.h"
 #include "train/cli.h"
 #include "train/config.h"
@@ -204,13 +204,14 @@ Schedule schedule_of(const Options& o) {
 
 // ---- run ---------------------------------------------------------------------------------------
 
-// The weights initialised on the host, then the model on the device, each phase timed into b.
+// The weights initialised (their normal values drawn on the GPU, as the trainer does), then the
+// model on the device, each phase timed into b.
 std::unique_ptr<Model> start_model(Bench& b) {
     // the trainer's count, printed before it allocates (train/backends/backend_cuda.cpp); the
     // summary's memory is what the model then holds (plus the moments)
     b.estimate_gb = double(GptCuda::device_bytes_needed(b.cfg.model, b.mo, b.B(), b.T())) / 1e9;
     auto phase = Clock::now();
-    const std::vector<float> init = initial_params(b.cfg);
+    const std::vector<float> init = initial_params_on_gpu(b.cfg);
     b.init_s = seconds_since(phase);
     phase = Clock::now();
     auto model = std::make_unique<Model>(b.cfg, b.mo, init);
@@ -300,8 +301,8 @@ void run_steps(Bench& b, Model& model, Clock::time_point started) {
         if (step == 1) {
             b.first_step_s = ms / 1e3;
             std::printf(
-                "start-up: %.1f s to the end of the first step (weights initialised on the "
-                "host %.1f s, the model on the device %.1f s, first step %.1f s)\n",
+                "start-up: %.1f s to the end of the first step (weights initialised %.1f s, "
+                "the model on the device %.1f s, first step %.1f s)\n",
                 seconds_since(started), b.init_s, b.model_s, b.first_step_s);
         }
         if (timeline_step) {

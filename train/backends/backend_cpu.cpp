@@ -198,11 +198,14 @@ std::vector<float> jittered(std::vector<float> p, const ModelConfig& m) {
 }
 }  // namespace
 
-std::vector<float> initial_params(const Config& cfg) {
+std::vector<float> initial_params(const Config& cfg, const NormalFill& normals) {
     if (cfg.model.init_from.empty()) {  // without a GPT<float>, whose gradients would double
         const GptLayout layout = make_gpt_layout(cfg.model);  // the host memory of start-up
         std::vector<float> p(size_t(layout.table.total()));
-        init_gpt_weights(cfg.model, layout, uint64_t(cfg.train.seed), p.data());
+        if (normals)
+            init_gpt_weights(cfg.model, layout, p.data(), normals);
+        else
+            init_gpt_weights(cfg.model, layout, uint64_t(cfg.train.seed), p.data());
         return jittered(std::move(p), cfg.model);
     }
     GPT<float> m(cfg.model);

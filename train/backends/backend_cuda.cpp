@@ -9,6 +9,7 @@
 #include "kernels/core/cuda_check.h"
 #include "kernels/core/cuda_device.h"
 #include "kernels/gemm/matmul.h"
+#include "kernels/ops/normal_fill.h"
 #include "model/device_buffer.h"
 #include "model/gpt_cuda.h"
 #include "train/backends/backend.h"
@@ -78,7 +79,7 @@ class CudaBackend final : public Backend {
             model_.set_vocab_group(cuda_vocab_group(*vocab_.group));
             streamed_.push_back(vocab_.group);
         }
-        set_params(initial_params(cfg));
+        set_params(initial_params_on_gpu(cfg));
         for (cudaEvent_t& e : compute_ev_) ZG_CUDA_CHECK(cudaEventCreate(&e));
     }
     ~CudaBackend() override {  // communicators must not keep ordering work on our streams
@@ -554,6 +555,13 @@ void check_device_memory(const Config& cfg, int parts, int zero1_ranks) {
                     dp_fused / 1e9);
         }
     }
+}
+
+std::vector<float> initial_params_on_gpu(const Config& cfg) {
+    const uint64_t seed = uint64_t(cfg.train.seed);
+    return initial_params(cfg, [seed](float* out, int64_t n, uint64_t first, double sd) {
+        cuda::normal_fill_host(out, n, seed, first, sd);
+    });
 }
 
 std::unique_ptr<Backend> make_cuda_backend(const Config& cfg, VocabParallel vocab,

@@ -3,12 +3,18 @@
 #include <memory>
 #include <vector>
 
+#include "model/gpt.h"
 #include "train/backends/backend.h"
 
 namespace zgpt {
 
-// The initial weights of a run: GPT-2 init from train.seed, then model.init_from if set.
-std::vector<float> initial_params(const Config& cfg);
+// The initial weights of a run: GPT-2 init from train.seed, then model.init_from if set. With
+// `normals` (init_gpt_weights' filler of the stream of train.seed) the GPT-2 init draws through it.
+std::vector<float> initial_params(const Config& cfg, const NormalFill& normals = {});
+// CUDA builds only: initial_params with the normal values drawn on the GPU (kernels/ops/
+// normal_fill.h: seconds less at GPT-2 1558M; a value in about 10^8 may differ from the host's
+// draw in its last bit).
+std::vector<float> initial_params_on_gpu(const Config& cfg);
 
 std::unique_ptr<Backend> make_cpu_backend(const Config& cfg, VocabParallel vocab,
                                           Communicator* zero1);
