@@ -176,7 +176,9 @@ int main(int argc, char** argv) {
                         cfg.parallel.grad_bucket_mb, env.nodes);
             }
             // torchrun's ranks start with OMP_NUM_THREADS=1: say what that costs the start-up
-            if (env.rank == 0 && cfg.train.threads <= 0 && cfg.model.vocab_size > 0) {
+            // (on the GPU the weights are drawn there, unless model.init_jitter moves them after)
+            const bool host_draw = device != "cuda" || cfg.model.init_jitter != 0;
+            if (env.rank == 0 && host_draw && cfg.train.threads <= 0 && cfg.model.vocab_size > 0) {
                 const std::string note = zgpt::one_thread_draw_note(
                     double(zgpt::make_gpt_layout(cfg.model).table.total()), omp_get_max_threads(),
                     omp_get_num_procs(), env.world_size / std::max(1, env.nodes));
