@@ -25,6 +25,7 @@ struct AttentionDims {
     bool dkdv_tma = true;         // kernels.attention_tuning.wgmma_dkdv_tma
     bool dq_tma = true;           // kernels.attention_tuning.wgmma_dq_tma
     bool fwd_tma = true;          // kernels.attention_tuning.wgmma_fwd_tma
+    int fwd_keys = 0;             // kernels.attention_tuning.wgmma_fwd_keys (0: the default)
     bool rope = false;            // rotary positions: backward returns the unrotated q's and k's
     bool unrounded_dsum = false;  // kernels.attention_tuning.unrounded_dsum
 };

@@ -243,7 +243,8 @@ std::string text(const AttentionDims& s) {
            (s.dq_tile ? " dq_tile=" + std::to_string(s.dq_tile) : "") +
            (s.fwd_pipeline ? " fwd_pipeline=true" : "") + (s.dkdv_tma ? "" : " dkdv_tma=false") +
            (s.dq_tma ? "" : " dq_tma=false") + (s.fwd_tma ? "" : " fwd_tma=false") +
-           (s.rope ? " rope" : "") + (s.unrounded_dsum ? " unrounded_dsum" : "");
+           (s.fwd_keys ? " fwd_keys=" + std::to_string(s.fwd_keys) : "") + (s.rope ? " rope" : "") +
+           (s.unrounded_dsum ? " unrounded_dsum" : "");
 }
 // Rotary positions (the inverse rotation at the Hopper kernels' stores, a pass elsewhere): head
 // sizes 4, 32 and 64, grouped-query and multi-query, odd T.
@@ -271,6 +272,10 @@ void attention_rows(const std::string& v, std::vector<Row>& rows) {
                 ws.dq_tile = 128;
                 rows.push_back({"attention", v, text(ws), dtype_name(t), true,
                                 GPU_CHECK(gpu::attention(v, ws, t))});
+                AttentionDims k = s;  // the forward's 64-key tiles by TMA
+                k.fwd_keys = 64;
+                rows.push_back({"attention", v, text(k), dtype_name(t), true,
+                                GPU_CHECK(gpu::attention(v, k, t))});
             }
         }
     for (DType t : kTypes)
@@ -300,6 +305,13 @@ void attention_rows(const std::string& v, std::vector<Row>& rows) {
                 ws.dq_tile = 128;
                 rows.push_back({"attention", v, text(ws), dtype_name(t), true,
                                 GPU_CHECK(gpu::attention(v, ws, t))});
+                // the forward's 64-key tiles by TMA, checked bit for bit against the cp.async
+                // kernel (the default rows run 128-key tiles: the diagonal tile half masked for a
+                // block's first warpgroup, a tile reaching past T zero-filled by the TMA)
+                AttentionDims k = s;
+                k.fwd_keys = 64;
+                rows.push_back({"attention", v, text(k), dtype_name(t), true,
+                                GPU_CHECK(gpu::attention(v, k, t))});
             }
         }
     // attention_tuning.unrounded_dsum: the output's rounding residual saved and read into D, on

@@ -398,6 +398,11 @@ std::vector<ConfigField> config_fields(Config& c) {
          "flash on Hopper: the forward kernel's key tiles loaded by TMA into a ring handed over "
          "by mbarriers",
          &at.wgmma_fwd_tma});
+    add({"kernels", att + "wgmma_fwd_keys",
+         "flash on Hopper: keys per tile of the wgmma forward, 64 or 128 (128: with the TMA "
+         "ring; half the tiles, the diagonal one of a block's first warpgroup half masked) (0: "
+         "128 with the TMA ring, 64 without)",
+         &at.wgmma_fwd_keys, 0, 128});
     add({"kernels", att + "unrounded_dsum",
          "flash in bf16: the forward also keeps its output's rounding residual (2 bytes an "
          "element more a layer), so that the backward's D = rowsum(dO O) reads the output "
@@ -569,6 +574,11 @@ void check_tuning_sets(const KernelChoice& k,
     one_of(att + "wgmma_dq_tile", tt.wgmma_dq_tile, {0, 32, 64, 128});
     one_of(att + "wgmma_dkdv_tile", tt.wgmma_dkdv_tile, {0, 32, 64, 128});
     one_of(att + "wgmma_dkdv_wgs", tt.wgmma_dkdv_wgs, {0, 1, 2});
+    one_of(att + "wgmma_fwd_keys", tt.wgmma_fwd_keys, {0, 64, 128});
+    if (tt.wgmma_fwd_keys == 128 && (!tt.wgmma_fwd_tma || tt.wgmma_fwd_pipeline))
+        throw Error(at(att + "wgmma_fwd_keys") +
+                    "128-key tiles are the forward kernel's with the TMA ring: they need " + att +
+                    "wgmma_fwd_tma true and " + att + "wgmma_fwd_pipeline false");
     if (tt.wgmma_dkdv_tile == 128 && tt.wgmma_dkdv_wgs == 1)
         throw Error(at(att + "wgmma_dkdv_tile") +
                     "128 is the warp-specialised kernel, whose two computing warpgroups share "
@@ -659,6 +669,7 @@ void check_cross(const Config& c, const Origins& origins) {
         {att + "wgmma_dkdv_tma", "attention", tt.wgmma_dkdv_tma != ad.wgmma_dkdv_tma},
         {att + "wgmma_dq_tma", "attention", tt.wgmma_dq_tma != ad.wgmma_dq_tma},
         {att + "wgmma_fwd_tma", "attention", tt.wgmma_fwd_tma != ad.wgmma_fwd_tma},
+        {att + "wgmma_fwd_keys", "attention", tt.wgmma_fwd_keys != ad.wgmma_fwd_keys},
         {att + "unrounded_dsum", "attention", tt.unrounded_dsum != ad.unrounded_dsum},
         {"matmul_wgmma_schedule", "matmul", k.matmul_wgmma_schedule != kd.matmul_wgmma_schedule},
         {"matmul_wgmma_rope", "matmul", k.matmul_wgmma_rope != kd.matmul_wgmma_rope},

@@ -63,6 +63,9 @@ struct AttentionTuning {
     bool wgmma_dkdv_tma = true;
     bool wgmma_dq_tma = true;
     bool wgmma_fwd_tma = true;  // wgmma forward: the key tiles by TMA (as the backward's rings)
+    // wgmma forward: keys per tile, 64 | 128 (128: TMA ring only); 0: 128 with the TMA ring, 64
+    // without
+    int wgmma_fwd_keys = 0;
     // flash in bf16: the forward also saves the output's rounding residual (O - bf16(O), as bf16),
     // and the backward's D = rowsum(dO O) reads O unrounded. With peaked rows the true dS at a
     // row's winning key is tiny, and D from the rounded O buries it in rounding noise.

@@ -335,37 +335,38 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
         : "memory");
 }
 
-// Tile j lives in stage j % kTmaStages (stage_bytes each, from `ring`); the barriers at `bars`.
-struct TmaRing {
+// Tile j lives in stage j % S (stage_bytes each, from `ring`); the barriers at `bars`. S is
+// kTmaStages but in the forward with 128-key tiles, whose stages are twice the size.
+template <int S>
+struct TmaRingOf {
     uint32_t ring, bars;
     int stage_bytes;
-    __device__ uint32_t stage(int j) const { return ring + (j % kTmaStages) * stage_bytes; }
-    __device__ uint32_t full(int j) const { return bars + 8 * (j % kTmaStages); }
-    __device__ uint32_t empty(int j) const { return bars + 8 * (kTmaStages + j % kTmaStages); }
+    __device__ uint32_t stage(int j) const { return ring + (j % S) * stage_bytes; }
+    __device__ uint32_t full(int j) const { return bars + 8 * (j % S); }
+    __device__ uint32_t empty(int j) const { return bars + 8 * (S + j % S); }
     // thread 0, before any other use (a block barrier makes it visible to the others)
     __device__ void init() const {
-        for (int s = 0; s < kTmaStages; s++) {
+        for (int s = 0; s < S; s++) {
             hopper_gemm::bar_init(full(s), 1);
             hopper_gemm::bar_init(empty(s), kThreads / 32);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    // the issuing thread: tile j's stage, once every warp has released tile j - kTmaStages, set
-    // to expect `bytes`
+    // the issuing thread: tile j's stage, once every warp has released tile j - S, set to
+    // expect `bytes`
     __device__ uint32_t acquire(int j, unsigned bytes) const {
-        if (j >= kTmaStages) hopper_gemm::bar_wait(empty(j), unsigned((j / kTmaStages + 1) & 1));
+        if (j >= S) hopper_gemm::bar_wait(empty(j), unsigned((j / S + 1) & 1));
         hopper_gemm::bar_expect(full(j), bytes);
         return stage(j);
     }
-    __device__ void wait(int j) const {
-        hopper_gemm::bar_wait(full(j), unsigned((j / kTmaStages) & 1));
-    }
+    __device__ void wait(int j) const { hopper_gemm::bar_wait(full(j), unsigned((j / S) & 1)); }
     // every thread, once its warp is done with tile j (its wgmma groups waited for)
     __device__ void release(int j) const {
         __syncwarp();
         if (threadIdx.x % 32 == 0) hopper_gemm::bar_arrive(empty(j));
     }
 };
+using TmaRing = TmaRingOf<kTmaStages>;
 
 // The forward and dQ kernels stream key tiles of kKeys rows of one key/value head: its K rows,
 // then its V rows right after them (kKeys * 128 bytes each) in one slot of the cp.async ring or
@@ -379,47 +380,67 @@ __device__ __forceinline__ void stage_kv_tile(uint32_t k_dst, const bf16* kvbase
 }
 // TMA: key tile j of batch b, key/value head kvh, from qkv's [B, T, C + 2 KVC] map into ring
 // stage j.
-template <int kKeys>
-__device__ __forceinline__ void issue_kv_tile(const TmaRing& ring, int j, const CUtensorMap* map,
+// A tile of more than kTmaRows keys arrives as several boxes, stacked (a swizzled tile of 128
+// rows is two of 64 rows, one after the other).
+template <int kKeys, typename Ring>
+__device__ __forceinline__ void issue_kv_tile(const Ring& ring, int j, const CUtensorMap* map,
                                               const Geo& g, int64_t b, int64_t kvh) {
-    constexpr int kBytes = kKeys * 128;
+    constexpr int kBytes = kKeys * 128, kBoxes = kKeys > kTmaRows ? kKeys / kTmaRows : 1;
     const uint32_t st = ring.acquire(j, 2 * kBytes);
     const int x = int(g.k_col(kvh)), y = j * kKeys;
-    tma_load_3d(st, map, ring.full(j), x, y, int(b));
-    tma_load_3d(st + kBytes, map, ring.full(j), int(x + g.KVC), y, int(b));
+#pragma unroll
+    for (int p = 0; p < kBoxes; p++) {
+        tma_load_3d(st + p * kTmaTileBytes, map, ring.full(j), x, y + p * kTmaRows, int(b));
+        tma_load_3d(st + kBytes + p * kTmaTileBytes, map, ring.full(j), int(x + g.KVC),
+                    y + p * kTmaRows, int(b));
+    }
 }
 
 // ---------------------------------------------------------------- forward
-// A block: 128 query rows (64 per warpgroup), key tiles of 64 streamed through the ring. Q stays
+// A block: 128 query rows (64 per warpgroup), key tiles of KT streamed through the ring. Q stays
 // in shared memory; S = Q K^T reads Q and K from there, O += P V takes P from registers and V
-// from shared memory (N-major).
+// from shared memory (N-major). KT is 128 with the TMA ring (the default), or 64
+// (kernels.attention_tuning.wgmma_fwd_keys; the cp.async ring's only size). 128 keys make half
+// the tiles, so half the waits for a product and half the softmax's per-tile work (row maxima
+// across the quad, the output's rescaling), for products twice the size and the diagonal tile
+// of a block's first warpgroup half masked: measured 8-10% faster alone at GPT-2 124M's, 350M's
+// and 1558M's shapes (docs/results/gpt2_sizes_h200.json, attention_fwd_keys).
 constexpr int kFwdKeys = 64;
 constexpr int kFwdTileBytes = kFwdKeys * 128;  // 64 rows of one swizzled tile
-template <bool kTma>
+// The TMA ring of the forward: four stages of 64 keys loaded two ahead, or two of 128 loaded one
+// ahead (two blocks an SM: three stages of 128 keys would exceed the shared memory by 96 bytes).
+template <int KT>
+constexpr int kFwdTmaStages = KT == kFwdKeys ? kTmaStages : 2;
+template <int KT>
+constexpr int kFwdTmaAhead = KT == kFwdKeys ? kTmaAhead : 1;
+template <int KT, bool kTma>
 constexpr int fwd_smem_bytes() {
-    return 1024 + kBlockRows * 128 + (kTma ? kTmaStages : kStages) * 2 * kFwdTileBytes +
-           (kTma ? 2 * kTmaStages * 8 : 0);
+    constexpr int stages = kTma ? kFwdTmaStages<KT> : kStages;
+    return 1024 + kBlockRows * 128 + stages * 2 * KT * 128 + (kTma ? 2 * stages * 8 : 0);
 }
 
 // One key tile of a warpgroup's online softmax (this thread: rows gq and gq + 8 of its warp's
 // 16; m and l in log2 units of the scaled scores): the scores s become probabilities in place, m
-// and l take the tile in, and corr is the factor the output accumulated so far takes. diagonal:
-// the tile's first key is the warpgroup's first row (key c is seen by row r only if c <= r).
+// and l take the tile in, and corr is the factor the output accumulated so far takes. rel: the
+// tile's first key from the warpgroup's first row; a tile with a key past some row's (rel > -KT)
+// is masked (key c is seen by row r only if c <= r). Every row sees some key of every tile it
+// gets: tile 0 starts at key 0, and a later tile that reaches past a row starts at or before it.
 // Both forward kernels run it.
-__device__ __forceinline__ void softmax_tile(float (&s)[kFwdKeys / 2], bool diagonal, float sl2,
-                                             int warp, int gq, int tq, float (&m)[2], float (&l)[2],
+template <int KT>
+__device__ __forceinline__ void softmax_tile(float (&s)[KT / 2], int rel, float sl2, int warp,
+                                             int gq, int tq, float (&m)[2], float (&l)[2],
                                              float (&corr)[2]) {
-    if (diagonal) {
+    if (rel > -KT) {
 #pragma unroll
-        for (int n = 0; n < kFwdKeys / 8; n++)
+        for (int n = 0; n < KT / 8; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++)
-                if (n * 8 + 2 * tq + (e & 1) > warp * 16 + gq + (e >> 1) * 8)
+                if (rel + n * 8 + 2 * tq + (e & 1) > warp * 16 + gq + (e >> 1) * 8)
                     s[4 * n + e] = -INFINITY;
     }
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int i = 0; i < kFwdKeys / 2; i++) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+    for (int i = 0; i < KT / 2; i++) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
@@ -430,7 +451,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kFwdKeys / 2], bool diag
         l[r] *= corr[r];
     }
 #pragma unroll
-    for (int i = 0; i < kFwdKeys / 2; i++) {
+    for (int i = 0; i < KT / 2; i++) {
         const int r = (i >> 1) & 1;
         s[i] = ex2(scaled_score(s[i], sl2) - m[r]);
         l[r] += s[i];
@@ -458,21 +479,23 @@ __device__ __forceinline__ void store_forward_rows(bf16* out, float* lse, bf16* 
 }
 
 // kTma: the key tiles through a TMA ring (kernels.attention_tuning.wgmma_fwd_tma) instead of the
-// cp.async ring and its barrier per tile; kv_map is then qkv's [B, T, C + 2 KVC] map.
-template <bool kTma>
+// cp.async ring and its barrier per tile; kv_map is then qkv's [B, T, C + 2 KVC] map. KT: keys
+// per tile (64; 128 with kTma only).
+template <int KT, bool kTma>
 __global__ void __launch_bounds__(kThreads, 2)
     forward_kernel(bf16* out, float* lse, bf16* ores, const bf16* qkv, Geo g,
                    const __grid_constant__ CUtensorMap kv_map) {
 #ifdef ZG_NO_WGMMA
     __trap();
 #else
-    static_assert(kFwdKeys == kTmaRows, "the TMA ring holds 64-row tiles");
-    constexpr int kRing = kTma ? kTmaStages : kStages;
+    static_assert(KT == kFwdKeys || (KT == 2 * kFwdKeys && kTma), "64 keys, or 128 by TMA");
+    constexpr int kRing = kTma ? kFwdTmaStages<KT> : kStages, kAhead = kFwdTmaAhead<KT>;
+    constexpr int kTileBytes = KT * 128;
     extern __shared__ __align__(16) unsigned char smem[];
     const uint32_t q_tile = aligned_smem(smem);
-    auto k_tile = [&](int slot) { return q_tile + kBlockRows * 128 + slot * 2 * kFwdTileBytes; };
-    auto v_tile = [&](int slot) { return k_tile(slot) + kFwdTileBytes; };
-    const TmaRing ring{k_tile(0), k_tile(kRing), 2 * kFwdTileBytes};
+    auto k_tile = [&](int slot) { return q_tile + kBlockRows * 128 + slot * 2 * kTileBytes; };
+    auto v_tile = [&](int slot) { return k_tile(slot) + kTileBytes; };
+    const TmaRingOf<kRing> ring{k_tile(0), k_tile(kRing), 2 * kTileBytes};
     const int64_t bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
     const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kBlockRows;  // heaviest first
     const int tid = threadIdx.x, wg = tid / kWG, warp = tid % kWG / 32, lane = tid % 32;
@@ -480,15 +503,15 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int64_t stride = g.ld, kvh = h / g.group;
     const bf16* qbase = qkv + b * g.Tn * stride + h * g.hs;
     const bf16* kvbase = qkv + b * g.Tn * stride + g.k_col(kvh);
-    const int64_t key_tiles = (g.Tn + kFwdKeys - 1) / kFwdKeys;
-    const int64_t tiles = std::min<int64_t>((q0 + kBlockRows) / kFwdKeys, key_tiles);
+    const int64_t key_tiles = (g.Tn + KT - 1) / KT;
+    const int64_t tiles = std::min<int64_t>((q0 + kBlockRows) / KT, key_tiles);
     auto stage_kv = [&](int64_t t, int slot) {
-        stage_kv_tile<kFwdKeys>(k_tile(slot), kvbase, g, t, tid);
+        stage_kv_tile<KT>(k_tile(slot), kvbase, g, t, tid);
     };
-    auto issue = [&](int j) { issue_kv_tile<kFwdKeys>(ring, j, &kv_map, g, b, kvh); };
+    auto issue = [&](int j) { issue_kv_tile<KT>(ring, j, &kv_map, g, b, kvh); };
     if (kTma && tid == 0) {
         ring.init();
-        for (int j = 0; j < kTmaAhead && j < tiles; j++) issue(j);
+        for (int j = 0; j < kAhead && j < tiles; j++) issue(j);
     }
     stage_tile<kBlockRows, kThreads>(q_tile, qbase, stride, q0, g.Tn, tid);
     if (!kTma) stage_kv(0, 0);
@@ -505,33 +528,33 @@ __global__ void __launch_bounds__(kThreads, 2)
     int slot = 0;
     for (int64_t t = 0; t < tiles; t++, slot = kTma ? 0 : ring_next(slot)) {
         if (kTma) {
-            if (tid == 0 && t + kTmaAhead < tiles) issue(int(t + kTmaAhead));
+            if (tid == 0 && t + kAhead < tiles) issue(int(t + kAhead));
             ring.wait(int(t));
-            slot = int(t % kTmaStages);
+            slot = int(t % kRing);
         } else {
             if (t > 0) wait_prev_and_sync();
             if (t + 2 < tiles) stage_kv(t + 2, ring_after_next(slot));
             commit();
         }
-        const int rel = int(t * kFwdKeys - row0);  // the tile's first key, from row0
-        if (rel >= kRows) {                        // every key follows every row of this warpgroup
+        const int rel = int(t * KT - row0);  // the tile's first key, from row0
+        if (rel >= kRows) {                  // every key follows every row of this warpgroup
             if (kTma) ring.release(int(t));
             continue;
         }
-        float s[kFwdKeys / 2];
+        float s[KT / 2];
         wg_fence();
-        product_smem<kFwdKeys>(s, q_rows, k_tile(slot));
+        product_smem<KT>(s, q_rows, k_tile(slot));
         wg_commit();
         wg_wait_all();
         hold(s);
         float corr[2];
-        softmax_tile(s, rel == 0, sl2, warp, gq, tq, m, l, corr);
+        softmax_tile<KT>(s, rel, sl2, warp, gq, tq, m, l, corr);
 #pragma unroll
         for (int i = 0; i < kD / 2; i++) o[i] *= corr[(i >> 1) & 1];
-        uint32_t pa[kFwdKeys / 16][4];
-        acc_to_a<kFwdKeys>(pa, s);
+        uint32_t pa[KT / 16][4];
+        acc_to_a<KT>(pa, s);
         wg_fence();
-        product_nmajor<kFwdKeys>(o, pa, v_tile(slot));
+        product_nmajor<KT>(o, pa, v_tile(slot));
         wg_commit();
         wg_wait_all();
         keep(pa);
@@ -606,7 +629,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         wg_commit();
         wg_wait_all();
         hold(p);
-        softmax_tile(p, row0 == 0, sl2, warp, gq, tq, m, l, corr);
+        softmax_tile<kFwdKeys>(p, int(-row0), sl2, warp, gq, tq, m, l, corr);
         acc_to_a<kFwdKeys>(pa, p);
     }
     // A wgmma under a branch that is not the whole sequence gets serialized by ptxas (C7520),
@@ -632,7 +655,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         wg_commit();
         wg_wait<1>();  // S_{t+1}; P_t V_t may still run
         hold(s);
-        softmax_tile(s, (t + 1) * kFwdKeys == row0, sl2, warp, gq, tq, m, l, corr);
+        softmax_tile<kFwdKeys>(s, int((t + 1) * kFwdKeys - row0), sl2, warp, gq, tq, m, l, corr);
         wg_wait_all();
         keep(pa);
         hold(o);
@@ -1342,23 +1365,29 @@ bool usable_backward(const AttentionShape& s, DType t) {
 
 void forward(void* out, float* lse, void* out_residual, const void* qkv, const AttentionShape& s,
              CUstream_st* st) {
-    static const bool smem_set = (allow_smem(forward_kernel<false>, fwd_smem_bytes<false>()),
-                                  allow_smem(forward_kernel<true>, fwd_smem_bytes<true>()),
-                                  allow_smem(forward_pipelined_kernel, kFwdPipeSmemBytes), true);
+    static const bool smem_set =
+        (allow_smem(forward_kernel<kFwdKeys, false>, fwd_smem_bytes<kFwdKeys, false>()),
+         allow_smem(forward_kernel<kFwdKeys, true>, fwd_smem_bytes<kFwdKeys, true>()),
+         allow_smem(forward_kernel<2 * kFwdKeys, true>, fwd_smem_bytes<2 * kFwdKeys, true>()),
+         allow_smem(forward_pipelined_kernel, kFwdPipeSmemBytes), true);
     (void)smem_set;
     const Geo g = attention_geometry(s);
     const dim3 grid(unsigned((s.Tn + kBlockRows - 1) / kBlockRows), unsigned(s.B * s.NH));
     auto* y = static_cast<bf16*>(out);
     auto* yr = static_cast<bf16*>(out_residual);
     const auto* x = static_cast<const bf16*>(qkv);
+    constexpr int k2 = 2 * kFwdKeys;
     if (s.tuning.wgmma_fwd_pipeline)
         forward_pipelined_kernel<<<grid, kThreads, kFwdPipeSmemBytes, st>>>(y, lse, yr, x, g);
+    else if (s.tuning.wgmma_fwd_tma && s.tuning.wgmma_fwd_keys != kFwdKeys)
+        forward_kernel<k2, true>
+            <<<grid, kThreads, fwd_smem_bytes<k2, true>(), st>>>(y, lse, yr, x, g, qkv_map(x, s));
     else if (s.tuning.wgmma_fwd_tma)
-        forward_kernel<true>
-            <<<grid, kThreads, fwd_smem_bytes<true>(), st>>>(y, lse, yr, x, g, qkv_map(x, s));
+        forward_kernel<kFwdKeys, true><<<grid, kThreads, fwd_smem_bytes<kFwdKeys, true>(), st>>>(
+            y, lse, yr, x, g, qkv_map(x, s));
     else
-        forward_kernel<false>
-            <<<grid, kThreads, fwd_smem_bytes<false>(), st>>>(y, lse, yr, x, g, {});
+        forward_kernel<kFwdKeys, false>
+            <<<grid, kThreads, fwd_smem_bytes<kFwdKeys, false>(), st>>>(y, lse, yr, x, g, {});
     ZG_LAUNCH_CHECK();
 }
 

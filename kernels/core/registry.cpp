@@ -42,7 +42,7 @@ const std::vector<KernelFamily>& kernel_families() {
                   "attention_tuning.wgmma_dq_tile", "attention_tuning.wgmma_dkdv_tile",
                   "attention_tuning.wgmma_dkdv_wgs", "attention_tuning.wgmma_dkdv_tma",
                   "attention_tuning.wgmma_dq_tma", "attention_tuning.wgmma_fwd_tma",
-                  "attention_tuning.unrounded_dsum"}},
+                  "attention_tuning.wgmma_fwd_keys", "attention_tuning.unrounded_dsum"}},
                 {"flash_mma",
                  false,
                  false,
