@@ -272,8 +272,11 @@ void attention_rows(const std::string& v, std::vector<Row>& rows) {
                 ws.dq_tile = 128;
                 rows.push_back({"attention", v, text(ws), dtype_name(t), true,
                                 GPU_CHECK(gpu::attention(v, ws, t))});
-                AttentionDims k = s;  // the forward's 64-key tiles by TMA
+                // the forward's 64-key tiles and the dK/dV kernel's 64-query tiles by TMA, checked
+                // bit for bit against the cp.async kernels
+                AttentionDims k = s;
                 k.fwd_keys = 64;
+                k.dkdv_tile = 64;
                 rows.push_back({"attention", v, text(k), dtype_name(t), true,
                                 GPU_CHECK(gpu::attention(v, k, t))});
             }
@@ -305,11 +308,14 @@ void attention_rows(const std::string& v, std::vector<Row>& rows) {
                 ws.dq_tile = 128;
                 rows.push_back({"attention", v, text(ws), dtype_name(t), true,
                                 GPU_CHECK(gpu::attention(v, ws, t))});
-                // the forward's 64-key tiles by TMA, checked bit for bit against the cp.async
-                // kernel (the default rows run 128-key tiles: the diagonal tile half masked for a
-                // block's first warpgroup, a tile reaching past T zero-filled by the TMA)
+                // the forward's 64-key tiles and the dK/dV kernel's 64-query tiles by TMA,
+                // checked bit for bit against the cp.async kernels (the default rows run 128-key
+                // forward tiles, the diagonal tile half masked for a block's first warpgroup and a
+                // tile reaching past T zero-filled by the TMA, and where T % 4 == 0 the
+                // warp-specialised dK/dV kernel)
                 AttentionDims k = s;
                 k.fwd_keys = 64;
+                k.dkdv_tile = 64;
                 rows.push_back({"attention", v, text(k), dtype_name(t), true,
                                 GPU_CHECK(gpu::attention(v, k, t))});
             }

@@ -380,7 +380,8 @@ std::vector<ConfigField> config_fields(Config& c) {
     add({"kernels", att + "wgmma_dkdv_tile",
          "flash on Hopper: queries per dK/dV tile of the wgmma backward, 32, 64 or 128 (128: "
          "the warp-specialised kernel, a TMA loader warpgroup beside two computing ones; T a "
-         "multiple of 4, two warpgroups) (0: 64)",
+         "multiple of 4, two warpgroups) (0: 128 where that kernel runs with the TMA ring, else "
+         "64)",
          &at.wgmma_dkdv_tile, 0, 128});
     add({"kernels", att + "wgmma_dkdv_wgs",
          "flash on Hopper: warpgroups per dK/dV block of the wgmma backward, 1 (blocks drift "

@@ -56,7 +56,8 @@ struct AttentionTuning {
     int wgmma_dq_tile = 0;            // wgmma backward: keys per dQ tile, 32 | 64 | 128 (the
                                       // warp-specialised kernel); 0: 64
     int wgmma_dkdv_tile = 0;          // wgmma backward: queries per dK/dV tile, 32 | 64 | 128
-                                      // (the warp-specialised kernel); 0: 64
+                                      // (the warp-specialised kernel); 0: 128 with two
+                                      // warpgroups and the TMA ring where T % 4 == 0, else 64
     int wgmma_dkdv_wgs = 0;           // wgmma backward: warpgroups per dK/dV block, 1 | 2; 0: 2
     // wgmma backward: the streamed tiles by TMA into rings handed over by mbarriers (dK/dV: with
     // 64-query tiles, 2 warpgroups and T % 4 == 0; dQ: with 64-key tiles)

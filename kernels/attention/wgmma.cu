@@ -1436,9 +1436,12 @@ void dkdv_tma(bf16* dx, const bf16* dy, const bf16* x, const CUtensorMap& qm, co
 }
 
 // The backward with tiles of KT keys per dQ tile and QT queries per dK/dV tile (32 or 64, from
-// AttentionTuning::wgmma_dq_tile and wgmma_dkdv_tile, default 64 and 64, the fastest measured;
-// tiles of 128 are the warp-specialised kernels, dq_ws_kernel and, where T % 4 == 0,
-// dkdv_ws_kernel) and WGS warpgroups per dK/dV block (wgmma_dkdv_wgs), for measuring.
+// AttentionTuning::wgmma_dq_tile and wgmma_dkdv_tile; tiles of 128 are the warp-specialised
+// kernels, dq_ws_kernel and, where T % 4 == 0, dkdv_ws_kernel) and WGS warpgroups per dK/dV block
+// (wgmma_dkdv_wgs), for measuring. The defaults are the fastest measured: dQ tiles of 64 keys,
+// and dK/dV tiles of 128 queries where the warp-specialised kernel runs (two warpgroups, the TMA
+// ring, T % 4 == 0; faster at every GPT-2 size, docs/results/gpt2_sizes_h200.json,
+// dkdv_tile_default), else 64.
 template <int KT, int QT, int WGS>
 void backward_tiles(bf16* dx, float* dsum, const bf16* dy, const bf16* out, const bf16* ores,
                     const bf16* x, const float* lse, float* colsums, const Geo& g,
@@ -1451,8 +1454,10 @@ void backward_tiles(bf16* dx, float* dsum, const bf16* dy, const bf16* out, cons
     (void)smem_set;
     const bool dq_tma = KT == kTmaRows && s.tuning.wgmma_dq_tma;
     const bool dq_ws_on = KT == kTmaRows && s.tuning.wgmma_dq_tile == kWsKT;
-    const bool dkdv_ws_on =
-        QT == kTmaRows && WGS == 2 && s.tuning.wgmma_dkdv_tile == kWsQT && s.Tn % 4 == 0;
+    const int dkdv_tile = s.tuning.wgmma_dkdv_tile != 0 ? s.tuning.wgmma_dkdv_tile
+                          : s.tuning.wgmma_dkdv_tma     ? kWsQT
+                                                        : kTmaRows;
+    const bool dkdv_ws_on = QT == kTmaRows && WGS == 2 && dkdv_tile == kWsQT && s.Tn % 4 == 0;
     const bool dkdv_tma_on = QT == kTmaRows && WGS == 2 && s.tuning.wgmma_dkdv_tma && s.Tn % 4 == 0;
     CUtensorMap qm{};  // the TMA kernels' map of qkv
     if (dq_tma || dq_ws_on || dkdv_tma_on || dkdv_ws_on) qm = qkv_map(x, s);
