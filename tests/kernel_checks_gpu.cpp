@@ -135,6 +135,22 @@ void attention(const std::string& variant, const AttentionDims& s, DType t) {
         scratch(DType::f32, int64_t(v.scratch_bytes(sh) / 4) + 1);
     v.forward(d_out.p, saved.p, d_qkv.p, sh, t, nullptr);
     check_close("out", d_out.get(), out, t);
+    // The forward's 128-key tiles (the default with its TMA ring) against its 64-key ones: the
+    // same lse up to the fp32 rounding of the sums' grouping (about 1e-6). A key let through the
+    // causal mask, or one masked wrongly, moves its row's lse by about 1/T (1e-3 at T = 1000),
+    // which the output's bf16 tolerance above cannot see in long rows. Where both settings run
+    // the same kernel (fp32, other head sizes, other GPUs) the lse is the same bits.
+    if (variant == "flash" && s.fwd_tma && s.fwd_keys != 64 && !s.fwd_pipeline) {
+        cuda::AttentionShape k64 = sh;
+        k64.tuning.wgmma_fwd_keys = 64;
+        DevT o64(t, BT * s.C), saved64(DType::f32, int64_t(v.saved_bytes(sh) / 4) + 1);
+        v.forward(o64.p, saved64.p, d_qkv.p, k64, t, nullptr);
+        const std::vector<double> lse = saved.get(), lse64 = saved64.get();
+        int64_t bad = 0;
+        for (size_t i = 0; i < size_t(s.B * s.NH * s.T); i++)
+            if (!(std::fabs(lse[i] - lse64[i]) <= 1e-4)) bad++;
+        CHECK(bad == 0);
+    }
     // dqkv is written, not added: NaN in every element first, so one left unwritten fails
     CUDA_OK(cudaMemset(d_dqkv.p, 0xff, size_t(BT * W) * dtype_bytes(t)));
     CUDA_OK(cudaDeviceSynchronize());

@@ -281,6 +281,21 @@ TEST_CASE("the kernels' tuning keys: overrides, nested YAML, sets, variants, rou
     e = error_of(kBase, {"kernels.attention_tuning.wgmma_dkdv_tile=128",
                          "kernels.attention_tuning.wgmma_dkdv_wgs=1"});
     CHECK(e.find("wgmma_dkdv_tile: 128 is the warp-specialised kernel") != std::string::npos);
+    // the forward's 128-key tiles come through its TMA ring, in the kernel without pipelining
+    for (const char* k : {"0", "64", "128"})
+        CHECK(error_of(kBase, {std::string("kernels.attention_tuning.wgmma_fwd_keys=") + k}) ==
+              "(no error)");
+    e = error_of(kBase, {"kernels.attention_tuning.wgmma_fwd_keys=96"});
+    CHECK(e.find("kernels.attention_tuning.wgmma_fwd_keys: 96 is not one of: 0, 64, 128") !=
+          std::string::npos);
+    for (const char* other : {"kernels.attention_tuning.wgmma_fwd_tma=false",
+                              "kernels.attention_tuning.wgmma_fwd_pipeline=true"}) {
+        e = error_of(kBase, {"kernels.attention_tuning.wgmma_fwd_keys=128", other});
+        CHECK(e.find("wgmma_fwd_keys: 128-key tiles are the forward kernel's with the TMA ring") !=
+              std::string::npos);
+        CHECK(error_of(kBase, {"kernels.attention_tuning.wgmma_fwd_keys=64", other}) ==
+              "(no error)");
+    }
     e = error_of(kBase, {"kernels.cross_entropy=online", "kernels.cross_entropy_tuning.groups=2"});
     CHECK(e.find("kernels.cross_entropy_tuning.groups: applies to kernels.cross_entropy=fast "
                  "only (it is online)") != std::string::npos);

@@ -403,8 +403,8 @@ __device__ __forceinline__ void issue_kv_tile(const Ring& ring, int j, const CUt
 // (kernels.attention_tuning.wgmma_fwd_keys; the cp.async ring's only size). 128 keys make half
 // the tiles, so half the waits for a product and half the softmax's per-tile work (row maxima
 // across the quad, the output's rescaling), for products twice the size and the diagonal tile
-// of a block's first warpgroup half masked: measured 8-10% faster alone at GPT-2 124M's, 350M's
-// and 1558M's shapes (docs/results/gpt2_sizes_h200.json, attention_fwd_keys).
+// of a block's first warpgroup half masked: faster alone at the shapes of every GPT-2 size and
+// in the 1558M step (docs/results/gpt2_sizes_h200.json, attention_fwd_keys).
 constexpr int kFwdKeys = 64;
 constexpr int kFwdTileBytes = kFwdKeys * 128;  // 64 rows of one swizzled tile
 // The TMA ring of the forward: four stages of 64 keys loaded two ahead, or two of 128 loaded one
@@ -1454,10 +1454,10 @@ void backward_tiles(bf16* dx, float* dsum, const bf16* dy, const bf16* out, cons
     (void)smem_set;
     const bool dq_tma = KT == kTmaRows && s.tuning.wgmma_dq_tma;
     const bool dq_ws_on = KT == kTmaRows && s.tuning.wgmma_dq_tile == kWsKT;
-    const int dkdv_tile = s.tuning.wgmma_dkdv_tile != 0 ? s.tuning.wgmma_dkdv_tile
-                          : s.tuning.wgmma_dkdv_tma     ? kWsQT
-                                                        : kTmaRows;
-    const bool dkdv_ws_on = QT == kTmaRows && WGS == 2 && dkdv_tile == kWsQT && s.Tn % 4 == 0;
+    const int dkdv_queries = s.tuning.wgmma_dkdv_tile != 0 ? s.tuning.wgmma_dkdv_tile
+                             : s.tuning.wgmma_dkdv_tma     ? kWsQT
+                                                           : kTmaRows;
+    const bool dkdv_ws_on = QT == kTmaRows && WGS == 2 && dkdv_queries == kWsQT && s.Tn % 4 == 0;
     const bool dkdv_tma_on = QT == kTmaRows && WGS == 2 && s.tuning.wgmma_dkdv_tma && s.Tn % 4 == 0;
     CUtensorMap qm{};  // the TMA kernels' map of qkv
     if (dq_tma || dq_ws_on || dkdv_tma_on || dkdv_ws_on) qm = qkv_map(x, s);
