@@ -7,7 +7,11 @@ Run it in the same device call as build-gpu/bench_attention.
     python3 tools/bench/attention_anchor.py [--shape 64,1024,768,12] [--iters 20] [--out anchor.json]
 
 q, k and v are strided views of one [B, T, 3C] tensor, as in our trainer and in llm.c's
-train_gpt2.py; the gradients are taken with respect to those views (no concatenation timed).
+train_gpt2.py; the gradients are taken with respect to those views (no concatenation timed). The
+calls are timed queued behind a spin kernel (torch_timing.time_ms), so the times are the GPU's
+alone, as bench_attention's are. Timed unqueued, as before, each call's Python dispatch counted
+too, and cuDNN came out behind ours where the step's profile puts its kernels ahead
+(docs/results/gpt2_sizes_h200.json, the attention entries).
 """
 import argparse
 import json
@@ -54,9 +58,9 @@ def main():
                 def fwd():
                     state["y"] = F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-                fwd_ms = time_ms(fwd, a.iters)
+                fwd_ms = time_ms(fwd, a.iters, queued=True)
                 bwd_ms = time_ms(lambda: torch.autograd.grad(state["y"], (q, k, v), dy),
-                                 a.iters, fwd)
+                                 a.iters, fwd, queued=True)
         except RuntimeError as e:
             print(f"{name:26s} not available: {str(e).splitlines()[0][:120]}")
             continue

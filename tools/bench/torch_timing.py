@@ -5,14 +5,27 @@ import statistics
 import torch
 
 
-def time_ms(fn, iters, before=None):
+# Cycles of the spin kernel that `queued` timing puts ahead of the start event: about 1.5-2 ms
+# at an H100's or H200's clock, far longer than PyTorch takes to dispatch one call.
+QUEUE_CYCLES = 3_000_000
+
+
+def time_ms(fn, iters, before=None, queued=False):
     """Median milliseconds of fn() over `iters` runs after 3 warm-up runs; before() runs ahead of
-    each run, outside the timed events."""
+    each run, outside the timed events.
+
+    Unqueued, the start event is stamped while the GPU idles and fn()'s kernels start only once
+    Python has dispatched them, so the time includes that dispatch: what a caller that waits on
+    each call sees. queued: a spin kernel (torch.cuda._sleep) runs ahead of the start event, fn()'s
+    launches queue behind it, and the events time the GPU's work alone, as a C++ benchmark's
+    back-to-back launches do (for a 0.2 ms kernel the dispatch is a sizeable share)."""
     times = []
     for i in range(iters + 3):
         if before:
             before()
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if queued:
+            torch.cuda._sleep(QUEUE_CYCLES)
         e0.record()
         fn()
         e1.record()
