@@ -13,6 +13,9 @@ bench_ce does). Peak extra memory is what the run allocates beyond its inputs, t
 included. torch.compile compiles each shape on its own (dynamic=False, caches reset), so each point
 gets the kernels it would get alone. Cut Cross-Entropy has no z-loss: it runs plain cross-entropy,
 exact (filter_eps=None). The JSON is rewritten after every row, so a run cut short keeps its rows.
+Each call is timed as its caller waits on it, its Python dispatch included (at small V that
+dispatch is most of it); --queued also times it behind a spin kernel, the GPU's work alone
+(torch_timing.time_ms), as a row's ms_queued.
 """
 import argparse
 import gc
@@ -64,9 +67,9 @@ def anchors(head):
     return out
 
 
-def measure(fn, leaves, pristine, iters):
-    """(median ms, peak extra GB, loss) of fn() with gradients into `leaves` (none: forward alone);
-    pristine: (tensor, copy) pairs restored before each run."""
+def measure(fn, leaves, pristine, iters, queued=False):
+    """(median ms, peak extra GB, loss, median ms queued or None) of fn() with gradients into
+    `leaves` (none: forward alone); pristine: (tensor, copy) pairs restored before each run."""
     def restore():
         for t, p in pristine:
             t.data.copy_(p)
@@ -95,7 +98,11 @@ def measure(fn, leaves, pristine, iters):
     torch.cuda.synchronize()
     peak = (torch.cuda.max_memory_allocated() - base) / 1e9
     ms = time_ms(step, iters, before=restore)
-    return ms, peak, float(loss)
+    ms_queued = time_ms(step, iters, before=restore, queued=True) if queued else None
+    # a call that waits on the host inside would wait out the spin kernel too
+    if ms_queued is not None and ms_queued > 1.05 * ms:
+        ms_queued = None
+    return ms, peak, float(loss), ms_queued
 
 
 def main():
@@ -106,6 +113,8 @@ def main():
     ap.add_argument("--hidden", default="768,2048")
     ap.add_argument("--heads", default="logits,linear")
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--queued", action="store_true",
+                    help="also time each call queued behind a spin kernel (ms_queued)")
     args = ap.parse_args()
     torch.manual_seed(0)
     N = args.rows
@@ -135,9 +144,12 @@ def main():
             # forward pass whenever the input requires them)
             xs = inputs if mode == "fwd_bwd" else tuple(t.detach() for t in inputs)
             try:
-                ms, peak, loss = measure(lambda: fn(*xs), leaves if mode == "fwd_bwd" else [],
-                                         pristine, args.iters)
+                ms, peak, loss, ms_q = measure(lambda: fn(*xs),
+                                               leaves if mode == "fwd_bwd" else [], pristine,
+                                               args.iters, args.queued)
                 row.update(ms=round(ms, 4), extra_GB=round(peak, 6), loss=round(loss, 5))
+                if args.queued:  # None: a call waits on the host inside (not measurable queued)
+                    row.update(ms_queued=None if ms_q is None else round(ms_q, 4))
             except torch.OutOfMemoryError:
                 row["note"] = "OOM"
             except Exception as e:
