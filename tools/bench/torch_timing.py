@@ -1,5 +1,6 @@
-"""Timing helpers of the PyTorch anchor scripts (attention_anchor.py, cce_anchor.py): a function's
-median time over CUDA events, and the bf16 matmul rate their floors are taken at."""
+"""Timing helpers of the PyTorch anchor scripts (attention_anchor.py, cce_anchor.py,
+ce_sweep_anchors.py): a function's median time over CUDA events, and the bf16 matmul rate their
+floors are taken at."""
 import statistics
 
 import torch
@@ -33,6 +34,14 @@ def time_ms(fn, iters, before=None, queued=False):
         if i >= 3:
             times.append(e0.elapsed_time(e1))
     return statistics.median(times)
+
+
+def queued_ms(fn, iters, dispatch_ms, before=None):
+    """time_ms(queued=True) of fn(), or None where it exceeds dispatch_ms (fn's time_ms unqueued)
+    by over 5%: then fn() waits on the host inside and has waited out the spin kernel too, which
+    queued timing cannot tell from its own work."""
+    ms = time_ms(fn, iters, before, queued=True)
+    return None if ms > 1.05 * dispatch_ms else ms
 
 
 def bf16_matmul_flops(iters=20):
