@@ -191,10 +191,19 @@ __device__ __forceinline__ void store8(float* p, const float (&v)[8]) {
     q[0] = make_float4(v[0], v[1], v[2], v[3]);
     q[1] = make_float4(v[4], v[5], v[6], v[7]);
 }
+// 8 values as R packs them (bf16: rounded; exact for values that are already bf16)
+template <typename R>
+__device__ __forceinline__ Pack8<R> pack_as(const float (&v)[8]) {
+    if constexpr (std::is_same_v<R, bf16>)
+        return {pack8(v)};
+    else
+        return {make_float4(v[0], v[1], v[2], v[3]), make_float4(v[4], v[5], v[6], v[7])};
+}
 
 // Forward, optionally with the residual add fused (res = a + b rounded to bf16 as stored, then the
-// statistics of the stored values, as the scalar kernels compute them). Two-pass variance from
-// registers.
+// statistics of the stored values, as the scalar kernels compute them). Two-pass variance. The row
+// stays in registers as loaded (R, packed) and is unpacked again in each pass rather than kept as
+// fp32: half the registers at bf16, so more rows in flight an SM for this memory-bound kernel.
 template <int NV, bool RESIDUAL, typename R, bool RMS>
 __global__ void __launch_bounds__(32 * kVecWarps)
     layernorm_forward_vec_kernel(R* res, bf16* out, int64_t out_ld, float* mean, float* rstd,
@@ -203,47 +212,52 @@ __global__ void __launch_bounds__(32 * kVecWarps)
     const int64_t r = int64_t(blockIdx.x) * kVecWarps + threadIdx.x / 32;
     if (r >= N) return;
     const int lane = threadIdx.x % 32;
-    float x[NV][8] = {};
-    Pack8<R> ua[NV];
+    Pack8<R> xa[NV] = {};
     uint4 ub[NV];
 #pragma unroll
     for (int j = 0; j < NV; j++) {
         if (!live<NV>(j, lane, C)) continue;
-        ua[j] = load8(a + r * C + j * 256 + lane * 8);
+        xa[j] = load8(a + r * C + j * 256 + lane * 8);
         if (RESIDUAL) ub[j] = ld16(bb + r * C + j * 256 + lane * 8);
     }
     float sum = 0;
 #pragma unroll
     for (int j = 0; j < NV; j++) {
         if (!live<NV>(j, lane, C)) continue;
-        unpack8(ua[j], x[j]);
+        float x[8];
+        unpack8(xa[j], x);
         if (RESIDUAL) {
             float y[8];
             unpack8(ub[j], y);
 #pragma unroll
-            for (int k = 0; k < 8; k++) x[j][k] = to_f(from_f<R>(x[j][k] + y[k]));
-            store8(res + r * C + j * 256 + lane * 8, x[j]);
+            for (int k = 0; k < 8; k++) x[k] = to_f(from_f<R>(x[k] + y[k]));
+            store8(res + r * C + j * 256 + lane * 8, x);
+            xa[j] = pack_as<R>(x);  // exact: x holds values of R
         }
 #pragma unroll
-        for (int k = 0; k < 8; k++) sum += x[j][k];
+        for (int k = 0; k < 8; k++) sum += x[k];
     }
     const float m = RMS ? 0.0f : warp_sum(sum) / float(C);
     float var = 0;
 #pragma unroll
-    for (int j = 0; j < NV; j++)
-        if (live<NV>(j, lane, C))
+    for (int j = 0; j < NV; j++) {
+        if (!live<NV>(j, lane, C)) continue;
+        float x[8];
+        unpack8(xa[j], x);
 #pragma unroll
-            for (int k = 0; k < 8; k++) var += (x[j][k] - m) * (x[j][k] - m);
+        for (int k = 0; k < 8; k++) var += (x[k] - m) * (x[k] - m);
+    }
     const float rs = rsqrtf(warp_sum(var) / float(C) + eps);
 #pragma unroll
     for (int j = 0; j < NV; j++) {
         if (!live<NV>(j, lane, C)) continue;
-        float wv[8], bv[8] = {};
+        float x[8], wv[8], bv[8] = {};
+        unpack8(xa[j], x);
         unpack8(load8(w + j * 256 + lane * 8), wv);
         if (b) unpack8(load8(b + j * 256 + lane * 8), bv);
 #pragma unroll
-        for (int k = 0; k < 8; k++) x[j][k] = (x[j][k] - m) * rs * wv[k] + bv[k];
-        *reinterpret_cast<uint4*>(out + r * out_ld + j * 256 + lane * 8) = pack8(x[j]);
+        for (int k = 0; k < 8; k++) x[k] = (x[k] - m) * rs * wv[k] + bv[k];
+        *reinterpret_cast<uint4*>(out + r * out_ld + j * 256 + lane * 8) = pack8(x);
     }
     if (lane == 0) {
         if (!RMS) mean[r] = m;
