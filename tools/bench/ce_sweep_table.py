@@ -3,7 +3,8 @@
 file (a row per head, mode, V and C with the anchors' times and memory beside ours), draws its
 figure, and prints each point against the loss head's targets:
 - the default head (`fast`) forward + backward faster than Liger and torch.compile at every V, with
-  no more extra memory than Liger;
+  no more extra memory than Liger (also against the anchors' GPU work alone, their rows' ms_queued
+  from ce_sweep_anchors.py --queued, where measured);
 - at V >= 32768, within 1.15x of its copy floor;
 - the exact fused linear head (fused_linear_rows) faster than torch.compile at every V and C, with
   at most a tenth of its extra memory.
@@ -40,6 +41,8 @@ def join(bench, anchor_docs):
                    x_max_floor=round(r["x_max_floor"], 3), loss=round(r["loss"], 5))
         for name, a in anchors.get(key(head, row["mode"], r["N"], r["V"], r.get("C")), {}).items():
             row[f"{name}_ms"] = a.get("ms")
+            if "ms_queued" in a:  # the GPU's work alone; None: the call waits on the host inside
+                row[f"{name}_ms_queued"] = a["ms_queued"]
             row[f"{name}_extra_gb"] = a.get("extra_GB")
         rows.append(row)
     return rows
@@ -52,13 +55,19 @@ def check_targets(rows):
     for r in fast:
         beats = all(r.get(f"{a}_ms") is not None and r["ms"] < r[f"{a}_ms"]
                     for a in ("liger", "torch_compile"))
+        # against the anchors' GPU work alone (ms_queued) where it was measured: at small V their
+        # calls' Python dispatch is most of ms
+        queued = [a for a in ("liger", "torch_compile") if r.get(f"{a}_ms_queued") is not None]
+        gpu = "" if not queued else "; GPU alone: " + ", ".join(
+            f"{a} {r[f'{a}_ms_queued']}" + (" faster" if r["ms"] < r[f"{a}_ms_queued"]
+                                             else " NOT faster") for a in queued)
         mem = r.get("liger_extra_gb") is not None and r["extra_gb"] <= r["liger_extra_gb"]
         floor = "" if r["V"] < 32768 else f", {r['x_floor']:.2f}x copy floor" + \
             (" (<= 1.15)" if r["x_floor"] <= 1.15 else " (> 1.15)")
         out.append(f"fast V={r['V']}: {r['ms']:.3f} ms vs liger {r.get('liger_ms')} compile "
                    f"{r.get('torch_compile_ms')}: {'faster' if beats else 'NOT faster'}; extra "
                    f"{r['extra_gb'] * 1e3:.2f} MB vs liger {(r.get('liger_extra_gb') or 0) * 1e3:.2f} MB: "
-                   f"{'ok' if mem else 'more'}{floor}")
+                   f"{'ok' if mem else 'more'}{floor}{gpu}")
     exact = [r for r in rows if r["variant"] == "fused_linear_rows" and r["mode"] == "fwd_bwd"]
     for r in exact:
         c = r.get("torch_compile_ms")
@@ -86,6 +95,9 @@ def figure(rows, path):
             pts = sorted((r["V"], r[f"{a}_ms"]) for r in ref if r.get(f"{a}_ms"))
             if pts:
                 ax.plot(*zip(*pts), "s--", label=a.replace("_", "."))
+            pts = sorted((r["V"], r[f"{a}_ms_queued"]) for r in ref if r.get(f"{a}_ms_queued"))
+            if pts:
+                ax.plot(*zip(*pts), "x:", label=a.replace("_", ".") + ", GPU alone")
         pts = sorted((r["V"], max(r["floor_ms"], r["latency_floor_ms"])) for r in ref)
         ax.plot(*zip(*pts), "k:", label="floor (copy or GEMMs; latency)")
         ax.set_xscale("log", base=2)
