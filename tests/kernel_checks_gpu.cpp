@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "kernels/attention/attention.h"
+#include "kernels/attention/wgmma.h"
 #include "kernels/core/cuda_device.h"
 #include "kernels/gemm/matmul.h"
 #include "kernels/gemm/matmul_wgmma.h"
@@ -191,10 +192,8 @@ void attention(const std::string& variant, const AttentionDims& s, DType t) {
         CHECK(bad_d == 0);
     }
     // flash's TMA rings (the Hopper kernels) change the loads only: the cp.async kernels' bits
-    // (not the warp-specialised kernels' 128-row tiles, other kernels than the cp.async ones';
-    // the dK/dV one is the default with two warpgroups and its ring where T % 4 == 0)
-    const bool dkdv_ws =
-        s.dkdv_tile == 128 || (s.dkdv_tile == 0 && s.dkdv_wgs != 1 && s.dkdv_tma && s.T % 4 == 0);
+    // (not the warp-specialised kernels' 128-row tiles, other kernels than the cp.async ones')
+    const bool dkdv_ws = cuda::attention_wgmma::dkdv_warp_specialised(sh);
     if (variant == "flash" && (s.dkdv_tma || s.dq_tma || s.fwd_tma) && !dkdv_ws &&
         s.dq_tile != 128) {
         cuda::AttentionShape plain = sh;

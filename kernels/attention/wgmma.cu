@@ -1406,6 +1406,12 @@ int64_t colsum_rows(const AttentionShape& s) {
     return s.B * colsum_layout(s, dkdv_wgs(s)).per_batch;
 }
 
+bool dkdv_warp_specialised(const AttentionShape& s) {
+    const int tile = s.tuning.wgmma_dkdv_tile;
+    return (tile == kWsQT || (tile == 0 && s.tuning.wgmma_dkdv_tma)) && dkdv_wgs(s) == 2 &&
+           s.Tn % 4 == 0;
+}
+
 // The dK/dV kernels fed by TMA: dkdv_tma_kernel (AttentionTuning::wgmma_dkdv_tma, in place of
 // dkdv_kernel<64, 2>) and, with kWs, the warp-specialised dkdv_ws_kernel (wgmma_dkdv_tile 128),
 // which loads the same maps' 64-row boxes two at a time. dO, L and D as maps beside qkv's (qm).
@@ -1454,10 +1460,7 @@ void backward_tiles(bf16* dx, float* dsum, const bf16* dy, const bf16* out, cons
     (void)smem_set;
     const bool dq_tma = KT == kTmaRows && s.tuning.wgmma_dq_tma;
     const bool dq_ws_on = KT == kTmaRows && s.tuning.wgmma_dq_tile == kWsKT;
-    const int dkdv_queries = s.tuning.wgmma_dkdv_tile != 0 ? s.tuning.wgmma_dkdv_tile
-                             : s.tuning.wgmma_dkdv_tma     ? kWsQT
-                                                           : kTmaRows;
-    const bool dkdv_ws_on = QT == kTmaRows && WGS == 2 && dkdv_queries == kWsQT && s.Tn % 4 == 0;
+    const bool dkdv_ws_on = QT == kTmaRows && WGS == 2 && dkdv_warp_specialised(s);
     const bool dkdv_tma_on = QT == kTmaRows && WGS == 2 && s.tuning.wgmma_dkdv_tma && s.Tn % 4 == 0;
     CUtensorMap qm{};  // the TMA kernels' map of qkv
     if (dq_tma || dq_ws_on || dkdv_tma_on || dkdv_ws_on) qm = qkv_map(x, s);

@@ -18,6 +18,10 @@ void forward(void* out, float* lse, void* out_residual, const void* qkv, const A
              CUstream_st* st);
 // dqkv_colsums (optional): [colsum_rows(s), C + 2 KVC], as attention_mma::backward writes them.
 int64_t colsum_rows(const AttentionShape& s);
+// Whether backward's dK/dV runs the warp-specialised kernel with 128-query tiles (tuning
+// wgmma_dkdv_tile 128, or 0 with its TMA ring, two warpgroups, T % 4 == 0), whose sums differ in
+// order from the 64-query kernels'.
+bool dkdv_warp_specialised(const AttentionShape& s);
 // out_residual (optional): forward's, added to out in D = rowsum(dO O).
 void backward(void* dqkv, const void* dout, const void* qkv, const void* out,
               const void* out_residual, const float* lse, float* dsum, float* dqkv_colsums,
