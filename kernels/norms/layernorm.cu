@@ -202,8 +202,8 @@ __device__ __forceinline__ Pack8<R> pack_as(const float (&v)[8]) {
 
 // Forward, optionally with the residual add fused (res = a + b rounded to bf16 as stored, then the
 // statistics of the stored values, as the scalar kernels compute them). Two-pass variance. The row
-// stays in registers as loaded (R, packed) and is unpacked again in each pass rather than kept as
-// fp32: half the registers at bf16, so more rows in flight an SM for this memory-bound kernel.
+// stays in registers as loaded (R, packed: at bf16 half the registers of fp32) and is unpacked
+// again in each pass, so that more rows are in flight an SM for this memory-bound kernel.
 template <int NV, bool RESIDUAL, typename R, bool RMS>
 __global__ void __launch_bounds__(32 * kVecWarps)
     layernorm_forward_vec_kernel(R* res, bf16* out, int64_t out_ld, float* mean, float* rstd,
