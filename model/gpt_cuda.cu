@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "kernels/core/workspace.h"
+#include "kernels/ops/copy_spans.h"
 #include "model/gpt_cuda_impl.h"
 
 namespace zgpt {
@@ -97,6 +98,87 @@ GptCuda::Impl::Impl(const ModelConfig& c, const CudaModelOptions& o)
     h_norm = PinnedBuffer<double>(1);
     grad_out = DeviceBuffer(sizeof(float));
     summary = DeviceBuffer(kMaxHeadChunks * sizeof(cuda::LossSummaryF));
+    plan_gradient_zeroing();
+}
+
+void GptCuda::Impl::plan_gradient_zeroing() {
+    const ParameterTable& tb = layout.table;
+    const int64_t C = cfg.n_embd, n = tb.total(), count = int64_t(tb.specs().size());
+    gemm_grad_of.assign(size_t(count), -1);
+    // A weight-gradient GEMM's output: `elems` from tensor idx's start, whole tensors only.
+    const auto add = [&](int idx, int64_t elems) {
+        if (idx < 0) return;
+        const int64_t lo = tb[idx].offset, hi = lo + elems;
+        for (int i = 0; i < int(count); i++) {
+            const int64_t a = tb[i].offset, b = a + tb[i].numel;
+            ZG_CHECK(b <= lo || a >= hi || (a >= lo && b <= hi),
+                     "a weight-gradient GEMM covers part of " + tb[i].name);
+        }
+        gemm_grads.push_back({lo, hi, false});
+    };
+    // linear_backward's weight gradients of each block (q, k and v as one matrix, SwiGLU's gate
+    // and up as one), and fc's bias with its weight under fc_bias_in_dw
+    for (const BlockParams& p : layout.blocks) {
+        add(p.qkv_w, Cq * C);
+        add(p.proj_w, C * C);
+        add(p.fc_w, Fw * C);
+        if (fc_bias_in_dw) add(p.fc_b, Fw);
+        add(p.fcproj_w, C * Hm);
+    }
+    std::sort(gemm_grads.begin(), gemm_grads.end(),
+              [](const GemmGrad& x, const GemmGrad& y) { return x.lo < y.lo; });
+    for (int i = 0; i < int(count); i++)
+        for (int k = 0; k < int(gemm_grads.size()); k++)
+            if (tb[i].offset >= gemm_grads[size_t(k)].lo &&
+                tb[i].offset + tb[i].numel <= gemm_grads[size_t(k)].hi)
+                gemm_grad_of[size_t(i)] = k;
+    // the rest: large tables by memset, the small spans between the matrices in one launch
+    constexpr int64_t kLarge = int64_t(1) << 20;
+    std::vector<cuda::FloatSpan> small;
+    const auto rest = [&](int64_t lo, int64_t hi) {
+        if (hi <= lo) return;
+        if (hi - lo >= kLarge)
+            zeroed_large.push_back({lo, hi});
+        else
+            small.push_back({lo, hi - lo});
+    };
+    int64_t at = 0;
+    for (const GemmGrad& gg : gemm_grads) {
+        rest(at, gg.lo);
+        at = gg.hi;
+    }
+    rest(at, n);
+    ZG_CHECK(small.size() <= 65535, "plan_gradient_zeroing: too many spans between the matrices");
+    zeroed_small_count = int(small.size());
+    zeroed_small = DeviceBuffer(std::max<size_t>(1, small.size()) * sizeof(cuda::FloatSpan));
+    if (!small.empty() && zeroed_small.get())  // (no memory while only sizing the model)
+        ZG_CUDA_CHECK(cudaMemcpy(zeroed_small.get(), small.data(),
+                                 small.size() * sizeof(cuda::FloatSpan), cudaMemcpyHostToDevice));
+}
+
+void GptCuda::Impl::zero_grad() {
+    float* g0 = grads.as<float>();
+    for (const auto& [lo, hi] : zeroed_large)
+        ZG_CUDA_CHECK(cudaMemsetAsync(g0 + lo, 0, size_t(hi - lo) * 4, stream));
+    cuda::zero_spans(g0, zeroed_small.as<cuda::FloatSpan>(), zeroed_small_count, stream);
+    for (GemmGrad& gg : gemm_grads) gg.fresh = true;
+}
+
+bool GptCuda::Impl::take_fresh(int idx) {
+    if (idx < 0 || gemm_grad_of[size_t(idx)] < 0) return false;
+    GemmGrad& gg = gemm_grads[size_t(gemm_grad_of[size_t(idx)])];
+    const bool fresh = gg.fresh;
+    gg.fresh = false;
+    return fresh;
+}
+
+void GptCuda::Impl::settle_fresh_grads() {
+    for (GemmGrad& gg : gemm_grads)
+        if (gg.fresh) {
+            ZG_CUDA_CHECK(
+                cudaMemsetAsync(grads.as<float>() + gg.lo, 0, size_t(gg.hi - gg.lo) * 4, stream));
+            gg.fresh = false;
+        }
 }
 
 GptCuda::Impl::~Impl() {
@@ -409,6 +491,7 @@ bool GptCuda::Impl::linear_backward(void* dinp, const void* dout, const void* in
         ZG_CUDA_CHECK(cudaStreamWaitEvent(wstream, fork_ev));
     }
     cuda::Gemm gw = weight_grad_gemm(g(w_idx), dout, inp, M, K, N);
+    const bool fresh = take_fresh(w_idx);  // written, not added to zeros (zero_grad)
     // The bias gradient is its own pass over dout, not cuBLASLt's BGRADB epilogue: that
     // epilogue sums inside the GEMM's main loop and slowed the weight-gradient GEMMs by more than
     // the column sums cost, which on the side stream also overlap the input-gradient GEMMs. Nor
@@ -421,8 +504,9 @@ bool GptCuda::Impl::linear_backward(void* dinp, const void* dout, const void* in
         gw.beta = 0.0f;
         cuda::gemm(gw, ws);  // the scratch is only used on ws: in stream order
         tick("matmul bwd dW");
+        ZG_CHECK(take_fresh(b_idx) == fresh, "linear_backward: fc's weight and bias both fresh");
         cuda::add_weight_and_bias_grad(g(w_idx), g(b_idx), fc_dw_scratch.as<float>(), N, K,
-                                       ln2_ld(), ws);
+                                       ln2_ld(), ws, !fresh);
         tick("bias bwd");  // with the weight gradient's add: what replaces the bias pass
         if (side) {
             mark_read(dout);
@@ -430,6 +514,7 @@ bool GptCuda::Impl::linear_backward(void* dinp, const void* dout, const void* in
         }
         return gelu_done;
     }
+    if (fresh) gw.beta = 0.0f;
     cuda::gemm(gw, ws);
     tick(head ? "head matmul bwd dW" : "matmul bwd dW");
     if (b_idx >= 0) {
@@ -793,8 +878,8 @@ void GptCuda::Impl::backward() {
 }
 
 size_t GptCuda::Impl::allocated() const {
-    size_t s = params.bytes() + grads.bytes() + params16.bytes() + norm_scratch.bytes() +
-               norm_out.bytes() + grad_out.bytes() + summary.bytes();
+    size_t s = params.bytes() + grads.bytes() + params16.bytes() + zeroed_small.bytes() +
+               norm_scratch.bytes() + norm_out.bytes() + grad_out.bytes() + summary.bytes();
     for (const DeviceBuffer& r : residual) s += r.bytes();
     for (const Layer& a : layers)
         for (const DeviceBuffer* b :
@@ -859,6 +944,7 @@ void GptCuda::get_params(float* host) const {
         cudaMemcpy(host, impl_->params.get(), num_parameters() * 4, cudaMemcpyDeviceToHost));
 }
 void GptCuda::get_grads(float* host) const {
+    impl_->settle_fresh_grads();
     settle_collectives();
     ZG_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
     ZG_CUDA_CHECK(
@@ -909,7 +995,7 @@ void* GptCuda::stream() const {
     return impl_->stream;
 }
 void GptCuda::zero_grad() {
-    ZG_CUDA_CHECK(cudaMemsetAsync(impl_->grads.get(), 0, num_parameters() * 4, impl_->stream));
+    impl_->zero_grad();
 }
 double GptCuda::grad_norm() {
     return std::sqrt(grad_sum_of_squares(0, num_parameters()));
@@ -925,6 +1011,7 @@ double GptCuda::grad_sum_of_squares(int64_t lo, int64_t hi) {
 void GptCuda::queue_sum_of_squares(int64_t lo, int64_t hi) {
     Impl& im = *impl_;
     ZG_CHECK(0 <= lo && lo <= hi && hi <= num_parameters(), "grad_sum_of_squares: bad range");
+    im.settle_fresh_grads();
     im.tick(nullptr);
     cuda::sum_of_squares(im.norm_out.as<double>(), im.grads.as<float>() + lo, hi - lo,
                          im.norm_scratch.get(), im.stream);
@@ -982,6 +1069,7 @@ double GptCuda::clip_and_adamw_step_sliced(
     ZG_CHECK(n >= 1 && n <= kMaxNormParts && own < n,
              "clip_and_adamw_step_sliced: 1 to " + std::to_string(kMaxNormParts) + " slices");
     auto* parts = im.norm_parts.as<double>();
+    im.settle_fresh_grads();
     im.tick(nullptr);
     for (int r = 0; r < n; r++) {
         if (own >= 0 && r != own) continue;
@@ -1006,6 +1094,7 @@ void GptCuda::queue_adamw(double lr, double beta1, double beta2, double eps, dou
                           float* v, int64_t lo, int64_t hi) {
     Impl& im = *impl_;
     ZG_CHECK(0 <= lo && lo <= hi && hi <= num_parameters(), "adamw: bad range of the arena");
+    im.settle_fresh_grads();
     cpu::AdamWStep s;
     s.lr = lr;
     s.beta1 = beta1;
@@ -1055,6 +1144,7 @@ float* GptCuda::params_device() {
     return impl_->params.as<float>();
 }
 float* GptCuda::grads_device() {
+    impl_->settle_fresh_grads();  // the caller may read or add into any of it
     return impl_->grads.as<float>();
 }
 std::vector<std::pair<int64_t, int64_t>> GptCuda::master_read_spans() const {

@@ -138,7 +138,15 @@ std::vector<int32_t> random_tokens(Rng& rng, int64_t n, int64_t V) {
 // Compares the GPU model after forward + loss + backward with GPT<double> on the same weights.
 // With micro > 1 the GPU runs the batch as that many micro-batches of B / micro sequences into
 // one gradient (the trainer's gradient accumulation: zero_grad once, every backward adds), which
-// must give the reference's gradient of the whole batch.
+// must give the reference's gradient of the whole batch. The gradient arena holds NaN before
+// zero_grad: every gradient must be zeroed there or written by its first pass (the weight
+// matrices' GEMMs), never added to what was there before.
+void fill_grads_with_nan(GptCuda& m) {
+    ZG_CUDA_CHECK(cudaDeviceSynchronize());  // (the legacy stream does not wait for the model's)
+    ZG_CUDA_CHECK(cudaMemset(m.grads_device(), 0xFF, size_t(m.num_parameters()) * 4));
+    ZG_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
 void compare_model(const ModelConfig& mc, const CudaModelOptions& o, double rtol, int64_t B = 2,
                    int64_t T = 11, int64_t micro = 1) {
     REQUIRE(B % micro == 0);
@@ -190,6 +198,7 @@ void compare_model(const ModelConfig& mc, const CudaModelOptions& o, double rtol
 
     GptCuda m(mc, o);
     m.set_params(pf.data());
+    fill_grads_with_nan(m);
     m.zero_grad();
     CrossEntropySummary got;
     const int64_t Bm = B / micro;
@@ -211,6 +220,7 @@ void compare_model(const ModelConfig& mc, const CudaModelOptions& o, double rtol
     CHECK(close(got.sum_z_loss, want.sum_z_loss, rtol, 0));
     std::vector<float> g(m.num_parameters());
     m.get_grads(g.data());
+    CHECK(std::all_of(g.begin(), g.end(), [](float x) { return std::isfinite(x); }));
     const double global = max_abs(ref.grads);
     // The absolute part of the bound is a fraction of the largest gradient of the tensor's
     // matmul: q, k and v (and SwiGLU's gate and up) are one product and one GEMM, and GPT-2's
@@ -347,6 +357,32 @@ TEST_CASE("kernels.fc_bias_in_dw: fc's bias gradient from its weight-gradient GE
             if (align > 0) o.kernels.fc_ones_align = align;
             compare_fp32_and_bf16(o, false);
         }
+}
+
+TEST_CASE("zero_grad zeroes every gradient, also where no backward pass writes them after it") {
+    // zero_grad leaves the weight matrices' gradients to their GEMMs' first write; read before
+    // that (get_grads, the norm, AdamW, grads_device), the gradient must still be all zeros.
+    for (const ModelConfig& mc :
+         {tiny_config(false, true, true), tiny_config(true, false, false)}) {
+        CudaModelOptions o;
+        GptCuda m(mc, o);
+        for (int reader = 0; reader < 3; reader++) {
+            CAPTURE(reader);
+            fill_grads_with_nan(m);
+            m.zero_grad();
+            std::vector<float> g(size_t(m.num_parameters()));
+            if (reader == 0) {
+                m.get_grads(g.data());
+            } else if (reader == 1) {
+                CHECK(m.grad_norm() == 0.0);
+                m.get_grads(g.data());
+            } else {
+                ZG_CUDA_CHECK(
+                    cudaMemcpy(g.data(), m.grads_device(), g.size() * 4, cudaMemcpyDeviceToHost));
+            }
+            CHECK(std::all_of(g.begin(), g.end(), [](float x) { return x == 0.0f; }));
+        }
+    }
 }
 
 TEST_CASE("gradient accumulation: two micro-batches add up to the whole batch's gradient") {

@@ -758,38 +758,40 @@ void bias_backward(float* dbias, const void* dout, int64_t N, int64_t OC, DType 
 
 namespace {
 // VEC: rows of whole, 16-byte aligned float4s (K and ldp multiples of 4), 4 columns a load.
+// Without `add` the outputs are written, not read (the step's first pass over a fresh gradient).
 template <bool VEC>
 __global__ void add_weight_and_bias_grad_kernel(float* dW, float* dbias, const float* P, int64_t K,
-                                                int64_t ldp) {
+                                                int64_t ldp, bool add) {
     const int64_t n = blockIdx.x;  // one row a block
     if constexpr (VEC) {
         float4* w = reinterpret_cast<float4*>(dW + n * K);
         const float4* p = reinterpret_cast<const float4*>(P + n * ldp);
         for (int64_t k = threadIdx.x; k < K / 4; k += blockDim.x) {
-            float4 a = w[k];
+            float4 a = add ? w[k] : make_float4(0, 0, 0, 0);
             const float4 b = p[k];
             a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
             w[k] = a;
         }
     } else {
-        for (int64_t k = threadIdx.x; k < K; k += blockDim.x) dW[n * K + k] += P[n * ldp + k];
+        for (int64_t k = threadIdx.x; k < K; k += blockDim.x)
+            dW[n * K + k] = (add ? dW[n * K + k] : 0.0f) + P[n * ldp + k];
     }
-    if (threadIdx.x == 0) dbias[n] += P[n * ldp + K];
+    if (threadIdx.x == 0) dbias[n] = (add ? dbias[n] : 0.0f) + P[n * ldp + K];
 }
 }  // namespace
 
 void add_weight_and_bias_grad(float* dW, float* dbias, const float* P, int64_t N, int64_t K,
-                              int64_t ldp, CUstream_st* stream) {
+                              int64_t ldp, CUstream_st* stream, bool add) {
     ZG_CHECK(dW && dbias && P && N > 0 && N <= INT32_MAX && K > 0 && ldp > K,
              "add_weight_and_bias_grad: bad arguments");
     const bool vec = K % 4 == 0 && ldp % 4 == 0 && reinterpret_cast<uintptr_t>(dW) % 16 == 0 &&
                      reinterpret_cast<uintptr_t>(P) % 16 == 0;
     if (vec)
         add_weight_and_bias_grad_kernel<true>
-            <<<unsigned(N), 128, 0, stream>>>(dW, dbias, P, K, ldp);
+            <<<unsigned(N), 128, 0, stream>>>(dW, dbias, P, K, ldp, add);
     else
         add_weight_and_bias_grad_kernel<false>
-            <<<unsigned(N), 256, 0, stream>>>(dW, dbias, P, K, ldp);
+            <<<unsigned(N), 256, 0, stream>>>(dW, dbias, P, K, ldp, add);
     ZG_LAUNCH_CHECK();
 }
 

@@ -181,7 +181,8 @@ void bias_backward_from_partials(float* dbias, const float* parts, int64_t rows,
 // dW[N, K] += P[n, :K] and dbias[N] += P[n, K] for P [N, ldp] fp32 (ldp > K): the result of a
 // weight-gradient GEMM whose input carried a column of ones after its K columns, so that the
 // GEMM's column K is the bias gradient (the trainer's fc layer: no pass of its own over dout).
+// add false: dW = P[n, :K] and dbias = P[n, K], written without reading them.
 void add_weight_and_bias_grad(float* dW, float* dbias, const float* P, int64_t N, int64_t K,
-                              int64_t ldp, CUstream_st* stream);
+                              int64_t ldp, CUstream_st* stream, bool add = true);
 
 }  // namespace zgpt::cuda
