@@ -5,6 +5,11 @@ same FLOP floor bench_attention prints (the bf16 matmul rate of an 8192^3 produc
 Run it in the same device call as build-gpu/bench_attention.
 
     python3 tools/bench/attention_anchor.py [--shape 64,1024,768,12] [--iters 20] [--out anchor.json]
+    python3 tools/bench/attention_anchor.py --sustain 4000 [--backend cudnn]
+
+--sustain N times instead N forward calls back to back, then N backward calls on one graph,
+(CUDA events, ms a call): long enough for the board to settle at the clock its power allows, as
+in a training step at the power cap, where a burst of --iters calls runs at the free clock.
 
 q, k and v are strided views of one [B, T, 3C] tensor, as in our trainer and in llm.c's
 train_gpt2.py; the gradients are taken with respect to those views (no concatenation timed). The
@@ -25,11 +30,31 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch_timing import bf16_matmul_flops, queued_ms, time_ms
 
 
+def sustained_ms(q, k, v, dy, n):
+    """ms a call of n forward calls back to back, then of n backward calls on one graph."""
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.autograd.grad(y, (q, k, v), dy, retain_graph=True)
+    torch.cuda.synchronize()
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+    ev[0].record()
+    for _ in range(n):
+        F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    ev[1].record()
+    for _ in range(n):
+        torch.autograd.grad(y, (q, k, v), dy, retain_graph=True)
+    ev[2].record()
+    torch.cuda.synchronize()
+    return ev[0].elapsed_time(ev[1]) / n, ev[1].elapsed_time(ev[2]) / n
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", default="64,1024,768,12", help="B,T,C,NH")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--out")
+    ap.add_argument("--sustain", type=int, default=0, help="N calls a direction, back to back")
+    ap.add_argument("--backend", choices=["flash", "cudnn", "efficient"],
+                    help="this backend only (default: each)")
     a = ap.parse_args()
     B, T, C, NH = (int(x) for x in a.shape.split(","))
     hd = C // NH
@@ -52,6 +77,16 @@ def main():
     backends = [("flash (FlashAttention-2)", SDPBackend.FLASH_ATTENTION),
                 ("cudnn", SDPBackend.CUDNN_ATTENTION),
                 ("efficient", SDPBackend.EFFICIENT_ATTENTION)]
+    if a.backend:
+        backends = [b for b in backends if b[0].startswith(a.backend)]
+    if a.sustain > 0:
+        for name, be in backends:
+            with sdpa_kernel([be]):
+                fwd_ms, bwd_ms = sustained_ms(q, k, v, dy, a.sustain)
+            rows.append({"backend": name, "sustain": a.sustain, "fwd_ms": fwd_ms, "bwd_ms": bwd_ms})
+            print(f"{name:26s} sustained, {a.sustain} calls a direction: forward {fwd_ms:7.3f} ms"
+                  f"   backward {bwd_ms:7.3f} ms")
+        backends = []
     for name, be in backends:
         try:
             with sdpa_kernel([be]):
