@@ -13,6 +13,9 @@
 #   vocab    V = 128256 and 256000 (VOCABS): one GPU (grad_accum = GPUs, the same global batch),
 #            data parallel alone, and the head split over all GPUs; the same with fused_linear
 #            for FUSED_VOCABS (default 128256 256000; empty for none)
+#   zero1_1558m  GPT-2 1558M, B=16 a GPU, one micro-batch a step: one GPU, then ZeRO-1 on all
+#            GPUs, then PyTorch DDP + compile with ZeRO-1 (train_gpt2.py --zero_stage 1) on as many
+#            (ANCHOR=0 leaves it out): the multi-GPU row of docs/results/gpt2_sizes_h200.json
 # Writes logs and multi_gpu_<part>.json into the folder given. Needs .gpu-deps/llmc/train_gpt2.py
 # and .gpu-deps/shared/bench/e2e_anchor.sh (tools/gpu/extra_deps.sh puts it there) for the anchor.
 #   source .gpu-deps/env.sh && PARTS="tests scaling" bash tools/gpu/multi_check.sh "$OUT"
@@ -53,7 +56,8 @@ with open(path, "wb") as f:
     f.write(hdr.tobytes()); f.write(np.random.default_rng(1).integers(0, 50257, n, dtype=np.uint16).tobytes())
 EOF
 fi
-common=(-c configs/gpt2-124m.yaml --set data.train=$data/train_*.bin --set data.val=
+run_cfg=configs/gpt2-124m.yaml  # a part may train another size
+common=(--set data.train=$data/train_*.bin --set data.val=
         --set train.max_steps=$steps --set train.eval_every=0 --set train.log_every=10
         --set train.checkpoint_every=0 --set optim.warmup_steps=10
         --set train.out_dir=/tmp/zgpt_multi_runs)
@@ -62,7 +66,7 @@ train_run() {  # name, ranks, then extra arguments
   local np=(); [ "$n" -gt 1 ] && np=(--nproc "$n")
   echo "== $name ($n GPUs): train ${np[*]} $*"
   rm -rf /tmp/zgpt_multi_runs/$name
-  timeout 300 build-gpu/train "${common[@]}" "${np[@]}" --set train.run_name=$name "$@" \
+  timeout 300 build-gpu/train -c "$run_cfg" "${common[@]}" "${np[@]}" --set train.run_name=$name "$@" \
     > "$out/train_$name.log" 2>&1
   echo "exit $?"; grep -E "^done|error" "$out/train_$name.log" | tail -2
 }
@@ -172,6 +176,30 @@ for part in $parts; do
       names+=(v${v}_vp_fl v${v}_dp_fl)
     done
     summarise vocab "${names[@]}"
+    ;;
+  zero1_1558m)
+    run_cfg=configs/gpt2-1558m.yaml
+    # (no checkpoint at the end: 1558M's with its AdamW moments is 25 GB, a minute and more)
+    big=(--set train.batch_size=16 --set train.grad_accum=1 --set parallel.grad_bucket_mb=0
+         --set train.checkpoint_at_end=false)
+    train_run xl_one 1 "${big[@]}"
+    train_run xl_zero1_$gpus $gpus "${big[@]}" --set parallel.zero1=true
+    summarise zero1_1558m xl_one xl_zero1_$gpus
+    run_cfg=configs/gpt2-124m.yaml
+    if [ -f .gpu-deps/llmc/train_gpt2.py ] && [ "${ANCHOR:-1}" = 1 ]; then
+      # the shared anchor with ZeroRedundancyOptimizer: its train_gpt2.py line takes --zero_stage 1
+      anchor=.gpu-deps/shared/bench/e2e_anchor_zero1.sh
+      sed 's/--write_tensors 0/--zero_stage 1 --write_tensors 0/' \
+        .gpu-deps/shared/bench/e2e_anchor.sh > $anchor
+      if grep -q -- "--zero_stage 1" $anchor; then
+        echo "== PyTorch DDP + compile + flash + ZeRO-1, GPT-2 1558M, $gpus GPUs"
+        MODEL=d48 B=16 STEPS=${ANCHOR_STEPS:-25} NCCL_DEBUG=WARN timeout ${ANCHOR_TIMEOUT:-600} \
+          bash $anchor .gpu-deps/llmc $gpus > "$out/anchor_zero1_1558m.log" 2>&1
+        echo "exit $?"; tail -3 "$out/anchor_zero1_1558m.log"
+      else
+        echo "anchor: e2e_anchor.sh has no --write_tensors 0 to put --zero_stage 1 beside"
+      fi
+    fi
     ;;
   esac
 done
