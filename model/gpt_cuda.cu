@@ -154,6 +154,9 @@ void GptCuda::Impl::plan_gradient_zeroing() {
     if (!small.empty() && zeroed_small.get())  // (no memory while only sizing the model)
         ZG_CUDA_CHECK(cudaMemcpy(zeroed_small.get(), small.data(),
                                  small.size() * sizeof(cuda::FloatSpan), cudaMemcpyHostToDevice));
+    // (a copy from pageable memory may return before it lands; the model's streams do not wait
+    // for the default stream)
+    ZG_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 void GptCuda::Impl::zero_grad() {
@@ -172,9 +175,9 @@ bool GptCuda::Impl::take_fresh(int idx) {
     return fresh;
 }
 
-void GptCuda::Impl::settle_fresh_grads() {
+void GptCuda::Impl::settle_fresh_grads(int64_t lo, int64_t hi) {
     for (GemmGrad& gg : gemm_grads)
-        if (gg.fresh) {
+        if (gg.fresh && gg.lo < hi && gg.hi > lo) {
             ZG_CUDA_CHECK(
                 cudaMemsetAsync(grads.as<float>() + gg.lo, 0, size_t(gg.hi - gg.lo) * 4, stream));
             gg.fresh = false;
@@ -1145,6 +1148,11 @@ float* GptCuda::params_device() {
 }
 float* GptCuda::grads_device() {
     impl_->settle_fresh_grads();  // the caller may read or add into any of it
+    return impl_->grads.as<float>();
+}
+float* GptCuda::grads_device(int64_t lo, int64_t hi) {
+    ZG_CHECK(0 <= lo && lo <= hi && hi <= num_parameters(), "grads_device: bad range");
+    impl_->settle_fresh_grads(lo, hi);
     return impl_->grads.as<float>();
 }
 std::vector<std::pair<int64_t, int64_t>> GptCuda::master_read_spans() const {

@@ -164,6 +164,9 @@ class GptCuda {
     // Device pointers (tests, the optimizer): fp32 master weights and gradients.
     float* params_device();
     float* grads_device();
+    // The same pointer, for a caller that reads or adds into [lo, hi) of it only (a gradient
+    // bucket during the backward pass): zeroes only what is still unwritten there.
+    float* grads_device(int64_t lo, int64_t hi);
     void* params_bf16_device();  // the bf16 working copy (null in fp32 precision)
     // The arena's spans [lo, hi) that the passes read from the fp32 master weights in bf16
     // precision (Impl::wm and wr): the norms' weights, and the embeddings with an fp32 residual

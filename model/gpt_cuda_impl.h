@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <map>
 
 #include "kernels/attention/attention.h"
@@ -153,7 +154,8 @@ struct GptCuda::Impl {
     // Whether the gradient of table index idx is fresh (written, not added to, by its GEMM); it
     // is not fresh after this call.
     bool take_fresh(int idx);
-    void settle_fresh_grads();
+    // Zeroes the fresh gradients that meet [lo, hi) (default: all of them).
+    void settle_fresh_grads(int64_t lo = 0, int64_t hi = INT64_MAX);
     DeviceBuffer norm_scratch, norm_out;
     DeviceBuffer norm_parts;  // a sum of squares slice by slice (clip_and_adamw_step_sliced)
     // The sum of squares' copy for the host and its event: the host waits for the copy alone

@@ -142,8 +142,9 @@ std::vector<int32_t> random_tokens(Rng& rng, int64_t n, int64_t V) {
 // zero_grad: every gradient must be zeroed there or written by its first pass (the weight
 // matrices' GEMMs), never added to what was there before.
 void fill_grads_with_nan(GptCuda& m) {
+    float* g = m.grads_device();             // (which may queue work on the model's stream)
     ZG_CUDA_CHECK(cudaDeviceSynchronize());  // (the legacy stream does not wait for the model's)
-    ZG_CUDA_CHECK(cudaMemset(m.grads_device(), 0xFF, size_t(m.num_parameters()) * 4));
+    ZG_CUDA_CHECK(cudaMemset(g, 0xFF, size_t(m.num_parameters()) * 4));
     ZG_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
@@ -377,11 +378,27 @@ TEST_CASE("zero_grad zeroes every gradient, also where no backward pass writes t
                 CHECK(m.grad_norm() == 0.0);
                 m.get_grads(g.data());
             } else {
-                ZG_CUDA_CHECK(
-                    cudaMemcpy(g.data(), m.grads_device(), g.size() * 4, cudaMemcpyDeviceToHost));
+                const float* d = m.grads_device();
+                ZG_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(m.stream())));
+                ZG_CUDA_CHECK(cudaMemcpy(g.data(), d, g.size() * 4, cudaMemcpyDeviceToHost));
             }
             CHECK(std::all_of(g.begin(), g.end(), [](float x) { return x == 0.0f; }));
         }
+        // A range (a gradient bucket's): what is unwritten inside it is zeroed, and only that.
+        fill_grads_with_nan(m);
+        m.zero_grad();
+        const ParamSpec& proj = m.layout().table[m.layout().blocks[0].proj_w];
+        const ParamSpec& fc = m.layout().table[m.layout().blocks[0].fc_w];
+        const float* d = m.grads_device(proj.offset, proj.offset + proj.numel);
+        ZG_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(m.stream())));
+        std::vector<float> raw(size_t(m.num_parameters()));
+        ZG_CUDA_CHECK(cudaMemcpy(raw.data(), d, raw.size() * 4, cudaMemcpyDeviceToHost));
+        CHECK(std::all_of(raw.begin() + proj.offset, raw.begin() + proj.offset + proj.numel,
+                          [](float x) { return x == 0.0f; }));
+        CHECK(std::isnan(raw[size_t(fc.offset)]));  // fresh: left to its GEMM
+        std::vector<float> g(raw.size());
+        m.get_grads(g.data());
+        CHECK(std::all_of(g.begin(), g.end(), [](float x) { return x == 0.0f; }));
     }
 }
 

@@ -7,9 +7,10 @@ Run it in the same device call as build-gpu/bench_attention.
     python3 tools/bench/attention_anchor.py [--shape 64,1024,768,12] [--iters 20] [--out anchor.json]
     python3 tools/bench/attention_anchor.py --sustain 4000 [--backend cudnn]
 
---sustain N times instead N forward calls back to back, then N backward calls on one graph,
-(CUDA events, ms a call): long enough for the board to settle at the clock its power allows, as
-in a training step at the power cap, where a burst of --iters calls runs at the free clock.
+--sustain N times instead N forward calls back to back, then N backward calls on one graph
+(CUDA events, ms a call, Python's dispatch included: at small shapes it can be most of it): long
+enough for the board to settle at the clock its power allows, as in a training step at the power
+cap, where a burst of --iters calls runs at the free clock.
 
 q, k and v are strided views of one [B, T, 3C] tensor, as in our trainer and in llm.c's
 train_gpt2.py; the gradients are taken with respect to those views (no concatenation timed). The
@@ -81,8 +82,12 @@ def main():
         backends = [b for b in backends if b[0].startswith(a.backend)]
     if a.sustain > 0:
         for name, be in backends:
-            with sdpa_kernel([be]):
-                fwd_ms, bwd_ms = sustained_ms(q, k, v, dy, a.sustain)
+            try:
+                with sdpa_kernel([be]):
+                    fwd_ms, bwd_ms = sustained_ms(q, k, v, dy, a.sustain)
+            except RuntimeError as e:
+                print(f"{name:26s} not available: {str(e).splitlines()[0][:120]}")
+                continue
             rows.append({"backend": name, "sustain": a.sustain, "fwd_ms": fwd_ms, "bwd_ms": bwd_ms})
             print(f"{name:26s} sustained, {a.sustain} calls a direction: forward {fwd_ms:7.3f} ms"
                   f"   backward {bwd_ms:7.3f} ms")

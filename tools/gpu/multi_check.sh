@@ -15,7 +15,8 @@
 #            for FUSED_VOCABS (default 128256 256000; empty for none)
 #   zero1_1558m  GPT-2 1558M, B=16 a GPU, one micro-batch a step: one GPU, then ZeRO-1 on all
 #            GPUs, then PyTorch DDP + compile with ZeRO-1 (train_gpt2.py --zero_stage 1) on as many
-#            (ANCHOR=0 leaves it out): the multi-GPU row of docs/results/gpt2_sizes_h200.json
+#            (ANCHOR=0 leaves it out): the multi-GPU row of docs/results/gpt2_sizes_h200.json;
+#            a call of its own (the anchor's compile and steps take minutes)
 # Writes logs and multi_gpu_<part>.json into the folder given. Needs .gpu-deps/llmc/train_gpt2.py
 # and .gpu-deps/shared/bench/e2e_anchor.sh (tools/gpu/extra_deps.sh puts it there) for the anchor.
 #   source .gpu-deps/env.sh && PARTS="tests scaling" bash tools/gpu/multi_check.sh "$OUT"
@@ -193,9 +194,10 @@ for part in $parts; do
         .gpu-deps/shared/bench/e2e_anchor.sh > $anchor
       if grep -q -- "--zero_stage 1" $anchor; then
         echo "== PyTorch DDP + compile + flash + ZeRO-1, GPT-2 1558M, $gpus GPUs"
-        MODEL=d48 B=16 STEPS=${ANCHOR_STEPS:-25} NCCL_DEBUG=WARN timeout ${ANCHOR_TIMEOUT:-600} \
+        MODEL=d48 B=16 STEPS=${ANCHOR_STEPS:-25} NCCL_DEBUG=WARN timeout ${ANCHOR_TIMEOUT:-420} \
           bash $anchor .gpu-deps/llmc $gpus > "$out/anchor_zero1_1558m.log" 2>&1
         echo "exit $?"; tail -3 "$out/anchor_zero1_1558m.log"
+        cp /tmp/e2e_anchor.log "$out/anchor_zero1_1558m_full.log" 2>/dev/null
       else
         echo "anchor: e2e_anchor.sh has no --write_tensors 0 to put --zero_stage 1 beside"
       fi

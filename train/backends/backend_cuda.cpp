@@ -380,8 +380,9 @@ class CudaBackend final : public Backend {
         if (bucket_.hi <= bucket_.lo) return;
         // from here to the end of the pass NCCL's kernels run beside the backward's GEMMs
         cuda::set_collective_sms(cfg_.parallel.collective_sms);
-        syncing_->start_all_reduce_sum(model_.grads_device() + bucket_.lo, bucket_.hi - bucket_.lo,
-                                       CommType::f32);
+        // (the bucket's gradients are written: its range of the arena has nothing left to zero)
+        syncing_->start_all_reduce_sum(model_.grads_device(bucket_.lo, bucket_.hi) + bucket_.lo,
+                                       bucket_.hi - bucket_.lo, CommType::f32);
         started_ = started_.hi > started_.lo ? ArenaSlice{std::min(started_.lo, bucket_.lo),
                                                           std::max(started_.hi, bucket_.hi)}
                                              : bucket_;
