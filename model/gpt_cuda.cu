@@ -114,7 +114,7 @@ void GptCuda::Impl::plan_gradient_zeroing() {
             ZG_CHECK(b <= lo || a >= hi || (a >= lo && b <= hi),
                      "a weight-gradient GEMM covers part of " + tb[i].name);
         }
-        gemm_grads.push_back({lo, hi, false});
+        gemm_grads.push_back({lo, hi, idx, false});
     };
     // linear_backward's weight gradients of each block (q, k and v as one matrix, SwiGLU's gate
     // and up as one), and fc's bias with its weight under fc_bias_in_dw
@@ -127,11 +127,7 @@ void GptCuda::Impl::plan_gradient_zeroing() {
     }
     std::sort(gemm_grads.begin(), gemm_grads.end(),
               [](const GemmGrad& x, const GemmGrad& y) { return x.lo < y.lo; });
-    for (int i = 0; i < int(count); i++)
-        for (int k = 0; k < int(gemm_grads.size()); k++)
-            if (tb[i].offset >= gemm_grads[size_t(k)].lo &&
-                tb[i].offset + tb[i].numel <= gemm_grads[size_t(k)].hi)
-                gemm_grad_of[size_t(i)] = k;
+    for (size_t k = 0; k < gemm_grads.size(); k++) gemm_grad_of[size_t(gemm_grads[k].idx)] = int(k);
     // the rest: large tables by memset, the small spans between the matrices in one launch
     constexpr int64_t kLarge = int64_t(1) << 20;
     std::vector<cuda::FloatSpan> small;
@@ -151,12 +147,13 @@ void GptCuda::Impl::plan_gradient_zeroing() {
     ZG_CHECK(small.size() <= 65535, "plan_gradient_zeroing: too many spans between the matrices");
     zeroed_small_count = int(small.size());
     zeroed_small = DeviceBuffer(std::max<size_t>(1, small.size()) * sizeof(cuda::FloatSpan));
-    if (!small.empty() && zeroed_small.get())  // (no memory while only sizing the model)
+    if (!small.empty() && zeroed_small.get()) {  // (no memory while only sizing the model)
         ZG_CUDA_CHECK(cudaMemcpy(zeroed_small.get(), small.data(),
                                  small.size() * sizeof(cuda::FloatSpan), cudaMemcpyHostToDevice));
-    // (a copy from pageable memory may return before it lands; the model's streams do not wait
-    // for the default stream)
-    ZG_CUDA_CHECK(cudaDeviceSynchronize());
+        // (a copy from pageable memory may return before it lands; the model's streams do not
+        // wait for the default stream)
+        ZG_CUDA_CHECK(cudaDeviceSynchronize());
+    }
 }
 
 void GptCuda::Impl::zero_grad() {

@@ -134,18 +134,20 @@ struct GptCuda::Impl {
 
     DeviceBuffer params, grads, params16;  // fp32 arenas; bf16 copy (bf16 precision only)
     // The gradient's deferred zeroing. Each weight matrix's gradient comes from one
-    // weight-gradient GEMM a backward pass (`gemm_grads`: its output span, the table's tensors
-    // it covers, and whether it is still fresh). zero_grad() zeroes only the rest of the arena
+    // weight-gradient GEMM a backward pass (`gemm_grads`: its output span, which may cover
+    // several of the table's tensors, the table index linear_backward names it by, and whether
+    // it is still fresh). zero_grad() zeroes only the rest of the arena
     // (biases, norms, embeddings: `zeroed_small` as one launch, the large tables by memset) and
     // marks these fresh: the pass's GEMM then writes them (beta 0) instead of adding to zeros,
     // which saves the memset of most of the arena and the GEMM's read of it. A reader of the
     // gradient before then (settle_fresh_grads) zeroes what is still fresh.
     struct GemmGrad {
         int64_t lo, hi;
+        int idx;
         bool fresh;
     };
     std::vector<GemmGrad> gemm_grads;
-    std::vector<int> gemm_grad_of;                          // per table index: its GemmGrad, or -1
+    std::vector<int> gemm_grad_of;  // per table index: the GemmGrad it names, or -1
     std::vector<std::pair<int64_t, int64_t>> zeroed_large;  // memset
     DeviceBuffer zeroed_small;                              // cuda::FloatSpan[zeroed_small_count]
     int zeroed_small_count = 0;
