@@ -88,52 +88,104 @@ TEST_CASE("ce plan: fast on short rows (GPT-2's vocabulary)") {
 TEST_CASE("ce plan: fast on long rows, and its helper grid") {
     // bf16, V = 128256 (Llama 3): 256,512-byte rows, the longest of the band that wants two
     // stages: three warp groups of 256 threads, two copies per buffer. Clusters of 2 give slices
-    // of 128,256 bytes (1 stage), of 3 (odd, not taken) 85,504 bytes (2 stages), of 4 32,064
-    // values (64,128 bytes: 3 stages).
+    // of 128,256 bytes (1 stage), of 3 85,504 bytes (42,752 values: 2 stages).
     const CrossEntropyArgs a = rows(LogitsType::bf16, 128256);
     const FastPlan p = plan_fast(a, true, kHopperSmem);
-    CHECK(p.cluster == 4);
+    CHECK(p.cluster == 3);
     CHECK(p.groups == 3);
     CHECK(p.threads == 768);
     CHECK(p.parts == 2);
-    CHECK(p.slice == 32064);
-    CHECK(p.stages == 3);
-    CHECK(p.smem == size_t(3 * 64128));
+    CHECK(p.slice == 42752);
+    CHECK(p.stages == 2);
+    CHECK(p.smem == size_t(2 * 85504));
 
-    // One CTA per SM (2 x 192,384 bytes do not fit an SM) in clusters of 4: the helper is 2-CTA
-    // clusters of one 512-thread group, one copy per buffer, slices of half a row (64,128
-    // values, 128,256 bytes), as many stages as fit: 230,400 / 128,256 = 1.
+    // One CTA per SM (2 x 171,008 bytes do not fit an SM) in clusters of 3, an odd size: the
+    // helper is online's whole rows (kHelperBands' last band), 512 threads a block (V >= 4096),
+    // each reserving 232,448 - 171,008 = 61,440 bytes so that none fits beside a main-grid CTA,
+    // at weight 60.
     const FastPlan h = plan_fast_helper(a, p, kHopperSmem);
-    CHECK(h.cluster == 2);
-    CHECK(h.pingpong);
-    CHECK(h.groups == 1);
+    CHECK(h.cluster == 1);
+    CHECK(h.online_rows);
+    CHECK_FALSE(h.pingpong);
     CHECK(h.threads == 512);
-    CHECK(h.parts == 1);
-    CHECK(h.slice == 64128);
-    CHECK(h.stages == 1);
-    CHECK(h.smem == size_t(128256));
+    CHECK(h.smem == size_t(61440));
+    // with each block's 1 KB reserve, more than an SM's 228 KB
+    CHECK(h.smem + 1024 + p.smem + 1024 > size_t(228 * 1024));
+    CHECK(h.weight == 60);
+    // On 132 SMs, 39 clusters of 3 fit (117 SMs): the 15 idle SMs count as 15 x 0.6 = 9 against
+    // the main grid's 117, so they take floor(16384 x 9 / 126) = floor(1170.29) = 1170 rows.
+    HelperSplit s = split_helper(16384, 132, 39, p, h, 132, h.weight);
+    CHECK(s.clusters == 15);
+    CHECK(s.rows == 1170);
+    // the tuning's weight replaces the band's
+    CrossEntropyArgs light = a;
+    light.tuning.helper_weight = 25;
+    CHECK(plan_fast_helper(light, p, kHopperSmem).weight == 25);
 
-    // On the H100's 132 SMs, 30 clusters of 4 fit (120 SMs): the 12 idle SMs make 6 helper
-    // clusters. At weight 70 they count as 12 x 0.7 = 8.4 SMs against the main grid's 120, so
-    // they take floor(16384 x 8.4 / 128.4) = floor(1071.85) = 1071 of 16,384 rows.
-    HelperSplit s = split_helper(16384, 132, 30, p, h, 66, kHelperWeight);
+    // bf16, V = 140000: 280,000-byte rows want three stages: clusters of 3 hold two (93,344-byte
+    // slices), of 4 three (35,000 values, 70,000 bytes). Behind clusters of 4 the helper is 2-CTA
+    // clusters of one 512-thread group, one copy per buffer, slices of half a row (70,000 values,
+    // 140,000 bytes), as many stages as fit (230,400 / 140,000 = 1), at weight 70.
+    const CrossEntropyArgs b = rows(LogitsType::bf16, 140000);
+    const FastPlan p4 = plan_fast(b, true, kHopperSmem);
+    CHECK(p4.cluster == 4);
+    CHECK(p4.slice == 35000);
+    CHECK(p4.stages == 3);
+    const FastPlan h2 = plan_fast_helper(b, p4, kHopperSmem);
+    CHECK(h2.cluster == 2);
+    CHECK_FALSE(h2.online_rows);
+    CHECK(h2.pingpong);
+    CHECK(h2.groups == 1);
+    CHECK(h2.threads == 512);
+    CHECK(h2.parts == 1);
+    CHECK(h2.slice == 70000);
+    CHECK(h2.stages == 1);
+    CHECK(h2.smem == size_t(140000));
+    CHECK(h2.weight == 70);
+
+    // On 132 SMs, 30 clusters of 4 fit (120 SMs): the 12 idle SMs make 6 helper clusters. At
+    // weight 70 they count as 12 x 0.7 = 8.4 SMs against the main grid's 120, so they take
+    // floor(16384 x 8.4 / 128.4) = floor(1071.85) = 1071 of 16,384 rows.
+    s = split_helper(16384, 132, 30, p4, h2, 66, 70);
     CHECK(s.clusters == 6);
     CHECK(s.rows == 1071);
     // only 4 helper clusters fit at once: 8 SMs, 5.6 against 120: floor(16384 x 5.6 / 125.6) = 730
-    s = split_helper(16384, 132, 30, p, h, 4, kHelperWeight);
+    s = split_helper(16384, 132, 30, p4, h2, 4, 70);
     CHECK(s.clusters == 4);
     CHECK(s.rows == 730);
     // no idle SMs (33 clusters of 4 on 132), or weight 0: no helper rows
-    s = split_helper(16384, 132, 33, p, h, 66, kHelperWeight);
+    s = split_helper(16384, 132, 33, p4, h2, 66, 70);
     CHECK(s.clusters == 0);
     CHECK(s.rows == 0);
-    s = split_helper(16384, 132, 30, p, h, 66, 0);
+    s = split_helper(16384, 132, 30, p4, h2, 66, 0);
     CHECK(s.rows == 0);
     // an odd idle SM is left out: 115 SMs, 28 clusters of 4 leave 3, one helper cluster of 2;
     // floor(16384 x 1.4 / 113.4) = floor(202.27) = 202
-    s = split_helper(16384, 115, 28, p, h, 66, kHelperWeight);
+    s = split_helper(16384, 115, 28, p4, h2, 66, 70);
     CHECK(s.clusters == 1);
     CHECK(s.rows == 202);
+
+    // Where half a row exceeds a CTA, online rows even behind clusters of 4 (the last band's
+    // weight): V = 256000 in clusters of 4 (fixed, with one stage) has slices of 128,000 bytes (1
+    // stage), and half rows of 256,000 bytes do not fit. Behind the planner's clusters of 8 (three
+    // stages of 64,000 bytes) the helper is online rows at weight 80.
+    CrossEntropyArgs wide = rows(LogitsType::bf16, 256000);
+    wide.tuning.cluster = 4;
+    wide.tuning.min_stages = 1;
+    const FastPlan w4 = plan_fast(wide, true, kHopperSmem);
+    CHECK(w4.cluster == 4);
+    CHECK(w4.stages == 1);
+    const FastPlan hw4 = plan_fast_helper(wide, w4, kHopperSmem);
+    CHECK(hw4.online_rows);
+    CHECK(hw4.weight == 60);
+    const CrossEntropyArgs c = rows(LogitsType::bf16, 256000);
+    const FastPlan p8 = plan_fast(c, true, kHopperSmem);
+    CHECK(p8.cluster == 8);
+    CHECK(p8.stages == 3);
+    const FastPlan h8 = plan_fast_helper(c, p8, kHopperSmem);
+    CHECK(h8.online_rows);
+    CHECK(h8.smem == size_t(kHopperSmem) - p8.smem);
+    CHECK(h8.weight == 80);
 
     // fp32 rows of 50,304 values (201,216 bytes) plan as bf16 rows of the same bytes: three
     // groups, clusters of 2 with 2 stages of 25,152 values (100,608 bytes), and no helper behind
@@ -150,7 +202,8 @@ TEST_CASE("ce plan: fast on long rows, and its helper grid") {
 TEST_CASE("ce plan: fast's rows of up to 256 KB take the fewest CTAs that hold two stages") {
     // Three groups (768 threads) hold two stages of bf16 rows of up to 57,600 values in one CTA
     // (230,400 bytes of budget); longer rows spread over a cluster of 2, which holds three stages
-    // up to 76,800 values and two up to 115,200; then clusters of 4 (three stages).
+    // up to 76,800 values and two up to 115,200; then clusters of 3 (two stages, to the band's
+    // edge at 131,072).
     for (const int64_t V : {32776, 57600}) {
         CAPTURE(V);
         const FastPlan p = plan_fast(rows(LogitsType::bf16, V), true, kHopperSmem);
@@ -164,7 +217,7 @@ TEST_CASE("ce plan: fast's rows of up to 256 KB take the fewest CTAs that hold t
         int cluster, stages;
     };
     for (const Case c : {Case{57608, 2, 3}, Case{76800, 2, 3}, Case{76808, 2, 2},
-                         Case{115200, 2, 2}, Case{115208, 4, 3}, Case{131072, 4, 3}}) {
+                         Case{115200, 2, 2}, Case{115208, 3, 2}, Case{131072, 3, 2}}) {
         CAPTURE(c.V);
         const FastPlan p = plan_fast(rows(LogitsType::bf16, c.V), true, kHopperSmem);
         CHECK(p.cluster == c.cluster);
@@ -182,18 +235,20 @@ TEST_CASE("ce plan: fast's rows of up to 256 KB take the fewest CTAs that hold t
     CHECK(f.cluster == 2);
 }
 
-TEST_CASE("ce plan: fast takes no odd cluster above 1 unless the size is fixed") {
+TEST_CASE("ce plan: fast takes clusters of 1 to 6 and 8 CTAs, 7 only when the size is fixed") {
     // bf16 rows in the budget of 227 KB - 2 KB = 230,400 bytes. Rows of up to 256 KB want two
-    // stages: clusters of 2 hold them up to 115,200 values, 3 (odd) up to 172,800. Longer rows
-    // want three: clusters of 4 hold them up to 153,600 values, 5 up to 192,000, 6 up to
-    // 230,400, 7 up to 268,800 and 8 up to 307,200.
+    // stages: clusters of 2 hold them up to 115,200 values, 3 up to 172,800 (the band ends at
+    // 131,072). Longer rows want three: clusters of 4 hold them up to 153,600 values, 5 up to
+    // 192,000, 6 up to 230,400, 7 (not taken) up to 268,800 and 8 up to 307,200.
     struct Case {
         int64_t V;
         int cluster, stages;
     };
-    for (const Case c : {Case{100352, 2, 2}, Case{115200, 2, 2}, Case{128256, 4, 3},
-                         Case{153600, 4, 3}, Case{163840, 6, 3}, Case{192000, 6, 3},
-                         Case{200000, 6, 3}, Case{256000, 8, 3}, Case{307200, 8, 3}}) {
+    for (const Case c :
+         {Case{100352, 2, 2}, Case{115200, 2, 2}, Case{128256, 3, 2}, Case{131080, 4, 3},
+          Case{153600, 4, 3}, Case{153608, 5, 3}, Case{163840, 5, 3}, Case{192000, 5, 3},
+          Case{192008, 6, 3}, Case{200000, 6, 3}, Case{230400, 6, 3}, Case{230408, 8, 3},
+          Case{256000, 8, 3}, Case{307200, 8, 3}}) {
         CAPTURE(c.V);
         const FastPlan p = plan_fast(rows(LogitsType::bf16, c.V), true, kHopperSmem);
         CHECK(p.cluster == c.cluster);
@@ -205,10 +260,10 @@ TEST_CASE("ce plan: fast takes no odd cluster above 1 unless the size is fixed")
     CHECK(two.cluster == 8);
     CHECK(two.stages == 2);
     CHECK(plan_fast(rows(LogitsType::bf16, 500000), true, kHopperSmem).cluster == 0);
-    // a fixed size is kept, odd or not (the ablations measure it)
-    CrossEntropyArgs forced = rows(LogitsType::bf16, 163840);
-    forced.tuning.cluster = 5;
-    CHECK(plan_fast(forced, true, kHopperSmem).cluster == 5);
+    // a fixed size is kept, in the table or not (the ablations measure it)
+    CrossEntropyArgs forced = rows(LogitsType::bf16, 256000);
+    forced.tuning.cluster = 7;
+    CHECK(plan_fast(forced, true, kHopperSmem).cluster == 7);
     // fast_lockstep keeps every size: 3 CTAs of 66,904 bytes hold its 3 stages
     CHECK(plan_fast(rows(LogitsType::bf16, 100352), false, kHopperSmem).cluster == 3);
 }
@@ -249,19 +304,19 @@ TEST_CASE("ce plan: rows fast cannot take fall back to online") {
 
 TEST_CASE("ce plan: a smaller shared memory") {
     // 99 KB per block (101,376 bytes; budget 99,328): GPT-2's rows need more than 2 CTAs (2 x
-    // 50,304 bytes hold 1 stage), and 3 is odd, so 4 (slices of 12,576 values, 25,152 bytes, 3
-    // stages); the helper applies behind clusters of more than 2, with half rows (50,304 bytes):
-    // 1 stage.
+    // 50,304 bytes hold 1 stage), so 3 (slices of 16,768 values, 33,536 bytes, 2 stages); behind
+    // clusters of 3 the helper is online rows, each block reserving 101,376 - 67,072 = 34,304
+    // bytes.
     const int smem = 99 * 1024;
     const CrossEntropyArgs a = rows(LogitsType::bf16, 50304);
     const FastPlan p = plan_fast(a, true, smem);
-    CHECK(p.cluster == 4);
-    CHECK(p.slice == 12576);
-    CHECK(p.stages == 3);
+    CHECK(p.cluster == 3);
+    CHECK(p.slice == 16768);
+    CHECK(p.stages == 2);
     CHECK(p.groups == 3);  // as every row, with no knob set
     const FastPlan h = plan_fast_helper(a, p, smem);
-    CHECK(h.cluster == 2);
-    CHECK(h.stages == 1);
+    CHECK(h.online_rows);
+    CHECK(h.smem == size_t(34304));
 }
 
 TEST_CASE("ce plan: fast leaves short rows to online") {
@@ -346,7 +401,7 @@ TEST_CASE("ce plan: the bands' tables are what the planners follow") {
 
 TEST_CASE("ce plan: fast's statistics sweeps follow kStatsSweeps, or the knob") {
     // one sweep for groups of 256 threads except in clusters of 4; two for groups of 512 (and the
-    // helper's one group of 512)
+    // 2-CTA helper's one group of 512)
     CrossEntropyArgs two = rows(LogitsType::bf16, 50304);
     two.tuning.groups = 2;
     const FastPlan two_groups = plan_fast(two, true, kHopperSmem);
@@ -356,8 +411,9 @@ TEST_CASE("ce plan: fast's statistics sweeps follow kStatsSweeps, or the knob") 
         int64_t V;
         int cluster, sweeps;
     };
-    for (const Want w : {Want{50304, 1, 1}, Want{65536, 2, 1}, Want{100352, 2, 1},
-                         Want{128256, 4, 2}, Want{163840, 6, 1}, Want{256000, 8, 1}}) {
+    for (const Want w :
+         {Want{50304, 1, 1}, Want{65536, 2, 1}, Want{100352, 2, 1}, Want{128256, 3, 1},
+          Want{140000, 4, 2}, Want{163840, 5, 1}, Want{256000, 8, 1}}) {
         CAPTURE(w.V);
         const CrossEntropyArgs a = rows(LogitsType::bf16, w.V);
         const FastPlan p = plan_fast(a, true, kHopperSmem);
@@ -365,7 +421,7 @@ TEST_CASE("ce plan: fast's statistics sweeps follow kStatsSweeps, or the knob") 
         CHECK(p.cluster == w.cluster);
         CHECK(p.stats_sweeps == w.sweeps);
         const FastPlan h = plan_fast_helper(a, p, kHopperSmem);
-        if (h.cluster) CHECK(h.stats_sweeps == 2);
+        if (h.cluster && !h.online_rows) CHECK(h.stats_sweeps == 2);
     }
     // two groups of 256 (threads 512 in all) in one CTA
     CrossEntropyArgs small = rows(LogitsType::bf16, 50304);
@@ -375,7 +431,7 @@ TEST_CASE("ce plan: fast's statistics sweeps follow kStatsSweeps, or the knob") 
     // the knob fixes them everywhere, the helper included
     for (const int sweeps : {1, 2}) {
         CAPTURE(sweeps);
-        CrossEntropyArgs a = rows(LogitsType::bf16, 128256);
+        CrossEntropyArgs a = rows(LogitsType::bf16, 140000);  // clusters of 4, a 2-CTA helper
         a.tuning.stats_sweeps = sweeps;
         const FastPlan p = plan_fast(a, true, kHopperSmem);
         CHECK(p.stats_sweeps == sweeps);

@@ -79,9 +79,10 @@ TEST_CASE(
     // and parts pick fast's other kernels; with parts, the slices' last part may be
     // short or empty and holds the tail. trace runs the kernel that records its
     // phases (bf16 only; the f32 shape runs the plain kernel). With clusters of more than 2 CTAs,
-    // a helper grid of 2-CTA clusters takes the last rows on the SMs the clusters leave idle;
-    // helper_weight sets its share (0: none, 400: several times its default) and
-    // helper_parts its copies per buffer. Rows per cluster
+    // a helper grid takes the last rows on the SMs the clusters leave idle: 2-CTA clusters behind
+    // clusters of 4, online's whole rows behind the other sizes; helper_weight sets its share
+    // (0: none, 400: several times its default) and helper_parts the 2-CTA clusters' copies per
+    // buffer. Rows per cluster
     // exceed the ring's stages, so buffers are refilled; ld > V leaves the last CTA a tail of
     // fewer than 8 columns, which the bulk copy brings in with NaN padding that must be neither
     // used nor written.
@@ -180,15 +181,17 @@ TEST_CASE(
     }
 }
 
-TEST_CASE("fast at long rows, in the clusters its planner picks there (2, 4, 6 and 8 CTAs)") {
+TEST_CASE("fast at long rows, in the clusters its planner picks there (2, 3, 4, 5, 6 and 8 CTAs)") {
     // bf16 rows of 125 KB (64120: clusters of 2, three stages), 196 KB (100344: clusters of 2, two
-    // stages for three warp groups), 250 KB (128248: clusters of 4, with the helper grid on the
-    // SMs they leave idle), 320 KB and 500 KB: clusters of 6 (four stages) and 8
+    // stages for three warp groups), 250 KB (128248: clusters of 3, two stages), 280 KB (140000:
+    // clusters of 4, three stages), 320 KB (163840: 5), 400 KB (200000: 6) and 500 KB (255992: 8)
     // (kFastClusterSizes; tests/test_ce_plan.cpp checks the plans), each CTA taking several rows
-    // through its ring. 64120 (two slices of 32,064 and 32,056), 100344, 128248 and 255992 leave
-    // the last CTA a short slice; 163840 does too.
+    // through its ring. Behind clusters of 4 a helper grid of 2-CTA clusters takes the last rows
+    // on the SMs they leave idle; behind 3, 5, 6 and 8 a helper grid of online's whole rows does.
+    // 64120 (two slices of 32,064 and 32,056), 100344, 128248, 163840 and 255992 leave the last
+    // CTA a short slice.
     uint64_t seed = 1700;
-    for (const int64_t V : {64120, 100344, 128248, 163840, 255992}) {
+    for (const int64_t V : {64120, 100344, 128248, 140000, 163840, 200000, 255992}) {
         CAPTURE(V);
         Case c = make_case(seed++, 300, V, LogitsType::bf16, 1e-4, 0.0, Reduction::mean, 2);
         c.in_place = seed % 2 == 0;

@@ -352,11 +352,11 @@ std::vector<ConfigField> config_fields(Config& c) {
          "fast*: row buffers the cluster size is chosen for (0: the planner's)", &ct.min_stages, 0,
          8});
     add({"kernels", ce + "helper_parts",
-         "fast: the helper grid's bulk copies per buffer, 1, 2 or 4 (0: 1)", &ct.helper_parts, 0,
-         4});
+         "fast: the 2-CTA helper grid's bulk copies per buffer, 1, 2 or 4 (0: 1)", &ct.helper_parts,
+         0, 4});
     add({"kernels", ce + "helper_weight",
          "fast: the helper grid's rows per SM against the main grid's, percent (0: no helper "
-         "rows; -1: 70)",
+         "rows; -1: the planner's, 60-80 by the cluster size)",
          &ct.helper_weight, -1, 10000});
     add({"kernels", ce + "stats_sweeps",
          "fast: a row slice's statistics in 1 sweep (max and sums together) or 2 (max, then sums); "

@@ -151,7 +151,7 @@ struct CrossEntropyTuning {
     int min_stages = 0;    // the stages the cluster size is chosen for; 0: the planner's
     int helper_parts = 0;  // fast's helper grid: bulk copies per buffer, 1 | 2 | 4; 0: 1
     // fast's helper grid: its rows per SM against the main grid's, in percent (0: no helper
-    // rows); -1: ce::kHelperWeight (70)
+    // rows); -1: the planner's, by the main grid's cluster size (ce::kHelperBands)
     int helper_weight = -1;
     // fast: the statistics of a row's slice in 1 sweep over shared memory (a running max, the sums
     // against a reference chunk's max) or 2 (the max, then the sums); 0: by the warp groups'

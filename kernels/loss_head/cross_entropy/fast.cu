@@ -732,33 +732,41 @@ void run_fast_schedule(const CrossEntropyArgs& a0, const CrossEntropyOptions& o,
         }
         const int clusters = max_active_clusters(kernel, plan);
         // The SMs the main grid leaves idle take rows [N - helper_rows, N), in proportion to
-        // their measured rate per SM against the main grid's (kHelperWeight, or the tuning's).
+        // their measured rate per SM against the main grid's (the helper plan's weight).
         const FastPlan help = plan_fast_helper(a, plan, max_smem_optin());
+        const int sms = current_device_sm_count();
         FastKernel help_kernel = nullptr;
-        int help_clusters = 0;
+        int help_grid = 0;  // the helper's clusters (pairs) or blocks (online rows)
         int64_t help_rows = 0;
         if (help.cluster) {
-            help_kernel = pingpong_kernel<T, false>(help);
-            // (max_active_clusters also sets the helper kernel's shared memory size for its launch)
-            const int help_fit = max_active_clusters(help_kernel, help);
-            const int weight = a.tuning.helper_weight >= 0 ? a.tuning.helper_weight : kHelperWeight;
-            const HelperSplit split = split_helper(a.N, current_device_sm_count(), clusters, plan,
-                                                   help, help_fit, weight);
-            help_clusters = split.clusters;
+            int help_fit = 0, per_unit = 1;
+            if (help.online_rows) {
+                help_fit = sms;  // one "cluster" an idle SM, each holding per_unit blocks
+                per_unit = online_helper_blocks_per_sm(a.type, help.threads, help.smem);
+            } else {
+                help_kernel = pingpong_kernel<T, false>(help);
+                // (max_active_clusters also sets the helper kernel's shared memory size)
+                help_fit = max_active_clusters(help_kernel, help);
+            }
+            const HelperSplit split =
+                split_helper(a.N, sms, clusters, plan, help, help_fit, help.weight);
+            help_grid = int(std::min<int64_t>(int64_t(split.clusters) * per_unit, split.rows));
             help_rows = split.rows;
         }
         f.N = a.N - help_rows;
         const int main_clusters = int(std::min<int64_t>(clusters, f.N));
         launch_fast(kernel, plan, f, main_clusters, false, s);
-        if (help_rows > 0) {
+        if (help_rows > 0 && help.online_rows) {
+            launch_online_helper(a, o, ws.n_valid, ws.max_key, f.N, help_grid, help.threads,
+                                 help.smem, s);
+        } else if (help_rows > 0) {
             FastArgs h = f;
             h.row0 = f.N;
             h.N = a.N;
             h.slice = help.slice;
             h.stages = help.stages;
             h.trace = nullptr;
-            launch_fast(help_kernel, help, h, int(std::min<int64_t>(help_clusters, help_rows)),
-                        true, s);
+            launch_fast(help_kernel, help, h, help_grid, true, s);
         }
         if (trace) report_fast_trace(f.trace, f.N, plan.cluster, main_clusters, plan.groups, s);
     });

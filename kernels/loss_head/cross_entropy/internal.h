@@ -48,6 +48,14 @@ void reduce_rows(const CrossEntropyArgs& a, const unsigned* max_key, const int* 
 void count_valid_and_reset_max(int* n_valid, unsigned* max_key, const int32_t* targets, int64_t N,
                                int64_t ignore_index, CUstream_st* s);
 
+// fast's helper grid of online's whole rows (plan_fast_helper, FastPlan::online_rows): rows
+// [row0, a.N) by `blocks` blocks of `threads` with `smem` bytes of (unused) shared memory each,
+// launched with programmatic serialization after the main grid; its blocks resident on one SM.
+void launch_online_helper(const CrossEntropyArgs& a, const CrossEntropyOptions& o,
+                          const int* n_valid, unsigned* max_key, int64_t row0, int blocks,
+                          int threads, size_t smem, CUstream_st* s);
+int online_helper_blocks_per_sm(LogitsType t, int threads, size_t smem);
+
 // The variants' run() (CrossEntropyVariant::run).
 void run_naive(const CrossEntropyArgs& a, const CrossEntropyOptions& o, void* w, CUstream_st* s);
 void run_online(const CrossEntropyArgs& a, const CrossEntropyOptions& o, void* w, CUstream_st* s);

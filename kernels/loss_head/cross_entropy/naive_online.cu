@@ -150,12 +150,13 @@ __device__ __forceinline__ RowGradParams finish_online_row(const RowArgs& f, int
     return r.p;
 }
 
-// kVecIn: the logits rows start 16-byte aligned; kVecOut: the dlogits rows too (each pass
-// vectorised as the shard kernel for it would be).
+// One row by one block. kVecIn: the logits rows start 16-byte aligned; kVecOut: the dlogits rows
+// too (each pass vectorised as the shard kernel for it would be). row_params: the block's shared
+// slot for the row's parameters (rewritten only after every thread passed the next row's
+// reduction barrier, so a block may take rows one after another).
 template <typename T, bool kVecIn, bool kVecOut>
-__global__ void online_row_kernel(T* dlogits, const T* logits, RowArgs f) {
-    __shared__ RowGradParams row_params;
-    const int64_t row = blockIdx.x;
+__device__ __forceinline__ void online_row(T* dlogits, const T* logits, const RowArgs& f,
+                                           int64_t row, RowGradParams& row_params) {
     const int64_t y = f.fin.targets[row];
     const bool valid = y != f.fin.ignore_index;
     const T* x = logits + row * f.ld;
@@ -166,6 +167,25 @@ __global__ void online_row_kernel(T* dlogits, const T* logits, RowArgs f) {
     __syncthreads();
     row_backward_part<T, kVecOut>(dlogits + row * f.ld, x, f.fin.V, valid ? y : -1, valid,
                                   row_params, int(threadIdx.x), int(blockDim.x));
+}
+
+template <typename T, bool kVecIn, bool kVecOut>
+__global__ void online_row_kernel(T* dlogits, const T* logits, RowArgs f) {
+    __shared__ RowGradParams row_params;
+    online_row<T, kVecIn, kVecOut>(dlogits, logits, f, blockIdx.x, row_params);
+}
+
+// fast's helper grid of whole rows (plan_fast_helper): rows [row0, f.N), block b taking rows
+// row0 + b, row0 + b + gridDim.x, ... Its dynamic shared memory goes unused: it is sized so that
+// no block fits beside one of the main grid's, so the blocks land on the SMs that grid left idle.
+// Launched with programmatic serialization after the main grid, it ends after that grid (and its
+// writes are visible), so the kernels after it see both.
+template <typename T>
+__global__ void online_helper_kernel(T* dlogits, const T* logits, RowArgs f, int64_t row0) {
+    __shared__ RowGradParams row_params;
+    for (int64_t row = row0 + blockIdx.x; row < f.N; row += gridDim.x)
+        online_row<T, true, true>(dlogits, logits, f, row, row_params);
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
 }
 
 template <typename T, bool kVecIn, bool kVecOut>
@@ -280,6 +300,40 @@ void run_online(const CrossEntropyArgs& a0, const CrossEntropyOptions& o, void* 
     });
     ZG_CUDA_CHECK(cudaGetLastError());
     reduce_rows(a, ws.max_key, ws.n_valid, o, s);
+}
+
+int online_helper_blocks_per_sm(LogitsType t, int threads, size_t smem) {
+    int per_sm = 0;
+    dispatch(t, [&](auto tag) {
+        using T = decltype(tag);
+        auto kernel = online_helper_kernel<T>;
+        ZG_CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        ZG_CUDA_CHECK(
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+    });
+    return per_sm;
+}
+
+void launch_online_helper(const CrossEntropyArgs& a, const CrossEntropyOptions& o,
+                          const int* n_valid, unsigned* max_key, int64_t row0, int blocks,
+                          int threads, size_t smem, CUstream_st* s) {
+    const RowArgs f{row_finish(a, o, n_valid), a.N, a.ld, o.label_smoothing != 0.0, max_key};
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(unsigned(blocks));
+    cfg.blockDim = dim3(unsigned(threads));
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    dispatch(a.type, [&](auto tag) {
+        using T = decltype(tag);
+        ZG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, online_helper_kernel<T>, static_cast<T*>(a.dlogits),
+                                         static_cast<const T*>(a.logits), f, row0));
+    });
 }
 
 void run_naive(const CrossEntropyArgs& a0, const CrossEntropyOptions& o, void* w, CUstream_st* s) {

@@ -88,14 +88,35 @@ FastPlan plan_fast(const CrossEntropyArgs& a, bool pingpong, int max_smem) {
 
 FastPlan plan_fast_helper(const CrossEntropyArgs& a, const FastPlan& main, int max_smem) {
     constexpr int kCluster = 2;
-    // only behind a grid of one CTA per SM, whose idle SMs are then whole
+    // only behind a grid of one CTA per SM in clusters of more than 2 (1 and 2 fill every SM),
+    // whose idle SMs are then whole
     if (!main.pingpong || main.cluster <= kCluster || 2 * main.smem <= size_t(max_smem)) return {};
+    const HelperBand* band = &kHelperBands[std::size(kHelperBands) - 1];
+    for (const HelperBand& b : kHelperBands)
+        if (b.cluster == main.cluster) {
+            band = &b;
+            break;
+        }
     const size_t es = type_size(a.type);
     const int64_t per = 16 / int64_t(es);
     const int64_t slice = ((a.V + kCluster - 1) / kCluster + per - 1) / per * per;
     const size_t budget = size_t(max_smem) - 2048;
     const int64_t stages = std::min<int64_t>(kMaxStages, int64_t(budget) / (slice * int64_t(es)));
-    if (stages < 1) return {};
+    // Pairs need the idle SMs in pairs: an odd cluster size can leave single SMs in a GPC, and
+    // 2-CTA clusters that find none wait for the main grid to end, then run their rows after it
+    // (H200, clusters of 3 at V = 128256: 4.41 ms with such a helper, 2.51 without;
+    // fast_odd_clusters in docs/results/ce_vocab_sweep_h200.json).
+    if (band->online || main.cluster % kCluster != 0 || stages < 1) {
+        if (!band->online) band = &kHelperBands[std::size(kHelperBands) - 1];
+        FastPlan p;
+        p.cluster = 1;
+        p.online_rows = true;
+        p.threads = num_threads_for(a.V);
+        // with the main CTA's (and each block's 1 KB reserve) this exceeds an SM's shared memory
+        p.smem = size_t(max_smem) - main.smem;
+        p.weight = a.tuning.helper_weight >= 0 ? a.tuning.helper_weight : band->weight;
+        return p;
+    }
     // one copy per buffer: with two or four, the main grid slowed more than the helper gained
     // (V = 128256 on the H100, docs/results/ce_fast_helper_h100_99dcc22.json)
     int parts = 1;
@@ -103,6 +124,7 @@ FastPlan plan_fast_helper(const CrossEntropyArgs& a, const FastPlan& main, int m
     FastPlan p{kCluster, 512,         true,  1,
                parts,    int(stages), slice, size_t(stages) * size_t(slice) * es};
     p.stats_sweeps = stats_sweeps_for(512, kCluster, a.tuning);
+    p.weight = a.tuning.helper_weight >= 0 ? a.tuning.helper_weight : band->weight;
     return p;
 }
 

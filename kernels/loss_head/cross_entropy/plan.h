@@ -6,6 +6,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 
 #include "kernels/loss_head/cross_entropy.h"
 
@@ -15,17 +16,41 @@ constexpr int kFastThreads = 512;
 constexpr int kMaxCluster = 8;
 constexpr int kMaxStages = 8;
 // The cluster sizes `fast` (the pingpong kernels) takes, when no size is fixed
-// (CrossEntropyTuning::cluster). Odd sizes above 1 are left out: on an H200 (bf16, N = 16384,
-// fast_cluster_sizes in docs/results/ce_vocab_sweep_h200.json), with three stages, clusters of 3
-// and 5 ran at 2.2-2.4x the copy floor where 2, 4, 6 and 8 ran at 1.3-1.5x; at V = 256000, 7 ran
-// at 1.50x against 8's 1.41x. The planner took them for rows of 150-225 KB (3), 300-375 KB (5)
-// and 450-525 KB (7). fast_lockstep, not measured so, keeps every size.
-constexpr int kFastClusterSizes[] = {1, 2, 4, 6, 8};
+// (CrossEntropyTuning::cluster). 7 is left out: on an H200 (bf16, N = 16384) it ran behind 6 or 8
+// at every V it could take (fast_odd_clusters in docs/results/ce_vocab_sweep_h200.json; 3 and 5,
+// once slowed by a helper grid that could not run beside them, are ahead where the planner takes
+// them). fast_lockstep keeps every size.
+constexpr int kFastClusterSizes[] = {1, 2, 3, 4, 5, 6, 8};
 
-// The helper's rows per SM against the main grid's, in percent. Swept on the H100 at V = 128256
-// (docs/results/ce_fast_helper_h100_99dcc22.json): the time falls up to about 75 and jumps from
-// 90, where the helper's rows become the tail. 70 leaves a margin before that cliff.
-constexpr int kHelperWeight = 70;
+// The helper grid behind fast's main grid (plan_fast_helper), by the main grid's cluster size, as
+// data: the first band whose cluster matches (0: any). `online`: online's whole rows on single
+// idle SMs rather than 2-CTA clusters of the pingpong kernel; those need the idle SMs in pairs (an
+// even cluster size) and half a row in a CTA, and where they cannot run the last band's online
+// rows are taken. `weight`: the helper's rows per SM against the main grid's, in percent
+// (CrossEntropyTuning::helper_weight overrides it).
+struct HelperBand {
+    int cluster;
+    bool online;
+    int weight;
+    const char* measured;
+};
+inline constexpr HelperBand kHelperBands[] = {
+    {4, false, 70,
+     "H100, V = 128256: the time falls up to a weight of about 75 and jumps from 90, where the "
+     "helper's rows become the tail (ce_fast_helper_h100_99dcc22.json); H200, V = 150000: 2.91 ms "
+     "against 3.13 with online rows (fast_online_helper in ce_vocab_sweep_h200.json)"},
+    {8, true, 80,
+     "H200, V = 256000 (no pairs: half a row exceeds a CTA): 4.72 ms at 80 against 4.78 at 60, "
+     "4.84 at 40 and 5.14 at 100 (fast_online_helper)"},
+    {0, true, 60,
+     "H200: V = 128256 in clusters of 3, 2.41 ms at 60 against 2.44 at 40 and 2.61 at 80; 163840 "
+     "in clusters of 5, 2.99 against 3.05 and 3.10; 200000 in clusters of 6, 3.91 ms against "
+     "pairs' 4.19 (fast_online_helper)"},
+};
+static_assert(kHelperBands[std::size(kHelperBands) - 1].cluster == 0 &&
+                  kHelperBands[std::size(kHelperBands) - 1].online,
+              "the last band takes every size, with online rows");
+
 // The shapes `fast` and `fast_lockstep` take by the length of a row, as data: each table is
 // searched for the first band whose max_row_bytes holds the row (the last band holds every
 // length). The knobs of CrossEntropyTuning override a field each; `measured` says where each
@@ -130,6 +155,11 @@ struct FastPlan {
     int64_t slice = 0;
     size_t smem = 0;
     int stats_sweeps = 2;  // the pingpong kernels' statistics: 1 or 2 sweeps over a slice
+    // a helper grid (plan_fast_helper): of online's one-block-a-row kernel, `threads` a block and
+    // `smem` bytes of shared memory it only reserves; its rows per SM against the main grid's, in
+    // percent
+    bool online_rows = false;
+    int weight = 0;
 };
 
 // max_smem: the device's opt-in shared memory per block (cudaDevAttrMaxSharedMemoryPerBlockOptin).
@@ -137,18 +167,20 @@ struct FastPlan {
 FastPlan plan_fast(const CrossEntropyArgs& a, bool pingpong, int max_smem);
 
 // The helper of a `fast` launch whose clusters leave SMs idle. Clusters live inside one GPC, and
-// on the H100 (132 SMs) at most 30 clusters of 4 one-CTA-per-SM CTAs fit at once: 120 SMs, while
-// 66 clusters of 2 take all 132 (measured, docs/cross_entropy.md). The helper is one warp group
-// of 512 threads per CTA in 2-CTA clusters, one buffer of half a row each (so rows of up to two
-// CTAs' shared memory), launched after the main grid onto the SMs it left idle. Its copies per
-// buffer: a.tuning.helper_parts.
+// on an H100 or H200 (132 SMs) at most 30 clusters of 4 one-CTA-per-SM CTAs fit at once (120
+// SMs), 39 of 3 (117), while 66 clusters of 2 take all 132 (tools/dev/probes/cluster_occupancy.cu).
+// The helper is launched after the main grid onto the SMs it left idle, in the shape
+// kHelperBands gives for the main grid's cluster size:
+//  - 2-CTA clusters of one warp group of 512 threads per CTA, one buffer of half a row each;
+//    its copies per buffer: a.tuning.helper_parts;
+//  - online's one-block-a-row kernel (online_rows), its blocks reserving enough shared memory
+//    that none fits beside a main-grid CTA.
 FastPlan plan_fast_helper(const CrossEntropyArgs& a, const FastPlan& main, int max_smem);
 
 // The helper grid's share of N rows. The SMs (of sm_count) that the main grid leaves idle, with
 // main_clusters clusters of its plan resident at once, take rows [N - rows, N) in `clusters`
 // clusters of the helper's shape (at most helper_fit, those that fit at once), in proportion to
-// their rate per SM against the main grid's: `weight` percent (kHelperWeight, or
-// CrossEntropyTuning::helper_weight).
+// their rate per SM against the main grid's: `weight` percent (FastPlan::weight).
 struct HelperSplit {
     int clusters = 0;
     int64_t rows = 0;
