@@ -1616,15 +1616,17 @@ std::vector<uint8_t> device_bytes(const Dev& d) {
 TEST_CASE("every variant runs inside a CUDA graph: no host sync, new device inputs per replay") {
     GraphRun gr;
     const int64_t N = 37;
-    // `fast` once more with rows long enough for 4-CTA clusters, and a large helper share: the
-    // helper grid's programmatic dependency on the main grid is captured too
-    std::vector<std::pair<cuda::CrossEntropyVariant, bool>> runs;
+    // `fast` twice more with rows long enough for clusters of 3 (V = 128256: online's rows as the
+    // helper grid) and of 4 (140000: 2-CTA clusters), and a large helper share: the helper grid's
+    // programmatic dependency on the main grid is captured too
+    std::vector<std::pair<cuda::CrossEntropyVariant, int64_t>> runs;
     for (const auto& v : cuda::cross_entropy_variants()) {
-        runs.push_back({v, false});
-        if (std::string(v.name) == "fast") runs.push_back({v, true});
+        runs.push_back({v, 5003});
+        if (std::string(v.name) == "fast")
+            for (const int64_t V : {128256, 140000}) runs.push_back({v, V});
     }
-    for (const auto& [v, helper] : runs) {
-        const int64_t V = helper ? 128256 : 5003;
+    for (const auto& [v, V] : runs) {
+        const bool helper = V > 5003;
         for (Reduction r : {Reduction::mean, Reduction::none}) {
             const std::string variant = v.name, reduction = reduction_name(r);
             CAPTURE(variant);
