@@ -183,13 +183,13 @@ TEST_CASE(
 
 TEST_CASE("fast at long rows, in the clusters its planner picks there (2, 3, 4, 5, 6 and 8 CTAs)") {
     // bf16 rows of 125 KB (64120: clusters of 2, three stages), 196 KB (100344: clusters of 2, two
-    // stages for three warp groups), 250 KB (128248: clusters of 3, two stages), 280 KB (140000:
-    // clusters of 4, three stages), 320 KB (163840: 5), 400 KB (200000: 6) and 500 KB (255992: 8)
+    // stages for three warp groups), 250 KB (128248: clusters of 3, two stages), 273 KB (140000:
+    // clusters of 4, three stages), 320 KB (163840: 5), 391 KB (200000: 6) and 500 KB (255992: 8)
     // (kFastClusterSizes; tests/test_ce_plan.cpp checks the plans), each CTA taking several rows
     // through its ring. Behind clusters of 4 a helper grid of 2-CTA clusters takes the last rows
     // on the SMs they leave idle; behind 3, 5, 6 and 8 a helper grid of online's whole rows does.
-    // 64120 (two slices of 32,064 and 32,056), 100344, 128248, 163840 and 255992 leave the last
-    // CTA a short slice.
+    // 64120 (two slices of 32,064 and 32,056), 100344, 128248, 200000 (slices of 33,336, the last
+    // 33,320) and 255992 leave the last CTA a short slice.
     uint64_t seed = 1700;
     for (const int64_t V : {64120, 100344, 128248, 140000, 163840, 200000, 255992}) {
         CAPTURE(V);

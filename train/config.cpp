@@ -332,7 +332,7 @@ std::vector<ConfigField> config_fields(Config& c) {
     cuda::CrossEntropyTuning& ct = k.cross_entropy_tuning;
     const std::string ce = "cross_entropy_tuning.";
     add({"kernels", ce + "cluster",
-         "fast*: CTAs per cluster, 1 to 8 (0: the fewest of 1, 2, 4, 6 or 8 that fit the stages; "
+         "fast*: CTAs per cluster, 1 to 8 (0: the fewest of 1-6 or 8 that fit the stages; "
          "fast then leaves rows of up to 48 KB to the two-pass kernels, and its other knobs do not "
          "apply to them)",
          &ct.cluster, 0, 8});

@@ -149,7 +149,7 @@ struct CrossEntropyTuning {
     int threads = 0;
     int smem_kb = 0;       // the buffers' shared memory per CTA in KB; 0: the planner's budget
     int min_stages = 0;    // the stages the cluster size is chosen for; 0: the planner's
-    int helper_parts = 0;  // fast's helper grid: bulk copies per buffer, 1 | 2 | 4; 0: 1
+    int helper_parts = 0;  // fast's 2-CTA helper grid: bulk copies per buffer, 1 | 2 | 4; 0: 1
     // fast's helper grid: its rows per SM against the main grid's, in percent (0: no helper
     // rows); -1: the planner's, by the main grid's cluster size (ce::kHelperBands)
     int helper_weight = -1;

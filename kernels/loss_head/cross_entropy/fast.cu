@@ -4,8 +4,9 @@
 //   fast   one read and one write: persistent thread-block clusters hold each row in shared
 //          memory (split across the cluster's CTAs); two or three warp groups per CTA take turns
 //          over the rows (fast_pingpong_kernel), exchanging the cluster's statistics through DSMEM
-//          and mbarriers; where the clusters leave SMs idle, a helper grid of 2-CTA clusters
-//          (the same kernel, one group) takes the last rows there (plan_fast_helper)
+//          and mbarriers; where the clusters leave SMs idle, a helper grid takes the last rows
+//          there: 2-CTA clusters of the same kernel with one group, or online's whole rows
+//          (plan_fast_helper)
 //   fast_lockstep  the same with all of a CTA's warps on one row at a time and the cluster barrier
 //          per row (fast_lockstep_kernel), kept for ablations
 //
@@ -751,7 +752,7 @@ void run_fast_schedule(const CrossEntropyArgs& a0, const CrossEntropyOptions& o,
             const HelperSplit split =
                 split_helper(a.N, sms, clusters, plan, help, help_fit, help.weight);
             help_grid = int(std::min<int64_t>(int64_t(split.clusters) * per_unit, split.rows));
-            help_rows = split.rows;
+            help_rows = help_grid > 0 ? split.rows : 0;  // no block fits: no helper rows
         }
         f.N = a.N - help_rows;
         const int main_clusters = int(std::min<int64_t>(clusters, f.N));

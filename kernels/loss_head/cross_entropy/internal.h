@@ -50,7 +50,9 @@ void count_valid_and_reset_max(int* n_valid, unsigned* max_key, const int32_t* t
 
 // fast's helper grid of online's whole rows (plan_fast_helper, FastPlan::online_rows): rows
 // [row0, a.N) by `blocks` blocks of `threads` with `smem` bytes of (unused) shared memory each,
-// launched with programmatic serialization after the main grid; its blocks resident on one SM.
+// launched with programmatic serialization after the main grid. online_helper_blocks_per_sm: how
+// many such blocks fit on one SM; it also sets the kernel's shared-memory limit that the launch
+// needs, so it is called first.
 void launch_online_helper(const CrossEntropyArgs& a, const CrossEntropyOptions& o,
                           const int* n_valid, unsigned* max_key, int64_t row0, int blocks,
                           int threads, size_t smem, CUstream_st* s);

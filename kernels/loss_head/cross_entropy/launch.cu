@@ -7,8 +7,9 @@
 //   fast   one read and one write: persistent thread-block clusters hold each row in shared
 //          memory (split across the cluster's CTAs); two or three warp groups per CTA take turns
 //          over the rows (fast_pingpong_kernel), exchanging the cluster's statistics through DSMEM
-//          and mbarriers; where the clusters leave SMs idle, a helper grid of 2-CTA clusters
-//          (the same kernel, one group) takes the last rows there (plan_fast_helper)
+//          and mbarriers; where the clusters leave SMs idle, a helper grid takes the last rows
+//          there: 2-CTA clusters of the same kernel with one group, or online's whole rows
+//          (plan_fast_helper)
 //   fast_lockstep  the same with all of a CTA's warps on one row at a time and the cluster barrier
 //          per row (fast_lockstep_kernel), kept for ablations
 //

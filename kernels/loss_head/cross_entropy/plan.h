@@ -23,11 +23,11 @@ constexpr int kMaxStages = 8;
 constexpr int kFastClusterSizes[] = {1, 2, 3, 4, 5, 6, 8};
 
 // The helper grid behind fast's main grid (plan_fast_helper), by the main grid's cluster size, as
-// data: the first band whose cluster matches (0: any). `online`: online's whole rows on single
-// idle SMs rather than 2-CTA clusters of the pingpong kernel; those need the idle SMs in pairs (an
-// even cluster size) and half a row in a CTA, and where they cannot run the last band's online
-// rows are taken. `weight`: the helper's rows per SM against the main grid's, in percent
-// (CrossEntropyTuning::helper_weight overrides it).
+// data: the band of the main grid's cluster size, else the last (cluster 0: any other size).
+// `online`: online's whole rows on single idle SMs rather than 2-CTA clusters of the pingpong
+// kernel; those need the idle SMs in pairs (an even cluster size) and half a row in a CTA, and
+// where they cannot run the last band's online rows are taken. `weight`: the helper's rows per SM
+// against the main grid's, in percent (CrossEntropyTuning::helper_weight overrides it).
 struct HelperBand {
     int cluster;
     bool online;
@@ -60,8 +60,9 @@ static_assert(kHelperBands[std::size(kHelperBands) - 1].cluster == 0 &&
 // (a stage each, or fewer), in the smallest cluster (of kFastClusterSizes) whose slices fit
 // `min_stages` stages; each buffer in `parts` copies, so a group refills one while its dlogits
 // pass is on another (four copies measured no better). With fewer stages than groups a group
-// waits for the buffer the group before it frees: fewer rows in flight an SM, but every SM busy
-// (the 4-CTA clusters a longer row needs leave 12 of an H200's 132 idle). Rows of up to
+// waits for the buffer the group before it frees: fewer rows in flight an SM, but fewer CTAs a
+// row, so fewer SMs left to the helper grid (clusters of 4 leave 12 of an H200's 132 idle, of 3
+// leave 15, of 2 none). Rows of up to
 // max_row_bytes of the online band go to the two-pass online kernels, where a short row's time in
 // the cluster kernels is latency.
 struct FastBand {
@@ -84,14 +85,15 @@ inline constexpr FastBand kFastBands[] = {
      "of 512) and in 2-CTA clusters at 100352 (1.14x against 4-CTA clusters with three, 1.40x); "
      "fast_min_stages in ce_vocab_sweep_h200.json"},
     {SIZE_MAX, false, 3, 3, 2,
-     "three groups of 256 with three stages in clusters of 6 and 8 (fast_cluster_sizes and "
-     "fast_stats_sweeps in ce_vocab_sweep_h200.json)"},
+     "three groups of 256 with three stages in clusters of 4 to 8 (fast_cluster_sizes, "
+     "fast_stats_sweeps and fast_odd_clusters in ce_vocab_sweep_h200.json)"},
 };
 // fast's statistics sweeps over a slice (CrossEntropyTuning::stats_sweeps) by the threads of its
 // warp groups and its cluster size (0: any), the first entry that matches. One sweep leaves less
 // of a row's work after its last part lands: on an H200 it paid in three groups of 256 in
-// clusters of 2, 6 and 8 CTAs and lost in clusters of 4 and in groups of 512, at the same work
-// per thread (fast_stats_sweeps in docs/results/ce_vocab_sweep_h200.json).
+// clusters of 2, 3, 6 and 8 CTAs and lost in clusters of 4 and in groups of 512, at the same work
+// per thread (fast_stats_sweeps and, for 3, fast_odd_clusters in
+// docs/results/ce_vocab_sweep_h200.json); clusters of 5 take one sweep, not measured with two.
 struct SweepsBand {
     int group_threads;
     int cluster;
