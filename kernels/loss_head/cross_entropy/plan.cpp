@@ -91,7 +91,8 @@ FastPlan plan_fast_helper(const CrossEntropyArgs& a, const FastPlan& main, int m
     // only behind a grid of one CTA per SM in clusters of more than 2 (1 and 2 fill every SM),
     // whose idle SMs are then whole
     if (!main.pingpong || main.cluster <= kCluster || 2 * main.smem <= size_t(max_smem)) return {};
-    const HelperBand* band = &kHelperBands[std::size(kHelperBands) - 1];
+    const HelperBand& last = kHelperBands[std::size(kHelperBands) - 1];
+    const HelperBand* band = &last;
     for (const HelperBand& b : kHelperBands)
         if (b.cluster == main.cluster) {
             band = &b;
@@ -106,24 +107,23 @@ FastPlan plan_fast_helper(const CrossEntropyArgs& a, const FastPlan& main, int m
     // 2-CTA clusters that find none wait for the main grid to end, then run their rows after it
     // (H200, clusters of 3 at V = 128256: 4.41 ms with such a helper, 2.51 without;
     // fast_odd_clusters in docs/results/ce_vocab_sweep_h200.json).
-    if (band->online || main.cluster % kCluster != 0 || stages < 1) {
-        if (!band->online) band = &kHelperBands[std::size(kHelperBands) - 1];
-        FastPlan p;
+    FastPlan p;
+    if (!band->online && main.cluster % kCluster == 0 && stages >= 1) {
+        // one copy per buffer: with two or four, the main grid slowed more than the helper
+        // gained (V = 128256 on the H100, docs/results/ce_fast_helper_h100_99dcc22.json)
+        int parts = 1;
+        if (const int k = a.tuning.helper_parts; k == 1 || k == 2 || k == 4) parts = k;
+        p = FastPlan{kCluster, 512,         true,  1,
+                     parts,    int(stages), slice, size_t(stages) * size_t(slice) * es};
+        p.stats_sweeps = stats_sweeps_for(512, kCluster, a.tuning);
+    } else {
+        if (!band->online) band = &last;  // pairs that cannot run: online rows, at their weight
         p.cluster = 1;
         p.online_rows = true;
         p.threads = num_threads_for(a.V);
         // with the main CTA's (and each block's 1 KB reserve) this exceeds an SM's shared memory
         p.smem = size_t(max_smem) - main.smem;
-        p.weight = a.tuning.helper_weight >= 0 ? a.tuning.helper_weight : band->weight;
-        return p;
     }
-    // one copy per buffer: with two or four, the main grid slowed more than the helper gained
-    // (V = 128256 on the H100, docs/results/ce_fast_helper_h100_99dcc22.json)
-    int parts = 1;
-    if (const int p = a.tuning.helper_parts; p == 1 || p == 2 || p == 4) parts = p;
-    FastPlan p{kCluster, 512,         true,  1,
-               parts,    int(stages), slice, size_t(stages) * size_t(slice) * es};
-    p.stats_sweeps = stats_sweeps_for(512, kCluster, a.tuning);
     p.weight = a.tuning.helper_weight >= 0 ? a.tuning.helper_weight : band->weight;
     return p;
 }
