@@ -1146,6 +1146,45 @@ TEST_CASE(
     }
 }
 
+TEST_CASE("kernels.adamw_overlap: the update beside the next forward pass gives the same bits") {
+    // Through the trainer's backend: the update on its own stream, the next forward waiting for
+    // it piece by piece, an evaluation and a read of the weights between steps (each waits for
+    // the whole update), the host's clip factor and the device's.
+    for (const char* prec : {"bf16", "fp32"})
+        for (bool on_device : {true, false}) {
+            CAPTURE(prec);
+            CAPTURE(on_device);
+            Config c = train_config(prec);
+            c.model.n_layer = 3;
+            const auto plain = make_backend("cuda", c);
+            c.kernels.adamw_overlap = true;
+            const auto beside = make_backend("cuda", c);
+            const std::vector<float> w0 = plain->params();
+            CHECK(beside->params() == w0);
+            CrossEntropyOptions o;
+            o.reduction = Reduction::sum;
+            std::vector<int32_t> x(size_t(c.train.batch_size) * 32 + 1);
+            Rng rng(7);
+            for (auto& v : x) v = int32_t(rng.below(uint64_t(c.model.vocab_size)));
+            const int64_t B = c.train.batch_size;
+            const auto la = train_steps(*plain, c, 0, 4, on_device);
+            const auto lb = train_steps(*beside, c, 0, 4, on_device);
+            CHECK(la == lb);
+            const CrossEntropySummary ea = plain->evaluate(x.data(), x.data() + 1, B, 32, o);
+            const CrossEntropySummary eb = beside->evaluate(x.data(), x.data() + 1, B, 32, o);
+            CHECK(ea.sum_loss == eb.sum_loss);
+            CHECK(train_steps(*plain, c, 4, 8, on_device) ==
+                  train_steps(*beside, c, 4, 8, on_device));
+            CHECK(plain->params() == beside->params());
+            CHECK(train_steps(*plain, c, 8, 10, on_device) ==
+                  train_steps(*beside, c, 8, 10, on_device));
+            CHECK(plain->params() == beside->params());
+            CHECK(plain->adam_m() == beside->adam_m());
+            CHECK(plain->adam_v() == beside->adam_v());
+            CHECK(plain->params() != w0);
+        }
+}
+
 TEST_CASE("kernels.fc_bias_in_dw trains like the column-sum pass, and bit for bit twice") {
     Config c = train_config("bf16");
     c.kernels.fc_bias_in_dw = false;
