@@ -97,7 +97,7 @@ struct KernelChoice {
     // reads (forward_order_pieces): the next forward waits for each piece just before it reads
     // it, so the update's memory traffic runs beside its GEMMs instead of before them. The same
     // bits either way; one rank's whole arena only (not ZeRO-1 slices or a split vocabulary).
-    bool adamw_overlap = false;
+    bool adamw_overlap = true;
     // How often the vocab-parallel head reads a shard's logits. "two": statistics, exchange,
     // then a second read for the gradient. "one": the loss head's variant (fast or online) runs
     // once over the shard with local targets and writes the local softmax in place, and per-row

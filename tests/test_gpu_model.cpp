@@ -1156,6 +1156,7 @@ TEST_CASE("kernels.adamw_overlap: the update beside the next forward pass gives 
             CAPTURE(on_device);
             Config c = train_config(prec);
             c.model.n_layer = 3;
+            c.kernels.adamw_overlap = false;
             const auto plain = make_backend("cuda", c);
             c.kernels.adamw_overlap = true;
             const auto beside = make_backend("cuda", c);
@@ -1726,7 +1727,7 @@ Config tiny_gpu_run(const std::string& name, uint64_t seed) {
 
 }  // namespace
 
-TEST_CASE("ZeRO-1 on the GPU (2 local ranks) is bit-identical to replicated AdamW") {
+TEST_CASE("ZeRO-1 and adamw_overlap on the GPU (2 local ranks): bit-identical to plain AdamW") {
     namespace fs = std::filesystem;
     Config c = tiny_gpu_run("zgpt_test_gpu_zero1", 9);
     c.train.batch_size = 2;
@@ -1736,11 +1737,12 @@ TEST_CASE("ZeRO-1 on the GPU (2 local ranks) is bit-identical to replicated Adam
         std::vector<double> loss;
         CheckpointState st;
     };
-    auto run = [&](const std::string& name, bool zero1, int vp) {
+    auto run = [&](const std::string& name, bool zero1, int vp, bool overlap = false) {
         Config k = c;
         k.train.run_name = name;
         k.parallel.zero1 = zero1;
         k.parallel.vocab_parallel = vp;
+        k.kernels.adamw_overlap = overlap;
         const TrainResult r = train(k, "", "test");
         Out o;
         std::ifstream f(fs::path(r.run_dir) / "metrics.jsonl");
@@ -1764,6 +1766,14 @@ TEST_CASE("ZeRO-1 on the GPU (2 local ranks) is bit-identical to replicated Adam
         CHECK(zero.st.params == plain.st.params);
         CHECK(zero.st.m == plain.st.m);
         CHECK(zero.st.v == plain.st.v);
+        // kernels.adamw_overlap: each rank's update beside its next forward pass (data
+        // parallel; a split vocabulary updates on the main stream), the checkpoint's weights and
+        // moments read after it
+        const Out beside = run("beside" + std::to_string(vp), false, vp, true);
+        CHECK(beside.loss == plain.loss);
+        CHECK(beside.st.params == plain.st.params);
+        CHECK(beside.st.m == plain.st.m);
+        CHECK(beside.st.v == plain.st.v);
     }
 }
 
