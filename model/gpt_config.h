@@ -93,11 +93,6 @@ struct KernelChoice {
     // GELU's derivative in the epilogue of fcproj's input-gradient GEMM (cuBLASLt's DGELU, matmul:
     // fused_epilogue or wgmma); false: the plain GEMM, then gelu_backward's own pass
     bool gelu_backward_in_gemm = true;
-    // The AdamW update of the whole arena on a stream of its own, in the pieces the forward pass
-    // reads (forward_order_pieces): the next forward waits for each piece just before it reads
-    // it, so the update's memory traffic runs beside its GEMMs instead of before them. The same
-    // bits either way; one rank's whole arena only (not ZeRO-1 slices or a split vocabulary).
-    bool adamw_overlap = true;
     // How often the vocab-parallel head reads a shard's logits. "two": statistics, exchange,
     // then a second read for the gradient. "one": the loss head's variant (fast or online) runs
     // once over the shard with local targets and writes the local softmax in place, and per-row

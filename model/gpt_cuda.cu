@@ -157,14 +157,10 @@ void GptCuda::Impl::plan_gradient_zeroing() {
 }
 
 void GptCuda::Impl::zero_grad() {
-    // Behind a pending update, on its stream (which reads the gradient), and its last piece's
-    // event after it: the next forward pass waits for that before the backward pass writes.
-    const cudaStream_t st = upd_pending ? ustream : stream;
     float* g0 = grads.as<float>();
     for (const auto& [lo, hi] : zeroed_large)
-        ZG_CUDA_CHECK(cudaMemsetAsync(g0 + lo, 0, size_t(hi - lo) * 4, st));
-    cuda::zero_spans(g0, zeroed_small.as<cuda::FloatSpan>(), zeroed_small_count, st);
-    if (upd_pending) ZG_CUDA_CHECK(cudaEventRecord(upd_ev.back(), ustream));
+        ZG_CUDA_CHECK(cudaMemsetAsync(g0 + lo, 0, size_t(hi - lo) * 4, stream));
+    cuda::zero_spans(g0, zeroed_small.as<cuda::FloatSpan>(), zeroed_small_count, stream);
     for (GemmGrad& gg : gemm_grads) gg.fresh = true;
 }
 
@@ -186,12 +182,6 @@ void GptCuda::Impl::settle_fresh_grads(int64_t lo, int64_t hi) {
 }
 
 GptCuda::Impl::~Impl() {
-    if (ustream) {
-        cudaStreamSynchronize(ustream);  // the update reads and writes arenas freed below
-        cudaStreamDestroy(ustream);
-    }
-    for (cudaEvent_t e : upd_ev) cudaEventDestroy(e);
-    if (upd_start_ev) cudaEventDestroy(upd_start_ev);
     for (cudaEvent_t e : pool) cudaEventDestroy(e);
     for (cudaEvent_t e : ev)
         if (e) cudaEventDestroy(e);
@@ -595,11 +585,9 @@ void GptCuda::Impl::forward(const int32_t* host_tokens, int64_t b, int64_t tn) {
         ZG_CHECK(host_tokens[i] >= 0 && host_tokens[i] < cfg.vocab_size,
                  "token id " + std::to_string(host_tokens[i]) + " outside the vocabulary");
     ensure(b, tn);
-    if (!overlapping()) join_update();  // before the phase's first event: not the encoder's time
     tick(nullptr);
     const int64_t BT = B * Tn, C = cfg.n_embd, L = cfg.n_layer;
     std::memcpy(h_tokens.get(), host_tokens, BT * 4);
-    wait_update(0);  // the embeddings and block 0
     ZG_CUDA_CHECK(
         cudaMemcpyAsync(tokens.get(), h_tokens.get(), BT * 4, cudaMemcpyHostToDevice, stream));
     if (vgroup.size > 1) {
@@ -610,13 +598,7 @@ void GptCuda::Impl::forward(const int32_t* host_tokens, int64_t b, int64_t tn) {
                               wr(layout.wpe), B, Tn, C, rt, stream);
     }
     tick("encoder fwd");
-    for (int64_t l = 0; l < L; l++) {
-        // block l reads its own weights and, at its end, the next norm's (block l + 1's or the
-        // final one)
-        wait_update(int(std::min(l + 1, L)));
-        block_forward(l, false);
-    }
-    join_update();              // (no blocks read the final piece; the head reads it)
+    for (int64_t l = 0; l < L; l++) block_forward(l, false);
     head_pending = !linear_ce;  // loss() runs the logits GEMM, chunked with the cross-entropy
     head_dinp_done = false;
     upload_buckets();  // host work while the GPU runs the forward pass
@@ -942,7 +924,6 @@ int64_t GptCuda::num_parameters() const {
 }
 
 void GptCuda::set_params(const float* host) {
-    impl_->join_update();
     // what the model's streams still have queued (a ZeRO-1 gather after a step) lands first
     settle_collectives();
     ZG_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
@@ -957,14 +938,12 @@ void GptCuda::settle_collectives() const {
     impl_->vgroup.settle();
 }
 void GptCuda::get_params(float* host) const {
-    impl_->join_update();
     settle_collectives();
     ZG_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
     ZG_CUDA_CHECK(
         cudaMemcpy(host, impl_->params.get(), num_parameters() * 4, cudaMemcpyDeviceToHost));
 }
 void GptCuda::get_grads(float* host) const {
-    impl_->join_update();
     impl_->settle_fresh_grads();
     settle_collectives();
     ZG_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
@@ -1032,7 +1011,6 @@ double GptCuda::grad_sum_of_squares(int64_t lo, int64_t hi) {
 void GptCuda::queue_sum_of_squares(int64_t lo, int64_t hi) {
     Impl& im = *impl_;
     ZG_CHECK(0 <= lo && lo <= hi && hi <= num_parameters(), "grad_sum_of_squares: bad range");
-    im.join_update();
     im.settle_fresh_grads();
     im.tick(nullptr);
     cuda::sum_of_squares(im.norm_out.as<double>(), im.grads.as<float>() + lo, hi - lo,
@@ -1054,7 +1032,6 @@ void GptCuda::adamw_step(double lr, double beta1, double beta2, double eps, doub
 }
 
 void GptCuda::refresh_bf16_copy() {
-    impl_->join_update();
     impl_->refresh_bf16();
 }
 
@@ -1092,7 +1069,6 @@ double GptCuda::clip_and_adamw_step_sliced(
     ZG_CHECK(n >= 1 && n <= kMaxNormParts && own < n,
              "clip_and_adamw_step_sliced: 1 to " + std::to_string(kMaxNormParts) + " slices");
     auto* parts = im.norm_parts.as<double>();
-    im.join_update();
     im.settle_fresh_grads();
     im.tick(nullptr);
     for (int r = 0; r < n; r++) {
@@ -1118,7 +1094,6 @@ void GptCuda::queue_adamw(double lr, double beta1, double beta2, double eps, dou
                           float* v, int64_t lo, int64_t hi) {
     Impl& im = *impl_;
     ZG_CHECK(0 <= lo && lo <= hi && hi <= num_parameters(), "adamw: bad range of the arena");
-    im.join_update();
     im.settle_fresh_grads();
     cpu::AdamWStep s;
     s.lr = lr;
@@ -1128,50 +1103,22 @@ void GptCuda::queue_adamw(double lr, double beta1, double beta2, double eps, dou
     s.t = t;
     s.grad_scale = grad_scale;
     s.weight_decay = weight_decay;
-    // The tensors inside [a, b), each with its decay flag: one launch for all of them.
-    auto spans_in = [&](int64_t a, int64_t b) {
-        std::vector<cuda::AdamWSpan> spans;
-        for (const auto& spec : im.layout.table.specs()) {
-            const int64_t off = std::max(spec.offset, a),
-                          end = std::min(spec.offset + spec.numel, b);
-            if (off >= end) continue;
-            if (!spans.empty() && spans.back().decay == spec.decay && spans.back().end == off) {
-                spans.back().end = end;  // runs of same-decay tensors as one span
-            } else {
-                spans.push_back({off, end, spec.decay});
-            }
+    // The tensors inside [lo, hi), each with its decay flag: one launch for all of them.
+    std::vector<cuda::AdamWSpan> spans;
+    for (const auto& spec : im.layout.table.specs()) {
+        const int64_t off = std::max(spec.offset, lo), end = std::min(spec.offset + spec.numel, hi);
+        if (off >= end) continue;
+        if (!spans.empty() && spans.back().decay == spec.decay && spans.back().end == off) {
+            spans.back().end = end;  // runs of same-decay tensors as one span
+        } else {
+            spans.push_back({off, end, spec.decay});
         }
-        return spans;
-    };
+    }
     void* p16 = im.t == DType::bf16 ? static_cast<void*>(im.params16.as<Impl::bf16_t>()) : nullptr;
-    if (!im.update_beside_forward(lo, hi)) {
-        im.tick(nullptr);
-        cuda::adamw_update(im.params.as<float>(), p16, im.grads.as<float>(), m, v, lo,
-                           spans_in(lo, hi), s, im.stream, clip);
-        im.tick("adamw");
-        return;
-    }
-    // Beside the next forward pass: piece by piece on ustream, after what the main stream queued
-    // (the gradient and its norm).
-    if (!im.ustream) {
-        ZG_CUDA_CHECK(cudaStreamCreateWithFlags(&im.ustream, cudaStreamNonBlocking));
-        im.upd_bounds = forward_order_pieces(im.layout);
-        im.upd_ev.resize(im.upd_bounds.size() - 1);
-        for (cudaEvent_t& e : im.upd_ev)
-            ZG_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-        ZG_CUDA_CHECK(cudaEventCreateWithFlags(&im.upd_start_ev, cudaEventDisableTiming));
-    }
-    ZG_CUDA_CHECK(cudaEventRecord(im.upd_start_ev, im.stream));
-    ZG_CUDA_CHECK(cudaStreamWaitEvent(im.ustream, im.upd_start_ev));
-    for (size_t p = 0; p < im.upd_ev.size(); p++) {
-        const std::vector<cuda::AdamWSpan> spans = spans_in(im.upd_bounds[p], im.upd_bounds[p + 1]);
-        if (!spans.empty())
-            cuda::adamw_update(im.params.as<float>(), p16, im.grads.as<float>(), m, v, lo, spans, s,
-                               im.ustream, clip);
-        ZG_CUDA_CHECK(cudaEventRecord(im.upd_ev[p], im.ustream));
-    }
-    im.upd_pending = true;
-    im.upd_waited = -1;
+    im.tick(nullptr);
+    cuda::adamw_update(im.params.as<float>(), p16, im.grads.as<float>(), m, v, lo, spans, s,
+                       im.stream, clip);
+    im.tick("adamw");
 }
 
 std::vector<float> GptCuda::logits() const {
@@ -1194,17 +1141,14 @@ std::vector<float> GptCuda::logits() const {
 }
 
 float* GptCuda::params_device() {
-    impl_->join_update();
     return impl_->params.as<float>();
 }
 float* GptCuda::grads_device() {
-    impl_->join_update();
     impl_->settle_fresh_grads();  // the caller may read or add into any of it
     return impl_->grads.as<float>();
 }
 float* GptCuda::grads_device(int64_t lo, int64_t hi) {
     ZG_CHECK(0 <= lo && lo <= hi && hi <= num_parameters(), "grads_device: bad range");
-    impl_->join_update();
     impl_->settle_fresh_grads(lo, hi);
     return impl_->grads.as<float>();
 }
@@ -1226,7 +1170,6 @@ std::vector<std::pair<int64_t, int64_t>> GptCuda::master_read_spans() const {
     return spans;
 }
 void* GptCuda::params_bf16_device() {
-    impl_->join_update();
     return impl_->t == DType::bf16 ? impl_->params16.get() : nullptr;
 }
 size_t GptCuda::allocated_bytes() const {

@@ -126,11 +126,7 @@ class GptCuda {
     // turns it off.
     void set_grad_ready_hook(void* consumer_stream,
                              std::function<void(int64_t lo, int64_t hi)> hook);
-    // The model's main stream (cudaStream_t). Under kernels.adamw_overlap the last update may
-    // still run on a stream of its own until the next forward pass has waited for it: the
-    // model's readers of the weights, gradients or moments below wait for it first, and work the
-    // caller queues on this stream must not touch them before one of those calls.
-    void* stream() const;
+    void* stream() const;  // the model's main stream (cudaStream_t)
     void zero_grad();
     double grad_norm();                                  // global L2 norm of the gradient arena
     double grad_sum_of_squares(int64_t lo, int64_t hi);  // of the arena elements [lo, hi)

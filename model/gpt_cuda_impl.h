@@ -164,28 +164,6 @@ struct GptCuda::Impl {
     // (with clip_and_adamw_step_range, while the update runs)
     PinnedBuffer<double> h_norm;
     cudaEvent_t norm_ev = nullptr;
-    // kernels.adamw_overlap: the update runs on ustream in the arena's forward_order_pieces, an
-    // event after each (upd_ev; the last one also after zero_grad's zeroing, which then runs
-    // there too). The main stream waits for piece p before the forward pass first reads it
-    // (wait_update); every other reader of the weights, gradients or moments waits for all of
-    // it first (join_update).
-    cudaStream_t ustream = nullptr;
-    std::vector<int64_t> upd_bounds;
-    std::vector<cudaEvent_t> upd_ev;
-    cudaEvent_t upd_start_ev = nullptr;
-    bool upd_pending = false;
-    int upd_waited = -1;  // the last piece the main stream waits for
-    bool update_beside_forward(int64_t lo, int64_t hi) const {
-        return opt.kernels.adamw_overlap && overlapping() && vgroup.size == 1 && lo == 0 &&
-               hi == layout.table.total();
-    }
-    void wait_update(int piece) {
-        if (!upd_pending || piece <= upd_waited) return;
-        ZG_CUDA_CHECK(cudaStreamWaitEvent(stream, upd_ev[size_t(piece)]));
-        upd_waited = piece;
-        upd_pending = piece + 1 < int(upd_ev.size());
-    }
-    void join_update() { wait_update(int(upd_ev.size()) - 1); }
 
     // activations, per (B, T)
     int64_t B = 0, Tn = 0;

@@ -213,19 +213,6 @@ GptLayout make_gpt_layout(const ModelConfig& c, int vocab_parts) {
     return g;
 }
 
-std::vector<int64_t> forward_order_pieces(const GptLayout& layout) {
-    const ParameterTable& t = layout.table;
-    std::vector<int64_t> bounds{0};
-    for (size_t l = 1; l < layout.blocks.size(); l++)
-        bounds.push_back(t[layout.blocks[l].ln1_w].offset);
-    bounds.push_back(t[layout.lnf_w].offset);
-    bounds.push_back(t.total());
-    for (size_t i = 1; i < bounds.size(); i++)
-        ZG_CHECK(bounds[i - 1] <= bounds[i],
-                 "forward_order_pieces: the table is not in block order");
-    return bounds;
-}
-
 double training_flops_per_token(const ModelConfig& c, int64_t Tn) {
     const GptLayout l = make_gpt_layout(c);
     const double n = double(l.table.total()) - (l.wpe < 0 ? 0.0 : double(l.table[l.wpe].numel));

@@ -67,11 +67,6 @@ int64_t vocab_table_rows(const ModelConfig& c, int vocab_parts = 1);
 
 GptLayout make_gpt_layout(const ModelConfig& c, int vocab_parts = 1);
 
-// The arena cut where the forward pass first reads each piece, L + 2 bounds for L blocks: piece 0
-// is [0, block 1) (the embeddings and block 0), piece l block l, piece L - 1 up to the final norm,
-// and piece L the final norm and an untied LM head. Every table starts its blocks with ln1.
-std::vector<int64_t> forward_order_pieces(const GptLayout& layout);
-
 // Model FLOPs per token of one training step (forward + backward) at sequence length Tn, as
 // nanoGPT and llm.c count them for MFU: 6 N (N without the position table) + 12 L C Tn (the
 // attention's scores and P V: q has n_head heads of C / n_head under grouped-query attention too).

@@ -228,38 +228,6 @@ TEST_CASE("Llama-style parameter table: Hugging Face Llama's names, stacked q/k/
     CHECK(make_gpt_layout(tiny(true, true, false)).table.find("transformer.wpe.weight") >= 0);
 }
 
-TEST_CASE("forward_order_pieces: each block's tensors in its own piece, in the forward's order") {
-    // GPT-2 (tied head, 2 blocks) and Llama-style (untied head, 2 blocks, no wpe)
-    for (const ModelConfig& c : {tiny(true, true, false),
-                                 tiny_llama("rmsnorm", "rope", "swiglu", 2, false, false, false)}) {
-        const GptLayout g = make_gpt_layout(c);
-        const std::vector<int64_t> b = forward_order_pieces(g);
-        const int64_t L = int64_t(g.blocks.size());
-        REQUIRE(int64_t(b.size()) == L + 2);
-        CHECK(b.front() == 0);
-        CHECK(b.back() == g.table.total());
-        // the piece holding a tensor, which must hold all of it
-        auto piece = [&](int idx) {
-            const ParamSpec& s = g.table[idx];
-            for (size_t p = 0; p + 1 < b.size(); p++)
-                if (b[p] <= s.offset && s.offset < b[p + 1]) {
-                    CHECK(s.offset + s.numel <= b[p + 1]);
-                    return int64_t(p);
-                }
-            return int64_t(-1);
-        };
-        CHECK(piece(g.wte) == 0);
-        if (g.wpe >= 0) CHECK(piece(g.wpe) == 0);
-        for (int64_t l = 0; l < L; l++) {
-            const BlockParams& p = g.blocks[size_t(l)];
-            for (int idx : {p.ln1_w, p.qkv_w, p.k_w, p.proj_w, p.ln2_w, p.fc_w, p.up_w, p.fcproj_w})
-                if (idx >= 0) CHECK(piece(idx) == l);
-        }
-        CHECK(piece(g.lnf_w) == L);
-        CHECK(piece(g.lm_head) == (g.lm_head == g.wte ? 0 : L));
-    }
-}
-
 TEST_CASE("Llama-style options: bad combinations name the key") {
     auto refused = [](ModelConfig c, const std::string& key) {
         try {

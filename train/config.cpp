@@ -306,12 +306,6 @@ std::vector<ConfigField> config_fields(Config& c) {
          "epilogue of the MLP projection's input-gradient GEMM (cuBLASLt's DGELU; false: the "
          "plain GEMM, then a GELU-backward pass)",
          &k.gelu_backward_in_gemm});
-    add({"kernels", "adamw_overlap",
-         "GPU: the AdamW update on its own stream, block by block, beside the next forward pass "
-         "(which waits for each block's new weights just before it reads them; the same bits). "
-         "With one rank's whole arena only: ZeRO-1 and a split vocabulary update on the main "
-         "stream",
-         &k.adamw_overlap});
     add({"kernels",
          "split_head_reads",
          "GPU, parallel.vocab_parallel > 1: how often a shard's logits are read. two: "

@@ -258,9 +258,7 @@ std::pair<double, double> train_step(Bench& b, Model& model, const std::vector<i
                                       cfg.optim.weight_decay, step, cfg.optim.grad_clip, model.m,
                                       model.v, 0, gpt.num_parameters());
     }
-    // The main stream's end, as the trainer's host waits for it: under kernels.adamw_overlap the
-    // update goes on beside, into the next step, whose forward pass waits for it.
-    ZG_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(gpt.stream())));
+    ZG_CUDA_CHECK(cudaDeviceSynchronize());
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     if (!accumulating) head = gpt.head_ms();
     return {ms, head};
@@ -282,25 +280,23 @@ void record_ops(Bench& b, std::vector<std::pair<std::string, double>> t2, double
 // Every step of the schedule; start-up ends with the first, printed then.
 void run_steps(Bench& b, Model& model, Clock::time_point started) {
     const Schedule sched = schedule_of(b.opt);
-    // Every step's tokens drawn before the first: they stand for a data loader that prepares
-    // batches while the GPU works, and no host work between the steps leaves the GPU an update
-    // (kernels.adamw_overlap) to finish untimed. One row of B * T + 1 tokens per micro-batch.
     Tokens tokens(b.opt, b.cfg);
-    std::vector<std::vector<int32_t>> xs(size_t(sched.last));
-    for (auto& x : xs) {
-        x.resize(size_t(b.cfg.train.grad_accum) * size_t(b.B() * b.T() + 1));
-        tokens.fill(x);
-    }
+    // one row of B * T + 1 tokens per micro-batch
+    std::vector<int32_t> x(size_t(b.cfg.train.grad_accum) * size_t(b.B() * b.T() + 1));
     if (b.opt.timeline_steps > 0) b.timeline.emplace();
     b.power.emplace();
     for (int step = 1; step <= sched.last; step++) {
         const bool op_step = sched.op_step(step);
         const bool timeline_step = sched.timeline_step(step);
         model.gpt.set_op_profiling(op_step);
+        // The tokens are drawn before the clock starts: they stand for a data loader that
+        // prepares the next batch while the GPU works (drawing 65,537 of them takes ~0.2 ms).
+        tokens.fill(x);
+        ZG_CUDA_CHECK(cudaDeviceSynchronize());
         if (step == b.opt.from) b.power->start();
         if (timeline_step && step == b.opt.steps + 1) b.timeline->start();
         if (timeline_step) b.timeline->mark();
-        const auto [ms, head] = train_step(b, model, xs[size_t(step - 1)], step);
+        const auto [ms, head] = train_step(b, model, x, step);
         if (step == b.opt.steps) b.board = b.power->stop();
         if (step == 1) {
             b.first_step_s = ms / 1e3;

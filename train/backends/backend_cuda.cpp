@@ -37,7 +37,6 @@ class DeviceFloats {
     }
     void upload(const std::vector<float>& h) {
         ZG_CHECK(int64_t(h.size()) == n_, "optimizer state has the wrong size");
-        ZG_CUDA_CHECK(cudaDeviceSynchronize());  // an update still running beside (adamw_overlap)
         ZG_CUDA_CHECK(cudaMemcpy(get(), h.data(), size_t(n_) * 4, cudaMemcpyHostToDevice));
         ZG_CUDA_CHECK(cudaDeviceSynchronize());  // the DMA from pageable memory has landed
     }
