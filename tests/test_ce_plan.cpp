@@ -66,6 +66,8 @@ TEST_CASE("ce plan: fast on short rows (GPT-2's vocabulary)") {
     CHECK(p.slice == 50304);
     CHECK(p.stages == 2);
     CHECK(p.smem == size_t(2 * 50304 * 2));
+    // one CTA, two stages for three groups: no statistics exchange
+    CHECK_FALSE(p.exchange);
     // the helper only goes behind clusters of more than 2 CTAs
     CHECK(plan_fast_helper(a, p, kHopperSmem).cluster == 0);
 
@@ -83,6 +85,20 @@ TEST_CASE("ce plan: fast on short rows (GPT-2's vocabulary)") {
     CHECK(f.cluster == 2);
     CHECK(f.slice == 25152);
     CHECK(f.stages == 4);
+    CHECK(f.exchange);  // a cluster of two exchanges
+
+    // V = 32768: 65,536-byte rows, min(8, 230,400 / 65,536) = 3 stages in one CTA, a buffer for
+    // each of the three groups: the exchange is kept (it measured faster there)
+    const FastPlan q = plan_fast(rows(LogitsType::bf16, 32768), true, kHopperSmem);
+    CHECK(q.cluster == 1);
+    CHECK(q.stages == 3);
+    CHECK(q.exchange);
+    // ... and dropped when the budget leaves two stages (smem_kb, 130 KB)
+    CrossEntropyArgs two = rows(LogitsType::bf16, 32768);
+    two.tuning.smem_kb = 130;
+    const FastPlan q2 = plan_fast(two, true, kHopperSmem);
+    CHECK(q2.stages == 2);
+    CHECK_FALSE(q2.exchange);
 }
 
 TEST_CASE("ce plan: fast on long rows, and its helper grid") {

@@ -73,12 +73,13 @@ struct FastArgs {
     const void* logits;
     void* dlogits;
     int64_t ld, N;
-    int64_t row0;       // the first row (fast_pingpong_kernel: rows [row0, N))
-    int64_t slice;      // columns per CTA (a multiple of the 16-byte chunk)
-    int stages;         // row buffers per CTA
-    RowFinish fin;      // targets, gradient scale, loss settings, V and the row outputs
-    unsigned* max_key;  // the largest logit of any row (raise_max), for the summary
-    long long* trace;   // fast_pingpong_kernel<..., kTrace>: N x cluster x kTracePoints clocks
+    int64_t row0;          // the first row (fast_pingpong_kernel: rows [row0, N))
+    int64_t slice;         // columns per CTA (a multiple of the 16-byte chunk)
+    int stages;            // row buffers per CTA
+    RowFinish fin;         // targets, gradient scale, loss settings, V and the row outputs
+    unsigned* max_key;     // the largest logit of any row (raise_max), for the summary
+    long long* trace;      // fast_pingpong_kernel<..., kTrace>: N x cluster x kTracePoints clocks
+    bool exchange = true;  // FastPlan::exchange (a cluster of more than one CTA exchanges always)
 };
 
 // The per-row outputs of the fused kernel (written once per row).
@@ -517,16 +518,18 @@ __global__ void __launch_bounds__(kGroupCount* kGroupThreads, 1) fast_pingpong_k
         group_sync(1 + group, kGroupThreads);
         if constexpr (kTrace) t[2] = clock64();
         st = warp_merge_stats<kWarps>(warp_vals[group][lane % kWarps]);
-        const int slot = int(it % kStatSlots);
-        if (warp == 0 && lane < csize) {  // lane r hands this CTA's statistics to CTA r
-            *cluster.map_shared_rank(&cluster_vals[slot][rank], lane) = st;
-            mbar_arrive_remote(&stats_ready[slot], unsigned(lane));
+        RowStatsF all = st;  // without the exchange (a cluster of one): the row's statistics
+        if (csize > 1 || a.exchange) {
+            const int slot = int(it % kStatSlots);
+            if (warp == 0 && lane < csize) {  // lane r hands this CTA's statistics to CTA r
+                *cluster.map_shared_rank(&cluster_vals[slot][rank], lane) = st;
+                mbar_arrive_remote(&stats_ready[slot], unsigned(lane));
+            }
+            mbar_wait_cluster(&stats_ready[slot], unsigned(it / kStatSlots) & 1u);
+            const int r = lane % kMaxCluster;
+            all = warp_merge_stats<kMaxCluster>(r < csize ? cluster_vals[slot][r] : empty_stats());
         }
-        mbar_wait_cluster(&stats_ready[slot], unsigned(it / kStatSlots) & 1u);
         if constexpr (kTrace) t[3] = clock64();
-        const int r = lane % kMaxCluster;
-        const RowStatsF all =
-            warp_merge_stats<kMaxCluster>(r < csize ? cluster_vals[slot][r] : empty_stats());
         const RowResult res =
             finalize_row(row_target_stats(a.fin, all, y, valid), y, valid,
                          grad_scale(g, a.fin.red, n_valid), a.fin.V, a.fin.eps, a.fin.zw);
@@ -708,6 +711,7 @@ void run_fast_schedule(const CrossEntropyArgs& a0, const CrossEntropyOptions& o,
     FastArgs f{a.logits,   a.dlogits,  a.ld,        a.N,
                0,          plan.slice, plan.stages, row_finish(a, o, ws.n_valid),
                ws.max_key, nullptr};
+    f.exchange = plan.exchange;
     dispatch(a.type, [&](auto tag) {
         using T = decltype(tag);
         const int threads = plan.threads;
@@ -767,6 +771,7 @@ void run_fast_schedule(const CrossEntropyArgs& a0, const CrossEntropyOptions& o,
             h.slice = help.slice;
             h.stages = help.stages;
             h.trace = nullptr;
+            h.exchange = help.exchange;
             launch_fast(help_kernel, help, h, help_grid, true, s);
         }
         if (trace) report_fast_trace(f.trace, f.N, plan.cluster, main_clusters, plan.groups, s);

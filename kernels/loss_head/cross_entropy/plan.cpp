@@ -61,6 +61,7 @@ FastPlan plan_fast_groups(const CrossEntropyArgs& a, bool pingpong, int max_smem
                 FastPlan p{c,     threads,     pingpong, groups,
                            parts, int(stages), slice,    size_t(stages) * size_t(slice) * es};
                 if (pingpong) p.stats_sweeps = stats_sweeps_for(threads / groups, c, k);
+                p.exchange = c > 1 || !pingpong || p.stages >= groups;
                 return p;
             }
         }
