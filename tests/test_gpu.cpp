@@ -100,6 +100,7 @@ TEST_CASE(
         bool trace = false;
         int helper_weight = -1, helper_parts = 1;  // -1: the default share
         int stats_sweeps = 0;                      // 0: the plan's
+        bool l2_evict_last = true;  // false: the rows' copies under L2's normal policy
     };
     const std::vector<Mode> modes = {{"fast", 0},
                                      {"fast", 3},
@@ -118,7 +119,8 @@ TEST_CASE(
                                      {"fast", 0, 3, 2, true, 400, 1},
                                      {"fast", 0, 2, 2, false, -1, 1, 1},
                                      {"fast", 3, 3, 2, false, -1, 1, 1},
-                                     {"fast", 0, 3, 2, false, 400, 2, 2}};
+                                     {"fast", 0, 3, 2, false, 400, 2, 2},
+                                     {"fast", 0, 3, 2, false, -1, 1, 0, false}};
     // Four cases a shape (label smoothing on and off, dlogits in place and in their own buffer,
     // 0-2 ignored rows), each with its reference computed once, taken in turn by the modes and
     // cluster sizes below: making the cases and their double-precision references, not the GPU,
@@ -152,8 +154,10 @@ TEST_CASE(
         CAPTURE(m.helper_weight);
         CAPTURE(m.helper_parts);
         CAPTURE(m.stats_sweeps);
+        CAPTURE(m.l2_evict_last);
         cuda::CrossEntropyTuning tuning;
         tuning.stats_sweeps = m.stats_sweeps;
+        tuning.l2_evict_last = m.l2_evict_last;
         tuning.helper_weight = m.helper_weight;
         tuning.helper_parts = m.helper_parts;
         tuning.groups = m.groups;

@@ -362,6 +362,10 @@ std::vector<ConfigField> config_fields(Config& c) {
          "fast: a row slice's statistics in 1 sweep (max and sums together) or 2 (max, then sums); "
          "0: the planner's, by warp group and cluster size (kStatsSweeps in plan.h)",
          &ct.stats_sweeps, 0, 2});
+    add({"kernels", ce + "l2_evict_last",
+         "fast: the rows' bulk copies evict last from L2 (their lines still cached when dlogits "
+         "are written over them); false: the normal policy",
+         &ct.l2_evict_last});
     cuda::AttentionTuning& at = k.attention_tuning;
     const std::string att = "attention_tuning.";
     add({"kernels", att + "fwd_m_tiles",
@@ -660,6 +664,7 @@ void check_cross(const Config& c, const Origins& origins) {
         {cet + "helper_parts", "cross_entropy", ct.helper_parts != cd.helper_parts},
         {cet + "helper_weight", "cross_entropy", ct.helper_weight != cd.helper_weight},
         {cet + "stats_sweeps", "cross_entropy", ct.stats_sweeps != cd.stats_sweeps},
+        {cet + "l2_evict_last", "cross_entropy", ct.l2_evict_last != cd.l2_evict_last},
         {att + "fwd_m_tiles", "attention", tt.fwd_m_tiles != ad.fwd_m_tiles},
         {att + "wgmma_fwd", "attention", tt.wgmma_fwd != ad.wgmma_fwd},
         {att + "wgmma_bwd", "attention", tt.wgmma_bwd != ad.wgmma_bwd},

@@ -157,6 +157,9 @@ struct CrossEntropyTuning {
     // against a reference chunk's max) or 2 (the max, then the sums); 0: by the warp groups'
     // threads and the cluster size (ce::kStatsSweeps)
     int stats_sweeps = 0;
+    // fast: each row's bulk copy marked to be evicted last from L2, so that its lines are still
+    // there when the row's dlogits are written over them; false: the normal policy
+    bool l2_evict_last = true;
     // fast, bf16 logits, outside graph capture: run the kernel that records where a row's time
     // goes, wait for it and print the phases to stderr. A diagnostic, not a tuning (it
     // synchronises the stream and prints at every launch), so bench_ce --trace sets it and the

@@ -80,6 +80,7 @@ struct FastArgs {
     unsigned* max_key;     // the largest logit of any row (raise_max), for the summary
     long long* trace;      // fast_pingpong_kernel<..., kTrace>: N x cluster x kTracePoints clocks
     bool exchange = true;  // FastPlan::exchange (a cluster of more than one CTA exchanges always)
+    bool l2_evict_last = true;  // fast_pingpong_kernel: CrossEntropyTuning::l2_evict_last
 };
 
 // The per-row outputs of the fused kernel (written once per row).
@@ -456,12 +457,15 @@ __global__ void __launch_bounds__(kGroupCount* kGroupThreads, 1) fast_pingpong_k
     const bool smooth = a.fin.eps != 0.0f;
     const int S = a.stages;
     auto buffer = [&](int64_t it) { return reinterpret_cast<T*>(smem_raw) + (it % S) * a.slice; };
+    // Evict-last keeps a row's lines in L2 until its dlogits are written over them: 1.5-5%
+    // faster than the normal policy (fast_l2_evict_last in ce_vocab_sweep_h200.json).
+    const uint64_t policy = l2_policy(a.l2_evict_last);
     auto load_part = [&](int64_t it, int p) {
         const int64_t row = first_row + it * row_step;
         const int lo = copy_lo(p), hi = copy_lo(p + 1);
         if (row < a.N && hi > lo)
             bulk_load(buffer(it) + lo * K, logits + row * a.ld + lo * K, unsigned(hi - lo) * 16u,
-                      &full[it % S][p]);
+                      &full[it % S][p], policy);
     };
     if (threadIdx.x == 0) {
         for (int s = 0; s < S; s++)
@@ -712,6 +716,7 @@ void run_fast_schedule(const CrossEntropyArgs& a0, const CrossEntropyOptions& o,
                0,          plan.slice, plan.stages, row_finish(a, o, ws.n_valid),
                ws.max_key, nullptr};
     f.exchange = plan.exchange;
+    f.l2_evict_last = a.tuning.l2_evict_last;
     dispatch(a.type, [&](auto tag) {
         using T = decltype(tag);
         const int threads = plan.threads;

@@ -31,6 +31,27 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned b
         "l"(src), "r"(bytes), "r"(smem_addr(bar))
         : "memory");
 }
+// An L2 cache policy for bulk_load: the copied lines evicted last (keep) or normally.
+__device__ __forceinline__ uint64_t l2_policy(bool keep) {
+    uint64_t policy;
+    if (keep)
+        asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
+    else
+        asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(policy));
+    return policy;
+}
+// bulk_load under an L2 cache policy (l2_policy's).
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes, uint64_t* bar,
+                                          uint64_t policy) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
+                 "r"(bytes)
+                 : "memory");
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], "
+        "[%1], %2, [%3], %4;\n" ::"r"(smem_addr(dst)),
+        "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
+        : "memory");
+}
 // The loop that waits for the phase of `parity` (%1) of the mbarrier at %0; `sem` is the wait's
 // memory-order qualifier ("": acquire at CTA scope, the default).
 #define ZG_MBAR_WAIT_LOOP(sem)           \
