@@ -42,6 +42,9 @@ bench = dict(device="test GPU", copy_TBps=4.2, results=[
     bench_row("fast", 32768, 0.60, x_floor=1.2),
     bench_row("fast", 65536, 1.10, x_floor=1.1),
     bench_row("fused_linear_rows", 32768, 4.0, C=768, extra=0.3),
+    bench_row("fused_linear_rows", 1024, 0.2, C=768, extra=0.08),
+    bench_row("fused_linear_rows", 256000, 40.0, C=768, extra=1.6),
+    bench_row("fused_linear_rows", 32768, 9.9, C=2048, extra=1.0),
 ])
 anchors = dict(torch="2.x", liger="0.8.5", rows=[
     anchor_row("torch_compile", 1024, 0.70, queued=0.064),
@@ -53,6 +56,9 @@ anchors = dict(torch="2.x", liger="0.8.5", rows=[
     anchor_row("torch_compile", 65536, 3.0, queued=2.9),
     anchor_row("liger", 65536, 2.5, queued=2.4, extra=1.0e-4),  # less memory than fast
     anchor_row("torch_compile", 32768, 5.5, extra=2.15, C=768),
+    anchor_row("torch_compile", 1024, 1.1, extra=0.0673, C=768),
+    anchor_row("torch_compile", 256000, 43.0, extra=16.78, C=768),
+    anchor_row("torch_compile", 32768, 11.4, extra=2.15, C=2048),
 ])
 
 rows = T.join(bench, [anchors])
@@ -83,9 +89,21 @@ expect("GPU alone" not in lines[32768] and "1.20x copy floor (> 1.15)" in lines[
 expect("1.10x copy floor (<= 1.15)" in lines[65536] and "more" in lines[65536],
        "V=65536: the copy floor met, more memory than Liger")
 expect("copy floor" not in lines[8192], "no copy-floor verdict below V = 32768")
-lin = [t for t in T.check_targets(rows) if t.startswith("fused_linear_rows")]
-expect(len(lin) == 1 and "faster" in lin[0] and "more than a tenth" in lin[0],
+lin = {(int(t.split("C=")[1].split()[0]), int(t.split("V=")[1].split(":")[0])): t
+       for t in T.check_targets(rows) if t.startswith("fused_linear_rows")}
+expect(len(lin) == 4 and "faster" in lin[768, 32768] and "more than a tenth" in lin[768, 32768],
        "the exact linear head: faster, more than a tenth of torch.compile's memory")
+# at V = 1024 a tenth (6.7 MB) is below dh and dW alone (2 x 768 x (16384 + 1024) bytes)
+expect("out of reach for any head: its gradients alone are 0.027 GB" in lin[768, 1024],
+       "V=1024: the tenth below the gradients any head returns")
+# C = 768, V = 32768: the least a head computing the logits once holds (0.211 GB: the gradients,
+# the fp32 dW, 16 rows of tile and the GEMMs' workspace) still fits a tenth (0.215 GB)
+expect("out of reach" not in lin[768, 32768], "C=768, V=32768: a tenth within reach")
+# C = 2048: the gradients (0.201 GB) fit a tenth, the fp32 dW beside them does not
+expect("out of reach with the logits computed once: at least 0.504 GB" in lin[2048, 32768],
+       "C=2048, V=32768: out of reach for a head computing the logits once")
+expect("<= a tenth" in lin[768, 256000] and "out of reach" not in lin[768, 256000],
+       "V=256000: within a tenth, no reach note")
 
 # the command line: the file it writes holds the rows and the target lines
 work = pathlib.Path(tempfile.mkdtemp(prefix="zgpt_ce_sweep_table_"))
@@ -98,7 +116,7 @@ p = subprocess.run([sys.executable, str(root / "tools/bench/ce_sweep_table.py"),
 expect(p.returncode == 0, f"the tool runs: {p.stderr}")
 if p.returncode == 0:
     doc = json.loads(out.read_text())
-    expect(doc["commit"] == "abc" and len(doc["rows"]) == 5
+    expect(doc["commit"] == "abc" and len(doc["rows"]) == 8
            and doc["targets"] == T.check_targets(rows),
            "the file holds the meta, the rows and the target lines")
 shutil.rmtree(work)

@@ -7,7 +7,9 @@ figure, and prints each point against the loss head's targets:
   from ce_sweep_anchors.py --queued, where measured);
 - at V >= 32768, within 1.15x of its copy floor;
 - the exact fused linear head (fused_linear_rows) faster than torch.compile at every V and C, with
-  at most a tenth of its extra memory.
+  at most a tenth of its extra memory; where a tenth is below what any head must hold (the
+  gradients it returns) or what a head computing the logits once must hold (least_extra_gb), the
+  line says so.
 
     python3 tools/bench/ce_sweep_table.py --bench bench_ce_sweep.json \\
         --anchors anchors_logits.json anchors_linear.json --out docs/results/ce_vocab_sweep_h200.json \\
@@ -48,6 +50,19 @@ def join(bench, anchor_docs):
     return rows
 
 
+GEMM_WORKSPACE_BYTES = 32 << 20  # cuBLASLt's workspace, which bench_ce counts (kernels/gemm/matmul.cu)
+
+
+def least_extra_gb(N, C, V):
+    """What a linear head must hold beyond its inputs, in GB: (any head) the gradients it returns,
+    dh [N, C] and dW [V, C] in bf16; (a head that computes the logits once, fused_linear_rows'
+    three GEMMs) those, plus either an fp32 dW accumulator and a tile of 16 rows or one tile of all
+    N rows, plus its GEMMs' workspace."""
+    grads = 2 * C * (N + V)
+    once = grads + min(4 * V * C + 2 * 16 * V, 2 * N * V) + GEMM_WORKSPACE_BYTES
+    return grads / 1e9, once / 1e9
+
+
 def check_targets(rows):
     """Lines saying where each target holds and where it does not."""
     out = []
@@ -72,9 +87,17 @@ def check_targets(rows):
     for r in exact:
         c = r.get("torch_compile_ms")
         cm = r.get("torch_compile_extra_gb")
+        reach = ""
+        if cm:  # where a tenth is below what the head must hold, say so: the target cannot be met
+            grads, once = least_extra_gb(r["N"], r["C"], r["V"])
+            if grads > cm / 10:
+                reach = f" (out of reach for any head: its gradients alone are {grads:.3f} GB)"
+            elif once > cm / 10:
+                reach = f" (out of reach with the logits computed once: at least {once:.3f} GB)"
         out.append(f"fused_linear_rows C={r['C']} V={r['V']}: {r['ms']:.3f} ms vs compile {c}: "
                    f"{'faster' if c and r['ms'] < c else 'NOT faster'}; extra {r['extra_gb']:.3f} GB "
-                   f"vs compile {cm}: {'<= a tenth' if cm and r['extra_gb'] <= cm / 10 else 'more than a tenth'}")
+                   f"vs compile {cm}: {'<= a tenth' if cm and r['extra_gb'] <= cm / 10 else 'more than a tenth'}"
+                   f"{reach}")
     return out
 
 
