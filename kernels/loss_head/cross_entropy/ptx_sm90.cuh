@@ -19,12 +19,16 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
 __device__ __forceinline__ void mbar_init(uint64_t* bar) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(bar)) : "memory");
 }
-// Arms `bar` for `bytes` and starts one bulk copy global -> shared that completes it.
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes,
-                                          uint64_t* bar) {
+// Arrives on `bar` and arms it for `bytes` more of bulk-copy traffic.
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, unsigned bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
                  "r"(bytes)
                  : "memory");
+}
+// Arms `bar` for `bytes` and starts one bulk copy global -> shared that completes it.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes,
+                                          uint64_t* bar) {
+    mbar_expect_tx(bar, bytes);
     asm volatile(
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
         "[%3];\n" ::"r"(smem_addr(dst)),
@@ -43,9 +47,7 @@ __device__ __forceinline__ uint64_t l2_policy(bool keep) {
 // bulk_load under an L2 cache policy (l2_policy's).
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes, uint64_t* bar,
                                           uint64_t policy) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
-                 "r"(bytes)
-                 : "memory");
+    mbar_expect_tx(bar, bytes);
     asm volatile(
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], "
         "[%1], %2, [%3], %4;\n" ::"r"(smem_addr(dst)),
