@@ -159,10 +159,9 @@ struct FastPlan {
     int stats_sweeps = 2;  // the pingpong kernels' statistics: 1 or 2 sweeps over a slice
     // The pingpong kernels' statistics through the cluster exchange (DSMEM writes, a remote
     // arrive, a cluster-scope wait, an 8-wide merge). A cluster of one has nothing to exchange
-    // and skips it where its warp groups share buffers (fewer stages than groups): 0.910 against
-    // 0.923 ms at V = 50304 and 0.746 against 0.783 at 40960 (bf16, N = 16384, H200). Where each
-    // group has a buffer of its own (V = 32768: three stages) the exchange, though it carries
-    // nothing, ran faster (0.602 against 0.619 ms) and is kept (fast_cluster_of_one in
+    // and skips it where its warp groups share buffers (fewer stages than groups: faster at
+    // V = 40960 and 50304). Where each group has a buffer of its own (V = 32768: three stages)
+    // the exchange, though it carries nothing, ran faster and is kept (fast_cluster_of_one in
     // docs/results/ce_vocab_sweep_h200.json). Always true in clusters of more than one.
     bool exchange = true;
     // a helper grid (plan_fast_helper): of online's one-block-a-row kernel, `threads` a block and
